@@ -1,0 +1,45 @@
+// The JSON context of every run: what was measured, with what, on what.
+#include <benchmark/benchmark.h>
+
+#include "bench/runner.h"
+#include "hotops/cpu.h"
+#include "hotops/gpu.h"
+
+namespace hotops::bench {
+
+void add_context(const Options& o) {
+  using benchmark::AddCustomContext;
+  AddCustomContext("hotops_version", HOTOPS_VERSION);
+  AddCustomContext("hotops_git_revision", HOTOPS_GIT_REVISION);
+#if defined(__clang__)
+  AddCustomContext("compiler", "clang " __clang_version__);
+#elif defined(__GNUC__)
+  AddCustomContext("compiler", "gcc " __VERSION__);
+#endif
+  AddCustomContext("build_type", HOTOPS_BUILD_TYPE);
+  AddCustomContext("cpu_model", cpu::cpu_model());
+  AddCustomContext("onednn_isa", cpu::isa_name());
+  AddCustomContext("onednn_version", cpu::onednn_version());
+  AddCustomContext("threads", std::to_string(cpu::threads()));
+  AddCustomContext("hotops_seed", std::to_string(o.seed));
+  AddCustomContext("hotops_verify", o.verify ? "1" : "0");
+  AddCustomContext("hotops_cold_l2", o.cold_l2 ? "1" : "0");
+  std::string why;
+  if (!gpu::available(&why)) {
+    AddCustomContext("gpu", "none: " + why);
+    return;
+  }
+  const gpu::Info g = gpu::info();
+  AddCustomContext("gpu_name", g.name);
+  AddCustomContext("gpu_sm_count", std::to_string(g.sm_count));
+  AddCustomContext("gpu_memory_mib", std::to_string(g.memory_bytes >> 20));
+  AddCustomContext("gpu_l2_kib", std::to_string(g.l2_bytes >> 10));
+  AddCustomContext("gpu_sm_clock_mhz", std::to_string(g.sm_clock_mhz));
+  AddCustomContext("gpu_mem_clock_mhz", std::to_string(g.mem_clock_mhz));
+  AddCustomContext("cuda_driver_version", g.driver_version);
+  AddCustomContext("cuda_runtime_version", g.runtime_version);
+  AddCustomContext("cublas_version", g.cublas_version);
+  AddCustomContext("cudnn_version", g.cudnn_version);
+}
+
+}  // namespace hotops::bench

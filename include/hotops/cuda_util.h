@@ -1,0 +1,50 @@
+// CUDA-side helpers for the kernels: the process-wide stream and library handles, device buffers.
+#pragma once
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <utility>
+
+#include "hotops/buffer.h"
+#include "hotops/check.h"
+
+namespace hotops::gpu {
+
+cudaStream_t stream();              // every CUDA case enqueues here
+cublasLtHandle_t cublaslt();
+void* cublas_workspace();           // 64 MiB, shared by all cuBLAS calls on stream()
+constexpr std::size_t kCublasWorkspaceBytes = std::size_t(64) << 20;
+
+// Device memory. Allocation failure is an out_of_memory Error that says how much was asked
+// for and how much the device has free.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t bytes);
+  explicit DeviceBuffer(const HostBuffer& host);  // allocate and upload
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(o.bytes_) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer();
+
+  void* get() const { return ptr_; }
+  template <class T> T* as() const { return static_cast<T*>(ptr_); }
+  std::size_t bytes() const { return bytes_; }
+  void upload(const HostBuffer& host);
+  void download(HostBuffer& host) const;  // synchronous
+  void poison();                          // all bytes 0xFF: NaN in f32, bf16 and f16
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+
+}  // namespace hotops::gpu

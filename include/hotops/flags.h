@@ -1,0 +1,31 @@
+// hotops' own command-line flags (--hotops_*), parsed and removed before Google Benchmark sees argv.
+#pragma once
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace hotops {
+
+struct Options {
+  std::vector<std::int64_t> batches;  // --hotops_batch=1,8,32: replaces every batch axis
+  bool verify = true;                 // --hotops_verify=0|1
+  bool cold_l2 = false;               // --hotops_cold_l2[=0|1]: flush L2 before each GPU sample
+  int threads = 0;                    // --hotops_threads=N: CPU threads (0: all cores)
+  std::uint64_t seed = 20261122;      // --hotops_seed=N: every random input derives from it
+  bool help = false;                  // --hotops_help
+};
+
+// A bad flag: what() is the one line the user sees.
+struct FlagError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Parses every --hotops_* argument, removes it from argv (argc updated) and returns the options.
+// Throws FlagError on an unknown hotops flag or a bad value.
+Options parse_flags(int& argc, char** argv);
+
+// The flag help, printed by --hotops_help.
+const char* flags_help();
+
+}  // namespace hotops

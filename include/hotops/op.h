@@ -1,0 +1,47 @@
+// The op interface every family implements, and the one registry that bench/ and test/ walk.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hotops/problem.h"
+#include "hotops/verify.h"
+
+namespace hotops {
+
+// One problem on one backend, set up and ready to run. Construction does everything that is
+// outside timing: allocation, seeded input init, descriptors, plans, algorithm choice, workspace.
+class Case {
+ public:
+  virtual ~Case() = default;
+  // One execution. CPU: returns when the result is complete. CUDA: enqueues on gpu::stream().
+  virtual void run() = 0;
+  // Poisons the outputs, runs once, and compares them with the reference.
+  virtual Check verify() = 0;
+  // The library and algorithm that does the work, e.g. "cublasLt algo 21 tile 256x128".
+  virtual std::string label() const = 0;
+  // CUDA cases: whether run() can be captured in a CUDA graph (no host synchronisation inside).
+  virtual bool capturable() const { return true; }
+};
+
+// One op family (e.g. matmul: mm, addmm, bmm): its problems, their work, their implementations.
+class Family {
+ public:
+  virtual ~Family() = default;
+  virtual std::string name() const = 0;
+  // The benchmark problems: named shapes from real models; `batches`, when not empty, replaces
+  // the batch axis of every problem that has one (--hotops_batch).
+  virtual std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const = 0;
+  // Small and odd shapes covering every op x backend x dtype x direction, for the unit tests.
+  virtual std::vector<Problem> test_problems() const = 0;
+  virtual Work work(const Problem& p) const = 0;
+  // Empty when this machine can run the problem, else the reason it cannot (checked before setup).
+  virtual std::string unsupported_reason(const Problem& p) const { return ""; }
+  virtual std::unique_ptr<Case> make(const Problem& p) const = 0;
+};
+
+// Every family hotops has, in a fixed order.
+const std::vector<const Family*>& families();
+
+}  // namespace hotops

@@ -1,0 +1,32 @@
+// Output verification against the reference: sampled indices, a dtype-scaled error bound, NaN checks.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "hotops/buffer.h"
+
+namespace hotops {
+
+// The outcome of one verification; a failed one carries the measured error in `message`.
+struct Check {
+  bool ok = true;
+  double max_err = 0;      // max |out - ref| / rms(ref) over the checked elements
+  double tol = 0;
+  std::size_t checked = 0;
+  std::string message;
+
+  // Combine the checks of several outputs: fails if either fails.
+  void merge(const Check& other, const std::string& what);
+};
+
+// All indices when n <= limit; otherwise the first and last elements plus a seeded random sample.
+std::vector<std::size_t> sample_indices(std::size_t n, std::size_t limit, std::uint64_t seed);
+
+// Compares out[i] with ref(i) for i in idx; ref is computed in double by the caller's reference.
+Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx,
+              const std::function<double(std::size_t)>& ref, double tol);
+
+}  // namespace hotops

@@ -1,0 +1,198 @@
+// The matmul family: problem names, work, inputs, verification, and the problem lists.
+#include "kernels/matmul/matmul.h"
+
+#include <functional>
+
+#include "hotops/check.h"
+#include "hotops/gpu.h"
+
+namespace hotops::matmul {
+namespace {
+
+const char* op_name(Op op) { return op == Op::mm ? "mm" : op == Op::addmm ? "addmm" : "bmm"; }
+
+// The dtypes each backend runs: tf32 is a tensor-core mode that only the CUDA backend has.
+std::vector<DType> dtypes_of(Backend b) {
+  if (b == Backend::cpu) return {DType::f32, DType::bf16};
+  return {DType::f32, DType::tf32, DType::bf16};
+}
+
+std::vector<Backend> backends() {
+  std::vector<Backend> v{Backend::cpu};
+#ifdef HOTOPS_HAVE_CUDA
+  v.push_back(Backend::cuda);
+#endif
+  return v;
+}
+
+constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd_data, Direction::bwd_weight};
+
+// Expands one (op, args) into every backend x dtype x direction problem.
+void expand(Op op, const std::vector<Arg>& args, std::vector<Problem>& out) {
+  for (Backend be : backends())
+    for (DType t : dtypes_of(be))
+      for (Direction d : kDirections) out.push_back(Problem{op_name(op), be, t, d, args});
+}
+
+std::vector<Arg> dims(std::int64_t M, std::int64_t N, std::int64_t K) {
+  return {{"M", std::to_string(M)}, {"N", std::to_string(N)}, {"K", std::to_string(K)}};
+}
+
+class MatmulFamily final : public Family {
+ public:
+  std::string name() const override { return "matmul"; }
+
+  std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
+    std::vector<Problem> out;
+    for (Op op : {Op::mm, Op::addmm, Op::bmm}) {
+      for (const NamedShape& ns : named_shapes()) {
+        bool wanted = false;
+        for (Op o : ns.ops) wanted |= o == op;
+        if (!wanted) continue;
+        const bool has_batch = op == Op::bmm ? ns.heads > 0 : ns.rows_per_sample > 0;
+        if (!has_batch) {
+          std::vector<Arg> args{{"shape", ns.name}};
+          for (const Arg& a : dims(ns.M, ns.N, ns.K)) args.push_back(a);
+          expand(op, args, out);
+          continue;
+        }
+        for (std::int64_t b : batches.empty() ? ns.batches : batches) {
+          std::vector<Arg> args{{"shape", ns.name}, {"batch", std::to_string(b)}};
+          if (op == Op::bmm) {
+            args.push_back({"heads", std::to_string(ns.heads)});
+            for (const Arg& a : dims(ns.M, ns.N, ns.K)) args.push_back(a);
+          } else {
+            for (const Arg& a : dims(b * ns.rows_per_sample, ns.N, ns.K)) args.push_back(a);
+          }
+          expand(op, args, out);
+        }
+      }
+    }
+    return out;
+  }
+
+  std::vector<Problem> test_problems() const override {
+    // Degenerate, odd and tile-crossing sizes; bmm with several batches; addmm with alpha, beta != 1.
+    const std::int64_t sizes[][3] = {{1, 1, 1}, {7, 13, 5}, {33, 65, 17}, {64, 128, 96}, {130, 47, 260}};
+    std::vector<Problem> out;
+    for (const auto& s : sizes) {
+      for (Op op : {Op::mm, Op::addmm}) expand(op, [&] {
+          std::vector<Arg> a{{"shape", "test"}};
+          for (const Arg& d : dims(s[0], s[1], s[2])) a.push_back(d);
+          return a;
+        }(), out);
+      std::vector<Arg> a{{"shape", "test"}, {"batch", "2"}, {"heads", "3"}};
+      for (const Arg& d : dims(s[0], s[1], s[2])) a.push_back(d);
+      expand(Op::bmm, a, out);
+    }
+    std::vector<Arg> ab{{"shape", "test"}};
+    for (const Arg& d : dims(17, 9, 31)) ab.push_back(d);
+    ab.push_back({"alpha", "0.5"});
+    ab.push_back({"beta", "2"});
+    expand(Op::addmm, ab, out);
+    return out;
+  }
+
+  Work work(const Problem& p) const override {
+    const Shape s = shape_of(p);
+    const double B = static_cast<double>(s.batch_count), M = static_cast<double>(s.M),
+                 N = static_cast<double>(s.N), K = static_cast<double>(s.K);
+    const double e = static_cast<double>(dtype_size(s.dtype));
+    const bool bias = s.op == Op::addmm;
+    Work w;
+    w.flops = 2 * B * M * N * K;
+    switch (s.dir) {
+      case Direction::bwd_data: w.bytes = e * B * (M * N + K * N + M * K); break;
+      case Direction::bwd_weight:
+        w.bytes = e * B * (M * K + M * N + K * N) + (bias ? e * N : 0);
+        if (bias) w.flops += B * M * N;  // the dbias reduction
+        break;
+      default:
+        w.bytes = e * B * (M * K + K * N + M * N) + (bias ? e * N : 0);
+        if (bias) w.flops += B * M * N;  // the bias add
+    }
+    w.items = p.batch() ? static_cast<double>(*p.batch()) : 1.0;
+    return w;
+  }
+
+  std::string unsupported_reason(const Problem& p) const override {
+    const Shape s = shape_of(p);
+    if (s.op == Op::addmm && s.alpha == 0) return "addmm with alpha = 0 is not benchmarked";
+    if (p.backend == Backend::cpu) return cpu_unsupported_reason(p);
+    std::string why;
+    if (!gpu::available(&why)) return why;
+    return "";
+  }
+
+  std::unique_ptr<Case> make(const Problem& p) const override {
+    if (p.backend == Backend::cpu) return make_cpu(p);
+#ifdef HOTOPS_HAVE_CUDA
+    return make_cuda(p);
+#else
+    throw Error("this build of hotops has no CUDA backend", ErrorKind::unsupported);
+#endif
+  }
+};
+
+}  // namespace
+
+Shape shape_of(const Problem& p) {
+  Shape s;
+  s.op = p.op == "mm" ? Op::mm : p.op == "addmm" ? Op::addmm : Op::bmm;
+  s.dir = p.dir;
+  s.dtype = p.dtype;
+  s.M = p.get_int("M");
+  s.N = p.get_int("N");
+  s.K = p.get_int("K");
+  if (s.op == Op::bmm) s.batch_count = (p.has("batch") ? p.get_int("batch") : 1) * p.get_int("heads");
+  if (p.has("alpha")) s.alpha = std::stod(p.get("alpha"));
+  if (p.has("beta")) s.beta = std::stod(p.get("beta"));
+  return s;
+}
+
+Inputs make_inputs(const Shape& s, std::uint64_t seed) {
+  const auto B = static_cast<std::size_t>(s.batch_count), M = static_cast<std::size_t>(s.M),
+             N = static_cast<std::size_t>(s.N), K = static_cast<std::size_t>(s.K);
+  Inputs in;
+  const bool fwd = s.dir == Direction::fwd;
+  if (fwd || s.dir == Direction::bwd_weight) in.a = HostBuffer(s.dtype, B * M * K);
+  if (fwd || s.dir == Direction::bwd_data) in.b = HostBuffer(s.dtype, B * K * N);
+  if (fwd && s.op == Op::addmm) in.bias = HostBuffer(s.dtype, N);
+  if (!fwd) in.dout = HostBuffer(s.dtype, B * M * N);
+  in.a.fill_uniform(seed, 1);
+  in.b.fill_uniform(seed, 2);
+  in.bias.fill_uniform(seed, 3);
+  in.dout.fill_uniform(seed, 4);
+  return in;
+}
+
+Outputs make_outputs(const Shape& s) {
+  Outputs o;
+  o.primary = HostBuffer(s.dtype, primary_count(s));
+  if (s.op == Op::addmm && s.dir == Direction::bwd_weight) o.dbias = HostBuffer(s.dtype, static_cast<std::size_t>(s.N));
+  return o;
+}
+
+Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
+  // Each sampled element costs one dot product of length K (or M, N): 4096 of them is a few ms.
+  const std::size_t limit = 4096;
+  const double tol = tolerance(s.dtype);
+  Check c = compare(out.primary, sample_indices(out.primary.count(), limit, 7),
+                    [&](std::size_t i) { return reference_primary(s, in, i); }, tol);
+  if (out.dbias.count() > 0) {
+    Check d = compare(out.dbias, sample_indices(out.dbias.count(), limit, 11),
+                      [&](std::size_t n) { return reference_dbias(s, in, n); }, tol);
+    Check all;
+    all.merge(c, s.dir == Direction::bwd_weight ? "dB" : "out");
+    all.merge(d, "dbias");
+    return all;
+  }
+  return c;
+}
+
+const Family& family() {
+  static const MatmulFamily f;
+  return f;
+}
+
+}  // namespace hotops::matmul

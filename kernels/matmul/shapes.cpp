@@ -1,0 +1,47 @@
+// Matmul problem shapes, named after the real models they come from.
+//
+// mm/addmm problems are x[batch * rows_per_sample, K] . W[K, N] (+ bias[N]): the Linear layer of a
+// model at a given batch. bmm problems are [batch * heads] independent [M, K] . [K, N] products.
+// DeepBench lists its training GEMMs as M x N x K with N the minibatch; here the same product is run
+// as x[batch = N, K] . W[K, M], so the batch axis keeps its name across the suite.
+#include "kernels/matmul/matmul.h"
+
+namespace hotops::matmul {
+
+const std::vector<NamedShape>& named_shapes() {
+  using V = std::vector<std::int64_t>;
+  const std::vector<Op> linear{Op::mm, Op::addmm};
+  const std::vector<Op> attention{Op::bmm};
+  static const std::vector<NamedShape> shapes = {
+      // Seed 004: the tiny 13-32-16-2 MLP, batch 10 in the notebook.
+      {"mlp_tiny.fc1", linear, 1, 0, 0, 32, 13, V{1, 10, 4096}},
+      {"mlp_tiny.fc2", linear, 1, 0, 0, 16, 32, V{10}},
+      // Seed 002: the MNIST MLP 784-512-512-10 (Keras batch 128).
+      {"mlp_mnist.fc1", linear, 1, 0, 0, 512, 784, V{1, 128}},
+      {"mlp_mnist.fc2", linear, 1, 0, 0, 512, 512, V{128}},
+      // Seed 000: ClassifierDL, 768-d sentence embeddings into a dense layer.
+      {"classifierdl.fc1", linear, 1, 0, 0, 512, 768, V{32, 1024}},
+      // BERT-base, sequence 128: tokens = batch x 128, hidden 768, FFN 3072, 12 heads of 64.
+      {"bert.qkv", linear, 128, 0, 0, 2304, 768, V{32}},
+      {"bert.ffn_up", linear, 128, 0, 0, 3072, 768, V{1, 8, 32}},
+      {"bert.ffn_down", linear, 128, 0, 0, 768, 3072, V{32}},
+      {"bert.attn_scores", attention, 0, 12, 128, 128, 64, V{1, 32}},   // Q.K^T
+      {"bert.attn_context", attention, 0, 12, 128, 64, 128, V{32}},     // softmax(QK^T).V
+      // ViT-B/16 at 224x224: 197 tokens, same widths as BERT-base.
+      {"vit.mlp_up", linear, 197, 0, 0, 3072, 768, V{32}},
+      {"vit.attn_scores", attention, 0, 12, 197, 197, 64, V{32}},
+      {"vit.attn_context", attention, 0, 12, 197, 64, 197, V{32}},
+      // DeepBench training GEMMs (M x N x K, N = batch).
+      {"deepbench.1760", linear, 1, 0, 0, 1760, 1760, V{16, 128}},
+      {"deepbench.2560", linear, 1, 0, 0, 2560, 2560, V{7000}},
+      {"deepbench.5124x2560", linear, 1, 0, 0, 5124, 2560, V{9124}},
+      // Square sizes, no batch axis: where the libraries reach their peak.
+      {"square", linear, 0, 0, 1024, 1024, 1024, V{}},
+      {"square", linear, 0, 0, 2048, 2048, 2048, V{}},
+      {"square", linear, 0, 0, 4096, 4096, 4096, V{}},
+      {"square", linear, 0, 0, 8192, 8192, 8192, V{}},
+  };
+  return shapes;
+}
+
+}  // namespace hotops::matmul

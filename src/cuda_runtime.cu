@@ -1,0 +1,223 @@
+// The CUDA runtime of hotops: device discovery, the shared stream and handles, device buffers,
+// and the device-time sampler used by every CUDA benchmark.
+#include <cudnn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "hotops/cuda_util.h"
+#include "hotops/gpu.h"
+#include "hotops/op.h"
+
+namespace hotops::gpu {
+namespace {
+
+std::string version_string(int v, int major_div, int minor_div, int minor_mod) {
+  return std::to_string(v / major_div) + "." + std::to_string((v / minor_div) % minor_mod);
+}
+
+// Spins until `ns` nanoseconds of device time have passed, so that the work queued behind it is
+// already in the stream when the GPU reaches it: nothing after it waits on the host.
+__global__ void hold_kernel(unsigned long long ns) {
+  unsigned long long start;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  for (;;) {
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    if (now - start >= ns) break;
+    __nanosleep(1000);
+  }
+}
+
+void hold(cudaStream_t s, double seconds) {
+  hold_kernel<<<1, 1, 0, s>>>(static_cast<unsigned long long>(seconds * 1e9));
+  HOTOPS_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool available(std::string* why) {
+  static std::string reason = [] {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(e);
+    if (n == 0) return std::string("no CUDA device found");
+    return std::string();
+  }();
+  if (why) *why = reason;
+  return reason.empty();
+}
+
+Info info() {
+  Info i;
+  cudaDeviceProp p{};
+  HOTOPS_CHECK_CUDA(cudaGetDeviceProperties(&p, 0));
+  i.name = p.name;
+  i.sm_count = p.multiProcessorCount;
+  i.memory_bytes = p.totalGlobalMem;
+  i.l2_bytes = static_cast<std::size_t>(p.l2CacheSize);
+  int clk = 0, mclk = 0;
+  cudaDeviceGetAttribute(&clk, cudaDevAttrClockRate, 0);
+  cudaDeviceGetAttribute(&mclk, cudaDevAttrMemoryClockRate, 0);
+  i.sm_clock_mhz = clk / 1000;
+  i.mem_clock_mhz = mclk / 1000;
+  int drv = 0, rt = 0;
+  cudaDriverGetVersion(&drv);
+  cudaRuntimeGetVersion(&rt);
+  i.driver_version = version_string(drv, 1000, 10, 100);
+  i.runtime_version = version_string(rt, 1000, 10, 100);
+  const auto cublas = static_cast<int>(cublasLtGetVersion());
+  i.cublas_version = std::to_string(cublas / 10000) + "." + std::to_string((cublas / 100) % 100) + "." +
+                     std::to_string(cublas % 100);
+  const auto cudnn = static_cast<int>(cudnnGetVersion());
+  i.cudnn_version = std::to_string(cudnn / 10000) + "." + std::to_string((cudnn / 100) % 100) + "." +
+                    std::to_string(cudnn % 100);
+  return i;
+}
+
+cudaStream_t stream() {
+  static cudaStream_t s = [] {
+    cudaStream_t t;
+    HOTOPS_CHECK_CUDA(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking));
+    return t;
+  }();
+  return s;
+}
+
+cublasLtHandle_t cublaslt() {
+  static cublasLtHandle_t h = [] {
+    cublasLtHandle_t t;
+    HOTOPS_CHECK_CUBLAS(cublasLtCreate(&t));
+    return t;
+  }();
+  return h;
+}
+
+void* cublas_workspace() {
+  static DeviceBuffer ws(kCublasWorkspaceBytes);
+  return ws.get();
+}
+
+void synchronize() { HOTOPS_CHECK_CUDA(cudaStreamSynchronize(stream())); }
+
+DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+  if (bytes == 0) return;
+  const cudaError_t e = cudaMalloc(&ptr_, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // clear the sticky-free allocation error
+    std::size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "out of GPU memory: allocating %.2f GiB with %.2f GiB free of %.2f GiB",
+                  bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0);
+    ptr_ = nullptr;
+    throw Error(buf, ErrorKind::out_of_memory);
+  }
+  HOTOPS_CHECK_CUDA(e);
+}
+
+DeviceBuffer::DeviceBuffer(const HostBuffer& host) : DeviceBuffer(host.bytes()) { upload(host); }
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) cudaFree(ptr_);
+}
+
+void DeviceBuffer::upload(const HostBuffer& host) {
+  HOTOPS_CHECK(host.bytes() <= bytes_, "upload larger than the device buffer");
+  HOTOPS_CHECK_CUDA(cudaMemcpy(ptr_, host.data(), host.bytes(), cudaMemcpyHostToDevice));
+}
+
+void DeviceBuffer::download(HostBuffer& host) const {
+  HOTOPS_CHECK(host.bytes() <= bytes_, "download larger than the device buffer");
+  HOTOPS_CHECK_CUDA(cudaStreamSynchronize(stream()));
+  HOTOPS_CHECK_CUDA(cudaMemcpy(host.data(), ptr_, host.bytes(), cudaMemcpyDeviceToHost));
+}
+
+void DeviceBuffer::poison() {
+  HOTOPS_CHECK_CUDA(cudaMemsetAsync(ptr_, 0xff, bytes_, stream()));
+  HOTOPS_CHECK_CUDA(cudaStreamSynchronize(stream()));
+}
+
+// ---- the sampler ------------------------------------------------------------------------------
+
+struct Timer::Impl {
+  Case& c;
+  bool cold = false;
+  cudaEvent_t start{}, stop{};
+  cudaGraphExec_t graph{};
+  DeviceBuffer flush;  // twice the L2, rewritten before each cold sample
+  double hold_seconds = 20e-6;
+  explicit Impl(Case& cs) : c(cs) {}
+};
+
+Timer::Timer(Case& c, bool cold_l2, double target_sample_seconds) : impl_(new Impl(c)) {
+  Impl& t = *impl_;
+  t.cold = cold_l2;
+  cudaStream_t s = stream();
+  HOTOPS_CHECK_CUDA(cudaEventCreate(&t.start));
+  HOTOPS_CHECK_CUDA(cudaEventCreate(&t.stop));
+
+  // Warm-up: module loading, lazy library init, first-touch of the workspace.
+  for (int i = 0; i < 2; ++i) c.run();
+  synchronize();
+  if (cold_l2) {
+    t.flush = DeviceBuffer(2 * info().l2_bytes);
+    return;  // one run per sample
+  }
+  // One timed run (behind a hold) tells how many runs fill the target sample time.
+  hold(s, t.hold_seconds);
+  HOTOPS_CHECK_CUDA(cudaEventRecord(t.start, s));
+  c.run();
+  HOTOPS_CHECK_CUDA(cudaEventRecord(t.stop, s));
+  HOTOPS_CHECK_CUDA(cudaEventSynchronize(t.stop));
+  float ms = 0;
+  HOTOPS_CHECK_CUDA(cudaEventElapsedTime(&ms, t.start, t.stop));
+  const double one = std::max(1e-7, ms * 1e-3);
+  launches_ = static_cast<int>(std::clamp(std::ceil(target_sample_seconds / one), 1.0, 1000.0));
+
+  if (c.capturable()) {
+    cudaGraph_t g;
+    HOTOPS_CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    try {
+      for (int i = 0; i < launches_; ++i) c.run();
+    } catch (...) {
+      cudaStreamEndCapture(s, &g);
+      throw;
+    }
+    HOTOPS_CHECK_CUDA(cudaStreamEndCapture(s, &g));
+    HOTOPS_CHECK_CUDA(cudaGraphInstantiate(&t.graph, g, 0));
+    HOTOPS_CHECK_CUDA(cudaGraphDestroy(g));
+    HOTOPS_CHECK_CUDA(cudaGraphUpload(t.graph, s));
+  } else {
+    // Launched one by one: the hold must outlast the host's enqueueing of every run.
+    t.hold_seconds = 20e-6 + launches_ * 10e-6;
+  }
+}
+
+Timer::~Timer() {
+  if (impl_->graph) cudaGraphExecDestroy(impl_->graph);
+  cudaEventDestroy(impl_->start);
+  cudaEventDestroy(impl_->stop);
+  delete impl_;
+}
+
+double Timer::sample() {
+  Impl& t = *impl_;
+  cudaStream_t s = stream();
+  if (t.cold) HOTOPS_CHECK_CUDA(cudaMemsetAsync(t.flush.get(), t.flush.bytes() & 0xff, t.flush.bytes(), s));
+  hold(s, t.hold_seconds);
+  HOTOPS_CHECK_CUDA(cudaEventRecord(t.start, s));
+  if (t.graph) {
+    HOTOPS_CHECK_CUDA(cudaGraphLaunch(t.graph, s));
+  } else {
+    for (int i = 0; i < launches_; ++i) t.c.run();
+  }
+  HOTOPS_CHECK_CUDA(cudaEventRecord(t.stop, s));
+  HOTOPS_CHECK_CUDA(cudaEventSynchronize(t.stop));
+  float ms = 0;
+  HOTOPS_CHECK_CUDA(cudaEventElapsedTime(&ms, t.start, t.stop));
+  return ms * 1e-3 / launches_;
+}
+
+}  // namespace hotops::gpu

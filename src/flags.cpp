@@ -1,0 +1,91 @@
+// Parsing of --hotops_* flags: strict values, one clear message per mistake.
+#include "hotops/flags.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace hotops {
+namespace {
+
+constexpr std::int64_t kMaxBatch = 1 << 20;
+
+std::int64_t parse_int(const std::string& flag, const std::string& v, std::int64_t lo, std::int64_t hi,
+                       const char* expect) {
+  if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos)
+    throw FlagError("hotops: bad value '" + v + "' for --" + flag + ": expected " + expect);
+  errno = 0;
+  const long long x = std::strtoll(v.c_str(), nullptr, 10);
+  if (errno == ERANGE || x < lo || x > hi)
+    throw FlagError("hotops: bad value '" + v + "' for --" + flag + ": expected " + expect);
+  return x;
+}
+
+bool parse_bool(const std::string& flag, const std::string& v) {
+  if (v == "1" || v == "true") return true;
+  if (v == "0" || v == "false") return false;
+  throw FlagError("hotops: bad value '" + v + "' for --" + flag + ": expected 0 or 1");
+}
+
+}  // namespace
+
+const char* flags_help() {
+  return "hotops flags (Google Benchmark's --benchmark_* flags work as documented):\n"
+         "  --hotops_batch=LIST    comma-separated batch sizes replacing every benchmark's batch axis\n"
+         "  --hotops_verify=0|1    verify each output against the reference before timing (default 1)\n"
+         "  --hotops_cold_l2[=0|1] flush the GPU L2 before each timed sample (default 0: warm)\n"
+         "  --hotops_threads=N     CPU threads for oneDNN and hotops' loops (default: all cores)\n"
+         "  --hotops_seed=N        seed of every random input (default 20261122)\n"
+         "  --hotops_help          this text\n";
+}
+
+Options parse_flags(int& argc, char** argv) {
+  Options o;
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--hotops_", 0) != 0) {
+      argv[out++] = argv[i];
+      continue;
+    }
+    const auto eq = a.find('=');
+    const std::string flag = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    const bool has_value = eq != std::string::npos;
+    const std::string v = has_value ? a.substr(eq + 1) : "";
+    auto need_value = [&] {
+      if (!has_value) throw FlagError("hotops: --" + flag + " needs a value (--" + flag + "=...)");
+    };
+    if (flag == "hotops_batch") {
+      need_value();
+      o.batches.clear();
+      std::size_t pos = 0;
+      while (true) {
+        const auto comma = v.find(',', pos);
+        o.batches.push_back(parse_int(flag, v.substr(pos, comma - pos), 1, kMaxBatch,
+                                      "a comma-separated list of batch sizes from 1 to 1048576, e.g. 1,8,32"));
+        if (comma == std::string::npos) break;
+        pos = comma + 1;
+      }
+    } else if (flag == "hotops_verify") {
+      need_value();
+      o.verify = parse_bool(flag, v);
+    } else if (flag == "hotops_cold_l2") {
+      o.cold_l2 = has_value ? parse_bool(flag, v) : true;
+    } else if (flag == "hotops_threads") {
+      need_value();
+      o.threads = static_cast<int>(parse_int(flag, v, 1, 4096, "a thread count from 1 to 4096"));
+    } else if (flag == "hotops_seed") {
+      need_value();
+      o.seed = static_cast<std::uint64_t>(parse_int(flag, v, 0, INT64_MAX, "a non-negative integer"));
+    } else if (flag == "hotops_help") {
+      o.help = true;
+    } else {
+      throw FlagError("hotops: unknown flag --" + flag + " (--hotops_help lists hotops' flags)");
+    }
+  }
+  argc = out;
+  argv[argc] = nullptr;
+  return o;
+}
+
+}  // namespace hotops

@@ -1,0 +1,20 @@
+// The GPU runtime of a build without CUDA: no device, and a clear reason why.
+#include "hotops/check.h"
+#include "hotops/gpu.h"
+
+namespace hotops::gpu {
+
+bool available(std::string* why) {
+  if (why) *why = "this build of hotops has no CUDA backend (configured with HOTOPS_WITH_CUDA=OFF or no CUDA found)";
+  return false;
+}
+
+Info info() { throw Error("no CUDA backend in this build", ErrorKind::unsupported); }
+
+struct Timer::Impl {};
+Timer::Timer(Case&, bool, double) : impl_(nullptr) { throw Error("no CUDA backend in this build", ErrorKind::unsupported); }
+Timer::~Timer() = default;
+double Timer::sample() { return 0; }
+void synchronize() {}
+
+}  // namespace hotops::gpu

@@ -1,0 +1,74 @@
+// Verification: the error metric, sampled indices and check merging.
+#include "hotops/verify.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace hotops {
+
+void Check::merge(const Check& other, const std::string& what) {
+  checked += other.checked;
+  if (other.max_err > max_err || std::isnan(other.max_err)) max_err = other.max_err;
+  tol = std::max(tol, other.tol);
+  if (!other.ok) {
+    message += (ok ? "" : "; ") + what + ": " + other.message;
+    ok = false;
+  }
+}
+
+std::vector<std::size_t> sample_indices(std::size_t n, std::size_t limit, std::uint64_t seed) {
+  std::vector<std::size_t> idx;
+  if (n <= limit) {
+    idx.resize(n);
+    for (std::size_t i = 0; i < n; ++i) idx[i] = i;
+    return idx;
+  }
+  idx = {0, 1, n / 2, n - 2, n - 1};
+  std::uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  while (idx.size() < limit) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    idx.push_back(static_cast<std::size_t>(s % n));
+  }
+  return idx;
+}
+
+Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx,
+              const std::function<double(std::size_t)>& ref, double tol) {
+  Check c;
+  c.tol = tol;
+  c.checked = idx.size();
+  std::vector<double> r(idx.size());
+  const auto n = static_cast<std::int64_t>(idx.size());
+#pragma omp parallel for schedule(dynamic, 16)
+  for (std::int64_t j = 0; j < n; ++j) r[static_cast<std::size_t>(j)] = ref(idx[static_cast<std::size_t>(j)]);
+
+  double sumsq = 0;
+  for (double v : r) sumsq += v * v;
+  const double rms = std::sqrt(sumsq / std::max<std::size_t>(1, r.size()));
+  const double scale = rms > 0 ? rms : 1.0;
+  std::size_t worst = 0;
+  for (std::size_t j = 0; j < idx.size(); ++j) {
+    const double o = out.get(idx[j]);
+    if (!std::isfinite(o)) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "non-finite output %g at index %zu (reference %.6g)", o, idx[j], r[j]);
+      c.ok = false;
+      c.max_err = std::nan("");
+      c.message = buf;
+      return c;
+    }
+    const double e = std::fabs(o - r[j]) / scale;
+    if (e > c.max_err) c.max_err = e, worst = j;
+  }
+  if (c.max_err > tol) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "max|out-ref|/rms(ref) = %.3g > tol %.3g at index %zu (out %.6g, ref %.6g)",
+                  c.max_err, tol, idx[worst], out.get(idx[worst]), r[worst]);
+    c.ok = false;
+    c.message = buf;
+  }
+  return c;
+}
+
+}  // namespace hotops
