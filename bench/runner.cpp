@@ -62,7 +62,16 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
       for (auto _ : state) live.c->run();
       state.counters["threads"] = cpu::threads();
     } else {
-      for (auto _ : state) state.SetIterationTime(live.timer->sample());
+      // One iteration is one execution, so Google Benchmark's iteration count and min_time mean
+      // what they say; a sample of `runs` executions is timed every `runs` iterations.
+      const int runs = live.timer->launches_per_sample();
+      double per_run = 0;
+      int left = 0;
+      for (auto _ : state) {
+        if (left == 0) per_run = live.timer->sample(), left = runs;
+        --left;
+        state.SetIterationTime(per_run);
+      }
       state.counters["runs_per_sample"] = live.timer->launches_per_sample();
     }
   } catch (const std::exception& e) {
