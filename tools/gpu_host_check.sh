@@ -5,10 +5,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/hotops-out}
-mkdir -p "$out"
+logs=/tmp/hotops-logs
+mkdir -p "$out" "$logs/ncu"
 source .gpuhost/unpack.sh >/dev/null
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DHOTOPS_WITH_CUDA=ON >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-cmake --build build-gpu -j16 >"$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DHOTOPS_WITH_CUDA=ON >"$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
+cmake --build build-gpu -j16 >"$logs/build.log" 2>&1 || { grep -E "error" "$logs/build.log" | head -30; exit 1; }
 if [ "${TESTS:-1}" = 1 ]; then
   echo "== ctest"
   start=$(date +%s)
@@ -23,11 +24,10 @@ if [ -n "${BENCH:-}" ]; then
     ${BENCH_ARGS:-} >"$out/bench.txt" 2>&1; echo "bench rc=$? in $(( $(date +%s) - start )) s"
   echo "errors: $(grep -c 'ERROR OCCURRED' "$out/bench.txt")"
 fi
-mkdir -p "$out/ncu"
 for name in ${NCU:-}; do
-  f="$out/ncu/$(echo "$name" | tr '/' '~').csv"
+  f="$logs/ncu/$(echo "$name" | tr '/' '~').csv"
   ncu --clock-control none --metrics gpu__time_duration.sum --csv -k 'regex:^(?!.*hold_kernel)' \
     --launch-count 12 build-gpu/bench --benchmark_filter="^$name/" --benchmark_min_time=0.000001 >"$f" 2>/dev/null
 done
-[ -n "${NCU:-}" ] && python3 tools/ncu_compare.py "$out/bench.json" "$out"/ncu/*.csv
+[ -n "${NCU:-}" ] && python3 tools/ncu_compare.py "$out/bench.json" "$logs"/ncu/*.csv
 exit 0
