@@ -50,7 +50,6 @@ INSTANTIATE_TEST_SUITE_P(Registry, OpTest, testing::ValuesIn(all_cases()), test_
 TEST(Registry, BenchmarkProblemsHaveWorkAndSchemeNames) {
   for (const Family* f : families()) {
     const auto problems = f->benchmark_problems({});
-    ASSERT_FALSE(problems.empty()) << f->name();
     for (const Problem& p : problems) {
       const Work w = f->work(p);
       EXPECT_GT(w.flops, 0) << p.name();
