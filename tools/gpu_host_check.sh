@@ -26,7 +26,7 @@ if [ -n "${BENCH:-}" ]; then
 fi
 for name in ${NCU:-}; do
   f="$logs/ncu/$(echo "$name" | tr '/' '~').csv"
-  ncu --clock-control none --metrics gpu__time_duration.sum --csv -k 'regex:^(?!.*hold_kernel)' \
+  ncu --clock-control none ${NCU_ARGS:-} --metrics gpu__time_duration.sum --csv -k 'regex:^(?!.*hold_kernel)' \
     --launch-count 12 build-gpu/bench --benchmark_filter="^$name/" --benchmark_min_time=0.000001 >"$f" 2>/dev/null
 done
 [ -n "${NCU:-}" ] && python3 tools/ncu_compare.py "$out/bench.json" "$logs"/ncu/*.csv
