@@ -24,6 +24,7 @@ void add_context(const Options& o) {
   AddCustomContext("hotops_seed", std::to_string(o.seed));
   AddCustomContext("hotops_verify", o.verify ? "1" : "0");
   AddCustomContext("hotops_cold_l2", o.cold_l2 ? "1" : "0");
+  AddCustomContext("hotops_throttle_threshold", std::to_string(o.throttle_threshold));
   std::string why;
   if (!gpu::available(&why)) {
     AddCustomContext("gpu", "none: " + why);

@@ -29,10 +29,10 @@ int main(int argc, char** argv) {
   hotops::set_global_seed(options.seed);
   if (options.threads > 0) hotops::cpu::set_threads(options.threads);
 
-  // hotops' default sample budget is 0.1 s per benchmark (Google Benchmark's is 0.5 s), so that a
+  // hotops' default sample budget is 0.05 s per benchmark (Google Benchmark's is 0.5 s), so that a
   // whole op family runs in under a minute; --benchmark_min_time overrides it as usual.
   std::vector<char*> args(argv, argv + argc);
-  static char default_min_time[] = "--benchmark_min_time=0.1";
+  static char default_min_time[] = "--benchmark_min_time=0.05";
   if (!has_min_time) args.push_back(default_min_time);
   args.push_back(nullptr);
   int n = static_cast<int>(args.size()) - 1;

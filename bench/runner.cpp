@@ -5,7 +5,9 @@
 
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 
@@ -34,13 +36,19 @@ Live& live_for(const Problem& p, const Family& f, const Options& o) {
   live.c.reset();
   live.error.clear();
   live.name = name;
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     live.c = f.make(p);
     if (o.verify) {
       const Check chk = live.c->verify();
       if (!chk.ok) live.error = "verification failed: " + chk.message;
     }
-    if (live.error.empty() && p.backend == Backend::cuda) live.timer = std::make_unique<gpu::Timer>(*live.c, o.cold_l2);
+    if (live.error.empty() && p.backend == Backend::cuda) {
+      gpu::TimerOptions to;
+      to.cold_l2 = o.cold_l2;
+      to.throttle_threshold = o.throttle_threshold;
+      live.timer = std::make_unique<gpu::Timer>(*live.c, to);
+    }
   } catch (const std::exception& e) {
     live.error = e.what();
   }
@@ -48,6 +56,9 @@ Live& live_for(const Problem& p, const Family& f, const Options& o) {
     live.timer.reset();
     live.c.reset();
   }
+  if (std::getenv("HOTOPS_TRACE_SETUP"))
+    std::fprintf(stderr, "setup %.3f s %s\n",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), name.c_str());
   return live;
 }
 
@@ -73,6 +84,8 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
         state.SetIterationTime(per_run);
       }
       state.counters["runs_per_sample"] = live.timer->launches_per_sample();
+      state.counters["sm_clock_mhz"] = live.timer->mean_clock_mhz();
+      state.counters["throttled_samples"] = static_cast<double>(live.timer->discarded_samples());
     }
   } catch (const std::exception& e) {
     live.error = e.what();

@@ -3,6 +3,8 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cmath>
 #include <string>
 
@@ -18,21 +20,20 @@ std::string version_string(int v, int major_div, int minor_div, int minor_mod) {
 }
 
 // Spins until `ns` nanoseconds of device time have passed, so that the work queued behind it is
-// already in the stream when the GPU reaches it: nothing after it waits on the host.
-__global__ void hold_kernel(unsigned long long ns) {
-  unsigned long long start;
+// already in the stream when the GPU reaches it: nothing after it waits on the host. It also
+// measures the SM clock while it spins (cycles over nanoseconds), which the sampler uses to
+// recognise samples taken while the GPU was throttled.
+__global__ void hold_kernel(unsigned long long ns, unsigned long long* probe) {
+  unsigned long long start, now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  const long long c0 = clock64();
   for (;;) {
-    unsigned long long now;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
     if (now - start >= ns) break;
-    __nanosleep(1000);
+    __nanosleep(500);
   }
-}
-
-void hold(cudaStream_t s, double seconds) {
-  hold_kernel<<<1, 1, 0, s>>>(static_cast<unsigned long long>(seconds * 1e9));
-  HOTOPS_CHECK_LAUNCH();
+  probe[0] = static_cast<unsigned long long>(clock64() - c0);
+  probe[1] = now - start;
 }
 
 }  // namespace
@@ -144,16 +145,31 @@ void DeviceBuffer::poison() {
 struct Timer::Impl {
   Case& c;
   bool cold = false;
+  double min_clock_mhz = 0;  // samples measured below this clock are discarded
   cudaEvent_t start{}, stop{};
   cudaGraphExec_t graph{};
   DeviceBuffer flush;  // twice the L2, rewritten before each cold sample
+  DeviceBuffer probe{2 * sizeof(unsigned long long)};
   double hold_seconds = 20e-6;
+  double clock_sum = 0;
+  long samples = 0, discarded = 0;
   explicit Impl(Case& cs) : c(cs) {}
+
+  void hold(cudaStream_t s) {
+    hold_kernel<<<1, 1, 0, s>>>(static_cast<unsigned long long>(hold_seconds * 1e9), probe.as<unsigned long long>());
+    HOTOPS_CHECK_LAUNCH();
+  }
+  double probed_clock_mhz() const {
+    unsigned long long v[2];
+    HOTOPS_CHECK_CUDA(cudaMemcpy(v, probe.get(), sizeof v, cudaMemcpyDeviceToHost));
+    return v[1] ? 1e3 * static_cast<double>(v[0]) / static_cast<double>(v[1]) : 0;
+  }
 };
 
-Timer::Timer(Case& c, bool cold_l2, double target_sample_seconds) : impl_(new Impl(c)) {
+Timer::Timer(Case& c, const TimerOptions& o) : impl_(new Impl(c)) {
   Impl& t = *impl_;
-  t.cold = cold_l2;
+  t.cold = o.cold_l2;
+  t.min_clock_mhz = o.throttle_threshold * info().sm_clock_mhz;
   cudaStream_t s = stream();
   HOTOPS_CHECK_CUDA(cudaEventCreate(&t.start));
   HOTOPS_CHECK_CUDA(cudaEventCreate(&t.stop));
@@ -161,12 +177,12 @@ Timer::Timer(Case& c, bool cold_l2, double target_sample_seconds) : impl_(new Im
   // Warm-up: module loading, lazy library init, first-touch of the workspace.
   for (int i = 0; i < 2; ++i) c.run();
   synchronize();
-  if (cold_l2) {
+  if (o.cold_l2) {
     t.flush = DeviceBuffer(2 * info().l2_bytes);
     return;  // one run per sample
   }
   // One timed run (behind a hold) tells how many runs fill the target sample time.
-  hold(s, t.hold_seconds);
+  t.hold(s);
   HOTOPS_CHECK_CUDA(cudaEventRecord(t.start, s));
   c.run();
   HOTOPS_CHECK_CUDA(cudaEventRecord(t.stop, s));
@@ -174,7 +190,7 @@ Timer::Timer(Case& c, bool cold_l2, double target_sample_seconds) : impl_(new Im
   float ms = 0;
   HOTOPS_CHECK_CUDA(cudaEventElapsedTime(&ms, t.start, t.stop));
   const double one = std::max(1e-7, ms * 1e-3);
-  launches_ = static_cast<int>(std::clamp(std::ceil(target_sample_seconds / one), 1.0, 1000.0));
+  launches_ = static_cast<int>(std::clamp(std::ceil(o.target_sample_seconds / one), 1.0, double(kMaxRunsPerSample)));
 
   if (c.capturable()) {
     cudaGraph_t g;
@@ -205,19 +221,34 @@ Timer::~Timer() {
 double Timer::sample() {
   Impl& t = *impl_;
   cudaStream_t s = stream();
-  if (t.cold) HOTOPS_CHECK_CUDA(cudaMemsetAsync(t.flush.get(), t.flush.bytes() & 0xff, t.flush.bytes(), s));
-  hold(s, t.hold_seconds);
-  HOTOPS_CHECK_CUDA(cudaEventRecord(t.start, s));
-  if (t.graph) {
-    HOTOPS_CHECK_CUDA(cudaGraphLaunch(t.graph, s));
-  } else {
-    for (int i = 0; i < launches_; ++i) t.c.run();
+  for (int attempt = 0;; ++attempt) {
+    if (t.cold) HOTOPS_CHECK_CUDA(cudaMemsetAsync(t.flush.get(), attempt & 0xff, t.flush.bytes(), s));
+    t.hold(s);
+    HOTOPS_CHECK_CUDA(cudaEventRecord(t.start, s));
+    if (t.graph) {
+      HOTOPS_CHECK_CUDA(cudaGraphLaunch(t.graph, s));
+    } else {
+      for (int i = 0; i < launches_; ++i) t.c.run();
+    }
+    HOTOPS_CHECK_CUDA(cudaEventRecord(t.stop, s));
+    HOTOPS_CHECK_CUDA(cudaEventSynchronize(t.stop));
+    float ms = 0;
+    HOTOPS_CHECK_CUDA(cudaEventElapsedTime(&ms, t.start, t.stop));
+    const double mhz = t.probed_clock_mhz();
+    // A throttled GPU (power or temperature) runs slower than its clocks promise: like nvbench,
+    // discard the sample and let the GPU recover, a bounded number of times.
+    if (mhz < t.min_clock_mhz && attempt < kMaxThrottleRetries) {
+      ++t.discarded;
+      std::this_thread::sleep_for(std::chrono::milliseconds(kThrottleRecoveryMs));
+      continue;
+    }
+    t.clock_sum += mhz;
+    ++t.samples;
+    return ms * 1e-3 / launches_;
   }
-  HOTOPS_CHECK_CUDA(cudaEventRecord(t.stop, s));
-  HOTOPS_CHECK_CUDA(cudaEventSynchronize(t.stop));
-  float ms = 0;
-  HOTOPS_CHECK_CUDA(cudaEventElapsedTime(&ms, t.start, t.stop));
-  return ms * 1e-3 / launches_;
 }
+
+double Timer::mean_clock_mhz() const { return impl_->samples ? impl_->clock_sum / impl_->samples : 0; }
+long Timer::discarded_samples() const { return impl_->discarded; }
 
 }  // namespace hotops::gpu

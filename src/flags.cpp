@@ -34,6 +34,8 @@ const char* flags_help() {
          "  --hotops_batch=LIST    comma-separated batch sizes replacing every benchmark's batch axis\n"
          "  --hotops_verify=0|1    verify each output against the reference before timing (default 1)\n"
          "  --hotops_cold_l2[=0|1] flush the GPU L2 before each timed sample (default 0: warm)\n"
+         "  --hotops_throttle_threshold=F  discard GPU samples taken below F x the max SM clock,\n"
+         "                         letting the GPU recover first (default 0.9; 0 keeps every sample)\n"
          "  --hotops_threads=N     CPU threads for oneDNN and hotops' loops (default: all cores)\n"
          "  --hotops_seed=N        seed of every random input (default 20261122)\n"
          "  --hotops_help          this text\n";
@@ -71,6 +73,13 @@ Options parse_flags(int& argc, char** argv) {
       o.verify = parse_bool(flag, v);
     } else if (flag == "hotops_cold_l2") {
       o.cold_l2 = has_value ? parse_bool(flag, v) : true;
+    } else if (flag == "hotops_throttle_threshold") {
+      need_value();
+      char* end = nullptr;
+      const double f = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(f >= 0 && f <= 1))
+        throw FlagError("hotops: bad value '" + v + "' for --" + flag + ": expected a fraction from 0 to 1 (0: keep throttled samples)");
+      o.throttle_threshold = f;
     } else if (flag == "hotops_threads") {
       need_value();
       o.threads = static_cast<int>(parse_int(flag, v, 1, 4096, "a thread count from 1 to 4096"));

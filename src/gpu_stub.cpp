@@ -12,7 +12,11 @@ bool available(std::string* why) {
 Info info() { throw Error("no CUDA backend in this build", ErrorKind::unsupported); }
 
 struct Timer::Impl {};
-Timer::Timer(Case&, bool, double) : impl_(nullptr) { throw Error("no CUDA backend in this build", ErrorKind::unsupported); }
+Timer::Timer(Case&, const TimerOptions&) : impl_(nullptr) {
+  throw Error("no CUDA backend in this build", ErrorKind::unsupported);
+}
+double Timer::mean_clock_mhz() const { return 0; }
+long Timer::discarded_samples() const { return 0; }
 Timer::~Timer() = default;
 double Timer::sample() { return 0; }
 void synchronize() {}

@@ -29,5 +29,13 @@ for name in ${NCU:-}; do
   ncu --clock-control none ${NCU_ARGS:-} --metrics gpu__time_duration.sum --csv -k 'regex:^(?!.*hold_kernel)' \
     --launch-count 12 build-gpu/bench --benchmark_filter="^$name/" --benchmark_min_time=0.000001 >"$f" 2>/dev/null
 done
-[ -n "${NCU:-}" ] && python3 tools/ncu_compare.py "$out/bench.json" "$logs"/ncu/*.csv
+# Whole CUDA graphs (the warm-L2 sample: runs_per_sample executions) as ncu sees them.
+for name in ${NCU_GRAPH:-}; do
+  f="$logs/ncu/$(echo "$name" | tr '/' '~')~~graph.csv"
+  ncu --clock-control none ${NCU_ARGS:-} --graph-profiling graph --metrics gpu__time_duration.sum --csv \
+    -k 'regex:^(?!.*hold_kernel)' --launch-count 12 build-gpu/bench --benchmark_filter="^$name/" \
+    --benchmark_min_time=0.000001 >"$f" 2>/dev/null
+  grep '^"' "$f" | head -3 | cut -c1-300
+done
+[ -n "${NCU:-}${NCU_GRAPH:-}" ] && python3 tools/ncu_compare.py "$out/bench.json" "$logs"/ncu/*.csv
 exit 0

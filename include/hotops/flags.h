@@ -11,6 +11,7 @@ struct Options {
   std::vector<std::int64_t> batches;  // --hotops_batch=1,8,32: replaces every batch axis
   bool verify = true;                 // --hotops_verify=0|1
   bool cold_l2 = false;               // --hotops_cold_l2[=0|1]: flush L2 before each GPU sample
+  double throttle_threshold = 0.9;    // --hotops_throttle_threshold=F: discard GPU samples below F x max clock
   int threads = 0;                    // --hotops_threads=N: CPU threads (0: all cores)
   std::uint64_t seed = 20261122;      // --hotops_seed=N: every random input derives from it
   bool help = false;                  // --hotops_help

@@ -24,16 +24,30 @@ struct Info {
 };
 Info info();  // requires available()
 
+struct TimerOptions {
+  bool cold_l2 = false;              // flush L2 before each execution (one execution per sample)
+  double throttle_threshold = 0.9;   // discard samples taken below this fraction of the max SM clock
+  double target_sample_seconds = 0.5e-3;
+};
+constexpr int kMaxRunsPerSample = 200;
+constexpr int kMaxThrottleRetries = 20;
+constexpr int kThrottleRecoveryMs = 50;
+
 // Device time of a CUDA case, per execution, one sample at a time (CUDA events; see docs/timing.md).
 // Warm L2: the sample is a CUDA graph of `launches` back-to-back runs, queued behind a short hold
-// kernel so that neither launch latency nor event-record latency enters the interval.
+// kernel so that neither launch latency nor event-record latency enters the interval. The hold
+// kernel also measures the SM clock; a sample taken below the throttle threshold is discarded.
 // Cold L2 (--hotops_cold_l2): L2 is flushed before each run and each sample is one run.
 class Timer {
  public:
-  Timer(Case& c, bool cold_l2, double target_sample_seconds = 1e-3);
+  Timer(Case& c, const TimerOptions& options);
   ~Timer();
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
   double sample();  // seconds per execution, for one sample
   int launches_per_sample() const { return launches_; }
+  double mean_clock_mhz() const;   // SM clock over the kept samples
+  long discarded_samples() const;  // samples dropped because the GPU was throttled
 
  private:
   struct Impl;

@@ -15,10 +15,8 @@ const std::vector<NamedShape>& named_shapes() {
   static const std::vector<NamedShape> shapes = {
       // Seed 004: the tiny 13-32-16-2 MLP, batch 10 in the notebook.
       {"mlp_tiny.fc1", linear, 1, 0, 0, 32, 13, V{1, 10, 4096}},
-      {"mlp_tiny.fc2", linear, 1, 0, 0, 16, 32, V{10}},
       // Seed 002: the MNIST MLP 784-512-512-10 (Keras batch 128).
       {"mlp_mnist.fc1", linear, 1, 0, 0, 512, 784, V{1, 128}},
-      {"mlp_mnist.fc2", linear, 1, 0, 0, 512, 512, V{128}},
       // Seed 000: ClassifierDL, 768-d sentence embeddings into a dense layer.
       {"classifierdl.fc1", linear, 1, 0, 0, 512, 768, V{32, 1024}},
       // BERT-base, sequence 128: tokens = batch x 128, hidden 768, FFN 3072, 12 heads of 64.
@@ -36,7 +34,6 @@ const std::vector<NamedShape>& named_shapes() {
       {"deepbench.2560", linear, 1, 0, 0, 2560, 2560, V{7000}},
       {"deepbench.5124x2560", linear, 1, 0, 0, 5124, 2560, V{9124}},
       // Square sizes, no batch axis: where the libraries reach their peak.
-      {"square", linear, 0, 0, 1024, 1024, 1024, V{}},
       {"square", linear, 0, 0, 2048, 2048, 2048, V{}},
       {"square", linear, 0, 0, 4096, 4096, 4096, V{}},
       {"square", linear, 0, 0, 8192, 8192, 8192, V{}},
