@@ -2,6 +2,7 @@
 #include "hotops/buffer.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 namespace hotops {
@@ -22,7 +23,16 @@ std::uint64_t global_seed() { return g_seed; }
 void set_global_seed(std::uint64_t seed) { g_seed = seed; }
 
 HostBuffer::HostBuffer(DType dtype, std::size_t count)
-    : dtype_(storage_of(dtype)), count_(count), bytes_(count * dtype_size(dtype)) {}
+    : dtype_(storage_of(dtype)), count_(count), bytes_(new std::byte[count * dtype_size(dtype)]) {}
+
+HostBuffer::HostBuffer(const HostBuffer& o) : HostBuffer(o.dtype_, o.count_) {
+  std::memcpy(bytes_.get(), o.bytes_.get(), o.bytes());
+}
+
+HostBuffer& HostBuffer::operator=(const HostBuffer& o) {
+  if (this != &o) *this = HostBuffer(o);
+  return *this;
+}
 
 double HostBuffer::get(std::size_t i) const {
   switch (dtype_) {
@@ -44,10 +54,20 @@ void HostBuffer::set(std::size_t i, double v) {
 void HostBuffer::fill_uniform(std::uint64_t seed, std::uint64_t stream, float lo, float hi) {
   const std::uint64_t key = mix(seed ^ mix(stream + 0x51ed27ull));
   const auto n = static_cast<std::int64_t>(count_);
+  const double scale = (static_cast<double>(hi) - lo) * 0x1.0p-53;
+  auto value = [&](std::int64_t i) {
+    return static_cast<float>(lo + scale * static_cast<double>(mix(key + static_cast<std::uint64_t>(i)) >> 11));
+  };
+  // One loop per storage type: this runs over every input of every case, up to gigabytes.
+  if (dtype_ == DType::f32) {
+    float* p = as<float>();
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
-  for (std::int64_t i = 0; i < n; ++i) {
-    const double u = static_cast<double>(mix(key + static_cast<std::uint64_t>(i)) >> 11) * 0x1.0p-53;
-    set(static_cast<std::size_t>(i), lo + (hi - lo) * u);
+    for (std::int64_t i = 0; i < n; ++i) p[i] = value(i);
+  } else {
+    std::uint16_t* p = as<std::uint16_t>();
+    const bool bf16 = dtype_ == DType::bf16;
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+    for (std::int64_t i = 0; i < n; ++i) p[i] = bf16 ? float_to_bf16(value(i)) : float_to_f16(value(i));
   }
 }
 

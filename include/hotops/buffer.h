@@ -2,7 +2,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <vector>
+#include <memory>
 
 #include "hotops/dtype.h"
 
@@ -11,15 +11,19 @@ namespace hotops {
 class HostBuffer {
  public:
   HostBuffer() = default;
-  HostBuffer(DType dtype, std::size_t count);
+  HostBuffer(DType dtype, std::size_t count);  // uninitialised: fill or poison before use
+  HostBuffer(const HostBuffer& o);
+  HostBuffer& operator=(const HostBuffer& o);
+  HostBuffer(HostBuffer&&) noexcept = default;
+  HostBuffer& operator=(HostBuffer&&) noexcept = default;
 
   DType dtype() const { return dtype_; }
   std::size_t count() const { return count_; }
   std::size_t bytes() const { return count_ * dtype_size(dtype_); }
-  void* data() { return bytes_.data(); }
-  const void* data() const { return bytes_.data(); }
-  template <class T> T* as() { return reinterpret_cast<T*>(bytes_.data()); }
-  template <class T> const T* as() const { return reinterpret_cast<const T*>(bytes_.data()); }
+  void* data() { return bytes_.get(); }
+  const void* data() const { return bytes_.get(); }
+  template <class T> T* as() { return reinterpret_cast<T*>(bytes_.get()); }
+  template <class T> const T* as() const { return reinterpret_cast<const T*>(bytes_.get()); }
 
   double get(std::size_t i) const;
   void set(std::size_t i, double v);
@@ -33,7 +37,7 @@ class HostBuffer {
  private:
   DType dtype_ = DType::f32;
   std::size_t count_ = 0;
-  std::vector<std::byte> bytes_;
+  std::unique_ptr<std::byte[]> bytes_;
 };
 
 // The seed that every input of every case derives from (--hotops_seed).
