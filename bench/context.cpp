@@ -1,6 +1,7 @@
 // The JSON context of every run: what was measured, with what, on what.
 #include <benchmark/benchmark.h>
 
+#include "bench/roofline.h"
 #include "bench/runner.h"
 #include "hotops/cpu.h"
 #include "hotops/gpu.h"
@@ -25,6 +26,11 @@ void add_context(const Options& o) {
   AddCustomContext("hotops_verify", o.verify ? "1" : "0");
   AddCustomContext("hotops_cold_l2", o.cold_l2 ? "1" : "0");
   AddCustomContext("hotops_throttle_threshold", std::to_string(o.throttle_threshold));
+  for (const auto& [backend, c] : roofline().ceilings) {
+    const std::string prefix = std::string("roofline_") + backend_name(backend);
+    if (c.bytes_per_second > 0) AddCustomContext(prefix + "_copy_GBps", std::to_string(c.bytes_per_second / 1e9));
+    for (const auto& [t, f] : c.flops) AddCustomContext(prefix + "_" + dtype_name(t) + "_gemm_TFLOPs", std::to_string(f / 1e12));
+  }
   std::string why;
   if (!gpu::available(&why)) {
     AddCustomContext("gpu", "none: " + why);

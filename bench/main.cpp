@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/roofline.h"
 #include "bench/runner.h"
 #include "hotops/buffer.h"
 #include "hotops/cpu.h"
@@ -18,10 +19,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;
   }
-  bool has_min_time = false, wants_help = options.help;
+  bool has_min_time = false, wants_help = options.help, listing = false;
+  std::string filter = ".";
   for (int i = 1; i < argc; ++i) {
-    has_min_time |= std::strncmp(argv[i], "--benchmark_min_time", 20) == 0;
-    wants_help |= std::strcmp(argv[i], "--help") == 0;
+    const std::string a = argv[i];
+    has_min_time |= a.rfind("--benchmark_min_time", 0) == 0;
+    wants_help |= a == "--help";
+    listing |= a.rfind("--benchmark_list_tests", 0) == 0 && a != "--benchmark_list_tests=false";
+    if (a.rfind("--benchmark_filter=", 0) == 0) filter = a.substr(19);
   }
   if (wants_help) std::fputs(hotops::flags_help(), stdout);
   if (options.help) return 0;
@@ -39,8 +44,14 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&n, args.data());
   if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 2;
 
+  const auto registered = hotops::bench::register_benchmarks(options);
+  if (options.roofline && !listing) {
+    // Only the backends whose benchmarks will run pay for measuring their ceilings.
+    const auto backends = hotops::bench::backends_matching(registered, filter);
+    hotops::bench::roofline() = hotops::bench::measure_roofline(options, backends);
+    for (const std::string& note : hotops::bench::roofline().notes) std::fprintf(stderr, "hotops: %s\n", note.c_str());
+  }
   hotops::bench::add_context(options);
-  hotops::bench::register_benchmarks(options);
   const std::size_t ran = benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return ran == 0 ? 2 : 0;

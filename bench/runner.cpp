@@ -3,9 +3,13 @@
 // timing; a failed verification or any error becomes an error entry, never a time.
 #include "bench/runner.h"
 
+#include "bench/roofline.h"
+
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
+#include <regex>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -68,9 +72,12 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
     state.SkipWithError(live.error.c_str());
     return;
   }
+  double elapsed = 0;  // the time the iterations were credited with, for the roofline fractions
   try {
     if (p.backend == Backend::cpu) {
+      const auto t0 = std::chrono::steady_clock::now();
       for (auto _ : state) live.c->run();
+      elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       state.counters["threads"] = cpu::threads();
     } else {
       // One iteration is one execution, so Google Benchmark's iteration count and min_time mean
@@ -82,6 +89,7 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
         if (left == 0) per_run = live.timer->sample(), left = runs;
         --left;
         state.SetIterationTime(per_run);
+        elapsed += per_run;
       }
       state.counters["runs_per_sample"] = live.timer->launches_per_sample();
       state.counters["sm_clock_mhz"] = live.timer->mean_clock_mhz();
@@ -94,15 +102,37 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
   }
   const Work w = f.work(p);
   const auto iters = static_cast<double>(state.iterations());
-  state.counters["FLOP/s"] = benchmark::Counter(w.flops * iters, benchmark::Counter::kIsRate);
+  if (w.flops > 0) state.counters["FLOP/s"] = benchmark::Counter(w.flops * iters, benchmark::Counter::kIsRate);
   state.SetBytesProcessed(static_cast<std::int64_t>(w.bytes * iters));
   state.SetItemsProcessed(static_cast<std::int64_t>(w.items * iters));
+  // Fractions of the roofline measured at start-up: of the copy bandwidth, and of the GEMM rate of
+  // this dtype for ops that compute.
+  const auto ceiling = roofline().ceilings.find(p.backend);
+  if (ceiling != roofline().ceilings.end() && elapsed > 0) {
+    const Ceilings& c = ceiling->second;
+    if (c.bytes_per_second > 0) state.counters["bw_fraction"] = w.bytes * iters / elapsed / c.bytes_per_second;
+    const auto peak = c.flops.find(p.dtype);
+    if (w.flops > 0 && peak != c.flops.end()) state.counters["flop_fraction"] = w.flops * iters / elapsed / peak->second;
+  }
   state.SetLabel(live.c->label() + (o.verify ? "" : " [NOT VERIFIED: --hotops_verify=0]"));
 }
 
 }  // namespace
 
-void register_benchmarks(const Options& options) {
+std::vector<Backend> backends_matching(const std::vector<Problem>& problems, const std::string& filter) {
+  const bool negate = !filter.empty() && filter[0] == '-';
+  const std::regex re(negate ? filter.substr(1) : filter, std::regex::extended);
+  std::vector<Backend> out;
+  for (const Problem& p : problems) {
+    const std::string name = p.name() + (p.backend == Backend::cuda ? "/manual_time" : "/real_time");
+    if (std::regex_search(name, re) != negate && std::find(out.begin(), out.end(), p.backend) == out.end())
+      out.push_back(p.backend);
+  }
+  return out;
+}
+
+std::vector<Problem> register_benchmarks(const Options& options) {
+  std::vector<Problem> registered;
   static const Options o = options;  // outlives registration: the lambdas refer to it
   std::map<std::string, int> skipped;  // reason -> count
   for (const Family* f : families()) {
@@ -112,6 +142,7 @@ void register_benchmarks(const Options& options) {
         ++skipped[why];
         continue;
       }
+      registered.push_back(p);
       auto* b = benchmark::RegisterBenchmark(p.name().c_str(), [f, p](benchmark::State& st) {
         run_benchmark(st, *f, p, o);
       });
@@ -121,6 +152,7 @@ void register_benchmarks(const Options& options) {
     }
   }
   for (const auto& [why, n] : skipped) std::fprintf(stderr, "hotops: %d benchmarks not run: %s\n", n, why.c_str());
+  return registered;
 }
 
 }  // namespace hotops::bench

@@ -36,6 +36,7 @@ const char* flags_help() {
          "  --hotops_cold_l2[=0|1] flush the GPU L2 before each timed sample (default 0: warm)\n"
          "  --hotops_throttle_threshold=F  discard GPU samples taken below F x the max SM clock,\n"
          "                         letting the GPU recover first (default 0.9; 0 keeps every sample)\n"
+         "  --hotops_roofline=0|1  measure copy bandwidth and GEMM peak first; report fractions (default 1)\n"
          "  --hotops_threads=N     CPU threads for oneDNN and hotops' loops (default: all cores)\n"
          "  --hotops_seed=N        seed of every random input (default 20261122)\n"
          "  --hotops_help          this text\n";
@@ -71,6 +72,9 @@ Options parse_flags(int& argc, char** argv) {
     } else if (flag == "hotops_verify") {
       need_value();
       o.verify = parse_bool(flag, v);
+    } else if (flag == "hotops_roofline") {
+      need_value();
+      o.roofline = parse_bool(flag, v);
     } else if (flag == "hotops_cold_l2") {
       o.cold_l2 = has_value ? parse_bool(flag, v) : true;
     } else if (flag == "hotops_throttle_threshold") {

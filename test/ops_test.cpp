@@ -52,7 +52,7 @@ TEST(Registry, BenchmarkProblemsHaveWorkAndSchemeNames) {
     const auto problems = f->benchmark_problems({});
     for (const Problem& p : problems) {
       const Work w = f->work(p);
-      EXPECT_GT(w.flops, 0) << p.name();
+      EXPECT_GE(w.flops, 0) << p.name();  // copies compute nothing
       EXPECT_GT(w.bytes, 0) << p.name();
       EXPECT_GE(w.items, 1) << p.name();
       EXPECT_EQ(p.name().rfind(p.op + "/" + backend_name(p.backend) + "/" + dtype_name(p.dtype) + "/" +

@@ -14,6 +14,7 @@ struct Options {
   double throttle_threshold = 0.9;    // --hotops_throttle_threshold=F: discard GPU samples below F x max clock
   int threads = 0;                    // --hotops_threads=N: CPU threads (0: all cores)
   std::uint64_t seed = 20261122;      // --hotops_seed=N: every random input derives from it
+  bool roofline = true;               // --hotops_roofline=0|1: measure the ceilings, report fractions
   bool help = false;                  // --hotops_help
 };
 

@@ -1,26 +1,223 @@
-// The conv2d family: not implemented yet, so it registers no problems.
+// The conv2d family: problem names, work, inputs, verification, and the problem lists.
 #include "kernels/conv2d/conv2d.h"
 
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <utility>
+
 #include "hotops/check.h"
+#include "hotops/gpu.h"
 
 namespace hotops::conv2d {
 namespace {
 
-class Pending final : public Family {
+const char* layout_name(Layout l) { return l == Layout::nchw ? "nchw" : "nhwc"; }
+
+// The dtypes each backend runs: tf32 is a tensor-core mode that only the CUDA backend has.
+std::vector<DType> dtypes_of(Backend b) {
+  if (b == Backend::cpu) return {DType::f32, DType::bf16};
+  return {DType::f32, DType::tf32, DType::bf16};
+}
+
+std::vector<Backend> backends() {
+  std::vector<Backend> v{Backend::cpu};
+#ifdef HOTOPS_HAVE_CUDA
+  v.push_back(Backend::cuda);
+#endif
+  return v;
+}
+
+constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd_data, Direction::bwd_weight};
+
+// One layer's geometry as name args; `stride`, `pad`, `dilation` are "v" or "<h>x<w>".
+struct Geometry {
+  std::int64_t N, C, H, W, K, R, S;
+  std::string stride, pad, dilation;
+  bool bias;
+};
+
+std::vector<Arg> args_of(const std::string& shape, const Geometry& g, Layout l) {
+  const auto str = [](std::int64_t v) { return std::to_string(v); };
+  return {{"shape", shape},   {"batch", str(g.N)},      {"C", str(g.C)},
+          {"H", str(g.H)},    {"W", str(g.W)},          {"K", str(g.K)},
+          {"R", str(g.R)},    {"S", str(g.S)},          {"stride", g.stride},
+          {"pad", g.pad},     {"dilation", g.dilation}, {"bias", g.bias ? "1" : "0"},
+          {"layout", layout_name(l)}};
+}
+
+// Expands one layer into every backend x dtype x direction x layout problem.
+void expand(const std::string& shape, const Geometry& g, std::vector<Problem>& out) {
+  for (Backend be : backends())
+    for (DType t : dtypes_of(be))
+      for (Direction d : kDirections)
+        for (Layout l : {Layout::nchw, Layout::nhwc}) out.push_back(Problem{"conv2d", be, t, d, args_of(shape, g, l)});
+}
+
+// "3" -> (3, 3); "2x1" -> (2, 1).
+std::pair<std::int64_t, std::int64_t> pair_arg(const Problem& p, const std::string& key) {
+  const std::string& v = p.get(key);
+  try {
+    const std::size_t x = v.find('x');
+    if (x == std::string::npos) {
+      const std::int64_t n = std::stoll(v);
+      return {n, n};
+    }
+    return {std::stoll(v.substr(0, x)), std::stoll(v.substr(x + 1))};
+  } catch (const std::exception&) {
+    throw Error("conv2d: " + key + ":" + v + " is not <n> or <h>x<w> in " + p.name());
+  }
+}
+
+class Conv2dFamily final : public Family {
  public:
   std::string name() const override { return "conv2d"; }
-  std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>&) const override { return {}; }
-  std::vector<Problem> test_problems() const override { return {}; }
-  Work work(const Problem&) const override { return {}; }
+
+  std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
+    std::vector<Problem> out;
+    for (const NamedShape& ns : named_shapes())
+      for (std::int64_t b : batches.empty() ? ns.batches : batches) {
+        const Geometry g{b, ns.C, ns.H, ns.W, ns.K, ns.R, ns.S,
+                         std::to_string(ns.stride), std::to_string(ns.pad), "1", ns.bias};
+        expand(ns.name, g, out);
+      }
+    return out;
+  }
+
+  std::vector<Problem> test_problems() const override {
+    // Odd sizes, non-square filters, strides that skip input rows, padding wider than the filter
+    // reach, dilation, a degenerate 1x1x1, and one large enough that verification samples.
+    const Geometry shapes[] = {
+        {2, 3, 7, 9, 4, 3, 3, "1", "1", "1", true},
+        {1, 5, 11, 6, 7, 3, 2, "2x1", "1x0", "1", false},
+        {3, 8, 10, 10, 16, 3, 3, "1", "2", "2", false},
+        {2, 16, 9, 9, 8, 1, 1, "2", "0", "1", true},
+        {2, 4, 13, 12, 6, 5, 5, "3", "2", "1x2", true},
+        {1, 1, 1, 1, 1, 1, 1, "1", "0", "1", true},
+        {2, 32, 28, 28, 32, 3, 3, "1", "1", "1", true},
+    };
+    std::vector<Problem> out;
+    for (const Geometry& g : shapes) expand("test", g, out);
+    return out;
+  }
+
+  Work work(const Problem& p) const override {
+    const Shape s = shape_of(p);
+    const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+    const double x = d(s.N * s.C * s.H * s.W), w = d(s.K * s.C * s.R * s.S), y = d(s.N * s.K * s.P() * s.Q());
+    const double e = static_cast<double>(dtype_size(s.dtype));
+    Work wk;
+    wk.flops = 2 * d(s.N) * d(s.K) * d(s.C) * d(s.R) * d(s.S) * d(s.P()) * d(s.Q());
+    switch (s.dir) {
+      case Direction::bwd_data: wk.bytes = e * (y + w + x); break;  // dy, w -> dx
+      case Direction::bwd_weight:                                   // x, dy -> dw (, db)
+        wk.bytes = e * (x + y + w + (s.bias ? d(s.K) : 0));
+        if (s.bias) wk.flops += y;  // the db reduction
+        break;
+      default:  // x, w (, b) -> y
+        wk.bytes = e * (x + w + y + (s.bias ? d(s.K) : 0));
+        if (s.bias) wk.flops += y;  // the bias add
+    }
+    wk.items = d(s.N);
+    return wk;
+  }
+
+  std::string unsupported_reason(const Problem& p) const override {
+    if (p.backend == Backend::cpu) return cpu_unsupported_reason(p);
+    std::string why;
+    if (!gpu::available(&why)) return why;
+    return "";
+  }
+
   std::unique_ptr<Case> make(const Problem& p) const override {
-    throw Error("conv2d is not implemented yet: " + p.name(), ErrorKind::unsupported);
+    if (p.backend == Backend::cpu) return make_cpu(p);
+#ifdef HOTOPS_HAVE_CUDA
+    return make_cuda(p);
+#else
+    throw Error("this build of hotops has no CUDA backend", ErrorKind::unsupported);
+#endif
   }
 };
 
 }  // namespace
 
+Shape shape_of(const Problem& p) {
+  Shape s;
+  s.dir = p.dir;
+  s.dtype = p.dtype;
+  const std::string& l = p.get("layout");
+  HOTOPS_CHECK(l == "nchw" || l == "nhwc", "conv2d: layout must be nchw or nhwc in " + p.name());
+  s.layout = l == "nchw" ? Layout::nchw : Layout::nhwc;
+  s.N = p.get_int("batch");
+  s.C = p.get_int("C"), s.H = p.get_int("H"), s.W = p.get_int("W");
+  s.K = p.get_int("K"), s.R = p.get_int("R"), s.S = p.get_int("S");
+  std::tie(s.stride_h, s.stride_w) = pair_arg(p, "stride");
+  std::tie(s.pad_h, s.pad_w) = pair_arg(p, "pad");
+  std::tie(s.dil_h, s.dil_w) = pair_arg(p, "dilation");
+  s.bias = p.get_int("bias") != 0;
+  HOTOPS_CHECK(std::min({s.N, s.C, s.H, s.W, s.K, s.R, s.S, s.stride_h, s.stride_w, s.dil_h, s.dil_w}) >= 1 &&
+                   std::min(s.pad_h, s.pad_w) >= 0,
+               "conv2d: sizes, strides and dilations must be >= 1 and pads >= 0 in " + p.name());
+  HOTOPS_CHECK(s.P() >= 1 && s.Q() >= 1, "conv2d: the filter does not fit the padded input in " + p.name());
+  return s;
+}
+
+Inputs make_inputs(const Shape& s, std::uint64_t seed) {
+  const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  Inputs in;
+  const bool fwd = s.dir == Direction::fwd;
+  if (fwd || s.dir == Direction::bwd_weight) in.x = HostBuffer(s.dtype, n(s.N * s.C * s.H * s.W));
+  if (fwd || s.dir == Direction::bwd_data) in.w = HostBuffer(s.dtype, n(s.K * s.C * s.R * s.S));
+  if (fwd && s.bias) in.b = HostBuffer(s.dtype, n(s.K));
+  if (!fwd) in.dy = HostBuffer(s.dtype, n(s.N * s.K * s.P() * s.Q()));
+  in.x.fill_uniform(seed, 1);
+  in.w.fill_uniform(seed, 2);
+  in.b.fill_uniform(seed, 3);
+  in.dy.fill_uniform(seed, 4);
+  return in;
+}
+
+Outputs make_outputs(const Shape& s) {
+  const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  Outputs o;
+  switch (s.dir) {
+    case Direction::bwd_data: o.primary = HostBuffer(s.dtype, n(s.N * s.C * s.H * s.W)); break;
+    case Direction::bwd_weight:
+      o.primary = HostBuffer(s.dtype, n(s.K * s.C * s.R * s.S));
+      if (s.bias) o.db = HostBuffer(s.dtype, n(s.K));
+      break;
+    default: o.primary = HostBuffer(s.dtype, n(s.N * s.K * s.P() * s.Q()));
+  }
+  return o;
+}
+
+Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
+  // Each sampled element is a sum of C*R*S (fwd), K*R*S (bwd_data) or N*P*Q (bwd_weight, db)
+  // products; sample as many as fit ~2e8 of them (well under a second), between 256 and 2048.
+  const RefData d = ref_data(in);
+  const auto terms_of = [](std::int64_t v) { return static_cast<double>(v); };
+  const double terms = s.dir == Direction::fwd        ? terms_of(s.C * s.R * s.S)
+                       : s.dir == Direction::bwd_data ? terms_of(s.K * s.R * s.S)
+                                                      : terms_of(s.N * s.P() * s.Q());
+  const auto limit = static_cast<std::size_t>(std::clamp(2e8 / terms, 256.0, 2048.0));
+  // tolerance(dtype) covers the dtype's rounding and f32 sums of up to ~16k terms. A weight
+  // gradient sums N*P*Q terms (2M for a 256x256 image at batch 32), and the f32 rounding error of
+  // a sum of random-sign terms grows as sqrt(length) relative to its rms: 8 eps_f32 sqrt(length)
+  // bounds the worst of the samples (oneDNN f32 measured ~1.3e-4 at 2M terms; bound 7.7e-4).
+  const double tol = tolerance(s.dtype) + 8 * 0x1.0p-24 * std::sqrt(terms);
+  Check c = compare(out.primary, sample_indices(out.primary.count(), limit, 7),
+                    [&](std::size_t i) { return reference_primary(s, d, i); }, tol);
+  if (out.db.count() == 0) return c;
+  Check all;
+  all.merge(c, "dw");
+  all.merge(compare(out.db, sample_indices(out.db.count(), limit, 11),
+                    [&](std::size_t k) { return reference_db(s, d, static_cast<std::int64_t>(k)); }, tol),
+            "db");
+  return all;
+}
+
 const Family& family() {
-  static const Pending f;
+  static const Conv2dFamily f;
   return f;
 }
 

@@ -1,26 +1,203 @@
-// The copy family: not implemented yet, so it registers no problems.
+// The copy family: problem names and their parsing, work, and the benchmark and test problem lists.
 #include "kernels/copy/copy.h"
 
 #include "hotops/check.h"
+#include "hotops/gpu.h"
 
 namespace hotops::copy {
 namespace {
 
-class Pending final : public Family {
+constexpr std::int64_t KiB = 1024, MiB = KiB * KiB, GiB = KiB * MiB;
+
+// Raw copies: from one page (latency) to 1 GiB (bandwidth, far beyond any cache).
+const std::int64_t kRawBytes[] = {4 * KiB, 64 * KiB, MiB, 16 * MiB, 64 * MiB, 256 * MiB, GiB};
+// dtype conversions: the f32 side is 4 KiB ... 256 MiB.
+const std::int64_t kConvertElements[] = {KiB, 16 * KiB, 256 * KiB, 4 * MiB, 16 * MiB, 64 * MiB};
+
+// Activations whose layout frameworks change inside copy_ (e.g. PyTorch channels_last, TF/Keras
+// NHWC handed to a NCHW library), with their default batches.
+struct Activation {
+  const char* source;  // where the shape comes from (documentation only)
+  std::int64_t C, H, W;
+  std::vector<std::int64_t> batches;
+};
+const std::vector<Activation>& activations() {
+  static const std::vector<Activation> a = {
+      {"ResNet-50 stage 1, 64 channels (conv2_x in)", 64, 56, 56, {1, 32}},
+      {"ResNet-50 stage 1, 256 channels (conv2_x out)", 256, 56, 56, {32}},
+      {"seed 003 Keras CNN, first conv output (None, 256, 256, 32)", 32, 256, 256, {32}},
+  };
+  return a;
+}
+
+std::vector<Backend> backends() {
+  std::vector<Backend> v{Backend::cpu};
+#ifdef HOTOPS_HAVE_CUDA
+  v.push_back(Backend::cuda);
+#endif
+  return v;
+}
+
+Problem raw(Backend b, Kind k, Host h, std::int64_t bytes) {
+  Problem p{"copy", b, DType::f32, Direction::fwd, {{"kind", kind_name(k)}}};
+  if (h != Host::none) p.args.push_back({"host", h == Host::pinned ? "pinned" : "pageable"});
+  p.args.push_back({"bytes", std::to_string(bytes)});
+  return p;
+}
+
+Problem layout(Backend b, DType t, Kind k, std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W) {
+  return Problem{"copy", b, t, Direction::fwd,
+                 {{"kind", kind_name(k)}, {"batch", std::to_string(N)}, {"C", std::to_string(C)},
+                  {"H", std::to_string(H)}, {"W", std::to_string(W)}}};
+}
+
+Problem convert(Backend b, Kind k, std::int64_t elements) {
+  const DType src = k == Kind::f32_to_bf16 ? DType::f32 : DType::bf16;
+  return Problem{"copy", b, src, Direction::fwd, {{"kind", kind_name(k)}, {"elements", std::to_string(elements)}}};
+}
+
+// Every raw-copy kind a backend has: memcpy everywhere, the host<->device transfers on CUDA only.
+void add_raw(Backend b, std::int64_t bytes, std::vector<Problem>& out) {
+  out.push_back(raw(b, Kind::memcpy, Host::none, bytes));
+  if (b != Backend::cuda) return;
+  for (Kind k : {Kind::h2d, Kind::d2h})
+    for (Host h : {Host::pinned, Host::pageable}) out.push_back(raw(b, k, h, bytes));
+}
+
+void add_layouts(Backend b, std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W, std::vector<Problem>& out) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (Kind k : {Kind::nchw_to_nhwc, Kind::nhwc_to_nchw}) out.push_back(layout(b, t, k, N, C, H, W));
+}
+
+void add_converts(Backend b, std::int64_t elements, std::vector<Problem>& out) {
+  for (Kind k : {Kind::f32_to_bf16, Kind::bf16_to_f32}) out.push_back(convert(b, k, elements));
+}
+
+class CopyFamily final : public Family {
  public:
   std::string name() const override { return "copy"; }
-  std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>&) const override { return {}; }
-  std::vector<Problem> test_problems() const override { return {}; }
-  Work work(const Problem&) const override { return {}; }
+
+  std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
+    std::vector<Problem> out;
+    for (Backend b : backends()) {
+      for (std::int64_t bytes : kRawBytes) add_raw(b, bytes, out);
+      for (const Activation& a : activations())
+        for (std::int64_t n : batches.empty() ? a.batches : batches) add_layouts(b, n, a.C, a.H, a.W, out);
+      for (std::int64_t e : kConvertElements) add_converts(b, e, out);
+    }
+    return out;
+  }
+
+  std::vector<Problem> test_problems() const override {
+    std::vector<Problem> out;
+    for (Backend b : backends()) {
+      // One element; odd, not a multiple of 16 bytes; several thread chunks with a remainder.
+      for (std::int64_t bytes : {4, 4100, (1 << 20) + 12}) {
+        if (b == Backend::cpu) out.push_back(raw(b, Kind::memcpy, Host::none, bytes));
+        else if (bytes > 4) add_raw(b, bytes, out);
+      }
+      // Channel and spatial sizes that are odd (scalar path), partial tiles, several tiles per axis.
+      add_layouts(b, 2, 3, 5, 7, out);
+      add_layouts(b, 2, 40, 6, 12, out);
+      add_layouts(b, 1, 96, 17, 16, out);
+      // The vectorised body alone and with a tail.
+      for (std::int64_t e : {1003, 65544}) add_converts(b, e, out);
+    }
+    return out;
+  }
+
+  Work work(const Problem& p) const override {
+    const Shape s = shape_of(p);
+    Work w;
+    w.flops = 0;  // a copy does no arithmetic
+    const bool one_way = s.kind == Kind::h2d || s.kind == Kind::d2h;
+    w.bytes = static_cast<double>(one_way ? s.src_bytes() : s.src_bytes() + s.dst_bytes());
+    w.items = s.is_layout() ? static_cast<double>(s.N) : 1.0;
+    return w;
+  }
+
+  std::string unsupported_reason(const Problem& p) const override {
+    const Shape s = shape_of(p);
+    if (p.backend == Backend::cpu) {
+      if (s.kind == Kind::h2d || s.kind == Kind::d2h)
+        return std::string("copy kind ") + kind_name(s.kind) + " exists only on the cuda backend";
+      return cpu_unsupported_reason(p);
+    }
+    std::string why;
+    if (!gpu::available(&why)) return why;
+    return "";
+  }
+
   std::unique_ptr<Case> make(const Problem& p) const override {
-    throw Error("copy is not implemented yet: " + p.name(), ErrorKind::unsupported);
+    if (p.backend == Backend::cpu) return make_cpu(p);
+#ifdef HOTOPS_HAVE_CUDA
+    return make_cuda(p);
+#else
+    throw Error("this build of hotops has no CUDA backend", ErrorKind::unsupported);
+#endif
   }
 };
 
 }  // namespace
 
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::memcpy: return "memcpy";
+    case Kind::h2d: return "h2d";
+    case Kind::d2h: return "d2h";
+    case Kind::nchw_to_nhwc: return "nchw_to_nhwc";
+    case Kind::nhwc_to_nchw: return "nhwc_to_nchw";
+    case Kind::f32_to_bf16: return "f32_to_bf16";
+    case Kind::bf16_to_f32: return "bf16_to_f32";
+  }
+  return "?";
+}
+
+Shape shape_of(const Problem& p) {
+  Shape s;
+  const std::string& kind = p.get("kind");
+  bool known = false;
+  for (Kind k : {Kind::memcpy, Kind::h2d, Kind::d2h, Kind::nchw_to_nhwc, Kind::nhwc_to_nchw, Kind::f32_to_bf16,
+                 Kind::bf16_to_f32})
+    if (kind == kind_name(k)) s.kind = k, known = true;
+  HOTOPS_CHECK(known, "unknown copy kind '" + kind + "' in " + p.name());
+  s.src = s.dst = storage_of(p.dtype);
+
+  if (s.is_raw()) {
+    HOTOPS_CHECK(p.dtype == DType::f32, "raw copies are named f32: " + p.name());
+    const std::int64_t bytes = p.get_int("bytes");
+    HOTOPS_CHECK(bytes > 0 && bytes % 4 == 0, "copy bytes must be a positive multiple of 4: " + p.name());
+    s.count = static_cast<std::size_t>(bytes / 4);
+    if (s.kind != Kind::memcpy) {
+      const std::string& h = p.get("host");
+      HOTOPS_CHECK(h == "pinned" || h == "pageable", "host must be pinned or pageable: " + p.name());
+      s.host = h == "pinned" ? Host::pinned : Host::pageable;
+    }
+  } else if (s.is_layout()) {
+    HOTOPS_CHECK(p.dtype == DType::f32 || p.dtype == DType::bf16, "layout copies are f32 or bf16: " + p.name());
+    s.N = p.get_int("batch"), s.C = p.get_int("C"), s.H = p.get_int("H"), s.W = p.get_int("W");
+    HOTOPS_CHECK(s.N > 0 && s.C > 0 && s.H > 0 && s.W > 0, "dimensions must be positive: " + p.name());
+    s.count = static_cast<std::size_t>(s.N * s.C * s.H * s.W);
+  } else {
+    const bool to_bf16 = s.kind == Kind::f32_to_bf16;
+    HOTOPS_CHECK(p.dtype == (to_bf16 ? DType::f32 : DType::bf16),
+                 "the dtype segment of a conversion is its source dtype: " + p.name());
+    s.dst = to_bf16 ? DType::bf16 : DType::f32;
+    const std::int64_t e = p.get_int("elements");
+    HOTOPS_CHECK(e > 0, "elements must be positive: " + p.name());
+    s.count = static_cast<std::size_t>(e);
+  }
+  return s;
+}
+
+HostBuffer make_source(const Shape& s, std::uint64_t seed) {
+  HostBuffer src(s.src, s.count);
+  src.fill_uniform(seed, 1);
+  return src;
+}
+
 const Family& family() {
-  static const Pending f;
+  static const CopyFamily f;
   return f;
 }
 

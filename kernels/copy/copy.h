@@ -1,8 +1,83 @@
-// The copy family (work in progress: registers no problems yet).
+// The copy family: what PyTorch's aten::copy_ does, the op at the top of the seed profiles. Raw
+// copies (within host or device memory, host->device, device->host) and the two conversions that
+// frameworks do inside copy_: layout NCHW <-> NHWC and dtype f32 <-> bf16.
+//
+// Benchmark names (op `copy`, direction always `fwd`; the dtype segment is the SOURCE dtype):
+//   copy/{cpu,cuda}/f32/fwd/kind:memcpy/bytes:B            a copy of B bytes within one memory:
+//                                                           CPU: std::memcpy in OpenMP thread chunks;
+//                                                           CUDA: cudaMemcpyAsync device-to-device
+//   copy/cuda/f32/fwd/kind:h2d/host:{pinned,pageable}/bytes:B   cudaMemcpyAsync host -> device
+//   copy/cuda/f32/fwd/kind:d2h/host:{pinned,pageable}/bytes:B   cudaMemcpyAsync device -> host
+//   copy/{cpu,cuda}/{f32,bf16}/fwd/kind:{nchw_to_nhwc,nhwc_to_nchw}/batch:N/C:C/H:H/W:W
+//                                                           CPU: oneDNN reorder; CUDA: hotops'
+//                                                           tiled transpose through shared memory
+//   copy/{cpu,cuda}/f32/fwd/kind:f32_to_bf16/elements:E     CPU: oneDNN reorder; CUDA: hotops'
+//   copy/{cpu,cuda}/bf16/fwd/kind:bf16_to_f32/elements:E    16-byte vectorised convert kernel
+// Raw copies move bytes; `f32` says only that their (random) contents are checked as f32 words, so
+// B is a multiple of 4. The same problem on both backends has the same name but for the backend.
+//
+// Work: FLOPs are 0 (a copy does no arithmetic). Bytes are the fewest the op moves: read + written
+// for copies within one memory and for the conversions (2*B for memcpy and the layouts, 6 per
+// element for the dtype conversions); a transfer between host and device counts its size once, B,
+// because link (PCIe / NVLink-C2C) bandwidths are quoted one-way. Items: `batch` for the layouts, else 1.
+//
+// Verification is exact: a copy or a layout change must reproduce every bit of the source, and a
+// dtype conversion must equal the reference (the source value, rounded to the output dtype to
+// nearest even, see dtype.h). Every element is checked, not a sample: a memcmp or one parallel pass.
 #pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hotops/buffer.h"
 #include "hotops/op.h"
 
 namespace hotops::copy {
+
+enum class Kind { memcpy, h2d, d2h, nchw_to_nhwc, nhwc_to_nchw, f32_to_bf16, bf16_to_f32 };
+// Where the host side of an h2d / d2h transfer lives: ordinary (pageable) memory goes through the
+// driver's staging buffer and cannot be captured in a CUDA graph; pinned memory is DMA'd directly.
+enum class Host { none, pageable, pinned };
+
+const char* kind_name(Kind k);
+
+// One copy problem. Counts are in elements of the source / destination dtype.
+struct Shape {
+  Kind kind = Kind::memcpy;
+  Host host = Host::none;
+  DType src = DType::f32, dst = DType::f32;
+  std::int64_t N = 1, C = 1, H = 1, W = 1;  // the layouts: the logical tensor [N, C, H, W]
+  std::size_t count = 0;                    // elements of the source (= of the destination)
+
+  bool is_raw() const { return kind == Kind::memcpy || kind == Kind::h2d || kind == Kind::d2h; }
+  bool is_layout() const { return kind == Kind::nchw_to_nhwc || kind == Kind::nhwc_to_nchw; }
+  std::size_t src_bytes() const { return count * dtype_size(src); }
+  std::size_t dst_bytes() const { return count * dtype_size(dst); }
+};
+
+Shape shape_of(const Problem& p);  // throws hotops::Error on an ill-formed copy problem
+
+// The seeded random source of a problem (identical on every backend).
+HostBuffer make_source(const Shape& s, std::uint64_t seed);
+
+// Reference. The layouts move element source_index(i) of the source to element i of the output;
+// every other kind moves element i to element i. reference() is the value of output element i in
+// double; storing it in the output dtype (round to nearest even) gives the expected bits.
+std::size_t source_index(const Shape& s, std::size_t i);
+double reference(const Shape& s, const HostBuffer& src, std::size_t i);
+void reference(const Shape& s, const HostBuffer& src, HostBuffer& out);  // every element, for tests
+
+// Exact checks. verify_exact: every element of `out` holds the bits of reference(i) stored in out's
+// dtype. verify_bitwise: the `bytes` at out equal those at ref (viewed as elements of dtype t).
+Check verify_exact(const Shape& s, const HostBuffer& src, const HostBuffer& out);
+Check verify_bitwise(const void* out, const void* ref, std::size_t bytes, DType t);
+
+std::unique_ptr<Case> make_cpu(const Problem& p);
+std::string cpu_unsupported_reason(const Problem& p);
+#ifdef HOTOPS_HAVE_CUDA
+std::unique_ptr<Case> make_cuda(const Problem& p);
+#endif
 
 const Family& family();
 

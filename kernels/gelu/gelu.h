@@ -1,8 +1,64 @@
-// The gelu family (work in progress: registers no problems yet).
+// The gelu family: PyTorch's gelu (fwd) and gelu_backward (bwd: dx from x and dy), exact (erf) or
+// tanh-approximated, on oneDNN's eltwise primitives (CPU) and a hand-written CUDA kernel.
 #pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hotops/buffer.h"
 #include "hotops/op.h"
 
 namespace hotops::gelu {
+
+// PyTorch's `approximate` argument: none = x * Phi(x) through erf, tanh = the tanh formula.
+enum class Approx { none, tanh };
+const char* approx_name(Approx a);
+
+// One problem: `elements` values, stored `offset` elements into their buffers (test problems use an
+// offset to put the tensors off a 16-byte boundary), followed by kGuard untouched elements.
+//   fwd  y[i]  = gelu(x[i])
+//   bwd  dx[i] = dy[i] * gelu'(x[i])
+struct Shape {
+  Direction dir = Direction::fwd;
+  DType dtype = DType::f32;
+  Approx approx = Approx::none;
+  std::int64_t elements = 1;
+  std::int64_t offset = 0;
+};
+constexpr std::size_t kGuard = 8;
+
+Shape shape_of(const Problem& p);
+std::size_t buffer_count(const Shape& s);  // offset + elements + kGuard
+
+// Inputs, seeded from the problem name so every backend sees the same numbers. x is uniform in
+// [-5, 5): both tails of gelu, where erf/tanh saturate, and the curved middle; dy in [-1, 1).
+struct Inputs {
+  HostBuffer x;
+  HostBuffer dy;  // bwd only
+};
+Inputs make_inputs(const Shape& s, std::uint64_t seed);
+HostBuffer make_output(const Shape& s);  // y (fwd) or dx (bwd), same layout as the inputs
+
+// Reference in double: gelu(x) (fwd) or dy * gelu'(x) (bwd).
+double reference(Approx a, Direction d, double x, double dy);
+
+// The verification bound of a problem (by dtype, direction, approximation); gelu.cpp derives each.
+double error_bound(const Shape& s);
+
+// Checks out[offset, offset + elements) against the reference (sampled when large, always both ends)
+// and that the elements around that range are still poisoned (NaN), i.e. were never written.
+Check verify(const Shape& s, const Inputs& in, const HostBuffer& out);
+
+std::unique_ptr<Case> make_cpu(const Problem& p);
+std::string cpu_unsupported_reason(const Problem& p);
+#ifdef HOTOPS_HAVE_CUDA
+std::unique_ptr<Case> make_cuda(const Problem& p);
+// The CUDA kernel's own code, run on the host one thread at a time over a grid of `blocks` blocks:
+// lets the tests check its indexing (unaligned head, vectors, tail) without a GPU.
+void run_cuda_kernel_on_host(const Shape& s, const void* x, const void* dy, void* out, unsigned blocks);
+#endif
 
 const Family& family();
 

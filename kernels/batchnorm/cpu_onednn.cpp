@@ -1,0 +1,175 @@
+// batchnorm on the CPU: oneDNN's batch_normalization primitive (use_scale | use_shift), plus the
+// O(C) hand-written C++ that makes it PyTorch's op: oneDNN neither updates running statistics nor
+// saves invstd (it keeps the variance), so run() does both after the primitive, and bwd turns the
+// saved invstd back into the variance oneDNN takes. That C++ is part of the op and is timed.
+#include <cmath>
+#include <unordered_map>
+
+#include "hotops/check.h"
+#include "hotops/cpu.h"
+#include "kernels/batchnorm/batchnorm.h"
+
+namespace hotops::batchnorm {
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+using flags = dnnl::normalization_flags;
+
+memory::desc data_md(const Shape& s) {
+  const auto t = s.dtype == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  if (s.layout == Layout::nc) return memory::desc({s.N, s.C}, t, tag::nc);
+  return memory::desc({s.N, s.C, s.H, s.W}, t, s.layout == Layout::nchw ? tag::nchw : tag::nhwc);
+}
+
+// The primitive descriptors of one problem (no memory touched): creating them is also the
+// support probe, since oneDNN answers `unimplemented` for what this CPU cannot do.
+struct Plan {
+  dnnl::batch_normalization_forward::primitive_desc fwd;
+  dnnl::batch_normalization_backward::primitive_desc bwd;
+};
+
+Plan plan(const Shape& s) {
+  dnnl::engine& eng = cpu::engine();
+  const memory::desc md = data_md(s);
+  const auto eps = static_cast<float>(kEps);
+  const flags scale_shift = flags::use_scale | flags::use_shift;
+  Plan p;
+  if (s.dir == Direction::infer) {
+    const auto d = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_forward::desc(
+        dnnl::prop_kind::forward_inference, md, eps, scale_shift | flags::use_global_stats));
+    p.fwd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_forward::primitive_desc(d, eng));
+    return p;
+  }
+  const auto d = HOTOPS_CHECK_DNNL(
+      dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, md, eps, scale_shift));
+  p.fwd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_forward::primitive_desc(d, eng));
+  if (s.dir == Direction::bwd) {
+    const auto b = HOTOPS_CHECK_DNNL(
+        dnnl::batch_normalization_backward::desc(dnnl::prop_kind::backward, md, md, eps, scale_shift));
+    p.bwd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_backward::primitive_desc(b, eng, p.fwd));
+  }
+  return p;
+}
+
+class CpuBatchnorm final : public Case {
+ public:
+  explicit CpuBatchnorm(const Problem& p)
+      : s_(shape_of(p)), plan_(plan(s_)), in_(make_inputs(s_, input_seed(p))), out_(make_outputs(s_)),
+        variance_(DType::f32, static_cast<std::size_t>(s_.C)) {
+    dnnl::engine& eng = cpu::engine();
+    auto mem = [&](const memory::desc& d, HostBuffer& b) { return memory(d, eng, b.data()); };
+    const memory::desc cvec({s_.C}, memory::data_type::f32, tag::a);
+    if (s_.dir == Direction::bwd) {
+      const auto& pd = plan_.bwd;
+      prim_ = dnnl::batch_normalization_backward(pd);
+      args_ = {{DNNL_ARG_SRC, mem(pd.src_desc(), in_.x)},
+               {DNNL_ARG_DIFF_DST, mem(pd.diff_dst_desc(), in_.dy)},
+               {DNNL_ARG_MEAN, mem(pd.mean_desc(), in_.save_mean)},
+               {DNNL_ARG_VARIANCE, mem(pd.variance_desc(), variance_)},
+               {DNNL_ARG_SCALE, mem(cvec, in_.gamma)},
+               {DNNL_ARG_SHIFT, mem(cvec, in_.beta)},
+               {DNNL_ARG_DIFF_SRC, mem(pd.diff_src_desc(), out_.out)},
+               {DNNL_ARG_DIFF_SCALE, mem(cvec, out_.dgamma)},
+               {DNNL_ARG_DIFF_SHIFT, mem(cvec, out_.dbeta)}};
+      return;
+    }
+    const auto& pd = plan_.fwd;
+    prim_ = dnnl::batch_normalization_forward(pd);
+    args_ = {{DNNL_ARG_SRC, mem(pd.src_desc(), in_.x)},
+             {DNNL_ARG_DST, mem(pd.dst_desc(), out_.out)},
+             {DNNL_ARG_SCALE, mem(cvec, in_.gamma)},
+             {DNNL_ARG_SHIFT, mem(cvec, in_.beta)}};
+    if (s_.dir == Direction::infer) {
+      args_[DNNL_ARG_MEAN] = mem(pd.mean_desc(), in_.running_mean);
+      args_[DNNL_ARG_VARIANCE] = mem(pd.variance_desc(), in_.running_var);
+    } else {
+      args_[DNNL_ARG_MEAN] = mem(pd.mean_desc(), out_.save_mean);
+      args_[DNNL_ARG_VARIANCE] = mem(pd.variance_desc(), variance_);
+      reset_running_stats();
+    }
+  }
+
+  void run() override {
+    const auto C = static_cast<std::size_t>(s_.C);
+    const auto eps = static_cast<float>(kEps);
+    if (s_.dir == Direction::bwd) {
+      // oneDNN takes the variance: the one whose 1/sqrt(var + eps) is the saved invstd.
+      const float* invstd = in_.save_invstd.as<float>();
+      float* var = variance_.as<float>();
+      for (std::size_t c = 0; c < C; ++c) var[c] = 1.f / (invstd[c] * invstd[c]) - eps;
+    }
+    dnnl::stream& st = cpu::stream();
+    HOTOPS_CHECK_DNNL(prim_.execute(st, args_));
+    HOTOPS_CHECK_DNNL(st.wait());
+    if (s_.dir == Direction::fwd) {
+      // oneDNN's variance is the biased one; PyTorch's running_var takes the unbiased one.
+      const auto m = static_cast<float>(kMomentum);
+      const auto n = static_cast<float>(s_.per_channel());
+      const float unbias = n / (n - 1);
+      const float* mean = out_.save_mean.as<float>();
+      const float* var = variance_.as<float>();
+      float* invstd = out_.save_invstd.as<float>();
+      float* rm = out_.running_mean.as<float>();
+      float* rv = out_.running_var.as<float>();
+      for (std::size_t c = 0; c < C; ++c) {
+        invstd[c] = 1.f / std::sqrt(var[c] + eps);
+        rm[c] = (1 - m) * rm[c] + m * mean[c];
+        rv[c] = (1 - m) * rv[c] + m * var[c] * unbias;
+      }
+    }
+  }
+
+  Check verify() override {
+    out_.out.poison();
+    out_.save_mean.poison();
+    out_.save_invstd.poison();
+    out_.dgamma.poison();
+    out_.dbeta.poison();
+    // The timed runs moved the running statistics on: start again from the inputs' values.
+    if (s_.dir == Direction::fwd) reset_running_stats();
+    run();
+    return batchnorm::verify(s_, in_, out_);
+  }
+
+  std::string label() const override {
+    const auto& pd = s_.dir == Direction::bwd ? static_cast<const dnnl::primitive_desc&>(plan_.bwd)
+                                              : static_cast<const dnnl::primitive_desc&>(plan_.fwd);
+    std::string l = "oneDNN batch_normalization " + std::string(pd.impl_info_str());
+    if (s_.dir == Direction::fwd) l += " + C++ running-stat update and invstd";
+    if (s_.dir == Direction::bwd) l += " + C++ invstd-to-variance";
+    return l + ", " + std::to_string(cpu::threads()) + " threads";
+  }
+
+ private:
+  void reset_running_stats() {
+    out_.running_mean = in_.running_mean;
+    out_.running_var = in_.running_var;
+  }
+
+  Shape s_;
+  Plan plan_;
+  Inputs in_;
+  Outputs out_;
+  HostBuffer variance_;  // fwd: oneDNN's (biased) batch variance; bwd: from the saved invstd
+  dnnl::primitive prim_;
+  std::unordered_map<int, memory> args_;
+};
+
+}  // namespace
+
+std::string cpu_unsupported_reason(const Problem& p) {
+  try {
+    plan(shape_of(p));
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::unsupported)
+      return std::string("oneDNN has no ") + dtype_name(p.dtype) + " batch_normalization " +
+             direction_name(p.dir) + " for this CPU (ISA " + cpu::isa_name() + ")";
+    throw;
+  }
+  return "";
+}
+
+std::unique_ptr<Case> make_cpu(const Problem& p) { return std::make_unique<CpuBatchnorm>(p); }
+
+}  // namespace hotops::batchnorm

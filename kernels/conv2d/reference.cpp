@@ -1,0 +1,108 @@
+// The conv2d reference: direct convolution, double accumulation. The oracle every backend is checked
+// against; each call computes one output element, so large problems are verified on a sample.
+#include "kernels/conv2d/conv2d.h"
+
+namespace hotops::conv2d {
+namespace {
+
+std::vector<float> floats(const HostBuffer& b) {
+  std::vector<float> v(b.count());
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(b.get(i));
+  return v;
+}
+
+// The logical coordinates (n, c, h, w) of user-layout offset i of a [N, C, H, W] tensor.
+struct Coord {
+  std::int64_t n, c, h, w;
+};
+Coord coord(Layout l, std::int64_t i, std::int64_t C, std::int64_t H, std::int64_t W) {
+  if (l == Layout::nchw) return {i / (C * H * W), (i / (H * W)) % C, (i / W) % H, i % W};
+  return {i / (H * W * C), i % C, (i / (W * C)) % H, (i / C) % W};
+}
+
+}  // namespace
+
+std::size_t Shape::x_at(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) const {
+  return static_cast<std::size_t>(layout == Layout::nchw ? ((n * C + c) * H + h) * W + w
+                                                         : ((n * H + h) * W + w) * C + c);
+}
+std::size_t Shape::w_at(std::int64_t k, std::int64_t c, std::int64_t r, std::int64_t s) const {
+  return static_cast<std::size_t>(layout == Layout::nchw ? ((k * C + c) * R + r) * S + s
+                                                         : ((k * R + r) * S + s) * C + c);
+}
+std::size_t Shape::y_at(std::int64_t n, std::int64_t k, std::int64_t p, std::int64_t q) const {
+  const std::int64_t P_ = P(), Q_ = Q();
+  return static_cast<std::size_t>(layout == Layout::nchw ? ((n * K + k) * P_ + p) * Q_ + q
+                                                         : ((n * P_ + p) * Q_ + q) * K + k);
+}
+
+RefData ref_data(const Inputs& in) { return {floats(in.x), floats(in.w), floats(in.b), floats(in.dy)}; }
+
+double reference_primary(const Shape& s, const RefData& d, std::size_t idx) {
+  const auto i = static_cast<std::int64_t>(idx);
+  const std::int64_t P = s.P(), Q = s.Q();
+  double acc = 0;
+  switch (s.dir) {
+    case Direction::bwd_data: {  // dx[n,c,h,w]: every (k, r, s) whose tap lands on (h, w)
+      const Coord x = coord(s.layout, i, s.C, s.H, s.W);
+      for (std::int64_t r = 0; r < s.R; ++r) {
+        const std::int64_t ph = x.h + s.pad_h - r * s.dil_h;  // = p * stride_h
+        if (ph < 0 || ph % s.stride_h != 0 || ph / s.stride_h >= P) continue;
+        for (std::int64_t t = 0; t < s.S; ++t) {
+          const std::int64_t qw = x.w + s.pad_w - t * s.dil_w;
+          if (qw < 0 || qw % s.stride_w != 0 || qw / s.stride_w >= Q) continue;
+          for (std::int64_t k = 0; k < s.K; ++k)
+            acc += static_cast<double>(d.dy[s.y_at(x.n, k, ph / s.stride_h, qw / s.stride_w)]) *
+                   d.w[s.w_at(k, x.c, r, t)];
+        }
+      }
+      return acc;
+    }
+    case Direction::bwd_weight: {  // dw[k,c,r,s]: offset i in OIHW or OHWI
+      std::int64_t k, c, r, t;
+      if (s.layout == Layout::nchw) k = i / (s.C * s.R * s.S), c = (i / (s.R * s.S)) % s.C, r = (i / s.S) % s.R, t = i % s.S;
+      else k = i / (s.R * s.S * s.C), r = (i / (s.S * s.C)) % s.R, t = (i / s.C) % s.S, c = i % s.C;
+      for (std::int64_t n = 0; n < s.N; ++n)
+        for (std::int64_t p = 0; p < P; ++p) {
+          const std::int64_t h = p * s.stride_h - s.pad_h + r * s.dil_h;
+          if (h < 0 || h >= s.H) continue;
+          for (std::int64_t q = 0; q < Q; ++q) {
+            const std::int64_t w = q * s.stride_w - s.pad_w + t * s.dil_w;
+            if (w < 0 || w >= s.W) continue;
+            acc += static_cast<double>(d.x[s.x_at(n, c, h, w)]) * d.dy[s.y_at(n, k, p, q)];
+          }
+        }
+      return acc;
+    }
+    default: {  // y[n,k,p,q]
+      const Coord y = coord(s.layout, i, s.K, P, Q);  // (n, k, p, q)
+      for (std::int64_t r = 0; r < s.R; ++r) {
+        const std::int64_t h = y.h * s.stride_h - s.pad_h + r * s.dil_h;
+        if (h < 0 || h >= s.H) continue;
+        for (std::int64_t t = 0; t < s.S; ++t) {
+          const std::int64_t w = y.w * s.stride_w - s.pad_w + t * s.dil_w;
+          if (w < 0 || w >= s.W) continue;
+          for (std::int64_t c = 0; c < s.C; ++c)
+            acc += static_cast<double>(d.x[s.x_at(y.n, c, h, w)]) * d.w[s.w_at(y.c, c, r, t)];
+        }
+      }
+      return acc + (s.bias ? d.b[static_cast<std::size_t>(y.c)] : 0.0);
+    }
+  }
+}
+
+double reference_db(const Shape& s, const RefData& d, std::int64_t k) {
+  double acc = 0;
+  for (std::int64_t n = 0; n < s.N; ++n)
+    for (std::int64_t p = 0; p < s.P(); ++p)
+      for (std::int64_t q = 0; q < s.Q(); ++q) acc += d.dy[s.y_at(n, k, p, q)];
+  return acc;
+}
+
+void reference(const Shape& s, const Inputs& in, Outputs& out) {
+  const RefData d = ref_data(in);
+  for (std::size_t i = 0; i < out.primary.count(); ++i) out.primary.set(i, reference_primary(s, d, i));
+  for (std::size_t k = 0; k < out.db.count(); ++k) out.db.set(k, reference_db(s, d, static_cast<std::int64_t>(k)));
+}
+
+}  // namespace hotops::conv2d

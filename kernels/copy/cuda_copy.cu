@@ -1,0 +1,311 @@
+// copy on CUDA. Raw copies are cudaMemcpyAsync on gpu::stream(): device-to-device (kind:memcpy),
+// host-to-device and device-to-host from pinned (cudaHostAlloc) or pageable host memory. The
+// conversions are hotops kernels: NCHW <-> NHWC is a batched matrix transpose through shared-memory
+// tiles with 16-byte global loads and stores on both sides; f32 <-> bf16 is an elementwise kernel
+// with 16-byte accesses (round to nearest even, as PyTorch's .to(torch.bfloat16)).
+#include <cuda_bf16.h>
+
+#include <cstring>
+#include <string>
+
+#include "hotops/cuda_util.h"
+#include "kernels/copy/copy.h"
+#include "kernels/copy/pinned.h"
+
+namespace hotops::copy {
+namespace {
+
+constexpr int kThreads = 128;  // per block, for every copy kernel
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// ---- the layout transpose --------------------------------------------------------------------
+// NCHW -> NHWC transposes each image's [C, H*W] matrix into [H*W, C]; NHWC -> NCHW the reverse.
+// A block moves one square tile: it reads the tile's rows with 16-byte loads (8 per 128-byte tile
+// row), transposes through shared memory, and writes the output's rows with 16-byte stores, so
+// both sides are fully coalesced. Elements are moved as raw bits (u32 for f32, u16 for bf16).
+
+template <class T>
+struct TileOf {
+  static constexpr int V = 16 / sizeof(T);             // elements per 16-byte vector
+  static constexpr int kEdge = 8 * V;                   // 32 (f32) or 64 (bf16) elements a side
+  static constexpr int kPitch = kEdge + 4 / sizeof(T);  // +1 word a row: column reads spread over banks
+  static constexpr int kPerThread = kEdge * kEdge / V / kThreads;  // vectors per thread: 2 or 4
+};
+
+// Element j of a 16-byte vector of T (little-endian: element 0 in the low bits of word 0; register
+// moves once unrolled), and the 16-byte vector of column tc of a tile from row tr on.
+template <class T>
+__device__ __forceinline__ T element(const uint4& v, int j) {
+  const unsigned w[4] = {v.x, v.y, v.z, v.w};
+  if constexpr (sizeof(T) == 4) return static_cast<T>(w[j]);
+  else return static_cast<T>(w[j / 2] >> (16 * (j % 2)));
+}
+
+template <class T, int kPitch>
+__device__ __forceinline__ uint4 column_vector(const T (*tile)[kPitch], int tr, int tc) {
+  if constexpr (sizeof(T) == 4) return make_uint4(tile[tr][tc], tile[tr + 1][tc], tile[tr + 2][tc], tile[tr + 3][tc]);
+  const auto pair = [&](int j) {
+    return static_cast<unsigned>(tile[tr + j][tc]) | static_cast<unsigned>(tile[tr + j + 1][tc]) << 16;
+  };
+  return make_uint4(pair(0), pair(2), pair(4), pair(6));
+}
+
+// out[b][c][r] = in[b][r][c] for `batch` (= gridDim.z) matrices of rows x cols. kVecIn: cols is a
+// multiple of V, so input rows are read as whole vectors; kVecOut: rows is, so output rows are
+// written as whole vectors. Otherwise that side moves scalars, bounds-checked one by one.
+template <class T, bool kVecIn, bool kVecOut>
+__global__ void __launch_bounds__(kThreads)
+    transpose_tiles(const T* __restrict__ in, T* __restrict__ out, std::int64_t rows, std::int64_t cols) {
+  using G = TileOf<T>;
+  constexpr int V = G::V;
+  __shared__ T tile[G::kEdge][G::kPitch];
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * G::kEdge;
+  const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * G::kEdge;
+  in += static_cast<std::int64_t>(blockIdx.z) * rows * cols;
+  out += static_cast<std::int64_t>(blockIdx.z) * rows * cols;
+
+  // Vector v of the tile is tile row v / 8, columns (v % 8) * V ... Every global load is issued
+  // before the first shared-memory store, so that each thread has all its bytes in flight at once.
+  uint4 reg[G::kPerThread];
+#pragma unroll
+  for (int k = 0; k < G::kPerThread; ++k) {
+    const int v = threadIdx.x + k * kThreads, tr = v / 8, tc = (v % 8) * V;
+    const std::int64_t r = r0 + tr, c = c0 + tc;
+    if constexpr (kVecIn) {
+      reg[k] = r < rows && c < cols ? *reinterpret_cast<const uint4*>(in + r * cols + c) : make_uint4(0, 0, 0, 0);
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        if (r < rows && c + j < cols) tile[tr][tc + j] = in[r * cols + c + j];
+    }
+  }
+  if constexpr (kVecIn) {
+#pragma unroll
+    for (int k = 0; k < G::kPerThread; ++k) {
+      const int v = threadIdx.x + k * kThreads, tr = v / 8, tc = (v % 8) * V;
+#pragma unroll
+      for (int j = 0; j < V; ++j) tile[tr][tc + j] = element<T>(reg[k], j);
+    }
+  }
+  __syncthreads();
+
+  // Vector w of the output is output row c0 + w / 8 (tile column tc), columns r0 + (w % 8) * V ...
+#pragma unroll
+  for (int k = 0; k < G::kPerThread; ++k) {
+    const int w = threadIdx.x + k * kThreads, tc = w / 8, tr = (w % 8) * V;
+    const std::int64_t orow = c0 + tc, ocol = r0 + tr;
+    if constexpr (kVecOut) {
+      // __stwb (a store with the default write-back policy): plain assignment through a uint4*
+      // was split into four 4-byte stores here by nvcc 13.
+      if (orow < cols && ocol < rows)
+        __stwb(reinterpret_cast<uint4*>(out + orow * rows + ocol), column_vector<T, G::kPitch>(tile, tr, tc));
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        if (orow < cols && ocol + j < rows) out[orow * rows + ocol + j] = tile[tr + j][tc];
+    }
+  }
+}
+
+template <class T>
+void launch_transpose(const void* in, void* out, std::int64_t batch, std::int64_t rows, std::int64_t cols,
+                      cudaStream_t stream) {
+  using G = TileOf<T>;
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, G::kEdge)), static_cast<unsigned>(ceil_div(rows, G::kEdge)),
+                  static_cast<unsigned>(batch));
+  const bool vin = cols % G::V == 0, vout = rows % G::V == 0;
+  auto* kernel = vin ? (vout ? transpose_tiles<T, true, true> : transpose_tiles<T, true, false>)
+                     : (vout ? transpose_tiles<T, false, true> : transpose_tiles<T, false, false>);
+  kernel<<<grid, kThreads, 0, stream>>>(static_cast<const T*>(in), static_cast<T*>(out), rows, cols);
+  HOTOPS_CHECK_LAUNCH();
+}
+
+// ---- the dtype conversions -------------------------------------------------------------------
+// Thread g converts elements 8g .. 8g+7 with 16-byte accesses (f32 side: two, bf16 side: one);
+// the n % 8 elements of the tail go one each to the threads after the last group.
+
+__global__ void __launch_bounds__(kThreads)
+    f32_to_bf16(const float* __restrict__ in, __nv_bfloat16* __restrict__ out, std::int64_t n) {
+  const std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x, groups = n / 8;
+  if (g < groups) {
+    const float4 a = reinterpret_cast<const float4*>(in)[2 * g];
+    const float4 b = reinterpret_cast<const float4*>(in)[2 * g + 1];
+    alignas(16) __nv_bfloat162 h[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
+                                       __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
+    reinterpret_cast<uint4*>(out)[g] = *reinterpret_cast<const uint4*>(h);
+  } else if (const std::int64_t i = 8 * groups + (g - groups); i < n) {
+    out[i] = __float2bfloat16_rn(in[i]);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    bf16_to_f32(const __nv_bfloat16* __restrict__ in, float* __restrict__ out, std::int64_t n) {
+  const std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x, groups = n / 8;
+  if (g < groups) {
+    const uint4 x = reinterpret_cast<const uint4*>(in)[g];
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&x);
+    const float2 f0 = __bfloat1622float2(h[0]), f1 = __bfloat1622float2(h[1]);
+    const float2 f2 = __bfloat1622float2(h[2]), f3 = __bfloat1622float2(h[3]);
+    reinterpret_cast<float4*>(out)[2 * g] = make_float4(f0.x, f0.y, f1.x, f1.y);
+    reinterpret_cast<float4*>(out)[2 * g + 1] = make_float4(f2.x, f2.y, f3.x, f3.y);
+  } else if (const std::int64_t i = 8 * groups + (g - groups); i < n) {
+    out[i] = __bfloat162float(in[i]);
+  }
+}
+
+// ---- the cases -------------------------------------------------------------------------------
+
+const char* host_name(Host h) { return h == Host::pinned ? "pinned (cudaHostAlloc)" : "pageable"; }
+
+class CudaMemcpy final : public Case {
+ public:
+  explicit CudaMemcpy(const Problem& p) : s_(shape_of(p)), src_(make_source(s_, p.seed())) {
+    const std::size_t bytes = s_.src_bytes();
+    const bool pinned = s_.host == Host::pinned;
+    switch (s_.kind) {
+      case Kind::memcpy:
+        d_src_ = gpu::DeviceBuffer(src_);
+        d_dst_ = gpu::DeviceBuffer(bytes);
+        from_ = d_src_.get(), to_ = d_dst_.get(), dir_ = cudaMemcpyDeviceToDevice;
+        break;
+      case Kind::h2d:
+        d_dst_ = gpu::DeviceBuffer(bytes);
+        if (pinned) {
+          pinned_ = gpu::PinnedBuffer(bytes);
+          std::memcpy(pinned_.get(), src_.data(), bytes);
+        }
+        from_ = pinned ? pinned_.get() : src_.data(), to_ = d_dst_.get(), dir_ = cudaMemcpyHostToDevice;
+        break;
+      default:  // d2h
+        d_src_ = gpu::DeviceBuffer(src_);
+        if (pinned) pinned_ = gpu::PinnedBuffer(bytes);
+        from_ = d_src_.get(), to_ = pinned ? pinned_.get() : nullptr, dir_ = cudaMemcpyDeviceToHost;
+    }
+    // The host image of the destination: what a device destination is downloaded to, or the
+    // pageable destination itself. Poisoned here also to touch its pages outside timing.
+    if (!(s_.kind == Kind::d2h && pinned)) {
+      out_ = HostBuffer(s_.dst, s_.count);
+      out_.poison();
+      if (!to_) to_ = out_.data();
+    }
+  }
+
+  void run() override { HOTOPS_CHECK_CUDA(cudaMemcpyAsync(to_, from_, s_.src_bytes(), dir_, gpu::stream())); }
+
+  Check verify() override {
+    const std::size_t bytes = s_.src_bytes();
+    if (s_.kind != Kind::d2h) {
+      d_dst_.poison();
+      run();
+      d_dst_.download(out_);
+      return verify_bitwise(out_.data(), src_.data(), bytes, s_.src);
+    }
+    if (s_.host == Host::pinned) std::memset(pinned_.get(), 0xff, bytes);  // NaN in every f32 word
+    else out_.poison();
+    run();
+    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
+    return verify_bitwise(to_, src_.data(), bytes, s_.src);
+  }
+
+  std::string label() const override {
+    switch (s_.kind) {
+      case Kind::memcpy: return "cudaMemcpyAsync device-to-device";
+      case Kind::h2d: return std::string("cudaMemcpyAsync host-to-device from ") + host_name(s_.host) + " memory";
+      default: return std::string("cudaMemcpyAsync device-to-host into ") + host_name(s_.host) + " memory";
+    }
+  }
+
+  // A pageable transfer is staged by the driver through its own pinned buffer, synchronously
+  // with the host: stream capture rejects it.
+  bool capturable() const override { return s_.host != Host::pageable; }
+
+ private:
+  Shape s_;
+  HostBuffer src_, out_;
+  gpu::DeviceBuffer d_src_, d_dst_;
+  gpu::PinnedBuffer pinned_;
+  const void* from_ = nullptr;
+  void* to_ = nullptr;
+  cudaMemcpyKind dir_ = cudaMemcpyDefault;
+};
+
+// The conversions: a hotops kernel from a device source to a device destination.
+class CudaConvert final : public Case {
+ public:
+  explicit CudaConvert(const Problem& p)
+      : s_(shape_of(p)), src_(make_source(s_, p.seed())), out_(s_.dst, s_.count), d_src_(src_), d_dst_(s_.dst_bytes()) {
+    if (s_.is_layout()) {
+      const bool to_nhwc = s_.kind == Kind::nchw_to_nhwc;
+      const std::int64_t HW = s_.H * s_.W;
+      rows_ = to_nhwc ? s_.C : HW;
+      cols_ = to_nhwc ? HW : s_.C;
+      const int edge = s_.src == DType::bf16 ? TileOf<std::uint16_t>::kEdge : TileOf<std::uint32_t>::kEdge;
+      if (ceil_div(rows_, edge) > 65535 || s_.N > 65535)
+        throw Error("the transpose grid's y and z axes (rows / tile, batch) are limited to 65535: " + p.name(),
+                    ErrorKind::unsupported);
+    } else {
+      const std::int64_t n = static_cast<std::int64_t>(s_.count), threads = n / 8 + n % 8;
+      blocks_ = ceil_div(threads, kThreads);
+      if (blocks_ > 0x7fffffff) throw Error("too many elements for one grid: " + p.name(), ErrorKind::unsupported);
+    }
+    label_ = describe();
+  }
+
+  void run() override {
+    cudaStream_t st = gpu::stream();
+    switch (s_.kind) {
+      case Kind::nchw_to_nhwc:
+      case Kind::nhwc_to_nchw:
+        if (s_.src == DType::bf16) launch_transpose<std::uint16_t>(d_src_.get(), d_dst_.get(), s_.N, rows_, cols_, st);
+        else launch_transpose<std::uint32_t>(d_src_.get(), d_dst_.get(), s_.N, rows_, cols_, st);
+        break;
+      case Kind::f32_to_bf16:
+        f32_to_bf16<<<static_cast<unsigned>(blocks_), kThreads, 0, st>>>(
+            d_src_.as<const float>(), d_dst_.as<__nv_bfloat16>(), static_cast<std::int64_t>(s_.count));
+        HOTOPS_CHECK_LAUNCH();
+        break;
+      default:
+        bf16_to_f32<<<static_cast<unsigned>(blocks_), kThreads, 0, st>>>(
+            d_src_.as<const __nv_bfloat16>(), d_dst_.as<float>(), static_cast<std::int64_t>(s_.count));
+        HOTOPS_CHECK_LAUNCH();
+    }
+  }
+
+  Check verify() override {
+    d_dst_.poison();
+    run();
+    d_dst_.download(out_);
+    return verify_exact(s_, src_, out_);
+  }
+
+  std::string label() const override { return label_; }
+
+ private:
+  std::string describe() const {
+    if (!s_.is_layout())
+      return std::string("hotops ") + kind_name(s_.kind) + " kernel, 16-byte loads and stores, round to nearest even";
+    const int v = 16 / static_cast<int>(dtype_size(s_.src)), edge = 8 * v;
+    const char* in = cols_ % v == 0 ? "16-byte" : "scalar";
+    const char* out = rows_ % v == 0 ? "16-byte" : "scalar";
+    return "hotops transpose_tiles " + std::to_string(edge) + "x" + std::to_string(edge) + " " + dtype_name(s_.src) +
+           " tiles through shared memory, " + in + " loads, " + out + " stores, " + std::to_string(kThreads) +
+           " threads a block";
+  }
+
+  Shape s_;
+  HostBuffer src_, out_;
+  gpu::DeviceBuffer d_src_, d_dst_;
+  std::int64_t rows_ = 0, cols_ = 0;  // the layouts: each image is a rows x cols matrix
+  std::int64_t blocks_ = 0;           // the dtype conversions
+  std::string label_;
+};
+
+}  // namespace
+
+std::unique_ptr<Case> make_cuda(const Problem& p) {
+  if (shape_of(p).is_raw()) return std::make_unique<CudaMemcpy>(p);
+  return std::make_unique<CudaConvert>(p);
+}
+
+}  // namespace hotops::copy

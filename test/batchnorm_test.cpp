@@ -1,0 +1,209 @@
+// batchnorm: the reference against hand-computed values, layout independence, and verification
+// that accepts the reference's own outputs (f32 and bf16) and rejects planted errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "kernels/batchnorm/batchnorm.h"
+
+namespace hotops::batchnorm {
+namespace {
+
+// Three values in one channel, 1-D: x = {0, 1, 5}, dy = {1, 0, 2}, gamma 1.5, beta 0.25, running
+// mean 0.5 and var 2. Expected values computed by hand (in double, outside hotops).
+Inputs three_values(const Shape& s) {
+  Inputs in;
+  in.x = HostBuffer(s.dtype, 3);
+  in.dy = HostBuffer(s.dtype, 3);
+  const double x[] = {0, 1, 5}, dy[] = {1, 0, 2};
+  for (std::size_t i = 0; i < 3; ++i) in.x.set(i, x[i]), in.dy.set(i, dy[i]);
+  in.gamma = HostBuffer(DType::f32, 1);
+  in.beta = HostBuffer(DType::f32, 1);
+  in.running_mean = HostBuffer(DType::f32, 1);
+  in.running_var = HostBuffer(DType::f32, 1);
+  in.save_mean = HostBuffer(DType::f32, 1);
+  in.save_invstd = HostBuffer(DType::f32, 1);
+  in.gamma.set(0, 1.5);
+  in.beta.set(0, 0.25);
+  in.running_mean.set(0, 0.5);
+  in.running_var.set(0, 2.0);
+  in.save_mean.set(0, 2.0);
+  in.save_invstd.set(0, 0.4629095539120194);
+  return in;
+}
+
+Shape one_d(Direction d, std::int64_t N, std::int64_t C) {
+  Shape s;
+  s.dir = d;
+  s.layout = Layout::nc;
+  s.N = N;
+  s.C = C;
+  return s;
+}
+
+TEST(Batchnorm, ForwardMatchesHandComputedValues) {
+  const Shape s = one_d(Direction::fwd, 3, 1);
+  const Inputs in = three_values(s);
+  const Reference r(s, in);
+  EXPECT_NEAR(r.save_mean[0], 2.0, 1e-12);
+  EXPECT_NEAR(r.save_invstd[0], 0.4629095539120194, 1e-12);  // 1/sqrt(14/3 + 1e-5): biased variance
+  EXPECT_NEAR(r.running_mean[0], 0.65, 1e-12);               // 0.9*0.5 + 0.1*2
+  EXPECT_NEAR(r.running_var[0], 2.5, 1e-12);                 // 0.9*2 + 0.1*(14/3)*3/2: unbiased
+  EXPECT_NEAR(r.out(0), -1.1387286617360581, 1e-12);
+  EXPECT_NEAR(r.out(1), -0.44436433086802907, 1e-12);
+  EXPECT_NEAR(r.out(2), 2.333092992604087, 1e-12);
+}
+
+TEST(Batchnorm, InferenceUsesRunningStatistics) {
+  const Shape s = one_d(Direction::infer, 3, 1);
+  const Inputs in = three_values(s);
+  const Reference r(s, in);
+  EXPECT_NEAR(r.out(2), 1.5 * (5 - 0.5) / std::sqrt(2 + kEps) + 0.25, 1e-12);
+}
+
+TEST(Batchnorm, BackwardMatchesHandComputedValues) {
+  const Shape s = one_d(Direction::bwd, 3, 1);
+  const Inputs in = three_values(s);
+  const Reference r(s, in);
+  // The saved statistics are f32 inputs: the expected values hold to f32 rounding of invstd.
+  EXPECT_NEAR(r.dbeta[0], 3.0, 1e-12);
+  EXPECT_NEAR(r.dgamma[0], 1.8516382156480775, 1e-6);
+  EXPECT_NEAR(r.out(0), 0.3967787673986579, 1e-6);
+  EXPECT_NEAR(r.out(1), -0.4959749471687001, 1e-6);
+  EXPECT_NEAR(r.out(2), 0.09919617977004226, 1e-6);
+}
+
+// The same logical tensor stored NCHW and NHWC has the same statistics and the same y.
+TEST(Batchnorm, LayoutsAgree) {
+  Shape a;
+  a.N = 2, a.C = 3, a.H = 4, a.W = 5;
+  Shape b = a;
+  b.layout = Layout::nhwc;
+  const Inputs ia = make_inputs(a, 42);
+  Inputs ib = make_inputs(b, 42);
+  const std::int64_t HW = a.H * a.W;
+  for (std::int64_t n = 0; n < a.N; ++n)
+    for (std::int64_t c = 0; c < a.C; ++c)
+      for (std::int64_t k = 0; k < HW; ++k)
+        ib.x.set(static_cast<std::size_t>((n * HW + k) * a.C + c), ia.x.get(static_cast<std::size_t>((n * a.C + c) * HW + k)));
+  ib.gamma = ia.gamma, ib.beta = ia.beta, ib.running_mean = ia.running_mean, ib.running_var = ia.running_var;
+  const Reference ra(a, ia), rb(b, ib);
+  for (std::size_t c = 0; c < 3; ++c) {
+    EXPECT_NEAR(ra.save_mean[c], rb.save_mean[c], 1e-12);
+    EXPECT_NEAR(ra.save_invstd[c], rb.save_invstd[c], 1e-9);
+  }
+  EXPECT_NEAR(ra.out((1 * a.C + 2) * HW + 7), rb.out((1 * HW + 7) * a.C + 2), 1e-9);
+}
+
+TEST(Batchnorm, ChannelsHaveDistinctStatistics) {
+  Shape s;
+  s.N = 4, s.C = 8, s.H = 6, s.W = 6;
+  const Inputs in = make_inputs(s, 7);
+  const Reference r(s, in);
+  for (std::size_t c = 1; c < 8; ++c) EXPECT_GT(std::fabs(r.save_mean[c] - r.save_mean[0]), 1e-3) << c;
+}
+
+// Outputs filled by the reference itself, rounded to the dtype.
+Outputs reference_outputs(const Shape& s, const Inputs& in) {
+  Outputs o = make_outputs(s);
+  reference(s, in, o);
+  return o;
+}
+
+class BatchnormVerify : public testing::TestWithParam<std::tuple<Direction, Layout, DType>> {
+ protected:
+  Shape shape() const {
+    Shape s;
+    std::tie(s.dir, s.layout, s.dtype) = GetParam();
+    s.N = 2, s.C = 5, s.H = 4, s.W = 4;
+    if (s.layout == Layout::nc) s.N = 32, s.H = s.W = 1;
+    return s;
+  }
+};
+
+TEST_P(BatchnormVerify, AcceptsTheReferenceAndRejectsPlantedErrors) {
+  const Shape s = shape();
+  const Inputs in = make_inputs(s, 11);
+  const Outputs good = reference_outputs(s, in);
+  const Check ok = verify(s, in, good);
+  EXPECT_TRUE(ok.ok) << ok.message;
+
+  {  // one element of y / dx off by half its rms
+    double sumsq = 0;
+    for (std::size_t i = 0; i < good.out.count(); ++i) sumsq += good.out.get(i) * good.out.get(i);
+    Outputs bad = good;
+    bad.out.set(17, bad.out.get(17) + 0.5 * std::sqrt(sumsq / static_cast<double>(good.out.count())));
+    EXPECT_FALSE(verify(s, in, bad).ok);
+  }
+  {  // an element never written
+    Outputs bad = good;
+    bad.out.set(3, std::numeric_limits<double>::quiet_NaN());
+    EXPECT_FALSE(verify(s, in, bad).ok);
+  }
+  if (s.dir == Direction::fwd) {
+    Outputs bad = good;  // the running variance updated with the biased variance
+    const Reference r(s, in);
+    const double n = static_cast<double>(s.per_channel());
+    for (std::size_t c = 0; c < bad.running_var.count(); ++c) {
+      const double var = 1 / (r.save_invstd[c] * r.save_invstd[c]) - kEps;
+      bad.running_var.set(c, r.running_var[c] - kMomentum * var / (n - 1));
+    }
+    EXPECT_FALSE(verify(s, in, bad).ok);
+    bad = good;  // save_invstd off by 1%
+    bad.save_invstd.set(1, bad.save_invstd.get(1) * 1.01);
+    EXPECT_FALSE(verify(s, in, bad).ok);
+  }
+  if (s.dir == Direction::bwd) {
+    Outputs bad = good;  // dgamma of one channel missing one term
+    bad.dgamma.set(2, bad.dgamma.get(2) + 0.5);
+    EXPECT_FALSE(verify(s, in, bad).ok);
+    bad = good;
+    bad.dbeta.set(0, bad.dbeta.get(0) - 0.5);
+    EXPECT_FALSE(verify(s, in, bad).ok);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDirections, BatchnormVerify,
+                         testing::Combine(testing::Values(Direction::fwd, Direction::infer, Direction::bwd),
+                                          testing::Values(Layout::nchw, Layout::nhwc, Layout::nc),
+                                          testing::Values(DType::f32, DType::bf16)));
+
+TEST(Batchnorm, SumToleranceGrowsWithTheAccumulation) {
+  EXPECT_EQ(sum_tolerance(16), tolerance(DType::f32));
+  EXPECT_GT(sum_tolerance(1 << 22), sum_tolerance(1 << 16));
+  EXPECT_LT(sum_tolerance(32 * 112 * 112), 1e-2);  // still far below an O(1) error
+}
+
+TEST(Batchnorm, ImplementationsShareInputsAndNames) {
+  Problem p{"batchnorm", Backend::cuda, DType::f32, Direction::fwd,
+            {{"shape", "t"}, {"layout", "nchw"}, {"batch", "2"}, {"C", "3"}, {"H", "4"}, {"W", "5"}}};
+  Problem q = p;
+  q.args.push_back({"impl", "cudnn"});
+  Problem cpu = p;
+  cpu.backend = Backend::cpu;
+  EXPECT_EQ(input_seed(p), input_seed(q));
+  EXPECT_EQ(input_seed(p), input_seed(cpu));
+  EXPECT_FALSE(wants_cudnn(p));
+  EXPECT_TRUE(wants_cudnn(q));
+  EXPECT_EQ(q.name(), "batchnorm/cuda/f32/fwd/shape:t/layout:nchw/batch:2/C:3/H:4/W:5/impl:cudnn");
+}
+
+TEST(Batchnorm, WorkCountsEachTensorOnce) {
+  Problem p{"batchnorm", Backend::cpu, DType::bf16, Direction::bwd,
+            {{"shape", "t"}, {"layout", "nchw"}, {"batch", "32"}, {"C", "64"}, {"H", "56"}, {"W", "56"}}};
+  const Work w = family().work(p);
+  const double n = 32.0 * 64 * 56 * 56;
+  EXPECT_DOUBLE_EQ(w.bytes, 3 * 2 * n + 5 * 4 * 64);  // x, dy, dx in bf16; five f32 vectors of C
+  EXPECT_DOUBLE_EQ(w.flops, 8 * n);
+  EXPECT_DOUBLE_EQ(w.items, 32);
+}
+
+TEST(Batchnorm, TrainingOnOneValuePerChannelIsUnsupported) {
+  Problem p{"batchnorm", Backend::cpu, DType::f32, Direction::fwd,
+            {{"shape", "t"}, {"layout", "nc"}, {"batch", "1"}, {"C", "64"}}};
+  EXPECT_NE(family().unsupported_reason(p).find("more than one value"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace hotops::batchnorm

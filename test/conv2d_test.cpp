@@ -1,0 +1,192 @@
+// The conv2d reference on hand-computed values, layout consistency, argument parsing, and
+// verification that can fail.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "hotops/check.h"
+#include "kernels/conv2d/conv2d.h"
+
+namespace hotops::conv2d {
+namespace {
+
+Problem problem(Direction d, const std::string& layout = "nchw", bool bias = true) {
+  return Problem{"conv2d", Backend::cpu, DType::f32, d,
+                 {{"shape", "test"}, {"batch", "1"}, {"C", "1"}, {"H", "3"}, {"W", "3"}, {"K", "1"}, {"R", "2"},
+                  {"S", "2"}, {"stride", "1"}, {"pad", "0"}, {"dilation", "1"}, {"bias", bias ? "1" : "0"},
+                  {"layout", layout}}};
+}
+
+// x = [[1,2,3],[4,5,6],[7,8,9]], w = [[1,0],[0,1]], b = 10, dy = [[1,2],[3,4]] (one channel each).
+Inputs hand_inputs(const Shape& s) {
+  Inputs in = make_inputs(s, 1);
+  for (std::size_t i = 0; i < in.x.count(); ++i) in.x.set(i, static_cast<double>(i + 1));
+  const double w[] = {1, 0, 0, 1}, dy[] = {1, 2, 3, 4};
+  for (std::size_t i = 0; i < in.w.count(); ++i) in.w.set(i, w[i]);
+  for (std::size_t i = 0; i < in.b.count(); ++i) in.b.set(i, 10);
+  for (std::size_t i = 0; i < in.dy.count(); ++i) in.dy.set(i, dy[i]);
+  return in;
+}
+
+TEST(Conv2dReference, ForwardIsCrossCorrelationPlusBias) {
+  const Shape s = shape_of(problem(Direction::fwd));
+  Outputs out = make_outputs(s);
+  reference(s, hand_inputs(s), out);
+  const double want[] = {1 + 5 + 10, 2 + 6 + 10, 4 + 8 + 10, 5 + 9 + 10};  // x[p,q] + x[p+1,q+1] + b
+  ASSERT_EQ(out.primary.count(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(out.primary.get(i), want[i]) << i;
+}
+
+TEST(Conv2dReference, BackwardDataScattersThroughTheFilter) {
+  const Shape s = shape_of(problem(Direction::bwd_data));
+  Outputs out = make_outputs(s);
+  reference(s, hand_inputs(s), out);
+  const double want[] = {1, 2, 0, 3, 5, 2, 0, 3, 4};  // dx[h,w] = dy[h,w] + dy[h-1,w-1]
+  ASSERT_EQ(out.primary.count(), 9u);
+  for (int i = 0; i < 9; ++i) EXPECT_DOUBLE_EQ(out.primary.get(i), want[i]) << i;
+}
+
+TEST(Conv2dReference, BackwardWeightAndBias) {
+  const Shape s = shape_of(problem(Direction::bwd_weight));
+  Outputs out = make_outputs(s);
+  reference(s, hand_inputs(s), out);
+  const double want[] = {37, 47, 67, 77};  // dw[r,s] = sum_{p,q} x[p+r,q+s] dy[p,q]
+  for (int i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(out.primary.get(i), want[i]) << i;
+  ASSERT_EQ(out.db.count(), 1u);
+  EXPECT_DOUBLE_EQ(out.db.get(0), 10);
+  EXPECT_EQ(make_outputs(shape_of(problem(Direction::bwd_weight, "nchw", false))).db.count(), 0u);
+}
+
+TEST(Conv2dShape, OutputSizeAndPerAxisArgs) {
+  Problem p = problem(Direction::fwd);
+  p.args = {{"shape", "t"}, {"batch", "2"}, {"C", "3"}, {"H", "11"}, {"W", "6"}, {"K", "4"}, {"R", "3"},
+            {"S", "2"}, {"stride", "2x1"}, {"pad", "1x0"}, {"dilation", "1x2"}, {"bias", "0"}, {"layout", "nhwc"}};
+  const Shape s = shape_of(p);
+  EXPECT_EQ(s.stride_h, 2);
+  EXPECT_EQ(s.stride_w, 1);
+  EXPECT_EQ(s.pad_h, 1);
+  EXPECT_EQ(s.pad_w, 0);
+  EXPECT_EQ(s.dil_w, 2);
+  EXPECT_EQ(s.P(), 6);  // (11 + 2 - 2 - 1) / 2 + 1
+  EXPECT_EQ(s.Q(), 4);  // (6 - 2 - 1) / 1 + 1
+  EXPECT_EQ(s.layout, Layout::nhwc);
+  p.args[8].value = "two";
+  EXPECT_THROW(shape_of(p), Error);
+  p.args[8].value = "1";
+  p.args[12].value = "chwn";
+  EXPECT_THROW(shape_of(p), Error);
+}
+
+TEST(Conv2dWork, StandardFlopsAndMinimalBytes) {
+  Problem p = problem(Direction::fwd, "nchw", false);
+  p.args = {{"shape", "resnet50.res2_3x3"}, {"batch", "32"}, {"C", "64"}, {"H", "56"}, {"W", "56"}, {"K", "64"},
+            {"R", "3"}, {"S", "3"}, {"stride", "1"}, {"pad", "1"}, {"dilation", "1"}, {"bias", "0"},
+            {"layout", "nchw"}};
+  const Family& f = family();
+  const Work w = f.work(p);
+  EXPECT_DOUBLE_EQ(w.flops, 2.0 * 32 * 64 * 64 * 9 * 56 * 56);
+  EXPECT_DOUBLE_EQ(w.bytes, 4.0 * (32 * 64 * 56 * 56 * 2 + 64 * 64 * 9));
+  EXPECT_DOUBLE_EQ(w.items, 32);
+}
+
+// The same random problem in NCHW and NHWC must give the same numbers once transposed: this pins
+// the user-layout indexing of x, w, dy and every output.
+TEST(Conv2dReference, NhwcIsNchwTransposed) {
+  for (Direction d : {Direction::fwd, Direction::bwd_data, Direction::bwd_weight}) {
+    Problem pc = problem(d, "nchw");
+    pc.args = {{"shape", "t"}, {"batch", "2"}, {"C", "3"}, {"H", "7"}, {"W", "5"}, {"K", "4"}, {"R", "3"},
+               {"S", "2"}, {"stride", "2x1"}, {"pad", "1"}, {"dilation", "1x2"}, {"bias", "1"}, {"layout", "nchw"}};
+    Problem ph = pc;
+    ph.args.back().value = "nhwc";
+    const Shape sc = shape_of(pc), sh = shape_of(ph);
+    const Inputs ic = make_inputs(sc, 5);
+    Inputs ih = make_inputs(sh, 99);  // overwritten with ic's values, transposed
+    const std::int64_t P = sc.P(), Q = sc.Q();
+    for (std::int64_t n = 0; n < sc.N; ++n)
+      for (std::int64_t c = 0; c < sc.C; ++c)
+        for (std::int64_t h = 0; h < sc.H; ++h)
+          for (std::int64_t w = 0; w < sc.W; ++w)
+            if (ic.x.count()) ih.x.set(sh.x_at(n, c, h, w), ic.x.get(sc.x_at(n, c, h, w)));
+    for (std::int64_t k = 0; k < sc.K; ++k)
+      for (std::int64_t c = 0; c < sc.C; ++c)
+        for (std::int64_t r = 0; r < sc.R; ++r)
+          for (std::int64_t t = 0; t < sc.S; ++t)
+            if (ic.w.count()) ih.w.set(sh.w_at(k, c, r, t), ic.w.get(sc.w_at(k, c, r, t)));
+    for (std::int64_t n = 0; n < sc.N; ++n)
+      for (std::int64_t k = 0; k < sc.K; ++k)
+        for (std::int64_t p = 0; p < P; ++p)
+          for (std::int64_t q = 0; q < Q; ++q)
+            if (ic.dy.count()) ih.dy.set(sh.y_at(n, k, p, q), ic.dy.get(sc.y_at(n, k, p, q)));
+    for (std::size_t k = 0; k < ic.b.count(); ++k) ih.b.set(k, ic.b.get(k));
+
+    Outputs oc = make_outputs(sc), oh = make_outputs(sh);
+    reference(sc, ic, oc);
+    reference(sh, ih, oh);
+    // Walk the output's logical coordinates and compare through each layout's offsets.
+    const auto at = [&](const Shape& s, std::int64_t a, std::int64_t b, std::int64_t i, std::int64_t j) {
+      return d == Direction::fwd ? s.y_at(a, b, i, j) : d == Direction::bwd_data ? s.x_at(a, b, i, j) : s.w_at(a, b, i, j);
+    };
+    const std::int64_t A = d == Direction::bwd_weight ? sc.K : sc.N;
+    const std::int64_t B = d == Direction::fwd ? sc.K : sc.C;
+    const std::int64_t I = d == Direction::fwd ? P : d == Direction::bwd_data ? sc.H : sc.R;
+    const std::int64_t J = d == Direction::fwd ? Q : d == Direction::bwd_data ? sc.W : sc.S;
+    for (std::int64_t a = 0; a < A; ++a)
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t i = 0; i < I; ++i)
+          for (std::int64_t j = 0; j < J; ++j)
+            ASSERT_DOUBLE_EQ(oc.primary.get(at(sc, a, b, i, j)), oh.primary.get(at(sh, a, b, i, j)))
+                << direction_name(d) << " " << a << "," << b << "," << i << "," << j;
+    for (std::size_t k = 0; k < oc.db.count(); ++k) EXPECT_DOUBLE_EQ(oc.db.get(k), oh.db.get(k));
+  }
+}
+
+TEST(Conv2dVerify, CatchesAWrongElementNaNAndAWrongBiasGradient) {
+  for (Direction d : {Direction::fwd, Direction::bwd_data, Direction::bwd_weight}) {
+    const Shape s = shape_of(problem(d));
+    const Inputs in = make_inputs(s, 42);
+    Outputs out = make_outputs(s);
+    reference(s, in, out);
+    EXPECT_TRUE(verify(s, in, out).ok) << direction_name(d);
+    const double v = out.primary.get(0);
+    out.primary.set(0, v + 0.5);
+    EXPECT_FALSE(verify(s, in, out).ok) << direction_name(d);
+    out.primary.set(0, std::nan(""));
+    const Check c = verify(s, in, out);
+    EXPECT_FALSE(c.ok);
+    EXPECT_NE(c.message.find("non-finite"), std::string::npos) << c.message;
+    out.primary.set(0, v);
+    if (out.db.count()) {
+      out.db.set(0, out.db.get(0) + 1);
+      const Check cb = verify(s, in, out);
+      EXPECT_FALSE(cb.ok);
+      EXPECT_NE(cb.message.find("db"), std::string::npos) << cb.message;
+    }
+  }
+}
+
+// The CPU case end to end (primitive, reorder back to the user's layout, compare), and a label that
+// says the user-layout reorders are not timed.
+TEST(Conv2dCpu, LabelNamesOneDnnAndCaseVerifies) {
+  const Problem p = problem(Direction::fwd, "nhwc");
+  if (!family().unsupported_reason(p).empty()) GTEST_SKIP() << family().unsupported_reason(p);
+  const auto c = family().make(p);
+  EXPECT_TRUE(c->verify().ok);
+  EXPECT_NE(c->label().find("oneDNN convolution"), std::string::npos) << c->label();
+  EXPECT_NE(c->label().find("not timed"), std::string::npos) << c->label();
+}
+
+TEST(Conv2dFamily, BenchmarkListCoversBothLayoutsAndTheResNetTarget) {
+  const auto problems = family().benchmark_problems({});
+  bool target = false, nhwc = false;
+  for (const Problem& p : problems) {
+    if (p.name().find("shape:resnet50.res2_3x3/batch:32/C:64/H:56/W:56/K:64/R:3/S:3/stride:1/pad:1/") !=
+        std::string::npos)
+      target = true;
+    nhwc |= p.get("layout") == "nhwc";
+  }
+  EXPECT_TRUE(target);
+  EXPECT_TRUE(nhwc);
+}
+
+}  // namespace
+}  // namespace hotops::conv2d

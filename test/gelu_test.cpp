@@ -1,0 +1,166 @@
+// The gelu reference on known values, verification that fails where it must, and the CUDA kernel's
+// own code run on the host (its head / vector / tail indexing) where the build has CUDA.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "hotops/check.h"
+#include "kernels/gelu/gelu.h"
+
+namespace hotops::gelu {
+namespace {
+
+Problem flat_problem(DType t, Direction d, Approx a, std::int64_t n, std::int64_t offset = 0) {
+  Problem p{"gelu", Backend::cpu, t, d, {{"shape", "flat"}, {"elements", std::to_string(n)}}};
+  if (offset) p.args.push_back({"offset", std::to_string(offset)});
+  p.args.push_back({"approx", approx_name(a)});
+  return p;
+}
+
+// Every output element from the reference, rounded to the dtype; the rest left poisoned.
+HostBuffer reference_output(const Shape& s, const Inputs& in) {
+  HostBuffer out = make_output(s);
+  out.poison();
+  const bool bwd = s.dir == Direction::bwd;
+  for (std::int64_t i = s.offset; i < s.offset + s.elements; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    out.set(k, reference(s.approx, s.dir, in.x.get(k), bwd ? in.dy.get(k) : 0.0));
+  }
+  return out;
+}
+
+TEST(GeluReference, KnownValues) {
+  // gelu(x) = x * Phi(x), Phi the standard normal CDF: Phi(1) = 0.8413447460685429.
+  EXPECT_NEAR(reference(Approx::none, Direction::fwd, 1, 0), 0.8413447460685429, 1e-15);
+  EXPECT_NEAR(reference(Approx::none, Direction::fwd, -1, 0), -0.15865525393145707, 1e-15);
+  EXPECT_NEAR(reference(Approx::none, Direction::fwd, -3, 0), -0.00404969409489031, 1e-15);
+  EXPECT_NEAR(reference(Approx::tanh, Direction::fwd, 1, 0), 0.8411919906082768, 1e-15);
+  EXPECT_NEAR(reference(Approx::tanh, Direction::fwd, -3, 0), -0.0036373920817729943, 1e-15);
+  // gelu'(x) = Phi(x) + x phi(x); the gradient is scaled by dy.
+  EXPECT_NEAR(reference(Approx::none, Direction::bwd, 1, 1), 1.0833154705876864, 1e-15);
+  EXPECT_NEAR(reference(Approx::none, Direction::bwd, 2, -0.5), -0.5 * 1.085231801078197, 1e-15);
+  EXPECT_DOUBLE_EQ(reference(Approx::none, Direction::bwd, 0, 1), 0.5);
+  EXPECT_DOUBLE_EQ(reference(Approx::tanh, Direction::bwd, 0, 1), 0.5);
+}
+
+TEST(GeluReference, BackwardIsTheDerivativeOfForward) {
+  const double h = 1e-5;
+  for (Approx a : {Approx::none, Approx::tanh})
+    for (double x = -6; x <= 6; x += 0.125) {
+      const double numeric = (reference(a, Direction::fwd, x + h, 0) - reference(a, Direction::fwd, x - h, 0)) / (2 * h);
+      EXPECT_NEAR(reference(a, Direction::bwd, x, 1), numeric, 1e-9) << approx_name(a) << " x=" << x;
+    }
+}
+
+TEST(GeluShapes, NamesParseAndWorkCountsBytes) {
+  const Problem p{"gelu", Backend::cuda, DType::bf16, Direction::bwd,
+                  {{"shape", "bert.ffn"}, {"batch", "2"}, {"dims", "2x128x3072"}, {"approx", "tanh"}}};
+  const Shape s = shape_of(p);
+  EXPECT_EQ(s.elements, 2 * 128 * 3072);
+  EXPECT_EQ(s.approx, Approx::tanh);
+  const Work w = family().work(p);
+  EXPECT_DOUBLE_EQ(w.bytes, 3.0 * 2 * s.elements);  // x, dy read, dx written, 2 bytes each
+  EXPECT_DOUBLE_EQ(w.items, 2);
+  EXPECT_GT(w.flops, 0);
+  Problem bad = p;
+  bad.args[2].value = "3x128x3072";  // dims that disagree with the batch
+  EXPECT_THROW(shape_of(bad), Error);
+  for (const Problem& b : family().benchmark_problems({7}))
+    if (b.has("dims")) {
+      EXPECT_EQ(b.get("dims").rfind("7x", 0), 0u) << b.name();
+    }
+}
+
+TEST(GeluVerify, CatchesTheWrongFormulaAWrongElementAndStrayWrites) {
+  const Shape s = shape_of(flat_problem(DType::f32, Direction::fwd, Approx::none, 1000, 3));
+  const Inputs in = make_inputs(s, 5);
+  const HostBuffer good = reference_output(s, in);
+  EXPECT_TRUE(verify(s, in, good).ok);
+
+  Shape tanh_shape = s;  // the tanh formula where erf was asked for: up to 2e-4 off relative to rms
+  tanh_shape.approx = Approx::tanh;
+  EXPECT_FALSE(verify(s, in, reference_output(tanh_shape, in)).ok);
+
+  HostBuffer wrong = good;  // the largest output off by 1e-5 of itself
+  std::size_t big = 0;
+  for (std::size_t i = 0; i < wrong.count(); ++i)
+    if (std::fabs(wrong.get(i)) > std::fabs(wrong.get(big)) || std::isnan(wrong.get(big))) big = i;
+  wrong.set(big, wrong.get(big) * (1 + 1e-5));
+  EXPECT_FALSE(verify(s, in, wrong).ok);
+
+  HostBuffer unwritten = good;  // the last element left poisoned
+  unwritten.set(static_cast<std::size_t>(s.offset + s.elements - 1), std::nan(""));
+  EXPECT_FALSE(verify(s, in, unwritten).ok);
+
+  for (std::size_t stray : {std::size_t(2), static_cast<std::size_t>(s.offset + s.elements)}) {
+    HostBuffer over = good;
+    over.set(stray, 0.0);
+    const Check c = verify(s, in, over);
+    EXPECT_FALSE(c.ok) << stray;
+    EXPECT_NE(c.message.find("was written"), std::string::npos) << c.message;
+  }
+}
+
+TEST(GeluVerify, RoundingToTheDtypePassesButAnUlpMoreFails) {
+  for (DType t : {DType::bf16, DType::f16})
+    for (Direction d : {Direction::fwd, Direction::bwd}) {
+      const Shape s = shape_of(flat_problem(t, d, Approx::tanh, 4096));
+      const Inputs in = make_inputs(s, 9);
+      const HostBuffer rounded = reference_output(s, in);  // HostBuffer::set rounds to the dtype
+      EXPECT_TRUE(verify(s, in, rounded).ok) << dtype_name(t);
+      // The largest element 2 ulps off (rounding gives at most half of one) must fail.
+      const double ulp = t == DType::bf16 ? 1.0 / 128 : 1.0 / 1024;  // relative spacing in [1, 2)
+      HostBuffer off = rounded;
+      std::size_t big = 0;
+      for (std::size_t i = 0; i < off.count() - kGuard; ++i)
+        if (std::fabs(off.get(i)) > std::fabs(off.get(big))) big = i;
+      off.set(big, off.get(big) * (1 + 2 * ulp));
+      EXPECT_FALSE(verify(s, in, off).ok) << dtype_name(t) << " " << direction_name(d);
+    }
+}
+
+#ifdef HOTOPS_HAVE_CUDA
+// The kernel's body, thread by thread on the host, on sizes and offsets that exercise every path:
+// an unaligned head, whole vectors over several grid-stride rounds, and a tail.
+TEST(GeluCudaKernelOnHost, HeadVectorsAndTail) {
+  const std::int64_t sizes[][2] = {{1, 0}, {7, 1}, {33, 3}, {1027, 5}, {70001, 2}};
+  for (DType t : {DType::f32, DType::bf16, DType::f16})
+    for (Direction d : {Direction::fwd, Direction::bwd})
+      for (Approx a : {Approx::none, Approx::tanh})
+        for (const auto& [n, offset] : sizes)
+          for (unsigned blocks : {1u, 3u}) {
+            const Problem p = flat_problem(t, d, a, n, offset);
+            const Shape s = shape_of(p);
+            const Inputs in = make_inputs(s, p.seed());
+            HostBuffer out = make_output(s);
+            out.poison();
+            const std::size_t off = static_cast<std::size_t>(offset) * dtype_size(t);
+            run_cuda_kernel_on_host(s, static_cast<const std::byte*>(in.x.data()) + off,
+                                    d == Direction::bwd ? static_cast<const std::byte*>(in.dy.data()) + off : nullptr,
+                                    static_cast<std::byte*>(out.data()) + off, blocks);
+            const Check c = verify(s, in, out);
+            EXPECT_TRUE(c.ok) << p.name() << " blocks " << blocks << ": " << c.message;
+          }
+}
+
+// x one element further into its buffer than the output: no common 16-byte boundary, so the
+// kernel must fall back to scalar accesses and still be right.
+TEST(GeluCudaKernelOnHost, UnequallyAlignedTensors) {
+  const Problem p = flat_problem(DType::bf16, Direction::bwd, Approx::none, 1000, 2);
+  const Shape s = shape_of(p);
+  const Inputs in = make_inputs(s, p.seed());
+  HostBuffer x(s.dtype, in.x.count() + 1), dy(s.dtype, in.dy.count() + 1);
+  for (std::size_t i = 0; i < in.x.count(); ++i) x.set(i + 1, in.x.get(i)), dy.set(i + 1, in.dy.get(i));
+  HostBuffer out = make_output(s);
+  out.poison();
+  const std::size_t e = dtype_size(s.dtype);
+  run_cuda_kernel_on_host(s, static_cast<const std::byte*>(x.data()) + 3 * e,
+                          static_cast<const std::byte*>(dy.data()) + 3 * e, static_cast<std::byte*>(out.data()) + 2 * e,
+                          2);
+  const Check c = verify(s, in, out);
+  EXPECT_TRUE(c.ok) << c.message;
+}
+#endif
+
+}  // namespace
+}  // namespace hotops::gelu
