@@ -1,6 +1,6 @@
 // The roofline of each backend, measured by hotops itself before the benchmarks run: the copy
-// bandwidth (the `copy` family's 1 GiB memcpy) and the GEMM rate per dtype (the `mm` family's
-// largest square). Every entry then reports the fraction of those ceilings it reached.
+// bandwidth (the best of the `copy` family's memcpy benchmarks of 64 MiB and more) and the GEMM
+// rate per dtype (an `mm` square). Every entry then reports the fraction of those ceilings it reached.
 #pragma once
 #include <map>
 #include <string>

@@ -23,10 +23,12 @@ constexpr Backend kBackends[] = {Backend::cpu, Backend::cuda};
 constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd_data, Direction::bwd_weight};
 
 // Expands one (op, args) into every backend x dtype x direction problem.
-void expand(Op op, const std::vector<Arg>& args, std::vector<Problem>& out) {
-  for (Backend be : kBackends)
+void expand(Op op, const std::vector<Arg>& args, std::vector<Problem>& out, bool cuda_only = false) {
+  for (Backend be : kBackends) {
+    if (cuda_only && be == Backend::cpu) continue;
     for (DType t : dtypes_of(be))
       for (Direction d : kDirections) out.push_back(Problem{op_name(op), be, t, d, args});
+  }
 }
 
 std::vector<Arg> dims(std::int64_t M, std::int64_t N, std::int64_t K) {
@@ -48,7 +50,7 @@ class MatmulFamily final : public Family {
         if (!has_batch) {
           std::vector<Arg> args{{"shape", ns.name}};
           for (const Arg& a : dims(ns.M, ns.N, ns.K)) args.push_back(a);
-          expand(op, args, out);
+          expand(op, args, out, ns.cuda_only);
           continue;
         }
         for (std::int64_t b : batches.empty() ? ns.batches : batches) {

@@ -62,6 +62,7 @@ struct NamedShape {
   std::int64_t heads;                   // bmm: batch_count = batch * heads
   std::int64_t M, N, K;                 // M is used when there is no batch axis, or for bmm
   std::vector<std::int64_t> batches;    // default batch sizes
+  bool cuda_only = false;               // too slow to be worth a CPU run in every sweep
 };
 const std::vector<NamedShape>& named_shapes();
 
