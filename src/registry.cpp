@@ -1,4 +1,6 @@
 // The one registry of op families: bench/ registers its benchmarks from it, test/ its tests.
+#include "hotops/check.h"
+#include "hotops/gpu.h"
 #include "hotops/op.h"
 #include "kernels/batchnorm/batchnorm.h"
 #include "kernels/conv2d/conv2d.h"
@@ -7,6 +9,18 @@
 #include "kernels/matmul/matmul.h"
 
 namespace hotops {
+
+std::unique_ptr<Case> make_on_backend(const Problem& p, CaseFactory cpu, CaseFactory cuda) {
+  if (p.backend == Backend::cpu) return cpu(p);
+  if (!cuda) throw Error("this build of hotops has no CUDA backend: " + p.name(), ErrorKind::unsupported);
+  return cuda(p);
+}
+
+std::string backend_unsupported_reason(const Problem& p, std::string (*cpu_reason)(const Problem&)) {
+  if (p.backend == Backend::cpu) return cpu_reason(p);
+  std::string why;
+  return gpu::available(&why) ? "" : why;
+}
 
 const std::vector<const Family*>& families() {
   static const std::vector<const Family*> all = {

@@ -41,6 +41,22 @@ class Family {
   virtual std::unique_ptr<Case> make(const Problem& p) const = 0;
 };
 
+// The CUDA factory of a family, or nullptr in a build without CUDA (where make_cuda is not declared).
+using CaseFactory = std::unique_ptr<Case> (*)(const Problem&);
+#ifdef HOTOPS_HAVE_CUDA
+#define HOTOPS_CUDA_FACTORY(f) (f)
+#else
+#define HOTOPS_CUDA_FACTORY(f) nullptr
+#endif
+
+// Makes the case with its backend's factory; a CUDA problem in a build without CUDA is an
+// unsupported Error.
+std::unique_ptr<Case> make_on_backend(const Problem& p, CaseFactory cpu, CaseFactory cuda);
+
+// Why the problem's backend cannot run it here ("" when it can): the CPU's own reason from
+// `cpu_reason` (e.g. a oneDNN probe), or the GPU's absence.
+std::string backend_unsupported_reason(const Problem& p, std::string (*cpu_reason)(const Problem&));
+
 // Every family hotops has, in a fixed order.
 const std::vector<const Family*>& families();
 

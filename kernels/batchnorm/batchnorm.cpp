@@ -18,6 +18,11 @@ double accumulation_bound(std::int64_t n) { return 16 * std::ldexp(1.0, -24) * s
 constexpr Direction kDirections[] = {Direction::fwd, Direction::infer, Direction::bwd};
 constexpr DType kDtypes[] = {DType::f32, DType::bf16};
 
+#ifdef HOTOPS_HAVE_CUDA
+// The CUDA benchmark is hotops' kernels; `impl:cudnn` names cuDNN's version of the same problem.
+std::unique_ptr<Case> make_gpu(const Problem& p) { return wants_cudnn(p) ? make_cudnn(p) : make_cuda(p); }
+#endif
+
 // One (backend, impl) pair: the CPU, the hand-written CUDA kernel, cuDNN.
 struct Variant {
   Backend backend;
@@ -113,19 +118,11 @@ class BatchnormFamily final : public Family {
       return std::string("batchnorm is benchmarked in f32 and bf16, not ") + dtype_name(s.dtype);
     if (s.dir == Direction::fwd && s.per_channel() < 2)
       return "training batchnorm needs more than one value per channel (the unbiased variance divides by n - 1)";
-    if (p.backend == Backend::cpu) return cpu_unsupported_reason(p);
-    std::string why;
-    if (!gpu::available(&why)) return why;
-    return "";
+    return backend_unsupported_reason(p, cpu_unsupported_reason);
   }
 
   std::unique_ptr<Case> make(const Problem& p) const override {
-    if (p.backend == Backend::cpu) return make_cpu(p);
-#ifdef HOTOPS_HAVE_CUDA
-    return wants_cudnn(p) ? make_cudnn(p) : make_cuda(p);
-#else
-    throw Error("this build of hotops has no CUDA backend", ErrorKind::unsupported);
-#endif
+    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_gpu));
   }
 };
 

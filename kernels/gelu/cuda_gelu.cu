@@ -1,13 +1,19 @@
 // gelu on CUDA: one hand-written, memory-bound pass. Each thread moves 16-byte vectors, kUnroll of
-// them per input loaded before any is used, over a grid-stride loop on a grid sized from the SM
-// count; the elements before the first 16-byte boundary (the head) and after the last whole vector
-// (the tail) are done one per thread. Math in f32 with PyTorch's formulas, as ATen's gelu does.
+// them per input loaded before any is used; the grid covers all vectors in one round (kUnroll per
+// thread), so blocks come and go as their work ends and every SM keeps loads in flight to the last
+// block. The body is still a grid-stride loop, correct on any grid (the host tests run it on small
+// ones). The elements before the first 16-byte boundary (the head) and after the last whole vector
+// (the tail) are done one per thread. Math in f32 on PyTorch's formulas, rewritten so that each
+// element costs one ex2 and one rcp of the hardware (MUFU) and a dozen FMAs: a 16-byte vector of
+// bf16 or f16 holds 8 elements, and with libm's erff / tanhf the kernel came close to issue-bound.
 // The kernel body is __host__ __device__ so that the tests can run it on the host (see gelu.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "hotops/cuda_util.h"
@@ -24,45 +30,94 @@ namespace {
 #endif
 
 constexpr unsigned kThreads = 256;
-constexpr int kUnroll = 4;  // 16-byte loads in flight per input and thread
+constexpr unsigned kMinBlocks = 8;  // 2048 threads per SM: at most 32 registers per thread
 constexpr std::size_t kVecBytes = 16;
+// 16-byte loads in flight per input and thread: 32 bytes per thread either way, 64 KiB per SM.
+constexpr int unroll(bool bwd) { return bwd ? 1 : 2; }
 
-constexpr float kSqrtHalf = 0.70710678118654752f;    // erf form: Phi(x) = 0.5 (1 + erf(x / sqrt 2))
+constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;  // Phi'(0)
 constexpr float kBeta = 0.79788456080286536f;        // tanh form: sqrt(2 / pi)
 constexpr float kKappa = 0.044715f;
 
-// exp through the hardware's ex2: a few ulp where the normal density is large, and a relative
-// error growing to 1e-6 only where it is below 2e-6 (|x| near 5): 1e-7 relative to rms(dx) at
-// most, against expf's ten-odd instructions in a kernel whose 16-bit bwd is close to issue-bound.
-__host__ __device__ inline float fast_exp(float x) {
+// 2^a and 1/a on the hardware's MUFU: at most 2 ulp and 1 ulp off. ftz: no operand here is
+// subnormal, and an exp that underflows to 0 instead of a subnormal changes no result.
+__host__ __device__ inline float fast_exp2(float a) {
 #ifdef __CUDA_ARCH__
-  return __expf(x);
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a));
+  return r;
 #else
-  return expf(x);
+  return exp2f(a);
 #endif
+}
+
+__host__ __device__ inline float fast_rcp(float a) {
+#ifdef __CUDA_ARCH__
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a));
+  return r;
+#else
+  return 1.f / a;
+#endif
+}
+
+// Phi(-|x|) = erfc(z) / 2, z = |x| / sqrt 2, given e = exp(-x^2 / 2) = exp(-z^2): Abramowitz and
+// Stegun 7.1.26, erfc(z) = t P(t) exp(-z^2) with t = 1 / (1 + p z) and P of degree 4, at most 1.4e-7
+// off (absolute) for all z >= 0, one branch for every x. 1 / (1 + p z) takes one Newton step
+// after the rcp: P(t) t amplifies the error of t 3.4 times near x = 0. The coefficients are halved.
+__host__ __device__ inline float phi_lower(float x, float e) {
+  constexpr float kP = 0.3275911f * 0.70710678118654752f;
+  constexpr float a1 = 0.5f * 0.254829592f, a2 = 0.5f * -0.284496736f, a3 = 0.5f * 1.421413741f,
+                  a4 = 0.5f * -1.453152027f, a5 = 0.5f * 1.061405429f;
+  const float d = fmaf(fabsf(x), kP, 1.f);
+  float t = fast_rcp(d);
+  t = fmaf(t, fmaf(-d, t, 1.f), t);
+  float q = fmaf(t, a5, a4);
+  q = fmaf(q, t, a3);
+  q = fmaf(q, t, a2);
+  q = fmaf(q, t, a1);
+  return q * t * e;
+}
+
+// The tanh form through the logistic function: 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)), and
+// 1 - tanh(u)^2 = 4 exp(-2|u|) / (1 + exp(-2|u|))^2, u = sqrt(2/pi) (x + 0.044715 x^3), whose sign
+// is that of x. Taken at -|u| so that exp never overflows, and with 1 - s for x >= 0 as
+// e r (e = exp(-2|u|), r = 1 / (1 + e)): no cancellation where PyTorch's 1 + t and 1 - t^2 have it.
+struct Logistic {
+  float e, r;  // exp(-2|u|), 1 / (1 + e)
+};
+__host__ __device__ inline Logistic logistic(float x, float x_sq) {
+  constexpr float c1 = -2.f * kBeta * kLog2e, c3 = -2.f * kBeta * kKappa * kLog2e;
+  const float e = fast_exp2(fabsf(x) * fmaf(x_sq, c3, c1));
+  return {e, fast_rcp(1.f + e)};
 }
 
 template <Approx A>
 __host__ __device__ inline float gelu_fwd(float x) {
-  if constexpr (A == Approx::none) {
-    return 0.5f * x * (1.f + erff(x * kSqrtHalf));
-  } else {
-    return 0.5f * x * (1.f + tanhf(kBeta * (x + kKappa * x * x * x)));
+  if constexpr (A == Approx::none) {  // x Phi(x)
+    const float q = phi_lower(x, fast_exp2(x * (x * (-0.5f * kLog2e))));
+    return x * (x >= 0.f ? 1.f - q : q);
+  } else {  // 0.5 x (1 + tanh(u)) = x - x e r (x >= 0), x e r (x < 0)
+    const Logistic l = logistic(x, x * x);
+    const float w = x * l.e * l.r;
+    return x >= 0.f ? x - w : w;
   }
 }
 
 template <Approx A>
 __host__ __device__ inline float gelu_bwd(float x, float dy) {
-  if constexpr (A == Approx::none) {
-    const float cdf = 0.5f * (1.f + erff(x * kSqrtHalf));
-    const float pdf = kInvSqrt2Pi * fast_exp(-0.5f * x * x);
-    return dy * (cdf + x * pdf);
-  } else {
+  if constexpr (A == Approx::none) {  // dy (Phi(x) + x phi(x)), one exp for both
+    const float e = fast_exp2(x * (x * (-0.5f * kLog2e)));
+    const float q = phi_lower(x, e);
+    return dy * fmaf(x * kInvSqrt2Pi, e, x >= 0.f ? 1.f - q : q);
+  } else {  // dy (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2))
     const float x_sq = x * x;
-    const float t = tanhf(kBeta * (x + kKappa * x_sq * x));
-    const float d_right = 0.5f * x * (1.f - t * t) * kBeta * (1.f + 3.f * kKappa * x_sq);
-    return dy * (0.5f * (1.f + t) + d_right);
+    const Logistic l = logistic(x, x_sq);
+    const float er = l.e * l.r;
+    const float half_one_plus_t = x >= 0.f ? l.r : er;
+    const float g = x * fmaf(x_sq, 6.f * kBeta * kKappa, 2.f * kBeta);  // 0.5 x 4 sqrt(2/pi) (1 + 3c x^2)
+    return dy * fmaf(g, er * l.r, half_one_plus_t);
   }
 }
 
@@ -140,6 +195,53 @@ struct alignas(kVecBytes) Vec {
   T e[kCount];
 };
 
+// One 16-byte load through the non-coherent (read-only) path, not cached in L1: the data is read
+// once.
+template <class T>
+__host__ __device__ inline Vec<T> load(const Vec<T>* p) {
+#ifdef __CUDA_ARCH__
+  Vec<T> v;
+  uint4 u;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+               : "l"(p));
+  static_assert(sizeof(u) == sizeof(v));
+  memcpy(&v, &u, sizeof v);
+  return v;
+#else
+  return *p;
+#endif
+}
+
+// ptxas likes to sink a load down to the math that first uses it, after the math on the vectors
+// loaded before it: a second trip to memory per thread. ORing into every word of every vector the
+// first words of all, masked by a zero it cannot see through (Args::zero), makes all the math wait
+// on all the loads, so that all are issued first. One LOP3 per word.
+template <class T>
+__host__ __device__ inline std::uint32_t first_word(const Vec<T>& v) {
+  std::uint32_t w;
+  memcpy(&w, &v, sizeof w);
+  return w;
+}
+
+template <class T, int N>
+__host__ __device__ inline void tie(Vec<T> (&v)[N], std::uint32_t& all) {
+GELU_UNROLL
+  for (int k = 0; k < N; ++k) all |= first_word(v[k]);
+}
+
+template <class T, int N>
+__host__ __device__ inline void untie(Vec<T> (&v)[N], std::uint32_t all) {
+GELU_UNROLL
+  for (int k = 0; k < N; ++k) {
+    std::uint32_t w[kVecBytes / 4];
+    memcpy(w, &v[k], sizeof w);
+GELU_UNROLL
+    for (std::uint32_t& x : w) x |= all;
+    memcpy(&v[k], w, sizeof w);
+  }
+}
+
 // What one launch works on. The vectors start at element `head`; the tail after them is shorter
 // than one vector. When the tensors are not equally aligned, head = n: every element is scalar.
 struct Args {
@@ -149,6 +251,7 @@ struct Args {
   std::size_t n;
   std::size_t head;
   std::size_t vectors;
+  std::uint32_t zero;  // 0, unknown to the compiler: see tie()
 };
 
 template <Approx A, bool kBwd>
@@ -190,24 +293,30 @@ __host__ __device__ void gelu_span(std::size_t tid, std::size_t nthreads, const 
   const V* __restrict__ dv = kBwd ? reinterpret_cast<const V*>(static_cast<const T*>(a.dy) + a.head) : xv;
   V* __restrict__ yv = reinterpret_cast<V*>(static_cast<T*>(a.out) + a.head);
   // Each round, thread tid takes vectors v, v + nthreads, ...: every load of the round is
-  // coalesced across the grid, and all of them are issued before the first result is needed.
-  // In the last round, indices past the end load the last vector again (unpredicated loads) and
-  // store nothing.
+  // coalesced across the grid, and in a whole round all of them are issued before the first result
+  // is needed. In the last, partial round each vector is loaded, done and stored in turn. On the
+  // device's grid (grid_for without a cap) there is one round.
+  constexpr int kUnroll = unroll(kBwd);
   for (std::size_t v = tid; v < a.vectors; v += kUnroll * nthreads) {
-    V xs[kUnroll];
-    [[maybe_unused]] V ds[kUnroll];
+    if (v + (kUnroll - 1) * nthreads < a.vectors) {
+      V xs[kUnroll];
+      [[maybe_unused]] V ds[kUnroll];
 GELU_UNROLL
-    for (int k = 0; k < kUnroll; ++k) {
-      const std::size_t j = std::min(v + k * nthreads, a.vectors - 1);
-      xs[k] = xv[j];
-      if constexpr (kBwd) ds[k] = dv[j];
-    }
+      for (int k = 0; k < kUnroll; ++k) {
+        xs[k] = load(xv + v + k * nthreads);
+        if constexpr (kBwd) ds[k] = load(dv + v + k * nthreads);
+      }
+      std::uint32_t all = 0;
+      tie(xs, all);
+      if constexpr (kBwd) tie(ds, all);
+      all &= a.zero;
+      untie(xs, all);
+      if constexpr (kBwd) untie(ds, all);
 GELU_UNROLL
-    for (int k = 0; k < kUnroll; ++k) {
-      const std::size_t j = v + k * nthreads;
-      if (j >= a.vectors) continue;
-      if constexpr (kBwd) yv[j] = gelu_vec<D, A, kBwd>(xs[k], ds[k]);
-      else yv[j] = gelu_vec<D, A, kBwd>(xs[k], xs[k]);
+      for (int k = 0; k < kUnroll; ++k) yv[v + k * nthreads] = gelu_vec<D, A, kBwd>(xs[k], kBwd ? ds[k] : xs[k]);
+    } else {
+      for (std::size_t j = v; j < a.vectors; j += nthreads)
+        yv[j] = gelu_vec<D, A, kBwd>(load(xv + j), kBwd ? load(dv + j) : V{});
     }
   }
 
@@ -215,7 +324,7 @@ GELU_UNROLL
 }
 
 template <DType D, Approx A, bool kBwd>
-__global__ void __launch_bounds__(kThreads) gelu_kernel(Args a) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks) gelu_kernel(Args a) {
   gelu_span<D, A, kBwd>(blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x,
                         static_cast<std::size_t>(gridDim.x) * blockDim.x, a);
 }
@@ -249,7 +358,7 @@ Variant variant_for(const Shape& s) {
 Args args_for(const Shape& s, const void* x, const void* dy, void* out) {
   const std::size_t e = dtype_size(s.dtype), n = static_cast<std::size_t>(s.elements);
   auto misalignment = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kVecBytes; };
-  Args a{x, dy, out, n, n, 0};
+  Args a{x, dy, out, n, n, 0, 0};
   const bool congruent = misalignment(x) == misalignment(out) && (!dy || misalignment(dy) == misalignment(x));
   if (congruent) {
     a.head = std::min(n, (kVecBytes - misalignment(x)) % kVecBytes / e);
@@ -260,6 +369,7 @@ Args args_for(const Shape& s, const void* x, const void* dy, void* out) {
 
 // Enough threads for one round (kUnroll vectors each) and for the head and tail, at most max_blocks.
 unsigned grid_for(const Args& a, const Shape& s, unsigned max_blocks) {
+  const std::size_t kUnroll = unroll(s.dir == Direction::bwd);
   const std::size_t per_vec = kVecBytes / dtype_size(s.dtype);
   const std::size_t tail = a.n - a.head - a.vectors * per_vec;
   const std::size_t threads = std::max({(a.vectors + kUnroll - 1) / kUnroll, a.head, tail, std::size_t(1)});
@@ -283,7 +393,9 @@ class CudaGelu final : public Case {
     HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
     HOTOPS_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm_, variant_.kernel, kThreads, 0));
     HOTOPS_CHECK(blocks_per_sm_ > 0, "the gelu kernel cannot run on this device");
-    blocks_ = grid_for(args_, s_, static_cast<unsigned>(sms_ * blocks_per_sm_));
+    int max_grid = 0;
+    HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&max_grid, cudaDevAttrMaxGridDimX, device));
+    blocks_ = grid_for(args_, s_, static_cast<unsigned>(max_grid));
   }
 
   void run() override {
@@ -301,11 +413,12 @@ class CudaGelu final : public Case {
   std::string label() const override {
     const bool erf = s_.approx == Approx::none, bwd = s_.dir == Direction::bwd;
     std::string l = std::string("hotops gelu_kernel<") + dtype_name(s_.dtype) + ", " + approx_name(s_.approx) + ", " +
-                    direction_name(s_.dir) + ">: f32 math (" + (erf ? (bwd ? "erff, __expf" : "erff") : "tanhf") + "), ";
-    l += args_.vectors > 0 ? "16-byte vectors, " + std::to_string(kUnroll) + " per input in flight per thread"
+                    direction_name(s_.dir) + ">: f32 math on ex2.approx + rcp.approx (" +
+                    (erf ? "erfc by Abramowitz-Stegun 7.1.26" : "tanh as a logistic") + "), ";
+    l += args_.vectors > 0 ? "16-byte vectors, " + std::to_string(unroll(bwd)) + " per input in flight per thread"
                            : std::string("scalar accesses");
-    return l + ", grid-stride " + std::to_string(blocks_) + "x" + std::to_string(kThreads) + " (" +
-           std::to_string(blocks_per_sm_) + " blocks/SM x " + std::to_string(sms_) + " SMs)";
+    return l + ", grid " + std::to_string(blocks_) + "x" + std::to_string(kThreads) + " (" +
+           std::to_string(blocks_per_sm_) + " blocks/SM resident x " + std::to_string(sms_) + " SMs)";
   }
 
  private:

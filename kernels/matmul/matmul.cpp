@@ -115,19 +115,11 @@ class MatmulFamily final : public Family {
   std::string unsupported_reason(const Problem& p) const override {
     const Shape s = shape_of(p);
     if (s.op == Op::addmm && s.alpha == 0) return "addmm with alpha = 0 is not benchmarked";
-    if (p.backend == Backend::cpu) return cpu_unsupported_reason(p);
-    std::string why;
-    if (!gpu::available(&why)) return why;
-    return "";
+    return backend_unsupported_reason(p, cpu_unsupported_reason);
   }
 
   std::unique_ptr<Case> make(const Problem& p) const override {
-    if (p.backend == Backend::cpu) return make_cpu(p);
-#ifdef HOTOPS_HAVE_CUDA
-    return make_cuda(p);
-#else
-    throw Error("this build of hotops has no CUDA backend", ErrorKind::unsupported);
-#endif
+    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
   }
 };
 
