@@ -51,6 +51,7 @@ Live& live_for(const Problem& p, const Family& f, const Options& o) {
       gpu::TimerOptions to;
       to.cold_l2 = o.cold_l2;
       to.throttle_threshold = o.throttle_threshold;
+      to.runs_per_sample = o.runs_per_sample;
       live.timer = std::make_unique<gpu::Timer>(*live.c, to);
     }
   } catch (const std::exception& e) {

@@ -193,9 +193,11 @@ Timer::Timer(Case& c, const TimerOptions& o) : impl_(new Impl(c)) {
   float ms = 0;
   HOTOPS_CHECK_CUDA(cudaEventElapsedTime(&ms, t.start, t.stop));
   const double one = std::max(1e-7, ms * 1e-3);
-  launches_ = static_cast<int>(std::clamp(std::ceil(o.target_sample_seconds / one), 1.0, double(kMaxRunsPerSample)));
+  launches_ = o.runs_per_sample > 0
+                  ? o.runs_per_sample
+                  : static_cast<int>(std::clamp(std::ceil(o.target_sample_seconds / one), 1.0, double(kMaxRunsPerSample)));
 
-  if (c.capturable()) {
+  if (c.capturable() && launches_ > 1) {
     cudaGraph_t g;
     HOTOPS_CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     try {

@@ -37,6 +37,8 @@ const char* flags_help() {
          "  --hotops_throttle_threshold=F  discard GPU samples taken below F x the max SM clock,\n"
          "                         letting the GPU recover first (default 0.9; 0 keeps every sample)\n"
          "  --hotops_roofline=0|1  measure copy bandwidth and GEMM peak first; report fractions (default 1)\n"
+         "  --hotops_runs_per_sample=N  GPU executions per timed sample: 0 (default) enough for 0.5 ms,\n"
+         "                         back to back in a CUDA graph; 1 times each execution on its own\n"
          "  --hotops_threads=N     CPU threads for oneDNN and hotops' loops (default: all cores)\n"
          "  --hotops_seed=N        seed of every random input (default 20261122)\n"
          "  --hotops_help          this text\n";
@@ -84,6 +86,9 @@ Options parse_flags(int& argc, char** argv) {
       if (v.empty() || *end != '\0' || !(f >= 0 && f <= 1))
         throw FlagError("hotops: bad value '" + v + "' for --" + flag + ": expected a fraction from 0 to 1 (0: keep throttled samples)");
       o.throttle_threshold = f;
+    } else if (flag == "hotops_runs_per_sample") {
+      need_value();
+      o.runs_per_sample = static_cast<int>(parse_int(flag, v, 0, 10000, "a count from 0 (automatic) to 10000"));
     } else if (flag == "hotops_threads") {
       need_value();
       o.threads = static_cast<int>(parse_int(flag, v, 1, 4096, "a thread count from 1 to 4096"));

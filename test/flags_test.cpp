@@ -51,7 +51,8 @@ TEST(Flags, BadValuesThrowOneLineNamingTheFlag) {
       "--hotops_batch=",        "--hotops_batch",     "--hotops_batch=99999999999999999999",
       "--hotops_batch=2000000", "--hotops_verify=2",  "--hotops_verify=yes",   "--hotops_threads=0",
       "--hotops_threads=x",     "--hotops_cold_l2=7", "--hotops_nonsense=1",   "--hotops_seed=-1",
-      "--hotops_throttle_threshold=2", "--hotops_throttle_threshold=x", "--hotops_throttle_threshold="};
+      "--hotops_throttle_threshold=2", "--hotops_throttle_threshold=x", "--hotops_throttle_threshold=",
+      "--hotops_runs_per_sample=-1", "--hotops_runs_per_sample=100000"};
   for (const std::string& flag : bad) {
     Argv a({flag});
     try {

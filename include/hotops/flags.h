@@ -12,6 +12,7 @@ struct Options {
   bool verify = true;                 // --hotops_verify=0|1
   bool cold_l2 = false;               // --hotops_cold_l2[=0|1]: flush L2 before each GPU sample
   double throttle_threshold = 0.9;    // --hotops_throttle_threshold=F: discard GPU samples below F x max clock
+  int runs_per_sample = 0;            // --hotops_runs_per_sample=N: GPU executions per timed sample (0: auto)
   int threads = 0;                    // --hotops_threads=N: CPU threads (0: all cores)
   std::uint64_t seed = 20261122;      // --hotops_seed=N: every random input derives from it
   bool roofline = true;               // --hotops_roofline=0|1: measure the ceilings, report fractions

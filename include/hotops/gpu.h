@@ -28,6 +28,7 @@ struct TimerOptions {
   bool cold_l2 = false;              // flush L2 before each execution (one execution per sample)
   double throttle_threshold = 0.9;   // discard samples taken below this fraction of the max SM clock
   double target_sample_seconds = 0.5e-3;
+  int runs_per_sample = 0;           // 0: enough for target_sample_seconds; 1: each execution alone
 };
 constexpr int kMaxRunsPerSample = 200;
 constexpr int kMaxThrottleRetries = 20;
