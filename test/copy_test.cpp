@@ -92,12 +92,18 @@ TEST(CopyFamily, NamesWorkAndBackendsAgree) {
   EXPECT_TRUE(names.count("copy/cpu/bf16/fwd/kind:nhwc_to_nchw/batch:32/C:64/H:56/W:56"));
   EXPECT_TRUE(names.count("copy/cpu/f32/fwd/kind:f32_to_bf16/elements:67108864"));
   EXPECT_TRUE(names.count("copy/cpu/bf16/fwd/kind:bf16_to_f32/elements:1024"));
+  // Both CPU layout implementations: the default without `impl`, the other with it.
+  const LayoutImpl other = default_layout_impl() == LayoutImpl::hotops ? LayoutImpl::onednn : LayoutImpl::hotops;
+  EXPECT_TRUE(names.count("copy/cpu/f32/fwd/kind:nchw_to_nhwc/batch:32/C:256/H:56/W:56"));
+  EXPECT_TRUE(names.count(std::string("copy/cpu/f32/fwd/kind:nchw_to_nhwc/batch:32/C:256/H:56/W:56/impl:") +
+                          impl_name(other)));
 #ifdef HOTOPS_HAVE_CUDA
   EXPECT_TRUE(names.count("copy/cuda/f32/fwd/kind:h2d/host:pinned/bytes:268435456"));
   EXPECT_TRUE(names.count("copy/cuda/f32/fwd/kind:d2h/host:pageable/bytes:4096"));
-  // Every CPU problem has its CUDA twin, named the same but for the backend.
+  // Every CPU problem has its CUDA twin, named the same but for the backend (the CPU's second layout
+  // implementation, named with `impl`, has none).
   for (const Problem& p : problems) {
-    if (p.backend != Backend::cpu) continue;
+    if (p.backend != Backend::cpu || p.has("impl")) continue;
     Problem q = p;
     q.backend = Backend::cuda;
     EXPECT_TRUE(names.count(q.name())) << p.name();
@@ -114,6 +120,74 @@ TEST(CopyFamily, NamesWorkAndBackendsAgree) {
     else EXPECT_EQ(w.bytes, 2 * size) << p.name();
     EXPECT_EQ(w.items, s.is_layout() ? static_cast<double>(s.N) : 1.0) << p.name();
   }
+}
+
+TEST(CopyFamily, ImplArgNamesTheCpuLayoutImplementationAndKeepsTheSeed) {
+  const LayoutImpl other = default_layout_impl() == LayoutImpl::hotops ? LayoutImpl::onednn : LayoutImpl::hotops;
+  Problem plain = layout_problem("nhwc_to_nchw", DType::bf16);
+  Problem named = plain;
+  named.args.push_back({"impl", impl_name(other)});
+  EXPECT_EQ(layout_impl(plain), default_layout_impl());
+  EXPECT_EQ(layout_impl(named), other);
+  EXPECT_EQ(input_seed(named), input_seed(plain));
+  EXPECT_EQ(input_seed(plain), plain.seed());
+  EXPECT_EQ(family().work(named).bytes, family().work(plain).bytes);
+
+  Problem wrong = plain;
+  wrong.args.push_back({"impl", "mkl"});
+  EXPECT_THROW(shape_of(wrong), Error);
+  wrong.args.back().value = impl_name(default_layout_impl());  // the default is named without impl
+  EXPECT_THROW(shape_of(wrong), Error);
+  Problem cuda = named;
+  cuda.backend = Backend::cuda;
+  EXPECT_THROW(shape_of(cuda), Error);
+  EXPECT_THROW(shape_of(Problem{"copy", Backend::cpu, DType::f32, Direction::fwd,
+                                {{"kind", "memcpy"}, {"bytes", "64"}, {"impl", "hotops"}}}),
+               Error);
+}
+
+// hotops' transpose on shapes with partial tiles and partial register blocks on either axis, one
+// channel or one pixel, axes shorter than a tile, and one or two threads: every element exact.
+TEST(CopyTranspose, MatchesTheReferenceOnOddShapes) {
+  struct Dims {
+    std::int64_t N, C, H, W;
+  };
+  const Dims dims[] = {{1, 1, 1, 1},  {2, 3, 1, 7},  {1, 1, 5, 13},  {3, 7, 1, 1},    {2, 5, 3, 3},
+                       {1, 64, 8, 8}, {2, 67, 9, 15}, {1, 130, 3, 45}, {2, 9, 33, 31}, {1, 200, 1, 3}};
+  for (const Dims& d : dims)
+    for (DType t : {DType::f32, DType::bf16})
+      for (const char* kind : {"nchw_to_nhwc", "nhwc_to_nchw"})
+        for (int threads : {1, 2}) {
+          const Problem p{"copy", Backend::cpu, t, Direction::fwd,
+                          {{"kind", kind}, {"batch", std::to_string(d.N)}, {"C", std::to_string(d.C)},
+                           {"H", std::to_string(d.H)}, {"W", std::to_string(d.W)}}};
+          const Shape s = shape_of(p);
+          const HostBuffer src = make_source(s, 11);
+          HostBuffer out(s.dst, s.count);
+          out.poison();
+          transpose_layout(s, src.data(), out.data(), threads);
+          const Check c = verify_exact(s, src, out);
+          EXPECT_TRUE(c.ok) << p.name() << " threads " << threads << ": " << c.message;
+          EXPECT_EQ(c.checked, s.count) << p.name();
+        }
+}
+
+TEST(CopyTranspose, TilesCoverShortAxesWithLongerTiles) {
+  const auto shape = [](std::int64_t C, std::int64_t H, std::int64_t W, const char* kind) {
+    return shape_of(Problem{"copy", Backend::cpu, DType::f32, Direction::fwd,
+                            {{"kind", kind}, {"batch", "1"}, {"C", std::to_string(C)}, {"H", std::to_string(H)},
+                             {"W", std::to_string(W)}}});
+  };
+  // A tile never exceeds the matrix, and one of 3 channels spans many pixels.
+  const auto [r1, k1] = transpose_tile(shape(3, 1, 7, "nchw_to_nhwc"));
+  EXPECT_EQ(r1, 3);
+  EXPECT_EQ(k1, 7);
+  const auto [r2, k2] = transpose_tile(shape(3, 256, 256, "nchw_to_nhwc"));
+  EXPECT_EQ(r2, 3);
+  EXPECT_GT(k2, 256);
+  const auto [r3, k3] = transpose_tile(shape(3, 256, 256, "nhwc_to_nchw"));  // [H*W, C]
+  EXPECT_EQ(k3, 3);
+  EXPECT_GT(r3, 256);
 }
 
 TEST(CopyFamily, IllFormedProblemsAreRejected) {

@@ -1,11 +1,17 @@
 // The copy family: problem names and their parsing, work, and the benchmark and test problem lists.
 #include "kernels/copy/copy.h"
 
+#include <algorithm>
+
 #include "hotops/check.h"
 #include "hotops/gpu.h"
 
 namespace hotops::copy {
 namespace {
+
+// Which CPU implementation runs a layout problem named without `impl`: hotops' transpose (true) or
+// oneDNN's reorder (false). The other one is benchmarked too, named with `impl:<its name>`.
+constexpr bool kCpuLayoutDefaultIsHotops = false;
 
 constexpr std::int64_t KiB = 1024, MiB = KiB * KiB, GiB = KiB * MiB;
 
@@ -45,10 +51,14 @@ Problem raw(Backend b, Kind k, Host h, std::int64_t bytes) {
   return p;
 }
 
-Problem layout(Backend b, DType t, Kind k, std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W) {
-  return Problem{"copy", b, t, Direction::fwd,
-                 {{"kind", kind_name(k)}, {"batch", std::to_string(N)}, {"C", std::to_string(C)},
-                  {"H", std::to_string(H)}, {"W", std::to_string(W)}}};
+// A layout problem; on the CPU, run by implementation `impl` (named only when it is not the default).
+Problem layout(Backend b, DType t, Kind k, std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W,
+               LayoutImpl impl = default_layout_impl()) {
+  Problem p{"copy", b, t, Direction::fwd,
+            {{"kind", kind_name(k)}, {"batch", std::to_string(N)}, {"C", std::to_string(C)},
+             {"H", std::to_string(H)}, {"W", std::to_string(W)}}};
+  if (b == Backend::cpu && impl != default_layout_impl()) p.args.push_back({"impl", impl_name(impl)});
+  return p;
 }
 
 Problem convert(Backend b, Kind k, std::int64_t elements) {
@@ -64,9 +74,15 @@ void add_raw(Backend b, std::int64_t bytes, std::vector<Problem>& out) {
     for (Host h : {Host::pinned, Host::pageable}) out.push_back(raw(b, k, h, bytes));
 }
 
-void add_layouts(Backend b, std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W, std::vector<Problem>& out) {
-  for (DType t : {DType::f32, DType::bf16})
-    for (Kind k : {Kind::nchw_to_nhwc, Kind::nhwc_to_nchw}) out.push_back(layout(b, t, k, N, C, H, W));
+// Both dtypes and directions of a shape; on the CPU, by both implementations (or by `only`).
+void add_layouts(Backend b, std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W, std::vector<Problem>& out,
+                 const LayoutImpl* only = nullptr) {
+  std::vector<LayoutImpl> impls{default_layout_impl()};
+  if (b == Backend::cpu) impls.push_back(default_layout_impl() == LayoutImpl::hotops ? LayoutImpl::onednn : LayoutImpl::hotops);
+  if (only) impls = {*only};
+  for (LayoutImpl impl : impls)
+    for (DType t : {DType::f32, DType::bf16})
+      for (Kind k : {Kind::nchw_to_nhwc, Kind::nhwc_to_nchw}) out.push_back(layout(b, t, k, N, C, H, W, impl));
 }
 
 void add_converts(Backend b, std::int64_t elements, std::vector<Problem>& out) {
@@ -100,6 +116,14 @@ class CopyFamily final : public Family {
       add_layouts(b, 2, 3, 5, 7, out);
       add_layouts(b, 2, 40, 6, 12, out);
       add_layouts(b, 1, 96, 17, 16, out);
+      if (b == Backend::cpu) {
+        // hotops' transpose: one channel, one pixel, and tiles with partial register blocks on both
+        // axes (67 channels, 9*15 = 135 pixels) over several threads.
+        const LayoutImpl hotops = LayoutImpl::hotops;
+        add_layouts(b, 3, 1, 4, 9, out, &hotops);
+        add_layouts(b, 2, 5, 1, 1, out, &hotops);
+        add_layouts(b, 3, 67, 9, 15, out, &hotops);
+      }
       // The vectorised body alone and with a tail.
       for (std::int64_t e : {1003, 65544}) add_converts(b, e, out);
     }
@@ -118,27 +142,40 @@ class CopyFamily final : public Family {
 
   std::string unsupported_reason(const Problem& p) const override {
     const Shape s = shape_of(p);
-    if (p.backend == Backend::cpu) {
-      if (s.kind == Kind::h2d || s.kind == Kind::d2h)
-        return std::string("copy kind ") + kind_name(s.kind) + " exists only on the cuda backend";
-      return cpu_unsupported_reason(p);
-    }
-    std::string why;
-    if (!gpu::available(&why)) return why;
-    return "";
+    if (p.backend == Backend::cpu && (s.kind == Kind::h2d || s.kind == Kind::d2h))
+      return std::string("copy kind ") + kind_name(s.kind) + " exists only on the cuda backend";
+    return backend_unsupported_reason(p, cpu_unsupported_reason);
   }
 
   std::unique_ptr<Case> make(const Problem& p) const override {
-    if (p.backend == Backend::cpu) return make_cpu(p);
-#ifdef HOTOPS_HAVE_CUDA
-    return make_cuda(p);
-#else
-    throw Error("this build of hotops has no CUDA backend", ErrorKind::unsupported);
-#endif
+    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
   }
 };
 
 }  // namespace
+
+const char* impl_name(LayoutImpl i) { return i == LayoutImpl::hotops ? "hotops" : "onednn"; }
+
+LayoutImpl default_layout_impl() { return kCpuLayoutDefaultIsHotops ? LayoutImpl::hotops : LayoutImpl::onednn; }
+
+LayoutImpl layout_impl(const Problem& p) {
+  if (!p.has("impl")) return default_layout_impl();
+  const std::string& v = p.get("impl");
+  HOTOPS_CHECK(p.backend == Backend::cpu, "only CPU layout copies name an impl: " + p.name());
+  for (LayoutImpl i : {LayoutImpl::onednn, LayoutImpl::hotops}) {
+    if (v != impl_name(i)) continue;
+    HOTOPS_CHECK(i != default_layout_impl(), std::string("impl:") + v + " is the default, named without impl: " + p.name());
+    return i;
+  }
+  throw Error("copy: unknown impl '" + v + "' in " + p.name());
+}
+
+std::uint64_t input_seed(const Problem& p) {
+  Problem q = p;
+  q.args.erase(std::remove_if(q.args.begin(), q.args.end(), [](const Arg& a) { return a.key == "impl"; }),
+               q.args.end());
+  return q.seed();
+}
 
 const char* kind_name(Kind k) {
   switch (k) {
@@ -162,6 +199,7 @@ Shape shape_of(const Problem& p) {
     if (kind == kind_name(k)) s.kind = k, known = true;
   HOTOPS_CHECK(known, "unknown copy kind '" + kind + "' in " + p.name());
   s.src = s.dst = storage_of(p.dtype);
+  HOTOPS_CHECK(!p.has("impl") || s.is_layout(), "only layout copies name an impl: " + p.name());
 
   if (s.is_raw()) {
     HOTOPS_CHECK(p.dtype == DType::f32, "raw copies are named f32: " + p.name());
@@ -178,6 +216,7 @@ Shape shape_of(const Problem& p) {
     s.N = p.get_int("batch"), s.C = p.get_int("C"), s.H = p.get_int("H"), s.W = p.get_int("W");
     HOTOPS_CHECK(s.N > 0 && s.C > 0 && s.H > 0 && s.W > 0, "dimensions must be positive: " + p.name());
     s.count = static_cast<std::size_t>(s.N * s.C * s.H * s.W);
+    layout_impl(p);  // a well-formed impl, if any
   } else {
     const bool to_bf16 = s.kind == Kind::f32_to_bf16;
     HOTOPS_CHECK(p.dtype == (to_bf16 ? DType::f32 : DType::bf16),

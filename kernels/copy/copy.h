@@ -8,9 +8,14 @@
 //                                                           CUDA: cudaMemcpyAsync device-to-device
 //   copy/cuda/f32/fwd/kind:h2d/host:{pinned,pageable}/bytes:B   cudaMemcpyAsync host -> device
 //   copy/cuda/f32/fwd/kind:d2h/host:{pinned,pageable}/bytes:B   cudaMemcpyAsync device -> host
-//   copy/{cpu,cuda}/{f32,bf16}/fwd/kind:{nchw_to_nhwc,nhwc_to_nchw}/batch:N/C:C/H:H/W:W
-//                                                           CPU: oneDNN reorder; CUDA: hotops'
-//                                                           tiled transpose through shared memory
+//   copy/{cpu,cuda}/{f32,bf16}/fwd/kind:{nchw_to_nhwc,nhwc_to_nchw}/batch:N/C:C/H:H/W:W[/impl:I]
+//                                                           CPU: the default implementation (no
+//                                                           impl arg) or the other one, `impl:I`:
+//                                                           oneDNN reorder (onednn) or hotops' cache-
+//                                                           blocked OpenMP transpose (hotops); which is
+//                                                           the default is one constant in copy.cpp.
+//                                                           CUDA: hotops' tiled transpose through
+//                                                           shared memory (no impl arg)
 //   copy/{cpu,cuda}/f32/fwd/kind:f32_to_bf16/elements:E     CPU: oneDNN reorder; CUDA: hotops'
 //   copy/{cpu,cuda}/bf16/fwd/kind:bf16_to_f32/elements:E    16-byte vectorised convert kernel
 // Raw copies move bytes; `f32` says only that their (random) contents are checked as f32 words, so
@@ -28,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hotops/buffer.h"
@@ -57,6 +63,24 @@ struct Shape {
 };
 
 Shape shape_of(const Problem& p);  // throws hotops::Error on an ill-formed copy problem
+
+// The two CPU implementations of the layouts. A CPU layout problem without an `impl` arg runs the
+// default one (default_layout_impl()); the other is named with `impl:<impl_name>` appended.
+enum class LayoutImpl { onednn, hotops };
+const char* impl_name(LayoutImpl i);
+LayoutImpl default_layout_impl();
+LayoutImpl layout_impl(const Problem& p);  // throws hotops::Error on an unknown or misplaced `impl`
+
+// The seed of a problem's source: that of its name without the `impl` arg, so that oneDNN, hotops'
+// transpose and the CUDA kernel all copy the same numbers.
+std::uint64_t input_seed(const Problem& p);
+
+// hotops' CPU layout change: dst = src in the other layout (s.kind), for 2- and 4-byte elements, as a
+// batched 2-D transpose of [C, H*W] (to NHWC) or [H*W, C] (to NCHW) per image, cut into tiles that
+// `threads` OpenMP threads share. transpose_tile() is the tile it cuts a shape into, in elements of
+// the source matrix (rows x columns).
+void transpose_layout(const Shape& s, const void* src, void* dst, int threads);
+std::pair<std::int64_t, std::int64_t> transpose_tile(const Shape& s);
 
 // The seeded random source of a problem (identical on every backend).
 HostBuffer make_source(const Shape& s, std::uint64_t seed);
