@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "hotops/check.h"
 #include "kernels/gelu/gelu.h"
@@ -117,6 +118,82 @@ TEST(GeluVerify, RoundingToTheDtypePassesButAnUlpMoreFails) {
       off.set(big, off.get(big) * (1 + 2 * ulp));
       EXPECT_FALSE(verify(s, in, off).ok) << dtype_name(t) << " " << direction_name(d);
     }
+}
+
+// The hand-written CPU loop's conversions against hotops' own (dtype.h): every f16, and for
+// rounding every tie between neighbouring f16 / bf16 values and the f32 values next to it, plus a
+// sweep over all f32 bit patterns (NaN, inf, subnormals, overflow included).
+TEST(GeluCpuHotops, ConversionsMatchDtypeH) {
+  auto as_float = [](std::uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  auto same = [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; };
+  for (std::uint32_t h = 0; h < 0x10000; ++h)
+    ASSERT_TRUE(same(hotops_f16_to_f32(static_cast<std::uint16_t>(h)), f16_to_float(static_cast<std::uint16_t>(h))))
+        << std::hex << h;
+  auto check = [&](std::uint32_t u) {
+    const float f = as_float(u);
+    ASSERT_EQ(hotops_f32_to_f16(f), float_to_f16(f)) << std::hex << u;
+    ASSERT_EQ(hotops_f32_to_bf16(f), float_to_bf16(f)) << std::hex << u;
+  };
+  for (std::uint32_t h = 0; h < 0x10000; ++h)
+    for (std::uint32_t delta : {0u, 1u, 0xffffffffu}) {
+      if (h < 0xffff) {  // the f32 halfway between f16 h and h + 1, and its neighbours
+        const float lo = f16_to_float(static_cast<std::uint16_t>(h)), hi = f16_to_float(static_cast<std::uint16_t>(h + 1));
+        if (std::isfinite(lo) && std::isfinite(hi) && (h & 0x7fff) != 0x7fff) {
+          float mid = 0.5f * (lo + hi);
+          std::uint32_t u;
+          std::memcpy(&u, &mid, 4);
+          check(u + delta);
+        }
+      }
+      check((h << 16 | 0x8000u) + delta);  // the tie between bf16 h and h + 1
+    }
+  for (std::uint64_t u = 0; u <= 0xffffffffull; u += 251) check(static_cast<std::uint32_t>(u));
+}
+
+TEST(GeluCpuHotops, ImplArgNamesTheImplementationAndKeepsTheInputs) {
+  int hotops_variants = 0;
+  for (const Problem& p : family().test_problems()) {
+    if (!p.has("impl")) continue;
+    ++hotops_variants;
+    EXPECT_EQ(p.backend, Backend::cpu) << p.name();
+    EXPECT_NE(p.dtype, DType::f16) << p.name();  // f16 has one CPU implementation, the default
+    EXPECT_EQ(p.get("impl"), "hotops") << p.name();
+    EXPECT_EQ(cpu_impl_of(p), CpuImpl::hotops);
+    Problem plain = p;
+    plain.args.pop_back();
+    EXPECT_EQ(cpu_impl_of(plain), CpuImpl::onednn) << plain.name();
+    EXPECT_EQ(input_seed(p), input_seed(plain)) << p.name();
+    EXPECT_EQ(input_seed(plain), plain.seed());
+  }
+  EXPECT_GT(hotops_variants, 0);
+  Problem f16 = flat_problem(DType::f16, Direction::fwd, Approx::none, 100);
+  EXPECT_EQ(cpu_impl_of(f16), CpuImpl::hotops);
+  Problem unknown = f16;
+  unknown.args.push_back({"impl", "mkl"});
+  EXPECT_THROW(cpu_impl_of(unknown), Error);
+  Problem on_cuda = flat_problem(DType::f32, Direction::fwd, Approx::none, 100);
+  on_cuda.backend = Backend::cuda;
+  on_cuda.args.push_back({"impl", "hotops"});
+  EXPECT_THROW(cpu_impl_of(on_cuda), Error);
+}
+
+// The hand-written loop on every dtype, direction and approximation, over several OpenMP chunks with
+// an odd offset; its label names the clone this CPU runs.
+TEST(GeluCpuHotops, MatchesTheReference) {
+  for (DType t : {DType::f32, DType::bf16, DType::f16})
+    for (Direction d : {Direction::fwd, Direction::bwd})
+      for (Approx a : {Approx::none, Approx::tanh}) {
+        Problem p = flat_problem(t, d, a, 3 * 16384 + 7, 1);
+        p.args.push_back({"impl", "hotops"});
+        const auto c = make_cpu_hotops(p);
+        const Check r = c->verify();
+        EXPECT_TRUE(r.ok) << p.name() << ": " << r.message;
+        EXPECT_NE(c->label().find(" clone, "), std::string::npos) << c->label();
+      }
 }
 
 #ifdef HOTOPS_HAVE_CUDA

@@ -49,7 +49,7 @@ Plan plan(const Shape& s) {
 class CpuGelu final : public Case {
  public:
   explicit CpuGelu(const Problem& p)
-      : s_(shape_of(p)), plan_(plan(s_)), in_(make_inputs(s_, p.seed())), out_(make_output(s_)) {
+      : s_(shape_of(p)), plan_(plan(s_)), in_(make_inputs(s_, input_seed(p))), out_(make_output(s_)) {
     dnnl::engine& eng = cpu::engine();
     // The tensors start `offset` elements into their buffers.
     auto mem = [&](HostBuffer& b) {
@@ -94,7 +94,7 @@ class CpuGelu final : public Case {
 
 }  // namespace
 
-std::string cpu_unsupported_reason(const Problem& p) {
+std::string onednn_unsupported_reason(const Problem& p) {
   const Shape s = shape_of(p);
   try {
     plan(s);
@@ -107,6 +107,6 @@ std::string cpu_unsupported_reason(const Problem& p) {
   return "";
 }
 
-std::unique_ptr<Case> make_cpu(const Problem& p) { return std::make_unique<CpuGelu>(p); }
+std::unique_ptr<Case> make_cpu_onednn(const Problem& p) { return std::make_unique<CpuGelu>(p); }
 
 }  // namespace hotops::gelu

@@ -379,7 +379,7 @@ unsigned grid_for(const Args& a, const Shape& s, unsigned max_blocks) {
 class CudaGelu final : public Case {
  public:
   explicit CudaGelu(const Problem& p)
-      : s_(shape_of(p)), in_(make_inputs(s_, p.seed())), out_(make_output(s_)), variant_(variant_for(s_)) {
+      : s_(shape_of(p)), in_(make_inputs(s_, input_seed(p))), out_(make_output(s_)), variant_(variant_for(s_)) {
     const bool bwd = s_.dir == Direction::bwd;
     x_ = gpu::DeviceBuffer(in_.x);
     if (bwd) dy_ = gpu::DeviceBuffer(in_.dy);

@@ -2,10 +2,11 @@
 //
 // Names: gelu/<backend>/<dtype>/<fwd|bwd>/shape:<model.layer>/batch:B/dims:BxCxHxW/approx:<none|tanh>
 // for the activations of real models, gelu/.../shape:flat/elements:N/approx:... for the bandwidth
-// sweep. gelu is elementwise, so only the element count matters to the op; dims are there to say
+// sweep; on the CPU, the implementation that is not a dtype's default adds `impl:<onednn|hotops>`. gelu is elementwise, so only the element count matters to the op; dims are there to say
 // which tensor of which model it is.
 #include "kernels/gelu/gelu.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -45,6 +46,38 @@ constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd};
 constexpr DType kDTypes[] = {DType::f32, DType::bf16, DType::f16};
 constexpr Approx kApprox[] = {Approx::none, Approx::tanh};
 
+// The CPU implementation each dtype runs by default (its problems carry no `impl` arg), and whether
+// the other one is benchmarked too, as the same problem plus `impl:<name>`: the one place to flip
+// after measuring both. oneDNN 2.6 has no f16 gelu on the CPUs measured (AVX2; the AVX-512 + AMX
+// Xeon), so f16 is hotops' alone.
+struct CpuImplChoice {
+  DType dtype;
+  CpuImpl default_impl;
+  bool other_too;
+};
+constexpr CpuImplChoice kCpuImpls[] = {
+    {DType::f32, CpuImpl::onednn, true},
+    {DType::bf16, CpuImpl::onednn, true},
+    {DType::f16, CpuImpl::hotops, false},
+};
+
+const CpuImplChoice& cpu_impl_choice(DType t) {
+  for (const CpuImplChoice& c : kCpuImpls)
+    if (c.dtype == t) return c;
+  throw Error(std::string("gelu: no CPU implementation for ") + dtype_name(t));
+}
+
+CpuImpl other(CpuImpl i) { return i == CpuImpl::onednn ? CpuImpl::hotops : CpuImpl::onednn; }
+
+std::unique_ptr<Case> make_cpu(const Problem& p) {
+  return cpu_impl_of(p) == CpuImpl::onednn ? make_cpu_onednn(p) : make_cpu_hotops(p);
+}
+
+// The hand-written loop runs on any x86-64 (its baseline clone); oneDNN answers for itself.
+std::string cpu_unsupported_reason(const Problem& p) {
+  return cpu_impl_of(p) == CpuImpl::onednn ? onednn_unsupported_reason(p) : "";
+}
+
 std::vector<Backend> backends() {
   std::vector<Backend> v{Backend::cpu};
 #ifdef HOTOPS_HAVE_CUDA
@@ -53,7 +86,8 @@ std::vector<Backend> backends() {
   return v;
 }
 
-// Expands one shape (its args less `approx`) into every backend x dtype x direction x approx problem.
+// Expands one shape (its args less `approx`) into every backend x dtype x direction x approx problem,
+// and on the CPU each dtype's second implementation where it has one.
 void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
   for (Backend be : backends())
     for (DType t : kDTypes)
@@ -61,7 +95,14 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
         for (Approx a : kApprox) {
           Problem p{"gelu", be, t, d, args};
           p.args.push_back({"approx", approx_name(a)});
-          out.push_back(std::move(p));
+          if (be == Backend::cpu && cpu_impl_choice(t).other_too) {
+            Problem alt = p;
+            alt.args.push_back({"impl", cpu_impl_name(other(cpu_impl_choice(t).default_impl))});
+            out.push_back(std::move(p));
+            out.push_back(std::move(alt));
+          } else {
+            out.push_back(std::move(p));
+          }
         }
 }
 
@@ -134,6 +175,24 @@ class GeluFamily final : public Family {
 }  // namespace
 
 const char* approx_name(Approx a) { return a == Approx::none ? "none" : "tanh"; }
+
+const char* cpu_impl_name(CpuImpl i) { return i == CpuImpl::onednn ? "onednn" : "hotops"; }
+
+CpuImpl cpu_impl_of(const Problem& p) {
+  if (!p.has("impl")) return cpu_impl_choice(p.dtype).default_impl;
+  HOTOPS_CHECK(p.backend == Backend::cpu, "gelu: `impl` names a CPU implementation: " + p.name());
+  const std::string& v = p.get("impl");
+  for (CpuImpl i : {CpuImpl::onednn, CpuImpl::hotops})
+    if (v == cpu_impl_name(i)) return i;
+  throw Error("gelu: unknown impl '" + v + "' (onednn or hotops) in " + p.name());
+}
+
+std::uint64_t input_seed(const Problem& p) {
+  Problem q = p;
+  q.args.erase(std::remove_if(q.args.begin(), q.args.end(), [](const Arg& a) { return a.key == "impl"; }),
+               q.args.end());
+  return q.seed();
+}
 
 Shape shape_of(const Problem& p) {
   HOTOPS_CHECK(p.dir == Direction::fwd || p.dir == Direction::bwd, "gelu has fwd and bwd only: " + p.name());

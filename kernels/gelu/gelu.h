@@ -1,5 +1,6 @@
 // The gelu family: PyTorch's gelu (fwd) and gelu_backward (bwd: dx from x and dy), exact (erf) or
-// tanh-approximated, on oneDNN's eltwise primitives (CPU) and a hand-written CUDA kernel.
+// tanh-approximated, on the CPU (oneDNN's eltwise primitives and a hand-written loop, `impl:`) and
+// a hand-written CUDA kernel.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -30,6 +31,18 @@ struct Shape {
 constexpr std::size_t kGuard = 8;
 
 Shape shape_of(const Problem& p);
+
+// The CPU implementations: oneDNN's eltwise primitive (cpu_onednn.cpp) and hotops' own vectorised
+// loop (cpu_hotops.cpp). Each dtype has a default one (problems without an `impl` arg; gelu.cpp's
+// kCpuImpls table says which) and may have the other as `impl:<name>`.
+enum class CpuImpl { onednn, hotops };
+const char* cpu_impl_name(CpuImpl i);
+CpuImpl cpu_impl_of(const Problem& p);  // the `impl` arg, else the dtype's default
+
+// The seed of a problem's inputs: that of its name without the `impl` arg, so that every
+// implementation, CPU and CUDA, computes on the same numbers.
+std::uint64_t input_seed(const Problem& p);
+
 std::size_t buffer_count(const Shape& s);  // offset + elements + kGuard
 
 // Inputs, seeded from the problem name so every backend sees the same numbers. x is uniform in
@@ -51,8 +64,14 @@ double error_bound(const Shape& s);
 // and that the elements around that range are still poisoned (NaN), i.e. were never written.
 Check verify(const Shape& s, const Inputs& in, const HostBuffer& out);
 
-std::unique_ptr<Case> make_cpu(const Problem& p);
-std::string cpu_unsupported_reason(const Problem& p);
+std::unique_ptr<Case> make_cpu_onednn(const Problem& p);
+std::string onednn_unsupported_reason(const Problem& p);
+std::unique_ptr<Case> make_cpu_hotops(const Problem& p);
+// The hand-written loop's own conversions (scalar copies of what its vectorised loop does), for
+// the tests to compare with hotops' conversions in dtype.h.
+float hotops_f16_to_f32(std::uint16_t h);
+std::uint16_t hotops_f32_to_f16(float f);
+std::uint16_t hotops_f32_to_bf16(float f);
 #ifdef HOTOPS_HAVE_CUDA
 std::unique_ptr<Case> make_cuda(const Problem& p);
 // The CUDA kernel's own code, run on the host one thread at a time over a grid of `blocks` blocks:

@@ -1,0 +1,283 @@
+// gelu on the CPU, hand-written: one pass over the tensor in OpenMP chunks, each chunk a plain loop
+// that GCC vectorises. The project builds for baseline x86-64, so the loops are compiled three times
+// (target_clones: x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA + F16C, and baseline SSE2) and the
+// loader picks the best clone for this CPU. The body is branch-free so that it vectorises: the
+// conversions are integer bit operations with selects, and exp is our own (Cody-Waite reduction
+// to [-1/2, 1/2] and a polynomial): a libm call would keep the loop scalar. Math in f32 on the
+// formulas of the CUDA kernel (cuda_gelu.cu): one exp and one division per element.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "hotops/cpu.h"
+#include "kernels/gelu/gelu.h"
+
+namespace hotops::gelu {
+
+#define GELU_INLINE [[gnu::always_inline]] inline
+
+namespace kernel {
+
+GELU_INLINE std::uint32_t bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+GELU_INLINE float from_bits(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Branch-free choices: `if_set(c, a, b)` is c ? a : b with both sides computed, as bit operations.
+// With ?: on float arithmetic GCC may leave a branch (jump threading makes one out of a clamp) and
+// then, under -ftrapping-math, will not compute the float side unconditionally: the loop stays
+// scalar on every target but AVX-512, whose masked operations predicate it.
+GELU_INLINE std::uint32_t mask_of(bool c) { return 0u - static_cast<std::uint32_t>(c); }
+GELU_INLINE std::uint32_t if_set(bool c, std::uint32_t a, std::uint32_t b) {
+  const std::uint32_t m = mask_of(c);
+  return (a & m) | (b & ~m);
+}
+GELU_INLINE float if_set(bool c, float a, float b) { return from_bits(if_set(c, bits(a), bits(b))); }
+
+// bf16 <-> f32: the high half of an f32; rounding to nearest even, NaN kept quiet (dtype.h's rule).
+GELU_INLINE float bf16_to_f32(std::uint16_t h) { return from_bits(static_cast<std::uint32_t>(h) << 16); }
+GELU_INLINE std::uint16_t f32_to_bf16(float f) {
+  const std::uint32_t u = bits(f);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = (u >> 16) | 0x40u;
+  return static_cast<std::uint16_t>(if_set((u & 0x7fffffffu) > 0x7f800000u, nan, rounded));
+}
+
+// f16 -> f32, exact for every f16. The exponent is rebiased in the integer bits; inf and NaN get the
+// f32 maximum exponent; a subnormal (exponent 0) is m 2^-24, made as (2^-14 + m 2^-24) - 2^-14 in
+// f32 arithmetic on normal numbers, so that no subnormal operand slows the FPU.
+GELU_INLINE float f16_to_f32(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t body = static_cast<std::uint32_t>(h & 0x7fffu) << 13;  // exponent and mantissa
+  const std::uint32_t exp = body & 0x0f800000u;
+  std::uint32_t o = body + ((127u - 15u) << 23);
+  o = if_set(exp == 0x0f800000u, o + ((128u - 16u) << 23), o);                      // inf, NaN
+  const float subnormal = from_bits(o + (1u << 23)) - from_bits((127u - 14u) << 23);  // exp == 0
+  return from_bits(if_set(exp == 0, bits(subnormal), o) | sign);
+}
+
+// f32 -> f16, rounding to nearest even (as hotops::float_to_f16): overflow to inf, NaN quiet, results
+// below 2^-14 rounded by the FPU itself through an add that puts the f16 subnormal ulp at the f32
+// ulp. Every case is computed and one is selected.
+GELU_INLINE std::uint16_t f32_to_f16(float f) {
+  constexpr std::uint32_t kF16Overflow = (127u + 16u) << 23;           // 65536: beyond any rounding
+  constexpr std::uint32_t kF16MinNormal = (127u - 14u) << 23;          // 2^-14
+  constexpr std::uint32_t kDenormMagic = ((127u - 15u) + (23u - 10u) + 1u) << 23;  // 0.5
+  const std::uint32_t u_signed = bits(f);
+  const std::uint32_t sign = (u_signed >> 16) & 0x8000u;
+  const std::uint32_t u = u_signed & 0x7fffffffu;
+  const std::uint32_t special = if_set(u > 0x7f800000u, 0x7e00u, 0x7c00u);  // NaN, or inf for overflow
+  const std::uint32_t subnormal = bits(from_bits(u) + from_bits(kDenormMagic)) - kDenormMagic;
+  const std::uint32_t normal = (u + ((15u - 127u) << 23) + 0xfffu + ((u >> 13) & 1u)) >> 13;
+  const std::uint32_t o = if_set(u >= kF16Overflow, special, if_set(u < kF16MinNormal, subnormal, normal));
+  return static_cast<std::uint16_t>(o | sign);
+}
+
+// 2^a for a <= 0 (every argument here is), 1.5e-7 relative: a = n + f with n an integer and
+// |f| <= 1/2, 2^f from Cephes exp2f's polynomial, 2^n added to the exponent bits. Below 2^-125
+// it returns 2^-125 times 2^f, which changes no result (the terms it scales are below 1e-37).
+GELU_INLINE float exp2_neg(float a) {
+  constexpr float kRound = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer, in the low bits
+  a = from_bits(std::min(bits(a), bits(-125.f)));  // a <= 0: the larger magnitude has the larger bits
+  const float j = a + kRound;
+  const float f = a - (j - kRound);
+  float p = 1.535336188319500e-4f;
+  p = p * f + 1.339887440266574e-3f;
+  p = p * f + 9.618437357674640e-3f;
+  p = p * f + 5.550332471162809e-2f;
+  p = p * f + 2.402264791363012e-1f;
+  p = p * f + 6.931472028550421e-1f;
+  p = p * f + 1.f;
+  const std::uint32_t n = bits(j) - bits(kRound);  // the integer, two's complement
+  return from_bits(bits(p) + (n << 23));
+}
+
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;  // Phi'(0)
+constexpr float kBeta = 0.79788456080286536f;        // tanh form: sqrt(2 / pi)
+constexpr float kKappa = 0.044715f;
+
+// Phi(-|x|) from e = exp(-x^2 / 2): Abramowitz and Stegun 7.1.26, as in the CUDA kernel (there with
+// an approximate reciprocal and a Newton step; here a division).
+GELU_INLINE float phi_lower(float x, float e) {
+  constexpr float kP = 0.3275911f * 0.70710678118654752f;
+  constexpr float a1 = 0.5f * 0.254829592f, a2 = 0.5f * -0.284496736f, a3 = 0.5f * 1.421413741f,
+                  a4 = 0.5f * -1.453152027f, a5 = 0.5f * 1.061405429f;
+  const float t = 1.f / (std::abs(x) * kP + 1.f);
+  float q = t * a5 + a4;
+  q = q * t + a3;
+  q = q * t + a2;
+  q = q * t + a1;
+  return q * t * e;
+}
+
+// The tanh form through the logistic function, taken at -|u| (see cuda_gelu.cu): e = exp(-2|u|),
+// r = 1 / (1 + e); 0.5 (1 + tanh u) is r for x >= 0 and e r below.
+struct Logistic {
+  float e, r;
+};
+GELU_INLINE Logistic logistic(float x, float x_sq) {
+  constexpr float c1 = -2.f * kBeta * kLog2e, c3 = -2.f * kBeta * kKappa * kLog2e;
+  const float e = exp2_neg(std::abs(x) * (x_sq * c3 + c1));
+  return {e, 1.f / (1.f + e)};
+}
+
+template <Approx A>
+GELU_INLINE float gelu_fwd(float x) {
+  if constexpr (A == Approx::none) {
+    const float q = phi_lower(x, exp2_neg(x * (x * (-0.5f * kLog2e))));
+    return x * if_set(x >= 0.f, 1.f - q, q);
+  } else {
+    const Logistic l = logistic(x, x * x);
+    const float w = x * l.e * l.r;
+    return if_set(x >= 0.f, x - w, w);
+  }
+}
+
+template <Approx A>
+GELU_INLINE float gelu_bwd(float x, float dy) {
+  if constexpr (A == Approx::none) {
+    const float e = exp2_neg(x * (x * (-0.5f * kLog2e)));
+    const float q = phi_lower(x, e);
+    return dy * ((x * kInvSqrt2Pi) * e + if_set(x >= 0.f, 1.f - q, q));
+  } else {
+    const float x_sq = x * x;
+    const Logistic l = logistic(x, x_sq);
+    const float er = l.e * l.r;
+    const float half_one_plus_t = if_set(x >= 0.f, l.r, er);
+    const float g = x * (x_sq * (6.f * kBeta * kKappa) + 2.f * kBeta);
+    return dy * (g * (er * l.r) + half_one_plus_t);
+  }
+}
+
+// Storage of each dtype.
+template <DType D>
+struct Elem {
+  using T = std::uint16_t;
+  GELU_INLINE static float load(T v) { return D == DType::bf16 ? bf16_to_f32(v) : f16_to_f32(v); }
+  GELU_INLINE static T store(float f) { return D == DType::bf16 ? f32_to_bf16(f) : f32_to_f16(f); }
+};
+template <>
+struct Elem<DType::f32> {
+  using T = float;
+  GELU_INLINE static float load(T v) { return v; }
+  GELU_INLINE static T store(float f) { return f; }
+};
+
+// One contiguous span: out[i] = gelu(x[i]) or dy[i] gelu'(x[i]), i in [0, n).
+template <DType D, Direction Dir, Approx A>
+GELU_INLINE void span(const void* x_v, const void* dy_v, void* out_v, std::int64_t n) {
+  using T = typename Elem<D>::T;
+  const T* __restrict x = static_cast<const T*>(x_v);
+  const T* __restrict dy = static_cast<const T*>(dy_v);
+  T* __restrict out = static_cast<T*>(out_v);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float xf = Elem<D>::load(x[i]);
+    if constexpr (Dir == Direction::fwd)
+      out[i] = Elem<D>::store(gelu_fwd<A>(xf));
+    else
+      out[i] = Elem<D>::store(gelu_bwd<A>(xf, Elem<D>::load(dy[i])));
+  }
+}
+
+// The clones: one function per dtype x direction x approximation, each a copy of `span` compiled
+// for each target. The names say which (they show in a profile).
+using SpanFn = void (*)(const void*, const void*, void*, std::int64_t);
+#define GELU_SPAN(NAME, D, DIR, A)                                                                         \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void NAME(              \
+      const void* x, const void* dy, void* out, std::int64_t n) {                                          \
+    span<DType::D, Direction::DIR, Approx::A>(x, dy, out, n);                                              \
+  }
+GELU_SPAN(gelu_f32_fwd_none, f32, fwd, none)
+GELU_SPAN(gelu_f32_fwd_tanh, f32, fwd, tanh)
+GELU_SPAN(gelu_f32_bwd_none, f32, bwd, none)
+GELU_SPAN(gelu_f32_bwd_tanh, f32, bwd, tanh)
+GELU_SPAN(gelu_bf16_fwd_none, bf16, fwd, none)
+GELU_SPAN(gelu_bf16_fwd_tanh, bf16, fwd, tanh)
+GELU_SPAN(gelu_bf16_bwd_none, bf16, bwd, none)
+GELU_SPAN(gelu_bf16_bwd_tanh, bf16, bwd, tanh)
+GELU_SPAN(gelu_f16_fwd_none, f16, fwd, none)
+GELU_SPAN(gelu_f16_fwd_tanh, f16, fwd, tanh)
+GELU_SPAN(gelu_f16_bwd_none, f16, bwd, none)
+GELU_SPAN(gelu_f16_bwd_tanh, f16, bwd, tanh)
+#undef GELU_SPAN
+
+SpanFn span_for(const Shape& s) {
+  static constexpr SpanFn kSpans[3][2][2] = {
+      {{gelu_f32_fwd_none, gelu_f32_fwd_tanh}, {gelu_f32_bwd_none, gelu_f32_bwd_tanh}},
+      {{gelu_bf16_fwd_none, gelu_bf16_fwd_tanh}, {gelu_bf16_bwd_none, gelu_bf16_bwd_tanh}},
+      {{gelu_f16_fwd_none, gelu_f16_fwd_tanh}, {gelu_f16_bwd_none, gelu_f16_bwd_tanh}},
+  };
+  const int t = s.dtype == DType::f32 ? 0 : s.dtype == DType::bf16 ? 1 : 2;
+  return kSpans[t][s.dir == Direction::fwd ? 0 : 1][s.approx == Approx::none ? 0 : 1];
+}
+
+// The clone the loader picks on this CPU (target_clones' resolver tests the same features).
+const char* clone_name() {
+  if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4 (AVX-512) clone";
+  if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3 (AVX2) clone";
+  return "baseline x86-64 clone";
+}
+
+}  // namespace kernel
+
+namespace {
+
+// Elements per OpenMP chunk: 64 KiB of f32, 32 KiB of bf16/f16 per input; many chunks per thread.
+constexpr std::int64_t kChunk = 1 << 14;
+
+class HotopsGelu final : public Case {
+ public:
+  explicit HotopsGelu(const Problem& p)
+      : s_(shape_of(p)), in_(make_inputs(s_, input_seed(p))), out_(make_output(s_)), span_(kernel::span_for(s_)) {}
+
+  void run() override {
+    const std::size_t esize = dtype_size(s_.dtype), off = static_cast<std::size_t>(s_.offset) * esize;
+    const auto* x = static_cast<const std::byte*>(in_.x.data()) + off;
+    const auto* dy = s_.dir == Direction::bwd ? static_cast<const std::byte*>(in_.dy.data()) + off : nullptr;
+    auto* out = static_cast<std::byte*>(out_.data()) + off;
+    const std::int64_t n = s_.elements, chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const std::int64_t begin = c * kChunk, count = std::min(kChunk, n - begin);
+      const std::size_t at = static_cast<std::size_t>(begin) * esize;
+      span_(x + at, dy ? dy + at : nullptr, out + at, count);
+    }
+  }
+
+  Check verify() override {
+    out_.poison();
+    run();
+    return gelu::verify(s_, in_, out_);
+  }
+
+  std::string label() const override {
+    return std::string("hotops gelu_") + (s_.approx == Approx::none ? "erf " : "tanh ") +
+           direction_name(s_.dir) + ", " + kernel::clone_name() + ", " + std::to_string(cpu::threads()) +
+           " threads";
+  }
+
+ private:
+  Shape s_;
+  Inputs in_;
+  HostBuffer out_;
+  kernel::SpanFn span_;
+};
+
+}  // namespace
+
+std::unique_ptr<Case> make_cpu_hotops(const Problem& p) { return std::make_unique<HotopsGelu>(p); }
+
+float hotops_f16_to_f32(std::uint16_t h) { return kernel::f16_to_f32(h); }
+std::uint16_t hotops_f32_to_f16(float f) { return kernel::f32_to_f16(f); }
+std::uint16_t hotops_f32_to_bf16(float f) { return kernel::f32_to_bf16(f); }
+
+}  // namespace hotops::gelu
