@@ -9,6 +9,7 @@
 #include <string>
 
 #include "hotops/cuda_util.h"
+#include "hotops/cudnn_util.h"
 #include "hotops/gpu.h"
 #include "hotops/op.h"
 
@@ -91,6 +92,16 @@ cublasLtHandle_t cublaslt() {
     cublasLtHandle_t t;
     HOTOPS_CHECK_CUBLAS(cublasLtCreate(&t));
     return t;
+  }();
+  return h;
+}
+
+cudnnHandle_t cudnn() {
+  static const cudnnHandle_t h = [] {
+    cudnnHandle_t created = nullptr;
+    HOTOPS_CHECK_CUDNN(cudnnCreate(&created));
+    HOTOPS_CHECK_CUDNN(cudnnSetStream(created, stream()));
+    return created;
   }();
   return h;
 }

@@ -13,6 +13,10 @@ enum class Backend { cpu, cuda };
 enum class Direction { fwd, bwd_data, bwd_weight, bwd, infer, train, step };
 
 const char* backend_name(Backend b);
+
+// Every family lists its problems on every backend, in every build: a build or a machine without
+// CUDA then says, through Family::unsupported_reason, why its CUDA problems do not run.
+constexpr Backend kAllBackends[] = {Backend::cpu, Backend::cuda};
 const char* direction_name(Direction d);
 
 struct Arg {

@@ -8,21 +8,14 @@
 #include <algorithm>
 #include <string>
 
-#include "hotops/cuda_util.h"
+#include "hotops/cudnn_util.h"
 #include "kernels/batchnorm/batchnorm.h"
 
 namespace hotops::batchnorm {
 namespace {
 
-cudnnHandle_t cudnn() {
-  static cudnnHandle_t h = [] {
-    cudnnHandle_t created = nullptr;
-    HOTOPS_CHECK_CUDNN(cudnnCreate(&created));
-    return created;
-  }();
-  HOTOPS_CHECK_CUDNN(cudnnSetStream(h, gpu::stream()));
-  return h;
-}
+using gpu::cudnn;
+using gpu::TensorDesc;
 
 cudnnBatchNormMode_t mode_of(const Shape& s) {
   if (s.layout == Layout::nc) return CUDNN_BATCHNORM_PER_ACTIVATION;
@@ -39,13 +32,6 @@ const char* mode_name(cudnnBatchNormMode_t m) {
   return "?";
 }
 
-struct TensorDesc {
-  cudnnTensorDescriptor_t h = nullptr;
-  TensorDesc() { HOTOPS_CHECK_CUDNN(cudnnCreateTensorDescriptor(&h)); }
-  ~TensorDesc() { cudnnDestroyTensorDescriptor(h); }
-  TensorDesc(const TensorDesc&) = delete;
-  TensorDesc& operator=(const TensorDesc&) = delete;
-};
 
 class CudnnBatchnorm final : public Case {
  public:

@@ -20,13 +20,6 @@ std::vector<DType> dtypes_of(Backend b) {
   return {DType::f32, DType::tf32, DType::bf16};
 }
 
-std::vector<Backend> backends() {
-  std::vector<Backend> v{Backend::cpu};
-#ifdef HOTOPS_HAVE_CUDA
-  v.push_back(Backend::cuda);
-#endif
-  return v;
-}
 
 constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd_data, Direction::bwd_weight};
 
@@ -48,7 +41,7 @@ std::vector<Arg> args_of(const std::string& shape, const Geometry& g, Layout l) 
 
 // Expands one layer into every backend x dtype x direction x layout problem.
 void expand(const std::string& shape, const Geometry& g, std::vector<Problem>& out) {
-  for (Backend be : backends())
+  for (Backend be : kAllBackends)
     for (DType t : dtypes_of(be))
       for (Direction d : kDirections)
         for (Layout l : {Layout::nchw, Layout::nhwc}) out.push_back(Problem{"conv2d", be, t, d, args_of(shape, g, l)});

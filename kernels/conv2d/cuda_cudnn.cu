@@ -20,11 +20,14 @@
 #include <cstdio>
 #include <string>
 
-#include "hotops/cuda_util.h"
+#include "hotops/cudnn_util.h"
 #include "kernels/conv2d/conv2d.h"
 
 namespace hotops::conv2d {
 namespace {
+
+using gpu::cudnn;
+using gpu::TensorDesc;
 
 // ---- the fallback kernels: bias add and bias gradient -----------------------------------------
 
@@ -56,16 +59,6 @@ __global__ void bias_grad(const T* __restrict__ dy, T* __restrict__ db, std::int
 }
 
 // ---- cuDNN setup ------------------------------------------------------------------------------
-
-cudnnHandle_t cudnn() {
-  static const cudnnHandle_t h = [] {
-    cudnnHandle_t handle = nullptr;
-    HOTOPS_CHECK_CUDNN(cudnnCreate(&handle));
-    HOTOPS_CHECK_CUDNN(cudnnSetStream(handle, gpu::stream()));
-    return handle;
-  }();
-  return h;
-}
 
 cudnnDataType_t data_type(DType t) { return t == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT; }
 cudnnTensorFormat_t tensor_format(Layout l) { return l == Layout::nchw ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC; }
@@ -107,13 +100,6 @@ std::string ms(float t) {
   return buf;
 }
 
-struct TensorDesc {
-  cudnnTensorDescriptor_t h = nullptr;
-  TensorDesc() { HOTOPS_CHECK_CUDNN(cudnnCreateTensorDescriptor(&h)); }
-  ~TensorDesc() { cudnnDestroyTensorDescriptor(h); }
-  TensorDesc(const TensorDesc&) = delete;
-  TensorDesc& operator=(const TensorDesc&) = delete;
-};
 struct FilterDesc {
   cudnnFilterDescriptor_t h = nullptr;
   FilterDesc() { HOTOPS_CHECK_CUDNN(cudnnCreateFilterDescriptor(&h)); }

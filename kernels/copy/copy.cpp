@@ -36,13 +36,6 @@ const std::vector<Activation>& activations() {
   return a;
 }
 
-std::vector<Backend> backends() {
-  std::vector<Backend> v{Backend::cpu};
-#ifdef HOTOPS_HAVE_CUDA
-  v.push_back(Backend::cuda);
-#endif
-  return v;
-}
 
 Problem raw(Backend b, Kind k, Host h, std::int64_t bytes) {
   Problem p{"copy", b, DType::f32, Direction::fwd, {{"kind", kind_name(k)}}};
@@ -95,7 +88,7 @@ class CopyFamily final : public Family {
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     std::vector<Problem> out;
-    for (Backend b : backends()) {
+    for (Backend b : kAllBackends) {
       for (std::int64_t bytes : kRawBytes) add_raw(b, bytes, out);
       for (const Activation& a : activations())
         for (std::int64_t n : batches.empty() ? a.batches : batches) add_layouts(b, n, a.C, a.H, a.W, out);
@@ -106,7 +99,7 @@ class CopyFamily final : public Family {
 
   std::vector<Problem> test_problems() const override {
     std::vector<Problem> out;
-    for (Backend b : backends()) {
+    for (Backend b : kAllBackends) {
       // One element; odd, not a multiple of 16 bytes; several thread chunks with a remainder.
       for (std::int64_t bytes : {4, 4100, (1 << 20) + 12}) {
         if (b == Backend::cpu) out.push_back(raw(b, Kind::memcpy, Host::none, bytes));

@@ -78,18 +78,11 @@ std::string cpu_unsupported_reason(const Problem& p) {
   return cpu_impl_of(p) == CpuImpl::onednn ? onednn_unsupported_reason(p) : "";
 }
 
-std::vector<Backend> backends() {
-  std::vector<Backend> v{Backend::cpu};
-#ifdef HOTOPS_HAVE_CUDA
-  v.push_back(Backend::cuda);
-#endif
-  return v;
-}
 
 // Expands one shape (its args less `approx`) into every backend x dtype x direction x approx problem,
 // and on the CPU each dtype's second implementation where it has one.
 void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
-  for (Backend be : backends())
+  for (Backend be : kAllBackends)
     for (DType t : kDTypes)
       for (Direction d : kDirections)
         for (Approx a : kApprox) {

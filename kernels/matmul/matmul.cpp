@@ -17,14 +17,12 @@ std::vector<DType> dtypes_of(Backend b) {
   return {DType::f32, DType::tf32, DType::bf16};
 }
 
-// Both backends always: a build or machine without CUDA reports why its GPU problems do not run.
-constexpr Backend kBackends[] = {Backend::cpu, Backend::cuda};
 
 constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd_data, Direction::bwd_weight};
 
 // Expands one (op, args) into every backend x dtype x direction problem.
 void expand(Op op, const std::vector<Arg>& args, std::vector<Problem>& out, bool cuda_only = false) {
-  for (Backend be : kBackends) {
+  for (Backend be : kAllBackends) {
     if (cuda_only && be == Backend::cpu) continue;
     for (DType t : dtypes_of(be))
       for (Direction d : kDirections) out.push_back(Problem{op_name(op), be, t, d, args});
