@@ -50,6 +50,8 @@ INSTANTIATE_TEST_SUITE_P(Registry, OpTest, testing::ValuesIn(all_cases()), test_
 TEST(Registry, BenchmarkProblemsHaveWorkAndSchemeNames) {
   for (const Family* f : families()) {
     const auto problems = f->benchmark_problems({});
+    ASSERT_FALSE(problems.empty()) << f->name();
+    ASSERT_FALSE(f->test_problems().empty()) << f->name();
     for (const Problem& p : problems) {
       const Work w = f->work(p);
       EXPECT_GE(w.flops, 0) << p.name();  // copies compute nothing
