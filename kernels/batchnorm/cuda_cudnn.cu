@@ -9,6 +9,7 @@
 #include <string>
 
 #include "hotops/cudnn_util.h"
+#include "kernels/batchnorm/cuda_tensors.h"
 #include "kernels/batchnorm/batchnorm.h"
 
 namespace hotops::batchnorm {
@@ -36,7 +37,8 @@ const char* mode_name(cudnnBatchNormMode_t m) {
 class CudnnBatchnorm final : public Case {
  public:
   explicit CudnnBatchnorm(const Problem& p)
-      : s_(shape_of(p)), in_(make_inputs(s_, input_seed(p))), out_(make_outputs(s_)), mode_(mode_of(s_)) {
+      : s_(shape_of(p)), in_(make_inputs(s_, input_seed(p))), out_(make_outputs(s_)), mode_(mode_of(s_)),
+        t_(s_, in_, out_) {
     const std::size_t cbytes = static_cast<std::size_t>(s_.C) * sizeof(float);
     HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(
         x_desc_.h, s_.layout == Layout::nchw ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC,
@@ -44,28 +46,7 @@ class CudnnBatchnorm final : public Case {
         static_cast<int>(s_.C), static_cast<int>(s_.H), static_cast<int>(s_.W)));
     HOTOPS_CHECK_CUDNN(cudnnDeriveBNTensorDescriptor(bn_desc_.h, x_desc_.h, mode_));
 
-    x_ = gpu::DeviceBuffer(in_.x);
-    gamma_ = gpu::DeviceBuffer(in_.gamma);
-    beta_ = gpu::DeviceBuffer(in_.beta);
-    out_d_ = gpu::DeviceBuffer(out_.out.bytes());
-    if (s_.dir != Direction::bwd) {
-      running_mean_ = gpu::DeviceBuffer(in_.running_mean);
-      running_var_ = gpu::DeviceBuffer(in_.running_var);
-    }
-    if (s_.dir == Direction::infer) {
-      settle();
-      return;
-    }
-    if (s_.dir == Direction::fwd) {
-      save_mean_ = gpu::DeviceBuffer(cbytes);
-      save_invstd_ = gpu::DeviceBuffer(cbytes);
-    } else {
-      dy_ = gpu::DeviceBuffer(in_.dy);
-      save_mean_ = gpu::DeviceBuffer(in_.save_mean);
-      save_invstd_ = gpu::DeviceBuffer(in_.save_invstd);
-      dgamma_ = gpu::DeviceBuffer(cbytes);
-      dbeta_ = gpu::DeviceBuffer(cbytes);
-    }
+    if (s_.dir == Direction::infer) return;  // no workspace, no reserve
 
     const cudnnBatchNormOps_t ops = CUDNN_BATCHNORM_OPS_BN;
     std::size_t fwd_ws = 0, bwd_ws = 0, reserve = 0;
@@ -85,12 +66,10 @@ class CudnnBatchnorm final : public Case {
       // The backward reads what the training forward left in the reserve space: run that forward
       // once here, on scratch outputs, so the reserve holds what it would in a training step.
       gpu::DeviceBuffer y(out_.out.bytes()), rm(in_.gamma), rv(in_.gamma), sm(cbytes), si(cbytes);
-      HOTOPS_CHECK_CUDA(cudaDeviceSynchronize());
       forward_training(y.get(), rm.get(), rv.get(), sm.get(), si.get());
-      settle();  // before the scratch buffers go
+      HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));  // before the scratch buffers go
       filled_reserve_ = true;
     }
-    settle();
   }
 
   void run() override {
@@ -98,50 +77,22 @@ class CudnnBatchnorm final : public Case {
     switch (s_.dir) {
       case Direction::infer:
         HOTOPS_CHECK_CUDNN(cudnnBatchNormalizationForwardInference(
-            cudnn(), mode_, &one, &zero, x_desc_.h, x_.get(), x_desc_.h, out_d_.get(), bn_desc_.h, gamma_.get(),
-            beta_.get(), running_mean_.get(), running_var_.get(), kEps));
+            cudnn(), mode_, &one, &zero, x_desc_.h, t_.x.get(), x_desc_.h, t_.out.get(), bn_desc_.h, t_.gamma.get(),
+            t_.beta.get(), t_.running_mean.get(), t_.running_var.get(), kEps));
         break;
       case Direction::bwd:
         HOTOPS_CHECK_CUDNN(cudnnBatchNormalizationBackwardEx(
-            cudnn(), mode_, CUDNN_BATCHNORM_OPS_BN, &one, &zero, &one, &zero, x_desc_.h, x_.get(), nullptr, nullptr,
-            x_desc_.h, dy_.get(), nullptr, nullptr, x_desc_.h, out_d_.get(), bn_desc_.h, gamma_.get(), nullptr,
-            dgamma_.get(), dbeta_.get(), kEps, save_mean_.get(), save_invstd_.get(), nullptr, workspace_.get(),
+            cudnn(), mode_, CUDNN_BATCHNORM_OPS_BN, &one, &zero, &one, &zero, x_desc_.h, t_.x.get(), nullptr, nullptr,
+            x_desc_.h, t_.dy.get(), nullptr, nullptr, x_desc_.h, t_.out.get(), bn_desc_.h, t_.gamma.get(), nullptr,
+            t_.dgamma.get(), t_.dbeta.get(), kEps, t_.save_mean.get(), t_.save_invstd.get(), nullptr, workspace_.get(),
             workspace_.bytes(), reserve_.get(), reserve_.bytes()));
         break;
       default:
-        forward_training(out_d_.get(), running_mean_.get(), running_var_.get(), save_mean_.get(), save_invstd_.get());
+        forward_training(t_.out.get(), t_.running_mean.get(), t_.running_var.get(), t_.save_mean.get(), t_.save_invstd.get());
     }
   }
 
-  Check verify() override {
-    out_d_.poison();
-    if (s_.dir == Direction::fwd) {
-      save_mean_.poison();
-      save_invstd_.poison();
-      // The timed runs moved the running statistics on: start again from the inputs' values.
-      HOTOPS_CHECK_CUDA(cudaMemcpyAsync(running_mean_.get(), in_.running_mean.data(), in_.running_mean.bytes(),
-                                        cudaMemcpyHostToDevice, gpu::stream()));
-      HOTOPS_CHECK_CUDA(cudaMemcpyAsync(running_var_.get(), in_.running_var.data(), in_.running_var.bytes(),
-                                        cudaMemcpyHostToDevice, gpu::stream()));
-    }
-    if (s_.dir == Direction::bwd) {
-      dgamma_.poison();
-      dbeta_.poison();
-    }
-    run();
-    out_d_.download(out_.out);
-    if (s_.dir == Direction::fwd) {
-      save_mean_.download(out_.save_mean);
-      save_invstd_.download(out_.save_invstd);
-      running_mean_.download(out_.running_mean);
-      running_var_.download(out_.running_var);
-    }
-    if (s_.dir == Direction::bwd) {
-      dgamma_.download(out_.dgamma);
-      dbeta_.download(out_.dbeta);
-    }
-    return batchnorm::verify(s_, in_, out_);
-  }
+  Check verify() override { return t_.verify(s_, in_, out_, *this); }
 
   std::string label() const override {
     std::string l = "cuDNN ";
@@ -154,15 +105,11 @@ class CudnnBatchnorm final : public Case {
   }
 
  private:
-  // The uploads went through the legacy stream, which hotops' non-blocking stream does not wait
-  // for: finish everything before the first run.
-  static void settle() { HOTOPS_CHECK_CUDA(cudaDeviceSynchronize()); }
-
   void forward_training(void* y, void* running_mean, void* running_var, void* save_mean, void* save_invstd) {
     const float one = 1.f, zero = 0.f;
     HOTOPS_CHECK_CUDNN(cudnnBatchNormalizationForwardTrainingEx(
-        cudnn(), mode_, CUDNN_BATCHNORM_OPS_BN, &one, &zero, x_desc_.h, x_.get(), nullptr, nullptr, x_desc_.h, y,
-        bn_desc_.h, gamma_.get(), beta_.get(), kMomentum, running_mean, running_var, kEps, save_mean, save_invstd,
+        cudnn(), mode_, CUDNN_BATCHNORM_OPS_BN, &one, &zero, x_desc_.h, t_.x.get(), nullptr, nullptr, x_desc_.h, y,
+        bn_desc_.h, t_.gamma.get(), t_.beta.get(), kMomentum, running_mean, running_var, kEps, save_mean, save_invstd,
         nullptr, workspace_.get(), workspace_.bytes(), reserve_.get(), reserve_.bytes()));
   }
 
@@ -171,8 +118,8 @@ class CudnnBatchnorm final : public Case {
   Outputs out_;
   cudnnBatchNormMode_t mode_;
   TensorDesc x_desc_, bn_desc_;
-  gpu::DeviceBuffer x_, dy_, gamma_, beta_, running_mean_, running_var_, save_mean_, save_invstd_, out_d_, dgamma_,
-      dbeta_, workspace_, reserve_;
+  DeviceTensors t_;
+  gpu::DeviceBuffer workspace_, reserve_;
   bool filled_reserve_ = false;
 };
 

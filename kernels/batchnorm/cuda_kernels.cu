@@ -20,6 +20,7 @@
 
 #include "hotops/cuda_util.h"
 #include "kernels/batchnorm/batchnorm.h"
+#include "kernels/batchnorm/cuda_tensors.h"
 
 namespace hotops::batchnorm {
 namespace {
@@ -396,12 +397,6 @@ __global__ void __launch_bounds__(kThreads) nhwc_apply(Params p) {
   }
 }
 
-// Copies host values into a device buffer in order with the work on hotops' stream.
-void upload_on_stream(gpu::DeviceBuffer& d, const HostBuffer& h) {
-  HOTOPS_CHECK_CUDA(cudaMemcpyAsync(d.get(), h.data(), h.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
-  HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-}
-
 // ---- launch configuration ------------------------------------------------------------------------
 
 int sm_count() {
@@ -510,14 +505,11 @@ void launch(const Shape& s, const Launch& l, const Params& p) {
 
 class CudaBatchnorm final : public Case {
  public:
-  explicit CudaBatchnorm(const Problem& p) : s_(shape_of(p)), in_(make_inputs(s_, input_seed(p))), out_(make_outputs(s_)) {
-    const std::size_t cbytes = static_cast<std::size_t>(s_.C) * sizeof(float);
-    x_ = gpu::DeviceBuffer(in_.x);
-    gamma_ = gpu::DeviceBuffer(in_.gamma);
-    out_d_ = gpu::DeviceBuffer(out_.out.bytes());
-    p_.x = x_.get();
-    p_.out = out_d_.get();
-    p_.gamma = gamma_.as<const float>();
+  explicit CudaBatchnorm(const Problem& p)
+      : s_(shape_of(p)), in_(make_inputs(s_, input_seed(p))), out_(make_outputs(s_)), t_(s_, in_, out_) {
+    p_.x = t_.x.get();
+    p_.out = t_.out.get();
+    p_.gamma = t_.gamma.as<const float>();
     p_.N = s_.N;
     p_.C = s_.C;
     p_.HW = s_.H * s_.W;
@@ -525,29 +517,17 @@ class CudaBatchnorm final : public Case {
     p_.eps = static_cast<float>(kEps);
     p_.momentum = static_cast<float>(kMomentum);
     if (s_.dir != Direction::bwd) {
-      beta_ = gpu::DeviceBuffer(in_.beta);
-      running_mean_ = gpu::DeviceBuffer(in_.running_mean);
-      running_var_ = gpu::DeviceBuffer(in_.running_var);
-      p_.beta = beta_.as<const float>();
-      p_.running_mean = running_mean_.as<float>();
-      p_.running_var = running_var_.as<float>();
-    }
-    if (s_.dir == Direction::fwd) {
-      save_mean_ = gpu::DeviceBuffer(cbytes);
-      save_invstd_ = gpu::DeviceBuffer(cbytes);
+      p_.beta = t_.beta.as<const float>();
+      p_.running_mean = t_.running_mean.as<float>();
+      p_.running_var = t_.running_var.as<float>();
     }
     if (s_.dir == Direction::bwd) {
-      dy_ = gpu::DeviceBuffer(in_.dy);
-      save_mean_ = gpu::DeviceBuffer(in_.save_mean);
-      save_invstd_ = gpu::DeviceBuffer(in_.save_invstd);
-      dgamma_ = gpu::DeviceBuffer(cbytes);
-      dbeta_ = gpu::DeviceBuffer(cbytes);
-      p_.dy = dy_.get();
-      p_.dgamma = dgamma_.as<float>();
-      p_.dbeta = dbeta_.as<float>();
+      p_.dy = t_.dy.get();
+      p_.dgamma = t_.dgamma.as<float>();
+      p_.dbeta = t_.dbeta.as<float>();
     }
-    p_.save_mean = save_mean_.as<float>();
-    p_.save_invstd = save_invstd_.as<float>();
+    p_.save_mean = t_.save_mean.as<float>();
+    p_.save_invstd = t_.save_invstd.as<float>();
     launch_ = plan_launch(s_, p_);
     if (s_.dir != Direction::infer) {
       coef_ = gpu::DeviceBuffer(static_cast<std::size_t>(s_.C) * sizeof(float4));
@@ -559,9 +539,6 @@ class CudaBatchnorm final : public Case {
       p_.partials = partials_.as<float2>();
       p_.counters = counters_.as<unsigned>();
     }
-    // The uploads above went through the legacy stream, which hotops' non-blocking stream does not
-    // wait for: finish everything before the first run.
-    HOTOPS_CHECK_CUDA(cudaDeviceSynchronize());
   }
 
   void run() override {
@@ -569,33 +546,7 @@ class CudaBatchnorm final : public Case {
     else launch<float>(s_, launch_, p_);
   }
 
-  Check verify() override {
-    out_d_.poison();
-    if (s_.dir == Direction::fwd) {
-      save_mean_.poison();
-      save_invstd_.poison();
-      // The timed runs moved the running statistics on: start again from the inputs' values.
-      upload_on_stream(running_mean_, in_.running_mean);
-      upload_on_stream(running_var_, in_.running_var);
-    }
-    if (s_.dir == Direction::bwd) {
-      dgamma_.poison();
-      dbeta_.poison();
-    }
-    run();
-    out_d_.download(out_.out);
-    if (s_.dir == Direction::fwd) {
-      save_mean_.download(out_.save_mean);
-      save_invstd_.download(out_.save_invstd);
-      running_mean_.download(out_.running_mean);
-      running_var_.download(out_.running_var);
-    }
-    if (s_.dir == Direction::bwd) {
-      dgamma_.download(out_.dgamma);
-      dbeta_.download(out_.dbeta);
-    }
-    return batchnorm::verify(s_, in_, out_);
-  }
+  Check verify() override { return t_.verify(s_, in_, out_, *this); }
 
   std::string label() const override {
     const std::string vec = std::to_string(launch_.vec) + "-wide " + dtype_name(s_.dtype) + " vectors";
@@ -609,8 +560,8 @@ class CudaBatchnorm final : public Case {
   Shape s_;
   Inputs in_;
   Outputs out_;
-  gpu::DeviceBuffer x_, dy_, gamma_, beta_, running_mean_, running_var_, save_mean_, save_invstd_, out_d_, dgamma_,
-      dbeta_, coef_, partials_, counters_;
+  DeviceTensors t_;
+  gpu::DeviceBuffer coef_, partials_, counters_;
   Params p_;
   Launch launch_;
 };
