@@ -5,7 +5,6 @@
 #include <cmath>
 
 #include "hotops/check.h"
-#include "hotops/gpu.h"
 
 namespace hotops::batchnorm {
 namespace {

@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "hotops/check.h"
-#include "hotops/gpu.h"
 
 namespace hotops::conv2d {
 namespace {

@@ -4,7 +4,6 @@
 #include <algorithm>
 
 #include "hotops/check.h"
-#include "hotops/gpu.h"
 
 namespace hotops::copy {
 namespace {

@@ -11,7 +11,6 @@
 #include <cstdio>
 
 #include "hotops/check.h"
-#include "hotops/gpu.h"
 
 namespace hotops::gelu {
 namespace {

@@ -4,7 +4,6 @@
 #include <functional>
 
 #include "hotops/check.h"
-#include "hotops/gpu.h"
 
 namespace hotops::matmul {
 namespace {
