@@ -1,8 +1,12 @@
 // oneDNN engine/stream singletons, thread control and CPU identification.
 #include "hotops/cpu.h"
 
+#include <emmintrin.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <fstream>
 
 namespace hotops::cpu {
@@ -19,6 +23,29 @@ dnnl::stream& stream() {
 
 void set_threads(int n) { omp_set_num_threads(n); }
 int threads() { return omp_get_max_threads(); }
+
+void stream_copy(void* dst, const void* src, std::size_t bytes) {
+  auto* d = static_cast<std::byte*>(dst);
+  const auto* s = static_cast<const std::byte*>(src);
+  const std::size_t head = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(d) % 16) % 16);
+  std::memcpy(d, s, head);
+  std::size_t i = head;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  for (; i + 16 <= bytes; i += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+  std::memcpy(d + i, s + i, bytes - i);
+}
+
+void stream_fence() { _mm_sfence(); }
 
 std::string isa_name() {
   switch (dnnl::get_effective_cpu_isa()) {

@@ -2,10 +2,13 @@
 #include "hotops/check.h"
 #include "hotops/gpu.h"
 #include "hotops/op.h"
+#include "kernels/adamw/adamw.h"
 #include "kernels/batchnorm/batchnorm.h"
 #include "kernels/conv2d/conv2d.h"
 #include "kernels/copy/copy.h"
 #include "kernels/gelu/gelu.h"
+#include "kernels/lstm/lstm.h"
+#include "kernels/lstm_cell/lstm_cell.h"
 #include "kernels/matmul/matmul.h"
 
 namespace hotops {
@@ -25,6 +28,7 @@ std::string backend_unsupported_reason(const Problem& p, std::string (*cpu_reaso
 const std::vector<const Family*>& families() {
   static const std::vector<const Family*> all = {
       &matmul::family(), &conv2d::family(), &batchnorm::family(), &gelu::family(), &copy::family(),
+      &lstm_cell::family(), &lstm::family(), &adamw::family(),
   };
   return all;
 }

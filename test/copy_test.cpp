@@ -93,7 +93,7 @@ TEST(CopyFamily, NamesWorkAndBackendsAgree) {
   EXPECT_TRUE(names.count("copy/cpu/f32/fwd/kind:f32_to_bf16/elements:67108864"));
   EXPECT_TRUE(names.count("copy/cpu/bf16/fwd/kind:bf16_to_f32/elements:1024"));
   // Both CPU layout implementations: the default without `impl`, the other with it.
-  const LayoutImpl other = default_layout_impl() == LayoutImpl::hotops ? LayoutImpl::onednn : LayoutImpl::hotops;
+  const CpuImpl other = default_cpu_impl(Kind::nchw_to_nhwc) == CpuImpl::hotops ? CpuImpl::onednn : CpuImpl::hotops;
   EXPECT_TRUE(names.count("copy/cpu/f32/fwd/kind:nchw_to_nhwc/batch:32/C:256/H:56/W:56"));
   EXPECT_TRUE(names.count(std::string("copy/cpu/f32/fwd/kind:nchw_to_nhwc/batch:32/C:256/H:56/W:56/impl:") +
                           impl_name(other)));
@@ -123,12 +123,12 @@ TEST(CopyFamily, NamesWorkAndBackendsAgree) {
 }
 
 TEST(CopyFamily, ImplArgNamesTheCpuLayoutImplementationAndKeepsTheSeed) {
-  const LayoutImpl other = default_layout_impl() == LayoutImpl::hotops ? LayoutImpl::onednn : LayoutImpl::hotops;
+  const CpuImpl other = default_cpu_impl(Kind::nhwc_to_nchw) == CpuImpl::hotops ? CpuImpl::onednn : CpuImpl::hotops;
   Problem plain = layout_problem("nhwc_to_nchw", DType::bf16);
   Problem named = plain;
   named.args.push_back({"impl", impl_name(other)});
-  EXPECT_EQ(layout_impl(plain), default_layout_impl());
-  EXPECT_EQ(layout_impl(named), other);
+  EXPECT_EQ(cpu_impl(plain), default_cpu_impl(Kind::nhwc_to_nchw));
+  EXPECT_EQ(cpu_impl(named), other);
   EXPECT_EQ(input_seed(named), input_seed(plain));
   EXPECT_EQ(input_seed(plain), plain.seed());
   EXPECT_EQ(family().work(named).bytes, family().work(plain).bytes);
@@ -136,7 +136,7 @@ TEST(CopyFamily, ImplArgNamesTheCpuLayoutImplementationAndKeepsTheSeed) {
   Problem wrong = plain;
   wrong.args.push_back({"impl", "mkl"});
   EXPECT_THROW(shape_of(wrong), Error);
-  wrong.args.back().value = impl_name(default_layout_impl());  // the default is named without impl
+  wrong.args.back().value = impl_name(default_cpu_impl(Kind::nhwc_to_nchw));  // the default is named without impl
   EXPECT_THROW(shape_of(wrong), Error);
   Problem cuda = named;
   cuda.backend = Backend::cuda;

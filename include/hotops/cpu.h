@@ -1,5 +1,6 @@
 // The CPU runtime: one oneDNN engine and stream for the process, and the thread count.
 #pragma once
+#include <cstddef>
 #include <string>
 
 #include <dnnl.hpp>
@@ -12,6 +13,17 @@ dnnl::stream& stream();
 // Threads used by oneDNN and by hotops' own OpenMP loops (--hotops_threads; default: all cores).
 void set_threads(int n);
 int threads();
+
+// Streaming (non-temporal) stores for outputs far larger than the caches. An ordinary store first
+// reads its cache line from memory (read for ownership), so a loop that reads B bytes and writes B
+// moves 3B; glibc's memcpy, which sets the host's copy bandwidth, streams large copies and moves
+// 2B. hotops' own CPU loops do the same: they compute a block into an L1-resident buffer and
+// stream_copy it out when the whole output is at least kStreamMinBytes.
+constexpr std::size_t kStreamMinBytes = std::size_t(32) << 20;
+// dst[0, bytes) = src[0, bytes) with non-temporal stores where dst is 16-byte aligned (ordinary ones
+// for an unaligned head and the tail). Call stream_fence() once a thread has written its last.
+void stream_copy(void* dst, const void* src, std::size_t bytes);
+void stream_fence();
 
 std::string isa_name();       // the ISA oneDNN dispatches to, e.g. "avx512_core_amx"
 std::string onednn_version();

@@ -16,8 +16,10 @@
 //                                                           the default is one constant in copy.cpp.
 //                                                           CUDA: hotops' tiled transpose through
 //                                                           shared memory (no impl arg)
-//   copy/{cpu,cuda}/f32/fwd/kind:f32_to_bf16/elements:E     CPU: oneDNN reorder; CUDA: hotops'
-//   copy/{cpu,cuda}/bf16/fwd/kind:bf16_to_f32/elements:E    16-byte vectorised convert kernel
+//   copy/{cpu,cuda}/f32/fwd/kind:f32_to_bf16/elements:E[/impl:I]   CPU: the default (hotops' vectorised
+//   copy/{cpu,cuda}/bf16/fwd/kind:bf16_to_f32/elements:E[/impl:I]   loop) or oneDNN's reorder as
+//                                                           `impl:onednn`; CUDA: hotops' 16-byte
+//                                                           vectorised convert kernel
 // Raw copies move bytes; `f32` says only that their (random) contents are checked as f32 words, so
 // B is a multiple of 4. The same problem on both backends has the same name but for the backend.
 //
@@ -64,16 +66,22 @@ struct Shape {
 
 Shape shape_of(const Problem& p);  // throws hotops::Error on an ill-formed copy problem
 
-// The two CPU implementations of the layouts. A CPU layout problem without an `impl` arg runs the
-// default one (default_layout_impl()); the other is named with `impl:<impl_name>` appended.
-enum class LayoutImpl { onednn, hotops };
-const char* impl_name(LayoutImpl i);
-LayoutImpl default_layout_impl();
-LayoutImpl layout_impl(const Problem& p);  // throws hotops::Error on an unknown or misplaced `impl`
+// The two CPU implementations of the layouts and the dtype conversions: oneDNN's reorder and hotops'
+// own loops. A CPU problem of those kinds without an `impl` arg runs its kind's default one
+// (default_cpu_impl()); the other is named with `impl:<impl_name>` appended.
+enum class CpuImpl { onednn, hotops };
+const char* impl_name(CpuImpl i);
+bool has_cpu_impls(Kind k);  // the layouts and the conversions
+CpuImpl default_cpu_impl(Kind k);
+CpuImpl cpu_impl(const Problem& p);  // throws hotops::Error on an unknown or misplaced `impl`
 
 // The seed of a problem's source: that of its name without the `impl` arg, so that oneDNN, hotops'
 // transpose and the CUDA kernel all copy the same numbers.
 std::uint64_t input_seed(const Problem& p);
+
+// hotops' CPU dtype conversion: dst = src converted (s.kind), rounding to nearest even, in blocks
+// that `threads` OpenMP threads share.
+void convert_dtype(const Shape& s, const void* src, void* dst, int threads);
 
 // hotops' CPU layout change: dst = src in the other layout (s.kind), for 2- and 4-byte elements, as a
 // batched 2-D transpose of [C, H*W] (to NHWC) or [H*W, C] (to NCHW) per image, cut into tiles that

@@ -122,8 +122,8 @@ void launch_transpose(const void* in, void* out, std::int64_t batch, std::int64_
 }
 
 // ---- the dtype conversions -------------------------------------------------------------------
-// Thread g converts elements 8g .. 8g+7 with 16-byte accesses (f32 side: two, bf16 side: one);
-// the n % 8 elements of the tail go one each to the threads after the last group.
+// f32 -> bf16: thread g converts elements 8g .. 8g+7 with 16-byte accesses (f32 side: two, bf16
+// side: one); the n % 8 elements of the tail go one each to the threads after the last group.
 
 __global__ void __launch_bounds__(kThreads)
     f32_to_bf16(const float* __restrict__ in, __nv_bfloat16* __restrict__ out, std::int64_t n) {
@@ -139,17 +139,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// bf16 -> f32 takes 4 elements a thread: one 8-byte load and one 16-byte store, so that a warp's
+// stores are one contiguous 512-byte run (with 8 elements a thread, each of its two 16-byte stores
+// covered every other 16 bytes of 1 KiB: 0.87 of the copy bandwidth at 16M elements).
 __global__ void __launch_bounds__(kThreads)
     bf16_to_f32(const __nv_bfloat16* __restrict__ in, float* __restrict__ out, std::int64_t n) {
-  const std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x, groups = n / 8;
+  const std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x, groups = n / 4;
   if (g < groups) {
-    const uint4 x = reinterpret_cast<const uint4*>(in)[g];
+    const uint2 x = reinterpret_cast<const uint2*>(in)[g];
     const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&x);
     const float2 f0 = __bfloat1622float2(h[0]), f1 = __bfloat1622float2(h[1]);
-    const float2 f2 = __bfloat1622float2(h[2]), f3 = __bfloat1622float2(h[3]);
-    reinterpret_cast<float4*>(out)[2 * g] = make_float4(f0.x, f0.y, f1.x, f1.y);
-    reinterpret_cast<float4*>(out)[2 * g + 1] = make_float4(f2.x, f2.y, f3.x, f3.y);
-  } else if (const std::int64_t i = 8 * groups + (g - groups); i < n) {
+    reinterpret_cast<float4*>(out)[g] = make_float4(f0.x, f0.y, f1.x, f1.y);
+  } else if (const std::int64_t i = 4 * groups + (g - groups); i < n) {
     out[i] = __bfloat162float(in[i]);
   }
 }
@@ -247,7 +248,8 @@ class CudaConvert final : public Case {
         throw Error("the transpose grid's y and z axes (rows / tile, batch) are limited to 65535: " + p.name(),
                     ErrorKind::unsupported);
     } else {
-      const std::int64_t n = static_cast<std::int64_t>(s_.count), threads = n / 8 + n % 8;
+      const std::int64_t n = static_cast<std::int64_t>(s_.count), per = s_.kind == Kind::f32_to_bf16 ? 8 : 4;
+      const std::int64_t threads = n / per + n % per;
       blocks_ = ceil_div(threads, kThreads);
       if (blocks_ > 0x7fffffff) throw Error("too many elements for one grid: " + p.name(), ErrorKind::unsupported);
     }
@@ -286,7 +288,9 @@ class CudaConvert final : public Case {
  private:
   std::string describe() const {
     if (!s_.is_layout())
-      return std::string("hotops ") + kind_name(s_.kind) + " kernel, 16-byte loads and stores, round to nearest even";
+      return s_.kind == Kind::f32_to_bf16
+                 ? "hotops f32_to_bf16 kernel, 8 elements a thread, 16-byte loads and stores, round to nearest even"
+                 : "hotops bf16_to_f32 kernel, 4 elements a thread, 8-byte loads, 16-byte stores";
     const int v = 16 / static_cast<int>(dtype_size(s_.src)), edge = 8 * v;
     const char* in = cols_ % v == 0 ? "16-byte" : "scalar";
     const char* out = rows_ % v == 0 ? "16-byte" : "scalar";

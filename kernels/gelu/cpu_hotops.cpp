@@ -12,44 +12,20 @@
 #include <cstring>
 
 #include "hotops/cpu.h"
+#include "hotops/cpu_vector.h"
 #include "kernels/gelu/gelu.h"
 
 namespace hotops::gelu {
 
-#define GELU_INLINE [[gnu::always_inline]] inline
+#define GELU_INLINE HOTOPS_VECTOR_INLINE
 
 namespace kernel {
 
-GELU_INLINE std::uint32_t bits(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-GELU_INLINE float from_bits(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-// Branch-free choices: `if_set(c, a, b)` is c ? a : b with both sides computed, as bit operations.
-// With ?: on float arithmetic GCC may leave a branch (jump threading makes one out of a clamp) and
-// then, under -ftrapping-math, will not compute the float side unconditionally: the loop stays
-// scalar on every target but AVX-512, whose masked operations predicate it.
-GELU_INLINE std::uint32_t mask_of(bool c) { return 0u - static_cast<std::uint32_t>(c); }
-GELU_INLINE std::uint32_t if_set(bool c, std::uint32_t a, std::uint32_t b) {
-  const std::uint32_t m = mask_of(c);
-  return (a & m) | (b & ~m);
-}
-GELU_INLINE float if_set(bool c, float a, float b) { return from_bits(if_set(c, bits(a), bits(b))); }
-
-// bf16 <-> f32: the high half of an f32; rounding to nearest even, NaN kept quiet (dtype.h's rule).
-GELU_INLINE float bf16_to_f32(std::uint16_t h) { return from_bits(static_cast<std::uint32_t>(h) << 16); }
-GELU_INLINE std::uint16_t f32_to_bf16(float f) {
-  const std::uint32_t u = bits(f);
-  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const std::uint32_t nan = (u >> 16) | 0x40u;
-  return static_cast<std::uint16_t>(if_set((u & 0x7fffffffu) > 0x7f800000u, nan, rounded));
-}
+using vec::bf16_to_f32;
+using vec::bits;
+using vec::f32_to_bf16;
+using vec::from_bits;
+using vec::if_set;
 
 // f16 -> f32, exact for every f16. The exponent is rebiased in the integer bits; inf and NaN get the
 // f32 maximum exponent; a subnormal (exponent 0) is m 2^-24, made as (2^-14 + m 2^-24) - 2^-14 in
@@ -232,12 +208,19 @@ const char* clone_name() {
 namespace {
 
 // Elements per OpenMP chunk: 64 KiB of f32, 32 KiB of bf16/f16 per input; many chunks per thread.
+// An output of at least cpu::kStreamMinBytes is computed kBlock elements at a time into a buffer
+// in L1 and streamed out from there (see cpu.h): 8 KiB of f32.
 constexpr std::int64_t kChunk = 1 << 14;
+constexpr std::int64_t kBlock = 1 << 11;
 
 class HotopsGelu final : public Case {
  public:
   explicit HotopsGelu(const Problem& p)
-      : s_(shape_of(p)), in_(make_inputs(s_, input_seed(p))), out_(make_output(s_)), span_(kernel::span_for(s_)) {}
+      : s_(shape_of(p)),
+        in_(make_inputs(s_, input_seed(p))),
+        out_(make_output(s_)),
+        span_(kernel::span_for(s_)),
+        stream_(static_cast<std::size_t>(s_.elements) * dtype_size(s_.dtype) >= cpu::kStreamMinBytes) {}
 
   void run() override {
     const std::size_t esize = dtype_size(s_.dtype), off = static_cast<std::size_t>(s_.offset) * esize;
@@ -245,11 +228,27 @@ class HotopsGelu final : public Case {
     const auto* dy = s_.dir == Direction::bwd ? static_cast<const std::byte*>(in_.dy.data()) + off : nullptr;
     auto* out = static_cast<std::byte*>(out_.data()) + off;
     const std::int64_t n = s_.elements, chunks = (n + kChunk - 1) / kChunk;
+    if (!stream_) {
 #pragma omp parallel for schedule(static) if (chunks > 1)
-    for (std::int64_t c = 0; c < chunks; ++c) {
-      const std::int64_t begin = c * kChunk, count = std::min(kChunk, n - begin);
-      const std::size_t at = static_cast<std::size_t>(begin) * esize;
-      span_(x + at, dy ? dy + at : nullptr, out + at, count);
+      for (std::int64_t c = 0; c < chunks; ++c) {
+        const std::int64_t begin = c * kChunk, count = std::min(kChunk, n - begin);
+        const std::size_t at = static_cast<std::size_t>(begin) * esize;
+        span_(x + at, dy ? dy + at : nullptr, out + at, count);
+      }
+      return;
+    }
+#pragma omp parallel
+    {
+      alignas(64) float block[kBlock];
+#pragma omp for schedule(static)
+      for (std::int64_t c = 0; c < chunks; ++c)
+        for (std::int64_t begin = c * kChunk, end = std::min(begin + kChunk, n); begin < end; begin += kBlock) {
+          const std::int64_t count = std::min(kBlock, end - begin);
+          const std::size_t at = static_cast<std::size_t>(begin) * esize;
+          span_(x + at, dy ? dy + at : nullptr, block, count);
+          cpu::stream_copy(out + at, block, static_cast<std::size_t>(count) * esize);
+        }
+      cpu::stream_fence();
     }
   }
 
@@ -261,8 +260,8 @@ class HotopsGelu final : public Case {
 
   std::string label() const override {
     return std::string("hotops gelu_") + (s_.approx == Approx::none ? "erf " : "tanh ") +
-           direction_name(s_.dir) + ", " + kernel::clone_name() + ", " + std::to_string(cpu::threads()) +
-           " threads";
+           direction_name(s_.dir) + ", " + kernel::clone_name() + (stream_ ? ", streaming stores" : "") + ", " +
+           std::to_string(cpu::threads()) + " threads";
   }
 
  private:
@@ -270,6 +269,7 @@ class HotopsGelu final : public Case {
   Inputs in_;
   HostBuffer out_;
   kernel::SpanFn span_;
+  bool stream_;  // the output is streamed out past the caches
 };
 
 }  // namespace

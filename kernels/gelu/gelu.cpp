@@ -145,6 +145,9 @@ class GeluFamily final : public Family {
     expand(flat_args(1027, 3), out);
     expand(model_args("test", 2, {3, 37}), out);
     expand(flat_args(100003), out);
+    // Large enough for the CPU loop to stream its output past the caches (cpu::kStreamMinBytes in
+    // every dtype), off a 16-byte boundary.
+    expand(flat_args((1 << 24) + 5, 3), out);
     return out;
   }
 

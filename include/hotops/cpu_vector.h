@@ -1,0 +1,43 @@
+// Scalar building blocks for hotops' own CPU loops that GCC vectorises: bit casts, branch-free
+// selects and the bf16 <-> f32 conversions, all forced inline so that they vectorise inside the
+// target_clones loops that call them (kernels/gelu/cpu_hotops.cpp, kernels/copy/cpu_copy.cpp).
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#define HOTOPS_VECTOR_INLINE [[gnu::always_inline]] inline
+
+namespace hotops::vec {
+
+HOTOPS_VECTOR_INLINE std::uint32_t bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+HOTOPS_VECTOR_INLINE float from_bits(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Branch-free choices: `if_set(c, a, b)` is c ? a : b with both sides computed, as bit operations.
+// With ?: on float arithmetic GCC may leave a branch (jump threading makes one out of a clamp) and
+// then, under -ftrapping-math, will not compute the float side unconditionally: the loop stays
+// scalar on every target but AVX-512, whose masked operations predicate it.
+HOTOPS_VECTOR_INLINE std::uint32_t mask_of(bool c) { return 0u - static_cast<std::uint32_t>(c); }
+HOTOPS_VECTOR_INLINE std::uint32_t if_set(bool c, std::uint32_t a, std::uint32_t b) {
+  const std::uint32_t m = mask_of(c);
+  return (a & m) | (b & ~m);
+}
+HOTOPS_VECTOR_INLINE float if_set(bool c, float a, float b) { return from_bits(if_set(c, bits(a), bits(b))); }
+
+// bf16 <-> f32: the high half of an f32; rounding to nearest even, NaN kept quiet (dtype.h's rule).
+HOTOPS_VECTOR_INLINE float bf16_to_f32(std::uint16_t h) { return from_bits(static_cast<std::uint32_t>(h) << 16); }
+HOTOPS_VECTOR_INLINE std::uint16_t f32_to_bf16(float f) {
+  const std::uint32_t u = bits(f);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = (u >> 16) | 0x40u;
+  return static_cast<std::uint16_t>(if_set((u & 0x7fffffffu) > 0x7f800000u, nan, rounded));
+}
+
+}  // namespace hotops::vec

@@ -1,0 +1,196 @@
+// The lstm family: problem names, shapes, work, inputs and verification against the reference.
+#include "kernels/lstm/lstm.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "hotops/check.h"
+
+namespace hotops::lstm {
+namespace {
+
+// The dtypes each backend runs: tf32 is a tensor-core mode that only the CUDA backend has.
+std::vector<DType> dtypes_of(Backend b) {
+  if (b == Backend::cpu) return {DType::f32, DType::bf16};
+  return {DType::f32, DType::tf32, DType::bf16};
+}
+
+std::vector<Arg> args_of(const std::string& shape, std::int64_t B, std::int64_t T, std::int64_t I, std::int64_t H,
+                         bool bi) {
+  return {{"shape", shape},          {"batch", std::to_string(B)},  {"T", std::to_string(T)},
+          {"input", std::to_string(I)}, {"hidden", std::to_string(H)}, {"dir", bi ? "bi" : "uni"}};
+}
+
+void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
+  for (Backend be : kAllBackends)
+    for (DType t : dtypes_of(be))
+      for (Direction d : {Direction::fwd, Direction::bwd}) out.push_back(Problem{"lstm", be, t, d, args});
+}
+
+class LstmFamily final : public Family {
+ public:
+  std::string name() const override { return "lstm"; }
+
+  std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
+    std::vector<Problem> out;
+    for (const NamedShape& ns : named_shapes())
+      for (std::int64_t b : batches.empty() ? ns.batches : batches)
+        expand(args_of(ns.name, b, ns.T, ns.I, ns.H, ns.bidirectional), out);
+    return out;
+  }
+
+  std::vector<Problem> test_problems() const override {
+    // Tiny and odd: T = 3 steps, I != H (5 vs 7), batch 2 and 3, both directions of the layer.
+    std::vector<Problem> out;
+    expand(args_of("test", 2, 3, 5, 7, false), out);
+    expand(args_of("test", 3, 3, 5, 7, true), out);
+    return out;
+  }
+
+  // FLOPs per step and direction: the two GEMMs, 2 * B * 4H * (I + H), plus the pointwise cell,
+  // counted as 17 per (sample, unit): 8 bias adds (b_ih and b_hh), 5 nonlinearities at one FLOP
+  // each, c = f*c + i*g (3) and h = o*tanh(c) (1). bwd: twice the GEMM FLOPs (dx/dh and dW_ih/dW_hh)
+  // plus twice the pointwise count for the gate gradients, plus the db reduction (4H per sample).
+  // Bytes: each input read once, each output written once; no saved activations (the reserve space
+  // or workspace is the library's choice).
+  Work work(const Problem& p) const override {
+    const Shape s = shape_of(p);
+    const double T = static_cast<double>(s.T), B = static_cast<double>(s.B), I = static_cast<double>(s.I),
+                 H = static_cast<double>(s.H), D = static_cast<double>(s.D());
+    const double e = static_cast<double>(dtype_size(storage_of(s.dtype)));
+    const double gemm = 2 * B * 4 * H * (I + H), pointwise = 17 * B * H;
+    const double weights = D * (4 * H * (I + H) + 2 * 4 * H), state = D * B * H;
+    Work w;
+    if (s.dir == Direction::fwd) {
+      w.flops = T * D * (gemm + pointwise);
+      w.bytes = e * (T * B * I + 2 * state + weights + T * B * D * H + 2 * state);
+    } else {
+      w.flops = T * D * (2 * gemm + 2 * pointwise + 4 * H * B);
+      // reads x, h0, c0, weights, y, dy, dhT, dcT; writes dx, dh0, dc0, dW_ih, dW_hh, db
+      w.bytes = e * (T * B * I + 2 * state + weights + 2 * T * B * D * H + 2 * state) +
+                e * (T * B * I + 2 * state + D * 4 * H * (I + H) + D * 4 * H);
+    }
+    w.items = B;
+    return w;
+  }
+
+  std::string unsupported_reason(const Problem& p) const override {
+    return backend_unsupported_reason(p, cpu_unsupported_reason);
+  }
+
+  std::unique_ptr<Case> make(const Problem& p) const override {
+    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
+  }
+};
+
+// Compares one output with its reference vector at sampled indices.
+Check compare_all(const HostBuffer& out, const std::vector<double>& ref, double tol, std::uint64_t seed) {
+  HOTOPS_CHECK(out.count() == ref.size(), "lstm: output and reference sizes differ");
+  return compare(out, sample_indices(out.count(), std::size_t(1) << 16, seed),
+                 [&](std::size_t i) { return ref[i]; }, tol);
+}
+
+}  // namespace
+
+Shape shape_of(const Problem& p) {
+  Shape s;
+  s.dir = p.dir;
+  s.dtype = p.dtype;
+  s.T = p.get_int("T");
+  s.B = p.get_int("batch");
+  s.I = p.get_int("input");
+  s.H = p.get_int("hidden");
+  const std::string& dir = p.get("dir");
+  HOTOPS_CHECK(dir == "uni" || dir == "bi", "lstm: dir must be uni or bi, not " + dir);
+  s.bidirectional = dir == "bi";
+  return s;
+}
+
+Inputs make_inputs(const Shape& s, std::uint64_t seed) {
+  const auto T = static_cast<std::size_t>(s.T), B = static_cast<std::size_t>(s.B), I = static_cast<std::size_t>(s.I),
+             H = static_cast<std::size_t>(s.H), D = static_cast<std::size_t>(s.D());
+  const DType t = storage_of(s.dtype);
+  const float k = 1.0f / std::sqrt(static_cast<float>(s.H));
+  Inputs in;
+  in.x = HostBuffer(t, T * B * I);
+  in.h0 = HostBuffer(t, D * B * H);
+  in.c0 = HostBuffer(t, D * B * H);
+  in.w_ih = HostBuffer(t, D * 4 * H * I);
+  in.w_hh = HostBuffer(t, D * 4 * H * H);
+  in.b_ih = HostBuffer(t, D * 4 * H);
+  in.b_hh = HostBuffer(t, D * 4 * H);
+  in.x.fill_uniform(seed, 1);
+  in.h0.fill_uniform(seed, 2);
+  in.c0.fill_uniform(seed, 3);
+  in.w_ih.fill_uniform(seed, 4, -k, k);
+  in.w_hh.fill_uniform(seed, 5, -k, k);
+  in.b_ih.fill_uniform(seed, 6, -k, k);
+  in.b_hh.fill_uniform(seed, 7, -k, k);
+  if (s.dir != Direction::fwd) {
+    in.dy = HostBuffer(t, T * B * D * H);
+    in.dhT = HostBuffer(t, D * B * H);
+    in.dcT = HostBuffer(t, D * B * H);
+    in.dy.fill_uniform(seed, 8);
+    in.dhT.fill_uniform(seed, 9);
+    in.dcT.fill_uniform(seed, 10);
+  }
+  return in;
+}
+
+double tolerance_of(const Shape& s) {
+  const double steps = std::max(1.0, std::sqrt(static_cast<double>(s.T) / 25.0));
+  // A bf16 backward rounds twice per step what the forward rounds once: the saved activations and the
+  // gate gradients are both bf16 GEMM operands, and the weight gradients sum T x B such products.
+  // cuDNN's bf16 dW_hh at deepbench.h1024 batch 64 (T 25) measured 0.046, over the forward bound 0.04.
+  const double bwd16 = s.dtype == DType::bf16 && s.dir != Direction::fwd ? 2.0 : 1.0;
+  return tolerance(s.dtype) * steps * bwd16;
+}
+
+Check verify(const Shape& s, const Inputs& in, const Outputs& out, ReferenceCache& cache) {
+  if (!cache.have) {
+    const RefInputs d = to_double(in);
+    cache.f = reference_forward(s, d);
+    if (s.dir != Direction::fwd) cache.b = reference_backward(s, d, cache.f);
+    cache.have = true;
+  }
+  const double tol = tolerance_of(s);
+  Check all;
+  if (s.dir == Direction::fwd) {
+    all.merge(compare_all(out.y, cache.f.y, tol, 1), "y");
+    all.merge(compare_all(out.hT, cache.f.hT, tol, 2), "hT");
+    all.merge(compare_all(out.cT, cache.f.cT, tol, 3), "cT");
+    return all;
+  }
+  const Backward& r = cache.b;
+  all.merge(compare_all(out.dx, r.dx, tol, 4), "dx");
+  all.merge(compare_all(out.dh0, r.dh0, tol, 5), "dh0");
+  all.merge(compare_all(out.dc0, r.dc0, tol, 6), "dc0");
+  all.merge(compare_all(out.dw_ih, r.dw_ih, tol, 7), "dW_ih");
+  all.merge(compare_all(out.dw_hh, r.dw_hh, tol, 8), "dW_hh");
+  all.merge(compare_all(out.db, r.db, tol, 9), "db");
+  if (out.db2.count()) all.merge(compare_all(out.db2, r.db, tol, 10), "db_hh");
+  return all;
+}
+
+const std::vector<NamedShape>& named_shapes() {
+  using V = std::vector<std::int64_t>;
+  // DeepBench's LSTM training rows (one layer, input = hidden) covering T = 25, 50 and 150, and
+  // the seed 002 IMDb bidirectional LSTM (Keras: embedding 128, LSTM 128, reviews cut to 200 words).
+  static const std::vector<NamedShape> shapes = {
+      {"deepbench.h512", 25, 512, 512, false, V{16, 32}},
+      {"deepbench.h1024", 25, 1024, 1024, false, V{64}},
+      {"deepbench.h1024", 50, 1024, 1024, false, V{32}},
+      {"deepbench.h1536", 50, 1536, 1536, false, V{16}},
+      {"deepbench.h2048", 25, 2048, 2048, false, V{16}},
+      {"deepbench.h256", 150, 256, 256, false, V{32}},
+      {"imdb.bilstm", 200, 128, 128, true, V{64}},
+  };
+  return shapes;
+}
+
+const Family& family() {
+  static const LstmFamily f;
+  return f;
+}
+
+}  // namespace hotops::lstm

@@ -1,0 +1,304 @@
+// lstm_cell on the CPU, hand-written over oneDNN: one oneDNN matmul for the gates of [x, h] and the
+// concatenated W, then one OpenMP pointwise pass; bwd is one pointwise pass (dgates, dc and db) then
+// two matmuls, d[x, h] = dgates . W and dW = dgates^T . [x, h]. The f32 pre-activation gates (no
+// bias) that the fwd matmul writes are the state fwd saves for bwd. The pointwise loops are
+// compiled three times (target_clones, as gelu's loop: x86-64-v4, x86-64-v3, baseline) and are
+// branch-free, with their own exp, so that GCC vectorises them; math in f32.
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+
+#include "hotops/check.h"
+#include "hotops/cpu.h"
+#include "kernels/lstm_cell/lstm_cell.h"
+
+namespace hotops::lstm_cell {
+namespace kernel {
+
+#define LSTM_INLINE [[gnu::always_inline]] inline
+
+LSTM_INLINE std::uint32_t bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+LSTM_INLINE float from_bits(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Storage <-> f32: f32 as is; bf16 as the high half, rounded to nearest even, NaN kept quiet.
+LSTM_INLINE float load(float v) { return v; }
+LSTM_INLINE float load(std::uint16_t v) { return from_bits(static_cast<std::uint32_t>(v) << 16); }
+template <class T> LSTM_INLINE T store(float f);
+template <> LSTM_INLINE float store<float>(float f) { return f; }
+template <> LSTM_INLINE std::uint16_t store<std::uint16_t>(float f) {
+  const std::uint32_t u = bits(f);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = (u >> 16) | 0x40u;
+  return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+// e^x, 2 ulp: x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite), e^r by its Taylor polynomial to
+// degree 7, 2^n added to the exponent bits. x is clamped to [-86, 88], where 2^n stays a normal
+// number: e^-86 = 4e-38 and e^88 = 1.7e38 change no sigmoid or tanh here.
+LSTM_INLINE float exp_f32(float x) {
+  constexpr float kRound = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer, in the low bits
+  x = std::min(std::max(x, -86.f), 88.f);
+  const float j = x * 1.44269504088896341f + kRound;
+  const float n = j - kRound;
+  const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
+  float p = 1.f / 5040;
+  p = p * r + 1.f / 720;
+  p = p * r + 1.f / 120;
+  p = p * r + 1.f / 24;
+  p = p * r + 1.f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  return from_bits(bits(p) + ((bits(j) - bits(kRound)) << 23));
+}
+LSTM_INLINE float sigmoid(float x) { return 1.f / (1.f + exp_f32(-x)); }
+LSTM_INLINE float tanh_f32(float x) { return 2.f / (1.f + exp_f32(-2.f * x)) - 1.f; }
+
+// fwd, one sample, columns [j0, j1): pre [4H] (f32, no bias) -> h', c'.
+template <class T>
+LSTM_INLINE void fwd_row(const float* pre, const T* bias, const T* c, T* h_out, T* c_out, std::int64_t H,
+                         std::int64_t j0, std::int64_t j1) {
+  for (std::int64_t j = j0; j < j1; ++j) {
+    const float i = sigmoid(pre[j] + load(bias[j]));
+    const float f = sigmoid(pre[H + j] + load(bias[H + j]));
+    const float g = tanh_f32(pre[2 * H + j] + load(bias[2 * H + j]));
+    const float o = sigmoid(pre[3 * H + j] + load(bias[3 * H + j]));
+    const float cn = f * load(c[j]) + i * g;
+    c_out[j] = store<T>(cn);
+    h_out[j] = store<T>(o * tanh_f32(cn));
+  }
+}
+
+// bwd, one sample, columns [j0, j1): the activations again from pre, then dgates [4H] (in T), dc,
+// and the rounded dgates added to db's f32 accumulators (4 rows of kChunk, at j - j0).
+template <class T>
+LSTM_INLINE void bwd_row(const float* pre, const T* bias, const T* c, const T* dh, const T* dc_in, T* dgates, T* dc_out,
+                         float* db, std::int64_t db_stride, std::int64_t H, std::int64_t j0, std::int64_t j1) {
+  for (std::int64_t j = j0; j < j1; ++j) {
+    const float i = sigmoid(pre[j] + load(bias[j]));
+    const float f = sigmoid(pre[H + j] + load(bias[H + j]));
+    const float g = tanh_f32(pre[2 * H + j] + load(bias[2 * H + j]));
+    const float o = sigmoid(pre[3 * H + j] + load(bias[3 * H + j]));
+    const float cv = load(c[j]), dhv = load(dh[j]);
+    const float t = tanh_f32(f * cv + i * g);
+    const float dct = load(dc_in[j]) + dhv * o * (1.f - t * t);
+    const T di = store<T>(dct * g * i * (1.f - i)), df = store<T>(dct * cv * f * (1.f - f)),
+            dg = store<T>(dct * i * (1.f - g * g)), d_o = store<T>(dhv * t * o * (1.f - o));
+    dgates[j] = di, dgates[H + j] = df, dgates[2 * H + j] = dg, dgates[3 * H + j] = d_o;
+    dc_out[j] = store<T>(dct * f);
+    const std::int64_t at = j - j0;
+    db[at] += load(di), db[db_stride + at] += load(df), db[2 * db_stride + at] += load(dg),
+        db[3 * db_stride + at] += load(d_o);
+  }
+}
+
+#define LSTM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+LSTM_CLONES void fwd_row_f32(const float* pre, const void* bias, const void* c, void* h, void* cn, std::int64_t H,
+                             std::int64_t j0, std::int64_t j1) {
+  fwd_row(pre, static_cast<const float*>(bias), static_cast<const float*>(c), static_cast<float*>(h),
+          static_cast<float*>(cn), H, j0, j1);
+}
+LSTM_CLONES void fwd_row_bf16(const float* pre, const void* bias, const void* c, void* h, void* cn, std::int64_t H,
+                              std::int64_t j0, std::int64_t j1) {
+  using U = std::uint16_t;
+  fwd_row(pre, static_cast<const U*>(bias), static_cast<const U*>(c), static_cast<U*>(h), static_cast<U*>(cn), H, j0,
+          j1);
+}
+LSTM_CLONES void bwd_row_f32(const float* pre, const void* bias, const void* c, const void* dh, const void* dc,
+                             void* dgates, void* dc_out, float* db, std::int64_t db_stride, std::int64_t H,
+                             std::int64_t j0, std::int64_t j1) {
+  bwd_row(pre, static_cast<const float*>(bias), static_cast<const float*>(c), static_cast<const float*>(dh),
+          static_cast<const float*>(dc), static_cast<float*>(dgates), static_cast<float*>(dc_out), db, db_stride, H,
+          j0, j1);
+}
+LSTM_CLONES void bwd_row_bf16(const float* pre, const void* bias, const void* c, const void* dh, const void* dc,
+                              void* dgates, void* dc_out, float* db, std::int64_t db_stride, std::int64_t H,
+                              std::int64_t j0, std::int64_t j1) {
+  using U = std::uint16_t;
+  bwd_row(pre, static_cast<const U*>(bias), static_cast<const U*>(c), static_cast<const U*>(dh),
+          static_cast<const U*>(dc), static_cast<U*>(dgates), static_cast<U*>(dc_out), db, db_stride, H, j0, j1);
+}
+#undef LSTM_CLONES
+
+const char* clone_name() {
+  if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4 (AVX-512) clone";
+  if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3 (AVX2) clone";
+  return "baseline x86-64 clone";
+}
+
+}  // namespace kernel
+
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+
+memory::data_type dnnl_type(DType t) { return t == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32; }
+
+// Columns per pointwise work item: one 64-byte line of f32 per gate row; bwd also keeps db's
+// accumulators of a chunk in registers / L1.
+constexpr std::int64_t kChunk = 64;
+
+// The matmuls of a direction (primitive descriptors only: building them is also the support probe).
+struct Plan {
+  dnnl::matmul::primitive_desc gates;  // pre[B, 4H] (f32) = xh[B, K] . W^T   (fwd; bwd makes its saved state)
+  dnnl::matmul::primitive_desc dxh;    // dxh[B, K] = dgates[B, 4H] . W[4H, K]            (bwd)
+  dnnl::matmul::primitive_desc dW;     // dW[4H, K] = dgates^T[4H, B] . xh[B, K]          (bwd)
+};
+
+Plan plan(const Shape& s) {
+  const memory::dim B = s.B, K = s.K(), G = s.G();
+  const memory::data_type t = dnnl_type(s.dtype);
+  dnnl::engine& eng = cpu::engine();
+  Plan p;
+  const auto gates = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(memory::desc({B, K}, t, tag::ab),
+                                                          memory::desc({K, G}, t, memory::dims{1, K}),  // W^T
+                                                          memory::desc({B, G}, memory::data_type::f32, tag::ab)));
+  p.gates = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(gates, eng));
+  if (s.dir == Direction::bwd) {
+    const auto dxh = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(memory::desc({B, G}, t, tag::ab),
+                                                          memory::desc({G, K}, t, tag::ab), memory::desc({B, K}, t, tag::ab)));
+    p.dxh = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(dxh, eng));
+    const auto dW = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(memory::desc({G, B}, t, memory::dims{1, G}),  // dgates^T
+                                                         memory::desc({B, K}, t, tag::ab), memory::desc({G, K}, t, tag::ab)));
+    p.dW = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(dW, eng));
+  }
+  return p;
+}
+
+class HotopsCell final : public Case {
+ public:
+  explicit HotopsCell(const Problem& p)
+      : s_(shape_of(p)), plan_(plan(s_)), in_(make_inputs(s_, input_seed(p))), out_(make_outputs(s_)) {
+    const auto B = static_cast<std::size_t>(s_.B), G = static_cast<std::size_t>(s_.G());
+    pre_ = HostBuffer(DType::f32, B * G);
+    dnnl::engine& eng = cpu::engine();
+    auto mem = [&](const memory::desc& d, void* data) { return memory(d, eng, data); };
+    gates_ = dnnl::matmul(plan_.gates);
+    gates_args_ = {{DNNL_ARG_SRC, mem(plan_.gates.src_desc(), in_.xh.data())},
+                   {DNNL_ARG_WEIGHTS, mem(plan_.gates.weights_desc(), in_.W.data())},
+                   {DNNL_ARG_DST, mem(plan_.gates.dst_desc(), pre_.data())}};
+    if (s_.dir == Direction::bwd) {
+      dgates_ = HostBuffer(s_.dtype, B * G);
+      dxh_ = dnnl::matmul(plan_.dxh);
+      dxh_args_ = {{DNNL_ARG_SRC, mem(plan_.dxh.src_desc(), dgates_.data())},
+                   {DNNL_ARG_WEIGHTS, mem(plan_.dxh.weights_desc(), in_.W.data())},
+                   {DNNL_ARG_DST, mem(plan_.dxh.dst_desc(), out_.dxh.data())}};
+      dW_ = dnnl::matmul(plan_.dW);
+      dW_args_ = {{DNNL_ARG_SRC, mem(plan_.dW.src_desc(), dgates_.data())},
+                  {DNNL_ARG_WEIGHTS, mem(plan_.dW.weights_desc(), in_.xh.data())},
+                  {DNNL_ARG_DST, mem(plan_.dW.dst_desc(), out_.dW.data())}};
+      // The saved state: this implementation's fwd GEMM, once, outside timing.
+      HOTOPS_CHECK_DNNL(gates_.execute(cpu::stream(), gates_args_));
+      HOTOPS_CHECK_DNNL(cpu::stream().wait());
+    }
+  }
+
+  void run() override {
+    dnnl::stream& st = cpu::stream();
+    if (s_.dir == Direction::fwd) {
+      HOTOPS_CHECK_DNNL(gates_.execute(st, gates_args_));
+      HOTOPS_CHECK_DNNL(st.wait());
+      pointwise_fwd();
+      return;
+    }
+    pointwise_bwd();
+    HOTOPS_CHECK_DNNL(dxh_.execute(st, dxh_args_));
+    HOTOPS_CHECK_DNNL(dW_.execute(st, dW_args_));
+    HOTOPS_CHECK_DNNL(st.wait());
+  }
+
+  Check verify() override {
+    out_.h.poison(), out_.c.poison(), out_.dxh.poison(), out_.dc.poison(), out_.dW.poison(), out_.db.poison();
+    run();
+    return lstm_cell::verify(s_, in_, out_);
+  }
+
+  std::string label() const override {
+    std::string l = "hotops: oneDNN matmul " + std::string(plan_.gates.impl_info_str());
+    if (s_.dir == Direction::bwd)
+      l += " (dxh " + std::string(plan_.dxh.impl_info_str()) + ", dW " + plan_.dW.impl_info_str() + ")";
+    return l + " + OpenMP pointwise loop (" + kernel::clone_name() + "), x,h given as one [B, I+H], " +
+           std::to_string(cpu::threads()) + " threads";
+  }
+
+ private:
+
+  void pointwise_fwd() {
+    const std::int64_t B = s_.B, H = s_.H, G = s_.G(), chunks = (H + kChunk - 1) / kChunk;
+    const bool bf16 = s_.dtype == DType::bf16;
+    const std::size_t e = dtype_size(s_.dtype);
+    const auto* pre = pre_.as<float>();
+    const auto* c = static_cast<const std::byte*>(in_.c.data());
+    auto* h_out = static_cast<std::byte*>(out_.h.data());
+    auto* c_out = static_cast<std::byte*>(out_.c.data());
+    const std::int64_t items = B * chunks;
+#pragma omp parallel for schedule(static) num_threads(cpu::threads()) if (items > 1)
+    for (std::int64_t it = 0; it < items; ++it) {
+      const std::int64_t b = it / chunks, j0 = (it % chunks) * kChunk, j1 = std::min(H, j0 + kChunk);
+      const std::size_t at = static_cast<std::size_t>(b * H) * e;
+      (bf16 ? kernel::fwd_row_bf16 : kernel::fwd_row_f32)(pre + b * G, in_.b.data(), c + at, h_out + at, c_out + at,
+                                                            H, j0, j1);
+    }
+  }
+
+  void pointwise_bwd() {
+    const std::int64_t B = s_.B, H = s_.H, G = s_.G(), chunks = (H + kChunk - 1) / kChunk;
+    const bool bf16 = s_.dtype == DType::bf16;
+    const std::size_t e = dtype_size(s_.dtype);
+    const auto* pre = pre_.as<float>();
+    const auto* c = static_cast<const std::byte*>(in_.c.data());
+    const auto* dh = static_cast<const std::byte*>(in_.dh.data());
+    const auto* dc = static_cast<const std::byte*>(in_.dc.data());
+    auto* dgates = static_cast<std::byte*>(dgates_.data());
+    auto* dc_out = static_cast<std::byte*>(out_.dc.data());
+    // One chunk of columns per work item, every sample: db's columns belong to one thread each.
+#pragma omp parallel for schedule(static) num_threads(cpu::threads()) if (chunks > 1)
+    for (std::int64_t ch = 0; ch < chunks; ++ch) {
+      const std::int64_t j0 = ch * kChunk, j1 = std::min(H, j0 + kChunk);
+      float db[4 * kChunk] = {};
+      for (std::int64_t b = 0; b < B; ++b) {
+        const std::size_t at = static_cast<std::size_t>(b * H) * e;
+        (bf16 ? kernel::bwd_row_bf16 : kernel::bwd_row_f32)(pre + b * G, in_.b.data(), c + at, dh + at, dc + at,
+                                                              dgates + static_cast<std::size_t>(b * G) * e,
+                                                              dc_out + at, db, kChunk, H, j0, j1);
+      }
+      for (std::int64_t q = 0; q < 4; ++q)
+        for (std::int64_t j = j0; j < j1; ++j)
+          out_.db.set(static_cast<std::size_t>(q * H + j), db[q * kChunk + (j - j0)]);
+    }
+  }
+
+  Shape s_;
+  Plan plan_;
+  Inputs in_;
+  Outputs out_;
+  HostBuffer pre_, dgates_;
+  dnnl::matmul gates_, dxh_, dW_;
+  std::unordered_map<int, memory> gates_args_, dxh_args_, dW_args_;
+};
+
+}  // namespace
+
+std::string hotops_unsupported_reason(const Problem& p) {
+  try {
+    plan(shape_of(p));
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::unsupported)
+      return std::string("oneDNN has no ") + dtype_name(p.dtype) + " matmul for this CPU (ISA " + cpu::isa_name() + ")";
+    throw;
+  }
+  return "";
+}
+
+std::unique_ptr<Case> make_cpu_hotops(const Problem& p) { return std::make_unique<HotopsCell>(p); }
+
+}  // namespace hotops::lstm_cell

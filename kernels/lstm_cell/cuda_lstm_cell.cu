@@ -1,0 +1,317 @@
+// lstm_cell on CUDA, hand-written around cublasLt, in PyTorch's row-major terms seen column-major
+// (a row-major [r, c] matrix is a column-major [c, r] one, no copies):
+//   fwd  1. GEMM   pre[B, 4H] (f32) = [x, h][B, K] . W^T          (one GEMM over the concatenations)
+//        2. kernel bias add, activations, c' = f c + i g, h' = o tanh(c')   (reads pre, b, c)
+//   bwd  1. kernel the activations again from pre, dgates[B, 4H] (storage dtype) and dc
+//        2. GEMM   d[x, h][B, K] = dgates . W
+//        3. GEMM   dW[4H, K]     = dgates^T . [x, h]
+//        4. kernel db[4H] = column sums of dgates
+// pre, the GEMM's f32 output without the bias, is the state fwd saves for bwd (a bwd case makes it
+// at setup with the fwd GEMM). The GEMMs' algorithms are the cublasLt heuristic's first choice,
+// picked once at setup and named in the label; f32 uses CUBLAS_COMPUTE_32F (no tensor cores),
+// tf32 CUBLAS_COMPUTE_32F_FAST_TF32, bf16 CUBLAS_COMPUTE_32F with bf16 operands.
+// Pointwise math in f32; each thread does V consecutive columns of one sample (16-byte accesses to
+// pre; V = 1 when H is not a multiple of 4).
+#include <cuda_bf16.h>
+
+#include <optional>
+#include <string>
+
+#include "hotops/cuda_util.h"
+#include "kernels/lstm_cell/lstm_cell.h"
+
+namespace hotops::lstm_cell {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <class T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+template <class T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+template <class T, int V>
+__device__ __forceinline__ void load(const T* p, float (&out)[V]) {
+  const Pack<T, V> pk = *reinterpret_cast<const Pack<T, V>*>(p);
+#pragma unroll
+  for (int i = 0; i < V; ++i) out[i] = to_float(pk.v[i]);
+}
+
+template <class T, int V>
+__device__ __forceinline__ void store(T* p, const float (&in)[V]) {
+  Pack<T, V> pk;
+#pragma unroll
+  for (int i = 0; i < V; ++i) pk.v[i] = from_float<T>(in[i]);
+  *reinterpret_cast<Pack<T, V>*>(p) = pk;
+}
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
+
+// The four activated gates of V columns: pre (f32) + bias.
+template <class T, int V>
+__device__ __forceinline__ void activations(const float* pre, const T* bias, std::int64_t H, float (&i)[V],
+                                            float (&f)[V], float (&g)[V], float (&o)[V]) {
+  float p[4][V], b[4][V];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    load<float, V>(pre + q * H, p[q]);
+    load<T, V>(bias + q * H, b[q]);
+  }
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    i[v] = sigmoid(p[0][v] + b[0][v]);
+    f[v] = sigmoid(p[1][v] + b[1][v]);
+    g[v] = tanhf(p[2][v] + b[2][v]);
+    o[v] = sigmoid(p[3][v] + b[3][v]);
+  }
+}
+
+// fwd pointwise: one thread per V columns of one sample; B * H / V threads in all.
+template <class T, int V>
+__global__ void __launch_bounds__(kThreads) lstm_fwd_pointwise(const float* __restrict__ pre, const T* __restrict__ bias,
+                                                               const T* __restrict__ c, T* __restrict__ h_out,
+                                                               T* __restrict__ c_out, std::int64_t B, std::int64_t H) {
+  const std::int64_t per_row = H / V;
+  const std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= B * per_row) return;
+  const std::int64_t b = t / per_row, j = (t % per_row) * V;
+  float i[V], f[V], g[V], o[V], cv[V], cn[V], hn[V];
+  activations<T, V>(pre + b * 4 * H + j, bias + j, H, i, f, g, o);
+  load<T, V>(c + b * H + j, cv);
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    cn[v] = f[v] * cv[v] + i[v] * g[v];
+    hn[v] = o[v] * tanhf(cn[v]);
+  }
+  store<T, V>(c_out + b * H + j, cn);
+  store<T, V>(h_out + b * H + j, hn);
+}
+
+// bwd pointwise: dgates (pre-activation gradients, storage dtype: the GEMMs' operand) and dc.
+template <class T, int V>
+__global__ void __launch_bounds__(kThreads) lstm_bwd_pointwise(const float* __restrict__ pre, const T* __restrict__ bias,
+                                                               const T* __restrict__ c, const T* __restrict__ dh,
+                                                               const T* __restrict__ dc, T* __restrict__ dgates,
+                                                               T* __restrict__ dc_out, std::int64_t B, std::int64_t H) {
+  const std::int64_t per_row = H / V;
+  const std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= B * per_row) return;
+  const std::int64_t b = t / per_row, j = (t % per_row) * V;
+  float i[V], f[V], g[V], o[V], cv[V], dhv[V], dcv[V];
+  activations<T, V>(pre + b * 4 * H + j, bias + j, H, i, f, g, o);
+  load<T, V>(c + b * H + j, cv);
+  load<T, V>(dh + b * H + j, dhv);
+  load<T, V>(dc + b * H + j, dcv);
+  float d[4][V], dco[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const float tc = tanhf(f[v] * cv[v] + i[v] * g[v]);
+    const float dct = dcv[v] + dhv[v] * o[v] * (1.f - tc * tc);
+    d[0][v] = dct * g[v] * i[v] * (1.f - i[v]);
+    d[1][v] = dct * cv[v] * f[v] * (1.f - f[v]);
+    d[2][v] = dct * i[v] * (1.f - g[v] * g[v]);
+    d[3][v] = dhv[v] * tc * o[v] * (1.f - o[v]);
+    dco[v] = dct * f[v];
+  }
+  T* out = dgates + b * 4 * H + j;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) store<T, V>(out + q * H, d[q]);
+  store<T, V>(dc_out + b * H + j, dco);
+}
+
+// db[n] = sum over the B rows of dgates[:, n], in f32: 32 columns per block (coalesced), the rows
+// split over threadIdx.y and combined in shared memory; deterministic.
+constexpr int kSumCols = 32, kSumRows = 8;
+template <class T>
+__global__ void __launch_bounds__(kSumCols * kSumRows) column_sum(const T* __restrict__ dgates, T* __restrict__ db,
+                                                                 std::int64_t rows, std::int64_t cols) {
+  __shared__ float part[kSumRows][kSumCols];
+  const std::int64_t n = blockIdx.x * static_cast<std::int64_t>(kSumCols) + threadIdx.x;
+  float acc = 0.f;
+  if (n < cols)
+    for (std::int64_t r = threadIdx.y; r < rows; r += kSumRows) acc += to_float(dgates[r * cols + n]);
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || n >= cols) return;
+#pragma unroll
+  for (int y = 1; y < kSumRows; ++y) acc += part[y][threadIdx.x];
+  db[n] = from_float<T>(acc);
+}
+
+cudaDataType_t cuda_type(DType t) { return t == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
+cublasComputeType_t compute_type(DType t) {
+  return t == DType::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+struct Layout {
+  cublasLtMatrixLayout_t h = nullptr;
+  Layout(cudaDataType_t t, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+    HOTOPS_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&h, t, static_cast<std::uint64_t>(rows),
+                                                   static_cast<std::uint64_t>(cols), ld));
+  }
+  ~Layout() { if (h) cublasLtMatrixLayoutDestroy(h); }
+  Layout(const Layout&) = delete;
+  Layout& operator=(const Layout&) = delete;
+};
+
+// One column-major cublasLt GEMM D[m, n] = op(A) op(B), its algorithm chosen once.
+class Gemm {
+ public:
+  // a_rows x a_cols and b_rows x b_cols are the stored (untransposed) column-major shapes.
+  Gemm(DType t, cudaDataType_t d_type, cublasOperation_t opa, std::int64_t a_rows, std::int64_t a_cols,
+       cublasOperation_t opb, std::int64_t b_rows, std::int64_t b_cols, std::int64_t m, std::int64_t n,
+       const std::string& what)
+      : a_(cuda_type(t), a_rows, a_cols, a_rows), b_(cuda_type(t), b_rows, b_cols, b_rows), d_(d_type, m, n, m) {
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc_, compute_type(t), CUDA_R_32F));
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    cublasLtMatmulPreference_t pref = nullptr;
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+    const std::uint64_t ws = gpu::kCublasWorkspaceBytes;
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    cublasStatus_t st =
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulAlgoGetHeuristic(gpu::cublaslt(), desc_, a_.h, b_.h, d_.h, d_.h, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) HOTOPS_CHECK_CUBLAS(st);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+      throw Error("cuBLASLt has no algorithm for the lstm_cell " + what + " GEMM", ErrorKind::unsupported);
+    algo_ = result.algo;
+    int id = 0, tile = 0, splitk = 0, stages = 0;
+    std::size_t w = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo_, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo_, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo_, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo_, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
+    label_ = what + " cublasLt algo " + std::to_string(id) + " tile " + std::to_string(tile) + " stages " +
+             std::to_string(stages) + " splitK " + std::to_string(splitk);
+  }
+  ~Gemm() { if (desc_) cublasLtMatmulDescDestroy(desc_); }
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  void run(const void* a, const void* b, void* d) const {
+    const float one = 1.f, zero = 0.f;
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmul(gpu::cublaslt(), desc_, &one, a, a_.h, b, b_.h, &zero, d, d_.h, d, d_.h, &algo_,
+                                       gpu::cublas_workspace(), gpu::kCublasWorkspaceBytes, gpu::stream()));
+  }
+  const std::string& label() const { return label_; }
+
+ private:
+  Layout a_, b_, d_;
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatmulAlgo_t algo_{};
+  std::string label_;
+};
+
+unsigned blocks_for(std::int64_t threads, int per_block) {
+  return static_cast<unsigned>((threads + per_block - 1) / per_block);
+}
+
+class CudaCell final : public Case {
+ public:
+  explicit CudaCell(const Problem& p) : s_(shape_of(p)), in_(make_inputs(s_, input_seed(p))), out_(make_outputs(s_)) {
+    const std::int64_t B = s_.B, K = s_.K(), G = s_.G();
+    const DType t = s_.dtype;
+    // Widest vector that divides H: 16 bytes of pre per gate (f32), 8 or 16 bytes of the rest.
+    vec_ = s_.H % 4 == 0 ? 4 : 1;
+    xh_ = gpu::DeviceBuffer(in_.xh);
+    W_ = gpu::DeviceBuffer(in_.W);
+    b_ = gpu::DeviceBuffer(in_.b);
+    c_ = gpu::DeviceBuffer(in_.c);
+    pre_ = gpu::DeviceBuffer(static_cast<std::size_t>(B * G) * sizeof(float));
+    // pre^T[G, B] = (W as col-major [K, G])^T . (xh as col-major [K, B])
+    gates_.emplace(t, CUDA_R_32F, CUBLAS_OP_T, K, G, CUBLAS_OP_N, K, B, G, B, "gates");
+    if (s_.dir == Direction::fwd) {
+      h_out_ = gpu::DeviceBuffer(out_.h.bytes());
+      c_out_ = gpu::DeviceBuffer(out_.c.bytes());
+      return;
+    }
+    dh_ = gpu::DeviceBuffer(in_.dh);
+    dc_ = gpu::DeviceBuffer(in_.dc);
+    dgates_ = gpu::DeviceBuffer(static_cast<std::size_t>(B * G) * dtype_size(t));
+    dxh_ = gpu::DeviceBuffer(out_.dxh.bytes());
+    dc_out_ = gpu::DeviceBuffer(out_.dc.bytes());
+    dW_ = gpu::DeviceBuffer(out_.dW.bytes());
+    db_ = gpu::DeviceBuffer(out_.db.bytes());
+    // dxh^T[K, B] = (W as col-major [K, G]) . (dgates as col-major [G, B])
+    dxh_gemm_.emplace(t, cuda_type(t), CUBLAS_OP_N, K, G, CUBLAS_OP_N, G, B, K, B, "d[x,h]");
+    // dW^T[K, G] = (xh as col-major [K, B]) . (dgates as col-major [G, B])^T
+    dW_gemm_.emplace(t, cuda_type(t), CUBLAS_OP_N, K, B, CUBLAS_OP_T, G, B, K, G, "dW");
+    // The saved state: the fwd GEMM, once, outside timing (stream-ordered after the uploads).
+    gates_->run(W_.get(), xh_.get(), pre_.get());
+  }
+
+  void run() override {
+    if (s_.dtype == DType::bf16) run_as<__nv_bfloat16>();
+    else run_as<float>();
+  }
+
+  Check verify() override {
+    if (s_.dir == Direction::fwd) {
+      h_out_.poison(), c_out_.poison();
+    } else {
+      dxh_.poison(), dc_out_.poison(), dW_.poison(), db_.poison();
+    }
+    run();
+    if (s_.dir == Direction::fwd) {
+      h_out_.download(out_.h), c_out_.download(out_.c);
+    } else {
+      dxh_.download(out_.dxh), dc_out_.download(out_.dc), dW_.download(out_.dW), db_.download(out_.db);
+    }
+    return lstm_cell::verify(s_, in_, out_);
+  }
+
+  std::string label() const override {
+    const std::string pw = "hotops pointwise kernel (" + std::to_string(vec_) + " columns per thread)";
+    if (s_.dir == Direction::fwd)
+      return "hotops: " + gates_->label() + " + " + pw + ", x,h given as one [B, I+H]";
+    return "hotops: " + pw + " + " + dxh_gemm_->label() + " + " + dW_gemm_->label() +
+           " + hotops column_sum for db, x,h given as one [B, I+H]";
+  }
+
+ private:
+  template <class T> void run_as() {
+    const std::int64_t B = s_.B, H = s_.H, G = s_.G();
+    const unsigned blocks = blocks_for(B * H / vec_, kThreads);
+    cudaStream_t st = gpu::stream();
+    const auto* pre = pre_.as<const float>();
+    if (s_.dir == Direction::fwd) {
+      gates_->run(W_.get(), xh_.get(), pre_.get());
+      auto kernel = vec_ == 4 ? lstm_fwd_pointwise<T, 4> : lstm_fwd_pointwise<T, 1>;
+      kernel<<<blocks, kThreads, 0, st>>>(pre, b_.as<const T>(), c_.as<const T>(), h_out_.as<T>(), c_out_.as<T>(), B, H);
+      HOTOPS_CHECK_LAUNCH();
+      return;
+    }
+    auto kernel = vec_ == 4 ? lstm_bwd_pointwise<T, 4> : lstm_bwd_pointwise<T, 1>;
+    kernel<<<blocks, kThreads, 0, st>>>(pre, b_.as<const T>(), c_.as<const T>(), dh_.as<const T>(), dc_.as<const T>(),
+                                        dgates_.as<T>(), dc_out_.as<T>(), B, H);
+    HOTOPS_CHECK_LAUNCH();
+    dxh_gemm_->run(W_.get(), dgates_.get(), dxh_.get());
+    dW_gemm_->run(xh_.get(), dgates_.get(), dW_.get());
+    column_sum<T><<<blocks_for(G, kSumCols), dim3(kSumCols, kSumRows), 0, st>>>(dgates_.as<const T>(), db_.as<T>(), B, G);
+    HOTOPS_CHECK_LAUNCH();
+  }
+
+  Shape s_;
+  Inputs in_;
+  Outputs out_;
+  int vec_ = 1;
+  gpu::DeviceBuffer xh_, W_, b_, c_, dh_, dc_, pre_, dgates_;
+  gpu::DeviceBuffer h_out_, c_out_, dxh_, dc_out_, dW_, db_;
+  std::optional<Gemm> gates_, dxh_gemm_, dW_gemm_;
+};
+
+}  // namespace
+
+std::unique_ptr<Case> make_cuda(const Problem& p) { return std::make_unique<CudaCell>(p); }
+
+}  // namespace hotops::lstm_cell

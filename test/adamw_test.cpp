@@ -1,0 +1,204 @@
+// The adamw family: parameter counts of the model lists, the reference on a hand-computed step,
+// verification that fails on planted errors (a wrong step count above all), the step count advancing
+// across runs and restored by verify(), and the CUDA kernel's own code run on the host.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "hotops/check.h"
+#include "kernels/adamw/adamw.h"
+
+namespace hotops::adamw {
+namespace {
+
+Problem problem(Backend be, DType t, const std::string& params, std::int64_t elements = 0) {
+  Problem p{"adamw", be, t, Direction::step, {{"params", params}}};
+  if (params == "flat") p.args.push_back({"elements", std::to_string(elements)});
+  for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
+           {"lr", "0.001"}, {"beta1", "0.9"}, {"beta2", "0.999"}, {"eps", "1e-08"}, {"wd", "0.01"}})
+    p.args.push_back({k, v});
+  return p;
+}
+
+std::int64_t sum(const std::vector<std::int64_t>& v) {
+  std::int64_t s = 0;
+  for (std::int64_t x : v) s += x;
+  return s;
+}
+
+TEST(AdamwLists, ModelParameterCounts) {
+  // Hugging Face's bert-base-uncased: 109,482,240 parameters in 199 tensors.
+  EXPECT_EQ(tensor_sizes("bert_base", 0).size(), 199u);
+  EXPECT_EQ(sum(tensor_sizes("bert_base", 0)), 109482240);
+  // Seed 003's Keras summary: 58,088,516 trainable parameters.
+  EXPECT_EQ(tensor_sizes("keras_cnn", 0).size(), 26u);
+  EXPECT_EQ(sum(tensor_sizes("keras_cnn", 0)), 58088516);
+  // Seed 004's MLP 13 -> 32 -> 16 -> 2.
+  EXPECT_EQ(sum(tensor_sizes("mlp_tiny", 0)), 13 * 32 + 32 + 32 * 16 + 16 + 16 * 2 + 2);
+  EXPECT_EQ(tensor_sizes("flat", 1 << 20), std::vector<std::int64_t>{1 << 20});
+  EXPECT_THROW(tensor_sizes("resnet", 0), Error);
+}
+
+TEST(AdamwNames, SchemeWorkAndLabel) {
+  const Family& f = family();
+  bool found = false;
+  for (const Problem& p : f.benchmark_problems({})) {
+    if (p.name() != "adamw/cpu/f32/step/params:bert_base/lr:0.001/beta1:0.9/beta2:0.999/eps:1e-08/wd:0.01") continue;
+    found = true;
+    const Work w = f.work(p);
+    EXPECT_DOUBLE_EQ(w.bytes, 28.0 * 109482240);
+    EXPECT_DOUBLE_EQ(w.flops, 14.0 * 109482240);
+    EXPECT_DOUBLE_EQ(w.items, 1);
+    EXPECT_EQ(describe(shape_of(p)), "199 tensors, 109.5M params");
+  }
+  EXPECT_TRUE(found);
+  Problem bad = problem(Backend::cpu, DType::f32, "mlp_tiny");
+  bad.args[1].value = "fast";
+  EXPECT_THROW(shape_of(bad), Error);
+  EXPECT_THROW(shape_of(problem(Backend::cpu, DType::f16, "mlp_tiny")), Error);
+}
+
+TEST(AdamwLayout, AlignedTensorsAndChunks) {
+  const std::vector<std::int64_t> sizes = {1, 3, 2 * kChunk + 5};
+  const Layout l = layout_of(sizes);
+  EXPECT_EQ(l.offset, (std::vector<std::size_t>{0, kAlignElements, 2 * kAlignElements}));
+  EXPECT_EQ(l.arena, 2 * kAlignElements + static_cast<std::size_t>(2 * kChunk + 5 + 59) + kGuard);
+  const std::vector<Chunk> c = chunks_of(sizes);
+  ASSERT_EQ(c.size(), 5u);
+  EXPECT_EQ(c[2].start, 0);
+  EXPECT_EQ(c[3].start, kChunk);
+  EXPECT_EQ(c[4].start, 2 * kChunk);
+  EXPECT_EQ(c[4].count, 5);
+}
+
+TEST(AdamwReference, FirstStepFromZeroStateIsLrTimesSign) {
+  // p = 1, g = 0.5, m = v = 0, t = 1: m = 0.05, v = 0.00025, bc1 = 0.1, bc2 = 0.001, so
+  // m_hat = 0.5, sqrt(v_hat) = 0.5 and the update is lr * 0.5 / (0.5 + eps); weight decay first.
+  Element e{1, 0, 0};
+  const Hyper h;
+  reference_step(h, 1, 0.5, e);
+  EXPECT_NEAR(e.m, 0.05, 1e-16);
+  EXPECT_NEAR(e.v, 0.00025, 1e-18);
+  EXPECT_NEAR(e.p, (1 - 1e-5) - 1e-3 * 0.5 / (0.5 + 1e-8), 1e-15);
+  // Step 2 with the same gradient: m = 0.095, v = 0.00049975, bc1 = 0.19, bc2 = 0.001999.
+  reference_step(h, 2, 0.5, e);
+  const double p1 = (1 - 1e-5) - 1e-3 * 0.5 / (0.5 + 1e-8);
+  const double denom = std::sqrt(0.00049975) / std::sqrt(1 - 0.999 * 0.999) + 1e-8;
+  EXPECT_NEAR(e.p, p1 * (1 - 1e-5) - (1e-3 / 0.19) * 0.095 / denom, 1e-15);
+}
+
+TEST(AdamwReference, ScalarsMatchTheFormula) {
+  const Hyper h;
+  const StepScalars s = scalars_for(h, 3);
+  EXPECT_FLOAT_EQ(s.step_size, static_cast<float>(1e-3 / (1 - 0.9 * 0.9 * 0.9)));
+  EXPECT_FLOAT_EQ(s.inv_sqrt_bc2, static_cast<float>(1 / std::sqrt(1 - 0.999 * 0.999 * 0.999)));
+  EXPECT_FLOAT_EQ(s.decay, static_cast<float>(1 - 1e-5));
+}
+
+// The state after steps first..last of the reference, stored as the op stores it (f32, bf16 p).
+void reference_steps(const Shape& s, const Layout& l, State& st, std::int64_t first, std::int64_t last) {
+  for (std::size_t t = 0; t < s.sizes.size(); ++t)
+    for (std::int64_t i = 0; i < s.sizes[t]; ++i) {
+      const std::size_t a = l.offset[t] + static_cast<std::size_t>(i);
+      Element e{st.p.get(a), st.m.get(a), st.v.get(a)};
+      for (std::int64_t k = first; k <= last; ++k) reference_step(s.hyper, k, st.g.get(a), e);
+      st.p.set(a, e.p), st.m.set(a, e.m), st.v.set(a, e.v);
+      if (s.dtype == DType::bf16) st.p16.as<std::uint16_t>()[a] = float_to_bf16(st.p.as<float>()[a]);
+    }
+}
+
+struct Fixture {
+  Shape s;
+  Layout l;
+  State st;
+  Snapshot snap;
+  explicit Fixture(DType t) : s(shape_of(problem(Backend::cpu, t, "odd"))), l(layout_of(s.sizes)), st(make_state(s, l)) {
+    restore(s, st, 42);
+    snap = snapshot(s, l, st, 42);
+  }
+};
+
+TEST(AdamwVerify, PassesTheReferenceAndFailsPlantedErrors) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(t));
+    {
+      Fixture f(t);
+      reference_steps(f.s, f.l, f.st, 1, kVerifySteps);
+      const Check c = check(f.s, f.snap, f.st, kVerifySteps);
+      EXPECT_TRUE(c.ok) << c.message;
+      EXPECT_GT(c.checked, 0u);
+    }
+    {  // a step count off by one: steps 2, 3, 4 instead of 1, 2, 3
+      Fixture f(t);
+      reference_steps(f.s, f.l, f.st, 2, kVerifySteps + 1);
+      const Check c = check(f.s, f.snap, f.st, kVerifySteps);
+      EXPECT_FALSE(c.ok);
+      EXPECT_NE(c.message.find("p - p0"), std::string::npos) << c.message;
+      EXPECT_GT(c.max_err, 1e-2);  // far beyond the bound, not a near miss
+    }
+    {  // one step too few
+      Fixture f(t);
+      reference_steps(f.s, f.l, f.st, 1, kVerifySteps - 1);
+      EXPECT_FALSE(check(f.s, f.snap, f.st, kVerifySteps).ok);
+    }
+    {  // every step count the same (t = 1 three times: bias correction never advancing)
+      Fixture f(t);
+      for (int k = 0; k < kVerifySteps; ++k) reference_steps(f.s, f.l, f.st, 1, 1);
+      EXPECT_FALSE(check(f.s, f.snap, f.st, kVerifySteps).ok);
+    }
+    {  // a write between two tensors
+      Fixture f(t);
+      reference_steps(f.s, f.l, f.st, 1, kVerifySteps);
+      f.st.m.as<float>()[f.l.offset[1] - 1] += 1;
+      const Check c = check(f.s, f.snap, f.st, kVerifySteps);
+      EXPECT_FALSE(c.ok);
+      EXPECT_NE(c.message.find("gaps"), std::string::npos) << c.message;
+    }
+    {  // m off by 1e-3 at the last element of a tensor
+      Fixture f(t);
+      reference_steps(f.s, f.l, f.st, 1, kVerifySteps);
+      const std::size_t last = f.l.offset[2] + 1026;
+      f.st.m.as<float>()[last] += 1e-3f;
+      EXPECT_FALSE(check(f.s, f.snap, f.st, kVerifySteps).ok);
+    }
+  }
+  // The bf16 parameters must be the master rounded, to the bit.
+  Fixture f(DType::bf16);
+  reference_steps(f.s, f.l, f.st, 1, kVerifySteps);
+  f.st.p16.as<std::uint16_t>()[f.snap.idx[0]] ^= 1;
+  const Check c = check(f.s, f.snap, f.st, kVerifySteps);
+  EXPECT_FALSE(c.ok);
+  EXPECT_NE(c.message.find("bf16 p"), std::string::npos) << c.message;
+}
+
+TEST(AdamwCpu, StepCountAdvancesAcrossRunsAndVerifyRestoresIt) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    const auto c = family().make(problem(Backend::cpu, t, "odd"));
+    EXPECT_TRUE(c->verify().ok);
+    for (int i = 0; i < 7; ++i) c->run();  // timed runs: steps 4 to 10
+    const Check after = c->verify();
+    EXPECT_TRUE(after.ok) << after.message;
+    EXPECT_NE(c->label().find("8 tensors"), std::string::npos) << c->label();
+  }
+}
+
+#ifdef HOTOPS_HAVE_CUDA
+// The CUDA kernel's code on the host: chunk table, 16-byte vectors, the batched and the partial
+// rounds, tails, the bf16 copy; step t given as the device state would give it.
+TEST(AdamwCudaKernelOnHost, MatchesTheReference) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(t));
+    Fixture f(t);
+    for (int k = 1; k <= kVerifySteps; ++k) run_cuda_kernel_on_host(f.s, f.st, k);
+    const Check c = check(f.s, f.snap, f.st, kVerifySteps);
+    EXPECT_TRUE(c.ok) << c.message;
+
+    Fixture wrong(t);  // the step count not advancing: must fail
+    for (int k = 1; k <= kVerifySteps; ++k) run_cuda_kernel_on_host(wrong.s, wrong.st, 1);
+    EXPECT_FALSE(check(wrong.s, wrong.snap, wrong.st, kVerifySteps).ok);
+  }
+}
+#endif
+
+}  // namespace
+}  // namespace hotops::adamw

@@ -1,0 +1,166 @@
+// lstm: the reference against a hand computation and against finite differences of itself, and
+// verification that must fail on planted errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernels/lstm/lstm.h"
+
+namespace hotops::lstm {
+namespace {
+
+Shape tiny(bool bi, Direction dir = Direction::bwd) {
+  Shape s;
+  s.dir = dir;
+  s.T = 3, s.B = 2, s.I = 3, s.H = 4;
+  s.bidirectional = bi;
+  return s;
+}
+
+double sigmoid(double v) { return 1 / (1 + std::exp(-v)); }
+
+TEST(LstmReference, OneStepByHand) {
+  Shape s;
+  s.T = 1, s.B = 1, s.I = 1, s.H = 1;
+  RefInputs in;
+  in.x = {0.5};
+  in.h0 = {-0.25};
+  in.c0 = {0.75};
+  in.w_ih = {0.1, -0.2, 0.3, 0.4};   // gates i, f, g, o
+  in.w_hh = {0.5, 0.6, -0.7, 0.8};
+  in.b_ih = {0.01, 0.02, 0.03, 0.04};
+  in.b_hh = {-0.05, 0.06, 0.07, -0.08};
+  auto pre = [&](int g) { return in.w_ih[g] * 0.5 + in.w_hh[g] * -0.25 + in.b_ih[g] + in.b_hh[g]; };
+  const double i = sigmoid(pre(0)), f = sigmoid(pre(1)), g = std::tanh(pre(2)), o = sigmoid(pre(3));
+  const double c = f * 0.75 + i * g, h = o * std::tanh(c);
+  const Forward r = reference_forward(s, in);
+  EXPECT_NEAR(r.y[0], h, 1e-15);
+  EXPECT_NEAR(r.hT[0], h, 1e-15);
+  EXPECT_NEAR(r.cT[0], c, 1e-15);
+}
+
+// loss = sum(dy * y) + sum(dhT * hT) + sum(dcT * cT), so its gradient is what the backward gives.
+double loss(const Shape& s, const RefInputs& in) {
+  const Forward f = reference_forward(s, in);
+  double l = 0;
+  for (std::size_t k = 0; k < f.y.size(); ++k) l += in.dy[k] * f.y[k];
+  for (std::size_t k = 0; k < f.hT.size(); ++k) l += in.dhT[k] * f.hT[k] + in.dcT[k] * f.cT[k];
+  return l;
+}
+
+// Central differences on every element of `v` (a member of `in`) against `grad`.
+void check_gradient(const Shape& s, RefInputs& in, std::vector<double>& v, const std::vector<double>& grad,
+                    const char* what) {
+  ASSERT_EQ(v.size(), grad.size()) << what;
+  const double eps = 1e-6;
+  for (std::size_t k = 0; k < v.size(); ++k) {
+    const double keep = v[k];
+    v[k] = keep + eps;
+    const double up = loss(s, in);
+    v[k] = keep - eps;
+    const double down = loss(s, in);
+    v[k] = keep;
+    const double fd = (up - down) / (2 * eps);
+    EXPECT_NEAR(grad[k], fd, 1e-7 * std::max(1.0, std::fabs(fd))) << what << "[" << k << "]";
+  }
+}
+
+class LstmFiniteDifferences : public testing::TestWithParam<bool> {};
+
+TEST_P(LstmFiniteDifferences, BackwardIsTheGradientOfTheForward) {
+  const Shape s = tiny(GetParam());
+  RefInputs in = to_double(make_inputs(s, 42));
+  const Backward b = reference_backward(s, in, reference_forward(s, in));
+  std::vector<double> dh0 = b.dh0, dc0 = b.dc0;
+  check_gradient(s, in, in.x, b.dx, "dx");
+  check_gradient(s, in, in.h0, b.dh0, "dh0");
+  check_gradient(s, in, in.c0, b.dc0, "dc0");
+  check_gradient(s, in, in.w_ih, b.dw_ih, "dW_ih");
+  check_gradient(s, in, in.w_hh, b.dw_hh, "dW_hh");
+  check_gradient(s, in, in.b_ih, b.db, "db (b_ih)");
+  check_gradient(s, in, in.b_hh, b.db, "db (b_hh)");
+}
+
+INSTANTIATE_TEST_SUITE_P(UniAndBi, LstmFiniteDifferences, testing::Values(false, true),
+                         [](const testing::TestParamInfo<bool>& i) { return i.param ? "bi" : "uni"; });
+
+// The reference's results as an f32 backend would hand them back.
+HostBuffer as_f32(const std::vector<double>& v) {
+  HostBuffer b(DType::f32, v.size());
+  for (std::size_t k = 0; k < v.size(); ++k) b.set(k, v[k]);
+  return b;
+}
+
+Outputs outputs_of(const Shape& s, const RefInputs& in) {
+  const Forward f = reference_forward(s, in);
+  Outputs o;
+  if (s.dir == Direction::fwd) {
+    o.y = as_f32(f.y), o.hT = as_f32(f.hT), o.cT = as_f32(f.cT);
+    return o;
+  }
+  const Backward b = reference_backward(s, in, f);
+  o.dx = as_f32(b.dx), o.dh0 = as_f32(b.dh0), o.dc0 = as_f32(b.dc0);
+  o.dw_ih = as_f32(b.dw_ih), o.dw_hh = as_f32(b.dw_hh), o.db = as_f32(b.db);
+  return o;
+}
+
+TEST(LstmVerify, PassesTheReferenceAndFailsPlantedErrors) {
+  for (bool bi : {false, true})
+    for (Direction dir : {Direction::fwd, Direction::bwd}) {
+      const Shape s = tiny(bi, dir);
+      const Inputs in = make_inputs(s, 7);
+      const RefInputs d = to_double(in);
+      ReferenceCache cache;
+      EXPECT_TRUE(verify(s, in, outputs_of(s, d), cache).ok);
+
+      // One element off by 1%: far above the f32 bound of 1e-4.
+      Outputs one = outputs_of(s, d);
+      HostBuffer& victim = dir == Direction::fwd ? one.y : one.dw_hh;
+      victim.set(5, victim.get(5) * 1.01 + 0.01);
+      const Check c1 = verify(s, in, one, cache);
+      EXPECT_FALSE(c1.ok);
+      EXPECT_NE(c1.message.find(dir == Direction::fwd ? "y" : "dW_hh"), std::string::npos) << c1.message;
+
+      // A classic bug: gates i and f swapped in W_hh.
+      RefInputs swapped = d;
+      const std::size_t H = static_cast<std::size_t>(s.H);
+      for (std::size_t k = 0; k < H * H; ++k) std::swap(swapped.w_hh[k], swapped.w_hh[H * H + k]);
+      EXPECT_FALSE(verify(s, in, outputs_of(s, swapped), cache).ok);
+
+      // The backward direction run left to right (bi only): y's second half must not match.
+      if (bi && dir == Direction::fwd) {
+        Outputs uni = outputs_of(s, d);
+        Shape one_way = s;
+        one_way.bidirectional = false;
+        RefInputs dd = d;  // the bwd direction's parameters as a unidirectional layer
+        const std::size_t BH = static_cast<std::size_t>(s.B * s.H);
+        dd.h0.assign(d.h0.begin() + BH, d.h0.end());
+        dd.c0.assign(d.c0.begin() + BH, d.c0.end());
+        dd.w_ih.assign(d.w_ih.begin() + static_cast<long>(d.w_ih.size() / 2), d.w_ih.end());
+        dd.w_hh.assign(d.w_hh.begin() + static_cast<long>(d.w_hh.size() / 2), d.w_hh.end());
+        dd.b_ih.assign(d.b_ih.begin() + static_cast<long>(d.b_ih.size() / 2), d.b_ih.end());
+        dd.b_hh.assign(d.b_hh.begin() + static_cast<long>(d.b_hh.size() / 2), d.b_hh.end());
+        const Forward wrong = reference_forward(one_way, dd);
+        for (std::int64_t t = 0; t < s.T; ++t)
+          for (std::size_t k = 0; k < BH; ++k) {
+            const std::size_t b = k / H, j = k % H;
+            uni.y.set(static_cast<std::size_t>(t) * 2 * BH + b * 2 * H + H + j,
+                      wrong.y[static_cast<std::size_t>(t) * BH + k]);
+          }
+        EXPECT_FALSE(verify(s, in, uni, cache).ok);
+      }
+    }
+}
+
+TEST(LstmVerify, ToleranceGrowsAsSqrtTBeyond25Steps) {
+  Shape s;
+  s.T = 25;
+  const double base = tolerance_of(s);
+  s.T = 3;
+  EXPECT_EQ(tolerance_of(s), base);
+  s.T = 100;
+  EXPECT_DOUBLE_EQ(tolerance_of(s), 2 * base);
+}
+
+}  // namespace
+}  // namespace hotops::lstm
