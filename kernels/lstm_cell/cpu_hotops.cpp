@@ -10,35 +10,23 @@
 
 #include "hotops/check.h"
 #include "hotops/cpu.h"
+#include "hotops/cpu_vector.h"
 #include "kernels/lstm_cell/lstm_cell.h"
 
 namespace hotops::lstm_cell {
 namespace kernel {
 
-#define LSTM_INLINE [[gnu::always_inline]] inline
+#define LSTM_INLINE HOTOPS_VECTOR_INLINE
 
-LSTM_INLINE std::uint32_t bits(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-LSTM_INLINE float from_bits(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using vec::bits;
+using vec::from_bits;
 
 // Storage <-> f32: f32 as is; bf16 as the high half, rounded to nearest even, NaN kept quiet.
 LSTM_INLINE float load(float v) { return v; }
-LSTM_INLINE float load(std::uint16_t v) { return from_bits(static_cast<std::uint32_t>(v) << 16); }
+LSTM_INLINE float load(std::uint16_t v) { return vec::bf16_to_f32(v); }
 template <class T> LSTM_INLINE T store(float f);
 template <> LSTM_INLINE float store<float>(float f) { return f; }
-template <> LSTM_INLINE std::uint16_t store<std::uint16_t>(float f) {
-  const std::uint32_t u = bits(f);
-  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const std::uint32_t nan = (u >> 16) | 0x40u;
-  return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-}
+template <> LSTM_INLINE std::uint16_t store<std::uint16_t>(float f) { return vec::f32_to_bf16(f); }
 
 // e^x, 2 ulp: x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite), e^r by its Taylor polynomial to
 // degree 7, 2^n added to the exponent bits. x is clamped to [-86, 88], where 2^n stays a normal
