@@ -7,9 +7,11 @@
 #include "kernels/conv2d/conv2d.h"
 #include "kernels/copy/copy.h"
 #include "kernels/gelu/gelu.h"
+#include "kernels/layernorm/layernorm.h"
 #include "kernels/lstm/lstm.h"
 #include "kernels/lstm_cell/lstm_cell.h"
 #include "kernels/matmul/matmul.h"
+#include "kernels/softmax/softmax.h"
 
 namespace hotops {
 
@@ -28,7 +30,7 @@ std::string backend_unsupported_reason(const Problem& p, std::string (*cpu_reaso
 const std::vector<const Family*>& families() {
   static const std::vector<const Family*> all = {
       &matmul::family(), &conv2d::family(), &batchnorm::family(), &gelu::family(), &copy::family(),
-      &lstm_cell::family(), &lstm::family(), &adamw::family(),
+      &lstm_cell::family(), &lstm::family(), &adamw::family(), &layernorm::family(), &softmax::family(),
   };
   return all;
 }

@@ -19,6 +19,8 @@ int threads();
 // moves 3B; glibc's memcpy, which sets the host's copy bandwidth, streams large copies and moves
 // 2B. hotops' own CPU loops do the same: they compute a block into an L1-resident buffer and
 // stream_copy it out when the whole output is at least kStreamMinBytes.
+// Measured on the 16-core Xeon of the H100 host (300 MiB of L3) at 64M elements: streaming took the
+// f32 gelu loop from 0.61 to 0.94 of the copy bandwidth and bf16 -> f32 from 1.16 to 1.75.
 constexpr std::size_t kStreamMinBytes = std::size_t(32) << 20;
 // dst[0, bytes) = src[0, bytes) with non-temporal stores where dst is 16-byte aligned (ordinary ones
 // for an unaligned head and the tail). Call stream_fence() once a thread has written its last.

@@ -13,6 +13,7 @@
 
 #include "hotops/cpu.h"
 #include "hotops/cpu_vector.h"
+#include "kernels/gelu/cpu_constants.h"
 #include "kernels/gelu/gelu.h"
 
 namespace hotops::gelu {
@@ -62,36 +63,26 @@ GELU_INLINE std::uint16_t f32_to_f16(float f) {
 // it returns 2^-125 times 2^f, which changes no result (the terms it scales are below 1e-37).
 GELU_INLINE float exp2_neg(float a) {
   constexpr float kRound = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer, in the low bits
-  a = from_bits(std::min(bits(a), bits(-125.f)));  // a <= 0: the larger magnitude has the larger bits
+  a = from_bits(std::min(bits(a), bits(constants::kExp2Min)));  // a <= 0: the larger magnitude has the larger bits
   const float j = a + kRound;
   const float f = a - (j - kRound);
-  float p = 1.535336188319500e-4f;
-  p = p * f + 1.339887440266574e-3f;
-  p = p * f + 9.618437357674640e-3f;
-  p = p * f + 5.550332471162809e-2f;
-  p = p * f + 2.402264791363012e-1f;
-  p = p * f + 6.931472028550421e-1f;
-  p = p * f + 1.f;
+  float p = constants::kExp2Poly[0];
+  for (int k = 1; k < 7; ++k) p = p * f + constants::kExp2Poly[k];
   const std::uint32_t n = bits(j) - bits(kRound);  // the integer, two's complement
   return from_bits(bits(p) + (n << 23));
 }
 
-constexpr float kLog2e = 1.44269504088896341f;
-constexpr float kInvSqrt2Pi = 0.39894228040143268f;  // Phi'(0)
-constexpr float kBeta = 0.79788456080286536f;        // tanh form: sqrt(2 / pi)
-constexpr float kKappa = 0.044715f;
+using constants::kBeta;
+using constants::kInvSqrt2Pi;
+using constants::kKappa;
+using constants::kLog2e;
 
 // Phi(-|x|) from e = exp(-x^2 / 2): Abramowitz and Stegun 7.1.26, as in the CUDA kernel (there with
 // an approximate reciprocal and a Newton step; here a division).
 GELU_INLINE float phi_lower(float x, float e) {
-  constexpr float kP = 0.3275911f * 0.70710678118654752f;
-  constexpr float a1 = 0.5f * 0.254829592f, a2 = 0.5f * -0.284496736f, a3 = 0.5f * 1.421413741f,
-                  a4 = 0.5f * -1.453152027f, a5 = 0.5f * 1.061405429f;
-  const float t = 1.f / (std::abs(x) * kP + 1.f);
-  float q = t * a5 + a4;
-  q = q * t + a3;
-  q = q * t + a2;
-  q = q * t + a1;
+  const float t = 1.f / (std::abs(x) * constants::kP + 1.f);
+  float q = t * constants::kPhiPoly[0] + constants::kPhiPoly[1];
+  for (int k = 2; k < 5; ++k) q = q * t + constants::kPhiPoly[k];
   return q * t * e;
 }
 
@@ -101,8 +92,7 @@ struct Logistic {
   float e, r;
 };
 GELU_INLINE Logistic logistic(float x, float x_sq) {
-  constexpr float c1 = -2.f * kBeta * kLog2e, c3 = -2.f * kBeta * kKappa * kLog2e;
-  const float e = exp2_neg(std::abs(x) * (x_sq * c3 + c1));
+  const float e = exp2_neg(std::abs(x) * (x_sq * constants::kTanhC3 + constants::kTanhC1));
   return {e, 1.f / (1.f + e)};
 }
 
@@ -166,7 +156,6 @@ GELU_INLINE void span(const void* x_v, const void* dy_v, void* out_v, std::int64
 
 // The clones: one function per dtype x direction x approximation, each a copy of `span` compiled
 // for each target. The names say which (they show in a profile).
-using SpanFn = void (*)(const void*, const void*, void*, std::int64_t);
 #define GELU_SPAN(NAME, D, DIR, A)                                                                         \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void NAME(              \
       const void* x, const void* dy, void* out, std::int64_t n) {                                          \
@@ -186,8 +175,8 @@ GELU_SPAN(gelu_f16_bwd_none, f16, bwd, none)
 GELU_SPAN(gelu_f16_bwd_tanh, f16, bwd, tanh)
 #undef GELU_SPAN
 
-SpanFn span_for(const Shape& s) {
-  static constexpr SpanFn kSpans[3][2][2] = {
+gelu::SpanFn span_for(const Shape& s) {
+  static constexpr gelu::SpanFn kSpans[3][2][2] = {
       {{gelu_f32_fwd_none, gelu_f32_fwd_tanh}, {gelu_f32_bwd_none, gelu_f32_bwd_tanh}},
       {{gelu_bf16_fwd_none, gelu_bf16_fwd_tanh}, {gelu_bf16_bwd_none, gelu_bf16_bwd_tanh}},
       {{gelu_f16_fwd_none, gelu_f16_fwd_tanh}, {gelu_f16_bwd_none, gelu_f16_bwd_tanh}},
@@ -219,7 +208,8 @@ class HotopsGelu final : public Case {
       : s_(shape_of(p)),
         in_(make_inputs(s_, input_seed(p))),
         out_(make_output(s_)),
-        span_(kernel::span_for(s_)),
+        avx512_(avx512_span_for(s_)),
+        span_(avx512_ ? avx512_ : kernel::span_for(s_)),
         stream_(static_cast<std::size_t>(s_.elements) * dtype_size(s_.dtype) >= cpu::kStreamMinBytes) {}
 
   void run() override {
@@ -260,7 +250,9 @@ class HotopsGelu final : public Case {
 
   std::string label() const override {
     return std::string("hotops gelu_") + (s_.approx == Approx::none ? "erf " : "tanh ") +
-           direction_name(s_.dir) + ", " + kernel::clone_name() + (stream_ ? ", streaming stores" : "") + ", " +
+           direction_name(s_.dir) + ", " +
+           (avx512_ ? "AVX-512 version (hardware conversions, rcp14 + Newton)" : kernel::clone_name()) +
+           (stream_ ? ", streaming stores" : "") + ", " +
            std::to_string(cpu::threads()) + " threads";
   }
 
@@ -268,7 +260,8 @@ class HotopsGelu final : public Case {
   Shape s_;
   Inputs in_;
   HostBuffer out_;
-  kernel::SpanFn span_;
+  SpanFn avx512_;  // the AVX-512 version for bf16 / f16, where this CPU has it
+  SpanFn span_;
   bool stream_;  // the output is streamed out past the caches
 };
 

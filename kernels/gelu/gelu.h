@@ -67,6 +67,10 @@ Check verify(const Shape& s, const Inputs& in, const HostBuffer& out);
 std::unique_ptr<Case> make_cpu_onednn(const Problem& p);
 std::string onednn_unsupported_reason(const Problem& p);
 std::unique_ptr<Case> make_cpu_hotops(const Problem& p);
+// hotops' loop for bf16 and f16 written for AVX-512 with BF16 (cpu_avx512.cpp): the span of a 16-bit
+// problem, or nullptr for f32 or on a CPU without those extensions (the portable loop runs then).
+using SpanFn = void (*)(const void* x, const void* dy, void* out, std::int64_t n);
+SpanFn avx512_span_for(const Shape& s);
 // The hand-written loop's own conversions (scalar copies of what its vectorised loop does), for
 // the tests to compare with hotops' conversions in dtype.h.
 float hotops_f16_to_f32(std::uint16_t h);

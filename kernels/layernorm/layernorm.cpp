@@ -1,0 +1,220 @@
+// The layernorm family: problem names, work, inputs, verification, and the problem lists.
+#include "kernels/layernorm/layernorm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "hotops/check.h"
+
+namespace hotops::layernorm {
+namespace {
+
+// A sum of n terms accumulated in f32 has a relative error of about 2^-24 * sqrt(n) (a random walk
+// of roundings): 16 times that.
+double accumulation_bound(std::int64_t n) { return 16 * std::ldexp(1.0, -24) * std::sqrt(static_cast<double>(n)); }
+double sum_tolerance(std::int64_t n) { return std::max(tolerance(DType::f32), accumulation_bound(n)); }
+
+constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd};
+constexpr DType kDtypes[] = {DType::f32, DType::bf16};
+constexpr double kEps = 1e-5;  // torch.nn.LayerNorm's default
+
+// Layers of real models: [batch * tokens, hidden] activations normalised over hidden.
+struct NamedShape {
+  const char* name;
+  std::int64_t tokens, hidden;
+};
+constexpr NamedShape kShapes[] = {
+    {"bert.layer", 128, 768},  // BERT-base, sequence length 128
+    {"vit_b16.layer", 197, 768},  // ViT-B/16 at 224x224: 196 patches + the class token
+};
+constexpr std::int64_t kDefaultBatches[] = {1, 32};
+
+// eps as Python prints it ("1e-05"), so that names read like the torch module's repr.
+std::string eps_text(double eps) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", eps);
+  return buf;
+}
+
+void expand(const std::string& shape, std::int64_t batch, std::int64_t tokens, std::int64_t hidden,
+            std::vector<Problem>& out) {
+  const std::vector<Arg> args{{"shape", shape},
+                              {"batch", std::to_string(batch)},
+                              {"tokens", std::to_string(tokens)},
+                              {"hidden", std::to_string(hidden)},
+                              {"eps", eps_text(kEps)}};
+  for (Backend b : kAllBackends)
+    for (DType t : kDtypes)
+      for (Direction d : kDirections) out.push_back(Problem{"layernorm", b, t, d, args});
+}
+
+#ifdef HOTOPS_HAVE_CUDA
+std::unique_ptr<Case> make_gpu(const Problem& p) { return make_cuda(p); }
+#endif
+
+class LayernormFamily final : public Family {
+ public:
+  std::string name() const override { return "layernorm"; }
+
+  std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
+    std::vector<Problem> out;
+    for (const NamedShape& ns : kShapes) {
+      const std::vector<std::int64_t> bs =
+          batches.empty() ? std::vector<std::int64_t>(std::begin(kDefaultBatches), std::end(kDefaultBatches)) : batches;
+      for (std::int64_t b : bs) expand(ns.name, b, ns.tokens, ns.hidden, out);
+    }
+    return out;
+  }
+
+  std::vector<Problem> test_problems() const override {
+    // Odd hidden sizes (scalar loads; 5 is below a warp), the models' 768 (16-byte vectors), 256
+    // with enough rows that the column reduction has several row blocks, and 1031, too long for the
+    // CUDA kernels' register cache of a row.
+    std::vector<Problem> out;
+    expand("test", 3, 7, 5, out);
+    expand("test", 2, 5, 33, out);
+    expand("test", 2, 3, 768, out);
+    expand("test", 5, 97, 256, out);
+    expand("test", 1, 3, 1031, out);
+    return out;
+  }
+
+  // FLOPs per element of x: fwd 8 (sum: 1; sum of (x - mean)^2: 3; y = (x - mean)*rstd*gamma + beta:
+  // 4); bwd 13 (xhat: 2; g = gamma*dy: 1; sum g: 1; sum g*xhat: 2; dgamma += dy*xhat: 2; dbeta += dy:
+  // 1; dx = rstd*(g - c1 - xhat*c2): 4). Per-row O(1) work is left out.
+  // Bytes: each tensor once: x, y (fwd) or x, dy, dx (bwd) at the dtype's size; gamma, beta (fwd) or
+  // gamma, dgamma, dbeta (bwd) as f32 [H]; mean and rstd as f32 [rows], written (fwd) or read (bwd).
+  Work work(const Problem& p) const override {
+    const Shape s = shape_of(p);
+    const double n = static_cast<double>(s.count()), e = static_cast<double>(dtype_size(s.dtype));
+    const double h4 = 4.0 * static_cast<double>(s.hidden), r4 = 4.0 * static_cast<double>(s.rows());
+    Work w;
+    if (s.dir == Direction::bwd) {
+      w.flops = 13 * n;
+      w.bytes = 3 * e * n + 3 * h4 + 2 * r4;
+    } else {
+      w.flops = 8 * n;
+      w.bytes = 2 * e * n + 2 * h4 + 2 * r4;
+    }
+    w.items = static_cast<double>(s.batch);
+    return w;
+  }
+
+  std::string unsupported_reason(const Problem& p) const override {
+    const Shape s = shape_of(p);
+    if (s.dtype != DType::f32 && s.dtype != DType::bf16)
+      return std::string("layernorm is benchmarked in f32 and bf16, not ") + dtype_name(s.dtype);
+    if (s.dir != Direction::fwd && s.dir != Direction::bwd)
+      return std::string("layernorm has fwd and bwd, not ") + direction_name(s.dir);
+    return backend_unsupported_reason(p, cpu_unsupported_reason);
+  }
+
+  std::unique_ptr<Case> make(const Problem& p) const override {
+    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_gpu));
+  }
+};
+
+}  // namespace
+
+Shape shape_of(const Problem& p) {
+  Shape s;
+  s.dir = p.dir;
+  s.dtype = p.dtype;
+  s.batch = p.get_int("batch");
+  s.tokens = p.get_int("tokens");
+  s.hidden = p.get_int("hidden");
+  try {
+    s.eps = std::stod(p.get("eps"));
+  } catch (const std::exception&) {
+    throw Error("layernorm: eps '" + p.get("eps") + "' is not a number in " + p.name());
+  }
+  HOTOPS_CHECK(s.batch > 0 && s.tokens > 0 && s.hidden > 0 && s.eps > 0,
+               "layernorm dimensions and eps must be positive: " + p.name());
+  return s;
+}
+
+Inputs make_inputs(const Shape& s, std::uint64_t seed) {
+  const auto R = static_cast<std::size_t>(s.rows()), H = static_cast<std::size_t>(s.hidden);
+  Inputs in;
+  in.x = HostBuffer(s.dtype, R * H);
+  in.gamma = HostBuffer(DType::f32, H);
+  in.beta = HostBuffer(DType::f32, H);
+  in.gamma.fill_uniform(seed, 3, 0.5f, 1.5f);
+  in.beta.fill_uniform(seed, 4, -0.5f, 0.5f);
+
+  // x = offset[r] + spread[r] * u, u uniform in [-1, 1): every row has its own mean and variance, so
+  // that statistics taken over the wrong elements cannot pass verification.
+  HostBuffer offset(DType::f32, R), spread(DType::f32, R);
+  offset.fill_uniform(seed, 5, -0.5f, 0.5f);
+  spread.fill_uniform(seed, 6, 0.5f, 1.5f);
+  in.x.fill_uniform(seed, 1);
+  const auto n = static_cast<std::int64_t>(R * H);
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto k = static_cast<std::size_t>(i), r = k / H;
+    in.x.set(k, offset.get(r) + spread.get(r) * in.x.get(k));
+  }
+
+  if (s.dir == Direction::bwd) {
+    in.dy = HostBuffer(s.dtype, R * H);
+    in.dy.fill_uniform(seed, 2);
+    // The saved statistics are those a forward pass of this x leaves behind, rounded to f32.
+    Shape fwd = s;
+    fwd.dir = Direction::fwd;
+    const Reference r(fwd, in);
+    in.mean = HostBuffer(DType::f32, R);
+    in.rstd = HostBuffer(DType::f32, R);
+    for (std::size_t i = 0; i < R; ++i) {
+      in.mean.set(i, r.mean[i]);
+      in.rstd.set(i, r.rstd[i]);
+    }
+  }
+  return in;
+}
+
+Outputs make_outputs(const Shape& s) {
+  const auto R = static_cast<std::size_t>(s.rows()), H = static_cast<std::size_t>(s.hidden);
+  Outputs o;
+  o.out = HostBuffer(s.dtype, R * H);
+  if (s.dir == Direction::fwd) {
+    o.mean = HostBuffer(DType::f32, R);
+    o.rstd = HostBuffer(DType::f32, R);
+  } else {
+    o.dgamma = HostBuffer(DType::f32, H);
+    o.dbeta = HostBuffer(DType::f32, H);
+  }
+  return o;
+}
+
+Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
+  const Reference ref(s, in);
+  const std::size_t limit = std::size_t(1) << 18;
+  // y and dx: the dtype's rounding of the output, plus the f32 row sums (over H values) that the
+  // statistics (fwd) or the two dx coefficients (bwd) come from, amplified by |xhat| (< 1.8 for
+  // these inputs) and the |mean|/std of a row: 4 times the sum bound. mean and rstd are f32 row
+  // sums over H; dgamma and dbeta are f32 column sums over the rows.
+  const double tol = std::max(tolerance(s.dtype), 4 * accumulation_bound(s.hidden));
+  auto vec = [&](const HostBuffer& b, const std::vector<double>& r, double t) {
+    return compare(b, sample_indices(b.count(), limit, 11), [&](std::size_t i) { return r[i]; }, t);
+  };
+  Check all;
+  all.merge(compare(out.out, sample_indices(out.out.count(), limit, 7),
+                    [&](std::size_t i) { return ref.out(static_cast<std::int64_t>(i)); }, tol),
+            s.dir == Direction::bwd ? "dx" : "y");
+  if (s.dir == Direction::fwd) {
+    all.merge(vec(out.mean, ref.mean, sum_tolerance(s.hidden)), "mean");
+    all.merge(vec(out.rstd, ref.rstd, sum_tolerance(s.hidden)), "rstd");
+  } else {
+    all.merge(vec(out.dgamma, ref.dgamma, sum_tolerance(s.rows())), "dgamma");
+    all.merge(vec(out.dbeta, ref.dbeta, sum_tolerance(s.rows())), "dbeta");
+  }
+  return all;
+}
+
+const Family& family() {
+  static const LayernormFamily f;
+  return f;
+}
+
+}  // namespace hotops::layernorm

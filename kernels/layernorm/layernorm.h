@@ -1,0 +1,77 @@
+// The layernorm family: torch.nn.LayerNorm over the last dimension (normalized_shape = hidden) with
+// an elementwise affine gamma and beta, on oneDNN (CPU) and hand-written CUDA kernels.
+//
+//   fwd  per row r of [rows, H]: mean = sum x / H, var = sum (x - mean)^2 / H (biased),
+//        rstd = 1 / sqrt(var + eps), y = (x - mean) * rstd * gamma + beta;
+//        mean and rstd are saved ([rows] each, f32) for bwd.
+//   bwd  from x, dy, gamma and the saved mean / rstd, with xhat = (x - mean) * rstd, g = gamma * dy:
+//        dx = rstd * (g - sum(g) / H - xhat * sum(g * xhat) / H)   (sums over the row),
+//        dgamma = sum over rows of dy * xhat, dbeta = sum over rows of dy.
+// x, y, dy and dx are in the problem's dtype (f32 or bf16); gamma, beta, dgamma, dbeta, mean and rstd
+// are f32 in both dtypes (as with PyTorch autocast, where LayerNorm's parameters stay f32), and every
+// statistic and sum is accumulated in f32 or wider.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hotops/buffer.h"
+#include "hotops/op.h"
+
+namespace hotops::layernorm {
+
+struct Shape {
+  Direction dir = Direction::fwd;  // fwd or bwd
+  DType dtype = DType::f32;
+  std::int64_t batch = 1, tokens = 1, hidden = 1;
+  double eps = 1e-5;
+
+  std::int64_t rows() const { return batch * tokens; }
+  std::int64_t count() const { return rows() * hidden; }
+};
+
+Shape shape_of(const Problem& p);
+
+struct Inputs {
+  HostBuffer x;            // [rows, H], the dtype
+  HostBuffer dy;           // bwd: [rows, H], the dtype
+  HostBuffer gamma, beta;  // [H] f32 (bwd reads gamma only)
+  HostBuffer mean, rstd;   // bwd: [rows] f32, the statistics of x as fwd saves them
+};
+Inputs make_inputs(const Shape& s, std::uint64_t seed);
+
+struct Outputs {
+  HostBuffer out;            // y (fwd) or dx (bwd)
+  HostBuffer mean, rstd;     // fwd
+  HostBuffer dgamma, dbeta;  // bwd
+};
+Outputs make_outputs(const Shape& s);
+
+// The reference, double accumulation: the per-row and per-column passes are done at construction,
+// then any element of `out` is O(1).
+class Reference {
+ public:
+  Reference(const Shape& s, const Inputs& in);
+  double out(std::int64_t i) const;      // y or dx
+  std::vector<double> mean, rstd;        // fwd
+  std::vector<double> dgamma, dbeta;     // bwd
+
+ private:
+  const Shape& s_;
+  const Inputs& in_;
+  std::vector<double> c1_, c2_;  // bwd, per row: sum(g) / H and sum(g * xhat) / H
+};
+
+// Verifies every output of the direction (out sampled when large) against the reference.
+Check verify(const Shape& s, const Inputs& in, const Outputs& out);
+
+std::unique_ptr<Case> make_cpu(const Problem& p);
+std::string cpu_unsupported_reason(const Problem& p);
+#ifdef HOTOPS_HAVE_CUDA
+std::unique_ptr<Case> make_cuda(const Problem& p);
+#endif
+
+const Family& family();
+
+}  // namespace hotops::layernorm

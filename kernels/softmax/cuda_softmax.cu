@@ -1,0 +1,280 @@
+// softmax on CUDA: hand-written, memory-bound kernels, f32 math for both dtypes.
+//  - cols <= kWarpMaxCols: one warp per row, kWarpsPerBlock rows per block. The row is loaded once
+//    into registers (16-byte vectors when the row's bytes are a multiple of 16, else one element
+//    per access, lanes interleaved so every load is coalesced), max and sum by warp shuffles, and
+//    written once: the fewest bytes. Instantiated for the per-lane register counts 1..32.
+//  - wider rows: one block per row, kBlockThreads threads, block reductions through shared memory;
+//    the row is read twice (fwd: max, then sum and write re-reading exp(x - max) from L2) or once
+//    plus once (bwd: sum, then write).
+// exp is expf (libdevice, within 2 ulp), not __expf, whose error grows with |x - max|.
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "hotops/cuda_util.h"
+#include "kernels/softmax/softmax.h"
+
+namespace hotops::softmax {
+namespace {
+
+constexpr unsigned kWarp = 32;
+constexpr unsigned kWarpsPerBlock = 4;
+constexpr unsigned kBlockThreads = 512;
+
+template <class T>
+struct Elem;
+template <>
+struct Elem<float> {
+  __device__ static float load(float v) { return v; }
+  __device__ static float store(float f) { return f; }
+};
+template <>
+struct Elem<std::uint16_t> {  // bf16 storage
+  __device__ static float load(std::uint16_t v) { return __uint_as_float(static_cast<unsigned>(v) << 16); }
+  __device__ static std::uint16_t store(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+};
+
+// V elements of T in one access (16 bytes when V = 16 / sizeof(T)).
+template <class T, int V>
+struct alignas(sizeof(T) * V) Vec {
+  T e[V];
+};
+
+__device__ inline float warp_max(float v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ inline float warp_sum(float v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+struct Args {
+  const void* a;  // x (fwd) or y (bwd)
+  const void* dy;  // bwd only
+  void* out;
+  std::int64_t rows;
+  std::int64_t cols;
+};
+
+// One warp per row. Lane l holds vectors l, l + 32, ... (kIters of them, V elements each); vectors
+// past the row's end are masked (-inf for the max, 0 for the sums).
+template <class T, int V, int kIters, bool kBwd>
+__global__ void __launch_bounds__(kWarp * kWarpsPerBlock) warp_softmax(Args a) {
+  using E = Elem<T>;
+  using Vt = Vec<T, V>;
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (row >= a.rows) return;  // whole warps leave together
+  const int lane = static_cast<int>(threadIdx.x % kWarp);
+  const int nvec = static_cast<int>(a.cols / V);
+  const std::size_t base = static_cast<std::size_t>(row) * static_cast<std::size_t>(a.cols);
+  const Vt* src = reinterpret_cast<const Vt*>(static_cast<const T*>(a.a) + base);
+  Vt* dst = reinterpret_cast<Vt*>(static_cast<T*>(a.out) + base);
+  float v[kIters][V];
+  if constexpr (!kBwd) {
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int k = lane + it * static_cast<int>(kWarp);
+      if (k < nvec) {
+        const Vt t = src[k];
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[it][j] = E::load(t.e[j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[it][j] = -INFINITY;
+      }
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it)
+#pragma unroll
+      for (int j = 0; j < V; ++j) m = fmaxf(m, v[it][j]);
+    m = warp_max(m);
+    float sum = 0.f;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it)
+#pragma unroll
+      for (int j = 0; j < V; ++j) sum += (v[it][j] = expf(v[it][j] - m));  // masked: exp(-inf) = 0
+    const float inv = 1.f / warp_sum(sum);
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int k = lane + it * static_cast<int>(kWarp);
+      if (k < nvec) {
+        Vt t;
+#pragma unroll
+        for (int j = 0; j < V; ++j) t.e[j] = E::store(v[it][j] * inv);
+        dst[k] = t;
+      }
+    }
+  } else {
+    const Vt* dsrc = reinterpret_cast<const Vt*>(static_cast<const T*>(a.dy) + base);
+    float d[kIters][V];
+    float s = 0.f;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int k = lane + it * static_cast<int>(kWarp);
+      if (k < nvec) {
+        const Vt ty = src[k], td = dsrc[k];
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[it][j] = E::load(ty.e[j]), d[it][j] = E::load(td.e[j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[it][j] = 0.f, d[it][j] = 0.f;
+      }
+    }
+#pragma unroll
+    for (int it = 0; it < kIters; ++it)
+#pragma unroll
+      for (int j = 0; j < V; ++j) s = fmaf(d[it][j], v[it][j], s);
+    s = warp_sum(s);
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int k = lane + it * static_cast<int>(kWarp);
+      if (k < nvec) {
+        Vt t;
+#pragma unroll
+        for (int j = 0; j < V; ++j) t.e[j] = E::store(v[it][j] * (d[it][j] - s));
+        dst[k] = t;
+      }
+    }
+  }
+}
+
+// The block-wide reduction of v (max or sum) through shared memory; every thread gets the result.
+template <bool kMax>
+__device__ float block_reduce(float v, float* shared) {
+  v = kMax ? warp_max(v) : warp_sum(v);
+  const unsigned lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  __syncthreads();  // shared may still be read from the previous reduction
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < blockDim.x / kWarp ? shared[lane] : (kMax ? -INFINITY : 0.f);
+  return kMax ? warp_max(v) : warp_sum(v);
+}
+
+// One block per row, one element per access (rows wider than a warp holds are rare and long).
+template <class T, bool kBwd>
+__global__ void __launch_bounds__(kBlockThreads) block_softmax(Args a) {
+  using E = Elem<T>;
+  __shared__ float shared[kBlockThreads / kWarp];
+  const std::size_t base = static_cast<std::size_t>(blockIdx.x) * static_cast<std::size_t>(a.cols);
+  const T* src = static_cast<const T*>(a.a) + base;
+  T* dst = static_cast<T*>(a.out) + base;
+  if constexpr (!kBwd) {
+    float m = -INFINITY;
+    for (std::int64_t i = threadIdx.x; i < a.cols; i += blockDim.x) m = fmaxf(m, E::load(src[i]));
+    m = block_reduce<true>(m, shared);
+    float sum = 0.f;
+    for (std::int64_t i = threadIdx.x; i < a.cols; i += blockDim.x) sum += expf(E::load(src[i]) - m);
+    const float inv = 1.f / block_reduce<false>(sum, shared);
+    for (std::int64_t i = threadIdx.x; i < a.cols; i += blockDim.x) dst[i] = E::store(expf(E::load(src[i]) - m) * inv);
+  } else {
+    const T* dsrc = static_cast<const T*>(a.dy) + base;
+    float s = 0.f;
+    for (std::int64_t i = threadIdx.x; i < a.cols; i += blockDim.x) s = fmaf(E::load(dsrc[i]), E::load(src[i]), s);
+    s = block_reduce<false>(s, shared);
+    for (std::int64_t i = threadIdx.x; i < a.cols; i += blockDim.x)
+      dst[i] = E::store(E::load(src[i]) * (E::load(dsrc[i]) - s));
+  }
+}
+
+using Kernel = void (*)(Args);
+
+// The smallest power-of-two kIters that holds the row: vectors per lane.
+template <class T, int V, bool kBwd>
+Kernel warp_kernel(int iters) {
+  static_assert(32 % V == 0);
+  if (iters <= 1) return warp_softmax<T, V, 1, kBwd>;
+  if (iters <= 2) return warp_softmax<T, V, 2, kBwd>;
+  if (iters <= 4) return warp_softmax<T, V, 4, kBwd>;
+  if (iters <= 8 && 8 * V <= 32) return warp_softmax<T, V, (8 * V <= 32 ? 8 : 1), kBwd>;
+  if (iters <= 16 && 16 * V <= 32) return warp_softmax<T, V, (16 * V <= 32 ? 16 : 1), kBwd>;
+  if (iters <= 32 && V == 1) return warp_softmax<T, V, 32, kBwd>;
+  throw Error("softmax: no warp kernel for this row width", ErrorKind::failure);
+}
+
+struct Choice {
+  Kernel kernel;
+  bool per_warp;
+  int vec;    // elements per access
+  int iters;  // accesses per lane and input (warp kernel)
+};
+
+template <class T, bool kBwd>
+Choice choose(std::int64_t cols) {
+  constexpr int kVec = static_cast<int>(16 / sizeof(T));
+  if (cols > kWarpMaxCols) return {block_softmax<T, kBwd>, false, 1, 0};
+  const int v = cols % kVec == 0 ? kVec : 1;
+  const int nvec = static_cast<int>(cols) / v;
+  const int need = (nvec + static_cast<int>(kWarp) - 1) / static_cast<int>(kWarp);
+  int iters = 1;
+  while (iters < need) iters *= 2;
+  return {v == kVec ? warp_kernel<T, kVec, kBwd>(iters) : warp_kernel<T, 1, kBwd>(iters), true, v, iters};
+}
+
+Choice choose(const Shape& s) {
+  const bool bwd = s.dir == Direction::bwd;
+  if (s.dtype == DType::bf16) return bwd ? choose<std::uint16_t, true>(s.cols) : choose<std::uint16_t, false>(s.cols);
+  return bwd ? choose<float, true>(s.cols) : choose<float, false>(s.cols);
+}
+
+class CudaSoftmax final : public Case {
+ public:
+  explicit CudaSoftmax(const Problem& p)
+      : s_(shape_of(p)), in_(make_inputs(s_, p.seed())), out_(make_output(s_)), choice_(choose(s_)) {
+    const bool bwd = s_.dir == Direction::bwd;
+    a_ = gpu::DeviceBuffer(bwd ? in_.y : in_.x);
+    if (bwd) dy_ = gpu::DeviceBuffer(in_.dy);
+    out_d_ = gpu::DeviceBuffer(out_.bytes());
+    args_ = Args{a_.get(), bwd ? dy_.get() : nullptr, out_d_.get(), s_.rows, s_.cols};
+    const std::int64_t blocks = choice_.per_warp ? (s_.rows + kWarpsPerBlock - 1) / kWarpsPerBlock : s_.rows;
+    int device = 0, max_grid = 0;
+    HOTOPS_CHECK_CUDA(cudaGetDevice(&device));
+    HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&max_grid, cudaDevAttrMaxGridDimX, device));
+    HOTOPS_CHECK(blocks <= max_grid, "softmax: too many rows for one grid: " + p.name());
+    blocks_ = static_cast<unsigned>(blocks);
+    threads_ = choice_.per_warp ? kWarp * kWarpsPerBlock : kBlockThreads;
+  }
+
+  void run() override {
+    choice_.kernel<<<blocks_, threads_, 0, gpu::stream()>>>(args_);
+    HOTOPS_CHECK_LAUNCH();
+  }
+
+  Check verify() override {
+    out_d_.poison();
+    run();
+    out_d_.download(out_);
+    return softmax::verify(s_, in_, out_);
+  }
+
+  std::string label() const override {
+    std::string l = std::string("hotops ") + (choice_.per_warp ? "warp_softmax<" : "block_softmax<") +
+                    dtype_name(s_.dtype) + ", " + direction_name(s_.dir) + ">: f32 math, expf, ";
+    if (choice_.per_warp)
+      l += "one warp per row, " + std::to_string(choice_.iters) + " x " +
+           (choice_.vec > 1 ? "16-byte vectors" : std::string("scalars")) + " per lane in registers";
+    else
+      l += "one block of " + std::to_string(kBlockThreads) + " per row";
+    return l + ", grid " + std::to_string(blocks_) + "x" + std::to_string(threads_);
+  }
+
+ private:
+  Shape s_;
+  Inputs in_;
+  HostBuffer out_;
+  Choice choice_;
+  gpu::DeviceBuffer a_, dy_, out_d_;
+  Args args_{};
+  unsigned blocks_ = 1, threads_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Case> make_cuda(const Problem& p) { return std::make_unique<CudaSoftmax>(p); }
+
+}  // namespace hotops::softmax
