@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <string>
 
+#include "hotops/cuda_elem.cuh"
 #include "hotops/cuda_util.h"
 #include "kernels/batchnorm/batchnorm.h"
 #include "kernels/batchnorm/cuda_tensors.h"
@@ -27,32 +28,11 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <class T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
-// VEC elements in one aligned access (16 bytes at most).
-template <class T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack {
-  T v[VEC];
-};
-
-template <class T, int VEC>
-__device__ __forceinline__ void load(const T* p, float (&out)[VEC]) {
-  const Pack<T, VEC> pk = *reinterpret_cast<const Pack<T, VEC>*>(p);
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) out[i] = to_float(pk.v[i]);
-}
-
-template <class T, int VEC>
-__device__ __forceinline__ void store(T* p, const float (&in)[VEC]) {
-  Pack<T, VEC> pk;
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) pk.v[i] = from_float<T>(in[i]);
-  *reinterpret_cast<Pack<T, VEC>*>(p) = pk;
-}
+using gpu::from_float;
+using gpu::load;
+using gpu::Pack;
+using gpu::store;
+using gpu::to_float;
 
 enum class Mode { fwd, infer, bwd };
 

@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 
+#include "hotops/cuda_elem.cuh"
 #include "hotops/cuda_util.h"
 #include "kernels/lstm_cell/lstm_cell.h"
 
@@ -25,31 +26,11 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <class T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
-template <class T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
-template <class T, int V>
-__device__ __forceinline__ void load(const T* p, float (&out)[V]) {
-  const Pack<T, V> pk = *reinterpret_cast<const Pack<T, V>*>(p);
-#pragma unroll
-  for (int i = 0; i < V; ++i) out[i] = to_float(pk.v[i]);
-}
-
-template <class T, int V>
-__device__ __forceinline__ void store(T* p, const float (&in)[V]) {
-  Pack<T, V> pk;
-#pragma unroll
-  for (int i = 0; i < V; ++i) pk.v[i] = from_float<T>(in[i]);
-  *reinterpret_cast<Pack<T, V>*>(p) = pk;
-}
+using gpu::from_float;
+using gpu::load;
+using gpu::Pack;
+using gpu::store;
+using gpu::to_float;
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
 
