@@ -47,7 +47,7 @@ Live& live_for(const Problem& p, const Family& f, const Options& o) {
       const Check chk = live.c->verify();
       if (!chk.ok) live.error = "verification failed: " + chk.message;
     }
-    if (live.error.empty() && p.backend == Backend::cuda) {
+    if (live.error.empty() && p.backend == Backend::cuda && !live.c->host_timed()) {
       gpu::TimerOptions to;
       to.cold_l2 = o.cold_l2;
       to.throttle_threshold = o.throttle_threshold;
@@ -80,6 +80,15 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
       for (auto _ : state) live.c->run();
       elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       state.counters["threads"] = cpu::threads();
+    } else if (live.c->host_timed()) {
+      // End to end: the host's clock around each complete run (which synchronises itself).
+      for (auto _ : state) {
+        const auto t0 = std::chrono::steady_clock::now();
+        live.c->run();
+        const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        state.SetIterationTime(t);
+        elapsed += t;
+      }
     } else {
       // One iteration is one execution, so Google Benchmark's iteration count and min_time mean
       // what they say; a sample of `runs` executions is timed every `runs` iterations.
@@ -106,6 +115,8 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
   if (w.flops > 0) state.counters["FLOP/s"] = benchmark::Counter(w.flops * iters, benchmark::Counter::kIsRate);
   state.SetBytesProcessed(static_cast<std::int64_t>(w.bytes * iters));
   state.SetItemsProcessed(static_cast<std::int64_t>(w.items * iters));
+  // Model steps also report samples/s (DESIGN.md): their items are the samples of the batch.
+  if (p.op.rfind("model.", 0) == 0) state.counters["samples/s"] = benchmark::Counter(w.items * iters, benchmark::Counter::kIsRate);
   // Fractions of the roofline measured at start-up: of the copy bandwidth, and of the GEMM rate of
   // this dtype for ops that compute.
   const auto ceiling = roofline().ceilings.find(p.backend);

@@ -23,6 +23,10 @@ class Case {
   virtual std::string label() const = 0;
   // CUDA cases: whether run() can be captured in a CUDA graph (no host synchronisation inside).
   virtual bool capturable() const { return true; }
+  // CUDA cases: whether run() is timed by the host's clock instead of CUDA events: end-to-end
+  // variants that include what a user's program pays (transfers, launches), whose run() returns only
+  // when the work is complete (it synchronises).
+  virtual bool host_timed() const { return false; }
 };
 
 // One op family (e.g. matmul: mm, addmm, bmm): its problems, their work, their implementations.
