@@ -8,9 +8,11 @@
 #include "kernels/copy/copy.h"
 #include "kernels/gelu/gelu.h"
 #include "kernels/layernorm/layernorm.h"
+#include "kernels/loss/loss.h"
 #include "kernels/lstm/lstm.h"
 #include "kernels/lstm_cell/lstm_cell.h"
 #include "kernels/matmul/matmul.h"
+#include "kernels/pointwise/pointwise.h"
 #include "kernels/softmax/softmax.h"
 
 namespace hotops {
@@ -31,6 +33,8 @@ const std::vector<const Family*>& families() {
   static const std::vector<const Family*> all = {
       &matmul::family(), &conv2d::family(), &batchnorm::family(), &gelu::family(), &copy::family(),
       &lstm_cell::family(), &lstm::family(), &adamw::family(), &layernorm::family(), &softmax::family(),
+      &loss::family(),
+      &pointwise::family(),
   };
   return all;
 }

@@ -1,0 +1,273 @@
+// The loss family: problem names and shapes, work, inputs, verification and its bounds.
+//
+// Names: cross_entropy/<backend>/<dtype>/<fwd|bwd>/shape:<model>/batch:B/rows:R/classes:C, with
+// R = B x the rows of one sample (1 for a classifier, 128 tokens for BERT's MLM head); test
+// problems are cross_entropy/.../shape:test/rows:R/classes:C (no batch).
+#include "kernels/loss/loss.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "hotops/check.h"
+
+namespace hotops::loss {
+namespace {
+
+// The classifier head of a real model: rows_per_sample rows of `classes` logits per sample, at its
+// default batches.
+struct NamedShape {
+  const char* name;
+  std::int64_t rows_per_sample;
+  std::int64_t classes;
+  std::vector<std::int64_t> batches;
+};
+
+const std::vector<NamedShape>& named_shapes() {
+  static const std::vector<NamedShape> shapes = {
+      // The seed studies' classifier heads.
+      {"mlp_tiny", 1, 2, {10, 4096}},       // the PyTorch tiny-MLP notebook: 2 classes
+      {"mlp_mnist", 1, 10, {128}},          // an MNIST MLP: 10 digits
+      {"classifierdl", 1, 2, {1024}},       // Spark NLP ClassifierDL, binary sentiment
+      {"keras_cnn", 1, 4, {64}},            // Max Woolf's Keras CNN benchmark, 4 classes
+      {"imagenet", 1, 1000, {256}},         // an ImageNet classifier (ResNet-50, ViT-B/16)
+      {"bert.mlm", 128, 30522, {8}},        // BERT-base masked-LM head: every token of 128, vocab 30522
+  };
+  return shapes;
+}
+
+constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd};
+constexpr DType kDTypes[] = {DType::f32, DType::bf16};
+
+void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
+  for (Backend be : kAllBackends)
+    for (DType t : kDTypes)
+      for (Direction d : kDirections) out.push_back(Problem{"cross_entropy", be, t, d, args});
+}
+
+// The hand-written CPU loop runs everywhere: nothing to probe.
+std::string cpu_unsupported_reason(const Problem&) { return ""; }
+
+// 64-bit mix (splitmix64's finaliser): the targets are a pure function of (seed, row).
+std::uint64_t mix(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// FLOPs per logit, each exp counted as one (the per-row log, the target's pick and the mean are
+// O(rows) and not counted):
+//   fwd 4: the max's compare, x - max, exp, the sum's add
+//   bwd 4: x - lse, exp, minus the one-hot, times dloss / rows
+constexpr double kFlopsPerLogit = 4;
+
+class LossFamily final : public Family {
+ public:
+  std::string name() const override { return "loss"; }
+
+  std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
+    std::vector<Problem> out;
+    for (const NamedShape& ns : named_shapes())
+      for (std::int64_t b : batches.empty() ? ns.batches : batches)
+        expand({{"shape", ns.name},
+                {"batch", std::to_string(b)},
+                {"rows", std::to_string(b * ns.rows_per_sample)},
+                {"classes", std::to_string(ns.classes)}},
+               out);
+    return out;
+  }
+
+  std::vector<Problem> test_problems() const override {
+    // classes 1 (loss 0, gradient 0), 2 and 5 (a few active lanes), 33 (one past a warp, scalar
+    // accesses), 1000 (16-byte vectors in both dtypes, a warp per row on CUDA), 3001 (odd, one block
+    // per row on CUDA, scalar) and 4096 (one block per row, vectors).
+    constexpr std::int64_t kShapes[][2] = {{3, 1}, {7, 2}, {5, 5}, {9, 33}, {4, 1000}, {3, 3001}, {2, 4096}};
+    std::vector<Problem> out;
+    for (const auto& rc : kShapes)
+      expand({{"shape", "test"}, {"rows", std::to_string(rc[0])}, {"classes", std::to_string(rc[1])}}, out);
+    return out;
+  }
+
+  Work work(const Problem& p) const override {
+    const Shape s = shape_of(p);
+    const double n = static_cast<double>(s.elements()), rows = static_cast<double>(s.rows);
+    const double e = static_cast<double>(dtype_size(s.dtype));
+    Work w;
+    w.flops = n * kFlopsPerLogit;
+    // fwd: logits and int64 targets read, the f32 loss and f32 lse per row written;
+    // bwd: logits, targets, lse and dloss read, dlogits written.
+    w.bytes = s.dir == Direction::fwd ? n * e + rows * 8 + 4 + rows * 4 : n * e + rows * 8 + rows * 4 + 4 + n * e;
+    w.items = p.batch() ? static_cast<double>(*p.batch()) : 1.0;
+    return w;
+  }
+
+  std::string unsupported_reason(const Problem& p) const override {
+    return backend_unsupported_reason(p, cpu_unsupported_reason);
+  }
+
+  std::unique_ptr<Case> make(const Problem& p) const override {
+    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
+  }
+};
+
+// The first guard element of `b` after its first n that is not NaN, as a failed check.
+bool guard_written(const HostBuffer& b, std::size_t n, const char* what, Check& c) {
+  for (std::size_t i = n; i < b.count(); ++i)
+    if (!std::isnan(b.get(i))) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "guard element %zu after the %zu %s outputs was written (%g)", i, n, what,
+                    b.get(i));
+      c.ok = false;
+      c.message = buf;
+      return true;
+    }
+  return false;
+}
+
+}  // namespace
+
+Shape shape_of(const Problem& p) {
+  HOTOPS_CHECK(p.dir == Direction::fwd || p.dir == Direction::bwd, "cross_entropy has fwd and bwd only: " + p.name());
+  HOTOPS_CHECK(p.dtype == DType::f32 || p.dtype == DType::bf16, "cross_entropy has f32 and bf16 only: " + p.name());
+  Shape s;
+  s.dir = p.dir;
+  s.dtype = p.dtype;
+  s.rows = p.get_int("rows");
+  s.classes = p.get_int("classes");
+  HOTOPS_CHECK(s.rows > 0 && s.classes > 0, "bad cross_entropy shape: " + p.name());
+  if (p.batch())
+    HOTOPS_CHECK(s.rows % *p.batch() == 0, "cross_entropy rows must be a multiple of the batch: " + p.name());
+  return s;
+}
+
+Inputs make_inputs(const Shape& s, std::uint64_t seed) {
+  Inputs in;
+  in.logits = HostBuffer(s.dtype, s.elements() + kGuard);
+  in.logits.fill_uniform(seed, 0, -4.f, 4.f);
+  in.target.resize(static_cast<std::size_t>(s.rows));
+  const std::uint64_t key = mix(seed ^ 0x7a26e75ull);
+  for (std::size_t r = 0; r < in.target.size(); ++r)
+    in.target[r] = static_cast<std::int64_t>(mix(key + r) % static_cast<std::uint64_t>(s.classes));
+  if (s.dir == Direction::bwd) {
+    std::vector<double> lse(static_cast<std::size_t>(s.rows));
+    reference_fwd(s, in, lse.data());
+    in.lse = HostBuffer(DType::f32, lse.size() + kGuard);
+    for (std::size_t r = 0; r < in.lse.count(); ++r) in.lse.set(r, r < lse.size() ? lse[r] : 0.0);
+  }
+  return in;
+}
+
+Outputs make_outputs(const Shape& s) {
+  Outputs out;
+  if (s.dir == Direction::fwd) {
+    out.loss = HostBuffer(DType::f32, 1 + kGuard);
+    out.lse = HostBuffer(DType::f32, static_cast<std::size_t>(s.rows) + kGuard);
+  } else {
+    out.dlogits = HostBuffer(s.dtype, s.elements() + kGuard);
+  }
+  return out;
+}
+
+void poison(Outputs& out) {
+  for (HostBuffer* b : {&out.loss, &out.lse, &out.dlogits})
+    if (b->count()) b->poison();
+}
+
+// Bounds on |out - ref|, handed to compare() (whose metric is relative to rms(ref)) as k M / rms(ref).
+// The logits are exact in the dtype (the reference reads the stored values), so the error is the
+// f32 math, plus the output's rounding in bf16 (bwd only: loss and lse are f32 in both dtypes).
+// u = 2^-24 (f32).
+//   fwd, per row: lse = m + log(s): the max is exact; s sums C terms exp(x - m) in [0, 1] with s >= 1,
+//        in 16 (CPU) or 32+ (CUDA) interleaved partial sums, so the longest f32 chain is C/16 adds:
+//        |ds / s| <= (C/16 + a few) u worst case (1.1e-4 at C = 30522), about sqrt(C/16) u typically;
+//        that is the absolute error of log(s), and m + log(s) and lse - x_t round by u of their
+//        magnitude. The mean adds a sum over rows (double on the CPU; an f32 tree on CUDA,
+//        log2(rows) u relative to the sum of |row losses|).
+//        M = mean over rows of (|lse_r| + |x_{r,t_r}|) for the loss (>= |loss|, and > 0 even where
+//        the loss is 0, at classes = 1), max |lse_r| for the lse. k = 1e-5: above the worst case of
+//        the sum (1.1e-4 absolute against M >= 10.3 = log 30522 at the widest rows), far above the
+//        typical error (1e-7 relative).
+//   bwd: dx_j = dloss (exp(x_j - lse) - [j == t]) / rows. x_j - lse rounds by u |x_j - lse| (at most
+//        about 8 + log C, so 20 u relative in the exp), expf errs by 2 ulp, the product by one:
+//        |err_j| <= 25 u |dloss| / rows at most. M = |dloss| / rows (the largest |dx| is below it).
+//        f32: k = 1e-5, a 6x margin over that 25 u = 1.5e-6;
+//        bf16: the output rounds to nearest even, 2^-9 = 1.95e-3 relative, plus the f32 part: 4e-3.
+// A wrong target index moves two outputs by about |dloss| / rows = M (over 250 times the bf16 bound),
+// a missing / rows scales every output by rows, and a wrong row's lse moves the loss by O(1).
+double fwd_error_bound() { return 1e-5; }
+double bwd_error_bound(DType t) { return t == DType::bf16 ? 4e-3 : 1e-5; }
+
+Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
+  const auto rows = static_cast<std::size_t>(s.rows), classes = static_cast<std::size_t>(s.classes);
+  if (s.dir == Direction::fwd) {
+    std::vector<double> lse(rows);
+    const double loss = reference_fwd(s, in, lse.data());
+    double mag = 0, lse_max = 0, lse_sumsq = 0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      mag += std::fabs(lse[r]) + std::fabs(in.logits.get(r * classes + static_cast<std::size_t>(in.target[r])));
+      lse_max = std::max(lse_max, std::fabs(lse[r]));
+      lse_sumsq += lse[r] * lse[r];
+    }
+    mag /= static_cast<double>(rows);
+    Check c = compare(out.loss, {0}, [&](std::size_t) { return loss; },
+                      fwd_error_bound() * mag / (loss != 0 ? std::fabs(loss) : 1.0));
+    if (!c.ok) {
+      c.message = "loss: " + c.message;
+      return c;
+    }
+    std::vector<std::size_t> all(rows);
+    for (std::size_t r = 0; r < rows; ++r) all[r] = r;
+    const double lse_rms = std::sqrt(lse_sumsq / static_cast<double>(rows));
+    c.merge(compare(out.lse, all, [&](std::size_t r) { return lse[r]; },
+                    fwd_error_bound() * lse_max / (lse_rms > 0 ? lse_rms : 1.0)),
+            "lse");
+    if (!c.ok) return c;
+    if (guard_written(out.loss, 1, "loss", c) || guard_written(out.lse, rows, "lse", c)) return c;
+    return c;
+  }
+
+  // bwd: whole rows, so that the reference is exact for every checked element: all rows up to ~2^18
+  // elements, else a sample of rows (sample_indices keeps the first and last).
+  const std::size_t row_limit = std::max<std::size_t>(16, (std::size_t(1) << 18) / classes);
+  const std::vector<std::size_t> sampled = sample_indices(rows, row_limit, 17);
+  std::vector<std::int64_t> pos(rows, -1);
+  std::vector<std::size_t> idx;
+  idx.reserve(sampled.size() * classes);
+  for (std::size_t k = 0; k < sampled.size(); ++k) {
+    pos[sampled[k]] = static_cast<std::int64_t>(k);
+    for (std::size_t j = 0; j < classes; ++j) idx.push_back(sampled[k] * classes + j);
+  }
+  const double scale = static_cast<double>(in.dloss) / static_cast<double>(rows);
+  std::vector<double> ref(idx.size());
+  double sumsq = 0;
+  const auto nrows = static_cast<std::int64_t>(sampled.size());
+#pragma omp parallel reduction(+ : sumsq)
+  {
+    std::vector<double> x(classes);
+#pragma omp for
+    for (std::int64_t k = 0; k < nrows; ++k) {
+      const std::size_t r = sampled[static_cast<std::size_t>(k)], base = r * classes;
+      double* d = ref.data() + static_cast<std::size_t>(k) * classes;
+      for (std::size_t j = 0; j < classes; ++j) x[j] = in.logits.get(base + j);
+      reference_bwd(x.data(), classes, in.target[r], in.lse.get(r), scale, d);
+      for (std::size_t j = 0; j < classes; ++j) sumsq += d[j] * d[j];
+    }
+  }
+  const double rms = std::sqrt(sumsq / static_cast<double>(idx.size()));
+  const double mag = std::fabs(scale);
+  Check c = compare(
+      out.dlogits, idx,
+      [&](std::size_t i) { return ref[static_cast<std::size_t>(pos[i / classes]) * classes + i % classes]; },
+      bwd_error_bound(s.dtype) * mag / (rms > 0 ? rms : 1.0));
+  if (!c.ok) return c;
+  guard_written(out.dlogits, s.elements(), "dlogits", c);
+  return c;
+}
+
+const Family& family() {
+  static const LossFamily f;
+  return f;
+}
+
+}  // namespace hotops::loss

@@ -1,0 +1,77 @@
+// The loss family: cross_entropy, PyTorch's F.cross_entropy(logits, target) with integer class
+// targets and reduction='mean' (log-softmax + NLL, no weights, no ignore_index hit, no smoothing).
+//   fwd: loss = mean over rows r of (lse_r - x[r, t_r]), lse_r = log sum_j exp(x[r, j]); the per-row
+//        lse is written too (f32), as fused cross-entropy kernels save it for the backward.
+//   bwd: dlogits[r, j] = dloss * (exp(x[r, j] - lse_r) - [j == t_r]) / rows, from the logits, the
+//        targets, the saved lse and the upstream gradient dloss (a scalar, 1 by default).
+// CPU: a hand-written OpenMP loop over rows (oneDNN 2.6 has no cross-entropy primitive). CUDA:
+// hand-written kernels, one warp per row (one block per row for wide rows), the mean as a
+// deterministic two-stage reduction.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hotops/buffer.h"
+#include "hotops/op.h"
+
+namespace hotops::loss {
+
+// One problem: `rows` rows of `classes` contiguous logits. Every output is followed by kGuard
+// elements that no op may write.
+struct Shape {
+  Direction dir = Direction::fwd;
+  DType dtype = DType::f32;  // of the logits and dlogits; loss, lse and dloss are always f32
+  std::int64_t rows = 1;
+  std::int64_t classes = 1;
+  std::size_t elements() const { return static_cast<std::size_t>(rows * classes); }
+};
+constexpr std::size_t kGuard = 8;
+
+Shape shape_of(const Problem& p);
+
+// Inputs, seeded from the problem name so every backend sees the same numbers.
+//   logits uniform in [-4, 4) in the dtype; targets uniform in [0, classes), int64 (PyTorch's long);
+//   bwd: lse from the double reference, rounded to f32 (what the forward saves), and dloss = 1.
+struct Inputs {
+  HostBuffer logits;
+  std::vector<std::int64_t> target;
+  HostBuffer lse;  // bwd: f32, rows (+ kGuard zeros)
+  float dloss = 1.f;
+};
+Inputs make_inputs(const Shape& s, std::uint64_t seed);
+
+struct Outputs {
+  HostBuffer loss;     // fwd: f32, 1 + kGuard
+  HostBuffer lse;      // fwd: f32, rows + kGuard
+  HostBuffer dlogits;  // bwd: dtype, elements() + kGuard
+};
+Outputs make_outputs(const Shape& s);
+void poison(Outputs& out);
+
+// The reference in double. reference_lse: log sum exp of one row of n; reference_fwd: the mean loss
+// over all rows (lse of each row into `lse` when not null); reference_bwd: one row's gradient.
+double reference_lse(const double* x, std::size_t n);
+double reference_fwd(const Shape& s, const Inputs& in, double* lse);
+void reference_bwd(const double* x, std::size_t n, std::int64_t target, double lse, double scale, double* dx);
+
+// The error bounds (see loss.cpp): k of |out - ref| <= k M for the loss and lse (fwd) and for
+// dlogits (bwd).
+double fwd_error_bound();
+double bwd_error_bound(DType t);
+
+// Checks the outputs against the reference: fwd the scalar loss and every row's lse; bwd whole rows
+// (all of them, or a seeded sample that always has the first and last); and that the kGuard
+// elements after each output are still poisoned (NaN).
+Check verify(const Shape& s, const Inputs& in, const Outputs& out);
+
+std::unique_ptr<Case> make_cpu(const Problem& p);
+#ifdef HOTOPS_HAVE_CUDA
+std::unique_ptr<Case> make_cuda(const Problem& p);
+#endif
+
+const Family& family();
+
+}  // namespace hotops::loss

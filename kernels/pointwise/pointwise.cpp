@@ -1,0 +1,272 @@
+// The pointwise family (relu, dropout): problem names and shapes, work, inputs, verification.
+//
+// Names: <relu|dropout>/<backend>/<f32|bf16>/<fwd|bwd>/shape:<model.layer>/batch:B/dims:BxCxHxW for
+// the activations of real models, .../shape:flat/elements:N for the bandwidth sweep; dropout adds
+// p:<probability>. Both ops are elementwise, so only the element count matters to them; dims are
+// there to say which tensor of which model it is.
+#include "kernels/pointwise/pointwise.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "hotops/check.h"
+
+namespace hotops::pointwise {
+namespace {
+
+// An activation tensor of a real model: [batch, sample...] with the default batch.
+struct NamedShape {
+  std::string name;
+  std::vector<std::int64_t> sample;  // dims of one sample
+  std::int64_t batch;
+};
+
+const std::vector<NamedShape>& named_shapes() {
+  static const std::vector<NamedShape> shapes = {
+      // Seed 005's PyTorch MLP on MNIST: the 512-wide hidden layer, batch 128.
+      {"mlp_mnist.hidden", {512}, 128},
+      // Seed 003's Keras CNN (256x256x3 images), conv outputs in NCHW as in kernels/gelu: the first
+      // at batch 16 (at the seed's 64 it would be 512 MiB in f32), the others at the seed's 64.
+      {"keras_cnn.conv2d", {32, 256, 256}, 16},
+      {"keras_cnn.conv2d_1", {64, 85, 85}, 64},
+      {"keras_cnn.conv2d_3", {128, 42, 42}, 64},
+      // BERT-base, sequence 128: the FFN's 3072-wide intermediate.
+      {"bert.ffn", {128, 3072}, 32},
+  };
+  return shapes;
+}
+
+// The flat bandwidth sweep: 4 and 256 MiB of f32 (half of that in bf16).
+constexpr std::int64_t kFlatElements[] = {1 << 20, 1 << 26};
+// Dropout probabilities: 0.1 (BERT's hidden and attention dropout), 0.5 (the classic MLP's).
+constexpr const char* kDropoutP[] = {"0.5", "0.1"};
+
+constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd};
+constexpr DType kDTypes[] = {DType::f32, DType::bf16};
+
+const char* op_name(Op o) { return o == Op::relu ? "relu" : "dropout"; }
+
+// Expands one shape into every backend x dtype x direction problem of op `o` (dropout: x p).
+void expand(Op o, const std::vector<Arg>& args, std::vector<Problem>& out) {
+  for (Backend be : kAllBackends)
+    for (DType t : kDTypes)
+      for (Direction d : kDirections) {
+        Problem p{op_name(o), be, t, d, args};
+        if (o == Op::relu) {
+          out.push_back(std::move(p));
+          continue;
+        }
+        for (const char* prob : kDropoutP) {
+          Problem q = p;
+          q.args.push_back({"p", prob});
+          out.push_back(std::move(q));
+        }
+      }
+}
+
+void expand_both(const std::vector<Arg>& args, std::vector<Problem>& out) {
+  expand(Op::relu, args, out);
+  expand(Op::dropout, args, out);
+}
+
+std::vector<Arg> model_args(const std::string& name, std::int64_t batch, const std::vector<std::int64_t>& sample) {
+  std::string dims = std::to_string(batch);
+  for (std::int64_t d : sample) dims += "x" + std::to_string(d);
+  return {{"shape", name}, {"batch", std::to_string(batch)}, {"dims", dims}};
+}
+
+std::vector<Arg> flat_args(std::int64_t elements, std::int64_t offset = 0) {
+  std::vector<Arg> a{{"shape", "flat"}, {"elements", std::to_string(elements)}};
+  if (offset != 0) a.push_back({"offset", std::to_string(offset)});
+  return a;
+}
+
+std::unique_ptr<Case> make_cpu(const Problem& p) {
+  return shape_of(p).op == Op::relu ? make_cpu_relu(p) : make_cpu_dropout(p);
+}
+
+// relu: oneDNN answers for itself; the dropout loop runs on any x86-64 (its baseline clone).
+std::string cpu_unsupported_reason(const Problem& p) {
+  return shape_of(p).op == Op::relu ? relu_onednn_unsupported_reason(p) : "";
+}
+
+class PointwiseFamily final : public Family {
+ public:
+  std::string name() const override { return "pointwise"; }
+
+  std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
+    std::vector<Problem> out;
+    for (const NamedShape& ns : named_shapes())
+      for (std::int64_t b : batches.empty() ? std::vector<std::int64_t>{ns.batch} : batches)
+        expand_both(model_args(ns.name, b, ns.sample), out);
+    for (std::int64_t n : kFlatElements) expand_both(flat_args(n), out);
+    return out;
+  }
+
+  std::vector<Problem> test_problems() const override {
+    // One element; less than one 16-byte vector; an odd size off a 16-byte boundary (head, vectors
+    // and tail); a model-style name; enough elements for many vectors per CUDA thread and several
+    // OpenMP chunks.
+    std::vector<Problem> out;
+    expand_both(flat_args(1), out);
+    expand_both(flat_args(5), out);
+    expand_both(flat_args(1027, 3), out);
+    expand_both(model_args("test", 2, {3, 37}), out);
+    expand_both(flat_args(100003), out);
+    return out;
+  }
+
+  // FLOPs: relu one compare (or select) per element; dropout two per element (the mask test and
+  // the scaling multiply), as the brief of the family fixes them.
+  // Bytes, each tensor once: relu fwd x + y, bwd x + dy + dx; dropout fwd x + y + the uint8 mask
+  // it writes, bwd dy + mask + dx.
+  Work work(const Problem& p) const override {
+    const Shape s = shape_of(p);
+    const double n = static_cast<double>(s.elements), e = static_cast<double>(dtype_size(s.dtype));
+    Work w;
+    if (s.op == Op::relu) {
+      w.flops = n;
+      w.bytes = n * e * (s.dir == Direction::fwd ? 2 : 3);
+    } else {
+      w.flops = 2 * n;
+      w.bytes = n * (2 * e + 1);
+    }
+    w.items = p.batch() ? static_cast<double>(*p.batch()) : 1.0;
+    return w;
+  }
+
+  std::string unsupported_reason(const Problem& p) const override {
+    return backend_unsupported_reason(p, cpu_unsupported_reason);
+  }
+
+  std::unique_ptr<Case> make(const Problem& p) const override {
+    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
+  }
+};
+
+}  // namespace
+
+Shape shape_of(const Problem& p) {
+  Shape s;
+  HOTOPS_CHECK(p.op == "relu" || p.op == "dropout", "pointwise has relu and dropout only: " + p.name());
+  s.op = p.op == "relu" ? Op::relu : Op::dropout;
+  HOTOPS_CHECK(p.dir == Direction::fwd || p.dir == Direction::bwd, p.op + " has fwd and bwd only: " + p.name());
+  HOTOPS_CHECK(p.dtype == DType::f32 || p.dtype == DType::bf16, p.op + " has f32 and bf16 only: " + p.name());
+  s.dir = p.dir;
+  s.dtype = p.dtype;
+  if (p.has("dims")) {
+    const std::string& dims = p.get("dims");
+    s.elements = 1;
+    for (std::size_t pos = 0; pos <= dims.size();) {
+      const std::size_t end = std::min(dims.find('x', pos), dims.size());
+      s.elements *= std::stoll(dims.substr(pos, end - pos));
+      pos = end + 1;
+    }
+    if (p.batch()) HOTOPS_CHECK(std::stoll(dims) == *p.batch(), "dims must start with the batch: " + p.name());
+  } else {
+    s.elements = p.get_int("elements");
+  }
+  if (p.has("offset")) s.offset = p.get_int("offset");
+  HOTOPS_CHECK(s.elements > 0 && s.offset >= 0, "bad " + p.op + " shape: " + p.name());
+  if (s.op == Op::dropout) {
+    s.p = std::stod(p.get("p"));
+    HOTOPS_CHECK(s.p >= 0 && s.p < 1, "dropout needs 0 <= p < 1: " + p.name());
+  }
+  return s;
+}
+
+std::size_t buffer_count(const Shape& s) { return static_cast<std::size_t>(s.offset + s.elements) + kGuard; }
+
+DropoutKey dropout_key(std::uint64_t seed, double p) {
+  DropoutKey k;
+  k.k0 = static_cast<std::uint32_t>(seed);
+  k.k1 = static_cast<std::uint32_t>(seed >> 32);
+  k.threshold = static_cast<std::uint32_t>(std::llround(p * 16777216.0));  // p * 2^24
+  k.scale = static_cast<float>(1.0 / (1.0 - p));
+  return k;
+}
+
+// The problem's seed is the same on every backend; the constant (splitmix64's increment) keeps the
+// mask's key apart from the seed of x and dy.
+DropoutKey dropout_key(const Problem& p) { return dropout_key(p.seed() ^ 0x9e3779b97f4a7c15ull, shape_of(p).p); }
+
+Inputs make_inputs(const Shape& s, const Problem& p) {
+  Inputs in;
+  const std::uint64_t seed = p.seed();
+  const bool bwd = s.dir == Direction::bwd;
+  if (s.op == Op::relu || !bwd) {
+    in.x = HostBuffer(s.dtype, buffer_count(s));
+    in.x.fill_uniform(seed, 0);
+  }
+  if (bwd) {
+    in.dy = HostBuffer(s.dtype, buffer_count(s));
+    in.dy.fill_uniform(seed, 1);
+  }
+  if (s.op == Op::dropout) {
+    in.key = dropout_key(p);
+    if (bwd) {
+      in.mask.assign(buffer_count(s), 1);
+      for (std::int64_t i = 0; i < s.elements; ++i)
+        in.mask[static_cast<std::size_t>(s.offset + i)] = dropout_keep(in.key, static_cast<std::uint64_t>(i));
+    }
+  }
+  return in;
+}
+
+HostBuffer make_output(const Shape& s) { return HostBuffer(s.dtype, buffer_count(s)); }
+
+Check verify(const Shape& s, const Inputs& in, const HostBuffer& out, const std::uint8_t* mask) {
+  const auto n = static_cast<std::size_t>(s.elements), off = static_cast<std::size_t>(s.offset);
+  // The reference is a compare or a hash per element, so the sample can be large; both ends are
+  // always in it, where a vectorised kernel handles its unaligned head and its tail.
+  const std::size_t limit = std::size_t(1) << 20;
+  std::vector<std::size_t> idx = sample_indices(n, limit, 29);
+  if (n > limit)
+    for (std::size_t i = 0; i < 64; ++i) idx.push_back(i), idx.push_back(n - 1 - i);
+  std::vector<std::size_t> at(idx);
+  for (std::size_t& i : at) i += off;
+  // Exact: tolerance 0 (see reference()).
+  Check c = compare(out, at, [&](std::size_t i) { return reference(s, in, i - off); }, 0.0);
+  if (!c.ok) return c;
+  char buf[200];
+  auto fail = [&](const char* what) {
+    c.ok = false;
+    c.message = what;
+    return c;
+  };
+  for (std::size_t i = 0; i < out.count(); ++i) {
+    if (i == off) i += n;  // skip the output itself
+    if (i < out.count() && !std::isnan(out.get(i))) {
+      std::snprintf(buf, sizeof buf, "element %zu, outside the %zu outputs at offset %zu, was written (%g)", i, n,
+                    off, out.get(i));
+      return fail(buf);
+    }
+  }
+  if (!mask) return c;
+  for (std::size_t i : idx) {
+    const std::uint8_t want = reference_keep(s, in, i) ? 1 : 0;
+    if (mask[off + i] != want) {
+      std::snprintf(buf, sizeof buf, "mask element %zu is %u, the reference draws %u", i, unsigned{mask[off + i]},
+                    unsigned{want});
+      return fail(buf);
+    }
+  }
+  for (std::size_t i = 0; i < buffer_count(s); ++i) {
+    if (i == off) i += n;
+    if (i < buffer_count(s) && mask[i] != kMaskPoison) {
+      std::snprintf(buf, sizeof buf, "mask byte %zu, outside the %zu elements at offset %zu, was written (%u)", i, n,
+                    off, unsigned{mask[i]});
+      return fail(buf);
+    }
+  }
+  c.checked += idx.size();
+  return c;
+}
+
+const Family& family() {
+  static const PointwiseFamily f;
+  return f;
+}
+
+}  // namespace hotops::pointwise

@@ -1,0 +1,130 @@
+// The pointwise family: support ops of the composite models that touch each element once.
+//   relu     fwd  y[i]  = max(x[i], 0)
+//            bwd  dx[i] = x[i] > 0 ? dy[i] : 0           (PyTorch's threshold_backward on the input)
+//   dropout  fwd  y[i]  = x[i] * keep(i) / (1 - p), and mask[i] = keep(i) as one uint8 for bwd
+//            bwd  dx[i] = dy[i] * mask[i] / (1 - p)
+// relu: oneDNN's eltwise primitive on the CPU, a hand-written CUDA kernel. dropout: hand-written on
+// both. The dropout mask is a pure function of (seed, element index) through the counter-based hash
+// below, one piece of code for the host and the device, so every backend and the reference draw the
+// same mask.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hotops/buffer.h"
+#include "hotops/op.h"
+
+#ifdef __CUDACC__
+#define POINTWISE_HD __host__ __device__ __forceinline__
+#else
+#define POINTWISE_HD [[gnu::always_inline]] inline
+#endif
+
+namespace hotops::pointwise {
+
+enum class Op { relu, dropout };
+
+// One problem: `elements` values stored `offset` elements into their buffers (test problems use an
+// offset to put the tensors off a 16-byte boundary), followed by kGuard elements that must stay
+// untouched. The mask has the same layout, one byte per element.
+struct Shape {
+  Op op = Op::relu;
+  Direction dir = Direction::fwd;
+  DType dtype = DType::f32;
+  std::int64_t elements = 1;
+  std::int64_t offset = 0;
+  double p = 0;  // dropout: the probability of zeroing an element
+};
+constexpr std::size_t kGuard = 8;
+
+Shape shape_of(const Problem& p);
+std::size_t buffer_count(const Shape& s);  // offset + elements + kGuard
+
+// ---- The dropout mask: one definition for the CPU loop, the CUDA kernel and the reference ----
+
+// Chris Wellons' lowbias32 finaliser: a bijection of 32-bit words with good avalanche. 32-bit
+// multiplies only, so the CPU loop vectorises on AVX2 as well as AVX-512.
+POINTWISE_HD std::uint32_t mix32(std::uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// What a dropout mask depends on: the seed's two key words, the keep threshold and the scale.
+// Element i is kept when the high 24 bits of its hash are >= threshold (24 bits so that the compare
+// is a signed one, which every SIMD ISA has): P(keep) = 1 - threshold / 2^24, p rounded to 2^-24.
+struct DropoutKey {
+  std::uint32_t k0 = 0, k1 = 0;
+  std::uint32_t threshold = 0;  // round(p * 2^24)
+  float scale = 1;              // 1 / (1 - p) in f32, as PyTorch's scale in its f32 accumulate type
+};
+DropoutKey dropout_key(std::uint64_t seed, double p);
+
+// The hash of element i = hi * 2^32 + lo: two keyed rounds, a bijection of lo for fixed (hi, key).
+POINTWISE_HD std::uint32_t dropout_hash(const DropoutKey& k, std::uint32_t lo, std::uint32_t hi) {
+  return mix32(mix32(lo ^ k.k0) + (hi ^ k.k1));
+}
+POINTWISE_HD bool dropout_keep(const DropoutKey& k, std::uint32_t lo, std::uint32_t hi) {
+  return static_cast<std::int32_t>(dropout_hash(k, lo, hi) >> 8) >= static_cast<std::int32_t>(k.threshold);
+}
+POINTWISE_HD bool dropout_keep(const DropoutKey& k, std::uint64_t i) {
+  return dropout_keep(k, static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(i >> 32));
+}
+
+// The key of a problem: every backend of the same problem (same name less the backend) draws the
+// same mask.
+DropoutKey dropout_key(const Problem& p);
+
+// ---- Inputs, reference, verification ----
+
+// Inputs, seeded from the problem so every backend sees the same numbers: x and dy uniform in
+// [-1, 1); the dropout bwd mask is drawn from the problem's key (element i of the tensor is
+// mask[offset + i]; the guard bytes are 1).
+struct Inputs {
+  HostBuffer x;   // relu fwd and bwd, dropout fwd
+  HostBuffer dy;  // bwd
+  std::vector<std::uint8_t> mask;  // dropout bwd
+  DropoutKey key;                  // dropout
+};
+Inputs make_inputs(const Shape& s, const Problem& p);
+HostBuffer make_output(const Shape& s);  // y (fwd) or dx (bwd), same layout as the inputs
+constexpr std::uint8_t kMaskPoison = 0xff;  // what an unwritten mask byte holds
+
+// The reference of element i of the tensor (index i of the tensor, not of the buffer), rounded to
+// the dtype as the op's output is: relu is exact; dropout is the f32 product x * scale (or dy *
+// scale) rounded to the dtype, which is what PyTorch computes, so both compare exactly.
+double reference(const Shape& s, const Inputs& in, std::size_t i);
+// The dropout mask the reference draws for element i of the tensor.
+bool reference_keep(const Shape& s, const Inputs& in, std::size_t i);
+
+// Checks out (and, for dropout fwd, the mask, `mask` bytes laid out as the tensors) exactly against
+// the reference, sampled when large with both ends always in, and that the guard elements around
+// the tensor are still poisoned (never written).
+Check verify(const Shape& s, const Inputs& in, const HostBuffer& out, const std::uint8_t* mask = nullptr);
+
+// ---- Implementations ----
+
+std::unique_ptr<Case> make_cpu_relu(const Problem& p);  // oneDNN eltwise_relu (cpu_onednn.cpp)
+std::string relu_onednn_unsupported_reason(const Problem& p);
+std::unique_ptr<Case> make_cpu_dropout(const Problem& p);  // hotops' loop (cpu_dropout.cpp)
+// The CPU dropout loop on one span of the tensor (element `first` onwards), for the tests.
+void cpu_dropout_span(const Shape& s, const DropoutKey& k, std::uint64_t first, const void* in, const std::uint8_t* mask_in,
+                      void* out, std::uint8_t* mask_out, std::int64_t n);
+#ifdef HOTOPS_HAVE_CUDA
+std::unique_ptr<Case> make_cuda(const Problem& p);
+// The CUDA kernels' own code, run on the host one thread at a time over a grid of at most `blocks`
+// blocks: lets the tests check its indexing (unaligned head, vectors, tail) without a GPU. The
+// pointers are those of the tensors (buffer + offset).
+void run_cuda_kernel_on_host(const Shape& s, const DropoutKey& k, const void* x, const void* dy,
+                             const std::uint8_t* mask_in, void* out, std::uint8_t* mask_out, unsigned blocks);
+#endif
+
+const Family& family();
+
+}  // namespace hotops::pointwise

@@ -1,0 +1,141 @@
+// The cross_entropy reference on hand-computed values, and verification that fails where it must:
+// a wrong target index, a gradient without the / rows, a wrong loss, a written guard element.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernels/loss/loss.h"
+
+namespace hotops::loss {
+namespace {
+
+Problem test_problem(DType t, Direction d, std::int64_t rows, std::int64_t classes) {
+  return Problem{"cross_entropy", Backend::cpu, t, d,
+                 {{"shape", "test"}, {"rows", std::to_string(rows)}, {"classes", std::to_string(classes)}}};
+}
+
+// Every output from the reference (rounded to its dtype); the guards left poisoned.
+Outputs reference_outputs(const Shape& s, const Inputs& in, std::int64_t target_shift = 0, bool divide = true) {
+  Outputs out = make_outputs(s);
+  poison(out);
+  const auto rows = static_cast<std::size_t>(s.rows), classes = static_cast<std::size_t>(s.classes);
+  if (s.dir == Direction::fwd) {
+    std::vector<double> lse(rows);
+    out.loss.set(0, reference_fwd(s, in, lse.data()));
+    for (std::size_t r = 0; r < rows; ++r) out.lse.set(r, lse[r]);
+    return out;
+  }
+  std::vector<double> x(classes), d(classes);
+  const double scale = in.dloss / (divide ? static_cast<double>(rows) : 1.0);
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t j = 0; j < classes; ++j) x[j] = in.logits.get(r * classes + j);
+    const std::int64_t t = (in.target[r] + target_shift) % s.classes;
+    reference_bwd(x.data(), classes, t, in.lse.get(r), scale, d.data());
+    for (std::size_t j = 0; j < classes; ++j) out.dlogits.set(r * classes + j, d[j]);
+  }
+  return out;
+}
+
+TEST(CrossEntropyReference, KnownValues) {
+  // Row 0: logits (0, ln 2, ln 3): lse = ln 6, target 2: loss ln 6 - ln 3 = ln 2.
+  // Row 1: logits (1, 1, 1): lse = 1 + ln 3, target 0: loss ln 3. Mean (ln 2 + ln 3) / 2 = ln 6 / 2.
+  const Shape s = shape_of(test_problem(DType::f32, Direction::fwd, 2, 3));
+  Inputs in;
+  in.logits = HostBuffer(DType::f32, 6 + kGuard);
+  const double v[6] = {0, std::log(2.0), std::log(3.0), 1, 1, 1};
+  for (std::size_t i = 0; i < 6; ++i) in.logits.set(i, v[i]);
+  in.target = {2, 0};
+  double lse[2];
+  EXPECT_NEAR(reference_fwd(s, in, lse), std::log(6.0) / 2, 1e-7);  // the logits are f32-rounded
+  EXPECT_NEAR(lse[0], std::log(6.0), 1e-7);
+  EXPECT_NEAR(lse[1], 1 + std::log(3.0), 1e-7);
+  // Gradient of row 0 with dloss 1 over 2 rows: (softmax - onehot) / 2 = (1/6, 2/6, 3/6 - 1) / 2.
+  double dx[3];
+  reference_bwd(v, 3, 2, std::log(6.0), 0.5, dx);
+  EXPECT_NEAR(dx[0], 1.0 / 12, 1e-15);
+  EXPECT_NEAR(dx[1], 2.0 / 12, 1e-15);
+  EXPECT_NEAR(dx[2], -0.25, 1e-15);
+  EXPECT_NEAR(dx[0] + dx[1] + dx[2], 0, 1e-15);  // a row's gradient sums to 0
+}
+
+TEST(CrossEntropyInputs, TargetsInRangeAndNotConstant) {
+  const Shape s = shape_of(test_problem(DType::f32, Direction::bwd, 64, 5));
+  const Inputs in = make_inputs(s, 7);
+  bool differ = false;
+  for (std::int64_t t : in.target) {
+    EXPECT_GE(t, 0);
+    EXPECT_LT(t, 5);
+    differ |= t != in.target[0];
+  }
+  EXPECT_TRUE(differ);
+  for (std::size_t r = 0; r < 64; ++r) EXPECT_GE(in.lse.get(r), in.logits.get(r * 5));  // lse >= every logit
+}
+
+class CrossEntropyVerify : public testing::TestWithParam<std::tuple<DType, std::int64_t>> {};
+
+TEST_P(CrossEntropyVerify, FwdPassesTheReferenceAndFailsPlantedErrors) {
+  const auto [t, classes] = GetParam();
+  const Shape s = shape_of(test_problem(t, Direction::fwd, 6, classes));
+  const Inputs in = make_inputs(s, 11);
+  const Outputs out = reference_outputs(s, in);
+  const Check ok = verify(s, in, out);
+  EXPECT_TRUE(ok.ok) << ok.message;
+
+  Outputs bad = out;  // the loss of a wrong target index in row 0 (x[t] - x[t+1] is O(1))
+  const std::size_t c = static_cast<std::size_t>(classes);
+  bad.loss.set(0, out.loss.get(0) + (in.logits.get(static_cast<std::size_t>(in.target[0])) -
+                                     in.logits.get((static_cast<std::size_t>(in.target[0]) + 1) % c)) / 6);
+  Outputs sum = out;  // the sum instead of the mean
+  sum.loss.set(0, out.loss.get(0) * 6);
+  if (classes > 1) {  // at classes 1 every loss is 0
+    EXPECT_FALSE(verify(s, in, bad).ok) << "a wrong target passed";
+    EXPECT_FALSE(verify(s, in, sum).ok) << "a missing / rows passed";
+  }
+  Outputs lse = out;
+  lse.lse.set(3, out.lse.get(3) + 1e-3);
+  EXPECT_FALSE(verify(s, in, lse).ok) << "a wrong lse passed";
+  Outputs guard = out;
+  guard.lse.set(6, 0);
+  EXPECT_FALSE(verify(s, in, guard).ok) << "a written guard element passed";
+}
+
+TEST_P(CrossEntropyVerify, BwdPassesTheReferenceAndFailsPlantedErrors) {
+  const auto [t, classes] = GetParam();
+  const Shape s = shape_of(test_problem(t, Direction::bwd, 6, classes));
+  const Inputs in = make_inputs(s, 13);
+  const Check ok = verify(s, in, reference_outputs(s, in));
+  EXPECT_TRUE(ok.ok) << ok.message;
+  if (classes > 1) {
+    EXPECT_FALSE(verify(s, in, reference_outputs(s, in, 1)).ok) << "a wrong target index passed";
+    EXPECT_FALSE(verify(s, in, reference_outputs(s, in, 0, false)).ok) << "a missing / rows passed";
+  }
+  Inputs twice = in;  // the gradient of dloss 1 checked against dloss 2
+  twice.dloss = 2;
+  if (classes > 1) {  // at classes 1 every gradient is 0
+    EXPECT_FALSE(verify(s, twice, reference_outputs(s, in)).ok) << "an ignored dloss passed";
+  }
+  Outputs guard = reference_outputs(s, in);
+  guard.dlogits.set(s.elements(), 0);
+  EXPECT_FALSE(verify(s, in, guard).ok) << "a written guard element passed";
+}
+
+INSTANTIATE_TEST_SUITE_P(CrossEntropy, CrossEntropyVerify,
+                         testing::Combine(testing::Values(DType::f32, DType::bf16),
+                                          testing::Values<std::int64_t>(1, 2, 5, 33, 1000)));
+
+TEST(CrossEntropyFamily, NamesAndWork) {
+  const Family& f = family();
+  const auto problems = f.benchmark_problems({8});
+  ASSERT_EQ(problems.size(), 6u * 8);
+  const Problem& p = problems.back();
+  EXPECT_EQ(p.name(), "cross_entropy/cuda/bf16/bwd/shape:bert.mlm/batch:8/rows:1024/classes:30522");
+  const Work w = f.work(p);
+  const double n = 1024.0 * 30522;
+  EXPECT_DOUBLE_EQ(w.bytes, n * 2 * 2 + 1024.0 * (8 + 4) + 4);
+  EXPECT_DOUBLE_EQ(w.flops, n * 4);
+  EXPECT_DOUBLE_EQ(w.items, 8);
+  EXPECT_EQ(f.benchmark_problems({}).size(), 7u * 8);  // mlp_tiny at two batches
+}
+
+}  // namespace
+}  // namespace hotops::loss

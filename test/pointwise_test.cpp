@@ -1,0 +1,204 @@
+// The pointwise family (relu, dropout): reference values, the dropout mask's statistics and its
+// agreement across the CPU loop, the CUDA kernel's code (run on the host) and the reference, and
+// verification that fails on planted errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "hotops/check.h"
+#include "kernels/pointwise/pointwise.h"
+
+namespace hotops::pointwise {
+namespace {
+
+Problem flat_problem(const char* op, DType t, Direction d, std::int64_t n, std::int64_t offset = 0,
+                     const char* p = "0.5") {
+  Problem pr{op, Backend::cpu, t, d, {{"shape", "flat"}, {"elements", std::to_string(n)}}};
+  if (offset) pr.args.push_back({"offset", std::to_string(offset)});
+  if (std::string(op) == "dropout") pr.args.push_back({"p", p});
+  return pr;
+}
+
+// Every output element from the reference; the guard left poisoned. For dropout fwd, the mask too.
+struct Expected {
+  HostBuffer out;
+  std::vector<std::uint8_t> mask;
+};
+Expected reference_output(const Shape& s, const Inputs& in) {
+  Expected e{make_output(s), std::vector<std::uint8_t>(buffer_count(s), kMaskPoison)};
+  e.out.poison();
+  for (std::int64_t i = 0; i < s.elements; ++i) {
+    const auto k = static_cast<std::size_t>(i), at = static_cast<std::size_t>(s.offset + i);
+    e.out.set(at, reference(s, in, k));
+    if (s.op == Op::dropout) e.mask[at] = reference_keep(s, in, k) ? 1 : 0;
+  }
+  return e;
+}
+
+const std::uint8_t* fwd_mask(const Shape& s, const Expected& e) {
+  return s.op == Op::dropout && s.dir == Direction::fwd ? e.mask.data() : nullptr;
+}
+
+TEST(PointwiseReference, KnownValues) {
+  const Problem p = flat_problem("relu", DType::f32, Direction::bwd, 4);
+  const Shape s = shape_of(p);
+  Inputs in = make_inputs(s, p);
+  const double xs[] = {-1.5, 0.0, 0.25, 2.0}, dys[] = {0.5, 0.75, -0.125, 3.0};
+  for (std::size_t i = 0; i < 4; ++i) in.x.set(i, xs[i]), in.dy.set(i, dys[i]);
+  Shape f = s;
+  f.dir = Direction::fwd;
+  const double fwd[] = {0, 0, 0.25, 2.0}, bwd[] = {0, 0, -0.125, 3.0};  // threshold_backward: x = 0 -> 0
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(reference(f, in, i), fwd[i]) << i;
+    EXPECT_EQ(reference(s, in, i), bwd[i]) << i;
+  }
+  // dropout's scale: 1 / (1 - p) in f32.
+  EXPECT_EQ(dropout_key(1, 0.5).scale, 2.0f);
+  EXPECT_EQ(dropout_key(1, 0.1).scale, static_cast<float>(1 / 0.9));
+  EXPECT_EQ(dropout_key(1, 0.5).threshold, 1u << 23);
+}
+
+TEST(PointwiseMask, KeepRateIsOneMinusPWithinFiveSigma) {
+  constexpr std::uint64_t n = 1 << 20;
+  for (double p : {0.5, 0.1}) {
+    for (std::uint64_t seed : {1ull, 0x123456789abcdefull}) {
+      const DropoutKey k = dropout_key(seed, p);
+      std::uint64_t kept = 0, kept_even = 0;
+      for (std::uint64_t i = 0; i < n; ++i) {
+        const bool keep = dropout_keep(k, i);
+        kept += keep;
+        kept_even += keep && i % 2 == 0;  // no bias by parity of the index
+      }
+      const double sigma = std::sqrt(p * (1 - p) / n);
+      EXPECT_NEAR(static_cast<double>(kept) / n, 1 - p, 5 * sigma) << "p " << p << " seed " << seed;
+      EXPECT_NEAR(static_cast<double>(kept_even) / (n / 2), 1 - p, 5 * sigma * std::sqrt(2.0)) << "p " << p;
+    }
+  }
+}
+
+TEST(PointwiseMask, DependsOnTheSeedAndAgreesInNeighbouringElements) {
+  // Two seeds' masks agree where independent masks would: about p^2 + (1 - p)^2 of the time.
+  const DropoutKey a = dropout_key(1, 0.5), b = dropout_key(2, 0.5);
+  constexpr std::uint64_t n = 1 << 20;
+  std::uint64_t same = 0, same_next = 0;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    same += dropout_keep(a, i) == dropout_keep(b, i);
+    same_next += dropout_keep(a, i) == dropout_keep(a, i + 1);
+  }
+  const double sigma = std::sqrt(0.25 / n);
+  EXPECT_NEAR(static_cast<double>(same) / n, 0.5, 5 * sigma);
+  EXPECT_NEAR(static_cast<double>(same_next) / n, 0.5, 5 * sigma);
+}
+
+TEST(PointwiseMask, CpuLoopDrawsTheReferenceMask) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    // 1M elements from 0, and a span across the 2^32 boundary of the index (high word changes).
+    for (std::uint64_t first : {std::uint64_t(0), (std::uint64_t(1) << 32) - 1001}) {
+      const std::int64_t n = first == 0 ? 1 << 20 : 2003;
+      const Problem p = flat_problem("dropout", t, Direction::fwd, n, 0, "0.1");
+      const Shape s = shape_of(p);
+      const Inputs in = make_inputs(s, p);
+      HostBuffer out = make_output(s);
+      std::vector<std::uint8_t> mask(buffer_count(s), kMaskPoison);
+      cpu_dropout_span(s, in.key, first, in.x.data(), nullptr, out.data(), mask.data(), n);
+      std::int64_t wrong = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const auto k = static_cast<std::size_t>(i);
+        const bool keep = dropout_keep(in.key, first + k);
+        wrong += mask[k] != (keep ? 1 : 0);
+        const float want = keep ? static_cast<float>(in.x.get(k)) * in.key.scale : 0.f;
+        const double want_t = t == DType::bf16 ? bf16_to_float(float_to_bf16(want)) : want;
+        wrong += out.get(k) != want_t;
+      }
+      EXPECT_EQ(wrong, 0) << dtype_name(t) << " first " << first;
+    }
+  }
+}
+
+TEST(PointwiseVerify, AcceptsTheReferenceAndFailsPlantedErrors) {
+  for (const char* op : {"relu", "dropout"})
+    for (DType t : {DType::f32, DType::bf16})
+      for (Direction d : {Direction::fwd, Direction::bwd}) {
+        const Problem p = flat_problem(op, t, d, 1027, 3);
+        const Shape s = shape_of(p);
+        const Inputs in = make_inputs(s, p);
+        const Expected e = reference_output(s, in);
+        const std::string what = p.name();
+        ASSERT_TRUE(verify(s, in, e.out, fwd_mask(s, e)).ok) << what << ": " << verify(s, in, e.out, fwd_mask(s, e)).message;
+        // One element off by one unit in the last place of its dtype (a nonzero one).
+        std::size_t at = 3 + 700;
+        while (e.out.get(at) == 0) ++at;
+        Expected bad = e;
+        bad.out.set(at, e.out.get(at) * (1 + (t == DType::bf16 ? 1.0 / 128 : 1.0 / (1 << 23))));
+        EXPECT_FALSE(verify(s, in, bad.out, fwd_mask(s, bad)).ok) << what << " ulp";
+        // An element written past the end.
+        bad = e;
+        bad.out.set(3 + 1027, 0.0);
+        EXPECT_FALSE(verify(s, in, bad.out, fwd_mask(s, bad)).ok) << what << " guard";
+        if (s.op == Op::dropout && s.dir == Direction::fwd) {
+          bad = e;
+          bad.mask[3 + 5] ^= 1;
+          EXPECT_FALSE(verify(s, in, bad.out, fwd_mask(s, bad)).ok) << what << " mask";
+          bad = e;
+          bad.mask[2] = 0;
+          EXPECT_FALSE(verify(s, in, bad.out, fwd_mask(s, bad)).ok) << what << " mask guard";
+        }
+      }
+}
+
+TEST(PointwiseShapes, NamesParseAndWorkCountsBytes) {
+  const Problem p{"dropout", Backend::cuda, DType::bf16, Direction::fwd,
+                  {{"shape", "bert.ffn"}, {"batch", "2"}, {"dims", "2x128x3072"}, {"p", "0.1"}}};
+  const Shape s = shape_of(p);
+  EXPECT_EQ(s.elements, 2 * 128 * 3072);
+  EXPECT_DOUBLE_EQ(s.p, 0.1);
+  EXPECT_EQ(p.name(), "dropout/cuda/bf16/fwd/shape:bert.ffn/batch:2/dims:2x128x3072/p:0.1");
+  const Work w = family().work(p);
+  EXPECT_DOUBLE_EQ(w.bytes, s.elements * (2.0 * 2 + 1));  // x, y and the uint8 mask
+  EXPECT_DOUBLE_EQ(w.flops, 2.0 * s.elements);
+  EXPECT_DOUBLE_EQ(w.items, 2);
+  const Problem r{"relu", Backend::cpu, DType::f32, Direction::bwd, {{"shape", "flat"}, {"elements", "10"}}};
+  EXPECT_DOUBLE_EQ(family().work(r).bytes, 10 * 4 * 3.0);
+  EXPECT_DOUBLE_EQ(family().work(r).flops, 10);
+  // Both ops and p values in the benchmark list; the same inputs and mask on both backends.
+  int relu = 0, dropout = 0;
+  for (const Problem& q : family().benchmark_problems({})) (q.op == "relu" ? relu : dropout)++;
+  EXPECT_EQ(dropout, 2 * relu);
+  Problem c = p;
+  c.backend = Backend::cpu;
+  EXPECT_EQ(dropout_key(c).k0, dropout_key(p).k0);
+  EXPECT_EQ(dropout_key(c).k1, dropout_key(p).k1);
+  EXPECT_THROW(shape_of(flat_problem("dropout", DType::f32, Direction::fwd, 4, 0, "1")), Error);
+}
+
+#ifdef HOTOPS_HAVE_CUDA
+// The CUDA kernels' code on the host, over grids of 1 and 3 blocks (many vectors per thread, and
+// the last partial round) and the full grid, at an odd size off a 16-byte boundary.
+TEST(PointwiseCudaKernelOnHost, MatchesTheReference) {
+  for (const char* op : {"relu", "dropout"})
+    for (DType t : {DType::f32, DType::bf16})
+      for (Direction d : {Direction::fwd, Direction::bwd})
+        for (std::int64_t n : {1, 5, 1027, 100003})
+          for (unsigned blocks : {1u, 3u, 1u << 20}) {
+            const Problem p = flat_problem(op, t, d, n, n == 1027 ? 3 : 0, "0.1");
+            const Shape s = shape_of(p);
+            const Inputs in = make_inputs(s, p);
+            HostBuffer out = make_output(s);
+            out.poison();
+            std::vector<std::uint8_t> mask(buffer_count(s), kMaskPoison);
+            const std::size_t off = static_cast<std::size_t>(s.offset), eoff = off * dtype_size(t);
+            const bool dropout = s.op == Op::dropout, bwd = d == Direction::bwd;
+            run_cuda_kernel_on_host(s, in.key, bwd && dropout ? nullptr : static_cast<const std::byte*>(in.x.data()) + eoff,
+                                    bwd ? static_cast<const std::byte*>(in.dy.data()) + eoff : nullptr,
+                                    dropout && bwd ? in.mask.data() + off : nullptr,
+                                    static_cast<std::byte*>(out.data()) + eoff,
+                                    dropout && !bwd ? mask.data() + off : nullptr, blocks);
+            const Check c = verify(s, in, out, dropout && !bwd ? mask.data() : nullptr);
+            EXPECT_TRUE(c.ok) << p.name() << " blocks " << blocks << ": " << c.message;
+          }
+}
+#endif
+
+}  // namespace
+}  // namespace hotops::pointwise
