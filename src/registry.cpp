@@ -12,6 +12,7 @@
 #include "kernels/lstm/lstm.h"
 #include "kernels/lstm_cell/lstm_cell.h"
 #include "kernels/matmul/matmul.h"
+#include "kernels/models/models.h"
 #include "kernels/pointwise/pointwise.h"
 #include "kernels/softmax/softmax.h"
 
@@ -35,6 +36,7 @@ const std::vector<const Family*>& families() {
       &lstm_cell::family(), &lstm::family(), &adamw::family(), &layernorm::family(), &softmax::family(),
       &loss::family(),
       &pointwise::family(),
+      &models::family(),
   };
   return all;
 }

@@ -1,0 +1,481 @@
+// models on CUDA: each dense layer's GEMMs are cublasLt matmuls (f32, CUBLAS_COMPUTE_32F: no TF32;
+// the forward with the RELU_BIAS / BIAS epilogue), on the row-major tensors seen as column-major
+// transposes, with the heuristic's first algorithm picked at setup; the rest is three hand-written
+// kernels. A train step, last layer first in the backward:
+//   forward     L matmuls                              y_k = relu(a_k . W_k + b_k), logits last
+//   loss        softmax_xent (1 block)                 loss, dlogits, the last bias's gradient, and the
+//                                                      optimizer's step count + scalars advanced
+//   backward    per layer k: matmul dW_k = a_k^T . dz; for k > 0 matmul da = dz . W_k^T and
+//               relu_backward_bias_grad: dz = da * (a_k > 0) in place, db_{k-1} = colsum(dz)
+//   optimizer   adamw_flat (1 launch over the flat p, g, m, v)
+// 12 launches for 3 layers, all on gpu::stream() with no host synchronisation: capturable.
+// The optimizer's step count lives on the device (advanced by the loss kernel, read by adamw_flat),
+// so that replays of a captured step take steps 1, 2, 3, ... as a training loop does.
+#include <algorithm>
+#include <optional>
+#include <string>
+
+#include "hotops/cuda_util.h"
+#include "kernels/models/models.h"
+
+namespace hotops::models {
+namespace {
+
+constexpr int kMaxClasses = 16;
+constexpr unsigned kLossThreads = 512;
+constexpr unsigned kAdamwThreads = 256;
+constexpr int kTileCols = 32;      // relu_backward_bias_grad: a block's columns (one warp across them)
+constexpr int kTileRowGroups = 8;  // ... and its rows in flight (blockDim.y)
+constexpr int kRowsPerSplit = 64;  // rows of the batch per block
+
+// The optimizer's step count, and the scalars of the step just taken (the loss kernel writes them).
+struct StepState {
+  std::int64_t step;
+  adamw::StepScalars s;
+};
+
+__device__ inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// One block. Row r of the batch: softmax of the logits, loss_r = log(sum exp) - (z_y - max),
+// dlogits_r = (softmax - onehot(y)) / B. Then the mean loss, the last layer's bias gradient (the
+// column sums of dlogits), and step = step + 1 with that step's AdamW scalars.
+__global__ void __launch_bounds__(kLossThreads) softmax_xent(const float* __restrict__ logits,
+                                                             const std::int32_t* __restrict__ labels,
+                                                             float* __restrict__ dlogits, float* __restrict__ dbias,
+                                                             float* __restrict__ loss, int B, int C, adamw::Hyper h,
+                                                             StepState* state) {
+  float db[kMaxClasses];
+#pragma unroll
+  for (int c = 0; c < kMaxClasses; ++c) db[c] = 0.f;
+  float lsum = 0.f;
+  const float inv_b = 1.f / static_cast<float>(B);
+  for (int r = threadIdx.x; r < B; r += blockDim.x) {
+    const float* z = logits + static_cast<std::int64_t>(r) * C;
+    float* d = dlogits + static_cast<std::int64_t>(r) * C;
+    float mx = z[0];
+    for (int c = 1; c < C; ++c) mx = fmaxf(mx, z[c]);
+    float sum = 0.f;
+    for (int c = 0; c < C; ++c) sum += expf(z[c] - mx);
+    const int y = labels[r];
+    const float inv = 1.f / sum;
+#pragma unroll
+    for (int c = 0; c < kMaxClasses; ++c)
+      if (c < C) {
+        const float g = expf(z[c] - mx) * inv * inv_b - (c == y ? inv_b : 0.f);
+        d[c] = g;
+        db[c] += g;
+      }
+    lsum += logf(sum) - (z[y] - mx);
+  }
+  __shared__ float part[kLossThreads / 32][kMaxClasses + 1];
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  lsum = warp_sum(lsum);
+#pragma unroll
+  for (int c = 0; c < kMaxClasses; ++c) db[c] = warp_sum(db[c]);
+  if (lane == 0) {
+    part[warp][kMaxClasses] = lsum;
+#pragma unroll
+    for (int c = 0; c < kMaxClasses; ++c) part[warp][c] = db[c];
+  }
+  __syncthreads();
+  if (threadIdx.x <= static_cast<unsigned>(C)) {  // thread c < C: column c; thread C: the loss
+    const int c = threadIdx.x == static_cast<unsigned>(C) ? kMaxClasses : static_cast<int>(threadIdx.x);
+    float s = 0.f;
+    for (unsigned w = 0; w < blockDim.x / 32; ++w) s += part[w][c];
+    if (c == kMaxClasses) {
+      *loss = s * inv_b;
+      const std::int64_t t = state->step + 1;
+      state->step = t;
+      state->s = adamw::scalars_for(h, t);
+    } else {
+      dbias[c] = s;
+    }
+  }
+}
+
+// dz = da * (a > 0) in place over a [rows, cols] row-major tile of kTileCols columns and
+// kRowsPerSplit rows per block (grid: column tiles x row splits); db = colsum(dz) in two stages,
+// deterministic: each block writes its partial sums, the last block of a column tile to finish (a
+// ticket per tile, which it resets for the next launch) adds them in split order.
+__global__ void __launch_bounds__(kTileCols* kTileRowGroups) relu_backward_bias_grad(
+    float* __restrict__ dz, const float* __restrict__ a, float* __restrict__ db, float* __restrict__ partial,
+    unsigned* __restrict__ tickets, int rows, int cols) {
+  const int col = blockIdx.x * kTileCols + threadIdx.x;
+  const int r0 = blockIdx.y * kRowsPerSplit, r1 = min(rows, r0 + kRowsPerSplit);
+  float acc = 0.f;
+  if (col < cols)
+    for (int r = r0 + threadIdx.y; r < r1; r += kTileRowGroups) {
+      const std::int64_t i = static_cast<std::int64_t>(r) * cols + col;
+      const float d = a[i] > 0.f ? dz[i] : 0.f;
+      dz[i] = d;
+      acc += d;
+    }
+  __shared__ float sums[kTileRowGroups][kTileCols + 1];
+  __shared__ bool last;
+  sums[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    float s = 0.f;
+    for (int g = 0; g < kTileRowGroups; ++g) s += sums[g][threadIdx.x];
+    partial[static_cast<std::int64_t>(blockIdx.y) * cols + col] = s;
+    __threadfence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    last = atomicAdd(&tickets[blockIdx.x], 1u) == gridDim.y - 1;
+    if (last) tickets[blockIdx.x] = 0;
+  }
+  __syncthreads();
+  if (last && threadIdx.y == 0 && col < cols) {
+    __threadfence();
+    float s = 0.f;
+    for (unsigned y = 0; y < gridDim.y; ++y) s += static_cast<volatile const float*>(partial)[static_cast<std::int64_t>(y) * cols + col];
+    db[col] = s;
+  }
+}
+
+// y = act(y + b) over [rows, cols] row-major: the forward's epilogue where cublasLt has none.
+__global__ void bias_act(float* __restrict__ y, const float* __restrict__ b, std::int64_t rows, int cols, bool relu) {
+  const std::int64_t n = rows * cols;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const float v = y[i] + b[i % cols];
+    y[i] = relu ? fmaxf(v, 0.f) : v;
+  }
+}
+
+struct IeeeSqrt {
+  __device__ float operator()(float x) const { return sqrtf(x); }
+};
+
+// One AdamW step over the flat buffers (n4 vectors of 4; the padding between tensors is zero in
+// p, g, m and v and stays zero), with the scalars of the step the loss kernel advanced to.
+__global__ void __launch_bounds__(kAdamwThreads) adamw_flat(float4* __restrict__ p, const float4* __restrict__ g,
+                                                            float4* __restrict__ m, float4* __restrict__ v,
+                                                            std::int64_t n4, const StepState* __restrict__ state) {
+  const adamw::StepScalars s = state->s;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    float4 pv = p[i], mv = m[i], vv = v[i];
+    const float4 gv = __ldg(g + i);
+    adamw::step_element(pv.x, gv.x, mv.x, vv.x, s, IeeeSqrt());
+    adamw::step_element(pv.y, gv.y, mv.y, vv.y, s, IeeeSqrt());
+    adamw::step_element(pv.z, gv.z, mv.z, vv.z, s, IeeeSqrt());
+    adamw::step_element(pv.w, gv.w, mv.w, vv.w, s, IeeeSqrt());
+    p[i] = pv, m[i] = mv, v[i] = vv;
+  }
+}
+
+// D (m x n) = op(A) . op(B), column-major, packed (every leading dimension is the row count), with
+// an optional bias (+ ReLU) epilogue; the algorithm is the heuristic's first, chosen at setup.
+class Gemm {
+ public:
+  Gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n, std::int64_t k, const float* A,
+       const float* B, float* D, const float* bias = nullptr, bool relu = false)
+      : a_(A), b_(B), d_(D), bias_(bias), relu_(relu), m_(m), n_(n) {
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    if (opa == CUBLAS_OP_N) layout(&la_, m, k); else layout(&la_, k, m);
+    if (opb == CUBLAS_OP_N) layout(&lb_, k, n); else layout(&lb_, n, k);
+    layout(&ld_, m, n);
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref_));
+    const std::uint64_t ws = gpu::kCublasWorkspaceBytes;
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtEpilogue_t epi = !bias ? CUBLASLT_EPILOGUE_DEFAULT : relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    if (bias) {
+      HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+      HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+      fused_ = pick();
+      if (!fused_) {  // no kernel with the epilogue for this shape: plain GEMM + bias_act, said in the label
+        epi = CUBLASLT_EPILOGUE_DEFAULT;
+        HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+      }
+    }
+    if ((!bias || !fused_) && !pick())
+      throw Error("cublasLt has no f32 algorithm for a " + std::to_string(m) + "x" + std::to_string(n) + "x" +
+                      std::to_string(k) + " GEMM",
+                  ErrorKind::unsupported);
+  }
+  ~Gemm() {
+    if (pref_) cublasLtMatmulPreferenceDestroy(pref_);
+    for (cublasLtMatrixLayout_t l : {la_, lb_, ld_})
+      if (l) cublasLtMatrixLayoutDestroy(l);
+    if (desc_) cublasLtMatmulDescDestroy(desc_);
+  }
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  void run() const {
+    const float one = 1.f, zero = 0.f;
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmul(gpu::cublaslt(), desc_, &one, a_, la_, b_, lb_, &zero, d_, ld_, d_, ld_, &algo_,
+                                       gpu::cublas_workspace(), gpu::kCublasWorkspaceBytes, gpu::stream()));
+    if (bias_ && !fused_) {
+      const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((m_ * n_ + 255) / 256, 4096));
+      bias_act<<<blocks, 256, 0, gpu::stream()>>>(d_, bias_, n_, static_cast<int>(m_), relu_);
+      HOTOPS_CHECK_LAUNCH();
+    }
+  }
+
+  int launches() const { return bias_ && !fused_ ? 2 : 1; }
+  int algo_id() const {
+    int id = 0;
+    std::size_t w = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo_, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
+    return id;
+  }
+  bool unfused_bias() const { return bias_ && !fused_; }
+
+ private:
+  static void layout(cublasLtMatrixLayout_t* l, std::int64_t rows, std::int64_t cols) {
+    HOTOPS_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(l, CUDA_R_32F, static_cast<std::uint64_t>(rows),
+                                                   static_cast<std::uint64_t>(cols), rows));
+  }
+  bool pick() {
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(gpu::cublaslt(), desc_, la_, lb_, ld_, ld_, pref_, 1, &result, &found);
+    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) HOTOPS_CHECK_CUBLAS(st);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) return false;
+    algo_ = result.algo;
+    return true;
+  }
+
+  const float* a_;
+  const float* b_;
+  float* d_;
+  const float* bias_;
+  bool relu_;
+  bool fused_ = false;
+  std::int64_t m_, n_;
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t la_ = nullptr, lb_ = nullptr, ld_ = nullptr;
+  cublasLtMatmulPreference_t pref_ = nullptr;
+  cublasLtMatmulAlgo_t algo_{};
+};
+
+class CudaModel final : public ModelCase {
+ public:
+  explicit CudaModel(const Problem& p) : s_(shape_of(p)), l_(param_layout(s_.widths)), st_(make_state(s_, l_, p.seed())) {
+    const std::size_t L = s_.layers();
+    const std::int64_t B = s_.batch;
+    HOTOPS_CHECK(s_.classes() <= kMaxClasses, "models: the CUDA loss kernel takes at most 16 classes");
+    HOTOPS_CHECK(B < (std::int64_t{1} << 31) / kMaxClasses, "models: batch too large");
+    const std::size_t pbytes = l_.total * sizeof(float);
+    params_ = gpu::DeviceBuffer(st_.params);
+    x_ = gpu::DeviceBuffer(st_.x);
+    labels_ = gpu::DeviceBuffer(st_.labels.size() * sizeof(std::int32_t));
+    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(labels_.get(), st_.labels.data(), labels_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
+    act_.resize(L + 1);
+    dact_.resize(L + 1);
+    for (std::size_t k = 0; k < L; ++k) {
+      act_[k + 1] = gpu::DeviceBuffer(static_cast<std::size_t>(B * s_.out(k)) * sizeof(float));
+      if (s_.train()) dact_[k + 1] = gpu::DeviceBuffer(static_cast<std::size_t>(B * s_.out(k)) * sizeof(float));
+    }
+    if (s_.train()) {
+      grads_ = gpu::DeviceBuffer(pbytes);
+      m_ = gpu::DeviceBuffer(pbytes);
+      v_ = gpu::DeviceBuffer(pbytes);
+      HOTOPS_CHECK_CUDA(cudaMemsetAsync(grads_.get(), 0, pbytes, gpu::stream()));  // the padding stays zero
+      loss_ = gpu::DeviceBuffer(sizeof(float));
+      state_ = gpu::DeviceBuffer(sizeof(StepState));
+      std::int64_t partial = 1, tiles = 1;
+      for (std::size_t k = 0; k + 1 < L; ++k) {
+        partial = std::max(partial, splits() * s_.out(k));
+        tiles = std::max(tiles, (s_.out(k) + kTileCols - 1) / kTileCols);
+      }
+      partial_ = gpu::DeviceBuffer(static_cast<std::size_t>(partial) * sizeof(float));
+      tickets_ = gpu::DeviceBuffer(static_cast<std::size_t>(tiles) * sizeof(unsigned));
+      HOTOPS_CHECK_CUDA(cudaMemsetAsync(tickets_.get(), 0, tickets_.bytes(), gpu::stream()));
+      restart_optimizer();
+    }
+    if (s_.variant == Variant::e2e && !s_.train()) logits_host_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * s_.classes()));
+
+    // Row-major [r, c] is column-major [c, r]: see the file comment of kernels/matmul/cuda_cublas.cu.
+    for (std::size_t k = 0; k < L; ++k) {
+      const std::int64_t in = s_.in(k), out = s_.out(k);
+      const float* W = param(l_.w[k]);
+      // y^T [out, B] = W^T [out, in] . a^T [in, B]
+      fwd_.push_back(std::make_unique<Gemm>(CUBLAS_OP_N, CUBLAS_OP_N, out, B, in, W, input(k), act_[k + 1].as<float>(),
+                                            param(l_.b[k]), k + 1 < L));
+      if (!s_.train()) continue;
+      // dW^T [out, in] = dz^T [out, B] . a [B, in]
+      wgrad_.push_back(std::make_unique<Gemm>(CUBLAS_OP_N, CUBLAS_OP_T, out, in, B, dact_[k + 1].as<float>(), input(k),
+                                              grads_.as<float>() + l_.w[k]));
+      // da^T [in, B] = W [in, out] . dz^T [out, B]
+      dgrad_.push_back(k == 0 ? nullptr
+                              : std::make_unique<Gemm>(CUBLAS_OP_T, CUBLAS_OP_N, in, B, out, W, dact_[k + 1].as<float>(),
+                                                       dact_[k].as<float>()));
+    }
+    if (s_.variant == Variant::graph) {
+      HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
+      HOTOPS_CHECK_CUDA(cudaStreamBeginCapture(gpu::stream(), cudaStreamCaptureModeThreadLocal));
+      try {
+        device_step();
+      } catch (...) {
+        cudaGraph_t broken = nullptr;
+        cudaStreamEndCapture(gpu::stream(), &broken);
+        if (broken) cudaGraphDestroy(broken);
+        throw;
+      }
+      HOTOPS_CHECK_CUDA(cudaStreamEndCapture(gpu::stream(), &graph_));
+      HOTOPS_CHECK_CUDA(cudaGraphInstantiate(&exec_, graph_, 0));
+    }
+    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
+  }
+
+  ~CudaModel() override {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+  }
+
+  void run() override {
+    if (s_.variant == Variant::plain) return device_step();
+    // What a program pays for a step: the batch from pageable host memory, the step, the result back.
+    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(x_.get(), st_.x.data(), x_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
+    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(labels_.get(), st_.labels.data(), labels_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
+    if (s_.variant == Variant::graph) HOTOPS_CHECK_CUDA(cudaGraphLaunch(exec_, gpu::stream()));
+    else device_step();
+    if (s_.train())
+      HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&loss_host_, loss_.get(), sizeof(float), cudaMemcpyDeviceToHost, gpu::stream()));
+    else
+      HOTOPS_CHECK_CUDA(cudaMemcpyAsync(logits_host_.data(), act_.back().get(), logits_host_.bytes(), cudaMemcpyDeviceToHost,
+                                        gpu::stream()));
+    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
+  }
+
+  Check verify() override {
+    params_.upload(st_.params);
+    for (std::size_t k = 1; k < act_.size(); ++k) act_[k].poison();
+    if (s_.train()) {
+      restart_optimizer();
+      for (std::size_t k = 0; k < s_.layers(); ++k) {  // poison the gradients, keep the padding zero
+        poison(grads_.as<float>() + l_.w[k], s_.in(k) * s_.out(k));
+        poison(grads_.as<float>() + l_.b[k], s_.out(k));
+      }
+    }
+    run();
+    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
+    Outcome o;
+    if (!s_.train()) {
+      o.logits = HostBuffer(DType::f32, static_cast<std::size_t>(s_.batch * s_.classes()));
+      act_.back().download(o.logits);
+      return verify_outcome(s_, l_, st_, o);
+    }
+    o.loss = static_cast<float>(last_loss());
+    o.grads = HostBuffer(DType::f32, l_.total);
+    o.params = HostBuffer(DType::f32, l_.total);
+    grads_.download(o.grads);
+    params_.download(o.params);
+    for (std::size_t k = 1; k + 1 < act_.size(); ++k) {
+      o.hidden.emplace_back(DType::f32, static_cast<std::size_t>(s_.batch * s_.out(k - 1)));
+      act_[k].download(o.hidden.back());
+    }
+    StepState after{};
+    HOTOPS_CHECK_CUDA(cudaMemcpy(&after, state_.get(), sizeof after, cudaMemcpyDeviceToHost));
+    Check c = verify_outcome(s_, l_, st_, o);
+    if (after.step != 1) {
+      Check bad;
+      bad.ok = false;
+      bad.message = "the device step count is " + std::to_string(after.step) + " after one step";
+      c.merge(bad, "step");
+    }
+    return c;
+  }
+
+  std::string label() const override {
+    int launches = 0, unfused = 0;
+    std::string algos;
+    for (const auto* list : {&fwd_, &wgrad_, &dgrad_})
+      for (const auto& g : *list)
+        if (g) {
+          launches += g->launches();
+          unfused += g->unfused_bias();
+          algos += (algos.empty() ? "" : ",") + std::to_string(g->algo_id());
+        }
+    if (s_.train()) launches += 1 + static_cast<int>(s_.layers()) - 1 + 1;  // loss, ReLU backward, AdamW
+    std::string l = std::to_string(s_.layers()) + " dense layers: cublasLt f32 (algos " + algos + "), " +
+                    (unfused ? std::to_string(unfused) + " bias epilogue(s) as hotops bias_act" : "bias/ReLU epilogues");
+    if (s_.train()) l += " + hotops softmax_xent, relu_backward_bias_grad, AdamW 1 launch";
+    l += ", " + std::to_string(launches) + " launches a step";
+    if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the batch, launches, D2H, sync";
+    if (s_.variant == Variant::graph) l += "; graph: pageable H2D of the batch, 1 CUDA graph, D2H loss, sync";
+    return l;
+  }
+
+  bool capturable() const override { return s_.variant == Variant::plain; }
+  bool host_timed() const override { return s_.variant != Variant::plain; }
+
+  double last_loss() override {
+    HOTOPS_CHECK(s_.train(), "models: an infer case has no loss");
+    float l = 0;
+    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&l, loss_.get(), sizeof l, cudaMemcpyDeviceToHost, gpu::stream()));
+    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
+    return l;
+  }
+
+ private:
+  const float* param(std::size_t offset) const { return params_.as<float>() + offset; }
+  const float* input(std::size_t k) const { return k == 0 ? x_.as<float>() : act_[k].as<float>(); }
+  std::int64_t splits() const { return (s_.batch + kRowsPerSplit - 1) / kRowsPerSplit; }
+
+  static void poison(float* at, std::int64_t n) {
+    HOTOPS_CHECK_CUDA(cudaMemsetAsync(at, 0xFF, static_cast<std::size_t>(n) * sizeof(float), gpu::stream()));
+  }
+
+  // m = v = 0 and step 0, on the stream: a fresh optimizer.
+  void restart_optimizer() {
+    HOTOPS_CHECK_CUDA(cudaMemsetAsync(m_.get(), 0, m_.bytes(), gpu::stream()));
+    HOTOPS_CHECK_CUDA(cudaMemsetAsync(v_.get(), 0, v_.bytes(), gpu::stream()));
+    HOTOPS_CHECK_CUDA(cudaMemsetAsync(state_.get(), 0, sizeof(StepState), gpu::stream()));
+  }
+
+  void device_step() {
+    const std::size_t L = s_.layers();
+    const std::int64_t B = s_.batch;
+    for (const auto& g : fwd_) g->run();
+    if (!s_.train()) return;
+    const int C = static_cast<int>(s_.classes());
+    softmax_xent<<<1, kLossThreads, 0, gpu::stream()>>>(act_[L].as<const float>(), labels_.as<const std::int32_t>(),
+                                                        dact_[L].as<float>(), grads_.as<float>() + l_.b[L - 1],
+                                                        loss_.as<float>(), static_cast<int>(B), C, hyper(),
+                                                        state_.as<StepState>());
+    HOTOPS_CHECK_LAUNCH();
+    for (std::size_t k = L; k-- > 0;) {
+      wgrad_[k]->run();
+      if (k == 0) break;
+      dgrad_[k]->run();
+      const int cols = static_cast<int>(s_.out(k - 1));
+      const dim3 grid(static_cast<unsigned>((cols + kTileCols - 1) / kTileCols), static_cast<unsigned>(splits()));
+      relu_backward_bias_grad<<<grid, dim3(kTileCols, kTileRowGroups), 0, gpu::stream()>>>(
+          dact_[k].as<float>(), act_[k].as<const float>(), grads_.as<float>() + l_.b[k - 1], partial_.as<float>(),
+          tickets_.as<unsigned>(), static_cast<int>(B), cols);
+      HOTOPS_CHECK_LAUNCH();
+    }
+    const auto n4 = static_cast<std::int64_t>(l_.total / 4);
+    const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n4 + kAdamwThreads - 1) / kAdamwThreads, 1024));
+    adamw_flat<<<blocks, kAdamwThreads, 0, gpu::stream()>>>(params_.as<float4>(), grads_.as<const float4>(), m_.as<float4>(),
+                                                            v_.as<float4>(), n4, state_.as<const StepState>());
+    HOTOPS_CHECK_LAUNCH();
+  }
+
+  Shape s_;
+  ParamLayout l_;
+  State st_;  // the seeded start, and the batch in pageable host memory for the e2e variants
+  gpu::DeviceBuffer params_, grads_, m_, v_, x_, labels_, loss_, state_, partial_, tickets_;
+  std::vector<gpu::DeviceBuffer> act_, dact_;
+  std::vector<std::unique_ptr<Gemm>> fwd_, wgrad_, dgrad_;
+  HostBuffer logits_host_;
+  float loss_host_ = 0;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<ModelCase> make_cuda(const Problem& p) { return std::make_unique<CudaModel>(p); }
+
+}  // namespace hotops::models

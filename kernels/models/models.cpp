@@ -1,0 +1,293 @@
+// The models family: the seed studies' dense models, names, work, the learnable task and verification.
+//
+// Names: model.<name>/<cpu|cuda>/f32/<infer|train>/batch:B, then at most one variant arg:
+//   threads:T  CPU, T OpenMP threads (oneDNN follows OpenMP) instead of all of them;
+//   e2e:1      CUDA, host time of the step as a user's program pays it: the batch copied from
+//              pageable host memory, the kernels launched one by one, the loss (train) or the logits
+//              (infer) copied back, cudaStreamSynchronize;
+//   graph:1    CUDA train, as e2e with the device part of the step one CUDA graph captured at setup.
+// Without a variant arg a CUDA step is device time (the batch already on the device), the same
+// problem as the CPU's all-threads one: the two names differ only in the backend segment.
+// dtype f32 only for now (bf16 is to come).
+#include "kernels/models/models.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "hotops/check.h"
+
+namespace hotops::models {
+namespace {
+
+constexpr int kThreadSweep[] = {1, 4, 8};
+
+// FLOPs per parameter of the AdamW step (adamw.cpp's count: each operation of the formula once).
+constexpr double kAdamwFlopsPerParam = 14;
+
+std::vector<Arg> args_of(std::int64_t batch, const char* key = nullptr, std::int64_t value = 0) {
+  std::vector<Arg> a{{"batch", std::to_string(batch)}};
+  if (key) a.push_back({key, std::to_string(value)});
+  return a;
+}
+
+// Every variant of one model at one batch: CPU all threads and the thread sweep; CUDA device time,
+// e2e, and for train the graph replay.
+void expand(const std::string& model, std::int64_t batch, const std::vector<int>& thread_sweep, std::vector<Problem>& out) {
+  const std::string op = "model." + model;
+  for (Direction d : {Direction::infer, Direction::train}) {
+    out.push_back(Problem{op, Backend::cpu, DType::f32, d, args_of(batch)});
+    for (int t : thread_sweep) out.push_back(Problem{op, Backend::cpu, DType::f32, d, args_of(batch, "threads", t)});
+    out.push_back(Problem{op, Backend::cuda, DType::f32, d, args_of(batch)});
+    out.push_back(Problem{op, Backend::cuda, DType::f32, d, args_of(batch, "e2e", 1)});
+    if (d == Direction::train) out.push_back(Problem{op, Backend::cuda, DType::f32, d, args_of(batch, "graph", 1)});
+  }
+}
+
+std::string cpu_reason(const Problem& p) {
+  const Shape s = shape_of(p);
+  if (s.variant == Variant::threads && s.threads > omp_get_num_procs())
+    return "threads:" + std::to_string(s.threads) + " needs " + std::to_string(s.threads) + " cores; this machine has " +
+           std::to_string(omp_get_num_procs());
+  return "";
+}
+
+class ModelsFamily final : public Family {
+ public:
+  std::string name() const override { return "models"; }
+
+  std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
+    std::vector<Problem> out;
+    const std::vector<int> sweep(std::begin(kThreadSweep), std::end(kThreadSweep));
+    for (const Model& m : models())
+      for (std::int64_t b : batches.empty() ? m.batches : batches) expand(m.name, b, sweep, out);
+    return out;
+  }
+
+  std::vector<Problem> test_problems() const override {
+    // Tiny batches (CI has 2 cores): every model, both backends, both directions, every variant.
+    std::vector<Problem> out;
+    expand("mlp_tiny", 3, {1}, out);
+    expand("mlp_tiny", 10, {}, out);
+    expand("mlp_mnist", 5, {}, out);
+    expand("classifierdl", 7, {2}, out);
+    return out;
+  }
+
+  // FLOPs: the GEMMs, 2 x batch x in x out per layer forward; bias adds, ReLU and the loss (under
+  // 1% of it) are not counted. train: 3x the forward GEMMs (forward, data and weight gradients; the
+  // first layer's data gradient, which is not needed, is not computed but counted, as is standard)
+  // plus AdamW's 14 per parameter.
+  // Bytes, the fewest a step must move: infer reads the parameters and x and writes the logits;
+  // train reads x and the labels, reads and writes the parameters and AdamW's m and v.
+  Work work(const Problem& p) const override {
+    const Shape s = shape_of(p);
+    const ParamLayout l = param_layout(s.widths);
+    const double B = static_cast<double>(s.batch), P = static_cast<double>(l.parameters);
+    double macs = 0;
+    for (std::size_t k = 0; k < s.layers(); ++k) macs += static_cast<double>(s.in(k) * s.out(k));
+    const double fwd = 2 * B * macs;
+    const double x_bytes = 4 * B * static_cast<double>(s.widths[0]);
+    if (!s.train()) return {fwd, 4 * P + x_bytes + 4 * B * static_cast<double>(s.classes()), B};
+    return {3 * fwd + kAdamwFlopsPerParam * P, 6 * 4 * P + x_bytes + 4 * B, B};
+  }
+
+  std::string unsupported_reason(const Problem& p) const override { return backend_unsupported_reason(p, cpu_reason); }
+
+  std::unique_ptr<Case> make(const Problem& p) const override {
+    if (p.backend == Backend::cpu) return make_cpu(p);
+#ifdef HOTOPS_HAVE_CUDA
+    return make_cuda(p);
+#else
+    throw Error("this build of hotops has no CUDA backend: " + p.name(), ErrorKind::unsupported);
+#endif
+  }
+};
+
+// Verification of a scalar or a tensor: max|out - ref| / scale against tol.
+Check within(const char* what, const std::vector<double>& out, const std::vector<double>& ref, double scale, double tol) {
+  Check c;
+  c.tol = tol;
+  c.checked = out.size();
+  std::size_t worst = 0;
+  for (std::size_t k = 0; k < out.size(); ++k) {
+    const double e = std::fabs(out[k] - ref[k]) / scale;
+    if (!(e <= c.max_err)) c.max_err = std::isfinite(e) ? e : std::numeric_limits<double>::infinity(), worst = k;
+  }
+  if (!(c.max_err <= tol)) {
+    char buf[240];
+    std::snprintf(buf, sizeof buf, "%s: max|out-ref|/%.3g = %.3g > tol %.3g at index %zu (out %.9g, ref %.9g)", what,
+                  scale, c.max_err, tol, worst, out[worst], ref[worst]);
+    c.ok = false;
+    c.message = buf;
+  }
+  return c;
+}
+
+double rms(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x * x;
+  return std::sqrt(s / static_cast<double>(std::max<std::size_t>(1, v.size())));
+}
+
+std::vector<double> as_doubles(const HostBuffer& b) {
+  std::vector<double> d(b.count());
+  for (std::size_t i = 0; i < d.size(); ++i) d[i] = b.get(i);
+  return d;
+}
+
+}  // namespace
+
+const std::vector<Model>& models() {
+  static const std::vector<Model> all = {
+      // Seed 004: PyTorch MLP on the 13 features of the UCI heart-disease data, batch 10 in the
+      // notebook; swept up to 4096 to find where the GPU starts to pay.
+      {"mlp_tiny", {13, 32, 16, 2}, {10, 64, 256, 1024, 4096}},
+      // Seed 002: Keras' mnist_mlp example (Dense 512 relu, Dropout 0.2, Dense 512 relu, Dropout 0.2,
+      // Dense 10 softmax; batch_size 128 in the script the study ran). Dropout is left out here.
+      {"mlp_mnist", {784, 512, 512, 10}, {128, 1024}},
+      // Seed 000: Spark NLP ClassifierDL, 768-d BERT sentence embeddings into a dense classifier,
+      // batch sizes 32/64/256/1024 as in the study.
+      {"classifierdl", {768, 512, 2}, {32, 64, 256, 1024}},
+  };
+  return all;
+}
+
+const Model& model_named(const std::string& name) {
+  for (const Model& m : models())
+    if (m.name == name) return m;
+  throw Error("models: unknown model " + name);
+}
+
+Shape shape_of(const Problem& p) {
+  HOTOPS_CHECK(p.op.rfind("model.", 0) == 0, "models: not a model problem: " + p.name());
+  HOTOPS_CHECK(p.dtype == DType::f32, "models: only f32 for now: " + p.name());
+  HOTOPS_CHECK(p.dir == Direction::infer || p.dir == Direction::train, "models: infer or train: " + p.name());
+  Shape s;
+  s.model = p.op.substr(6);
+  s.widths = model_named(s.model).widths;
+  s.backend = p.backend;
+  s.dir = p.dir;
+  s.batch = p.get_int("batch");
+  HOTOPS_CHECK(s.batch >= 1, "models: batch must be positive: " + p.name());
+  if (p.has("threads")) {
+    s.variant = Variant::threads;
+    s.threads = static_cast<int>(p.get_int("threads"));
+    HOTOPS_CHECK(p.backend == Backend::cpu && s.threads >= 1, "models: threads:T is a CPU variant: " + p.name());
+  } else if (p.has("e2e")) {
+    s.variant = Variant::e2e;
+    HOTOPS_CHECK(p.backend == Backend::cuda, "models: e2e is a CUDA variant: " + p.name());
+  } else if (p.has("graph")) {
+    s.variant = Variant::graph;
+    HOTOPS_CHECK(p.backend == Backend::cuda && s.train(), "models: graph is a CUDA train variant: " + p.name());
+  }
+  return s;
+}
+
+ParamLayout param_layout(const std::vector<std::int64_t>& widths) {
+  ParamLayout l;
+  auto place = [&](std::int64_t n) {
+    const std::size_t at = l.total;
+    l.total += (static_cast<std::size_t>(n) + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+    l.parameters += n;
+    return at;
+  };
+  for (std::size_t k = 0; k + 1 < widths.size(); ++k) {
+    l.w.push_back(place(widths[k] * widths[k + 1]));
+    l.b.push_back(place(widths[k + 1]));
+  }
+  return l;
+}
+
+void init_params(const Shape& s, const ParamLayout& l, std::uint64_t seed, HostBuffer& params) {
+  params = HostBuffer(DType::f32, l.total);
+  std::fill_n(params.as<float>(), l.total, 0.f);
+  for (std::size_t k = 0; k < s.layers(); ++k) {
+    const float bound = static_cast<float>(1 / std::sqrt(static_cast<double>(s.in(k))));
+    for (int wb = 0; wb < 2; ++wb) {
+      HostBuffer t(DType::f32, static_cast<std::size_t>(wb == 0 ? s.in(k) * s.out(k) : s.out(k)));
+      t.fill_uniform(seed, 100 + 2 * k + static_cast<std::uint64_t>(wb), -bound, bound);
+      std::copy_n(t.as<float>(), t.count(), params.as<float>() + (wb == 0 ? l.w[k] : l.b[k]));
+    }
+  }
+}
+
+State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
+  State st;
+  const std::int64_t in = s.widths[0], C = s.classes();
+  st.x = HostBuffer(DType::f32, static_cast<std::size_t>(s.batch * in));
+  st.x.fill_uniform(seed, 1);
+  // The teacher depends on the model only, so that every batch size poses the same task.
+  HostBuffer teacher(DType::f32, static_cast<std::size_t>(in * C));
+  teacher.fill_uniform(0x7eac4e5ull, 2);
+  st.labels.resize(static_cast<std::size_t>(s.batch));
+  for (std::int64_t r = 0; r < s.batch; ++r) {
+    std::int32_t best = 0;
+    double best_score = -std::numeric_limits<double>::infinity();
+    for (std::int64_t c = 0; c < C; ++c) {
+      double score = 0;
+      for (std::int64_t i = 0; i < in; ++i) score += st.x.get(static_cast<std::size_t>(r * in + i)) * teacher.get(static_cast<std::size_t>(i * C + c));
+      if (score > best_score) best_score = score, best = static_cast<std::int32_t>(c);
+    }
+    st.labels[static_cast<std::size_t>(r)] = best;
+  }
+  init_params(s, l, seed, st.params);
+  st.m = HostBuffer(DType::f32, l.total);
+  st.v = HostBuffer(DType::f32, l.total);
+  std::fill_n(st.m.as<float>(), l.total, 0.f);
+  std::fill_n(st.v.as<float>(), l.total, 0.f);
+  return st;
+}
+
+// Bounds, from one step at the seeded start (optimizer step 1, m = v = 0):
+// - logits and loss: max|out - ref| / rms(ref) <= tolerance(f32) (1e-4): f32 sums of up to 784 terms
+//   through three layers, ~1e-6 seen; a wrong weight or index is O(1).
+// - gradients, per tensor, max|out - ref| / rms(ref) <= 1e-3: sums over the batch (up to 4096) of
+//   products carried through the chain, ~1e-5 seen. ReLUs at zero up to rounding are decided as the
+//   implementation decided (`tie_hidden`): otherwise one of the ~1e-7 of hidden units that sit there
+//   changes one sample's contribution, O(1/sqrt(batch)) of a column, and a correct run would fail.
+// - the step: AdamW's first step is lr * g / (|g| + eps) ~ lr * sign(g), which flips for a gradient
+//   that is zero up to rounding, so the reference takes the step (in double) from the gradients the
+//   implementation computed, checked above; the change p - p0 is compared in units of lr with bound
+//   1e-3 (the f32 rounding of p is ~2e-5 lr; a wrong step count or bias correction is O(0.1) or more).
+Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, const Outcome& out) {
+  const std::vector<double> p0 = as_doubles(start.params);
+  std::vector<const float*> tie;
+  for (const HostBuffer& h : out.hidden) tie.push_back(h.as<float>());
+  const Reference ref = reference(s.widths, l, p0, as_doubles(start.x), start.labels, s.batch, s.train(), tie);
+  if (!s.train()) {
+    const std::vector<double> logits = as_doubles(out.logits);
+    return within("logits", logits, ref.logits, std::max(rms(ref.logits), 1e-30), tolerance(DType::f32));
+  }
+  Check c = within("loss", {static_cast<double>(out.loss)}, {ref.loss}, std::max(std::fabs(ref.loss), 1e-30), tolerance(DType::f32));
+  const std::vector<double> g = as_doubles(out.grads);
+  for (std::size_t k = 0; k < s.layers(); ++k)
+    for (int wb = 0; wb < 2; ++wb) {
+      const std::size_t at = wb == 0 ? l.w[k] : l.b[k];
+      const std::size_t n = static_cast<std::size_t>(wb == 0 ? s.in(k) * s.out(k) : s.out(k));
+      const std::vector<double> o(g.begin() + static_cast<std::ptrdiff_t>(at), g.begin() + static_cast<std::ptrdiff_t>(at + n));
+      const std::vector<double> r(ref.grad.begin() + static_cast<std::ptrdiff_t>(at), ref.grad.begin() + static_cast<std::ptrdiff_t>(at + n));
+      const std::string what = std::string(wb == 0 ? "dW" : "db") + std::to_string(k + 1);
+      c.merge(within(what.c_str(), o, r, std::max(rms(r), 1e-30), 1e-3), what);
+    }
+  const adamw::Hyper h = hyper();
+  std::vector<double> change(l.total), ref_change(l.total);
+  for (std::size_t i = 0; i < l.total; ++i) {
+    adamw::Element e{p0[i], start.m.get(i), start.v.get(i)};
+    adamw::reference_step(h, 1, g[i], e);
+    ref_change[i] = e.p - p0[i];
+    change[i] = out.params.get(i) - p0[i];
+  }
+  c.merge(within("AdamW step (p - p0)", change, ref_change, h.lr, 1e-3), "step");
+  return c;
+}
+
+const Family& family() {
+  static const ModelsFamily f;
+  return f;
+}
+
+}  // namespace hotops::models

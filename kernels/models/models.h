@@ -1,0 +1,125 @@
+// The models family: whole training and inference steps of the seed studies' dense models, chained
+// from hotops' building blocks (GEMMs, a fused softmax cross-entropy, ReLU backward with the bias
+// gradient, one flat AdamW pass), on the CPU (oneDNN matmuls + OpenMP loops, hand-written loops for
+// tiny layers) and on CUDA (cublasLt + hand-written kernels).
+//
+// A model is a stack of dense layers y = x.W + b (W row-major [in, out], as PyTorch's nn.Linear
+// computes x.W^T with its [out, in] weight), ReLU between layers, logits out. Directions:
+//   infer: the forward pass, logits [batch, classes];
+//   train: forward, loss = mean over the batch of softmax cross-entropy with integer labels,
+//          backward, and one torch.optim.AdamW step (lr 1e-3, betas 0.9 / 0.999, eps 1e-8, wd 1e-2)
+//          over every parameter (weights and biases alike).
+// All parameters of a model lie in ONE buffer (W1, b1, W2, b2, ..., each tensor starting on a
+// 256-byte boundary, zero padding between them), the gradients, AdamW's m and v in buffers of the same
+// layout, so the optimizer step is one flat elementwise pass (the padding stays zero through it).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hotops/buffer.h"
+#include "hotops/op.h"
+#include "kernels/adamw/adamw.h"
+
+namespace hotops::models {
+
+// A model of the seed studies: its layer widths, input first, classes last.
+struct Model {
+  std::string name;
+  std::vector<std::int64_t> widths;  // {in, hidden..., classes}
+  std::vector<std::int64_t> batches; // benchmarked batch sizes
+};
+const std::vector<Model>& models();
+const Model& model_named(const std::string& name);  // throws hotops::Error when unknown
+
+// How a step is run and timed (the problem's optional last arg).
+enum class Variant {
+  plain,    // CPU: all threads; CUDA: device time of the step, the batch already on the device
+  threads,  // CPU: threads:T
+  e2e,      // CUDA: host time of the step as a program pays it: batch H2D, launches, result D2H, sync
+  graph,    // CUDA train: as e2e, the device part replayed as one CUDA graph captured at setup
+};
+
+struct Shape {
+  std::string model;
+  std::vector<std::int64_t> widths;
+  Backend backend = Backend::cpu;
+  Direction dir = Direction::infer;  // infer or train
+  std::int64_t batch = 1;
+  Variant variant = Variant::plain;
+  int threads = 0;  // threads:T only
+
+  std::size_t layers() const { return widths.size() - 1; }
+  std::int64_t in(std::size_t l) const { return widths[l]; }       // layer l's input width
+  std::int64_t out(std::size_t l) const { return widths[l + 1]; }  // layer l's output width
+  std::int64_t classes() const { return widths.back(); }
+  bool train() const { return dir == Direction::train; }
+};
+Shape shape_of(const Problem& p);
+
+// Where each tensor lies in the flat parameter buffer (offsets in floats).
+constexpr std::size_t kAlignFloats = 64;
+struct ParamLayout {
+  std::vector<std::size_t> w, b;  // per layer: W [in, out] row-major, b [out]
+  std::size_t total = 0;          // floats, padding included (a multiple of kAlignFloats)
+  std::int64_t parameters = 0;    // the model's parameter count, padding excluded
+};
+ParamLayout param_layout(const std::vector<std::int64_t>& widths);
+
+// The AdamW hyperparameters of every train problem: PyTorch's defaults with wd 0.01.
+inline adamw::Hyper hyper() { return adamw::Hyper{}; }
+
+// The learnable synthetic task and the model's starting point, pure functions of the seed:
+// x uniform in [-1, 1); label = argmax of a fixed random linear teacher map of x; parameters like
+// PyTorch's nn.Linear init (W and b uniform in +-1/sqrt(in)), padding zero; m = v = 0.
+struct State {
+  HostBuffer x;                     // [batch, in] f32
+  std::vector<std::int32_t> labels; // [batch]
+  HostBuffer params, m, v;          // flat, ParamLayout
+};
+State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed);
+void init_params(const Shape& s, const ParamLayout& l, std::uint64_t seed, HostBuffer& params);
+
+// The reference in double: forward (logits), and for train the loss and the flat gradients (same
+// layout as the parameters). `tie_hidden`, when given, holds the implementation's post-ReLU hidden
+// activations [batch, width] per hidden layer: where the reference's pre-activation is zero up to
+// f32 rounding, the ReLU is decided as the implementation decided (see models.cpp, verification).
+struct Reference {
+  std::vector<double> logits;  // [batch, classes]
+  double loss = 0;
+  std::vector<double> grad;    // flat, train only
+};
+Reference reference(const std::vector<std::int64_t>& widths, const ParamLayout& l, const std::vector<double>& params,
+                    const std::vector<double>& x, const std::vector<std::int32_t>& labels, std::int64_t batch,
+                    bool backward, const std::vector<const float*>& tie_hidden = {});
+
+// What one implementation produced in one verified run, in host memory.
+struct Outcome {
+  HostBuffer logits;                    // infer
+  float loss = 0;                       // train
+  HostBuffer grads, params;             // train: gradients and the parameters after the step
+  std::vector<HostBuffer> hidden;       // train: post-ReLU hidden activations, for the ReLU ties
+};
+// Compares one run from the seeded start (step 1) with the reference (see models.cpp for the bounds).
+Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, const Outcome& out);
+
+// The cases' common extra: the loss of the last train step (synchronises on CUDA).
+class ModelCase : public Case {
+ public:
+  virtual double last_loss() = 0;
+};
+
+// The CPU's hand-written path takes a layer below this many multiply-adds (batch x in x out): there
+// a oneDNN primitive's fixed cost per call is most of the time.
+constexpr std::int64_t kSmallLayerMacs = 64 * 1024;
+
+std::unique_ptr<ModelCase> make_cpu(const Problem& p);
+#ifdef HOTOPS_HAVE_CUDA
+std::unique_ptr<ModelCase> make_cuda(const Problem& p);
+#endif
+
+const Family& family();
+
+}  // namespace hotops::models
