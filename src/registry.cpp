@@ -6,12 +6,14 @@
 #include "kernels/batchnorm/batchnorm.h"
 #include "kernels/conv2d/conv2d.h"
 #include "kernels/copy/copy.h"
+#include "kernels/embedding/embedding.h"
 #include "kernels/gelu/gelu.h"
 #include "kernels/layernorm/layernorm.h"
 #include "kernels/loss/loss.h"
 #include "kernels/lstm/lstm.h"
 #include "kernels/lstm_cell/lstm_cell.h"
 #include "kernels/matmul/matmul.h"
+#include "kernels/maxpool/maxpool.h"
 #include "kernels/models/models.h"
 #include "kernels/pointwise/pointwise.h"
 #include "kernels/softmax/softmax.h"
@@ -37,6 +39,8 @@ const std::vector<const Family*>& families() {
       &loss::family(),
       &pointwise::family(),
       &models::family(),
+      &maxpool::family(),
+      &embedding::family(),
   };
   return all;
 }

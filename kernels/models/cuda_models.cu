@@ -311,6 +311,10 @@ class CudaModel final : public ModelCase {
                                                        dact_[k].as<float>()));
     }
     if (s_.variant == Variant::graph) {
+      // Everything the step touches that is created lazily (the cublasLt handle, its workspace)
+      // must exist before the capture: allocation is not allowed while the stream is capturing.
+      gpu::cublaslt();
+      gpu::cublas_workspace();
       HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
       HOTOPS_CHECK_CUDA(cudaStreamBeginCapture(gpu::stream(), cudaStreamCaptureModeThreadLocal));
       try {

@@ -1,0 +1,149 @@
+// embedding on CUDA: hand-written, memory-bound kernels.
+//   fwd: one thread per 16-byte piece of an output row (4-byte or 2-byte pieces when the row's
+//        bytes are not a multiple of 16), threads of a warp on consecutive pieces; the index is
+//        read by every thread of its row (cached).
+//   bwd: one thread per V columns of one dW row (V = 4 f32 or 8 bf16: a 16-byte load of dout, one
+//        or two 16-byte stores of dW; V = 1 for dims that are not a multiple of V). The thread sums
+//        the row's dout pieces in f32 in the CSR's position order (built at setup, uploaded once),
+//        so the result is deterministic, and writes dW once: zeros where no index hits the row.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <string>
+
+#include "hotops/cuda_util.h"
+#include "kernels/embedding/embedding.h"
+
+namespace hotops::embedding {
+namespace {
+
+constexpr unsigned kThreads = 256;
+
+template <class P>  // P: the piece, uint4, unsigned or unsigned short
+__global__ void __launch_bounds__(kThreads) gather_rows(const P* __restrict__ w, const std::int64_t* __restrict__ idx,
+                                                        P* __restrict__ out, std::int64_t n, std::int64_t pieces) {
+  const std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (t >= n * pieces) return;
+  const std::int64_t i = t / pieces, k = t - i * pieces;
+  out[t] = w[idx[i] * pieces + k];
+}
+
+template <class T, int V>
+struct alignas(sizeof(T) * V) Vec {
+  T e[V];
+};
+
+__device__ inline float widen(float v) { return v; }
+__device__ inline float widen(std::uint16_t v) { return __uint_as_float(static_cast<unsigned>(v) << 16); }
+
+template <class T, int V>
+__global__ void __launch_bounds__(kThreads) sum_rows(const T* __restrict__ dout, const std::int32_t* __restrict__ off,
+                                                     const std::int32_t* __restrict__ pos, float* __restrict__ dw,
+                                                     std::int64_t vocab, std::int64_t dim) {
+  const std::int64_t groups = dim / V;
+  const std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (t >= vocab * groups) return;
+  const std::int64_t r = t / groups, g = t - r * groups;
+  float acc[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) acc[j] = 0.f;
+  const std::int32_t e = off[r + 1];
+  for (std::int32_t k = off[r]; k < e; ++k) {
+    const Vec<T, V> v = reinterpret_cast<const Vec<T, V>*>(dout + static_cast<std::int64_t>(pos[k]) * dim)[g];
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc[j] += widen(v.e[j]);
+  }
+  float* dst = dw + r * dim + g * V;
+  if constexpr (V % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4) reinterpret_cast<float4*>(dst)[j / 4] = make_float4(acc[j], acc[j + 1], acc[j + 2], acc[j + 3]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) dst[j] = acc[j];
+  }
+}
+
+unsigned blocks_for(std::int64_t threads) { return static_cast<unsigned>((threads + kThreads - 1) / kThreads); }
+
+class CudaEmbedding final : public Case {
+ public:
+  explicit CudaEmbedding(const Problem& p) : s_(shape_of(p)), in_(make_inputs(s_, p.seed())), out_(make_output(s_)) {
+    out_d_ = gpu::DeviceBuffer(out_.bytes());
+    const std::size_t row_bytes = static_cast<std::size_t>(s_.dim) * dtype_size(s_.dtype);
+    if (s_.dir == Direction::fwd) {
+      w_ = gpu::DeviceBuffer(in_.W);
+      idx_ = gpu::DeviceBuffer(in_.idx.size() * sizeof(std::int64_t));
+      HOTOPS_CHECK_CUDA(cudaMemcpy(idx_.get(), in_.idx.data(), idx_.bytes(), cudaMemcpyHostToDevice));
+      piece_ = row_bytes % 16 == 0 ? 16 : row_bytes % 4 == 0 ? 4 : 2;
+    } else {
+      dout_ = gpu::DeviceBuffer(in_.dout);
+      const Csr csr = group_by_row(in_.idx, s_.vocab);
+      off_ = gpu::DeviceBuffer(csr.offset.size() * sizeof(std::int32_t));
+      pos_ = gpu::DeviceBuffer(csr.pos.size() * sizeof(std::int32_t));
+      HOTOPS_CHECK_CUDA(cudaMemcpy(off_.get(), csr.offset.data(), off_.bytes(), cudaMemcpyHostToDevice));
+      HOTOPS_CHECK_CUDA(cudaMemcpy(pos_.get(), csr.pos.data(), pos_.bytes(), cudaMemcpyHostToDevice));
+      const int v = s_.dtype == DType::f32 ? 4 : 8;
+      vec_ = s_.dim % v == 0 ? v : 1;
+    }
+  }
+
+  void run() override {
+    const cudaStream_t st = gpu::stream();
+    if (s_.dir == Direction::fwd) {
+      const std::int64_t pieces =
+          static_cast<std::int64_t>(static_cast<std::size_t>(s_.dim) * dtype_size(s_.dtype) / piece_);
+      const unsigned blocks = blocks_for(s_.n() * pieces);
+      const auto* idx = idx_.as<const std::int64_t>();
+      if (piece_ == 16)
+        gather_rows<<<blocks, kThreads, 0, st>>>(w_.as<const uint4>(), idx, out_d_.as<uint4>(), s_.n(), pieces);
+      else if (piece_ == 4)
+        gather_rows<<<blocks, kThreads, 0, st>>>(w_.as<const unsigned>(), idx, out_d_.as<unsigned>(), s_.n(), pieces);
+      else
+        gather_rows<<<blocks, kThreads, 0, st>>>(w_.as<const unsigned short>(), idx, out_d_.as<unsigned short>(),
+                                                 s_.n(), pieces);
+      HOTOPS_CHECK_LAUNCH();
+      return;
+    }
+    const unsigned blocks = blocks_for(s_.vocab * (s_.dim / vec_));
+    const auto* off = off_.as<const std::int32_t>();
+    const auto* pos = pos_.as<const std::int32_t>();
+    float* dw = out_d_.as<float>();
+    if (s_.dtype == DType::f32) {
+      const auto* d = dout_.as<const float>();
+      if (vec_ == 4) sum_rows<float, 4><<<blocks, kThreads, 0, st>>>(d, off, pos, dw, s_.vocab, s_.dim);
+      else sum_rows<float, 1><<<blocks, kThreads, 0, st>>>(d, off, pos, dw, s_.vocab, s_.dim);
+    } else {
+      const auto* d = dout_.as<const std::uint16_t>();
+      if (vec_ == 8) sum_rows<std::uint16_t, 8><<<blocks, kThreads, 0, st>>>(d, off, pos, dw, s_.vocab, s_.dim);
+      else sum_rows<std::uint16_t, 1><<<blocks, kThreads, 0, st>>>(d, off, pos, dw, s_.vocab, s_.dim);
+    }
+    HOTOPS_CHECK_LAUNCH();
+  }
+
+  Check verify() override {
+    out_d_.poison();
+    run();
+    out_d_.download(out_);
+    return embedding::verify(s_, in_, out_);
+  }
+
+  std::string label() const override {
+    if (s_.dir == Direction::fwd) return "hotops CUDA row gather, " + std::to_string(piece_) + "-byte pieces";
+    return "hotops CUDA dW per vocab row from a setup-time CSR, f32 sums in fixed order, " + std::to_string(vec_) +
+           " columns per thread";
+  }
+
+ private:
+  Shape s_;
+  Inputs in_;
+  HostBuffer out_;
+  gpu::DeviceBuffer w_, idx_, dout_, off_, pos_, out_d_;
+  std::size_t piece_ = 16;
+  int vec_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Case> make_cuda(const Problem& p) { return std::make_unique<CudaEmbedding>(p); }
+
+}  // namespace hotops::embedding

@@ -1,0 +1,184 @@
+// The embedding family: problem names and shapes, work, inputs, the row grouping and verification.
+//
+// Names: embedding/<backend>/<dtype>/<fwd|bwd>/shape:<model.layer>/batch:B/T:T/vocab:V/dim:D, with
+// B x T int64 indices into a [V, D] table; test problems have shape:test and `N:` for the batch.
+#include "kernels/embedding/embedding.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "hotops/check.h"
+
+namespace hotops::embedding {
+namespace {
+
+struct NamedShape {
+  const char* name;
+  std::int64_t T, vocab, dim, batch;
+};
+
+constexpr NamedShape kNamedShapes[] = {
+    // The seed IMDb bidirectional LSTM: 20000-word vocabulary, 128-wide embeddings, reviews cut to
+    // 200 tokens, batch 64 (12800 indices).
+    {"imdb_bilstm.embed", 200, 20000, 128, 64},
+    // BERT-base word embeddings: WordPiece vocabulary 30522 x hidden 768, sequence 128, batch 32.
+    {"bert.word_embed", 128, 30522, 768, 32},
+};
+
+constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd};
+constexpr DType kDTypes[] = {DType::f32, DType::bf16};
+
+void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
+  for (Backend be : kAllBackends)
+    for (DType t : kDTypes)
+      for (Direction d : kDirections) out.push_back(Problem{"embedding", be, t, d, args});
+}
+
+std::string cpu_unsupported_reason(const Problem&) { return ""; }
+
+class EmbeddingFamily final : public Family {
+ public:
+  std::string name() const override { return "embedding"; }
+
+  std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
+    std::vector<Problem> out;
+    for (const NamedShape& ns : kNamedShapes)
+      for (std::int64_t b : batches.empty() ? std::vector<std::int64_t>{ns.batch} : batches)
+        expand({{"shape", ns.name},
+                {"batch", std::to_string(b)},
+                {"T", std::to_string(ns.T)},
+                {"vocab", std::to_string(ns.vocab)},
+                {"dim", std::to_string(ns.dim)}},
+               out);
+    return out;
+  }
+
+  std::vector<Problem> test_problems() const override {
+    // A vocabulary far smaller than the indices (many repeats per row) and one far larger (most
+    // rows of dW are zeros); dims that are odd (scalar accesses on CUDA), a multiple of 4 but not
+    // 8 (bf16 rows not a multiple of 16 bytes), and 16-byte vector widths in both dtypes.
+    constexpr std::int64_t kShapes[][4] = {{3, 20, 7, 5}, {2, 9, 1000, 12}, {4, 33, 50, 64}, {1, 17, 3, 1}};
+    std::vector<Problem> out;
+    for (const auto& t : kShapes)
+      expand({{"shape", "test"},
+              {"N", std::to_string(t[0])},
+              {"T", std::to_string(t[1])},
+              {"vocab", std::to_string(t[2])},
+              {"dim", std::to_string(t[3])}},
+             out);
+    return out;
+  }
+
+  // fwd: no FLOPs; bytes = the gathered rows read + the int64 indices + the output written (not
+  // the whole table: only the rows looked up need be touched). bwd: dim adds per index; bytes =
+  // dout + the indices read and all of dW (f32) written once (the rows no index hits are zeros).
+  Work work(const Problem& p) const override {
+    const Shape s = shape_of(p);
+    const double n = static_cast<double>(s.n()), dim = static_cast<double>(s.dim);
+    const double e = static_cast<double>(dtype_size(s.dtype));
+    Work w;
+    if (s.dir == Direction::fwd) {
+      w.bytes = 2 * n * dim * e + 8 * n;
+    } else {
+      w.flops = n * dim;
+      w.bytes = n * dim * e + 8 * n + static_cast<double>(s.vocab) * dim * 4;
+    }
+    w.items = p.batch() ? static_cast<double>(*p.batch()) : 1.0;
+    return w;
+  }
+
+  std::string unsupported_reason(const Problem& p) const override {
+    return backend_unsupported_reason(p, cpu_unsupported_reason);
+  }
+
+  std::unique_ptr<Case> make(const Problem& p) const override {
+    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
+  }
+};
+
+}  // namespace
+
+Shape shape_of(const Problem& p) {
+  HOTOPS_CHECK(p.dir == Direction::fwd || p.dir == Direction::bwd, "embedding has fwd and bwd only: " + p.name());
+  HOTOPS_CHECK(p.dtype == DType::f32 || p.dtype == DType::bf16, "embedding has f32 and bf16 only: " + p.name());
+  Shape s;
+  s.dir = p.dir;
+  s.dtype = p.dtype;
+  s.batch = p.batch() ? *p.batch() : p.get_int("N");
+  s.T = p.get_int("T"), s.vocab = p.get_int("vocab"), s.dim = p.get_int("dim");
+  HOTOPS_CHECK(s.batch > 0 && s.T > 0 && s.vocab > 0 && s.dim > 0, "bad embedding shape: " + p.name());
+  HOTOPS_CHECK(s.n() < (std::int64_t(1) << 31) && s.vocab < (std::int64_t(1) << 24),
+               "embedding supports < 2^31 indices and a vocabulary < 2^24: " + p.name());
+  return s;
+}
+
+Csr group_by_row(const std::vector<std::int64_t>& idx, std::int64_t vocab) {
+  Csr g;
+  g.offset.assign(static_cast<std::size_t>(vocab) + 1, 0);
+  for (std::int64_t r : idx) ++g.offset[static_cast<std::size_t>(r) + 1];
+  for (std::size_t r = 0; r < static_cast<std::size_t>(vocab); ++r) g.offset[r + 1] += g.offset[r];
+  std::vector<std::int32_t> next(g.offset.begin(), g.offset.end() - 1);
+  g.pos.resize(idx.size());
+  for (std::size_t i = 0; i < idx.size(); ++i)
+    g.pos[static_cast<std::size_t>(next[static_cast<std::size_t>(idx[i])]++)] = static_cast<std::int32_t>(i);
+  return g;
+}
+
+Inputs make_inputs(const Shape& s, std::uint64_t seed) {
+  const auto n = static_cast<std::size_t>(s.n()), dim = static_cast<std::size_t>(s.dim);
+  Inputs in;
+  HostBuffer u(DType::f32, n);
+  u.fill_uniform(seed, 0, 0.f, 1.f);
+  in.idx.resize(n);
+  for (std::size_t i = 0; i < n; ++i)
+    in.idx[i] = std::min(s.vocab - 1, static_cast<std::int64_t>(u.as<float>()[i] * static_cast<float>(s.vocab)));
+  if (s.dir == Direction::fwd) {
+    in.W = HostBuffer(s.dtype, static_cast<std::size_t>(s.vocab) * dim);
+    in.W.fill_uniform(seed, 1);
+  } else {
+    in.dout = HostBuffer(s.dtype, n * dim);
+    in.dout.fill_uniform(seed, 2);
+  }
+  return in;
+}
+
+HostBuffer make_output(const Shape& s) {
+  const auto dim = static_cast<std::size_t>(s.dim);
+  if (s.dir == Direction::fwd) return HostBuffer(s.dtype, static_cast<std::size_t>(s.n()) * dim);
+  return HostBuffer(DType::f32, static_cast<std::size_t>(s.vocab) * dim);
+}
+
+Check verify(const Shape& s, const Inputs& in, const HostBuffer& out) {
+  const auto dim = static_cast<std::size_t>(s.dim);
+  if (s.dir == Direction::fwd) {
+    const std::vector<std::size_t> idx = sample_indices(out.count(), std::size_t(1) << 18, 29);
+    return compare(out, idx, [&](std::size_t i) { return reference_fwd(s, in, i); }, 0.0);
+  }
+  // Whole rows of dW: every row up to ~2^18 elements, else a sample that always has the first and
+  // last rows and the most frequent one (the longest sum).
+  std::vector<std::size_t> rows =
+      sample_indices(static_cast<std::size_t>(s.vocab), std::max<std::size_t>(16, (std::size_t(1) << 18) / dim), 31);
+  std::vector<std::int64_t> count(static_cast<std::size_t>(s.vocab), 0);
+  for (std::int64_t r : in.idx) ++count[static_cast<std::size_t>(r)];
+  const auto busiest = static_cast<std::size_t>(std::max_element(count.begin(), count.end()) - count.begin());
+  if (std::find(rows.begin(), rows.end(), busiest) == rows.end()) rows.push_back(busiest);
+  const std::vector<double> ref = reference_bwd(s, in, rows);
+  std::vector<std::int64_t> slot(static_cast<std::size_t>(s.vocab), -1);
+  std::vector<std::size_t> idx;
+  idx.reserve(rows.size() * dim);
+  for (std::size_t k = 0; k < rows.size(); ++k) {
+    slot[rows[k]] = static_cast<std::int64_t>(k);
+    for (std::size_t j = 0; j < dim; ++j) idx.push_back(rows[k] * dim + j);
+  }
+  return compare(
+      out, idx,
+      [&](std::size_t i) { return ref[static_cast<std::size_t>(slot[i / dim]) * dim + i % dim]; },
+      tolerance(DType::f32));
+}
+
+const Family& family() {
+  static const EmbeddingFamily f;
+  return f;
+}
+
+}  // namespace hotops::embedding

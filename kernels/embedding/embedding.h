@@ -1,0 +1,62 @@
+// The embedding family: nn.Embedding's lookup. fwd gathers rows of a [vocab, dim] table W by int64
+// indices: out[i, :] = W[idx[i], :]. bwd is the dense weight gradient: dW = zeros([vocab, dim]),
+// then dW[idx[i], :] += dout[i, :] for every i, accumulated and written in f32 for both dtypes
+// (a bf16 table gets an f32 gradient, as with a mixed-precision master copy). The bwd is
+// deterministic: indices are grouped by row at setup (a CSR of positions per vocab row, outside
+// timing) and every row's sum runs in ascending position order, on both backends.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hotops/buffer.h"
+#include "hotops/op.h"
+
+namespace hotops::embedding {
+
+struct Shape {
+  Direction dir = Direction::fwd;
+  DType dtype = DType::f32;  // the table's and dout's; dW is always f32
+  std::int64_t batch = 1, T = 1;  // batch x T indices
+  std::int64_t vocab = 1, dim = 1;
+  std::int64_t n() const { return batch * T; }
+};
+
+Shape shape_of(const Problem& p);
+
+// The positions of the indices grouped by row: row r's are pos[offset[r] .. offset[r + 1]), in
+// ascending order (a stable counting sort).
+struct Csr {
+  std::vector<std::int32_t> offset;  // vocab + 1
+  std::vector<std::int32_t> pos;     // n
+};
+Csr group_by_row(const std::vector<std::int64_t>& idx, std::int64_t vocab);
+
+// Inputs, seeded from the problem name so every backend sees the same numbers: idx uniform in
+// [0, vocab); fwd: the table W uniform in [-1, 1); bwd: dout uniform in [-1, 1).
+struct Inputs {
+  std::vector<std::int64_t> idx;
+  HostBuffer W;     // fwd
+  HostBuffer dout;  // bwd
+};
+Inputs make_inputs(const Shape& s, std::uint64_t seed);
+HostBuffer make_output(const Shape& s);  // out [n, dim] in the dtype (fwd), dW [vocab, dim] f32 (bwd)
+
+// The reference: fwd one element (a copy, exact); bwd the dW rows listed in `rows` in double, one
+// pass over the indices (independent of the CSR), into ref[k * dim + j] for rows[k].
+double reference_fwd(const Shape& s, const Inputs& in, std::size_t out_index);
+std::vector<double> reference_bwd(const Shape& s, const Inputs& in, const std::vector<std::size_t>& rows);
+
+// fwd: exact match; bwd: tolerance(f32) (exact inputs, an f32 sum of the few rows per index).
+Check verify(const Shape& s, const Inputs& in, const HostBuffer& out);
+
+std::unique_ptr<Case> make_cpu(const Problem& p);
+#ifdef HOTOPS_HAVE_CUDA
+std::unique_ptr<Case> make_cuda(const Problem& p);
+#endif
+
+const Family& family();
+
+}  // namespace hotops::embedding

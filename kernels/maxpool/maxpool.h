@@ -1,0 +1,70 @@
+// The maxpool family: nn.MaxPool2d (kernel k x k, stride s, zero padding p, floor mode) over an
+// [N, C, H, W] tensor stored NCHW or NHWC. fwd computes y from x (on the CPU also oneDNN's
+// workspace, the argmax of each window, as a training forward must); bwd computes dx from dy and
+// what the forward saved: oneDNN's workspace on the CPU, x and y on cuDNN.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "hotops/buffer.h"
+#include "hotops/op.h"
+
+namespace hotops::maxpool {
+
+enum class Layout { nchw, nhwc };
+
+struct Shape {
+  Direction dir = Direction::fwd;
+  DType dtype = DType::f32;
+  Layout layout = Layout::nchw;
+  std::int64_t N = 1, C = 1, H = 1, W = 1;  // input
+  std::int64_t k = 1, s = 1, pad = 0;
+  std::int64_t OH() const { return (H + 2 * pad - k) / s + 1; }
+  std::int64_t OW() const { return (W + 2 * pad - k) / s + 1; }
+  std::size_t in_elements() const { return static_cast<std::size_t>(N * C * H * W); }
+  std::size_t out_elements() const { return static_cast<std::size_t>(N * C * OH() * OW()); }
+  // Offset of element (n, c, h, w) of a tensor of spatial size hh x ww in this layout.
+  std::size_t offset(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w, std::int64_t hh,
+                     std::int64_t ww) const {
+    const std::int64_t o = layout == Layout::nchw ? ((n * C + c) * hh + h) * ww + w : ((n * hh + h) * ww + w) * C + c;
+    return static_cast<std::size_t>(o);
+  }
+};
+
+Shape shape_of(const Problem& p);
+
+// Inputs, seeded from the problem name so every backend sees the same numbers.
+//   x: no two elements of any k x k window are equal, so the argmax, and with it y and dx, has one
+//      right answer whatever an implementation does with ties: x = (m k^2 + (h mod k) k + (w mod k))
+//      scaled by a power of two, m a seeded random integer (levels chosen so x is exact in the dtype).
+//   dy (bwd): uniform in [-1, 1).
+struct Inputs {
+  HostBuffer x;
+  HostBuffer dy;  // bwd
+};
+Inputs make_inputs(const Shape& s, std::uint64_t seed);
+HostBuffer make_output(const Shape& s);  // y (fwd) or dx (bwd)
+
+// The reference, one element at a time (double; exact here). The argmax of output (n, c, oh, ow)
+// as the input (h, w) (the first maximum in row-major window order), its value, and dx at one input
+// element: the sum of the dy of every window whose argmax it is.
+void reference_argmax(const Shape& s, const HostBuffer& x, std::int64_t n, std::int64_t c, std::int64_t oh,
+                      std::int64_t ow, std::int64_t* h, std::int64_t* w);
+double reference_fwd(const Shape& s, const HostBuffer& x, std::size_t out_index);
+double reference_bwd(const Shape& s, const HostBuffer& x, const HostBuffer& dy, std::size_t in_index);
+
+// fwd: exact match required (a max is exact); bwd: tolerance(dtype) (a sum of up to
+// ceil(k / s)^2 dy in f32, then rounded to the dtype; exact for non-overlapping windows).
+Check verify(const Shape& s, const Inputs& in, const HostBuffer& out);
+
+std::unique_ptr<Case> make_cpu_onednn(const Problem& p);
+std::string onednn_unsupported_reason(const Problem& p);
+#ifdef HOTOPS_HAVE_CUDA
+std::unique_ptr<Case> make_cudnn(const Problem& p);
+#endif
+
+const Family& family();
+
+}  // namespace hotops::maxpool
