@@ -14,6 +14,8 @@
 #include "kernels/lstm_cell/lstm_cell.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/maxpool/maxpool.h"
+#include "kernels/model_bilstm/model_bilstm.h"
+#include "kernels/model_bert/model_bert.h"
 #include "kernels/models/models.h"
 #include "kernels/pointwise/pointwise.h"
 #include "kernels/softmax/softmax.h"
@@ -39,8 +41,10 @@ const std::vector<const Family*>& families() {
       &loss::family(),
       &pointwise::family(),
       &models::family(),
+      &model_bert::family(),
       &maxpool::family(),
       &embedding::family(),
+      &model_bilstm::family(),
   };
   return all;
 }

@@ -1,0 +1,673 @@
+// model_bert on CUDA. GEMMs: the dense layers are cublasLt f32 matmuls (CUBLAS_COMPUTE_32F: no TF32),
+// with the BIAS epilogue in the forward and the residual added through C (D = A.B + bias + C, beta 1);
+// the attention's six per-head GEMMs (scores, context; dP, dV, dQ, dK) are one cublasGemmBatchedEx
+// each over batch x heads, on pointer arrays (built at setup) into the [tokens, 3 hidden] QKV buffer and
+// the [tokens, hidden] context, so there is no head split or merge copy. Hand-written kernels: softmax
+// forward/backward (a warp per row of 128/197), GELU (erf) forward/backward (float4), LayerNorm
+// forward (a warp per row) and backward (a warp per row, dgamma/dbeta as per-block partials), column
+// sums for the bias gradients (two deterministic stages), the MSE loss (two stages, the second
+// advancing the optimizer's device step count) and one flat AdamW pass. No host synchronisation in a
+// step: capturable. Row-major tensors are seen as column-major transposes (see cuda_cublas.cu).
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "hotops/cuda_util.h"
+#include "kernels/model_bert/model_bert.h"
+
+namespace hotops::model_bert {
+namespace {
+
+constexpr int kMaxRow = 256;       // softmax rows up to 256 (8 per lane)
+constexpr int kMaxHidden = 1024;   // LayerNorm rows up to 1024 (32 per lane)
+constexpr unsigned kThreads = 256;
+constexpr int kLnBwdBlocks = 128;
+constexpr int kColRows = 64;       // rows per block of the column sums' first stage
+constexpr int kLossBlocks = 256;
+
+struct StepState {
+  std::int64_t step;
+  adamw::StepScalars s;
+};
+
+__device__ inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ inline float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// In place over rows of n (<= kMaxRow): x = softmax(x). A warp per row.
+__global__ void __launch_bounds__(kThreads) softmax_fwd(float* __restrict__ x, std::int64_t rows, int n) {
+  const std::int64_t r = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  float* row = x + r * n;
+  float v[kMaxRow / 32];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kMaxRow / 32; ++k) {
+    const int c = lane + 32 * k;
+    v[k] = c < n ? row[c] : -INFINITY;
+    mx = fmaxf(mx, v[k]);
+  }
+  mx = warp_max(mx);
+  float sum = 0.f;
+#pragma unroll
+  for (int k = 0; k < kMaxRow / 32; ++k) {
+    const int c = lane + 32 * k;
+    v[k] = c < n ? expf(v[k] - mx) : 0.f;
+    sum += v[k];
+  }
+  const float inv = 1.f / warp_sum(sum);
+#pragma unroll
+  for (int k = 0; k < kMaxRow / 32; ++k) {
+    const int c = lane + 32 * k;
+    if (c < n) row[c] = v[k] * inv;
+  }
+}
+
+// In place: d = p * (d - sum(d * p)) over rows of n (the softmax's input gradient; the scale is
+// applied by the GEMMs that read it).
+__global__ void __launch_bounds__(kThreads) softmax_bwd(float* __restrict__ d, const float* __restrict__ p, std::int64_t rows, int n) {
+  const std::int64_t r = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  float* dr = d + r * n;
+  const float* pr = p + r * n;
+  float dv[kMaxRow / 32], pv[kMaxRow / 32];
+  float dot = 0.f;
+#pragma unroll
+  for (int k = 0; k < kMaxRow / 32; ++k) {
+    const int c = lane + 32 * k;
+    dv[k] = c < n ? dr[c] : 0.f;
+    pv[k] = c < n ? pr[c] : 0.f;
+    dot += dv[k] * pv[k];
+  }
+  dot = warp_sum(dot);
+#pragma unroll
+  for (int k = 0; k < kMaxRow / 32; ++k) {
+    const int c = lane + 32 * k;
+    if (c < n) dr[c] = pv[k] * (dv[k] - dot);
+  }
+}
+
+__device__ inline float gelu(float z) { return 0.5f * z * (1.f + erff(z * 0.70710678118654752f)); }
+__device__ inline float gelu_grad(float z) {
+  return 0.5f * (1.f + erff(z * 0.70710678118654752f)) + z * 0.39894228040143268f * __expf(-0.5f * z * z);
+}
+
+// f = gelu(z) (z has the bias from the GEMM's epilogue), n4 vectors of 4.
+__global__ void gelu_fwd(const float4* __restrict__ z, float4* __restrict__ f, std::int64_t n4) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const float4 v = z[i];
+    f[i] = make_float4(gelu(v.x), gelu(v.y), gelu(v.z), gelu(v.w));
+  }
+}
+
+// df *= gelu'(z) in place.
+__global__ void gelu_bwd(float4* __restrict__ df, const float4* __restrict__ z, std::int64_t n4) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const float4 v = z[i];
+    float4 d = df[i];
+    d.x *= gelu_grad(v.x), d.y *= gelu_grad(v.y), d.z *= gelu_grad(v.z), d.w *= gelu_grad(v.w);
+    df[i] = d;
+  }
+}
+
+// y = LN(x) over rows of h (<= kMaxHidden), a warp per row; mean and rstd kept for the backward.
+__global__ void __launch_bounds__(kThreads) ln_fwd(const float* __restrict__ x, const float* __restrict__ g,
+                                                  const float* __restrict__ b, float* __restrict__ y, float* __restrict__ mean,
+                                                  float* __restrict__ rstd, std::int64_t rows, int h, float eps) {
+  const std::int64_t r = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const float* xr = x + r * h;
+  float v[kMaxHidden / 32];
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < kMaxHidden / 32; ++k) {
+    const int c = lane + 32 * k;
+    v[k] = c < h ? xr[c] : 0.f;
+    s += v[k];
+  }
+  const float m = warp_sum(s) / static_cast<float>(h);
+  float q = 0.f;
+#pragma unroll
+  for (int k = 0; k < kMaxHidden / 32; ++k) {
+    const int c = lane + 32 * k;
+    const float d = c < h ? v[k] - m : 0.f;
+    q += d * d;
+  }
+  const float rs = rsqrtf(warp_sum(q) / static_cast<float>(h) + eps);
+  if (lane == 0) mean[r] = m, rstd[r] = rs;
+  float* yr = y + r * h;
+#pragma unroll
+  for (int k = 0; k < kMaxHidden / 32; ++k) {
+    const int c = lane + 32 * k;
+    if (c < h) yr[c] = (v[k] - m) * rs * g[c] + b[c];
+  }
+}
+
+// LayerNorm backward, a warp per row (rows strided over the grid's warps): dx = rstd (dy g - mean(dy g)
+// - xhat mean(dy g xhat)) (+ dres), when dx is given; each block's sums of dy xhat and dy per column
+// into partial[block][2h] (warps added in order: deterministic).
+__global__ void __launch_bounds__(kThreads) ln_bwd(const float* __restrict__ dy, const float* __restrict__ x,
+                                                  const float* __restrict__ mean, const float* __restrict__ rstd,
+                                                  const float* __restrict__ g, float* __restrict__ dx,
+                                                  const float* __restrict__ dres, float* __restrict__ partial,
+                                                  std::int64_t rows, int h) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  float pg[kMaxHidden / 32], pb[kMaxHidden / 32];
+#pragma unroll
+  for (int k = 0; k < kMaxHidden / 32; ++k) pg[k] = pb[k] = 0.f;
+  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * warps + warp; r < rows; r += static_cast<std::int64_t>(gridDim.x) * warps) {
+    const float m = mean[r], rs = rstd[r];
+    float d[kMaxHidden / 32], xh[kMaxHidden / 32];
+    float m1 = 0.f, m2 = 0.f;
+#pragma unroll
+    for (int k = 0; k < kMaxHidden / 32; ++k) {
+      const int c = lane + 32 * k;
+      if (c < h) {
+        d[k] = dy[r * h + c];
+        xh[k] = (x[r * h + c] - m) * rs;
+        pg[k] += d[k] * xh[k], pb[k] += d[k];
+        const float dg = d[k] * g[c];
+        m1 += dg, m2 += dg * xh[k];
+      }
+    }
+    if (!dx) continue;
+    m1 = warp_sum(m1) / static_cast<float>(h), m2 = warp_sum(m2) / static_cast<float>(h);
+#pragma unroll
+    for (int k = 0; k < kMaxHidden / 32; ++k) {
+      const int c = lane + 32 * k;
+      if (c < h) dx[r * h + c] = rs * (d[k] * g[c] - m1 - xh[k] * m2) + (dres ? dres[r * h + c] : 0.f);
+    }
+  }
+  __shared__ float acc[2 * kMaxHidden];
+  for (int c = threadIdx.x; c < 2 * h; c += blockDim.x) acc[c] = 0.f;
+  for (int w = 0; w < warps; ++w) {
+    __syncthreads();
+    if (warp == w)
+#pragma unroll
+      for (int k = 0; k < kMaxHidden / 32; ++k) {
+        const int c = lane + 32 * k;
+        if (c < h) acc[c] += pg[k], acc[h + c] += pb[k];
+      }
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < 2 * h; c += blockDim.x) partial[static_cast<std::int64_t>(blockIdx.x) * 2 * h + c] = acc[c];
+}
+
+// Column sums, stage 1: partial[split][c] = sum of rows [split * kColRows, ...) of x [rows, n].
+__global__ void col_partial(const float* __restrict__ x, float* __restrict__ partial, std::int64_t rows, int n) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= n) return;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kColRows, r1 = min(rows, r0 + kColRows);
+  float s = 0.f;
+  for (std::int64_t r = r0; r < r1; ++r) s += x[r * n + c];
+  partial[static_cast<std::int64_t>(blockIdx.y) * n + c] = s;
+}
+
+// Stage 2: out[c] = sum over the splits; columns >= n1 go to out2[c - n1] (LayerNorm's gamma | beta).
+__global__ void col_finish(const float* __restrict__ partial, int splits, int n, int n1, float* __restrict__ out,
+                           float* __restrict__ out2) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= n) return;
+  float s = 0.f;
+  for (int k = 0; k < splits; ++k) s += partial[static_cast<std::int64_t>(k) * n + c];
+  if (c < n1) out[c] = s;
+  else out2[c - n1] = s;
+}
+
+// MSE, stage 1: dy = 2 (y - t) / n, per-block sums of (y - t)^2.
+__global__ void __launch_bounds__(kThreads) mse(const float* __restrict__ y, const float* __restrict__ t, float* __restrict__ dy,
+                                               float* __restrict__ partial, std::int64_t n) {
+  const float k = 2.f / static_cast<float>(n);
+  float s = 0.f;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const float e = y[i] - t[i];
+    dy[i] = k * e;
+    s += e * e;
+  }
+  __shared__ float w[kThreads / 32];
+  s = warp_sum(s);
+  if (threadIdx.x % 32 == 0) w[threadIdx.x / 32] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float b = 0.f;
+    for (unsigned i = 0; i < blockDim.x / 32; ++i) b += w[i];
+    partial[blockIdx.x] = b;
+  }
+}
+
+// Stage 2 (one warp): the mean, and the optimizer's step advanced with its scalars.
+__global__ void mse_finish(const float* __restrict__ partial, int blocks, std::int64_t n, float* __restrict__ loss,
+                           adamw::Hyper h, StepState* state) {
+  float s = 0.f;
+  for (int i = threadIdx.x; i < blocks; i += 32) s += partial[i];
+  s = warp_sum(s);
+  if (threadIdx.x == 0) {
+    *loss = s / static_cast<float>(n);
+    const std::int64_t t = state->step + 1;
+    state->step = t;
+    state->s = adamw::scalars_for(h, t);
+  }
+}
+
+struct IeeeSqrt {
+  __device__ float operator()(float x) const { return sqrtf(x); }
+};
+
+__global__ void __launch_bounds__(kThreads) adamw_flat(float4* __restrict__ p, const float4* __restrict__ g, float4* __restrict__ m,
+                                                      float4* __restrict__ v, std::int64_t n4, const StepState* __restrict__ state) {
+  const adamw::StepScalars s = state->s;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    float4 pv = p[i], mv = m[i], vv = v[i];
+    const float4 gv = __ldg(g + i);
+    adamw::step_element(pv.x, gv.x, mv.x, vv.x, s, IeeeSqrt());
+    adamw::step_element(pv.y, gv.y, mv.y, vv.y, s, IeeeSqrt());
+    adamw::step_element(pv.z, gv.z, mv.z, vv.z, s, IeeeSqrt());
+    adamw::step_element(pv.w, gv.w, mv.w, vv.w, s, IeeeSqrt());
+    p[i] = pv, m[i] = mv, v[i] = vv;
+  }
+}
+
+unsigned grid_for(std::int64_t n, unsigned threads = kThreads, std::int64_t cap = 4096) {
+  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>((n + threads - 1) / threads, cap)));
+}
+
+// The family's cuBLAS handle (batched GEMMs), bound to gpu::stream() and the shared workspace.
+cublasHandle_t cublas() {
+  static cublasHandle_t h = [] {
+    cublasHandle_t c = nullptr;
+    HOTOPS_CHECK_CUBLAS(cublasCreate(&c));
+    HOTOPS_CHECK_CUBLAS(cublasSetStream(c, gpu::stream()));
+    HOTOPS_CHECK_CUBLAS(cublasSetWorkspace(c, gpu::cublas_workspace(), gpu::kCublasWorkspaceBytes));
+    HOTOPS_CHECK_CUBLAS(cublasSetMathMode(c, CUBLAS_DEFAULT_MATH));  // with CUBLAS_COMPUTE_32F: no TF32
+    return c;
+  }();
+  return h;
+}
+
+// D (m x n, ld ldd) = alpha op(A) . op(B) (+ bias over rows) (+ C, same layout as D), column-major,
+// cublasLt f32, the heuristic's first algorithm chosen at setup.
+class Gemm {
+ public:
+  Gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n, std::int64_t k, const float* A,
+       std::int64_t lda, const float* B, std::int64_t ldb, float* D, std::int64_t ldd, const float* bias = nullptr,
+       const float* C = nullptr)
+      : a_(A), b_(B), c_(C ? C : D), d_(D), beta_(C ? 1.f : 0.f) {
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    if (opa == CUBLAS_OP_N) layout(&la_, m, k, lda); else layout(&la_, k, m, lda);
+    if (opb == CUBLAS_OP_N) layout(&lb_, k, n, ldb); else layout(&lb_, n, k, ldb);
+    layout(&ld_, m, n, ldd);
+    if (bias) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+      HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    }
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref_));
+    const std::uint64_t ws = gpu::kCublasWorkspaceBytes;
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(gpu::cublaslt(), desc_, la_, lb_, ld_, ld_, pref_, 1, &result, &found);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+      throw Error("cublasLt has no f32 algorithm for a " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                      (bias ? " GEMM with a bias epilogue" : " GEMM"),
+                  ErrorKind::unsupported);
+    algo_ = result.algo;
+  }
+  ~Gemm() {
+    if (pref_) cublasLtMatmulPreferenceDestroy(pref_);
+    for (cublasLtMatrixLayout_t l : {la_, lb_, ld_})
+      if (l) cublasLtMatrixLayoutDestroy(l);
+    if (desc_) cublasLtMatmulDescDestroy(desc_);
+  }
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  void run() const {
+    const float one = 1.f;
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmul(gpu::cublaslt(), desc_, &one, a_, la_, b_, lb_, &beta_, c_, ld_, d_, ld_, &algo_,
+                                       gpu::cublas_workspace(), gpu::kCublasWorkspaceBytes, gpu::stream()));
+  }
+
+ private:
+  static void layout(cublasLtMatrixLayout_t* l, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+    HOTOPS_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(l, CUDA_R_32F, static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols), ld));
+  }
+  const float* a_;
+  const float* b_;
+  const float* c_;
+  float* d_;
+  float beta_;
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t la_ = nullptr, lb_ = nullptr, ld_ = nullptr;
+  cublasLtMatmulPreference_t pref_ = nullptr;
+  cublasLtMatmulAlgo_t algo_{};
+};
+
+// One GEMM per (sample, head), column-major, all in one cublasGemmBatchedEx: the operands of pair
+// (b, h) start at base + b * per_sample + h * per_head (per operand), pointer arrays on the device.
+struct Operand {
+  const float* base;
+  std::int64_t per_sample, per_head, ld;
+};
+class BatchedGemm {
+ public:
+  BatchedGemm(cublasOperation_t opa, cublasOperation_t opb, int m, int n, int k, float alpha, Operand A, Operand B, Operand C,
+              std::int64_t samples, std::int64_t heads)
+      : opa_(opa), opb_(opb), m_(m), n_(n), k_(k), alpha_(alpha), lda_(static_cast<int>(A.ld)), ldb_(static_cast<int>(B.ld)),
+        ldc_(static_cast<int>(C.ld)), count_(static_cast<int>(samples * heads)) {
+    std::vector<const float*> host(static_cast<std::size_t>(3 * count_));
+    for (std::int64_t b = 0; b < samples; ++b)
+      for (std::int64_t h = 0; h < heads; ++h) {
+        const auto i = static_cast<std::size_t>(b * heads + h);
+        host[i] = A.base + b * A.per_sample + h * A.per_head;
+        host[static_cast<std::size_t>(count_) + i] = B.base + b * B.per_sample + h * B.per_head;
+        host[2 * static_cast<std::size_t>(count_) + i] = C.base + b * C.per_sample + h * C.per_head;
+      }
+    ptrs_ = gpu::DeviceBuffer(host.size() * sizeof(float*));
+    HOTOPS_CHECK_CUDA(cudaMemcpy(ptrs_.get(), host.data(), ptrs_.bytes(), cudaMemcpyHostToDevice));
+  }
+  void run() const {
+    const float zero = 0.f;
+    const void* const* p = ptrs_.as<const void*>();
+    HOTOPS_CHECK_CUBLAS(cublasGemmBatchedEx(cublas(), opa_, opb_, m_, n_, k_, &alpha_, p, CUDA_R_32F, lda_, p + count_, CUDA_R_32F,
+                                            ldb_, &zero, const_cast<void* const*>(p + 2 * count_), CUDA_R_32F, ldc_, count_,
+                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+ private:
+  cublasOperation_t opa_, opb_;
+  int m_, n_, k_;
+  float alpha_;
+  int lda_, ldb_, ldc_, count_;
+  gpu::DeviceBuffer ptrs_;
+};
+
+constexpr cublasOperation_t N = CUBLAS_OP_N, Tr = CUBLAS_OP_T;
+
+class CudaLayer final : public LayerCase {
+ public:
+  explicit CudaLayer(const Problem& p) : s_(shape_of(p)), l_(param_layout(s_.arch)), seeded_(make_state(s_, l_, p.seed())) {
+    const Arch& a = s_.arch;
+    const std::int64_t T = s_.tokens(), H = a.hidden, F = a.ffn, S = a.seq, NH = a.heads, D = a.head_dim(), B = s_.batch;
+    HOTOPS_CHECK(D * NH == H, "model_bert: hidden must be heads x head_dim");
+    HOTOPS_CHECK(S <= kMaxRow && H <= kMaxHidden && H % 4 == 0 && F % 4 == 0, "model_bert: the CUDA kernels take seq <= 256, hidden <= 1024");
+    gpu::cublaslt();
+    gpu::cublas_workspace();
+    cublas();
+    auto buf = [](std::int64_t n) { return gpu::DeviceBuffer(static_cast<std::size_t>(n) * sizeof(float)); };
+    params_ = gpu::DeviceBuffer(seeded_.params);
+    x_ = gpu::DeviceBuffer(seeded_.x);
+    u1_ = buf(a.pre_ln ? T * H : 1), qkv_ = buf(T * 3 * H), prob_ = buf(B * NH * S * S), ctx_ = buf(T * H);
+    s1_ = buf(T * H), h1_ = buf(T * H), z_ = buf(T * F), f_ = buf(T * F), s2_ = buf(T * H), y_ = buf(a.pre_ln ? 1 : T * H);
+    mean1_ = buf(T), rstd1_ = buf(T), mean2_ = buf(T), rstd2_ = buf(T);
+    const float scale = static_cast<float>(1 / std::sqrt(static_cast<double>(D)));
+    const float* P = params_.as<float>();
+    const float* u1 = a.pre_ln ? u1_.as<float>() : x_.as<float>();
+    const float* u2 = h1_.as<float>();  // bert: LN1's output; vit: LN2's
+    const float* resid = a.pre_ln ? s1_.as<float>() : h1_.as<float>();
+    const float* q = qkv_.as<float>();
+    const Operand Qo{q, S * 3 * H, D, 3 * H}, Ko{q + H, S * 3 * H, D, 3 * H}, Vo{q + 2 * H, S * 3 * H, D, 3 * H};
+    const Operand Po{prob_.as<float>(), NH * S * S, S * S, S}, Co{ctx_.as<float>(), S * H, D, H};
+    const int Si = static_cast<int>(S), Di = static_cast<int>(D);
+    // Dense y[T, out] = a[T, in] . W[in, out] (+ b) (+ C): column-major y' = W' . a'.
+    auto dense = [&](const float* in_act, std::int64_t in, std::size_t w, std::size_t b, std::int64_t out, float* dst, const float* C) {
+      return std::make_unique<Gemm>(N, N, out, T, in, P + w, out, in_act, in, dst, out, P + b, C);
+    };
+    qkv_gemm_ = dense(u1, H, l_.wqkv, l_.bqkv, 3 * H, qkv_.as<float>(), nullptr);
+    scores_ = std::make_unique<BatchedGemm>(Tr, N, Si, Si, Di, scale, Ko, Qo, Po, B, NH);
+    context_ = std::make_unique<BatchedGemm>(N, N, Di, Si, Si, 1.f, Vo, Po, Co, B, NH);
+    out_gemm_ = dense(ctx_.as<float>(), H, l_.wo, l_.bo, H, s1_.as<float>(), x_.as<float>());  // s1 = x + attn
+    ffn1_ = dense(u2, H, l_.w1, l_.b1, F, z_.as<float>(), nullptr);
+    ffn2_ = dense(f_.as<float>(), F, l_.w2, l_.b2, H, s2_.as<float>(), resid);                 // s2 = resid + ffn
+    if (s_.train()) {
+      grads_ = buf(static_cast<std::int64_t>(l_.total)), m_ = buf(static_cast<std::int64_t>(l_.total)), v_ = buf(static_cast<std::int64_t>(l_.total));
+      HOTOPS_CHECK_CUDA(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), gpu::stream()));
+      target_ = gpu::DeviceBuffer(seeded_.target);
+      dy_ = buf(T * H), ds2_ = buf(a.pre_ln ? 1 : T * H), df_ = buf(T * F), du2_ = buf(T * H), ds1_ = buf(T * H);
+      dctx_ = buf(T * H), dqkv_ = buf(T * 3 * H), dp_ = buf(B * NH * S * S), du1_ = buf(a.pre_ln ? T * H : 1);
+      loss_ = buf(1), loss_partial_ = buf(kLossBlocks), state_ = gpu::DeviceBuffer(sizeof(StepState));
+      // The column sums' partials: LayerNorm's [blocks, 2H], and colsum's [splits, n] for its widest
+      // n, the larger of the QKV bias (3H) and the FFN bias (F).
+      partial_ = buf(std::max<std::int64_t>(kLnBwdBlocks * 2 * H, ((T + kColRows - 1) / kColRows) * std::max<std::int64_t>(3 * H, F)));
+      float* G = grads_.as<float>();
+      const float* ds2 = a.pre_ln ? dy_.as<float>() : ds2_.as<float>();
+      auto wgrad = [&](const float* in_act, std::int64_t in, const float* dz, std::int64_t out, std::size_t w) {
+        return std::make_unique<Gemm>(N, Tr, out, in, T, dz, out, in_act, in, G + w, out);  // dW' = dz' . a
+      };
+      auto dgrad = [&](const float* dz, std::int64_t out, std::size_t w, std::int64_t in, float* dst, const float* C) {
+        return std::make_unique<Gemm>(Tr, N, in, T, out, P + w, out, dz, out, dst, in, nullptr, C);  // da' = W'^T . dz'
+      };
+      w2_w_ = wgrad(f_.as<float>(), F, ds2, H, l_.w2);
+      w2_d_ = dgrad(ds2, H, l_.w2, F, df_.as<float>(), nullptr);
+      w1_w_ = wgrad(u2, H, df_.as<float>(), F, l_.w1);
+      // bert: du2 + ds2 (LN1's output feeds both the FFN and the residual), through C
+      w1_d_ = dgrad(df_.as<float>(), F, l_.w1, H, du2_.as<float>(), a.pre_ln ? nullptr : ds2);
+      wo_w_ = wgrad(ctx_.as<float>(), H, ds1_.as<float>(), H, l_.wo);
+      wo_d_ = dgrad(ds1_.as<float>(), H, l_.wo, H, dctx_.as<float>(), nullptr);
+      const Operand dCo{dctx_.as<float>(), S * H, D, H}, dPo{dp_.as<float>(), NH * S * S, S * S, S};
+      float* dq = dqkv_.as<float>();
+      const Operand dQo{dq, S * 3 * H, D, 3 * H}, dKo{dq + H, S * 3 * H, D, 3 * H}, dVo{dq + 2 * H, S * 3 * H, D, 3 * H};
+      dp_gemm_ = std::make_unique<BatchedGemm>(Tr, N, Si, Si, Di, 1.f, Vo, dCo, dPo, B, NH);
+      dv_gemm_ = std::make_unique<BatchedGemm>(N, Tr, Di, Si, Si, 1.f, dCo, Po, dVo, B, NH);
+      dq_gemm_ = std::make_unique<BatchedGemm>(N, N, Di, Si, Si, scale, Ko, dPo, dQo, B, NH);
+      dk_gemm_ = std::make_unique<BatchedGemm>(N, Tr, Di, Si, Si, scale, Qo, dPo, dKo, B, NH);
+      qkv_w_ = wgrad(u1, H, dq, 3 * H, l_.wqkv);
+      if (a.pre_ln) qkv_d_ = dgrad(dq, 3 * H, l_.wqkv, H, du1_.as<float>(), nullptr);
+      restart_optimizer();
+    }
+    if (s_.variant == Variant::e2e) host_out_ = HostBuffer(DType::f32, static_cast<std::size_t>(T * H));
+    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
+  }
+
+  void run() override {
+    if (s_.variant == Variant::plain) return device_step();
+    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(x_.get(), seeded_.x.data(), x_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
+    if (s_.train())
+      HOTOPS_CHECK_CUDA(cudaMemcpyAsync(target_.get(), seeded_.target.data(), target_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
+    device_step();
+    if (s_.train())
+      HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&loss_host_, loss_.get(), sizeof(float), cudaMemcpyDeviceToHost, gpu::stream()));
+    else
+      HOTOPS_CHECK_CUDA(cudaMemcpyAsync(host_out_.data(), out().get(), host_out_.bytes(), cudaMemcpyDeviceToHost, gpu::stream()));
+    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
+  }
+
+  Check verify() override {
+    const State start = verification_state(s_, seeded_);
+    x_.upload(start.x);
+    params_.upload(start.params);
+    out().poison();
+    if (s_.train()) {
+      target_.upload(start.target);
+      restart_optimizer();
+      for (const auto& [at, n] : l_.tensors)
+        HOTOPS_CHECK_CUDA(cudaMemsetAsync(grads_.as<float>() + at, 0xFF, n * sizeof(float), gpu::stream()));
+    }
+    device_step();
+    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
+    Outcome o;
+    if (!s_.train()) {
+      o.y = HostBuffer(DType::f32, static_cast<std::size_t>(s_.tokens() * s_.arch.hidden));
+      out().download(o.y);
+    } else {
+      o.loss = static_cast<float>(last_loss());
+      o.grads = HostBuffer(DType::f32, l_.total);
+      o.params = HostBuffer(DType::f32, l_.total);
+      grads_.download(o.grads);
+      params_.download(o.params);
+    }
+    Check c = verify_outcome(s_, l_, start, o);
+    if (s_.train()) {
+      StepState after{};
+      HOTOPS_CHECK_CUDA(cudaMemcpy(&after, state_.get(), sizeof after, cudaMemcpyDeviceToHost));
+      if (after.step != 1) {
+        Check bad;
+        bad.ok = false;
+        bad.message = "the device step count is " + std::to_string(after.step) + " after one step";
+        c.merge(bad, "step");
+      }
+    }
+    // The timed runs take the seeded batch (and train on from the verified step).
+    x_.upload(seeded_.x);
+    if (s_.train()) target_.upload(seeded_.target);
+    return c;
+  }
+
+  std::string label() const override {
+    std::string l = std::string(s_.arch.pre_ln ? "pre-LN" : "post-LN") +
+                    " encoder layer: cublasLt f32 dense GEMMs (bias epilogue, residual as C), cublasGemmBatchedEx f32 attention "
+                    "GEMMs on strided heads, hotops softmax, GELU, LayerNorm kernels";
+    if (s_.train()) l += " + MSE, their backwards, column sums, AdamW 1 launch";
+    if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the inputs, launches, D2H, sync";
+    return l;
+  }
+
+  bool capturable() const override { return s_.variant == Variant::plain; }
+  bool host_timed() const override { return s_.variant != Variant::plain; }
+
+  double last_loss() override {
+    HOTOPS_CHECK(s_.train(), "model_bert: an infer case has no loss");
+    float v = 0;
+    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&v, loss_.get(), sizeof v, cudaMemcpyDeviceToHost, gpu::stream()));
+    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
+    return v;
+  }
+
+ private:
+  gpu::DeviceBuffer& out() { return s_.arch.pre_ln ? s2_ : y_; }
+
+  void restart_optimizer() {
+    HOTOPS_CHECK_CUDA(cudaMemsetAsync(m_.get(), 0, m_.bytes(), gpu::stream()));
+    HOTOPS_CHECK_CUDA(cudaMemsetAsync(v_.get(), 0, v_.bytes(), gpu::stream()));
+    HOTOPS_CHECK_CUDA(cudaMemsetAsync(state_.get(), 0, sizeof(StepState), gpu::stream()));
+  }
+
+  void layernorm(const float* x, std::size_t g, std::size_t b, float* y, float* mean, float* rstd) {
+    const std::int64_t T = s_.tokens();
+    const float* P = params_.as<float>();
+    ln_fwd<<<grid_for(T * 32, kThreads, 1 << 30), kThreads, 0, gpu::stream()>>>(x, P + g, P + b, y, mean, rstd, T,
+                                                                                 static_cast<int>(s_.arch.hidden),
+                                                                                 static_cast<float>(s_.arch.ln_eps));
+    HOTOPS_CHECK_LAUNCH();
+  }
+
+  void layernorm_back(const float* dy, const float* x, const float* mean, const float* rstd, std::size_t g, std::size_t b,
+                      float* dx, const float* dres) {
+    const int H = static_cast<int>(s_.arch.hidden);
+    float* G = grads_.as<float>();
+    ln_bwd<<<kLnBwdBlocks, kThreads, 0, gpu::stream()>>>(dy, x, mean, rstd, params_.as<float>() + g, dx, dres, partial_.as<float>(),
+                                                         s_.tokens(), H);
+    HOTOPS_CHECK_LAUNCH();
+    col_finish<<<grid_for(2 * H), kThreads, 0, gpu::stream()>>>(partial_.as<float>(), kLnBwdBlocks, 2 * H, H, G + g, G + b);
+    HOTOPS_CHECK_LAUNCH();
+  }
+
+  void colsum(const float* x, std::int64_t n, std::size_t at) {
+    const std::int64_t T = s_.tokens();
+    HOTOPS_CHECK(((T + kColRows - 1) / kColRows) * n <= static_cast<std::int64_t>(partial_.bytes() / sizeof(float)),
+                 "model_bert: column-sum partials larger than their buffer");
+    const auto splits = static_cast<unsigned>((T + kColRows - 1) / kColRows);
+    col_partial<<<dim3(grid_for(n), splits), kThreads, 0, gpu::stream()>>>(x, partial_.as<float>(), T, static_cast<int>(n));
+    HOTOPS_CHECK_LAUNCH();
+    col_finish<<<grid_for(n), kThreads, 0, gpu::stream()>>>(partial_.as<float>(), static_cast<int>(splits), static_cast<int>(n),
+                                                            static_cast<int>(n), grads_.as<float>() + at, nullptr);
+    HOTOPS_CHECK_LAUNCH();
+  }
+
+  void device_step() {
+    const Arch& a = s_.arch;
+    const std::int64_t T = s_.tokens(), H = a.hidden, F = a.ffn, S = a.seq, rows = s_.batch * a.heads * S;
+    const unsigned row_grid = grid_for(rows * 32, kThreads, 1 << 30);
+    // forward
+    if (a.pre_ln) layernorm(x_.as<float>(), l_.ln1g, l_.ln1b, u1_.as<float>(), mean1_.as<float>(), rstd1_.as<float>());
+    qkv_gemm_->run();
+    scores_->run();
+    softmax_fwd<<<row_grid, kThreads, 0, gpu::stream()>>>(prob_.as<float>(), rows, static_cast<int>(S));
+    HOTOPS_CHECK_LAUNCH();
+    context_->run();
+    out_gemm_->run();  // s1 = x + ctx . Wo + bo
+    if (a.pre_ln) layernorm(s1_.as<float>(), l_.ln2g, l_.ln2b, h1_.as<float>(), mean2_.as<float>(), rstd2_.as<float>());
+    else layernorm(s1_.as<float>(), l_.ln1g, l_.ln1b, h1_.as<float>(), mean1_.as<float>(), rstd1_.as<float>());
+    ffn1_->run();
+    gelu_fwd<<<grid_for(T * F / 4), kThreads, 0, gpu::stream()>>>(z_.as<const float4>(), f_.as<float4>(), T * F / 4);
+    HOTOPS_CHECK_LAUNCH();
+    ffn2_->run();  // s2 = resid + f . W2 + b2
+    if (!a.pre_ln) layernorm(s2_.as<float>(), l_.ln2g, l_.ln2b, y_.as<float>(), mean2_.as<float>(), rstd2_.as<float>());
+    if (!s_.train()) return;
+    // loss
+    mse<<<kLossBlocks, kThreads, 0, gpu::stream()>>>(out().as<const float>(), target_.as<const float>(), dy_.as<float>(),
+                                                     loss_partial_.as<float>(), T * H);
+    HOTOPS_CHECK_LAUNCH();
+    mse_finish<<<1, 32, 0, gpu::stream()>>>(loss_partial_.as<const float>(), kLossBlocks, T * H, loss_.as<float>(), hyper(),
+                                            state_.as<StepState>());
+    HOTOPS_CHECK_LAUNCH();
+    // backward
+    const float* ds2 = dy_.as<float>();
+    if (!a.pre_ln) {
+      layernorm_back(dy_.as<float>(), s2_.as<float>(), mean2_.as<float>(), rstd2_.as<float>(), l_.ln2g, l_.ln2b, ds2_.as<float>(), nullptr);
+      ds2 = ds2_.as<float>();
+    }
+    colsum(ds2, H, l_.b2);
+    w2_w_->run();
+    w2_d_->run();
+    gelu_bwd<<<grid_for(T * F / 4), kThreads, 0, gpu::stream()>>>(df_.as<float4>(), z_.as<const float4>(), T * F / 4);
+    HOTOPS_CHECK_LAUNCH();
+    colsum(df_.as<float>(), F, l_.b1);
+    w1_w_->run();
+    w1_d_->run();  // bert: du2 = df . W1^T + ds2
+    if (a.pre_ln)
+      layernorm_back(du2_.as<float>(), s1_.as<float>(), mean2_.as<float>(), rstd2_.as<float>(), l_.ln2g, l_.ln2b, ds1_.as<float>(), ds2);
+    else
+      layernorm_back(du2_.as<float>(), s1_.as<float>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, ds1_.as<float>(), nullptr);
+    colsum(ds1_.as<float>(), H, l_.bo);
+    wo_w_->run();
+    wo_d_->run();
+    dp_gemm_->run();
+    dv_gemm_->run();
+    softmax_bwd<<<row_grid, kThreads, 0, gpu::stream()>>>(dp_.as<float>(), prob_.as<const float>(), rows, static_cast<int>(S));
+    HOTOPS_CHECK_LAUNCH();
+    dq_gemm_->run();
+    dk_gemm_->run();
+    colsum(dqkv_.as<float>(), 3 * H, l_.bqkv);
+    qkv_w_->run();
+    if (a.pre_ln) {
+      qkv_d_->run();
+      layernorm_back(du1_.as<float>(), x_.as<float>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, nullptr, nullptr);
+    }
+    // optimizer
+    const auto n4 = static_cast<std::int64_t>(l_.total / 4);
+    adamw_flat<<<grid_for(n4, kThreads, 1024), kThreads, 0, gpu::stream()>>>(params_.as<float4>(), grads_.as<const float4>(),
+                                                                             m_.as<float4>(), v_.as<float4>(), n4,
+                                                                             state_.as<const StepState>());
+    HOTOPS_CHECK_LAUNCH();
+  }
+
+  Shape s_;
+  ParamLayout l_;
+  State seeded_;
+  gpu::DeviceBuffer params_, grads_, m_, v_, x_, target_, loss_, loss_partial_, state_, partial_;
+  gpu::DeviceBuffer u1_, qkv_, prob_, ctx_, s1_, h1_, z_, f_, s2_, y_, mean1_, rstd1_, mean2_, rstd2_;
+  gpu::DeviceBuffer dy_, ds2_, df_, du2_, ds1_, dctx_, dqkv_, dp_, du1_;
+  std::unique_ptr<Gemm> qkv_gemm_, out_gemm_, ffn1_, ffn2_, w2_w_, w2_d_, w1_w_, w1_d_, wo_w_, wo_d_, qkv_w_, qkv_d_;
+  std::unique_ptr<BatchedGemm> scores_, context_, dp_gemm_, dv_gemm_, dq_gemm_, dk_gemm_;
+  HostBuffer host_out_;
+  float loss_host_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<LayerCase> make_cuda(const Problem& p) { return std::make_unique<CudaLayer>(p); }
+
+}  // namespace hotops::model_bert

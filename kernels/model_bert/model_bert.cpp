@@ -1,0 +1,296 @@
+// The model_bert family: the layers, names, work, the seeded start and verification.
+//
+// Names: model.<bert_layer|vit_layer>/<cpu|cuda>/f32/<infer|train>/batch:B, then at most one variant:
+//   threads:T  CPU, T OpenMP threads (oneDNN follows OpenMP) instead of all of them;
+//   e2e:1      CUDA, host time of a step as a program pays it: x (and for train the target) copied from
+//              pageable host memory, the launches, y (infer) or the loss (train) copied back, sync.
+// Without a variant a CUDA step is device time with the inputs already on the device.
+#include "kernels/model_bert/model_bert.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "hotops/check.h"
+
+namespace hotops::model_bert {
+namespace {
+
+constexpr double kAdamwFlopsPerParam = 14;  // adamw.cpp's count
+
+std::vector<Arg> args_of(std::int64_t batch, const char* key = nullptr, std::int64_t value = 0) {
+  std::vector<Arg> a{{"batch", std::to_string(batch)}};
+  if (key) a.push_back({key, std::to_string(value)});
+  return a;
+}
+
+void expand(const std::string& arch, std::int64_t batch, const std::vector<int>& sweep, std::vector<Problem>& out) {
+  const std::string op = "model." + arch;
+  for (Direction d : {Direction::infer, Direction::train}) {
+    out.push_back(Problem{op, Backend::cpu, DType::f32, d, args_of(batch)});
+    for (int t : sweep) out.push_back(Problem{op, Backend::cpu, DType::f32, d, args_of(batch, "threads", t)});
+    out.push_back(Problem{op, Backend::cuda, DType::f32, d, args_of(batch)});
+    out.push_back(Problem{op, Backend::cuda, DType::f32, d, args_of(batch, "e2e", 1)});
+  }
+}
+
+std::string cpu_reason(const Problem& p) {
+  const Shape s = shape_of(p);
+  if (s.variant == Variant::threads && s.threads > omp_get_num_procs())
+    return "threads:" + std::to_string(s.threads) + " needs " + std::to_string(s.threads) + " cores; this machine has " +
+           std::to_string(omp_get_num_procs());
+  return "";
+}
+
+class BertFamily final : public Family {
+ public:
+  std::string name() const override { return "model_bert"; }
+
+  std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
+    std::vector<Problem> out;
+    for (const Arch& a : archs())
+      for (std::int64_t b : batches.empty() ? a.batches : batches) expand(a.name, b, {1, 8}, out);
+    return out;
+  }
+
+  std::vector<Problem> test_problems() const override {
+    // Batch 1 and 3 (3 runs the periodic verification batch): every op, backend, direction, variant.
+    std::vector<Problem> out;
+    expand("bert_layer", 1, {2}, out);
+    expand("bert_layer", 3, {}, out);
+    expand("vit_layer", 1, {}, out);
+    return out;
+  }
+
+  // FLOPs, the standard count: forward GEMMs 2 * tokens * (4 h^2 + 2 h f) + attention
+  // 2 * 2 * batch * heads * seq^2 * head_dim; softmax, GELU, LayerNorm, biases and the loss are not
+  // counted. train: 3x the forward + AdamW's 14 per parameter.
+  // Bytes, the fewest a step must move: infer reads the parameters and x and writes y; train reads x
+  // and the target and reads and writes the parameters, m and v (6 x 4 bytes per parameter).
+  Work work(const Problem& p) const override {
+    const Shape s = shape_of(p);
+    const Arch& a = s.arch;
+    const double T = static_cast<double>(s.tokens()), h = static_cast<double>(a.hidden), f = static_cast<double>(a.ffn);
+    const double S = static_cast<double>(a.seq), B = static_cast<double>(s.batch);
+    const double fwd = 2 * T * (4 * h * h + 2 * h * f) + 4 * B * static_cast<double>(a.heads) * S * S * static_cast<double>(a.head_dim());
+    const double P = static_cast<double>(param_layout(a).parameters);
+    const double act = 4 * T * h;
+    if (!s.train()) return {fwd, 4 * P + 2 * act, B};
+    return {3 * fwd + kAdamwFlopsPerParam * P, 6 * 4 * P + 2 * act, B};
+  }
+
+  std::string unsupported_reason(const Problem& p) const override { return backend_unsupported_reason(p, cpu_reason); }
+
+  std::unique_ptr<Case> make(const Problem& p) const override {
+    if (p.backend == Backend::cpu) return make_cpu(p);
+#ifdef HOTOPS_HAVE_CUDA
+    return make_cuda(p);
+#else
+    throw Error("this build of hotops has no CUDA backend: " + p.name(), ErrorKind::unsupported);
+#endif
+  }
+};
+
+Check within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double scale, double tol) {
+  Check c;
+  c.tol = tol;
+  c.checked = out.size();
+  std::size_t worst = 0;
+  for (std::size_t k = 0; k < out.size(); ++k) {
+    const double e = std::fabs(out[k] - ref[k]) / scale;
+    if (!(e <= c.max_err)) c.max_err = std::isfinite(e) ? e : std::numeric_limits<double>::infinity(), worst = k;
+  }
+  if (!(c.max_err <= tol)) {
+    char buf[280];
+    std::snprintf(buf, sizeof buf, "%s: max|out-ref|/%.3g = %.3g > tol %.3g at index %zu (out %.9g, ref %.9g)", what.c_str(),
+                  scale, c.max_err, tol, worst, out[worst], ref[worst]);
+    c.ok = false;
+    c.message = buf;
+  }
+  return c;
+}
+
+double rms(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x * x;
+  return std::sqrt(s / static_cast<double>(std::max<std::size_t>(1, v.size())));
+}
+
+std::vector<double> as_doubles(const HostBuffer& b, std::size_t from = 0, std::size_t n = 0) {
+  if (n == 0) n = b.count() - from;
+  std::vector<double> d(n);
+  for (std::size_t i = 0; i < n; ++i) d[i] = b.get(from + i);
+  return d;
+}
+
+}  // namespace
+
+const std::vector<Arch>& archs() {
+  static const std::vector<Arch> all = {
+      // Seed 001: RoBERTa-base (BERT-base) fine-tuning, sequence length 128.
+      {"bert_layer", 128, 768, 12, 3072, false, 1e-12, {8, 32}},
+      // ViT-B/16 at 224x224: 196 patches + the class token.
+      {"vit_layer", 197, 768, 12, 3072, true, 1e-6, {8, 32}},
+  };
+  return all;
+}
+
+const Arch& arch_named(const std::string& name) {
+  for (const Arch& a : archs())
+    if (a.name == name) return a;
+  throw Error("model_bert: unknown layer " + name);
+}
+
+Shape shape_of(const Problem& p) {
+  HOTOPS_CHECK(p.op.rfind("model.", 0) == 0, "model_bert: not a model problem: " + p.name());
+  HOTOPS_CHECK(p.dtype == DType::f32, "model_bert: only f32: " + p.name());
+  HOTOPS_CHECK(p.dir == Direction::infer || p.dir == Direction::train, "model_bert: infer or train: " + p.name());
+  Shape s;
+  s.arch = arch_named(p.op.substr(6));
+  s.backend = p.backend;
+  s.dir = p.dir;
+  s.batch = p.get_int("batch");
+  HOTOPS_CHECK(s.batch >= 1, "model_bert: batch must be positive: " + p.name());
+  if (p.has("threads")) {
+    s.variant = Variant::threads;
+    s.threads = static_cast<int>(p.get_int("threads"));
+    HOTOPS_CHECK(p.backend == Backend::cpu && s.threads >= 1, "model_bert: threads:T is a CPU variant: " + p.name());
+  } else if (p.has("e2e")) {
+    s.variant = Variant::e2e;
+    HOTOPS_CHECK(p.backend == Backend::cuda, "model_bert: e2e is a CUDA variant: " + p.name());
+  }
+  return s;
+}
+
+ParamLayout param_layout(const Arch& a) {
+  ParamLayout l;
+  const std::int64_t h = a.hidden, f = a.ffn;
+  auto place = [&](const char* name, std::int64_t n) {
+    const std::size_t at = l.total;
+    l.total += (static_cast<std::size_t>(n) + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+    l.parameters += n;
+    l.tensors.emplace_back(at, static_cast<std::size_t>(n));
+    l.names.emplace_back(name);
+    return at;
+  };
+  l.wqkv = place("Wqkv", h * 3 * h);
+  l.bqkv = place("bqkv", 3 * h);
+  l.wo = place("Wo", h * h);
+  l.bo = place("bo", h);
+  l.ln1g = place("ln1.gamma", h);
+  l.ln1b = place("ln1.beta", h);
+  l.w1 = place("W1", h * f);
+  l.b1 = place("b1", f);
+  l.w2 = place("W2", f * h);
+  l.b2 = place("b2", h);
+  l.ln2g = place("ln2.gamma", h);
+  l.ln2b = place("ln2.beta", h);
+  return l;
+}
+
+State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
+  State st;
+  const auto n = static_cast<std::size_t>(s.tokens() * s.arch.hidden);
+  st.x = HostBuffer(DType::f32, n);
+  st.x.fill_uniform(seed, 1);
+  st.target = HostBuffer(DType::f32, n);
+  st.target.fill_uniform(seed, 2);
+  st.params = HostBuffer(DType::f32, l.total);
+  std::fill_n(st.params.as<float>(), l.total, 0.f);
+  const std::int64_t h = s.arch.hidden, f = s.arch.ffn;
+  const std::int64_t fan_in[] = {h, h, h, h, 0, 0, h, h, f, f, 0, 0};
+  for (std::size_t k = 0; k < l.tensors.size(); ++k) {
+    float* at = st.params.as<float>() + l.tensors[k].first;
+    const std::size_t cnt = l.tensors[k].second;
+    if (fan_in[k] == 0) {  // LayerNorm: gamma 1, beta 0
+      std::fill_n(at, cnt, l.names[k].find("gamma") != std::string::npos ? 1.f : 0.f);
+      continue;
+    }
+    const float bound = static_cast<float>(1 / std::sqrt(static_cast<double>(fan_in[k])));
+    HostBuffer t(DType::f32, cnt);
+    t.fill_uniform(seed, 100 + k, -bound, bound);
+    std::copy_n(t.as<float>(), cnt, at);
+  }
+  st.m = HostBuffer(DType::f32, l.total);
+  st.v = HostBuffer(DType::f32, l.total);
+  std::fill_n(st.m.as<float>(), l.total, 0.f);
+  std::fill_n(st.v.as<float>(), l.total, 0.f);
+  return st;
+}
+
+State verification_state(const Shape& s, const State& seeded) {
+  State st = seeded;
+  const std::int64_t per = s.arch.seq * s.arch.hidden;
+  for (std::int64_t b = kVerifyPeriod; b < s.batch; ++b) {
+    const std::int64_t from = (b % kVerifyPeriod) * per;
+    std::copy_n(seeded.x.as<float>() + from, per, st.x.as<float>() + b * per);
+    std::copy_n(seeded.target.as<float>() + from, per, st.target.as<float>() + b * per);
+  }
+  return st;
+}
+
+// Bounds (one step from the verification start, optimizer step 1), with what the CPU showed:
+// - y: max|out - ref| / rms(ref) <= 1e-4 (seen 5e-7..8e-7): f32 GEMMs with sums of up to 3072 terms
+//   and LayerNorms; a wrong index, head, scale or a missing term is 1e-2 or more.
+// - loss: relative 1e-4 (seen 2e-9).
+// - gradients, per tensor, max|out - ref| / rms(ref) <= 1e-3 (seen up to 1.1e-5, in bqkv): sums over
+//   the batch's tokens of products carried back through LN, FFN, softmax. (The key bias's gradient is
+//   zero in exact arithmetic, as softmax ignores a shift per row; it is checked inside bqkv against the
+//   rms of the whole tensor.)
+// - the step: as models.cpp, the reference takes AdamW's step from the gradients the implementation
+//   computed (first step ~ lr * sign(g)); p - p0 in units of lr, bound 1e-3 (seen 7.3e-5: half an f32
+//   ulp of a LayerNorm gamma of 1 is 6e-5 lr; a wrong step count or bias correction is O(0.1)).
+Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, const Outcome& out) {
+  const Arch& a = s.arch;
+  const std::int64_t period = std::min(s.batch, kVerifyPeriod);
+  const std::size_t per = static_cast<std::size_t>(a.seq * a.hidden);
+  const std::vector<double> p0 = as_doubles(start.params);
+  // One reference per distinct sample (each a mean over its own elements); the batch's loss and
+  // gradients are their means weighted by how often each sample occurs in the batch.
+  std::vector<Reference> refs;
+  for (std::int64_t q = 0; q < period; ++q)
+    refs.push_back(reference(a, l, p0, as_doubles(start.x, per * static_cast<std::size_t>(q), per),
+                             as_doubles(start.target, per * static_cast<std::size_t>(q), per), 1, s.train()));
+  if (!s.train()) {
+    std::vector<double> yo = as_doubles(out.y), yr(yo.size());
+    for (std::size_t i = 0; i < yr.size(); ++i) yr[i] = refs[(i / per) % static_cast<std::size_t>(period)].y[i % per];
+    return within("y", yo, yr, std::max(rms(yr), 1e-30), 1e-4);
+  }
+  double loss = 0;
+  std::vector<double> grad(l.total, 0.0);
+  for (std::int64_t b = 0; b < s.batch; ++b) {
+    const Reference& r1 = refs[static_cast<std::size_t>(b % period)];
+    const double w = 1.0 / static_cast<double>(s.batch);
+    loss += w * r1.loss;
+    for (std::size_t i = 0; i < grad.size(); ++i) grad[i] += w * r1.grad[i];
+  }
+  Check c;
+  c = within("loss", {static_cast<double>(out.loss)}, {loss}, std::max(std::fabs(loss), 1e-30), 1e-4);
+  const std::vector<double> g = as_doubles(out.grads);
+  for (std::size_t k = 0; k < l.tensors.size(); ++k) {
+    const auto [at, n] = l.tensors[k];
+    const std::vector<double> o(g.begin() + static_cast<std::ptrdiff_t>(at), g.begin() + static_cast<std::ptrdiff_t>(at + n));
+    const std::vector<double> r(grad.begin() + static_cast<std::ptrdiff_t>(at), grad.begin() + static_cast<std::ptrdiff_t>(at + n));
+    c.merge(within("d" + l.names[k], o, r, std::max(rms(r), 1e-30), 1e-3), "d" + l.names[k]);
+  }
+  const adamw::Hyper h = hyper();
+  std::vector<double> change(l.total), ref_change(l.total);
+  for (std::size_t i = 0; i < l.total; ++i) {
+    adamw::Element e{p0[i], start.m.get(i), start.v.get(i)};
+    adamw::reference_step(h, 1, g[i], e);
+    ref_change[i] = e.p - p0[i];
+    change[i] = out.params.get(i) - p0[i];
+  }
+  c.merge(within("AdamW step (p - p0)", change, ref_change, h.lr, 1e-3), "step");
+  return c;
+}
+
+const Family& family() {
+  static const BertFamily f;
+  return f;
+}
+
+}  // namespace hotops::model_bert

@@ -1,0 +1,123 @@
+// The model_bert family: one transformer encoder layer, a whole training or inference step, chained
+// from GEMMs and hand-written kernels, on the CPU (oneDNN matmuls, batched and strided for the
+// attention, + OpenMP loops) and on CUDA (cublasLt / cuBLAS batched GEMMs + hand-written kernels).
+//
+// Ops (seed 001's RoBERTa / BERT-base layer, and ViT-B/16's):
+//   model.bert_layer: sequence 128, hidden 768, 12 heads of 64, FFN 3072, GELU (erf), post-LN:
+//                     h = LN1(x + attn(x)); y = LN2(h + ffn(h))            (LayerNorm eps 1e-12)
+//   model.vit_layer:  197 tokens, the same widths, pre-LN:
+//                     r = x + attn(LN1(x)); y = r + ffn(LN2(r))             (LayerNorm eps 1e-6)
+// attn(u) = (softmax(Q K^T / sqrt(64)) V per head, heads concatenated) . Wo + bo, with
+// [Q K V] = u . Wqkv + bqkv one [hidden, 3 hidden] GEMM; ffn(u) = gelu(u . W1 + b1) . W2 + b2.
+// Dropout is left out (as in eval mode, or p = 0), and there is no attention mask (every sequence full).
+// Directions:
+//   infer: the layer's forward, y [batch, seq, hidden];
+//   train: forward, loss = mean squared error of y against a seeded random target t (uniform in
+//          [-1, 1), mean over every element), backward through the whole layer (attention softmax and
+//          the LayerNorms included; the gradient of the layer's input x is not computed: nothing
+//          upstream takes it), one torch.optim.AdamW step (lr 1e-3, betas 0.9/0.999, eps 1e-8, wd 1e-2)
+//          over every parameter (7,087,872 for the real widths).
+// The architecture is parametric (Arch) so that the tests can use tiny widths.
+// Parameters: ONE flat buffer (Wqkv, bqkv, Wo, bo, ln1 gamma, ln1 beta, W1, b1, W2, b2, ln2 gamma,
+// ln2 beta, each starting on a 256-byte boundary, zero padding), grads, AdamW's m and v of the same
+// layout: the optimizer is one flat pass (kernels/adamw/adamw.h's step_element).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hotops/buffer.h"
+#include "hotops/op.h"
+#include "kernels/adamw/adamw.h"
+
+namespace hotops::model_bert {
+
+struct Arch {
+  std::string name;
+  std::int64_t seq, hidden, heads, ffn;
+  bool pre_ln;
+  double ln_eps;
+  std::vector<std::int64_t> batches;  // benchmarked
+  std::int64_t head_dim() const { return hidden / heads; }
+};
+const std::vector<Arch>& archs();
+const Arch& arch_named(const std::string& name);  // throws hotops::Error when unknown
+
+enum class Variant {
+  plain,    // CPU: all threads; CUDA: device time of the step (inputs already on the device)
+  threads,  // CPU: threads:T
+  e2e,      // CUDA: host time: input (and target) H2D from pageable memory, launches, y or loss D2H, sync
+};
+
+struct Shape {
+  Arch arch;
+  Backend backend = Backend::cpu;
+  Direction dir = Direction::infer;
+  std::int64_t batch = 1;
+  Variant variant = Variant::plain;
+  int threads = 0;
+  std::int64_t tokens() const { return batch * arch.seq; }
+  bool train() const { return dir == Direction::train; }
+};
+Shape shape_of(const Problem& p);
+
+constexpr std::size_t kAlignFloats = 64;
+struct ParamLayout {
+  std::size_t wqkv, bqkv, wo, bo, ln1g, ln1b, w1, b1, w2, b2, ln2g, ln2b;
+  std::size_t total = 0;        // floats, padding included
+  std::int64_t parameters = 0;  // padding excluded
+  // (offset, count) of every tensor, in layout order, and their names
+  std::vector<std::pair<std::size_t, std::size_t>> tensors;
+  std::vector<std::string> names;
+};
+ParamLayout param_layout(const Arch& a);
+
+inline adamw::Hyper hyper() { return adamw::Hyper{}; }
+
+// The seeded start, a pure function of the seed and the shape: x and the target uniform in [-1, 1);
+// weights and biases uniform in +-1/sqrt(fan_in) (nn.Linear's init), LayerNorm gamma 1, beta 0; m = v = 0.
+struct State {
+  HostBuffer x, target;  // [batch, seq, hidden]
+  HostBuffer params, m, v;
+};
+State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed);
+
+// Verification runs the step on a batch whose samples repeat with period kVerifyPeriod (sample b is
+// sample b % period of the seeded batch, x and target alike), so that the double reference needs only
+// `period` samples however large the batch (each sample's forward, loss share and gradient are
+// independent of the others'). verification_state() builds that start from the seeded one.
+constexpr std::int64_t kVerifyPeriod = 2;
+State verification_state(const Shape& s, const State& seeded);
+
+// The reference in double over `batch` samples: y, and for backward the loss and the flat gradients.
+struct Reference {
+  std::vector<double> y;
+  double loss = 0;
+  std::vector<double> grad;
+};
+Reference reference(const Arch& a, const ParamLayout& l, const std::vector<double>& params, const std::vector<double>& x,
+                    const std::vector<double>& target, std::int64_t batch, bool backward);
+
+struct Outcome {
+  HostBuffer y;               // infer: [batch, seq, hidden]
+  float loss = 0;             // train
+  HostBuffer grads, params;   // train: the gradients and the parameters after the step
+};
+// `start` is verification_state(): compares one step from it with the reference.
+Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, const Outcome& out);
+
+class LayerCase : public Case {
+ public:
+  virtual double last_loss() = 0;  // the loss of the last train step
+};
+
+std::unique_ptr<LayerCase> make_cpu(const Problem& p);
+#ifdef HOTOPS_HAVE_CUDA
+std::unique_ptr<LayerCase> make_cuda(const Problem& p);
+#endif
+
+const Family& family();
+
+}  // namespace hotops::model_bert

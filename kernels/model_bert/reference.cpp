@@ -1,0 +1,213 @@
+// The model_bert reference: the layer's forward and backward in double, sample by sample, written
+// from the formulas (row-major [rows, cols] everywhere), independent of both implementations.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "hotops/check.h"
+#include "kernels/model_bert/model_bert.h"
+
+namespace hotops::model_bert {
+namespace {
+
+using Vec = std::vector<double>;
+
+// C[n, m] (+)= sum_k A(i, k) B(k, j), with A(i, k) = A[i * ar + k * ac], B(k, j) = B[k * br + j * bc].
+// Loops ordered so the innermost runs over contiguous memory: rows of B (bc == 1) or, for a
+// transposed B (br == 1, ac == 1), dot products of contiguous rows of A and B.
+void mm(std::int64_t n, std::int64_t m, std::int64_t K, const double* A, std::int64_t ar, std::int64_t ac, const double* B,
+        std::int64_t br, std::int64_t bc, double* C, std::int64_t ldc, bool accumulate = false) {
+#pragma omp parallel for schedule(static) if (n * m * K > (1 << 16))
+  for (std::int64_t i = 0; i < n; ++i) {
+    double* c = C + i * ldc;
+    if (!accumulate) std::fill_n(c, m, 0.0);
+    if (bc != 1 && br == 1 && ac == 1) {
+      const double* a = A + i * ar;
+      for (std::int64_t j = 0; j < m; ++j) {
+        const double* b = B + j * bc;
+        double s = 0;
+        for (std::int64_t k = 0; k < K; ++k) s += a[k] * b[k];
+        c[j] += s;
+      }
+      continue;
+    }
+    for (std::int64_t k = 0; k < K; ++k) {
+      const double a = A[i * ar + k * ac];
+      const double* b = B + k * br;
+      if (bc == 1)
+        for (std::int64_t j = 0; j < m; ++j) c[j] += a * b[j];
+      else
+        for (std::int64_t j = 0; j < m; ++j) c[j] += a * b[j * bc];
+    }
+  }
+}
+
+// y = a . W + b, a [n, in], W [in, out]
+Vec linear(const Vec& a, const double* W, const double* b, std::int64_t n, std::int64_t in, std::int64_t out) {
+  Vec y(static_cast<std::size_t>(n * out));
+  mm(n, out, in, a.data(), in, 1, W, out, 1, y.data(), out);
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t j = 0; j < out; ++j) y[static_cast<std::size_t>(i * out + j)] += b[j];
+  return y;
+}
+
+// Backward of y = a . W + b: dW += a^T dy, db += colsum(dy), returns da = dy W^T.
+Vec linear_back(const Vec& a, const Vec& dy, const double* W, double* dW, double* db, std::int64_t n, std::int64_t in,
+                std::int64_t out) {
+  mm(in, out, n, a.data(), 1, in, dy.data(), out, 1, dW, out, true);
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t j = 0; j < out; ++j) db[j] += dy[static_cast<std::size_t>(i * out + j)];
+  Vec da(static_cast<std::size_t>(n * in));
+  mm(n, in, out, dy.data(), out, 1, W, 1, out, da.data(), in);
+  return da;
+}
+
+struct LnCache {
+  Vec xhat, rstd;
+};
+
+Vec layernorm(const Vec& x, const double* g, const double* b, std::int64_t n, std::int64_t h, double eps, LnCache& c) {
+  Vec y(x.size());
+  c.xhat.assign(x.size(), 0);
+  c.rstd.assign(static_cast<std::size_t>(n), 0);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double* r = x.data() + i * h;
+    double mean = 0, var = 0;
+    for (std::int64_t j = 0; j < h; ++j) mean += r[j];
+    mean /= static_cast<double>(h);
+    for (std::int64_t j = 0; j < h; ++j) var += (r[j] - mean) * (r[j] - mean);
+    var /= static_cast<double>(h);
+    const double rstd = 1 / std::sqrt(var + eps);
+    c.rstd[static_cast<std::size_t>(i)] = rstd;
+    for (std::int64_t j = 0; j < h; ++j) {
+      const auto k = static_cast<std::size_t>(i * h + j);
+      c.xhat[k] = (r[j] - mean) * rstd;
+      y[k] = c.xhat[k] * g[j] + b[j];
+    }
+  }
+  return y;
+}
+
+Vec layernorm_back(const Vec& dy, const double* g, double* dg, double* db, std::int64_t n, std::int64_t h, const LnCache& c) {
+  Vec dx(dy.size());
+  for (std::int64_t i = 0; i < n; ++i) {
+    double m1 = 0, m2 = 0;
+    for (std::int64_t j = 0; j < h; ++j) {
+      const auto k = static_cast<std::size_t>(i * h + j);
+      dg[j] += dy[k] * c.xhat[k];
+      db[j] += dy[k];
+      m1 += dy[k] * g[j];
+      m2 += dy[k] * g[j] * c.xhat[k];
+    }
+    m1 /= static_cast<double>(h), m2 /= static_cast<double>(h);
+    for (std::int64_t j = 0; j < h; ++j) {
+      const auto k = static_cast<std::size_t>(i * h + j);
+      dx[k] = c.rstd[static_cast<std::size_t>(i)] * (dy[k] * g[j] - m1 - c.xhat[k] * m2);
+    }
+  }
+  return dx;
+}
+
+double gelu(double z) { return 0.5 * z * (1 + std::erf(z / std::sqrt(2.0))); }
+double gelu_grad(double z) {
+  const double pi = 3.14159265358979323846;
+  return 0.5 * (1 + std::erf(z / std::sqrt(2.0))) + z * std::exp(-0.5 * z * z) / std::sqrt(2 * pi);
+}
+
+Vec add(const Vec& a, const Vec& b) {
+  Vec c(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) c[i] = a[i] + b[i];
+  return c;
+}
+
+}  // namespace
+
+Reference reference(const Arch& a, const ParamLayout& l, const std::vector<double>& params, const std::vector<double>& x_all,
+                    const std::vector<double>& target, std::int64_t batch, bool backward) {
+  const std::int64_t S = a.seq, H = a.hidden, F = a.ffn, NH = a.heads, D = a.head_dim();
+  HOTOPS_CHECK(D * NH == H, "model_bert: hidden must be heads x head_dim");
+  const double scale = 1 / std::sqrt(static_cast<double>(D));
+  const double* P = params.data();
+  const std::size_t per = static_cast<std::size_t>(S * H);
+  const double N = static_cast<double>(batch) * static_cast<double>(per);
+  Reference r;
+  r.y.resize(per * static_cast<std::size_t>(batch));
+  if (backward) r.grad.assign(l.total, 0.0);
+  double* G = r.grad.data();
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const Vec x(x_all.begin() + static_cast<std::ptrdiff_t>(per * b), x_all.begin() + static_cast<std::ptrdiff_t>(per * (b + 1)));
+    // forward
+    LnCache ln1, ln2;
+    const Vec u1 = a.pre_ln ? layernorm(x, P + l.ln1g, P + l.ln1b, S, H, a.ln_eps, ln1) : x;
+    const Vec qkv = linear(u1, P + l.wqkv, P + l.bqkv, S, H, 3 * H);
+    Vec prob(static_cast<std::size_t>(NH * S * S)), ctx(per);
+    for (std::int64_t h = 0; h < NH; ++h) {
+      double* p = prob.data() + h * S * S;
+      const double* q = qkv.data() + h * D;
+      const double* k = qkv.data() + H + h * D;
+      const double* v = qkv.data() + 2 * H + h * D;
+      mm(S, S, D, q, 3 * H, 1, k, 1, 3 * H, p, S);  // q k^T
+      for (std::int64_t i = 0; i < S; ++i) {
+        double* row = p + i * S;
+        double mx = -1e300, sum = 0;
+        for (std::int64_t j = 0; j < S; ++j) mx = std::max(mx, row[j] * scale);
+        for (std::int64_t j = 0; j < S; ++j) sum += (row[j] = std::exp(row[j] * scale - mx));
+        for (std::int64_t j = 0; j < S; ++j) row[j] /= sum;
+      }
+      mm(S, D, S, p, S, 1, v, 3 * H, 1, ctx.data() + h * D, H);
+    }
+    const Vec attn = linear(ctx, P + l.wo, P + l.bo, S, H, H);
+    const Vec s1 = add(x, attn);
+    const Vec h1 = a.pre_ln ? s1 : layernorm(s1, P + l.ln1g, P + l.ln1b, S, H, a.ln_eps, ln1);  // the FFN block's residual
+    const Vec u2 = a.pre_ln ? layernorm(s1, P + l.ln2g, P + l.ln2b, S, H, a.ln_eps, ln2) : h1;  // the FFN's input
+    const Vec z = linear(u2, P + l.w1, P + l.b1, S, H, F);
+    Vec f(z.size());
+    for (std::size_t i = 0; i < z.size(); ++i) f[i] = gelu(z[i]);
+    const Vec o = linear(f, P + l.w2, P + l.b2, S, F, H);
+    const Vec s2 = add(h1, o);
+    const Vec y = a.pre_ln ? s2 : layernorm(s2, P + l.ln2g, P + l.ln2b, S, H, a.ln_eps, ln2);
+    std::copy(y.begin(), y.end(), r.y.begin() + static_cast<std::ptrdiff_t>(per * b));
+    if (!backward) continue;
+    // loss and backward
+    Vec dy(per);
+    for (std::size_t i = 0; i < per; ++i) {
+      const double e = y[i] - target[per * static_cast<std::size_t>(b) + i];
+      r.loss += e * e / N;
+      dy[i] = 2 * e / N;
+    }
+    const Vec ds2 = a.pre_ln ? dy : layernorm_back(dy, P + l.ln2g, G + l.ln2g, G + l.ln2b, S, H, ln2);
+    Vec df = linear_back(f, ds2, P + l.w2, G + l.w2, G + l.b2, S, F, H);
+    for (std::size_t i = 0; i < df.size(); ++i) df[i] *= gelu_grad(z[i]);
+    const Vec du2 = linear_back(u2, df, P + l.w1, G + l.w1, G + l.b1, S, H, F);
+    Vec ds1;
+    if (a.pre_ln) ds1 = add(layernorm_back(du2, P + l.ln2g, G + l.ln2g, G + l.ln2b, S, H, ln2), ds2);
+    else ds1 = layernorm_back(add(du2, ds2), P + l.ln1g, G + l.ln1g, G + l.ln1b, S, H, ln1);
+    const Vec dctx = linear_back(ctx, ds1, P + l.wo, G + l.wo, G + l.bo, S, H, H);
+    Vec dqkv(static_cast<std::size_t>(S * 3 * H), 0.0), dp(static_cast<std::size_t>(S * S));
+    for (std::int64_t h = 0; h < NH; ++h) {
+      const double* p = prob.data() + h * S * S;
+      const double* q = qkv.data() + h * D;
+      const double* k = qkv.data() + H + h * D;
+      const double* v = qkv.data() + 2 * H + h * D;
+      const double* dc = dctx.data() + h * D;
+      mm(S, S, D, dc, H, 1, v, 1, 3 * H, dp.data(), S);                          // dP = dctx v^T
+      mm(S, D, S, p, 1, S, dc, H, 1, dqkv.data() + 2 * H + h * D, 3 * H);         // dv = P^T dctx
+      for (std::int64_t i = 0; i < S; ++i) {                                       // dscores, scale folded in
+        double dot = 0;
+        for (std::int64_t j = 0; j < S; ++j) dot += dp[static_cast<std::size_t>(i * S + j)] * p[i * S + j];
+        for (std::int64_t j = 0; j < S; ++j) {
+          double& d = dp[static_cast<std::size_t>(i * S + j)];
+          d = p[i * S + j] * (d - dot) * scale;
+        }
+      }
+      mm(S, D, S, dp.data(), S, 1, k, 3 * H, 1, dqkv.data() + h * D, 3 * H);      // dq = dS k
+      mm(S, D, S, dp.data(), 1, S, q, 3 * H, 1, dqkv.data() + H + h * D, 3 * H);  // dk = dS^T q
+    }
+    const Vec du1 = linear_back(u1, dqkv, P + l.wqkv, G + l.wqkv, G + l.bqkv, S, H, 3 * H);
+    if (a.pre_ln) layernorm_back(du1, P + l.ln1g, G + l.ln1g, G + l.ln1b, S, H, ln1);
+  }
+  return r;
+}
+
+}  // namespace hotops::model_bert

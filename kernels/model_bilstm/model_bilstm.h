@@ -1,0 +1,108 @@
+// The model_bilstm family: whole training and inference steps of seed 002's IMDb bidirectional LSTM
+// classifier (Keras' imdb_bidirectional_lstm.py), chained from hotops' building blocks, on the CPU
+// (oneDNN lstm_forward / lstm_backward + OpenMP loops) and on CUDA (cuDNN's RNN API, cublasLt,
+// hand-written kernels, CUB's radix sort for the embedding gradient).
+//
+// The model (batch B of reviews cut to T tokens):
+//   x      = embedding[tokens]                        [T, B, E]   (vocabulary V, rows of E)
+//   hT     = bidirectional LSTM(x) final hidden states [2, B, H]  (h0 = c0 = 0)
+//   logits = [hT_fwd, hT_bwd] . W + b                 [B, C]      (W [2H, C] row-major, C = 2)
+// Shape choice: Keras' script has Embedding(20000, 128), Bidirectional(LSTM(64)); here the LSTM has
+// 128 units per direction, as kernels/lstm's imdb.bilstm shape (input 128, hidden 128, T 200), so
+// that the model's LSTM is the benchmarked layer. The LSTM follows PyTorch (gate order i, f, g, o,
+// two biases b_ih and b_hh, both trained), not Keras (one bias). The head is a 2-class softmax
+// cross-entropy (mean over the batch), not Keras' 1-unit sigmoid BCE: it is the loss code the dense
+// models use. Dropout is left out.
+// Directions: infer = forward to the logits; train = forward, loss, backward through the dense
+// layer, the BiLSTM (through time) and the embedding, and one AdamW step (models::hyper()) over
+// every parameter: embedding, LSTM weights and biases, dense weights and bias.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hotops/buffer.h"
+#include "hotops/op.h"
+#include "kernels/models/models.h"
+
+namespace hotops::model_bilstm {
+
+using models::ModelCase;
+using models::Variant;
+
+// A named configuration: bilstm_imdb is benchmarked, bilstm_test is the tests' tiny one.
+struct Config {
+  std::string name;
+  std::int64_t V, E, H, T, C;
+  std::vector<std::int64_t> batches;  // benchmarked batch sizes (none for the test configuration)
+};
+const std::vector<Config>& configs();
+const Config& config_named(const std::string& name);  // throws hotops::Error when unknown
+
+struct Shape {
+  Config cfg;
+  Backend backend = Backend::cpu;
+  Direction dir = Direction::infer;  // infer or train
+  std::int64_t batch = 1;
+  Variant variant = Variant::plain;
+  int threads = 0;  // threads:T only
+  bool train() const { return dir == Direction::train; }
+};
+Shape shape_of(const Problem& p);
+
+// The parameters in one flat buffer, each tensor on a 256-byte boundary, padding zero (the gradients,
+// AdamW's m and v in buffers of the same layout, so the optimizer step is one flat pass). This is the
+// canonical (PyTorch) layout of the reference and the CPU; the CUDA case keeps the LSTM's tensors in
+// cuDNN's weight space instead (see cuda_model_bilstm.cu) and converts for verification.
+//   embed [V, E]; w_ih [2, 4H, E]; w_hh [2, 4H, H]; b_ih, b_hh [2, 4H]; dense_w [2H, C]; dense_b [C]
+constexpr std::size_t kAlignFloats = 64;
+struct Layout {
+  std::size_t embed = 0, w_ih = 0, w_hh = 0, b_ih = 0, b_hh = 0, dense_w = 0, dense_b = 0;
+  std::size_t total = 0;        // floats, padding included
+  std::int64_t parameters = 0;  // padding excluded
+};
+Layout layout_of(const Config& c);
+
+// The learnable task and the starting point, pure functions of the seed:
+// tokens uniform in [0, V); label = 1 when the review holds more than floor(T / 10) tokens of a fixed
+// random tenth of the vocabulary (the same subset for every batch size and seed), else 0. Parameters:
+// embedding uniform in [-1, 1) (PyTorch's N(0, 1) has the same order), LSTM weights and biases uniform
+// in +-1/sqrt(H) (PyTorch's LSTM init), dense W and b in +-1/sqrt(2H) (nn.Linear); m = v = 0.
+struct State {
+  std::vector<std::int32_t> tokens;  // [B, T], as a data loader hands them
+  std::vector<std::int32_t> labels;  // [B]
+  HostBuffer params, m, v;           // flat, canonical Layout
+};
+State make_state(const Shape& s, const Layout& l, std::uint64_t seed);
+
+// The reference in double (kernels/lstm's reference_forward / reference_backward for the BiLSTM):
+// logits, and for train the loss and the canonical flat gradients.
+struct Reference {
+  std::vector<double> logits;  // [B, C]
+  double loss = 0;
+  std::vector<double> grad;    // flat, train only
+};
+Reference reference(const Config& c, const Layout& l, const std::vector<double>& params,
+                    const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& labels, std::int64_t batch,
+                    bool backward);
+
+// What one run produced, in host memory, in the canonical layout.
+struct Outcome {
+  HostBuffer logits;        // infer
+  float loss = 0;           // train
+  HostBuffer grads, params; // train: the gradients and the parameters after the step
+};
+// One step from the seeded start against the reference (bounds: see model_bilstm.cpp).
+Check verify_outcome(const Shape& s, const Layout& l, const State& start, const Outcome& out);
+
+std::unique_ptr<ModelCase> make_cpu(const Problem& p);
+std::string cpu_unsupported_reason(const Problem& p);
+#ifdef HOTOPS_HAVE_CUDA
+std::unique_ptr<ModelCase> make_cuda(const Problem& p);
+#endif
+
+const Family& family();
+
+}  // namespace hotops::model_bilstm

@@ -1,0 +1,139 @@
+// The model_bert family: the reference's gradients against finite differences on a tiny layer,
+// verification failing on planted errors, names and work, and the layer learning its target.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "hotops/check.h"
+#include "hotops/gpu.h"
+#include "kernels/model_bert/model_bert.h"
+
+namespace hotops::model_bert {
+namespace {
+
+Problem problem(const std::string& op, Backend be, Direction d, std::int64_t batch) {
+  return Problem{"model." + op, be, DType::f32, d, {{"batch", std::to_string(batch)}}};
+}
+
+TEST(ModelBertLayout, ParameterCount) {
+  EXPECT_EQ(param_layout(arch_named("bert_layer")).parameters, 7087872);  // BERT-base's per-layer count
+  EXPECT_EQ(param_layout(arch_named("vit_layer")).parameters, 7087872);
+}
+
+TEST(ModelBertNames, NamesAndWork) {
+  std::vector<std::string> names;
+  for (const Problem& p : family().benchmark_problems({})) names.push_back(p.name());
+  for (const char* n : {"model.bert_layer/cuda/f32/train/batch:32", "model.vit_layer/cuda/f32/infer/batch:8/e2e:1",
+                        "model.bert_layer/cpu/f32/train/batch:8/threads:8"})
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+  const Work w = family().work(problem("bert_layer", Backend::cuda, Direction::train, 32));
+  const double T = 32 * 128;
+  const double fwd = 2 * T * (4.0 * 768 * 768 + 2.0 * 768 * 3072) + 4.0 * 32 * 12 * 128 * 128 * 64;
+  EXPECT_DOUBLE_EQ(w.flops, 3 * fwd + 14.0 * 7087872);
+}
+
+// Central differences of the reference's own loss on a tiny layer with every parameter random.
+void check_fd(bool pre_ln) {
+  const Arch a{"tiny", 3, 8, 2, 16, pre_ln, 1e-5, {}};
+  const ParamLayout l = param_layout(a);
+  const std::int64_t B = 2;
+  std::mt19937_64 rng(pre_ln ? 11 : 7);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<double> params(l.total, 0.0), x(static_cast<std::size_t>(B * a.seq * a.hidden)), t(x.size());
+  for (const auto& [at, n] : l.tensors)
+    for (std::size_t i = 0; i < n; ++i) params[at + i] = u(rng);
+  for (double& v : x) v = u(rng);
+  for (double& v : t) v = u(rng);
+  const Reference ref = reference(a, l, params, x, t, B, true);
+  const double h = 1e-6;
+  for (std::size_t k = 0; k < l.tensors.size(); ++k) {
+    double worst = 0, biggest = 0;
+    const auto [at, n] = l.tensors[k];
+    for (std::size_t i = 0; i < n; ++i) {
+      std::vector<double> p = params;
+      p[at + i] = params[at + i] + h;
+      const double lp = reference(a, l, p, x, t, B, true).loss;
+      p[at + i] = params[at + i] - h;
+      const double lm = reference(a, l, p, x, t, B, true).loss;
+      const double fd = (lp - lm) / (2 * h);
+      worst = std::max(worst, std::fabs(fd - ref.grad[at + i]));
+      biggest = std::max(biggest, std::fabs(fd));
+    }
+    EXPECT_LT(worst, 1e-7 + 1e-6 * biggest) << l.names[k] << (pre_ln ? " pre-LN" : " post-LN") << ", largest |fd| " << biggest;
+    if (l.names[k] != "bqkv") {
+      EXPECT_GT(biggest, 1e-4) << l.names[k];
+    }
+  }
+}
+
+TEST(ModelBertReference, GradientsMatchFiniteDifferencesPostLn) { check_fd(false); }
+TEST(ModelBertReference, GradientsMatchFiniteDifferencesPreLn) { check_fd(true); }
+
+// The CPU implementation passes verification; each planted error in its outcome fails.
+TEST(ModelBertVerify, PlantedErrorsFail) {
+  const Arch a = arch_named("bert_layer");
+  const Shape s = shape_of(problem("bert_layer", Backend::cpu, Direction::train, 1));
+  const ParamLayout l = param_layout(a);
+  const State st = verification_state(s, make_state(s, l, 42));
+  std::vector<double> p0(l.total), x(st.x.count()), t(st.target.count());
+  for (std::size_t i = 0; i < p0.size(); ++i) p0[i] = st.params.get(i);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = st.x.get(i), t[i] = st.target.get(i);
+  const Reference ref = reference(a, l, p0, x, t, 1, true);
+  auto outcome = [&](std::int64_t step) {
+    Outcome o;
+    o.loss = static_cast<float>(ref.loss);
+    o.grads = HostBuffer(DType::f32, l.total);
+    o.params = HostBuffer(DType::f32, l.total);
+    for (std::size_t i = 0; i < l.total; ++i) {
+      o.grads.set(i, ref.grad[i]);
+      adamw::Element e{p0[i], 0, 0};
+      adamw::reference_step(hyper(), step, o.grads.get(i), e);
+      o.params.set(i, e.p);
+    }
+    return o;
+  };
+  EXPECT_TRUE(verify_outcome(s, l, st, outcome(1)).ok);
+  Outcome wrong_loss = outcome(1);
+  wrong_loss.loss *= 1.001f;
+  EXPECT_FALSE(verify_outcome(s, l, st, wrong_loss).ok);
+  Outcome wrong_grad = outcome(1);
+  wrong_grad.grads.set(l.ln1g + 5, wrong_grad.grads.get(l.ln1g + 5) * 1.5 + 1e-3);
+  EXPECT_FALSE(verify_outcome(s, l, st, wrong_grad).ok);
+  EXPECT_FALSE(verify_outcome(s, l, st, outcome(2)).ok);
+  const Shape si = shape_of(problem("bert_layer", Backend::cpu, Direction::infer, 1));
+  Outcome y;
+  y.y = HostBuffer(DType::f32, ref.y.size());
+  for (std::size_t i = 0; i < ref.y.size(); ++i) y.y.set(i, ref.y[i]);
+  EXPECT_TRUE(verify_outcome(si, l, st, y).ok);
+  y.y.set(77, y.y.get(77) + 0.01);
+  EXPECT_FALSE(verify_outcome(si, l, st, y).ok);
+}
+
+void expect_learns(Backend be, const std::string& op, int steps) {
+  auto c = family().make(problem(op, be, Direction::train, 1));
+  auto* m = dynamic_cast<LayerCase*>(c.get());
+  ASSERT_NE(m, nullptr);
+  c->run();
+  const double first = m->last_loss();
+  for (int i = 1; i < steps; ++i) c->run();
+  const double last = m->last_loss();
+  EXPECT_TRUE(std::isfinite(last));
+  EXPECT_LT(last, 0.8 * first) << op << " on " << backend_name(be) << ": " << first << " -> " << last;
+}
+
+TEST(ModelBertTraining, LossFallsCpu) {
+  expect_learns(Backend::cpu, "bert_layer", 30);
+  expect_learns(Backend::cpu, "vit_layer", 30);
+}
+
+TEST(ModelBertTraining, LossFallsCuda) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  expect_learns(Backend::cuda, "bert_layer", 30);
+  expect_learns(Backend::cuda, "vit_layer", 30);
+}
+
+}  // namespace
+}  // namespace hotops::model_bert

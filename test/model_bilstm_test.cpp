@@ -1,0 +1,181 @@
+// The model_bilstm family: the reference's gradients against finite differences, verification
+// failing on planted errors, the names and work, and the model learning its task.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "hotops/check.h"
+#include "hotops/gpu.h"
+#include "kernels/model_bilstm/model_bilstm.h"
+
+namespace hotops::model_bilstm {
+namespace {
+
+Problem problem(const std::string& config, Backend be, Direction d, std::int64_t batch, const char* key = nullptr,
+                int value = 0) {
+  Problem p{"model." + config, be, DType::f32, d, {{"batch", std::to_string(batch)}}};
+  if (key) p.args.push_back({key, std::to_string(value)});
+  return p;
+}
+
+std::vector<double> as_doubles(const HostBuffer& b) {
+  std::vector<double> d(b.count());
+  for (std::size_t i = 0; i < d.size(); ++i) d[i] = b.get(i);
+  return d;
+}
+
+TEST(ModelBilstmLayout, ParameterCountsAndAlignment) {
+  const Layout l = layout_of(config_named("bilstm_imdb"));
+  // Embedding 20000 x 128; per direction W_ih 512 x 128, W_hh 512 x 128, b_ih, b_hh 512; dense 256 x 2 + 2.
+  EXPECT_EQ(l.parameters, 20000 * 128 + 2 * (512 * 128 + 512 * 128 + 2 * 512) + 256 * 2 + 2);
+  for (std::size_t at : {l.embed, l.w_ih, l.w_hh, l.b_ih, l.b_hh, l.dense_w, l.dense_b, l.total})
+    EXPECT_EQ(at % kAlignFloats, 0u);
+}
+
+TEST(ModelBilstmNames, VariantsAndJoinAcrossBackends) {
+  std::vector<std::string> names;
+  for (const Problem& p : family().benchmark_problems({})) names.push_back(p.name());
+  for (const char* n : {"model.bilstm_imdb/cpu/f32/train/batch:64", "model.bilstm_imdb/cuda/f32/train/batch:64",
+                        "model.bilstm_imdb/cuda/f32/infer/batch:32/e2e:1", "model.bilstm_imdb/cuda/f32/train/batch:256/graph:1",
+                        "model.bilstm_imdb/cpu/f32/infer/batch:64/threads:4"})
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+  EXPECT_EQ(std::find(names.begin(), names.end(), "model.bilstm_imdb/cuda/f32/infer/batch:64/graph:1"), names.end());
+  for (const Problem& p : family().benchmark_problems({7})) EXPECT_EQ(p.get_int("batch"), 7);
+  EXPECT_THROW(shape_of(problem("bilstm_imdb", Backend::cpu, Direction::train, 4, "e2e", 1)), Error);
+  EXPECT_THROW(shape_of(problem("bilstm_big", Backend::cpu, Direction::train, 4)), Error);
+}
+
+TEST(ModelBilstmWork, FlopsBytesItems) {
+  const Work infer = family().work(problem("bilstm_imdb", Backend::cpu, Direction::infer, 64));
+  const double lstm = 2.0 * 200 * 2 * 64 * 512 * (128 + 128), dense = 2.0 * 64 * 256 * 2;
+  EXPECT_DOUBLE_EQ(infer.flops, lstm + dense);
+  EXPECT_DOUBLE_EQ(infer.items, 64);
+  const Work train = family().work(problem("bilstm_imdb", Backend::cuda, Direction::train, 64));
+  const double P = static_cast<double>(layout_of(config_named("bilstm_imdb")).parameters);
+  EXPECT_DOUBLE_EQ(train.flops, 3 * (lstm + dense) + 14 * P);
+  EXPECT_DOUBLE_EQ(train.bytes, 24 * P + 4.0 * 64 * 200 + 4.0 * 64);
+}
+
+// Central differences of the reference's own loss on the tiny configuration, every parameter.
+TEST(ModelBilstmReference, GradientsMatchFiniteDifferences) {
+  const Shape s = shape_of(problem("bilstm_test", Backend::cpu, Direction::train, 3));
+  const Layout l = layout_of(s.cfg);
+  const State st = make_state(s, l, 11);
+  const std::vector<double> p0 = as_doubles(st.params);
+  const Reference ref = reference(s.cfg, l, p0, st.tokens, st.labels, s.batch, true);
+  const double h = 1e-6;
+  double worst = 0, biggest = 0;
+  std::size_t embed_nonzero = 0;
+  for (std::size_t i = 0; i < l.total; ++i) {
+    std::vector<double> p = p0;
+    p[i] = p0[i] + h;
+    const double lp = reference(s.cfg, l, p, st.tokens, st.labels, s.batch, true).loss;
+    p[i] = p0[i] - h;
+    const double lm = reference(s.cfg, l, p, st.tokens, st.labels, s.batch, true).loss;
+    const double fd = (lp - lm) / (2 * h);
+    worst = std::max(worst, std::fabs(fd - ref.grad[i]));
+    biggest = std::max(biggest, std::fabs(fd));
+    if (i < l.w_ih && ref.grad[i] != 0) ++embed_nonzero;
+  }
+  EXPECT_GT(biggest, 1e-2);
+  EXPECT_LT(worst, 1e-7) << "largest |fd| " << biggest;
+  // 15 tokens of a vocabulary of 50: some rows have a gradient, most do not.
+  EXPECT_GT(embed_nonzero, 0u);
+  EXPECT_LT(embed_nonzero, static_cast<std::size_t>(15 * s.cfg.E) + 1);
+}
+
+TEST(ModelBilstmTask, LabelsAreNotConstant) {
+  const Shape s = shape_of(problem("bilstm_imdb", Backend::cpu, Direction::train, 256));
+  const State st = make_state(s, layout_of(s.cfg), 3);
+  const long ones = std::count(st.labels.begin(), st.labels.end(), 1);
+  EXPECT_GT(ones, 256 / 5);
+  EXPECT_LT(ones, 256 - 256 / 5);
+  for (std::int32_t t : st.tokens) ASSERT_TRUE(t >= 0 && t < 20000);
+}
+
+// An outcome made from the reference itself passes; each planted error fails.
+TEST(ModelBilstmVerify, PlantedErrorsFail) {
+  const Shape s = shape_of(problem("bilstm_test", Backend::cpu, Direction::train, 4));
+  const Layout l = layout_of(s.cfg);
+  const State st = make_state(s, l, 42);
+  const std::vector<double> p0 = as_doubles(st.params);
+  const Reference ref = reference(s.cfg, l, p0, st.tokens, st.labels, s.batch, true);
+  auto outcome = [&](std::int64_t step) {
+    Outcome o;
+    o.loss = static_cast<float>(ref.loss);
+    o.grads = HostBuffer(DType::f32, l.total);
+    o.params = HostBuffer(DType::f32, l.total);
+    for (std::size_t i = 0; i < l.total; ++i) {
+      o.grads.set(i, ref.grad[i]);
+      adamw::Element e{p0[i], 0, 0};
+      adamw::reference_step(models::hyper(), step, o.grads.get(i), e);
+      o.params.set(i, e.p);
+    }
+    return o;
+  };
+  EXPECT_TRUE(verify_outcome(s, l, st, outcome(1)).ok) << verify_outcome(s, l, st, outcome(1)).message;
+
+  Outcome wrong_loss = outcome(1);
+  wrong_loss.loss *= 1.001f;
+  EXPECT_FALSE(verify_outcome(s, l, st, wrong_loss).ok);
+
+  // An embedding row's gradient scattered to the wrong token.
+  const std::size_t row = l.embed + static_cast<std::size_t>(st.tokens[0] * s.cfg.E);
+  Outcome wrong_row = outcome(1);
+  for (std::int64_t e = 0; e < s.cfg.E; ++e) {
+    const std::size_t other = l.embed + static_cast<std::size_t>(((st.tokens[0] + 1) % s.cfg.V) * s.cfg.E + e);
+    wrong_row.grads.set(other, wrong_row.grads.get(other) + wrong_row.grads.get(row + static_cast<std::size_t>(e)));
+    wrong_row.grads.set(row + static_cast<std::size_t>(e), 0);
+  }
+  EXPECT_FALSE(verify_outcome(s, l, st, wrong_row).ok);
+
+  Outcome wrong_whh = outcome(1);
+  wrong_whh.grads.set(l.w_hh + 3, wrong_whh.grads.get(l.w_hh + 3) * 1.5 + 1e-3);
+  EXPECT_FALSE(verify_outcome(s, l, st, wrong_whh).ok);
+
+  Outcome wrong_bias = outcome(1);  // b_hh's gradient must equal b_ih's
+  wrong_bias.grads.set(l.b_hh + 1, 0);
+  EXPECT_FALSE(verify_outcome(s, l, st, wrong_bias).ok);
+
+  EXPECT_FALSE(verify_outcome(s, l, st, outcome(2)).ok);  // the step count off by one
+
+  const Shape si = shape_of(problem("bilstm_test", Backend::cpu, Direction::infer, 4));
+  Outcome logits;
+  logits.logits = HostBuffer(DType::f32, ref.logits.size());
+  for (std::size_t i = 0; i < ref.logits.size(); ++i) logits.logits.set(i, ref.logits[i]);
+  EXPECT_TRUE(verify_outcome(si, l, st, logits).ok);
+  logits.logits.set(3, logits.logits.get(3) + 0.01);
+  EXPECT_FALSE(verify_outcome(si, l, st, logits).ok);
+}
+
+// Training on the learnable task from the seeded start: the loss must fall.
+void expect_learns(Backend be, const std::string& config, std::int64_t batch, int steps) {
+  auto c = family().make(problem(config, be, Direction::train, batch));
+  auto* m = dynamic_cast<ModelCase*>(c.get());
+  ASSERT_NE(m, nullptr);
+  const Check first_step = c->verify();
+  ASSERT_TRUE(first_step.ok) << first_step.message;
+  const double first = m->last_loss();
+  for (int i = 1; i < steps; ++i) c->run();
+  const double last = m->last_loss();
+  EXPECT_TRUE(std::isfinite(last));
+  std::printf("%s on %s: loss %.4f -> %.4f over %d steps\n", config.c_str(), backend_name(be), first, last, steps);
+  EXPECT_LT(last, 0.7 * first) << config << " on " << backend_name(be) << ": " << first << " -> " << last;
+}
+
+TEST(ModelBilstmTraining, LossFallsCpu) {
+  expect_learns(Backend::cpu, "bilstm_test", 32, 150);
+  expect_learns(Backend::cpu, "bilstm_imdb", 32, 30);
+}
+
+TEST(ModelBilstmTraining, LossFallsCuda) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  expect_learns(Backend::cuda, "bilstm_test", 32, 150);
+  expect_learns(Backend::cuda, "bilstm_imdb", 32, 30);
+}
+
+}  // namespace
+}  // namespace hotops::model_bilstm
