@@ -79,7 +79,8 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
       const auto t0 = std::chrono::steady_clock::now();
       for (auto _ : state) live.c->run();
       elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      state.counters["threads"] = cpu::threads();
+      // A thread-sweep entry (`threads:T`) runs on T threads; every other CPU entry on all of them.
+      state.counters["threads"] = p.has("threads") ? static_cast<double>(p.get_int("threads")) : cpu::threads();
     } else if (live.c->host_timed()) {
       // End to end: the host's clock around each complete run (which synchronises itself).
       for (auto _ : state) {
