@@ -145,23 +145,14 @@ const Arch& arch_named(const std::string& name) {
 }
 
 Shape shape_of(const Problem& p) {
-  HOTOPS_CHECK(p.op.rfind("model.", 0) == 0, "model_bert: not a model problem: " + p.name());
-  HOTOPS_CHECK(p.dtype == DType::f32, "model_bert: only f32: " + p.name());
-  HOTOPS_CHECK(p.dir == Direction::infer || p.dir == Direction::train, "model_bert: infer or train: " + p.name());
+  const models::StepArgs a = models::step_args(p, "model_bert", false);
   Shape s;
-  s.arch = arch_named(p.op.substr(6));
-  s.backend = p.backend;
-  s.dir = p.dir;
-  s.batch = p.get_int("batch");
-  HOTOPS_CHECK(s.batch >= 1, "model_bert: batch must be positive: " + p.name());
-  if (p.has("threads")) {
-    s.variant = Variant::threads;
-    s.threads = static_cast<int>(p.get_int("threads"));
-    HOTOPS_CHECK(p.backend == Backend::cpu && s.threads >= 1, "model_bert: threads:T is a CPU variant: " + p.name());
-  } else if (p.has("e2e")) {
-    s.variant = Variant::e2e;
-    HOTOPS_CHECK(p.backend == Backend::cuda, "model_bert: e2e is a CUDA variant: " + p.name());
-  }
+  s.arch = arch_named(a.model);
+  s.backend = a.backend;
+  s.dir = a.dir;
+  s.batch = a.batch;
+  s.variant = a.variant;
+  s.threads = a.threads;
   return s;
 }
 

@@ -31,6 +31,7 @@
 #include "hotops/buffer.h"
 #include "hotops/op.h"
 #include "kernels/adamw/adamw.h"
+#include "kernels/models/models.h"
 
 namespace hotops::model_bert {
 
@@ -45,11 +46,10 @@ struct Arch {
 const std::vector<Arch>& archs();
 const Arch& arch_named(const std::string& name);  // throws hotops::Error when unknown
 
-enum class Variant {
-  plain,    // CPU: all threads; CUDA: device time of the step (inputs already on the device)
-  threads,  // CPU: threads:T
-  e2e,      // CUDA: host time: input (and target) H2D from pageable memory, launches, y or loss D2H, sync
-};
+// How a step is run and timed, as for the other model steps (kernels/models/models.h); this family
+// has no graph variant (its plain CUDA step is capturable already). e2e moves the input and the
+// target host to device from pageable memory and y or the loss back.
+using models::Variant;
 
 struct Shape {
   Arch arch;

@@ -149,26 +149,14 @@ const Config& config_named(const std::string& name) {
 }
 
 Shape shape_of(const Problem& p) {
-  HOTOPS_CHECK(p.op.rfind("model.", 0) == 0, "model_bilstm: not a model problem: " + p.name());
-  HOTOPS_CHECK(p.dtype == DType::f32, "model_bilstm: only f32: " + p.name());
-  HOTOPS_CHECK(p.dir == Direction::infer || p.dir == Direction::train, "model_bilstm: infer or train: " + p.name());
+  const models::StepArgs a = models::step_args(p, "model_bilstm", true);
   Shape s;
-  s.cfg = config_named(p.op.substr(6));
-  s.backend = p.backend;
-  s.dir = p.dir;
-  s.batch = p.get_int("batch");
-  HOTOPS_CHECK(s.batch >= 1, "model_bilstm: batch must be positive: " + p.name());
-  if (p.has("threads")) {
-    s.variant = Variant::threads;
-    s.threads = static_cast<int>(p.get_int("threads"));
-    HOTOPS_CHECK(p.backend == Backend::cpu && s.threads >= 1, "model_bilstm: threads:T is a CPU variant: " + p.name());
-  } else if (p.has("e2e")) {
-    s.variant = Variant::e2e;
-    HOTOPS_CHECK(p.backend == Backend::cuda, "model_bilstm: e2e is a CUDA variant: " + p.name());
-  } else if (p.has("graph")) {
-    s.variant = Variant::graph;
-    HOTOPS_CHECK(p.backend == Backend::cuda && s.train(), "model_bilstm: graph is a CUDA train variant: " + p.name());
-  }
+  s.cfg = config_named(a.model);
+  s.backend = a.backend;
+  s.dir = a.dir;
+  s.batch = a.batch;
+  s.variant = a.variant;
+  s.threads = a.threads;
   return s;
 }
 

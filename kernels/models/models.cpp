@@ -162,28 +162,43 @@ const Model& model_named(const std::string& name) {
   throw Error("models: unknown model " + name);
 }
 
-Shape shape_of(const Problem& p) {
-  HOTOPS_CHECK(p.op.rfind("model.", 0) == 0, "models: not a model problem: " + p.name());
-  HOTOPS_CHECK(p.dtype == DType::f32, "models: only f32 for now: " + p.name());
-  HOTOPS_CHECK(p.dir == Direction::infer || p.dir == Direction::train, "models: infer or train: " + p.name());
-  Shape s;
-  s.model = p.op.substr(6);
-  s.widths = model_named(s.model).widths;
-  s.backend = p.backend;
-  s.dir = p.dir;
-  s.batch = p.get_int("batch");
-  HOTOPS_CHECK(s.batch >= 1, "models: batch must be positive: " + p.name());
+StepArgs step_args(const Problem& p, const std::string& family, bool has_graph) {
+  HOTOPS_CHECK(p.op.rfind("model.", 0) == 0, family + ": not a model problem: " + p.name());
+  HOTOPS_CHECK(p.dtype == DType::f32, family + ": only f32 for now: " + p.name());
+  HOTOPS_CHECK(p.dir == Direction::infer || p.dir == Direction::train, family + ": infer or train: " + p.name());
+  StepArgs a;
+  a.model = p.op.substr(6);
+  a.backend = p.backend;
+  a.dir = p.dir;
+  a.batch = p.get_int("batch");
+  HOTOPS_CHECK(a.batch >= 1, family + ": batch must be positive: " + p.name());
+  HOTOPS_CHECK(p.has("threads") + p.has("e2e") + p.has("graph") <= 1, family + ": one variant at most: " + p.name());
   if (p.has("threads")) {
-    s.variant = Variant::threads;
-    s.threads = static_cast<int>(p.get_int("threads"));
-    HOTOPS_CHECK(p.backend == Backend::cpu && s.threads >= 1, "models: threads:T is a CPU variant: " + p.name());
+    a.variant = Variant::threads;
+    a.threads = static_cast<int>(p.get_int("threads"));
+    HOTOPS_CHECK(p.backend == Backend::cpu && a.threads >= 1, family + ": threads:T is a CPU variant: " + p.name());
   } else if (p.has("e2e")) {
-    s.variant = Variant::e2e;
-    HOTOPS_CHECK(p.backend == Backend::cuda, "models: e2e is a CUDA variant: " + p.name());
+    a.variant = Variant::e2e;
+    HOTOPS_CHECK(p.backend == Backend::cuda, family + ": e2e is a CUDA variant: " + p.name());
   } else if (p.has("graph")) {
-    s.variant = Variant::graph;
-    HOTOPS_CHECK(p.backend == Backend::cuda && s.train(), "models: graph is a CUDA train variant: " + p.name());
+    a.variant = Variant::graph;
+    HOTOPS_CHECK(has_graph && p.backend == Backend::cuda && p.dir == Direction::train,
+                 family + ": graph is a CUDA train variant" + (has_graph ? "" : " that this family does not have") +
+                     ": " + p.name());
   }
+  return a;
+}
+
+Shape shape_of(const Problem& p) {
+  const StepArgs a = step_args(p, "models", true);
+  Shape s;
+  s.model = a.model;
+  s.widths = model_named(s.model).widths;
+  s.backend = a.backend;
+  s.dir = a.dir;
+  s.batch = a.batch;
+  s.variant = a.variant;
+  s.threads = a.threads;
   return s;
 }
 

@@ -42,6 +42,19 @@ enum class Variant {
   graph,    // CUDA train: as e2e, the device part replayed as one CUDA graph captured at setup
 };
 
+// What every model problem's name says, checked the same way by every model family: op
+// `model.<name>`, f32, infer or train, a positive batch, and at most one variant arg among those the
+// family has (threads:T on the CPU, e2e:1 on CUDA, graph:1 for CUDA train when `has_graph`).
+struct StepArgs {
+  std::string model;  // the op less "model."
+  Backend backend = Backend::cpu;
+  Direction dir = Direction::infer;
+  std::int64_t batch = 1;
+  Variant variant = Variant::plain;
+  int threads = 0;  // threads:T only
+};
+StepArgs step_args(const Problem& p, const std::string& family, bool has_graph);
+
 struct Shape {
   std::string model;
   std::vector<std::int64_t> widths;
