@@ -29,6 +29,7 @@
 #include "hotops/cudnn_util.h"
 #include "hotops/cuda_util.h"
 #include "kernels/model_bilstm/model_bilstm.h"
+#include "kernels/models/cuda_step.cuh"
 
 namespace hotops::model_bilstm {
 namespace {
@@ -36,20 +37,14 @@ namespace {
 using gpu::cudnn;
 using gpu::TensorDesc;
 
-constexpr int kMaxClasses = 16;
-constexpr unsigned kLossThreads = 512;
-constexpr unsigned kAdamwThreads = 256;
+using models::adamw_flat;
+using models::kAdamwThreads;
+using models::kLossThreads;
+using models::kMaxClasses;
+using models::softmax_xent;
+using models::StepState;
+using models::warp_sum;
 constexpr unsigned kWarpsPerBlock = 8;
-
-struct StepState {
-  std::int64_t step;
-  adamw::StepScalars s;
-};
-
-__device__ inline float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // x[t, b, :] = embed[tokens[b, t], :] over n = t * B + b, float4 when E % 4 == 0; for train also
 // keys[n] = tokens[b, t], positions[n] = n (the radix sort's input).
@@ -75,62 +70,6 @@ __global__ void bias_rows(float* __restrict__ logits, const float* __restrict__ 
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < B * C; i += gridDim.x * blockDim.x) logits[i] = bias[i % C];
 }
 
-// One block: softmax cross-entropy of each row, dlogits = (softmax - onehot) / B, the mean loss,
-// the dense bias gradient (column sums of dlogits), and step = step + 1 with its AdamW scalars.
-__global__ void __launch_bounds__(kLossThreads) softmax_xent(const float* __restrict__ logits,
-                                                             const std::int32_t* __restrict__ labels,
-                                                             float* __restrict__ dlogits, float* __restrict__ dbias,
-                                                             float* __restrict__ loss, int B, int C, adamw::Hyper h,
-                                                             StepState* state) {
-  float db[kMaxClasses];
-#pragma unroll
-  for (int c = 0; c < kMaxClasses; ++c) db[c] = 0.f;
-  float lsum = 0.f;
-  const float inv_b = 1.f / static_cast<float>(B);
-  for (int r = threadIdx.x; r < B; r += blockDim.x) {
-    const float* z = logits + static_cast<std::int64_t>(r) * C;
-    float* d = dlogits + static_cast<std::int64_t>(r) * C;
-    float mx = z[0];
-    for (int c = 1; c < C; ++c) mx = fmaxf(mx, z[c]);
-    float sum = 0.f;
-    for (int c = 0; c < C; ++c) sum += expf(z[c] - mx);
-    const int y = labels[r];
-    const float inv = 1.f / sum;
-#pragma unroll
-    for (int c = 0; c < kMaxClasses; ++c)
-      if (c < C) {
-        const float g = expf(z[c] - mx) * inv * inv_b - (c == y ? inv_b : 0.f);
-        d[c] = g;
-        db[c] += g;
-      }
-    lsum += logf(sum) - (z[y] - mx);
-  }
-  __shared__ float part[kLossThreads / 32][kMaxClasses + 1];
-  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  lsum = warp_sum(lsum);
-#pragma unroll
-  for (int c = 0; c < kMaxClasses; ++c) db[c] = warp_sum(db[c]);
-  if (lane == 0) {
-    part[warp][kMaxClasses] = lsum;
-#pragma unroll
-    for (int c = 0; c < kMaxClasses; ++c) part[warp][c] = db[c];
-  }
-  __syncthreads();
-  if (threadIdx.x <= static_cast<unsigned>(C)) {
-    const int c = threadIdx.x == static_cast<unsigned>(C) ? kMaxClasses : static_cast<int>(threadIdx.x);
-    float s = 0.f;
-    for (unsigned w = 0; w < blockDim.x / 32; ++w) s += part[w][c];
-    if (c == kMaxClasses) {
-      *loss = s * inv_b;
-      const std::int64_t t = state->step + 1;
-      state->step = t;
-      state->s = adamw::scalars_for(h, t);
-    } else {
-      dbias[c] = s;
-    }
-  }
-}
-
 // dE[token] = sum of dx[position] over the token's run in the sorted pairs, in position order (the
 // sort is stable). One warp per sorted index; only the warp at the start of a run works. dE rows of
 // tokens absent from the batch were zeroed before.
@@ -153,26 +92,6 @@ __global__ void embedding_grad(const std::int32_t* __restrict__ keys, const std:
       else acc += g;
     }
     reinterpret_cast<Vec*>(dE)[static_cast<std::int64_t>(v) * per_row + e] = acc;
-  }
-}
-
-struct IeeeSqrt {
-  __device__ float operator()(float x) const { return sqrtf(x); }
-};
-
-__global__ void __launch_bounds__(kAdamwThreads) adamw_flat(float4* __restrict__ p, const float4* __restrict__ g,
-                                                            float4* __restrict__ m, float4* __restrict__ v,
-                                                            std::int64_t n4, const StepState* __restrict__ state) {
-  const adamw::StepScalars s = state->s;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    float4 pv = p[i], mv = m[i], vv = v[i];
-    const float4 gv = __ldg(g + i);
-    adamw::step_element(pv.x, gv.x, mv.x, vv.x, s, IeeeSqrt());
-    adamw::step_element(pv.y, gv.y, mv.y, vv.y, s, IeeeSqrt());
-    adamw::step_element(pv.z, gv.z, mv.z, vv.z, s, IeeeSqrt());
-    adamw::step_element(pv.w, gv.w, mv.w, vv.w, s, IeeeSqrt());
-    p[i] = pv, m[i] = mv, v[i] = vv;
   }
 }
 

@@ -1,0 +1,108 @@
+// The device code of a model's train step that every model family with a softmax cross-entropy head
+// shares (kernels/models, kernels/model_bilstm): the optimizer's step state on the device, the loss
+// kernel that advances it, and the flat AdamW pass. Included by .cu files only; everything here has
+// internal linkage, one copy per file that uses it.
+#pragma once
+#include <cstdint>
+
+#include "kernels/adamw/adamw.h"
+
+namespace hotops::models {
+namespace {
+
+constexpr int kMaxClasses = 16;
+constexpr unsigned kLossThreads = 512;
+constexpr unsigned kAdamwThreads = 256;
+
+// The optimizer's step count, and the scalars of the step just taken (the loss kernel writes them).
+struct StepState {
+  std::int64_t step;
+  adamw::StepScalars s;
+};
+
+__device__ inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// One block. Row r of the batch: softmax of the logits, loss_r = log(sum exp) - (z_y - max),
+// dlogits_r = (softmax - onehot(y)) / B. Then the mean loss, the last layer's bias gradient (the
+// column sums of dlogits), and step = step + 1 with that step's AdamW scalars.
+__global__ void __launch_bounds__(kLossThreads) softmax_xent(const float* __restrict__ logits,
+                                                             const std::int32_t* __restrict__ labels,
+                                                             float* __restrict__ dlogits, float* __restrict__ dbias,
+                                                             float* __restrict__ loss, int B, int C, adamw::Hyper h,
+                                                             StepState* state) {
+  float db[kMaxClasses];
+#pragma unroll
+  for (int c = 0; c < kMaxClasses; ++c) db[c] = 0.f;
+  float lsum = 0.f;
+  const float inv_b = 1.f / static_cast<float>(B);
+  for (int r = threadIdx.x; r < B; r += blockDim.x) {
+    const float* z = logits + static_cast<std::int64_t>(r) * C;
+    float* d = dlogits + static_cast<std::int64_t>(r) * C;
+    float mx = z[0];
+    for (int c = 1; c < C; ++c) mx = fmaxf(mx, z[c]);
+    float sum = 0.f;
+    for (int c = 0; c < C; ++c) sum += expf(z[c] - mx);
+    const int y = labels[r];
+    const float inv = 1.f / sum;
+#pragma unroll
+    for (int c = 0; c < kMaxClasses; ++c)
+      if (c < C) {
+        const float g = expf(z[c] - mx) * inv * inv_b - (c == y ? inv_b : 0.f);
+        d[c] = g;
+        db[c] += g;
+      }
+    lsum += logf(sum) - (z[y] - mx);
+  }
+  __shared__ float part[kLossThreads / 32][kMaxClasses + 1];
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  lsum = warp_sum(lsum);
+#pragma unroll
+  for (int c = 0; c < kMaxClasses; ++c) db[c] = warp_sum(db[c]);
+  if (lane == 0) {
+    part[warp][kMaxClasses] = lsum;
+#pragma unroll
+    for (int c = 0; c < kMaxClasses; ++c) part[warp][c] = db[c];
+  }
+  __syncthreads();
+  if (threadIdx.x <= static_cast<unsigned>(C)) {  // thread c < C: column c; thread C: the loss
+    const int c = threadIdx.x == static_cast<unsigned>(C) ? kMaxClasses : static_cast<int>(threadIdx.x);
+    float s = 0.f;
+    for (unsigned w = 0; w < blockDim.x / 32; ++w) s += part[w][c];
+    if (c == kMaxClasses) {
+      *loss = s * inv_b;
+      const std::int64_t t = state->step + 1;
+      state->step = t;
+      state->s = adamw::scalars_for(h, t);
+    } else {
+      dbias[c] = s;
+    }
+  }
+}
+
+struct IeeeSqrt {
+  __device__ float operator()(float x) const { return sqrtf(x); }
+};
+
+// One AdamW step over the flat buffers (n4 vectors of 4; the padding between tensors is zero in
+// p, g, m and v and stays zero), with the scalars of the step the loss kernel advanced to.
+__global__ void __launch_bounds__(kAdamwThreads) adamw_flat(float4* __restrict__ p, const float4* __restrict__ g,
+                                                            float4* __restrict__ m, float4* __restrict__ v,
+                                                            std::int64_t n4, const StepState* __restrict__ state) {
+  const adamw::StepScalars s = state->s;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    float4 pv = p[i], mv = m[i], vv = v[i];
+    const float4 gv = __ldg(g + i);
+    adamw::step_element(pv.x, gv.x, mv.x, vv.x, s, IeeeSqrt());
+    adamw::step_element(pv.y, gv.y, mv.y, vv.y, s, IeeeSqrt());
+    adamw::step_element(pv.z, gv.z, mv.z, vv.z, s, IeeeSqrt());
+    adamw::step_element(pv.w, gv.w, mv.w, vv.w, s, IeeeSqrt());
+    p[i] = pv, m[i] = mv, v[i] = vv;
+  }
+}
+
+}  // namespace
+}  // namespace hotops::models
