@@ -21,29 +21,7 @@ namespace {
 
 constexpr double kAdamwFlopsPerParam = 14;  // adamw.cpp's count
 
-std::vector<Arg> args_of(std::int64_t batch, const char* key = nullptr, std::int64_t value = 0) {
-  std::vector<Arg> a{{"batch", std::to_string(batch)}};
-  if (key) a.push_back({key, std::to_string(value)});
-  return a;
-}
-
-void expand(const std::string& arch, std::int64_t batch, const std::vector<int>& sweep, std::vector<Problem>& out) {
-  const std::string op = "model." + arch;
-  for (Direction d : {Direction::infer, Direction::train}) {
-    out.push_back(Problem{op, Backend::cpu, DType::f32, d, args_of(batch)});
-    for (int t : sweep) out.push_back(Problem{op, Backend::cpu, DType::f32, d, args_of(batch, "threads", t)});
-    out.push_back(Problem{op, Backend::cuda, DType::f32, d, args_of(batch)});
-    out.push_back(Problem{op, Backend::cuda, DType::f32, d, args_of(batch, "e2e", 1)});
-  }
-}
-
-std::string cpu_reason(const Problem& p) {
-  const Shape s = shape_of(p);
-  if (s.variant == Variant::threads && s.threads > omp_get_num_procs())
-    return "threads:" + std::to_string(s.threads) + " needs " + std::to_string(s.threads) + " cores; this machine has " +
-           std::to_string(omp_get_num_procs());
-  return "";
-}
+std::string cpu_reason(const Problem& p) { return models::threads_reason(models::step_args(p, "model_bert", false)); }
 
 class BertFamily final : public Family {
  public:
@@ -52,16 +30,16 @@ class BertFamily final : public Family {
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     std::vector<Problem> out;
     for (const Arch& a : archs())
-      for (std::int64_t b : batches.empty() ? a.batches : batches) expand(a.name, b, {1, 8}, out);
+      for (std::int64_t b : batches.empty() ? a.batches : batches) models::expand_step_problems(a.name, b, {1, 8}, false, out);
     return out;
   }
 
   std::vector<Problem> test_problems() const override {
     // Batch 1 and 3 (3 runs the periodic verification batch): every op, backend, direction, variant.
     std::vector<Problem> out;
-    expand("bert_layer", 1, {2}, out);
-    expand("bert_layer", 3, {}, out);
-    expand("vit_layer", 1, {}, out);
+    models::expand_step_problems("bert_layer", 1, {2}, false, out);
+    models::expand_step_problems("bert_layer", 3, {}, false, out);
+    models::expand_step_problems("vit_layer", 1, {}, false, out);
     return out;
   }
 
@@ -94,30 +72,8 @@ class BertFamily final : public Family {
   }
 };
 
-Check within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double scale, double tol) {
-  Check c;
-  c.tol = tol;
-  c.checked = out.size();
-  std::size_t worst = 0;
-  for (std::size_t k = 0; k < out.size(); ++k) {
-    const double e = std::fabs(out[k] - ref[k]) / scale;
-    if (!(e <= c.max_err)) c.max_err = std::isfinite(e) ? e : std::numeric_limits<double>::infinity(), worst = k;
-  }
-  if (!(c.max_err <= tol)) {
-    char buf[280];
-    std::snprintf(buf, sizeof buf, "%s: max|out-ref|/%.3g = %.3g > tol %.3g at index %zu (out %.9g, ref %.9g)", what.c_str(),
-                  scale, c.max_err, tol, worst, out[worst], ref[worst]);
-    c.ok = false;
-    c.message = buf;
-  }
-  return c;
-}
-
-double rms(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x * x;
-  return std::sqrt(s / static_cast<double>(std::max<std::size_t>(1, v.size())));
-}
+using models::rms;
+using models::within;
 
 std::vector<double> as_doubles(const HostBuffer& b, std::size_t from = 0, std::size_t n = 0) {
   if (n == 0) n = b.count() - from;
@@ -267,15 +223,7 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, c
     const std::vector<double> r(grad.begin() + static_cast<std::ptrdiff_t>(at), grad.begin() + static_cast<std::ptrdiff_t>(at + n));
     c.merge(within("d" + l.names[k], o, r, std::max(rms(r), 1e-30), 1e-3), "d" + l.names[k]);
   }
-  const adamw::Hyper h = hyper();
-  std::vector<double> change(l.total), ref_change(l.total);
-  for (std::size_t i = 0; i < l.total; ++i) {
-    adamw::Element e{p0[i], start.m.get(i), start.v.get(i)};
-    adamw::reference_step(h, 1, g[i], e);
-    ref_change[i] = e.p - p0[i];
-    change[i] = out.params.get(i) - p0[i];
-  }
-  c.merge(within("AdamW step (p - p0)", change, ref_change, h.lr, 1e-3), "step");
+  c.merge(models::adamw_first_step(p0, g, start.m, start.v, out.params, l.total), "step");
   return c;
 }
 

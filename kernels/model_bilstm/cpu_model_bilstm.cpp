@@ -385,9 +385,7 @@ class CpuBilstm final : public ModelCase {
 
 std::string cpu_unsupported_reason(const Problem& p) {
   const Shape s = shape_of(p);
-  if (s.variant == Variant::threads && s.threads > omp_get_num_procs())
-    return "threads:" + std::to_string(s.threads) + " needs " + std::to_string(s.threads) + " cores; this machine has " +
-           std::to_string(omp_get_num_procs());
+  if (const std::string why = models::threads_reason(models::step_args(p, "model_bilstm", true)); !why.empty()) return why;
   try {
     plan(s);
   } catch (const Error& e) {

@@ -18,25 +18,7 @@
 namespace hotops::model_bilstm {
 namespace {
 
-constexpr int kThreadSweep[] = {1, 4, 8};
 constexpr double kAdamwFlopsPerParam = 14;  // adamw.cpp's count
-
-std::vector<Arg> args_of(std::int64_t batch, const char* key = nullptr, std::int64_t value = 0) {
-  std::vector<Arg> a{{"batch", std::to_string(batch)}};
-  if (key) a.push_back({key, std::to_string(value)});
-  return a;
-}
-
-void expand(const std::string& config, std::int64_t batch, const std::vector<int>& thread_sweep, std::vector<Problem>& out) {
-  const std::string op = "model." + config;
-  for (Direction d : {Direction::infer, Direction::train}) {
-    out.push_back(Problem{op, Backend::cpu, DType::f32, d, args_of(batch)});
-    for (int t : thread_sweep) out.push_back(Problem{op, Backend::cpu, DType::f32, d, args_of(batch, "threads", t)});
-    out.push_back(Problem{op, Backend::cuda, DType::f32, d, args_of(batch)});
-    out.push_back(Problem{op, Backend::cuda, DType::f32, d, args_of(batch, "e2e", 1)});
-    if (d == Direction::train) out.push_back(Problem{op, Backend::cuda, DType::f32, d, args_of(batch, "graph", 1)});
-  }
-}
 
 class BilstmFamily final : public Family {
  public:
@@ -44,17 +26,17 @@ class BilstmFamily final : public Family {
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     std::vector<Problem> out;
-    const std::vector<int> sweep(std::begin(kThreadSweep), std::end(kThreadSweep));
+    const std::vector<int> sweep(std::begin(models::kThreadSweep), std::end(models::kThreadSweep));
     for (const Config& c : configs())
-      for (std::int64_t b : batches.empty() ? c.batches : batches) expand(c.name, b, sweep, out);
+      for (std::int64_t b : batches.empty() ? c.batches : batches) models::expand_step_problems(c.name, b, sweep, true, out);
     return out;
   }
 
   std::vector<Problem> test_problems() const override {
     // The tiny configuration (T 5, vocabulary 50, E 5 != H 7), both backends, both directions, every variant.
     std::vector<Problem> out;
-    expand("bilstm_test", 3, {1}, out);
-    expand("bilstm_test", 8, {}, out);
+    models::expand_step_problems("bilstm_test", 3, {1}, true, out);
+    models::expand_step_problems("bilstm_test", 8, {}, true, out);
     return out;
   }
 
@@ -94,31 +76,8 @@ class BilstmFamily final : public Family {
 };
 
 // max|out - ref| / scale against tol.
-Check within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double scale,
-             double tol) {
-  Check c;
-  c.tol = tol;
-  c.checked = out.size();
-  std::size_t worst = 0;
-  for (std::size_t k = 0; k < out.size(); ++k) {
-    const double e = std::fabs(out[k] - ref[k]) / scale;
-    if (!(e <= c.max_err)) c.max_err = std::isfinite(e) ? e : std::numeric_limits<double>::infinity(), worst = k;
-  }
-  if (!(c.max_err <= tol)) {
-    char buf[240];
-    std::snprintf(buf, sizeof buf, "%s: max|out-ref|/%.3g = %.3g > tol %.3g at index %zu (out %.9g, ref %.9g)",
-                  what.c_str(), scale, c.max_err, tol, worst, out[worst], ref[worst]);
-    c.ok = false;
-    c.message = buf;
-  }
-  return c;
-}
-
-double rms(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x * x;
-  return std::sqrt(s / static_cast<double>(std::max<std::size_t>(1, v.size())));
-}
+using models::rms;
+using models::within;
 
 std::vector<double> as_doubles(const HostBuffer& b) {
   std::vector<double> d(b.count());
@@ -252,15 +211,7 @@ Check verify_outcome(const Shape& s, const Layout& l, const State& start, const 
     const std::vector<double> r = slice(ref.grad, where.first, n);
     all.merge(within(what, slice(g, where.first, n), r, std::max(rms(r), 1e-30), 1e-3 * growth), what);
   }
-  const adamw::Hyper h = models::hyper();
-  std::vector<double> change(l.total), ref_change(l.total);
-  for (std::size_t i = 0; i < l.total; ++i) {
-    adamw::Element e{p0[i], start.m.get(i), start.v.get(i)};
-    adamw::reference_step(h, 1, g[i], e);
-    ref_change[i] = e.p - p0[i];
-    change[i] = out.params.get(i) - p0[i];
-  }
-  all.merge(within("AdamW step (p - p0)", change, ref_change, h.lr, 1e-3), "step");
+  all.merge(models::adamw_first_step(p0, g, start.m, start.v, out.params, l.total), "step");
   return all;
 }
 

@@ -23,37 +23,11 @@
 namespace hotops::models {
 namespace {
 
-constexpr int kThreadSweep[] = {1, 4, 8};
 
 // FLOPs per parameter of the AdamW step (adamw.cpp's count: each operation of the formula once).
 constexpr double kAdamwFlopsPerParam = 14;
 
-std::vector<Arg> args_of(std::int64_t batch, const char* key = nullptr, std::int64_t value = 0) {
-  std::vector<Arg> a{{"batch", std::to_string(batch)}};
-  if (key) a.push_back({key, std::to_string(value)});
-  return a;
-}
-
-// Every variant of one model at one batch: CPU all threads and the thread sweep; CUDA device time,
-// e2e, and for train the graph replay.
-void expand(const std::string& model, std::int64_t batch, const std::vector<int>& thread_sweep, std::vector<Problem>& out) {
-  const std::string op = "model." + model;
-  for (Direction d : {Direction::infer, Direction::train}) {
-    out.push_back(Problem{op, Backend::cpu, DType::f32, d, args_of(batch)});
-    for (int t : thread_sweep) out.push_back(Problem{op, Backend::cpu, DType::f32, d, args_of(batch, "threads", t)});
-    out.push_back(Problem{op, Backend::cuda, DType::f32, d, args_of(batch)});
-    out.push_back(Problem{op, Backend::cuda, DType::f32, d, args_of(batch, "e2e", 1)});
-    if (d == Direction::train) out.push_back(Problem{op, Backend::cuda, DType::f32, d, args_of(batch, "graph", 1)});
-  }
-}
-
-std::string cpu_reason(const Problem& p) {
-  const Shape s = shape_of(p);
-  if (s.variant == Variant::threads && s.threads > omp_get_num_procs())
-    return "threads:" + std::to_string(s.threads) + " needs " + std::to_string(s.threads) + " cores; this machine has " +
-           std::to_string(omp_get_num_procs());
-  return "";
-}
+std::string cpu_reason(const Problem& p) { return threads_reason(step_args(p, "models", true)); }
 
 class ModelsFamily final : public Family {
  public:
@@ -63,17 +37,17 @@ class ModelsFamily final : public Family {
     std::vector<Problem> out;
     const std::vector<int> sweep(std::begin(kThreadSweep), std::end(kThreadSweep));
     for (const Model& m : models())
-      for (std::int64_t b : batches.empty() ? m.batches : batches) expand(m.name, b, sweep, out);
+      for (std::int64_t b : batches.empty() ? m.batches : batches) expand_step_problems(m.name, b, sweep, true, out);
     return out;
   }
 
   std::vector<Problem> test_problems() const override {
     // Tiny batches (CI has 2 cores): every model, both backends, both directions, every variant.
     std::vector<Problem> out;
-    expand("mlp_tiny", 3, {1}, out);
-    expand("mlp_tiny", 10, {}, out);
-    expand("mlp_mnist", 5, {}, out);
-    expand("classifierdl", 7, {2}, out);
+    expand_step_problems("mlp_tiny", 3, {1}, true, out);
+    expand_step_problems("mlp_tiny", 10, {}, true, out);
+    expand_step_problems("mlp_mnist", 5, {}, true, out);
+    expand_step_problems("classifierdl", 7, {2}, true, out);
     return out;
   }
 
@@ -107,32 +81,6 @@ class ModelsFamily final : public Family {
   }
 };
 
-// Verification of a scalar or a tensor: max|out - ref| / scale against tol.
-Check within(const char* what, const std::vector<double>& out, const std::vector<double>& ref, double scale, double tol) {
-  Check c;
-  c.tol = tol;
-  c.checked = out.size();
-  std::size_t worst = 0;
-  for (std::size_t k = 0; k < out.size(); ++k) {
-    const double e = std::fabs(out[k] - ref[k]) / scale;
-    if (!(e <= c.max_err)) c.max_err = std::isfinite(e) ? e : std::numeric_limits<double>::infinity(), worst = k;
-  }
-  if (!(c.max_err <= tol)) {
-    char buf[240];
-    std::snprintf(buf, sizeof buf, "%s: max|out-ref|/%.3g = %.3g > tol %.3g at index %zu (out %.9g, ref %.9g)", what,
-                  scale, c.max_err, tol, worst, out[worst], ref[worst]);
-    c.ok = false;
-    c.message = buf;
-  }
-  return c;
-}
-
-double rms(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x * x;
-  return std::sqrt(s / static_cast<double>(std::max<std::size_t>(1, v.size())));
-}
-
 std::vector<double> as_doubles(const HostBuffer& b) {
   std::vector<double> d(b.count());
   for (std::size_t i = 0; i < d.size(); ++i) d[i] = b.get(i);
@@ -160,6 +108,69 @@ const Model& model_named(const std::string& name) {
   for (const Model& m : models())
     if (m.name == name) return m;
   throw Error("models: unknown model " + name);
+}
+
+void expand_step_problems(const std::string& model, std::int64_t batch, const std::vector<int>& thread_sweep,
+                          bool has_graph, std::vector<Problem>& out) {
+  const auto args = [batch](const char* key = nullptr, int value = 0) {
+    std::vector<Arg> a{{"batch", std::to_string(batch)}};
+    if (key) a.push_back({key, std::to_string(value)});
+    return a;
+  };
+  const std::string op = "model." + model;
+  for (Direction d : {Direction::infer, Direction::train}) {
+    out.push_back(Problem{op, Backend::cpu, DType::f32, d, args()});
+    for (int t : thread_sweep) out.push_back(Problem{op, Backend::cpu, DType::f32, d, args("threads", t)});
+    out.push_back(Problem{op, Backend::cuda, DType::f32, d, args()});
+    out.push_back(Problem{op, Backend::cuda, DType::f32, d, args("e2e", 1)});
+    if (has_graph && d == Direction::train) out.push_back(Problem{op, Backend::cuda, DType::f32, d, args("graph", 1)});
+  }
+}
+
+std::string threads_reason(const StepArgs& a) {
+  if (a.variant == Variant::threads && a.threads > omp_get_num_procs())
+    return "threads:" + std::to_string(a.threads) + " needs " + std::to_string(a.threads) + " cores; this machine has " +
+           std::to_string(omp_get_num_procs());
+  return "";
+}
+
+// Verification of a scalar or a tensor: max|out - ref| / scale against tol.
+Check within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double scale, double tol) {
+  Check c;
+  c.tol = tol;
+  c.checked = out.size();
+  std::size_t worst = 0;
+  for (std::size_t k = 0; k < out.size(); ++k) {
+    const double e = std::fabs(out[k] - ref[k]) / scale;
+    if (!(e <= c.max_err)) c.max_err = std::isfinite(e) ? e : std::numeric_limits<double>::infinity(), worst = k;
+  }
+  if (!(c.max_err <= tol)) {
+    char buf[280];
+    std::snprintf(buf, sizeof buf, "%s: max|out-ref|/%.3g = %.3g > tol %.3g at index %zu (out %.9g, ref %.9g)", what.c_str(),
+                  scale, c.max_err, tol, worst, out[worst], ref[worst]);
+    c.ok = false;
+    c.message = buf;
+  }
+  return c;
+}
+
+double rms(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x * x;
+  return std::sqrt(s / static_cast<double>(std::max<std::size_t>(1, v.size())));
+}
+
+Check adamw_first_step(const std::vector<double>& p0, const std::vector<double>& g, const HostBuffer& m0,
+                       const HostBuffer& v0, const HostBuffer& params, std::size_t count) {
+  const adamw::Hyper h = hyper();
+  std::vector<double> change(count), ref_change(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    adamw::Element e{p0[i], m0.get(i), v0.get(i)};
+    adamw::reference_step(h, 1, g[i], e);
+    ref_change[i] = e.p - p0[i];
+    change[i] = params.get(i) - p0[i];
+  }
+  return within("AdamW step (p - p0)", change, ref_change, h.lr, 1e-3);
 }
 
 StepArgs step_args(const Problem& p, const std::string& family, bool has_graph) {
@@ -288,15 +299,7 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, c
       const std::string what = std::string(wb == 0 ? "dW" : "db") + std::to_string(k + 1);
       c.merge(within(what.c_str(), o, r, std::max(rms(r), 1e-30), 1e-3), what);
     }
-  const adamw::Hyper h = hyper();
-  std::vector<double> change(l.total), ref_change(l.total);
-  for (std::size_t i = 0; i < l.total; ++i) {
-    adamw::Element e{p0[i], start.m.get(i), start.v.get(i)};
-    adamw::reference_step(h, 1, g[i], e);
-    ref_change[i] = e.p - p0[i];
-    change[i] = out.params.get(i) - p0[i];
-  }
-  c.merge(within("AdamW step (p - p0)", change, ref_change, h.lr, 1e-3), "step");
+  c.merge(adamw_first_step(p0, g, start.m, start.v, out.params, l.total), "step");
   return c;
 }
 

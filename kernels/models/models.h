@@ -55,6 +55,24 @@ struct StepArgs {
 };
 StepArgs step_args(const Problem& p, const std::string& family, bool has_graph);
 
+// Every problem of one model at one batch, as every model family lists them: infer and train; on the
+// CPU all threads and each of `thread_sweep`; on CUDA plain and e2e:1, and graph:1 for train when
+// `has_graph`.
+void expand_step_problems(const std::string& model, std::int64_t batch, const std::vector<int>& thread_sweep,
+                          bool has_graph, std::vector<Problem>& out);
+constexpr int kThreadSweep[] = {1, 4, 8};  // the CPU thread sweep of the benchmark problems
+// Why a threads:T problem cannot run on this machine ("" when it can): T beyond its cores.
+std::string threads_reason(const StepArgs& a);
+
+// Verification helpers shared by the model families: max|out - ref| / scale against tol (the message
+// names `what` and the worst index), the root mean square, and AdamW's first step from p0 (with the
+// start's m and v and the gradients g the step used) against the change the step made to params.
+Check within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double scale,
+             double tol);
+double rms(const std::vector<double>& v);
+Check adamw_first_step(const std::vector<double>& p0, const std::vector<double>& g, const HostBuffer& m0,
+                       const HostBuffer& v0, const HostBuffer& params, std::size_t count);
+
 struct Shape {
   std::string model;
   std::vector<std::int64_t> widths;
