@@ -18,4 +18,27 @@ struct TensorDesc {
   TensorDesc& operator=(const TensorDesc&) = delete;
 };
 
+// Owners of the cuDNN RNN API's descriptors (kernels/lstm, kernels/model_bilstm).
+struct RnnDesc {
+  cudnnRNNDescriptor_t h = nullptr;
+  RnnDesc() { HOTOPS_CHECK_CUDNN(cudnnCreateRNNDescriptor(&h)); }
+  ~RnnDesc() { cudnnDestroyRNNDescriptor(h); }
+  RnnDesc(const RnnDesc&) = delete;
+  RnnDesc& operator=(const RnnDesc&) = delete;
+};
+struct DataDesc {
+  cudnnRNNDataDescriptor_t h = nullptr;
+  DataDesc() { HOTOPS_CHECK_CUDNN(cudnnCreateRNNDataDescriptor(&h)); }
+  ~DataDesc() { cudnnDestroyRNNDataDescriptor(h); }
+  DataDesc(const DataDesc&) = delete;
+  DataDesc& operator=(const DataDesc&) = delete;
+};
+struct DropoutDesc {
+  cudnnDropoutDescriptor_t h = nullptr;
+  DropoutDesc() { HOTOPS_CHECK_CUDNN(cudnnCreateDropoutDescriptor(&h)); }
+  ~DropoutDesc() { cudnnDestroyDropoutDescriptor(h); }
+  DropoutDesc(const DropoutDesc&) = delete;
+  DropoutDesc& operator=(const DropoutDesc&) = delete;
+};
+
 }  // namespace hotops::gpu

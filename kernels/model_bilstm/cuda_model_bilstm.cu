@@ -150,27 +150,9 @@ class Gemm {
   cublasLtMatmulAlgo_t algo_{};
 };
 
-struct RnnDesc {
-  cudnnRNNDescriptor_t h = nullptr;
-  RnnDesc() { HOTOPS_CHECK_CUDNN(cudnnCreateRNNDescriptor(&h)); }
-  ~RnnDesc() { cudnnDestroyRNNDescriptor(h); }
-  RnnDesc(const RnnDesc&) = delete;
-  RnnDesc& operator=(const RnnDesc&) = delete;
-};
-struct DataDesc {
-  cudnnRNNDataDescriptor_t h = nullptr;
-  DataDesc() { HOTOPS_CHECK_CUDNN(cudnnCreateRNNDataDescriptor(&h)); }
-  ~DataDesc() { cudnnDestroyRNNDataDescriptor(h); }
-  DataDesc(const DataDesc&) = delete;
-  DataDesc& operator=(const DataDesc&) = delete;
-};
-struct DropoutDesc {
-  cudnnDropoutDescriptor_t h = nullptr;
-  DropoutDesc() { HOTOPS_CHECK_CUDNN(cudnnCreateDropoutDescriptor(&h)); }
-  ~DropoutDesc() { cudnnDestroyDropoutDescriptor(h); }
-  DropoutDesc(const DropoutDesc&) = delete;
-  DropoutDesc& operator=(const DropoutDesc&) = delete;
-};
+using gpu::DataDesc;
+using gpu::DropoutDesc;
+using gpu::RnnDesc;
 
 int dim(std::int64_t v) {
   HOTOPS_CHECK(v <= 0x7fffffff, "model_bilstm: a dimension does not fit an int");
