@@ -18,6 +18,25 @@ struct TensorDesc {
   TensorDesc& operator=(const TensorDesc&) = delete;
 };
 
+// cuDNN's RNN algorithm for an LSTM of hidden size `hidden`: the persistent small-hidden kernels
+// (CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H: the recurrent weights stay on chip for all time steps, one
+// launch per direction instead of a GEMM and a pointwise kernel per step) where cuDNN offers them:
+// hidden <= 192 for a forward pass alone, <= 128 when a backward pass follows (PyTorch's bounds too);
+// the standard per-step algorithm otherwise. Callers fall back to standard where cuDNN refuses the
+// persistent one for a configuration, and say in the label which one ran (rnn_algo_name).
+inline cudnnRNNAlgo_t lstm_algo(int hidden, bool backward) {
+  return hidden <= (backward ? 128 : 192) ? CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H : CUDNN_RNN_ALGO_STANDARD;
+}
+inline const char* rnn_algo_name(cudnnRNNAlgo_t a) {
+  switch (a) {
+    case CUDNN_RNN_ALGO_STANDARD: return "STANDARD";
+    case CUDNN_RNN_ALGO_PERSIST_STATIC: return "PERSIST_STATIC";
+    case CUDNN_RNN_ALGO_PERSIST_DYNAMIC: return "PERSIST_DYNAMIC";
+    case CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H: return "PERSIST_STATIC_SMALL_H";
+    default: return "unknown";
+  }
+}
+
 // Owners of the cuDNN RNN API's descriptors (kernels/lstm, kernels/model_bilstm).
 struct RnnDesc {
   cudnnRNNDescriptor_t h = nullptr;

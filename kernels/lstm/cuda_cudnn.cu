@@ -1,5 +1,6 @@
 // lstm on CUDA: cuDNN 9's RNN API (cudnnRNNForward, cudnnRNNBackwardData_v8,
-// cudnnRNNBackwardWeights_v8), CUDNN_RNN_ALGO_STANDARD, sequence-major unpacked [T,B,*] data as
+// cudnnRNNBackwardWeights_v8), the algorithm of gpu::lstm_algo (persistent kernels for small hidden
+// sizes, else STANDARD; the label says which), sequence-major unpacked [T,B,*] data as
 // PyTorch holds it, every sequence of full length T.
 //
 // Biases: cuDNN's LSTM has two per gate (CUDNN_RNN_DOUBLE_BIAS), as PyTorch: it gets b_ih and b_hh.
@@ -72,20 +73,20 @@ class CudaLstm final : public Case {
     if (s_.dtype == DType::bf16) {
       // cuDNN documents no bf16 RNN: its refusal is the unsupported reason.
       try {
-        describe();
+        describe_with_fallback();
       } catch (const Error& e) {
         throw Error(std::string("cuDNN's RNN API rejects bf16 LSTM (CUDNN_DATA_BFLOAT16, tensor ops, f32 compute): ") +
                         e.what(),
                     ErrorKind::unsupported);
       }
     } else {
-      describe();
+      describe_with_fallback();
     }
     upload();
     if (training()) forward_training();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
     capturable_ = probe_capture();
-    label_ = std::string("cuDNN RNN STANDARD LSTM ") +
+    label_ = std::string("cuDNN RNN ") + gpu::rnn_algo_name(algo_) + " LSTM " +
              (training() ? "BackwardData_v8 + BackwardWeights_v8 (ADD into a zeroed dweight space; the TRAINING "
                            "forward that fills the reserve space runs at setup, not timed)"
                          : "Forward INFERENCE") +
@@ -159,13 +160,26 @@ class CudaLstm final : public Case {
  private:
   bool training() const { return s_.dir != Direction::fwd; }
 
+  // describe() with the algorithm of gpu::lstm_algo, or the standard one where cuDNN refuses that.
+  void describe_with_fallback() {
+    algo_ = gpu::lstm_algo(dim(s_.H), training());
+    if (algo_ == CUDNN_RNN_ALGO_STANDARD) return describe();
+    try {
+      describe();
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::unsupported) throw;
+      algo_ = CUDNN_RNN_ALGO_STANDARD;
+      describe();
+    }
+  }
+
   // Descriptors, the weight space's layout, and the temp space sizes.
   void describe() {
     cudnnHandle_t h = cudnn();
     const cudnnDataType_t dt = s_.dtype == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
     const int T = dim(s_.T), B = dim(s_.B), I = dim(s_.I), H = dim(s_.H), D = dim(s_.D());
     HOTOPS_CHECK_CUDNN(cudnnSetDropoutDescriptor(dropout_.h, h, 0.0f, nullptr, 0, 0));  // no dropout: no states
-    HOTOPS_CHECK_CUDNN(cudnnSetRNNDescriptor_v8(rnn_.h, CUDNN_RNN_ALGO_STANDARD, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS,
+    HOTOPS_CHECK_CUDNN(cudnnSetRNNDescriptor_v8(rnn_.h, algo_, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS,
                                                 s_.bidirectional ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL,
                                                 CUDNN_LINEAR_INPUT, dt, CUDNN_DATA_FLOAT, math_of(s_.dtype), I, H, H,
                                                 1, dropout_.h, CUDNN_RNN_PADDED_IO_DISABLED));
@@ -305,6 +319,7 @@ class CudaLstm final : public Case {
   gpu::DeviceBuffer dy_, dhy_, dcy_, dx_, dhx_, dcx_, dw_;
   bool capturable_ = true;
   std::string label_;
+  cudnnRNNAlgo_t algo_ = CUDNN_RNN_ALGO_STANDARD;
 };
 
 }  // namespace

@@ -1,4 +1,4 @@
-// model_bilstm on CUDA: cuDNN 9's RNN API for the BiLSTM (CUDNN_RNN_ALGO_STANDARD, double bias,
+// model_bilstm on CUDA: cuDNN 9's RNN API for the BiLSTM (gpu::lstm_algo: PERSIST_STATIC_SMALL_H, double bias,
 // CUDNN_FMA_MATH: f32 without tensor cores, as kernels/lstm's f32), cublasLt f32 GEMMs for the dense
 // head (CUBLAS_COMPUTE_32F), CUB's stable radix sort for the embedding gradient, and hand-written
 // kernels. A train step, all on gpu::stream() with no host synchronisation:
@@ -177,7 +177,15 @@ class CudaBilstm final : public ModelCase {
     HOTOPS_CHECK(c_.C <= kMaxClasses, "model_bilstm: the CUDA loss kernel takes at most 16 classes");
     const std::int64_t T = c_.T, B = s_.batch, E = c_.E, H = c_.H, C = c_.C, N = T * B;
     HOTOPS_CHECK(N * std::max(E, 2 * H) < (std::int64_t{1} << 31), "model_bilstm: batch too large");
-    describe_rnn();
+    // The persistent small-hidden algorithm where cuDNN has it (gpu::lstm_algo), else STANDARD.
+    rnn_algo_ = gpu::lstm_algo(static_cast<int>(H), s_.train());
+    try {
+      describe_rnn();
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::unsupported || rnn_algo_ == CUDNN_RNN_ALGO_STANDARD) throw;
+      rnn_algo_ = CUDNN_RNN_ALGO_STANDARD;
+      describe_rnn();
+    }
     // The device layout: embed | cuDNN weight space | dense W | dense b.
     embed_ = 0;
     lstm_ = aligned(static_cast<std::size_t>(c_.V * E));
@@ -313,7 +321,7 @@ class CudaBilstm final : public ModelCase {
   }
 
   std::string label() const override {
-    std::string l = std::string("cuDNN RNN STANDARD bidirectional LSTM ") +
+    std::string l = std::string("cuDNN RNN ") + gpu::rnn_algo_name(rnn_algo_) + " bidirectional LSTM " +
                     (s_.train() ? "Forward TRAINING + BackwardData_v8 + BackwardWeights_v8" : "Forward INFERENCE") +
                     ", FMA math, double bias; hotops gather; cublasLt f32 dense head (2 GEMMs";
     if (s_.train())
@@ -360,7 +368,7 @@ class CudaBilstm final : public ModelCase {
     cudnnHandle_t h = cudnn();
     const int T = dim(c_.T), B = dim(s_.batch), I = dim(c_.E), H = dim(c_.H);
     HOTOPS_CHECK_CUDNN(cudnnSetDropoutDescriptor(dropout_.h, h, 0.0f, nullptr, 0, 0));
-    HOTOPS_CHECK_CUDNN(cudnnSetRNNDescriptor_v8(rnn_.h, CUDNN_RNN_ALGO_STANDARD, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS,
+    HOTOPS_CHECK_CUDNN(cudnnSetRNNDescriptor_v8(rnn_.h, rnn_algo_, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS,
                                                 CUDNN_BIDIRECTIONAL, CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT,
                                                 CUDNN_DATA_FLOAT, CUDNN_FMA_MATH, I, H, H, 1, dropout_.h,
                                                 CUDNN_RNN_PADDED_IO_DISABLED));
@@ -546,6 +554,7 @@ class CudaBilstm final : public ModelCase {
   DataDesc x_desc_, y_desc_;
   TensorDesc h_desc_;
   std::vector<Slot> slots_;
+  cudnnRNNAlgo_t rnn_algo_ = CUDNN_RNN_ALGO_STANDARD;
   std::size_t w_bytes_ = 0, ws_bytes_ = 0, reserve_bytes_ = 0, sort_bytes_ = 0;
   int key_bits_ = 1;
   gpu::DeviceBuffer params_, grads_, m_, v_, tokens_, labels_, seq_, x_, y_, hT_, logits_, ws_, reserve_;
