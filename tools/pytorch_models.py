@@ -11,7 +11,12 @@ Two times per (model, batch, direction), as hotops reports them:
           the step, the loss (train) or the logits (infer) back on the host.
 The median of 5 samples is printed; one JSON object per line.
 
+With --onnxruntime, the models' inference is exported to ONNX (eval mode) and timed in ONNX
+Runtime's CPU session (intra-op threads = --threads, default all cores): the median over 5 samples
+of back-to-back runs, the input already in host memory, as hotops times CPU inference.
+
 usage: python3 tools/pytorch_models.py [--models mlp_tiny,bert_layer] [--device cuda|cpu] [--threads N]
+                                       [--directions train,infer] [--batches 10,64] [--onnxruntime]
 """
 import argparse
 import json
@@ -138,6 +143,40 @@ def measure(name, factory, batch, make, loss_kind, dev, train):
             "device_us": round(statistics.median(device), 1), "e2e_us": round(statistics.median(e2e), 1)}
 
 
+def measure_ort(name, factory, batch, make, threads):
+    import io
+    import onnxruntime as ort
+    torch.manual_seed(0)
+    model = factory().eval()
+    x, _ = make(batch)
+    buf = io.BytesIO()
+    torch.onnx.export(model, (x,), buf, input_names=["x"], output_names=["y"], dynamo=False)
+    so = ort.SessionOptions()
+    if threads:
+        so.intra_op_num_threads = threads
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sess = ort.InferenceSession(buf.getvalue(), so, providers=["CPUExecutionProvider"])
+    feed = {"x": x.numpy()}
+    ref = model(x).detach().numpy()
+    out = sess.run(None, feed)[0]
+    err = float(abs(out - ref).max())
+    for _ in range(5):
+        sess.run(None, feed)
+    t0 = time.perf_counter()
+    sess.run(None, feed)
+    one = time.perf_counter() - t0
+    n = max(1, min(2000, int(0.1 / max(one, 1e-7))))
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            sess.run(None, feed)
+        samples.append((time.perf_counter() - t0) * 1e6 / n)
+    return {"model": name, "device": "onnxruntime-cpu", "direction": "infer", "batch": batch,
+            "threads": threads or "default", "us": round(statistics.median(samples), 1),
+            "max_abs_err_vs_torch": err, "ort": ort.__version__}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="")
@@ -145,6 +184,7 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--directions", default="train,infer")
     ap.add_argument("--batches", default="")
+    ap.add_argument("--onnxruntime", action="store_true")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -157,6 +197,10 @@ def main():
         factory, batches, make, loss_kind = table[name]
         if a.batches:
             batches = [int(b) for b in a.batches.split(",")]
+        if a.onnxruntime:
+            for b in batches:
+                print(json.dumps(measure_ort(name, factory, b, make, a.threads)), flush=True)
+            continue
         for d in a.directions.split(","):
             for b in batches:
                 try:
