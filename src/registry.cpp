@@ -16,6 +16,7 @@
 #include "kernels/maxpool/maxpool.h"
 #include "kernels/model_bilstm/model_bilstm.h"
 #include "kernels/model_bert/model_bert.h"
+#include "kernels/model_cnn/model_cnn.h"
 #include "kernels/models/models.h"
 #include "kernels/pointwise/pointwise.h"
 #include "kernels/softmax/softmax.h"
@@ -45,6 +46,7 @@ const std::vector<const Family*>& families() {
       &maxpool::family(),
       &embedding::family(),
       &model_bilstm::family(),
+      &model_cnn::family(),
   };
   return all;
 }

@@ -1,0 +1,322 @@
+// Diff, speed-up, cost and gate over runs read by run.h.
+#include "compare/src/analysis.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <set>
+#include <sstream>
+
+namespace hotops::compare {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+bool all_digits(const std::string& s) {
+  return !s.empty() && s.size() <= 18 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// An arg value with the batch taken out, when it follows the batch: an integer that is a fixed
+// multiple of it (M = batch x tokens), or an `x`-separated shape that holds it (dims:32x128x3072).
+// nullopt when the value does not involve the batch.
+std::optional<std::string> batch_relative(const std::string& value, long long batch) {
+  if (batch <= 0) return std::nullopt;
+  if (all_digits(value)) {
+    const long long v = std::stoll(value);
+    if (v % batch != 0) return std::nullopt;
+    const long long k = v / batch;
+    return k == 1 ? std::string("batch") : "batch*" + std::to_string(k);
+  }
+  std::vector<std::string> tokens;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t x = value.find('x', start);
+    tokens.push_back(value.substr(start, x == std::string::npos ? std::string::npos : x - start));
+    if (x == std::string::npos) break;
+    start = x + 1;
+  }
+  if (tokens.size() < 2) return std::nullopt;
+  bool found = false;
+  std::string out;
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const bool is_batch = tokens[i] == std::to_string(batch);
+    found |= is_batch;
+    out += (i ? "x" : "") + (is_batch ? std::string("batch") : tokens[i]);
+  }
+  if (!found) return std::nullopt;
+  return out;
+}
+
+}  // namespace
+
+Prices parse_prices(const std::string& spec) {
+  Prices p;
+  std::stringstream s(spec);
+  std::string item;
+  while (std::getline(s, item, ',')) {
+    const std::size_t eq = item.find('=');
+    const std::string backend = eq == std::string::npos ? "" : item.substr(0, eq);
+    if (backend != "cpu" && backend != "cuda")
+      throw InputError("--cost: expected cpu=USD_PER_HOUR,cuda=USD_PER_HOUR, got \"" + spec + "\"");
+    const std::string value = item.substr(eq + 1);
+    char* end = nullptr;
+    const double v = std::strtod(value.c_str(), &end);
+    if (value.empty() || *end != '\0' || !std::isfinite(v) || v < 0)
+      throw InputError("--cost: \"" + value + "\" is not a price in USD per hour (for " + backend + ")");
+    p[backend] = v;
+  }
+  if (p.empty()) throw InputError("--cost: expected cpu=USD_PER_HOUR,cuda=USD_PER_HOUR, got \"" + spec + "\"");
+  return p;
+}
+
+std::optional<double> cost_per_million(const Entry& e, const Prices& prices) {
+  if (!e.has_time()) return std::nullopt;
+  const auto price = prices.find(e.name.backend);
+  const auto items = e.counter("items_per_second");
+  if (price == prices.end() || !items || *items <= 0) return std::nullopt;
+  return price->second / 3600.0 / *items * 1e6;
+}
+
+const std::vector<std::string>& rate_counters() {
+  static const std::vector<std::string> c{"FLOP/s", "bytes_per_second", "items_per_second", "samples/s"};
+  return c;
+}
+
+const char* status_name(DiffStatus s) {
+  switch (s) {
+    case DiffStatus::both: return "compared";
+    case DiffStatus::only_base: return "only in base";
+    case DiffStatus::only_new: return "only in new";
+    case DiffStatus::error_base: return "error in base";
+    case DiffStatus::error_new: return "error in new";
+    case DiffStatus::error_both: return "error in both";
+  }
+  return "?";
+}
+
+std::vector<std::string> machine_differences(const Run& a, const Run& b) {
+  std::vector<std::string> out;
+  for (const char* key : {"host_name", "cpu_model", "gpu_name", "num_cpus"}) {
+    const auto x = a.context.find(key), y = b.context.find(key);
+    if (x == a.context.end() && y == b.context.end()) continue;
+    const std::string vx = x == a.context.end() ? "(none)" : x->second;
+    const std::string vy = y == b.context.end() ? "(none)" : y->second;
+    if (vx != vy) out.push_back(std::string(key) + " \"" + vx + "\" vs \"" + vy + "\"");
+  }
+  return out;
+}
+
+Diff diff(const Run& base, const Run& next, const Prices& prices) {
+  Diff d;
+  const auto differences = machine_differences(base, next);
+  if (!differences.empty()) {
+    std::string w = "the runs come from different machines (";
+    for (std::size_t i = 0; i < differences.size(); ++i) w += (i ? "; " : "") + differences[i];
+    d.warnings.push_back(w + "): differences include the hardware");
+  }
+  std::vector<double> ratios;
+  const auto add = [&](const Entry* b, const Entry* n) {
+    DiffRow r;
+    r.name = (b ? b : n)->name.full;
+    r.base = b;
+    r.next = n;
+    if (b) r.base_cost = cost_per_million(*b, prices);
+    if (n) r.new_cost = cost_per_million(*n, prices);
+    const bool bt = b && b->has_time(), nt = n && n->has_time();
+    if (!b) r.status = nt ? DiffStatus::only_new : DiffStatus::error_new;
+    else if (!n) r.status = bt ? DiffStatus::only_base : DiffStatus::error_base;
+    else if (bt && nt) r.status = DiffStatus::both;
+    else if (!bt && !nt) r.status = DiffStatus::error_both;
+    else r.status = bt ? DiffStatus::error_new : DiffStatus::error_base;
+    // An entry only in new that failed is listed as an error in new: it is not a time to compare.
+    if (!b && !nt) r.status = DiffStatus::error_new;
+    if (r.status == DiffStatus::both) {
+      r.base_ns = b->time_ns();
+      r.new_ns = n->time_ns();
+      r.ratio = r.base_ns > 0 ? r.new_ns / r.base_ns : (r.new_ns > 0 ? std::numeric_limits<double>::infinity() : 1.0);
+      if (b->samples_ns.size() >= 2 && n->samples_ns.size() >= 2) r.utest = mann_whitney_u(b->samples_ns, n->samples_ns);
+      for (const std::string& c : rate_counters()) {
+        const auto cb = b->counter(c), cn = n->counter(c);
+        if (cb && cn && *cb > 0) r.counter_ratio[c] = *cn / *cb;
+      }
+      if (r.ratio > 0 && std::isfinite(r.ratio)) ratios.push_back(r.ratio);
+      ++d.compared;
+    }
+    d.rows.push_back(std::move(r));
+  };
+  for (const Entry& b : base.entries) add(&b, next.find(b.name.full));
+  for (const Entry& n : next.entries)
+    if (!base.find(n.name.full)) add(nullptr, &n);
+  d.geomean_ratio = ratios.empty() ? kNaN : geometric_mean(ratios);
+  return d;
+}
+
+Speedup speedup(const Run& cpu_run, const Run& cuda_run, const Prices& prices) {
+  Speedup s;
+  if (&cpu_run != &cuda_run) {
+    // Two machines are the point here; say so only when the backend sources are mixed up.
+    bool cpu_has_cpu = false, cuda_has_cuda = false;
+    for (const Entry& e : cpu_run.entries) cpu_has_cpu |= e.name.backend == "cpu";
+    for (const Entry& e : cuda_run.entries) cuda_has_cuda |= e.name.backend == "cuda";
+    if (!cpu_has_cpu) s.warnings.push_back(cpu_run.source + " holds no cpu entries");
+    if (!cuda_has_cuda) s.warnings.push_back(cuda_run.source + " holds no cuda entries");
+  }
+  std::map<std::string, const Entry*> cpu, cuda;  // problem -> entry with a time
+  for (const Entry& e : cpu_run.entries)
+    if (e.name.hotops && e.name.backend == "cpu" && e.has_time()) cpu.emplace(e.name.problem(), &e);
+  for (const Entry& e : cuda_run.entries)
+    if (e.name.hotops && e.name.backend == "cuda" && e.has_time()) cuda.emplace(e.name.problem(), &e);
+
+  // Families: op/dtype/direction, the arg keys in order, and the values of the args before
+  // `batch`. Within a family, an arg after `batch` follows the batch when its values differ but
+  // all have the same batch-relative form (M = batch x 128 at every batch): such args leave the
+  // row's key, so that one row spans the batches of one layer.
+  struct Member {
+    const Name* name;
+    long long batch;
+    std::size_t batch_at;
+  };
+  std::map<std::string, std::vector<Member>> families;
+  std::set<std::string> problems;
+  for (const auto* side : {&cpu, &cuda})
+    for (const auto& [problem, e] : *side) {
+      if (!problems.insert(problem).second) continue;
+      const Name& n = e->name;
+      const auto b = n.batch();
+      std::string key = n.op + "/" + n.dtype + "/" + n.direction;
+      std::size_t at = n.args.size();
+      for (std::size_t i = 0; i < n.args.size(); ++i) {
+        key += "/" + n.args[i].first;
+        if (n.args[i].first == "batch") at = i;
+        if (at == n.args.size()) key += ":" + n.args[i].second;  // values before batch
+      }
+      families[key].push_back({&n, b ? *b : 0, b ? at : n.args.size()});
+    }
+  std::map<std::string, std::string> row_of;  // problem -> row key (variant)
+  for (const auto& [key, members] : families) {
+    std::set<long long> batches;
+    for (const Member& m : members) batches.insert(m.batch);
+    const Name& first = *members.front().name;
+    std::vector<bool> derived(first.args.size(), false);
+    const std::size_t at = members.front().batch_at;
+    if (at < first.args.size() && batches.size() >= 2) {
+      for (std::size_t i = at + 1; i < first.args.size(); ++i) {
+        std::set<std::string> raw, relative;
+        bool follows = true;
+        for (const Member& m : members) {
+          raw.insert(m.name->args[i].second);
+          const auto r = batch_relative(m.name->args[i].second, m.batch);
+          if (!r) follows = false;
+          else relative.insert(*r);
+        }
+        derived[i] = follows && raw.size() >= 2 && relative.size() == 1;
+      }
+    }
+    for (const Member& m : members) {
+      std::string variant = m.name->dtype + "/" + m.name->direction;
+      for (std::size_t i = 0; i < m.name->args.size(); ++i) {
+        if (i == m.batch_at) continue;
+        const auto& [k, v] = m.name->args[i];
+        variant += "/" + k + ":" + (derived[i] ? *batch_relative(v, m.batch) : v);
+      }
+      row_of[m.name->problem()] = variant;
+    }
+  }
+
+  std::map<std::string, std::map<std::string, SpeedupRow>> grouped;  // op -> variant -> row
+  for (const auto& [problem, c] : cpu) {
+    const auto g = cuda.find(problem);
+    if (g == cuda.end()) {
+      ++s.cpu_only;
+      continue;
+    }
+    ++s.pairs;
+    SpeedupCell cell;
+    cell.problem = problem;
+    cell.batch = c->name.batch().value_or(0);
+    cell.cpu = c;
+    cell.cuda = g->second;
+    const double gpu_ns = g->second->time_ns();
+    cell.speedup = gpu_ns > 0 ? c->time_ns() / gpu_ns : std::numeric_limits<double>::infinity();
+    cell.cpu_cost = cost_per_million(*c, prices);
+    cell.cuda_cost = cost_per_million(*g->second, prices);
+    SpeedupRow& row = grouped[c->name.op][row_of[problem]];
+    row.variant = row_of[problem];
+    row.cells.push_back(cell);
+  }
+  for (const auto& [problem, g] : cuda)
+    if (!cpu.count(problem)) ++s.cuda_only;
+
+  for (auto& [op, rows] : grouped) {
+    SpeedupGroup group;
+    group.op = op;
+    std::set<long long> batches;
+    for (auto& [variant, row] : rows) {
+      std::sort(row.cells.begin(), row.cells.end(), [](const SpeedupCell& a, const SpeedupCell& b) { return a.batch < b.batch; });
+      // Crossover: walk down from the largest batch while the GPU keeps winning.
+      for (std::size_t i = row.cells.size(); i-- > 0;) {
+        if (!(row.cells[i].speedup > 1)) break;
+        row.crossover = row.cells[i].batch;
+        row.crossover_at_smallest = i == 0;
+      }
+      if (row.cells.size() == 1 && row.cells[0].batch == 0) row.crossover.reset();  // no batch axis
+      for (const SpeedupCell& c : row.cells) batches.insert(c.batch);
+      group.rows.push_back(row);
+    }
+    group.batches.assign(batches.begin(), batches.end());
+    s.groups.push_back(std::move(group));
+  }
+  return s;
+}
+
+Gate gate(const Run& base, const Run& next, const GateOptions& o) {
+  Gate g;
+  g.diff = diff(base, next);
+  for (const DiffRow& r : g.diff.rows) {
+    switch (r.status) {
+      case DiffStatus::only_base:
+        g.failures.push_back({r.name, "vanished: in base, not in new"});
+        continue;
+      case DiffStatus::error_new:
+        if (r.base) g.failures.push_back({r.name, "now fails: " + (r.next && !r.next->message.empty() ? r.next->message : "no time")});
+        else g.notes.push_back(r.name + ": new entry that fails: " + (r.next->message.empty() ? "no time" : r.next->message));
+        continue;
+      case DiffStatus::error_both:
+        g.notes.push_back(r.name + ": fails in both runs: " + r.next->message);
+        continue;
+      case DiffStatus::error_base:
+        g.notes.push_back(r.name + ": failed in base, passes now");
+        continue;
+      case DiffStatus::only_new:
+        continue;
+      case DiffStatus::both:
+        break;
+    }
+    const double pct = (r.ratio - 1) * 100;
+    if (!(pct > o.max_slowdown_pct)) continue;
+    const std::string slower = fmt("%+.1f%%", pct) + " slower than base (threshold " + fmt("%g%%", o.max_slowdown_pct) + ")";
+    if (!r.utest) {
+      g.failures.push_back({r.name, slower + "; single measurements, no significance test"});
+      continue;
+    }
+    const int n1 = static_cast<int>(r.base->samples_ns.size()), n2 = static_cast<int>(r.next->samples_ns.size());
+    if (min_two_sided_p(n1, n2) >= o.alpha) {
+      g.failures.push_back({r.name, slower + "; " + std::to_string(n1) + " and " + std::to_string(n2) +
+                                        " repetitions cannot reach p < " + fmt("%g", o.alpha) + ", failed on the threshold alone"});
+    } else if (r.utest->p < o.alpha) {
+      g.failures.push_back({r.name, slower + ", significant: p = " + fmt("%.3g", r.utest->p) + " < " + fmt("%g", o.alpha)});
+    } else {
+      g.notes.push_back(r.name + ": " + slower + " but not significant (p = " + fmt("%.3g", r.utest->p) + " >= " + fmt("%g", o.alpha) + ")");
+    }
+  }
+  return g;
+}
+
+}  // namespace hotops::compare

@@ -1,0 +1,108 @@
+// What hotops-compare computes: diffs of two runs, CPU/GPU speed-ups with crossover batches,
+// cost per million items, and the regression gate. Formatting lives in report.h.
+#pragma once
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "compare/src/run.h"
+#include "compare/src/stats.h"
+
+namespace hotops::compare {
+
+// USD per hour of each backend's machine (`--cost cpu=0.50,cuda=3.00`); absent: no cost figures.
+using Prices = std::map<std::string, double>;
+Prices parse_prices(const std::string& spec);  // throws InputError on a malformed spec
+
+// USD per million items of an entry (items_per_second and its backend's price); nullopt when
+// either is unknown.
+std::optional<double> cost_per_million(const Entry& e, const Prices& prices);
+
+// The counters whose ratios a diff reports (new / base: above 1 is faster).
+const std::vector<std::string>& rate_counters();
+
+// ---- diff ----------------------------------------------------------------------------------
+enum class DiffStatus { both, only_base, only_new, error_base, error_new, error_both };
+const char* status_name(DiffStatus s);
+
+struct DiffRow {
+  std::string name;
+  DiffStatus status = DiffStatus::both;
+  const Entry* base = nullptr;
+  const Entry* next = nullptr;
+  double base_ns = 0, new_ns = 0;
+  double ratio = 0;                          // new time / base time (below 1: faster)
+  std::optional<UTest> utest;                // when both sides have >= 2 repetitions
+  std::map<std::string, double> counter_ratio;  // new / base of each rate both sides report
+  std::optional<double> base_cost, new_cost;    // USD per million items
+};
+
+struct Diff {
+  std::vector<DiffRow> rows;           // base order, then entries only in new
+  double geomean_ratio = 0;            // over the rows with a time on both sides (NaN when none)
+  int compared = 0;                    // rows with a time on both sides
+  std::vector<std::string> warnings;   // e.g. the runs come from different machines
+};
+
+Diff diff(const Run& base, const Run& next, const Prices& prices = {});
+
+// Context keys whose difference means the two runs come from different machines.
+std::vector<std::string> machine_differences(const Run& a, const Run& b);
+
+// ---- speedup --------------------------------------------------------------------------------
+struct SpeedupCell {
+  long long batch = 0;                 // 0 when the problem has no batch axis
+  std::string problem;                 // the name less backend and suffix
+  const Entry* cpu = nullptr;
+  const Entry* cuda = nullptr;
+  double speedup = 0;                  // CPU time / GPU time (above 1: the GPU is faster)
+  std::optional<double> cpu_cost, cuda_cost;
+};
+
+struct SpeedupRow {
+  std::string variant;                 // dtype/direction/args, batch and batch-derived args left out
+  std::vector<SpeedupCell> cells;      // by increasing batch
+  // The smallest measured batch from which the GPU is faster at that batch and at every larger
+  // measured batch of the row; nullopt when the GPU is not faster at the largest batch.
+  std::optional<long long> crossover;
+  bool crossover_at_smallest = false;  // the GPU already wins at the smallest batch measured
+};
+
+struct SpeedupGroup {
+  std::string op;                      // op or model.<name>
+  std::vector<long long> batches;      // every batch of the group's rows, increasing (0: none)
+  std::vector<SpeedupRow> rows;
+};
+
+struct Speedup {
+  std::vector<SpeedupGroup> groups;    // by op name
+  int pairs = 0;                       // problems measured on both backends
+  int cpu_only = 0, cuda_only = 0;     // problems measured on one backend only
+  std::vector<std::string> warnings;
+};
+
+// CPU entries from `cpu_run`, CUDA entries from `cuda_run` (the same run for one that holds both).
+Speedup speedup(const Run& cpu_run, const Run& cuda_run, const Prices& prices = {});
+
+// ---- gate -----------------------------------------------------------------------------------
+struct GateOptions {
+  double max_slowdown_pct = 5;
+  double alpha = 0.05;
+};
+
+struct GateFailure {
+  std::string name;
+  std::string reason;
+};
+
+struct Gate {
+  Diff diff;
+  std::vector<GateFailure> failures;
+  std::vector<std::string> notes;      // why a slower entry did not fail, and what could not be tested
+  bool passed() const { return failures.empty(); }
+};
+
+Gate gate(const Run& base, const Run& next, const GateOptions& o);
+
+}  // namespace hotops::compare

@@ -1,0 +1,121 @@
+// hotops-compare: diffs, CPU/GPU speed-ups and a regression gate over Google Benchmark JSON.
+// Exit codes: 0 done (gate passed), 1 gate failed, 2 bad input or usage.
+#include <CLI/CLI.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+#include "compare/src/analysis.h"
+#include "compare/src/report.h"
+#include "compare/src/run.h"
+
+namespace {
+
+using namespace hotops::compare;
+
+constexpr int kUsage = 2;
+
+bool terminal_colour() { return ::isatty(STDOUT_FILENO) && !std::getenv("NO_COLOR"); }
+
+void warn(const std::string& w) { std::cerr << "hotops-compare: warning: " << w << '\n'; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"hotops-compare: compares hotops' Google Benchmark JSON runs.\n"
+               "Exit codes: 0 done (gate: passed), 1 gate failed, 2 bad input or usage."};
+  app.name("hotops-compare");
+  app.require_subcommand(1);
+
+  std::string base_path, new_path, run_path, other_path, format = "console", cost, tracker;
+  double alpha = 0.05, max_slowdown = -1;
+
+  auto* d = app.add_subcommand("diff", "join two runs on names: time ratio, counter ratios, U test, geometric mean");
+  d->add_option("BASE", base_path, "baseline run (JSON)")->required();
+  d->add_option("NEW", new_path, "new run (JSON)")->required();
+  d->add_option("--format", format, "console, md, csv or json");
+  d->add_option("--alpha", alpha, "p below this is marked significant (default 0.05)");
+  d->add_option("--cost", cost, "cpu=USD_PER_HOUR,cuda=USD_PER_HOUR: cost per million items");
+
+  auto* s = app.add_subcommand("speedup", "CPU time / GPU time per problem, batches as columns, crossover batch");
+  s->add_option("RUN", run_path, "a run with both backends, or the CPU machine's run")->required();
+  s->add_option("OTHER", other_path, "the GPU machine's run (its cuda entries are used)");
+  s->add_option("--format", format, "console, md, csv or json");
+  s->add_option("--cost", cost, "cpu=USD_PER_HOUR,cuda=USD_PER_HOUR: cost per million items");
+
+  auto* g = app.add_subcommand("gate", "exit 1 when an entry is slower beyond the threshold (and significant), vanished or fails");
+  g->add_option("BASE", base_path, "baseline run (JSON)")->required();
+  g->add_option("NEW", new_path, "new run (JSON)")->required();
+  g->add_option("--max-slowdown", max_slowdown, "PCT: the largest slowdown that passes, in percent")->required();
+  g->add_option("--alpha", alpha, "significance level of the U test when both runs have repetitions (default 0.05)");
+  g->add_option("--format", format, "console, md, csv or json");
+
+  auto* e = app.add_subcommand("export", "write a run for a CI tracker");
+  e->add_option("RUN", run_path, "run (JSON)")->required();
+  e->add_option("--format", tracker, "github-action-benchmark (customSmallerIsBetter) or bencher (BMF)")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& h) {
+    return app.exit(h);
+  } catch (const CLI::CallForAllHelp& h) {
+    return app.exit(h);
+  } catch (const CLI::ParseError& err) {
+    std::cerr << "hotops-compare: " << err.what() << " (see hotops-compare --help)\n";
+    return kUsage;
+  }
+
+  try {
+    if (!(alpha > 0 && alpha < 1)) throw InputError("--alpha must be in (0, 1)");
+    if (e->parsed()) {
+      const Tracker t = parse_tracker(tracker);
+      const Run run = read_run(run_path);
+      const int left_out = export_run(std::cout, run, t);
+      if (left_out) warn(std::to_string(left_out) + " failed entries left out of the export (no time)");
+      return 0;
+    }
+    Style style;
+    style.format = parse_format(format);
+    style.colour = style.format == Format::console && terminal_colour();
+    style.alpha = alpha;
+    const Prices prices = cost.empty() ? Prices{} : parse_prices(cost);
+
+    if (d->parsed()) {
+      const Run base = read_run(base_path), next = read_run(new_path);
+      const Diff result = diff(base, next, prices);
+      for (const auto& w : result.warnings) warn(w);
+      print_diff(std::cout, result, base, next, style);
+      return 0;
+    }
+    if (s->parsed()) {
+      const Run cpu_run = read_run(run_path);
+      const Run cuda_run = other_path.empty() ? Run{} : read_run(other_path);
+      const Speedup result = speedup(cpu_run, other_path.empty() ? cpu_run : cuda_run, prices);
+      for (const auto& w : result.warnings) warn(w);
+      if (result.pairs == 0)
+        throw InputError("no problem is measured on both backends (" + std::to_string(result.cpu_only) + " only on cpu, " +
+                         std::to_string(result.cuda_only) + " only on cuda)");
+      print_speedup(std::cout, result, style);
+      return 0;
+    }
+    if (g->parsed()) {
+      if (!(max_slowdown >= 0)) throw InputError("--max-slowdown must be a percentage >= 0");
+      const Run base = read_run(base_path), next = read_run(new_path);
+      if (std::none_of(base.entries.begin(), base.entries.end(), [](const Entry& x) { return x.has_time(); }))
+        throw InputError(base_path + ": no benchmark with a time: nothing to gate against");
+      GateOptions o;
+      o.max_slowdown_pct = max_slowdown;
+      o.alpha = alpha;
+      const Gate result = gate(base, next, o);
+      for (const auto& w : result.diff.warnings) warn(w);
+      print_gate(std::cout, result, o, style);
+      return result.passed() ? 0 : 1;
+    }
+  } catch (const InputError& err) {
+    std::cerr << "hotops-compare: " << err.what() << '\n';
+    return kUsage;
+  }
+  return kUsage;
+}

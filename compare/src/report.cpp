@@ -1,0 +1,500 @@
+// Rendering of diffs, speed-ups and gates as tables (console, Markdown, CSV) or JSON, and the
+// tracker exports. Every figure comes from analysis.h; nothing is computed here but formatting.
+#include "compare/src/report.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace hotops::compare {
+namespace {
+
+using nlohmann::json;
+
+enum Colour { plain, green, red, yellow };
+
+struct Table {
+  std::vector<std::string> head;
+  std::vector<bool> right;  // right-aligned columns (numbers)
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::vector<Colour>> colours;
+  void add(std::vector<std::string> cells, std::vector<Colour> c = {}) {
+    c.resize(cells.size(), plain);
+    rows.push_back(std::move(cells));
+    colours.push_back(std::move(c));
+  }
+};
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string percent(double ratio) { return std::isfinite(ratio) ? fmt("%+.1f%%", (ratio - 1) * 100) : "inf"; }
+std::string times(double ratio) { return std::isfinite(ratio) ? fmt("%.3gx", ratio) : "inf"; }
+std::string ratio3(double ratio) { return std::isfinite(ratio) ? fmt("%.3fx", ratio) : "inf"; }
+std::string usd(const std::optional<double>& v) { return v ? fmt("%.4g", *v) : "-"; }
+
+const char* ansi(Colour c) {
+  switch (c) {
+    case green: return "\033[32m";
+    case red: return "\033[31m";
+    case yellow: return "\033[33m";
+    case plain: break;
+  }
+  return "";
+}
+
+void render_console(std::ostream& out, const Table& t, bool colour) {
+  std::vector<std::size_t> w(t.head.size(), 0);
+  for (std::size_t i = 0; i < t.head.size(); ++i) w[i] = t.head[i].size();
+  for (const auto& r : t.rows)
+    for (std::size_t i = 0; i < r.size() && i < w.size(); ++i) w[i] = std::max(w[i], r[i].size());
+  const auto line = [&](const std::vector<std::string>& cells, const std::vector<Colour>* cs) {
+    for (std::size_t i = 0; i < cells.size(); ++i) {
+      const std::string pad(w[i] - cells[i].size(), ' ');
+      const bool right = i < t.right.size() && t.right[i];
+      const Colour c = cs ? (*cs)[i] : plain;
+      if (i) out << "  ";
+      if (right) out << pad;
+      if (colour && c != plain) out << ansi(c) << cells[i] << "\033[0m";
+      else out << cells[i];
+      if (!right && i + 1 < cells.size()) out << pad;
+    }
+    out << '\n';
+  };
+  line(t.head, nullptr);
+  std::size_t total = 0;
+  for (std::size_t x : w) total += x + 2;
+  out << std::string(total > 2 ? total - 2 : 0, '-') << '\n';
+  for (std::size_t r = 0; r < t.rows.size(); ++r) line(t.rows[r], &t.colours[r]);
+}
+
+std::string md_cell(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '|') o += "\\|";
+    else if (c == '\n') o += ' ';
+    else o += c;
+  }
+  return o;
+}
+
+void render_md(std::ostream& out, const Table& t) {
+  out << '|';
+  for (const auto& h : t.head) out << ' ' << md_cell(h) << " |";
+  out << "\n|";
+  for (std::size_t i = 0; i < t.head.size(); ++i) out << (i < t.right.size() && t.right[i] ? "---:|" : "---|");
+  out << '\n';
+  for (const auto& r : t.rows) {
+    out << '|';
+    for (const auto& c : r) out << ' ' << md_cell(c) << " |";
+    out << '\n';
+  }
+}
+
+std::string csv_cell(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string o = "\"";
+  for (char c : s) o += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return o + "\"";
+}
+
+void render_csv_line(std::ostream& out, const std::vector<std::string>& cells) {
+  for (std::size_t i = 0; i < cells.size(); ++i) out << (i ? "," : "") << csv_cell(cells[i]);
+  out << '\n';
+}
+
+std::string num(double v) {
+  if (!std::isfinite(v)) return "";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+std::string num(const std::optional<double>& v) { return v ? num(*v) : ""; }
+
+json jnum(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+json jnum(const std::optional<double>& v) { return v ? jnum(*v) : json(nullptr); }
+
+const char* counter_short(const std::string& c) {
+  if (c == "bytes_per_second") return "bytes/s";
+  if (c == "items_per_second") return "items/s";
+  return c.c_str();
+}
+
+json entry_json(const Entry* e) {
+  if (!e) return nullptr;
+  json j;
+  j["time_ns"] = jnum(e->time_ns());
+  j["repetitions"] = e->samples_ns.size();
+  if (e->error) j["error"] = e->message;
+  if (e->skipped) j["skipped"] = e->message;
+  if (!e->label.empty()) j["label"] = e->label;
+  json c = json::object();
+  for (const auto& [k, v] : e->counters) c[k] = jnum(v);
+  j["counters"] = c;
+  return j;
+}
+
+// The counters a diff shows: those present in at least one compared row, in a fixed order.
+std::vector<std::string> shown_counters(const Diff& d) {
+  std::vector<std::string> out;
+  for (const std::string& c : rate_counters())
+    if (std::any_of(d.rows.begin(), d.rows.end(), [&c](const DiffRow& r) { return r.counter_ratio.count(c) > 0; }))
+      out.push_back(c);
+  return out;
+}
+
+std::string row_message(const DiffRow& r) {
+  const Entry* failed = r.status == DiffStatus::error_base ? r.base : r.next;
+  if (r.status == DiffStatus::error_both) failed = r.next;
+  if ((r.status == DiffStatus::error_base || r.status == DiffStatus::error_new || r.status == DiffStatus::error_both) && failed)
+    return std::string(failed->skipped ? "skipped: " : "") + (failed->message.empty() ? "no message" : failed->message);
+  return "";
+}
+
+}  // namespace
+
+std::string format_time(double ns) {
+  if (!std::isfinite(ns)) return "-";
+  if (ns < 1e3) return fmt("%.3g ns", ns);
+  if (ns < 1e6) return fmt("%.3g us", ns / 1e3);
+  if (ns < 1e9) return fmt("%.3g ms", ns / 1e6);
+  return fmt("%.3g s", ns / 1e9);
+}
+
+Format parse_format(const std::string& s) {
+  if (s == "console") return Format::console;
+  if (s == "md") return Format::md;
+  if (s == "csv") return Format::csv;
+  if (s == "json") return Format::json;
+  throw InputError("--format: \"" + s + "\" is not one of console, md, csv, json");
+}
+
+Tracker parse_tracker(const std::string& s) {
+  if (s == "github-action-benchmark") return Tracker::github_action_benchmark;
+  if (s == "bencher") return Tracker::bencher;
+  throw InputError("--format: \"" + s + "\" is not one of github-action-benchmark, bencher");
+}
+
+void print_diff(std::ostream& out, const Diff& d, const Run& base, const Run& next, const Style& s) {
+  const bool costs = std::any_of(d.rows.begin(), d.rows.end(), [](const DiffRow& r) { return r.base_cost || r.new_cost; });
+  const auto counters = shown_counters(d);
+  if (s.format == Format::json) {
+    json j;
+    j["base"] = {{"file", base.source}, {"context", base.context}};
+    j["new"] = {{"file", next.source}, {"context", next.context}};
+    j["alpha"] = s.alpha;
+    j["geomean_time_ratio"] = jnum(d.geomean_ratio);
+    j["compared"] = d.compared;
+    j["warnings"] = d.warnings;
+    json rows = json::array();
+    for (const DiffRow& r : d.rows) {
+      json x;
+      x["name"] = r.name;
+      x["status"] = status_name(r.status);
+      x["base"] = entry_json(r.base);
+      x["new"] = entry_json(r.next);
+      if (r.status == DiffStatus::both) {
+        x["time_ratio"] = jnum(r.ratio);
+        json cr = json::object();
+        for (const auto& [k, v] : r.counter_ratio) cr[k] = jnum(v);
+        x["counter_ratios"] = cr;
+        if (r.utest) x["utest"] = {{"u", r.utest->u}, {"p_value", r.utest->p}, {"exact", r.utest->exact},
+                                    {"significant", r.utest->p < s.alpha}};
+        else x["utest"] = nullptr;
+      }
+      if (costs) x["usd_per_million_items"] = {{"base", jnum(r.base_cost)}, {"new", jnum(r.new_cost)}};
+      rows.push_back(x);
+    }
+    j["entries"] = rows;
+    out << j.dump(2) << '\n';
+    return;
+  }
+
+  Table t;
+  t.head = {"benchmark", "base", "new", "change", "p"};
+  for (const auto& c : counters) t.head.push_back(std::string(counter_short(c)) + " new/base");
+  if (costs) {
+    t.head.push_back("base USD/M items");
+    t.head.push_back("new USD/M items");
+  }
+  t.head.push_back("status");
+  t.right.assign(t.head.size(), true);
+  t.right.front() = false;
+  t.right.back() = false;
+  for (const DiffRow& r : d.rows) {
+    std::vector<std::string> c{r.name};
+    std::vector<Colour> col{plain};
+    if (r.status == DiffStatus::both) {
+      c.push_back(format_time(r.base_ns));
+      c.push_back(format_time(r.new_ns));
+      c.push_back(percent(r.ratio));
+      c.push_back(r.utest ? fmt("%.3g", r.utest->p) + (r.utest->p < s.alpha ? " *" : "") : "-");
+      const bool significant = !r.utest || r.utest->p < s.alpha;
+      const Colour change = !significant ? plain : r.ratio > 1.05 ? red : r.ratio < 0.95 ? green : plain;
+      col.insert(col.end(), {plain, plain, change, plain});
+    } else {
+      c.push_back(r.base && r.base->has_time() ? format_time(r.base->time_ns()) : "-");
+      c.push_back(r.next && r.next->has_time() ? format_time(r.next->time_ns()) : "-");
+      c.push_back("-");
+      c.push_back("-");
+      col.insert(col.end(), {plain, plain, plain, plain});
+    }
+    for (const auto& k : counters) {
+      const auto it = r.counter_ratio.find(k);
+      c.push_back(it == r.counter_ratio.end() ? "-" : ratio3(it->second));
+      col.push_back(plain);
+    }
+    if (costs) {
+      c.push_back(usd(r.base_cost));
+      c.push_back(usd(r.new_cost));
+      col.insert(col.end(), {plain, plain});
+    }
+    const std::string msg = row_message(r);
+    c.push_back(std::string(status_name(r.status)) + (msg.empty() ? "" : ": " + msg));
+    col.push_back(r.status == DiffStatus::both ? plain : yellow);
+    t.add(c, col);
+  }
+  const std::string geo = std::isfinite(d.geomean_ratio)
+                              ? "geometric mean of time ratios (new/base) over " + std::to_string(d.compared) +
+                                    " entries: " + fmt("%.4f", d.geomean_ratio) + " (" + percent(d.geomean_ratio) + ")"
+                              : "no entry has a time in both runs";
+  if (s.format == Format::csv) {
+    std::vector<std::string> head{"name", "status", "base_ns", "new_ns", "time_ratio", "p_value", "exact"};
+    for (const auto& k : counters) head.push_back(k + " ratio");
+    if (costs) head.insert(head.end(), {"base_usd_per_million_items", "new_usd_per_million_items"});
+    head.push_back("message");
+    render_csv_line(out, head);
+    for (const DiffRow& r : d.rows) {
+      std::vector<std::string> c{r.name, status_name(r.status)};
+      const bool both = r.status == DiffStatus::both;
+      c.push_back(r.base && r.base->has_time() ? num(r.base->time_ns()) : "");
+      c.push_back(r.next && r.next->has_time() ? num(r.next->time_ns()) : "");
+      c.push_back(both ? num(r.ratio) : "");
+      c.push_back(r.utest ? num(r.utest->p) : "");
+      c.push_back(r.utest ? (r.utest->exact ? "1" : "0") : "");
+      for (const auto& k : counters) {
+        const auto it = r.counter_ratio.find(k);
+        c.push_back(it == r.counter_ratio.end() ? "" : num(it->second));
+      }
+      if (costs) {
+        c.push_back(num(r.base_cost));
+        c.push_back(num(r.new_cost));
+      }
+      c.push_back(row_message(r));
+      render_csv_line(out, c);
+    }
+    render_csv_line(out, {"geomean", "", "", "", num(d.geomean_ratio), "", ""});
+    return;
+  }
+  if (s.format == Format::md) {
+    out << "### hotops-compare diff: `" << md_cell(base.source) << "` -> `" << md_cell(next.source) << "`\n\n";
+    for (const auto& w : d.warnings) out << "> **warning:** " << md_cell(w) << "\n\n";
+    render_md(out, t);
+    out << "\n" << geo << "; p: two-sided Mann-Whitney U over repetitions, `*` below " << fmt("%g", s.alpha) << ".\n";
+    return;
+  }
+  render_console(out, t, s.colour);
+  out << geo << '\n';
+}
+
+void print_speedup(std::ostream& out, const Speedup& sp, const Style& s) {
+  const auto batch_head = [](long long b) { return b ? "batch:" + std::to_string(b) : std::string("(no batch)"); };
+  const auto crossover = [](const SpeedupRow& r) -> std::string {
+    if (r.cells.size() == 1 && r.cells[0].batch == 0) return "-";
+    if (!r.crossover) return "none";
+    return (r.crossover_at_smallest ? "<=" : "") + std::to_string(*r.crossover);
+  };
+  bool costs = false;
+  for (const auto& g : sp.groups)
+    for (const auto& r : g.rows)
+      for (const auto& c : r.cells) costs |= c.cpu_cost || c.cuda_cost;
+
+  if (s.format == Format::json) {
+    json j;
+    j["pairs"] = sp.pairs;
+    j["cpu_only"] = sp.cpu_only;
+    j["cuda_only"] = sp.cuda_only;
+    j["warnings"] = sp.warnings;
+    json groups = json::array();
+    for (const auto& g : sp.groups) {
+      json rows = json::array();
+      for (const auto& r : g.rows) {
+        json cells = json::array();
+        for (const auto& c : r.cells) {
+          json x{{"batch", c.batch ? json(c.batch) : json(nullptr)}, {"problem", c.problem},
+                 {"cpu_name", c.cpu->name.full}, {"cuda_name", c.cuda->name.full},
+                 {"cpu_time_ns", jnum(c.cpu->time_ns())}, {"cuda_time_ns", jnum(c.cuda->time_ns())},
+                 {"speedup", jnum(c.speedup)}};
+          if (costs) x["usd_per_million_items"] = {{"cpu", jnum(c.cpu_cost)}, {"cuda", jnum(c.cuda_cost)}};
+          cells.push_back(x);
+        }
+        rows.push_back({{"variant", r.variant}, {"cells", cells},
+                        {"crossover_batch", r.crossover ? json(*r.crossover) : json(nullptr)},
+                        {"crossover_at_smallest_batch", r.crossover_at_smallest}});
+      }
+      groups.push_back({{"op", g.op}, {"rows", rows}});
+    }
+    j["groups"] = groups;
+    out << j.dump(2) << '\n';
+    return;
+  }
+  if (s.format == Format::csv) {
+    std::vector<std::string> head{"op", "variant", "batch", "problem", "cpu_ns", "cuda_ns", "speedup", "crossover_batch"};
+    if (costs) head.insert(head.end(), {"cpu_usd_per_million_items", "cuda_usd_per_million_items"});
+    render_csv_line(out, head);
+    for (const auto& g : sp.groups)
+      for (const auto& r : g.rows)
+        for (const auto& c : r.cells) {
+          std::vector<std::string> row{g.op, r.variant, c.batch ? std::to_string(c.batch) : "", c.problem,
+                                       num(c.cpu->time_ns()), num(c.cuda->time_ns()), num(c.speedup),
+                                       r.crossover ? std::to_string(*r.crossover) : ""};
+          if (costs) {
+            row.push_back(num(c.cpu_cost));
+            row.push_back(num(c.cuda_cost));
+          }
+          render_csv_line(out, row);
+        }
+    return;
+  }
+  if (s.format == Format::md)
+    out << "### hotops-compare speedup: CPU time / GPU time (above 1: the GPU is faster)\n\n";
+  else
+    out << "speed-up = CPU time / GPU time (above 1: the GPU is faster); crossover = smallest batch from which the "
+           "GPU stays faster\n";
+  for (const auto& w : sp.warnings) out << (s.format == Format::md ? "> **warning:** " : "warning: ") << w << "\n";
+  for (const auto& g : sp.groups) {
+    Table t;
+    t.head = {"variant"};
+    for (long long b : g.batches) t.head.push_back(batch_head(b));
+    t.head.push_back("crossover");
+    t.right.assign(t.head.size(), true);
+    t.right.front() = false;
+    for (const auto& r : g.rows) {
+      std::vector<std::string> c{r.variant};
+      std::vector<Colour> col{plain};
+      for (long long b : g.batches) {
+        const auto it = std::find_if(r.cells.begin(), r.cells.end(), [b](const SpeedupCell& x) { return x.batch == b; });
+        c.push_back(it == r.cells.end() ? "" : times(it->speedup));
+        col.push_back(it == r.cells.end() ? plain : it->speedup > 1 ? green : red);
+      }
+      c.push_back(crossover(r));
+      col.push_back(plain);
+      t.add(c, col);
+    }
+    if (s.format == Format::md) {
+      out << "\n#### " << g.op << "\n\n";
+      render_md(out, t);
+    } else {
+      out << "\n" << g.op << "\n";
+      render_console(out, t, s.colour);
+    }
+  }
+  if (costs) {
+    Table t;
+    t.head = {"problem", "CPU USD/M items", "GPU USD/M items", "cheaper"};
+    t.right = {false, true, true, false};
+    for (const auto& g : sp.groups)
+      for (const auto& r : g.rows)
+        for (const auto& c : r.cells) {
+          std::string cheaper = "-";
+          if (c.cpu_cost && c.cuda_cost) cheaper = *c.cpu_cost < *c.cuda_cost ? "cpu" : *c.cuda_cost < *c.cpu_cost ? "cuda" : "same";
+          t.add({c.problem, usd(c.cpu_cost), usd(c.cuda_cost), cheaper});
+        }
+    if (s.format == Format::md) {
+      out << "\n#### cost per million items\n\n";
+      render_md(out, t);
+    } else {
+      out << "\ncost per million items (USD)\n";
+      render_console(out, t, s.colour);
+    }
+  }
+  out << (s.format == Format::md ? "\n" : "\n") << sp.pairs << " problems on both backends; " << sp.cpu_only
+      << " only on cpu, " << sp.cuda_only << " only on cuda\n";
+}
+
+void print_gate(std::ostream& out, const Gate& g, const GateOptions& o, const Style& s) {
+  if (s.format == Format::json) {
+    json j;
+    j["passed"] = g.passed();
+    j["max_slowdown_pct"] = o.max_slowdown_pct;
+    j["alpha"] = o.alpha;
+    j["compared"] = g.diff.compared;
+    j["geomean_time_ratio"] = jnum(g.diff.geomean_ratio);
+    json f = json::array();
+    for (const auto& x : g.failures) f.push_back({{"name", x.name}, {"reason", x.reason}});
+    j["failures"] = f;
+    j["notes"] = g.notes;
+    j["warnings"] = g.diff.warnings;
+    out << j.dump(2) << '\n';
+    return;
+  }
+  if (s.format == Format::csv) {
+    render_csv_line(out, {"name", "result", "reason"});
+    for (const auto& x : g.failures) render_csv_line(out, {x.name, "fail", x.reason});
+    return;
+  }
+  const bool md = s.format == Format::md;
+  const std::string verdict = g.passed() ? "passed" : "FAILED";
+  const std::string summary = "gate " + verdict + ": " + std::to_string(g.failures.size()) + " failing of " +
+                              std::to_string(g.diff.rows.size()) + " entries (" + std::to_string(g.diff.compared) +
+                              " compared; threshold " + fmt("%g", o.max_slowdown_pct) + "% slower, alpha " +
+                              fmt("%g", o.alpha) + "; geometric mean of time ratios " + fmt("%.4f", g.diff.geomean_ratio) + ")";
+  if (md) out << "### hotops-compare gate: " << (g.passed() ? "passed" : "**FAILED**") << "\n\n";
+  for (const auto& x : g.failures) {
+    if (md) out << "- :x: `" << md_cell(x.name) << "`: " << md_cell(x.reason) << '\n';
+    else out << (s.colour ? "\033[31mFAIL\033[0m " : "FAIL ") << x.name << ": " << x.reason << '\n';
+  }
+  for (const auto& n : g.notes) out << (md ? "- note: " : "note: ") << (md ? md_cell(n) : n) << '\n';
+  out << (md ? "\n" : "") << summary << '\n';
+}
+
+int export_run(std::ostream& out, const Run& run, Tracker t) {
+  int left_out = 0;
+  if (t == Tracker::github_action_benchmark) {
+    json list = json::array();
+    for (const Entry& e : run.entries) {
+      if (!e.has_time()) {
+        ++left_out;
+        continue;
+      }
+      json x{{"name", e.name.full}, {"unit", "ns"}, {"value", e.time_ns()}};
+      if (e.samples_ns.size() >= 2) {
+        const auto [lo, hi] = std::minmax_element(e.samples_ns.begin(), e.samples_ns.end());
+        x["range"] = fmt("%.6g", *lo) + " .. " + fmt("%.6g", *hi) + " ns";
+      }
+      std::string extra = std::to_string(std::max<std::size_t>(1, e.samples_ns.size())) + " repetitions (median)";
+      for (const std::string& c : rate_counters())
+        if (const auto v = e.counter(c)) extra += "\n" + c + ": " + fmt("%.6g", *v);
+      if (!e.label.empty()) extra += "\n" + e.label;
+      x["extra"] = extra;
+      list.push_back(x);
+    }
+    out << list.dump(2) << '\n';
+    return left_out;
+  }
+  json bmf = json::object();
+  for (const Entry& e : run.entries) {
+    if (!e.has_time()) {
+      ++left_out;
+      continue;
+    }
+    json latency{{"value", e.time_ns()}};
+    if (e.samples_ns.size() >= 2) {
+      const auto [lo, hi] = std::minmax_element(e.samples_ns.begin(), e.samples_ns.end());
+      latency["lower_value"] = *lo;
+      latency["upper_value"] = *hi;
+    }
+    json measures{{"latency", latency}};
+    if (const auto items = e.counter("items_per_second")) measures["throughput"] = {{"value", *items}};
+    bmf[e.name.full] = measures;
+  }
+  out << bmf.dump(2) << '\n';
+  return left_out;
+}
+
+}  // namespace hotops::compare

@@ -1,0 +1,33 @@
+// Output of hotops-compare: console tables (colour only on a terminal), Markdown, CSV, JSON, and
+// the exports for CI trackers (github-action-benchmark's customSmallerIsBetter, Bencher's BMF).
+#pragma once
+#include <ostream>
+#include <string>
+
+#include "compare/src/analysis.h"
+
+namespace hotops::compare {
+
+enum class Format { console, md, csv, json };
+Format parse_format(const std::string& s);  // throws InputError
+
+struct Style {
+  Format format = Format::console;
+  bool colour = false;  // ANSI colours in console tables
+  double alpha = 0.05;  // p below this is marked significant
+};
+
+void print_diff(std::ostream& out, const Diff& d, const Run& base, const Run& next, const Style& s);
+void print_speedup(std::ostream& out, const Speedup& sp, const Style& s);
+void print_gate(std::ostream& out, const Gate& g, const GateOptions& o, const Style& s);
+
+enum class Tracker { github_action_benchmark, bencher };
+Tracker parse_tracker(const std::string& s);  // throws InputError
+// Writes the run's entries with a time in the tracker's JSON; returns how many failed entries
+// were left out (a tracker's value must be a time).
+int export_run(std::ostream& out, const Run& run, Tracker t);
+
+// "12.3 us": three significant digits in the largest unit that keeps the number >= 1.
+std::string format_time(double ns);
+
+}  // namespace hotops::compare

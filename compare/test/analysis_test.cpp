@@ -1,0 +1,244 @@
+// Diff, speed-up (grouping, crossover), cost and gate on the fixture runs, whose times were
+// chosen by make_fixtures.py so that every answer here is known.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <string>
+
+#include "compare/src/analysis.h"
+#include "compare/src/report.h"
+
+namespace hotops::compare {
+namespace {
+
+using RunData = Run;  // inside a TEST body, plain `Run` is gtest's Test::Run
+const std::string kFixtures = HOTOPS_COMPARE_FIXTURES;
+const std::string kSlow = "mm/cuda/f32/fwd/shape:bert.ffn_up/batch:32/M:4096/N:3072/K:768/manual_time";
+const std::string kConv = "conv2d/cuda/bf16/fwd/shape:resnet50.conv1/batch:32/C:3/H:224/W:224/K:64/R:7/S:7/stride:2/"
+                          "pad:3/dilation:1/bias:0/layout:nchw/manual_time";
+
+RunData fixture(const std::string& name) { return read_run(kFixtures + "/" + name); }
+
+const DiffRow& row(const Diff& d, const std::string& name) {
+  const auto it = std::find_if(d.rows.begin(), d.rows.end(), [&name](const DiffRow& r) { return r.name == name; });
+  if (it == d.rows.end()) throw std::runtime_error("no row " + name);
+  return *it;
+}
+
+TEST(Diff, RepeatedRunHasNoSignificantChange) {
+  const Diff d = diff(fixture("gb17_base.json"), fixture("gb17_repeat.json"));
+  EXPECT_EQ(d.compared, 25);
+  for (const DiffRow& r : d.rows) {
+    if (r.status != DiffStatus::both) continue;
+    ASSERT_TRUE(r.utest) << r.name;
+    EXPECT_TRUE(r.utest->exact);
+    EXPECT_GT(r.utest->p, 0.05) << r.name;
+    EXPECT_NEAR(r.ratio, 1.005, 1e-9) << "repeat jitter is +0.5% on the median";
+  }
+  EXPECT_NEAR(d.geomean_ratio, 1.005, 1e-9);
+  EXPECT_TRUE(d.warnings.empty()) << "same machine";
+}
+
+TEST(Diff, ListsEveryKindOfEntry) {
+  const Diff d = diff(fixture("gb17_base.json"), fixture("gb18_new.json"));
+  const DiffRow& slow = row(d, kSlow);
+  EXPECT_EQ(slow.status, DiffStatus::both);
+  EXPECT_NEAR(slow.ratio, 1.2 * 1.005, 1e-9);
+  ASSERT_TRUE(slow.utest);
+  EXPECT_NEAR(slow.utest->p, 2.0 / 252.0, 1e-12) << "every new repetition slower than every base one";
+  EXPECT_NEAR(slow.counter_ratio.at("FLOP/s"), 1 / (1.2 * 1.005), 0.01) << "the rate of the median repetition";
+  EXPECT_EQ(slow.counter_ratio.count("samples/s"), 0u) << "mm reports no samples/s";
+  EXPECT_EQ(row(d, "model.mlp_tiny/cpu/f32/train/batch:10/real_time").counter_ratio.count("samples/s"), 1u);
+  EXPECT_EQ(row(d, "gelu/cpu/f32/fwd/shape:bert.ffn/batch:32/dims:32x128x3072/approx:none/real_time").status,
+            DiffStatus::only_base);
+  EXPECT_EQ(row(d, "softmax/cpu/f32/fwd/shape:bert.attn/batch:32/rows:49152/cols:128/real_time").status, DiffStatus::only_new);
+  EXPECT_EQ(row(d, "copy/cuda/f32/fwd/kind:memcpy/bytes:1073741824/manual_time").status, DiffStatus::error_new);
+  EXPECT_EQ(row(d, kConv).status, DiffStatus::error_both);
+  EXPECT_EQ(d.rows.size(), 27u) << "26 of base (one failed in both) + 1 only in new: nothing dropped";
+  // Geometric mean over the 23 compared: 21 at 1.005, one at 1.2 x 1.005, one at 0.9 x 1.005.
+  EXPECT_NEAR(d.geomean_ratio, 1.005 * std::pow(1.2 * 0.9, 1.0 / 23), 1e-9);
+}
+
+TEST(Diff, WarnsAboutDifferentMachines) {
+  const Diff d = diff(fixture("gb18_cpu_machine.json"), fixture("gb17_gpu_machine.json"));
+  ASSERT_EQ(d.warnings.size(), 1u);
+  EXPECT_NE(d.warnings[0].find("different machines"), std::string::npos);
+  EXPECT_NE(d.warnings[0].find("cpu_model"), std::string::npos);
+}
+
+TEST(Diff, SingleRepetitionsHaveNoTest) {
+  const RunData a = fixture("gb17_gpu_machine.json");
+  const Diff d = diff(a, a);
+  for (const DiffRow& r : d.rows) EXPECT_FALSE(r.utest) << r.name;
+}
+
+TEST(Cost, PerMillionItems) {
+  const Prices p = parse_prices("cpu=3.6,cuda=7.2");
+  EXPECT_DOUBLE_EQ(p.at("cpu"), 3.6);
+  const RunData r = fixture("gb17_base.json");
+  // mm at batch 8 on CUDA: 8 items per 60 us = 133333 items/s; 7.2 USD/h = 0.002 USD/s;
+  // 1e6 items take 7.5 s: 0.015 USD.
+  const Entry* e = r.find("mm/cuda/f32/fwd/shape:bert.ffn_up/batch:8/M:1024/N:3072/K:768/manual_time");
+  ASSERT_NE(e, nullptr);
+  EXPECT_NEAR(*cost_per_million(*e, p), 0.015, 1e-9);
+  EXPECT_FALSE(cost_per_million(*e, parse_prices("cpu=1")));
+  EXPECT_THROW(parse_prices("gpu=1"), InputError);
+  EXPECT_THROW(parse_prices("cpu=abc"), InputError);
+  EXPECT_THROW(parse_prices("cpu=-1"), InputError);
+  EXPECT_THROW(parse_prices(""), InputError);
+}
+
+const SpeedupGroup& group(const Speedup& s, const std::string& op) {
+  const auto it = std::find_if(s.groups.begin(), s.groups.end(), [&op](const SpeedupGroup& g) { return g.op == op; });
+  if (it == s.groups.end()) throw std::runtime_error("no group " + op);
+  return *it;
+}
+
+const SpeedupRow& variant(const SpeedupGroup& g, const std::string& v) {
+  const auto it = std::find_if(g.rows.begin(), g.rows.end(), [&v](const SpeedupRow& r) { return r.variant == v; });
+  if (it == g.rows.end()) throw std::runtime_error("no row " + v);
+  return *it;
+}
+
+TEST(Speedup, OneRunWithBothBackends) {
+  const RunData r = fixture("gb17_base.json");
+  const Speedup s = speedup(r, r);
+  EXPECT_EQ(s.pairs, 12);
+  EXPECT_EQ(s.cpu_only, 1) << "gelu";
+  EXPECT_EQ(s.cuda_only, 0) << "the failed conv2d has no time";
+
+  // M follows the batch (M = 128 x batch): one row spans batches 1, 8 and 32.
+  const SpeedupGroup& mm = group(s, "mm");
+  ASSERT_EQ(mm.rows.size(), 1u);
+  const SpeedupRow& ffn = mm.rows[0];
+  EXPECT_EQ(ffn.variant, "f32/fwd/shape:bert.ffn_up/M:batch*128/N:3072/K:768");
+  ASSERT_EQ(ffn.cells.size(), 3u);
+  EXPECT_NEAR(ffn.cells[0].speedup, 400.0 / 500.0, 1e-9);
+  EXPECT_NEAR(ffn.cells[1].speedup, 3000.0 / 60.0, 1e-9);
+  EXPECT_EQ(ffn.crossover, 8);
+  EXPECT_FALSE(ffn.crossover_at_smallest);
+
+  // The GPU wins at 64, loses at 256, wins from 1024 on: the crossover is 1024, not 64.
+  const SpeedupGroup& mlp = group(s, "model.mlp_tiny");
+  EXPECT_EQ(mlp.batches, (std::vector<long long>{10, 64, 256, 1024, 4096}));
+  const SpeedupRow& train = variant(mlp, "f32/train");
+  EXPECT_EQ(train.crossover, 1024);
+  // The GPU never wins at the largest batch: no crossover.
+  EXPECT_FALSE(variant(mlp, "f32/infer").crossover);
+
+  // No batch axis: one cell, no crossover.
+  const SpeedupRow& copy = group(s, "copy").rows.at(0);
+  ASSERT_EQ(copy.cells.size(), 1u);
+  EXPECT_EQ(copy.cells[0].batch, 0);
+  EXPECT_NEAR(copy.cells[0].speedup, 25000.0 / 400.0, 1e-9);
+  EXPECT_FALSE(copy.crossover);
+}
+
+TEST(Speedup, CpuMachineAndGpuMachine) {
+  const RunData cpu = fixture("gb18_cpu_machine.json"), gpu = fixture("gb17_gpu_machine.json");
+  const Speedup s = speedup(cpu, gpu);
+  EXPECT_EQ(s.pairs, 12);
+  EXPECT_TRUE(s.warnings.empty());
+  EXPECT_EQ(variant(group(s, "model.mlp_tiny"), "f32/train").crossover, 1024);
+  // The other way round there is nothing to pair: each file holds one backend.
+  const Speedup wrong = speedup(gpu, cpu);
+  EXPECT_EQ(wrong.pairs, 0);
+  EXPECT_EQ(wrong.warnings.size(), 2u);
+}
+
+TEST(Speedup, WinsAtTheSmallestBatch) {
+  const RunData r = parse_run(R"({"benchmarks": [
+    {"name": "a/cpu/f32/fwd/batch:2/real_time", "real_time": 10, "time_unit": "us"},
+    {"name": "a/cuda/f32/fwd/batch:2/manual_time", "real_time": 5, "time_unit": "us"},
+    {"name": "a/cpu/f32/fwd/batch:4/real_time", "real_time": 20, "time_unit": "us"},
+    {"name": "a/cuda/f32/fwd/batch:4/manual_time", "real_time": 5, "time_unit": "us"}]})", "w.json");
+  const Speedup s = speedup(r, r);
+  const SpeedupRow& row = s.groups.at(0).rows.at(0);
+  EXPECT_EQ(row.crossover, 2);
+  EXPECT_TRUE(row.crossover_at_smallest);
+}
+
+TEST(Speedup, ArgsThatDoNotFollowTheBatchKeepRowsApart) {
+  // Two different layers, each at its own batch: C does not follow the batch (64 at 1, 256 at
+  // 32 is not a fixed multiple), so they are two rows, not one row over two batches.
+  const RunData r = parse_run(R"({"benchmarks": [
+    {"name": "c/cpu/f32/fwd/batch:1/C:64/real_time", "real_time": 10, "time_unit": "us"},
+    {"name": "c/cuda/f32/fwd/batch:1/C:64/manual_time", "real_time": 5, "time_unit": "us"},
+    {"name": "c/cpu/f32/fwd/batch:32/C:256/real_time", "real_time": 20, "time_unit": "us"},
+    {"name": "c/cuda/f32/fwd/batch:32/C:256/manual_time", "real_time": 5, "time_unit": "us"},
+    {"name": "g/cpu/f32/fwd/batch:16/dims:16x32x8/real_time", "real_time": 10, "time_unit": "us"},
+    {"name": "g/cuda/f32/fwd/batch:16/dims:16x32x8/manual_time", "real_time": 5, "time_unit": "us"},
+    {"name": "g/cpu/f32/fwd/batch:64/dims:64x32x8/real_time", "real_time": 10, "time_unit": "us"},
+    {"name": "g/cuda/f32/fwd/batch:64/dims:64x32x8/manual_time", "real_time": 5, "time_unit": "us"}]})", "l.json");
+  const Speedup s = speedup(r, r);
+  EXPECT_EQ(group(s, "c").rows.size(), 2u);
+  // A shape that holds the batch does follow it.
+  ASSERT_EQ(group(s, "g").rows.size(), 1u);
+  EXPECT_EQ(group(s, "g").rows[0].variant, "f32/fwd/dims:batchx32x8");
+}
+
+TEST(Speedup, CostOfEachSide) {
+  const RunData r = fixture("gb17_base.json");
+  const Speedup s = speedup(r, r, parse_prices("cpu=3.6,cuda=7.2"));
+  const SpeedupCell& c = group(s, "mm").rows[0].cells[1];  // batch 8
+  EXPECT_NEAR(*c.cuda_cost, 0.015, 1e-9);
+  // CPU: 8 items per 3000 us; 0.001 USD/s: 1e6 items take 375 s: 0.375 USD.
+  EXPECT_NEAR(*c.cpu_cost, 0.375, 1e-9);
+}
+
+TEST(Gate, PassesOnARepeatedRun) {
+  const Gate g = gate(fixture("gb17_base.json"), fixture("gb17_repeat.json"), {5, 0.05});
+  EXPECT_TRUE(g.passed());
+  ASSERT_EQ(g.notes.size(), 1u) << "the conv2d that fails in both runs is noted, not failed";
+  EXPECT_NE(g.notes[0].find("fails in both"), std::string::npos);
+}
+
+TEST(Gate, FailsOnAPlantedTwentyPercentSlowdown) {
+  const Gate g = gate(fixture("gb17_base.json"), fixture("gb17_slow20.json"), {5, 0.05});
+  ASSERT_EQ(g.failures.size(), 1u);
+  EXPECT_EQ(g.failures[0].name, kSlow);
+  EXPECT_NE(g.failures[0].reason.find("+20.6% slower"), std::string::npos) << g.failures[0].reason;
+  EXPECT_NE(g.failures[0].reason.find("p = 0.00794"), std::string::npos) << g.failures[0].reason;
+  // Above the threshold of the slowdown, the gate passes.
+  EXPECT_TRUE(gate(fixture("gb17_base.json"), fixture("gb17_slow20.json"), {25, 0.05}).passed());
+  // A stricter alpha than 5 repetitions can reach: failed on the threshold alone, and said so.
+  const Gate strict = gate(fixture("gb17_base.json"), fixture("gb17_slow20.json"), {5, 0.001});
+  ASSERT_EQ(strict.failures.size(), 1u);
+  EXPECT_NE(strict.failures[0].reason.find("cannot reach"), std::string::npos) << strict.failures[0].reason;
+}
+
+TEST(Gate, VanishedAndNowFailingEntriesFail) {
+  const Gate g = gate(fixture("gb17_base.json"), fixture("gb18_new.json"), {5, 0.05});
+  std::vector<std::string> names;
+  for (const auto& f : g.failures) names.push_back(f.name + " | " + f.reason);
+  ASSERT_EQ(g.failures.size(), 3u) << ::testing::PrintToString(names);
+  EXPECT_EQ(g.failures[0].name, kSlow);
+  EXPECT_NE(g.failures[1].reason.find("now fails"), std::string::npos);
+  EXPECT_NE(g.failures[2].reason.find("vanished"), std::string::npos);
+}
+
+TEST(Gate, SlowerButNotSignificantPasses) {
+  // 5 and 5 repetitions that interleave: 10% slower in the median, far from significant.
+  const RunData base = parse_run(R"({"benchmarks": [
+    {"name": "a", "real_time": 100, "time_unit": "ns"}, {"name": "a", "real_time": 130, "time_unit": "ns"},
+    {"name": "a", "real_time": 90, "time_unit": "ns"}, {"name": "a", "real_time": 120, "time_unit": "ns"},
+    {"name": "a", "real_time": 95, "time_unit": "ns"}]})", "b.json");
+  const RunData next = parse_run(R"({"benchmarks": [
+    {"name": "a", "real_time": 110, "time_unit": "ns"}, {"name": "a", "real_time": 80, "time_unit": "ns"},
+    {"name": "a", "real_time": 140, "time_unit": "ns"}, {"name": "a", "real_time": 105, "time_unit": "ns"},
+    {"name": "a", "real_time": 125, "time_unit": "ns"}]})", "n.json");
+  const Gate g = gate(base, next, {5, 0.05});
+  EXPECT_TRUE(g.passed()) << (g.failures.empty() ? "" : g.failures[0].reason);
+  ASSERT_EQ(g.notes.size(), 1u);
+  EXPECT_NE(g.notes[0].find("not significant"), std::string::npos);
+  // Single measurements: the threshold alone decides.
+  const RunData b1 = parse_run(R"({"benchmarks": [{"name": "a", "real_time": 100, "time_unit": "ns"}]})", "b1.json");
+  const RunData n1 = parse_run(R"({"benchmarks": [{"name": "a", "real_time": 106, "time_unit": "ns"}]})", "n1.json");
+  EXPECT_FALSE(gate(b1, n1, {5, 0.05}).passed());
+  EXPECT_TRUE(gate(b1, n1, {6.5, 0.05}).passed());
+}
+
+}  // namespace
+}  // namespace hotops::compare

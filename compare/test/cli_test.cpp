@@ -1,0 +1,279 @@
+// hotops-compare as a user runs it: exit codes, one-line errors, and every output format.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+namespace {
+
+const std::string kTool = HOTOPS_COMPARE_PATH;
+const std::string kFixtures = HOTOPS_COMPARE_FIXTURES;
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string temp(const std::string& name) { return testing::TempDir() + "/hc_" + std::to_string(::getpid()) + "_" + name; }
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+Result run(const std::string& args) {
+  const std::string out = temp("stdout"), err = temp("stderr");
+  const std::string cmd = kTool + " " + args + " >" + out + " 2>" + err;
+  const int status = std::system(cmd.c_str());
+  Result r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+std::string fx(const std::string& name) { return kFixtures + "/" + name; }
+
+int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+TEST(Cli, DiffConsoleWithoutColourWhenPiped) {
+  const Result r = run("diff " + fx("gb17_base.json") + " " + fx("gb18_new.json"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find('\033'), std::string::npos) << "no ANSI colour outside a terminal";
+  EXPECT_NE(r.out.find("geometric mean of time ratios (new/base) over 23 entries"), std::string::npos);
+  EXPECT_NE(r.out.find("only in base"), std::string::npos);
+  EXPECT_NE(r.out.find("only in new"), std::string::npos);
+  EXPECT_NE(r.out.find("error in new: skipped: no CUDA device"), std::string::npos);
+  EXPECT_NE(r.out.find("error in both: verification failed"), std::string::npos);
+  EXPECT_NE(r.out.find("0.00794 *"), std::string::npos) << "significant p marked";
+  EXPECT_TRUE(r.err.empty()) << r.err;
+}
+
+TEST(Cli, DiffFormats) {
+  const std::string args = "diff " + fx("gb17_base.json") + " " + fx("gb17_slow20.json");
+  const Result md = run(args + " --format=md");
+  ASSERT_EQ(md.code, 0);
+  EXPECT_NE(md.out.find("| benchmark | base | new | change | p |"), std::string::npos) << md.out;
+  EXPECT_NE(md.out.find("|---|---:|"), std::string::npos);
+
+  const Result csv = run(args + " --format=csv");
+  ASSERT_EQ(csv.code, 0);
+  EXPECT_EQ(csv.out.rfind("name,status,base_ns,new_ns,time_ratio,p_value,exact", 0), 0u) << csv.out;
+  EXPECT_EQ(lines(csv.out), 1 + 26 + 1) << "header, every entry, geomean";
+
+  const Result js = run(args + " --format=json");
+  ASSERT_EQ(js.code, 0);
+  const auto j = nlohmann::json::parse(js.out);
+  EXPECT_EQ(j["entries"].size(), 26u);
+  EXPECT_EQ(j["compared"], 25);
+  bool found = false;
+  for (const auto& e : j["entries"]) {
+    if (e["name"] != "mm/cuda/f32/fwd/shape:bert.ffn_up/batch:32/M:4096/N:3072/K:768/manual_time") continue;
+    found = true;
+    EXPECT_NEAR(e["time_ratio"].get<double>(), 1.2 * 1.005, 1e-9);
+    EXPECT_TRUE(e["utest"]["significant"].get<bool>());
+    EXPECT_TRUE(e["utest"]["exact"].get<bool>());
+    EXPECT_EQ(e["base"]["repetitions"], 5);
+  }
+  EXPECT_TRUE(found);
+}
+
+TEST(Cli, DiffOfTwoMachinesWarnsButSucceeds) {
+  const Result r = run("diff " + fx("gb18_cpu_machine.json") + " " + fx("gb17_gpu_machine.json"));
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("hotops-compare: warning: the runs come from different machines", 0), 0u) << r.err;
+}
+
+TEST(Cli, DiffWithCost) {
+  const Result r = run("diff " + fx("gb17_base.json") + " " + fx("gb17_repeat.json") + " --cost cpu=3.6,cuda=7.2 --format=json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["entries"][0].contains("usd_per_million_items"));
+}
+
+TEST(Cli, Speedup) {
+  const Result r = run("speedup " + fx("gb17_base.json"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("model.mlp_tiny"), std::string::npos);
+  EXPECT_NE(r.out.find("batch:1024"), std::string::npos);
+  EXPECT_NE(r.out.find("crossover"), std::string::npos);
+  EXPECT_NE(r.out.find("12 problems on both backends; 1 only on cpu, 0 only on cuda"), std::string::npos);
+
+  const Result two = run("speedup " + fx("gb18_cpu_machine.json") + " " + fx("gb17_gpu_machine.json") + " --format=json");
+  ASSERT_EQ(two.code, 0) << two.err;
+  const auto j = nlohmann::json::parse(two.out);
+  EXPECT_EQ(j["pairs"], 12);
+  int checked = 0;
+  for (const auto& g : j["groups"]) {
+    if (g["op"] != "model.mlp_tiny") continue;
+    for (const auto& row : g["rows"]) {
+      if (row["variant"] != "f32/train") continue;
+      EXPECT_EQ(row["crossover_batch"], 1024);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 1);
+
+  const Result csv = run("speedup " + fx("gb17_base.json") + " --format=csv --cost cpu=1,cuda=4");
+  ASSERT_EQ(csv.code, 0);
+  EXPECT_EQ(lines(csv.out), 1 + 12);
+  EXPECT_NE(csv.out.find("cpu_usd_per_million_items"), std::string::npos);
+
+  const Result md = run("speedup " + fx("gb17_base.json") + " --format=md --cost cpu=1,cuda=4");
+  ASSERT_EQ(md.code, 0);
+  EXPECT_NE(md.out.find("#### cost per million items"), std::string::npos);
+}
+
+TEST(Cli, SpeedupWithoutPairsIsAnError) {
+  const Result r = run("speedup " + fx("bench_gb171_cpu.json"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("no problem is measured on both backends"), std::string::npos);
+}
+
+TEST(Cli, GateExitCodes) {
+  const Result pass = run("gate " + fx("gb17_base.json") + " " + fx("gb17_repeat.json") + " --max-slowdown 5");
+  EXPECT_EQ(pass.code, 0) << pass.out;
+  EXPECT_NE(pass.out.find("gate passed"), std::string::npos);
+
+  const Result slow = run("gate " + fx("gb17_base.json") + " " + fx("gb17_slow20.json") + " --max-slowdown 5");
+  EXPECT_EQ(slow.code, 1);
+  EXPECT_NE(slow.out.find("FAIL mm/cuda/f32/fwd/shape:bert.ffn_up/batch:32"), std::string::npos) << slow.out;
+  EXPECT_NE(slow.out.find("gate FAILED: 1 failing"), std::string::npos);
+
+  const Result lenient = run("gate " + fx("gb17_base.json") + " " + fx("gb17_slow20.json") + " --max-slowdown 25");
+  EXPECT_EQ(lenient.code, 0);
+
+  const Result gone = run("gate " + fx("gb17_base.json") + " " + fx("gb18_new.json") + " --max-slowdown 5 --format=json");
+  EXPECT_EQ(gone.code, 1);
+  const auto j = nlohmann::json::parse(gone.out);
+  EXPECT_FALSE(j["passed"].get<bool>());
+  EXPECT_EQ(j["failures"].size(), 3u);
+
+  const Result md = run("gate " + fx("gb17_base.json") + " " + fx("gb18_new.json") + " --max-slowdown 5 --format=md");
+  EXPECT_EQ(md.code, 1);
+  EXPECT_NE(md.out.find("### hotops-compare gate: **FAILED**"), std::string::npos);
+}
+
+TEST(Cli, Exports) {
+  const Result gh = run("export " + fx("gb18_new.json") + " --format=github-action-benchmark");
+  ASSERT_EQ(gh.code, 0) << gh.err;
+  const auto a = nlohmann::json::parse(gh.out);
+  ASSERT_TRUE(a.is_array());
+  EXPECT_EQ(a.size(), 24u) << "every entry with a time; the skipped and the failed one left out";
+  for (const auto& e : a) {
+    EXPECT_TRUE(e["name"].is_string());
+    EXPECT_EQ(e["unit"], "ns");
+    EXPECT_TRUE(e["value"].is_number());
+  }
+  EXPECT_NE(gh.err.find("2 failed entries left out"), std::string::npos) << gh.err;
+
+  const Result bmf = run("export " + fx("gb17_base.json") + " --format=bencher");
+  ASSERT_EQ(bmf.code, 0);
+  const auto b = nlohmann::json::parse(bmf.out);
+  const auto& e = b["mm/cuda/f32/fwd/shape:bert.ffn_up/batch:8/M:1024/N:3072/K:768/manual_time"];
+  EXPECT_NEAR(e["latency"]["value"].get<double>(), 60e3, 1e-6);
+  EXPECT_NEAR(e["latency"]["lower_value"].get<double>(), 60e3 * 0.98, 1e-6);
+  EXPECT_NEAR(e["latency"]["upper_value"].get<double>(), 60e3 * 1.02, 1e-6);
+  EXPECT_NEAR(e["throughput"]["value"].get<double>(), 8 / 60e-6, 1e-3);
+}
+
+// Every error: exit 2 and one line on stderr, nothing on stdout.
+void expect_error(const std::string& args, const std::string& says) {
+  const Result r = run(args);
+  EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+  EXPECT_EQ(lines(r.err), 1) << args << "\n" << r.err;
+  EXPECT_NE(r.err.find(says), std::string::npos) << args << "\n" << r.err;
+  EXPECT_TRUE(r.out.empty()) << args << "\n" << r.out;
+}
+
+TEST(Cli, BadInputExitsTwoWithOneLine) {
+  const std::string not_json = temp("not.json"), not_gb = temp("notgb.json");
+  std::ofstream(not_json) << "Benchmark   Time   CPU   Iterations\n---\nBM_x  1 ns  1 ns  100\n";
+  std::ofstream(not_gb) << R"({"results": [{"name": "x", "value": 1}]})";
+  const std::string base = fx("gb17_base.json");
+  expect_error("diff " + base + " " + fx("missing.json"), "missing.json: cannot open");
+  expect_error("diff " + not_json + " " + base, "not JSON");
+  expect_error("diff " + not_gb + " " + base, "not Google Benchmark output");
+  expect_error("gate " + base + " " + not_json + " --max-slowdown 5", "not JSON");
+  expect_error("speedup " + not_gb, "not Google Benchmark output");
+  expect_error("export " + not_json + " --format=bencher", "not JSON");
+  expect_error("diff " + base + " " + base + " --format=xml", "--format");
+  expect_error("export " + base + " --format=md", "github-action-benchmark, bencher");
+  expect_error("speedup " + base + " --cost gpu=3", "--cost");
+  expect_error("gate " + base + " " + base, "--max-slowdown");
+  expect_error("gate " + base + " " + base + " --max-slowdown -3", "--max-slowdown");
+  expect_error("gate " + base + " " + base + " --max-slowdown 5 --alpha 2", "--alpha");
+  expect_error("gate " + base + " " + base + " --max-slowdown five", "--max-slowdown");
+  expect_error("frobnicate", "hotops-compare");
+  expect_error("", "subcommand");
+  std::remove(not_json.c_str());
+  std::remove(not_gb.c_str());
+}
+
+TEST(Cli, HelpExitsZero) {
+  const Result r = run("--help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("Exit codes"), std::string::npos);
+  EXPECT_NE(r.out.find("gate"), std::string::npos);
+}
+
+// The plots read the same JSON; matplotlib is optional, so without it the test says so and skips.
+TEST(Plot, SpeedupAndRooflinePngAndSvg) {
+  // Debian's python3-matplotlib belongs to /usr/bin/python3, which another python3 on PATH may hide.
+  std::string python;
+  for (const char* p : {"python3", "/usr/bin/python3"})
+    if (std::system((std::string(p) + " -c 'import matplotlib' >/dev/null 2>&1").c_str()) == 0) {
+      python = p;
+      break;
+    }
+  if (python.empty()) GTEST_SKIP() << "python3-matplotlib not installed (optional)";
+  const std::string dir = temp("plots");
+  const std::string cmd = python + " " + std::string(HOTOPS_COMPARE_PLOT) + " --tool " + kTool + " --out " + dir + " " +
+                          fx("gb17_base.json") + " >" + temp("plot.log") + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(temp("plot.log"));
+  for (const char* f : {"speedup_mm.png", "speedup_mm.svg", "speedup_model.mlp_tiny.png", "roofline_cuda.png",
+                        "roofline_cuda.svg", "roofline_cpu.png"}) {
+    std::ifstream in(dir + "/" + f, std::ios::binary);
+    EXPECT_TRUE(in.good()) << f << "\n" << slurp(temp("plot.log"));
+    in.seekg(0, std::ios::end);
+    EXPECT_GT(in.tellg(), 1000) << f;
+  }
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// bench's JSON stays readable by Google Benchmark's own compare.py (Debian: libbenchmark-tools,
+// which needs python3-scipy). Without it the test says so and skips.
+TEST(CompareDotPy, ReadsBenchJson) {
+  const std::string script = "/usr/share/benchmark/compare.py";
+  if (!std::ifstream(script).good()) GTEST_SKIP() << script << " not installed (libbenchmark-tools)";
+  std::string python;
+  for (const char* p : {"python3", "/usr/bin/python3"})
+    if (std::system((std::string(p) + " -c 'import scipy, numpy' >/dev/null 2>&1").c_str()) == 0) {
+      python = p;
+      break;
+    }
+  if (python.empty()) GTEST_SKIP() << "compare.py needs scipy and numpy";
+  const std::string log = temp("comparepy.log");
+  const std::string cmd = python + " " + script + " benchmarks " + fx("bench_gb171_cpu.json") + " " + fx("bench_gb171_cpu.json") +
+                          " >" + log + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(log);
+  const std::string out = slurp(log);
+  EXPECT_NE(out.find("model.mlp_tiny/cpu/f32/infer/batch:10/real_time_pvalue"), std::string::npos) << out;
+  EXPECT_NE(out.find("addmm/cpu/f32/fwd/shape:mlp_tiny.fc1/batch:4096/M:4096/N:32/K:13/real_time"), std::string::npos);
+}
+
+}  // namespace

@@ -1,0 +1,582 @@
+// model_cnn on the CPU: oneDNN primitives on NHWC activations (convolution forward / backward data /
+// backward weights with the weights in the formats the primitives pick, batch normalization with the
+// ReLU fused, max-pooling with its argmax workspace, matmul for the dense layers), all created at setup,
+// and OpenMP loops for dropout, ReLU backward, the loss, the small last layer and AdamW. A train step:
+//   weights   reorder every conv's W from the flat KRSC buffer into the primitives' formats
+//   conv i    z = conv(in) (no bias: batch norm removes it) -> BN (batch statistics) + ReLU -> a
+//             (vgg: a = ReLU(conv(in) + b), the ReLU a post-op) -> [max-pool -> p, dropout in place]
+//   dense 1   h = flat . W1 -> BN + ReLU (vgg: + b1, ReLU post-op) -> hr; hd = dropout(hr)
+//   dense 2   logits = hd . W2 + b2; loss, dlogits; dW2, db2, dhd (loops)
+//   backward  dropout, BN (+ ReLU through its workspace) or ReLU, matmuls for dW1 and dflat; per conv
+//             layer from the last: dropout, pool backward, BN backward (or ReLU), conv backward
+//             weights (reordered to KRSC into the flat gradients) and data
+//   AdamW     one flat pass; the running statistics updated from the batch statistics
+// infer folds each batch norm's running statistics into the conv or dense weights and bias before it
+// (at setup, as ONNX Runtime's graph optimizer does), so a conv layer is one primitive with the bias
+// and the ReLU fused, then the pool.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <unordered_map>
+
+#include "hotops/check.h"
+#include "hotops/cpu.h"
+#include "kernels/model_cnn/model_cnn.h"
+
+namespace hotops::model_cnn {
+namespace {
+
+using dnnl::memory;
+using dt = memory::data_type;
+using tag = memory::format_tag;
+using Args = std::unordered_map<int, memory>;
+
+class ThreadScope {
+ public:
+  explicit ThreadScope(int threads) : previous_(cpu::threads()), set_(threads > 0) {
+    if (set_) cpu::set_threads(threads);
+  }
+  ~ThreadScope() {
+    if (set_) cpu::set_threads(previous_);
+  }
+  ThreadScope(const ThreadScope&) = delete;
+  ThreadScope& operator=(const ThreadScope&) = delete;
+
+ private:
+  int previous_;
+  bool set_;
+};
+
+memory::desc nhwc(std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W) {
+  return memory::desc({N, C, H, W}, dt::f32, tag::nhwc);
+}
+memory::desc vec(std::int64_t n) { return memory::desc({n}, dt::f32, tag::x); }
+// A row-major [rows, cols] f32 operand, or the transpose of one stored [cols, rows].
+memory::desc mat(std::int64_t rows, std::int64_t cols, bool transposed = false) {
+  return transposed ? memory::desc({rows, cols}, dt::f32, memory::dims{1, rows})
+                    : memory::desc({rows, cols}, dt::f32, memory::dims{cols, 1});
+}
+
+struct Step {
+  dnnl::primitive prim;
+  Args args;
+  void run() { HOTOPS_CHECK_DNNL(prim.execute(cpu::stream(), args)); }
+};
+
+// Everything of one conv layer.
+struct ConvPrims {
+  Step fwd, bn_fwd, pool_fwd, bn_bwd, pool_bwd, bwd_weights, bwd_data;
+  Step w_to_fwd, w_to_bwd_data, dw_to_user;  // weight reorders
+  memory z, a, p, bn_ws, pool_ws, mean, var;  // activations and saved state (a: post-ReLU)
+  memory da, dz;                              // gradients of a and z (shared scratch)
+};
+
+class CpuCnn final : public ModelCase {
+ public:
+  explicit CpuCnn(const Problem& p)
+      : s_(shape_of(p)), l_(param_layout(s_.arch)), seeded_(make_state(s_, l_, p.seed())),
+        keys_(dropout_keys(s_.arch, p.seed())), threads_(s_.variant == Variant::threads ? s_.threads : 0) {
+    ThreadScope scope(threads_);
+    const Arch& a = s_.arch;
+    const std::int64_t B = s_.batch;
+    x_ = seeded_.x;
+    labels_ = seeded_.labels;
+    params_ = seeded_.params;
+    m_ = seeded_.m;
+    v_ = seeded_.v;
+    stats_ = seeded_.stats;
+    grads_ = HostBuffer(DType::f32, l_.total);
+    std::fill_n(grads_.as<float>(), l_.total, 0.f);
+    mask_period_ = B;
+    if (!s_.train() && a.bn) fold_batch_norms();
+
+    dnnl::engine& eng = cpu::engine();
+    const auto fwd_kind = s_.train() ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
+    const auto alg = dnnl::algorithm::convolution_direct;
+    const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift |
+                       dnnl::normalization_flags::fuse_norm_relu;
+    float* P = infer_params();
+    float* G = grads_.as<float>();
+    std::int64_t max_out = 0;
+    for (const ConvLayer& c : s_.convs) max_out = std::max(max_out, c.out_count());
+    if (s_.train()) da_ = memory(nhwc(B, 1, 1, max_out), eng), dz_ = memory(nhwc(B, 1, 1, max_out), eng);
+    x_mem_ = memory(nhwc(B, a.C, a.H, a.W), eng, x_.data());
+    memory in = x_mem_;
+    for (std::size_t i = 0; i < s_.convs.size(); ++i) {
+      const ConvLayer& c = s_.convs[i];
+      const Layer& ly = l_.conv[i];
+      ConvPrims& cp = conv_.emplace_back();
+      const memory::desc src = nhwc(B, c.C, c.H, c.W), dst = nhwc(B, c.K, c.P, c.Q);
+      const memory::desc w_any({c.K, c.C, 3, 3}, dt::f32, tag::any), w_user({c.K, c.C, 3, 3}, dt::f32, tag::ohwi);
+      const memory::dims strides{1, 1}, pad{c.pad, c.pad};
+      // Batch norm in train mode takes the conv without its bias; everything else adds the bias.
+      const bool bias = !(s_.train() && a.bn);
+      dnnl::post_ops po;
+      if (!(s_.train() && a.bn)) po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+      dnnl::primitive_attr attr;
+      attr.set_post_ops(po);
+      const auto fd = HOTOPS_CHECK_DNNL(dnnl::convolution_forward::desc(fwd_kind, alg, src, w_any, bias ? vec(c.K) : memory::desc(),
+                                                                        dst, strides, pad, pad));
+      const auto fpd = HOTOPS_CHECK_DNNL(dnnl::convolution_forward::primitive_desc(fd, attr, eng));
+      if (i == 0 || i + 1 == s_.convs.size()) conv_impl_ += std::string(i ? ", " : "") + fpd.impl_info_str();
+      memory w_user_mem(w_user, eng, P + ly.w), w_fwd(fpd.weights_desc(), eng);
+      cp.w_to_fwd = {HOTOPS_CHECK_DNNL(dnnl::reorder(w_user_mem, w_fwd)), {{DNNL_ARG_FROM, w_user_mem}, {DNNL_ARG_TO, w_fwd}}};
+      if (!s_.train()) {  // the weights are fixed: reorder once here
+        cp.w_to_fwd.run();
+        HOTOPS_CHECK_DNNL(cpu::stream().wait());
+      }
+      const bool bn_train = s_.train() && a.bn;
+      memory out = memory(dst, eng);
+      (bn_train ? cp.z : cp.a) = out;
+      cp.fwd = {HOTOPS_CHECK_DNNL(dnnl::convolution_forward(fpd)), {{DNNL_ARG_SRC, in}, {DNNL_ARG_WEIGHTS, w_fwd}, {DNNL_ARG_DST, out}}};
+      if (bias) cp.fwd.args[DNNL_ARG_BIAS] = memory(vec(c.K), eng, P + ly.b);
+      dnnl::batch_normalization_forward::primitive_desc bpd;
+      if (bn_train) {
+        const auto bd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, dst,
+                                                                                  static_cast<float>(kBnEps), flags));
+        bpd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_forward::primitive_desc(bd, eng));
+        cp.a = memory(dst, eng);
+        cp.bn_ws = memory(bpd.workspace_desc(), eng);
+        cp.mean = memory(vec(c.K), eng);
+        cp.var = memory(vec(c.K), eng);
+        cp.bn_fwd = {HOTOPS_CHECK_DNNL(dnnl::batch_normalization_forward(bpd)),
+                     {{DNNL_ARG_SRC, cp.z}, {DNNL_ARG_DST, cp.a}, {DNNL_ARG_SCALE, memory(vec(c.K), eng, P + ly.gamma)},
+                      {DNNL_ARG_SHIFT, memory(vec(c.K), eng, P + ly.beta)}, {DNNL_ARG_MEAN, cp.mean},
+                      {DNNL_ARG_VARIANCE, cp.var}, {DNNL_ARG_WORKSPACE, cp.bn_ws}}};
+      }
+      memory next = cp.a;
+      dnnl::pooling_forward::primitive_desc ppd;
+      const memory::dims pk{c.pool, c.pool}, pz{0, 0};
+      if (c.pool) {
+        const memory::desc pdst = nhwc(B, c.K, c.PH, c.PW);
+        const auto pd = HOTOPS_CHECK_DNNL(dnnl::pooling_forward::desc(fwd_kind, dnnl::algorithm::pooling_max, dst, pdst, pk, pk, pz, pz));
+        ppd = HOTOPS_CHECK_DNNL(dnnl::pooling_forward::primitive_desc(pd, eng));
+        cp.p = memory(pdst, eng);
+        cp.pool_fwd = {HOTOPS_CHECK_DNNL(dnnl::pooling_forward(ppd)), {{DNNL_ARG_SRC, cp.a}, {DNNL_ARG_DST, cp.p}}};
+        if (s_.train()) cp.pool_ws = memory(ppd.workspace_desc(), eng), cp.pool_fwd.args[DNNL_ARG_WORKSPACE] = cp.pool_ws;
+        next = cp.p;
+      }
+      if (s_.train()) {
+        cp.da = memory(dst, eng, da_.get_data_handle());
+        cp.dz = memory(dst, eng, dz_.get_data_handle());
+        // The gradient of this layer's input: the previous layer's pooled output or its a.
+        memory d_in = i == 0 ? memory() : memory(src, eng);
+        d_in_.push_back(d_in);
+        if (c.pool) {
+          const auto pbd = HOTOPS_CHECK_DNNL(dnnl::pooling_backward::desc(dnnl::algorithm::pooling_max, dst, nhwc(B, c.K, c.PH, c.PW), pk, pk, pz, pz));
+          const auto pbpd = HOTOPS_CHECK_DNNL(dnnl::pooling_backward::primitive_desc(pbd, eng, ppd));
+          cp.pool_bwd = {HOTOPS_CHECK_DNNL(dnnl::pooling_backward(pbpd)),
+                         {{DNNL_ARG_DIFF_SRC, cp.da}, {DNNL_ARG_WORKSPACE, cp.pool_ws}}};  // DIFF_DST set below
+        }
+        if (bn_train) {
+          const auto bbd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_backward::desc(dnnl::prop_kind::backward, dst, dst,
+                                                                                      static_cast<float>(kBnEps), flags));
+          const auto bbpd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_backward::primitive_desc(bbd, eng, bpd));
+          cp.bn_bwd = {HOTOPS_CHECK_DNNL(dnnl::batch_normalization_backward(bbpd)),
+                       {{DNNL_ARG_SRC, cp.z}, {DNNL_ARG_MEAN, cp.mean}, {DNNL_ARG_VARIANCE, cp.var},
+                        {DNNL_ARG_DIFF_DST, cp.da}, {DNNL_ARG_SCALE, memory(vec(c.K), eng, P + ly.gamma)},
+                        {DNNL_ARG_SHIFT, memory(vec(c.K), eng, P + ly.beta)}, {DNNL_ARG_WORKSPACE, cp.bn_ws},
+                        {DNNL_ARG_DIFF_SRC, cp.dz}, {DNNL_ARG_DIFF_SCALE, memory(vec(c.K), eng, G + ly.gamma)},
+                        {DNNL_ARG_DIFF_SHIFT, memory(vec(c.K), eng, G + ly.beta)}}};
+        }
+        const auto wd = HOTOPS_CHECK_DNNL(dnnl::convolution_backward_weights::desc(alg, src, w_any, a.bn ? memory::desc() : vec(c.K), dst,
+                                                                                   strides, pad, pad));
+        const auto wpd = HOTOPS_CHECK_DNNL(dnnl::convolution_backward_weights::primitive_desc(wd, eng, fpd));
+        memory dw(wpd.diff_weights_desc(), eng), dw_user(w_user, eng, G + ly.w);
+        cp.bwd_weights = {HOTOPS_CHECK_DNNL(dnnl::convolution_backward_weights(wpd)),
+                          {{DNNL_ARG_SRC, in}, {DNNL_ARG_DIFF_DST, cp.dz}, {DNNL_ARG_DIFF_WEIGHTS, dw}}};
+        if (!a.bn) cp.bwd_weights.args[DNNL_ARG_DIFF_BIAS] = memory(vec(c.K), eng, G + ly.b);
+        cp.dw_to_user = {HOTOPS_CHECK_DNNL(dnnl::reorder(dw, dw_user)), {{DNNL_ARG_FROM, dw}, {DNNL_ARG_TO, dw_user}}};
+        if (i > 0) {
+          const auto dd = HOTOPS_CHECK_DNNL(dnnl::convolution_backward_data::desc(alg, src, w_any, dst, strides, pad, pad));
+          const auto dpd = HOTOPS_CHECK_DNNL(dnnl::convolution_backward_data::primitive_desc(dd, eng, fpd));
+          memory w_bwd(dpd.weights_desc(), eng);
+          cp.w_to_bwd_data = {HOTOPS_CHECK_DNNL(dnnl::reorder(w_user_mem, w_bwd)), {{DNNL_ARG_FROM, w_user_mem}, {DNNL_ARG_TO, w_bwd}}};
+          cp.bwd_data = {HOTOPS_CHECK_DNNL(dnnl::convolution_backward_data(dpd)),
+                         {{DNNL_ARG_DIFF_DST, cp.dz}, {DNNL_ARG_WEIGHTS, w_bwd}, {DNNL_ARG_DIFF_SRC, d_in}}};
+        }
+      }
+      in = next;
+    }
+    flat_ = in;
+    setup_dense(P, G);
+    if (s_.train()) wire_backward();
+    if (!s_.train()) logits_out_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * a.classes));
+  }
+
+  void run() override {
+    ThreadScope scope(threads_);
+    forward();
+    if (s_.train()) {
+      loss_ = loss_and_dlogits();
+      backward();
+      adamw_step();
+    }
+    HOTOPS_CHECK_DNNL(cpu::stream().wait());
+  }
+
+  Check verify() override {
+    const State start = verification_state(s_, seeded_);
+    restore(start, verify_period(s_));
+    for (const auto& [at, n] : l_.tensors) std::fill_n(grads_.as<float>() + at, n, std::numeric_limits<float>::quiet_NaN());
+    for (ConvPrims& cp : conv_) std::memset(cp.a.get_data_handle(), 0xff, cp.a.get_desc().get_size());
+    run();
+    Outcome o;
+    if (!s_.train()) {
+      o.logits = logits_out_;
+    } else {
+      o.loss = static_cast<float>(loss_);
+      o.grads = grads_;
+      o.params = params_;
+      o.stats = stats_;
+      for (ConvPrims& cp : conv_) {
+        HostBuffer h(DType::f32, cp.a.get_desc().get_size() / sizeof(float));
+        std::memcpy(h.data(), cp.a.get_data_handle(), h.bytes());
+        o.relu.push_back(std::move(h));
+      }
+      o.hidden = HostBuffer(DType::f32, static_cast<std::size_t>(s_.batch * s_.arch.hidden));
+      std::memcpy(o.hidden.data(), hr_.get_data_handle(), o.hidden.bytes());
+    }
+    Check c = verify_outcome(s_, l_, keys_, start, o);
+    restore(seeded_, s_.batch);
+    return c;
+  }
+
+  std::string label() const override {
+    std::string l = "oneDNN convolution (" + conv_impl_ + "), " + (s_.arch.bn && s_.train() ? "batch_normalization + ReLU, " : "") +
+                    "pooling max, matmul; hotops loops for the last layer" + (s_.train() ? ", dropout, loss, AdamW" : "") + "; NHWC; " +
+                    std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
+    if (!s_.train() && s_.arch.bn) l += "; batch norms folded into the weights at setup";
+    return l;
+  }
+
+  double last_loss() override { return loss_; }
+
+ private:
+  // The parameters the forward reads: the flat buffer, or (infer with batch norm) its folded copy.
+  float* infer_params() { return folded_.count() ? folded_.as<float>() : params_.as<float>(); }
+
+  // W' = W gamma / sqrt(var + eps) per output channel, b' = (b - mean) gamma / sqrt(var + eps) + beta.
+  void fold_batch_norms() {
+    folded_ = params_;
+    float* F = folded_.as<float>();
+    const float* S = stats_.as<float>();
+    auto fold = [&](const Layer& y, std::int64_t n, std::int64_t fan_in, bool out_major) {
+      for (std::int64_t k = 0; k < n; ++k) {
+        const double sc = F[y.gamma + k] / std::sqrt(static_cast<double>(S[y.var + k]) + kBnEps);
+        for (std::int64_t j = 0; j < fan_in; ++j) {
+          float& w = out_major ? F[y.w + static_cast<std::size_t>(k * fan_in + j)] : F[y.w + static_cast<std::size_t>(j * n + k)];
+          w = static_cast<float>(w * sc);
+        }
+        F[y.b + k] = static_cast<float>((F[y.b + k] - S[y.mean + k]) * sc + F[y.beta + k]);
+      }
+    };
+    for (std::size_t i = 0; i < s_.convs.size(); ++i) fold(l_.conv[i], s_.convs[i].K, 9 * s_.convs[i].C, true);
+    fold(l_.dense1, s_.arch.hidden, flat_width(s_.arch), false);
+  }
+
+  void setup_dense(float* P, float* G) {
+    const Arch& a = s_.arch;
+    dnnl::engine& eng = cpu::engine();
+    const std::int64_t B = s_.batch, F = flat_width(a), Hd = a.hidden;
+    const bool bn_train = s_.train() && a.bn;
+    flat2d_ = memory(mat(B, F), eng, flat_.get_data_handle());
+    dnnl::post_ops po;
+    if (!bn_train) po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(po);
+    const memory::desc bias_md({1, Hd}, dt::f32, memory::dims{Hd, 1});
+    const auto d1 = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(mat(B, F), mat(F, Hd), bn_train ? memory::desc() : bias_md, mat(B, Hd)));
+    const auto pd1 = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(d1, attr, eng));
+    hr_ = memory(mat(B, Hd), eng);
+    h_ = bn_train ? memory(mat(B, Hd), eng) : hr_;
+    dense1_ = {HOTOPS_CHECK_DNNL(dnnl::matmul(pd1)),
+               {{DNNL_ARG_SRC, flat2d_}, {DNNL_ARG_WEIGHTS, memory(mat(F, Hd), eng, P + l_.dense1.w)}, {DNNL_ARG_DST, h_}}};
+    if (!bn_train) dense1_.args[DNNL_ARG_BIAS] = memory(bias_md, eng, P + l_.dense1.b);
+    hd_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * Hd));
+    logits_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * a.classes));
+    if (!s_.train()) return;
+    const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift |
+                       dnnl::normalization_flags::fuse_norm_relu;
+    dh_ = memory(mat(B, Hd), eng);
+    dhr_ = memory(mat(B, Hd), eng);
+    if (bn_train) {
+      const memory::desc nc({B, Hd}, dt::f32, tag::nc);
+      const auto bd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, nc,
+                                                                                static_cast<float>(kBnEps), flags));
+      const auto bpd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_forward::primitive_desc(bd, eng));
+      hmean_ = memory(vec(Hd), eng), hvar_ = memory(vec(Hd), eng), hws_ = memory(bpd.workspace_desc(), eng);
+      memory gamma(vec(Hd), eng, P + l_.dense1.gamma), beta(vec(Hd), eng, P + l_.dense1.beta);
+      hbn_fwd_ = {HOTOPS_CHECK_DNNL(dnnl::batch_normalization_forward(bpd)),
+                  {{DNNL_ARG_SRC, h_}, {DNNL_ARG_DST, hr_}, {DNNL_ARG_SCALE, gamma}, {DNNL_ARG_SHIFT, beta},
+                   {DNNL_ARG_MEAN, hmean_}, {DNNL_ARG_VARIANCE, hvar_}, {DNNL_ARG_WORKSPACE, hws_}}};
+      const auto bbd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_backward::desc(dnnl::prop_kind::backward, nc, nc,
+                                                                                  static_cast<float>(kBnEps), flags));
+      const auto bbpd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_backward::primitive_desc(bbd, eng, bpd));
+      hbn_bwd_ = {HOTOPS_CHECK_DNNL(dnnl::batch_normalization_backward(bbpd)),
+                  {{DNNL_ARG_SRC, h_}, {DNNL_ARG_MEAN, hmean_}, {DNNL_ARG_VARIANCE, hvar_}, {DNNL_ARG_DIFF_DST, dhr_},
+                   {DNNL_ARG_SCALE, gamma}, {DNNL_ARG_SHIFT, beta}, {DNNL_ARG_WORKSPACE, hws_}, {DNNL_ARG_DIFF_SRC, dh_},
+                   {DNNL_ARG_DIFF_SCALE, memory(vec(Hd), eng, G + l_.dense1.gamma)},
+                   {DNNL_ARG_DIFF_SHIFT, memory(vec(Hd), eng, G + l_.dense1.beta)}}};
+    }
+    // dW1 = flat^T . dh, dflat = dh . W1^T
+    const auto dw = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(mat(F, B, true), mat(B, Hd), mat(F, Hd)));
+    dense1_dw_ = {HOTOPS_CHECK_DNNL(dnnl::matmul(dnnl::matmul::primitive_desc(dw, eng))),
+                  {{DNNL_ARG_SRC, memory(mat(F, B, true), eng, flat_.get_data_handle())}, {DNNL_ARG_WEIGHTS, dh_},
+                   {DNNL_ARG_DST, memory(mat(F, Hd), eng, G + l_.dense1.w)}}};
+    const auto dx = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(mat(B, Hd), mat(Hd, F, true), mat(B, F)));
+    dflat_ = memory(mat(B, F), eng);
+    dense1_dx_ = {HOTOPS_CHECK_DNNL(dnnl::matmul(dnnl::matmul::primitive_desc(dx, eng))),
+                  {{DNNL_ARG_SRC, dh_}, {DNNL_ARG_WEIGHTS, memory(mat(Hd, F, true), eng, P + l_.dense1.w)}, {DNNL_ARG_DST, dflat_}}};
+    dlogits_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * a.classes));
+  }
+
+  // The gradient each conv layer's backward starts from: the next layer's input gradient (or dflat).
+  // A pooled layer's goes through dropout (in place) and the pool's backward into da; an unpooled
+  // layer's is its da.
+  void wire_backward() {
+    for (std::size_t i = 0; i < conv_.size(); ++i) {
+      ConvPrims& cp = conv_[i];
+      const memory d_next = i + 1 < conv_.size() ? d_in_[i + 1] : dflat_;
+      if (s_.convs[i].pool) {
+        cp.pool_bwd.args[DNNL_ARG_DIFF_DST] = d_next;
+        continue;
+      }
+      cp.da = d_next;
+      if (s_.arch.bn) cp.bn_bwd.args[DNNL_ARG_DIFF_DST] = d_next;
+    }
+  }
+
+  // In place over a pooled tensor [batch, n]: v *= keep(key, e, b mod period) ? scale : 0.
+  void dropout(float* v, std::int64_t n, const pointwise::DropoutKey& key) const {
+    const std::int64_t B = s_.batch, period = mask_period_;
+    const pointwise::DropoutKey k = key;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t e0 = 0; e0 < n; e0 += 4096) {
+        float* row = v + b * n;
+        const auto hi = static_cast<std::uint32_t>(b % period);
+        const std::int64_t e1 = std::min(n, e0 + 4096);
+#pragma omp simd
+        for (std::int64_t e = e0; e < e1; ++e)
+          row[e] *= pointwise::dropout_keep(k, static_cast<std::uint32_t>(e), hi) ? k.scale : 0.f;
+      }
+  }
+
+  void forward() {
+    const Arch& a = s_.arch;
+    const bool bn_train = s_.train() && a.bn;
+    for (std::size_t i = 0; i < conv_.size(); ++i) {
+      ConvPrims& cp = conv_[i];
+      if (s_.train()) cp.w_to_fwd.run();
+      cp.fwd.run();
+      if (bn_train) cp.bn_fwd.run();
+      if (s_.convs[i].pool) {
+        cp.pool_fwd.run();
+        if (s_.train()) {
+          HOTOPS_CHECK_DNNL(cpu::stream().wait());
+          dropout(static_cast<float*>(cp.p.get_data_handle()), s_.convs[i].pooled_count(), keys_[stage_of(i)]);
+        }
+      }
+    }
+    dense1_.run();
+    if (bn_train) hbn_fwd_.run();
+    HOTOPS_CHECK_DNNL(cpu::stream().wait());
+    if (bn_train) update_running_stats();
+    const std::int64_t B = s_.batch, Hd = a.hidden, C = a.classes;
+    const float* hr = static_cast<const float*>(hr_.get_data_handle());
+    float* hd = hd_.as<float>();
+    std::copy_n(hr, B * Hd, hd);
+    if (s_.train()) dropout(hd, Hd, keys_.back());
+    // logits = hd . W2 + b2 (a [hidden, classes] layer: a loop)
+    const float* W2 = infer_params() + l_.dense2.w;
+    const float* b2 = infer_params() + l_.dense2.b;
+    float* z = logits_.as<float>();
+#pragma omp parallel for schedule(static)
+    for (std::int64_t b = 0; b < B; ++b) {
+      float acc[16] = {};
+      for (std::int64_t o = 0; o < Hd; ++o)
+        for (std::int64_t c = 0; c < C; ++c) acc[c] += hd[b * Hd + o] * W2[o * C + c];
+      for (std::int64_t c = 0; c < C; ++c) z[b * C + c] = acc[c] + b2[c];
+    }
+    if (!s_.train()) std::copy_n(z, B * C, logits_out_.as<float>());
+  }
+
+  double loss_and_dlogits() {
+    const std::int64_t B = s_.batch, C = s_.arch.classes;
+    const float* z = logits_.as<float>();
+    float* dz = dlogits_.as<float>();
+    const float inv_b = 1.f / static_cast<float>(B);
+    double total = 0;
+    for (std::int64_t r = 0; r < B; ++r) {
+      const float* zr = z + r * C;
+      float* dr = dz + r * C;
+      const float mx = *std::max_element(zr, zr + C);
+      float sum = 0.f;
+      for (std::int64_t c = 0; c < C; ++c) sum += (dr[c] = std::exp(zr[c] - mx));
+      const float inv = 1.f / sum;
+      for (std::int64_t c = 0; c < C; ++c) dr[c] = dr[c] * inv * inv_b;
+      const std::int32_t y = labels_[static_cast<std::size_t>(r)];
+      dr[y] -= inv_b;
+      total += static_cast<double>(std::log(sum) - (zr[y] - mx));
+    }
+    return total / static_cast<double>(B);
+  }
+
+  void backward() {
+    const Arch& a = s_.arch;
+    const std::int64_t B = s_.batch, Hd = a.hidden, C = a.classes;
+    float* P = params_.as<float>();
+    float* G = grads_.as<float>();
+    const float* dl = dlogits_.as<float>();
+    const float* hd = hd_.as<float>();
+    // dense 2: dW2 = hd^T dlogits, db2, dhd = dlogits W2^T; then dropout and ReLU (or BN + ReLU).
+    float* dW2 = G + l_.dense2.w;
+    float* dhr = static_cast<float*>(dhr_.get_data_handle());
+    const float* W2 = P + l_.dense2.w;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t o = 0; o < Hd; ++o) {
+      for (std::int64_t c = 0; c < C; ++c) {
+        float acc = 0.f;
+        for (std::int64_t b = 0; b < B; ++b) acc += hd[b * Hd + o] * dl[b * C + c];
+        dW2[o * C + c] = acc;
+      }
+      for (std::int64_t b = 0; b < B; ++b) {
+        float acc = 0.f;
+        for (std::int64_t c = 0; c < C; ++c) acc += dl[b * C + c] * W2[o * C + c];
+        dhr[b * Hd + o] = acc;
+      }
+    }
+    for (std::int64_t c = 0; c < C; ++c) {
+      float acc = 0.f;
+      for (std::int64_t b = 0; b < B; ++b) acc += dl[b * C + c];
+      G[l_.dense2.b + static_cast<std::size_t>(c)] = acc;
+    }
+    dropout(dhr, Hd, keys_.back());
+    float* dh = static_cast<float*>(dh_.get_data_handle());
+    if (a.bn) {
+      hbn_bwd_.run();
+      std::fill_n(G + l_.dense1.b, Hd, 0.f);  // before batch norm: zero by construction
+    } else {
+      const float* hr = static_cast<const float*>(hr_.get_data_handle());
+      for (std::int64_t o = 0; o < Hd; ++o) G[l_.dense1.b + static_cast<std::size_t>(o)] = 0.f;
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t o = 0; o < Hd; ++o) {
+          const float d = hr[b * Hd + o] > 0.f ? dhr[b * Hd + o] : 0.f;
+          dh[b * Hd + o] = d;
+          G[l_.dense1.b + static_cast<std::size_t>(o)] += d;
+        }
+    }
+    dense1_dw_.run();
+    dense1_dx_.run();
+    HOTOPS_CHECK_DNNL(cpu::stream().wait());
+    for (std::size_t i = conv_.size(); i-- > 0;) {
+      const ConvLayer& c = s_.convs[i];
+      ConvPrims& cp = conv_[i];
+      if (c.pool) {
+        HOTOPS_CHECK_DNNL(cpu::stream().wait());
+        const memory& d_next = cp.pool_bwd.args.at(DNNL_ARG_DIFF_DST);
+        dropout(static_cast<float*>(d_next.get_data_handle()), c.pooled_count(), keys_[stage_of(i)]);
+        cp.pool_bwd.run();
+      }
+      if (a.bn) {
+        cp.bn_bwd.run();
+        std::fill_n(G + l_.conv[i].b, c.K, 0.f);  // before batch norm: zero by construction
+      } else {
+        HOTOPS_CHECK_DNNL(cpu::stream().wait());
+        relu_backward(static_cast<const float*>(cp.a.get_data_handle()), static_cast<const float*>(cp.da.get_data_handle()),
+                      static_cast<float*>(cp.dz.get_data_handle()), B * c.out_count());
+      }
+      cp.bwd_weights.run();
+      cp.dw_to_user.run();
+      if (i > 0) {
+        cp.w_to_bwd_data.run();
+        cp.bwd_data.run();
+      }
+    }
+    HOTOPS_CHECK_DNNL(cpu::stream().wait());
+  }
+
+  static void relu_backward(const float* a, const float* da, float* dz, std::int64_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) dz[i] = a[i] > 0.f ? da[i] : 0.f;
+  }
+
+  void adamw_step() {
+    const adamw::StepScalars sc = adamw::scalars_for(hyper(), ++step_);
+    float* p = params_.as<float>();
+    const float* g = grads_.as<float>();
+    float* m = m_.as<float>();
+    float* v = v_.as<float>();
+    const auto n = static_cast<std::int64_t>(l_.total);
+#pragma omp parallel for simd schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) adamw::step_element(p[i], g[i], m[i], v[i], sc, [](float x) { return std::sqrt(x); });
+  }
+
+  // The running statistics from the batch statistics: oneDNN's variance is the biased one, the running
+  // one takes the unbiased; the conv ran without its bias, so the batch mean of conv + b is mean + b.
+  void update_running_stats() {
+    float* S = stats_.as<float>();
+    const float* P = params_.as<float>();
+    auto update = [&](const Layer& y, const memory& mean, const memory& var, std::int64_t n_ch, double count) {
+      const float* bm = static_cast<const float*>(mean.get_data_handle());
+      const float* bv = static_cast<const float*>(var.get_data_handle());
+      const auto mo = static_cast<float>(kBnMomentum);
+      const auto unbias = static_cast<float>(count / (count - 1));
+      for (std::int64_t c = 0; c < n_ch; ++c) {
+        const std::size_t k = static_cast<std::size_t>(c);
+        S[y.mean + k] = (1 - mo) * S[y.mean + k] + mo * (bm[c] + P[y.b + k]);
+        S[y.var + k] = (1 - mo) * S[y.var + k] + mo * bv[c] * unbias;
+      }
+    };
+    for (std::size_t i = 0; i < conv_.size(); ++i)
+      update(l_.conv[i], conv_[i].mean, conv_[i].var, s_.convs[i].K,
+             static_cast<double>(s_.batch * s_.convs[i].P * s_.convs[i].Q));
+    update(l_.dense1, hmean_, hvar_, s_.arch.hidden, static_cast<double>(s_.batch));
+  }
+
+  std::size_t stage_of(std::size_t i) const {
+    std::size_t st = 0;
+    for (std::size_t j = 0; j < i; ++j) st += s_.convs[j].pool ? 1 : 0;
+    return st;
+  }
+
+  void restore(const State& st, std::int64_t period) {
+    std::copy_n(st.x.as<float>(), st.x.count(), x_.as<float>());
+    labels_ = st.labels;
+    std::copy_n(st.params.as<float>(), l_.total, params_.as<float>());
+    std::copy_n(st.m.as<float>(), l_.total, m_.as<float>());
+    std::copy_n(st.v.as<float>(), l_.total, v_.as<float>());
+    std::copy_n(st.stats.as<float>(), st.stats.count(), stats_.as<float>());
+    step_ = 0;
+    mask_period_ = period;
+  }
+
+  Shape s_;
+  ParamLayout l_;
+  State seeded_;
+  std::vector<pointwise::DropoutKey> keys_;
+  int threads_;
+  std::int64_t mask_period_ = 1;
+  HostBuffer x_, params_, grads_, m_, v_, stats_, folded_;
+  std::vector<std::int32_t> labels_;
+  std::vector<ConvPrims> conv_;
+  std::vector<memory> d_in_;
+  memory x_mem_, flat_, flat2d_, da_, dz_, h_, hr_, dh_, dhr_, dflat_, hmean_, hvar_, hws_;
+  Step dense1_, hbn_fwd_, hbn_bwd_, dense1_dw_, dense1_dx_;
+  HostBuffer hd_, logits_, dlogits_, logits_out_;
+  std::string conv_impl_;
+  std::int64_t step_ = 0;
+  double loss_ = 0;
+};
+
+}  // namespace
+
+std::string cpu_unsupported_reason(const Problem&) { return ""; }
+
+std::unique_ptr<ModelCase> make_cpu(const Problem& p) { return std::make_unique<CpuCnn>(p); }
+
+}  // namespace hotops::model_cnn

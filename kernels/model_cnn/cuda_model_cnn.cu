@@ -1,0 +1,958 @@
+// model_cnn on CUDA: cuDNN convolutions (NHWC f32, CUDNN_FMA_MATH: no TF32; each direction's algorithm
+// chosen once at setup by cudnnFind*AlgorithmEx on the case's own buffers, one workspace for all),
+// cublasLt f32 GEMMs for the dense layers (CUBLAS_COMPUTE_32F), and hand-written kernels that keep the
+// passes over the big activations few:
+//   forward  conv -> z (no bias: it is folded into the per-channel affine below)
+//            bn_stats: per-channel sums of z (shifted by its first row, f32 per block, combined in double
+//            by bn_finalize, which also updates the running statistics); scale/shift per channel
+//            act_pool: relu(z * scale + shift), max-pool (first maximum, its index kept as a byte),
+//            dropout: the pooled output, one pass over z and the only tensor written;
+//            act: relu(z * scale + shift) for a conv that feeds another conv directly
+//   backward reduce_pool / reduce_dense: per-channel sums of dy and dy * xhat, where dy is the routed
+//            (pool argmax, dropout, ReLU recomputed from z) gradient: the pooled form reads only the
+//            pooled gradient and the argmax pixels of z; finalize_bwd writes dgamma, dbeta (or the conv
+//            bias gradient) into the flat gradients; dz_pool / dz_dense write dz in one pass over z;
+//            then cuDNN's backward filter and backward data
+//   head     cublasLt h = flat . W1; the same batch-norm kernels over [batch, hidden]; act with dropout;
+//            logits = hd . W2 + b2 (bias epilogue); models' softmax_xent (loss, dlogits, db2, the step
+//            count); four cublasLt GEMMs for dW2, dhd, dW1, dflat; models' flat AdamW, one launch.
+// No host synchronisation inside a step: plain steps are capturable, graph:1 replays one CUDA graph.
+// Row-major tensors are seen by cublasLt as column-major transposes.
+#include <cudnn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "hotops/cudnn_util.h"
+#include "hotops/cuda_util.h"
+#include "kernels/model_cnn/model_cnn.h"
+#include "kernels/models/cuda_step.cuh"
+
+namespace hotops::model_cnn {
+namespace {
+
+using gpu::cudnn;
+using gpu::TensorDesc;
+using models::StepState;
+using pointwise::DropoutKey;
+
+constexpr unsigned kThreads = 256;
+constexpr int kMaxReduceBlocks = 1024;  // 8 a SM on an H100: the stats passes read the largest tensors
+constexpr int kMaxChannels = 1024;  // channels (or hidden units) of a batch norm: C / 4 divides kThreads
+
+// ---- kernels ------------------------------------------------------------------------------------
+
+__device__ inline float4 operator+(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
+__device__ inline float lane(const float4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+__device__ inline float& lane(float4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+
+__device__ inline bool keep(const DropoutKey& k, std::int64_t e, std::int64_t b, int period) {
+  return pointwise::dropout_keep(k, static_cast<std::uint32_t>(e), static_cast<std::uint32_t>(b % period));
+}
+
+// The per-block reduction of the row x channel kernels: s1, s2 of this thread's 4 channels (lane c4,
+// row slot r0) summed over the block's row slots in order into partial[block][2C] (deterministic).
+__device__ void block_sums(float4 s1, float4 s2, int C, int c4, int r0, int rpi, float* __restrict__ partial) {
+  __shared__ float sm[2][kThreads * 4];
+  if (r0 < rpi) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sm[0][r0 * C + 4 * c4 + j] = lane(s1, j), sm[1][r0 * C + 4 * c4 + j] = lane(s2, j);
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float a = 0.f, b = 0.f;
+    for (int r = 0; r < rpi; ++r) a += sm[0][r * C + c], b += sm[1][r * C + c];
+    partial[static_cast<std::int64_t>(blockIdx.x) * 2 * C + c] = a;
+    partial[static_cast<std::int64_t>(blockIdx.x) * 2 * C + C + c] = b;
+  }
+}
+
+// Per-channel sums of z - K and (z - K)^2 over rows [rows, C], K = z's first row (keeps the f32 sums
+// small where the mean is large).
+__global__ void __launch_bounds__(kThreads) bn_stats(const float4* __restrict__ z, std::int64_t rows, int C, float* __restrict__ partial) {
+  const int tpr = C / 4, rpi = blockDim.x / tpr, c4 = threadIdx.x % tpr, r0 = threadIdx.x / tpr;
+  float4 s1 = make_float4(0, 0, 0, 0), s2 = s1;
+  if (r0 < rpi) {
+    const float4 K = z[c4];
+    for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * rpi + r0; r < rows; r += static_cast<std::int64_t>(gridDim.x) * rpi) {
+      const float4 v = z[r * tpr + c4];
+      const float4 d = make_float4(v.x - K.x, v.y - K.y, v.z - K.z, v.w - K.w);
+      s1 = s1 + d;
+      s2 = s2 + make_float4(d.x * d.x, d.y * d.y, d.z * d.z, d.w * d.w);
+    }
+  }
+  block_sums(s1, s2, C, c4, r0, rpi, partial);
+}
+
+// Thread per channel: the batch statistics in double from the blocks' sums; the affine of the forward
+// (y = z * scale + shift, z without the bias: batch norm removes it); mean and rstd for the backward;
+// the running statistics (of z + bias, the variance unbiased).
+__global__ void bn_finalize(const float* __restrict__ partial, int blocks, int C, double M, const float* __restrict__ z,
+                            const float* __restrict__ gamma, const float* __restrict__ beta, const float* __restrict__ bias,
+                            float* __restrict__ run_mean, float* __restrict__ run_var, float* __restrict__ scale,
+                            float* __restrict__ shift, float* __restrict__ mean, float* __restrict__ rstd) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  double s1 = 0, s2 = 0;
+  for (int b = 0; b < blocks; ++b) s1 += partial[static_cast<std::int64_t>(b) * 2 * C + c], s2 += partial[static_cast<std::int64_t>(b) * 2 * C + C + c];
+  const double d = s1 / M, var = fmax(s2 / M - d * d, 0.0), m = static_cast<double>(z[c]) + d;
+  const double rs = 1 / sqrt(var + kBnEps);
+  const double sc = gamma[c] * rs;
+  scale[c] = static_cast<float>(sc);
+  shift[c] = static_cast<float>(beta[c] - m * sc);
+  mean[c] = static_cast<float>(m);
+  rstd[c] = static_cast<float>(rs);
+  run_mean[c] = static_cast<float>((1 - kBnMomentum) * run_mean[c] + kBnMomentum * (m + bias[c]));
+  run_var[c] = static_cast<float>((1 - kBnMomentum) * run_var[c] + kBnMomentum * var * M / (M - 1));
+}
+
+// The affine without batch statistics: batch norm with the running ones (infer), or the bias alone.
+__global__ void affine_prep(int C, const float* __restrict__ bias, const float* __restrict__ gamma, const float* __restrict__ beta,
+                            const float* __restrict__ run_mean, const float* __restrict__ run_var, float* __restrict__ scale,
+                            float* __restrict__ shift) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  if (!gamma) {
+    scale[c] = 1.f, shift[c] = bias[c];
+    return;
+  }
+  const float sc = gamma[c] / sqrtf(run_var[c] + static_cast<float>(kBnEps));
+  scale[c] = sc;
+  shift[c] = (bias[c] - run_mean[c]) * sc + beta[c];
+}
+
+struct Drop {
+  DropoutKey key;
+  const int* period;  // device: the mask period (the batch, or the verification period)
+  bool on;
+};
+
+// a = relu(z * scale + shift) over n4 vectors of rows of C (C4 = C / 4 vectors); with dropout (per4
+// vectors per sample) a *= keep ? scale : 0.
+__global__ void act(const float4* __restrict__ z, const float4* __restrict__ scale, const float4* __restrict__ shift, float4* __restrict__ a,
+                    std::int64_t n4, int C4, Drop drop, std::int64_t per4) {
+  const int period = drop.on ? *drop.period : 1;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const int c4 = static_cast<int>(i % C4);
+    const float4 v = z[i], s = scale[c4], t = shift[c4];
+    float4 y = make_float4(fmaxf(v.x * s.x + t.x, 0.f), fmaxf(v.y * s.y + t.y, 0.f), fmaxf(v.z * s.z + t.z, 0.f), fmaxf(v.w * s.w + t.w, 0.f));
+    if (drop.on) {
+      const std::int64_t b = i / per4, e = (i % per4) * 4;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) lane(y, j) *= keep(drop.key, e + j, b, period) ? drop.key.scale : 0.f;
+    }
+    a[i] = y;
+  }
+}
+
+struct PoolGeom {
+  int P, Q, C, PH, PW, k;
+};
+
+// Thread per pooled vector (n, ph, pw, c4): the first maximum of relu(z * scale + shift) over the k x k
+// window, its index (r * k + t) as a byte, then dropout.
+__global__ void act_pool(const float* __restrict__ z, const float4* __restrict__ scale, const float4* __restrict__ shift, float4* __restrict__ p,
+                         uchar4* __restrict__ arg, std::int64_t n4, PoolGeom g, Drop drop) {
+  const int period = drop.on ? *drop.period : 1;
+  const int C4 = g.C / 4;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const int c4 = static_cast<int>(i % C4);
+    std::int64_t rest = i / C4;
+    const int pw = static_cast<int>(rest % g.PW);
+    rest /= g.PW;
+    const int ph = static_cast<int>(rest % g.PH);
+    const std::int64_t n = rest / g.PH;
+    const float4 s = scale[c4], t = shift[c4];
+    float4 best = make_float4(-1.f, -1.f, -1.f, -1.f);
+    unsigned char at[4] = {0, 0, 0, 0};
+    for (int r = 0; r < g.k; ++r)
+      for (int q = 0; q < g.k; ++q) {
+        const float4 v = *reinterpret_cast<const float4*>(z + ((n * g.P + ph * g.k + r) * g.Q + pw * g.k + q) * g.C + 4 * c4);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float y = fmaxf(lane(v, j) * lane(s, j) + lane(t, j), 0.f);
+          if (y > lane(best, j)) lane(best, j) = y, at[j] = static_cast<unsigned char>(r * g.k + q);
+        }
+      }
+    if (drop.on) {
+      const std::int64_t e = ((static_cast<std::int64_t>(ph) * g.PW + pw) * g.C) + 4 * c4;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) lane(best, j) *= keep(drop.key, e + j, n, period) ? drop.key.scale : 0.f;
+    }
+    p[i] = best;
+    arg[i] = make_uchar4(at[0], at[1], at[2], at[3]);
+  }
+}
+
+// Batch-norm (or bias) backward, stage 1, for a pooled layer: rows are the pooled pixels. dy at a
+// window's argmax is the pooled gradient through dropout and the ReLU (recomputed from z); s1 = sum dy,
+// s2 = sum dy * xhat (batch norm only).
+__global__ void __launch_bounds__(kThreads) reduce_pool(const float4* __restrict__ dp, const uchar4* __restrict__ arg, const float* __restrict__ z,
+                                                        const float* __restrict__ scale, const float* __restrict__ shift,
+                                                        const float* __restrict__ mean, const float* __restrict__ rstd, std::int64_t rows,
+                                                        PoolGeom g, Drop drop, float* __restrict__ partial) {
+  const int C = g.C, tpr = C / 4, rpi = blockDim.x / tpr, c4 = threadIdx.x % tpr, r0 = threadIdx.x / tpr;
+  const int period = drop.on ? *drop.period : 1;
+  float4 s1 = make_float4(0, 0, 0, 0), s2 = s1;
+  if (r0 < rpi)
+    for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * rpi + r0; r < rows; r += static_cast<std::int64_t>(gridDim.x) * rpi) {
+      const int pw = static_cast<int>(r % g.PW), ph = static_cast<int>((r / g.PW) % g.PH);
+      const std::int64_t n = r / (static_cast<std::int64_t>(g.PW) * g.PH);
+      const float4 d = dp[r * tpr + c4];
+      const uchar4 a = arg[r * tpr + c4];
+      const unsigned char at[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = 4 * c4 + j;
+        float gj = lane(d, j);
+        if (drop.on) gj *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + c, n, period) ? drop.key.scale : 0.f;
+        const float zv = z[((n * g.P + ph * g.k + at[j] / g.k) * g.Q + pw * g.k + at[j] % g.k) * C + c];
+        const float dy = zv * scale[c] + shift[c] > 0.f ? gj : 0.f;
+        lane(s1, j) += dy;
+        if (mean) lane(s2, j) += dy * (zv - mean[c]) * rstd[c];
+      }
+    }
+  block_sums(s1, s2, C, c4, r0, rpi, partial);
+}
+
+// Stage 1 for an unpooled layer (rows x C, every element): dy = relu'(z) * da (through dropout when on,
+// per4 vectors per sample).
+__global__ void __launch_bounds__(kThreads) reduce_dense(const float4* __restrict__ da, const float4* __restrict__ z, const float4* __restrict__ scale,
+                                                         const float4* __restrict__ shift, const float4* __restrict__ mean,
+                                                         const float4* __restrict__ rstd, std::int64_t rows, int C, Drop drop,
+                                                         std::int64_t per4, float* __restrict__ partial) {
+  const int tpr = C / 4, rpi = blockDim.x / tpr, c4 = threadIdx.x % tpr, r0 = threadIdx.x / tpr;
+  const int period = drop.on ? *drop.period : 1;
+  float4 s1 = make_float4(0, 0, 0, 0), s2 = s1;
+  if (r0 < rpi) {
+    const float4 s = scale[c4], t = shift[c4];
+    const float4 m = mean ? mean[c4] : s1, rs = rstd ? rstd[c4] : s1;
+    for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * rpi + r0; r < rows; r += static_cast<std::int64_t>(gridDim.x) * rpi) {
+      const std::int64_t i = r * tpr + c4;
+      const float4 v = z[i], d = da[i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float gj = lane(d, j);
+        if (drop.on) gj *= keep(drop.key, (i % per4) * 4 + j, i / per4, period) ? drop.key.scale : 0.f;
+        const float dy = lane(v, j) * lane(s, j) + lane(t, j) > 0.f ? gj : 0.f;
+        lane(s1, j) += dy;
+        lane(s2, j) += dy * (lane(v, j) - lane(m, j)) * lane(rs, j);
+      }
+    }
+  }
+  block_sums(s1, s2, C, c4, r0, rpi, partial);
+}
+
+// Stage 2, thread per channel: batch norm writes dgamma, dbeta and a zero bias gradient, and the
+// coefficients of dz = A dy + b0 + c0 xhat; without batch norm, the bias gradient and A = 1.
+__global__ void finalize_bwd(const float* __restrict__ partial, int blocks, int C, double M, const float* __restrict__ gamma,
+                             const float* __restrict__ rstd, float* __restrict__ dgamma, float* __restrict__ dbeta, float* __restrict__ dbias,
+                             float* __restrict__ coef) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  double s1 = 0, s2 = 0;
+  for (int b = 0; b < blocks; ++b) s1 += partial[static_cast<std::int64_t>(b) * 2 * C + c], s2 += partial[static_cast<std::int64_t>(b) * 2 * C + C + c];
+  if (!gamma) {
+    dbias[c] = static_cast<float>(s1);
+    coef[c] = 1.f, coef[C + c] = 0.f, coef[2 * C + c] = 0.f;
+    return;
+  }
+  dgamma[c] = static_cast<float>(s2);
+  dbeta[c] = static_cast<float>(s1);
+  dbias[c] = 0.f;
+  const double a = gamma[c] * static_cast<double>(rstd[c]);
+  coef[c] = static_cast<float>(a);
+  coef[C + c] = static_cast<float>(-a * s1 / M);
+  coef[2 * C + c] = static_cast<float>(-a * s2 / M);
+}
+
+// dz over every pixel of z (n, h, w, c4): dy is the pooled gradient where this pixel is its window's
+// argmax (through dropout and the ReLU), else 0; dz = A dy + b0 + c0 xhat (batch norm) or dy.
+__global__ void dz_pool(const float4* __restrict__ dp, const uchar4* __restrict__ arg, const float4* __restrict__ z, const float4* __restrict__ scale,
+                        const float4* __restrict__ shift, const float* __restrict__ coef, const float4* __restrict__ mean,
+                        const float4* __restrict__ rstd, float4* __restrict__ dz, std::int64_t n4, PoolGeom g, Drop drop) {
+  const int period = drop.on ? *drop.period : 1;
+  const int C = g.C, C4 = C / 4;
+  const float4* A = reinterpret_cast<const float4*>(coef);
+  const float4* B0 = reinterpret_cast<const float4*>(coef + C);
+  const float4* C0 = reinterpret_cast<const float4*>(coef + 2 * C);
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const int c4 = static_cast<int>(i % C4);
+    std::int64_t rest = i / C4;
+    const int w = static_cast<int>(rest % g.Q);
+    rest /= g.Q;
+    const int h = static_cast<int>(rest % g.P);
+    const std::int64_t n = rest / g.P;
+    const int ph = h / g.k, pw = w / g.k;
+    const float4 v = z[i];
+    float4 dy = make_float4(0, 0, 0, 0);
+    if (ph < g.PH && pw < g.PW) {
+      const std::int64_t pi = ((n * g.PH + ph) * g.PW + pw) * C4 + c4;
+      const uchar4 a = arg[pi];
+      const unsigned char at[4] = {a.x, a.y, a.z, a.w};
+      const unsigned char mine = static_cast<unsigned char>((h % g.k) * g.k + w % g.k);
+      if (at[0] == mine || at[1] == mine || at[2] == mine || at[3] == mine) {
+        const float4 d = dp[pi], s = scale[c4], t = shift[c4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (at[j] != mine || !(lane(v, j) * lane(s, j) + lane(t, j) > 0.f)) continue;
+          float gj = lane(d, j);
+          if (drop.on) gj *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + 4 * c4 + j, n, period) ? drop.key.scale : 0.f;
+          lane(dy, j) = gj;
+        }
+      }
+    }
+    const float4 a = A[c4];
+    float4 out = make_float4(a.x * dy.x, a.y * dy.y, a.z * dy.z, a.w * dy.w);
+    if (mean) {
+      const float4 b0 = B0[c4], c0 = C0[c4], m = mean[c4], rs = rstd[c4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) lane(out, j) += lane(b0, j) + lane(c0, j) * (lane(v, j) - lane(m, j)) * lane(rs, j);
+    }
+    dz[i] = out;
+  }
+}
+
+// dz for an unpooled layer: dy = relu'(z) da (through dropout when on); dz = A dy + b0 + c0 xhat or dy.
+__global__ void dz_dense(const float4* __restrict__ da, const float4* __restrict__ z, const float4* __restrict__ scale, const float4* __restrict__ shift,
+                         const float* __restrict__ coef, const float4* __restrict__ mean, const float4* __restrict__ rstd,
+                         float4* __restrict__ dz, std::int64_t n4, int C, Drop drop, std::int64_t per4) {
+  const int period = drop.on ? *drop.period : 1;
+  const int C4 = C / 4;
+  const float4* A = reinterpret_cast<const float4*>(coef);
+  const float4* B0 = reinterpret_cast<const float4*>(coef + C);
+  const float4* C0 = reinterpret_cast<const float4*>(coef + 2 * C);
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const int c4 = static_cast<int>(i % C4);
+    const float4 v = z[i], d = da[i], s = scale[c4], t = shift[c4], a = A[c4];
+    float4 out;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float gj = lane(d, j);
+      if (drop.on) gj *= keep(drop.key, (i % per4) * 4 + j, i / per4, period) ? drop.key.scale : 0.f;
+      lane(out, j) = lane(a, j) * (lane(v, j) * lane(s, j) + lane(t, j) > 0.f ? gj : 0.f);
+    }
+    if (mean) {
+      const float4 b0 = B0[c4], c0 = C0[c4], m = mean[c4], rs = rstd[c4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) lane(out, j) += lane(b0, j) + lane(c0, j) * (lane(v, j) - lane(m, j)) * lane(rs, j);
+    }
+    dz[i] = out;
+  }
+}
+
+unsigned grid_for(std::int64_t n, std::int64_t cap = 8192) {
+  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>((n + kThreads - 1) / kThreads, cap)));
+}
+int reduce_blocks(std::int64_t rows, int C) {
+  const std::int64_t rpi = kThreads / (C / 4);
+  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>((rows + rpi - 1) / rpi, kMaxReduceBlocks)));
+}
+
+// ---- cuDNN and cublasLt setup --------------------------------------------------------------------
+
+struct FilterDesc {
+  cudnnFilterDescriptor_t h = nullptr;
+  FilterDesc() { HOTOPS_CHECK_CUDNN(cudnnCreateFilterDescriptor(&h)); }
+  ~FilterDesc() { cudnnDestroyFilterDescriptor(h); }
+  FilterDesc(const FilterDesc&) = delete;
+  FilterDesc& operator=(const FilterDesc&) = delete;
+};
+struct ConvDesc {
+  cudnnConvolutionDescriptor_t h = nullptr;
+  ConvDesc() { HOTOPS_CHECK_CUDNN(cudnnCreateConvolutionDescriptor(&h)); }
+  ~ConvDesc() { cudnnDestroyConvolutionDescriptor(h); }
+  ConvDesc(const ConvDesc&) = delete;
+  ConvDesc& operator=(const ConvDesc&) = delete;
+};
+
+int dim(std::int64_t v) {
+  HOTOPS_CHECK(v <= 0x7fffffff, "model_cnn: a dimension does not fit an int");
+  return static_cast<int>(v);
+}
+
+bool tensor_op(cudnnMathType_t m) { return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION; }
+
+// The fastest algorithm cudnnFind*AlgorithmEx measured that runs without tensor cores, with its
+// workspace. ws_size(algo, &bytes) asks one algorithm's workspace; find(count, &n, perf, ws, bytes)
+// searches (twice: the first search also times CUDA's lazy module loads).
+template <class Perf, class WsSize, class Find>
+std::pair<int, std::size_t> find_algorithm(const char* what, int count, WsSize ws_size, Find find) {
+  std::size_t want = 0;
+  for (int a = 0; a < count; ++a) {
+    std::size_t bytes = 0;
+    if (ws_size(a, &bytes) == CUDNN_STATUS_SUCCESS) want = std::max(want, bytes);
+  }
+  std::size_t free_b = 0, total_b = 0;
+  HOTOPS_CHECK_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  const std::size_t bytes = std::min(want, free_b / 4);
+  gpu::DeviceBuffer ws(bytes);
+  Perf perf[16] = {};
+  int n = 0;
+  for (int pass = 0; pass < 2; ++pass) HOTOPS_CHECK_CUDNN(find(std::min(count, 16), &n, perf, ws.get(), bytes));
+  for (int i = 0; i < n; ++i)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= bytes && !tensor_op(perf[i].mathType))
+      return {static_cast<int>(perf[i].algo), perf[i].memory};
+  throw Error(std::string("model_cnn: cuDNN has no f32 FMA-math ") + what + " algorithm for a layer", ErrorKind::unsupported);
+}
+
+struct ConvPlan {
+  TensorDesc x, y;
+  FilterDesc w;
+  ConvDesc conv;
+  cudnnConvolutionFwdAlgo_t fwd{};
+  cudnnConvolutionBwdDataAlgo_t data{};
+  cudnnConvolutionBwdFilterAlgo_t filter{};
+  std::size_t ws = 0;
+};
+
+// D (m x n, ld ldd) = op(A) . op(B) (+ bias over rows), column-major, cublasLt f32 (no TF32), the
+// heuristic's first algorithm chosen at setup.
+class Gemm {
+ public:
+  Gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n, std::int64_t k, const float* A, std::int64_t lda,
+       const float* B, std::int64_t ldb, float* D, std::int64_t ldd, const float* bias = nullptr)
+      : a_(A), b_(B), d_(D) {
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    if (opa == CUBLAS_OP_N) layout(&la_, m, k, lda); else layout(&la_, k, m, lda);
+    if (opb == CUBLAS_OP_N) layout(&lb_, k, n, ldb); else layout(&lb_, n, k, ldb);
+    layout(&ld_, m, n, ldd);
+    if (bias) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+      HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    }
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref_));
+    const std::uint64_t ws = gpu::kCublasWorkspaceBytes;
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(gpu::cublaslt(), desc_, la_, lb_, ld_, ld_, pref_, 1, &result, &found);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+      throw Error("model_cnn: cublasLt has no f32 algorithm for a " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " GEMM",
+                  ErrorKind::unsupported);
+    algo_ = result.algo;
+  }
+  ~Gemm() {
+    if (pref_) cublasLtMatmulPreferenceDestroy(pref_);
+    for (cublasLtMatrixLayout_t l : {la_, lb_, ld_})
+      if (l) cublasLtMatrixLayoutDestroy(l);
+    if (desc_) cublasLtMatmulDescDestroy(desc_);
+  }
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  void run() const {
+    const float one = 1.f, zero = 0.f;
+    HOTOPS_CHECK_CUBLAS(cublasLtMatmul(gpu::cublaslt(), desc_, &one, a_, la_, b_, lb_, &zero, d_, ld_, d_, ld_, &algo_,
+                                       gpu::cublas_workspace(), gpu::kCublasWorkspaceBytes, gpu::stream()));
+  }
+
+ private:
+  static void layout(cublasLtMatrixLayout_t* l, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+    HOTOPS_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(l, CUDA_R_32F, static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols), ld));
+  }
+  const float* a_;
+  const float* b_;
+  float* d_;
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t la_ = nullptr, lb_ = nullptr, ld_ = nullptr;
+  cublasLtMatmulPreference_t pref_ = nullptr;
+  cublasLtMatmulAlgo_t algo_{};
+};
+
+constexpr cublasOperation_t N = CUBLAS_OP_N, T = CUBLAS_OP_T;
+
+gpu::DeviceBuffer floats(std::int64_t n) { return gpu::DeviceBuffer(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(float)); }
+
+// One conv layer's (or the hidden layer's) device buffers.
+struct LayerBufs {
+  gpu::DeviceBuffer z, out, arg;  // z: conv output; out: p (pooled) or a; arg: the pool's argmax bytes
+  gpu::DeviceBuffer affine;       // scale [C], shift [C], mean [C], rstd [C], coef [3C]
+  float* scale() const { return affine.as<float>(); }
+  float* shift(std::int64_t C) const { return affine.as<float>() + C; }
+  float* mean(std::int64_t C) const { return affine.as<float>() + 2 * C; }
+  float* rstd(std::int64_t C) const { return affine.as<float>() + 3 * C; }
+  float* coef(std::int64_t C) const { return affine.as<float>() + 4 * C; }
+};
+
+class CudaCnn final : public ModelCase {
+ public:
+  explicit CudaCnn(const Problem& p)
+      : s_(shape_of(p)), l_(param_layout(s_.arch)), seeded_(make_state(s_, l_, p.seed())), keys_(dropout_keys(s_.arch, p.seed())) {
+    const Arch& a = s_.arch;
+    const std::int64_t B = s_.batch, F = flat_width(a), Hd = a.hidden, C = a.classes;
+    HOTOPS_CHECK(C <= models::kMaxClasses, "model_cnn: the CUDA loss takes at most 16 classes");
+    auto ok_channels = [](std::int64_t c) { return c % 4 == 0 && c <= kMaxChannels && (kThreads % (c / 4)) == 0; };
+    for (const ConvLayer& c : s_.convs) HOTOPS_CHECK(ok_channels(c.K) && c.pool <= 15, "model_cnn: CUDA conv widths must be 4 x a power of two <= 1024");
+    HOTOPS_CHECK(ok_channels(Hd), "model_cnn: the CUDA hidden width must be 4 x a power of two <= 1024");
+    gpu::cublaslt();
+    gpu::cublas_workspace();
+    cudnn();
+    host_x_ = seeded_.x;
+    host_labels_ = seeded_.labels;
+    x_ = gpu::DeviceBuffer(host_x_);
+    labels_ = gpu::DeviceBuffer(host_labels_.size() * sizeof(std::int32_t));
+    HOTOPS_CHECK_CUDA(cudaMemcpy(labels_.get(), host_labels_.data(), labels_.bytes(), cudaMemcpyHostToDevice));
+    params_ = gpu::DeviceBuffer(seeded_.params);
+    stats_ = gpu::DeviceBuffer(seeded_.stats);
+    period_ = gpu::DeviceBuffer(sizeof(int));
+    set_period(B);
+    std::int64_t max_rows_c = Hd * 2, max_out = 0, max_in = 1;
+    for (std::size_t i = 0; i < s_.convs.size(); ++i) {
+      const ConvLayer& c = s_.convs[i];
+      LayerBufs& lb = layers_.emplace_back();
+      lb.z = floats(B * c.out_count());
+      lb.out = floats(B * (c.pool ? c.pooled_count() : c.out_count()));
+      if (c.pool) lb.arg = gpu::DeviceBuffer(static_cast<std::size_t>(B * c.pooled_count()));
+      lb.affine = floats(7 * c.K);
+      max_rows_c = std::max(max_rows_c, 2 * c.K);
+      max_out = std::max(max_out, c.out_count());
+      if (i > 0) max_in = std::max(max_in, c.in_count());
+    }
+    LayerBufs& hb = hidden_;
+    hb.z = floats(B * Hd);
+    hb.out = floats(B * Hd);
+    hb.affine = floats(7 * Hd);
+    logits_ = floats(B * C);
+    loss_ = floats(1);
+    partial_ = floats(static_cast<std::int64_t>(kMaxReduceBlocks) * max_rows_c);
+    if (s_.train()) {
+      grads_ = gpu::DeviceBuffer(l_.total * sizeof(float));
+      HOTOPS_CHECK_CUDA(cudaMemset(grads_.get(), 0, grads_.bytes()));
+      m_ = gpu::DeviceBuffer(seeded_.m);
+      v_ = gpu::DeviceBuffer(seeded_.v);
+      state_ = gpu::DeviceBuffer(sizeof(StepState));
+      HOTOPS_CHECK_CUDA(cudaMemset(state_.get(), 0, sizeof(StepState)));
+      dz_ = floats(B * max_out);
+      dbuf_[0] = floats(B * max_in);
+      dbuf_[1] = floats(B * max_in);
+      dflat_ = floats(B * F);
+      dlogits_ = floats(B * C);
+      dhd_ = floats(B * Hd);
+      dh_ = floats(B * Hd);
+    } else {
+      logits_host_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * C));
+    }
+    if (s_.train()) hint_ = floats(B * std::max(max_out, Hd));
+    plan_convs();
+    plan_gemms();
+    // One step outside any capture first (lazy library state), then back to the seeded start.
+    device_step();
+    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
+    restore(seeded_, B);
+    if (s_.variant == Variant::graph) {
+      std::string why;
+      if (!capture(&why)) throw Error("model_cnn: the step could not be captured into a CUDA graph: " + why, ErrorKind::unsupported);
+    } else if (s_.variant == Variant::plain) {
+      // Whether the harness may put the plain step into its graphs: tried once (the trial graph dropped).
+      std::string why;
+      capturable_ = capture(&why);
+      if (exec_) cudaGraphExecDestroy(exec_), exec_ = nullptr;
+      if (graph_) cudaGraphDestroy(graph_), graph_ = nullptr;
+    }
+    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
+  }
+
+  ~CudaCnn() override {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+  }
+
+  void run() override {
+    if (s_.variant == Variant::plain) return device_step();
+    cudaStream_t st = gpu::stream();
+    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(x_.get(), host_x_.data(), x_.bytes(), cudaMemcpyHostToDevice, st));
+    if (s_.train())
+      HOTOPS_CHECK_CUDA(cudaMemcpyAsync(labels_.get(), host_labels_.data(), labels_.bytes(), cudaMemcpyHostToDevice, st));
+    if (s_.variant == Variant::graph) HOTOPS_CHECK_CUDA(cudaGraphLaunch(exec_, st));
+    else device_step();
+    if (s_.train())
+      HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&loss_host_, loss_.get(), sizeof(float), cudaMemcpyDeviceToHost, st));
+    else
+      HOTOPS_CHECK_CUDA(cudaMemcpyAsync(logits_host_.data(), logits_.get(), logits_host_.bytes(), cudaMemcpyDeviceToHost, st));
+    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(st));
+  }
+
+  Check verify() override {
+    const State start = verification_state(s_, seeded_);
+    restore(start, verify_period(s_));
+    logits_.poison();
+    if (s_.train())
+      for (const auto& [at, n] : l_.tensors) HOTOPS_CHECK_CUDA(cudaMemset(grads_.as<float>() + at, 0xff, n * sizeof(float)));
+    run();
+    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
+    Outcome o;
+    const std::int64_t B = s_.batch;
+    if (!s_.train()) {
+      o.logits = HostBuffer(DType::f32, static_cast<std::size_t>(B * s_.arch.classes));
+      logits_.download(o.logits);
+    } else {
+      o.loss = static_cast<float>(last_loss());
+      o.grads = HostBuffer(DType::f32, l_.total);
+      o.params = HostBuffer(DType::f32, l_.total);
+      o.stats = HostBuffer(DType::f32, seeded_.stats.count());
+      grads_.download(o.grads);
+      params_.download(o.params);
+      stats_.download(o.stats);
+      // The post-ReLU activations the forward decided on (materialised here for the reference's ties).
+      for (std::size_t i = 0; i < s_.convs.size(); ++i) {
+        const ConvLayer& c = s_.convs[i];
+        const LayerBufs& lb = layers_[i];
+        HostBuffer h(DType::f32, static_cast<std::size_t>(B * c.out_count()));
+        if (c.pool) {
+          launch_act(lb.z.as<float>(), lb, c.K, hint_.as<float>(), B * c.out_count(), Drop{});
+          HOTOPS_CHECK_CUDA(cudaMemcpy(h.data(), hint_.get(), h.bytes(), cudaMemcpyDeviceToHost));
+        } else {
+          HOTOPS_CHECK_CUDA(cudaMemcpy(h.data(), lb.out.get(), h.bytes(), cudaMemcpyDeviceToHost));
+        }
+        o.relu.push_back(std::move(h));
+      }
+      launch_act(hidden_.z.as<float>(), hidden_, s_.arch.hidden, hint_.as<float>(), B * s_.arch.hidden, Drop{});
+      o.hidden = HostBuffer(DType::f32, static_cast<std::size_t>(B * s_.arch.hidden));
+      HOTOPS_CHECK_CUDA(cudaMemcpy(o.hidden.data(), hint_.get(), o.hidden.bytes(), cudaMemcpyDeviceToHost));
+    }
+    Check c = verify_outcome(s_, l_, keys_, start, o);
+    if (s_.train()) {
+      StepState after{};
+      HOTOPS_CHECK_CUDA(cudaMemcpy(&after, state_.get(), sizeof after, cudaMemcpyDeviceToHost));
+      if (after.step != 1) {
+        Check bad;
+        bad.ok = false;
+        bad.message = "the device step count is " + std::to_string(after.step) + " after one step";
+        c.merge(bad, "step");
+      }
+    }
+    restore(seeded_, B);
+    return c;
+  }
+
+  std::string label() const override {
+    std::string l = "cuDNN NHWC f32 FMA-math convolutions (" + algos_ + "; ws " + std::to_string(ws_bytes_ >> 20) +
+                    " MiB); hotops fused BN/ReLU/max-pool/dropout kernels; cublasLt f32 dense";
+    if (s_.train()) l += "; softmax_xent, flat AdamW";
+    if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the images (and labels), launches, D2H, sync";
+    if (s_.variant == Variant::graph) l += "; graph: pageable H2D of images and labels, 1 CUDA graph, D2H loss, sync";
+    if (s_.variant == Variant::plain && !capturable_) l += "; not graph-capturable (capture failed at setup): launched one by one";
+    return l;
+  }
+
+  bool host_timed() const override { return s_.variant != Variant::plain; }
+  bool capturable() const override { return s_.variant == Variant::plain && capturable_; }
+
+  double last_loss() override {
+    float v = 0;
+    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&v, loss_.get(), sizeof v, cudaMemcpyDeviceToHost, gpu::stream()));
+    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
+    return v;
+  }
+
+ private:
+  const float* input_of(std::size_t i) const { return i == 0 ? x_.as<const float>() : layers_[i - 1].out.as<const float>(); }
+  // The gradient of conv layer i's input (i >= 1), ping-ponged; the last layer's output gradient is dflat.
+  float* d_input(std::size_t i) const { return dbuf_[i % 2].as<float>(); }
+  float* d_output(std::size_t i) const { return i + 1 == s_.convs.size() ? dflat_.as<float>() : d_input(i + 1); }
+
+  void plan_convs() {
+    const std::int64_t B = s_.batch;
+    std::size_t ws = 0;
+    for (std::size_t i = 0; i < s_.convs.size(); ++i) {
+      const ConvLayer& c = s_.convs[i];
+      ConvPlan& cp = *plans_.emplace_back(std::make_unique<ConvPlan>());
+      HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(cp.x.h, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, dim(B), dim(c.C), dim(c.H), dim(c.W)));
+      HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(cp.y.h, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, dim(B), dim(c.K), dim(c.P), dim(c.Q)));
+      HOTOPS_CHECK_CUDNN(cudnnSetFilter4dDescriptor(cp.w.h, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, dim(c.K), dim(c.C), 3, 3));
+      HOTOPS_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(cp.conv.h, dim(c.pad), dim(c.pad), 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+      HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.conv.h, CUDNN_FMA_MATH));
+      const float* x = input_of(i);
+      const float* w = params_.as<float>() + l_.conv[i].w;
+      float* z = layers_[i].z.as<float>();
+      auto [fa, fw] = find_algorithm<cudnnConvolutionFwdAlgoPerf_t>(
+          "forward", CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+          [&](int al, std::size_t* b) { return cudnnGetConvolutionForwardWorkspaceSize(cudnn(), cp.x.h, cp.w.h, cp.conv.h, cp.y.h, static_cast<cudnnConvolutionFwdAlgo_t>(al), b); },
+          [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
+            return cudnnFindConvolutionForwardAlgorithmEx(cudnn(), cp.x.h, x, cp.w.h, w, cp.conv.h, cp.y.h, z, n, got, perf, wsp, bytes);
+          });
+      cp.fwd = static_cast<cudnnConvolutionFwdAlgo_t>(fa);
+      cp.ws = fw;
+      algos_ += std::string(i ? ", " : "") + "fwd " + std::to_string(fa);
+      if (s_.train()) {
+        float* dw = grads_.as<float>() + l_.conv[i].w;
+        auto [ba, bw] = find_algorithm<cudnnConvolutionBwdFilterAlgoPerf_t>(
+            "backward filter", CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+            [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn(), cp.x.h, cp.y.h, cp.conv.h, cp.w.h, static_cast<cudnnConvolutionBwdFilterAlgo_t>(al), b); },
+            [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
+              return cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnn(), cp.x.h, x, cp.y.h, dz_.as<float>(), cp.conv.h, cp.w.h, dw, n, got, perf, wsp, bytes);
+            });
+        cp.filter = static_cast<cudnnConvolutionBwdFilterAlgo_t>(ba);
+        cp.ws = std::max(cp.ws, bw);
+        algos_ += " filter " + std::to_string(ba);
+        if (i > 0) {
+          auto [da, dwb] = find_algorithm<cudnnConvolutionBwdDataAlgoPerf_t>(
+              "backward data", CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+              [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn(), cp.w.h, cp.y.h, cp.conv.h, cp.x.h, static_cast<cudnnConvolutionBwdDataAlgo_t>(al), b); },
+              [&](int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
+                return cudnnFindConvolutionBackwardDataAlgorithmEx(cudnn(), cp.w.h, w, cp.y.h, dz_.as<float>(), cp.conv.h, cp.x.h, d_input(i), n, got, perf, wsp, bytes);
+              });
+          cp.data = static_cast<cudnnConvolutionBwdDataAlgo_t>(da);
+          cp.ws = std::max(cp.ws, dwb);
+          algos_ += " data " + std::to_string(da);
+        }
+      }
+      ws = std::max(ws, cp.ws);
+    }
+    workspace_ = gpu::DeviceBuffer(std::max<std::size_t>(ws, 1));
+    ws_bytes_ = ws;
+  }
+
+  void plan_gemms() {
+    const Arch& a = s_.arch;
+    const std::int64_t B = s_.batch, F = flat_width(a), Hd = a.hidden, C = a.classes;
+    const float* P = params_.as<float>();
+    const float* flat = layers_.back().out.as<float>();
+    // h = flat . W1; logits = hd . W2 + b2
+    gemms_fwd_.push_back(std::make_unique<Gemm>(N, N, Hd, B, F, P + l_.dense1.w, Hd, flat, F, hidden_.z.as<float>(), Hd));
+    gemms_fwd_.push_back(std::make_unique<Gemm>(N, N, C, B, Hd, P + l_.dense2.w, C, hidden_.out.as<float>(), Hd, logits_.as<float>(), C,
+                                                P + l_.dense2.b));
+    if (!s_.train()) return;
+    float* G = grads_.as<float>();
+    // dW2 = hd^T dlogits; dhd = dlogits W2^T
+    gemm_dw2_ = std::make_unique<Gemm>(N, T, C, Hd, B, dlogits_.as<float>(), C, hidden_.out.as<float>(), Hd, G + l_.dense2.w, C);
+    gemm_dhd_ = std::make_unique<Gemm>(T, N, Hd, B, C, P + l_.dense2.w, C, dlogits_.as<float>(), C, dhd_.as<float>(), Hd);
+    // dW1 = flat^T dh; dflat = dh W1^T
+    gemm_dw1_ = std::make_unique<Gemm>(N, T, Hd, F, B, dh_.as<float>(), Hd, flat, F, G + l_.dense1.w, Hd);
+    gemm_dflat_ = std::make_unique<Gemm>(T, N, F, B, Hd, P + l_.dense1.w, Hd, dh_.as<float>(), Hd, dflat_.as<float>(), F);
+  }
+
+  void set_period(std::int64_t p) {
+    const int v = static_cast<int>(p);
+    HOTOPS_CHECK_CUDA(cudaMemcpy(period_.get(), &v, sizeof v, cudaMemcpyHostToDevice));
+  }
+
+  Drop drop(std::size_t k) const { return Drop{keys_[k], period_.as<const int>(), s_.train()}; }
+
+  // y = relu(z * scale + shift) (+ dropout) over [rows, C].
+  void launch_act(const float* z, const LayerBufs& lb, std::int64_t C, float* out, std::int64_t n, Drop d) const {
+    const std::int64_t n4 = n / 4;
+    act<<<grid_for(n4), kThreads, 0, gpu::stream()>>>(reinterpret_cast<const float4*>(z), reinterpret_cast<const float4*>(lb.scale()),
+                                                      reinterpret_cast<const float4*>(lb.shift(C)), reinterpret_cast<float4*>(out), n4,
+                                                      static_cast<int>(C / 4), d, C / 4);
+    HOTOPS_CHECK_LAUNCH();
+  }
+
+  // The per-channel affine of a layer: batch statistics (train with batch norm), running ones, or the bias.
+  void affine(const LayerBufs& lb, const Layer& ly, std::int64_t C, std::int64_t rows) {
+    cudaStream_t st = gpu::stream();
+    float* P = params_.as<float>();
+    float* S = stats_.as<float>();
+    const bool bn = s_.arch.bn;
+    if (bn && s_.train()) {
+      const int blocks = reduce_blocks(rows, static_cast<int>(C));
+      bn_stats<<<blocks, kThreads, 0, st>>>(lb.z.as<const float4>(), rows, static_cast<int>(C), partial_.as<float>());
+      HOTOPS_CHECK_LAUNCH();
+      bn_finalize<<<static_cast<unsigned>((C + 255) / 256), 256, 0, st>>>(
+          partial_.as<const float>(), blocks, static_cast<int>(C), static_cast<double>(rows), lb.z.as<const float>(), P + ly.gamma, P + ly.beta,
+          P + ly.b, S + ly.mean, S + ly.var, lb.scale(), lb.shift(C), lb.mean(C), lb.rstd(C));
+    } else {
+      affine_prep<<<static_cast<unsigned>((C + 255) / 256), 256, 0, st>>>(static_cast<int>(C), P + ly.b, bn ? P + ly.gamma : nullptr,
+                                                                           bn ? P + ly.beta : nullptr, bn ? S + ly.mean : nullptr,
+                                                                           bn ? S + ly.var : nullptr, lb.scale(), lb.shift(C));
+    }
+    HOTOPS_CHECK_LAUNCH();
+  }
+
+  // The backward's stage 2 and dz coefficients, from partial_'s sums.
+  void finalize(const LayerBufs& lb, const Layer& ly, std::int64_t C, std::int64_t rows, int blocks) {
+    float* P = params_.as<float>();
+    float* G = grads_.as<float>();
+    const bool bn = s_.arch.bn;
+    finalize_bwd<<<static_cast<unsigned>((C + 255) / 256), 256, 0, gpu::stream()>>>(
+        partial_.as<const float>(), blocks, static_cast<int>(C), static_cast<double>(rows), bn ? P + ly.gamma : nullptr, lb.rstd(C),
+        bn ? G + ly.gamma : nullptr, bn ? G + ly.beta : nullptr, G + ly.b, lb.coef(C));
+    HOTOPS_CHECK_LAUNCH();
+  }
+
+  void device_step() {
+    cudaStream_t st = gpu::stream();
+    const Arch& a = s_.arch;
+    const std::int64_t B = s_.batch, Hd = a.hidden, C = a.classes;
+    const bool bn = a.bn;
+    const float one = 1.f, zero = 0.f;
+    float* P = params_.as<float>();
+    std::size_t stage = 0;
+    std::vector<std::size_t> stage_of;
+    for (std::size_t i = 0; i < s_.convs.size(); ++i) {
+      const ConvLayer& c = s_.convs[i];
+      const LayerBufs& lb = layers_[i];
+      const ConvPlan& cp = *plans_[i];
+      HOTOPS_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, cp.x.h, input_of(i), cp.w.h, P + l_.conv[i].w, cp.conv.h, cp.fwd,
+                                                 workspace_.get(), ws_bytes_, &zero, cp.y.h, lb.z.get()));
+      affine(lb, l_.conv[i], c.K, B * c.P * c.Q);
+      stage_of.push_back(stage);
+      if (c.pool) {
+        const std::int64_t n4 = B * c.pooled_count() / 4;
+        act_pool<<<grid_for(n4), kThreads, 0, st>>>(lb.z.as<const float>(), reinterpret_cast<const float4*>(lb.scale()),
+                                                    reinterpret_cast<const float4*>(lb.shift(c.K)), lb.out.as<float4>(), lb.arg.as<uchar4>(), n4,
+                                                    geom(c), drop(stage));
+        HOTOPS_CHECK_LAUNCH();
+        ++stage;
+      } else {
+        launch_act(lb.z.as<float>(), lb, c.K, lb.out.as<float>(), B * c.out_count(), Drop{});
+      }
+    }
+    gemms_fwd_[0]->run();
+    affine(hidden_, l_.dense1, Hd, B);
+    launch_act(hidden_.z.as<float>(), hidden_, Hd, hidden_.out.as<float>(), B * Hd, drop(keys_.size() - 1));
+    gemms_fwd_[1]->run();
+    if (!s_.train()) return;
+
+    float* G = grads_.as<float>();
+    models::softmax_xent<<<1, models::kLossThreads, 0, st>>>(logits_.as<const float>(), labels_.as<const std::int32_t>(), dlogits_.as<float>(),
+                                                            G + l_.dense2.b, loss_.as<float>(), dim(B), dim(C), hyper(), state_.as<StepState>());
+    HOTOPS_CHECK_LAUNCH();
+    gemm_dw2_->run();
+    gemm_dhd_->run();
+    {  // hidden: dropout, ReLU, batch norm (or bias) backward -> dh
+      const LayerBufs& lb = hidden_;
+      const int blocks = reduce_blocks(B, static_cast<int>(Hd));
+      const Drop d = drop(keys_.size() - 1);
+      reduce_dense<<<blocks, kThreads, 0, st>>>(dhd_.as<const float4>(), lb.z.as<const float4>(), reinterpret_cast<const float4*>(lb.scale()),
+                                                reinterpret_cast<const float4*>(lb.shift(Hd)), bn ? reinterpret_cast<const float4*>(lb.mean(Hd)) : nullptr,
+                                                bn ? reinterpret_cast<const float4*>(lb.rstd(Hd)) : nullptr, B, static_cast<int>(Hd), d, Hd / 4,
+                                                partial_.as<float>());
+      HOTOPS_CHECK_LAUNCH();
+      finalize(lb, l_.dense1, Hd, B, blocks);
+      const std::int64_t n4 = B * Hd / 4;
+      dz_dense<<<grid_for(n4), kThreads, 0, st>>>(dhd_.as<const float4>(), lb.z.as<const float4>(), reinterpret_cast<const float4*>(lb.scale()),
+                                                  reinterpret_cast<const float4*>(lb.shift(Hd)), lb.coef(Hd),
+                                                  bn ? reinterpret_cast<const float4*>(lb.mean(Hd)) : nullptr,
+                                                  bn ? reinterpret_cast<const float4*>(lb.rstd(Hd)) : nullptr, dh_.as<float4>(), n4, static_cast<int>(Hd), d,
+                                                  Hd / 4);
+      HOTOPS_CHECK_LAUNCH();
+    }
+    gemm_dw1_->run();
+    gemm_dflat_->run();
+    for (std::size_t i = s_.convs.size(); i-- > 0;) {
+      const ConvLayer& c = s_.convs[i];
+      const LayerBufs& lb = layers_[i];
+      const ConvPlan& cp = *plans_[i];
+      const float* dout = d_output(i);
+      const std::int64_t K = c.K;
+      const float4* mean = bn ? reinterpret_cast<const float4*>(lb.mean(K)) : nullptr;
+      const float4* rstd = bn ? reinterpret_cast<const float4*>(lb.rstd(K)) : nullptr;
+      const std::int64_t n4 = B * c.out_count() / 4;
+      if (c.pool) {
+        const std::int64_t rows = B * c.PH * c.PW;
+        const int blocks = reduce_blocks(rows, static_cast<int>(K));
+        const Drop d = drop(stage_of[i]);
+        reduce_pool<<<blocks, kThreads, 0, st>>>(reinterpret_cast<const float4*>(dout), lb.arg.as<const uchar4>(), lb.z.as<const float>(), lb.scale(),
+                                                 lb.shift(K), bn ? lb.mean(K) : nullptr, bn ? lb.rstd(K) : nullptr, rows, geom(c), d,
+                                                 partial_.as<float>());
+        HOTOPS_CHECK_LAUNCH();
+        finalize(lb, l_.conv[i], K, B * c.P * c.Q, blocks);
+        dz_pool<<<grid_for(n4), kThreads, 0, st>>>(reinterpret_cast<const float4*>(dout), lb.arg.as<const uchar4>(), lb.z.as<const float4>(),
+                                                   reinterpret_cast<const float4*>(lb.scale()), reinterpret_cast<const float4*>(lb.shift(K)),
+                                                   lb.coef(K), mean, rstd, dz_.as<float4>(), n4, geom(c), d);
+      } else {
+        const std::int64_t rows = B * c.P * c.Q;
+        const int blocks = reduce_blocks(rows, static_cast<int>(K));
+        reduce_dense<<<blocks, kThreads, 0, st>>>(reinterpret_cast<const float4*>(dout), lb.z.as<const float4>(),
+                                                  reinterpret_cast<const float4*>(lb.scale()), reinterpret_cast<const float4*>(lb.shift(K)), mean,
+                                                  rstd, rows, static_cast<int>(K), Drop{}, 1, partial_.as<float>());
+        HOTOPS_CHECK_LAUNCH();
+        finalize(lb, l_.conv[i], K, rows, blocks);
+        dz_dense<<<grid_for(n4), kThreads, 0, st>>>(reinterpret_cast<const float4*>(dout), lb.z.as<const float4>(),
+                                                    reinterpret_cast<const float4*>(lb.scale()), reinterpret_cast<const float4*>(lb.shift(K)),
+                                                    lb.coef(K), mean, rstd, dz_.as<float4>(), n4, static_cast<int>(K), Drop{}, 1);
+      }
+      HOTOPS_CHECK_LAUNCH();
+      HOTOPS_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, cp.x.h, input_of(i), cp.y.h, dz_.get(), cp.conv.h, cp.filter,
+                                                        workspace_.get(), ws_bytes_, &zero, cp.w.h, G + l_.conv[i].w));
+      if (i > 0)
+        HOTOPS_CHECK_CUDNN(cudnnConvolutionBackwardData(cudnn(), &one, cp.w.h, P + l_.conv[i].w, cp.y.h, dz_.get(), cp.conv.h, cp.data,
+                                                        workspace_.get(), ws_bytes_, &zero, cp.x.h, d_input(i)));
+    }
+    const auto n4 = static_cast<std::int64_t>(l_.total / 4);
+    models::adamw_flat<<<grid_for(n4, 4096), models::kAdamwThreads, 0, st>>>(params_.as<float4>(), grads_.as<const float4>(), m_.as<float4>(),
+                                                                             v_.as<float4>(), n4, state_.as<const StepState>());
+    HOTOPS_CHECK_LAUNCH();
+  }
+
+  static PoolGeom geom(const ConvLayer& c) {
+    return PoolGeom{dim(c.P), dim(c.Q), dim(c.K), dim(c.PH), dim(c.PW), dim(c.pool)};
+  }
+
+  void restore(const State& st, std::int64_t period) {
+    host_x_ = st.x;
+    host_labels_ = st.labels;
+    x_.upload(st.x);
+    HOTOPS_CHECK_CUDA(cudaMemcpy(labels_.get(), st.labels.data(), labels_.bytes(), cudaMemcpyHostToDevice));
+    params_.upload(st.params);
+    stats_.upload(st.stats);
+    if (s_.train()) {
+      m_.upload(st.m);
+      v_.upload(st.v);
+      HOTOPS_CHECK_CUDA(cudaMemset(state_.get(), 0, sizeof(StepState)));
+    }
+    set_period(period);
+  }
+
+  bool capture(std::string* why) {
+    cudaStream_t s = gpu::stream();
+    cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) {
+      *why = cudaGetErrorString(e);
+      (void)cudaGetLastError();
+      return false;
+    }
+    bool ok = true;
+    try {
+      device_step();
+    } catch (const Error& err) {
+      ok = false;
+      *why = err.what();
+    }
+    cudaGraph_t g = nullptr;
+    e = cudaStreamEndCapture(s, &g);
+    if (e != cudaSuccess && ok) ok = false, *why = cudaGetErrorString(e);
+    if (ok && g) {
+      e = cudaGraphInstantiate(&exec_, g, 0);
+      if (e != cudaSuccess) ok = false, *why = cudaGetErrorString(e), exec_ = nullptr;
+    }
+    if (ok) graph_ = g;
+    else if (g) cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+    return ok && exec_;
+  }
+
+  Shape s_;
+  ParamLayout l_;
+  State seeded_;
+  std::vector<DropoutKey> keys_;
+  HostBuffer host_x_;  // the batch in pageable host memory, for the e2e and graph variants
+  std::vector<std::int32_t> host_labels_;
+  gpu::DeviceBuffer x_, labels_, params_, stats_, grads_, m_, v_, state_, period_, loss_, logits_, partial_;
+  gpu::DeviceBuffer dz_, dbuf_[2], dflat_, dlogits_, dhd_, dh_, hint_, workspace_;
+  std::vector<LayerBufs> layers_;
+  LayerBufs hidden_;
+  std::vector<std::unique_ptr<ConvPlan>> plans_;
+  std::vector<std::unique_ptr<Gemm>> gemms_fwd_;
+  std::unique_ptr<Gemm> gemm_dw2_, gemm_dhd_, gemm_dw1_, gemm_dflat_;
+  std::size_t ws_bytes_ = 0;
+  std::string algos_;
+  HostBuffer logits_host_;
+  float loss_host_ = 0;
+  bool capturable_ = false;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<ModelCase> make_cuda(const Problem& p) { return std::make_unique<CudaCnn>(p); }
+
+}  // namespace hotops::model_cnn

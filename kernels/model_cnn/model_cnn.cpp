@@ -1,0 +1,342 @@
+// The model_cnn family: the architectures, names, work, the learnable task, the seeded start and
+// verification.
+//
+// Names, as the other model families': model.<arch>/<cpu|cuda>/f32/<infer|train>/batch:B, then at most
+// one variant arg: threads:T (CPU, T OpenMP threads), e2e:1 (CUDA, host time of the step with the
+// images and labels copied from pageable host memory and the loss or logits copied back), graph:1
+// (CUDA train, as e2e with the device part replayed as one CUDA graph captured at setup). Without a
+// variant arg a CUDA step is device time, the batch already on the device.
+#include "kernels/model_cnn/model_cnn.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "hotops/check.h"
+
+namespace hotops::model_cnn {
+namespace {
+
+constexpr double kAdamwFlopsPerParam = 14;  // adamw.cpp's count
+
+std::string cpu_reason(const Problem& p) {
+  const std::string why = models::threads_reason(models::step_args(p, "model_cnn", true));
+  return why.empty() ? cpu_unsupported_reason(p) : why;
+}
+
+class CnnFamily final : public Family {
+ public:
+  std::string name() const override { return "model_cnn"; }
+
+  std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
+    std::vector<Problem> out;
+    const std::vector<int> sweep(std::begin(models::kThreadSweep), std::end(models::kThreadSweep));
+    for (const Arch& a : archs())
+      if (!a.batches.empty())
+        for (std::int64_t b : batches.empty() ? a.batches : batches) models::expand_step_problems(a.name, b, sweep, true, out);
+    return out;
+  }
+
+  std::vector<Problem> test_problems() const override {
+    // The tiny architectures, both backends, both directions, every variant; batch 6 runs the periodic
+    // verification batch with a partial last period.
+    std::vector<Problem> out;
+    models::expand_step_problems("keras_test", 3, {1}, true, out);
+    models::expand_step_problems("keras_test", 6, {}, true, out);
+    models::expand_step_problems("vgg_test", 5, {2}, true, out);
+    return out;
+  }
+
+  // FLOPs, the standard count: 2 x batch x (every conv's P Q K x 9 C + the dense layers' in x out);
+  // batch norm, ReLU, pooling, dropout and the loss are not counted. train: 3x the forward (forward,
+  // data and weight gradients; the first conv's data gradient, which nothing needs, is not computed
+  // but counted, as is standard) plus AdamW's 14 per parameter.
+  // Bytes, the fewest a step must move: infer reads the parameters and the images and writes the
+  // logits; train reads the images and labels, reads and writes every parameter, m and v (6 x 4 bytes
+  // per parameter).
+  Work work(const Problem& p) const override {
+    const Shape s = shape_of(p);
+    const Arch& a = s.arch;
+    double macs = 0;
+    for (const ConvLayer& c : s.convs) macs += static_cast<double>(c.out_count()) * 9.0 * static_cast<double>(c.C);
+    macs += static_cast<double>(flat_width(a) * a.hidden + a.hidden * a.classes);
+    const double B = static_cast<double>(s.batch), P = static_cast<double>(param_layout(a).parameters);
+    const double fwd = 2 * B * macs;
+    const double x_bytes = 4 * B * static_cast<double>(a.H * a.W * a.C);
+    if (!s.train()) return {fwd, 4 * P + x_bytes + 4 * B * static_cast<double>(a.classes), B};
+    return {3 * fwd + kAdamwFlopsPerParam * P, 6 * 4 * P + x_bytes + 4 * B, B};
+  }
+
+  std::string unsupported_reason(const Problem& p) const override { return backend_unsupported_reason(p, cpu_reason); }
+
+  std::unique_ptr<Case> make(const Problem& p) const override {
+    if (p.backend == Backend::cpu) return make_cpu(p);
+#ifdef HOTOPS_HAVE_CUDA
+    return make_cuda(p);
+#else
+    throw Error("this build of hotops has no CUDA backend: " + p.name(), ErrorKind::unsupported);
+#endif
+  }
+};
+
+using models::rms;
+using models::within;
+
+std::vector<double> as_doubles(const HostBuffer& b) {
+  std::vector<double> d(b.count());
+  for (std::size_t i = 0; i < d.size(); ++i) d[i] = b.get(i);
+  return d;
+}
+
+std::vector<double> slice(const std::vector<double>& v, std::size_t at, std::size_t n) {
+  return std::vector<double>(v.begin() + static_cast<std::ptrdiff_t>(at), v.begin() + static_cast<std::ptrdiff_t>(at + n));
+}
+
+}  // namespace
+
+const std::vector<Arch>& archs() {
+  static const std::vector<Arch> all = {
+      // Seed 003: batch 64 in the study; 16 and 32 for the batch axis.
+      {"keras_cnn", 256, 256, 3, true,
+       {{{{32, true}}, 3, 0.25}, {{{64, true}, {64, true}}, 2, 0.25}, {{{128, true}, {128, true}}, 2, 0.25}},
+       1024, 0.5, 4, {16, 32, 64}},
+      // Seed 002: Keras' cifar10_cnn.py, batch 32 in the script, 128 in the study.
+      {"vgg_cifar", 32, 32, 3, false,
+       {{{{32, true}, {32, false}}, 2, 0.25}, {{{64, true}, {64, false}}, 2, 0.25}},
+       512, 0.5, 10, {32, 128, 512}},
+      // The tests' tiny versions: odd and unequal H and W, pools that crop a row or a column.
+      {"keras_test", 20, 17, 3, true, {{{{4, true}}, 3, 0.25}, {{{8, true}, {8, true}}, 2, 0.25}}, 12, 0.5, 3, {}},
+      {"vgg_test", 16, 14, 3, false, {{{{4, true}, {4, false}}, 2, 0.25}, {{{8, true}, {8, false}}, 2, 0.25}}, 16, 0.5, 5, {}},
+  };
+  return all;
+}
+
+const Arch& arch_named(const std::string& name) {
+  for (const Arch& a : archs())
+    if (a.name == name) return a;
+  throw Error("model_cnn: unknown model " + name);
+}
+
+std::vector<ConvLayer> conv_layers(const Arch& a) {
+  std::vector<ConvLayer> out;
+  std::int64_t C = a.C, H = a.H, W = a.W;
+  for (const Stage& st : a.stages)
+    for (std::size_t i = 0; i < st.convs.size(); ++i) {
+      ConvLayer c{};
+      c.C = C, c.H = H, c.W = W, c.K = st.convs[i].out, c.pad = st.convs[i].same ? 1 : 0;
+      c.P = H + 2 * c.pad - 2, c.Q = W + 2 * c.pad - 2;
+      HOTOPS_CHECK(c.P > 0 && c.Q > 0, "model_cnn: a valid conv leaves nothing of " + a.name);
+      if (i + 1 == st.convs.size()) {
+        c.pool = st.pool, c.PH = c.P / st.pool, c.PW = c.Q / st.pool, c.dropout = st.dropout;
+        HOTOPS_CHECK(c.PH > 0 && c.PW > 0, "model_cnn: a pool leaves nothing of " + a.name);
+        H = c.PH, W = c.PW;
+      } else {
+        H = c.P, W = c.Q;
+      }
+      C = c.K;
+      out.push_back(c);
+    }
+  return out;
+}
+
+std::int64_t flat_width(const Arch& a) {
+  const ConvLayer last = conv_layers(a).back();
+  return last.pooled_count();
+}
+
+Shape shape_of(const Problem& p) {
+  const models::StepArgs a = models::step_args(p, "model_cnn", true);
+  Shape s;
+  s.arch = arch_named(a.model);
+  s.convs = conv_layers(s.arch);
+  s.backend = a.backend;
+  s.dir = a.dir;
+  s.batch = a.batch;
+  s.variant = a.variant;
+  s.threads = a.threads;
+  return s;
+}
+
+ParamLayout param_layout(const Arch& a) {
+  ParamLayout l;
+  auto place = [&](const std::string& name, std::int64_t n, bool zero_grad = false) {
+    const std::size_t at = l.total;
+    l.total += (static_cast<std::size_t>(n) + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+    l.parameters += n;
+    l.tensors.emplace_back(at, static_cast<std::size_t>(n));
+    l.names.push_back(name);
+    l.zero_grad.push_back(zero_grad);
+    return at;
+  };
+  auto stats = [&](Layer& y, std::int64_t n) {
+    y.mean = l.stats;
+    y.var = l.stats + static_cast<std::size_t>(n);
+    l.stats += 2 * static_cast<std::size_t>(n);
+  };
+  const std::vector<ConvLayer> convs = conv_layers(a);
+  for (std::size_t i = 0; i < convs.size(); ++i) {
+    const ConvLayer& c = convs[i];
+    const std::string n = "conv" + std::to_string(i + 1);
+    Layer y;
+    y.w = place(n + ".W", c.K * 9 * c.C);
+    y.b = place(n + ".b", c.K, a.bn);
+    if (a.bn) y.gamma = place(n + ".gamma", c.K), y.beta = place(n + ".beta", c.K);
+    l.conv.push_back(y);
+  }
+  l.dense1.w = place("dense1.W", flat_width(a) * a.hidden);
+  l.dense1.b = place("dense1.b", a.hidden, a.bn);
+  if (a.bn) l.dense1.gamma = place("dense1.gamma", a.hidden), l.dense1.beta = place("dense1.beta", a.hidden);
+  l.dense2.w = place("dense2.W", a.hidden * a.classes);
+  l.dense2.b = place("dense2.b", a.classes);
+  if (a.bn) {
+    for (std::size_t i = 0; i < convs.size(); ++i) stats(l.conv[i], convs[i].K);
+    stats(l.dense1, a.hidden);
+  }
+  return l;
+}
+
+std::vector<pointwise::DropoutKey> dropout_keys(const Arch& a, std::uint64_t seed) {
+  std::vector<pointwise::DropoutKey> keys;
+  std::uint64_t k = seed ^ 0xd1b54a32d192ed03ull;
+  for (const Stage& st : a.stages) keys.push_back(pointwise::dropout_key(k += 0x9e3779b97f4a7c15ull, st.dropout));
+  keys.push_back(pointwise::dropout_key(k += 0x9e3779b97f4a7c15ull, a.hidden_dropout));
+  return keys;
+}
+
+State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
+  const Arch& a = s.arch;
+  State st;
+  const std::int64_t in = a.H * a.W * a.C;
+  st.x = HostBuffer(DType::f32, static_cast<std::size_t>(s.batch * in));
+  st.x.fill_uniform(seed, 1);
+  // The teacher depends on the architecture only, so that every batch size poses the same task.
+  HostBuffer teacher(DType::f32, static_cast<std::size_t>(in * a.classes));
+  teacher.fill_uniform(0xc0111e5ull, 2);
+  st.labels.resize(static_cast<std::size_t>(s.batch));
+  const float* x = st.x.as<float>();
+  const float* t = teacher.as<float>();
+  for (std::int64_t b = 0; b < s.batch; ++b) {
+    std::vector<double> score(static_cast<std::size_t>(a.classes), 0.0);
+    for (std::int64_t i = 0; i < in; ++i)
+      for (std::int64_t c = 0; c < a.classes; ++c) score[static_cast<std::size_t>(c)] += x[b * in + i] * t[i * a.classes + c];
+    st.labels[static_cast<std::size_t>(b)] =
+        static_cast<std::int32_t>(std::max_element(score.begin(), score.end()) - score.begin());
+  }
+  st.params = HostBuffer(DType::f32, l.total);
+  std::fill_n(st.params.as<float>(), l.total, 0.f);
+  const std::vector<ConvLayer>& convs = s.convs;
+  auto fill = [&](std::size_t at, std::int64_t n, std::uint64_t stream, float lo, float hi) {
+    HostBuffer u(DType::f32, static_cast<std::size_t>(n));
+    u.fill_uniform(seed, stream, lo, hi);
+    std::copy_n(u.as<float>(), n, st.params.as<float>() + at);
+  };
+  std::uint64_t stream = 100;
+  auto layer = [&](const Layer& y, std::int64_t fan_in, std::int64_t wn, std::int64_t n, bool bn) {
+    const float bound = static_cast<float>(1 / std::sqrt(static_cast<double>(fan_in)));
+    fill(y.w, wn, stream++, -bound, bound);
+    fill(y.b, n, stream++, -bound, bound);
+    if (bn) {
+      fill(y.gamma, n, stream++, 0.9f, 1.1f);
+      fill(y.beta, n, stream++, -0.1f, 0.1f);
+    }
+  };
+  for (std::size_t i = 0; i < convs.size(); ++i) layer(l.conv[i], 9 * convs[i].C, convs[i].K * 9 * convs[i].C, convs[i].K, a.bn);
+  layer(l.dense1, flat_width(a), flat_width(a) * a.hidden, a.hidden, a.bn);
+  layer(l.dense2, a.hidden, a.hidden * a.classes, a.classes, false);
+  st.stats = HostBuffer(DType::f32, std::max<std::size_t>(1, l.stats));
+  std::fill_n(st.stats.as<float>(), st.stats.count(), 0.f);
+  if (a.bn) {
+    auto stat = [&](const Layer& y, std::int64_t n) {
+      HostBuffer u(DType::f32, static_cast<std::size_t>(2 * n));
+      u.fill_uniform(seed, stream++, -0.1f, 0.1f);
+      for (std::int64_t c = 0; c < n; ++c) {
+        st.stats.as<float>()[y.mean + static_cast<std::size_t>(c)] = u.as<float>()[c];
+        st.stats.as<float>()[y.var + static_cast<std::size_t>(c)] = 1.f + u.as<float>()[n + c];
+      }
+    };
+    for (std::size_t i = 0; i < convs.size(); ++i) stat(l.conv[i], convs[i].K);
+    stat(l.dense1, a.hidden);
+  }
+  st.m = HostBuffer(DType::f32, l.total);
+  st.v = HostBuffer(DType::f32, l.total);
+  std::fill_n(st.m.as<float>(), l.total, 0.f);
+  std::fill_n(st.v.as<float>(), l.total, 0.f);
+  return st;
+}
+
+std::int64_t verify_period(const Shape& s) { return std::min(s.batch, kVerifyPeriod); }
+
+State verification_state(const Shape& s, const State& seeded) {
+  State st = seeded;
+  const std::int64_t period = verify_period(s), per = s.arch.H * s.arch.W * s.arch.C;
+  for (std::int64_t b = period; b < s.batch; ++b) {
+    std::copy_n(seeded.x.as<float>() + (b % period) * per, per, st.x.as<float>() + b * per);
+    st.labels[static_cast<std::size_t>(b)] = seeded.labels[static_cast<std::size_t>(b % period)];
+  }
+  return st;
+}
+
+// Bounds, from one step at the verification start (optimizer step 1):
+// - logits (infer) and loss: max|out - ref| / rms(ref) <= 1e-3: f32 convolutions (cuDNN may pick FFT
+//   or Winograd algorithms, whose rounding is larger than a direct sum's) through up to five layers and
+//   a 56448-term dense sum; a wrong weight, channel or pixel is O(1e-2) or more.
+// - gradients, per tensor, max|out - ref| / rms(ref) <= 5e-3 (sums over the batch and the pixels of
+//   products carried back through batch norm, pooling and dropout); a bias whose gradient is zero by
+//   construction (before batch norm) is checked against the rms of its layer's weight gradient.
+// - near-ties: a ReLU whose input is zero up to rounding, or a max-pool window whose two largest values
+//   are equal up to rounding, would route one gradient differently in the reference and in a correct
+//   implementation, and change a conv weight's gradient by O(1/sqrt(pixels)): within 1e-4 x rms of the
+//   layer's values, the reference decides as the implementation decided (its post-ReLU outputs,
+//   Outcome::relu and ::hidden; see reference.cpp).
+// - running statistics: max|out - ref| / rms(ref) <= 1e-3.
+// - the step, as the other model families: the reference takes AdamW's step in double from the
+//   gradients the implementation computed (checked above); p - p0 in units of lr, bound 1e-3.
+Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<pointwise::DropoutKey>& keys,
+                     const State& start, const Outcome& out) {
+  const Arch& a = s.arch;
+  const std::int64_t period = verify_period(s);
+  std::vector<std::int64_t> count(static_cast<std::size_t>(period), 0);
+  for (std::int64_t b = 0; b < s.batch; ++b) ++count[static_cast<std::size_t>(b % period)];
+  const std::size_t per = static_cast<std::size_t>(a.H * a.W * a.C);
+  std::vector<double> x(per * static_cast<std::size_t>(period));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = start.x.get(i);
+  const std::vector<std::int32_t> labels(start.labels.begin(), start.labels.begin() + period);
+  const std::vector<double> p0 = as_doubles(start.params), stats0 = as_doubles(start.stats);
+  Hints hints;
+  if (s.train()) {
+    for (const HostBuffer& h : out.relu) hints.conv.push_back(h.as<float>());
+    hints.hidden = out.hidden.count() ? out.hidden.as<float>() : nullptr;
+  }
+  const Reference ref = reference(s, l, keys, p0, stats0, x, labels, count, s.train(), s.train() ? &hints : nullptr);
+  if (!s.train()) {
+    const std::vector<double> logits = as_doubles(out.logits);
+    std::vector<double> r(logits.size());
+    const std::size_t C = static_cast<std::size_t>(a.classes);
+    for (std::size_t i = 0; i < r.size(); ++i) r[i] = ref.logits[((i / C) % static_cast<std::size_t>(period)) * C + i % C];
+    return within("logits", logits, r, std::max(rms(r), 1e-30), 1e-3);
+  }
+  Check c = within("loss", {static_cast<double>(out.loss)}, {ref.loss}, std::max(std::fabs(ref.loss), 1e-30), 1e-3);
+  const std::vector<double> g = as_doubles(out.grads);
+  for (std::size_t k = 0; k < l.tensors.size(); ++k) {
+    const auto [at, n] = l.tensors[k];
+    const std::vector<double> r = slice(ref.grad, at, n);
+    // A zero-by-construction bias: the scale of the weight gradient placed just before it.
+    const double scale = l.zero_grad[k] ? rms(slice(ref.grad, l.tensors[k - 1].first, l.tensors[k - 1].second)) : rms(r);
+    const std::string what = "d" + l.names[k];
+    c.merge(within(what, slice(g, at, n), r, std::max(scale, 1e-30), 5e-3), what);
+  }
+  if (l.stats > 0) {
+    const std::vector<double> st = as_doubles(out.stats);
+    c.merge(within("running stats", slice(st, 0, l.stats), ref.stats, std::max(rms(ref.stats), 1e-30), 1e-3), "stats");
+  }
+  c.merge(models::adamw_first_step(p0, g, start.m, start.v, out.params, l.total), "step");
+  return c;
+}
+
+const Family& family() {
+  static const CnnFamily f;
+  return f;
+}
+
+}  // namespace hotops::model_cnn

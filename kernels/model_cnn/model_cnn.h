@@ -1,0 +1,201 @@
+// The model_cnn family: whole training and inference steps of the seed studies' convnets, chained from
+// hotops' building blocks, on the CPU (oneDNN convolution / batch normalization / pooling / matmul
+// primitives + OpenMP loops) and on CUDA (cuDNN convolutions, cublasLt GEMMs, hand-written fused
+// kernels for batch normalization, ReLU, max-pooling and dropout, the models family's softmax
+// cross-entropy and flat AdamW).
+//
+// Ops:
+//   model.keras_cnn  seed 003 (TensorFlow 2 CPU vs GPU): 256x256x3 images, 4 classes, 58,091,396
+//                    parameters (58,088,516 trainable + 2,880 batch-norm running statistics), the
+//                    seed's Keras layer table:
+//                      conv 3x3 same 32, BN, ReLU, max-pool 3 (-> 85), dropout
+//                      conv 3x3 same 64, BN, ReLU, conv 3x3 same 64, BN, ReLU, max-pool 2 (-> 42), dropout
+//                      conv 3x3 same 128, BN, ReLU, conv 3x3 same 128, BN, ReLU, max-pool 2 (-> 21), dropout
+//                      flatten 56448, dense 1024, BN, ReLU, dropout, dense 4
+//                    The table shows no activation layers and no dropout rates. Chosen here: ReLU
+//                    after every batch normalization (conv -> BN -> ReLU), dropout 0.25 after each
+//                    pooling and 0.5 after the hidden dense layer (the rates of the Keras "smaller
+//                    VGG" recipe this table matches), Keras' batch-norm epsilon 1e-3 and momentum 0.99.
+//   model.vgg_cifar  seed 002's "VGG-like" CIFAR-10 convnet, which is Keras' cifar10_cnn.py example:
+//                    32x32x3, conv 3x3 same 32, ReLU, conv 3x3 valid 32, ReLU, max-pool 2, dropout 0.25,
+//                    conv 3x3 same 64, ReLU, conv 3x3 valid 64, ReLU, max-pool 2, dropout 0.25,
+//                    flatten 2304, dense 512, ReLU, dropout 0.5, dense 10 (1,250,858 parameters).
+// Layout: NHWC (channels last) activations on both backends, flattened in NHWC order (h, w, c) as
+// Keras flattens; conv weights KRSC ([out][kh][kw][in], cuDNN's NHWC filter layout, oneDNN's ohwi);
+// dense weights [in, out] row-major (y = x.W + b). Max-pooling: window = stride = the pool size, no
+// padding (Keras' MaxPooling2D default), the first maximum in row-major window order takes the gradient.
+// Directions:
+//   infer: forward with batch normalization in inference mode (the running statistics) and dropout off;
+//          logits [batch, classes];
+//   train: forward with batch statistics and the seeded dropout masks, loss = mean softmax
+//          cross-entropy with integer labels, backward, one AdamW step (models::hyper()) over every
+//          trainable parameter in ONE flat buffer, and the running statistics updated (momentum 0.99,
+//          unbiased batch variance, as TF's and cuDNN's fused batch norm).
+// Dropout masks are fixed: element e of sample b of dropout layer d is kept when pointwise.h's hash of
+// (the layer's key, e, b mod mask_period) says so; mask_period is the batch in a benchmark step and the
+// verification period in a verified one (see below), so every backend and the reference draw the same
+// masks. A conv bias followed by training-mode batch normalization has a gradient of exactly zero
+// (the normalization removes any per-channel shift); both backends write that zero instead of summing
+// rounding noise.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hotops/buffer.h"
+#include "hotops/op.h"
+#include "kernels/adamw/adamw.h"
+#include "kernels/models/models.h"
+#include "kernels/pointwise/pointwise.h"
+
+namespace hotops::model_cnn {
+
+using models::ModelCase;
+using models::Variant;
+
+struct Conv {
+  std::int64_t out;  // output channels (3x3 kernel, stride 1)
+  bool same;         // padding 1 (Keras "same") or 0 ("valid")
+};
+struct Stage {
+  std::vector<Conv> convs;  // each followed by [BN], ReLU
+  std::int64_t pool;        // max-pool window and stride
+  double dropout;           // after the pool
+};
+// A named architecture: keras_cnn and vgg_cifar are benchmarked, keras_test and vgg_test are the
+// tests' tiny ones (the same structure at a few pixels and channels).
+struct Arch {
+  std::string name;
+  std::int64_t H, W, C;  // input
+  bool bn;               // every conv and the hidden dense layer followed by batch normalization
+  std::vector<Stage> stages;
+  std::int64_t hidden;  // dense -> [BN] -> ReLU -> dropout
+  double hidden_dropout;
+  std::int64_t classes;
+  std::vector<std::int64_t> batches;  // benchmarked batch sizes (none for the test architectures)
+};
+const std::vector<Arch>& archs();
+const Arch& arch_named(const std::string& name);  // throws hotops::Error when unknown
+
+constexpr double kBnEps = 1e-3;       // Keras' BatchNormalization epsilon
+constexpr double kBnMomentum = 0.01;  // the weight of the batch statistics (Keras momentum 0.99)
+
+// One conv layer, unrolled from the stages, with its input and output sizes.
+struct ConvLayer {
+  std::int64_t C, H, W;  // input
+  std::int64_t K, P, Q;  // output
+  std::int64_t pad;
+  std::int64_t pool;     // > 0: the last conv of its stage, followed by max-pool `pool` and dropout
+  std::int64_t PH, PW;   // the pooled size (pool > 0)
+  double dropout;
+  std::int64_t in_count() const { return H * W * C; }   // per sample
+  std::int64_t out_count() const { return P * Q * K; }  // per sample
+  std::int64_t pooled_count() const { return PH * PW * K; }
+};
+std::vector<ConvLayer> conv_layers(const Arch& a);
+std::int64_t flat_width(const Arch& a);  // the flatten's width
+
+struct Shape {
+  Arch arch;
+  std::vector<ConvLayer> convs;
+  Backend backend = Backend::cpu;
+  Direction dir = Direction::infer;
+  std::int64_t batch = 1;
+  Variant variant = Variant::plain;
+  int threads = 0;
+  bool train() const { return dir == Direction::train; }
+};
+Shape shape_of(const Problem& p);
+
+// The trainable parameters in one flat buffer, each tensor on a 256-byte boundary, padding zero; the
+// gradients, AdamW's m and v in buffers of the same layout. Per conv layer: W [K][3][3][C], b [K],
+// then (bn) gamma [K], beta [K]; dense 1: W [flat, hidden], b, (bn) gamma, beta; dense 2: W
+// [hidden, classes], b. The running statistics (mean [K], var [K] per batch norm, conv layers then
+// the dense one) lie in a second buffer, `stats`, that AdamW does not touch.
+constexpr std::size_t kAlignFloats = 64;
+struct Layer {
+  std::size_t w = 0, b = 0, gamma = 0, beta = 0;  // parameter offsets (gamma/beta: bn only)
+  std::size_t mean = 0, var = 0;                  // stats offsets (bn only)
+};
+struct ParamLayout {
+  std::vector<Layer> conv;
+  Layer dense1, dense2;
+  std::size_t total = 0;        // floats, padding included
+  std::int64_t parameters = 0;  // trainable, padding excluded
+  std::size_t stats = 0;        // running statistics (floats, no padding)
+  std::vector<std::pair<std::size_t, std::size_t>> tensors;  // (offset, count), layout order
+  std::vector<std::string> names;
+  std::vector<bool> zero_grad;  // a conv or dense bias before batch norm: gradient zero by construction
+};
+ParamLayout param_layout(const Arch& a);
+
+inline adamw::Hyper hyper() { return models::hyper(); }
+
+// The dropout layers: one per stage, then the hidden one. Keys from the problem's seed (not its
+// backend): every backend draws the same masks.
+std::vector<pointwise::DropoutKey> dropout_keys(const Arch& a, std::uint64_t seed);
+
+// The learnable synthetic task and the start, pure functions of the seed: x uniform in [-1, 1);
+// label = argmax of a fixed random linear teacher map of x; weights and biases uniform in
+// +-1/sqrt(fan_in) (PyTorch's conv and linear init); batch-norm gamma in [0.9, 1.1), beta in [-0.1,
+// 0.1), running mean in [-0.1, 0.1), running variance in [0.9, 1.1) (near Keras' 1, 0, 0, 1 and
+// different per channel, so that a wrong channel shows); m = v = 0.
+struct State {
+  HostBuffer x;                      // [batch, H, W, C]
+  std::vector<std::int32_t> labels;  // [batch]
+  HostBuffer params, m, v, stats;
+};
+State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed);
+
+// Verification runs the step on a batch whose samples repeat with period `period` (sample b is sample
+// b % period of the seeded batch, masks included through mask_period): the batch statistics, the loss
+// and the gradients are then those of the `period` distinct samples, each weighted by how often it
+// occurs, so the double reference runs `period` samples however large the batch. Four distinct samples
+// keep the hidden batch norm well posed (with two, its normalized outputs are +-1 whatever the input).
+constexpr std::int64_t kVerifyPeriod = 4;
+std::int64_t verify_period(const Shape& s);
+State verification_state(const Shape& s, const State& seeded);
+
+// The implementation's own decisions for the reference's near-ties: per conv layer its post-ReLU
+// output [batch, P, Q, K] and the hidden layer's [batch, hidden] (see model_cnn.cpp, verification).
+struct Hints {
+  std::vector<const float*> conv;
+  const float* hidden = nullptr;
+};
+
+// The reference in double over `samples` distinct samples, sample q weighted by count[q] (the batch is
+// their sum): logits of the distinct samples, and for train the loss, the flat gradients and the
+// running statistics after the step.
+struct Reference {
+  std::vector<double> logits;  // [samples, classes]
+  double loss = 0;
+  std::vector<double> grad;
+  std::vector<double> stats;
+};
+Reference reference(const Shape& s, const ParamLayout& l, const std::vector<pointwise::DropoutKey>& keys,
+                    const std::vector<double>& params, const std::vector<double>& stats, const std::vector<double>& x,
+                    const std::vector<std::int32_t>& labels, const std::vector<std::int64_t>& count, bool train,
+                    const Hints* hints = nullptr);
+
+struct Outcome {
+  HostBuffer logits;                 // infer: [batch, classes]
+  float loss = 0;                    // train
+  HostBuffer grads, params, stats;   // train: after the step
+  std::vector<HostBuffer> relu;      // train: per conv layer, post-ReLU [batch, P, Q, K]
+  HostBuffer hidden;                 // train: post-ReLU hidden [batch, hidden] (before dropout)
+};
+// `start` is verification_state(): compares one step from it with the reference.
+Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<pointwise::DropoutKey>& keys,
+                     const State& start, const Outcome& out);
+
+std::unique_ptr<ModelCase> make_cpu(const Problem& p);
+std::string cpu_unsupported_reason(const Problem& p);
+#ifdef HOTOPS_HAVE_CUDA
+std::unique_ptr<ModelCase> make_cuda(const Problem& p);
+#endif
+
+const Family& family();
+
+}  // namespace hotops::model_cnn

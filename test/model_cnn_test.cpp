@@ -1,0 +1,158 @@
+// The model_cnn family: parameter counts against the seeds' tables, names and work, the reference's
+// gradients against finite differences, verification failing on planted errors, and the tiny models
+// learning their task.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "hotops/check.h"
+#include "hotops/gpu.h"
+#include "kernels/model_cnn/model_cnn.h"
+
+namespace hotops::model_cnn {
+namespace {
+
+Problem problem(const std::string& op, Backend be, Direction d, std::int64_t batch) {
+  return Problem{"model." + op, be, DType::f32, d, {{"batch", std::to_string(batch)}}};
+}
+
+TEST(ModelCnnLayout, ParameterCountsMatchTheSeeds) {
+  const ParamLayout k = param_layout(arch_named("keras_cnn"));
+  EXPECT_EQ(k.parameters, 58088516);  // seed 003's "Trainable params"
+  EXPECT_EQ(k.parameters + static_cast<std::int64_t>(k.stats), 58091396);  // its "Total params"
+  EXPECT_EQ(flat_width(arch_named("keras_cnn")), 56448);
+  EXPECT_EQ(param_layout(arch_named("vgg_cifar")).parameters, 1250858);  // Keras' cifar10_cnn.py
+  EXPECT_EQ(flat_width(arch_named("vgg_cifar")), 2304);
+  const std::vector<ConvLayer> c = conv_layers(arch_named("keras_cnn"));
+  ASSERT_EQ(c.size(), 5u);
+  EXPECT_EQ(c[0].PH, 85);
+  EXPECT_EQ(c[2].PH, 42);
+  EXPECT_EQ(c[4].PH, 21);
+}
+
+TEST(ModelCnnNames, NamesAndWork) {
+  std::vector<std::string> names;
+  for (const Problem& p : family().benchmark_problems({})) names.push_back(p.name());
+  for (const char* n : {"model.keras_cnn/cuda/f32/train/batch:64", "model.keras_cnn/cpu/f32/infer/batch:64",
+                        "model.keras_cnn/cuda/f32/train/batch:16/graph:1", "model.vgg_cifar/cpu/f32/train/batch:128/threads:8",
+                        "model.vgg_cifar/cuda/f32/infer/batch:512/e2e:1"})
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+  for (const std::string& n : names) EXPECT_EQ(n.find("_test"), std::string::npos) << n;
+  // vgg_cifar: convs 30x30x32x(27) ... by hand.
+  const double convs = 32.0 * 32 * 32 * 27 + 30.0 * 30 * 32 * 288 + 15.0 * 15 * 64 * 288 + 13.0 * 13 * 64 * 576;
+  const double fwd = 2.0 * 128 * (convs + 2304.0 * 512 + 512.0 * 10);
+  EXPECT_DOUBLE_EQ(family().work(problem("vgg_cifar", Backend::cpu, Direction::infer, 128)).flops, fwd);
+  EXPECT_DOUBLE_EQ(family().work(problem("vgg_cifar", Backend::cuda, Direction::train, 128)).flops, 3 * fwd + 14.0 * 1250858);
+}
+
+// Central differences of the reference's own loss, every parameter of a tiny model, samples weighted.
+void check_fd(const std::string& arch) {
+  const Shape s = shape_of(problem(arch, Backend::cpu, Direction::train, 3));
+  const ParamLayout l = param_layout(s.arch);
+  const State st = make_state(s, l, 5);
+  const auto keys = dropout_keys(s.arch, 5);
+  std::vector<double> p(l.total), stats(st.stats.count()), x(st.x.count());
+  for (std::size_t i = 0; i < p.size(); ++i) p[i] = st.params.get(i);
+  for (std::size_t i = 0; i < stats.size(); ++i) stats[i] = st.stats.get(i);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = st.x.get(i);
+  const std::vector<std::int64_t> count{2, 1, 3};
+  const Reference ref = reference(s, l, keys, p, stats, x, st.labels, count, true);
+  const double h = 1e-6;
+  for (std::size_t k = 0; k < l.tensors.size(); ++k) {
+    const auto [at, n] = l.tensors[k];
+    double worst = 0, biggest = 0;
+    for (std::size_t i = 0; i < n; i += std::max<std::size_t>(1, n / 12)) {
+      std::vector<double> q = p;
+      q[at + i] = p[at + i] + h;
+      const double lp = reference(s, l, keys, q, stats, x, st.labels, count, true).loss;
+      q[at + i] = p[at + i] - h;
+      const double lm = reference(s, l, keys, q, stats, x, st.labels, count, true).loss;
+      const double fd = (lp - lm) / (2 * h);
+      worst = std::max(worst, std::fabs(fd - ref.grad[at + i]));
+      biggest = std::max(biggest, std::fabs(fd));
+    }
+    EXPECT_LT(worst, 1e-7 + 1e-5 * biggest) << arch << " " << l.names[k] << ", largest |fd| " << biggest;
+    if (!l.zero_grad[k]) {
+      EXPECT_GT(biggest, 1e-6) << arch << " " << l.names[k];
+    }
+  }
+}
+
+TEST(ModelCnnReference, GradientsMatchFiniteDifferences) {
+  check_fd("keras_test");
+  check_fd("vgg_test");
+}
+
+// Verification passes the reference's own outcome and fails each planted error.
+TEST(ModelCnnVerify, PlantedErrorsFail) {
+  const Shape s = shape_of(problem("keras_test", Backend::cpu, Direction::train, 6));
+  const ParamLayout l = param_layout(s.arch);
+  const auto keys = dropout_keys(s.arch, 9);
+  const State st = verification_state(s, make_state(s, l, 9));
+  const std::int64_t period = verify_period(s);
+  std::vector<double> p0(l.total), stats(st.stats.count()), x(static_cast<std::size_t>(period * s.arch.H * s.arch.W * s.arch.C));
+  for (std::size_t i = 0; i < p0.size(); ++i) p0[i] = st.params.get(i);
+  for (std::size_t i = 0; i < stats.size(); ++i) stats[i] = st.stats.get(i);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = st.x.get(i);
+  const std::vector<std::int64_t> count{2, 2, 1, 1};
+  const Reference ref = reference(s, l, keys, p0, stats, x, std::vector<std::int32_t>(st.labels.begin(), st.labels.begin() + 4),
+                                  count, true);
+  auto outcome = [&](std::int64_t step) {
+    Outcome o;
+    o.loss = static_cast<float>(ref.loss);
+    o.grads = HostBuffer(DType::f32, l.total);
+    o.params = HostBuffer(DType::f32, l.total);
+    o.stats = HostBuffer(DType::f32, l.stats);
+    for (std::size_t i = 0; i < l.stats; ++i) o.stats.set(i, ref.stats[i]);
+    for (std::size_t i = 0; i < l.total; ++i) {
+      o.grads.set(i, ref.grad[i]);
+      adamw::Element e{p0[i], 0, 0};
+      adamw::reference_step(hyper(), step, o.grads.get(i), e);
+      o.params.set(i, e.p);
+    }
+    return o;
+  };
+  EXPECT_TRUE(verify_outcome(s, l, keys, st, outcome(1)).ok) << verify_outcome(s, l, keys, st, outcome(1)).message;
+  Outcome wrong_loss = outcome(1);
+  wrong_loss.loss *= 1.01f;
+  EXPECT_FALSE(verify_outcome(s, l, keys, st, wrong_loss).ok);
+  Outcome wrong_grad = outcome(1);
+  const std::size_t at = l.conv[1].w + 7;
+  wrong_grad.grads.set(at, wrong_grad.grads.get(at) * 1.5 + 1e-3);
+  EXPECT_FALSE(verify_outcome(s, l, keys, st, wrong_grad).ok);
+  Outcome wrong_stats = outcome(1);
+  wrong_stats.stats.set(l.conv[0].var + 1, wrong_stats.stats.get(l.conv[0].var + 1) + 0.01);
+  EXPECT_FALSE(verify_outcome(s, l, keys, st, wrong_stats).ok);
+  EXPECT_FALSE(verify_outcome(s, l, keys, st, outcome(2)).ok);
+  // Other masks are another model: the right outcome of the wrong keys fails.
+  EXPECT_FALSE(verify_outcome(s, l, dropout_keys(s.arch, 10), st, outcome(1)).ok);
+}
+
+void expect_learns(Backend be, const std::string& arch, int steps) {
+  auto c = family().make(problem(arch, be, Direction::train, 8));
+  auto* m = dynamic_cast<ModelCase*>(c.get());
+  ASSERT_NE(m, nullptr);
+  c->run();
+  const double first = m->last_loss();
+  for (int i = 1; i < steps; ++i) c->run();
+  const double last = m->last_loss();
+  EXPECT_TRUE(std::isfinite(last));
+  EXPECT_LT(last, 0.7 * first) << arch << " on " << backend_name(be) << ": " << first << " -> " << last;
+}
+
+TEST(ModelCnnTraining, LossFallsCpu) {
+  expect_learns(Backend::cpu, "keras_test", 40);
+  expect_learns(Backend::cpu, "vgg_test", 60);
+}
+
+TEST(ModelCnnTraining, LossFallsCuda) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  expect_learns(Backend::cuda, "keras_test", 40);
+  expect_learns(Backend::cuda, "vgg_test", 60);
+}
+
+}  // namespace
+}  // namespace hotops::model_cnn
