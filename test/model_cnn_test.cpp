@@ -63,7 +63,8 @@ void check_fd(const std::string& arch) {
   for (std::size_t k = 0; k < l.tensors.size(); ++k) {
     const auto [at, n] = l.tensors[k];
     double worst = 0, biggest = 0;
-    for (std::size_t i = 0; i < n; i += std::max<std::size_t>(1, n / 12)) {
+    // An odd stride, so that the samples of a [in, out] matrix visit every column (some are dropped out).
+    for (std::size_t i = 0; i < n; i += std::max<std::size_t>(1, n / 12) | 1) {
       std::vector<double> q = p;
       q[at + i] = p[at + i] + h;
       const double lp = reference(s, l, keys, q, stats, x, st.labels, count, true).loss;
@@ -152,6 +153,34 @@ TEST(ModelCnnTraining, LossFallsCuda) {
   if (!gpu::available(&why)) GTEST_SKIP() << why;
   expect_learns(Backend::cuda, "keras_test", 40);
   expect_learns(Backend::cuda, "vgg_test", 60);
+}
+
+// Both ways of computing a CUDA conv layer's input gradient verify (cuDNN's backward data and the
+// forward conv with the flipped filter), each forced: the timed choice may take either at a test shape.
+TEST(ModelCnnCuda, BothDataGradientPathsVerify) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  struct Timed {
+    ~Timed() { set_cuda_data_grad_path(DataGradPath::timed); }
+  } restore;
+  for (DataGradPath path : {DataGradPath::backward_data, DataGradPath::forward_flip}) {
+    set_cuda_data_grad_path(path);
+    for (const char* arch : {"keras_test", "vgg_test"}) {
+      const auto c = family().make(problem(arch, Backend::cuda, Direction::train, 6));
+      const Check chk = c->verify();
+      EXPECT_TRUE(chk.ok) << arch << ": " << chk.message;
+      const bool flip = c->label().find("data fwd-flip") != std::string::npos;
+      EXPECT_EQ(flip, path == DataGradPath::forward_flip) << c->label();
+    }
+  }
+}
+
+// The CPU's first-conv layout (keras_cnn infer's conv 1) verifies and says so.
+TEST(ModelCnnCpu, FirstConvLayoutVerifies) {
+  const auto c = family().make(problem("keras_test", Backend::cpu, Direction::infer, 5));
+  const Check chk = c->verify();
+  EXPECT_TRUE(chk.ok) << chk.message;
+  EXPECT_NE(c->label().find("first conv: nchw images"), std::string::npos) << c->label();
 }
 
 }  // namespace

@@ -13,7 +13,10 @@
 //   AdamW     one flat pass; the running statistics updated from the batch statistics
 // infer folds each batch norm's running statistics into the conv or dense weights and bias before it
 // (at setup, as ONNX Runtime's graph optimizer does), so a conv layer is one primitive with the bias
-// and the ReLU fused, then the pool.
+// and the ReLU fused, then the pool. A first conv with a pool after it (keras_cnn's) runs in oneDNN's
+// first-convolution layout instead: 3 input channels are poor work for the NHWC kernels (brgconv ran at
+// ~105 GFLOP/s), so the images are reordered to nchw, the conv writes its own blocked layout, the pool
+// runs on that, and only the pooled output is reordered to NHWC.
 #include <omp.h>
 
 #include <algorithm>
@@ -70,7 +73,9 @@ struct Step {
 struct ConvPrims {
   Step fwd, bn_fwd, pool_fwd, bn_bwd, pool_bwd, bwd_weights, bwd_data;
   Step w_to_fwd, w_to_bwd_data, dw_to_user;  // weight reorders
+  Step p_to_nhwc;                             // first-conv layout only: the pooled output to NHWC
   memory z, a, p, bn_ws, pool_ws, mean, var;  // activations and saved state (a: post-ReLU)
+  memory p_blocked;                           // first-conv layout only: the pool's own output
   memory da, dz;                              // gradients of a and z (shared scratch)
 };
 
@@ -109,7 +114,10 @@ class CpuCnn final : public ModelCase {
       const ConvLayer& c = s_.convs[i];
       const Layer& ly = l_.conv[i];
       ConvPrims& cp = conv_.emplace_back();
-      const memory::desc src = nhwc(B, c.C, c.H, c.W), dst = nhwc(B, c.K, c.P, c.Q);
+      const memory::desc src = nhwc(B, c.C, c.H, c.W), dst_user = nhwc(B, c.K, c.P, c.Q);
+      const bool first_layout = i == 0 && !s_.train() && c.pool;  // see the file comment
+      const memory::desc conv_src = first_layout ? memory::desc({B, c.C, c.H, c.W}, dt::f32, tag::nchw) : src;
+      const memory::desc conv_dst = first_layout ? memory::desc({B, c.K, c.P, c.Q}, dt::f32, tag::any) : dst_user;
       const memory::desc w_any({c.K, c.C, 3, 3}, dt::f32, tag::any), w_user({c.K, c.C, 3, 3}, dt::f32, tag::ohwi);
       const memory::dims strides{1, 1}, pad{c.pad, c.pad};
       // Batch norm in train mode takes the conv without its bias; everything else adds the bias.
@@ -118,9 +126,17 @@ class CpuCnn final : public ModelCase {
       if (!(s_.train() && a.bn)) po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
       dnnl::primitive_attr attr;
       attr.set_post_ops(po);
-      const auto fd = HOTOPS_CHECK_DNNL(dnnl::convolution_forward::desc(fwd_kind, alg, src, w_any, bias ? vec(c.K) : memory::desc(),
-                                                                        dst, strides, pad, pad));
+      const auto fd = HOTOPS_CHECK_DNNL(dnnl::convolution_forward::desc(fwd_kind, alg, conv_src, w_any, bias ? vec(c.K) : memory::desc(),
+                                                                        conv_dst, strides, pad, pad));
       const auto fpd = HOTOPS_CHECK_DNNL(dnnl::convolution_forward::primitive_desc(fd, attr, eng));
+      const memory::desc dst = fpd.dst_desc();  // dst_user but in the first-conv layout
+      memory conv_in = in;
+      if (first_layout && fpd.src_desc() != src) {
+        x_conv_ = memory(fpd.src_desc(), eng);
+        x_to_conv_ = {HOTOPS_CHECK_DNNL(dnnl::reorder(x_mem_, x_conv_)), {{DNNL_ARG_FROM, x_mem_}, {DNNL_ARG_TO, x_conv_}}};
+        conv_in = x_conv_;
+      }
+      if (first_layout) first_layout_ = fpd.dst_desc() != dst_user ? " (first conv: nchw images, its blocked output pooled, then NHWC)" : "";
       if (i == 0 || i + 1 == s_.convs.size()) conv_impl_ += std::string(i ? ", " : "") + fpd.impl_info_str();
       memory w_user_mem(w_user, eng, P + ly.w), w_fwd(fpd.weights_desc(), eng);
       cp.w_to_fwd = {HOTOPS_CHECK_DNNL(dnnl::reorder(w_user_mem, w_fwd)), {{DNNL_ARG_FROM, w_user_mem}, {DNNL_ARG_TO, w_fwd}}};
@@ -131,7 +147,7 @@ class CpuCnn final : public ModelCase {
       const bool bn_train = s_.train() && a.bn;
       memory out = memory(dst, eng);
       (bn_train ? cp.z : cp.a) = out;
-      cp.fwd = {HOTOPS_CHECK_DNNL(dnnl::convolution_forward(fpd)), {{DNNL_ARG_SRC, in}, {DNNL_ARG_WEIGHTS, w_fwd}, {DNNL_ARG_DST, out}}};
+      cp.fwd = {HOTOPS_CHECK_DNNL(dnnl::convolution_forward(fpd)), {{DNNL_ARG_SRC, conv_in}, {DNNL_ARG_WEIGHTS, w_fwd}, {DNNL_ARG_DST, out}}};
       if (bias) cp.fwd.args[DNNL_ARG_BIAS] = memory(vec(c.K), eng, P + ly.b);
       dnnl::batch_normalization_forward::primitive_desc bpd;
       if (bn_train) {
@@ -152,10 +168,16 @@ class CpuCnn final : public ModelCase {
       const memory::dims pk{c.pool, c.pool}, pz{0, 0};
       if (c.pool) {
         const memory::desc pdst = nhwc(B, c.K, c.PH, c.PW);
-        const auto pd = HOTOPS_CHECK_DNNL(dnnl::pooling_forward::desc(fwd_kind, dnnl::algorithm::pooling_max, dst, pdst, pk, pk, pz, pz));
+        const memory::desc pool_dst = first_layout ? memory::desc({B, c.K, c.PH, c.PW}, dt::f32, tag::any) : pdst;
+        const auto pd = HOTOPS_CHECK_DNNL(dnnl::pooling_forward::desc(fwd_kind, dnnl::algorithm::pooling_max, dst, pool_dst, pk, pk, pz, pz));
         ppd = HOTOPS_CHECK_DNNL(dnnl::pooling_forward::primitive_desc(pd, eng));
         cp.p = memory(pdst, eng);
-        cp.pool_fwd = {HOTOPS_CHECK_DNNL(dnnl::pooling_forward(ppd)), {{DNNL_ARG_SRC, cp.a}, {DNNL_ARG_DST, cp.p}}};
+        memory pooled = cp.p;
+        if (ppd.dst_desc() != pdst) {
+          cp.p_blocked = pooled = memory(ppd.dst_desc(), eng);
+          cp.p_to_nhwc = {HOTOPS_CHECK_DNNL(dnnl::reorder(cp.p_blocked, cp.p)), {{DNNL_ARG_FROM, cp.p_blocked}, {DNNL_ARG_TO, cp.p}}};
+        }
+        cp.pool_fwd = {HOTOPS_CHECK_DNNL(dnnl::pooling_forward(ppd)), {{DNNL_ARG_SRC, cp.a}, {DNNL_ARG_DST, pooled}}};
         if (s_.train()) cp.pool_ws = memory(ppd.workspace_desc(), eng), cp.pool_fwd.args[DNNL_ARG_WORKSPACE] = cp.pool_ws;
         next = cp.p;
       }
@@ -246,7 +268,7 @@ class CpuCnn final : public ModelCase {
   }
 
   std::string label() const override {
-    std::string l = "oneDNN convolution (" + conv_impl_ + "), " + (s_.arch.bn && s_.train() ? "batch_normalization + ReLU, " : "") +
+    std::string l = "oneDNN convolution (" + conv_impl_ + ")" + first_layout_ + ", " + (s_.arch.bn && s_.train() ? "batch_normalization + ReLU, " : "") +
                     "pooling max, matmul; hotops loops for the last layer" + (s_.train() ? ", dropout, loss, AdamW" : "") + "; NHWC; " +
                     std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
     if (!s_.train() && s_.arch.bn) l += "; batch norms folded into the weights at setup";
@@ -369,6 +391,7 @@ class CpuCnn final : public ModelCase {
   void forward() {
     const Arch& a = s_.arch;
     const bool bn_train = s_.train() && a.bn;
+    if (x_to_conv_.prim) x_to_conv_.run();
     for (std::size_t i = 0; i < conv_.size(); ++i) {
       ConvPrims& cp = conv_[i];
       if (s_.train()) cp.w_to_fwd.run();
@@ -376,6 +399,7 @@ class CpuCnn final : public ModelCase {
       if (bn_train) cp.bn_fwd.run();
       if (s_.convs[i].pool) {
         cp.pool_fwd.run();
+        if (cp.p_to_nhwc.prim) cp.p_to_nhwc.run();
         if (s_.train()) {
           HOTOPS_CHECK_DNNL(cpu::stream().wait());
           dropout(static_cast<float*>(cp.p.get_data_handle()), s_.convs[i].pooled_count(), keys_[stage_of(i)]);
@@ -565,10 +589,11 @@ class CpuCnn final : public ModelCase {
   std::vector<std::int32_t> labels_;
   std::vector<ConvPrims> conv_;
   std::vector<memory> d_in_;
-  memory x_mem_, flat_, flat2d_, da_, dz_, h_, hr_, dh_, dhr_, dflat_, hmean_, hvar_, hws_;
+  memory x_mem_, x_conv_, flat_, flat2d_, da_, dz_, h_, hr_, dh_, dhr_, dflat_, hmean_, hvar_, hws_;
+  Step x_to_conv_;  // the first-conv layout only: the images to nchw
   Step dense1_, hbn_fwd_, hbn_bwd_, dense1_dw_, dense1_dx_;
   HostBuffer hd_, logits_, dlogits_, logits_out_;
-  std::string conv_impl_;
+  std::string conv_impl_, first_layout_;
   std::int64_t step_ = 0;
   double loss_ = 0;
 };

@@ -12,7 +12,9 @@
 //            (pool argmax, dropout, ReLU recomputed from z) gradient: the pooled form reads only the
 //            pooled gradient and the argmax pixels of z; finalize_bwd writes dgamma, dbeta (or the conv
 //            bias gradient) into the flat gradients; dz_pool / dz_dense write dz in one pass over z;
-//            then cuDNN's backward filter and backward data
+//            then cuDNN's backward filter and the data gradient: per layer, whichever Find timed faster at
+//            setup of cuDNN's backward data and "fwd-flip", a forward convolution of dz with the filter
+//            rotated 180 degrees and its K/C swapped (flip_filter rebuilds it from the weights each step)
 //   head     cublasLt h = flat . W1; the same batch-norm kernels over [batch, hidden]; act with dropout;
 //            logits = hd . W2 + b2 (bias epilogue); models' softmax_xent (loss, dlogits, db2, the step
 //            count); four cublasLt GEMMs for dW2, dhd, dW1, dflat; models' flat AdamW, one launch.
@@ -343,6 +345,17 @@ __global__ void dz_dense(const float4* __restrict__ da, const float4* __restrict
   }
 }
 
+// The data gradient of a 3x3 stride-1 conv as a forward conv: dx = conv(dz, Wf, pad 2 - pad) with
+// Wf[c][r][s][k] = W[k][2-r][2-s][c] (KRSC, K and C swapped). cuDNN's NHWC f32 backward-data kernels are
+// several times slower than its forward ones at these shapes; this is the same arithmetic through them.
+__global__ void flip_filter(const float* __restrict__ w, float* __restrict__ wf, int K, int C) {
+  const int n = K * 9 * C;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const int k = i % K, rs = (i / K) % 9, c = i / (9 * K);
+    wf[i] = w[(k * 9 + 8 - rs) * C + c];
+  }
+}
+
 unsigned grid_for(std::int64_t n, std::int64_t cap = 8192) {
   return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>((n + kThreads - 1) / kThreads, cap)));
 }
@@ -376,10 +389,15 @@ int dim(std::int64_t v) {
 bool tensor_op(cudnnMathType_t m) { return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION; }
 
 // The fastest algorithm cudnnFind*AlgorithmEx measured that runs without tensor cores, with its
-// workspace. ws_size(algo, &bytes) asks one algorithm's workspace; find(count, &n, perf, ws, bytes)
-// searches (twice: the first search also times CUDA's lazy module loads).
+// workspace and Find's time. ws_size(algo, &bytes) asks one algorithm's workspace; find(count, &n,
+// perf, ws, bytes) searches (twice: the first search also times CUDA's lazy module loads).
+struct Found {
+  int algo;
+  std::size_t bytes;
+  float ms;
+};
 template <class Perf, class WsSize, class Find>
-std::pair<int, std::size_t> find_algorithm(const char* what, int count, WsSize ws_size, Find find) {
+Found find_algorithm(const char* what, int count, WsSize ws_size, Find find) {
   std::size_t want = 0;
   for (int a = 0; a < count; ++a) {
     std::size_t bytes = 0;
@@ -394,7 +412,7 @@ std::pair<int, std::size_t> find_algorithm(const char* what, int count, WsSize w
   for (int pass = 0; pass < 2; ++pass) HOTOPS_CHECK_CUDNN(find(std::min(count, 16), &n, perf, ws.get(), bytes));
   for (int i = 0; i < n; ++i)
     if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= bytes && !tensor_op(perf[i].mathType))
-      return {static_cast<int>(perf[i].algo), perf[i].memory};
+      return {static_cast<int>(perf[i].algo), perf[i].memory, perf[i].time};
   throw Error(std::string("model_cnn: cuDNN has no f32 FMA-math ") + what + " algorithm for a layer", ErrorKind::unsupported);
 }
 
@@ -406,6 +424,12 @@ struct ConvPlan {
   cudnnConvolutionBwdDataAlgo_t data{};
   cudnnConvolutionBwdFilterAlgo_t filter{};
   std::size_t ws = 0;
+  // The data gradient as a forward conv of dz (y's descriptor) with the flipped filter into x's.
+  bool flip = false;
+  FilterDesc wf;
+  ConvDesc flip_conv;
+  cudnnConvolutionFwdAlgo_t flip_fwd{};
+  gpu::DeviceBuffer wf_buf;  // [C][3][3][K]
 };
 
 // D (m x n, ld ldd) = op(A) . op(B) (+ bias over rows), column-major, cublasLt f32 (no TF32), the
@@ -671,42 +695,81 @@ class CudaCnn final : public ModelCase {
       const float* x = input_of(i);
       const float* w = params_.as<float>() + l_.conv[i].w;
       float* z = layers_[i].z.as<float>();
-      auto [fa, fw] = find_algorithm<cudnnConvolutionFwdAlgoPerf_t>(
+      const Found fwd = find_algorithm<cudnnConvolutionFwdAlgoPerf_t>(
           "forward", CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
           [&](int al, std::size_t* b) { return cudnnGetConvolutionForwardWorkspaceSize(cudnn(), cp.x.h, cp.w.h, cp.conv.h, cp.y.h, static_cast<cudnnConvolutionFwdAlgo_t>(al), b); },
           [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
             return cudnnFindConvolutionForwardAlgorithmEx(cudnn(), cp.x.h, x, cp.w.h, w, cp.conv.h, cp.y.h, z, n, got, perf, wsp, bytes);
           });
-      cp.fwd = static_cast<cudnnConvolutionFwdAlgo_t>(fa);
-      cp.ws = fw;
-      algos_ += std::string(i ? ", " : "") + "fwd " + std::to_string(fa);
+      cp.fwd = static_cast<cudnnConvolutionFwdAlgo_t>(fwd.algo);
+      cp.ws = fwd.bytes;
+      algos_ += std::string(i ? ", " : "") + "fwd " + std::to_string(fwd.algo);
       if (s_.train()) {
         float* dw = grads_.as<float>() + l_.conv[i].w;
-        auto [ba, bw] = find_algorithm<cudnnConvolutionBwdFilterAlgoPerf_t>(
+        const Found filter = find_algorithm<cudnnConvolutionBwdFilterAlgoPerf_t>(
             "backward filter", CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
             [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn(), cp.x.h, cp.y.h, cp.conv.h, cp.w.h, static_cast<cudnnConvolutionBwdFilterAlgo_t>(al), b); },
             [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
               return cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnn(), cp.x.h, x, cp.y.h, dz_.as<float>(), cp.conv.h, cp.w.h, dw, n, got, perf, wsp, bytes);
             });
-        cp.filter = static_cast<cudnnConvolutionBwdFilterAlgo_t>(ba);
-        cp.ws = std::max(cp.ws, bw);
-        algos_ += " filter " + std::to_string(ba);
-        if (i > 0) {
-          auto [da, dwb] = find_algorithm<cudnnConvolutionBwdDataAlgoPerf_t>(
-              "backward data", CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-              [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn(), cp.w.h, cp.y.h, cp.conv.h, cp.x.h, static_cast<cudnnConvolutionBwdDataAlgo_t>(al), b); },
-              [&](int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
-                return cudnnFindConvolutionBackwardDataAlgorithmEx(cudnn(), cp.w.h, w, cp.y.h, dz_.as<float>(), cp.conv.h, cp.x.h, d_input(i), n, got, perf, wsp, bytes);
-              });
-          cp.data = static_cast<cudnnConvolutionBwdDataAlgo_t>(da);
-          cp.ws = std::max(cp.ws, dwb);
-          algos_ += " data " + std::to_string(da);
-        }
+        cp.filter = static_cast<cudnnConvolutionBwdFilterAlgo_t>(filter.algo);
+        cp.ws = std::max(cp.ws, filter.bytes);
+        algos_ += " filter " + std::to_string(filter.algo);
+        if (i > 0) plan_data_gradient(i, cp);
       }
       ws = std::max(ws, cp.ws);
     }
     workspace_ = gpu::DeviceBuffer(std::max<std::size_t>(ws, 1));
     ws_bytes_ = ws;
+  }
+
+  // Conv layer i's input gradient: cuDNN's backward data, or the forward conv of dz with the flipped
+  // filter (see flip_filter), whichever Find timed faster (or the one cuda_data_grad_path() forces).
+  void plan_data_gradient(std::size_t i, ConvPlan& cp) {
+    const ConvLayer& c = s_.convs[i];
+    const float* w = params_.as<float>() + l_.conv[i].w;
+    const DataGradPath path = cuda_data_grad_path();
+    Found data{-1, 0, 0.f}, flip{-1, 0, 0.f};
+    if (path != DataGradPath::forward_flip)
+      data = find_algorithm<cudnnConvolutionBwdDataAlgoPerf_t>(
+          "backward data", CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+          [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn(), cp.w.h, cp.y.h, cp.conv.h, cp.x.h, static_cast<cudnnConvolutionBwdDataAlgo_t>(al), b); },
+          [&](int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
+            return cudnnFindConvolutionBackwardDataAlgorithmEx(cudnn(), cp.w.h, w, cp.y.h, dz_.as<float>(), cp.conv.h, cp.x.h, d_input(i), n, got, perf, wsp, bytes);
+          });
+    if (path != DataGradPath::backward_data) {
+      const std::int64_t B = s_.batch, fpad = 2 - c.pad;
+      HOTOPS_CHECK_CUDNN(cudnnSetFilter4dDescriptor(cp.wf.h, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, dim(c.C), dim(c.K), 3, 3));
+      HOTOPS_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(cp.flip_conv.h, dim(fpad), dim(fpad), 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+      HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.flip_conv.h, CUDNN_FMA_MATH));
+      int n = 0, ch = 0, h = 0, wd = 0;
+      HOTOPS_CHECK_CUDNN(cudnnGetConvolution2dForwardOutputDim(cp.flip_conv.h, cp.y.h, cp.wf.h, &n, &ch, &h, &wd));
+      HOTOPS_CHECK(n == B && ch == c.C && h == c.H && wd == c.W, "model_cnn: the flipped-filter conv does not give the input's shape");
+      cp.wf_buf = floats(c.C * 9 * c.K);
+      launch_flip(w, cp, c);
+      flip = find_algorithm<cudnnConvolutionFwdAlgoPerf_t>(
+          "forward (flipped filter)", CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+          [&](int al, std::size_t* b) { return cudnnGetConvolutionForwardWorkspaceSize(cudnn(), cp.y.h, cp.wf.h, cp.flip_conv.h, cp.x.h, static_cast<cudnnConvolutionFwdAlgo_t>(al), b); },
+          [&](int n2, int* got, cudnnConvolutionFwdAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
+            return cudnnFindConvolutionForwardAlgorithmEx(cudnn(), cp.y.h, dz_.as<float>(), cp.wf.h, cp.wf_buf.as<float>(), cp.flip_conv.h, cp.x.h, d_input(i), n2, got, perf, wsp, bytes);
+          });
+    }
+    cp.flip = path == DataGradPath::forward_flip || (path == DataGradPath::timed && flip.ms < data.ms);
+    if (cp.flip) {
+      cp.flip_fwd = static_cast<cudnnConvolutionFwdAlgo_t>(flip.algo);
+      cp.ws = std::max(cp.ws, flip.bytes);
+      algos_ += " data fwd-flip " + std::to_string(flip.algo);
+    } else {
+      cp.wf_buf = gpu::DeviceBuffer();
+      cp.data = static_cast<cudnnConvolutionBwdDataAlgo_t>(data.algo);
+      cp.ws = std::max(cp.ws, data.bytes);
+      algos_ += " data " + std::to_string(data.algo);
+    }
+  }
+
+  void launch_flip(const float* w, const ConvPlan& cp, const ConvLayer& c) const {
+    flip_filter<<<grid_for(c.K * 9 * c.C, 512), kThreads, 0, gpu::stream()>>>(w, cp.wf_buf.as<float>(), dim(c.K), dim(c.C));
+    HOTOPS_CHECK_LAUNCH();
   }
 
   void plan_gemms() {
@@ -872,9 +935,14 @@ class CudaCnn final : public ModelCase {
       HOTOPS_CHECK_LAUNCH();
       HOTOPS_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, cp.x.h, input_of(i), cp.y.h, dz_.get(), cp.conv.h, cp.filter,
                                                         workspace_.get(), ws_bytes_, &zero, cp.w.h, G + l_.conv[i].w));
-      if (i > 0)
+      if (i > 0 && cp.flip) {
+        launch_flip(P + l_.conv[i].w, cp, c);
+        HOTOPS_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, cp.y.h, dz_.get(), cp.wf.h, cp.wf_buf.get(), cp.flip_conv.h, cp.flip_fwd,
+                                                   workspace_.get(), ws_bytes_, &zero, cp.x.h, d_input(i)));
+      } else if (i > 0) {
         HOTOPS_CHECK_CUDNN(cudnnConvolutionBackwardData(cudnn(), &one, cp.w.h, P + l_.conv[i].w, cp.y.h, dz_.get(), cp.conv.h, cp.data,
                                                         workspace_.get(), ws_bytes_, &zero, cp.x.h, d_input(i)));
+      }
     }
     const auto n4 = static_cast<std::int64_t>(l_.total / 4);
     models::adamw_flat<<<grid_for(n4, 4096), models::kAdamwThreads, 0, st>>>(params_.as<float4>(), grads_.as<const float4>(), m_.as<float4>(),

@@ -9,6 +9,7 @@
 #include "kernels/model_cnn/model_cnn.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -106,7 +107,7 @@ const std::vector<Arch>& archs() {
        {{{{32, true}, {32, false}}, 2, 0.25}, {{{64, true}, {64, false}}, 2, 0.25}},
        512, 0.5, 10, {32, 128, 512}},
       // The tests' tiny versions: odd and unequal H and W, pools that crop a row or a column.
-      {"keras_test", 20, 17, 3, true, {{{{4, true}}, 3, 0.25}, {{{8, true}, {8, true}}, 2, 0.25}}, 12, 0.5, 3, {}},
+      {"keras_test", 20, 17, 3, true, {{{{4, true}}, 3, 0.25}, {{{8, true}, {8, true}}, 2, 0.25}}, 16, 0.5, 3, {}},
       {"vgg_test", 16, 14, 3, false, {{{{4, true}, {4, false}}, 2, 0.25}, {{{8, true}, {8, false}}, 2, 0.25}}, 16, 0.5, 5, {}},
   };
   return all;
@@ -333,6 +334,12 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<poi
   c.merge(models::adamw_first_step(p0, g, start.m, start.v, out.params, l.total), "step");
   return c;
 }
+
+namespace {
+std::atomic<DataGradPath> g_data_grad_path{DataGradPath::timed};
+}  // namespace
+void set_cuda_data_grad_path(DataGradPath p) { g_data_grad_path = p; }
+DataGradPath cuda_data_grad_path() { return g_data_grad_path; }
 
 const Family& family() {
   static const CnnFamily f;

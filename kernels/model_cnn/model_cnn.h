@@ -190,6 +190,14 @@ struct Outcome {
 Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<pointwise::DropoutKey>& keys,
                      const State& start, const Outcome& out);
 
+// How a CUDA train step computes a conv layer's input gradient: per layer at setup, whichever of
+// cuDNN's backward data and the forward conv with the flipped filter cudnnFind timed faster (the
+// default), or forced to one of them (tests, so that both paths are verified at any shape).
+// Process-wide, read when a case is made; the label names each layer's choice.
+enum class DataGradPath { timed, backward_data, forward_flip };
+void set_cuda_data_grad_path(DataGradPath p);
+DataGradPath cuda_data_grad_path();
+
 std::unique_ptr<ModelCase> make_cpu(const Problem& p);
 std::string cpu_unsupported_reason(const Problem& p);
 #ifdef HOTOPS_HAVE_CUDA
