@@ -1,9 +1,11 @@
 // The model_bert family: the reference's gradients against finite differences on a tiny layer,
-// verification failing on planted errors, names and work, and the layer learning its target.
+// verification failing on planted errors (f32 and bf16), names and work, and the layer learning its
+// target in f32 and bf16.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 
 #include "hotops/check.h"
@@ -13,8 +15,8 @@
 namespace hotops::model_bert {
 namespace {
 
-Problem problem(const std::string& op, Backend be, Direction d, std::int64_t batch) {
-  return Problem{"model." + op, be, DType::f32, d, {{"batch", std::to_string(batch)}}};
+Problem problem(const std::string& op, Backend be, Direction d, std::int64_t batch, DType t = DType::f32) {
+  return Problem{"model." + op, be, t, d, {{"batch", std::to_string(batch)}}};
 }
 
 TEST(ModelBertLayout, ParameterCount) {
@@ -26,12 +28,31 @@ TEST(ModelBertNames, NamesAndWork) {
   std::vector<std::string> names;
   for (const Problem& p : family().benchmark_problems({})) names.push_back(p.name());
   for (const char* n : {"model.bert_layer/cuda/f32/train/batch:32", "model.vit_layer/cuda/f32/infer/batch:8/e2e:1",
-                        "model.bert_layer/cpu/f32/train/batch:8/threads:8"})
+                        "model.bert_layer/cpu/f32/train/batch:8/threads:8", "model.bert_layer/cuda/bf16/train/batch:32",
+                        "model.vit_layer/cuda/bf16/infer/batch:8/e2e:1", "model.bert_layer/cpu/bf16/train/batch:8/threads:8"})
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+  // Every problem in both dtypes: 2 layers x 2 batches x 2 directions x (cpu, threads:1, threads:8,
+  // cuda, e2e:1) x 2 dtypes.
+  EXPECT_EQ(names.size(), 2u * 2 * 2 * 5 * 2);
   const Work w = family().work(problem("bert_layer", Backend::cuda, Direction::train, 32));
   const double T = 32 * 128;
   const double fwd = 2 * T * (4.0 * 768 * 768 + 2.0 * 768 * 3072) + 4.0 * 32 * 12 * 128 * 128 * 64;
   EXPECT_DOUBLE_EQ(w.flops, 3 * fwd + 14.0 * 7087872);
+  // bf16: the same FLOPs; x and the target move as bf16, the f32 masters and AdamW's state as before.
+  const Work wb = family().work(problem("bert_layer", Backend::cuda, Direction::train, 32, DType::bf16));
+  EXPECT_DOUBLE_EQ(wb.flops, w.flops);
+  EXPECT_DOUBLE_EQ(w.bytes - wb.bytes, 2 * 2 * T * 768);
+  EXPECT_THROW(shape_of(problem("bert_layer", Backend::cuda, Direction::train, 32, DType::f16)), Error);
+}
+
+TEST(ModelBertNames, CpuBf16SaysWhyWhereUnsupported) {
+  const std::string why = cpu_bf16_reason();
+  const Problem p = problem("bert_layer", Backend::cpu, Direction::train, 1, DType::bf16);
+  EXPECT_EQ(family().unsupported_reason(p), why);
+  if (!why.empty()) {
+    EXPECT_NE(why.find("bf16"), std::string::npos) << why;
+  }
+  EXPECT_EQ(family().unsupported_reason(problem("bert_layer", Backend::cpu, Direction::train, 1)), "");
 }
 
 // Central differences of the reference's own loss on a tiny layer with every parameter random.
@@ -111,8 +132,67 @@ TEST(ModelBertVerify, PlantedErrorsFail) {
   EXPECT_FALSE(verify_outcome(si, l, st, y).ok);
 }
 
-void expect_learns(Backend be, const std::string& op, int steps) {
-  auto c = family().make(problem(op, be, Direction::train, 1));
+// One step's outcome as the double reference computes it from `params` (the start's, possibly with a
+// planted slip) with `rounding`: Rounding::bf16 models a correct bf16 implementation's rounding.
+Outcome outcome_of(const Shape& s, const ParamLayout& l, const State& st, std::vector<double> params, Rounding rounding) {
+  std::vector<double> x(st.x.count()), t(st.target.count());
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = st.x.get(i), t[i] = st.target.get(i);
+  const Reference ref = reference(s.arch, l, params, x, t, s.batch, s.train(), rounding);
+  Outcome o;
+  if (!s.train()) {
+    o.y = HostBuffer(s.dtype, ref.y.size());
+    for (std::size_t i = 0; i < ref.y.size(); ++i) o.y.set(i, ref.y[i]);
+    return o;
+  }
+  o.loss = static_cast<float>(ref.loss);
+  o.grads = HostBuffer(DType::f32, l.total);
+  o.params = HostBuffer(DType::f32, l.total);
+  for (std::size_t i = 0; i < l.total; ++i) {
+    o.grads.set(i, ref.grad[i]);
+    adamw::Element e{st.params.get(i), 0, 0};
+    adamw::reference_step(hyper(), 1, o.grads.get(i), e);
+    o.params.set(i, e.p);
+  }
+  return o;
+}
+
+// The bf16 bounds pass a correct bf16 step (the reference with bf16 rounding), which the f32 bounds
+// reject, and fail steps with a slip that a bf16 implementation could make: a missing bias, a
+// transposed weight. Both layers, both directions, batch 1.
+void check_bf16_bounds(const std::string& op, Direction d) {
+  const Shape s = shape_of(problem(op, Backend::cuda, d, 1, DType::bf16));
+  const ParamLayout l = param_layout(s.arch);
+  const State st = verification_state(s, make_state(s, l, 42));
+  std::vector<double> p0(l.total);
+  for (std::size_t i = 0; i < l.total; ++i) p0[i] = st.params.get(i);
+  const Check good = verify_outcome(s, l, st, outcome_of(s, l, st, p0, Rounding::bf16));
+  EXPECT_TRUE(good.ok) << op << ": " << good.message;
+  std::printf("%s %s bf16-rounded reference: worst error %.3g of its bound %.3g\n", op.c_str(),
+              d == Direction::train ? "train" : "infer", good.max_err, good.tol);
+  Shape f32 = s;
+  f32.dtype = DType::f32;
+  EXPECT_FALSE(verify_outcome(f32, l, st, outcome_of(s, l, st, p0, Rounding::bf16)).ok) << op << ": the f32 bounds pass bf16";
+  const std::int64_t H = s.arch.hidden;
+  std::vector<double> no_bias = p0, transposed = p0;
+  for (std::int64_t i = 0; i < H; ++i) no_bias[l.bo + static_cast<std::size_t>(i)] = 0;
+  for (std::int64_t i = 0; i < H; ++i)
+    for (std::int64_t j = 0; j < H; ++j)
+      transposed[l.wo + static_cast<std::size_t>(i * H + j)] = p0[l.wo + static_cast<std::size_t>(j * H + i)];
+  const Check slip1 = verify_outcome(s, l, st, outcome_of(s, l, st, no_bias, Rounding::bf16));
+  EXPECT_FALSE(slip1.ok) << op << ": a missing attention output bias passes";
+  std::printf("  missing bo: %.3g (%s)\n", slip1.max_err, slip1.message.c_str());
+  const Check slip2 = verify_outcome(s, l, st, outcome_of(s, l, st, transposed, Rounding::bf16));
+  EXPECT_FALSE(slip2.ok) << op << ": a transposed Wo passes";
+  std::printf("  transposed Wo: %.3g (%s)\n", slip2.max_err, slip2.message.c_str());
+}
+
+TEST(ModelBertVerify, Bf16BoundsBertTrain) { check_bf16_bounds("bert_layer", Direction::train); }
+TEST(ModelBertVerify, Bf16BoundsBertInfer) { check_bf16_bounds("bert_layer", Direction::infer); }
+TEST(ModelBertVerify, Bf16BoundsVitTrain) { check_bf16_bounds("vit_layer", Direction::train); }
+TEST(ModelBertVerify, Bf16BoundsVitInfer) { check_bf16_bounds("vit_layer", Direction::infer); }
+
+void expect_learns(Backend be, const std::string& op, int steps, DType t = DType::f32) {
+  auto c = family().make(problem(op, be, Direction::train, 1, t));
   auto* m = dynamic_cast<LayerCase*>(c.get());
   ASSERT_NE(m, nullptr);
   c->run();
@@ -120,7 +200,7 @@ void expect_learns(Backend be, const std::string& op, int steps) {
   for (int i = 1; i < steps; ++i) c->run();
   const double last = m->last_loss();
   EXPECT_TRUE(std::isfinite(last));
-  EXPECT_LT(last, 0.8 * first) << op << " on " << backend_name(be) << ": " << first << " -> " << last;
+  EXPECT_LT(last, 0.8 * first) << op << " on " << backend_name(be) << " " << dtype_name(t) << ": " << first << " -> " << last;
 }
 
 TEST(ModelBertTraining, LossFallsCpu) {
@@ -133,6 +213,20 @@ TEST(ModelBertTraining, LossFallsCuda) {
   if (!gpu::available(&why)) GTEST_SKIP() << why;
   expect_learns(Backend::cuda, "bert_layer", 30);
   expect_learns(Backend::cuda, "vit_layer", 30);
+}
+
+TEST(ModelBertTraining, LossFallsCpuBf16) {
+  const std::string why = cpu_bf16_reason();
+  if (!why.empty()) GTEST_SKIP() << why;
+  expect_learns(Backend::cpu, "bert_layer", 30, DType::bf16);
+  expect_learns(Backend::cpu, "vit_layer", 30, DType::bf16);
+}
+
+TEST(ModelBertTraining, LossFallsCudaBf16) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  expect_learns(Backend::cuda, "bert_layer", 30, DType::bf16);
+  expect_learns(Backend::cuda, "vit_layer", 30, DType::bf16);
 }
 
 }  // namespace

@@ -1,4 +1,6 @@
-// model_bert on CUDA. GEMMs: the dense layers are cublasLt f32 matmuls (CUBLAS_COMPUTE_32F: no TF32),
+// model_bert on CUDA. GEMMs: the dense layers are cublasLt matmuls with CUBLAS_COMPUTE_32F (f32: f32
+// operands, no TF32; bf16: bf16 operands on the tensor cores, f32 accumulation, bf16 activations out
+// and f32 weight gradients out),
 // with the BIAS epilogue in the forward and the residual added through C (D = A.B + bias + C, beta 1);
 // the attention's six per-head GEMMs (scores, context; dP, dV, dQ, dK) are one cublasGemmBatchedEx
 // each over batch x heads, on pointer arrays (built at setup) into the [tokens, 3 hidden] QKV buffer and
@@ -8,11 +10,15 @@
 // sums for the bias gradients (two deterministic stages), the MSE loss (two stages, the second
 // advancing the optimizer's device step count) and one flat AdamW pass. No host synchronisation in a
 // step: capturable. Row-major tensors are seen as column-major transposes (see cuda_cublas.cu).
+// Every kernel is a template over the activations' storage T (float or bf16) and computes in f32; a
+// bf16 step begins with one cast of the f32 master parameters into their bf16 copy.
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "hotops/cuda_util.h"
 #include "kernels/model_bert/model_bert.h"
@@ -32,6 +38,32 @@ struct StepState {
   adamw::StepScalars s;
 };
 
+using bf16 = __nv_bfloat16;
+
+// Storage <-> f32: f32 as is; bf16 rounded to nearest even. Four at a time: float4, or 4 bf16 in 8 bytes.
+__device__ inline float f32_of(float v) { return v; }
+__device__ inline float f32_of(bf16 v) { return __bfloat162float(v); }
+template <class T> __device__ inline T stored(float v);
+template <> __device__ inline float stored<float>(float v) { return v; }
+template <> __device__ inline bf16 stored<bf16>(float v) { return __float2bfloat16_rn(v); }
+
+struct alignas(8) Bf16x4 {
+  __nv_bfloat162 lo, hi;
+};
+template <class T> struct Quad;
+template <> struct Quad<float> { using type = float4; };
+template <> struct Quad<bf16> { using type = Bf16x4; };
+__device__ inline float4 f32_of(float4 v) { return v; }
+__device__ inline float4 f32_of(Bf16x4 v) {
+  const float2 a = __bfloat1622float2(v.lo), b = __bfloat1622float2(v.hi);
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+template <class Q> __device__ inline Q stored4(float4 v);
+template <> __device__ inline float4 stored4<float4>(float4 v) { return v; }
+template <> __device__ inline Bf16x4 stored4<Bf16x4>(float4 v) {
+  return Bf16x4{__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
+}
+
 __device__ inline float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -42,17 +74,18 @@ __device__ inline float warp_max(float v) {
 }
 
 // In place over rows of n (<= kMaxRow): x = softmax(x). A warp per row.
-__global__ void __launch_bounds__(kThreads) softmax_fwd(float* __restrict__ x, std::int64_t rows, int n) {
+template <class T>
+__global__ void __launch_bounds__(kThreads) softmax_fwd(T* __restrict__ x, std::int64_t rows, int n) {
   const std::int64_t r = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
-  float* row = x + r * n;
+  T* row = x + r * n;
   float v[kMaxRow / 32];
   float mx = -INFINITY;
 #pragma unroll
   for (int k = 0; k < kMaxRow / 32; ++k) {
     const int c = lane + 32 * k;
-    v[k] = c < n ? row[c] : -INFINITY;
+    v[k] = c < n ? f32_of(row[c]) : -INFINITY;
     mx = fmaxf(mx, v[k]);
   }
   mx = warp_max(mx);
@@ -67,32 +100,33 @@ __global__ void __launch_bounds__(kThreads) softmax_fwd(float* __restrict__ x, s
 #pragma unroll
   for (int k = 0; k < kMaxRow / 32; ++k) {
     const int c = lane + 32 * k;
-    if (c < n) row[c] = v[k] * inv;
+    if (c < n) row[c] = stored<T>(v[k] * inv);
   }
 }
 
 // In place: d = p * (d - sum(d * p)) over rows of n (the softmax's input gradient; the scale is
 // applied by the GEMMs that read it).
-__global__ void __launch_bounds__(kThreads) softmax_bwd(float* __restrict__ d, const float* __restrict__ p, std::int64_t rows, int n) {
+template <class T>
+__global__ void __launch_bounds__(kThreads) softmax_bwd(T* __restrict__ d, const T* __restrict__ p, std::int64_t rows, int n) {
   const std::int64_t r = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
-  float* dr = d + r * n;
-  const float* pr = p + r * n;
+  T* dr = d + r * n;
+  const T* pr = p + r * n;
   float dv[kMaxRow / 32], pv[kMaxRow / 32];
   float dot = 0.f;
 #pragma unroll
   for (int k = 0; k < kMaxRow / 32; ++k) {
     const int c = lane + 32 * k;
-    dv[k] = c < n ? dr[c] : 0.f;
-    pv[k] = c < n ? pr[c] : 0.f;
+    dv[k] = c < n ? f32_of(dr[c]) : 0.f;
+    pv[k] = c < n ? f32_of(pr[c]) : 0.f;
     dot += dv[k] * pv[k];
   }
   dot = warp_sum(dot);
 #pragma unroll
   for (int k = 0; k < kMaxRow / 32; ++k) {
     const int c = lane + 32 * k;
-    if (c < n) dr[c] = pv[k] * (dv[k] - dot);
+    if (c < n) dr[c] = stored<T>(pv[k] * (dv[k] - dot));
   }
 }
 
@@ -102,37 +136,46 @@ __device__ inline float gelu_grad(float z) {
 }
 
 // f = gelu(z) (z has the bias from the GEMM's epilogue), n4 vectors of 4.
-__global__ void gelu_fwd(const float4* __restrict__ z, float4* __restrict__ f, std::int64_t n4) {
+template <class Q>
+__global__ void gelu_fwd(const Q* __restrict__ z, Q* __restrict__ f, std::int64_t n4) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const float4 v = z[i];
-    f[i] = make_float4(gelu(v.x), gelu(v.y), gelu(v.z), gelu(v.w));
+    const float4 v = f32_of(z[i]);
+    f[i] = stored4<Q>(make_float4(gelu(v.x), gelu(v.y), gelu(v.z), gelu(v.w)));
   }
 }
 
 // df *= gelu'(z) in place.
-__global__ void gelu_bwd(float4* __restrict__ df, const float4* __restrict__ z, std::int64_t n4) {
+template <class Q>
+__global__ void gelu_bwd(Q* __restrict__ df, const Q* __restrict__ z, std::int64_t n4) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const float4 v = z[i];
-    float4 d = df[i];
+    const float4 v = f32_of(z[i]);
+    float4 d = f32_of(df[i]);
     d.x *= gelu_grad(v.x), d.y *= gelu_grad(v.y), d.z *= gelu_grad(v.z), d.w *= gelu_grad(v.w);
-    df[i] = d;
+    df[i] = stored4<Q>(d);
   }
 }
 
+// The bf16 copy of the f32 master parameters, n4 vectors of 4 (the flat layout's padding included).
+__global__ void to_bf16(const float4* __restrict__ p, Bf16x4* __restrict__ w, std::int64_t n4) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    w[i] = stored4<Bf16x4>(p[i]);
+}
+
 // y = LN(x) over rows of h (<= kMaxHidden), a warp per row; mean and rstd kept for the backward.
-__global__ void __launch_bounds__(kThreads) ln_fwd(const float* __restrict__ x, const float* __restrict__ g,
-                                                  const float* __restrict__ b, float* __restrict__ y, float* __restrict__ mean,
+template <class T>
+__global__ void __launch_bounds__(kThreads) ln_fwd(const T* __restrict__ x, const float* __restrict__ g,
+                                                  const float* __restrict__ b, T* __restrict__ y, float* __restrict__ mean,
                                                   float* __restrict__ rstd, std::int64_t rows, int h, float eps) {
   const std::int64_t r = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
-  const float* xr = x + r * h;
+  const T* xr = x + r * h;
   float v[kMaxHidden / 32];
   float s = 0.f;
 #pragma unroll
   for (int k = 0; k < kMaxHidden / 32; ++k) {
     const int c = lane + 32 * k;
-    v[k] = c < h ? xr[c] : 0.f;
+    v[k] = c < h ? f32_of(xr[c]) : 0.f;
     s += v[k];
   }
   const float m = warp_sum(s) / static_cast<float>(h);
@@ -145,21 +188,22 @@ __global__ void __launch_bounds__(kThreads) ln_fwd(const float* __restrict__ x, 
   }
   const float rs = rsqrtf(warp_sum(q) / static_cast<float>(h) + eps);
   if (lane == 0) mean[r] = m, rstd[r] = rs;
-  float* yr = y + r * h;
+  T* yr = y + r * h;
 #pragma unroll
   for (int k = 0; k < kMaxHidden / 32; ++k) {
     const int c = lane + 32 * k;
-    if (c < h) yr[c] = (v[k] - m) * rs * g[c] + b[c];
+    if (c < h) yr[c] = stored<T>((v[k] - m) * rs * g[c] + b[c]);
   }
 }
 
 // LayerNorm backward, a warp per row (rows strided over the grid's warps): dx = rstd (dy g - mean(dy g)
 // - xhat mean(dy g xhat)) (+ dres), when dx is given; each block's sums of dy xhat and dy per column
 // into partial[block][2h] (warps added in order: deterministic).
-__global__ void __launch_bounds__(kThreads) ln_bwd(const float* __restrict__ dy, const float* __restrict__ x,
+template <class T>
+__global__ void __launch_bounds__(kThreads) ln_bwd(const T* __restrict__ dy, const T* __restrict__ x,
                                                   const float* __restrict__ mean, const float* __restrict__ rstd,
-                                                  const float* __restrict__ g, float* __restrict__ dx,
-                                                  const float* __restrict__ dres, float* __restrict__ partial,
+                                                  const float* __restrict__ g, T* __restrict__ dx,
+                                                  const T* __restrict__ dres, float* __restrict__ partial,
                                                   std::int64_t rows, int h) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   float pg[kMaxHidden / 32], pb[kMaxHidden / 32];
@@ -173,8 +217,8 @@ __global__ void __launch_bounds__(kThreads) ln_bwd(const float* __restrict__ dy,
     for (int k = 0; k < kMaxHidden / 32; ++k) {
       const int c = lane + 32 * k;
       if (c < h) {
-        d[k] = dy[r * h + c];
-        xh[k] = (x[r * h + c] - m) * rs;
+        d[k] = f32_of(dy[r * h + c]);
+        xh[k] = (f32_of(x[r * h + c]) - m) * rs;
         pg[k] += d[k] * xh[k], pb[k] += d[k];
         const float dg = d[k] * g[c];
         m1 += dg, m2 += dg * xh[k];
@@ -185,7 +229,7 @@ __global__ void __launch_bounds__(kThreads) ln_bwd(const float* __restrict__ dy,
 #pragma unroll
     for (int k = 0; k < kMaxHidden / 32; ++k) {
       const int c = lane + 32 * k;
-      if (c < h) dx[r * h + c] = rs * (d[k] * g[c] - m1 - xh[k] * m2) + (dres ? dres[r * h + c] : 0.f);
+      if (c < h) dx[r * h + c] = stored<T>(rs * (d[k] * g[c] - m1 - xh[k] * m2) + (dres ? f32_of(dres[r * h + c]) : 0.f));
     }
   }
   __shared__ float acc[2 * kMaxHidden];
@@ -204,12 +248,13 @@ __global__ void __launch_bounds__(kThreads) ln_bwd(const float* __restrict__ dy,
 }
 
 // Column sums, stage 1: partial[split][c] = sum of rows [split * kColRows, ...) of x [rows, n].
-__global__ void col_partial(const float* __restrict__ x, float* __restrict__ partial, std::int64_t rows, int n) {
+template <class T>
+__global__ void col_partial(const T* __restrict__ x, float* __restrict__ partial, std::int64_t rows, int n) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= n) return;
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kColRows, r1 = min(rows, r0 + kColRows);
   float s = 0.f;
-  for (std::int64_t r = r0; r < r1; ++r) s += x[r * n + c];
+  for (std::int64_t r = r0; r < r1; ++r) s += f32_of(x[r * n + c]);
   partial[static_cast<std::int64_t>(blockIdx.y) * n + c] = s;
 }
 
@@ -225,13 +270,14 @@ __global__ void col_finish(const float* __restrict__ partial, int splits, int n,
 }
 
 // MSE, stage 1: dy = 2 (y - t) / n, per-block sums of (y - t)^2.
-__global__ void __launch_bounds__(kThreads) mse(const float* __restrict__ y, const float* __restrict__ t, float* __restrict__ dy,
+template <class T>
+__global__ void __launch_bounds__(kThreads) mse(const T* __restrict__ y, const T* __restrict__ t, T* __restrict__ dy,
                                                float* __restrict__ partial, std::int64_t n) {
   const float k = 2.f / static_cast<float>(n);
   float s = 0.f;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const float e = y[i] - t[i];
-    dy[i] = k * e;
+    const float e = f32_of(y[i]) - f32_of(t[i]);
+    dy[i] = stored<T>(k * e);
     s += e * e;
   }
   __shared__ float w[kThreads / 32];
@@ -294,21 +340,26 @@ cublasHandle_t cublas() {
   return h;
 }
 
-// D (m x n, ld ldd) = alpha op(A) . op(B) (+ bias over rows) (+ C, same layout as D), column-major,
-// cublasLt f32, the heuristic's first algorithm chosen at setup.
+// The cuBLAS type of a storage type, and its name for messages.
+template <class T> constexpr cudaDataType_t cuda_type() { return std::is_same_v<T, bf16> ? CUDA_R_16BF : CUDA_R_32F; }
+const char* type_name(cudaDataType_t t) { return t == CUDA_R_16BF ? "bf16" : "f32"; }
+
+// D (m x n, ld ldd) = op(A) . op(B) (+ bias over rows) (+ C, same layout and type as D), column-major,
+// cublasLt with CUBLAS_COMPUTE_32F: A and B of type `ab`, C and D (and the bias) of type `cd`; the
+// heuristic's first algorithm chosen at setup.
 class Gemm {
  public:
-  Gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n, std::int64_t k, const float* A,
-       std::int64_t lda, const float* B, std::int64_t ldb, float* D, std::int64_t ldd, const float* bias = nullptr,
-       const float* C = nullptr)
+  Gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n, std::int64_t k, cudaDataType_t ab,
+       const void* A, std::int64_t lda, const void* B, std::int64_t ldb, cudaDataType_t cd, void* D, std::int64_t ldd,
+       const void* bias = nullptr, const void* C = nullptr)
       : a_(A), b_(B), c_(C ? C : D), d_(D), beta_(C ? 1.f : 0.f) {
     HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
     HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-    if (opa == CUBLAS_OP_N) layout(&la_, m, k, lda); else layout(&la_, k, m, lda);
-    if (opb == CUBLAS_OP_N) layout(&lb_, k, n, ldb); else layout(&lb_, n, k, ldb);
-    layout(&ld_, m, n, ldd);
-    if (bias) {
+    if (opa == CUBLAS_OP_N) layout(&la_, ab, m, k, lda); else layout(&la_, ab, k, m, lda);
+    if (opb == CUBLAS_OP_N) layout(&lb_, ab, k, n, ldb); else layout(&lb_, ab, n, k, ldb);
+    layout(&ld_, cd, m, n, ldd);
+    if (bias) {  // the bias takes D's type (cublasLt's default)
       const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
       HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
       HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
@@ -320,7 +371,8 @@ class Gemm {
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(gpu::cublaslt(), desc_, la_, lb_, ld_, ld_, pref_, 1, &result, &found);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0)
-      throw Error("cublasLt has no f32 algorithm for a " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+      throw Error(std::string("cublasLt has no algorithm for a ") + type_name(ab) + " x " + type_name(ab) + " -> " + type_name(cd) +
+                      " " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
                       (bias ? " GEMM with a bias epilogue" : " GEMM"),
                   ErrorKind::unsupported);
     algo_ = result.algo;
@@ -341,13 +393,13 @@ class Gemm {
   }
 
  private:
-  static void layout(cublasLtMatrixLayout_t* l, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
-    HOTOPS_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(l, CUDA_R_32F, static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols), ld));
+  static void layout(cublasLtMatrixLayout_t* l, cudaDataType_t t, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+    HOTOPS_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(l, t, static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols), ld));
   }
-  const float* a_;
-  const float* b_;
-  const float* c_;
-  float* d_;
+  const void* a_;
+  const void* b_;
+  const void* c_;
+  void* d_;
   float beta_;
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t la_ = nullptr, lb_ = nullptr, ld_ = nullptr;
@@ -355,19 +407,22 @@ class Gemm {
   cublasLtMatmulAlgo_t algo_{};
 };
 
-// One GEMM per (sample, head), column-major, all in one cublasGemmBatchedEx: the operands of pair
-// (b, h) start at base + b * per_sample + h * per_head (per operand), pointer arrays on the device.
+// One GEMM per (sample, head), column-major, all in one cublasGemmBatchedEx (CUBLAS_COMPUTE_32F, every
+// operand of the activations' type T): the operands of pair (b, h) start at base + b * per_sample +
+// h * per_head (per operand, in elements), pointer arrays on the device.
+template <class T>
 struct Operand {
-  const float* base;
+  const T* base;
   std::int64_t per_sample, per_head, ld;
 };
+template <class T>
 class BatchedGemm {
  public:
-  BatchedGemm(cublasOperation_t opa, cublasOperation_t opb, int m, int n, int k, float alpha, Operand A, Operand B, Operand C,
-              std::int64_t samples, std::int64_t heads)
+  BatchedGemm(cublasOperation_t opa, cublasOperation_t opb, int m, int n, int k, float alpha, Operand<T> A, Operand<T> B,
+              Operand<T> C, std::int64_t samples, std::int64_t heads)
       : opa_(opa), opb_(opb), m_(m), n_(n), k_(k), alpha_(alpha), lda_(static_cast<int>(A.ld)), ldb_(static_cast<int>(B.ld)),
         ldc_(static_cast<int>(C.ld)), count_(static_cast<int>(samples * heads)) {
-    std::vector<const float*> host(static_cast<std::size_t>(3 * count_));
+    std::vector<const T*> host(static_cast<std::size_t>(3 * count_));
     for (std::int64_t b = 0; b < samples; ++b)
       for (std::int64_t h = 0; h < heads; ++h) {
         const auto i = static_cast<std::size_t>(b * heads + h);
@@ -375,15 +430,16 @@ class BatchedGemm {
         host[static_cast<std::size_t>(count_) + i] = B.base + b * B.per_sample + h * B.per_head;
         host[2 * static_cast<std::size_t>(count_) + i] = C.base + b * C.per_sample + h * C.per_head;
       }
-    ptrs_ = gpu::DeviceBuffer(host.size() * sizeof(float*));
+    ptrs_ = gpu::DeviceBuffer(host.size() * sizeof(T*));
     HOTOPS_CHECK_CUDA(cudaMemcpy(ptrs_.get(), host.data(), ptrs_.bytes(), cudaMemcpyHostToDevice));
   }
   void run() const {
     const float zero = 0.f;
     const void* const* p = ptrs_.as<const void*>();
-    HOTOPS_CHECK_CUBLAS(cublasGemmBatchedEx(cublas(), opa_, opb_, m_, n_, k_, &alpha_, p, CUDA_R_32F, lda_, p + count_, CUDA_R_32F,
-                                            ldb_, &zero, const_cast<void* const*>(p + 2 * count_), CUDA_R_32F, ldc_, count_,
-                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    constexpr cudaDataType_t t = cuda_type<T>();
+    HOTOPS_CHECK_CUBLAS(cublasGemmBatchedEx(cublas(), opa_, opb_, m_, n_, k_, &alpha_, p, t, lda_, p + count_, t, ldb_, &zero,
+                                            const_cast<void* const*>(p + 2 * count_), t, ldc_, count_, CUBLAS_COMPUTE_32F,
+                                            CUBLAS_GEMM_DEFAULT));
   }
 
  private:
@@ -396,78 +452,86 @@ class BatchedGemm {
 
 constexpr cublasOperation_t N = CUBLAS_OP_N, Tr = CUBLAS_OP_T;
 
+// T: the activations' storage, float (f32) or bf16 (bf16's mixed precision, model_bert.h).
+template <class T>
 class CudaLayer final : public LayerCase {
+  using Q = typename Quad<T>::type;
+  static constexpr bool kBf16 = std::is_same_v<T, bf16>;
+
  public:
   explicit CudaLayer(const Problem& p) : s_(shape_of(p)), l_(param_layout(s_.arch)), seeded_(make_state(s_, l_, p.seed())) {
     const Arch& a = s_.arch;
-    const std::int64_t T = s_.tokens(), H = a.hidden, F = a.ffn, S = a.seq, NH = a.heads, D = a.head_dim(), B = s_.batch;
+    const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn, S = a.seq, NH = a.heads, D = a.head_dim(), B = s_.batch;
     HOTOPS_CHECK(D * NH == H, "model_bert: hidden must be heads x head_dim");
     HOTOPS_CHECK(S <= kMaxRow && H <= kMaxHidden && H % 4 == 0 && F % 4 == 0, "model_bert: the CUDA kernels take seq <= 256, hidden <= 1024");
     gpu::cublaslt();
     gpu::cublas_workspace();
     cublas();
-    auto buf = [](std::int64_t n) { return gpu::DeviceBuffer(static_cast<std::size_t>(n) * sizeof(float)); };
+    auto buf = [](std::int64_t n) { return gpu::DeviceBuffer(static_cast<std::size_t>(n) * sizeof(float)); };  // f32
+    auto act = [](std::int64_t n) { return gpu::DeviceBuffer(static_cast<std::size_t>(n) * sizeof(T)); };    // activations
     params_ = gpu::DeviceBuffer(seeded_.params);
+    if (kBf16) weights_ = gpu::DeviceBuffer(l_.total * sizeof(bf16));
     x_ = gpu::DeviceBuffer(seeded_.x);
-    u1_ = buf(a.pre_ln ? T * H : 1), qkv_ = buf(T * 3 * H), prob_ = buf(B * NH * S * S), ctx_ = buf(T * H);
-    s1_ = buf(T * H), h1_ = buf(T * H), z_ = buf(T * F), f_ = buf(T * F), s2_ = buf(T * H), y_ = buf(a.pre_ln ? 1 : T * H);
-    mean1_ = buf(T), rstd1_ = buf(T), mean2_ = buf(T), rstd2_ = buf(T);
+    u1_ = act(a.pre_ln ? T_ * H : 1), qkv_ = act(T_ * 3 * H), prob_ = act(B * NH * S * S), ctx_ = act(T_ * H);
+    s1_ = act(T_ * H), h1_ = act(T_ * H), z_ = act(T_ * F), f_ = act(T_ * F), s2_ = act(T_ * H), y_ = act(a.pre_ln ? 1 : T_ * H);
+    mean1_ = buf(T_), rstd1_ = buf(T_), mean2_ = buf(T_), rstd2_ = buf(T_);
     const float scale = static_cast<float>(1 / std::sqrt(static_cast<double>(D)));
-    const float* P = params_.as<float>();
-    const float* u1 = a.pre_ln ? u1_.as<float>() : x_.as<float>();
-    const float* u2 = h1_.as<float>();  // bert: LN1's output; vit: LN2's
-    const float* resid = a.pre_ln ? s1_.as<float>() : h1_.as<float>();
-    const float* q = qkv_.as<float>();
-    const Operand Qo{q, S * 3 * H, D, 3 * H}, Ko{q + H, S * 3 * H, D, 3 * H}, Vo{q + 2 * H, S * 3 * H, D, 3 * H};
-    const Operand Po{prob_.as<float>(), NH * S * S, S * S, S}, Co{ctx_.as<float>(), S * H, D, H};
+    const T* W = gemm_weights();
+    const T* u1 = a.pre_ln ? u1_.as<T>() : x_.as<T>();
+    const T* u2 = h1_.as<T>();  // bert: LN1's output; vit: LN2's
+    const T* resid = a.pre_ln ? s1_.as<T>() : h1_.as<T>();
+    const T* q = qkv_.as<T>();
+    const Operand<T> Qo{q, S * 3 * H, D, 3 * H}, Ko{q + H, S * 3 * H, D, 3 * H}, Vo{q + 2 * H, S * 3 * H, D, 3 * H};
+    const Operand<T> Po{prob_.as<T>(), NH * S * S, S * S, S}, Co{ctx_.as<T>(), S * H, D, H};
     const int Si = static_cast<int>(S), Di = static_cast<int>(D);
+    constexpr cudaDataType_t t = cuda_type<T>();
     // Dense y[T, out] = a[T, in] . W[in, out] (+ b) (+ C): column-major y' = W' . a'.
-    auto dense = [&](const float* in_act, std::int64_t in, std::size_t w, std::size_t b, std::int64_t out, float* dst, const float* C) {
-      return std::make_unique<Gemm>(N, N, out, T, in, P + w, out, in_act, in, dst, out, P + b, C);
+    auto dense = [&](const T* in_act, std::int64_t in, std::size_t w, std::size_t b, std::int64_t out, T* dst, const T* C) {
+      return std::make_unique<Gemm>(N, N, out, T_, in, t, W + w, out, in_act, in, t, dst, out, W + b, C);
     };
-    qkv_gemm_ = dense(u1, H, l_.wqkv, l_.bqkv, 3 * H, qkv_.as<float>(), nullptr);
-    scores_ = std::make_unique<BatchedGemm>(Tr, N, Si, Si, Di, scale, Ko, Qo, Po, B, NH);
-    context_ = std::make_unique<BatchedGemm>(N, N, Di, Si, Si, 1.f, Vo, Po, Co, B, NH);
-    out_gemm_ = dense(ctx_.as<float>(), H, l_.wo, l_.bo, H, s1_.as<float>(), x_.as<float>());  // s1 = x + attn
-    ffn1_ = dense(u2, H, l_.w1, l_.b1, F, z_.as<float>(), nullptr);
-    ffn2_ = dense(f_.as<float>(), F, l_.w2, l_.b2, H, s2_.as<float>(), resid);                 // s2 = resid + ffn
+    qkv_gemm_ = dense(u1, H, l_.wqkv, l_.bqkv, 3 * H, qkv_.as<T>(), nullptr);
+    scores_ = std::make_unique<BatchedGemm<T>>(Tr, N, Si, Si, Di, scale, Ko, Qo, Po, B, NH);
+    context_ = std::make_unique<BatchedGemm<T>>(N, N, Di, Si, Si, 1.f, Vo, Po, Co, B, NH);
+    out_gemm_ = dense(ctx_.as<T>(), H, l_.wo, l_.bo, H, s1_.as<T>(), x_.as<T>());  // s1 = x + attn
+    ffn1_ = dense(u2, H, l_.w1, l_.b1, F, z_.as<T>(), nullptr);
+    ffn2_ = dense(f_.as<T>(), F, l_.w2, l_.b2, H, s2_.as<T>(), resid);             // s2 = resid + ffn
     if (s_.train()) {
       grads_ = buf(static_cast<std::int64_t>(l_.total)), m_ = buf(static_cast<std::int64_t>(l_.total)), v_ = buf(static_cast<std::int64_t>(l_.total));
       HOTOPS_CHECK_CUDA(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), gpu::stream()));
       target_ = gpu::DeviceBuffer(seeded_.target);
-      dy_ = buf(T * H), ds2_ = buf(a.pre_ln ? 1 : T * H), df_ = buf(T * F), du2_ = buf(T * H), ds1_ = buf(T * H);
-      dctx_ = buf(T * H), dqkv_ = buf(T * 3 * H), dp_ = buf(B * NH * S * S), du1_ = buf(a.pre_ln ? T * H : 1);
+      dy_ = act(T_ * H), ds2_ = act(a.pre_ln ? 1 : T_ * H), df_ = act(T_ * F), du2_ = act(T_ * H), ds1_ = act(T_ * H);
+      dctx_ = act(T_ * H), dqkv_ = act(T_ * 3 * H), dp_ = act(B * NH * S * S), du1_ = act(a.pre_ln ? T_ * H : 1);
       loss_ = buf(1), loss_partial_ = buf(kLossBlocks), state_ = gpu::DeviceBuffer(sizeof(StepState));
       // The column sums' partials: LayerNorm's [blocks, 2H], and colsum's [splits, n] for its widest
       // n, the larger of the QKV bias (3H) and the FFN bias (F).
-      partial_ = buf(std::max<std::int64_t>(kLnBwdBlocks * 2 * H, ((T + kColRows - 1) / kColRows) * std::max<std::int64_t>(3 * H, F)));
+      partial_ = buf(std::max<std::int64_t>(kLnBwdBlocks * 2 * H, ((T_ + kColRows - 1) / kColRows) * std::max<std::int64_t>(3 * H, F)));
       float* G = grads_.as<float>();
-      const float* ds2 = a.pre_ln ? dy_.as<float>() : ds2_.as<float>();
-      auto wgrad = [&](const float* in_act, std::int64_t in, const float* dz, std::int64_t out, std::size_t w) {
-        return std::make_unique<Gemm>(N, Tr, out, in, T, dz, out, in_act, in, G + w, out);  // dW' = dz' . a
+      const T* ds2 = a.pre_ln ? dy_.as<T>() : ds2_.as<T>();
+      auto wgrad = [&](const T* in_act, std::int64_t in, const T* dz, std::int64_t out, std::size_t w) {  // f32 out
+        return std::make_unique<Gemm>(N, Tr, out, in, T_, t, dz, out, in_act, in, CUDA_R_32F, G + w, out);  // dW' = dz' . a
       };
-      auto dgrad = [&](const float* dz, std::int64_t out, std::size_t w, std::int64_t in, float* dst, const float* C) {
-        return std::make_unique<Gemm>(Tr, N, in, T, out, P + w, out, dz, out, dst, in, nullptr, C);  // da' = W'^T . dz'
+      auto dgrad = [&](const T* dz, std::int64_t out, std::size_t w, std::int64_t in, T* dst, const T* C) {
+        return std::make_unique<Gemm>(Tr, N, in, T_, out, t, W + w, out, dz, out, t, dst, in, nullptr, C);  // da' = W'^T . dz'
       };
-      w2_w_ = wgrad(f_.as<float>(), F, ds2, H, l_.w2);
-      w2_d_ = dgrad(ds2, H, l_.w2, F, df_.as<float>(), nullptr);
-      w1_w_ = wgrad(u2, H, df_.as<float>(), F, l_.w1);
+      w2_w_ = wgrad(f_.as<T>(), F, ds2, H, l_.w2);
+      w2_d_ = dgrad(ds2, H, l_.w2, F, df_.as<T>(), nullptr);
+      w1_w_ = wgrad(u2, H, df_.as<T>(), F, l_.w1);
       // bert: du2 + ds2 (LN1's output feeds both the FFN and the residual), through C
-      w1_d_ = dgrad(df_.as<float>(), F, l_.w1, H, du2_.as<float>(), a.pre_ln ? nullptr : ds2);
-      wo_w_ = wgrad(ctx_.as<float>(), H, ds1_.as<float>(), H, l_.wo);
-      wo_d_ = dgrad(ds1_.as<float>(), H, l_.wo, H, dctx_.as<float>(), nullptr);
-      const Operand dCo{dctx_.as<float>(), S * H, D, H}, dPo{dp_.as<float>(), NH * S * S, S * S, S};
-      float* dq = dqkv_.as<float>();
-      const Operand dQo{dq, S * 3 * H, D, 3 * H}, dKo{dq + H, S * 3 * H, D, 3 * H}, dVo{dq + 2 * H, S * 3 * H, D, 3 * H};
-      dp_gemm_ = std::make_unique<BatchedGemm>(Tr, N, Si, Si, Di, 1.f, Vo, dCo, dPo, B, NH);
-      dv_gemm_ = std::make_unique<BatchedGemm>(N, Tr, Di, Si, Si, 1.f, dCo, Po, dVo, B, NH);
-      dq_gemm_ = std::make_unique<BatchedGemm>(N, N, Di, Si, Si, scale, Ko, dPo, dQo, B, NH);
-      dk_gemm_ = std::make_unique<BatchedGemm>(N, Tr, Di, Si, Si, scale, Qo, dPo, dKo, B, NH);
+      w1_d_ = dgrad(df_.as<T>(), F, l_.w1, H, du2_.as<T>(), a.pre_ln ? nullptr : ds2);
+      wo_w_ = wgrad(ctx_.as<T>(), H, ds1_.as<T>(), H, l_.wo);
+      wo_d_ = dgrad(ds1_.as<T>(), H, l_.wo, H, dctx_.as<T>(), nullptr);
+      const Operand<T> dCo{dctx_.as<T>(), S * H, D, H}, dPo{dp_.as<T>(), NH * S * S, S * S, S};
+      T* dq = dqkv_.as<T>();
+      const Operand<T> dQo{dq, S * 3 * H, D, 3 * H}, dKo{dq + H, S * 3 * H, D, 3 * H}, dVo{dq + 2 * H, S * 3 * H, D, 3 * H};
+      dp_gemm_ = std::make_unique<BatchedGemm<T>>(Tr, N, Si, Si, Di, 1.f, Vo, dCo, dPo, B, NH);
+      dv_gemm_ = std::make_unique<BatchedGemm<T>>(N, Tr, Di, Si, Si, 1.f, dCo, Po, dVo, B, NH);
+      dq_gemm_ = std::make_unique<BatchedGemm<T>>(N, N, Di, Si, Si, scale, Ko, dPo, dQo, B, NH);
+      dk_gemm_ = std::make_unique<BatchedGemm<T>>(N, Tr, Di, Si, Si, scale, Qo, dPo, dKo, B, NH);
       qkv_w_ = wgrad(u1, H, dq, 3 * H, l_.wqkv);
-      if (a.pre_ln) qkv_d_ = dgrad(dq, 3 * H, l_.wqkv, H, du1_.as<float>(), nullptr);
+      if (a.pre_ln) qkv_d_ = dgrad(dq, 3 * H, l_.wqkv, H, du1_.as<T>(), nullptr);
       restart_optimizer();
     }
-    if (s_.variant == Variant::e2e) host_out_ = HostBuffer(DType::f32, static_cast<std::size_t>(T * H));
+    if (s_.variant == Variant::e2e) host_out_ = HostBuffer(s_.dtype, static_cast<std::size_t>(T_ * H));
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
   }
 
@@ -499,7 +563,7 @@ class CudaLayer final : public LayerCase {
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
     Outcome o;
     if (!s_.train()) {
-      o.y = HostBuffer(DType::f32, static_cast<std::size_t>(s_.tokens() * s_.arch.hidden));
+      o.y = HostBuffer(s_.dtype, static_cast<std::size_t>(s_.tokens() * s_.arch.hidden));
       out().download(o.y);
     } else {
       o.loss = static_cast<float>(last_loss());
@@ -526,9 +590,11 @@ class CudaLayer final : public LayerCase {
   }
 
   std::string label() const override {
-    std::string l = std::string(s_.arch.pre_ln ? "pre-LN" : "post-LN") +
-                    " encoder layer: cublasLt f32 dense GEMMs (bias epilogue, residual as C), cublasGemmBatchedEx f32 attention "
-                    "GEMMs on strided heads, hotops softmax, GELU, LayerNorm kernels";
+    const std::string gemm = kBf16 ? "bf16 (f32 accumulate, tensor cores)" : "f32";
+    std::string l = std::string(s_.arch.pre_ln ? "pre-LN" : "post-LN") + " encoder layer: cublasLt " + gemm +
+                    " dense GEMMs (bias epilogue, residual as C), cublasGemmBatchedEx " + gemm +
+                    " attention GEMMs on strided heads, hotops softmax, GELU, LayerNorm kernels";
+    if (kBf16) l += ", bf16 activations, f32 master weights cast to bf16 each step";
     if (s_.train()) l += " + MSE, their backwards, column sums, AdamW 1 launch";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the inputs, launches, D2H, sync";
     return l;
@@ -547,6 +613,11 @@ class CudaLayer final : public LayerCase {
 
  private:
   gpu::DeviceBuffer& out() { return s_.arch.pre_ln ? s2_ : y_; }
+  // What the GEMMs read their weights and biases from: the f32 parameters, or for bf16 their copy.
+  const T* gemm_weights() const {
+    if constexpr (kBf16) return weights_.as<const bf16>();
+    else return params_.as<const float>();
+  }
 
   void restart_optimizer() {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(m_.get(), 0, m_.bytes(), gpu::stream()));
@@ -554,32 +625,32 @@ class CudaLayer final : public LayerCase {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(state_.get(), 0, sizeof(StepState), gpu::stream()));
   }
 
-  void layernorm(const float* x, std::size_t g, std::size_t b, float* y, float* mean, float* rstd) {
-    const std::int64_t T = s_.tokens();
+  void layernorm(const T* x, std::size_t g, std::size_t b, T* y, float* mean, float* rstd) {
+    const std::int64_t T_ = s_.tokens();
     const float* P = params_.as<float>();
-    ln_fwd<<<grid_for(T * 32, kThreads, 1 << 30), kThreads, 0, gpu::stream()>>>(x, P + g, P + b, y, mean, rstd, T,
-                                                                                 static_cast<int>(s_.arch.hidden),
-                                                                                 static_cast<float>(s_.arch.ln_eps));
+    ln_fwd<T><<<grid_for(T_ * 32, kThreads, 1 << 30), kThreads, 0, gpu::stream()>>>(x, P + g, P + b, y, mean, rstd, T_,
+                                                                                    static_cast<int>(s_.arch.hidden),
+                                                                                    static_cast<float>(s_.arch.ln_eps));
     HOTOPS_CHECK_LAUNCH();
   }
 
-  void layernorm_back(const float* dy, const float* x, const float* mean, const float* rstd, std::size_t g, std::size_t b,
-                      float* dx, const float* dres) {
+  void layernorm_back(const T* dy, const T* x, const float* mean, const float* rstd, std::size_t g, std::size_t b, T* dx,
+                      const T* dres) {
     const int H = static_cast<int>(s_.arch.hidden);
     float* G = grads_.as<float>();
-    ln_bwd<<<kLnBwdBlocks, kThreads, 0, gpu::stream()>>>(dy, x, mean, rstd, params_.as<float>() + g, dx, dres, partial_.as<float>(),
-                                                         s_.tokens(), H);
+    ln_bwd<T><<<kLnBwdBlocks, kThreads, 0, gpu::stream()>>>(dy, x, mean, rstd, params_.as<float>() + g, dx, dres, partial_.as<float>(),
+                                                            s_.tokens(), H);
     HOTOPS_CHECK_LAUNCH();
     col_finish<<<grid_for(2 * H), kThreads, 0, gpu::stream()>>>(partial_.as<float>(), kLnBwdBlocks, 2 * H, H, G + g, G + b);
     HOTOPS_CHECK_LAUNCH();
   }
 
-  void colsum(const float* x, std::int64_t n, std::size_t at) {
-    const std::int64_t T = s_.tokens();
-    HOTOPS_CHECK(((T + kColRows - 1) / kColRows) * n <= static_cast<std::int64_t>(partial_.bytes() / sizeof(float)),
+  void colsum(const T* x, std::int64_t n, std::size_t at) {
+    const std::int64_t T_ = s_.tokens();
+    HOTOPS_CHECK(((T_ + kColRows - 1) / kColRows) * n <= static_cast<std::int64_t>(partial_.bytes() / sizeof(float)),
                  "model_bert: column-sum partials larger than their buffer");
-    const auto splits = static_cast<unsigned>((T + kColRows - 1) / kColRows);
-    col_partial<<<dim3(grid_for(n), splits), kThreads, 0, gpu::stream()>>>(x, partial_.as<float>(), T, static_cast<int>(n));
+    const auto splits = static_cast<unsigned>((T_ + kColRows - 1) / kColRows);
+    col_partial<T><<<dim3(grid_for(n), splits), kThreads, 0, gpu::stream()>>>(x, partial_.as<float>(), T_, static_cast<int>(n));
     HOTOPS_CHECK_LAUNCH();
     col_finish<<<grid_for(n), kThreads, 0, gpu::stream()>>>(partial_.as<float>(), static_cast<int>(splits), static_cast<int>(n),
                                                             static_cast<int>(n), grads_.as<float>() + at, nullptr);
@@ -588,63 +659,68 @@ class CudaLayer final : public LayerCase {
 
   void device_step() {
     const Arch& a = s_.arch;
-    const std::int64_t T = s_.tokens(), H = a.hidden, F = a.ffn, S = a.seq, rows = s_.batch * a.heads * S;
+    const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn, S = a.seq, rows = s_.batch * a.heads * S;
     const unsigned row_grid = grid_for(rows * 32, kThreads, 1 << 30);
+    if constexpr (kBf16) {  // this step's bf16 copy of the parameters
+      const auto n4 = static_cast<std::int64_t>(l_.total / 4);
+      to_bf16<<<grid_for(n4, kThreads, 1024), kThreads, 0, gpu::stream()>>>(params_.as<const float4>(), weights_.as<Bf16x4>(), n4);
+      HOTOPS_CHECK_LAUNCH();
+    }
     // forward
-    if (a.pre_ln) layernorm(x_.as<float>(), l_.ln1g, l_.ln1b, u1_.as<float>(), mean1_.as<float>(), rstd1_.as<float>());
+    if (a.pre_ln) layernorm(x_.as<T>(), l_.ln1g, l_.ln1b, u1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>());
     qkv_gemm_->run();
     scores_->run();
-    softmax_fwd<<<row_grid, kThreads, 0, gpu::stream()>>>(prob_.as<float>(), rows, static_cast<int>(S));
+    softmax_fwd<T><<<row_grid, kThreads, 0, gpu::stream()>>>(prob_.as<T>(), rows, static_cast<int>(S));
     HOTOPS_CHECK_LAUNCH();
     context_->run();
     out_gemm_->run();  // s1 = x + ctx . Wo + bo
-    if (a.pre_ln) layernorm(s1_.as<float>(), l_.ln2g, l_.ln2b, h1_.as<float>(), mean2_.as<float>(), rstd2_.as<float>());
-    else layernorm(s1_.as<float>(), l_.ln1g, l_.ln1b, h1_.as<float>(), mean1_.as<float>(), rstd1_.as<float>());
+    if (a.pre_ln) layernorm(s1_.as<T>(), l_.ln2g, l_.ln2b, h1_.as<T>(), mean2_.as<float>(), rstd2_.as<float>());
+    else layernorm(s1_.as<T>(), l_.ln1g, l_.ln1b, h1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>());
     ffn1_->run();
-    gelu_fwd<<<grid_for(T * F / 4), kThreads, 0, gpu::stream()>>>(z_.as<const float4>(), f_.as<float4>(), T * F / 4);
+    gelu_fwd<Q><<<grid_for(T_ * F / 4), kThreads, 0, gpu::stream()>>>(z_.as<const Q>(), f_.as<Q>(), T_ * F / 4);
     HOTOPS_CHECK_LAUNCH();
     ffn2_->run();  // s2 = resid + f . W2 + b2
-    if (!a.pre_ln) layernorm(s2_.as<float>(), l_.ln2g, l_.ln2b, y_.as<float>(), mean2_.as<float>(), rstd2_.as<float>());
+    if (!a.pre_ln) layernorm(s2_.as<T>(), l_.ln2g, l_.ln2b, y_.as<T>(), mean2_.as<float>(), rstd2_.as<float>());
     if (!s_.train()) return;
     // loss
-    mse<<<kLossBlocks, kThreads, 0, gpu::stream()>>>(out().as<const float>(), target_.as<const float>(), dy_.as<float>(),
-                                                     loss_partial_.as<float>(), T * H);
+    mse<T><<<kLossBlocks, kThreads, 0, gpu::stream()>>>(out().template as<const T>(), target_.as<const T>(), dy_.as<T>(),
+                                                        loss_partial_.as<float>(), T_ * H);
     HOTOPS_CHECK_LAUNCH();
-    mse_finish<<<1, 32, 0, gpu::stream()>>>(loss_partial_.as<const float>(), kLossBlocks, T * H, loss_.as<float>(), hyper(),
+    mse_finish<<<1, 32, 0, gpu::stream()>>>(loss_partial_.as<const float>(), kLossBlocks, T_ * H, loss_.as<float>(), hyper(),
                                             state_.as<StepState>());
     HOTOPS_CHECK_LAUNCH();
     // backward
-    const float* ds2 = dy_.as<float>();
+    const T* ds2 = dy_.as<T>();
     if (!a.pre_ln) {
-      layernorm_back(dy_.as<float>(), s2_.as<float>(), mean2_.as<float>(), rstd2_.as<float>(), l_.ln2g, l_.ln2b, ds2_.as<float>(), nullptr);
-      ds2 = ds2_.as<float>();
+      layernorm_back(dy_.as<T>(), s2_.as<T>(), mean2_.as<float>(), rstd2_.as<float>(), l_.ln2g, l_.ln2b, ds2_.as<T>(), nullptr);
+      ds2 = ds2_.as<T>();
     }
     colsum(ds2, H, l_.b2);
     w2_w_->run();
     w2_d_->run();
-    gelu_bwd<<<grid_for(T * F / 4), kThreads, 0, gpu::stream()>>>(df_.as<float4>(), z_.as<const float4>(), T * F / 4);
+    gelu_bwd<Q><<<grid_for(T_ * F / 4), kThreads, 0, gpu::stream()>>>(df_.as<Q>(), z_.as<const Q>(), T_ * F / 4);
     HOTOPS_CHECK_LAUNCH();
-    colsum(df_.as<float>(), F, l_.b1);
+    colsum(df_.as<T>(), F, l_.b1);
     w1_w_->run();
     w1_d_->run();  // bert: du2 = df . W1^T + ds2
     if (a.pre_ln)
-      layernorm_back(du2_.as<float>(), s1_.as<float>(), mean2_.as<float>(), rstd2_.as<float>(), l_.ln2g, l_.ln2b, ds1_.as<float>(), ds2);
+      layernorm_back(du2_.as<T>(), s1_.as<T>(), mean2_.as<float>(), rstd2_.as<float>(), l_.ln2g, l_.ln2b, ds1_.as<T>(), ds2);
     else
-      layernorm_back(du2_.as<float>(), s1_.as<float>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, ds1_.as<float>(), nullptr);
-    colsum(ds1_.as<float>(), H, l_.bo);
+      layernorm_back(du2_.as<T>(), s1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, ds1_.as<T>(), nullptr);
+    colsum(ds1_.as<T>(), H, l_.bo);
     wo_w_->run();
     wo_d_->run();
     dp_gemm_->run();
     dv_gemm_->run();
-    softmax_bwd<<<row_grid, kThreads, 0, gpu::stream()>>>(dp_.as<float>(), prob_.as<const float>(), rows, static_cast<int>(S));
+    softmax_bwd<T><<<row_grid, kThreads, 0, gpu::stream()>>>(dp_.as<T>(), prob_.as<const T>(), rows, static_cast<int>(S));
     HOTOPS_CHECK_LAUNCH();
     dq_gemm_->run();
     dk_gemm_->run();
-    colsum(dqkv_.as<float>(), 3 * H, l_.bqkv);
+    colsum(dqkv_.as<T>(), 3 * H, l_.bqkv);
     qkv_w_->run();
     if (a.pre_ln) {
       qkv_d_->run();
-      layernorm_back(du1_.as<float>(), x_.as<float>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, nullptr, nullptr);
+      layernorm_back(du1_.as<T>(), x_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, nullptr, nullptr);
     }
     // optimizer
     const auto n4 = static_cast<std::int64_t>(l_.total / 4);
@@ -657,17 +733,20 @@ class CudaLayer final : public LayerCase {
   Shape s_;
   ParamLayout l_;
   State seeded_;
-  gpu::DeviceBuffer params_, grads_, m_, v_, x_, target_, loss_, loss_partial_, state_, partial_;
+  gpu::DeviceBuffer params_, weights_, grads_, m_, v_, x_, target_, loss_, loss_partial_, state_, partial_;
   gpu::DeviceBuffer u1_, qkv_, prob_, ctx_, s1_, h1_, z_, f_, s2_, y_, mean1_, rstd1_, mean2_, rstd2_;
   gpu::DeviceBuffer dy_, ds2_, df_, du2_, ds1_, dctx_, dqkv_, dp_, du1_;
   std::unique_ptr<Gemm> qkv_gemm_, out_gemm_, ffn1_, ffn2_, w2_w_, w2_d_, w1_w_, w1_d_, wo_w_, wo_d_, qkv_w_, qkv_d_;
-  std::unique_ptr<BatchedGemm> scores_, context_, dp_gemm_, dv_gemm_, dq_gemm_, dk_gemm_;
+  std::unique_ptr<BatchedGemm<T>> scores_, context_, dp_gemm_, dv_gemm_, dq_gemm_, dk_gemm_;
   HostBuffer host_out_;
   float loss_host_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<LayerCase> make_cuda(const Problem& p) { return std::make_unique<CudaLayer>(p); }
+std::unique_ptr<LayerCase> make_cuda(const Problem& p) {
+  if (p.dtype == DType::bf16) return std::make_unique<CudaLayer<bf16>>(p);
+  return std::make_unique<CudaLayer<float>>(p);
+}
 
 }  // namespace hotops::model_bert

@@ -1,6 +1,6 @@
 // The model_bert family: the layers, names, work, the seeded start and verification.
 //
-// Names: model.<bert_layer|vit_layer>/<cpu|cuda>/f32/<infer|train>/batch:B, then at most one variant:
+// Names: model.<bert_layer|vit_layer>/<cpu|cuda>/<f32|bf16>/<infer|train>/batch:B, then at most one variant:
 //   threads:T  CPU, T OpenMP threads (oneDNN follows OpenMP) instead of all of them;
 //   e2e:1      CUDA, host time of a step as a program pays it: x (and for train the target) copied from
 //              pageable host memory, the launches, y (infer) or the loss (train) copied back, sync.
@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 
 #include "hotops/check.h"
@@ -21,7 +22,18 @@ namespace {
 
 constexpr double kAdamwFlopsPerParam = 14;  // adamw.cpp's count
 
-std::string cpu_reason(const Problem& p) { return models::threads_reason(models::step_args(p, "model_bert", false)); }
+models::StepArgs step_args(const Problem& p) { return models::step_args(p, "model_bert", false, true); }
+
+std::string cpu_reason(const Problem& p) {
+  const std::string threads = models::threads_reason(step_args(p));
+  if (!threads.empty() || p.dtype != DType::bf16) return threads;
+  return cpu_bf16_reason();
+}
+
+// Every step problem of one layer at one batch, in f32 and bf16.
+void expand(const std::string& layer, std::int64_t batch, const std::vector<int>& thread_sweep, std::vector<Problem>& out) {
+  models::expand_step_problems(layer, batch, thread_sweep, false, out, true);
+}
 
 class BertFamily final : public Family {
  public:
@@ -30,16 +42,16 @@ class BertFamily final : public Family {
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     std::vector<Problem> out;
     for (const Arch& a : archs())
-      for (std::int64_t b : batches.empty() ? a.batches : batches) models::expand_step_problems(a.name, b, {1, 8}, false, out);
+      for (std::int64_t b : batches.empty() ? a.batches : batches) expand(a.name, b, {1, 8}, out);
     return out;
   }
 
   std::vector<Problem> test_problems() const override {
     // Batch 1 and 3 (3 runs the periodic verification batch): every op, backend, direction, variant.
     std::vector<Problem> out;
-    models::expand_step_problems("bert_layer", 1, {2}, false, out);
-    models::expand_step_problems("bert_layer", 3, {}, false, out);
-    models::expand_step_problems("vit_layer", 1, {}, false, out);
+    expand("bert_layer", 1, {2}, out);
+    expand("bert_layer", 3, {}, out);
+    expand("vit_layer", 1, {}, out);
     return out;
   }
 
@@ -47,7 +59,8 @@ class BertFamily final : public Family {
   // 2 * 2 * batch * heads * seq^2 * head_dim; softmax, GELU, LayerNorm, biases and the loss are not
   // counted. train: 3x the forward + AdamW's 14 per parameter.
   // Bytes, the fewest a step must move: infer reads the parameters and x and writes y; train reads x
-  // and the target and reads and writes the parameters, m and v (6 x 4 bytes per parameter).
+  // and the target and reads and writes the parameters, m and v (6 x 4 bytes per parameter). The
+  // parameters are f32 in either dtype (bf16's masters); x, y and the target take the dtype's size.
   Work work(const Problem& p) const override {
     const Shape s = shape_of(p);
     const Arch& a = s.arch;
@@ -55,7 +68,7 @@ class BertFamily final : public Family {
     const double S = static_cast<double>(a.seq), B = static_cast<double>(s.batch);
     const double fwd = 2 * T * (4 * h * h + 2 * h * f) + 4 * B * static_cast<double>(a.heads) * S * S * static_cast<double>(a.head_dim());
     const double P = static_cast<double>(param_layout(a).parameters);
-    const double act = 4 * T * h;
+    const double act = static_cast<double>(dtype_size(s.dtype)) * T * h;
     if (!s.train()) return {fwd, 4 * P + 2 * act, B};
     return {3 * fwd + kAdamwFlopsPerParam * P, 6 * 4 * P + 2 * act, B};
   }
@@ -101,10 +114,11 @@ const Arch& arch_named(const std::string& name) {
 }
 
 Shape shape_of(const Problem& p) {
-  const models::StepArgs a = models::step_args(p, "model_bert", false);
+  const models::StepArgs a = step_args(p);
   Shape s;
   s.arch = arch_named(a.model);
   s.backend = a.backend;
+  s.dtype = a.dtype;
   s.dir = a.dir;
   s.batch = a.batch;
   s.variant = a.variant;
@@ -141,9 +155,9 @@ ParamLayout param_layout(const Arch& a) {
 State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
   State st;
   const auto n = static_cast<std::size_t>(s.tokens() * s.arch.hidden);
-  st.x = HostBuffer(DType::f32, n);
+  st.x = HostBuffer(s.dtype, n);
   st.x.fill_uniform(seed, 1);
-  st.target = HostBuffer(DType::f32, n);
+  st.target = HostBuffer(s.dtype, n);
   st.target.fill_uniform(seed, 2);
   st.params = HostBuffer(DType::f32, l.total);
   std::fill_n(st.params.as<float>(), l.total, 0.f);
@@ -170,11 +184,11 @@ State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
 
 State verification_state(const Shape& s, const State& seeded) {
   State st = seeded;
-  const std::int64_t per = s.arch.seq * s.arch.hidden;
+  const std::size_t per = static_cast<std::size_t>(s.arch.seq * s.arch.hidden) * dtype_size(s.dtype);  // bytes
   for (std::int64_t b = kVerifyPeriod; b < s.batch; ++b) {
-    const std::int64_t from = (b % kVerifyPeriod) * per;
-    std::copy_n(seeded.x.as<float>() + from, per, st.x.as<float>() + b * per);
-    std::copy_n(seeded.target.as<float>() + from, per, st.target.as<float>() + b * per);
+    const std::size_t from = static_cast<std::size_t>(b % kVerifyPeriod) * per, to = static_cast<std::size_t>(b) * per;
+    std::memcpy(static_cast<std::byte*>(st.x.data()) + to, static_cast<const std::byte*>(seeded.x.data()) + from, per);
+    std::memcpy(static_cast<std::byte*>(st.target.data()) + to, static_cast<const std::byte*>(seeded.target.data()) + from, per);
   }
   return st;
 }
@@ -190,8 +204,63 @@ State verification_state(const Shape& s, const State& seeded) {
 // - the step: as models.cpp, the reference takes AdamW's step from the gradients the implementation
 //   computed (first step ~ lr * sign(g)); p - p0 in units of lr, bound 1e-3 (seen 7.3e-5: half an f32
 //   ulp of a LayerNorm gamma of 1 is 6e-5 lr; a wrong step count or bias correction is O(0.1)).
+// bf16, against the same exact reference. Each stored bf16 value carries a relative error up to 2^-9
+// (2e-3; rms ~ 2^-9 / sqrt(3) = 1.1e-3), independent from element to element; a GEMM output sums K
+// such products (K up to 3072), so its error is ~ 1e-3 of the output's rms (the independent errors
+// add in quadrature, as the terms do), plus 2^-9 for its own rounding; a layer chains ~8 such steps
+// forward and as many backward, and the softmax backward's p (dP - sum dP p) cancels, multiplying dP's
+// error. The reference with Rounding::bf16 (the same rounding in double: a model of a correct bf16
+// step, see the tests) measures that at batch 1: rms(out - ref) / rms(ref) 2.6e-3..3.2e-3 for y,
+// 2e-3..6.3e-3 for the gradients (the largest in Wqkv's, through the softmax backward); the max,
+// a tail over up to 2.4M elements, 1.4e-2..2e-2 for y, up to 0.116 for the gradients (dWqkv); the
+// loss 2.4e-5 relative. Larger batches average more tokens into each gradient, which does not widen
+// these. So, bf16:
+// - y: rms <= 1e-2, max <= 5e-2 (3x and 2.5x the modelled error);
+// - gradients: rms <= 2e-2, max <= 0.3 (3x and 2.6x);
+// - loss: relative 1e-3 (40x: the mean of 10^5 squared errors averages the rounding away);
+// - the step: unchanged (it is f32 arithmetic on the f32 masters from the implementation's gradients).
+// The rms bound is what catches a systematic slip, which shifts every element where the rounding
+// errors cancel: modelled at batch 1, a missing attention output bias (a small one: nn.Linear's init
+// gives it 2% of the activations' rms) makes y's rms error 0.037 (3.7x its bound) and LN2 beta's
+// gradient's 0.27 (13x); a transposed Wo makes y's 0.053..0.070 and Wqkv's gradient's 1.4 (70x).
+struct Bounds {
+  double y, loss, grad;
+  double y_rms = 0, grad_rms = 0;  // bf16 only: rms(out - ref) / rms(ref)
+};
+Bounds bounds(DType t) {
+  if (t == DType::bf16) return {5e-2, 1e-3, 3e-1, 1e-2, 2e-2};
+  return {1e-4, 1e-4, 1e-3};
+}
+
+// rms(out - ref) / rms(ref) against tol.
+Check rms_within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double tol) {
+  Check c;
+  c.tol = tol;
+  c.checked = out.size();
+  double e2 = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) e2 += (out[i] - ref[i]) * (out[i] - ref[i]);
+  const double e = std::sqrt(e2 / static_cast<double>(std::max<std::size_t>(1, out.size()))) / std::max(rms(ref), 1e-30);
+  c.max_err = std::isfinite(e) ? e : std::numeric_limits<double>::infinity();
+  if (!(c.max_err <= tol)) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "%s: rms(out-ref)/rms(ref) = %.3g > tol %.3g", what.c_str(), c.max_err, tol);
+    c.ok = false;
+    c.message = buf;
+  }
+  return c;
+}
+
+// within(), and for bf16 rms_within() too.
+Check close(bool bf16, const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double tol,
+            double rms_tol) {
+  Check c = within(what, out, ref, std::max(rms(ref), 1e-30), tol);
+  if (bf16) c.merge(rms_within(what, out, ref, rms_tol), what + " (rms)");
+  return c;
+}
+
 Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, const Outcome& out) {
   const Arch& a = s.arch;
+  const Bounds bound = bounds(s.dtype);
   const std::int64_t period = std::min(s.batch, kVerifyPeriod);
   const std::size_t per = static_cast<std::size_t>(a.seq * a.hidden);
   const std::vector<double> p0 = as_doubles(start.params);
@@ -204,7 +273,7 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, c
   if (!s.train()) {
     std::vector<double> yo = as_doubles(out.y), yr(yo.size());
     for (std::size_t i = 0; i < yr.size(); ++i) yr[i] = refs[(i / per) % static_cast<std::size_t>(period)].y[i % per];
-    return within("y", yo, yr, std::max(rms(yr), 1e-30), 1e-4);
+    return close(s.bf16(), "y", yo, yr, bound.y, bound.y_rms);
   }
   double loss = 0;
   std::vector<double> grad(l.total, 0.0);
@@ -215,13 +284,13 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, c
     for (std::size_t i = 0; i < grad.size(); ++i) grad[i] += w * r1.grad[i];
   }
   Check c;
-  c = within("loss", {static_cast<double>(out.loss)}, {loss}, std::max(std::fabs(loss), 1e-30), 1e-4);
+  c = within("loss", {static_cast<double>(out.loss)}, {loss}, std::max(std::fabs(loss), 1e-30), bound.loss);
   const std::vector<double> g = as_doubles(out.grads);
   for (std::size_t k = 0; k < l.tensors.size(); ++k) {
     const auto [at, n] = l.tensors[k];
     const std::vector<double> o(g.begin() + static_cast<std::ptrdiff_t>(at), g.begin() + static_cast<std::ptrdiff_t>(at + n));
     const std::vector<double> r(grad.begin() + static_cast<std::ptrdiff_t>(at), grad.begin() + static_cast<std::ptrdiff_t>(at + n));
-    c.merge(within("d" + l.names[k], o, r, std::max(rms(r), 1e-30), 1e-3), "d" + l.names[k]);
+    c.merge(close(s.bf16(), "d" + l.names[k], o, r, bound.grad, bound.grad_rms), "d" + l.names[k]);
   }
   c.merge(models::adamw_first_step(p0, g, start.m, start.v, out.params, l.total), "step");
   return c;

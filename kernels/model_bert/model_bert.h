@@ -17,6 +17,15 @@
 //          the LayerNorms included; the gradient of the layer's input x is not computed: nothing
 //          upstream takes it), one torch.optim.AdamW step (lr 1e-3, betas 0.9/0.999, eps 1e-8, wd 1e-2)
 //          over every parameter (7,087,872 for the real widths).
+// dtypes: f32, and bf16 as mixed precision the way torch.autocast(dtype=torch.bfloat16) does it: the
+// parameters, their gradients and AdamW's m and v stay f32 (master weights); each step casts the
+// parameters to a bf16 copy once (inside the timed step; the GEMMs read their weights and biases from
+// it, LayerNorm its gamma and beta from the f32 masters); every GEMM takes bf16 operands and
+// accumulates in f32 (cublasLt / cuBLAS with CUBLAS_COMPUTE_32F on tensor cores; oneDNN bf16
+// matmul on the CPU, where this CPU has it); the activations and their gradients between the ops are
+// stored bf16 (x and the target too: the batch is bf16 on the device, and e2e copies bf16 from the
+// host); softmax, GELU, LayerNorm (statistics included), the loss and the bias and LayerNorm gradient
+// sums compute in f32, and the weight gradients are written f32 by their GEMMs.
 // The architecture is parametric (Arch) so that the tests can use tiny widths.
 // Parameters: ONE flat buffer (Wqkv, bqkv, Wo, bo, ln1 gamma, ln1 beta, W1, b1, W2, b2, ln2 gamma,
 // ln2 beta, each starting on a 256-byte boundary, zero padding), grads, AdamW's m and v of the same
@@ -54,12 +63,14 @@ using models::Variant;
 struct Shape {
   Arch arch;
   Backend backend = Backend::cpu;
+  DType dtype = DType::f32;  // f32 or bf16 (mixed precision, above)
   Direction dir = Direction::infer;
   std::int64_t batch = 1;
   Variant variant = Variant::plain;
   int threads = 0;
   std::int64_t tokens() const { return batch * arch.seq; }
   bool train() const { return dir == Direction::train; }
+  bool bf16() const { return dtype == DType::bf16; }
 };
 Shape shape_of(const Problem& p);
 
@@ -76,11 +87,12 @@ ParamLayout param_layout(const Arch& a);
 
 inline adamw::Hyper hyper() { return adamw::Hyper{}; }
 
-// The seeded start, a pure function of the seed and the shape: x and the target uniform in [-1, 1);
-// weights and biases uniform in +-1/sqrt(fan_in) (nn.Linear's init), LayerNorm gamma 1, beta 0; m = v = 0.
+// The seeded start, a pure function of the seed and the shape: x and the target uniform in [-1, 1)
+// (in the problem's dtype: bf16 values for bf16); weights and biases uniform in +-1/sqrt(fan_in)
+// (nn.Linear's init), LayerNorm gamma 1, beta 0, all f32 for either dtype; m = v = 0.
 struct State {
-  HostBuffer x, target;  // [batch, seq, hidden]
-  HostBuffer params, m, v;
+  HostBuffer x, target;  // [batch, seq, hidden], the problem's dtype
+  HostBuffer params, m, v;  // f32
 };
 State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed);
 
@@ -92,20 +104,27 @@ constexpr std::int64_t kVerifyPeriod = 2;
 State verification_state(const Shape& s, const State& seeded);
 
 // The reference in double over `batch` samples: y, and for backward the loss and the flat gradients.
+// Verification always compares with the exact one (Rounding::none). Rounding::bf16 rounds, in the
+// same double computation, what the bf16 implementations round (the GEMMs' weights and biases and
+// every stored activation and activation gradient) to bf16: a model of their error, with which the
+// tests show that the bf16 bounds pass a correct bf16 step with margin.
+enum class Rounding { none, bf16 };
 struct Reference {
   std::vector<double> y;
   double loss = 0;
   std::vector<double> grad;
 };
 Reference reference(const Arch& a, const ParamLayout& l, const std::vector<double>& params, const std::vector<double>& x,
-                    const std::vector<double>& target, std::int64_t batch, bool backward);
+                    const std::vector<double>& target, std::int64_t batch, bool backward,
+                    Rounding rounding = Rounding::none);
 
 struct Outcome {
-  HostBuffer y;               // infer: [batch, seq, hidden]
+  HostBuffer y;               // infer: [batch, seq, hidden], the problem's dtype
   float loss = 0;             // train
   HostBuffer grads, params;   // train: the gradients and the parameters after the step
 };
-// `start` is verification_state(): compares one step from it with the reference.
+// `start` is verification_state(): compares one step from it with the reference, within the bounds
+// of the shape's dtype (model_bert.cpp derives them).
 Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, const Outcome& out);
 
 class LayerCase : public Case {
@@ -114,6 +133,8 @@ class LayerCase : public Case {
 };
 
 std::unique_ptr<LayerCase> make_cpu(const Problem& p);
+// Why this CPU cannot run the bf16 steps ("" when it can): oneDNN refuses bf16 matmul below AVX-512.
+std::string cpu_bf16_reason();
 #ifdef HOTOPS_HAVE_CUDA
 std::unique_ptr<LayerCase> make_cuda(const Problem& p);
 #endif

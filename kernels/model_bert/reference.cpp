@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "hotops/check.h"
+#include "hotops/dtype.h"
 #include "kernels/model_bert/model_bert.h"
 
 namespace hotops::model_bert {
@@ -124,11 +125,21 @@ Vec add(const Vec& a, const Vec& b) {
 }  // namespace
 
 Reference reference(const Arch& a, const ParamLayout& l, const std::vector<double>& params, const std::vector<double>& x_all,
-                    const std::vector<double>& target, std::int64_t batch, bool backward) {
+                    const std::vector<double>& target, std::int64_t batch, bool backward, Rounding rounding) {
   const std::int64_t S = a.seq, H = a.hidden, F = a.ffn, NH = a.heads, D = a.head_dim();
   HOTOPS_CHECK(D * NH == H, "model_bert: hidden must be heads x head_dim");
   const double scale = 1 / std::sqrt(static_cast<double>(D));
+  const bool bf16 = rounding == Rounding::bf16;
+  // rd: what a bf16 implementation stores in bf16 (nothing for Rounding::none).
+  const auto rd = [bf16](Vec v) {
+    if (bf16)
+      for (double& e : v) e = bf16_to_float(float_to_bf16(static_cast<float>(e)));
+    return v;
+  };
+  // P: the masters, read by LayerNorm; W: what the GEMMs read (the bf16 copy for Rounding::bf16).
   const double* P = params.data();
+  const Vec rounded = bf16 ? rd(params) : Vec();
+  const double* W = bf16 ? rounded.data() : P;
   const std::size_t per = static_cast<std::size_t>(S * H);
   const double N = static_cast<double>(batch) * static_cast<double>(per);
   Reference r;
@@ -139,34 +150,42 @@ Reference reference(const Arch& a, const ParamLayout& l, const std::vector<doubl
     const Vec x(x_all.begin() + static_cast<std::ptrdiff_t>(per * b), x_all.begin() + static_cast<std::ptrdiff_t>(per * (b + 1)));
     // forward
     LnCache ln1, ln2;
-    const Vec u1 = a.pre_ln ? layernorm(x, P + l.ln1g, P + l.ln1b, S, H, a.ln_eps, ln1) : x;
-    const Vec qkv = linear(u1, P + l.wqkv, P + l.bqkv, S, H, 3 * H);
+    const Vec u1 = a.pre_ln ? rd(layernorm(x, P + l.ln1g, P + l.ln1b, S, H, a.ln_eps, ln1)) : x;
+    const Vec qkv = rd(linear(u1, W + l.wqkv, W + l.bqkv, S, H, 3 * H));
     Vec prob(static_cast<std::size_t>(NH * S * S)), ctx(per);
     for (std::int64_t h = 0; h < NH; ++h) {
       double* p = prob.data() + h * S * S;
       const double* q = qkv.data() + h * D;
       const double* k = qkv.data() + H + h * D;
-      const double* v = qkv.data() + 2 * H + h * D;
       mm(S, S, D, q, 3 * H, 1, k, 1, 3 * H, p, S);  // q k^T
       for (std::int64_t i = 0; i < S; ++i) {
         double* row = p + i * S;
+        for (std::int64_t j = 0; j < S; ++j) row[j] *= scale;
+        if (bf16) {
+          const Vec stored = rd(Vec(row, row + S));
+          std::copy(stored.begin(), stored.end(), row);
+        }
         double mx = -1e300, sum = 0;
-        for (std::int64_t j = 0; j < S; ++j) mx = std::max(mx, row[j] * scale);
-        for (std::int64_t j = 0; j < S; ++j) sum += (row[j] = std::exp(row[j] * scale - mx));
+        for (std::int64_t j = 0; j < S; ++j) mx = std::max(mx, row[j]);
+        for (std::int64_t j = 0; j < S; ++j) sum += (row[j] = std::exp(row[j] - mx));
         for (std::int64_t j = 0; j < S; ++j) row[j] /= sum;
       }
-      mm(S, D, S, p, S, 1, v, 3 * H, 1, ctx.data() + h * D, H);
     }
-    const Vec attn = linear(ctx, P + l.wo, P + l.bo, S, H, H);
-    const Vec s1 = add(x, attn);
-    const Vec h1 = a.pre_ln ? s1 : layernorm(s1, P + l.ln1g, P + l.ln1b, S, H, a.ln_eps, ln1);  // the FFN block's residual
-    const Vec u2 = a.pre_ln ? layernorm(s1, P + l.ln2g, P + l.ln2b, S, H, a.ln_eps, ln2) : h1;  // the FFN's input
-    const Vec z = linear(u2, P + l.w1, P + l.b1, S, H, F);
+    prob = rd(prob);
+    for (std::int64_t h = 0; h < NH; ++h)
+      mm(S, D, S, prob.data() + h * S * S, S, 1, qkv.data() + 2 * H + h * D, 3 * H, 1, ctx.data() + h * D, H);
+    ctx = rd(ctx);
+    const Vec attn = linear(ctx, W + l.wo, W + l.bo, S, H, H);
+    const Vec s1 = rd(add(x, attn));
+    const Vec h1 = a.pre_ln ? s1 : rd(layernorm(s1, P + l.ln1g, P + l.ln1b, S, H, a.ln_eps, ln1));  // the FFN block's residual
+    const Vec u2 = a.pre_ln ? rd(layernorm(s1, P + l.ln2g, P + l.ln2b, S, H, a.ln_eps, ln2)) : h1;  // the FFN's input
+    const Vec z = rd(linear(u2, W + l.w1, W + l.b1, S, H, F));
     Vec f(z.size());
     for (std::size_t i = 0; i < z.size(); ++i) f[i] = gelu(z[i]);
-    const Vec o = linear(f, P + l.w2, P + l.b2, S, F, H);
-    const Vec s2 = add(h1, o);
-    const Vec y = a.pre_ln ? s2 : layernorm(s2, P + l.ln2g, P + l.ln2b, S, H, a.ln_eps, ln2);
+    f = rd(f);
+    const Vec o = linear(f, W + l.w2, W + l.b2, S, F, H);
+    const Vec s2 = rd(add(h1, o));
+    const Vec y = a.pre_ln ? s2 : rd(layernorm(s2, P + l.ln2g, P + l.ln2b, S, H, a.ln_eps, ln2));
     std::copy(y.begin(), y.end(), r.y.begin() + static_cast<std::ptrdiff_t>(per * b));
     if (!backward) continue;
     // loss and backward
@@ -176,14 +195,16 @@ Reference reference(const Arch& a, const ParamLayout& l, const std::vector<doubl
       r.loss += e * e / N;
       dy[i] = 2 * e / N;
     }
-    const Vec ds2 = a.pre_ln ? dy : layernorm_back(dy, P + l.ln2g, G + l.ln2g, G + l.ln2b, S, H, ln2);
-    Vec df = linear_back(f, ds2, P + l.w2, G + l.w2, G + l.b2, S, F, H);
+    dy = rd(dy);
+    const Vec ds2 = a.pre_ln ? dy : rd(layernorm_back(dy, P + l.ln2g, G + l.ln2g, G + l.ln2b, S, H, ln2));
+    Vec df = rd(linear_back(f, ds2, W + l.w2, G + l.w2, G + l.b2, S, F, H));
     for (std::size_t i = 0; i < df.size(); ++i) df[i] *= gelu_grad(z[i]);
-    const Vec du2 = linear_back(u2, df, P + l.w1, G + l.w1, G + l.b1, S, H, F);
+    df = rd(df);
+    const Vec du2 = rd(linear_back(u2, df, W + l.w1, G + l.w1, G + l.b1, S, H, F));
     Vec ds1;
-    if (a.pre_ln) ds1 = add(layernorm_back(du2, P + l.ln2g, G + l.ln2g, G + l.ln2b, S, H, ln2), ds2);
-    else ds1 = layernorm_back(add(du2, ds2), P + l.ln1g, G + l.ln1g, G + l.ln1b, S, H, ln1);
-    const Vec dctx = linear_back(ctx, ds1, P + l.wo, G + l.wo, G + l.bo, S, H, H);
+    if (a.pre_ln) ds1 = rd(add(layernorm_back(du2, P + l.ln2g, G + l.ln2g, G + l.ln2b, S, H, ln2), ds2));
+    else ds1 = rd(layernorm_back(add(du2, ds2), P + l.ln1g, G + l.ln1g, G + l.ln1b, S, H, ln1));
+    const Vec dctx = rd(linear_back(ctx, ds1, W + l.wo, G + l.wo, G + l.bo, S, H, H));
     Vec dqkv(static_cast<std::size_t>(S * 3 * H), 0.0), dp(static_cast<std::size_t>(S * S));
     for (std::int64_t h = 0; h < NH; ++h) {
       const double* p = prob.data() + h * S * S;
@@ -193,18 +214,22 @@ Reference reference(const Arch& a, const ParamLayout& l, const std::vector<doubl
       const double* dc = dctx.data() + h * D;
       mm(S, S, D, dc, H, 1, v, 1, 3 * H, dp.data(), S);                          // dP = dctx v^T
       mm(S, D, S, p, 1, S, dc, H, 1, dqkv.data() + 2 * H + h * D, 3 * H);         // dv = P^T dctx
-      for (std::int64_t i = 0; i < S; ++i) {                                       // dscores, scale folded in
+      dp = rd(dp);
+      for (std::int64_t i = 0; i < S; ++i) {                                       // dscores
         double dot = 0;
         for (std::int64_t j = 0; j < S; ++j) dot += dp[static_cast<std::size_t>(i * S + j)] * p[i * S + j];
         for (std::int64_t j = 0; j < S; ++j) {
           double& d = dp[static_cast<std::size_t>(i * S + j)];
-          d = p[i * S + j] * (d - dot) * scale;
+          d = p[i * S + j] * (d - dot);
         }
       }
+      dp = rd(dp);
+      for (double& d : dp) d *= scale;  // the scale, folded into dS here, is the GEMMs' alpha in the implementations
       mm(S, D, S, dp.data(), S, 1, k, 3 * H, 1, dqkv.data() + h * D, 3 * H);      // dq = dS k
       mm(S, D, S, dp.data(), 1, S, q, 3 * H, 1, dqkv.data() + H + h * D, 3 * H);  // dk = dS^T q
     }
-    const Vec du1 = linear_back(u1, dqkv, P + l.wqkv, G + l.wqkv, G + l.bqkv, S, H, 3 * H);
+    dqkv = rd(dqkv);
+    const Vec du1 = rd(linear_back(u1, dqkv, W + l.wqkv, G + l.wqkv, G + l.bqkv, S, H, 3 * H));
     if (a.pre_ln) layernorm_back(du1, P + l.ln1g, G + l.ln1g, G + l.ln1b, S, H, ln1);
   }
   return r;

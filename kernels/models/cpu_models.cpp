@@ -3,14 +3,19 @@
 // below kSmallLayerMacs multiply-adds, hand-written single-thread loops: there a primitive's fixed
 // cost per call is most of the time. The loss, ReLU backward with the bias gradient and the AdamW
 // step are OpenMP loops (one thread below a grain of work, where forking costs more than it saves).
+// bf16 (models.h): the same code on bf16 storage (the class and loops are templates on the storage
+// type), a flat cast of the f32 parameters to a bf16 copy first in each step, oneDNN bf16 matmuls
+// (f32 accumulation; the weight gradients written f32), the hand-written loops widening to f32.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <unordered_map>
 
 #include "hotops/check.h"
 #include "hotops/cpu.h"
+#include "hotops/cpu_vector.h"
 #include "kernels/models/models.h"
 
 namespace hotops::models {
@@ -18,6 +23,15 @@ namespace {
 
 using dnnl::memory;
 using dt = memory::data_type;
+using bf16 = std::uint16_t;  // bf16 storage
+
+// Storage <-> f32: f32 as is; bf16 widened exactly, narrowed rounding to nearest even.
+HOTOPS_VECTOR_INLINE float load(float v) { return v; }
+HOTOPS_VECTOR_INLINE float load(bf16 v) { return vec::bf16_to_f32(v); }
+template <class T> HOTOPS_VECTOR_INLINE T store(float f);
+template <> HOTOPS_VECTOR_INLINE float store<float>(float f) { return f; }
+template <> HOTOPS_VECTOR_INLINE bf16 store<bf16>(float f) { return vec::f32_to_bf16(f); }
+template <class T> constexpr dt kType = std::is_same_v<T, float> ? dt::f32 : dt::bf16;
 
 // Below this many elements a pointwise loop runs on one thread.
 constexpr std::int64_t kParallelGrain = 1 << 15;
@@ -40,15 +54,16 @@ class ThreadScope {
   bool set_;
 };
 
-// A row-major [rows, cols] f32 operand, or the transpose of one stored [cols, rows].
-memory::desc md(std::int64_t rows, std::int64_t cols, bool transposed = false) {
-  return transposed ? memory::desc({rows, cols}, dt::f32, memory::dims{1, rows})
-                    : memory::desc({rows, cols}, dt::f32, memory::dims{cols, 1});
+// A row-major [rows, cols] operand, or the transpose of one stored [cols, rows].
+memory::desc md(std::int64_t rows, std::int64_t cols, bool transposed = false, dt type = dt::f32) {
+  return transposed ? memory::desc({rows, cols}, type, memory::dims{1, rows})
+                    : memory::desc({rows, cols}, type, memory::dims{cols, 1});
 }
 
 struct Matmul {
   dnnl::matmul prim;
   memory src, wei, bias, dst;
+  std::string impl;  // oneDNN's implementation name
 
   void execute() {
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
@@ -57,20 +72,33 @@ struct Matmul {
   }
 };
 
-// dst = src . wei (+ bias, ReLU), the memories wrapping hotops' own buffers.
-Matmul make_matmul(const memory::desc& src, float* src_p, const memory::desc& wei, float* wei_p, float* bias_p,
-                   const memory::desc& dst, float* dst_p, bool relu) {
-  dnnl::engine& eng = cpu::engine();
+// The bias of dst [rows, cols]: [1, cols] in the weights' type.
+memory::desc bias_md_of(const memory::desc& dst, dt type) {
+  return memory::desc({1, dst.dims()[1]}, type, memory::dims{dst.dims()[1], 1});
+}
+
+// dst = src . wei (+ bias, ReLU): the primitive descriptor (no memory touched), also the support
+// probe: oneDNN answers `unimplemented` for what this CPU cannot do.
+dnnl::matmul::primitive_desc matmul_pd(const memory::desc& src, const memory::desc& wei, const memory::desc& bias,
+                                       const memory::desc& dst, bool relu) {
   dnnl::primitive_attr attr;
   if (relu) {
     dnnl::post_ops po;
     po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
     attr.set_post_ops(po);
   }
-  const memory::desc bias_md = bias_p ? memory::desc({1, dst.dims()[1]}, dt::f32, memory::dims{dst.dims()[1], 1}) : memory::desc();
-  const auto d = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(src, wei, bias_md, dst));
-  const auto pd = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(d, attr, eng));
+  const auto d = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(src, wei, bias, dst));
+  return HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(d, attr, cpu::engine()));
+}
+
+// dst = src . wei (+ bias, ReLU), the memories wrapping hotops' own buffers.
+Matmul make_matmul(const memory::desc& src, void* src_p, const memory::desc& wei, void* wei_p, void* bias_p,
+                   const memory::desc& dst, void* dst_p, bool relu) {
+  dnnl::engine& eng = cpu::engine();
+  const memory::desc bias_md = bias_p ? bias_md_of(dst, wei.data_type()) : memory::desc();
+  const auto pd = matmul_pd(src, wei, bias_md, dst, relu);
   Matmul m;
+  m.impl = pd.impl_info_str();
   m.prim = HOTOPS_CHECK_DNNL(dnnl::matmul(pd));
   m.src = memory(src, eng, src_p);
   m.wei = memory(wei, eng, wei_p);
@@ -80,49 +108,64 @@ Matmul make_matmul(const memory::desc& src, float* src_p, const memory::desc& we
 }
 
 // The hand-written loops of a small layer (rows of the batch outermost; the inner loops run over
-// the contiguous output axis so that they vectorise).
-void small_forward(const float* a, const float* W, const float* b, float* y, std::int64_t B, std::int64_t in,
-                   std::int64_t out, bool relu) {
+// the contiguous output axis so that they vectorise), on storage T, in f32. For bf16, `acc` is a
+// row of f32 accumulators (out floats); f32 accumulates in y itself.
+template <class T>
+void small_forward(const T* a, const T* W, const T* b, T* y, std::int64_t B, std::int64_t in, std::int64_t out,
+                   bool relu, float* acc) {
   for (std::int64_t r = 0; r < B; ++r) {
-    float* yr = y + r * out;
-    for (std::int64_t o = 0; o < out; ++o) yr[o] = b[o];
+    float* yr;
+    if constexpr (std::is_same_v<T, float>) yr = y + r * out;
+    else yr = acc;
+    for (std::int64_t o = 0; o < out; ++o) yr[o] = load(b[o]);
     for (std::int64_t i = 0; i < in; ++i) {
-      const float ai = a[r * in + i];
-      const float* Wi = W + i * out;
-      for (std::int64_t o = 0; o < out; ++o) yr[o] += ai * Wi[o];
+      const float ai = load(a[r * in + i]);
+      const T* Wi = W + i * out;
+      for (std::int64_t o = 0; o < out; ++o) yr[o] += ai * load(Wi[o]);
     }
     if (relu)
       for (std::int64_t o = 0; o < out; ++o) yr[o] = std::max(yr[o], 0.f);
+    if constexpr (!std::is_same_v<T, float>)
+      for (std::int64_t o = 0; o < out; ++o) y[r * out + o] = store<T>(yr[o]);
   }
 }
 
-// dW = a^T . dz
-void small_weight_grad(const float* a, const float* dz, float* dW, std::int64_t B, std::int64_t in, std::int64_t out) {
+// dW = a^T . dz (dW f32)
+template <class T>
+void small_weight_grad(const T* a, const T* dz, float* dW, std::int64_t B, std::int64_t in, std::int64_t out) {
   std::fill_n(dW, in * out, 0.f);
   for (std::int64_t r = 0; r < B; ++r)
     for (std::int64_t i = 0; i < in; ++i) {
-      const float ai = a[r * in + i];
+      const float ai = load(a[r * in + i]);
       float* dWi = dW + i * out;
-      const float* dzr = dz + r * out;
-      for (std::int64_t o = 0; o < out; ++o) dWi[o] += ai * dzr[o];
+      const T* dzr = dz + r * out;
+      for (std::int64_t o = 0; o < out; ++o) dWi[o] += ai * load(dzr[o]);
     }
 }
 
 // da = dz . W^T
-void small_data_grad(const float* dz, const float* W, float* da, std::int64_t B, std::int64_t in, std::int64_t out) {
+template <class T>
+void small_data_grad(const T* dz, const T* W, T* da, std::int64_t B, std::int64_t in, std::int64_t out) {
   for (std::int64_t r = 0; r < B; ++r)
     for (std::int64_t i = 0; i < in; ++i) {
-      const float* Wi = W + i * out;
-      const float* dzr = dz + r * out;
+      const T* Wi = W + i * out;
+      const T* dzr = dz + r * out;
       float s = 0.f;
-      for (std::int64_t o = 0; o < out; ++o) s += dzr[o] * Wi[o];
-      da[r * in + i] = s;
+      for (std::int64_t o = 0; o < out; ++o) s += load(dzr[o]) * load(Wi[o]);
+      da[r * in + i] = store<T>(s);
     }
 }
 
 void copy_into(HostBuffer& dst, const HostBuffer& src) { std::copy_n(src.as<float>(), src.count(), dst.as<float>()); }
 
+// Which layers a batch runs through oneDNN (the others are hand-written).
+bool small_layer(const Shape& s, std::size_t k) { return s.batch * s.in(k) * s.out(k) < kSmallLayerMacs; }
+
+// A model on storage T (float, or bf16 with f32 master weights: models.h).
+template <class T>
 class CpuModel final : public ModelCase {
+  static constexpr bool kBf16 = !std::is_same_v<T, float>;
+
  public:
   explicit CpuModel(const Problem& p)
       : s_(shape_of(p)), l_(param_layout(s_.widths)), st_(make_state(s_, l_, p.seed())),
@@ -131,35 +174,40 @@ class CpuModel final : public ModelCase {
     const std::size_t L = s_.layers();
     const std::int64_t B = s_.batch;
     params_ = st_.params, m_ = st_.m, v_ = st_.v;
+    if constexpr (kBf16) low_ = HostBuffer(DType::bf16, l_.total);
     grads_ = HostBuffer(DType::f32, l_.total);
     std::fill_n(grads_.as<float>(), l_.total, 0.f);  // the padding is never written: zero, as AdamW needs
     act_.resize(L + 1);
     dact_.resize(L + 1);
+    std::int64_t widest = 1;
     for (std::size_t k = 0; k < L; ++k) {
-      act_[k + 1] = HostBuffer(DType::f32, static_cast<std::size_t>(B * s_.out(k)));
-      if (s_.train()) dact_[k + 1] = HostBuffer(DType::f32, static_cast<std::size_t>(B * s_.out(k)));
+      act_[k + 1] = HostBuffer(s_.dtype, static_cast<std::size_t>(B * s_.out(k)));
+      if (s_.train()) dact_[k + 1] = HostBuffer(s_.dtype, static_cast<std::size_t>(B * s_.out(k)));
+      widest = std::max(widest, s_.out(k));
     }
+    if constexpr (kBf16) acc_.assign(static_cast<std::size_t>(widest), 0.f);
     fwd_.resize(L), wgrad_.resize(L), dgrad_.resize(L);
     for (std::size_t k = 0; k < L; ++k) {
       const std::int64_t in = s_.in(k), out = s_.out(k);
       const bool relu = k + 1 < L;
-      small_.push_back(B * in * out < kSmallLayerMacs);
+      small_.push_back(small_layer(s_, k));
       if (small_.back()) continue;
-      float* W = params_.as<float>() + l_.w[k];
-      fwd_[k] = make_matmul(md(B, in), input(k), md(in, out), W, params_.as<float>() + l_.b[k], md(B, out),
-                            act_[k + 1].as<float>(), relu);
+      T* W = weights() + l_.w[k];
+      fwd_[k] = make_matmul(md(B, in, false, kType<T>), input(k), md(in, out, false, kType<T>), W, weights() + l_.b[k],
+                            md(B, out, false, kType<T>), act_[k + 1].data(), relu);
       if (!s_.train()) continue;
-      // dW [in, out] = a^T [in, B] . dz [B, out]; da [B, in] = dz [B, out] . W^T [out, in].
-      wgrad_[k] = make_matmul(md(in, B, true), input(k), md(B, out), dact_[k + 1].as<float>(), nullptr, md(in, out),
-                              grads_.as<float>() + l_.w[k], false);
+      // dW [in, out] = a^T [in, B] . dz [B, out] (f32); da [B, in] = dz [B, out] . W^T [out, in].
+      wgrad_[k] = make_matmul(md(in, B, true, kType<T>), input(k), md(B, out, false, kType<T>), dact_[k + 1].data(),
+                              nullptr, md(in, out), grads_.as<float>() + l_.w[k], false);
       if (k > 0)
-        dgrad_[k] = make_matmul(md(B, out), dact_[k + 1].as<float>(), md(out, in, true), W, nullptr, md(B, in),
-                                dact_[k].as<float>(), false);
+        dgrad_[k] = make_matmul(md(B, out, false, kType<T>), dact_[k + 1].data(), md(out, in, true, kType<T>), W,
+                                nullptr, md(B, in, false, kType<T>), dact_[k].data(), false);
     }
   }
 
   void run() override {
     ThreadScope scope(threads_);
+    if constexpr (kBf16) cast_params();
     forward();
     if (!s_.train()) return;
     loss_ = loss_and_dlogits();
@@ -178,7 +226,7 @@ class CpuModel final : public ModelCase {
     if (!s_.train()) {
       o.logits = act_.back();
     } else {
-      o.loss = loss_;
+      o.loss = static_cast<float>(loss_);
       o.grads = grads_, o.params = params_;
       for (std::size_t k = 1; k + 1 < act_.size(); ++k) o.hidden.push_back(act_[k]);
     }
@@ -193,6 +241,14 @@ class CpuModel final : public ModelCase {
     if (small == static_cast<int>(small_.size())) what += "hand-written single-thread loops (every layer < 64K MACs)";
     else if (small == 0) what += "oneDNN matmul (bias + ReLU post-op fwd, strided transposes bwd)";
     else what += "oneDNN matmul, " + std::to_string(small) + " small layer(s) hand-written";
+    if constexpr (kBf16) {
+      what = "bf16 autocast (f32 master weights cast to bf16 each step, f32 accumulation), " + what;
+      for (std::size_t k = 0; k < small_.size(); ++k)
+        if (!small_[k]) {
+          what += " [" + fwd_[k].impl + "]";
+          break;
+        }
+    }
     if (s_.train()) what += "; OpenMP softmax-CE, ReLU bwd + bias grad, AdamW 1 flat pass";
     return what + ", " + std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
   }
@@ -200,7 +256,12 @@ class CpuModel final : public ModelCase {
   double last_loss() override { return loss_; }
 
  private:
-  float* input(std::size_t k) { return k == 0 ? st_.x.as<float>() : act_[k].as<float>(); }
+  T* input(std::size_t k) { return k == 0 ? st_.x.as<T>() : act_[k].as<T>(); }
+  // The weights the layers multiply: the f32 parameters, or their bf16 copy.
+  T* weights() {
+    if constexpr (kBf16) return low_.as<T>();
+    else return params_.as<float>();
+  }
 
   int team(std::int64_t work) const { return work >= kParallelGrain ? cpu::threads() : 1; }
 
@@ -212,14 +273,23 @@ class CpuModel final : public ModelCase {
     }
   }
 
+  // The step's bf16 copy of the f32 parameters (autocast's cast of the weights), one flat pass.
+  void cast_params() {
+    const float* p = params_.as<float>();
+    T* low = low_.as<T>();
+    const auto n = static_cast<std::int64_t>(l_.total);
+#pragma omp parallel for simd num_threads(team(n)) schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) low[i] = store<T>(p[i]);
+  }
+
   void forward() {
     const std::int64_t B = s_.batch;
     bool waited = true;
     for (std::size_t k = 0; k < s_.layers(); ++k) {
       if (small_[k]) {
         if (!waited) cpu::stream().wait(), waited = true;
-        small_forward(input(k), params_.as<float>() + l_.w[k], params_.as<float>() + l_.b[k], act_[k + 1].as<float>(), B,
-                      s_.in(k), s_.out(k), k + 1 < s_.layers());
+        small_forward<T>(input(k), weights() + l_.w[k], weights() + l_.b[k], act_[k + 1].as<T>(), B, s_.in(k), s_.out(k),
+                         k + 1 < s_.layers(), acc_.data());
       } else {
         fwd_[k].execute();
         waited = false;
@@ -228,34 +298,46 @@ class CpuModel final : public ModelCase {
     if (!waited) cpu::stream().wait();
   }
 
-  // Mean softmax cross-entropy of the logits; dlogits = (softmax - onehot) / batch.
+  // Mean softmax cross-entropy of the logits; dlogits = (softmax - onehot) / batch, in f32 (bf16
+  // logits widened, dlogits rounded once at the end).
   double loss_and_dlogits() {
     const std::int64_t B = s_.batch, C = s_.classes();
-    const float* z = act_.back().as<float>();
-    float* dz = dact_.back().as<float>();
+    const T* z = act_.back().as<T>();
+    T* dz = dact_.back().as<T>();
     const std::int32_t* y = st_.labels.data();
     const float inv_b = 1.f / static_cast<float>(B);
     double total = 0;
 #pragma omp parallel for num_threads(team(B * C * 8)) reduction(+ : total) schedule(static)
     for (std::int64_t r = 0; r < B; ++r) {
-      const float* zr = z + r * C;
-      float* dr = dz + r * C;
-      const float mx = *std::max_element(zr, zr + C);
-      float sum = 0.f;
-      for (std::int64_t c = 0; c < C; ++c) sum += (dr[c] = std::exp(zr[c] - mx));
-      const float inv = 1.f / sum;
-      for (std::int64_t c = 0; c < C; ++c) dr[c] = dr[c] * inv * inv_b;
-      dr[y[r]] -= inv_b;
-      total += static_cast<double>(std::log(sum) - (zr[y[r]] - mx));
+      const T* zr = z + r * C;
+      T* dr = dz + r * C;
+      if constexpr (!kBf16) {
+        const float mx = *std::max_element(zr, zr + C);
+        float sum = 0.f;
+        for (std::int64_t c = 0; c < C; ++c) sum += (dr[c] = std::exp(zr[c] - mx));
+        const float inv = 1.f / sum;
+        for (std::int64_t c = 0; c < C; ++c) dr[c] = dr[c] * inv * inv_b;
+        dr[y[r]] -= inv_b;
+        total += static_cast<double>(std::log(sum) - (zr[y[r]] - mx));
+      } else {
+        float mx = load(zr[0]);
+        for (std::int64_t c = 1; c < C; ++c) mx = std::max(mx, load(zr[c]));
+        float sum = 0.f;
+        for (std::int64_t c = 0; c < C; ++c) sum += std::exp(load(zr[c]) - mx);
+        const float inv = 1.f / sum;
+        for (std::int64_t c = 0; c < C; ++c)
+          dr[c] = store<T>(std::exp(load(zr[c]) - mx) * inv * inv_b - (c == y[r] ? inv_b : 0.f));
+        total += static_cast<double>(std::log(sum) - (load(zr[y[r]]) - mx));
+      }
     }
     return total / static_cast<double>(B);
   }
 
-  // dz = da * (a > 0) in place, and db = colsum(dz); threads over blocks of columns.
+  // dz = da * (a > 0) in place, and db = colsum(dz) (f32); threads over blocks of columns.
   void relu_backward_bias_grad(std::size_t k) {
     const std::int64_t B = s_.batch, n = s_.out(k);
-    float* dz = dact_[k + 1].as<float>();
-    const float* a = act_[k + 1].as<float>();
+    T* dz = dact_[k + 1].as<T>();
+    const T* a = act_[k + 1].as<T>();
     float* db = grads_.as<float>() + l_.b[k];
     constexpr std::int64_t kCols = 16;
 #pragma omp parallel for num_threads(team(B * n)) schedule(static)
@@ -264,8 +346,8 @@ class CpuModel final : public ModelCase {
       float acc[kCols] = {};
       for (std::int64_t r = 0; r < B; ++r)
         for (std::int64_t c = c0; c < c1; ++c) {
-          float& d = dz[r * n + c];
-          d = a[r * n + c] > 0.f ? d : 0.f;
+          const float d = load(a[r * n + c]) > 0.f ? load(dz[r * n + c]) : 0.f;
+          dz[r * n + c] = store<T>(d);
           acc[c - c0] += d;
         }
       for (std::int64_t c = c0; c < c1; ++c) db[c] = acc[c - c0];
@@ -274,11 +356,11 @@ class CpuModel final : public ModelCase {
 
   void bias_grad(std::size_t k) {  // the last layer's: no ReLU
     const std::int64_t B = s_.batch, n = s_.out(k);
-    const float* dz = dact_[k + 1].as<float>();
+    const T* dz = dact_[k + 1].as<T>();
     float* db = grads_.as<float>() + l_.b[k];
     std::fill_n(db, n, 0.f);
     for (std::int64_t r = 0; r < B; ++r)
-      for (std::int64_t c = 0; c < n; ++c) db[c] += dz[r * n + c];
+      for (std::int64_t c = 0; c < n; ++c) db[c] += load(dz[r * n + c]);
   }
 
   void backward() {
@@ -286,11 +368,11 @@ class CpuModel final : public ModelCase {
     bias_grad(s_.layers() - 1);
     for (std::size_t k = s_.layers(); k-- > 0;) {
       const std::int64_t in = s_.in(k), out = s_.out(k);
-      float* dz = dact_[k + 1].as<float>();
-      float* W = params_.as<float>() + l_.w[k];
+      T* dz = dact_[k + 1].as<T>();
+      T* W = weights() + l_.w[k];
       if (small_[k]) {
-        small_weight_grad(input(k), dz, grads_.as<float>() + l_.w[k], B, in, out);
-        if (k > 0) small_data_grad(dz, W, dact_[k].as<float>(), B, in, out);
+        small_weight_grad<T>(input(k), dz, grads_.as<float>() + l_.w[k], B, in, out);
+        if (k > 0) small_data_grad<T>(dz, W, dact_[k].as<T>(), B, in, out);
       } else {
         wgrad_[k].execute();
         if (k > 0) dgrad_[k].execute();
@@ -317,6 +399,8 @@ class CpuModel final : public ModelCase {
   State st_;  // the seeded start: verify() restores from it
   int threads_;
   HostBuffer params_, grads_, m_, v_;
+  HostBuffer low_;                // bf16: the step's bf16 copy of params_ (same layout)
+  std::vector<float> acc_;        // bf16: a row of f32 accumulators for the hand-written forward
   std::vector<HostBuffer> act_;   // [k]: layer k's output (post-ReLU for hidden layers, logits last); [0] unused
   std::vector<HostBuffer> dact_;  // [k]: gradient of act_[k] (dlogits last; da, then dz in place, for hidden)
   std::vector<bool> small_;
@@ -327,6 +411,33 @@ class CpuModel final : public ModelCase {
 
 }  // namespace
 
-std::unique_ptr<ModelCase> make_cpu(const Problem& p) { return std::make_unique<CpuModel>(p); }
+std::unique_ptr<ModelCase> make_cpu(const Problem& p) {
+  if (p.dtype == DType::bf16) return std::make_unique<CpuModel<bf16>>(p);
+  return std::make_unique<CpuModel<float>>(p);
+}
+
+std::string cpu_bf16_reason(const Problem& p) {
+  if (p.dtype != DType::bf16) return "";
+  const Shape s = shape_of(p);
+  const std::int64_t B = s.batch;
+  const dt b = dt::bf16;
+  try {
+    // The primitives CpuModel<bf16> creates for its oneDNN layers, descriptors only.
+    for (std::size_t k = 0; k < s.layers(); ++k) {
+      if (small_layer(s, k)) continue;
+      const std::int64_t in = s.in(k), out = s.out(k);
+      matmul_pd(md(B, in, false, b), md(in, out, false, b), bias_md_of(md(B, out, false, b), b), md(B, out, false, b),
+                k + 1 < s.layers());
+      if (!s.train()) continue;
+      matmul_pd(md(in, B, true, b), md(B, out, false, b), memory::desc(), md(in, out), false);
+      if (k > 0) matmul_pd(md(B, out, false, b), md(out, in, true, b), memory::desc(), md(B, in, false, b), false);
+    }
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::unsupported)
+      return "oneDNN has no bf16 matmul for this CPU (ISA " + cpu::isa_name() + ")";
+    throw;
+  }
+  return "";
+}
 
 }  // namespace hotops::models

@@ -11,6 +11,11 @@
 // 12 launches for 3 layers, all on gpu::stream() with no host synchronisation: capturable.
 // The optimizer's step count lives on the device (advanced by the loss kernel, read by adamw_flat),
 // so that replays of a captured step take steps 1, 2, 3, ... as a training loop does.
+// bf16 (models.h): one more launch first, cast_params (the f32 parameters to their bf16 copy); the
+// GEMMs take bf16 A and B with f32 accumulation (CUBLAS_COMPUTE_32F on tensor cores), write bf16
+// activations and f32 weight gradients; the kernels read and write bf16 storage, compute in f32.
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <optional>
 #include <string>
@@ -30,8 +35,10 @@ constexpr int kRowsPerSplit = 64;  // rows of the batch per block
 // kRowsPerSplit rows per block (grid: column tiles x row splits); db = colsum(dz) in two stages,
 // deterministic: each block writes its partial sums, the last block of a column tile to finish (a
 // ticket per tile, which it resets for the next launch) adds them in split order.
+// T: the activations' storage (float or __nv_bfloat16); the sums in f32.
+template <class T>
 __global__ void __launch_bounds__(kTileCols* kTileRowGroups) relu_backward_bias_grad(
-    float* __restrict__ dz, const float* __restrict__ a, float* __restrict__ db, float* __restrict__ partial,
+    T* __restrict__ dz, const T* __restrict__ a, float* __restrict__ db, float* __restrict__ partial,
     unsigned* __restrict__ tickets, int rows, int cols) {
   const int col = blockIdx.x * kTileCols + threadIdx.x;
   const int r0 = blockIdx.y * kRowsPerSplit, r1 = min(rows, r0 + kRowsPerSplit);
@@ -39,8 +46,8 @@ __global__ void __launch_bounds__(kTileCols* kTileRowGroups) relu_backward_bias_
   if (col < cols)
     for (int r = r0 + threadIdx.y; r < r1; r += kTileRowGroups) {
       const std::int64_t i = static_cast<std::int64_t>(r) * cols + col;
-      const float d = a[i] > 0.f ? dz[i] : 0.f;
-      dz[i] = d;
+      const float d = widen(a[i]) > 0.f ? widen(dz[i]) : 0.f;
+      dz[i] = narrow<T>(d);
       acc += d;
     }
   __shared__ float sums[kTileRowGroups][kTileCols + 1];
@@ -68,28 +75,44 @@ __global__ void __launch_bounds__(kTileCols* kTileRowGroups) relu_backward_bias_
 }
 
 // y = act(y + b) over [rows, cols] row-major: the forward's epilogue where cublasLt has none.
-__global__ void bias_act(float* __restrict__ y, const float* __restrict__ b, std::int64_t rows, int cols, bool relu) {
+template <class T>
+__global__ void bias_act(T* __restrict__ y, const T* __restrict__ b, std::int64_t rows, int cols, bool relu) {
   const std::int64_t n = rows * cols;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const float v = y[i] + b[i % cols];
-    y[i] = relu ? fmaxf(v, 0.f) : v;
+    const float v = widen(y[i]) + widen(b[i % cols]);
+    y[i] = narrow<T>(relu ? fmaxf(v, 0.f) : v);
   }
 }
 
+// The step's bf16 copy of the flat f32 parameters (autocast's cast of the weights): n4 vectors of 4.
+__global__ void cast_params(const float4* __restrict__ p, __nv_bfloat162* __restrict__ low, std::int64_t n4) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const float4 v = p[i];
+    low[2 * i] = __floats2bfloat162_rn(v.x, v.y);
+    low[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
+  }
+}
+
+cudaDataType_t cuda_type(DType t) { return t == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
+
 // D (m x n) = op(A) . op(B), column-major, packed (every leading dimension is the row count), with
-// an optional bias (+ ReLU) epilogue; the algorithm is the heuristic's first, chosen at setup.
+// an optional bias (+ ReLU) epilogue; the algorithm is the heuristic's first, chosen at setup. A and
+// B (and the bias) are of type `ab`, D of type `d` (f32 accumulation either way).
 class Gemm {
  public:
-  Gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n, std::int64_t k, const float* A,
-       const float* B, float* D, const float* bias = nullptr, bool relu = false)
-      : a_(A), b_(B), d_(D), bias_(bias), relu_(relu), m_(m), n_(n) {
+  Gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n, std::int64_t k, const void* A,
+       const void* B, void* D, const void* bias = nullptr, bool relu = false, DType ab = DType::f32,
+       DType d = DType::f32)
+      : a_(A), b_(B), d_(D), bias_(bias), relu_(relu), m_(m), n_(n), d_type_(d) {
+    HOTOPS_CHECK(!bias || ab == d, "models: a bias epilogue takes A, B and D of one type");
     HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
     HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-    if (opa == CUBLAS_OP_N) layout(&la_, m, k); else layout(&la_, k, m);
-    if (opb == CUBLAS_OP_N) layout(&lb_, k, n); else layout(&lb_, n, k);
-    layout(&ld_, m, n);
+    if (opa == CUBLAS_OP_N) layout(&la_, ab, m, k); else layout(&la_, ab, k, m);
+    if (opb == CUBLAS_OP_N) layout(&lb_, ab, k, n); else layout(&lb_, ab, n, k);
+    layout(&ld_, d, m, n);
     HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref_));
     const std::uint64_t ws = gpu::kCublasWorkspaceBytes;
     HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
@@ -104,7 +127,8 @@ class Gemm {
       }
     }
     if ((!bias || !fused_) && !pick())
-      throw Error("cublasLt has no f32 algorithm for a " + std::to_string(m) + "x" + std::to_string(n) + "x" +
+      throw Error(std::string("cublasLt has no ") + dtype_name(ab) + " algorithm for a " + std::to_string(m) + "x" +
+                      std::to_string(n) + "x" +
                       std::to_string(k) + " GEMM",
                   ErrorKind::unsupported);
   }
@@ -123,7 +147,12 @@ class Gemm {
                                        gpu::cublas_workspace(), gpu::kCublasWorkspaceBytes, gpu::stream()));
     if (bias_ && !fused_) {
       const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((m_ * n_ + 255) / 256, 4096));
-      bias_act<<<blocks, 256, 0, gpu::stream()>>>(d_, bias_, n_, static_cast<int>(m_), relu_);
+      if (d_type_ == DType::bf16)
+        bias_act<<<blocks, 256, 0, gpu::stream()>>>(static_cast<__nv_bfloat16*>(d_),
+                                                    static_cast<const __nv_bfloat16*>(bias_), n_, static_cast<int>(m_), relu_);
+      else
+        bias_act<<<blocks, 256, 0, gpu::stream()>>>(static_cast<float*>(d_), static_cast<const float*>(bias_), n_,
+                                                    static_cast<int>(m_), relu_);
       HOTOPS_CHECK_LAUNCH();
     }
   }
@@ -138,8 +167,8 @@ class Gemm {
   bool unfused_bias() const { return bias_ && !fused_; }
 
  private:
-  static void layout(cublasLtMatrixLayout_t* l, std::int64_t rows, std::int64_t cols) {
-    HOTOPS_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(l, CUDA_R_32F, static_cast<std::uint64_t>(rows),
+  static void layout(cublasLtMatrixLayout_t* l, DType t, std::int64_t rows, std::int64_t cols) {
+    HOTOPS_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(l, cuda_type(t), static_cast<std::uint64_t>(rows),
                                                    static_cast<std::uint64_t>(cols), rows));
   }
   bool pick() {
@@ -152,13 +181,14 @@ class Gemm {
     return true;
   }
 
-  const float* a_;
-  const float* b_;
-  float* d_;
-  const float* bias_;
+  const void* a_;
+  const void* b_;
+  void* d_;
+  const void* bias_;
   bool relu_;
   bool fused_ = false;
   std::int64_t m_, n_;
+  DType d_type_;
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t la_ = nullptr, lb_ = nullptr, ld_ = nullptr;
   cublasLtMatmulPreference_t pref_ = nullptr;
@@ -173,15 +203,17 @@ class CudaModel final : public ModelCase {
     HOTOPS_CHECK(s_.classes() <= kMaxClasses, "models: the CUDA loss kernel takes at most 16 classes");
     HOTOPS_CHECK(B < (std::int64_t{1} << 31) / kMaxClasses, "models: batch too large");
     const std::size_t pbytes = l_.total * sizeof(float);
+    const std::size_t e = dtype_size(s_.dtype);  // bytes of a stored activation
     params_ = gpu::DeviceBuffer(st_.params);
+    if (s_.bf16()) low_ = gpu::DeviceBuffer(l_.total * e);
     x_ = gpu::DeviceBuffer(st_.x);
     labels_ = gpu::DeviceBuffer(st_.labels.size() * sizeof(std::int32_t));
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(labels_.get(), st_.labels.data(), labels_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
     act_.resize(L + 1);
     dact_.resize(L + 1);
     for (std::size_t k = 0; k < L; ++k) {
-      act_[k + 1] = gpu::DeviceBuffer(static_cast<std::size_t>(B * s_.out(k)) * sizeof(float));
-      if (s_.train()) dact_[k + 1] = gpu::DeviceBuffer(static_cast<std::size_t>(B * s_.out(k)) * sizeof(float));
+      act_[k + 1] = gpu::DeviceBuffer(static_cast<std::size_t>(B * s_.out(k)) * e);
+      if (s_.train()) dact_[k + 1] = gpu::DeviceBuffer(static_cast<std::size_t>(B * s_.out(k)) * e);
     }
     if (s_.train()) {
       grads_ = gpu::DeviceBuffer(pbytes);
@@ -200,23 +232,24 @@ class CudaModel final : public ModelCase {
       HOTOPS_CHECK_CUDA(cudaMemsetAsync(tickets_.get(), 0, tickets_.bytes(), gpu::stream()));
       restart_optimizer();
     }
-    if (s_.variant == Variant::e2e && !s_.train()) logits_host_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * s_.classes()));
+    if (s_.variant == Variant::e2e && !s_.train()) logits_host_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * s_.classes()));
 
     // Row-major [r, c] is column-major [c, r]: see the file comment of kernels/matmul/cuda_cublas.cu.
+    const DType t = s_.dtype;
     for (std::size_t k = 0; k < L; ++k) {
       const std::int64_t in = s_.in(k), out = s_.out(k);
-      const float* W = param(l_.w[k]);
+      const void* W = weight(l_.w[k]);
       // y^T [out, B] = W^T [out, in] . a^T [in, B]
-      fwd_.push_back(std::make_unique<Gemm>(CUBLAS_OP_N, CUBLAS_OP_N, out, B, in, W, input(k), act_[k + 1].as<float>(),
-                                            param(l_.b[k]), k + 1 < L));
+      fwd_.push_back(std::make_unique<Gemm>(CUBLAS_OP_N, CUBLAS_OP_N, out, B, in, W, input(k), act_[k + 1].get(),
+                                            weight(l_.b[k]), k + 1 < L, t, t));
       if (!s_.train()) continue;
-      // dW^T [out, in] = dz^T [out, B] . a [B, in]
-      wgrad_.push_back(std::make_unique<Gemm>(CUBLAS_OP_N, CUBLAS_OP_T, out, in, B, dact_[k + 1].as<float>(), input(k),
-                                              grads_.as<float>() + l_.w[k]));
+      // dW^T [out, in] = dz^T [out, B] . a [B, in], written f32
+      wgrad_.push_back(std::make_unique<Gemm>(CUBLAS_OP_N, CUBLAS_OP_T, out, in, B, dact_[k + 1].get(), input(k),
+                                              grads_.as<float>() + l_.w[k], nullptr, false, t, DType::f32));
       // da^T [in, B] = W [in, out] . dz^T [out, B]
       dgrad_.push_back(k == 0 ? nullptr
-                              : std::make_unique<Gemm>(CUBLAS_OP_T, CUBLAS_OP_N, in, B, out, W, dact_[k + 1].as<float>(),
-                                                       dact_[k].as<float>()));
+                              : std::make_unique<Gemm>(CUBLAS_OP_T, CUBLAS_OP_N, in, B, out, W, dact_[k + 1].get(),
+                                                       dact_[k].get(), nullptr, false, t, t));
     }
     if (s_.variant == Variant::graph) {
       // Everything the step touches that is created lazily (the cublasLt handle, its workspace)
@@ -273,7 +306,7 @@ class CudaModel final : public ModelCase {
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
     Outcome o;
     if (!s_.train()) {
-      o.logits = HostBuffer(DType::f32, static_cast<std::size_t>(s_.batch * s_.classes()));
+      o.logits = HostBuffer(s_.dtype, static_cast<std::size_t>(s_.batch * s_.classes()));
       act_.back().download(o.logits);
       return verify_outcome(s_, l_, st_, o);
     }
@@ -283,7 +316,7 @@ class CudaModel final : public ModelCase {
     grads_.download(o.grads);
     params_.download(o.params);
     for (std::size_t k = 1; k + 1 < act_.size(); ++k) {
-      o.hidden.emplace_back(DType::f32, static_cast<std::size_t>(s_.batch * s_.out(k - 1)));
+      o.hidden.emplace_back(s_.dtype, static_cast<std::size_t>(s_.batch * s_.out(k - 1)));
       act_[k].download(o.hidden.back());
     }
     StepState after{};
@@ -309,7 +342,10 @@ class CudaModel final : public ModelCase {
           algos += (algos.empty() ? "" : ",") + std::to_string(g->algo_id());
         }
     if (s_.train()) launches += 1 + static_cast<int>(s_.layers()) - 1 + 1;  // loss, ReLU backward, AdamW
-    std::string l = std::to_string(s_.layers()) + " dense layers: cublasLt f32 (algos " + algos + "), " +
+    if (s_.bf16()) launches += 1;                                            // cast_params
+    std::string l = std::string(s_.bf16() ? "bf16 autocast (f32 master weights, hotops cast_params each step), " : "") +
+                    std::to_string(s_.layers()) + " dense layers: cublasLt " +
+                    (s_.bf16() ? "bf16, f32 accumulation" : "f32") + " (algos " + algos + "), " +
                     (unfused ? std::to_string(unfused) + " bias epilogue(s) as hotops bias_act" : "bias/ReLU epilogues");
     if (s_.train()) l += " + hotops softmax_xent, relu_backward_bias_grad, AdamW 1 launch";
     l += ", " + std::to_string(launches) + " launches a step";
@@ -330,8 +366,13 @@ class CudaModel final : public ModelCase {
   }
 
  private:
-  const float* param(std::size_t offset) const { return params_.as<float>() + offset; }
-  const float* input(std::size_t k) const { return k == 0 ? x_.as<float>() : act_[k].as<float>(); }
+  // The weights the GEMMs multiply at `offset` (floats of the layout): the f32 parameters, or their
+  // bf16 copy.
+  const void* weight(std::size_t offset) const {
+    if (s_.bf16()) return low_.as<__nv_bfloat16>() + offset;
+    return params_.as<float>() + offset;
+  }
+  const void* input(std::size_t k) const { return k == 0 ? x_.get() : act_[k].get(); }
   std::int64_t splits() const { return (s_.batch + kRowsPerSplit - 1) / kRowsPerSplit; }
 
   static void poison(float* at, std::int64_t n) {
@@ -345,14 +386,25 @@ class CudaModel final : public ModelCase {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(state_.get(), 0, sizeof(StepState), gpu::stream()));
   }
 
+  // The step on storage T (float, or __nv_bfloat16 after the cast of the parameters).
   void device_step() {
+    if (!s_.bf16()) return device_step_on<float>();
+    const auto n4 = static_cast<std::int64_t>(l_.total / 4);
+    const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n4 + 255) / 256, 1024));
+    cast_params<<<blocks, 256, 0, gpu::stream()>>>(params_.as<const float4>(), low_.as<__nv_bfloat162>(), n4);
+    HOTOPS_CHECK_LAUNCH();
+    device_step_on<__nv_bfloat16>();
+  }
+
+  template <class T>
+  void device_step_on() {
     const std::size_t L = s_.layers();
     const std::int64_t B = s_.batch;
     for (const auto& g : fwd_) g->run();
     if (!s_.train()) return;
     const int C = static_cast<int>(s_.classes());
-    softmax_xent<<<1, kLossThreads, 0, gpu::stream()>>>(act_[L].as<const float>(), labels_.as<const std::int32_t>(),
-                                                        dact_[L].as<float>(), grads_.as<float>() + l_.b[L - 1],
+    softmax_xent<<<1, kLossThreads, 0, gpu::stream()>>>(act_[L].as<const T>(), labels_.as<const std::int32_t>(),
+                                                        dact_[L].as<T>(), grads_.as<float>() + l_.b[L - 1],
                                                         loss_.as<float>(), static_cast<int>(B), C, hyper(),
                                                         state_.as<StepState>());
     HOTOPS_CHECK_LAUNCH();
@@ -363,7 +415,7 @@ class CudaModel final : public ModelCase {
       const int cols = static_cast<int>(s_.out(k - 1));
       const dim3 grid(static_cast<unsigned>((cols + kTileCols - 1) / kTileCols), static_cast<unsigned>(splits()));
       relu_backward_bias_grad<<<grid, dim3(kTileCols, kTileRowGroups), 0, gpu::stream()>>>(
-          dact_[k].as<float>(), act_[k].as<const float>(), grads_.as<float>() + l_.b[k - 1], partial_.as<float>(),
+          dact_[k].as<T>(), act_[k].as<const T>(), grads_.as<float>() + l_.b[k - 1], partial_.as<float>(),
           tickets_.as<unsigned>(), static_cast<int>(B), cols);
       HOTOPS_CHECK_LAUNCH();
     }
@@ -378,6 +430,7 @@ class CudaModel final : public ModelCase {
   ParamLayout l_;
   State st_;  // the seeded start, and the batch in pageable host memory for the e2e variants
   gpu::DeviceBuffer params_, grads_, m_, v_, x_, labels_, loss_, state_, partial_, tickets_;
+  gpu::DeviceBuffer low_;  // bf16: the step's bf16 copy of params_ (same layout)
   std::vector<gpu::DeviceBuffer> act_, dact_;
   std::vector<std::unique_ptr<Gemm>> fwd_, wgrad_, dgrad_;
   HostBuffer logits_host_;

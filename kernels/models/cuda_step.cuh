@@ -3,6 +3,8 @@
 // kernel that advances it, and the flat AdamW pass. Included by .cu files only; everything here has
 // internal linkage, one copy per file that uses it.
 #pragma once
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 #include "kernels/adamw/adamw.h"
@@ -20,6 +22,14 @@ struct StepState {
   adamw::StepScalars s;
 };
 
+// Storage <-> f32 for the kernels templated on the logits' type: f32 as is; bf16 widened exactly,
+// narrowed rounding to nearest even.
+__device__ inline float widen(float v) { return v; }
+__device__ inline float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <class T> __device__ inline T narrow(float v);
+template <> __device__ inline float narrow<float>(float v) { return v; }
+template <> __device__ inline __nv_bfloat16 narrow<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
 __device__ inline float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
   return v;
@@ -27,10 +37,13 @@ __device__ inline float warp_sum(float v) {
 
 // One block. Row r of the batch: softmax of the logits, loss_r = log(sum exp) - (z_y - max),
 // dlogits_r = (softmax - onehot(y)) / B. Then the mean loss, the last layer's bias gradient (the
-// column sums of dlogits), and step = step + 1 with that step's AdamW scalars.
-__global__ void __launch_bounds__(kLossThreads) softmax_xent(const float* __restrict__ logits,
+// column sums of dlogits), and step = step + 1 with that step's AdamW scalars. T: the logits' and
+// dlogits' storage, float or __nv_bfloat16 (mixed precision: the math in f32, dlogits rounded once,
+// the bias gradient summed from the rounded dlogits that the weight gradient also uses).
+template <class T>
+__global__ void __launch_bounds__(kLossThreads) softmax_xent(const T* __restrict__ logits,
                                                              const std::int32_t* __restrict__ labels,
-                                                             float* __restrict__ dlogits, float* __restrict__ dbias,
+                                                             T* __restrict__ dlogits, float* __restrict__ dbias,
                                                              float* __restrict__ loss, int B, int C, adamw::Hyper h,
                                                              StepState* state) {
   float db[kMaxClasses];
@@ -39,22 +52,22 @@ __global__ void __launch_bounds__(kLossThreads) softmax_xent(const float* __rest
   float lsum = 0.f;
   const float inv_b = 1.f / static_cast<float>(B);
   for (int r = threadIdx.x; r < B; r += blockDim.x) {
-    const float* z = logits + static_cast<std::int64_t>(r) * C;
-    float* d = dlogits + static_cast<std::int64_t>(r) * C;
-    float mx = z[0];
-    for (int c = 1; c < C; ++c) mx = fmaxf(mx, z[c]);
+    const T* z = logits + static_cast<std::int64_t>(r) * C;
+    T* d = dlogits + static_cast<std::int64_t>(r) * C;
+    float mx = widen(z[0]);
+    for (int c = 1; c < C; ++c) mx = fmaxf(mx, widen(z[c]));
     float sum = 0.f;
-    for (int c = 0; c < C; ++c) sum += expf(z[c] - mx);
+    for (int c = 0; c < C; ++c) sum += expf(widen(z[c]) - mx);
     const int y = labels[r];
     const float inv = 1.f / sum;
 #pragma unroll
     for (int c = 0; c < kMaxClasses; ++c)
       if (c < C) {
-        const float g = expf(z[c] - mx) * inv * inv_b - (c == y ? inv_b : 0.f);
+        const T g = narrow<T>(expf(widen(z[c]) - mx) * inv * inv_b - (c == y ? inv_b : 0.f));
         d[c] = g;
-        db[c] += g;
+        db[c] += widen(g);
       }
-    lsum += logf(sum) - (z[y] - mx);
+    lsum += logf(sum) - (widen(z[y]) - mx);
   }
   __shared__ float part[kLossThreads / 32][kMaxClasses + 1];
   const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -12,6 +12,16 @@
 // All parameters of a model lie in ONE buffer (W1, b1, W2, b2, ..., each tensor starting on a
 // 256-byte boundary, zero padding between them), the gradients, AdamW's m and v in buffers of the same
 // layout, so the optimizer step is one flat elementwise pass (the padding stays zero through it).
+//
+// Dtypes: f32, and bf16 as mixed precision the way torch.autocast(dtype=torch.bfloat16) runs it.
+// The parameters, the gradients and AdamW's m and v stay f32 (master weights); each step casts the
+// flat parameters (every W and b the dense layers use, as autocast casts F.linear's arguments) to a
+// bf16 copy once, inside the timed step; the GEMMs take bf16 operands and accumulate in f32 (cublasLt
+// CUBLAS_COMPUTE_32F on tensor cores; oneDNN's bf16 matmul, AMX / AVX512_BF16, on the CPU); the input
+// batch, the activations between layers, the logits and the activation gradients are stored bf16;
+// the softmax cross-entropy, the loss, the weight and bias gradients (written f32 from the f32
+// accumulators) and the AdamW step compute in f32. A CPU without oneDNN bf16 matmul reports such
+// cases unsupported with the reason (layers small enough for the hand-written loops run anywhere).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -43,23 +53,24 @@ enum class Variant {
 };
 
 // What every model problem's name says, checked the same way by every model family: op
-// `model.<name>`, f32, infer or train, a positive batch, and at most one variant arg among those the
+// `model.<name>`, f32 (or bf16 where the family passes `allow_bf16`), infer or train, a positive batch, and at most one variant arg among those the
 // family has (threads:T on the CPU, e2e:1 on CUDA, graph:1 for CUDA train when `has_graph`).
 struct StepArgs {
   std::string model;  // the op less "model."
   Backend backend = Backend::cpu;
+  DType dtype = DType::f32;
   Direction dir = Direction::infer;
   std::int64_t batch = 1;
   Variant variant = Variant::plain;
   int threads = 0;  // threads:T only
 };
-StepArgs step_args(const Problem& p, const std::string& family, bool has_graph);
+StepArgs step_args(const Problem& p, const std::string& family, bool has_graph, bool allow_bf16 = false);
 
 // Every problem of one model at one batch, as every model family lists them: infer and train; on the
 // CPU all threads and each of `thread_sweep`; on CUDA plain and e2e:1, and graph:1 for train when
-// `has_graph`.
+// `has_graph`; each in f32, and in bf16 too when `with_bf16`.
 void expand_step_problems(const std::string& model, std::int64_t batch, const std::vector<int>& thread_sweep,
-                          bool has_graph, std::vector<Problem>& out);
+                          bool has_graph, std::vector<Problem>& out, bool with_bf16 = false);
 constexpr int kThreadSweep[] = {1, 4, 8};  // the CPU thread sweep of the benchmark problems
 // Why a threads:T problem cannot run on this machine ("" when it can): T beyond its cores.
 std::string threads_reason(const StepArgs& a);
@@ -77,6 +88,7 @@ struct Shape {
   std::string model;
   std::vector<std::int64_t> widths;
   Backend backend = Backend::cpu;
+  DType dtype = DType::f32;          // f32 or bf16 (mixed precision, see the top of this file)
   Direction dir = Direction::infer;  // infer or train
   std::int64_t batch = 1;
   Variant variant = Variant::plain;
@@ -87,6 +99,7 @@ struct Shape {
   std::int64_t out(std::size_t l) const { return widths[l + 1]; }  // layer l's output width
   std::int64_t classes() const { return widths.back(); }
   bool train() const { return dir == Direction::train; }
+  bool bf16() const { return dtype == DType::bf16; }
 };
 Shape shape_of(const Problem& p);
 
@@ -106,7 +119,7 @@ inline adamw::Hyper hyper() { return adamw::Hyper{}; }
 // x uniform in [-1, 1); label = argmax of a fixed random linear teacher map of x; parameters like
 // PyTorch's nn.Linear init (W and b uniform in +-1/sqrt(in)), padding zero; m = v = 0.
 struct State {
-  HostBuffer x;                     // [batch, in] f32
+  HostBuffer x;                     // [batch, in] in the problem's dtype (bf16 values are what the reference sees)
   std::vector<std::int32_t> labels; // [batch]
   HostBuffer params, m, v;          // flat, ParamLayout
 };
@@ -116,7 +129,8 @@ void init_params(const Shape& s, const ParamLayout& l, std::uint64_t seed, HostB
 // The reference in double: forward (logits), and for train the loss and the flat gradients (same
 // layout as the parameters). `tie_hidden`, when given, holds the implementation's post-ReLU hidden
 // activations [batch, width] per hidden layer: where the reference's pre-activation is zero up to
-// f32 rounding, the ReLU is decided as the implementation decided (see models.cpp, verification).
+// the implementation's rounding (|z| <= tie_rel x sum |terms|), the ReLU is decided as the
+// implementation decided (see models.cpp, verification).
 struct Reference {
   std::vector<double> logits;  // [batch, classes]
   double loss = 0;
@@ -124,14 +138,14 @@ struct Reference {
 };
 Reference reference(const std::vector<std::int64_t>& widths, const ParamLayout& l, const std::vector<double>& params,
                     const std::vector<double>& x, const std::vector<std::int32_t>& labels, std::int64_t batch,
-                    bool backward, const std::vector<const float*>& tie_hidden = {});
+                    bool backward, const std::vector<const float*>& tie_hidden = {}, double tie_rel = 1e-5);
 
 // What one implementation produced in one verified run, in host memory.
 struct Outcome {
-  HostBuffer logits;                    // infer
+  HostBuffer logits;                    // infer (f32 or bf16)
   float loss = 0;                       // train
-  HostBuffer grads, params;             // train: gradients and the parameters after the step
-  std::vector<HostBuffer> hidden;       // train: post-ReLU hidden activations, for the ReLU ties
+  HostBuffer grads, params;             // train: gradients and the parameters after the step (f32)
+  std::vector<HostBuffer> hidden;       // train: post-ReLU hidden activations (f32 or bf16), for the ReLU ties
 };
 // Compares one run from the seeded start (step 1) with the reference (see models.cpp for the bounds).
 Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, const Outcome& out);
@@ -147,6 +161,9 @@ class ModelCase : public Case {
 constexpr std::int64_t kSmallLayerMacs = 64 * 1024;
 
 std::unique_ptr<ModelCase> make_cpu(const Problem& p);
+// Why this CPU cannot run the problem ("" when it can): for bf16, oneDNN's refusal of a bf16 matmul
+// that one of the case's oneDNN layers needs (layers below kSmallLayerMacs are hand-written).
+std::string cpu_bf16_reason(const Problem& p);
 #ifdef HOTOPS_HAVE_CUDA
 std::unique_ptr<ModelCase> make_cuda(const Problem& p);
 #endif

@@ -9,7 +9,7 @@ namespace hotops::models {
 
 Reference reference(const std::vector<std::int64_t>& widths, const ParamLayout& l, const std::vector<double>& params,
                     const std::vector<double>& x, const std::vector<std::int32_t>& labels, std::int64_t batch,
-                    bool backward, const std::vector<const float*>& tie_hidden) {
+                    bool backward, const std::vector<const float*>& tie_hidden, double tie_rel) {
   const std::size_t L = widths.size() - 1;
   // a[0] = x; a[k] = relu(a[k-1].W_k + b_k) for hidden layers, the logits for the last.
   // on[k] is where layer k's ReLU passed its input (and so its gradient).
@@ -36,8 +36,8 @@ Reference reference(const std::vector<std::int64_t>& widths, const ParamLayout& 
           continue;
         }
         bool pass = z > 0;
-        // Zero up to f32 rounding of the sum: decided as the implementation decided.
-        if (k < tie_hidden.size() && tie_hidden[k] && std::fabs(z) <= 1e-5 * magnitude)
+        // Zero up to the implementation's rounding of the sum: decided as the implementation decided.
+        if (k < tie_hidden.size() && tie_hidden[k] && std::fabs(z) <= tie_rel * magnitude)
           pass = tie_hidden[k][r * out + o] > 0;
         y = pass ? std::max(z, 0.0) : 0.0;
         on[k + 1][static_cast<std::size_t>(r * out + o)] = pass;
