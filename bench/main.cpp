@@ -1,8 +1,12 @@
 // bench: hotops' benchmark executable. hotops flags first (removed from argv), then Google Benchmark.
+// Exit codes: 0 the run completed; 2 bad input (a flag, a filter that selects nothing), found before
+// anything runs; 1 a GPU fault lost the CUDA context (the CPU entries still ran and reported).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdio>
-#include <cstring>
+#include <cstdlib>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -11,25 +15,33 @@
 #include "hotops/buffer.h"
 #include "hotops/cpu.h"
 
+namespace {
+
+int refuse(const std::string& line) {
+  std::fprintf(stderr, "%s\n", line.c_str());
+  return 2;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   hotops::Options options;
+  hotops::BenchmarkFlags gb;
   try {
     options = hotops::parse_flags(argc, argv);
+    gb = hotops::check_benchmark_flags(argc, argv);
   } catch (const hotops::FlagError& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
+    return refuse(e.what());
   }
-  bool has_min_time = false, wants_help = options.help, listing = false;
-  std::string filter = ".";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    has_min_time |= a.rfind("--benchmark_min_time", 0) == 0;
-    wants_help |= a == "--help";
-    listing |= a.rfind("--benchmark_list_tests", 0) == 0 && a != "--benchmark_list_tests=false";
-    if (a.rfind("--benchmark_filter=", 0) == 0) filter = a.substr(19);
-  }
-  if (wants_help) std::fputs(hotops::flags_help(), stdout);
+  if (gb.help || options.help) std::fputs(hotops::flags_help(), stdout);
   if (options.help) return 0;
+
+  // Test only: HOTOPS_TEST_FAULT=<kind> adds a benchmark that fails that way (bench/test_fault.h).
+  const char* fault_env = std::getenv("HOTOPS_TEST_FAULT");
+  const std::string test_fault = fault_env ? fault_env : "";
+  if (fault_env && !hotops::bench::is_test_fault_kind(test_fault))
+    return refuse("hotops: unknown HOTOPS_TEST_FAULT='" + test_fault + "' (test only; one of " +
+                  hotops::bench::test_fault_kinds() + ")");
 
   hotops::set_global_seed(options.seed);
   if (options.threads > 0) hotops::cpu::set_threads(options.threads);
@@ -38,21 +50,47 @@ int main(int argc, char** argv) {
   // whole op family runs in under a minute; --benchmark_min_time overrides it as usual.
   std::vector<char*> args(argv, argv + argc);
   static char default_min_time[] = "--benchmark_min_time=0.05";
-  if (!has_min_time) args.push_back(default_min_time);
+  if (!gb.has_min_time) args.push_back(default_min_time);
   args.push_back(nullptr);
   int n = static_cast<int>(args.size()) - 1;
   benchmark::Initialize(&n, args.data());
   if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 2;
 
-  const auto registered = hotops::bench::register_benchmarks(options);
-  if (options.roofline && !listing) {
+  // What the filter selects is known before anything runs: a filter that selects nothing is an
+  // error here, not an empty run after the roofline measurement.
+  const auto registered = hotops::bench::register_benchmarks(options, test_fault);
+  const std::string filter = benchmark::GetBenchmarkFilter();
+  const auto selected = hotops::bench::select(registered.problems, filter);
+  std::map<std::string, std::string> reason_of;  // name -> why, of the problems this machine cannot run
+  std::vector<hotops::Problem> unsupported;
+  for (const auto& [p, why] : registered.unsupported) unsupported.push_back(p), reason_of[p.name()] = why;
+  std::map<std::string, int> cannot_run;  // reason -> count, of those the filter selects
+  for (const hotops::Problem& p : hotops::bench::select(unsupported, filter)) ++cannot_run[reason_of[p.name()]];
+  if (selected.empty()) {
+    if (cannot_run.empty())
+      return refuse("hotops: no benchmark matches --benchmark_filter=" + filter + " (--benchmark_list_tests=true lists them)");
+    std::string reasons;
+    int count = 0;
+    for (const auto& [why, k] : cannot_run) reasons += (reasons.empty() ? "" : "; ") + why, count += k;
+    return refuse("hotops: none of the " + std::to_string(count) + " benchmarks matching --benchmark_filter=" + filter +
+                  " can run here: " + reasons);
+  }
+  for (const auto& [why, k] : cannot_run) std::fprintf(stderr, "hotops: %d benchmarks not run: %s\n", k, why.c_str());
+  std::size_t cuda = 0;
+  for (const hotops::Problem& p : selected) cuda += p.backend == hotops::Backend::cuda;
+  hotops::bench::expect_cuda_benchmarks(cuda);
+
+  if (options.roofline && !gb.list_tests) {
     // Only the backends whose benchmarks will run pay for measuring their ceilings.
-    const auto backends = hotops::bench::backends_matching(registered, filter);
+    const auto backends = hotops::bench::backends_of(selected);
     hotops::bench::roofline() = hotops::bench::measure_roofline(options, backends);
     for (const std::string& note : hotops::bench::roofline().notes) std::fprintf(stderr, "hotops: %s\n", note.c_str());
+    if (std::find(backends.begin(), backends.end(), hotops::Backend::cuda) != backends.end())
+      hotops::bench::end_gpu_part_if_lost("the roofline measurement");
   }
   hotops::bench::add_context(options);
   const std::size_t ran = benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
-  return ran == 0 ? 2 : 0;
+  if (ran == 0) return 2;  // cannot happen after the check above, unless the two regex engines disagree
+  return hotops::bench::gpu_context_lost() ? 1 : 0;
 }

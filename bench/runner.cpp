@@ -9,12 +9,16 @@
 
 #include <algorithm>
 #include <chrono>
-#include <regex>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <new>
+#include <regex>
+#include <set>
 
+#include "bench/test_fault.h"
+#include "hotops/buffer.h"
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "hotops/gpu.h"
@@ -31,6 +35,53 @@ struct Live {
   std::unique_ptr<gpu::Timer> timer;
   std::string error;  // setup or verification failure, reported on every call
 };
+
+// The GPU part of the run ends at the first fault that loses the CUDA context: every later CUDA
+// entry is skipped with this message, naming the entry that faulted. CPU entries still run.
+struct GpuState {
+  std::size_t expected = 0;         // CUDA benchmarks the filter selected
+  std::set<std::string> started;    // CUDA benchmarks that have started (repetitions count once)
+  std::string lost;                 // empty while the context is healthy
+};
+GpuState& gpu_state() {
+  static GpuState s;
+  return s;
+}
+
+double gib(std::size_t bytes) { return static_cast<double>(bytes) / 1073741824.0; }
+
+// The message of an entry that threw: the error itself, with what the user needs to act on it.
+std::string describe(const std::exception& e, Backend backend) {
+  std::string what = e.what();
+  char buf[160];
+  if (dynamic_cast<const std::bad_alloc*>(&e)) {
+    const HostMemory m = host_memory();
+    std::snprintf(buf, sizeof buf, "out of host memory (%s) with %.2f GiB available of %.2f GiB", e.what(),
+                  gib(m.available), gib(m.total));
+    return buf;
+  }
+  const auto* err = dynamic_cast<const Error*>(&e);
+  if (!err || err->kind() != ErrorKind::out_of_memory) return what;
+  // A library's allocation failure (oneDNN, cuBLAS, cuDNN, pinned memory) does not say what is free.
+  if (backend == Backend::cuda && what.find(" free of ") == std::string::npos) {
+    const gpu::Memory m = gpu::memory();
+    std::snprintf(buf, sizeof buf, " (GPU: %.2f GiB free of %.2f GiB, %.2f GiB held by hotops)", gib(m.free),
+                  gib(m.total), gib(m.held));
+    what += buf;
+  }
+  if (backend == Backend::cpu && what.find(" available of ") == std::string::npos) {
+    const HostMemory m = host_memory();
+    std::snprintf(buf, sizeof buf, " (host: %.2f GiB available of %.2f GiB)", gib(m.available), gib(m.total));
+    what += buf;
+  }
+  return what;
+}
+
+// After a CUDA entry threw: if the context is lost, ends the GPU part and adds that to the error.
+void check_gpu_context(const std::string& name, std::string& error) {
+  const std::string lost = end_gpu_part_if_lost(name);
+  if (!lost.empty()) error += " [" + lost + "]";
+}
 
 Live& live_for(const Problem& p, const Family& f, const Options& o) {
   static Live live;
@@ -55,7 +106,8 @@ Live& live_for(const Problem& p, const Family& f, const Options& o) {
       live.timer = std::make_unique<gpu::Timer>(*live.c, to);
     }
   } catch (const std::exception& e) {
-    live.error = e.what();
+    live.error = describe(e, p.backend);
+    if (p.backend == Backend::cuda) check_gpu_context(name, live.error);
   }
   if (!live.error.empty()) {
     live.timer.reset();
@@ -68,6 +120,14 @@ Live& live_for(const Problem& p, const Family& f, const Options& o) {
 }
 
 void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, const Options& o) {
+  if (p.backend == Backend::cuda) {
+    GpuState& g = gpu_state();
+    if (!g.lost.empty()) {
+      state.SkipWithError(("not run: " + g.lost).c_str());
+      return;
+    }
+    g.started.insert(p.name());
+  }
   Live& live = live_for(p, f, o);
   if (!live.error.empty()) {
     state.SkipWithError(live.error.c_str());
@@ -107,7 +167,8 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
       state.counters["throttled_samples"] = static_cast<double>(live.timer->discarded_samples());
     }
   } catch (const std::exception& e) {
-    live.error = e.what();
+    live.error = describe(e, p.backend);
+    if (p.backend == Backend::cuda) check_gpu_context(p.name(), live.error);
     state.SkipWithError(live.error.c_str());
     return;
   }
@@ -132,30 +193,69 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
 
 }  // namespace
 
-std::vector<Backend> backends_matching(const std::vector<Problem>& problems, const std::string& filter) {
-  const bool negate = !filter.empty() && filter[0] == '-';
-  const std::regex re(negate ? filter.substr(1) : filter, std::regex::extended);
-  std::vector<Backend> out;
+std::string end_gpu_part_if_lost(const std::string& where) {
+  GpuState& g = gpu_state();
+  std::string why;
+  if (!g.lost.empty() || !gpu::context_lost(&why)) return "";
+  g.lost = "GPU context lost in " + where + ": " + why;
+  const std::size_t left = g.expected > g.started.size() ? g.expected - g.started.size() : 0;
+  const std::string line = g.lost + "; the remaining " + std::to_string(left) + " CUDA benchmarks are skipped";
+  std::fprintf(stderr, "hotops: %s\n", line.c_str());
+  return line;
+}
+
+std::vector<Problem> select(const std::vector<Problem>& problems, const std::string& filter) {
+  // Google Benchmark's conventions (benchmark_register.cc): empty and "all" mean every benchmark.
+  const std::string spec = filter.empty() || filter == "all" ? "." : filter;
+  const bool negate = spec[0] == '-';
+  const std::regex re(negate ? spec.substr(1) : spec, std::regex::extended);
+  std::vector<Problem> out;
   for (const Problem& p : problems) {
     const std::string name = p.name() + (p.backend == Backend::cuda ? "/manual_time" : "/real_time");
-    if (std::regex_search(name, re) != negate && std::find(out.begin(), out.end(), p.backend) == out.end())
-      out.push_back(p.backend);
+    if (std::regex_search(name, re) != negate) out.push_back(p);
   }
   return out;
 }
 
-std::vector<Problem> register_benchmarks(const Options& options) {
-  std::vector<Problem> registered;
+std::vector<Backend> backends_of(const std::vector<Problem>& problems) {
+  std::vector<Backend> out;
+  for (const Problem& p : problems)
+    if (std::find(out.begin(), out.end(), p.backend) == out.end()) out.push_back(p.backend);
+  return out;
+}
+
+void expect_cuda_benchmarks(std::size_t n) { gpu_state().expected = n; }
+bool gpu_context_lost() { return !gpu_state().lost.empty(); }
+
+std::string test_fault_kinds() {
+  std::string s;
+  for (const std::string& k : test_fault_names()) s += (s.empty() ? "" : ", ") + k;
+  return s;
+}
+
+bool is_test_fault_kind(const std::string& kind) {
+  const auto& names = test_fault_names();
+  return std::find(names.begin(), names.end(), kind) != names.end();
+}
+
+Registered register_benchmarks(const Options& options, const std::string& test_fault) {
+  Registered out;
   static const Options o = options;  // outlives registration: the lambdas refer to it
-  std::map<std::string, int> skipped;  // reason -> count
-  for (const Family* f : families()) {
+  static std::vector<std::unique_ptr<Family>> test_only;
+  std::vector<const Family*> all;
+  if (!test_fault.empty()) {
+    test_only.push_back(std::make_unique<TestFaultFamily>(test_fault));
+    all.push_back(test_only.back().get());
+  }
+  all.insert(all.end(), families().begin(), families().end());
+  for (const Family* f : all) {
     for (const Problem& p : f->benchmark_problems(o.batches)) {
       const std::string why = f->unsupported_reason(p);
       if (!why.empty()) {
-        ++skipped[why];
+        out.unsupported.emplace_back(p, why);
         continue;
       }
-      registered.push_back(p);
+      out.problems.push_back(p);
       auto* b = benchmark::RegisterBenchmark(p.name().c_str(), [f, p](benchmark::State& st) {
         run_benchmark(st, *f, p, o);
       });
@@ -164,8 +264,7 @@ std::vector<Problem> register_benchmarks(const Options& options) {
       else b->UseRealTime();
     }
   }
-  for (const auto& [why, n] : skipped) std::fprintf(stderr, "hotops: %d benchmarks not run: %s\n", n, why.c_str());
-  return registered;
+  return out;
 }
 
 }  // namespace hotops::bench

@@ -1,6 +1,8 @@
 // Turns every problem of every registered family into a Google Benchmark, and times it.
 #pragma once
+#include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hotops/flags.h"
@@ -8,13 +10,37 @@
 
 namespace hotops::bench {
 
-// Registers the benchmarks this machine can run and returns them; prints one line per reason a
-// group cannot run.
-std::vector<Problem> register_benchmarks(const Options& options);
+struct Registered {
+  std::vector<Problem> problems;                             // registered, in run order
+  std::vector<std::pair<Problem, std::string>> unsupported;  // not registered, with the reason
+};
 
-// The backends of the registered problems whose names match a --benchmark_filter regex (with
-// Google Benchmark's conventions: a leading '-' negates, and names carry the time suffix).
-std::vector<Backend> backends_matching(const std::vector<Problem>& problems, const std::string& filter);
+// Registers the benchmarks this machine can run. With HOTOPS_TEST_FAULT=<kind> in the environment
+// (`test_fault`, validated by the caller) a test-only benchmark that fails that way comes first.
+Registered register_benchmarks(const Options& options, const std::string& test_fault = "");
+
+// The test-only faults HOTOPS_TEST_FAULT may name (bench/test_fault.h), as one line.
+std::string test_fault_kinds();
+bool is_test_fault_kind(const std::string& kind);
+
+// The problems whose benchmark names match a --benchmark_filter regex, with Google Benchmark's
+// conventions: empty or "all" matches everything, a leading '-' negates, names carry the time
+// suffix. Throws std::regex_error for a malformed regex.
+std::vector<Problem> select(const std::vector<Problem>& problems, const std::string& filter);
+
+// The backends of the problems, each once.
+std::vector<Backend> backends_of(const std::vector<Problem>& problems);
+
+// How many CUDA benchmarks the run will start, for the message that ends the GPU part on a fault.
+void expect_cuda_benchmarks(std::size_t n);
+
+// Call after CUDA work failed in `where`: if the CUDA context is lost (gpu::context_lost), ends the
+// GPU part of the run, so that every later CUDA entry is skipped naming `where`, prints that on
+// stderr and returns the line; otherwise returns "".
+std::string end_gpu_part_if_lost(const std::string& where);
+
+// Whether a GPU fault lost the CUDA context during the run (the remaining CUDA entries were skipped).
+bool gpu_context_lost();
 
 // Adds the JSON context keys of DESIGN.md (versions, CPU, GPU, flags).
 void add_context(const Options& options);

@@ -3,10 +3,13 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
-#include <thread>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <string>
+#include <thread>
 
 #include "hotops/cuda_util.h"
 #include "hotops/cudnn_util.h"
@@ -37,7 +40,92 @@ __global__ void hold_kernel(unsigned long long ns, unsigned long long* probe) {
   probe[1] = now - start;
 }
 
+// The device side of assert(), which NDEBUG compiles out of this Release build: a PTX system call.
+extern "C" __device__ void __assertfail(const char* message, const char* file, unsigned line, const char* function,
+                                        std::size_t char_size);
+
+// Test-only faults (launch_test_fault). `bad` is an address no allocation maps; `offset` is 1 at
+// run time, so the compiler cannot see that the access is misaligned.
+__global__ void fault_kernel(int kind, float* bad, float* valid, int offset) {
+  switch (kind) {
+    case 0: *bad = 1.f; break;                                                    // illegal address
+    case 1: *reinterpret_cast<float*>(reinterpret_cast<char*>(valid) + offset) = 1.f; break;  // misaligned
+    case 2: __trap(); break;
+    case 3: __assertfail("hotops test fault", __FILE__, __LINE__, "fault_kernel", 1); break;  // assert(false)
+    default: break;
+  }
+}
+
+std::atomic<std::size_t> g_held_bytes{0};  // by DeviceBuffers
+
 }  // namespace
+
+bool is_sticky(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure:
+#if CUDART_VERSION >= 13000
+    case cudaErrorTensorMemoryLeak:
+#endif
+    case cudaErrorMpsClientTerminated:
+    case cudaErrorECCUncorrectable:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool context_lost(std::string* error) {
+  if (!available()) return false;
+  // A sticky error is returned by every call, cudaGetLastError included; a non-sticky one is
+  // returned once and cleared. Synchronising surfaces a fault of work still in flight.
+  cudaError_t e = cudaGetLastError();
+  if (!is_sticky(e)) e = cudaDeviceSynchronize();
+  if (!is_sticky(e)) {
+    cudaGetLastError();  // clear what the synchronisation may have reported
+    return false;
+  }
+  if (error) *error = std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+  return true;
+}
+
+Memory memory() {
+  Memory m;
+  if (!available()) return m;
+  if (cudaMemGetInfo(&m.free, &m.total) != cudaSuccess) cudaGetLastError();
+  m.held = g_held_bytes.load();
+  return m;
+}
+
+void launch_test_fault(const std::string& kind) {
+  static const char* const kinds[] = {"illegal_address", "misaligned_address", "trap", "assert"};
+  static DeviceBuffer valid(64);
+  if (kind == "out_of_memory") {
+    DeviceBuffer huge(std::size_t(1) << 50);  // 1 PiB: fails with hotops' out-of-memory message
+    return;
+  }
+  if (kind == "bad_launch") {
+    fault_kernel<<<1, 4096, 0, stream()>>>(-1, nullptr, nullptr, 0);  // more threads than a block can have
+    HOTOPS_CHECK_LAUNCH();
+    return;
+  }
+  for (int k = 0; k < 4; ++k) {
+    if (kind != kinds[k]) continue;
+    // Far beyond any allocation: unmapped on every GPU hotops runs on.
+    auto* bad = reinterpret_cast<float*>(reinterpret_cast<std::uintptr_t>(valid.get()) + (std::uintptr_t(1) << 46));
+    fault_kernel<<<1, 1, 0, stream()>>>(k, bad, valid.as<float>(), 1);
+    HOTOPS_CHECK_LAUNCH();
+    return;
+  }
+  throw Error("no test fault named '" + kind + "'", ErrorKind::unsupported);
+}
 
 bool available(std::string* why) {
   static std::string reason = [] {
@@ -117,22 +205,29 @@ DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;
   const cudaError_t e = cudaMalloc(&ptr_, bytes);
   if (e == cudaErrorMemoryAllocation) {
-    cudaGetLastError();  // clear the sticky-free allocation error
-    std::size_t free_b = 0, total_b = 0;
-    cudaMemGetInfo(&free_b, &total_b);
-    char buf[200];
-    std::snprintf(buf, sizeof buf, "out of GPU memory: allocating %.2f GiB with %.2f GiB free of %.2f GiB",
-                  bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0);
+    cudaGetLastError();  // an allocation failure is not sticky: clear it
     ptr_ = nullptr;
+    const Memory m = memory();
+    // What hotops holds is the case being set up (the previous one is freed first) and the
+    // process-wide buffers, so held + asked is what the case needs at least.
+    char buf[300];
+    std::snprintf(buf, sizeof buf,
+                  "out of GPU memory: allocating %.2f GiB on top of the %.2f GiB hotops holds (the case needs at "
+                  "least %.2f GiB) with %.2f GiB free of %.2f GiB",
+                  bytes / 1073741824.0, m.held / 1073741824.0, (m.held + bytes) / 1073741824.0, m.free / 1073741824.0,
+                  m.total / 1073741824.0);
     throw Error(buf, ErrorKind::out_of_memory);
   }
   HOTOPS_CHECK_CUDA(e);
+  g_held_bytes += bytes;
 }
 
 DeviceBuffer::DeviceBuffer(const HostBuffer& host) : DeviceBuffer(host.bytes()) { upload(host); }
 
 DeviceBuffer::~DeviceBuffer() {
-  if (ptr_) cudaFree(ptr_);
+  if (!ptr_) return;
+  cudaFree(ptr_);  // fails only on a lost context, where there is nothing left to free
+  g_held_bytes -= bytes_;
 }
 
 void DeviceBuffer::upload(const HostBuffer& host) {

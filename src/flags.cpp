@@ -1,9 +1,15 @@
 // Parsing of --hotops_* flags: strict values, one clear message per mistake.
 #include "hotops/flags.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <regex>
 
 namespace hotops {
 namespace {
@@ -27,7 +33,89 @@ bool parse_bool(const std::string& flag, const std::string& v) {
   throw FlagError("hotops: bad value '" + v + "' for --" + flag + ": expected 0 or 1");
 }
 
+FlagError bad_value(const std::string& flag, const std::string& v, const std::string& expect) {
+  return FlagError("hotops: bad value '" + v + "' for --" + flag + ": expected " + expect);
+}
+
+// Google Benchmark's reading of a boolean flag, refusing what it would silently take as true.
+bool parse_benchmark_bool(const std::string& flag, const std::string& v) {
+  static const char* const yes[] = {"", "1", "true", "t", "yes", "y", "on"};
+  static const char* const no[] = {"0", "false", "f", "no", "n", "off"};
+  std::string lower = v;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* y : yes)
+    if (lower == y) return true;
+  for (const char* n : no)
+    if (lower == n) return false;
+  throw bad_value(flag, v, "true or false");
+}
+
+void check_seconds(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || !std::isfinite(x) || x < 0) throw bad_value(flag, v, "seconds, a number >= 0");
+}
+
+// The file Google Benchmark will write: its folder must exist and be writable, and the file, if it
+// exists, must be a writable regular file.
+void check_output_path(const std::string& flag, const std::string& v) {
+  if (v.empty()) throw bad_value(flag, v, "a file name");
+  struct stat st {};
+  if (::stat(v.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode)) throw FlagError("hotops: --" + flag + "=" + v + " is not a regular file");
+    if (::access(v.c_str(), W_OK) != 0) throw FlagError("hotops: --" + flag + "=" + v + " is not writable: " + std::strerror(errno));
+    return;
+  }
+  const auto slash = v.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : v.substr(0, slash);
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw FlagError("hotops: --" + flag + "=" + v + ": no such folder '" + dir + "'");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw FlagError("hotops: --" + flag + "=" + v + ": folder '" + dir + "' is not writable: " + std::strerror(errno));
+}
+
 }  // namespace
+
+BenchmarkFlags check_benchmark_flags(int argc, char** argv) {
+  BenchmarkFlags b;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help") b.help = true;
+    if (a.rfind("--benchmark_", 0) != 0) continue;
+    const auto eq = a.find('=');
+    const std::string flag = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    if (eq == std::string::npos) {
+      if (flag == "benchmark_list_tests") b.list_tests = true;
+      continue;  // Google Benchmark refuses a valued flag without its value itself
+    }
+    const std::string v = a.substr(eq + 1);
+    if (flag == "benchmark_format" || flag == "benchmark_out_format") {
+      if (v != "console" && v != "json" && v != "csv") throw bad_value(flag, v, "console, json or csv");
+    } else if (flag == "benchmark_time_unit") {
+      if (v != "ns" && v != "us" && v != "ms" && v != "s") throw bad_value(flag, v, "ns, us, ms or s");
+    } else if (flag == "benchmark_repetitions") {
+      parse_int(flag, v, 1, 1000000, "a count from 1 to 1000000");
+    } else if (flag == "benchmark_min_time" || flag == "benchmark_min_warmup_time") {
+      check_seconds(flag, v);
+      b.has_min_time |= flag == "benchmark_min_time";
+    } else if (flag == "benchmark_list_tests") {
+      b.list_tests = parse_benchmark_bool(flag, v);
+    } else if (flag == "benchmark_enable_random_interleaving" || flag == "benchmark_report_aggregates_only" ||
+               flag == "benchmark_display_aggregates_only" || flag == "benchmark_counters_tabular") {
+      parse_benchmark_bool(flag, v);
+    } else if (flag == "benchmark_out") {
+      check_output_path(flag, v);
+    } else if (flag == "benchmark_filter") {
+      // Google Benchmark's filter: a POSIX extended regex, after an optional '-' that negates it.
+      try {
+        const std::regex re(!v.empty() && v[0] == '-' ? v.substr(1) : v, std::regex::extended);
+      } catch (const std::regex_error& e) {
+        throw bad_value(flag, v, std::string("a regular expression (") + e.what() + ")");
+      }
+    }
+  }
+  return b;
+}
 
 const char* flags_help() {
   return "hotops flags (Google Benchmark's --benchmark_* flags work as documented):\n"
@@ -96,6 +184,7 @@ Options parse_flags(int& argc, char** argv) {
       need_value();
       o.seed = static_cast<std::uint64_t>(parse_int(flag, v, 0, INT64_MAX, "a non-negative integer"));
     } else if (flag == "hotops_help") {
+      if (has_value) throw FlagError("hotops: --hotops_help takes no value");
       o.help = true;
     } else {
       throw FlagError("hotops: unknown flag --" + flag + " (--hotops_help lists hotops' flags)");

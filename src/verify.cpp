@@ -43,21 +43,32 @@ Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx,
 #pragma omp parallel for schedule(dynamic, 16)
   for (std::int64_t j = 0; j < n; ++j) r[static_cast<std::size_t>(j)] = ref(idx[static_cast<std::size_t>(j)]);
 
-  double sumsq = 0;
-  for (double v : r) sumsq += v * v;
-  const double rms = std::sqrt(sumsq / std::max<std::size_t>(1, r.size()));
+  auto fail = [&](const char* what, double value, std::size_t j) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "non-finite %s %g at index %zu (output %.6g, reference %.6g)", what, value, idx[j],
+                  out.get(idx[j]), r[j]);
+    c.ok = false;
+    c.max_err = std::nan("");
+    c.message = buf;
+    return c;
+  };
+  // Any NaN or Inf fails, whatever the tolerance: in the output (the op's fault, reported first),
+  // and in the reference, which would otherwise make the scale and every error NaN, and NaN
+  // compares false against the tolerance, so that a broken reference would pass anything.
+  for (std::size_t j = 0; j < idx.size(); ++j)
+    if (!std::isfinite(out.get(idx[j]))) return fail("output", out.get(idx[j]), j);
+  for (std::size_t j = 0; j < idx.size(); ++j)
+    if (!std::isfinite(r[j])) return fail("reference", r[j], j);
+  // rms(ref), computed relative to max|ref| so that large finite references cannot overflow it.
+  double amax = 0, sumsq = 0;
+  for (double v : r) amax = std::max(amax, std::fabs(v));
+  if (amax > 0)
+    for (double v : r) sumsq += (v / amax) * (v / amax);
+  const double rms = amax * std::sqrt(sumsq / static_cast<double>(std::max<std::size_t>(1, r.size())));
   const double scale = rms > 0 ? rms : 1.0;
   std::size_t worst = 0;
   for (std::size_t j = 0; j < idx.size(); ++j) {
     const double o = out.get(idx[j]);
-    if (!std::isfinite(o)) {
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "non-finite output %g at index %zu (reference %.6g)", o, idx[j], r[j]);
-      c.ok = false;
-      c.max_err = std::nan("");
-      c.message = buf;
-      return c;
-    }
     const double e = std::fabs(o - r[j]) / scale;
     if (e > c.max_err) c.max_err = e, worst = j;
   }

@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -19,8 +21,9 @@ struct Result {
   std::string output;  // stdout and stderr
 };
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(HOTOPS_BENCH_PATH) + " " + args + " 2>&1";
+// `env` is prepended to the command line, e.g. "HOTOPS_TEST_FAULT=trap".
+Result run(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + (env.empty() ? "" : " ") + std::string(HOTOPS_BENCH_PATH) + " " + args + " 2>&1";
   Result r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -82,17 +85,192 @@ TEST(BenchSmoke, JsonNamesCountersAndContext) {
   std::remove(out.c_str());
 }
 
-TEST(BenchSmoke, BadHotopsFlagIsOneLineAndExitTwo) {
-  for (const char* flag : {"--hotops_batch=0", "--hotops_batch=abc", "--hotops_verify=3", "--hotops_bogus"}) {
-    const Result r = run(flag);
-    EXPECT_EQ(r.exit_code, 2) << flag << ": " << r.output;
-    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << flag << ": " << r.output;
+std::size_t lines(const std::string& s) { return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n')); }
+
+// Bad input: one line on stderr and exit 2, before anything runs (no roofline, no benchmark, no
+// Google Benchmark banner), however the mistake is made.
+TEST(BenchSmoke, BadInputIsOneLineAndExitTwoBeforeAnythingRuns) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"--hotops_batch=0", "bad value '0' for --hotops_batch"},
+      {"--hotops_batch=-4", "bad value '-4' for --hotops_batch"},
+      {"--hotops_batch=abc", "bad value 'abc' for --hotops_batch"},
+      {"--hotops_batch=99999999999", "bad value '99999999999' for --hotops_batch"},
+      {"--hotops_threads=0", "bad value '0' for --hotops_threads"},
+      {"--hotops_verify=3", "bad value '3' for --hotops_verify"},
+      {"--hotops_seed=-1", "bad value '-1' for --hotops_seed"},
+      {"--hotops_bogus", "unknown flag --hotops_bogus"},
+      {"--hotops_help=yes", "--hotops_help takes no value"},
+      {"--benchmark_filter=no_such_op_anywhere", "no benchmark matches --benchmark_filter=no_such_op_anywhere"},
+      {"--benchmark_filter='('", "bad value '(' for --benchmark_filter"},
+      {"--benchmark_format=xml", "bad value 'xml' for --benchmark_format"},
+      {"--benchmark_repetitions=-1", "bad value '-1' for --benchmark_repetitions"},
+      {"--benchmark_min_time=-1", "bad value '-1' for --benchmark_min_time"},
+      {"--benchmark_min_time=abc", "bad value 'abc' for --benchmark_min_time"},
+      {"--benchmark_list_tests=maybe", "bad value 'maybe' for --benchmark_list_tests"},
+      {"--benchmark_out=/nonexistent_hotops_dir/x.json", "no such folder '/nonexistent_hotops_dir'"},
+      {"--benchmark_nonsense=1", "unrecognized command-line flag: --benchmark_nonsense=1"},
+      {"stray_argument", "unrecognized command-line flag: stray_argument"},
+  };
+  for (const auto& [args, expected] : cases) {
+    const Result r = run(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
+    EXPECT_EQ(lines(r.output), 1u) << args << ": " << r.output;
+    EXPECT_NE(r.output.find(expected), std::string::npos) << args << ": " << r.output;
+  }
+  const Result r = run("--benchmark_filter=mm", "HOTOPS_TEST_FAULT=no_such_fault");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(lines(r.output), 1u) << r.output;
+  EXPECT_NE(r.output.find("unknown HOTOPS_TEST_FAULT='no_such_fault'"), std::string::npos) << r.output;
+}
+
+bool has_gpu() {
+  static const bool gpu =
+      run("--benchmark_list_tests=true --benchmark_filter=mm/cuda/f32/fwd/shape:mlp_tiny.fc1/batch:10/").exit_code == 0;
+  return gpu;
+}
+
+TEST(BenchSmoke, FilterOnlyOfBenchmarksThatCannotRunHereSaysWhy) {
+  if (has_gpu()) GTEST_SKIP() << "a GPU is present: the CUDA benchmarks can run";
+  const Result r = run("--benchmark_filter=mm/cuda/f32/fwd/shape:mlp_tiny.fc1/batch:10/");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(lines(r.output), 1u) << r.output;
+  EXPECT_NE(r.output.find("none of the 2 benchmarks matching"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("can run here: "), std::string::npos) << r.output;
+}
+
+TEST(BenchSmoke, HelpExitsZero) {
+  const Result r = run("--hotops_help");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* flag : {"--hotops_batch", "--hotops_seed", "--hotops_verify", "--hotops_help"})
+    EXPECT_NE(r.output.find(flag), std::string::npos) << flag << ": " << r.output;
+}
+
+// Runs bench with a JSON output file and returns the parsed JSON (null when none was written).
+nlohmann::json run_json(const std::string& args, Result& r, const std::string& env = "") {
+  const std::string out = temp_path("run");
+  std::remove(out.c_str());
+  r = run("--hotops_roofline=0 --benchmark_min_time=0.01 --benchmark_out=" + out + " " + args, env);
+  std::ifstream f(out);
+  nlohmann::json j = f ? nlohmann::json::parse(f) : nlohmann::json();
+  std::remove(out.c_str());
+  return j;
+}
+
+TEST(BenchSmoke, SeedIsRecordedInTheContext) {
+  Result r;
+  const auto filter = std::string(" --benchmark_filter='mm/cpu/f32/fwd/shape:mlp_tiny.fc1/batch:10/'");
+  nlohmann::json j = run_json("--hotops_seed=7" + filter, r);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(j["context"].value("hotops_seed", ""), "7");
+  j = run_json(filter, r);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(j["context"].value("hotops_seed", ""), "20261122");  // the default, also recorded
+}
+
+// The test-only benchmark and mm and addmm of mlp_tiny.fc1: 18 CUDA entries (three dtypes, three
+// directions) and at least 6 CPU ones.
+const char* const kCpuAndCudaFilter = "--benchmark_filter='test.fault|/shape:mlp_tiny.fc1/batch:10/'";
+
+TEST(BenchSmoke, TestFaultsAreHiddenWithoutTheVariable) {
+  Result r = run("--benchmark_list_tests=true");
+  ASSERT_EQ(r.exit_code, 0) << r.output.substr(0, 2000);
+  EXPECT_EQ(r.output.find("test.fault"), std::string::npos);
+  r = run("--benchmark_list_tests=true --benchmark_filter=test.fault", "HOTOPS_TEST_FAULT=host_oom");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("test.fault/cpu/f32/fwd/kind:host_oom"), std::string::npos) << r.output;
+}
+
+// A case too large for host memory is an error entry that says how much it needs and how much is
+// available; the rest of the run reports as usual.
+TEST(BenchSmoke, HostOutOfMemoryIsOneErrorEntryAndTheRestRuns) {
+  Result r;
+  const nlohmann::json j = run_json(kCpuAndCudaFilter, r, "HOTOPS_TEST_FAULT=host_oom");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_GE(j["benchmarks"].size(), 3u) << r.output;
+  const auto& fault = j["benchmarks"][0];
+  EXPECT_EQ(fault["name"], "test.fault/cpu/f32/fwd/kind:host_oom/real_time");
+  EXPECT_TRUE(fault.value("error_occurred", false));
+  const std::string msg = fault.value("error_message", "");
+  EXPECT_NE(msg.find("out of host memory: allocating 1048576.00 GiB with "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("GiB available of"), std::string::npos) << msg;
+  for (std::size_t i = 1; i < j["benchmarks"].size(); ++i) {
+    const auto& b = j["benchmarks"][i];
+    EXPECT_FALSE(b.value("error_occurred", false)) << b["name"] << ": " << b.value("error_message", "");
+    EXPECT_GT(b.value("real_time", 0.0), 0) << b["name"];
   }
 }
 
-TEST(BenchSmoke, FilterThatMatchesNothingExitsTwo) {
-  const Result r = run("--benchmark_filter=no_such_op_anywhere");
-  EXPECT_EQ(r.exit_code, 2) << r.output;
+// The GPU faults: HOTOPS_TEST_FAULT=<kind> puts a faulting CUDA benchmark first.
+struct GpuRun {
+  Result r;
+  nlohmann::json j;
+  std::vector<nlohmann::json> cpu, cuda;  // the entries after the fault
+  nlohmann::json fault;
+};
+
+GpuRun run_fault(const std::string& kind) {
+  GpuRun g;
+  g.j = run_json(kCpuAndCudaFilter, g.r, "HOTOPS_TEST_FAULT=" + kind);
+  for (const auto& b : g.j.value("benchmarks", nlohmann::json::array())) {
+    const std::string name = b["name"];
+    if (name.rfind("test.fault/", 0) == 0) g.fault = b;
+    else (name.find("/cuda/") != std::string::npos ? g.cuda : g.cpu).push_back(b);
+  }
+  return g;
+}
+
+// A fault that loses the CUDA context ends the GPU part: the faulting entry names the error, every
+// later CUDA entry is skipped naming it, the CPU entries report, and bench exits 1.
+TEST(BenchSmoke, GpuFaultEndsTheGpuPartAndTheCpuPartStillReports) {
+  if (!has_gpu()) GTEST_SKIP() << "no GPU";
+  const std::pair<const char*, const char*> kinds[] = {{"illegal_address", "cudaErrorIllegalAddress"},
+                                                       {"misaligned_address", "cudaErrorMisalignedAddress"},
+                                                       {"trap", "cudaErrorLaunchFailure"},
+                                                       {"assert", "cudaErrorAssert"}};
+  for (const auto& [kind, error] : kinds) {
+    const GpuRun g = run_fault(kind);
+    EXPECT_EQ(g.r.exit_code, 1) << kind << ": " << g.r.output;
+    const std::string name = std::string("test.fault/cuda/f32/fwd/kind:") + kind;
+    ASSERT_FALSE(g.fault.is_null()) << kind << ": " << g.r.output;
+    const std::string msg = g.fault.value("error_message", "");
+    EXPECT_NE(msg.find(error), std::string::npos) << kind << ": " << msg;
+    const std::string lost = "GPU context lost in " + name + ": " + error;
+    EXPECT_NE(msg.find(lost), std::string::npos) << kind << ": " << msg;
+    const std::string rest = "the remaining " + std::to_string(g.cuda.size()) + " CUDA benchmarks are skipped";
+    EXPECT_NE(msg.find(rest), std::string::npos) << kind << ": " << msg;
+    EXPECT_NE(g.r.output.find("hotops: " + lost), std::string::npos) << kind << ": " << g.r.output;
+    EXPECT_EQ(g.cuda.size(), 18u) << kind;  // mm and addmm x three dtypes x three directions
+    for (const auto& b : g.cuda) {
+      EXPECT_TRUE(b.value("error_occurred", false)) << b["name"];
+      EXPECT_NE(b.value("error_message", "").find("not run: " + lost), std::string::npos) << b.value("error_message", "");
+    }
+    EXPECT_GE(g.cpu.size(), 6u) << kind;
+    for (const auto& b : g.cpu) {
+      EXPECT_FALSE(b.value("error_occurred", false)) << b["name"] << ": " << b.value("error_message", "");
+      EXPECT_GT(b.value("real_time", 0.0), 0) << b["name"];
+    }
+  }
+}
+
+// Errors that do not lose the context end only their own entry.
+TEST(BenchSmoke, FailedLaunchAndGpuOutOfMemoryEndOnlyTheirEntry) {
+  if (!has_gpu()) GTEST_SKIP() << "no GPU";
+  const std::pair<const char*, std::vector<std::string>> kinds[] = {
+      {"bad_launch", {"cudaErrorInvalidConfiguration"}},
+      {"gpu_oom", {"out of GPU memory: allocating 1048576.00 GiB", "the case needs at least", "GiB free of"}}};
+  for (const auto& [kind, expected] : kinds) {
+    const GpuRun g = run_fault(kind);
+    EXPECT_EQ(g.r.exit_code, 0) << kind << ": " << g.r.output;
+    const std::string msg = g.fault.value("error_message", "");
+    for (const std::string& e : expected) EXPECT_NE(msg.find(e), std::string::npos) << kind << ": " << msg;
+    EXPECT_EQ(msg.find("GPU context lost"), std::string::npos) << kind << ": " << msg;
+    EXPECT_EQ(g.cuda.size(), 18u) << kind;
+    for (const auto& b : g.cuda) {
+      EXPECT_FALSE(b.value("error_occurred", false)) << b["name"] << ": " << b.value("error_message", "");
+      EXPECT_GT(b.value("real_time", 0.0), 0) << b["name"];
+    }
+    for (const auto& b : g.cpu) EXPECT_FALSE(b.value("error_occurred", false)) << b["name"];
+  }
 }
 
 TEST(BenchSmoke, BatchFlagReplacesTheBatchAxis) {

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hotops/flags.h"
@@ -52,7 +53,15 @@ TEST(Flags, BadValuesThrowOneLineNamingTheFlag) {
       "--hotops_batch=2000000", "--hotops_verify=2",  "--hotops_verify=yes",   "--hotops_threads=0",
       "--hotops_threads=x",     "--hotops_cold_l2=7", "--hotops_nonsense=1",   "--hotops_seed=-1",
       "--hotops_throttle_threshold=2", "--hotops_throttle_threshold=x", "--hotops_throttle_threshold=",
-      "--hotops_runs_per_sample=-1", "--hotops_runs_per_sample=100000"};
+      "--hotops_runs_per_sample=-1", "--hotops_runs_per_sample=100000",
+      // more of what a tired user types
+      "--hotops_batch=1,",      "--hotops_batch=,1",  "--hotops_batch=+3",     "--hotops_batch= 3",
+      "--hotops_batch=3.5",     "--hotops_batch=1e3", "--hotops_batch=0x10",   "--hotops_batch=1048577",
+      "--hotops_seed=abc",      "--hotops_seed=",     "--hotops_seed=99999999999999999999",
+      "--hotops_threads=4097",  "--hotops_threads=-1", "--hotops_roofline=",   "--hotops_roofline=2",
+      "--hotops_verify",        "--hotops_help=1",    "--hotops_runs_per_sample=1.5",
+      "--hotops_throttle_threshold=nan", "--hotops_throttle_threshold=-0.1", "--hotops_throttle_threshold=inf",
+      "--hotops_",              "--hotops_batch_size=8"};
   for (const std::string& flag : bad) {
     Argv a({flag});
     try {
@@ -62,6 +71,87 @@ TEST(Flags, BadValuesThrowOneLineNamingTheFlag) {
       const std::string msg = e.what();
       EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
       EXPECT_NE(msg.find("--hotops_"), std::string::npos) << msg;
+    }
+  }
+}
+
+TEST(Flags, MessageNamesTheValueAndWhatIsExpected) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"--hotops_batch=0", "hotops: bad value '0' for --hotops_batch: expected a comma-separated list of batch sizes from 1 to 1048576"},
+      {"--hotops_batch=8,-4", "hotops: bad value '-4' for --hotops_batch"},
+      {"--hotops_threads=x", "hotops: bad value 'x' for --hotops_threads: expected a thread count from 1 to 4096"},
+      {"--hotops_verify=yes", "hotops: bad value 'yes' for --hotops_verify: expected 0 or 1"},
+      {"--hotops_batch", "hotops: --hotops_batch needs a value"},
+      {"--hotops_bogus=1", "hotops: unknown flag --hotops_bogus (--hotops_help lists hotops' flags)"},
+  };
+  for (const auto& [flag, expected] : cases) {
+    Argv a({flag});
+    try {
+      parse_flags(a.argc, a.ptrs.data());
+      ADD_FAILURE() << flag << " was accepted";
+    } catch (const FlagError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(expected, 0), 0u) << e.what();
+    }
+  }
+}
+
+TEST(Flags, LimitsAreAccepted) {
+  Argv a({"--hotops_batch=1,1048576", "--hotops_threads=4096", "--hotops_seed=9223372036854775807",
+          "--hotops_throttle_threshold=0", "--hotops_runs_per_sample=10000", "--hotops_cold_l2=0", "--hotops_roofline=false"});
+  const Options o = parse_flags(a.argc, a.ptrs.data());
+  EXPECT_EQ(o.batches, (std::vector<std::int64_t>{1, 1048576}));
+  EXPECT_EQ(o.threads, 4096);
+  EXPECT_EQ(o.seed, 9223372036854775807u);
+  EXPECT_EQ(o.throttle_threshold, 0);
+  EXPECT_EQ(o.runs_per_sample, 10000);
+  EXPECT_FALSE(o.cold_l2);
+  EXPECT_FALSE(o.roofline);
+  EXPECT_EQ(a.argc, 1);
+}
+
+// Google Benchmark's own flags, checked before it sees them.
+TEST(BenchmarkFlags, GoodValuesPass) {
+  Argv a({"--benchmark_format=json", "--benchmark_out_format=csv", "--benchmark_repetitions=3",
+          "--benchmark_min_time=0", "--benchmark_min_warmup_time=0.5", "--benchmark_filter=-cuda|^mm/",
+          "--benchmark_filter=", "--benchmark_enable_random_interleaving=true", "--benchmark_counters_tabular=0",
+          "--benchmark_time_unit=ms", "--benchmark_out=" + testing::TempDir() + "/hotops_flags_out.json",
+          "--benchmark_color=auto", "--v=1"});
+  const BenchmarkFlags b = check_benchmark_flags(a.argc, a.ptrs.data());
+  EXPECT_TRUE(b.has_min_time);
+  EXPECT_FALSE(b.list_tests);
+  EXPECT_FALSE(b.help);
+}
+
+TEST(BenchmarkFlags, ListTestsReadsAsGoogleBenchmarkDoes) {
+  const std::pair<std::vector<std::string>, bool> cases[] = {
+      {{"--benchmark_list_tests"}, true},        {{"--benchmark_list_tests=true"}, true},
+      {{"--benchmark_list_tests=1"}, true},      {{"--benchmark_list_tests=false"}, false},
+      {{"--benchmark_list_tests=0"}, false},     {{"--benchmark_list_tests=no"}, false},
+      {{"--benchmark_list_tests", "--benchmark_list_tests=false"}, false}, {{}, false}};
+  for (const auto& [args, listing] : cases) {
+    Argv a(args);
+    EXPECT_EQ(check_benchmark_flags(a.argc, a.ptrs.data()).list_tests, listing) << (args.empty() ? "" : args.back());
+  }
+}
+
+TEST(BenchmarkFlags, BadValuesThrowOneLineNamingTheFlag) {
+  const std::vector<std::string> bad = {
+      "--benchmark_format=xml",          "--benchmark_format=",           "--benchmark_out_format=JSON",
+      "--benchmark_repetitions=0",       "--benchmark_repetitions=-1",    "--benchmark_repetitions=abc",
+      "--benchmark_min_time=-1",         "--benchmark_min_time=abc",      "--benchmark_min_time=nan",
+      "--benchmark_min_warmup_time=-2",  "--benchmark_list_tests=maybe",  "--benchmark_report_aggregates_only=7",
+      "--benchmark_time_unit=xs",        "--benchmark_filter=(",          "--benchmark_filter=-[a-",
+      "--benchmark_out=/nonexistent_hotops_dir/x.json", "--benchmark_out=", "--benchmark_out=/"};
+  for (const std::string& flag : bad) {
+    Argv a({flag});
+    try {
+      check_benchmark_flags(a.argc, a.ptrs.data());
+      ADD_FAILURE() << flag << " was accepted";
+    } catch (const FlagError& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+      EXPECT_EQ(msg.rfind("hotops: ", 0), 0u) << msg;
+      EXPECT_NE(msg.find(flag.substr(0, flag.find('='))), std::string::npos) << msg;
     }
   }
 }

@@ -11,7 +11,9 @@ namespace hotops {
 class HostBuffer {
  public:
   HostBuffer() = default;
-  HostBuffer(DType dtype, std::size_t count);  // uninitialised: fill or poison before use
+  // Uninitialised: fill or poison before use. A buffer larger than the host memory available is an
+  // out_of_memory Error that says how much was asked for and how much is available.
+  HostBuffer(DType dtype, std::size_t count);
   HostBuffer(const HostBuffer& o);
   HostBuffer& operator=(const HostBuffer& o);
   HostBuffer(HostBuffer&&) noexcept = default;
@@ -39,6 +41,14 @@ class HostBuffer {
   std::size_t count_ = 0;
   std::unique_ptr<std::byte[]> bytes_;
 };
+
+// Host memory as this process can use it: MemAvailable of /proc/meminfo, lowered to what the
+// cgroup (v2) limit leaves when there is one. Zeros when unknown.
+struct HostMemory {
+  std::size_t available = 0;
+  std::size_t total = 0;
+};
+HostMemory host_memory();
 
 // The seed that every input of every case derives from (--hotops_seed).
 std::uint64_t global_seed();

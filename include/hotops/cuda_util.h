@@ -17,6 +17,10 @@ cublasLtHandle_t cublaslt();
 void* cublas_workspace();           // 64 MiB, shared by all cuBLAS calls on stream()
 constexpr std::size_t kCublasWorkspaceBytes = std::size_t(64) << 20;
 
+// Whether a CUDA error is sticky: one that corrupts the context, so that every later CUDA call in
+// the process returns it (CUDA's documentation: "the process must be terminated and relaunched").
+bool is_sticky(cudaError_t e);
+
 // Device memory. Allocation failure is an out_of_memory Error that says how much was asked
 // for and how much the device has free.
 class DeviceBuffer {

@@ -28,6 +28,19 @@ struct FlagError : std::runtime_error {
 // Throws FlagError on an unknown hotops flag or a bad value.
 Options parse_flags(int& argc, char** argv);
 
+// What hotops needs to know of Google Benchmark's own flags (argv after parse_flags).
+struct BenchmarkFlags {
+  bool list_tests = false;    // --benchmark_list_tests (the last one given)
+  bool has_min_time = false;  // --benchmark_min_time given
+  bool help = false;          // --help
+};
+
+// Checks the values of Google Benchmark's flags that Google Benchmark itself would accept silently
+// (a negative min_time, --benchmark_list_tests=maybe), exit 0 on (--benchmark_format=xml prints
+// the usage), crash on (--benchmark_repetitions=-1) or refuse only after hotops has measured the
+// roofline (a malformed --benchmark_filter regex, an unwritable --benchmark_out). Throws FlagError.
+BenchmarkFlags check_benchmark_flags(int argc, char** argv);
+
 // The flag help, printed by --hotops_help.
 const char* flags_help();
 

@@ -59,4 +59,27 @@ class Timer {
 // Block until all work queued on hotops' stream is done (and rethrow its errors).
 void synchronize();
 
+// Whether the CUDA context is lost: a kernel fault (illegal or misaligned address, device assert,
+// trap, illegal instruction, ...) leaves a "sticky" error that every later CUDA call returns, so no
+// later GPU result can be trusted. Call it after a CUDA case threw; when it returns true, *error
+// holds the error's name and text and the process must not use the GPU again. A non-sticky error
+// (a bad launch configuration, an allocation failure) is cleared and leaves the context usable.
+bool context_lost(std::string* error = nullptr);
+
+// Device memory now: free and total as the driver reports them (cudaMemGetInfo), and the bytes
+// held by hotops' own DeviceBuffers. Zeros without a device.
+struct Memory {
+  std::size_t free = 0;
+  std::size_t total = 0;
+  std::size_t held = 0;
+};
+Memory memory();
+
+// Test only (HOTOPS_TEST_FAULT): enqueues a kernel that fails in the named way on hotops' stream:
+// "illegal_address", "misaligned_address", "trap", "assert" (sticky: the context is lost), or
+// "bad_launch" (an invalid launch configuration: the launch fails, the context stays usable), or
+// "out_of_memory" (allocates 1 PiB: throws hotops' out-of-memory Error).
+// Throws an unsupported Error for another name or in a build without CUDA.
+void launch_test_fault(const std::string& kind);
+
 }  // namespace hotops::gpu

@@ -1,0 +1,234 @@
+// What hotops guarantees when numbers, memory or the GPU go wrong (docs/guarantees.md): NaN and Inf
+// fail verification wherever they appear, inputs follow the seed, and resource errors say what
+// they need. The fault tests that lose the CUDA context run the bench binary (bench_smoke_test).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "hotops/buffer.h"
+#include "hotops/check.h"
+#include "hotops/gpu.h"
+#include "hotops/problem.h"
+#include "hotops/verify.h"
+#ifdef HOTOPS_HAVE_CUDA
+#include "hotops/cuda_util.h"
+#endif
+
+namespace hotops {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// An output equal to its reference (i * 0.25 - 3, exact in every dtype) except where a test injects
+// a value, checked element by element as the families do.
+struct Fixture {
+  HostBuffer out;
+  std::vector<double> ref;
+  explicit Fixture(DType t, std::size_t n = 64) : out(t, n), ref(n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      ref[i] = static_cast<double>(i) * 0.25 - 3;
+      out.set(i, ref[i]);
+    }
+  }
+  Check check(double tol = 1e-6) const {
+    return compare(out, sample_indices(out.count(), 4096, 1), [this](std::size_t i) { return ref[i]; }, tol);
+  }
+};
+
+const DType kDtypes[] = {DType::f32, DType::bf16, DType::f16};
+
+TEST(Verification, ExactOutputPasses) {
+  for (DType t : kDtypes) {
+    const Check c = Fixture(t).check();
+    EXPECT_TRUE(c.ok) << dtype_name(t) << ": " << c.message;
+    EXPECT_EQ(c.checked, 64u);
+  }
+}
+
+TEST(Verification, NonFiniteOutputFailsNamingTheIndex) {
+  for (DType t : kDtypes) {
+    for (double bad : {kNaN, kInf, -kInf}) {
+      for (std::size_t at : {std::size_t(0), std::size_t(17), std::size_t(63)}) {
+        Fixture f(t);
+        f.out.set(at, bad);
+        const Check c = f.check(1e9);  // no tolerance lets a non-finite value through
+        EXPECT_FALSE(c.ok) << dtype_name(t) << " " << bad << " at " << at;
+        EXPECT_TRUE(std::isnan(c.max_err));
+        EXPECT_NE(c.message.find("non-finite output"), std::string::npos) << c.message;
+        EXPECT_NE(c.message.find("at index " + std::to_string(at) + " "), std::string::npos) << c.message;
+      }
+    }
+  }
+}
+
+TEST(Verification, NonFiniteReferenceFailsNamingTheIndex) {
+  for (double bad : {kNaN, kInf, -kInf}) {
+    Fixture f(DType::f32);
+    f.ref[29] = bad;  // the output is finite there: a NaN scale would have hidden it
+    const Check c = f.check(1e9);
+    EXPECT_FALSE(c.ok) << bad;
+    EXPECT_NE(c.message.find("non-finite reference"), std::string::npos) << c.message;
+    EXPECT_NE(c.message.find("at index 29 "), std::string::npos) << c.message;
+  }
+}
+
+TEST(Verification, NaNOutputAgainstNaNReferenceFails) {
+  Fixture f(DType::f32);
+  f.out.set(5, kNaN);
+  f.ref[5] = kNaN;
+  const Check c = f.check(1e9);
+  EXPECT_FALSE(c.ok);
+  EXPECT_NE(c.message.find("at index 5 "), std::string::npos) << c.message;
+}
+
+TEST(Verification, PoisonedOutputFailsInEveryDtype) {
+  // What an op that writes nothing leaves behind: the poison, which must never pass.
+  for (DType t : kDtypes) {
+    Fixture f(t);
+    f.out.poison();
+    for (std::size_t i = 0; i < f.out.count(); ++i) ASSERT_TRUE(std::isnan(f.out.get(i))) << dtype_name(t) << " " << i;
+    EXPECT_FALSE(f.check(1e9).ok) << dtype_name(t);
+  }
+}
+
+TEST(Verification, SampledCheckSeesNonFiniteFirstAndLastElements) {
+  // Large outputs are sampled; the first and last elements are always in the sample.
+  for (std::size_t at : {std::size_t(0), std::size_t(99999)}) {
+    Fixture f(DType::f32, 100000);
+    f.out.set(at, kNaN);
+    const Check c = compare(f.out, sample_indices(f.out.count(), 4096, 3), [&f](std::size_t i) { return f.ref[i]; }, 1e-6);
+    EXPECT_FALSE(c.ok) << at;
+    EXPECT_NE(c.message.find("at index " + std::to_string(at) + " "), std::string::npos) << c.message;
+  }
+}
+
+TEST(Verification, MergedCheckKeepsTheFailure) {
+  Fixture good(DType::f32), bad(DType::f32);
+  bad.out.set(3, kInf);
+  Check all = good.check();
+  all.merge(bad.check(), "dx");
+  EXPECT_FALSE(all.ok);
+  EXPECT_TRUE(std::isnan(all.max_err));
+  EXPECT_NE(all.message.find("dx: non-finite output"), std::string::npos) << all.message;
+}
+
+// ---- seeds -------------------------------------------------------------------------------------
+
+struct SeedGuard {
+  std::uint64_t saved = global_seed();
+  ~SeedGuard() { set_global_seed(saved); }
+};
+
+std::vector<float> filled(std::uint64_t seed, std::uint64_t stream, std::size_t n = 1000) {
+  HostBuffer b(DType::f32, n);
+  b.fill_uniform(seed, stream);
+  return std::vector<float>(b.as<float>(), b.as<float>() + n);
+}
+
+TEST(Seeds, SameSeedSameInputsDifferentSeedDifferentInputs) {
+  EXPECT_EQ(filled(7, 1), filled(7, 1));
+  EXPECT_NE(filled(7, 1), filled(8, 1));
+  EXPECT_NE(filled(7, 1), filled(7, 2));  // each input of a case has its own stream
+  // Large fills are parallel: still a pure function of (seed, stream, index).
+  EXPECT_EQ(filled(7, 1, 1 << 18), filled(7, 1, 1 << 18));
+}
+
+TEST(Seeds, ProblemSeedFollowsTheGlobalSeedAndIgnoresTheBackend) {
+  // Every family seeds its inputs with Problem::seed(), which --hotops_seed sets through the global seed.
+  SeedGuard guard;
+  Problem cpu{"addmm", Backend::cpu, DType::f32, Direction::fwd, {{"M", "8"}}};
+  Problem cuda = cpu;
+  cuda.backend = Backend::cuda;
+  set_global_seed(7);
+  const std::uint64_t a = cpu.seed();
+  EXPECT_EQ(a, cuda.seed());  // both backends compute on the same numbers
+  EXPECT_EQ(a, cpu.seed());
+  set_global_seed(8);
+  EXPECT_NE(a, cpu.seed());
+  set_global_seed(7);
+  EXPECT_EQ(a, cpu.seed());
+}
+
+// ---- resources ---------------------------------------------------------------------------------
+
+TEST(Resources, HostMemoryIsKnown) {
+  const HostMemory m = host_memory();
+  EXPECT_GT(m.total, 0u);
+  EXPECT_GT(m.available, 0u);
+  EXPECT_LE(m.available, m.total);
+}
+
+TEST(Resources, TooLargeHostBufferSaysWhatItNeedsAndWhatIsAvailable) {
+  for (std::size_t count : {std::size_t(1) << 48, std::numeric_limits<std::size_t>::max() / 2}) {
+    try {
+      HostBuffer b(DType::f32, count);  // 1 PiB; and a count whose byte size overflows size_t
+      ADD_FAILURE() << "allocated " << count << " floats";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::out_of_memory);
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("out of host memory: allocating "), std::string::npos) << msg;
+      EXPECT_NE(msg.find("GiB available of"), std::string::npos) << msg;
+    }
+  }
+}
+
+TEST(Resources, WithoutGpuNothingIsLost) {
+  if (gpu::available()) GTEST_SKIP() << "a GPU is present (the GPU tests below cover it)";
+  EXPECT_FALSE(gpu::context_lost());
+  EXPECT_EQ(gpu::memory().total, 0u);
+  EXPECT_THROW(gpu::launch_test_fault("illegal_address"), Error);
+}
+
+#ifdef HOTOPS_HAVE_CUDA
+TEST(GpuFaults, StickyErrorsAreTheContextCorruptingOnes) {
+  for (cudaError_t e : {cudaErrorIllegalAddress, cudaErrorMisalignedAddress, cudaErrorLaunchFailure, cudaErrorAssert,
+                        cudaErrorIllegalInstruction, cudaErrorHardwareStackError, cudaErrorInvalidPc})
+    EXPECT_TRUE(gpu::is_sticky(e)) << cudaGetErrorName(e);
+  for (cudaError_t e : {cudaSuccess, cudaErrorMemoryAllocation, cudaErrorInvalidConfiguration, cudaErrorInvalidValue,
+                        cudaErrorNotSupported, cudaErrorNoDevice})
+    EXPECT_FALSE(gpu::is_sticky(e)) << cudaGetErrorName(e);
+}
+
+TEST(GpuFaults, FailedLaunchLeavesTheContextUsable) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  try {
+    gpu::launch_test_fault("bad_launch");
+    ADD_FAILURE() << "an invalid launch configuration was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cudaErrorInvalidConfiguration"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(gpu::context_lost(&why)) << why;
+  HostBuffer in(DType::f32, 256), back(DType::f32, 256);
+  in.fill_uniform(1, 1);
+  gpu::DeviceBuffer d(in);
+  d.download(back);
+  EXPECT_EQ(std::memcmp(in.data(), back.data(), in.bytes()), 0);
+}
+
+TEST(GpuFaults, TooLargeDeviceBufferSaysWhatItNeedsAndWhatIsFree) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  const gpu::DeviceBuffer held(std::size_t(1) << 20);
+  try {
+    gpu::DeviceBuffer b(std::size_t(1) << 50);
+    ADD_FAILURE() << "allocated 1 PiB of GPU memory";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::out_of_memory);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("out of GPU memory: allocating 1048576.00 GiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("the case needs at least"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("GiB free of"), std::string::npos) << msg;
+  }
+  EXPECT_GE(gpu::memory().held, std::size_t(1) << 20);
+  EXPECT_FALSE(gpu::context_lost(&why)) << why;  // an allocation failure is not sticky
+}
+#endif
+
+}  // namespace
+}  // namespace hotops

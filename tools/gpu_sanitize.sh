@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# On the GPU host: the GPU tests under NVIDIA compute-sanitizer, then one summary line per tool.
+#   memcheck  - every CUDA test (out-of-bounds and misaligned device accesses, device-side errors)
+#   racecheck - shared-memory data races (slow), on a representative subset: the tests of the
+#               families whose hand-written kernels use shared memory (batchnorm in f32 only,
+#               layernorm, softmax, cross_entropy, adamw, copy's transposes, lstm_cell, and the
+#               mlp_tiny and bert_layer steps with the model-training test)
+#   usage: bash tools/gpu_sanitize.sh [BUILD_DIR]      (default build-gpu, configured as tools/gpu_host_check.sh does)
+#   env:   TOOLS="memcheck racecheck" (add initcheck or synccheck), MEMCHECK_FILTER=..., RACECHECK_FILTER=...
+#          (gtest filters), OUT=dir for the logs (default /tmp/hotops-sanitize)
+# Exit status: 0 when every tool reported no error and every test passed, 1 otherwise.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-gpu}
+out=${OUT:-/tmp/hotops-sanitize}
+mkdir -p "$out"
+[ -f .gpuhost/unpack.sh ] && source .gpuhost/unpack.sh >/dev/null
+
+cs=$(command -v compute-sanitizer || true)
+for c in "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+  [ -z "$cs" ] && [ -x "$c" ] && cs=$c
+done
+[ -n "$cs" ] || { echo "compute-sanitizer not found (PATH, \$CUDA_HOME/bin, /usr/local/cuda)"; exit 1; }
+
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DHOTOPS_WITH_CUDA=ON \
+  >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+cmake --build "$build" --target hotops_tests -j"$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
+tests="$build/test/hotops_tests"
+
+# Every test that runs on the GPU has cuda or Cuda in its name, or is a GpuFaults test. The two
+# GpuFaults tests that provoke a failed launch and a failed 1 PiB cudaMalloc on purpose are left out.
+memcheck_filter=${MEMCHECK_FILTER:-'*cuda*:*Cuda*:GpuFaults.*-GpuFaults.FailedLaunch*:GpuFaults.TooLarge*'}
+racecheck_filter=${RACECHECK_FILTER:-'*batchnorm_cuda_f32*:*layernorm_cuda*:*softmax_cuda*:*cross_entropy_cuda*:*adamw_cuda*:*copy_cuda*:*lstm_cell_cuda*:*model_mlp_tiny_cuda*:*model_bert_layer_cuda*:*ModelsTraining.LossFallsCuda*'}
+
+status=0
+summary=()
+for tool in ${TOOLS:-memcheck racecheck}; do
+  case $tool in
+    memcheck) filter=$memcheck_filter ;;
+    racecheck) filter=$racecheck_filter ;;
+    *) filter=$memcheck_filter ;;
+  esac
+  log="$out/$tool.log"
+  echo "== $tool: $filter"
+  start=$(date +%s)
+  # API errors are not the sanitizer's business here: hotops checks every CUDA call itself and the
+  # tests fail on them, while libraries' own probing calls would otherwise be reported as errors.
+  "$cs" --tool "$tool" --report-api-errors no --error-exitcode 99 --print-limit 50 \
+    "$tests" --gtest_filter="$filter" --gtest_brief=1 >"$log" 2>&1
+  rc=$?
+  secs=$(( $(date +%s) - start ))
+  errors=$(grep -Eo "ERROR SUMMARY: [0-9]+" "$log" | tail -1 | grep -Eo "[0-9]+" || echo "?")
+  hazards=$(grep -Eo "RACECHECK SUMMARY: [0-9]+ hazards?" "$log" | tail -1 || true)
+  passed=$(grep -Eo "\[  PASSED  \] [0-9]+ tests?" "$log" | grep -Eo "[0-9]+" || echo 0)
+  failed=$(grep -Eo "\[  FAILED  \] [0-9]+ tests?" "$log" | grep -Eo "[0-9]+" || echo 0)
+  skipped=$(grep -Eo "\[  SKIPPED \] [0-9]+ tests?" "$log" | grep -Eo "[0-9]+" || echo 0)
+  line="$tool: sanitizer errors ${errors}${hazards:+ ($hazards)}, tests passed $passed failed $failed skipped $skipped, ${secs} s, rc $rc (log $log)"
+  summary+=("$line")
+  echo "$line"
+  [ "$rc" = 0 ] || status=1
+  [ "$rc" = 0 ] || grep -E "^========= (Invalid|Error|Race|Warning)|\[  FAILED  \]" "$log" | sort | uniq -c | sort -rn | head -20
+done
+echo "== summary"
+printf '%s\n' "${summary[@]}"
+exit $status
