@@ -87,13 +87,7 @@ class BertFamily final : public Family {
 
 using models::rms;
 using models::within;
-
-std::vector<double> as_doubles(const HostBuffer& b, std::size_t from = 0, std::size_t n = 0) {
-  if (n == 0) n = b.count() - from;
-  std::vector<double> d(n);
-  for (std::size_t i = 0; i < n; ++i) d[i] = b.get(from + i);
-  return d;
-}
+using models::as_doubles;
 
 }  // namespace
 

@@ -78,16 +78,8 @@ class BilstmFamily final : public Family {
 // max|out - ref| / scale against tol.
 using models::rms;
 using models::within;
-
-std::vector<double> as_doubles(const HostBuffer& b) {
-  std::vector<double> d(b.count());
-  for (std::size_t i = 0; i < d.size(); ++i) d[i] = b.get(i);
-  return d;
-}
-
-std::vector<double> slice(const std::vector<double>& v, std::size_t at, std::size_t n) {
-  return std::vector<double>(v.begin() + static_cast<std::ptrdiff_t>(at), v.begin() + static_cast<std::ptrdiff_t>(at + n));
-}
+using models::as_doubles;
+using models::slice;
 
 }  // namespace
 

@@ -88,12 +88,6 @@ class ModelsFamily final : public Family {
   }
 };
 
-std::vector<double> as_doubles(const HostBuffer& b) {
-  std::vector<double> d(b.count());
-  for (std::size_t i = 0; i < d.size(); ++i) d[i] = b.get(i);
-  return d;
-}
-
 }  // namespace
 
 const std::vector<Model>& models() {
@@ -168,6 +162,17 @@ double rms(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x * x;
   return std::sqrt(s / static_cast<double>(std::max<std::size_t>(1, v.size())));
+}
+
+std::vector<double> as_doubles(const HostBuffer& b, std::size_t from, std::size_t n) {
+  if (n == 0) n = b.count() - from;
+  std::vector<double> d(n);
+  for (std::size_t i = 0; i < n; ++i) d[i] = b.get(from + i);
+  return d;
+}
+
+std::vector<double> slice(const std::vector<double>& v, std::size_t at, std::size_t n) {
+  return std::vector<double>(v.begin() + static_cast<std::ptrdiff_t>(at), v.begin() + static_cast<std::ptrdiff_t>(at + n));
 }
 
 Check adamw_first_step(const std::vector<double>& p0, const std::vector<double>& g, const HostBuffer& m0,

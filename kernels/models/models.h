@@ -81,6 +81,9 @@ std::string threads_reason(const StepArgs& a);
 Check within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double scale,
              double tol);
 double rms(const std::vector<double>& v);
+// Elements [from, from + n) of a buffer as doubles (n = 0: to the end), and a slice of a vector.
+std::vector<double> as_doubles(const HostBuffer& b, std::size_t from = 0, std::size_t n = 0);
+std::vector<double> slice(const std::vector<double>& v, std::size_t at, std::size_t n);
 Check adamw_first_step(const std::vector<double>& p0, const std::vector<double>& g, const HostBuffer& m0,
                        const HostBuffer& v0, const HostBuffer& params, std::size_t count);
 
