@@ -162,6 +162,14 @@ TEST(AdamwVerify, PassesTheReferenceAndFailsPlantedErrors) {
       EXPECT_FALSE(check(f.s, f.snap, f.st, kVerifySteps).ok);
     }
   }
+  {  // a NaN reference (here from a NaN gradient the reference sees) fails, whatever the output
+    Fixture f(DType::f32);
+    reference_steps(f.s, f.l, f.st, 1, kVerifySteps);
+    f.snap.g[0] = std::nanf("");
+    const Check c = check(f.s, f.snap, f.st, kVerifySteps);
+    EXPECT_FALSE(c.ok);
+    EXPECT_NE(c.message.find("non-finite reference"), std::string::npos) << c.message;
+  }
   // The bf16 parameters must be the master rounded, to the bit.
   Fixture f(DType::bf16);
   reference_steps(f.s, f.l, f.st, 1, kVerifySteps);

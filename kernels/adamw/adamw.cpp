@@ -149,11 +149,15 @@ Check within(const std::vector<double>& out, const std::vector<double>& ref, con
   for (double r : ref) sumsq += r * r;
   const double scale = std::max(std::sqrt(sumsq / static_cast<double>(std::max<std::size_t>(1, ref.size()))), floor);
   std::size_t worst = 0;
+  // A NaN or Inf fails in the output and in the reference alike: a NaN reference would make the
+  // scale and every error NaN, and NaN compares false against the tolerance.
   for (std::size_t k = 0; k < out.size(); ++k) {
-    if (!std::isfinite(out[k])) {
+    const char* what = !std::isfinite(out[k]) ? "output" : !std::isfinite(ref[k]) ? "reference" : nullptr;
+    if (what != nullptr) {
       c.ok = false;
       c.max_err = std::nan("");
-      c.message = "non-finite output " + std::to_string(out[k]) + " at arena index " + std::to_string(idx[k]);
+      c.message = std::string("non-finite ") + what + " " + std::to_string(std::isfinite(out[k]) ? ref[k] : out[k]) +
+                  " at arena index " + std::to_string(idx[k]);
       return c;
     }
     const double e = std::fabs(out[k] - ref[k]) / scale;
