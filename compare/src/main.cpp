@@ -30,13 +30,14 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   std::string base_path, new_path, run_path, other_path, format = "console", cost, tracker;
-  double alpha = 0.05, max_slowdown = -1;
+  double alpha = 0.05, max_slowdown = -1, noise = 1.0;
 
   auto* d = app.add_subcommand("diff", "join two runs on names: time ratio, counter ratios, U test, geometric mean");
   d->add_option("BASE", base_path, "baseline run (JSON)")->required();
   d->add_option("NEW", new_path, "new run (JSON)")->required();
   d->add_option("--format", format, "console, md, csv or json");
   d->add_option("--alpha", alpha, "p below this is marked significant (default 0.05)");
+  d->add_option("--noise", noise, "PCT: a change smaller than this is not significant, whatever p (default 1)");
   d->add_option("--cost", cost, "cpu=USD_PER_HOUR,cuda=USD_PER_HOUR: cost per million items");
 
   auto* s = app.add_subcommand("speedup", "CPU time / GPU time per problem, batches as columns, crossover batch");
@@ -69,6 +70,7 @@ int main(int argc, char** argv) {
 
   try {
     if (!(alpha > 0 && alpha < 1)) throw InputError("--alpha must be in (0, 1)");
+    if (!(noise >= 0 && noise < 100)) throw InputError("--noise must be a percentage in [0, 100)");
     if (e->parsed()) {
       const Tracker t = parse_tracker(tracker);
       const Run run = read_run(run_path);
@@ -80,6 +82,7 @@ int main(int argc, char** argv) {
     style.format = parse_format(format);
     style.colour = style.format == Format::console && terminal_colour();
     style.alpha = alpha;
+    style.noise_pct = noise;
     const Prices prices = cost.empty() ? Prices{} : parse_prices(cost);
 
     if (d->parsed()) {

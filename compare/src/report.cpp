@@ -180,14 +180,33 @@ Tracker parse_tracker(const std::string& s) {
   throw InputError("--format: \"" + s + "\" is not one of github-action-benchmark, bencher");
 }
 
+bool significant_change(const DiffRow& r, const Style& s) {
+  return r.status == DiffStatus::both && r.utest && r.utest->p < s.alpha &&
+         std::fabs(r.ratio - 1) >= s.noise_pct / 100;
+}
+
 void print_diff(std::ostream& out, const Diff& d, const Run& base, const Run& next, const Style& s) {
   const bool costs = std::any_of(d.rows.begin(), d.rows.end(), [](const DiffRow& r) { return r.base_cost || r.new_cost; });
   const auto counters = shown_counters(d);
+  int tested = 0, slower = 0, faster = 0;
+  for (const DiffRow& r : d.rows) {
+    tested += r.utest.has_value();
+    if (significant_change(r, s)) ++(r.ratio > 1 ? slower : faster);
+  }
+  const std::string changes =
+      tested == 0 ? std::string("no entry has repetitions in both runs: no U test")
+                  : "significant changes (p < " + fmt("%g", s.alpha) + " and |change| >= " + fmt("%g", s.noise_pct) +
+                        "%): " + std::to_string(slower + faster) + " of " + std::to_string(tested) +
+                        " entries with repetitions in both runs (" + std::to_string(slower) + " slower, " +
+                        std::to_string(faster) + " faster)";
   if (s.format == Format::json) {
     json j;
     j["base"] = {{"file", base.source}, {"context", base.context}};
     j["new"] = {{"file", next.source}, {"context", next.context}};
     j["alpha"] = s.alpha;
+    j["noise_pct"] = s.noise_pct;
+    j["tested"] = tested;
+    j["significant_changes"] = {{"slower", slower}, {"faster", faster}};
     j["geomean_time_ratio"] = jnum(d.geomean_ratio);
     j["compared"] = d.compared;
     j["warnings"] = d.warnings;
@@ -204,7 +223,7 @@ void print_diff(std::ostream& out, const Diff& d, const Run& base, const Run& ne
         for (const auto& [k, v] : r.counter_ratio) cr[k] = jnum(v);
         x["counter_ratios"] = cr;
         if (r.utest) x["utest"] = {{"u", r.utest->u}, {"p_value", r.utest->p}, {"exact", r.utest->exact},
-                                    {"significant", r.utest->p < s.alpha}};
+                                    {"significant", significant_change(r, s)}};
         else x["utest"] = nullptr;
       }
       if (costs) x["usd_per_million_items"] = {{"base", jnum(r.base_cost)}, {"new", jnum(r.new_cost)}};
@@ -233,8 +252,8 @@ void print_diff(std::ostream& out, const Diff& d, const Run& base, const Run& ne
       c.push_back(format_time(r.base_ns));
       c.push_back(format_time(r.new_ns));
       c.push_back(percent(r.ratio));
-      c.push_back(r.utest ? fmt("%.3g", r.utest->p) + (r.utest->p < s.alpha ? " *" : "") : "-");
-      const bool significant = !r.utest || r.utest->p < s.alpha;
+      c.push_back(r.utest ? fmt("%.3g", r.utest->p) + (significant_change(r, s) ? " *" : "") : "-");
+      const bool significant = !r.utest || significant_change(r, s);
       const Colour change = !significant ? plain : r.ratio > 1.05 ? red : r.ratio < 0.95 ? green : plain;
       col.insert(col.end(), {plain, plain, change, plain});
     } else {
@@ -295,11 +314,12 @@ void print_diff(std::ostream& out, const Diff& d, const Run& base, const Run& ne
     out << "### hotops-compare diff: `" << md_cell(base.source) << "` -> `" << md_cell(next.source) << "`\n\n";
     for (const auto& w : d.warnings) out << "> **warning:** " << md_cell(w) << "\n\n";
     render_md(out, t);
-    out << "\n" << geo << "; p: two-sided Mann-Whitney U over repetitions, `*` below " << fmt("%g", s.alpha) << ".\n";
+    out << "\n" << geo << "; p: two-sided Mann-Whitney U over repetitions, `*`: p below " << fmt("%g", s.alpha)
+        << " and a change of at least " << fmt("%g", s.noise_pct) << "%.\n\n" << changes << ".\n";
     return;
   }
   render_console(out, t, s.colour);
-  out << geo << '\n';
+  out << geo << '\n' << changes << '\n';
 }
 
 void print_speedup(std::ostream& out, const Speedup& sp, const Style& s) {

@@ -14,8 +14,14 @@ Format parse_format(const std::string& s);  // throws InputError
 struct Style {
   Format format = Format::console;
   bool colour = false;  // ANSI colours in console tables
-  double alpha = 0.05;  // p below this is marked significant
+  double alpha = 0.05;     // diff: a change is significant when p < alpha ...
+  double noise_pct = 1.0;  // ... and the medians differ by at least this many per cent
 };
+
+// Whether diff counts a row's change as significant: both runs have repetitions, the U test gives
+// p < alpha, and |new/base - 1| >= noise_pct / 100 (a shift below the noise threshold is not a
+// change worth reporting however consistent; Criterion's noise_threshold is the same idea).
+bool significant_change(const DiffRow& r, const Style& s);
 
 void print_diff(std::ostream& out, const Diff& d, const Run& base, const Run& next, const Style& s);
 void print_speedup(std::ostream& out, const Speedup& sp, const Style& s);

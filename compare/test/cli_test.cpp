@@ -90,6 +90,30 @@ TEST(Cli, DiffFormats) {
   EXPECT_TRUE(found);
 }
 
+TEST(Cli, DiffNoiseThresholdAndSignificantCount) {
+  const std::string args = "diff " + fx("gb17_base.json") + " " + fx("gb17_slow20.json");
+  const Result dflt = run(args);
+  ASSERT_EQ(dflt.code, 0) << dflt.err;
+  EXPECT_NE(dflt.out.find("significant changes (p < 0.05 and |change| >= 1%): 1 of 25 entries with repetitions in "
+                          "both runs (1 slower, 0 faster)"),
+            std::string::npos)
+      << dflt.out;
+  // A 20.6% slowdown with p = 0.008 is below a 30% noise threshold: not marked, not counted.
+  const Result loose = run(args + " --noise 30");
+  ASSERT_EQ(loose.code, 0) << loose.err;
+  EXPECT_EQ(loose.out.find("0.00794 *"), std::string::npos);
+  EXPECT_NE(loose.out.find("0.00794"), std::string::npos) << "the p-value is still shown";
+  EXPECT_NE(loose.out.find(": 0 of 25 entries"), std::string::npos) << loose.out;
+  const Result js = run(args + " --noise 30 --format=json");
+  ASSERT_EQ(js.code, 0);
+  const auto j = nlohmann::json::parse(js.out);
+  EXPECT_EQ(j["noise_pct"], 30.0);
+  EXPECT_EQ(j["tested"], 25);
+  EXPECT_EQ(j["significant_changes"]["slower"], 0);
+  for (const auto& e : j["entries"])
+    if (e.contains("utest") && e["utest"].is_object()) EXPECT_FALSE(e["utest"]["significant"].get<bool>()) << e["name"];
+}
+
 TEST(Cli, DiffOfTwoMachinesWarnsButSucceeds) {
   const Result r = run("diff " + fx("gb18_cpu_machine.json") + " " + fx("gb17_gpu_machine.json"));
   EXPECT_EQ(r.code, 0);
@@ -217,6 +241,8 @@ TEST(Cli, BadInputExitsTwoWithOneLine) {
   expect_error("gate " + base + " " + base, "--max-slowdown");
   expect_error("gate " + base + " " + base + " --max-slowdown -3", "--max-slowdown");
   expect_error("gate " + base + " " + base + " --max-slowdown 5 --alpha 2", "--alpha");
+  expect_error("diff " + base + " " + base + " --noise -1", "--noise");
+  expect_error("diff " + base + " " + base + " --noise 100", "--noise");
   expect_error("gate " + base + " " + base + " --max-slowdown five", "--max-slowdown");
   expect_error("frobnicate", "hotops-compare");
   expect_error("", "subcommand");

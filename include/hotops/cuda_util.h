@@ -50,5 +50,29 @@ class DeviceBuffer {
   std::size_t bytes_ = 0;
 };
 
+// Milliseconds of the work `body` enqueues on stream(), between two CUDA events (waits for it).
+template <class Body>
+float time_ms(Body body) {
+  struct Events {
+    cudaEvent_t start = nullptr, stop = nullptr;
+    Events() {
+      HOTOPS_CHECK_CUDA(cudaEventCreate(&start));
+      HOTOPS_CHECK_CUDA(cudaEventCreate(&stop));
+    }
+    ~Events() {
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+    }
+    Events(const Events&) = delete;
+    Events& operator=(const Events&) = delete;
+  } e;
+  HOTOPS_CHECK_CUDA(cudaEventRecord(e.start, stream()));
+  body();
+  HOTOPS_CHECK_CUDA(cudaEventRecord(e.stop, stream()));
+  HOTOPS_CHECK_CUDA(cudaEventSynchronize(e.stop));
+  float ms = 0;
+  HOTOPS_CHECK_CUDA(cudaEventElapsedTime(&ms, e.start, e.stop));
+  return ms;
+}
 
 }  // namespace hotops::gpu
