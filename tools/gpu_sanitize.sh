@@ -4,7 +4,9 @@
 #   racecheck - shared-memory data races (slow), on a representative subset: the tests of the
 #               families whose hand-written kernels use shared memory (batchnorm in f32 only,
 #               layernorm, softmax, cross_entropy, adamw, copy's transposes, lstm_cell, and the
-#               mlp_tiny and bert_layer steps with the model-training test)
+#               mlp_tiny and bert_layer steps with the model-training test). A hazard in a hotops
+#               kernel fails; one inside a vendor library's kernel is reported by name only.
+#               RACECHECK_FILTER="$MEMCHECK_FILTER"-like filters run it on everything (hours).
 #   usage: bash tools/gpu_sanitize.sh [BUILD_DIR]      (default build-gpu, configured as tools/gpu_host_check.sh does)
 #   env:   TOOLS="memcheck racecheck" (add initcheck or synccheck), MEMCHECK_FILTER=..., RACECHECK_FILTER=...
 #          (gtest filters), OUT=dir for the logs (default /tmp/hotops-sanitize)
@@ -54,7 +56,21 @@ for tool in ${TOOLS:-memcheck racecheck}; do
   passed=$(grep -Eo "\[  PASSED  \] [0-9]+ tests?" "$log" | grep -Eo "[0-9]+" || echo 0)
   failed=$(grep -Eo "\[  FAILED  \] [0-9]+ tests?" "$log" | grep -Eo "[0-9]+" || echo 0)
   skipped=$(grep -Eo "\[  SKIPPED \] [0-9]+ tests?" "$log" | grep -Eo "[0-9]+" || echo 0)
-  line="$tool: sanitizer errors ${errors}${hazards:+ ($hazards)}, tests passed $passed failed $failed skipped $skipped, ${secs} s, rc $rc (log $log)"
+  # racecheck: a hazard in one of hotops' kernels (all are in namespace hotops) fails the run. A
+  # hazard inside a vendor library's kernel (cuBLASLt's nvjet_* GEMMs: racecheck reports their
+  # Hopper TMA/mbarrier pipelines on the bf16 bert_layer tests) is counted and named, not failed:
+  # hotops cannot change that code, and the tests verify the results those kernels produce.
+  library_note=""
+  if [ "$tool" = racecheck ]; then
+    own=$(grep -E "Race reported between" "$log" | grep -c "hotops::" || true)
+    lib=$(grep -E "Race reported between" "$log" | grep -vc "hotops::" || true)
+    if [ "$lib" -gt 0 ]; then
+      kernels=$(grep -E "Race reported between" "$log" | grep -v "hotops::" | sed -E 's/.* access at ([^+ (]+).*/\1/' | sort -u | tr '\n' ' ')
+      library_note=" [$lib hazard reports in library kernels, not hotops': $kernels]"
+    fi
+    if [ "$rc" = 99 ] && [ "$own" = 0 ] && [ "$failed" = 0 ]; then rc=0; fi
+  fi
+  line="$tool: sanitizer errors ${errors}${hazards:+ ($hazards)}, tests passed $passed failed $failed skipped $skipped, ${secs} s, rc $rc (log $log)$library_note"
   summary+=("$line")
   echo "$line"
   [ "$rc" = 0 ] || status=1
