@@ -9,6 +9,8 @@
 #include <cstring>
 #include <fstream>
 
+#include "hotops/check.h"
+
 namespace hotops::cpu {
 
 dnnl::engine& engine() {
@@ -19,6 +21,12 @@ dnnl::engine& engine() {
 dnnl::stream& stream() {
   static dnnl::stream s(engine());
   return s;
+}
+
+void execute(const dnnl::primitive& p, const Args& args) {
+  dnnl::stream& st = stream();
+  HOTOPS_CHECK_DNNL(p.execute(st, args));
+  HOTOPS_CHECK_DNNL(st.wait());
 }
 
 void set_threads(int n) { omp_set_num_threads(n); }

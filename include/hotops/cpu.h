@@ -2,6 +2,7 @@
 #pragma once
 #include <cstddef>
 #include <string>
+#include <unordered_map>
 
 #include <dnnl.hpp>
 
@@ -9,6 +10,11 @@ namespace hotops::cpu {
 
 dnnl::engine& engine();
 dnnl::stream& stream();
+
+// A primitive's arguments, by DNNL_ARG_*.
+using Args = std::unordered_map<int, dnnl::memory>;
+// Runs `p` on stream() and waits for it: the timed region of a CPU case that is one primitive.
+void execute(const dnnl::primitive& p, const Args& args);
 
 // Threads used by oneDNN and by hotops' own OpenMP loops (--hotops_threads; default: all cores).
 void set_threads(int n);

@@ -99,9 +99,7 @@ class CpuBatchnorm final : public Case {
       float* var = variance_.as<float>();
       for (std::size_t c = 0; c < C; ++c) var[c] = 1.f / (invstd[c] * invstd[c]) - eps;
     }
-    dnnl::stream& st = cpu::stream();
-    HOTOPS_CHECK_DNNL(prim_.execute(st, args_));
-    HOTOPS_CHECK_DNNL(st.wait());
+    cpu::execute(prim_, args_);
     if (s_.dir == Direction::fwd) {
       // oneDNN's variance is the biased one; PyTorch's running_var takes the unbiased one.
       const auto m = static_cast<float>(kMomentum);
@@ -153,7 +151,7 @@ class CpuBatchnorm final : public Case {
   Outputs out_;
   HostBuffer variance_;  // fwd: oneDNN's (biased) batch variance; bwd: from the saved invstd
   dnnl::primitive prim_;
-  std::unordered_map<int, memory> args_;
+  cpu::Args args_;
 };
 
 }  // namespace

@@ -136,11 +136,7 @@ class CpuConv2d final : public Case {
     }
   }
 
-  void run() override {
-    dnnl::stream& st = cpu::stream();
-    HOTOPS_CHECK_DNNL(conv_.execute(st, args_));
-    HOTOPS_CHECK_DNNL(st.wait());
-  }
+  void run() override { cpu::execute(conv_, args_); }
 
   Check verify() override {
     std::memset(out_mem_.get_data_handle(), 0xff, out_mem_.get_desc().get_size());  // NaN in f32 and bf16
@@ -164,7 +160,7 @@ class CpuConv2d final : public Case {
   Outputs out_;
   dnnl::primitive conv_;
   memory out_mem_, out_user_;  // the output in the primitive's layout, and the user's view of it
-  std::unordered_map<int, memory> args_;
+  cpu::Args args_;
   std::string impl_, formats_;
 };
 

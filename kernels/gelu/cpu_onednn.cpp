@@ -64,11 +64,7 @@ class CpuGelu final : public Case {
     }
   }
 
-  void run() override {
-    dnnl::stream& st = cpu::stream();
-    HOTOPS_CHECK_DNNL(prim_.execute(st, args_));
-    HOTOPS_CHECK_DNNL(st.wait());
-  }
+  void run() override { cpu::execute(prim_, args_); }
 
   Check verify() override {
     out_.poison();
@@ -89,7 +85,7 @@ class CpuGelu final : public Case {
   Inputs in_;
   HostBuffer out_;
   dnnl::primitive prim_;
-  std::unordered_map<int, memory> args_;
+  cpu::Args args_;
 };
 
 }  // namespace

@@ -88,9 +88,7 @@ class CpuLayernorm final : public Case {
       const float* rstd = in_.rstd.as<float>();
       for (std::size_t r = 0; r < R; ++r) var[r] = 1.f / (rstd[r] * rstd[r]) - eps;
     }
-    dnnl::stream& st = cpu::stream();
-    HOTOPS_CHECK_DNNL(prim_.execute(st, args_));
-    HOTOPS_CHECK_DNNL(st.wait());
+    cpu::execute(prim_, args_);
     if (s_.dir == Direction::fwd) {
       float* rstd = out_.rstd.as<float>();
       for (std::size_t r = 0; r < R; ++r) rstd[r] = 1.f / std::sqrt(var[r] + eps);
@@ -122,7 +120,7 @@ class CpuLayernorm final : public Case {
   Outputs out_;
   HostBuffer variance_;  // fwd: oneDNN's (biased) variance; bwd: from the saved rstd
   dnnl::primitive prim_;
-  std::unordered_map<int, memory> args_;
+  cpu::Args args_;
 };
 
 }  // namespace

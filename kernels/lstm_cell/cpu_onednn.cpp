@@ -169,12 +169,11 @@ class OnednnCell final : public Case {
   }
 
   void run() override {
-    dnnl::stream& st = cpu::stream();
     if (s_.dir == Direction::fwd) {
-      HOTOPS_CHECK_DNNL(fwd_.execute(st, fwd_args_));
-      HOTOPS_CHECK_DNNL(st.wait());
+      cpu::execute(fwd_, fwd_args_);
       return;
     }
+    dnnl::stream& st = cpu::stream();
     for (memory* m : {&dW_layer_, &dW_iter_, &db_})
       std::memset(m->get_data_handle(), 0, m->get_desc().get_size());
     HOTOPS_CHECK_DNNL(bwd_.execute(st, bwd_args_));

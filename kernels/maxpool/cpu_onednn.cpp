@@ -68,11 +68,7 @@ class CpuMaxpool final : public Case {
              {DNNL_ARG_DIFF_SRC, memory(plan_.x_md, eng, out_.data())}};
   }
 
-  void run() override {
-    dnnl::stream& st = cpu::stream();
-    HOTOPS_CHECK_DNNL(prim_.execute(st, args_));
-    HOTOPS_CHECK_DNNL(st.wait());
-  }
+  void run() override { cpu::execute(prim_, args_); }
 
   Check verify() override {
     out_.poison();
@@ -95,7 +91,7 @@ class CpuMaxpool final : public Case {
   HostBuffer out_;
   memory workspace_;
   dnnl::primitive prim_;
-  std::unordered_map<int, memory> args_;
+  cpu::Args args_;
 };
 
 }  // namespace

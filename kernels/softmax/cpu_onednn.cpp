@@ -49,11 +49,7 @@ class CpuSoftmax final : public Case {
     }
   }
 
-  void run() override {
-    dnnl::stream& st = cpu::stream();
-    HOTOPS_CHECK_DNNL(prim_.execute(st, args_));
-    HOTOPS_CHECK_DNNL(st.wait());
-  }
+  void run() override { cpu::execute(prim_, args_); }
 
   Check verify() override {
     out_.poison();
@@ -74,7 +70,7 @@ class CpuSoftmax final : public Case {
   Inputs in_;
   HostBuffer out_;
   dnnl::primitive prim_;
-  std::unordered_map<int, memory> args_;
+  cpu::Args args_;
 };
 
 }  // namespace
