@@ -20,6 +20,24 @@ void execute(const dnnl::primitive& p, const Args& args);
 void set_threads(int n);
 int threads();
 
+// Sets the thread count for a scope (a case's `threads:` arg) and restores the previous one at its
+// end; threads <= 0 leaves it as it is.
+class ThreadScope {
+ public:
+  explicit ThreadScope(int threads) : previous_(cpu::threads()), set_(threads > 0) {
+    if (set_) set_threads(threads);
+  }
+  ~ThreadScope() {
+    if (set_) set_threads(previous_);
+  }
+  ThreadScope(const ThreadScope&) = delete;
+  ThreadScope& operator=(const ThreadScope&) = delete;
+
+ private:
+  int previous_;
+  bool set_;
+};
+
 // Streaming (non-temporal) stores for outputs far larger than the caches. An ordinary store first
 // reads its cache line from memory (read for ownership), so a loop that reads B bytes and writes B
 // moves 3B; glibc's memcpy, which sets the host's copy bandwidth, streams large copies and moves

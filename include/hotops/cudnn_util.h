@@ -18,6 +18,22 @@ struct TensorDesc {
   TensorDesc& operator=(const TensorDesc&) = delete;
 };
 
+// Owners of the convolution API's filter and convolution descriptors (kernels/conv2d, kernels/model_cnn).
+struct FilterDesc {
+  cudnnFilterDescriptor_t h = nullptr;
+  FilterDesc() { HOTOPS_CHECK_CUDNN(cudnnCreateFilterDescriptor(&h)); }
+  ~FilterDesc() { cudnnDestroyFilterDescriptor(h); }
+  FilterDesc(const FilterDesc&) = delete;
+  FilterDesc& operator=(const FilterDesc&) = delete;
+};
+struct ConvDesc {
+  cudnnConvolutionDescriptor_t h = nullptr;
+  ConvDesc() { HOTOPS_CHECK_CUDNN(cudnnCreateConvolutionDescriptor(&h)); }
+  ~ConvDesc() { cudnnDestroyConvolutionDescriptor(h); }
+  ConvDesc(const ConvDesc&) = delete;
+  ConvDesc& operator=(const ConvDesc&) = delete;
+};
+
 // cuDNN's RNN algorithm for an LSTM of hidden size `hidden`: the persistent small-hidden kernels
 // (CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H: the recurrent weights stay on chip for all time steps, one
 // launch per direction instead of a GEMM and a pointwise kernel per step) where cuDNN offers them:

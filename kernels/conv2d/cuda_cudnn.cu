@@ -28,6 +28,8 @@ namespace hotops::conv2d {
 namespace {
 
 using gpu::cudnn;
+using gpu::ConvDesc;
+using gpu::FilterDesc;
 using gpu::TensorDesc;
 
 // ---- the fallback kernels: bias add and bias gradient -----------------------------------------
@@ -100,21 +102,6 @@ std::string ms(float t) {
   std::snprintf(buf, sizeof buf, "%.3g ms", static_cast<double>(t));
   return buf;
 }
-
-struct FilterDesc {
-  cudnnFilterDescriptor_t h = nullptr;
-  FilterDesc() { HOTOPS_CHECK_CUDNN(cudnnCreateFilterDescriptor(&h)); }
-  ~FilterDesc() { cudnnDestroyFilterDescriptor(h); }
-  FilterDesc(const FilterDesc&) = delete;
-  FilterDesc& operator=(const FilterDesc&) = delete;
-};
-struct ConvDesc {
-  cudnnConvolutionDescriptor_t h = nullptr;
-  ConvDesc() { HOTOPS_CHECK_CUDNN(cudnnCreateConvolutionDescriptor(&h)); }
-  ~ConvDesc() { cudnnDestroyConvolutionDescriptor(h); }
-  ConvDesc(const ConvDesc&) = delete;
-  ConvDesc& operator=(const ConvDesc&) = delete;
-};
 
 int dim(std::int64_t v) {
   HOTOPS_CHECK(v <= 0x7fffffff, "conv2d: a dimension does not fit cuDNN's int");

@@ -26,22 +26,6 @@ using dnnl::memory;
 using dt = memory::data_type;
 using dims = memory::dims;
 
-class ThreadScope {
- public:
-  explicit ThreadScope(int threads) : previous_(cpu::threads()), set_(threads > 0) {
-    if (set_) cpu::set_threads(threads);
-  }
-  ~ThreadScope() {
-    if (set_) cpu::set_threads(previous_);
-  }
-  ThreadScope(const ThreadScope&) = delete;
-  ThreadScope& operator=(const ThreadScope&) = delete;
-
- private:
-  int previous_;
-  bool set_;
-};
-
 using bf16 = std::uint16_t;  // bf16's bits
 
 // Storage <-> f32: f32 as is; bf16 rounded to nearest even (cpu_vector.h).
@@ -105,7 +89,7 @@ class CpuLayer final : public LayerCase {
   explicit CpuLayer(const Problem& p)
       : s_(shape_of(p)), l_(param_layout(s_.arch)), seeded_(make_state(s_, l_, p.seed())),
         threads_(s_.variant == Variant::threads ? s_.threads : 0) {
-    ThreadScope scope(threads_);
+    cpu::ThreadScope scope(threads_);
     const Arch& a = s_.arch;
     const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn, S = a.seq, NH = a.heads, D = a.head_dim(), B = s_.batch;
     HOTOPS_CHECK(D * NH == H, "model_bert: hidden must be heads x head_dim");
@@ -166,7 +150,7 @@ class CpuLayer final : public LayerCase {
   }
 
   void run() override {
-    ThreadScope scope(threads_);
+    cpu::ThreadScope scope(threads_);
     if constexpr (kBf16) cast_weights();
     forward();
     if (!s_.train()) return;

@@ -29,22 +29,6 @@ using dnnl::memory;
 using dt = memory::data_type;
 using tag = memory::format_tag;
 
-class ThreadScope {
- public:
-  explicit ThreadScope(int threads) : previous_(cpu::threads()), set_(threads > 0) {
-    if (set_) cpu::set_threads(threads);
-  }
-  ~ThreadScope() {
-    if (set_) cpu::set_threads(previous_);
-  }
-  ThreadScope(const ThreadScope&) = delete;
-  ThreadScope& operator=(const ThreadScope&) = delete;
-
- private:
-  int previous_;
-  bool set_;
-};
-
 // PyTorch's W [D, 4H, K] seen as oneDNN's [1, D, K, 4, H] logical weights (strides, no copy).
 memory::desc torch_weights(std::int64_t D, std::int64_t H, std::int64_t K) {
   return memory::desc({1, D, K, 4, H}, dt::f32, memory::dims{D * 4 * H * K, 4 * H * K, 1, H * K, K});
@@ -113,7 +97,7 @@ class CpuBilstm final : public ModelCase {
   explicit CpuBilstm(const Problem& p)
       : s_(shape_of(p)), c_(s_.cfg), l_(layout_of(c_)), st_(make_state(s_, l_, p.seed())),
         threads_(s_.variant == Variant::threads ? s_.threads : 0) {
-    ThreadScope scope(threads_);
+    cpu::ThreadScope scope(threads_);
     plan_ = plan(s_);
     const std::int64_t T = c_.T, B = s_.batch, E = c_.E, H = c_.H, G = 4 * H;
     dnnl::engine& eng = cpu::engine();
@@ -183,7 +167,7 @@ class CpuBilstm final : public ModelCase {
   }
 
   void run() override {
-    ThreadScope scope(threads_);
+    cpu::ThreadScope scope(threads_);
     gather();
     prepare_weights();
     HOTOPS_CHECK_DNNL(fwd_.execute(cpu::stream(), fwd_args_));

@@ -35,23 +35,7 @@ namespace {
 using dnnl::memory;
 using dt = memory::data_type;
 using tag = memory::format_tag;
-using Args = std::unordered_map<int, memory>;
-
-class ThreadScope {
- public:
-  explicit ThreadScope(int threads) : previous_(cpu::threads()), set_(threads > 0) {
-    if (set_) cpu::set_threads(threads);
-  }
-  ~ThreadScope() {
-    if (set_) cpu::set_threads(previous_);
-  }
-  ThreadScope(const ThreadScope&) = delete;
-  ThreadScope& operator=(const ThreadScope&) = delete;
-
- private:
-  int previous_;
-  bool set_;
-};
+using cpu::Args;
 
 memory::desc nhwc(std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W) {
   return memory::desc({N, C, H, W}, dt::f32, tag::nhwc);
@@ -84,7 +68,7 @@ class CpuCnn final : public ModelCase {
   explicit CpuCnn(const Problem& p)
       : s_(shape_of(p)), l_(param_layout(s_.arch)), seeded_(make_state(s_, l_, p.seed())),
         keys_(dropout_keys(s_.arch, p.seed())), threads_(s_.variant == Variant::threads ? s_.threads : 0) {
-    ThreadScope scope(threads_);
+    cpu::ThreadScope scope(threads_);
     const Arch& a = s_.arch;
     const std::int64_t B = s_.batch;
     x_ = seeded_.x;
@@ -230,7 +214,7 @@ class CpuCnn final : public ModelCase {
   }
 
   void run() override {
-    ThreadScope scope(threads_);
+    cpu::ThreadScope scope(threads_);
     forward();
     if (s_.train()) {
       loss_ = loss_and_dlogits();

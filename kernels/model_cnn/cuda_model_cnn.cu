@@ -36,6 +36,8 @@ namespace hotops::model_cnn {
 namespace {
 
 using gpu::cudnn;
+using gpu::ConvDesc;
+using gpu::FilterDesc;
 using gpu::TensorDesc;
 using models::StepState;
 using pointwise::DropoutKey;
@@ -365,21 +367,6 @@ int reduce_blocks(std::int64_t rows, int C) {
 }
 
 // ---- cuDNN and cublasLt setup --------------------------------------------------------------------
-
-struct FilterDesc {
-  cudnnFilterDescriptor_t h = nullptr;
-  FilterDesc() { HOTOPS_CHECK_CUDNN(cudnnCreateFilterDescriptor(&h)); }
-  ~FilterDesc() { cudnnDestroyFilterDescriptor(h); }
-  FilterDesc(const FilterDesc&) = delete;
-  FilterDesc& operator=(const FilterDesc&) = delete;
-};
-struct ConvDesc {
-  cudnnConvolutionDescriptor_t h = nullptr;
-  ConvDesc() { HOTOPS_CHECK_CUDNN(cudnnCreateConvolutionDescriptor(&h)); }
-  ~ConvDesc() { cudnnDestroyConvolutionDescriptor(h); }
-  ConvDesc(const ConvDesc&) = delete;
-  ConvDesc& operator=(const ConvDesc&) = delete;
-};
 
 int dim(std::int64_t v) {
   HOTOPS_CHECK(v <= 0x7fffffff, "model_cnn: a dimension does not fit an int");

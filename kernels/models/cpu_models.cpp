@@ -36,24 +36,6 @@ template <class T> constexpr dt kType = std::is_same_v<T, float> ? dt::f32 : dt:
 // Below this many elements a pointwise loop runs on one thread.
 constexpr std::int64_t kParallelGrain = 1 << 15;
 
-// The thread count of a threads:T case for the duration of a scope (set_threads is OpenMP's, which
-// oneDNN follows); a no-op for the all-threads case.
-class ThreadScope {
- public:
-  explicit ThreadScope(int threads) : previous_(cpu::threads()), set_(threads > 0) {
-    if (set_) cpu::set_threads(threads);
-  }
-  ~ThreadScope() {
-    if (set_) cpu::set_threads(previous_);
-  }
-  ThreadScope(const ThreadScope&) = delete;
-  ThreadScope& operator=(const ThreadScope&) = delete;
-
- private:
-  int previous_;
-  bool set_;
-};
-
 // A row-major [rows, cols] operand, or the transpose of one stored [cols, rows].
 memory::desc md(std::int64_t rows, std::int64_t cols, bool transposed = false, dt type = dt::f32) {
   return transposed ? memory::desc({rows, cols}, type, memory::dims{1, rows})
@@ -170,7 +152,7 @@ class CpuModel final : public ModelCase {
   explicit CpuModel(const Problem& p)
       : s_(shape_of(p)), l_(param_layout(s_.widths)), st_(make_state(s_, l_, p.seed())),
         threads_(s_.variant == Variant::threads ? s_.threads : 0) {
-    ThreadScope scope(threads_);  // primitives are created for the thread count they run with
+    cpu::ThreadScope scope(threads_);  // primitives are created for the thread count they run with
     const std::size_t L = s_.layers();
     const std::int64_t B = s_.batch;
     params_ = st_.params, m_ = st_.m, v_ = st_.v;
@@ -206,7 +188,7 @@ class CpuModel final : public ModelCase {
   }
 
   void run() override {
-    ThreadScope scope(threads_);
+    cpu::ThreadScope scope(threads_);
     if constexpr (kBf16) cast_params();
     forward();
     if (!s_.train()) return;
