@@ -13,9 +13,6 @@
 #          SHARDS=N (default 1): run each tool as N sanitizer processes side by side, each on every
 #          N-th test (gtest's GTEST_TOTAL_SHARDS/GTEST_SHARD_INDEX); the sanitizers are host-bound,
 #          so on a 16-core host SHARDS=8 is about 8 times faster. SHARD_TIMEOUT=seconds per process.
-#          KERNELS=hotops: instrument only the kernels whose names contain that (compute-sanitizer's
-#          --kernel-name kns=...); every hotops kernel is in namespace hotops. The vendors' kernels
-#          then run uninstrumented, which makes racecheck of the model tests practical.
 # Exit status: 0 when every tool reported no error and every test passed, 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,7 +46,7 @@ for tool in ${TOOLS:-memcheck racecheck}; do
     *) filter=$memcheck_filter ;;
   esac
   shards=${SHARDS:-1}
-  echo "== $tool ($shards process(es)${KERNELS:+, kernels named *$KERNELS*}): $filter"
+  echo "== $tool ($shards process(es)): $filter"
   start=$(date +%s)
   rm -f "$out/$tool".*.log
   pids=()
@@ -58,7 +55,7 @@ for tool in ${TOOLS:-memcheck racecheck}; do
     # API errors are not the sanitizer's business here: hotops checks every CUDA call itself and
     # the tests fail on them, while libraries' own probing calls would otherwise be reported.
     GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "${SHARD_TIMEOUT:-0}" \
-      "$cs" --tool "$tool" ${KERNELS:+--kernel-name "kns=$KERNELS"} --report-api-errors no --error-exitcode 99 --print-limit 50 \
+      "$cs" --tool "$tool" --report-api-errors no --error-exitcode 99 --print-limit 50 \
       "$tests" --gtest_filter="$filter" >"$log" 2>&1 &
     pids+=($!)
   done
