@@ -69,14 +69,14 @@ for tool in ${TOOLS:-memcheck racecheck}; do
   logs=("$out/$tool".*.log)
   log="$out/$tool.*.log"
   sum() { grep -hEo "$1" "${logs[@]}" | grep -Eo "[0-9]+" | awk '{s += $1} END {print s + 0}'; }
-  errors=$(sum "ERROR SUMMARY: [0-9]+")
+  errors=$(sum "ERROR SUMMARY: [0-9]+")  # memcheck, initcheck, synccheck; racecheck counts hazards
   hazards=$(sum "RACECHECK SUMMARY: [0-9]+ hazards?")
   [ "$hazards" = 0 ] && hazards="" || hazards="$hazards hazards"
   # Counted per test (the lines that end in a time), so a process stopped by its timeout still
   # counts the tests it finished; the test each such process was in is named below.
   count() { cat "${logs[@]}" | grep -cE "^\[ +$1 +\] .* \([0-9]+ ms\)$" || true; }
   passed=$(count OK); failed=$(count FAILED); skipped=$(count SKIPPED)
-  unfinished=$(grep -L "ERROR SUMMARY" "${logs[@]}")
+  unfinished=$(grep -LE "(ERROR|RACECHECK) SUMMARY" "${logs[@]}")
   timed_out=$(printf '%s' "$unfinished" | grep -c . || true)
   # racecheck: a hazard in one of hotops' kernels (all are in namespace hotops) fails the run. A
   # hazard inside a vendor library's kernel (cuBLASLt's nvjet_* GEMMs: racecheck reports their
