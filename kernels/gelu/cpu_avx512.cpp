@@ -6,10 +6,21 @@
 // f32, bound by its arithmetic (about 55 vector instructions per 16 elements of erf gelu, one of them
 // a 16-cycle vdivps); here it is about 30. The tail is one masked vector.
 //
+// A 16-bit input has only 65536 values, so the default CPU gelu for bf16 and f16 looks its result up
+// in a table of this version's own results (table_span_for): fwd keeps the 16-bit outputs (128 KiB),
+// bwd the f32 derivative gelu'(x) (256 KiB), which it multiplies by dy as the arithmetic version does
+// (that version computes dy * gelu'(x) as one f32 product, so the results are bit-identical; a test
+// checks it on every input). The tables are built once per process, outside any timing, stay in L2,
+// and are read by vpgatherdd. On the H100 host's Xeon this took bf16/f16 fwd from about 50 to 75-85
+// GB/s and bwd from about 60 to 80-95 GB/s against 90-120 GB/s of memcpy: memory-bound, as gelu is on
+// a GPU, instead of bound by about 30 vector instructions per 16 elements.
+//
 // bf16 rounding is vcvtneps2bf16's: to nearest even, NaN kept quiet, and subnormal inputs and results
 // flushed to zero (gelu of the inputs hotops generates never produces one). f16 rounding is to
 // nearest even (vcvtps2ph with an explicit rounding mode).
 #include <immintrin.h>
+
+#include <vector>
 
 // GCC 12's AVX-512 intrinsics pass _mm512_undefined_ps() as the unused merge operand, which
 // -Wmaybe-uninitialized reports once they are inlined here (GCC bug 105593); those lanes are never read.
@@ -133,6 +144,88 @@ GELU_AVX512_SPAN(f16_bwd_none, f16, bwd, none)
 GELU_AVX512_SPAN(f16_bwd_tanh, f16, bwd, tanh)
 #undef GELU_AVX512_SPAN
 
+// The tables. Both are indexed by the 16-bit input code; the fwd one has one entry of padding,
+// because a 32-bit gather at byte offset 2 * code reads the entry after the code too.
+constexpr std::size_t kCodes = 1 << 16;
+
+template <DType D, Approx A>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma"))) std::vector<std::uint16_t> build_fwd_table() {
+  std::vector<std::uint16_t> codes(kCodes), table(kCodes + 1, 0);
+  for (std::size_t i = 0; i < kCodes; ++i) codes[i] = static_cast<std::uint16_t>(i);
+  span<D, Direction::fwd, A>(codes.data(), nullptr, table.data(), static_cast<std::int64_t>(kCodes));
+  return table;
+}
+
+template <DType D, Approx A>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma"))) std::vector<float> build_bwd_table() {
+  std::vector<float> table(kCodes);
+  for (std::size_t i = 0; i < kCodes; i += 16) {
+    alignas(32) std::uint16_t codes[16];
+    for (int k = 0; k < 16; ++k) codes[k] = static_cast<std::uint16_t>(i + k);
+    // dy = 1 makes bwd's product dy * gelu'(x) exactly gelu'(x).
+    _mm512_storeu_ps(table.data() + i, bwd<A>(load<D>(codes, 0xffff), _mm512_set1_ps(1.f)));
+  }
+  return table;
+}
+
+template <DType D, Approx A>
+const std::uint16_t* fwd_table() {
+  static const std::vector<std::uint16_t> t = build_fwd_table<D, A>();
+  return t.data();
+}
+template <DType D, Approx A>
+const float* bwd_table() {
+  static const std::vector<float> t = build_bwd_table<D, A>();
+  return t.data();
+}
+
+template <DType D, Direction Dir, Approx A>
+GELU_AVX512 void table_span(const void* x_v, const void* dy_v, void* out_v, std::int64_t n) {
+  const auto* x = static_cast<const std::uint16_t*>(x_v);
+  const auto* dy = static_cast<const std::uint16_t*>(dy_v);
+  auto* out = static_cast<std::uint16_t*>(out_v);
+  const std::uint16_t* ft = Dir == Direction::fwd ? fwd_table<D, A>() : nullptr;
+  const float* bt = Dir == Direction::bwd ? bwd_table<D, A>() : nullptr;
+  for (std::int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512i code = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, x + i));
+    if constexpr (Dir == Direction::fwd) {
+      const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, code, ft, 2);
+      _mm256_mask_storeu_epi16(out + i, m, _mm512_cvtepi32_epi16(v));
+    } else {
+      const __m512 d = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, code, bt, 4);
+      store<D>(out + i, _mm512_mul_ps(load<D>(dy + i, m), d), m);
+    }
+  }
+}
+
+#define GELU_TABLE_SPAN(NAME, D, DIR, A)                                                                   \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma"))) void NAME(                \
+      const void* x, const void* dy, void* out, std::int64_t n) {                                          \
+    table_span<DType::D, Direction::DIR, Approx::A>(x, dy, out, n);                                        \
+  }
+GELU_TABLE_SPAN(bf16_fwd_none_table, bf16, fwd, none)
+GELU_TABLE_SPAN(bf16_fwd_tanh_table, bf16, fwd, tanh)
+GELU_TABLE_SPAN(bf16_bwd_none_table, bf16, bwd, none)
+GELU_TABLE_SPAN(bf16_bwd_tanh_table, bf16, bwd, tanh)
+GELU_TABLE_SPAN(f16_fwd_none_table, f16, fwd, none)
+GELU_TABLE_SPAN(f16_fwd_tanh_table, f16, fwd, tanh)
+GELU_TABLE_SPAN(f16_bwd_none_table, f16, bwd, none)
+GELU_TABLE_SPAN(f16_bwd_tanh_table, f16, bwd, tanh)
+#undef GELU_TABLE_SPAN
+
+// Builds the table of one problem kind (once per process).
+void build_table(DType t, Direction d, Approx a) {
+  const bool bf = t == DType::bf16, none = a == Approx::none;
+  if (d == Direction::fwd) {
+    if (bf) none ? (void)fwd_table<DType::bf16, Approx::none>() : (void)fwd_table<DType::bf16, Approx::tanh>();
+    else none ? (void)fwd_table<DType::f16, Approx::none>() : (void)fwd_table<DType::f16, Approx::tanh>();
+  } else {
+    if (bf) none ? (void)bwd_table<DType::bf16, Approx::none>() : (void)bwd_table<DType::bf16, Approx::tanh>();
+    else none ? (void)bwd_table<DType::f16, Approx::none>() : (void)bwd_table<DType::f16, Approx::tanh>();
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -149,6 +242,16 @@ SpanFn avx512_span_for(const Shape& s) {
       {{bf16_fwd_none, bf16_fwd_tanh}, {bf16_bwd_none, bf16_bwd_tanh}},
       {{f16_fwd_none, f16_fwd_tanh}, {f16_bwd_none, f16_bwd_tanh}},
   };
+  return kSpans[s.dtype == DType::bf16 ? 0 : 1][s.dir == Direction::fwd ? 0 : 1][s.approx == Approx::none ? 0 : 1];
+}
+
+SpanFn avx512_table_span_for(const Shape& s) {
+  if (s.dtype == DType::f32 || !have_avx512_span()) return nullptr;
+  static constexpr SpanFn kSpans[2][2][2] = {
+      {{bf16_fwd_none_table, bf16_fwd_tanh_table}, {bf16_bwd_none_table, bf16_bwd_tanh_table}},
+      {{f16_fwd_none_table, f16_fwd_tanh_table}, {f16_bwd_none_table, f16_bwd_tanh_table}},
+  };
+  build_table(s.dtype, s.dir, s.approx);
   return kSpans[s.dtype == DType::bf16 ? 0 : 1][s.dir == Direction::fwd ? 0 : 1][s.approx == Approx::none ? 0 : 1];
 }
 

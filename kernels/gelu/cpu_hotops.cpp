@@ -208,7 +208,7 @@ class HotopsGelu final : public Case {
       : s_(shape_of(p)),
         in_(make_inputs(s_, input_seed(p))),
         out_(make_output(s_)),
-        avx512_(avx512_span_for(s_)),
+        avx512_(avx512_table_span_for(s_)),
         span_(avx512_ ? avx512_ : kernel::span_for(s_)),
         stream_(static_cast<std::size_t>(s_.elements) * dtype_size(s_.dtype) >= cpu::kStreamMinBytes) {}
 
@@ -251,7 +251,7 @@ class HotopsGelu final : public Case {
   std::string label() const override {
     return std::string("hotops gelu_") + (s_.approx == Approx::none ? "erf " : "tanh ") +
            direction_name(s_.dir) + ", " +
-           (avx512_ ? "AVX-512 version (hardware conversions, rcp14 + Newton)" : kernel::clone_name()) +
+           (avx512_ ? "table of the AVX-512 version's results for every 16-bit input (vpgatherdd)" : kernel::clone_name()) +
            (stream_ ? ", streaming stores" : "") + ", " +
            std::to_string(cpu::threads()) + " threads";
   }
@@ -260,7 +260,7 @@ class HotopsGelu final : public Case {
   Shape s_;
   Inputs in_;
   HostBuffer out_;
-  SpanFn avx512_;  // the AVX-512 version for bf16 / f16, where this CPU has it
+  SpanFn avx512_;  // the table of the AVX-512 version for bf16 / f16, where this CPU has it
   SpanFn span_;
   bool stream_;  // the output is streamed out past the caches
 };

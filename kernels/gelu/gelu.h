@@ -71,6 +71,10 @@ std::unique_ptr<Case> make_cpu_hotops(const Problem& p);
 // problem, or nullptr for f32 or on a CPU without those extensions (the portable loop runs then).
 using SpanFn = void (*)(const void* x, const void* dy, void* out, std::int64_t n);
 SpanFn avx512_span_for(const Shape& s);
+// The same results looked up in a table of that version's results for every 16-bit input (built
+// here, on the first call for a kind of problem, outside any timing): hotops' default for bf16 and
+// f16 where the CPU has AVX-512 with BF16; nullptr where avx512_span_for is.
+SpanFn avx512_table_span_for(const Shape& s);
 // The hand-written loop's own conversions (scalar copies of what its vectorised loop does), for
 // the tests to compare with hotops' conversions in dtype.h.
 float hotops_f16_to_f32(std::uint16_t h);
