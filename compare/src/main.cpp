@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   app.name("hotops-compare");
   app.require_subcommand(1);
 
-  std::string base_path, new_path, run_path, other_path, format = "console", cost, tracker;
+  std::string base_path, new_path, run_path, other_path, format = "console", cost, tracker, filter;
   double alpha = 0.05, max_slowdown = -1, noise = 1.0;
 
   auto* d = app.add_subcommand("diff", "join two runs on names: time ratio, counter ratios, U test, geometric mean");
@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   d->add_option("--alpha", alpha, "p below this is marked significant (default 0.05)");
   d->add_option("--noise", noise, "PCT: a change smaller than this is not significant, whatever p (default 1)");
   d->add_option("--cost", cost, "cpu=USD_PER_HOUR,cuda=USD_PER_HOUR: cost per million items");
+  d->add_option("--filter", filter, "REGEX: only the entries whose names match (e.g. /cuda/), in both runs");
 
   auto* s = app.add_subcommand("speedup", "CPU time / GPU time per problem, batches as columns, crossover batch");
   s->add_option("RUN", run_path, "a run with both backends, or the CPU machine's run")->required();
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
   g->add_option("--max-slowdown", max_slowdown, "PCT: the largest slowdown that passes, in percent")->required();
   g->add_option("--alpha", alpha, "significance level of the U test when both runs have repetitions (default 0.05)");
   g->add_option("--format", format, "console, md, csv or json");
+  g->add_option("--filter", filter, "REGEX: gate only the entries whose names match (e.g. /cuda/), in both runs");
 
   auto* e = app.add_subcommand("export", "write a run for a CI tracker");
   e->add_option("RUN", run_path, "run (JSON)")->required();
@@ -86,7 +88,10 @@ int main(int argc, char** argv) {
     const Prices prices = cost.empty() ? Prices{} : parse_prices(cost);
 
     if (d->parsed()) {
-      const Run base = read_run(base_path), next = read_run(new_path);
+      Run base = read_run(base_path), next = read_run(new_path);
+      keep_matching(base, filter);
+      keep_matching(next, filter);
+      if (base.entries.empty() && next.entries.empty()) throw InputError("--filter '" + filter + "' matches no entry of either run");
       const Diff result = diff(base, next, prices);
       for (const auto& w : result.warnings) warn(w);
       print_diff(std::cout, result, base, next, style);
@@ -105,9 +110,12 @@ int main(int argc, char** argv) {
     }
     if (g->parsed()) {
       if (!(max_slowdown >= 0)) throw InputError("--max-slowdown must be a percentage >= 0");
-      const Run base = read_run(base_path), next = read_run(new_path);
+      Run base = read_run(base_path), next = read_run(new_path);
+      keep_matching(base, filter);
+      keep_matching(next, filter);
       if (std::none_of(base.entries.begin(), base.entries.end(), [](const Entry& x) { return x.has_time(); }))
-        throw InputError(base_path + ": no benchmark with a time: nothing to gate against");
+        throw InputError(base_path + ": no benchmark with a time" + (filter.empty() ? "" : " matches --filter '" + filter + "'") +
+                         ": nothing to gate against");
       GateOptions o;
       o.max_slowdown_pct = max_slowdown;
       o.alpha = alpha;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -313,6 +314,19 @@ static Run read_document(const nlohmann::json& doc, const std::string& source) {
                                    [](const Entry& e) { return !e.error && !e.skipped && !e.has_time(); }),
                     run.entries.end());
   return run;
+}
+
+void keep_matching(Run& run, const std::string& pattern) {
+  if (pattern.empty()) return;
+  std::regex re;
+  try {
+    re = std::regex(pattern, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    throw InputError("--filter '" + pattern + "' is not a valid regular expression (" + e.what() + ")");
+  }
+  run.entries.erase(std::remove_if(run.entries.begin(), run.entries.end(),
+                                   [&](const Entry& e) { return !std::regex_search(e.name.full, re); }),
+                    run.entries.end());
 }
 
 Run read_run(const std::string& path) {

@@ -68,6 +68,10 @@ Run parse_run(const std::string& text, const std::string& source);
 // Reads and parses a file. Throws InputError (missing, unreadable, not JSON, not Google Benchmark).
 Run read_run(const std::string& path);
 
+// Keeps the entries whose name (as written, suffix included) matches `pattern` anywhere (ECMAScript
+// regex, as --benchmark_filter matches); "" keeps all. Throws InputError on a bad pattern.
+void keep_matching(Run& run, const std::string& pattern);
+
 // Replaces the non-JSON tokens NaN, -NaN, Infinity and -Infinity outside strings with null.
 std::string sanitize_nonfinite(const std::string& text);
 

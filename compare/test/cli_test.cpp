@@ -110,8 +110,11 @@ TEST(Cli, DiffNoiseThresholdAndSignificantCount) {
   EXPECT_EQ(j["noise_pct"], 30.0);
   EXPECT_EQ(j["tested"], 25);
   EXPECT_EQ(j["significant_changes"]["slower"], 0);
-  for (const auto& e : j["entries"])
-    if (e.contains("utest") && e["utest"].is_object()) EXPECT_FALSE(e["utest"]["significant"].get<bool>()) << e["name"];
+  for (const auto& e : j["entries"]) {
+    if (e.contains("utest") && e["utest"].is_object()) {
+      EXPECT_FALSE(e["utest"]["significant"].get<bool>()) << e["name"];
+    }
+  }
 }
 
 TEST(Cli, DiffOfTwoMachinesWarnsButSucceeds) {
@@ -192,6 +195,27 @@ TEST(Cli, GateExitCodes) {
   EXPECT_NE(md.out.find("### hotops-compare gate: **FAILED**"), std::string::npos);
 }
 
+// --filter keeps the entries whose names match in both runs: the planted CUDA slowdown fails a gate
+// over the CUDA entries and passes one over the CPU entries; diff counts only what matched.
+TEST(Cli, FilterSelectsEntriesOfBothRuns) {
+  const std::string slow = "gate " + fx("gb17_base.json") + " " + fx("gb17_slow20.json") + " --max-slowdown 5";
+  const Result cuda = run(slow + " --filter /cuda/");
+  EXPECT_EQ(cuda.code, 1) << cuda.out;
+  EXPECT_NE(cuda.out.find("FAIL mm/cuda/f32/fwd/shape:bert.ffn_up/batch:32"), std::string::npos) << cuda.out;
+  const Result cpu = run(slow + " --filter /cpu/");
+  EXPECT_EQ(cpu.code, 0) << cpu.out;
+  EXPECT_EQ(cpu.out.find("/cuda/"), std::string::npos) << cpu.out;
+
+  const Result all = run("diff " + fx("gb17_base.json") + " " + fx("gb17_slow20.json") + " --format=json");
+  const Result some = run("diff " + fx("gb17_base.json") + " " + fx("gb17_slow20.json") + " --format=json --filter '^mm/'");
+  ASSERT_EQ(all.code, 0) << all.err;
+  ASSERT_EQ(some.code, 0) << some.err;
+  const auto a = nlohmann::json::parse(all.out), s = nlohmann::json::parse(some.out);
+  EXPECT_LT(s["entries"].size(), a["entries"].size());
+  EXPECT_GT(s["entries"].size(), 0u);
+  for (const auto& e : s["entries"]) EXPECT_EQ(e["name"].get<std::string>().rfind("mm/", 0), 0u) << e["name"];
+}
+
 TEST(Cli, Exports) {
   const Result gh = run("export " + fx("gb18_new.json") + " --format=github-action-benchmark");
   ASSERT_EQ(gh.code, 0) << gh.err;
@@ -242,6 +266,9 @@ TEST(Cli, BadInputExitsTwoWithOneLine) {
   expect_error("gate " + base + " " + base + " --max-slowdown -3", "--max-slowdown");
   expect_error("gate " + base + " " + base + " --max-slowdown 5 --alpha 2", "--alpha");
   expect_error("diff " + base + " " + base + " --noise -1", "--noise");
+  expect_error("diff " + base + " " + base + " --filter '('", "not a valid regular expression");
+  expect_error("diff " + base + " " + base + " --filter '^nothing/'", "matches no entry");
+  expect_error("gate " + base + " " + base + " --max-slowdown 5 --filter '^nothing/'", "matches --filter");
   expect_error("diff " + base + " " + base + " --noise 100", "--noise");
   expect_error("gate " + base + " " + base + " --max-slowdown five", "--max-slowdown");
   expect_error("frobnicate", "hotops-compare");
