@@ -18,6 +18,7 @@
 #include <string>
 
 #include "hotops/cuda_elem.cuh"
+#include "hotops/cublaslt_gemm.h"
 #include "hotops/cuda_util.h"
 #include "kernels/lstm_cell/lstm_cell.h"
 
@@ -130,66 +131,32 @@ cublasComputeType_t compute_type(DType t) {
   return t == DType::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
-struct Layout {
-  cublasLtMatrixLayout_t h = nullptr;
-  Layout(cudaDataType_t t, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
-    HOTOPS_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&h, t, static_cast<std::uint64_t>(rows),
-                                                   static_cast<std::uint64_t>(cols), ld));
-  }
-  ~Layout() { if (h) cublasLtMatrixLayoutDestroy(h); }
-  Layout(const Layout&) = delete;
-  Layout& operator=(const Layout&) = delete;
-};
-
-// One column-major cublasLt GEMM D[m, n] = op(A) op(B), its algorithm chosen once.
+// One column-major GEMM D[m, n] = op(A) op(B) through gpu::LtGemm, its algorithm chosen once; the
+// operands are given to run().
 class Gemm {
  public:
   // a_rows x a_cols and b_rows x b_cols are the stored (untransposed) column-major shapes.
   Gemm(DType t, cudaDataType_t d_type, cublasOperation_t opa, std::int64_t a_rows, std::int64_t a_cols,
        cublasOperation_t opb, std::int64_t b_rows, std::int64_t b_cols, std::int64_t m, std::int64_t n,
        const std::string& what)
-      : a_(cuda_type(t), a_rows, a_cols, a_rows), b_(cuda_type(t), b_rows, b_cols, b_rows), d_(d_type, m, n, m) {
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc_, compute_type(t), CUDA_R_32F));
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-    cublasLtMatmulPreference_t pref = nullptr;
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
-    const std::uint64_t ws = gpu::kCublasWorkspaceBytes;
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    cublasStatus_t st =
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulAlgoGetHeuristic(gpu::cublaslt(), desc_, a_.h, b_.h, d_.h, d_.h, pref, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_NOT_SUPPORTED) HOTOPS_CHECK_CUBLAS(st);
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
-      throw Error("cuBLASLt has no algorithm for the lstm_cell " + what + " GEMM", ErrorKind::unsupported);
-    algo_ = result.algo;
-    int id = 0, tile = 0, splitk = 0, stages = 0;
-    std::size_t w = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&algo_, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo_, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo_, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo_, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
-    label_ = what + " cublasLt algo " + std::to_string(id) + " tile " + std::to_string(tile) + " stages " +
-             std::to_string(stages) + " splitK " + std::to_string(splitk);
+      : g_(desc(t, d_type, opa, a_rows, a_cols, opb, b_rows, m, n), "lstm_cell " + what),
+        label_(what + " cublasLt " + g_.algo_label()) {
+    HOTOPS_CHECK((opb == CUBLAS_OP_N ? b_cols : b_rows) == n, "lstm_cell: the " + what + " GEMM's B does not have n columns");
   }
-  ~Gemm() { if (desc_) cublasLtMatmulDescDestroy(desc_); }
-  Gemm(const Gemm&) = delete;
-  Gemm& operator=(const Gemm&) = delete;
 
-  void run(const void* a, const void* b, void* d) const {
-    const float one = 1.f, zero = 0.f;
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmul(gpu::cublaslt(), desc_, &one, a, a_.h, b, b_.h, &zero, d, d_.h, d, d_.h, &algo_,
-                                       gpu::cublas_workspace(), gpu::kCublasWorkspaceBytes, gpu::stream()));
-  }
+  void run(const void* a, const void* b, void* d) const { g_.run(a, b, d); }
   const std::string& label() const { return label_; }
 
  private:
-  Layout a_, b_, d_;
-  cublasLtMatmulDesc_t desc_ = nullptr;
-  cublasLtMatmulAlgo_t algo_{};
+  static gpu::GemmDesc desc(DType t, cudaDataType_t d_type, cublasOperation_t opa, std::int64_t a_rows, std::int64_t a_cols,
+                            cublasOperation_t opb, std::int64_t b_rows, std::int64_t m, std::int64_t n) {
+    gpu::GemmDesc d;
+    d.opa = opa, d.opb = opb, d.m = m, d.n = n, d.k = opa == CUBLAS_OP_N ? a_cols : a_rows;
+    d.lda = a_rows, d.ldb = b_rows, d.ldd = m;
+    d.ab = cuda_type(t), d.cd = d_type, d.compute = compute_type(t);
+    return d;
+  }
+  gpu::LtGemm g_;
   std::string label_;
 };
 

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "hotops/cublaslt_gemm.h"
 #include "hotops/cuda_util.h"
 #include "kernels/matmul/matmul.h"
 
@@ -169,14 +170,7 @@ class CudaMatmul final : public Case {
   }
 
   void describe_algorithm(cublasLtEpilogue_t epi) {
-    int id = 0, tile = 0, splitk = 0, stages = 0;
-    std::size_t w = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&algo_, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo_, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo_, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo_, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
-    label_ = "cublasLt algo " + std::to_string(id) + " tile " + std::to_string(tile) + " stages " +
-             std::to_string(stages) + " splitK " + std::to_string(splitk);
+    label_ = "cublasLt " + gpu::algo_label(algo_);
     if (epi == CUBLASLT_EPILOGUE_BIAS) label_ += ", bias epilogue";
     if (epi == CUBLASLT_EPILOGUE_BGRADA) label_ += ", bgrad epilogue";
     if (out_.dbias.count() && epi != CUBLASLT_EPILOGUE_BGRADA) label_ += " + hotops column_sum for dbias";

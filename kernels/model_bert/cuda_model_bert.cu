@@ -17,9 +17,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <type_traits>
 
+#include "hotops/cublaslt_gemm.h"
 #include "hotops/cuda_util.h"
 #include "kernels/model_bert/model_bert.h"
 
@@ -342,70 +344,19 @@ cublasHandle_t cublas() {
 
 // The cuBLAS type of a storage type, and its name for messages.
 template <class T> constexpr cudaDataType_t cuda_type() { return std::is_same_v<T, bf16> ? CUDA_R_16BF : CUDA_R_32F; }
-const char* type_name(cudaDataType_t t) { return t == CUDA_R_16BF ? "bf16" : "f32"; }
 
 // D (m x n, ld ldd) = op(A) . op(B) (+ bias over rows) (+ C, same layout and type as D), column-major,
-// cublasLt with CUBLAS_COMPUTE_32F: A and B of type `ab`, C and D (and the bias) of type `cd`; the
+// gpu::LtGemm with CUBLAS_COMPUTE_32F: A and B of type `ab`, C and D (and the bias) of type `cd`; the
 // heuristic's first algorithm chosen at setup.
-class Gemm {
- public:
-  Gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n, std::int64_t k, cudaDataType_t ab,
-       const void* A, std::int64_t lda, const void* B, std::int64_t ldb, cudaDataType_t cd, void* D, std::int64_t ldd,
-       const void* bias = nullptr, const void* C = nullptr)
-      : a_(A), b_(B), c_(C ? C : D), d_(D), beta_(C ? 1.f : 0.f) {
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-    if (opa == CUBLAS_OP_N) layout(&la_, ab, m, k, lda); else layout(&la_, ab, k, m, lda);
-    if (opb == CUBLAS_OP_N) layout(&lb_, ab, k, n, ldb); else layout(&lb_, ab, n, k, ldb);
-    layout(&ld_, cd, m, n, ldd);
-    if (bias) {  // the bias takes D's type (cublasLt's default)
-      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-      HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-      HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    }
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref_));
-    const std::uint64_t ws = gpu::kCublasWorkspaceBytes;
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(gpu::cublaslt(), desc_, la_, lb_, ld_, ld_, pref_, 1, &result, &found);
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
-      throw Error(std::string("cublasLt has no algorithm for a ") + type_name(ab) + " x " + type_name(ab) + " -> " + type_name(cd) +
-                      " " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
-                      (bias ? " GEMM with a bias epilogue" : " GEMM"),
-                  ErrorKind::unsupported);
-    algo_ = result.algo;
-  }
-  ~Gemm() {
-    if (pref_) cublasLtMatmulPreferenceDestroy(pref_);
-    for (cublasLtMatrixLayout_t l : {la_, lb_, ld_})
-      if (l) cublasLtMatrixLayoutDestroy(l);
-    if (desc_) cublasLtMatmulDescDestroy(desc_);
-  }
-  Gemm(const Gemm&) = delete;
-  Gemm& operator=(const Gemm&) = delete;
-
-  void run() const {
-    const float one = 1.f;
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmul(gpu::cublaslt(), desc_, &one, a_, la_, b_, lb_, &beta_, c_, ld_, d_, ld_, &algo_,
-                                       gpu::cublas_workspace(), gpu::kCublasWorkspaceBytes, gpu::stream()));
-  }
-
- private:
-  static void layout(cublasLtMatrixLayout_t* l, cudaDataType_t t, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
-    HOTOPS_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(l, t, static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols), ld));
-  }
-  const void* a_;
-  const void* b_;
-  const void* c_;
-  void* d_;
-  float beta_;
-  cublasLtMatmulDesc_t desc_ = nullptr;
-  cublasLtMatrixLayout_t la_ = nullptr, lb_ = nullptr, ld_ = nullptr;
-  cublasLtMatmulPreference_t pref_ = nullptr;
-  cublasLtMatmulAlgo_t algo_{};
-};
+std::unique_ptr<gpu::BoundGemm> gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n,
+                                     std::int64_t k, cudaDataType_t ab, const void* A, std::int64_t lda, const void* B,
+                                     std::int64_t ldb, cudaDataType_t cd, void* D, std::int64_t ldd,
+                                     const void* bias = nullptr, const void* C = nullptr) {
+  gpu::GemmDesc d;
+  d.opa = opa, d.opb = opb, d.m = m, d.n = n, d.k = k, d.lda = lda, d.ldb = ldb, d.ldd = ldd;
+  d.ab = ab, d.cd = cd, d.bias = bias, d.beta = C ? 1.f : 0.f;
+  return std::make_unique<gpu::BoundGemm>(d, "model_bert", A, B, D, C);
+}
 
 // One GEMM per (sample, head), column-major, all in one cublasGemmBatchedEx (CUBLAS_COMPUTE_32F, every
 // operand of the activations' type T): the operands of pair (b, h) start at base + b * per_sample +
@@ -487,7 +438,7 @@ class CudaLayer final : public LayerCase {
     constexpr cudaDataType_t t = cuda_type<T>();
     // Dense y[T, out] = a[T, in] . W[in, out] (+ b) (+ C): column-major y' = W' . a'.
     auto dense = [&](const T* in_act, std::int64_t in, std::size_t w, std::size_t b, std::int64_t out, T* dst, const T* C) {
-      return std::make_unique<Gemm>(N, N, out, T_, in, t, W + w, out, in_act, in, t, dst, out, W + b, C);
+      return gemm(N, N, out, T_, in, t, W + w, out, in_act, in, t, dst, out, W + b, C);
     };
     qkv_gemm_ = dense(u1, H, l_.wqkv, l_.bqkv, 3 * H, qkv_.as<T>(), nullptr);
     scores_ = std::make_unique<BatchedGemm<T>>(Tr, N, Si, Si, Di, scale, Ko, Qo, Po, B, NH);
@@ -508,10 +459,10 @@ class CudaLayer final : public LayerCase {
       float* G = grads_.as<float>();
       const T* ds2 = a.pre_ln ? dy_.as<T>() : ds2_.as<T>();
       auto wgrad = [&](const T* in_act, std::int64_t in, const T* dz, std::int64_t out, std::size_t w) {  // f32 out
-        return std::make_unique<Gemm>(N, Tr, out, in, T_, t, dz, out, in_act, in, CUDA_R_32F, G + w, out);  // dW' = dz' . a
+        return gemm(N, Tr, out, in, T_, t, dz, out, in_act, in, CUDA_R_32F, G + w, out);  // dW' = dz' . a
       };
       auto dgrad = [&](const T* dz, std::int64_t out, std::size_t w, std::int64_t in, T* dst, const T* C) {
-        return std::make_unique<Gemm>(Tr, N, in, T_, out, t, W + w, out, dz, out, t, dst, in, nullptr, C);  // da' = W'^T . dz'
+        return gemm(Tr, N, in, T_, out, t, W + w, out, dz, out, t, dst, in, nullptr, C);  // da' = W'^T . dz'
       };
       w2_w_ = wgrad(f_.as<T>(), F, ds2, H, l_.w2);
       w2_d_ = dgrad(ds2, H, l_.w2, F, df_.as<T>(), nullptr);
@@ -736,7 +687,7 @@ class CudaLayer final : public LayerCase {
   gpu::DeviceBuffer params_, weights_, grads_, m_, v_, x_, target_, loss_, loss_partial_, state_, partial_;
   gpu::DeviceBuffer u1_, qkv_, prob_, ctx_, s1_, h1_, z_, f_, s2_, y_, mean1_, rstd1_, mean2_, rstd2_;
   gpu::DeviceBuffer dy_, ds2_, df_, du2_, ds1_, dctx_, dqkv_, dp_, du1_;
-  std::unique_ptr<Gemm> qkv_gemm_, out_gemm_, ffn1_, ffn2_, w2_w_, w2_d_, w1_w_, w1_d_, wo_w_, wo_d_, qkv_w_, qkv_d_;
+  std::unique_ptr<gpu::BoundGemm> qkv_gemm_, out_gemm_, ffn1_, ffn2_, w2_w_, w2_d_, w1_w_, w1_d_, wo_w_, wo_d_, qkv_w_, qkv_d_;
   std::unique_ptr<BatchedGemm<T>> scores_, context_, dp_gemm_, dv_gemm_, dq_gemm_, dk_gemm_;
   HostBuffer host_out_;
   float loss_host_ = 0;

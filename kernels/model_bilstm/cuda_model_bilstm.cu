@@ -22,10 +22,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <string>
 #include <vector>
 
+#include "hotops/cublaslt_gemm.h"
 #include "hotops/cudnn_util.h"
 #include "hotops/cuda_util.h"
 #include "kernels/model_bilstm/model_bilstm.h"
@@ -95,60 +97,14 @@ __global__ void embedding_grad(const std::int32_t* __restrict__ keys, const std:
   }
 }
 
-// D (m x n) = op(A) . op(B) + beta D, column-major, packed; the heuristic's first algorithm, at setup.
-class Gemm {
- public:
-  Gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n, std::int64_t k, const float* A,
-       const float* B, float* D, float beta)
-      : a_(A), b_(B), d_(D), beta_(beta) {
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-    if (opa == CUBLAS_OP_N) layout(&la_, m, k); else layout(&la_, k, m);
-    if (opb == CUBLAS_OP_N) layout(&lb_, k, n); else layout(&lb_, n, k);
-    layout(&ld_, m, n);
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref_));
-    const std::uint64_t ws = gpu::kCublasWorkspaceBytes;
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(gpu::cublaslt(), desc_, la_, lb_, ld_, ld_, pref_, 1, &result, &found);
-    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) HOTOPS_CHECK_CUBLAS(st);
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
-      throw Error("cublasLt has no f32 algorithm for a " + std::to_string(m) + "x" + std::to_string(n) + "x" +
-                      std::to_string(k) + " GEMM",
-                  ErrorKind::unsupported);
-    algo_ = result.algo;
-  }
-  ~Gemm() {
-    if (pref_) cublasLtMatmulPreferenceDestroy(pref_);
-    for (cublasLtMatrixLayout_t l : {la_, lb_, ld_})
-      if (l) cublasLtMatrixLayoutDestroy(l);
-    if (desc_) cublasLtMatmulDescDestroy(desc_);
-  }
-  Gemm(const Gemm&) = delete;
-  Gemm& operator=(const Gemm&) = delete;
-
-  void run() const {
-    const float one = 1.f;
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmul(gpu::cublaslt(), desc_, &one, a_, la_, b_, lb_, &beta_, d_, ld_, d_, ld_, &algo_,
-                                       gpu::cublas_workspace(), gpu::kCublasWorkspaceBytes, gpu::stream()));
-  }
-
- private:
-  static void layout(cublasLtMatrixLayout_t* l, std::int64_t rows, std::int64_t cols) {
-    HOTOPS_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(l, CUDA_R_32F, static_cast<std::uint64_t>(rows),
-                                                   static_cast<std::uint64_t>(cols), rows));
-  }
-  const float* a_;
-  const float* b_;
-  float* d_;
-  float beta_;
-  cublasLtMatmulDesc_t desc_ = nullptr;
-  cublasLtMatrixLayout_t la_ = nullptr, lb_ = nullptr, ld_ = nullptr;
-  cublasLtMatmulPreference_t pref_ = nullptr;
-  cublasLtMatmulAlgo_t algo_{};
-};
+// D (m x n) = op(A) . op(B) + beta D, f32, column-major, packed (gpu::LtGemm: the heuristic's
+// first algorithm, chosen at setup).
+std::unique_ptr<gpu::BoundGemm> gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n,
+                                     std::int64_t k, const float* A, const float* B, float* D, float beta) {
+  gpu::GemmDesc d;
+  d.opa = opa, d.opb = opb, d.m = m, d.n = n, d.k = k, d.beta = beta;
+  return std::make_unique<gpu::BoundGemm>(d, "model_bilstm", A, B, D);
+}
 
 using gpu::DataDesc;
 using gpu::DropoutDesc;
@@ -209,7 +165,7 @@ class CudaBilstm final : public ModelCase {
     logits_ = gpu::DeviceBuffer(static_cast<std::size_t>(B * C) * sizeof(float));
     ws_ = gpu::DeviceBuffer(std::max<std::size_t>(ws_bytes_, 16));
     for (int d = 0; d < 2; ++d)  // logits^T [C, B] += W_d^T [C, H] . hT_d^T [H, B]
-      fwd_.push_back(std::make_unique<Gemm>(CUBLAS_OP_N, CUBLAS_OP_N, C, B, H, param(dense_w_) + d * H * C,
+      fwd_.push_back(gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, B, H, param(dense_w_) + d * H * C,
                                             hT_.as<float>() + d * B * H, logits_.as<float>(), 1.f));
     if (s_.train()) {
       const std::size_t pbytes = total_ * sizeof(float);
@@ -236,10 +192,10 @@ class CudaBilstm final : public ModelCase {
       sort_temp_ = gpu::DeviceBuffer(std::max<std::size_t>(sort_bytes_, 16));
       for (int d = 0; d < 2; ++d) {
         // dW_d^T [C, H] = dlogits^T [C, B] . hT_d [B, H]
-        wgrad_.push_back(std::make_unique<Gemm>(CUBLAS_OP_N, CUBLAS_OP_T, C, H, B, dlogits_.as<float>(),
+        wgrad_.push_back(gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, H, B, dlogits_.as<float>(),
                                                 hT_.as<float>() + d * B * H, grads_.as<float>() + dense_w_ + d * H * C, 0.f));
         // dhT_d^T [H, B] = W_d [H, C] . dlogits^T [C, B]
-        dgrad_.push_back(std::make_unique<Gemm>(CUBLAS_OP_T, CUBLAS_OP_N, H, B, C, param(dense_w_) + d * H * C,
+        dgrad_.push_back(gemm(CUBLAS_OP_T, CUBLAS_OP_N, H, B, C, param(dense_w_) + d * H * C,
                                                 dlogits_.as<float>(), dhT_.as<float>() + d * B * H, 0.f));
       }
       restart_optimizer();
@@ -559,7 +515,7 @@ class CudaBilstm final : public ModelCase {
   int key_bits_ = 1;
   gpu::DeviceBuffer params_, grads_, m_, v_, tokens_, labels_, seq_, x_, y_, hT_, logits_, ws_, reserve_;
   gpu::DeviceBuffer loss_, state_, dlogits_, dhT_, dy_, dx_, keys_in_, keys_out_, pos_in_, pos_out_, sort_temp_;
-  std::vector<std::unique_ptr<Gemm>> fwd_, wgrad_, dgrad_;
+  std::vector<std::unique_ptr<gpu::BoundGemm>> fwd_, wgrad_, dgrad_;
   HostBuffer logits_host_;
   float loss_host_ = 0;
   bool capturable_ = false;

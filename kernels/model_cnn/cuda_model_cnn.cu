@@ -25,8 +25,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
 
+#include "hotops/cublaslt_gemm.h"
 #include "hotops/cudnn_util.h"
 #include "hotops/cuda_util.h"
 #include "kernels/model_cnn/model_cnn.h"
@@ -419,62 +421,15 @@ struct ConvPlan {
   gpu::DeviceBuffer wf_buf;  // [C][3][3][K]
 };
 
-// D (m x n, ld ldd) = op(A) . op(B) (+ bias over rows), column-major, cublasLt f32 (no TF32), the
-// heuristic's first algorithm chosen at setup.
-class Gemm {
- public:
-  Gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n, std::int64_t k, const float* A, std::int64_t lda,
-       const float* B, std::int64_t ldb, float* D, std::int64_t ldd, const float* bias = nullptr)
-      : a_(A), b_(B), d_(D) {
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-    if (opa == CUBLAS_OP_N) layout(&la_, m, k, lda); else layout(&la_, k, m, lda);
-    if (opb == CUBLAS_OP_N) layout(&lb_, k, n, ldb); else layout(&lb_, n, k, ldb);
-    layout(&ld_, m, n, ldd);
-    if (bias) {
-      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-      HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-      HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    }
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref_));
-    const std::uint64_t ws = gpu::kCublasWorkspaceBytes;
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(gpu::cublaslt(), desc_, la_, lb_, ld_, ld_, pref_, 1, &result, &found);
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
-      throw Error("model_cnn: cublasLt has no f32 algorithm for a " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " GEMM",
-                  ErrorKind::unsupported);
-    algo_ = result.algo;
-  }
-  ~Gemm() {
-    if (pref_) cublasLtMatmulPreferenceDestroy(pref_);
-    for (cublasLtMatrixLayout_t l : {la_, lb_, ld_})
-      if (l) cublasLtMatrixLayoutDestroy(l);
-    if (desc_) cublasLtMatmulDescDestroy(desc_);
-  }
-  Gemm(const Gemm&) = delete;
-  Gemm& operator=(const Gemm&) = delete;
-
-  void run() const {
-    const float one = 1.f, zero = 0.f;
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmul(gpu::cublaslt(), desc_, &one, a_, la_, b_, lb_, &zero, d_, ld_, d_, ld_, &algo_,
-                                       gpu::cublas_workspace(), gpu::kCublasWorkspaceBytes, gpu::stream()));
-  }
-
- private:
-  static void layout(cublasLtMatrixLayout_t* l, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
-    HOTOPS_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(l, CUDA_R_32F, static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols), ld));
-  }
-  const float* a_;
-  const float* b_;
-  float* d_;
-  cublasLtMatmulDesc_t desc_ = nullptr;
-  cublasLtMatrixLayout_t la_ = nullptr, lb_ = nullptr, ld_ = nullptr;
-  cublasLtMatmulPreference_t pref_ = nullptr;
-  cublasLtMatmulAlgo_t algo_{};
-};
+// D (m x n, ld ldd) = op(A) . op(B) (+ bias over rows), column-major, f32 (no TF32), through
+// gpu::LtGemm (the heuristic's first algorithm, chosen at setup).
+std::unique_ptr<gpu::BoundGemm> gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n,
+                                     std::int64_t k, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
+                                     float* D, std::int64_t ldd, const float* bias = nullptr) {
+  gpu::GemmDesc d;
+  d.opa = opa, d.opb = opb, d.m = m, d.n = n, d.k = k, d.lda = lda, d.ldb = ldb, d.ldd = ldd, d.bias = bias;
+  return std::make_unique<gpu::BoundGemm>(d, "model_cnn", A, B, D);
+}
 
 constexpr cublasOperation_t N = CUBLAS_OP_N, T = CUBLAS_OP_T;
 
@@ -765,17 +720,17 @@ class CudaCnn final : public ModelCase {
     const float* P = params_.as<float>();
     const float* flat = layers_.back().out.as<float>();
     // h = flat . W1; logits = hd . W2 + b2
-    gemms_fwd_.push_back(std::make_unique<Gemm>(N, N, Hd, B, F, P + l_.dense1.w, Hd, flat, F, hidden_.z.as<float>(), Hd));
-    gemms_fwd_.push_back(std::make_unique<Gemm>(N, N, C, B, Hd, P + l_.dense2.w, C, hidden_.out.as<float>(), Hd, logits_.as<float>(), C,
+    gemms_fwd_.push_back(gemm(N, N, Hd, B, F, P + l_.dense1.w, Hd, flat, F, hidden_.z.as<float>(), Hd));
+    gemms_fwd_.push_back(gemm(N, N, C, B, Hd, P + l_.dense2.w, C, hidden_.out.as<float>(), Hd, logits_.as<float>(), C,
                                                 P + l_.dense2.b));
     if (!s_.train()) return;
     float* G = grads_.as<float>();
     // dW2 = hd^T dlogits; dhd = dlogits W2^T
-    gemm_dw2_ = std::make_unique<Gemm>(N, T, C, Hd, B, dlogits_.as<float>(), C, hidden_.out.as<float>(), Hd, G + l_.dense2.w, C);
-    gemm_dhd_ = std::make_unique<Gemm>(T, N, Hd, B, C, P + l_.dense2.w, C, dlogits_.as<float>(), C, dhd_.as<float>(), Hd);
+    gemm_dw2_ = gemm(N, T, C, Hd, B, dlogits_.as<float>(), C, hidden_.out.as<float>(), Hd, G + l_.dense2.w, C);
+    gemm_dhd_ = gemm(T, N, Hd, B, C, P + l_.dense2.w, C, dlogits_.as<float>(), C, dhd_.as<float>(), Hd);
     // dW1 = flat^T dh; dflat = dh W1^T
-    gemm_dw1_ = std::make_unique<Gemm>(N, T, Hd, F, B, dh_.as<float>(), Hd, flat, F, G + l_.dense1.w, Hd);
-    gemm_dflat_ = std::make_unique<Gemm>(T, N, F, B, Hd, P + l_.dense1.w, Hd, dh_.as<float>(), Hd, dflat_.as<float>(), F);
+    gemm_dw1_ = gemm(N, T, Hd, F, B, dh_.as<float>(), Hd, flat, F, G + l_.dense1.w, Hd);
+    gemm_dflat_ = gemm(T, N, F, B, Hd, P + l_.dense1.w, Hd, dh_.as<float>(), Hd, dflat_.as<float>(), F);
   }
 
   void set_period(std::int64_t p) {
@@ -995,8 +950,8 @@ class CudaCnn final : public ModelCase {
   std::vector<LayerBufs> layers_;
   LayerBufs hidden_;
   std::vector<std::unique_ptr<ConvPlan>> plans_;
-  std::vector<std::unique_ptr<Gemm>> gemms_fwd_;
-  std::unique_ptr<Gemm> gemm_dw2_, gemm_dhd_, gemm_dw1_, gemm_dflat_;
+  std::vector<std::unique_ptr<gpu::BoundGemm>> gemms_fwd_;
+  std::unique_ptr<gpu::BoundGemm> gemm_dw2_, gemm_dhd_, gemm_dw1_, gemm_dflat_;
   std::size_t ws_bytes_ = 0;
   std::string algos_;
   HostBuffer logits_host_;

@@ -17,9 +17,11 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <memory>
 #include <optional>
 #include <string>
 
+#include "hotops/cublaslt_gemm.h"
 #include "hotops/cuda_util.h"
 #include "kernels/models/cuda_step.cuh"
 #include "kernels/models/models.h"
@@ -98,8 +100,10 @@ __global__ void cast_params(const float4* __restrict__ p, __nv_bfloat162* __rest
 cudaDataType_t cuda_type(DType t) { return t == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
 
 // D (m x n) = op(A) . op(B), column-major, packed (every leading dimension is the row count), with
-// an optional bias (+ ReLU) epilogue; the algorithm is the heuristic's first, chosen at setup. A and
-// B (and the bias) are of type `ab`, D of type `d` (f32 accumulation either way).
+// an optional bias (+ ReLU) epilogue; gpu::LtGemm, the heuristic's first algorithm chosen at setup.
+// A and B (and the bias) are of type `ab`, D of type `d` (f32 accumulation either way). Where
+// cublasLt has no kernel with the epilogue for a shape, a plain GEMM and bias_act do it (the label
+// counts those).
 class Gemm {
  public:
   Gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n, std::int64_t k, const void* A,
@@ -107,44 +111,24 @@ class Gemm {
        DType d = DType::f32)
       : a_(A), b_(B), d_(D), bias_(bias), relu_(relu), m_(m), n_(n), d_type_(d) {
     HOTOPS_CHECK(!bias || ab == d, "models: a bias epilogue takes A, B and D of one type");
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-    if (opa == CUBLAS_OP_N) layout(&la_, ab, m, k); else layout(&la_, ab, k, m);
-    if (opb == CUBLAS_OP_N) layout(&lb_, ab, k, n); else layout(&lb_, ab, n, k);
-    layout(&ld_, d, m, n);
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref_));
-    const std::uint64_t ws = gpu::kCublasWorkspaceBytes;
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    cublasLtEpilogue_t epi = !bias ? CUBLASLT_EPILOGUE_DEFAULT : relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    gpu::GemmDesc desc;
+    desc.opa = opa, desc.opb = opb, desc.m = m, desc.n = n, desc.k = k;
+    desc.ab = cuda_type(ab), desc.cd = cuda_type(d), desc.bias = bias, desc.relu = bias && relu;
     if (bias) {
-      HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-      HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-      fused_ = pick();
-      if (!fused_) {  // no kernel with the epilogue for this shape: plain GEMM + bias_act, said in the label
-        epi = CUBLASLT_EPILOGUE_DEFAULT;
-        HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+      try {
+        g_ = std::make_unique<gpu::LtGemm>(desc, "models");
+        fused_ = true;
+        return;
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::unsupported) throw;
       }
+      desc.bias = nullptr, desc.relu = false;
     }
-    if ((!bias || !fused_) && !pick())
-      throw Error(std::string("cublasLt has no ") + dtype_name(ab) + " algorithm for a " + std::to_string(m) + "x" +
-                      std::to_string(n) + "x" +
-                      std::to_string(k) + " GEMM",
-                  ErrorKind::unsupported);
+    g_ = std::make_unique<gpu::LtGemm>(desc, "models");
   }
-  ~Gemm() {
-    if (pref_) cublasLtMatmulPreferenceDestroy(pref_);
-    for (cublasLtMatrixLayout_t l : {la_, lb_, ld_})
-      if (l) cublasLtMatrixLayoutDestroy(l);
-    if (desc_) cublasLtMatmulDescDestroy(desc_);
-  }
-  Gemm(const Gemm&) = delete;
-  Gemm& operator=(const Gemm&) = delete;
 
   void run() const {
-    const float one = 1.f, zero = 0.f;
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmul(gpu::cublaslt(), desc_, &one, a_, la_, b_, lb_, &zero, d_, ld_, d_, ld_, &algo_,
-                                       gpu::cublas_workspace(), gpu::kCublasWorkspaceBytes, gpu::stream()));
+    g_->run(a_, b_, d_);
     if (bias_ && !fused_) {
       const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((m_ * n_ + 255) / 256, 4096));
       if (d_type_ == DType::bf16)
@@ -158,29 +142,11 @@ class Gemm {
   }
 
   int launches() const { return bias_ && !fused_ ? 2 : 1; }
-  int algo_id() const {
-    int id = 0;
-    std::size_t w = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&algo_, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
-    return id;
-  }
+  int algo_id() const { return g_->algo_id(); }
   bool unfused_bias() const { return bias_ && !fused_; }
 
  private:
-  static void layout(cublasLtMatrixLayout_t* l, DType t, std::int64_t rows, std::int64_t cols) {
-    HOTOPS_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(l, cuda_type(t), static_cast<std::uint64_t>(rows),
-                                                   static_cast<std::uint64_t>(cols), rows));
-  }
-  bool pick() {
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(gpu::cublaslt(), desc_, la_, lb_, ld_, ld_, pref_, 1, &result, &found);
-    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) HOTOPS_CHECK_CUBLAS(st);
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0) return false;
-    algo_ = result.algo;
-    return true;
-  }
-
+  std::unique_ptr<gpu::LtGemm> g_;
   const void* a_;
   const void* b_;
   void* d_;
@@ -189,10 +155,6 @@ class Gemm {
   bool fused_ = false;
   std::int64_t m_, n_;
   DType d_type_;
-  cublasLtMatmulDesc_t desc_ = nullptr;
-  cublasLtMatrixLayout_t la_ = nullptr, lb_ = nullptr, ld_ = nullptr;
-  cublasLtMatmulPreference_t pref_ = nullptr;
-  cublasLtMatmulAlgo_t algo_{};
 };
 
 class CudaModel final : public ModelCase {

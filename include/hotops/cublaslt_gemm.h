@@ -1,0 +1,80 @@
+// The one cublasLt GEMM of the families that call cublasLt directly (the models, lstm_cell): its
+// descriptors, the algorithm chosen once at setup, and the call. kernels/matmul keeps its own, which
+// also compares algorithms and reports them as the benchmark.
+#pragma once
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <string>
+
+#include "hotops/cuda_util.h"
+
+namespace hotops::gpu {
+
+// D[m x n] = op(A) op(B) (+ bias over the rows of D) (+ beta C), column-major, f32 accumulation.
+struct GemmDesc {
+  cublasOperation_t opa = CUBLAS_OP_N, opb = CUBLAS_OP_N;
+  std::int64_t m = 0, n = 0, k = 0;
+  std::int64_t lda = 0, ldb = 0, ldd = 0;            // leading dimensions; 0: packed
+  cudaDataType_t ab = CUDA_R_32F;                    // A and B
+  cudaDataType_t cd = CUDA_R_32F;                    // C, D and the bias
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;  // no TF32 unless CUBLAS_COMPUTE_32F_FAST_TF32
+  const void* bias = nullptr;                        // a bias epilogue (fixed at setup), + ReLU if relu
+  bool relu = false;
+  float beta = 0.f;
+};
+
+// "algo I tile T stages S splitK K": a cublasLt algorithm's configuration, for labels.
+std::string algo_label(const cublasLtMatmulAlgo_t& algo);
+
+// Owners of cublasLt's descriptors (released however the constructor that made them ends).
+struct LtMatmulDesc {
+  cublasLtMatmulDesc_t h = nullptr;
+  LtMatmulDesc() = default;
+  LtMatmulDesc(const LtMatmulDesc&) = delete;
+  LtMatmulDesc& operator=(const LtMatmulDesc&) = delete;
+  ~LtMatmulDesc() { if (h) cublasLtMatmulDescDestroy(h); }
+};
+struct LtLayout {
+  cublasLtMatrixLayout_t h = nullptr;
+  LtLayout() = default;
+  LtLayout(const LtLayout&) = delete;
+  LtLayout& operator=(const LtLayout&) = delete;
+  ~LtLayout() { if (h) cublasLtMatrixLayoutDestroy(h); }
+};
+
+class LtGemm {
+ public:
+  // Takes the heuristic's first algorithm for the shared workspace (gpu::cublas_workspace()).
+  // Throws Error(unsupported) naming `what` and the GEMM when cublasLt offers none.
+  LtGemm(const GemmDesc& d, const std::string& what);
+
+  // On gpu::stream(); C (read when beta != 0) defaults to D.
+  void run(const void* A, const void* B, void* D, const void* C = nullptr) const;
+  int algo_id() const;             // CUBLASLT_ALGO_CONFIG_ID
+  std::string algo_label() const { return gpu::algo_label(algo_); }
+  const GemmDesc& desc() const { return d_; }
+
+ private:
+  GemmDesc d_;
+  LtMatmulDesc desc_;
+  LtLayout la_, lb_, ld_;
+  cublasLtMatmulAlgo_t algo_{};
+};
+
+// An LtGemm whose operands are fixed buffers of a model's step, bound at setup.
+class BoundGemm {
+ public:
+  BoundGemm(const GemmDesc& d, const std::string& what, const void* A, const void* B, void* D, const void* C = nullptr)
+      : g_(d, what), a_(A), b_(B), d_(D), c_(C) {}
+  void run() const { g_.run(a_, b_, d_, c_); }
+
+ private:
+  LtGemm g_;
+  const void* a_;
+  const void* b_;
+  void* d_;
+  const void* c_;
+};
+
+}  // namespace hotops::gpu
