@@ -34,6 +34,27 @@ struct ConvDesc {
   ConvDesc& operator=(const ConvDesc&) = delete;
 };
 
+// cudnnFind*AlgorithmEx times each algorithm once, so where two candidates are close, or one timing
+// was disturbed, two runs picked different algorithms for the same convolution (up to 60% apart on
+// the H100). The callers (conv2d, model_cnn) time Find's usable candidates again with this: `call()`
+// makes one cuDNN call and returns its status; one warm-up call, then 3 batches of 3 back-to-back
+// calls between CUDA events. Returns the best batch's mean in ms, or -1 when the warm-up call fails
+// (the caller drops that candidate).
+template <class Call>
+float retime_ms(Call call) {
+  if (call() != CUDNN_STATUS_SUCCESS) return -1;
+  float best = -1;
+  for (int batch = 0; batch < 3; ++batch) {
+    const float t = time_ms([&] {
+      for (int k = 0; k < 3; ++k) HOTOPS_CHECK_CUDNN(call());
+    });
+    if (best < 0 || t < best) best = t;
+  }
+  return best / 3;
+}
+// How many of Find's usable results the callers re-time.
+constexpr int kRetimeCandidates = 4;
+
 // cuDNN's RNN algorithm for an LSTM of hidden size `hidden`: the persistent small-hidden kernels
 // (CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H: the recurrent weights stay on chip for all time steps, one
 // launch per direction instead of a GEMM and a pointwise kernel per step) where cuDNN offers them:

@@ -118,11 +118,8 @@ struct Choice {
   float retimed_ms = 0;
 };
 
-// How many of Find's usable results are re-timed (see CudaConv2d::retime).
-constexpr int kRetimeCandidates = 4;
-
 // Runs cudnnFind*AlgorithmEx for one direction and returns its usable results, fastest first, at
-// most kRetimeCandidates. ws_size(algo, &bytes) asks one algorithm's workspace; find(count, &n,
+// most gpu::kRetimeCandidates. ws_size(algo, &bytes) asks one algorithm's workspace; find(count, &n,
 // perf, ws, ws_bytes) runs the search. f32 rejects any result that ran on tensor cores (FMA math
 // should already exclude them: this is the guard that f32 stays f32).
 template <class Perf, class WsSize, class Find>
@@ -149,7 +146,7 @@ std::vector<Choice> find_algorithms(Direction dir, DType t, int count, WsSize ws
     tried += std::string(i ? ", " : "") + algo_name(dir, a) + " " + cudnnGetErrorString(r.status);
     if (r.status != CUDNN_STATUS_SUCCESS || r.memory > ws_bytes) continue;
     if (t == DType::f32 && is_tensor_op(r.mathType)) continue;
-    if (static_cast<int>(usable.size()) < kRetimeCandidates)
+    if (static_cast<int>(usable.size()) < gpu::kRetimeCandidates)
       usable.push_back(Choice{a, r.memory, t == DType::f32 ? CUDNN_FMA_MATH : r.mathType, r.time, 0.f});
   }
   if (!usable.empty()) return usable;
@@ -233,12 +230,8 @@ class CudaConv2d final : public Case {
     }
   }
 
-  // cudnnFind times each algorithm once, so where two candidates are close, or one timing was
-  // disturbed, two runs of the suite picked different algorithms for the same case (up to 60%
-  // apart on the H100). Each usable candidate is timed again here: one warm-up run, then 3 batches
-  // of 3 back-to-back runs between CUDA events; a candidate's time is its best batch's mean, and
-  // the fastest candidate is kept. A candidate that errors is dropped; one is always left, since
-  // Find ran it successfully.
+  // Each usable candidate is timed again (gpu::retime_ms) and the fastest is kept. A candidate that
+  // errors is dropped; one is always left, since Find ran it successfully.
   Choice retime(std::vector<Choice> candidates) {
     std::size_t ws = 0;
     for (const Choice& c : candidates) ws = std::max(ws, c.workspace);
@@ -247,15 +240,8 @@ class CudaConv2d final : public Case {
     best.retimed_ms = -1;
     for (Choice& c : candidates) {
       HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(conv_.h, c.math));
-      if (convolve(c.algo) != CUDNN_STATUS_SUCCESS) continue;
-      float best_batch = -1;
-      for (int batch = 0; batch < 3; ++batch) {
-        const float t = gpu::time_ms([&] {
-          for (int k = 0; k < 3; ++k) HOTOPS_CHECK_CUDNN(convolve(c.algo));
-        });
-        if (best_batch < 0 || t < best_batch) best_batch = t;
-      }
-      c.retimed_ms = best_batch / 3;
+      c.retimed_ms = gpu::retime_ms([&] { return convolve(c.algo); });
+      if (c.retimed_ms < 0) continue;
       if (best.retimed_ms < 0 || c.retimed_ms < best.retimed_ms) best = c;
     }
     HOTOPS_CHECK(best.retimed_ms >= 0, "conv2d: no cuDNN algorithm that cudnnFind offered runs again");
