@@ -12,8 +12,8 @@
 //            (pool argmax, dropout, ReLU recomputed from z) gradient: the pooled form reads only the
 //            pooled gradient and the argmax pixels of z; finalize_bwd writes dgamma, dbeta (or the conv
 //            bias gradient) into the flat gradients; dz_pool / dz_dense write dz in one pass over z;
-//            then cuDNN's backward filter and the data gradient: per layer, whichever was faster at setup
-//            (Find's candidates re-timed) of cuDNN's backward data and "fwd-flip", a forward convolution of dz with the filter
+//            then cuDNN's backward filter and the data gradient: per layer, whichever Find timed faster at
+//            setup of cuDNN's backward data and "fwd-flip", a forward convolution of dz with the filter
 //            rotated 180 degrees and its K/C swapped (flip_filter rebuilds it from the weights each step)
 //   head     cublasLt h = flat . W1; the same batch-norm kernels over [batch, hidden]; act with dropout;
 //            logits = hd . W2 + b2 (bias epilogue); models' softmax_xent (loss, dlogits, db2, the step
@@ -377,20 +377,16 @@ int dim(std::int64_t v) {
 
 bool tensor_op(cudnnMathType_t m) { return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION; }
 
-// The fastest algorithm for one convolution pass that runs without tensor cores, with its workspace
-// and time: cudnnFind*AlgorithmEx's usable results (at most gpu::kRetimeCandidates, Find's fastest
-// first), each timed again by gpu::retime_ms, as conv2d does. ws_size(algo, &bytes) asks one
-// algorithm's workspace; find(count, &n, perf, ws, bytes) searches (twice: the first search also
-// times CUDA's lazy module loads); call(algo, ws, bytes) makes the pass's cuDNN call once.
-constexpr float kOne = 1.f, kZero = 0.f;  // cuDNN's alpha and beta
-
+// The fastest algorithm cudnnFind*AlgorithmEx measured that runs without tensor cores, with its
+// workspace and Find's time. ws_size(algo, &bytes) asks one algorithm's workspace; find(count, &n,
+// perf, ws, bytes) searches (twice: the first search also times CUDA's lazy module loads).
 struct Found {
   int algo;
   std::size_t bytes;
   float ms;
 };
-template <class Perf, class WsSize, class Find, class Call>
-Found find_algorithm(const char* what, int count, WsSize ws_size, Find find, Call call) {
+template <class Perf, class WsSize, class Find>
+Found find_algorithm(const char* what, int count, WsSize ws_size, Find find) {
   std::size_t want = 0;
   for (int a = 0; a < count; ++a) {
     std::size_t bytes = 0;
@@ -403,15 +399,9 @@ Found find_algorithm(const char* what, int count, WsSize ws_size, Find find, Cal
   Perf perf[16] = {};
   int n = 0;
   for (int pass = 0; pass < 2; ++pass) HOTOPS_CHECK_CUDNN(find(std::min(count, 16), &n, perf, ws.get(), bytes));
-  Found best{-1, 0, -1.f};
-  for (int i = 0, tried = 0; i < n && tried < gpu::kRetimeCandidates; ++i) {
-    if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > bytes || tensor_op(perf[i].mathType)) continue;
-    ++tried;
-    const int algo = static_cast<int>(perf[i].algo);
-    const float ms = gpu::retime_ms([&] { return call(algo, ws.get(), bytes); });
-    if (ms >= 0 && (best.algo < 0 || ms < best.ms)) best = {algo, perf[i].memory, ms};
-  }
-  if (best.algo >= 0) return best;
+  for (int i = 0; i < n; ++i)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= bytes && !tensor_op(perf[i].mathType))
+      return {static_cast<int>(perf[i].algo), perf[i].memory, perf[i].time};
   throw Error(std::string("model_cnn: cuDNN has no f32 FMA-math ") + what + " algorithm for a layer", ErrorKind::unsupported);
 }
 
@@ -652,9 +642,6 @@ class CudaCnn final : public ModelCase {
           [&](int al, std::size_t* b) { return cudnnGetConvolutionForwardWorkspaceSize(cudnn(), cp.x.h, cp.w.h, cp.conv.h, cp.y.h, static_cast<cudnnConvolutionFwdAlgo_t>(al), b); },
           [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
             return cudnnFindConvolutionForwardAlgorithmEx(cudnn(), cp.x.h, x, cp.w.h, w, cp.conv.h, cp.y.h, z, n, got, perf, wsp, bytes);
-          },
-          [&](int al, void* wsp, std::size_t bytes) {
-            return cudnnConvolutionForward(cudnn(), &kOne, cp.x.h, x, cp.w.h, w, cp.conv.h, static_cast<cudnnConvolutionFwdAlgo_t>(al), wsp, bytes, &kZero, cp.y.h, z);
           });
       cp.fwd = static_cast<cudnnConvolutionFwdAlgo_t>(fwd.algo);
       cp.ws = fwd.bytes;
@@ -666,9 +653,6 @@ class CudaCnn final : public ModelCase {
             [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn(), cp.x.h, cp.y.h, cp.conv.h, cp.w.h, static_cast<cudnnConvolutionBwdFilterAlgo_t>(al), b); },
             [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
               return cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnn(), cp.x.h, x, cp.y.h, dz_.as<float>(), cp.conv.h, cp.w.h, dw, n, got, perf, wsp, bytes);
-            },
-            [&](int al, void* wsp, std::size_t bytes) {
-              return cudnnConvolutionBackwardFilter(cudnn(), &kOne, cp.x.h, x, cp.y.h, dz_.as<float>(), cp.conv.h, static_cast<cudnnConvolutionBwdFilterAlgo_t>(al), wsp, bytes, &kZero, cp.w.h, dw);
             });
         cp.filter = static_cast<cudnnConvolutionBwdFilterAlgo_t>(filter.algo);
         cp.ws = std::max(cp.ws, filter.bytes);
@@ -682,7 +666,7 @@ class CudaCnn final : public ModelCase {
   }
 
   // Conv layer i's input gradient: cuDNN's backward data, or the forward conv of dz with the flipped
-  // filter (see flip_filter), whichever re-timed faster (or the one cuda_data_grad_path() forces).
+  // filter (see flip_filter), whichever Find timed faster (or the one cuda_data_grad_path() forces).
   void plan_data_gradient(std::size_t i, ConvPlan& cp) {
     const ConvLayer& c = s_.convs[i];
     const float* w = params_.as<float>() + l_.conv[i].w;
@@ -694,9 +678,6 @@ class CudaCnn final : public ModelCase {
           [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn(), cp.w.h, cp.y.h, cp.conv.h, cp.x.h, static_cast<cudnnConvolutionBwdDataAlgo_t>(al), b); },
           [&](int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
             return cudnnFindConvolutionBackwardDataAlgorithmEx(cudnn(), cp.w.h, w, cp.y.h, dz_.as<float>(), cp.conv.h, cp.x.h, d_input(i), n, got, perf, wsp, bytes);
-          },
-          [&](int al, void* wsp, std::size_t bytes) {
-            return cudnnConvolutionBackwardData(cudnn(), &kOne, cp.w.h, w, cp.y.h, dz_.as<float>(), cp.conv.h, static_cast<cudnnConvolutionBwdDataAlgo_t>(al), wsp, bytes, &kZero, cp.x.h, d_input(i));
           });
     if (path != DataGradPath::backward_data) {
       const std::int64_t B = s_.batch, fpad = 2 - c.pad;
@@ -713,9 +694,6 @@ class CudaCnn final : public ModelCase {
           [&](int al, std::size_t* b) { return cudnnGetConvolutionForwardWorkspaceSize(cudnn(), cp.y.h, cp.wf.h, cp.flip_conv.h, cp.x.h, static_cast<cudnnConvolutionFwdAlgo_t>(al), b); },
           [&](int n2, int* got, cudnnConvolutionFwdAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
             return cudnnFindConvolutionForwardAlgorithmEx(cudnn(), cp.y.h, dz_.as<float>(), cp.wf.h, cp.wf_buf.as<float>(), cp.flip_conv.h, cp.x.h, d_input(i), n2, got, perf, wsp, bytes);
-          },
-          [&](int al, void* wsp, std::size_t bytes) {
-            return cudnnConvolutionForward(cudnn(), &kOne, cp.y.h, dz_.as<float>(), cp.wf.h, cp.wf_buf.as<float>(), cp.flip_conv.h, static_cast<cudnnConvolutionFwdAlgo_t>(al), wsp, bytes, &kZero, cp.x.h, d_input(i));
           });
     }
     cp.flip = path == DataGradPath::forward_flip || (path == DataGradPath::timed && flip.ms < data.ms);
