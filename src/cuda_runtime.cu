@@ -322,6 +322,42 @@ Timer::Timer(Case& c, const TimerOptions& o) : impl_(new Impl(c)) {
   }
 }
 
+bool StepGraph::capture(const std::function<void()>& body, std::string* why) {
+  reset();
+  cudaStream_t s = stream();
+  cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+  if (e != cudaSuccess) {
+    *why = cudaGetErrorString(e);
+    (void)cudaGetLastError();
+    return false;
+  }
+  bool ok = true;
+  try {
+    body();
+  } catch (const Error& err) {
+    ok = false;
+    *why = err.what();
+  }
+  cudaGraph_t g = nullptr;
+  e = cudaStreamEndCapture(s, &g);
+  if (e != cudaSuccess && ok) ok = false, *why = cudaGetErrorString(e);
+  if (ok && g) {
+    e = cudaGraphInstantiate(&exec_, g, 0);
+    if (e != cudaSuccess) ok = false, *why = cudaGetErrorString(e), exec_ = nullptr;
+  }
+  if (ok && exec_) graph_ = g;
+  else if (g) cudaGraphDestroy(g);
+  (void)cudaGetLastError();
+  return ok && exec_;
+}
+
+void StepGraph::launch() const { HOTOPS_CHECK_CUDA(cudaGraphLaunch(exec_, stream())); }
+
+void StepGraph::reset() {
+  if (exec_) cudaGraphExecDestroy(exec_), exec_ = nullptr;
+  if (graph_) cudaGraphDestroy(graph_), graph_ = nullptr;
+}
+
 Timer::~Timer() {
   if (impl_->graph) cudaGraphExecDestroy(impl_->graph);
   cudaEventDestroy(impl_->start);

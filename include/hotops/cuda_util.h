@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <functional>
+#include <string>
 #include <utility>
 
 #include "hotops/buffer.h"
@@ -48,6 +50,29 @@ class DeviceBuffer {
  private:
   void* ptr_ = nullptr;
   std::size_t bytes_ = 0;
+};
+
+// A CUDA graph of the work a step queues on stream(), captured once at setup and replayed (the
+// models' `graph:1` variants), or only tried (whether a case can go into the harness's graphs).
+class StepGraph {
+ public:
+  StepGraph() = default;
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
+  ~StepGraph() { reset(); }
+
+  // Captures what body() queues on stream() (thread-local capture mode) and instantiates it.
+  // Returns false, with the reason in *why, when the stream cannot be captured through body (a
+  // call that refuses capture, an Error thrown by body); nothing of a failed capture is kept and
+  // no error is left pending. Lazily created resources (handles, workspaces) must exist before.
+  bool capture(const std::function<void()>& body, std::string* why);
+  void launch() const;  // on stream(); the graph must have been captured
+  void reset();         // back to no graph
+  explicit operator bool() const { return exec_ != nullptr; }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
 };
 
 // Milliseconds of the work `body` enqueues on stream(), between two CUDA events (waits for it).

@@ -285,25 +285,9 @@ class CudaLstm final : public Case {
   // Whether run() can be captured into a CUDA graph (the harness then times graphs of runs, free
   // of host launch cost); tried once at setup, since cuDNN does not document it for RNNs.
   bool probe_capture() {
-    cudaStream_t s = gpu::stream();
-    if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    bool ok = true;
-    try {
-      run();
-    } catch (const Error&) {
-      ok = false;
-    }
-    cudaGraph_t g = nullptr;
-    if (cudaStreamEndCapture(s, &g) != cudaSuccess) ok = false;
-    cudaGraphExec_t exec = nullptr;
-    if (ok && g && cudaGraphInstantiate(&exec, g, 0) != cudaSuccess) ok = false;
-    if (exec) cudaGraphExecDestroy(exec);
-    if (g) cudaGraphDestroy(g);
-    (void)cudaGetLastError();
-    return ok;
+    gpu::StepGraph trial;
+    std::string why;
+    return trial.capture([this] { run(); }, &why);
   }
 
   Shape s_;

@@ -212,24 +212,23 @@ class CudaBilstm final : public ModelCase {
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
     if (s_.variant == Variant::graph) {
       std::string why;
-      if (!capture(&why))
+      if (!graph_.capture([this] { device_step(); }, &why))
         throw Error("model_bilstm: the step could not be captured into a CUDA graph (cuDNN RNN calls): " + why,
                     ErrorKind::unsupported);
     } else if (s_.variant == Variant::plain) {
-      capturable_ = probe_capture();
+      // Whether the harness may put the plain step into its graphs (cuDNN does not document capture
+      // of its RNN calls): tried once, the trial graph dropped.
+      std::string why;
+      capturable_ = graph_.capture([this] { device_step(); }, &why);
+      graph_.reset();
     }
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-  }
-
-  ~CudaBilstm() override {
-    if (exec_) cudaGraphExecDestroy(exec_);
-    if (graph_) cudaGraphDestroy(graph_);
   }
 
   void run() override {
     if (s_.variant == Variant::plain) return device_step();
     upload_batch();
-    if (s_.variant == Variant::graph) HOTOPS_CHECK_CUDA(cudaGraphLaunch(exec_, gpu::stream()));
+    if (s_.variant == Variant::graph) graph_.launch();
     else device_step();
     if (s_.train())
       HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&loss_host_, loss_.get(), sizeof(float), cudaMemcpyDeviceToHost, gpu::stream()));
@@ -460,46 +459,6 @@ class CudaBilstm final : public ModelCase {
     HOTOPS_CHECK_LAUNCH();
   }
 
-  // Captures device_step() into graph_ / exec_; false (with the reason) when the stream cannot be
-  // captured through it. Nothing of the failed capture is kept.
-  bool capture(std::string* why) {
-    cudaStream_t s = gpu::stream();
-    cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
-    if (e != cudaSuccess) {
-      *why = cudaGetErrorString(e);
-      (void)cudaGetLastError();
-      return false;
-    }
-    bool ok = true;
-    try {
-      device_step();
-    } catch (const Error& err) {
-      ok = false;
-      *why = err.what();
-    }
-    cudaGraph_t g = nullptr;
-    e = cudaStreamEndCapture(s, &g);
-    if (e != cudaSuccess && ok) ok = false, *why = cudaGetErrorString(e);
-    if (ok && g) {
-      e = cudaGraphInstantiate(&exec_, g, 0);
-      if (e != cudaSuccess) ok = false, *why = cudaGetErrorString(e), exec_ = nullptr;
-    }
-    if (ok) graph_ = g;
-    else if (g) cudaGraphDestroy(g);
-    (void)cudaGetLastError();
-    return ok && exec_;
-  }
-
-  // Whether the plain step can go into the harness's CUDA graphs; tried once at setup (cuDNN does
-  // not document capture of its RNN calls), the trial graph thrown away.
-  bool probe_capture() {
-    std::string why;
-    const bool ok = capture(&why);
-    if (exec_) cudaGraphExecDestroy(exec_), exec_ = nullptr;
-    if (graph_) cudaGraphDestroy(graph_), graph_ = nullptr;
-    return ok;
-  }
-
   Shape s_;
   Config c_;
   Layout l_;  // the canonical layout
@@ -519,8 +478,7 @@ class CudaBilstm final : public ModelCase {
   HostBuffer logits_host_;
   float loss_host_ = 0;
   bool capturable_ = false;
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t exec_ = nullptr;
+  gpu::StepGraph graph_;  // graph:1
 };
 
 }  // namespace

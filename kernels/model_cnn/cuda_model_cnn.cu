@@ -513,20 +513,14 @@ class CudaCnn final : public ModelCase {
     restore(seeded_, B);
     if (s_.variant == Variant::graph) {
       std::string why;
-      if (!capture(&why)) throw Error("model_cnn: the step could not be captured into a CUDA graph: " + why, ErrorKind::unsupported);
+      if (!graph_.capture([this] { device_step(); }, &why)) throw Error("model_cnn: the step could not be captured into a CUDA graph: " + why, ErrorKind::unsupported);
     } else if (s_.variant == Variant::plain) {
       // Whether the harness may put the plain step into its graphs: tried once (the trial graph dropped).
       std::string why;
-      capturable_ = capture(&why);
-      if (exec_) cudaGraphExecDestroy(exec_), exec_ = nullptr;
-      if (graph_) cudaGraphDestroy(graph_), graph_ = nullptr;
+      capturable_ = graph_.capture([this] { device_step(); }, &why);
+      graph_.reset();
     }
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-  }
-
-  ~CudaCnn() override {
-    if (exec_) cudaGraphExecDestroy(exec_);
-    if (graph_) cudaGraphDestroy(graph_);
   }
 
   void run() override {
@@ -535,7 +529,7 @@ class CudaCnn final : public ModelCase {
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(x_.get(), host_x_.data(), x_.bytes(), cudaMemcpyHostToDevice, st));
     if (s_.train())
       HOTOPS_CHECK_CUDA(cudaMemcpyAsync(labels_.get(), host_labels_.data(), labels_.bytes(), cudaMemcpyHostToDevice, st));
-    if (s_.variant == Variant::graph) HOTOPS_CHECK_CUDA(cudaGraphLaunch(exec_, st));
+    if (s_.variant == Variant::graph) graph_.launch();
     else device_step();
     if (s_.train())
       HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&loss_host_, loss_.get(), sizeof(float), cudaMemcpyDeviceToHost, st));
@@ -911,34 +905,6 @@ class CudaCnn final : public ModelCase {
     set_period(period);
   }
 
-  bool capture(std::string* why) {
-    cudaStream_t s = gpu::stream();
-    cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
-    if (e != cudaSuccess) {
-      *why = cudaGetErrorString(e);
-      (void)cudaGetLastError();
-      return false;
-    }
-    bool ok = true;
-    try {
-      device_step();
-    } catch (const Error& err) {
-      ok = false;
-      *why = err.what();
-    }
-    cudaGraph_t g = nullptr;
-    e = cudaStreamEndCapture(s, &g);
-    if (e != cudaSuccess && ok) ok = false, *why = cudaGetErrorString(e);
-    if (ok && g) {
-      e = cudaGraphInstantiate(&exec_, g, 0);
-      if (e != cudaSuccess) ok = false, *why = cudaGetErrorString(e), exec_ = nullptr;
-    }
-    if (ok) graph_ = g;
-    else if (g) cudaGraphDestroy(g);
-    (void)cudaGetLastError();
-    return ok && exec_;
-  }
-
   Shape s_;
   ParamLayout l_;
   State seeded_;
@@ -957,8 +923,7 @@ class CudaCnn final : public ModelCase {
   HostBuffer logits_host_;
   float loss_host_ = 0;
   bool capturable_ = false;
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t exec_ = nullptr;
+  gpu::StepGraph graph_;  // graph:1
 };
 
 }  // namespace

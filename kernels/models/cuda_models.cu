@@ -219,24 +219,11 @@ class CudaModel final : public ModelCase {
       gpu::cublaslt();
       gpu::cublas_workspace();
       HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-      HOTOPS_CHECK_CUDA(cudaStreamBeginCapture(gpu::stream(), cudaStreamCaptureModeThreadLocal));
-      try {
-        device_step();
-      } catch (...) {
-        cudaGraph_t broken = nullptr;
-        cudaStreamEndCapture(gpu::stream(), &broken);
-        if (broken) cudaGraphDestroy(broken);
-        throw;
-      }
-      HOTOPS_CHECK_CUDA(cudaStreamEndCapture(gpu::stream(), &graph_));
-      HOTOPS_CHECK_CUDA(cudaGraphInstantiate(&exec_, graph_, 0));
+      std::string why;
+      if (!graph_.capture([this] { device_step(); }, &why))
+        throw Error("models: the step could not be captured into a CUDA graph: " + why);
     }
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-  }
-
-  ~CudaModel() override {
-    if (exec_) cudaGraphExecDestroy(exec_);
-    if (graph_) cudaGraphDestroy(graph_);
   }
 
   void run() override {
@@ -244,7 +231,7 @@ class CudaModel final : public ModelCase {
     // What a program pays for a step: the batch from pageable host memory, the step, the result back.
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(x_.get(), st_.x.data(), x_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(labels_.get(), st_.labels.data(), labels_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
-    if (s_.variant == Variant::graph) HOTOPS_CHECK_CUDA(cudaGraphLaunch(exec_, gpu::stream()));
+    if (s_.variant == Variant::graph) graph_.launch();
     else device_step();
     if (s_.train())
       HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&loss_host_, loss_.get(), sizeof(float), cudaMemcpyDeviceToHost, gpu::stream()));
@@ -397,8 +384,7 @@ class CudaModel final : public ModelCase {
   std::vector<std::unique_ptr<Gemm>> fwd_, wgrad_, dgrad_;
   HostBuffer logits_host_;
   float loss_host_ = 0;
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t exec_ = nullptr;
+  gpu::StepGraph graph_;  // graph:1
 };
 
 }  // namespace
