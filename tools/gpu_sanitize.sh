@@ -11,8 +11,8 @@
 #   env:   TOOLS="memcheck racecheck" (add initcheck or synccheck), MEMCHECK_FILTER=..., RACECHECK_FILTER=...
 #          (gtest filters), OUT=dir for the logs (default /tmp/hotops-sanitize),
 #          SHARDS=N (default 1): run each tool as N sanitizer processes side by side, each on every
-#          N-th test (gtest's GTEST_TOTAL_SHARDS/GTEST_SHARD_INDEX); the sanitizers are host-bound,
-#          so on a 16-core host SHARDS=8 is about 8 times faster. SHARD_TIMEOUT=seconds per process.
+#          N-th test (gtest's GTEST_TOTAL_SHARDS/GTEST_SHARD_INDEX); the processes share the GPU, so
+#          the speed-up is well below N. SHARD_TIMEOUT=seconds per process (default: none).
 # Exit status: 0 when every tool reported no error and every test passed, 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
