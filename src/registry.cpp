@@ -23,10 +23,8 @@
 
 namespace hotops {
 
-std::unique_ptr<Case> make_on_backend(const Problem& p, CaseFactory cpu, CaseFactory cuda) {
-  if (p.backend == Backend::cpu) return cpu(p);
-  if (!cuda) throw Error("this build of hotops has no CUDA backend: " + p.name(), ErrorKind::unsupported);
-  return cuda(p);
+void throw_no_cuda_backend(const Problem& p) {
+  throw Error("this build of hotops has no CUDA backend: " + p.name(), ErrorKind::unsupported);
 }
 
 std::string backend_unsupported_reason(const Problem& p, std::string (*cpu_reason)(const Problem&)) {

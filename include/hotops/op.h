@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "hotops/problem.h"
@@ -46,16 +47,24 @@ class Family {
 };
 
 // The CUDA factory of a family, or nullptr in a build without CUDA (where make_cuda is not declared).
-using CaseFactory = std::unique_ptr<Case> (*)(const Problem&);
 #ifdef HOTOPS_HAVE_CUDA
 #define HOTOPS_CUDA_FACTORY(f) (f)
 #else
 #define HOTOPS_CUDA_FACTORY(f) nullptr
 #endif
 
+[[noreturn]] void throw_no_cuda_backend(const Problem& p);  // the unsupported Error below
+
 // Makes the case with its backend's factory; a CUDA problem in a build without CUDA is an
-// unsupported Error.
-std::unique_ptr<Case> make_on_backend(const Problem& p, CaseFactory cpu, CaseFactory cuda);
+// unsupported Error. The factories return a Case or a family's own subclass of it (the models'
+// ModelCase); `cuda` is nullptr where HOTOPS_CUDA_FACTORY has no CUDA.
+template <class C>
+std::unique_ptr<Case> make_on_backend(const Problem& p, std::unique_ptr<C> (*cpu)(const Problem&),
+                                      typename std::common_type<std::unique_ptr<C> (*)(const Problem&)>::type cuda) {
+  if (p.backend == Backend::cpu) return cpu(p);
+  if (!cuda) throw_no_cuda_backend(p);
+  return cuda(p);
+}
 
 // Why the problem's backend cannot run it here ("" when it can): the CPU's own reason from
 // `cpu_reason` (e.g. a oneDNN probe), or the GPU's absence.

@@ -76,12 +76,7 @@ class BertFamily final : public Family {
   std::string unsupported_reason(const Problem& p) const override { return backend_unsupported_reason(p, cpu_reason); }
 
   std::unique_ptr<Case> make(const Problem& p) const override {
-    if (p.backend == Backend::cpu) return make_cpu(p);
-#ifdef HOTOPS_HAVE_CUDA
-    return make_cuda(p);
-#else
-    throw Error("this build of hotops has no CUDA backend: " + p.name(), ErrorKind::unsupported);
-#endif
+    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
   }
 };
 

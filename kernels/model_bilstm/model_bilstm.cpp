@@ -66,12 +66,7 @@ class BilstmFamily final : public Family {
   }
 
   std::unique_ptr<Case> make(const Problem& p) const override {
-    if (p.backend == Backend::cpu) return make_cpu(p);
-#ifdef HOTOPS_HAVE_CUDA
-    return make_cuda(p);
-#else
-    throw Error("this build of hotops has no CUDA backend: " + p.name(), ErrorKind::unsupported);
-#endif
+    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
   }
 };
 
