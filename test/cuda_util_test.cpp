@@ -1,0 +1,111 @@
+// The shared GPU helpers on their own: the cublasLt GEMM the models and lstm_cell use
+// (hotops/cublaslt_gemm.h) and the step graph (hotops/cuda_util.h). Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "hotops/check.h"
+#include "hotops/gpu.h"
+#ifdef HOTOPS_HAVE_CUDA
+#include "hotops/cublaslt_gemm.h"
+#include "hotops/cuda_util.h"
+#endif
+
+namespace hotops {
+namespace {
+
+#ifdef HOTOPS_HAVE_CUDA
+std::vector<float> small_values(std::size_t n, int salt) {  // multiples of 1/2 in [-3, 3]: exact sums
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(static_cast<int>((i * 7 + salt * 3) % 13) - 6) * 0.5f;
+  return v;
+}
+
+gpu::DeviceBuffer upload(const std::vector<float>& v) {
+  gpu::DeviceBuffer d(v.size() * sizeof(float));
+  HOTOPS_CHECK_CUDA(cudaMemcpy(d.get(), v.data(), d.bytes(), cudaMemcpyHostToDevice));
+  return d;
+}
+
+std::vector<float> download(const gpu::DeviceBuffer& d) {
+  std::vector<float> v(d.bytes() / sizeof(float));
+  HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
+  HOTOPS_CHECK_CUDA(cudaMemcpy(v.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+// D = op(A) op(B) + bias + C (beta 1), column-major, A transposed, with leading dimensions larger
+// than the rows; then the same with a ReLU epilogue and no C. Values are exact in f32.
+TEST(CudaUtil, LtGemmMatchesTheHostProduct) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  const std::int64_t m = 5, n = 3, k = 7, lda = k + 2, ldb = k + 1, ldd = m + 3;
+  const std::vector<float> a = small_values(static_cast<std::size_t>(lda * m), 1);  // stored k x m (op T)
+  const std::vector<float> b = small_values(static_cast<std::size_t>(ldb * n), 2);  // stored k x n
+  const std::vector<float> bias = small_values(static_cast<std::size_t>(m), 3);
+  const std::vector<float> c = small_values(static_cast<std::size_t>(ldd * n), 4);
+  const gpu::DeviceBuffer da = upload(a), db = upload(b), dbias = upload(bias), dc = upload(c);
+  for (const bool relu : {false, true}) {
+    gpu::GemmDesc desc;
+    desc.opa = CUBLAS_OP_T, desc.opb = CUBLAS_OP_N, desc.m = m, desc.n = n, desc.k = k;
+    desc.lda = lda, desc.ldb = ldb, desc.ldd = ldd;
+    desc.bias = dbias.get(), desc.relu = relu, desc.beta = relu ? 0.f : 1.f;
+    const gpu::LtGemm g(desc, "test");
+    gpu::DeviceBuffer dd(static_cast<std::size_t>(ldd * n) * sizeof(float));
+    HOTOPS_CHECK_CUDA(cudaMemset(dd.get(), 0, dd.bytes()));
+    g.run(da.get(), db.get(), dd.get(), relu ? nullptr : dc.get());
+    const std::vector<float> d = download(dd);
+    for (std::int64_t j = 0; j < n; ++j)
+      for (std::int64_t i = 0; i < m; ++i) {
+        double want = bias[static_cast<std::size_t>(i)];
+        for (std::int64_t p = 0; p < k; ++p)
+          want += static_cast<double>(a[static_cast<std::size_t>(i * lda + p)]) * b[static_cast<std::size_t>(j * ldb + p)];
+        if (relu) want = want > 0 ? want : 0;
+        else want += c[static_cast<std::size_t>(j * ldd + i)];
+        EXPECT_EQ(d[static_cast<std::size_t>(j * ldd + i)], static_cast<float>(want)) << "relu " << relu << " at " << i << "," << j;
+      }
+    EXPECT_NE(g.algo_label().find("algo "), std::string::npos) << g.algo_label();
+  }
+}
+
+// A captured step replays; a body that throws, or that makes a call a capture refuses, leaves no
+// graph, says why, and leaves the stream usable.
+TEST(CudaUtil, StepGraphReplaysAndFailsCleanly) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  gpu::DeviceBuffer buf(256);
+  gpu::StepGraph g;
+  ASSERT_TRUE(g.capture([&] { HOTOPS_CHECK_CUDA(cudaMemsetAsync(buf.get(), 0x3c, buf.bytes(), gpu::stream())); }, &why)) << why;
+  ASSERT_TRUE(static_cast<bool>(g));
+  HOTOPS_CHECK_CUDA(cudaMemset(buf.get(), 0, buf.bytes()));
+  g.launch();
+  HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
+  unsigned char host[256];
+  HOTOPS_CHECK_CUDA(cudaMemcpy(host, buf.get(), sizeof host, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(host[0], 0x3c);
+  EXPECT_EQ(host[255], 0x3c);
+
+  EXPECT_FALSE(g.capture([] { throw Error("planted failure"); }, &why));
+  EXPECT_FALSE(static_cast<bool>(g));
+  EXPECT_NE(why.find("planted failure"), std::string::npos) << why;
+
+  why.clear();
+  EXPECT_FALSE(g.capture([] { HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream())); }, &why));
+  EXPECT_FALSE(why.empty());
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
+  HOTOPS_CHECK_CUDA(cudaStreamIsCapturing(gpu::stream(), &status));
+  EXPECT_EQ(status, cudaStreamCaptureStatusNone);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  HOTOPS_CHECK_CUDA(cudaMemsetAsync(buf.get(), 0x11, buf.bytes(), gpu::stream()));
+  HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
+  HOTOPS_CHECK_CUDA(cudaMemcpy(host, buf.get(), sizeof host, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(host[7], 0x11);
+}
+#else
+TEST(CudaUtil, BuiltWithoutCuda) { GTEST_SKIP() << "this build of hotops has no CUDA backend"; }
+#endif
+
+}  // namespace
+}  // namespace hotops
