@@ -75,6 +75,10 @@ SpanFn avx512_span_for(const Shape& s);
 // here, on the first call for a kind of problem, outside any timing): hotops' default for bf16 and
 // f16 where the CPU has AVX-512 with BF16; nullptr where avx512_span_for is.
 SpanFn avx512_table_span_for(const Shape& s);
+// The portable loop (the clone this CPU runs) and its table version for bf16 and f16 (nullptr for
+// f32), the default where avx512_table_span_for is nullptr; here for the tests.
+SpanFn portable_span_for(const Shape& s);
+SpanFn portable_table_span_for(const Shape& s);
 // The hand-written loop's own conversions (scalar copies of what its vectorised loop does), for
 // the tests to compare with hotops' conversions in dtype.h.
 float hotops_f16_to_f32(std::uint16_t h);
