@@ -337,6 +337,12 @@ bool StepGraph::capture(const std::function<void()>& body, std::string* why) {
   } catch (const Error& err) {
     ok = false;
     *why = err.what();
+  } catch (...) {  // anything else (std::bad_alloc) is not a capture problem: end the capture, pass it on
+    cudaGraph_t broken = nullptr;
+    cudaStreamEndCapture(s, &broken);
+    if (broken) cudaGraphDestroy(broken);
+    (void)cudaGetLastError();
+    throw;
   }
   cudaGraph_t g = nullptr;
   e = cudaStreamEndCapture(s, &g);

@@ -64,7 +64,8 @@ class StepGraph {
   // Captures what body() queues on stream() (thread-local capture mode) and instantiates it.
   // Returns false, with the reason in *why, when the stream cannot be captured through body (a
   // call that refuses capture, an Error thrown by body); nothing of a failed capture is kept and
-  // no error is left pending. Lazily created resources (handles, workspaces) must exist before.
+  // no error is left pending. Any other exception ends the capture and is rethrown. Lazily created
+  // resources (handles, workspaces) must exist before.
   bool capture(const std::function<void()>& body, std::string* why);
   void launch() const;  // on stream(); the graph must have been captured
   void reset();         // back to no graph
