@@ -21,7 +21,7 @@ void make_layout(LtLayout& l, cudaDataType_t t, std::int64_t rows, std::int64_t 
 
 }  // namespace
 
-LtGemm::LtGemm(const GemmDesc& d, const std::string& what) : d_(d) {
+LtGemm::LtGemm(const GemmDesc& d, const std::string& what) : beta_(d.beta) {
   HOTOPS_CHECK(!d.relu || d.bias, what + ": a ReLU epilogue needs a bias");
   HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc_.h, d.compute, CUDA_R_32F));
   HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_.h, CUBLASLT_MATMUL_DESC_TRANSA, &d.opa, sizeof d.opa));
@@ -55,7 +55,7 @@ LtGemm::LtGemm(const GemmDesc& d, const std::string& what) : d_(d) {
 
 void LtGemm::run(const void* A, const void* B, void* D, const void* C) const {
   const float one = 1.f;
-  HOTOPS_CHECK_CUBLAS(cublasLtMatmul(cublaslt(), desc_.h, &one, A, la_.h, B, lb_.h, &d_.beta, C ? C : D, ld_.h, D, ld_.h, &algo_,
+  HOTOPS_CHECK_CUBLAS(cublasLtMatmul(cublaslt(), desc_.h, &one, A, la_.h, B, lb_.h, &beta_, C ? C : D, ld_.h, D, ld_.h, &algo_,
                                      cublas_workspace(), kCublasWorkspaceBytes, stream()));
 }
 

@@ -53,10 +53,9 @@ class LtGemm {
   void run(const void* A, const void* B, void* D, const void* C = nullptr) const;
   int algo_id() const;             // CUBLASLT_ALGO_CONFIG_ID
   std::string algo_label() const { return gpu::algo_label(algo_); }
-  const GemmDesc& desc() const { return d_; }
 
  private:
-  GemmDesc d_;
+  float beta_;
   LtMatmulDesc desc_;
   LtLayout la_, lb_, ld_;
   cublasLtMatmulAlgo_t algo_{};
