@@ -156,21 +156,30 @@ TEST(ModelCnnTraining, LossFallsCuda) {
 }
 
 // Both ways of computing a CUDA conv layer's input gradient verify (cuDNN's backward data and the
-// forward conv with the flipped filter), each forced: the timed choice may take either at a test shape.
-TEST(ModelCnnCuda, BothDataGradientPathsVerify) {
+// forward conv with the flipped filter), each forced, in both activation layouts: the measured
+// choices may take either at a test shape.
+TEST(ModelCnnCuda, BothDataGradientPathsAndLayoutsVerify) {
   std::string why;
   if (!gpu::available(&why)) GTEST_SKIP() << why;
-  struct Timed {
-    ~Timed() { set_cuda_data_grad_path(DataGradPath::timed); }
+  struct Restore {
+    ~Restore() {
+      set_cuda_data_grad_path(DataGradPath::timed);
+      set_cuda_layout(CudaLayout::measured);
+    }
   } restore;
-  for (DataGradPath path : {DataGradPath::backward_data, DataGradPath::forward_flip}) {
-    set_cuda_data_grad_path(path);
-    for (const char* arch : {"keras_test", "vgg_test"}) {
-      const auto c = family().make(problem(arch, Backend::cuda, Direction::train, 6));
-      const Check chk = c->verify();
-      EXPECT_TRUE(chk.ok) << arch << ": " << chk.message;
-      const bool flip = c->label().find("data fwd-flip") != std::string::npos;
-      EXPECT_EQ(flip, path == DataGradPath::forward_flip) << c->label();
+  for (CudaLayout layout : {CudaLayout::nhwc, CudaLayout::nchw}) {
+    set_cuda_layout(layout);
+    for (DataGradPath path : {DataGradPath::backward_data, DataGradPath::forward_flip}) {
+      set_cuda_data_grad_path(path);
+      for (const char* arch : {"keras_test", "vgg_test"})
+        for (Direction dir : {Direction::train, Direction::infer}) {
+          const auto c = family().make(problem(arch, Backend::cuda, dir, 6));
+          const Check chk = c->verify();
+          EXPECT_TRUE(chk.ok) << arch << " " << c->label() << ": " << chk.message;
+          const std::string label = c->label();
+          EXPECT_NE(label.find(layout == CudaLayout::nchw ? "cuDNN NCHW" : "cuDNN NHWC"), std::string::npos) << label;
+          if (dir == Direction::train) EXPECT_EQ(label.find("data fwd-flip") != std::string::npos, path == DataGradPath::forward_flip) << label;
+        }
     }
   }
 }

@@ -92,18 +92,39 @@ __global__ void __launch_bounds__(kThreads) bn_stats(const float4* __restrict__ 
   block_sums(s1, s2, C, c4, r0, rpi, partial);
 }
 
-// Thread per channel: the batch statistics in double from the blocks' sums; the affine of the forward
+// The finalize kernels' sums: block (32 channels x 32 slots), grid ceil(C / 32); slot y adds the
+// blocks' partial sums b = y, y + 32, ... in double, then slot 0 adds the 32 slots in order
+// (deterministic). True for the thread (slot 0) that owns channel c, with *s1, *s2 its sums.
+__device__ bool channel_sums(const float* __restrict__ partial, int blocks, int C, int* c_out, double* s1, double* s2) {
+  __shared__ double sh[2][32][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  double a = 0, b = 0;
+  if (c < C)
+    for (int k = threadIdx.y; k < blocks; k += 32) a += partial[static_cast<std::int64_t>(k) * 2 * C + c], b += partial[static_cast<std::int64_t>(k) * 2 * C + C + c];
+  sh[0][threadIdx.y][threadIdx.x] = a, sh[1][threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C) return false;
+  a = 0, b = 0;
+  for (int y = 0; y < 32; ++y) a += sh[0][y][threadIdx.x], b += sh[1][y][threadIdx.x];
+  *c_out = c, *s1 = a, *s2 = b;
+  return true;
+}
+const dim3 kFinalizeBlock(32, 32);
+unsigned finalize_grid(std::int64_t C) { return static_cast<unsigned>((C + 31) / 32); }
+
+// Per channel: the batch statistics in double from the blocks' sums; the affine of the forward
 // (y = z * scale + shift, z without the bias: batch norm removes it); mean and rstd for the backward;
-// the running statistics (of z + bias, the variance unbiased).
-__global__ void bn_finalize(const float* __restrict__ partial, int blocks, int C, double M, const float* __restrict__ z,
-                            const float* __restrict__ gamma, const float* __restrict__ beta, const float* __restrict__ bias,
-                            float* __restrict__ run_mean, float* __restrict__ run_var, float* __restrict__ scale,
-                            float* __restrict__ shift, float* __restrict__ mean, float* __restrict__ rstd) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+// the running statistics (of z + bias, the variance unbiased). K: the shift of the sums (z's first
+// element of the channel).
+__global__ void __launch_bounds__(1024) bn_finalize(const float* __restrict__ partial, int blocks, int C, double M, const float* __restrict__ K,
+                                                    std::int64_t k_stride, const float* __restrict__ gamma, const float* __restrict__ beta,
+                                                    const float* __restrict__ bias, float* __restrict__ run_mean, float* __restrict__ run_var,
+                                                    float* __restrict__ scale, float* __restrict__ shift, float* __restrict__ mean,
+                                                    float* __restrict__ rstd) {
+  int c = 0;
   double s1 = 0, s2 = 0;
-  for (int b = 0; b < blocks; ++b) s1 += partial[static_cast<std::int64_t>(b) * 2 * C + c], s2 += partial[static_cast<std::int64_t>(b) * 2 * C + C + c];
-  const double d = s1 / M, var = fmax(s2 / M - d * d, 0.0), m = static_cast<double>(z[c]) + d;
+  if (!channel_sums(partial, blocks, C, &c, &s1, &s2)) return;
+  const double d = s1 / M, var = fmax(s2 / M - d * d, 0.0), m = static_cast<double>(K[c * k_stride]) + d;
   const double rs = 1 / sqrt(var + kBnEps);
   const double sc = gamma[c] * rs;
   scale[c] = static_cast<float>(sc);
@@ -251,15 +272,14 @@ __global__ void __launch_bounds__(kThreads) reduce_dense(const float4* __restric
   block_sums(s1, s2, C, c4, r0, rpi, partial);
 }
 
-// Stage 2, thread per channel: batch norm writes dgamma, dbeta and a zero bias gradient, and the
-// coefficients of dz = A dy + b0 + c0 xhat; without batch norm, the bias gradient and A = 1.
-__global__ void finalize_bwd(const float* __restrict__ partial, int blocks, int C, double M, const float* __restrict__ gamma,
-                             const float* __restrict__ rstd, float* __restrict__ dgamma, float* __restrict__ dbeta, float* __restrict__ dbias,
-                             float* __restrict__ coef) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+// Stage 2, per channel (channel_sums): batch norm writes dgamma, dbeta and a zero bias gradient, and
+// the coefficients of dz = A dy + b0 + c0 xhat; without batch norm, the bias gradient and A = 1.
+__global__ void __launch_bounds__(1024) finalize_bwd(const float* __restrict__ partial, int blocks, int C, double M, const float* __restrict__ gamma,
+                                                     const float* __restrict__ rstd, float* __restrict__ dgamma, float* __restrict__ dbeta,
+                                                     float* __restrict__ dbias, float* __restrict__ coef) {
+  int c = 0;
   double s1 = 0, s2 = 0;
-  for (int b = 0; b < blocks; ++b) s1 += partial[static_cast<std::int64_t>(b) * 2 * C + c], s2 += partial[static_cast<std::int64_t>(b) * 2 * C + C + c];
+  if (!channel_sums(partial, blocks, C, &c, &s1, &s2)) return;
   if (!gamma) {
     dbias[c] = static_cast<float>(s1);
     coef[c] = 1.f, coef[C + c] = 0.f, coef[2 * C + c] = 0.f;
@@ -350,13 +370,157 @@ __global__ void dz_dense(const float4* __restrict__ da, const float4* __restrict
 }
 
 // The data gradient of a 3x3 stride-1 conv as a forward conv: dx = conv(dz, Wf, pad 2 - pad) with
-// Wf[c][r][s][k] = W[k][2-r][2-s][c] (KRSC, K and C swapped). cuDNN's NHWC f32 backward-data kernels are
-// several times slower than its forward ones at these shapes; this is the same arithmetic through them.
-__global__ void flip_filter(const float* __restrict__ w, float* __restrict__ wf, int K, int C) {
+// Wf[c][r][s][k] = W[k][2-r][2-s][c] (K and C swapped; KRSC, or KCRS as Wf[c][k][r][s] for NCHW).
+// cuDNN's NHWC f32 backward-data kernels are several times slower than its forward ones at these
+// shapes; this is the same arithmetic through them.
+__global__ void flip_filter(const float* __restrict__ w, float* __restrict__ wf, int K, int C, bool kcrs) {
   const int n = K * 9 * C;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    const int k = i % K, rs = (i / K) % 9, c = i / (9 * K);
+    const int k = kcrs ? (i / 9) % K : i % K, rs = kcrs ? i % 9 : (i / K) % 9, c = i / (9 * K);
     wf[i] = w[(k * 9 + 8 - rs) * C + c];
+  }
+}
+
+// ---- NCHW kernels: scalar, as a channel's P x Q plane is contiguous and P Q need not divide by 4 ----
+
+// The model's parameters keep KRSC; the NCHW convolutions take KCRS: w (KRSC) -> out (KCRS), or back
+// (the weight gradient) with to_krsc.
+__global__ void filter_layout(const float* __restrict__ in, float* __restrict__ out, int K, int C, bool to_krsc) {
+  const int n = K * 9 * C;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const int rs = i % 9, c = (i / 9) % C, k = i / (9 * C);
+    const int krsc = (k * 9 + rs) * C + c;
+    if (to_krsc) out[krsc] = in[i];
+    else out[i] = in[krsc];
+  }
+}
+
+// The index of pooled element (n, c, ph, pw): NCHW, or NHWC where the pooled tensor is the flatten's.
+__device__ inline std::int64_t pooled_at(const PoolGeom& g, std::int64_t n, int c, int ph, int pw, bool nhwc) {
+  return nhwc ? ((n * g.PH + ph) * g.PW + pw) * g.C + c : ((n * g.C + c) * g.PH + ph) * static_cast<std::int64_t>(g.PW) + pw;
+}
+
+// a = relu(z * scale + shift) over NCHW z, `plane` pixels a channel (no dropout: it follows pools only).
+__global__ void act_nchw(const float* __restrict__ z, const float* __restrict__ scale, const float* __restrict__ shift, float* __restrict__ a,
+                         std::int64_t n, int C, int plane) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const int c = static_cast<int>((i / plane) % C);
+    a[i] = fmaxf(z[i] * scale[c] + shift[c], 0.f);
+  }
+}
+
+// act_pool for NCHW z, thread per pooled element in NCHW order; the output and its argmax byte at
+// pooled_at(out_nhwc).
+__global__ void act_pool_nchw(const float* __restrict__ z, const float* __restrict__ scale, const float* __restrict__ shift, float* __restrict__ p,
+                              unsigned char* __restrict__ arg, std::int64_t n, PoolGeom g, Drop drop, bool out_nhwc) {
+  const int period = drop.on ? *drop.period : 1;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const int pw = static_cast<int>(i % g.PW);
+    std::int64_t rest = i / g.PW;
+    const int ph = static_cast<int>(rest % g.PH);
+    rest /= g.PH;
+    const int c = static_cast<int>(rest % g.C);
+    const std::int64_t nn = rest / g.C;
+    const float s = scale[c], t = shift[c];
+    const float* win = z + ((nn * g.C + c) * g.P + ph * g.k) * static_cast<std::int64_t>(g.Q) + pw * g.k;
+    float best = -1.f;
+    unsigned char at = 0;
+    for (int r = 0; r < g.k; ++r)
+      for (int q = 0; q < g.k; ++q) {
+        const float y = fmaxf(win[r * g.Q + q] * s + t, 0.f);
+        if (y > best) best = y, at = static_cast<unsigned char>(r * g.k + q);
+      }
+    if (drop.on) best *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * g.C + c, nn, period) ? drop.key.scale : 0.f;
+    const std::int64_t o = pooled_at(g, nn, c, ph, pw, out_nhwc);
+    p[o] = best;
+    arg[o] = at;
+  }
+}
+
+// The per-channel sums of an NCHW layer, block (c, j) of grid (C, blocks) over the samples j, j +
+// blocks, ... into partial[j][2C] (as block_sums):
+//   stats:  s1 = sum (z - K), s2 = sum (z - K)^2, K = the channel's first element of z;
+//   dense:  dy = relu'(z) d, d NCHW as z; s1 = sum dy, s2 = sum dy xhat (batch norm);
+//   pooled: over the pooled pixels; dy at a window's argmax is d (at pooled_at(d_nhwc)) through
+//           dropout and the ReLU.
+// Each thread's sum, then warp shuffles, then the warps in order: deterministic.
+enum class Sum { stats, dense, pooled };
+template <Sum M>
+__global__ void __launch_bounds__(kThreads) reduce_nchw(const float* __restrict__ d, const unsigned char* __restrict__ arg, const float* __restrict__ z,
+                                                        const float* __restrict__ scale, const float* __restrict__ shift,
+                                                        const float* __restrict__ mean, const float* __restrict__ rstd, std::int64_t B, PoolGeom g,
+                                                        Drop drop, bool d_nhwc, float* __restrict__ partial) {
+  const int c = blockIdx.x, C = g.C, j = blockIdx.y, nb = gridDim.y, zplane = g.P * g.Q;
+  const int plane = M == Sum::pooled ? g.PH * g.PW : zplane;
+  const int period = drop.on ? *drop.period : 1;
+  const float s = M == Sum::stats ? 0.f : scale[c], t = M == Sum::stats ? 0.f : shift[c];
+  const float m = mean ? mean[c] : 0.f, rs = rstd ? rstd[c] : 0.f;
+  const float K = M == Sum::stats ? z[static_cast<std::int64_t>(c) * zplane] : 0.f;
+  float s1 = 0.f, s2 = 0.f;
+  for (std::int64_t n = j; n < B; n += nb) {
+    const float* zc = z + (n * C + c) * zplane;
+    for (int e = threadIdx.x; e < plane; e += blockDim.x) {
+      if (M == Sum::stats) {
+        const float v = zc[e] - K;
+        s1 += v, s2 += v * v;
+        continue;
+      }
+      float gj, zv;
+      if (M == Sum::dense) {
+        zv = zc[e], gj = d[(n * C + c) * zplane + e];
+      } else {
+        const int ph = e / g.PW, pw = e % g.PW;
+        const std::int64_t pi = pooled_at(g, n, c, ph, pw, d_nhwc);
+        const int a = arg[pi];
+        gj = d[pi];
+        if (drop.on) gj *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + c, n, period) ? drop.key.scale : 0.f;
+        zv = zc[(ph * g.k + a / g.k) * g.Q + pw * g.k + a % g.k];
+      }
+      const float dy = zv * s + t > 0.f ? gj : 0.f;
+      s1 += dy;
+      if (mean) s2 += dy * (zv - m) * rs;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) s1 += __shfl_down_sync(0xffffffffu, s1, o), s2 += __shfl_down_sync(0xffffffffu, s2, o);
+  __shared__ float w1[kThreads / 32], w2[kThreads / 32];
+  if (threadIdx.x % 32 == 0) w1[threadIdx.x / 32] = s1, w2[threadIdx.x / 32] = s2;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  float a = 0.f, b = 0.f;
+  for (unsigned w = 0; w < blockDim.x / 32; ++w) a += w1[w], b += w2[w];
+  partial[static_cast<std::int64_t>(j) * 2 * C + c] = a;
+  partial[static_cast<std::int64_t>(j) * 2 * C + C + c] = b;
+}
+
+// dz over NCHW z, as dz_pool (Pooled: d is the pooled gradient at pooled_at(d_nhwc)) or dz_dense (d NCHW
+// as z; no dropout).
+template <bool Pooled>
+__global__ void dz_nchw(const float* __restrict__ d, const unsigned char* __restrict__ arg, const float* __restrict__ z, const float* __restrict__ scale,
+                        const float* __restrict__ shift, const float* __restrict__ coef, const float* __restrict__ mean, const float* __restrict__ rstd,
+                        float* __restrict__ dz, std::int64_t n, PoolGeom g, Drop drop, bool d_nhwc) {
+  const int period = drop.on ? *drop.period : 1;
+  const int C = g.C, plane = g.P * g.Q;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const int c = static_cast<int>((i / plane) % C);
+    const float v = z[i];
+    const bool live = v * scale[c] + shift[c] > 0.f;
+    float dy = 0.f;
+    if (Pooled) {
+      const int e = static_cast<int>(i % plane), h = e / g.Q, w = e % g.Q, ph = h / g.k, pw = w / g.k;
+      if (live && ph < g.PH && pw < g.PW) {
+        const std::int64_t nn = i / (static_cast<std::int64_t>(plane) * C);
+        const std::int64_t pi = pooled_at(g, nn, c, ph, pw, d_nhwc);
+        if (arg[pi] == (h % g.k) * g.k + w % g.k) {
+          dy = d[pi];
+          if (drop.on) dy *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + c, nn, period) ? drop.key.scale : 0.f;
+        }
+      }
+    } else if (live) {
+      dy = d[i];
+    }
+    float out = coef[c] * dy;
+    if (mean) out += coef[C + c] + coef[2 * C + c] * (v - mean[c]) * rstd[c];
+    dz[i] = out;
   }
 }
 
@@ -366,6 +530,37 @@ unsigned grid_for(std::int64_t n, std::int64_t cap = 8192) {
 int reduce_blocks(std::int64_t rows, int C) {
   const std::int64_t rpi = kThreads / (C / 4);
   return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>((rows + rpi - 1) / rpi, kMaxReduceBlocks)));
+}
+
+// NCHW: blocks a channel for reduce_nchw (about 2048 blocks in all, at most one a sample).
+int reduce_blocks_nchw(std::int64_t B, std::int64_t C) {
+  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>({B, 2048 / C, kMaxReduceBlocks})));
+}
+
+// The layout of a case's activations (CudaLayout). `measured`: NCHW, which measured faster on the H100 for
+// both benchmarked architectures (see docs/models.md); the test architectures follow it.
+bool use_nchw(const Arch&) {
+  switch (cuda_layout()) {
+    case CudaLayout::nhwc: return false;
+    case CudaLayout::nchw: return true;
+    case CudaLayout::measured: break;
+  }
+  return true;
+}
+
+// [n][h][w][c] <-> [n][c][h][w] on the host (the images in, the verification's activations out).
+HostBuffer nhwc_to_nchw(const HostBuffer& x, std::int64_t N, std::int64_t H, std::int64_t W, std::int64_t C, bool inverse = false) {
+  HostBuffer out(DType::f32, x.count());
+  const float* in = x.as<float>();
+  float* o = out.as<float>();
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t c = 0; c < C; ++c)
+      for (std::int64_t hw = 0; hw < H * W; ++hw) {
+        const std::int64_t nchw = (n * C + c) * H * W + hw, nhwc = (n * H * W + hw) * C + c;
+        if (inverse) o[nhwc] = in[nchw];
+        else o[nchw] = in[nhwc];
+      }
+  return out;
 }
 
 // ---- cuDNN and cublasLt setup --------------------------------------------------------------------
@@ -456,10 +651,12 @@ class CudaCnn final : public ModelCase {
     auto ok_channels = [](std::int64_t c) { return c % 4 == 0 && c <= kMaxChannels && (kThreads % (c / 4)) == 0; };
     for (const ConvLayer& c : s_.convs) HOTOPS_CHECK(ok_channels(c.K) && c.pool <= 15, "model_cnn: CUDA conv widths must be 4 x a power of two <= 1024");
     HOTOPS_CHECK(ok_channels(Hd), "model_cnn: the CUDA hidden width must be 4 x a power of two <= 1024");
+    nchw_ = use_nchw(a);
+    HOTOPS_CHECK(s_.convs.back().pool > 0, "model_cnn: the last conv layer must be pooled (the flatten reads the pooled output)");
     gpu::cublaslt();
     gpu::cublas_workspace();
     cudnn();
-    host_x_ = seeded_.x;
+    host_x_ = device_order(seeded_.x);
     host_labels_ = seeded_.labels;
     x_ = gpu::DeviceBuffer(host_x_);
     labels_ = gpu::DeviceBuffer(host_labels_.size() * sizeof(std::int32_t));
@@ -468,7 +665,7 @@ class CudaCnn final : public ModelCase {
     stats_ = gpu::DeviceBuffer(seeded_.stats);
     period_ = gpu::DeviceBuffer(sizeof(int));
     set_period(B);
-    std::int64_t max_rows_c = Hd * 2, max_out = 0, max_in = 1;
+    std::int64_t max_rows_c = Hd * 2, max_out = 0, max_in = 1, max_filter = 1;
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
       const ConvLayer& c = s_.convs[i];
       LayerBufs& lb = layers_.emplace_back();
@@ -476,6 +673,8 @@ class CudaCnn final : public ModelCase {
       lb.out = floats(B * (c.pool ? c.pooled_count() : c.out_count()));
       if (c.pool) lb.arg = gpu::DeviceBuffer(static_cast<std::size_t>(B * c.pooled_count()));
       lb.affine = floats(7 * c.K);
+      if (nchw_) wk_.push_back(floats(c.K * 9 * c.C));
+      max_filter = std::max(max_filter, c.K * 9 * c.C);
       max_rows_c = std::max(max_rows_c, 2 * c.K);
       max_out = std::max(max_out, c.out_count());
       if (i > 0) max_in = std::max(max_in, c.in_count());
@@ -495,6 +694,7 @@ class CudaCnn final : public ModelCase {
       state_ = gpu::DeviceBuffer(sizeof(StepState));
       HOTOPS_CHECK_CUDA(cudaMemset(state_.get(), 0, sizeof(StepState)));
       dz_ = floats(B * max_out);
+      if (nchw_) dwk_ = floats(max_filter);
       dbuf_[0] = floats(B * max_in);
       dbuf_[1] = floats(B * max_in);
       dflat_ = floats(B * F);
@@ -565,12 +765,12 @@ class CudaCnn final : public ModelCase {
         const LayerBufs& lb = layers_[i];
         HostBuffer h(DType::f32, static_cast<std::size_t>(B * c.out_count()));
         if (c.pool) {
-          launch_act(lb.z.as<float>(), lb, c.K, hint_.as<float>(), B * c.out_count(), Drop{});
+          launch_conv_act(lb.z.as<float>(), lb, c, hint_.as<float>());
           HOTOPS_CHECK_CUDA(cudaMemcpy(h.data(), hint_.get(), h.bytes(), cudaMemcpyDeviceToHost));
         } else {
           HOTOPS_CHECK_CUDA(cudaMemcpy(h.data(), lb.out.get(), h.bytes(), cudaMemcpyDeviceToHost));
         }
-        o.relu.push_back(std::move(h));
+        o.relu.push_back(nchw_ ? nhwc_to_nchw(h, B, c.P, c.Q, c.K, true) : std::move(h));
       }
       launch_act(hidden_.z.as<float>(), hidden_, s_.arch.hidden, hint_.as<float>(), B * s_.arch.hidden, Drop{});
       o.hidden = HostBuffer(DType::f32, static_cast<std::size_t>(B * s_.arch.hidden));
@@ -592,7 +792,7 @@ class CudaCnn final : public ModelCase {
   }
 
   std::string label() const override {
-    std::string l = "cuDNN NHWC f32 FMA-math convolutions (" + algos_ + "; ws " + std::to_string(ws_bytes_ >> 20) +
+    std::string l = std::string("cuDNN ") + (nchw_ ? "NCHW" : "NHWC") + " f32 FMA-math convolutions (" + algos_ + "; ws " + std::to_string(ws_bytes_ >> 20) +
                     " MiB); hotops fused BN/ReLU/max-pool/dropout kernels; cublasLt f32 dense";
     if (s_.train()) l += "; softmax_xent, flat AdamW";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the images (and labels), launches, D2H, sync";
@@ -623,13 +823,15 @@ class CudaCnn final : public ModelCase {
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
       const ConvLayer& c = s_.convs[i];
       ConvPlan& cp = *plans_.emplace_back(std::make_unique<ConvPlan>());
-      HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(cp.x.h, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, dim(B), dim(c.C), dim(c.H), dim(c.W)));
-      HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(cp.y.h, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, dim(B), dim(c.K), dim(c.P), dim(c.Q)));
-      HOTOPS_CHECK_CUDNN(cudnnSetFilter4dDescriptor(cp.w.h, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, dim(c.K), dim(c.C), 3, 3));
+      const cudnnTensorFormat_t fmt = nchw_ ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC;
+      HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(cp.x.h, fmt, CUDNN_DATA_FLOAT, dim(B), dim(c.C), dim(c.H), dim(c.W)));
+      HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(cp.y.h, fmt, CUDNN_DATA_FLOAT, dim(B), dim(c.K), dim(c.P), dim(c.Q)));
+      HOTOPS_CHECK_CUDNN(cudnnSetFilter4dDescriptor(cp.w.h, CUDNN_DATA_FLOAT, fmt, dim(c.K), dim(c.C), 3, 3));
       HOTOPS_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(cp.conv.h, dim(c.pad), dim(c.pad), 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
       HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.conv.h, CUDNN_FMA_MATH));
       const float* x = input_of(i);
-      const float* w = params_.as<float>() + l_.conv[i].w;
+      if (nchw_) launch_filter_layout(i, false);
+      const float* w = weights(i);
       float* z = layers_[i].z.as<float>();
       const Found fwd = find_algorithm<cudnnConvolutionFwdAlgoPerf_t>(
           "forward", CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
@@ -641,7 +843,7 @@ class CudaCnn final : public ModelCase {
       cp.ws = fwd.bytes;
       algos_ += std::string(i ? ", " : "") + "fwd " + std::to_string(fwd.algo);
       if (s_.train()) {
-        float* dw = grads_.as<float>() + l_.conv[i].w;
+        float* dw = nchw_ ? dwk_.as<float>() : grads_.as<float>() + l_.conv[i].w;
         const Found filter = find_algorithm<cudnnConvolutionBwdFilterAlgoPerf_t>(
             "backward filter", CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
             [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn(), cp.x.h, cp.y.h, cp.conv.h, cp.w.h, static_cast<cudnnConvolutionBwdFilterAlgo_t>(al), b); },
@@ -663,7 +865,7 @@ class CudaCnn final : public ModelCase {
   // filter (see flip_filter), whichever Find timed faster (or the one cuda_data_grad_path() forces).
   void plan_data_gradient(std::size_t i, ConvPlan& cp) {
     const ConvLayer& c = s_.convs[i];
-    const float* w = params_.as<float>() + l_.conv[i].w;
+    const float* w = weights(i);
     const DataGradPath path = cuda_data_grad_path();
     Found data{-1, 0, 0.f}, flip{-1, 0, 0.f};
     if (path != DataGradPath::forward_flip)
@@ -675,14 +877,14 @@ class CudaCnn final : public ModelCase {
           });
     if (path != DataGradPath::backward_data) {
       const std::int64_t B = s_.batch, fpad = 2 - c.pad;
-      HOTOPS_CHECK_CUDNN(cudnnSetFilter4dDescriptor(cp.wf.h, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, dim(c.C), dim(c.K), 3, 3));
+      HOTOPS_CHECK_CUDNN(cudnnSetFilter4dDescriptor(cp.wf.h, CUDNN_DATA_FLOAT, nchw_ ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC, dim(c.C), dim(c.K), 3, 3));
       HOTOPS_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(cp.flip_conv.h, dim(fpad), dim(fpad), 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
       HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.flip_conv.h, CUDNN_FMA_MATH));
       int n = 0, ch = 0, h = 0, wd = 0;
       HOTOPS_CHECK_CUDNN(cudnnGetConvolution2dForwardOutputDim(cp.flip_conv.h, cp.y.h, cp.wf.h, &n, &ch, &h, &wd));
       HOTOPS_CHECK(n == B && ch == c.C && h == c.H && wd == c.W, "model_cnn: the flipped-filter conv does not give the input's shape");
       cp.wf_buf = floats(c.C * 9 * c.K);
-      launch_flip(w, cp, c);
+      launch_flip(params_.as<float>() + l_.conv[i].w, cp, c);
       flip = find_algorithm<cudnnConvolutionFwdAlgoPerf_t>(
           "forward (flipped filter)", CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
           [&](int al, std::size_t* b) { return cudnnGetConvolutionForwardWorkspaceSize(cudnn(), cp.y.h, cp.wf.h, cp.flip_conv.h, cp.x.h, static_cast<cudnnConvolutionFwdAlgo_t>(al), b); },
@@ -704,7 +906,31 @@ class CudaCnn final : public ModelCase {
   }
 
   void launch_flip(const float* w, const ConvPlan& cp, const ConvLayer& c) const {
-    flip_filter<<<grid_for(c.K * 9 * c.C, 512), kThreads, 0, gpu::stream()>>>(w, cp.wf_buf.as<float>(), dim(c.K), dim(c.C));
+    flip_filter<<<grid_for(c.K * 9 * c.C, 512), kThreads, 0, gpu::stream()>>>(w, cp.wf_buf.as<float>(), dim(c.K), dim(c.C), nchw_);
+    HOTOPS_CHECK_LAUNCH();
+  }
+
+  // NCHW: conv layer i's weights KRSC -> KCRS (wk_), or its weight gradient KCRS (dwk_) -> KRSC (grads).
+  void launch_filter_layout(std::size_t i, bool gradient) const {
+    const ConvLayer& c = s_.convs[i];
+    const float* in = gradient ? dwk_.as<const float>() : params_.as<const float>() + l_.conv[i].w;
+    float* out = gradient ? grads_.as<float>() + l_.conv[i].w : wk_[i].as<float>();
+    filter_layout<<<grid_for(c.K * 9 * c.C, 512), kThreads, 0, gpu::stream()>>>(in, out, dim(c.K), dim(c.C), gradient);
+    HOTOPS_CHECK_LAUNCH();
+  }
+  // The weights conv layer i's cuDNN calls take: the flat parameters (KRSC), or their KCRS copy.
+  const float* weights(std::size_t i) const { return nchw_ ? wk_[i].as<const float>() : params_.as<const float>() + l_.conv[i].w; }
+
+  HostBuffer device_order(const HostBuffer& x) const {
+    const Arch& a = s_.arch;
+    return nchw_ ? nhwc_to_nchw(x, static_cast<std::int64_t>(x.count()) / (a.H * a.W * a.C), a.H, a.W, a.C) : x;
+  }
+
+  // A conv layer's post-ReLU activation of z (no dropout) into out, in the layer's layout.
+  void launch_conv_act(const float* z, const LayerBufs& lb, const ConvLayer& c, float* out) const {
+    const std::int64_t n = s_.batch * c.out_count();
+    if (!nchw_) return launch_act(z, lb, c.K, out, n, Drop{});
+    act_nchw<<<grid_for(n), kThreads, 0, gpu::stream()>>>(z, lb.scale(), lb.shift(c.K), out, n, dim(c.K), dim(c.P * c.Q));
     HOTOPS_CHECK_LAUNCH();
   }
 
@@ -744,18 +970,28 @@ class CudaCnn final : public ModelCase {
   }
 
   // The per-channel affine of a layer: batch statistics (train with batch norm), running ones, or the bias.
-  void affine(const LayerBufs& lb, const Layer& ly, std::int64_t C, std::int64_t rows) {
+  // conv: the conv layer (its layout's batch statistics), or null for the hidden layer ([rows, C]).
+  void affine(const LayerBufs& lb, const Layer& ly, std::int64_t C, std::int64_t rows, const ConvLayer* conv) {
     cudaStream_t st = gpu::stream();
     float* P = params_.as<float>();
     float* S = stats_.as<float>();
     const bool bn = s_.arch.bn;
     if (bn && s_.train()) {
-      const int blocks = reduce_blocks(rows, static_cast<int>(C));
-      bn_stats<<<blocks, kThreads, 0, st>>>(lb.z.as<const float4>(), rows, static_cast<int>(C), partial_.as<float>());
+      int blocks = 0;
+      std::int64_t k_stride = 1;
+      if (conv && nchw_) {
+        blocks = reduce_blocks_nchw(s_.batch, C);
+        k_stride = conv->P * conv->Q;
+        reduce_nchw<Sum::stats><<<dim3(static_cast<unsigned>(C), static_cast<unsigned>(blocks)), kThreads, 0, st>>>(
+            nullptr, nullptr, lb.z.as<const float>(), nullptr, nullptr, nullptr, nullptr, s_.batch, geom(*conv), Drop{}, false, partial_.as<float>());
+      } else {
+        blocks = reduce_blocks(rows, static_cast<int>(C));
+        bn_stats<<<blocks, kThreads, 0, st>>>(lb.z.as<const float4>(), rows, static_cast<int>(C), partial_.as<float>());
+      }
       HOTOPS_CHECK_LAUNCH();
-      bn_finalize<<<static_cast<unsigned>((C + 255) / 256), 256, 0, st>>>(
-          partial_.as<const float>(), blocks, static_cast<int>(C), static_cast<double>(rows), lb.z.as<const float>(), P + ly.gamma, P + ly.beta,
-          P + ly.b, S + ly.mean, S + ly.var, lb.scale(), lb.shift(C), lb.mean(C), lb.rstd(C));
+      bn_finalize<<<finalize_grid(C), kFinalizeBlock, 0, st>>>(partial_.as<const float>(), blocks, static_cast<int>(C), static_cast<double>(rows),
+                                                               lb.z.as<const float>(), k_stride, P + ly.gamma, P + ly.beta, P + ly.b, S + ly.mean,
+                                                               S + ly.var, lb.scale(), lb.shift(C), lb.mean(C), lb.rstd(C));
     } else {
       affine_prep<<<static_cast<unsigned>((C + 255) / 256), 256, 0, st>>>(static_cast<int>(C), P + ly.b, bn ? P + ly.gamma : nullptr,
                                                                            bn ? P + ly.beta : nullptr, bn ? S + ly.mean : nullptr,
@@ -769,9 +1005,10 @@ class CudaCnn final : public ModelCase {
     float* P = params_.as<float>();
     float* G = grads_.as<float>();
     const bool bn = s_.arch.bn;
-    finalize_bwd<<<static_cast<unsigned>((C + 255) / 256), 256, 0, gpu::stream()>>>(
-        partial_.as<const float>(), blocks, static_cast<int>(C), static_cast<double>(rows), bn ? P + ly.gamma : nullptr, lb.rstd(C),
-        bn ? G + ly.gamma : nullptr, bn ? G + ly.beta : nullptr, G + ly.b, lb.coef(C));
+    finalize_bwd<<<finalize_grid(C), kFinalizeBlock, 0, gpu::stream()>>>(partial_.as<const float>(), blocks, static_cast<int>(C),
+                                                                         static_cast<double>(rows), bn ? P + ly.gamma : nullptr, lb.rstd(C),
+                                                                         bn ? G + ly.gamma : nullptr, bn ? G + ly.beta : nullptr, G + ly.b,
+                                                                         lb.coef(C));
     HOTOPS_CHECK_LAUNCH();
   }
 
@@ -784,15 +1021,22 @@ class CudaCnn final : public ModelCase {
     float* P = params_.as<float>();
     std::size_t stage = 0;
     std::vector<std::size_t> stage_of;
+    for (std::size_t i = 0; nchw_ && i < s_.convs.size(); ++i) launch_filter_layout(i, false);
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
       const ConvLayer& c = s_.convs[i];
       const LayerBufs& lb = layers_[i];
       const ConvPlan& cp = *plans_[i];
-      HOTOPS_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, cp.x.h, input_of(i), cp.w.h, P + l_.conv[i].w, cp.conv.h, cp.fwd,
+      HOTOPS_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, cp.x.h, input_of(i), cp.w.h, weights(i), cp.conv.h, cp.fwd,
                                                  workspace_.get(), ws_bytes_, &zero, cp.y.h, lb.z.get()));
-      affine(lb, l_.conv[i], c.K, B * c.P * c.Q);
+      affine(lb, l_.conv[i], c.K, B * c.P * c.Q, &c);
       stage_of.push_back(stage);
-      if (c.pool) {
+      if (c.pool && nchw_) {
+        const std::int64_t n = B * c.pooled_count();
+        act_pool_nchw<<<grid_for(n), kThreads, 0, st>>>(lb.z.as<const float>(), lb.scale(), lb.shift(c.K), lb.out.as<float>(),
+                                                        lb.arg.as<unsigned char>(), n, geom(c), drop(stage), i + 1 == s_.convs.size());
+        HOTOPS_CHECK_LAUNCH();
+        ++stage;
+      } else if (c.pool) {
         const std::int64_t n4 = B * c.pooled_count() / 4;
         act_pool<<<grid_for(n4), kThreads, 0, st>>>(lb.z.as<const float>(), reinterpret_cast<const float4*>(lb.scale()),
                                                     reinterpret_cast<const float4*>(lb.shift(c.K)), lb.out.as<float4>(), lb.arg.as<uchar4>(), n4,
@@ -800,11 +1044,11 @@ class CudaCnn final : public ModelCase {
         HOTOPS_CHECK_LAUNCH();
         ++stage;
       } else {
-        launch_act(lb.z.as<float>(), lb, c.K, lb.out.as<float>(), B * c.out_count(), Drop{});
+        launch_conv_act(lb.z.as<float>(), lb, c, lb.out.as<float>());
       }
     }
     gemms_fwd_[0]->run();
-    affine(hidden_, l_.dense1, Hd, B);
+    affine(hidden_, l_.dense1, Hd, B, nullptr);
     launch_act(hidden_.z.as<float>(), hidden_, Hd, hidden_.out.as<float>(), B * Hd, drop(keys_.size() - 1));
     gemms_fwd_[1]->run();
     if (!s_.train()) return;
@@ -844,7 +1088,29 @@ class CudaCnn final : public ModelCase {
       const float4* mean = bn ? reinterpret_cast<const float4*>(lb.mean(K)) : nullptr;
       const float4* rstd = bn ? reinterpret_cast<const float4*>(lb.rstd(K)) : nullptr;
       const std::int64_t n4 = B * c.out_count() / 4;
-      if (c.pool) {
+      if (nchw_) {
+        const int blocks = reduce_blocks_nchw(B, K);
+        const dim3 grid(static_cast<unsigned>(K), static_cast<unsigned>(blocks));
+        const Drop d = c.pool ? drop(stage_of[i]) : Drop{};
+        const bool last = i + 1 == s_.convs.size();
+        const float* m = bn ? lb.mean(K) : nullptr;
+        const float* rs = bn ? lb.rstd(K) : nullptr;
+        const std::int64_t n = B * c.out_count();
+        if (c.pool)
+          reduce_nchw<Sum::pooled><<<grid, kThreads, 0, st>>>(dout, lb.arg.as<const unsigned char>(), lb.z.as<const float>(), lb.scale(), lb.shift(K),
+                                                              m, rs, B, geom(c), d, last, partial_.as<float>());
+        else
+          reduce_nchw<Sum::dense><<<grid, kThreads, 0, st>>>(dout, nullptr, lb.z.as<const float>(), lb.scale(), lb.shift(K), m, rs, B, geom(c), d,
+                                                             false, partial_.as<float>());
+        HOTOPS_CHECK_LAUNCH();
+        finalize(lb, l_.conv[i], K, B * c.P * c.Q, blocks);
+        if (c.pool)
+          dz_nchw<true><<<grid_for(n), kThreads, 0, st>>>(dout, lb.arg.as<const unsigned char>(), lb.z.as<const float>(), lb.scale(), lb.shift(K),
+                                                          lb.coef(K), m, rs, dz_.as<float>(), n, geom(c), d, last);
+        else
+          dz_nchw<false><<<grid_for(n), kThreads, 0, st>>>(dout, nullptr, lb.z.as<const float>(), lb.scale(), lb.shift(K), lb.coef(K), m, rs,
+                                                           dz_.as<float>(), n, geom(c), d, false);
+      } else if (c.pool) {
         const std::int64_t rows = B * c.PH * c.PW;
         const int blocks = reduce_blocks(rows, static_cast<int>(K));
         const Drop d = drop(stage_of[i]);
@@ -870,13 +1136,14 @@ class CudaCnn final : public ModelCase {
       }
       HOTOPS_CHECK_LAUNCH();
       HOTOPS_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, cp.x.h, input_of(i), cp.y.h, dz_.get(), cp.conv.h, cp.filter,
-                                                        workspace_.get(), ws_bytes_, &zero, cp.w.h, G + l_.conv[i].w));
+                                                        workspace_.get(), ws_bytes_, &zero, cp.w.h, nchw_ ? dwk_.get() : G + l_.conv[i].w));
+      if (nchw_) launch_filter_layout(i, true);
       if (i > 0 && cp.flip) {
         launch_flip(P + l_.conv[i].w, cp, c);
         HOTOPS_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, cp.y.h, dz_.get(), cp.wf.h, cp.wf_buf.get(), cp.flip_conv.h, cp.flip_fwd,
                                                    workspace_.get(), ws_bytes_, &zero, cp.x.h, d_input(i)));
       } else if (i > 0) {
-        HOTOPS_CHECK_CUDNN(cudnnConvolutionBackwardData(cudnn(), &one, cp.w.h, P + l_.conv[i].w, cp.y.h, dz_.get(), cp.conv.h, cp.data,
+        HOTOPS_CHECK_CUDNN(cudnnConvolutionBackwardData(cudnn(), &one, cp.w.h, weights(i), cp.y.h, dz_.get(), cp.conv.h, cp.data,
                                                         workspace_.get(), ws_bytes_, &zero, cp.x.h, d_input(i)));
       }
     }
@@ -891,9 +1158,9 @@ class CudaCnn final : public ModelCase {
   }
 
   void restore(const State& st, std::int64_t period) {
-    host_x_ = st.x;
+    host_x_ = device_order(st.x);
     host_labels_ = st.labels;
-    x_.upload(st.x);
+    x_.upload(host_x_);
     HOTOPS_CHECK_CUDA(cudaMemcpy(labels_.get(), st.labels.data(), labels_.bytes(), cudaMemcpyHostToDevice));
     params_.upload(st.params);
     stats_.upload(st.stats);
@@ -915,6 +1182,9 @@ class CudaCnn final : public ModelCase {
   gpu::DeviceBuffer dz_, dbuf_[2], dflat_, dlogits_, dhd_, dh_, hint_, workspace_;
   std::vector<LayerBufs> layers_;
   LayerBufs hidden_;
+  bool nchw_ = false;                 // the activations' layout (CudaLayout)
+  std::vector<gpu::DeviceBuffer> wk_;  // NCHW: each conv layer's weights as KCRS
+  gpu::DeviceBuffer dwk_;             // NCHW: a conv layer's weight gradient as KCRS
   std::vector<std::unique_ptr<ConvPlan>> plans_;
   std::vector<std::unique_ptr<gpu::BoundGemm>> gemms_fwd_;
   std::unique_ptr<gpu::BoundGemm> gemm_dw2_, gemm_dhd_, gemm_dw1_, gemm_dflat_;

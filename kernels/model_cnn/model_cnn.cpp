@@ -324,9 +324,12 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<poi
 
 namespace {
 std::atomic<DataGradPath> g_data_grad_path{DataGradPath::timed};
+std::atomic<CudaLayout> g_cuda_layout{CudaLayout::measured};
 }  // namespace
 void set_cuda_data_grad_path(DataGradPath p) { g_data_grad_path = p; }
 DataGradPath cuda_data_grad_path() { return g_data_grad_path; }
+void set_cuda_layout(CudaLayout l) { g_cuda_layout = l; }
+CudaLayout cuda_layout() { return g_cuda_layout; }
 
 const Family& family() {
   static const CnnFamily f;

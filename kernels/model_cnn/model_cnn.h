@@ -198,6 +198,15 @@ enum class DataGradPath { timed, backward_data, forward_flip };
 void set_cuda_data_grad_path(DataGradPath p);
 DataGradPath cuda_data_grad_path();
 
+// The layout of a CUDA step's conv activations (the flat parameters and the flatten keep the model's
+// NHWC order whatever it is): NCHW, where cuDNN has f32 implicit-GEMM, Winograd and FFT kernels for all
+// three passes (its NHWC f32 kernels are generic ones, several times slower at the seeds' shapes), or
+// NHWC. `measured` takes the layout that measured faster for the architecture on the H100 (see
+// cuda_model_cnn.cu); tests force each. Process-wide, read when a case is made; the label says which.
+enum class CudaLayout { measured, nhwc, nchw };
+void set_cuda_layout(CudaLayout l);
+CudaLayout cuda_layout();
+
 std::unique_ptr<ModelCase> make_cpu(const Problem& p);
 std::string cpu_unsupported_reason(const Problem& p);
 #ifdef HOTOPS_HAVE_CUDA
