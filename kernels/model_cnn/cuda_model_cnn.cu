@@ -545,7 +545,7 @@ bool use_nchw(const Arch&) {
     case CudaLayout::nchw: return true;
     case CudaLayout::measured: break;
   }
-  return true;
+  return true;  // measured: NCHW
 }
 
 // [n][h][w][c] <-> [n][c][h][w] on the host (the images in, the verification's activations out).
