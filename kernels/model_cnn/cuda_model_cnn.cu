@@ -1,5 +1,6 @@
-// model_cnn on CUDA: cuDNN convolutions (NHWC f32, CUDNN_FMA_MATH: no TF32; each direction's algorithm
-// chosen once at setup by cudnnFind*AlgorithmEx on the case's own buffers, one workspace for all),
+// model_cnn on CUDA: cuDNN convolutions (NCHW f32 by default, or NHWC: CudaLayout; CUDNN_FMA_MATH: no
+// TF32; each direction's algorithm chosen once at setup by cudnnFind*AlgorithmEx on the case's own
+// buffers, one workspace for all),
 // cublasLt f32 GEMMs for the dense layers (CUBLAS_COMPUTE_32F), and hand-written kernels that keep the
 // passes over the big activations few:
 //   forward  conv -> z (no bias: it is folded into the per-channel affine below)
@@ -18,6 +19,9 @@
 //   head     cublasLt h = flat . W1; the same batch-norm kernels over [batch, hidden]; act with dropout;
 //            logits = hd . W2 + b2 (bias epilogue); models' softmax_xent (loss, dlogits, db2, the step
 //            count); four cublasLt GEMMs for dW2, dhd, dW1, dflat; models' flat AdamW, one launch.
+// NCHW: the same passes as scalar kernels (a channel's plane is contiguous); the conv weights are
+// converted KRSC -> KCRS at the start of each step and the weight gradients back (filter_layout), and
+// the last pool writes its output NHWC, the flatten's order.
 // No host synchronisation inside a step: plain steps are capturable, graph:1 replays one CUDA graph.
 // Row-major tensors are seen by cublasLt as column-major transposes.
 #include <cudnn.h>
@@ -538,7 +542,8 @@ int reduce_blocks_nchw(std::int64_t B, std::int64_t C) {
 }
 
 // The layout of a case's activations (CudaLayout). `measured`: NCHW, which measured faster on the H100 for
-// both benchmarked architectures (see docs/models.md); the test architectures follow it.
+// both benchmarked architectures, train and infer, every batch (docs/models.md has the figures); the
+// test architectures follow it.
 bool use_nchw(const Arch&) {
   switch (cuda_layout()) {
     case CudaLayout::nhwc: return false;
