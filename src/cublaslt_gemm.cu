@@ -1,7 +1,5 @@
 #include "hotops/cublaslt_gemm.h"
 
-#include <vector>
-
 #include "hotops/check.h"
 
 namespace hotops::gpu {
@@ -36,9 +34,15 @@ LtGemm::LtGemm(const GemmDesc& d, const std::string& what) : beta_(d.beta) {
     HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_.h, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &d.bias, sizeof d.bias));
   }
+  cublasLtMatmulPreference_t pref = nullptr;
+  HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+  const std::uint64_t ws = kCublasWorkspaceBytes;
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t st = heuristics(1, &result, &found);
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulAlgoGetHeuristic(cublaslt(), desc_.h, la_.h, lb_.h, ld_.h, ld_.h, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
     if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) HOTOPS_CHECK_CUBLAS(st);
     throw Error(what + ": cublasLt has no algorithm for a " + type_name(d.ab) + " x " + type_name(d.ab) + " -> " +
@@ -47,43 +51,6 @@ LtGemm::LtGemm(const GemmDesc& d, const std::string& what) : beta_(d.beta) {
                 ErrorKind::unsupported);
   }
   algo_ = result.algo;
-}
-
-cublasStatus_t LtGemm::heuristics(int n, cublasLtMatmulHeuristicResult_t* results, int* found) const {
-  cublasLtMatmulPreference_t pref = nullptr;
-  HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
-  const std::uint64_t ws = kCublasWorkspaceBytes;
-  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(cublaslt(), desc_.h, la_.h, lb_.h, ld_.h, ld_.h, pref, n, results, found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  return st;
-}
-
-void LtGemm::time_candidates(int candidates, const void* A, const void* B, void* D, const void* C) {
-  HOTOPS_CHECK(beta_ == 0.f || (C && C != D), "LtGemm: timing candidates would accumulate into D (beta != 0 with C = D)");
-  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<std::size_t>(candidates));
-  int found = 0;
-  HOTOPS_CHECK_CUBLAS(heuristics(candidates, results.data(), &found));
-  const float one = 1.f;
-  float best = -1;
-  for (int i = 0; i < found; ++i) {
-    if (results[static_cast<std::size_t>(i)].state != CUBLAS_STATUS_SUCCESS) continue;
-    const cublasLtMatmulAlgo_t* algo = &results[static_cast<std::size_t>(i)].algo;
-    auto call = [&] {
-      return cublasLtMatmul(cublaslt(), desc_.h, &one, A, la_.h, B, lb_.h, &beta_, C ? C : D, ld_.h, D, ld_.h, algo, cublas_workspace(),
-                            kCublasWorkspaceBytes, stream());
-    };
-    if (call() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate that cannot run is dropped
-    float t = -1;
-    for (int batch = 0; batch < 3; ++batch) {
-      const float ms = time_ms([&] {
-        for (int k = 0; k < 3; ++k) HOTOPS_CHECK_CUBLAS(call());
-      });
-      if (t < 0 || ms < t) t = ms;
-    }
-    if (best < 0 || t < best) best = t, algo_ = *algo;
-  }
 }
 
 void LtGemm::run(const void* A, const void* B, void* D, const void* C) const {

@@ -22,12 +22,6 @@ struct GemmDesc {
   const void* bias = nullptr;                        // a bias epilogue (fixed at setup), + ReLU if relu
   bool relu = false;
   float beta = 0.f;
-  // 0: the heuristic's first algorithm. N > 0 (BoundGemm only): the heuristic's first N candidates are
-  // timed at setup on the bound buffers (retime_ms's scheme: a warm-up call, then the best of 3
-  // batches of 3 calls) and the fastest kept. The heuristic's first pick ran up to 20% slower than
-  // another of its candidates for BERT's f32 GEMMs on the H100. The timing writes D, so the GEMM must
-  // not accumulate into D (beta 0, or C another buffer).
-  int timed_candidates = 0;
 };
 
 // "algo I tile T stages S splitK K": a cublasLt algorithm's configuration, for labels.
@@ -59,12 +53,8 @@ class LtGemm {
   void run(const void* A, const void* B, void* D, const void* C = nullptr) const;
   int algo_id() const;             // CUBLASLT_ALGO_CONFIG_ID
   std::string algo_label() const { return gpu::algo_label(algo_); }
-  // Times the heuristic's first `candidates` algorithms on these buffers; keeps the fastest
-  // (GemmDesc::timed_candidates).
-  void time_candidates(int candidates, const void* A, const void* B, void* D, const void* C);
 
  private:
-  cublasStatus_t heuristics(int n, cublasLtMatmulHeuristicResult_t* results, int* found) const;
   float beta_;
   LtMatmulDesc desc_;
   LtLayout la_, lb_, ld_;
@@ -75,9 +65,7 @@ class LtGemm {
 class BoundGemm {
  public:
   BoundGemm(const GemmDesc& d, const std::string& what, const void* A, const void* B, void* D, const void* C = nullptr)
-      : g_(d, what), a_(A), b_(B), d_(D), c_(C) {
-    if (d.timed_candidates > 0) g_.time_candidates(d.timed_candidates, A, B, D, C);
-  }
+      : g_(d, what), a_(A), b_(B), d_(D), c_(C) {}
   void run() const { g_.run(a_, b_, d_, c_); }
 
  private:
