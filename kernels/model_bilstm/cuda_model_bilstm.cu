@@ -18,8 +18,10 @@
 // LSTM's weight gradients land in place. Verification converts to the canonical PyTorch layout.
 //
 // bf16 (model_bilstm.h): cuDNN's RNN on CUDNN_DATA_BFLOAT16 data and weights with f32 math precision
-// and CUDNN_TENSOR_OP_MATH (cuDNN 9 rejects bf16 math precision); the f32 masters' LSTM region then
-// mirrors cuDNN's bf16 weight space element for element. The step differs in:
+// and CUDNN_FMA_MATH, as PyTorch's autocast LSTM runs with TF32 off (torch.backends.cudnn.allow_tf32 =
+// False: hotops' f32 convention): bf16 operands, f32 FMA accumulation. cuDNN 9 rejects bf16 math
+// precision. The f32 masters' LSTM region mirrors cuDNN's bf16 weight space element for element. The
+// step differs in:
 //   cast          low = bf16(params[LSTM region .. dense b]) (models::cast_params, 1 launch)
 //   gather        x bf16 = the f32 embedding rows, rounded
 //   lstm          cudnnRNNForward on low's weight space: y, hT bf16
@@ -32,9 +34,9 @@
 //   lstm bwd      as f32, into a zeroed bf16 dweight space (dx bf16), then widen: the bf16
 //                 dweights into the f32 gradients (exact)
 //   embedding     as f32, summing the bf16 dx rows in f32
-// On the H100 (cuDNN 9.14) every RNN algorithm takes bf16 here and all run alike: bilstm_imdb
-// batch 64 forward ~4.7 ms, forward + backward ~10 ms, against 1.0 / 2.1 ms for f32 with the
-// persistent small-hidden algorithm (tools/cudnn_rnn_bf16_probe.cu; docs/models.md).
+// On the H100 (cuDNN 9.14) CUDNN_TENSOR_OP_MATH or CUDNN_DEFAULT_MATH on bf16 data are slow with every
+// RNN algorithm: bilstm_imdb batch 64 forward ~4.7 ms, forward + backward ~10 ms, against 1.0 / 2.1 ms
+// for f32 with the persistent small-hidden algorithm (tools/cudnn_rnn_bf16_probe.cu; docs/models.md).
 #include <cudnn.h>
 
 #include <cub/device/device_radix_sort.cuh>
@@ -401,9 +403,8 @@ class CudaBilstm final : public ModelCase {
                                 "step); cuDNN RNN ") +
                     gpu::rnn_algo_name(rnn_algo_) + " bidirectional LSTM " +
                     (s_.train() ? "Forward TRAINING + BackwardData_v8 + BackwardWeights_v8" : "Forward INFERENCE") +
-                    ", bf16 data, f32 math precision, tensor ops, double bias (cuDNN 9's bf16 LSTM runs 4-5x its f32 "
-                    "persistent kernel here, whichever algorithm); hotops gather to bf16; hotops bf16 dense head (f32 "
-                    "accumulation, bf16 logits)";
+                    ", bf16 data, f32 math precision, FMA math (no tensor ops, as PyTorch's with TF32 off), double "
+                    "bias; hotops gather to bf16; hotops bf16 dense head (f32 accumulation, bf16 logits)";
     if (s_.train())
       l += "; hotops softmax_xent (f32 math, bf16 dlogits), hotops bf16 dense bwd (dW f32, dhT bf16), bf16 dweights "
            "widened, CUB stable radix sort + warp-per-token embedding grad (f32 sums), AdamW 1 launch";
@@ -456,7 +457,7 @@ class CudaBilstm final : public ModelCase {
     HOTOPS_CHECK_CUDNN(cudnnSetDropoutDescriptor(dropout_.h, h, 0.0f, nullptr, 0, 0));
     HOTOPS_CHECK_CUDNN(cudnnSetRNNDescriptor_v8(rnn_.h, rnn_algo_, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS,
                                                 CUDNN_BIDIRECTIONAL, CUDNN_LINEAR_INPUT, dt, CUDNN_DATA_FLOAT,
-                                                s_.bf16() ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH, I, H, H, 1,
+                                                CUDNN_FMA_MATH, I, H, H, 1,
                                                 dropout_.h, CUDNN_RNN_PADDED_IO_DISABLED));
     const std::vector<int> lengths(static_cast<std::size_t>(B), T);
     HOTOPS_CHECK_CUDNN(cudnnSetRNNDataDescriptor(x_desc_.h, dt, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, T,

@@ -202,12 +202,15 @@ State make_state(const Shape& s, const Layout& l, std::uint64_t seed) {
 //   sample sums to 2 (1 - p_y) in absolute value), so |loss - ref| <= 2 x the logits' max bound x
 //   rms(ref logits).
 // - gradients, per tensor: kernels/lstm's bf16 backward bound, twice the forward one (the saved
-//   activations and the gate gradients are both bf16 GEMM operands; cuDNN stores dW bf16): max <=
-//   2 tolerance(bf16) x growth, rms <= 2e-2 x growth; the embedding gradient's max against its
-//   largest magnitude rather than its rms: it is sparse (the batch's tokens' rows only) and decays
-//   along the sequence away from the ends hT reads, so its rms lies far below its large entries, whose
-//   bf16 rounding would read as O(1) of it; against max|ref| it is the entries' relative error, and a
-//   row scattered to the wrong token is still O(1) there.
+//   activations and the gate gradients are both bf16 GEMM operands; cuDNN stores dW bf16), max <=
+//   2 tolerance(bf16) x growth, rms <= 2e-2 x growth; the max against the tensor's largest magnitude
+//   rather than its rms. A bf16 gradient's error is relative to each entry (its own rounding, and
+//   sums of products of bf16 operands), and these gradients are heavy-tailed: the embedding's is
+//   sparse (the batch's tokens' rows only) and decays along the sequence away from the ends hT reads;
+//   W_hh's at the tiny test shape has entries 10x its rms, whose ~1% error measured 0.0996 of the rms
+//   on the H100 (cuDNN bf16 dW, batch 3), over 2 tolerance(bf16) = 0.08. Against max|ref| the check
+//   is the large entries' relative error; the rms check bounds the rest, and a slip (a row scattered to
+//   the wrong token, a transposed block) moves the rms by O(1).
 // - the step: unchanged (f32 arithmetic on the f32 masters from the implementation's gradients).
 // ModelBilstmVerify.Bf16BoundsCatchSlips models a correct bf16 step (reference(..., bf16_rounding))
 // inside these bounds and shows planted slips failing them.
@@ -268,8 +271,7 @@ Check verify_outcome(const Shape& s, const Layout& l, const State& start, const 
     const std::size_t n = static_cast<std::size_t>(where.second);
     const std::vector<double> r = slice(ref.grad, where.first, n);
     if (b16) {
-      const double scale = where.first == l.embed ? peak(r) : rms(r);
-      all.merge(close(true, what, slice(g, where.first, n), r, scale, 2 * tol, 2 * tol_rms), what);
+      all.merge(close(true, what, slice(g, where.first, n), r, peak(r), 2 * tol, 2 * tol_rms), what);
     } else {
       all.merge(within(what, slice(g, where.first, n), r, std::max(rms(r), 1e-30), 1e-3 * growth), what);
     }
