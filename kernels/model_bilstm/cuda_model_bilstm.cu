@@ -34,9 +34,10 @@
 //   lstm bwd      as f32, into a zeroed bf16 dweight space (dx bf16), then widen: the bf16
 //                 dweights into the f32 gradients (exact)
 //   embedding     as f32, summing the bf16 dx rows in f32
-// On the H100 (cuDNN 9.14) CUDNN_TENSOR_OP_MATH or CUDNN_DEFAULT_MATH on bf16 data are slow with every
-// RNN algorithm: bilstm_imdb batch 64 forward ~4.7 ms, forward + backward ~10 ms, against 1.0 / 2.1 ms
-// for f32 with the persistent small-hidden algorithm (tools/cudnn_rnn_bf16_probe.cu; docs/models.md).
+// On the H100 host (cuDNN 9.14) the bf16 RNN calls are host-bound with every algorithm, math type and
+// choice of states: 5-14 ms of host time per step at bilstm_imdb batch 64 (f32: under 0.4 ms), far
+// beyond their GPU work (tools/cudnn_rnn_bf16_probe.cu; docs/models.md). A plain bf16 step therefore
+// replays the step's CUDA graph captured at setup (replays()).
 #include <cudnn.h>
 
 #include <cub/device/device_radix_sort.cuh>
