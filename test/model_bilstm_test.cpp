@@ -14,8 +14,8 @@ namespace hotops::model_bilstm {
 namespace {
 
 Problem problem(const std::string& config, Backend be, Direction d, std::int64_t batch, const char* key = nullptr,
-                int value = 0) {
-  Problem p{"model." + config, be, DType::f32, d, {{"batch", std::to_string(batch)}}};
+                int value = 0, DType t = DType::f32) {
+  Problem p{"model." + config, be, t, d, {{"batch", std::to_string(batch)}}};
   if (key) p.args.push_back({key, std::to_string(value)});
   return p;
 }
@@ -39,7 +39,9 @@ TEST(ModelBilstmNames, VariantsAndJoinAcrossBackends) {
   for (const Problem& p : family().benchmark_problems({})) names.push_back(p.name());
   for (const char* n : {"model.bilstm_imdb/cpu/f32/train/batch:64", "model.bilstm_imdb/cuda/f32/train/batch:64",
                         "model.bilstm_imdb/cuda/f32/infer/batch:32/e2e:1", "model.bilstm_imdb/cuda/f32/train/batch:256/graph:1",
-                        "model.bilstm_imdb/cpu/f32/infer/batch:64/threads:4"})
+                        "model.bilstm_imdb/cpu/f32/infer/batch:64/threads:4", "model.bilstm_imdb/cuda/bf16/train/batch:64",
+                        "model.bilstm_imdb/cuda/bf16/infer/batch:32/e2e:1", "model.bilstm_imdb/cuda/bf16/train/batch:256/graph:1",
+                        "model.bilstm_imdb/cpu/bf16/infer/batch:64", "model.bilstm_imdb/cpu/bf16/train/batch:64/threads:8"})
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   EXPECT_EQ(std::find(names.begin(), names.end(), "model.bilstm_imdb/cuda/f32/infer/batch:64/graph:1"), names.end());
   for (const Problem& p : family().benchmark_problems({7})) EXPECT_EQ(p.get_int("batch"), 7);
@@ -150,9 +152,106 @@ TEST(ModelBilstmVerify, PlantedErrorsFail) {
   EXPECT_FALSE(verify_outcome(si, l, st, logits).ok);
 }
 
+// bf16: a correct bf16 step, modelled by the reference rounding what the step stores bf16, passes the
+// bf16 bounds (and fails f32's); each planted slip fails them.
+void expect_bf16_bounds_catch_slips(const std::string& config, std::int64_t batch) {
+  SCOPED_TRACE(config);
+  const Shape s = shape_of(problem(config, Backend::cuda, Direction::train, batch, nullptr, 0, DType::bf16));
+  const Shape si = shape_of(problem(config, Backend::cuda, Direction::infer, batch, nullptr, 0, DType::bf16));
+  const Shape s32 = shape_of(problem(config, Backend::cuda, Direction::train, batch));
+  const Layout l = layout_of(s.cfg);
+  const State st = make_state(s, l, 42);
+  const std::vector<double> p0 = as_doubles(st.params);
+  const Reference bf = reference(s.cfg, l, p0, st.tokens, st.labels, s.batch, true, /*bf16_rounding=*/true);
+  const std::int64_t B = s.batch, C = s.cfg.C, H = s.cfg.H, E = s.cfg.E;
+  // The modelled step's outcome, its logits moved by `dz(b, c)` (a forward slip moves them).
+  auto outcome = [&](const std::vector<double>& logits, const std::vector<double>& grad) {
+    Outcome o;
+    o.loss = static_cast<float>(bf.loss);
+    o.logits = HostBuffer(DType::bf16, logits.size());
+    for (std::size_t i = 0; i < logits.size(); ++i) o.logits.set(i, logits[i]);
+    o.grads = HostBuffer(DType::f32, l.total);
+    o.params = HostBuffer(DType::f32, l.total);
+    for (std::size_t i = 0; i < l.total; ++i) {
+      o.grads.set(i, grad[i]);
+      adamw::Element e{p0[i], 0, 0};
+      adamw::reference_step(models::hyper(), 1, o.grads.get(i), e);
+      o.params.set(i, e.p);
+    }
+    return o;
+  };
+  const Check good = verify_outcome(s, l, st, outcome(bf.logits, bf.grad));
+  EXPECT_TRUE(good.ok) << good.message;
+  Outcome infer;
+  infer.logits = outcome(bf.logits, bf.grad).logits;
+  EXPECT_TRUE(verify_outcome(si, l, st, infer).ok) << verify_outcome(si, l, st, infer).message;
+  EXPECT_FALSE(verify_outcome(s32, l, st, outcome(bf.logits, bf.grad)).ok) << "bf16's rounding passes f32's bounds";
+
+  // The dense bias left out of the logits (infer and train).
+  std::vector<double> no_bias = bf.logits;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t c = 0; c < C; ++c) no_bias[static_cast<std::size_t>(b * C + c)] -= p0[l.dense_b + static_cast<std::size_t>(c)];
+  Outcome nb_infer;
+  nb_infer.logits = outcome(no_bias, bf.grad).logits;
+  EXPECT_FALSE(verify_outcome(si, l, st, nb_infer).ok);
+  EXPECT_FALSE(verify_outcome(s, l, st, outcome(no_bias, bf.grad)).ok);
+
+  // The two directions' halves of the dense weight swapped: logits from the other direction's W.
+  std::vector<double> swapped = reference(s.cfg, l, [&] {
+    std::vector<double> p = p0;
+    for (std::int64_t i = 0; i < H * C; ++i) std::swap(p[l.dense_w + static_cast<std::size_t>(i)], p[l.dense_w + static_cast<std::size_t>(H * C + i)]);
+    return p;
+  }(), st.tokens, st.labels, s.batch, false, true).logits;
+  Outcome sw_infer;
+  sw_infer.logits = outcome(swapped, bf.grad).logits;
+  EXPECT_FALSE(verify_outcome(si, l, st, sw_infer).ok);
+
+  // W_hh's gradient block of gate i, direction 0, transposed (H x H).
+  std::vector<double> transposed = bf.grad;
+  for (std::int64_t r = 0; r < H; ++r)
+    for (std::int64_t k = 0; k < H; ++k)
+      transposed[l.w_hh + static_cast<std::size_t>(r * H + k)] = bf.grad[l.w_hh + static_cast<std::size_t>(k * H + r)];
+  EXPECT_FALSE(verify_outcome(s, l, st, outcome(bf.logits, transposed)).ok);
+
+  // An embedding row's gradient scattered to the wrong token.
+  std::vector<double> wrong_row = bf.grad;
+  const std::size_t row = l.embed + static_cast<std::size_t>(st.tokens[0] * E);
+  const std::size_t other = l.embed + static_cast<std::size_t>(((st.tokens[0] + 1) % s.cfg.V) * E);
+  for (std::int64_t e = 0; e < E; ++e) {
+    wrong_row[other + static_cast<std::size_t>(e)] += wrong_row[row + static_cast<std::size_t>(e)];
+    wrong_row[row + static_cast<std::size_t>(e)] = 0;
+  }
+  EXPECT_FALSE(verify_outcome(s, l, st, outcome(bf.logits, wrong_row)).ok);
+
+  // The dense weight gradient without one direction's half (dhT of the other read for it).
+  std::vector<double> half = bf.grad;
+  for (std::int64_t i = 0; i < H * C; ++i) half[l.dense_w + static_cast<std::size_t>(H * C + i)] = half[l.dense_w + static_cast<std::size_t>(i)];
+  EXPECT_FALSE(verify_outcome(s, l, st, outcome(bf.logits, half)).ok);
+}
+
+TEST(ModelBilstmVerify, Bf16BoundsCatchSlips) {
+  expect_bf16_bounds_catch_slips("bilstm_test", 4);
+  expect_bf16_bounds_catch_slips("bilstm_test", 8);
+  expect_bf16_bounds_catch_slips("bilstm_imdb", 2);
+}
+
+// A CPU without oneDNN's bf16 lstm says so, naming the primitive and the ISA.
+TEST(ModelBilstmBf16, CpuUnsupportedSaysWhy) {
+  for (Direction d : {Direction::infer, Direction::train}) {
+    const Problem p = problem("bilstm_imdb", Backend::cpu, d, 64, nullptr, 0, DType::bf16);
+    const std::string why = family().unsupported_reason(p);
+    std::printf("%s: %s\n", p.name().c_str(), why.empty() ? "supported" : why.c_str());
+    if (why.empty()) continue;
+    EXPECT_NE(why.find("oneDNN has no bf16 bidirectional lstm"), std::string::npos) << why;
+    EXPECT_NE(why.find("ISA"), std::string::npos) << why;
+  }
+}
+
 // Training on the learnable task from the seeded start: the loss must fall.
-void expect_learns(Backend be, const std::string& config, std::int64_t batch, int steps) {
-  auto c = family().make(problem(config, be, Direction::train, batch));
+void expect_learns(Backend be, const std::string& config, std::int64_t batch, int steps, DType t = DType::f32) {
+  const Problem p = problem(config, be, Direction::train, batch, nullptr, 0, t);
+  if (const std::string why = family().unsupported_reason(p); !why.empty()) GTEST_SKIP() << why;
+  auto c = family().make(p);
   auto* m = dynamic_cast<ModelCase*>(c.get());
   ASSERT_NE(m, nullptr);
   const Check first_step = c->verify();
@@ -161,7 +260,8 @@ void expect_learns(Backend be, const std::string& config, std::int64_t batch, in
   for (int i = 1; i < steps; ++i) c->run();
   const double last = m->last_loss();
   EXPECT_TRUE(std::isfinite(last));
-  std::printf("%s on %s: loss %.4f -> %.4f over %d steps\n", config.c_str(), backend_name(be), first, last, steps);
+  std::printf("%s %s on %s: loss %.4f -> %.4f over %d steps\n", config.c_str(), dtype_name(t), backend_name(be), first, last,
+              steps);
   EXPECT_LT(last, 0.7 * first) << config << " on " << backend_name(be) << ": " << first << " -> " << last;
 }
 
@@ -175,6 +275,19 @@ TEST(ModelBilstmTraining, LossFallsCuda) {
   if (!gpu::available(&why)) GTEST_SKIP() << why;
   expect_learns(Backend::cuda, "bilstm_test", 32, 150);
   expect_learns(Backend::cuda, "bilstm_imdb", 32, 30);
+}
+
+TEST(ModelBilstmTraining, LossFallsCudaBf16) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  expect_learns(Backend::cuda, "bilstm_test", 32, 150, DType::bf16);
+  expect_learns(Backend::cuda, "bilstm_imdb", 32, 30, DType::bf16);
+}
+
+// Skips, with oneDNN's reason, on a CPU without its bf16 lstm.
+TEST(ModelBilstmTraining, LossFallsCpuBf16) {
+  expect_learns(Backend::cpu, "bilstm_test", 32, 150, DType::bf16);
+  expect_learns(Backend::cpu, "bilstm_imdb", 32, 30, DType::bf16);
 }
 
 }  // namespace

@@ -11,6 +11,13 @@
 //   embedding   dE = 0, then dE[tokens[n]] += dx[n] in token order (each thread owns a range of rows:
 //               deterministic)
 //   optimizer   one flat AdamW pass over p, g, m, v
+// bf16 (model_bilstm.h): x, h0, c0, y, hT and cT are bf16; the weight reorders from the f32 masters
+// into the primitives' bf16 formats are the step's cast; oneDNN's bf16 LSTM takes an f32 bias (b_ih +
+// b_hh of the masters) and, in oneDNN 2.6, f32 gradients (dy, dhT, dcT in; dx, dW, db out: the one
+// bf16 lstm_backward it has on AVX512_BF16 / AMX). The dense head reads bf16 hT and the bf16-rounded
+// W and b, accumulates in f32 and rounds the logits to bf16; dlogits are rounded to bf16 (as the
+// CUDA step stores them); the loss, the dense gradients (f32 from f32 sums), the embedding
+// scatter-add and AdamW in f32.
 #include <omp.h>
 
 #include <algorithm>
@@ -41,24 +48,27 @@ struct Plan {
   dnnl::lstm_backward::primitive_desc bwd;
 };
 
+// The primitive descriptors (creating them is the support probe: oneDNN answers `unimplemented` for
+// what this CPU cannot do). Data in the problem's dtype; the bias and every gradient f32.
 Plan plan(const Shape& s) {
   const Config& c = s.cfg;
   const memory::dim T = c.T, B = s.batch, I = c.E, H = c.H, D = 2;
+  const dt t = s.bf16() ? dt::bf16 : dt::f32;
   Plan p;
-  p.src_layer = memory::desc({T, B, I}, dt::f32, tag::tnc);
-  p.src_iter = memory::desc({1, D, B, H}, dt::f32, tag::ldnc);
-  p.w_layer = memory::desc({1, D, I, 4, H}, dt::f32, tag::any);
-  p.w_iter = memory::desc({1, D, H, 4, H}, dt::f32, tag::any);
+  p.src_layer = memory::desc({T, B, I}, t, tag::tnc);
+  p.src_iter = memory::desc({1, D, B, H}, t, tag::ldnc);
+  p.w_layer = memory::desc({1, D, I, 4, H}, t, tag::any);
+  p.w_iter = memory::desc({1, D, H, 4, H}, t, tag::any);
   p.bias = memory::desc({1, D, 4, H}, dt::f32, tag::ldgo);
-  p.dst_layer = memory::desc({T, B, D * H}, dt::f32, tag::tnc);
+  p.dst_layer = memory::desc({T, B, D * H}, t, tag::tnc);
   p.dst_iter = p.src_iter;
-  p.d_src_layer = p.src_layer;
-  p.d_src_iter = p.src_iter;
+  p.d_src_layer = memory::desc({T, B, I}, dt::f32, tag::tnc);
+  p.d_src_iter = memory::desc({1, D, B, H}, dt::f32, tag::ldnc);
   p.d_w_layer = memory::desc({1, D, I, 4, H}, dt::f32, tag::ldigo);
   p.d_w_iter = memory::desc({1, D, H, 4, H}, dt::f32, tag::ldigo);
   p.d_bias = p.bias;
-  p.d_dst_layer = p.dst_layer;
-  p.d_dst_iter = p.src_iter;
+  p.d_dst_layer = memory::desc({T, B, D * H}, dt::f32, tag::tnc);
+  p.d_dst_iter = p.d_src_iter;
   dnnl::engine& eng = cpu::engine();
   const auto dir = dnnl::rnn_direction::bidirectional_concat;
   const auto fd = HOTOPS_CHECK_DNNL(dnnl::lstm_forward::desc(
@@ -86,11 +96,14 @@ Reorder make_reorder(const memory& from, const memory& to) {
 
 void copy_into(HostBuffer& dst, const HostBuffer& src) { std::copy_n(src.as<float>(), src.count(), dst.as<float>()); }
 
-HostBuffer zeros(std::size_t n) {
-  HostBuffer b(DType::f32, n);
-  std::fill_n(b.as<float>(), n, 0.f);
+HostBuffer zeros(std::size_t n, DType t = DType::f32) {
+  HostBuffer b(t, n);
+  std::memset(b.data(), 0, b.bytes());
   return b;
 }
+
+// bf16: a value as bf16 storage holds it (round to nearest even).
+float round_bf16(float v) { return bf16_to_float(float_to_bf16(v)); }
 
 class CpuBilstm final : public ModelCase {
  public:
@@ -104,11 +117,12 @@ class CpuBilstm final : public ModelCase {
     auto mem = [&](const memory::desc& d, void* at) { return memory(d, eng, at); };
     params_ = st_.params, m_ = st_.m, v_ = st_.v;
     grads_ = zeros(l_.total);  // the padding is never written: zero, as AdamW needs
-    x_ = zeros(static_cast<std::size_t>(T * B * E));
-    h0_ = zeros(static_cast<std::size_t>(2 * B * H));
+    const DType t = s_.dtype;  // the LSTM's data
+    x_ = zeros(static_cast<std::size_t>(T * B * E), t);
+    h0_ = zeros(static_cast<std::size_t>(2 * B * H), t);
     c0_ = h0_, hT_ = h0_, cT_ = h0_;
     bias_ = zeros(static_cast<std::size_t>(2 * G));
-    y_ = zeros(static_cast<std::size_t>(T * B * 2 * H));
+    y_ = zeros(static_cast<std::size_t>(T * B * 2 * H), t);
     logits_ = zeros(static_cast<std::size_t>(B * c_.C));
     float* P = params_.as<float>();
     const memory wl_torch = mem(torch_weights(2, H, E), P + l_.w_ih), wi_torch = mem(torch_weights(2, H, H), P + l_.w_hh);
@@ -131,7 +145,7 @@ class CpuBilstm final : public ModelCase {
     workspace_ = memory(plan_.fwd.workspace_desc(), eng);
     fwd_args_[DNNL_ARG_WORKSPACE] = workspace_;
     dlogits_ = zeros(logits_.count());
-    dhT_ = zeros(hT_.count());
+    dhT_ = zeros(hT_.count());  // the gradients: f32
     dcT_ = zeros(hT_.count());
     dy_ = zeros(y_.count());
     dx_ = zeros(x_.count());
@@ -201,9 +215,8 @@ class CpuBilstm final : public ModelCase {
     }
     run();
     Outcome o;
-    if (!s_.train()) {
-      o.logits = logits_;
-    } else {
+    if (!s_.train() || s_.bf16()) o.logits = logits_;  // bf16 train checks the step's logits too
+    if (s_.train()) {
       o.loss = static_cast<float>(loss_);
       o.grads = grads_, o.params = params_;
     }
@@ -211,11 +224,15 @@ class CpuBilstm final : public ModelCase {
   }
 
   std::string label() const override {
-    std::string l = std::string("oneDNN lstm bidirectional_concat ") +
+    std::string l = std::string(s_.bf16() ? "bf16 autocast (f32 master weights; the weight reorders cast to bf16 each "
+                                            "step, f32 bias b_ih+b_hh); " : "") +
+                    "oneDNN " + (s_.bf16() ? "bf16 " : "") + "lstm bidirectional_concat " +
                     (s_.train() ? "forward_training + backward (" + std::string(plan_.bwd.impl_info_str()) + ")"
                                 : "forward_inference (" + std::string(plan_.fwd.impl_info_str()) + ")") +
                     ", weights reordered from the flat PyTorch layout every step, bias b_ih+b_hh";
-    l += "; OpenMP embedding gather, dense head";
+    if (s_.bf16() && s_.train()) l += " (gradients f32)";
+    l += s_.bf16() ? "; OpenMP embedding gather to bf16, dense head (bf16 operands, f32 sums, bf16 logits)"
+                   : "; OpenMP embedding gather, dense head";
     if (s_.train()) l += ", softmax-CE, dense bwd, deterministic embedding scatter-add, AdamW 1 flat pass";
     return l + ", " + std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
   }
@@ -228,12 +245,18 @@ class CpuBilstm final : public ModelCase {
   void gather() {
     const std::int64_t T = c_.T, B = s_.batch, E = c_.E;
     const float* embed = params_.as<float>() + l_.embed;
-    float* x = x_.as<float>();
+    const bool b16 = s_.bf16();
     const std::int32_t* tok = st_.tokens.data();
 #pragma omp parallel for num_threads(team(T * B * E)) schedule(static)
     for (std::int64_t n = 0; n < T * B; ++n) {
       const std::int64_t t = n / B, b = n % B;
-      std::copy_n(embed + static_cast<std::int64_t>(tok[b * T + t]) * E, E, x + n * E);
+      const float* row = embed + static_cast<std::int64_t>(tok[b * T + t]) * E;
+      if (!b16) {
+        std::copy_n(row, E, x_.as<float>() + n * E);
+      } else {
+        std::uint16_t* x = x_.as<std::uint16_t>() + n * E;
+        for (std::int64_t e = 0; e < E; ++e) x[e] = float_to_bf16(row[e]);
+      }
     }
   }
 
@@ -247,8 +270,11 @@ class CpuBilstm final : public ModelCase {
 
   // feature(b, k) = hT[k / H, b, k % H]: the final hidden states of both directions, concatenated.
   float feature(std::int64_t b, std::int64_t k) const {
-    return hT_.as<float>()[((k / c_.H) * s_.batch + b) * c_.H + k % c_.H];
+    const std::int64_t i = ((k / c_.H) * s_.batch + b) * c_.H + k % c_.H;
+    return s_.bf16() ? bf16_to_float(hT_.as<std::uint16_t>()[i]) : hT_.as<float>()[i];
   }
+  // A parameter as the step multiplies it: the f32 master, or its bf16 cast.
+  float operand(float v) const { return s_.bf16() ? round_bf16(v) : v; }
 
   void dense_forward() {
     const std::int64_t B = s_.batch, C = c_.C, K = 2 * c_.H;
@@ -257,11 +283,12 @@ class CpuBilstm final : public ModelCase {
     float* z = logits_.as<float>();
     for (std::int64_t b = 0; b < B; ++b) {
       float* zb = z + b * C;
-      for (std::int64_t o = 0; o < C; ++o) zb[o] = bias[o];
+      for (std::int64_t o = 0; o < C; ++o) zb[o] = operand(bias[o]);
       for (std::int64_t k = 0; k < K; ++k) {
         const float f = feature(b, k);
-        for (std::int64_t o = 0; o < C; ++o) zb[o] += f * W[k * C + o];
+        for (std::int64_t o = 0; o < C; ++o) zb[o] += f * operand(W[k * C + o]);
       }
+      for (std::int64_t o = 0; o < C; ++o) zb[o] = operand(zb[o]);  // bf16: the logits are stored bf16
     }
   }
 
@@ -280,8 +307,7 @@ class CpuBilstm final : public ModelCase {
       float sum = 0.f;
       for (std::int64_t o = 0; o < C; ++o) sum += (dr[o] = std::exp(zr[o] - mx));
       const float inv = 1.f / sum;
-      for (std::int64_t o = 0; o < C; ++o) dr[o] = dr[o] * inv * inv_b;
-      dr[y] -= inv_b;
+      for (std::int64_t o = 0; o < C; ++o) dr[o] = operand(dr[o] * inv * inv_b - (o == y ? inv_b : 0.f));
       total += static_cast<double>(std::log(sum) - (zr[y] - mx));
     }
     return total / static_cast<double>(B);
@@ -305,7 +331,7 @@ class CpuBilstm final : public ModelCase {
         float s = 0.f;
         for (std::int64_t o = 0; o < C; ++o) {
           dW[k * C + o] += f * dzb[o];
-          s += dzb[o] * W[k * C + o];
+          s += dzb[o] * operand(W[k * C + o]);
         }
         dh[((k / H) * B + b) * H + k % H] = s;
       }
@@ -369,13 +395,14 @@ class CpuBilstm final : public ModelCase {
 
 std::string cpu_unsupported_reason(const Problem& p) {
   const Shape s = shape_of(p);
-  if (const std::string why = models::threads_reason(models::step_args(p, "model_bilstm", true)); !why.empty()) return why;
+  if (const std::string why = models::threads_reason(models::step_args(p, "model_bilstm", true, /*allow_bf16=*/true)); !why.empty()) return why;
   try {
     plan(s);
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::unsupported)
-      return std::string("oneDNN has no f32 bidirectional lstm ") + direction_name(p.dir) + " for this CPU (ISA " +
-             cpu::isa_name() + ")";
+      return std::string("oneDNN has no ") + dtype_name(s.dtype) + " bidirectional lstm " +
+             (s.train() ? "forward_training + backward" : "forward_inference") +
+             (s.bf16() ? (s.train() ? " (bf16 data, f32 bias and gradients)" : " (bf16 data, f32 bias)") : "") + " for this CPU (ISA " + cpu::isa_name() + ")";
     throw;
   }
   return "";

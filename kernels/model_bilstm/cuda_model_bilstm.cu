@@ -16,6 +16,28 @@
 // b_hh of both directions, where cudnnGetRNNWeightParams says) | dense W [2H, C] | dense b [C], each
 // on a 256-byte boundary; the gradients, m and v in the same layout, so AdamW is one flat pass and the
 // LSTM's weight gradients land in place. Verification converts to the canonical PyTorch layout.
+//
+// bf16 (model_bilstm.h): cuDNN's RNN on CUDNN_DATA_BFLOAT16 data and weights with f32 math precision
+// and CUDNN_FMA_MATH, as PyTorch's autocast LSTM runs with TF32 off (torch.backends.cudnn.allow_tf32 =
+// False: hotops' f32 convention): bf16 operands, f32 FMA accumulation. cuDNN 9 rejects bf16 math
+// precision. The f32 masters' LSTM region mirrors cuDNN's bf16 weight space element for element. The
+// step differs in:
+//   cast          low = bf16(params[LSTM region .. dense b]) (models::cast_params, 1 launch)
+//   gather        x bf16 = the f32 embedding rows, rounded
+//   lstm          cudnnRNNForward on low's weight space: y, hT bf16
+//   dense         dense_head_bf16 (1 launch, a warp per sample): logits bf16 = bf16(b + hT . W), f32
+//                 accumulation, one rounding (cublasLt would round twice: the two directions' GEMMs
+//                 add into D; and the tiny test shape's per-direction blocks of hT are not 16-byte
+//                 aligned, which its bf16 kernels assume)
+//   loss          softmax_xent on bf16 logits (f32 math): dlogits bf16, the dense bias gradient f32
+//   dense bwd     dense_bwd_bf16 (1 launch): dW f32 into the gradients, dhT bf16, f32 accumulation
+//   lstm bwd      as f32, into a zeroed bf16 dweight space (dx bf16), then widen: the bf16
+//                 dweights into the f32 gradients (exact)
+//   embedding     as f32, summing the bf16 dx rows in f32
+// On the H100 host (cuDNN 9.14) the bf16 RNN calls are host-bound with every algorithm, math type and
+// choice of states: 5-14 ms of host time per step at bilstm_imdb batch 64 (f32: under 0.4 ms), far
+// beyond their GPU work (tools/cudnn_rnn_bf16_probe.cu; docs/models.md). A plain bf16 step therefore
+// replays the step's CUDA graph captured at setup (replays()).
 #include <cudnn.h>
 
 #include <cub/device/device_radix_sort.cuh>
@@ -40,6 +62,9 @@ using gpu::cudnn;
 using gpu::TensorDesc;
 
 using models::adamw_flat;
+using models::cast_params;
+using models::narrow;
+using models::widen;
 using models::kAdamwThreads;
 using models::kLossThreads;
 using models::kMaxClasses;
@@ -48,23 +73,41 @@ using models::StepState;
 using models::warp_sum;
 constexpr unsigned kWarpsPerBlock = 8;
 
-// x[t, b, :] = embed[tokens[b, t], :] over n = t * B + b, float4 when E % 4 == 0; for train also
-// keys[n] = tokens[b, t], positions[n] = n (the radix sort's input).
-template <int kVec>
-__global__ void gather(const float* __restrict__ embed, const std::int32_t* __restrict__ tokens, float* __restrict__ x,
-                       std::int32_t* __restrict__ keys, std::int32_t* __restrict__ positions, int T, int B, int E) {
-  using Vec = typename std::conditional<kVec == 4, float4, float>::type;
+// x[t, b, :] = embed[tokens[b, t], :] over n = t * B + b (T: x's storage, float or __nv_bfloat16,
+// rounded), 4 elements at a time when kVec == 4 (E % 4 == 0); for train also keys[n] = tokens[b, t],
+// positions[n] = n (the radix sort's input).
+template <int kVec, class T>
+__global__ void gather(const float* __restrict__ embed, const std::int32_t* __restrict__ tokens, T* __restrict__ x,
+                       std::int32_t* __restrict__ keys, std::int32_t* __restrict__ positions, int T_, int B, int E) {
   const int per_row = E / kVec;
-  const std::int64_t total = static_cast<std::int64_t>(T) * B * per_row;
+  const std::int64_t total = static_cast<std::int64_t>(T_) * B * per_row;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t n = i / per_row;
     const int e = static_cast<int>(i % per_row);
     const int t = static_cast<int>(n / B), b = static_cast<int>(n % B);
-    const std::int32_t v = tokens[static_cast<std::int64_t>(b) * T + t];
-    reinterpret_cast<Vec*>(x)[n * per_row + e] = reinterpret_cast<const Vec*>(embed)[static_cast<std::int64_t>(v) * per_row + e];
+    const std::int32_t v = tokens[static_cast<std::int64_t>(b) * T_ + t];
+    const std::int64_t from = static_cast<std::int64_t>(v) * per_row + e, to = n * per_row + e;
+    if constexpr (kVec == 1) {
+      x[to] = narrow<T>(embed[from]);
+    } else if constexpr (std::is_same<T, float>::value) {
+      reinterpret_cast<float4*>(x)[to] = reinterpret_cast<const float4*>(embed)[from];
+    } else {
+      const float4 r = reinterpret_cast<const float4*>(embed)[from];
+      __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(x) + 2 * to;
+      out[0] = __floats2bfloat162_rn(r.x, r.y);
+      out[1] = __floats2bfloat162_rn(r.z, r.w);
+    }
     if (keys && e == 0) keys[n] = v, positions[n] = static_cast<std::int32_t>(n);
   }
+}
+
+// Elements [4 i, 4 i + 4) of p, widened to f32.
+__device__ inline float4 load4(const float* p, std::int64_t i) { return reinterpret_cast<const float4*>(p)[i]; }
+__device__ inline float4 load4(const __nv_bfloat16* p, std::int64_t i) {
+  const __nv_bfloat162* q = reinterpret_cast<const __nv_bfloat162*>(p) + 2 * i;
+  const float2 a = __bfloat1622float2(q[0]), b = __bfloat1622float2(q[1]);
+  return make_float4(a.x, a.y, b.x, b.y);
 }
 
 // logits[b, c] = bias[c]: the start the two GEMMs add to.
@@ -73,28 +116,87 @@ __global__ void bias_rows(float* __restrict__ logits, const float* __restrict__ 
 }
 
 // dE[token] = sum of dx[position] over the token's run in the sorted pairs, in position order (the
-// sort is stable). One warp per sorted index; only the warp at the start of a run works. dE rows of
-// tokens absent from the batch were zeroed before.
-template <int kVec>
+// sort is stable), summed in f32 (T: dx's storage). One warp per sorted index; only the warp at the
+// start of a run works. dE rows of tokens absent from the batch were zeroed before.
+template <int kVec, class T>
 __global__ void embedding_grad(const std::int32_t* __restrict__ keys, const std::int32_t* __restrict__ positions,
-                               const float* __restrict__ dx, float* __restrict__ dE, int N, int E) {
-  using Vec = typename std::conditional<kVec == 4, float4, float>::type;
+                               const T* __restrict__ dx, float* __restrict__ dE, int N, int E) {
   const int i = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (i >= N) return;
   const std::int32_t v = keys[i];
   if (i > 0 && keys[i - 1] == v) return;
   const int per_row = E / kVec;
   for (int e = lane; e < per_row; e += 32) {
-    Vec acc;
-    if constexpr (kVec == 4) acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    else acc = 0.f;
-    for (int j = i; j < N && keys[j] == v; ++j) {
-      const Vec g = reinterpret_cast<const Vec*>(dx)[static_cast<std::int64_t>(positions[j]) * per_row + e];
-      if constexpr (kVec == 4) acc.x += g.x, acc.y += g.y, acc.z += g.z, acc.w += g.w;
-      else acc += g;
+    if constexpr (kVec == 4) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int j = i; j < N && keys[j] == v; ++j) {
+        const float4 g = load4(dx, static_cast<std::int64_t>(positions[j]) * per_row + e);
+        acc.x += g.x, acc.y += g.y, acc.z += g.z, acc.w += g.w;
+      }
+      reinterpret_cast<float4*>(dE)[static_cast<std::int64_t>(v) * per_row + e] = acc;
+    } else {
+      float acc = 0.f;
+      for (int j = i; j < N && keys[j] == v; ++j) acc += widen(dx[static_cast<std::int64_t>(positions[j]) * E + e]);
+      dE[static_cast<std::int64_t>(v) * E + e] = acc;
     }
-    reinterpret_cast<Vec*>(dE)[static_cast<std::int64_t>(v) * per_row + e] = acc;
   }
+}
+
+// bf16: logits[b, c] = bf16(bias[c] + sum_k feat[b, k] W[k, c]), feat[b, k] = hT[k / H, b, k % H];
+// bf16 operands, f32 accumulation, one rounding. One warp per sample, C <= kMaxClasses.
+__global__ void dense_head_bf16(const __nv_bfloat16* __restrict__ hT, const __nv_bfloat16* __restrict__ W,
+                                const __nv_bfloat16* __restrict__ bias, __nv_bfloat16* __restrict__ logits, int B, int H,
+                                int C) {
+  const int b = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (b >= B) return;
+  float acc[kMaxClasses];
+#pragma unroll
+  for (int c = 0; c < kMaxClasses; ++c) acc[c] = 0.f;
+  for (int k = lane; k < 2 * H; k += 32) {
+    const float f = __bfloat162float(hT[(static_cast<std::int64_t>(k / H) * B + b) * H + k % H]);
+#pragma unroll
+    for (int c = 0; c < kMaxClasses; ++c)
+      if (c < C) acc[c] += f * __bfloat162float(W[static_cast<std::int64_t>(k) * C + c]);
+  }
+#pragma unroll
+  for (int c = 0; c < kMaxClasses; ++c) acc[c] = warp_sum(acc[c]);
+  if (lane == 0)
+    for (int c = 0; c < C; ++c)
+      logits[static_cast<std::int64_t>(b) * C + c] = __float2bfloat16_rn(acc[c] + __bfloat162float(bias[c]));
+}
+
+// bf16: the dense layer's backward, bf16 operands with f32 accumulation, over 2H*C + B*2H outputs:
+// dW[k, c] = sum_b feat[b, k] dz[b, c] (f32, into the gradients), dhT[k / H, b, k % H] =
+// bf16(sum_c dz[b, c] W[k, c]).
+__global__ void dense_bwd_bf16(const __nv_bfloat16* __restrict__ hT, const __nv_bfloat16* __restrict__ W,
+                               const __nv_bfloat16* __restrict__ dz, float* __restrict__ dW,
+                               __nv_bfloat16* __restrict__ dhT, int B, int H, int C) {
+  const std::int64_t nw = static_cast<std::int64_t>(2) * H * C, total = nw + static_cast<std::int64_t>(B) * 2 * H;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    if (i < nw) {
+      const int k = static_cast<int>(i / C), c = static_cast<int>(i % C);
+      const __nv_bfloat16* f = hT + static_cast<std::int64_t>(k / H) * B * H + k % H;
+      float s = 0.f;
+      for (int b = 0; b < B; ++b)
+        s += __bfloat162float(f[static_cast<std::int64_t>(b) * H]) * __bfloat162float(dz[static_cast<std::int64_t>(b) * C + c]);
+      dW[i] = s;
+    } else {
+      const std::int64_t j = i - nw;
+      const int b = static_cast<int>(j / (2 * H)), k = static_cast<int>(j % (2 * H));
+      float s = 0.f;
+      for (int c = 0; c < C; ++c)
+        s += __bfloat162float(dz[static_cast<std::int64_t>(b) * C + c]) * __bfloat162float(W[static_cast<std::int64_t>(k) * C + c]);
+      dhT[(static_cast<std::int64_t>(k / H) * B + b) * H + k % H] = __float2bfloat16_rn(s);
+    }
+  }
+}
+
+// bf16: g = the bf16 dweights, widened (exact), n elements.
+__global__ void widen_grads(const __nv_bfloat16* __restrict__ low, float* __restrict__ g, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    g[i] = __bfloat162float(low[i]);
 }
 
 // D (m x n) = op(A) . op(B) + beta D, f32, column-major, packed (gpu::LtGemm: the heuristic's
@@ -129,7 +231,7 @@ unsigned blocks_for(std::int64_t work, unsigned threads, std::int64_t cap = 4096
 class CudaBilstm final : public ModelCase {
  public:
   explicit CudaBilstm(const Problem& p)
-      : s_(shape_of(p)), c_(s_.cfg), l_(layout_of(c_)), st_(make_state(s_, l_, p.seed())) {
+      : s_(shape_of(p)), c_(s_.cfg), l_(layout_of(c_)), st_(make_state(s_, l_, p.seed())), es_(s_.bf16() ? 2 : 4) {
     HOTOPS_CHECK(c_.C <= kMaxClasses, "model_bilstm: the CUDA loss kernel takes at most 16 classes");
     const std::int64_t T = c_.T, B = s_.batch, E = c_.E, H = c_.H, C = c_.C, N = T * B;
     HOTOPS_CHECK(N * std::max(E, 2 * H) < (std::int64_t{1} << 31), "model_bilstm: batch too large");
@@ -142,14 +244,19 @@ class CudaBilstm final : public ModelCase {
       rnn_algo_ = CUDNN_RNN_ALGO_STANDARD;
       describe_rnn();
     }
-    // The device layout: embed | cuDNN weight space | dense W | dense b.
+    // The device layout: embed | cuDNN weight space (its elements, as f32 masters for bf16) | dense W | dense b.
+    w_elems_ = w_bytes_ / es_;
     embed_ = 0;
     lstm_ = aligned(static_cast<std::size_t>(c_.V * E));
-    dense_w_ = lstm_ + aligned(w_bytes_ / sizeof(float));
+    dense_w_ = lstm_ + aligned(w_elems_);
     dense_b_ = dense_w_ + aligned(static_cast<std::size_t>(2 * H * C));
     total_ = dense_b_ + aligned(static_cast<std::size_t>(C));
     params_ = gpu::DeviceBuffer(total_ * sizeof(float));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(params_.get(), 0, params_.bytes(), gpu::stream()));
+    if (s_.bf16()) {  // the step's bf16 copy of [lstm_, total_): the weight space, dense W and b
+      low_ = gpu::DeviceBuffer((total_ - lstm_) * sizeof(__nv_bfloat16));
+      HOTOPS_CHECK_CUDA(cudaMemsetAsync(low_.get(), 0, low_.bytes(), gpu::stream()));
+    }
     locate_weights();
     params_.upload(to_device(st_.params));
 
@@ -159,14 +266,15 @@ class CudaBilstm final : public ModelCase {
     std::vector<std::int32_t> lengths(static_cast<std::size_t>(B), static_cast<std::int32_t>(T));
     seq_ = gpu::DeviceBuffer(lengths.size() * sizeof(std::int32_t));
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(seq_.get(), lengths.data(), seq_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
-    x_ = gpu::DeviceBuffer(static_cast<std::size_t>(N * E) * sizeof(float));
-    y_ = gpu::DeviceBuffer(static_cast<std::size_t>(N * 2 * H) * sizeof(float));
-    hT_ = gpu::DeviceBuffer(static_cast<std::size_t>(2 * B * H) * sizeof(float));
-    logits_ = gpu::DeviceBuffer(static_cast<std::size_t>(B * C) * sizeof(float));
+    x_ = gpu::DeviceBuffer(static_cast<std::size_t>(N * E) * es_);
+    y_ = gpu::DeviceBuffer(static_cast<std::size_t>(N * 2 * H) * es_);
+    hT_ = gpu::DeviceBuffer(static_cast<std::size_t>(2 * B * H) * es_);
+    logits_ = gpu::DeviceBuffer(static_cast<std::size_t>(B * C) * es_);
     ws_ = gpu::DeviceBuffer(std::max<std::size_t>(ws_bytes_, 16));
-    for (int d = 0; d < 2; ++d)  // logits^T [C, B] += W_d^T [C, H] . hT_d^T [H, B]
-      fwd_.push_back(gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, B, H, param(dense_w_) + d * H * C,
-                                            hT_.as<float>() + d * B * H, logits_.as<float>(), 1.f));
+    if (!s_.bf16())
+      for (int d = 0; d < 2; ++d)  // logits^T [C, B] += W_d^T [C, H] . hT_d^T [H, B]
+        fwd_.push_back(gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, B, H, param(dense_w_) + d * H * C,
+                            hT_.as<float>() + d * B * H, logits_.as<float>(), 1.f));
     if (s_.train()) {
       const std::size_t pbytes = total_ * sizeof(float);
       grads_ = gpu::DeviceBuffer(pbytes);
@@ -181,6 +289,7 @@ class CudaBilstm final : public ModelCase {
       dy_ = gpu::DeviceBuffer(y_.bytes());
       HOTOPS_CHECK_CUDA(cudaMemsetAsync(dy_.get(), 0, dy_.bytes(), gpu::stream()));  // only hT feeds the head
       dx_ = gpu::DeviceBuffer(x_.bytes());
+      if (s_.bf16()) dw_low_ = gpu::DeviceBuffer(w_bytes_);
       const std::size_t pairs = static_cast<std::size_t>(N) * sizeof(std::int32_t);
       keys_in_ = gpu::DeviceBuffer(pairs), keys_out_ = gpu::DeviceBuffer(pairs);
       pos_in_ = gpu::DeviceBuffer(pairs), pos_out_ = gpu::DeviceBuffer(pairs);
@@ -190,7 +299,7 @@ class CudaBilstm final : public ModelCase {
                                                         pos_out_.as<std::int32_t>(), static_cast<int>(N), 0, key_bits_,
                                                         gpu::stream()));
       sort_temp_ = gpu::DeviceBuffer(std::max<std::size_t>(sort_bytes_, 16));
-      for (int d = 0; d < 2; ++d) {
+      for (int d = 0; d < 2 && !s_.bf16(); ++d) {
         // dW_d^T [C, H] = dlogits^T [C, B] . hT_d [B, H]
         wgrad_.push_back(gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, H, B, dlogits_.as<float>(),
                                                 hT_.as<float>() + d * B * H, grads_.as<float>() + dense_w_ + d * H * C, 0.f));
@@ -200,7 +309,7 @@ class CudaBilstm final : public ModelCase {
       }
       restart_optimizer();
     }
-    if (s_.variant == Variant::e2e && !s_.train()) logits_host_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * C));
+    if (s_.variant == Variant::e2e && !s_.train()) logits_host_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * C));
     gpu::cublaslt();
     gpu::cublas_workspace();
     // One step outside any capture first, so that whatever the libraries set up lazily on a first call
@@ -217,16 +326,17 @@ class CudaBilstm final : public ModelCase {
                     ErrorKind::unsupported);
     } else if (s_.variant == Variant::plain) {
       // Whether the harness may put the plain step into its graphs (cuDNN does not document capture
-      // of its RNN calls): tried once, the trial graph dropped.
+      // of its RNN calls): tried once, the trial graph dropped. bf16 keeps it and replays it (see
+      // replays()): cuDNN's bf16 RNN calls are host-bound.
       std::string why;
       capturable_ = graph_.capture([this] { device_step(); }, &why);
-      graph_.reset();
+      if (!replays()) graph_.reset();
     }
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
   }
 
   void run() override {
-    if (s_.variant == Variant::plain) return device_step();
+    if (s_.variant == Variant::plain) return replays() ? graph_.launch() : device_step();
     upload_batch();
     if (s_.variant == Variant::graph) graph_.launch();
     else device_step();
@@ -245,17 +355,17 @@ class CudaBilstm final : public ModelCase {
       restart_optimizer();
       // Poison the tensors, keep the padding zero.
       poison(grads_.as<float>() + embed_, c_.V * c_.E);
-      poison(grads_.as<float>() + lstm_, static_cast<std::int64_t>(w_bytes_ / sizeof(float)));
+      poison(grads_.as<float>() + lstm_, static_cast<std::int64_t>(w_elems_));
       poison(grads_.as<float>() + dense_w_, 2 * c_.H * c_.C);
       poison(grads_.as<float>() + dense_b_, c_.C);
     }
     run();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
     Outcome o;
-    if (!s_.train()) {
-      o.logits = HostBuffer(DType::f32, static_cast<std::size_t>(s_.batch * c_.C));
+    if (!s_.train() || s_.bf16()) {  // bf16 train checks the step's logits too (model_bilstm.cpp)
+      o.logits = HostBuffer(s_.dtype, static_cast<std::size_t>(s_.batch * c_.C));
       logits_.download(o.logits);
-      return verify_outcome(s_, l_, st_, o);
+      if (!s_.train()) return verify_outcome(s_, l_, st_, o);
     }
     o.loss = static_cast<float>(last_loss());
     HostBuffer g(DType::f32, total_), p(DType::f32, total_);
@@ -276,6 +386,7 @@ class CudaBilstm final : public ModelCase {
   }
 
   std::string label() const override {
+    if (s_.bf16()) return label_bf16();
     std::string l = std::string("cuDNN RNN ") + gpu::rnn_algo_name(rnn_algo_) + " bidirectional LSTM " +
                     (s_.train() ? "Forward TRAINING + BackwardData_v8 + BackwardWeights_v8" : "Forward INFERENCE") +
                     ", FMA math, double bias; hotops gather; cublasLt f32 dense head (2 GEMMs";
@@ -289,7 +400,33 @@ class CudaBilstm final : public ModelCase {
     return l;
   }
 
-  bool capturable() const override { return s_.variant == Variant::plain && capturable_; }
+  std::string label_bf16() const {
+    std::string l = std::string("bf16 autocast (f32 master weights, hotops cast_params of the LSTM and dense weights each "
+                                "step); cuDNN RNN ") +
+                    gpu::rnn_algo_name(rnn_algo_) + " bidirectional LSTM " +
+                    (s_.train() ? "Forward TRAINING + BackwardData_v8 + BackwardWeights_v8" : "Forward INFERENCE") +
+                    ", bf16 data, f32 math precision, FMA math (no tensor ops, as PyTorch's with TF32 off), double "
+                    "bias; hotops gather to bf16; hotops bf16 dense head (f32 accumulation, bf16 logits)";
+    if (s_.train())
+      l += "; hotops softmax_xent (f32 math, bf16 dlogits), hotops bf16 dense bwd (dW f32, dhT bf16), bf16 dweights "
+           "widened, CUB stable radix sort + warp-per-token embedding grad (f32 sums), AdamW 1 launch";
+    if (s_.variant == Variant::plain && !capturable_) l += "; not graph-capturable (capture failed at setup): launched one by one";
+    if (replays())
+      l += "; replayed as the CUDA graph captured at setup (cuDNN's bf16 RNN calls cost 5-14 ms of host time a step: "
+           "e2e:1 shows it)";
+    if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the tokens (and labels), launches one by one (cuDNN's bf16 RNN calls are host-bound), D2H, sync";
+    if (s_.variant == Variant::graph) l += "; graph: pageable H2D of tokens and labels, 1 CUDA graph, D2H loss, sync";
+    return l;
+  }
+
+  // The harness may capture a plain f32 step into its graphs; a plain bf16 step already is one.
+  bool capturable() const override { return s_.variant == Variant::plain && capturable_ && !replays(); }
+  // Whether a plain step replays the graph captured at setup: bf16 does, where the capture worked.
+  // cuDNN 9.14's bf16 RNN calls take 5-14 ms of host time per step on the H100 host, whatever the
+  // algorithm, math type or states (tools/cudnn_rnn_bf16_probe.cu; f32's take under 0.4 ms), far more
+  // than their GPU work: launched one by one, the device time would be the host's enqueueing. The
+  // replayed graph is the same device work; e2e:1 still launches one by one and shows the host cost.
+  bool replays() const { return s_.bf16() && s_.variant == Variant::plain && capturable_; }
   bool host_timed() const override { return s_.variant != Variant::plain; }
 
   double last_loss() override {
@@ -302,6 +439,12 @@ class CudaBilstm final : public ModelCase {
 
  private:
   const float* param(std::size_t offset) const { return params_.as<float>() + offset; }
+  // bf16: the step's copy of the master at `offset` (in [lstm_, total_)).
+  __nv_bfloat16* low(std::size_t offset) const { return low_.as<__nv_bfloat16>() + (offset - lstm_); }
+  // cuDNN's weight space: the f32 masters' LSTM region, or its bf16 copy.
+  void* weights() const {
+    return s_.bf16() ? static_cast<void*>(low(lstm_)) : static_cast<void*>(params_.as<float>() + lstm_);
+  }
 
   static void poison(float* at, std::int64_t n) {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(at, 0xFF, static_cast<std::size_t>(n) * sizeof(float), gpu::stream()));
@@ -322,33 +465,35 @@ class CudaBilstm final : public ModelCase {
   void describe_rnn() {
     cudnnHandle_t h = cudnn();
     const int T = dim(c_.T), B = dim(s_.batch), I = dim(c_.E), H = dim(c_.H);
+    const cudnnDataType_t dt = s_.bf16() ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
     HOTOPS_CHECK_CUDNN(cudnnSetDropoutDescriptor(dropout_.h, h, 0.0f, nullptr, 0, 0));
     HOTOPS_CHECK_CUDNN(cudnnSetRNNDescriptor_v8(rnn_.h, rnn_algo_, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS,
-                                                CUDNN_BIDIRECTIONAL, CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT,
-                                                CUDNN_DATA_FLOAT, CUDNN_FMA_MATH, I, H, H, 1, dropout_.h,
-                                                CUDNN_RNN_PADDED_IO_DISABLED));
+                                                CUDNN_BIDIRECTIONAL, CUDNN_LINEAR_INPUT, dt, CUDNN_DATA_FLOAT,
+                                                CUDNN_FMA_MATH, I, H, H, 1,
+                                                dropout_.h, CUDNN_RNN_PADDED_IO_DISABLED));
     const std::vector<int> lengths(static_cast<std::size_t>(B), T);
-    HOTOPS_CHECK_CUDNN(cudnnSetRNNDataDescriptor(x_desc_.h, CUDNN_DATA_FLOAT, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, T,
+    HOTOPS_CHECK_CUDNN(cudnnSetRNNDataDescriptor(x_desc_.h, dt, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, T,
                                                  B, I, lengths.data(), nullptr));
-    HOTOPS_CHECK_CUDNN(cudnnSetRNNDataDescriptor(y_desc_.h, CUDNN_DATA_FLOAT, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, T,
+    HOTOPS_CHECK_CUDNN(cudnnSetRNNDataDescriptor(y_desc_.h, dt, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, T,
                                                  B, 2 * H, lengths.data(), nullptr));
     const int hdims[3] = {2, B, H}, hstrides[3] = {B * H, H, 1};
-    HOTOPS_CHECK_CUDNN(cudnnSetTensorNdDescriptor(h_desc_.h, CUDNN_DATA_FLOAT, 3, hdims, hstrides));
+    HOTOPS_CHECK_CUDNN(cudnnSetTensorNdDescriptor(h_desc_.h, dt, 3, hdims, hstrides));
     HOTOPS_CHECK_CUDNN(cudnnGetRNNWeightSpaceSize(h, rnn_.h, &w_bytes_));
     HOTOPS_CHECK_CUDNN(cudnnGetRNNTempSpaceSizes(h, rnn_.h, s_.train() ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE,
                                                  x_desc_.h, &ws_bytes_, &reserve_bytes_));
   }
 
   // Where cuDNN keeps each gate's matrix and bias (pseudo-layer = direction; linear layers 0-3 are
-  // W_ih and b_ih of gates i, f, g, o, 4-7 W_hh and b_hh), checked to be row-major [H, K] blocks.
+  // W_ih and b_ih of gates i, f, g, o, 4-7 W_hh and b_hh), checked to be row-major [H, K] blocks;
+  // offsets in elements, the same in the f32 masters' mirror of a bf16 weight space.
   void locate_weights() {
     TensorDesc m, b;
-    const float* space = param(lstm_);
+    const char* space = static_cast<const char*>(weights());
     for (int d = 0; d < 2; ++d)
       for (int lin = 0; lin < 8; ++lin) {
         void* maddr = nullptr;
         void* baddr = nullptr;
-        HOTOPS_CHECK_CUDNN(cudnnGetRNNWeightParams(cudnn(), rnn_.h, d, w_bytes_, const_cast<float*>(space), lin, m.h,
+        HOTOPS_CHECK_CUDNN(cudnnGetRNNWeightParams(cudnn(), rnn_.h, d, w_bytes_, const_cast<char*>(space), lin, m.h,
                                                    &maddr, b.h, &baddr));
         cudnnDataType_t t;
         int nb = 0, dims[3] = {}, strides[3] = {};
@@ -358,8 +503,8 @@ class CudaBilstm final : public ModelCase {
                      "model_bilstm: cuDNN's gate matrix is not a row-major [H, K] block");
         HOTOPS_CHECK_CUDNN(cudnnGetTensorNdDescriptor(b.h, 3, &t, &nb, dims, strides));
         HOTOPS_CHECK(nb == 3 && dims[0] == 1 && dims[1] == c_.H && dims[2] == 1, "model_bilstm: cuDNN's gate bias is not [H]");
-        slots_.push_back(Slot{static_cast<std::size_t>(static_cast<const float*>(maddr) - space),
-                              static_cast<std::size_t>(static_cast<const float*>(baddr) - space)});
+        slots_.push_back(Slot{static_cast<std::size_t>(static_cast<const char*>(maddr) - space) / es_,
+                              static_cast<std::size_t>(static_cast<const char*>(baddr) - space) / es_});
       }
   }
 
@@ -399,36 +544,61 @@ class CudaBilstm final : public ModelCase {
   }
 
   void device_step() {
-    const std::int64_t T = c_.T, B = s_.batch, E = c_.E, C = c_.C, N = T * B;
+    if (!s_.bf16()) return device_step_on<float>();
+    const auto n4 = static_cast<std::int64_t>((total_ - lstm_) / 4);
+    cast_params<<<blocks_for(n4, 256, 1024), 256, 0, gpu::stream()>>>(params_.as<const float4>() + lstm_ / 4,
+                                                                      low_.as<__nv_bfloat162>(), n4);
+    HOTOPS_CHECK_LAUNCH();
+    device_step_on<__nv_bfloat16>();
+  }
+
+  // The step on activation storage T: float, or __nv_bfloat16 after the cast of the weights.
+  template <class T>
+  void device_step_on() {
+    constexpr bool kBf16 = !std::is_same<T, float>::value;
+    const std::int64_t Tn = c_.T, B = s_.batch, E = c_.E, H = c_.H, C = c_.C, N = Tn * B;
     cudaStream_t st = gpu::stream();
     cudnnHandle_t h = cudnn();
     std::int32_t* keys = s_.train() ? keys_in_.as<std::int32_t>() : nullptr;
     std::int32_t* pos = s_.train() ? pos_in_.as<std::int32_t>() : nullptr;
     if (E % 4 == 0)
-      gather<4><<<blocks_for(N * E / 4, 256), 256, 0, st>>>(param(embed_), tokens_.as<const std::int32_t>(), x_.as<float>(),
-                                                            keys, pos, dim(T), dim(B), dim(E));
+      gather<4, T><<<blocks_for(N * E / 4, 256), 256, 0, st>>>(param(embed_), tokens_.as<const std::int32_t>(), x_.as<T>(),
+                                                               keys, pos, dim(Tn), dim(B), dim(E));
     else
-      gather<1><<<blocks_for(N * E, 256), 256, 0, st>>>(param(embed_), tokens_.as<const std::int32_t>(), x_.as<float>(),
-                                                        keys, pos, dim(T), dim(B), dim(E));
+      gather<1, T><<<blocks_for(N * E, 256), 256, 0, st>>>(param(embed_), tokens_.as<const std::int32_t>(), x_.as<T>(),
+                                                           keys, pos, dim(Tn), dim(B), dim(E));
     HOTOPS_CHECK_LAUNCH();
-    void* w = params_.as<float>() + lstm_;
+    void* w = weights();
     HOTOPS_CHECK_CUDNN(cudnnRNNForward(h, rnn_.h, s_.train() ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE,
                                        seq_.as<std::int32_t>(), x_desc_.h, x_.get(), y_desc_.h, y_.get(), h_desc_.h,
                                        nullptr, hT_.get(), h_desc_.h, nullptr, nullptr, w_bytes_, w, ws_bytes_, ws_.get(),
                                        s_.train() ? reserve_bytes_ : 0, s_.train() ? reserve_.get() : nullptr));
-    bias_rows<<<blocks_for(B * C, 256, 64), 256, 0, st>>>(logits_.as<float>(), param(dense_b_), dim(B), dim(C));
-    HOTOPS_CHECK_LAUNCH();
-    for (const auto& g : fwd_) g->run();
+    if constexpr (kBf16) {
+      dense_head_bf16<<<static_cast<unsigned>((B + kWarpsPerBlock - 1) / kWarpsPerBlock), 32 * kWarpsPerBlock, 0, st>>>(
+          hT_.as<const __nv_bfloat16>(), low(dense_w_), low(dense_b_), logits_.as<__nv_bfloat16>(), dim(B), dim(H), dim(C));
+      HOTOPS_CHECK_LAUNCH();
+    } else {
+      bias_rows<<<blocks_for(B * C, 256, 64), 256, 0, st>>>(logits_.as<float>(), param(dense_b_), dim(B), dim(C));
+      HOTOPS_CHECK_LAUNCH();
+      for (const auto& g : fwd_) g->run();
+    }
     if (!s_.train()) return;
 
-    softmax_xent<<<1, kLossThreads, 0, st>>>(logits_.as<const float>(), labels_.as<const std::int32_t>(),
-                                             dlogits_.as<float>(), grads_.as<float>() + dense_b_, loss_.as<float>(),
-                                             dim(B), dim(C), models::hyper(), state_.as<StepState>());
+    softmax_xent<T><<<1, kLossThreads, 0, st>>>(logits_.as<const T>(), labels_.as<const std::int32_t>(), dlogits_.as<T>(),
+                                                grads_.as<float>() + dense_b_, loss_.as<float>(), dim(B), dim(C),
+                                                models::hyper(), state_.as<StepState>());
     HOTOPS_CHECK_LAUNCH();
-    for (const auto& g : wgrad_) g->run();
-    for (const auto& g : dgrad_) g->run();
+    if constexpr (kBf16) {
+      dense_bwd_bf16<<<blocks_for(2 * H * C + B * 2 * H, 256, 1024), 256, 0, st>>>(
+          hT_.as<const __nv_bfloat16>(), low(dense_w_), dlogits_.as<const __nv_bfloat16>(), grads_.as<float>() + dense_w_,
+          dhT_.as<__nv_bfloat16>(), dim(B), dim(H), dim(C));
+      HOTOPS_CHECK_LAUNCH();
+    } else {
+      for (const auto& g : wgrad_) g->run();
+      for (const auto& g : dgrad_) g->run();
+    }
 
-    void* dw = grads_.as<float>() + lstm_;
+    void* dw = kBf16 ? dw_low_.get() : static_cast<void*>(grads_.as<float>() + lstm_);
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(dw, 0, w_bytes_, st));
     HOTOPS_CHECK_CUDNN(cudnnRNNBackwardData_v8(h, rnn_.h, seq_.as<std::int32_t>(), y_desc_.h, y_.get(), dy_.get(),
                                                x_desc_.h, dx_.get(), h_desc_.h, nullptr, dhT_.get(), nullptr, h_desc_.h,
@@ -437,6 +607,11 @@ class CudaBilstm final : public ModelCase {
     HOTOPS_CHECK_CUDNN(cudnnRNNBackwardWeights_v8(h, rnn_.h, CUDNN_WGRAD_MODE_ADD, seq_.as<std::int32_t>(), x_desc_.h,
                                                   x_.get(), h_desc_.h, nullptr, y_desc_.h, y_.get(), w_bytes_, dw,
                                                   ws_bytes_, ws_.get(), reserve_bytes_, reserve_.get()));
+    if constexpr (kBf16) {
+      const auto n = static_cast<std::int64_t>(w_elems_);
+      widen_grads<<<blocks_for(n, 256, 1024), 256, 0, st>>>(dw_low_.as<const __nv_bfloat16>(), grads_.as<float>() + lstm_, n);
+      HOTOPS_CHECK_LAUNCH();
+    }
 
     float* dE = grads_.as<float>() + embed_;
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(dE, 0, static_cast<std::size_t>(c_.V * E) * sizeof(float), st));
@@ -446,11 +621,11 @@ class CudaBilstm final : public ModelCase {
                                                       pos_out_.as<std::int32_t>(), dim(N), 0, key_bits_, st));
     const unsigned grad_blocks = static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock);
     if (E % 4 == 0)
-      embedding_grad<4><<<grad_blocks, 32 * kWarpsPerBlock, 0, st>>>(keys_out_.as<const std::int32_t>(), pos_out_.as<const std::int32_t>(),
-                                                                     dx_.as<const float>(), dE, dim(N), dim(E));
+      embedding_grad<4, T><<<grad_blocks, 32 * kWarpsPerBlock, 0, st>>>(keys_out_.as<const std::int32_t>(), pos_out_.as<const std::int32_t>(),
+                                                                        dx_.as<const T>(), dE, dim(N), dim(E));
     else
-      embedding_grad<1><<<grad_blocks, 32 * kWarpsPerBlock, 0, st>>>(keys_out_.as<const std::int32_t>(), pos_out_.as<const std::int32_t>(),
-                                                                     dx_.as<const float>(), dE, dim(N), dim(E));
+      embedding_grad<1, T><<<grad_blocks, 32 * kWarpsPerBlock, 0, st>>>(keys_out_.as<const std::int32_t>(), pos_out_.as<const std::int32_t>(),
+                                                                        dx_.as<const T>(), dE, dim(N), dim(E));
     HOTOPS_CHECK_LAUNCH();
 
     const auto n4 = static_cast<std::int64_t>(total_ / 4);
@@ -463,7 +638,9 @@ class CudaBilstm final : public ModelCase {
   Config c_;
   Layout l_;  // the canonical layout
   State st_;  // the seeded start, and the batch in pageable host memory for the e2e variants
+  std::size_t es_;  // the LSTM's data element size: 4 (f32) or 2 (bf16)
   std::size_t embed_ = 0, lstm_ = 0, dense_w_ = 0, dense_b_ = 0, total_ = 0;  // the device layout, floats
+  std::size_t w_elems_ = 0;  // cuDNN's weight space, in elements
   RnnDesc rnn_;
   DropoutDesc dropout_;
   DataDesc x_desc_, y_desc_;
@@ -474,6 +651,7 @@ class CudaBilstm final : public ModelCase {
   int key_bits_ = 1;
   gpu::DeviceBuffer params_, grads_, m_, v_, tokens_, labels_, seq_, x_, y_, hT_, logits_, ws_, reserve_;
   gpu::DeviceBuffer loss_, state_, dlogits_, dhT_, dy_, dx_, keys_in_, keys_out_, pos_in_, pos_out_, sort_temp_;
+  gpu::DeviceBuffer low_, dw_low_;  // bf16: the step's copy of the weights, cuDNN's bf16 dweights
   std::vector<std::unique_ptr<gpu::BoundGemm>> fwd_, wgrad_, dgrad_;
   HostBuffer logits_host_;
   float loss_host_ = 0;

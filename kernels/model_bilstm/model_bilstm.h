@@ -16,6 +16,19 @@
 // Directions: infer = forward to the logits; train = forward, loss, backward through the dense
 // layer, the BiLSTM (through time) and the embedding, and one AdamW step (models::hyper()) over
 // every parameter: embedding, LSTM weights and biases, dense weights and bias.
+// Dtypes: f32, and bf16 as mixed precision the way torch.autocast(dtype=torch.bfloat16) runs this
+// model (models.h): the parameters, the gradients and AdamW's m and v stay f32 (master weights). The
+// embedding lookup reads the f32 table (autocast leaves embeddings alone) and stores its rows bf16 as
+// the LSTM's input x; each step casts the weights it multiplies (the LSTM's W_ih, W_hh, biases, the
+// dense W and b) to bf16 once, inside the timed step; the LSTM takes bf16 x, weights and h with f32
+// accumulation and f32 gate math (cuDNN CUDNN_DATA_BFLOAT16 with f32 math precision; oneDNN's bf16
+// lstm_forward / lstm_backward) and stores y and hT bf16; the dense head takes bf16 hT and W,
+// accumulates in f32 and stores bf16 logits; dlogits are bf16; the softmax cross-entropy, the loss,
+// the dense and embedding gradient sums and AdamW compute in f32. The LSTM's gradients are what the
+// library gives for bf16 data: cuDNN's are bf16 (dhT, dx and its bf16 weight space: as autocast's
+// cast backward delivers them), widened into the f32 gradients; oneDNN 2.6's bf16 lstm_backward
+// takes and gives f32 gradients. A CPU whose oneDNN has no bf16 lstm for the case reports it
+// unsupported with the reason.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -44,11 +57,13 @@ const Config& config_named(const std::string& name);  // throws hotops::Error wh
 struct Shape {
   Config cfg;
   Backend backend = Backend::cpu;
+  DType dtype = DType::f32;          // f32 or bf16 (mixed precision, see the top of this file)
   Direction dir = Direction::infer;  // infer or train
   std::int64_t batch = 1;
   Variant variant = Variant::plain;
   int threads = 0;  // threads:T only
   bool train() const { return dir == Direction::train; }
+  bool bf16() const { return dtype == DType::bf16; }
 };
 Shape shape_of(const Problem& p);
 
@@ -78,7 +93,11 @@ struct State {
 State make_state(const Shape& s, const Layout& l, std::uint64_t seed);
 
 // The reference in double (kernels/lstm's reference_forward / reference_backward for the BiLSTM):
-// logits, and for train the loss and the canonical flat gradients.
+// logits, and for train the loss and the canonical flat gradients. Verification uses the exact one.
+// `bf16_rounding` (the tests' model of a correct bf16 step) rounds to bf16, in double, what a bf16 step
+// stores bf16 outside the LSTM: the parameters it casts, the embedding rows (x), hT, the logits,
+// dlogits, dhT, dx and the LSTM's weight gradients (cuDNN's bf16 weight space); the LSTM's own
+// per-step rounding is not modelled (kernels/lstm bounds that).
 struct Reference {
   std::vector<double> logits;  // [B, C]
   double loss = 0;
@@ -86,11 +105,11 @@ struct Reference {
 };
 Reference reference(const Config& c, const Layout& l, const std::vector<double>& params,
                     const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& labels, std::int64_t batch,
-                    bool backward);
+                    bool backward, bool bf16_rounding = false);
 
 // What one run produced, in host memory, in the canonical layout.
 struct Outcome {
-  HostBuffer logits;        // infer
+  HostBuffer logits;        // infer; bf16 train too (checked as infer's). f32 or bf16
   float loss = 0;           // train
   HostBuffer grads, params; // train: the gradients and the parameters after the step
 };

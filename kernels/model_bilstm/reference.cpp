@@ -8,11 +8,24 @@
 #include "kernels/model_bilstm/model_bilstm.h"
 
 namespace hotops::model_bilstm {
+namespace {
 
-Reference reference(const Config& c, const Layout& l, const std::vector<double>& params,
+void round_bf16(std::vector<double>& v) {
+  for (double& x : v) x = bf16_to_float(float_to_bf16(static_cast<float>(x)));
+}
+
+}  // namespace
+
+Reference reference(const Config& c, const Layout& l, const std::vector<double>& params_in,
                     const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& labels, std::int64_t batch,
-                    bool backward) {
+                    bool backward, bool bf16_rounding) {
   const std::int64_t B = batch, T = c.T, E = c.E, H = c.H, C = c.C, G = 4 * H;
+  std::vector<double> rounded;
+  if (bf16_rounding) rounded = params_in, round_bf16(rounded);
+  const std::vector<double>& params = bf16_rounding ? rounded : params_in;
+  const auto round = [bf16_rounding](std::vector<double>& v) {
+    if (bf16_rounding) round_bf16(v);
+  };
   lstm::Shape ls;
   ls.dir = Direction::bwd;
   ls.T = T, ls.B = B, ls.I = E, ls.H = H, ls.bidirectional = true;
@@ -34,7 +47,8 @@ Reference reference(const Config& c, const Layout& l, const std::vector<double>&
   in.w_hh = part(l.w_hh, 2 * G * H);
   in.b_ih = part(l.b_ih, 2 * G);
   in.b_hh = part(l.b_hh, 2 * G);
-  const lstm::Forward f = lstm::reference_forward(ls, in);
+  lstm::Forward f = lstm::reference_forward(ls, in);
+  round(f.hT);
 
   // logits[b] = [hT[0, b], hT[1, b]] . W + bias
   Reference ref;
@@ -47,6 +61,7 @@ Reference reference(const Config& c, const Layout& l, const std::vector<double>&
       for (std::int64_t k = 0; k < 2 * H; ++k) z += feat(b, k) * W(k, o);
       ref.logits[static_cast<std::size_t>(b * C + o)] = z;
     }
+  round(ref.logits);
   if (!backward) return ref;
 
   // Loss and dlogits = (softmax - onehot) / B.
@@ -63,6 +78,7 @@ Reference reference(const Config& c, const Layout& l, const std::vector<double>&
       dz[static_cast<std::size_t>(b * C + o)] = (std::exp(z[o] - mx) / sum - (o == y ? 1.0 : 0.0)) / static_cast<double>(B);
   }
   ref.loss = loss / static_cast<double>(B);
+  round(dz);
 
   // The dense layer: dW = feat^T . dz, db = colsum(dz), dfeat = dz . W^T (into dhT [2, B, H]).
   ref.grad.assign(l.total, 0.0);
@@ -80,7 +96,9 @@ Reference reference(const Config& c, const Layout& l, const std::vector<double>&
     }
 
   // The BiLSTM through time, then the embedding: dE[tokens[b, t]] += dx[t, b].
-  const lstm::Backward r = lstm::reference_backward(ls, in, f);
+  round(in.dhT);
+  lstm::Backward r = lstm::reference_backward(ls, in, f);
+  round(r.dx), round(r.dw_ih), round(r.dw_hh), round(r.db);
   std::copy(r.dw_ih.begin(), r.dw_ih.end(), ref.grad.begin() + static_cast<std::ptrdiff_t>(l.w_ih));
   std::copy(r.dw_hh.begin(), r.dw_hh.end(), ref.grad.begin() + static_cast<std::ptrdiff_t>(l.w_hh));
   std::copy(r.db.begin(), r.db.end(), ref.grad.begin() + static_cast<std::ptrdiff_t>(l.b_ih));

@@ -87,16 +87,6 @@ __global__ void bias_act(T* __restrict__ y, const T* __restrict__ b, std::int64_
   }
 }
 
-// The step's bf16 copy of the flat f32 parameters (autocast's cast of the weights): n4 vectors of 4.
-__global__ void cast_params(const float4* __restrict__ p, __nv_bfloat162* __restrict__ low, std::int64_t n4) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const float4 v = p[i];
-    low[2 * i] = __floats2bfloat162_rn(v.x, v.y);
-    low[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
-  }
-}
-
 cudaDataType_t cuda_type(DType t) { return t == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
 
 // D (m x n) = op(A) . op(B), column-major, packed (every leading dimension is the row count), with

@@ -1,6 +1,6 @@
 // The device code of a model's train step that every model family with a softmax cross-entropy head
 // shares (kernels/models, kernels/model_bilstm): the optimizer's step state on the device, the loss
-// kernel that advances it, and the flat AdamW pass. Included by .cu files only; everything here has
+// kernel that advances it, bf16's cast of the parameters, and the flat AdamW pass. Included by .cu files only; everything here has
 // internal linkage, one copy per file that uses it.
 #pragma once
 #include <cuda_bf16.h>
@@ -92,6 +92,16 @@ __global__ void __launch_bounds__(kLossThreads) softmax_xent(const T* __restrict
     } else {
       dbias[c] = s;
     }
+  }
+}
+
+// The step's bf16 copy of the flat f32 parameters (autocast's cast of the weights): n4 vectors of 4.
+__global__ void cast_params(const float4* __restrict__ p, __nv_bfloat162* __restrict__ low, std::int64_t n4) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const float4 v = p[i];
+    low[2 * i] = __floats2bfloat162_rn(v.x, v.y);
+    low[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
   }
 }
 
