@@ -184,21 +184,6 @@ TEST(ModelCnnCuda, BothDataGradientPathsAndLayoutsVerify) {
   }
 }
 
-// CPU infer over chunks of the batch verifies, chunk by chunk (first-conv layout included), and says so.
-TEST(ModelCnnCpu, InferInChunksVerifies) {
-  struct Restore {
-    ~Restore() { set_cpu_infer_chunk(0); }
-  } restore;
-  for (const std::int64_t chunk : {2, 3})
-    for (const char* arch : {"keras_test", "vgg_test"}) {
-      set_cpu_infer_chunk(chunk);
-      const auto c = family().make(problem(arch, Backend::cpu, Direction::infer, 6));
-      const Check chk = c->verify();
-      EXPECT_TRUE(chk.ok) << arch << " chunk " << chunk << ": " << chk.message;
-      EXPECT_NE(c->label().find("chunks of " + std::to_string(chunk) + " samples"), std::string::npos) << c->label();
-    }
-}
-
 // The CPU's first-conv layout (keras_cnn infer's conv 1) verifies and says so.
 TEST(ModelCnnCpu, FirstConvLayoutVerifies) {
   const auto c = family().make(problem("keras_test", Backend::cpu, Direction::infer, 5));

@@ -42,22 +42,6 @@ memory::desc nhwc(std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W
 }
 memory::desc vec(std::int64_t n) { return memory::desc({n}, dt::f32, tag::x); }
 // A row-major [rows, cols] f32 operand, or the transpose of one stored [cols, rows].
-// infer's chunk (set_cpu_infer_chunk): the largest divisor of the batch whose widest conv output
-// (max_out floats a sample) stays within kInferChunkBytes, so that a conv's output is still in the
-// caches when the next primitive reads it (keras_cnn's conv 1 writes 8.4 MB a sample: the whole batch
-// of 64 went to memory and back). At least one sample.
-constexpr std::int64_t kInferChunkBytes = std::int64_t{64} << 20;
-std::int64_t infer_chunk(std::int64_t batch, std::int64_t max_out) {
-  if (const std::int64_t forced = cpu_infer_chunk(); forced > 0) {
-    HOTOPS_CHECK(batch % forced == 0, "model_cnn: the forced CPU infer chunk must divide the batch");
-    return forced;
-  }
-  std::int64_t best = 1;
-  for (std::int64_t d = 1; d <= batch; ++d)
-    if (batch % d == 0 && d * max_out * static_cast<std::int64_t>(sizeof(float)) <= kInferChunkBytes) best = d;
-  return best;
-}
-
 memory::desc mat(std::int64_t rows, std::int64_t cols, bool transposed = false) {
   return transposed ? memory::desc({rows, cols}, dt::f32, memory::dims{1, rows})
                     : memory::desc({rows, cols}, dt::f32, memory::dims{cols, 1});
@@ -108,19 +92,16 @@ class CpuCnn final : public ModelCase {
     std::int64_t max_out = 0;
     for (const ConvLayer& c : s_.convs) max_out = std::max(max_out, c.out_count());
     if (s_.train()) da_ = memory(nhwc(B, 1, 1, max_out), eng), dz_ = memory(nhwc(B, 1, 1, max_out), eng);
-    // infer runs the conv stack in chunks of `mb` samples (see infer_chunk); train on the whole batch.
-    const std::int64_t mb = s_.train() ? B : infer_chunk(B, max_out);
-    chunk_ = mb;
-    x_mem_ = memory(nhwc(mb, a.C, a.H, a.W), eng, x_.data());
+    x_mem_ = memory(nhwc(B, a.C, a.H, a.W), eng, x_.data());
     memory in = x_mem_;
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
       const ConvLayer& c = s_.convs[i];
       const Layer& ly = l_.conv[i];
       ConvPrims& cp = conv_.emplace_back();
-      const memory::desc src = nhwc(mb, c.C, c.H, c.W), dst_user = nhwc(mb, c.K, c.P, c.Q);
+      const memory::desc src = nhwc(B, c.C, c.H, c.W), dst_user = nhwc(B, c.K, c.P, c.Q);
       const bool first_layout = i == 0 && !s_.train() && c.pool;  // see the file comment
-      const memory::desc conv_src = first_layout ? memory::desc({mb, c.C, c.H, c.W}, dt::f32, tag::nchw) : src;
-      const memory::desc conv_dst = first_layout ? memory::desc({mb, c.K, c.P, c.Q}, dt::f32, tag::any) : dst_user;
+      const memory::desc conv_src = first_layout ? memory::desc({B, c.C, c.H, c.W}, dt::f32, tag::nchw) : src;
+      const memory::desc conv_dst = first_layout ? memory::desc({B, c.K, c.P, c.Q}, dt::f32, tag::any) : dst_user;
       const memory::desc w_any({c.K, c.C, 3, 3}, dt::f32, tag::any), w_user({c.K, c.C, 3, 3}, dt::f32, tag::ohwi);
       const memory::dims strides{1, 1}, pad{c.pad, c.pad};
       // Batch norm in train mode takes the conv without its bias; everything else adds the bias.
@@ -170,14 +151,11 @@ class CpuCnn final : public ModelCase {
       dnnl::pooling_forward::primitive_desc ppd;
       const memory::dims pk{c.pool, c.pool}, pz{0, 0};
       if (c.pool) {
-        const memory::desc pdst = nhwc(mb, c.K, c.PH, c.PW);
-        const memory::desc pool_dst = first_layout ? memory::desc({mb, c.K, c.PH, c.PW}, dt::f32, tag::any) : pdst;
+        const memory::desc pdst = nhwc(B, c.K, c.PH, c.PW);
+        const memory::desc pool_dst = first_layout ? memory::desc({B, c.K, c.PH, c.PW}, dt::f32, tag::any) : pdst;
         const auto pd = HOTOPS_CHECK_DNNL(dnnl::pooling_forward::desc(fwd_kind, dnnl::algorithm::pooling_max, dst, pool_dst, pk, pk, pz, pz));
         ppd = HOTOPS_CHECK_DNNL(dnnl::pooling_forward::primitive_desc(pd, eng));
-        // The flatten's input holds the whole batch; a chunk's pool writes its slice (forward()).
-        const bool last = i + 1 == s_.convs.size();
-        if (last && mb < B) flat_ = memory(nhwc(B, c.K, c.PH, c.PW), eng);
-        cp.p = last && mb < B ? memory(pdst, eng, flat_.get_data_handle()) : memory(pdst, eng);
+        cp.p = memory(pdst, eng);
         memory pooled = cp.p;
         if (ppd.dst_desc() != pdst) {
           cp.p_blocked = pooled = memory(ppd.dst_desc(), eng);
@@ -229,8 +207,7 @@ class CpuCnn final : public ModelCase {
       }
       in = next;
     }
-    HOTOPS_CHECK(s_.convs.back().pool > 0 || mb == B, "model_cnn: infer chunks need a pooled last conv layer");
-    if (mb == B) flat_ = in;
+    flat_ = in;
     setup_dense(P, G);
     if (s_.train()) wire_backward();
     if (!s_.train()) logits_out_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * a.classes));
@@ -279,7 +256,6 @@ class CpuCnn final : public ModelCase {
                     "pooling max, matmul; hotops loops for the last layer" + (s_.train() ? ", dropout, loss, AdamW" : "") + "; NHWC; " +
                     std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
     if (!s_.train() && s_.arch.bn) l += "; batch norms folded into the weights at setup";
-    if (chunk_ < s_.batch) l += "; conv layers in chunks of " + std::to_string(chunk_) + " samples";
     return l;
   }
 
@@ -320,8 +296,9 @@ class CpuCnn final : public ModelCase {
     attr.set_post_ops(po);
     const memory::desc bias_md({1, Hd}, dt::f32, memory::dims{Hd, 1});
     // infer: the weights are fixed, so the matmul takes them in its own format (format_tag::any),
-    // reordered once here (as conv weights are): the plain [F, Hd] layout ran this M = batch, K = 56448
-    // product at ~0.7 TFLOP/s on the H100 host's Xeon. train reads the flat buffer as it changes.
+    // reordered once here (as conv weights are). keras_cnn's M = 64, K = 56448 product took 10.2 ms
+    // from the plain [F, Hd] layout and 8.7 ms prepacked on the H100 host's Xeon (oneDNN verbose, two
+    // runs). train reads the flat buffer as it changes.
     const memory::desc w1_user = mat(F, Hd), w1_md = s_.train() ? w1_user : memory::desc({F, Hd}, dt::f32, tag::any);
     const auto d1 = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(mat(B, F), w1_md, bn_train ? memory::desc() : bias_md, mat(B, Hd)));
     const auto pd1 = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(d1, attr, eng));
@@ -409,25 +386,18 @@ class CpuCnn final : public ModelCase {
   void forward() {
     const Arch& a = s_.arch;
     const bool bn_train = s_.train() && a.bn;
-    const std::int64_t chunks = s_.batch / chunk_;
-    for (std::int64_t k = 0; k < chunks; ++k) {
-      if (chunks > 1) {  // this chunk's images in, its slice of the flatten's input out
-        x_mem_.set_data_handle(x_.as<float>() + k * chunk_ * a.H * a.W * a.C);
-        conv_.back().p.set_data_handle(static_cast<float*>(flat_.get_data_handle()) + k * chunk_ * flat_width(a));
-      }
-      if (x_to_conv_.prim) x_to_conv_.run();
-      for (std::size_t i = 0; i < conv_.size(); ++i) {
-        ConvPrims& cp = conv_[i];
-        if (s_.train()) cp.w_to_fwd.run();
-        cp.fwd.run();
-        if (bn_train) cp.bn_fwd.run();
-        if (s_.convs[i].pool) {
-          cp.pool_fwd.run();
-          if (cp.p_to_nhwc.prim) cp.p_to_nhwc.run();
-          if (s_.train()) {
-            HOTOPS_CHECK_DNNL(cpu::stream().wait());
-            dropout(static_cast<float*>(cp.p.get_data_handle()), s_.convs[i].pooled_count(), keys_[stage_of(i)]);
-          }
+    if (x_to_conv_.prim) x_to_conv_.run();
+    for (std::size_t i = 0; i < conv_.size(); ++i) {
+      ConvPrims& cp = conv_[i];
+      if (s_.train()) cp.w_to_fwd.run();
+      cp.fwd.run();
+      if (bn_train) cp.bn_fwd.run();
+      if (s_.convs[i].pool) {
+        cp.pool_fwd.run();
+        if (cp.p_to_nhwc.prim) cp.p_to_nhwc.run();
+        if (s_.train()) {
+          HOTOPS_CHECK_DNNL(cpu::stream().wait());
+          dropout(static_cast<float*>(cp.p.get_data_handle()), s_.convs[i].pooled_count(), keys_[stage_of(i)]);
         }
       }
     }
@@ -618,7 +588,6 @@ class CpuCnn final : public ModelCase {
   Step x_to_conv_;  // the first-conv layout only: the images to nchw
   Step dense1_, hbn_fwd_, hbn_bwd_, dense1_dw_, dense1_dx_;
   memory w1_packed_;  // infer: dense 1's weights in the matmul's own format
-  std::int64_t chunk_ = 1;  // samples a conv-stack pass takes (infer_chunk; the batch in train)
   HostBuffer hd_, logits_, dlogits_, logits_out_;
   std::string conv_impl_, first_layout_;
   std::int64_t step_ = 0;

@@ -325,10 +325,7 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<poi
 namespace {
 std::atomic<DataGradPath> g_data_grad_path{DataGradPath::timed};
 std::atomic<CudaLayout> g_cuda_layout{CudaLayout::measured};
-std::atomic<std::int64_t> g_cpu_infer_chunk{0};
 }  // namespace
-void set_cpu_infer_chunk(std::int64_t samples) { g_cpu_infer_chunk = samples; }
-std::int64_t cpu_infer_chunk() { return g_cpu_infer_chunk; }
 void set_cuda_data_grad_path(DataGradPath p) { g_data_grad_path = p; }
 DataGradPath cuda_data_grad_path() { return g_data_grad_path; }
 void set_cuda_layout(CudaLayout l) { g_cuda_layout = l; }

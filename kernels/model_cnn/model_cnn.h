@@ -207,14 +207,6 @@ enum class CudaLayout { measured, nhwc, nchw };
 void set_cuda_layout(CudaLayout l);
 CudaLayout cuda_layout();
 
-// CPU infer runs the conv layers over chunks of the batch, so that each conv's output is still in the
-// caches when the next primitive reads it: by default the largest divisor of the batch whose widest
-// conv output fits 64 MiB (keras_cnn at batch 64: chunks of 4; vgg_cifar: up to 512). A positive
-// value forces chunks of that many samples (it must divide the batch; tests). Process-wide, read when
-// a case is made; the label says the chunk when it is not the whole batch.
-void set_cpu_infer_chunk(std::int64_t samples);
-std::int64_t cpu_infer_chunk();
-
 std::unique_ptr<ModelCase> make_cpu(const Problem& p);
 std::string cpu_unsupported_reason(const Problem& p);
 #ifdef HOTOPS_HAVE_CUDA
