@@ -28,7 +28,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <initializer_list>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -581,20 +580,13 @@ bool tensor_op(cudnnMathType_t m) { return m == CUDNN_TENSOR_OP_MATH || m == CUD
 // The fastest algorithm cudnnFind*AlgorithmEx measured that runs without tensor cores, with its
 // workspace and Find's time. ws_size(algo, &bytes) asks one algorithm's workspace; find(count, &n,
 // perf, ws, bytes) searches (twice: the first search also times CUDA's lazy module loads).
-// The weight-gradient algorithms Find may not pick: cuDNN's FFT ones. With NCHW activations Find
-// offered them, and on keras_cnn's 256x256 conv 1 (batch 32 and 64 on the H100) the weight gradient
-// erred by 3% of its largest entry (f32 verification tolerance 0.5%): the transform over the whole
-// plane sums B x 65536 products in f32. (The forward and data-gradient FFT kernels verified.)
-constexpr std::initializer_list<int> kImpreciseFilterAlgos = {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT,
-                                                              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING};
-
 struct Found {
   int algo;
   std::size_t bytes;
   float ms;
 };
 template <class Perf, class WsSize, class Find>
-Found find_algorithm(const char* what, int count, WsSize ws_size, Find find, std::initializer_list<int> excluded = {}) {
+Found find_algorithm(const char* what, int count, WsSize ws_size, Find find) {
   std::size_t want = 0;
   for (int a = 0; a < count; ++a) {
     std::size_t bytes = 0;
@@ -608,8 +600,7 @@ Found find_algorithm(const char* what, int count, WsSize ws_size, Find find, std
   int n = 0;
   for (int pass = 0; pass < 2; ++pass) HOTOPS_CHECK_CUDNN(find(std::min(count, 16), &n, perf, ws.get(), bytes));
   for (int i = 0; i < n; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= bytes && !tensor_op(perf[i].mathType) &&
-        std::find(excluded.begin(), excluded.end(), static_cast<int>(perf[i].algo)) == excluded.end())
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= bytes && !tensor_op(perf[i].mathType))
       return {static_cast<int>(perf[i].algo), perf[i].memory, perf[i].time};
   throw Error(std::string("model_cnn: cuDNN has no f32 FMA-math ") + what + " algorithm for a layer", ErrorKind::unsupported);
 }
@@ -863,8 +854,7 @@ class CudaCnn final : public ModelCase {
             [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn(), cp.x.h, cp.y.h, cp.conv.h, cp.w.h, static_cast<cudnnConvolutionBwdFilterAlgo_t>(al), b); },
             [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
               return cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnn(), cp.x.h, x, cp.y.h, dz_.as<float>(), cp.conv.h, cp.w.h, dw, n, got, perf, wsp, bytes);
-            },
-            kImpreciseFilterAlgos);
+            });
         cp.filter = static_cast<cudnnConvolutionBwdFilterAlgo_t>(filter.algo);
         cp.ws = std::max(cp.ws, filter.bytes);
         algos_ += " filter " + std::to_string(filter.algo);
