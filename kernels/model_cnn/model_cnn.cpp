@@ -92,10 +92,10 @@ const std::vector<Arch>& archs() {
       // Seed 002: Keras' cifar10_cnn.py, batch 32 in the script, 128 in the study.
       {"vgg_cifar", 32, 32, 3, false,
        {{{{32, true}, {32, false}}, 2, 0.25}, {{{64, true}, {64, false}}, 2, 0.25}},
-       512, 0.5, 10, {32, 128, 512}},
+       512, 0.5, 10, {32, 128, 512}, true},
       // The tests' tiny versions: odd and unequal H and W, pools that crop a row or a column.
       {"keras_test", 20, 17, 3, true, {{{{4, true}}, 3, 0.25}, {{{8, true}, {8, true}}, 2, 0.25}}, 16, 0.5, 3, {}},
-      {"vgg_test", 16, 14, 3, false, {{{{4, true}, {4, false}}, 2, 0.25}, {{{8, true}, {8, false}}, 2, 0.25}}, 16, 0.5, 5, {}},
+      {"vgg_test", 16, 14, 3, false, {{{{4, true}, {4, false}}, 2, 0.25}, {{{8, true}, {8, false}}, 2, 0.25}}, 16, 0.5, 5, {}, true},
   };
   return all;
 }

@@ -75,6 +75,7 @@ struct Arch {
   double hidden_dropout;
   std::int64_t classes;
   std::vector<std::int64_t> batches;  // benchmarked batch sizes (none for the test architectures)
+  bool cuda_nchw = false;  // CudaLayout::measured's layout for this architecture (cuda_model_cnn.cu)
 };
 const std::vector<Arch>& archs();
 const Arch& arch_named(const std::string& name);  // throws hotops::Error when unknown
@@ -201,8 +202,8 @@ DataGradPath cuda_data_grad_path();
 // The layout of a CUDA step's conv activations (the flat parameters and the flatten keep the model's
 // NHWC order whatever it is): NCHW, where cuDNN has f32 implicit-GEMM, Winograd and FFT kernels for all
 // three passes (its NHWC f32 kernels are generic ones, several times slower at the seeds' shapes), or
-// NHWC. `measured` takes the layout that measured faster for the architecture on the H100 (see
-// cuda_model_cnn.cu); tests force each. Process-wide, read when a case is made; the label says which.
+// NHWC. `measured` takes the architecture's `cuda_nchw` (see cuda_model_cnn.cu's use_nchw for why);
+// tests force each. Process-wide, read when a case is made; the label says which.
 enum class CudaLayout { measured, nhwc, nchw };
 void set_cuda_layout(CudaLayout l);
 CudaLayout cuda_layout();
