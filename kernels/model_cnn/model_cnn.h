@@ -105,7 +105,9 @@ struct Shape {
   std::int64_t batch = 1;
   Variant variant = Variant::plain;
   int threads = 0;
+  DType dtype = DType::f32;  // f32, or bf16: mixed precision (see the top of this file)
   bool train() const { return dir == Direction::train; }
+  bool bf16() const { return dtype == DType::bf16; }
 };
 Shape shape_of(const Problem& p);
 
@@ -143,7 +145,7 @@ std::vector<pointwise::DropoutKey> dropout_keys(const Arch& a, std::uint64_t see
 // 0.1), running mean in [-0.1, 0.1), running variance in [0.9, 1.1) (near Keras' 1, 0, 0, 1 and
 // different per channel, so that a wrong channel shows); m = v = 0.
 struct State {
-  HostBuffer x;                      // [batch, H, W, C]
+  HostBuffer x;                      // [batch, H, W, C] in the problem's dtype (bf16: what the reference sees)
   std::vector<std::int32_t> labels;  // [batch]
   HostBuffer params, m, v, stats;
 };
@@ -159,10 +161,12 @@ std::int64_t verify_period(const Shape& s);
 State verification_state(const Shape& s, const State& seeded);
 
 // The implementation's own decisions for the reference's near-ties: per conv layer its post-ReLU
-// output [batch, P, Q, K] and the hidden layer's [batch, hidden] (see model_cnn.cpp, verification).
+// output [batch, P, Q, K] and the hidden layer's [batch, hidden] (see model_cnn.cpp, verification),
+// and the band of a near-tie relative to the rms of the layer's pre-ReLU values.
 struct Hints {
   std::vector<const float*> conv;
   const float* hidden = nullptr;
+  double band = 1e-4;
 };
 
 // The reference in double over `samples` distinct samples, sample q weighted by count[q] (the batch is
