@@ -182,7 +182,9 @@ TEST(ModelCnnVerify, Bf16BoundsCatchSlips) {
         const Check bad = verify_outcome(s, l, keys, st, outcome_from(s, l, keys, st, slips[k]));
         EXPECT_FALSE(bad.ok) << what << " slip " << k;
       }
-      if (s.train()) EXPECT_FALSE(verify_outcome(s, l, dropout_keys(s.arch, 10), st, outcome_from(s, l, keys, st, rounded)).ok) << what;
+      if (s.train()) {
+        EXPECT_FALSE(verify_outcome(s, l, dropout_keys(s.arch, 10), st, outcome_from(s, l, keys, st, rounded)).ok) << what;
+      }
     }
 }
 
@@ -255,5 +257,20 @@ TEST(ModelCnnCpu, FirstConvLayoutVerifies) {
   EXPECT_NE(c->label().find("first conv: nchw images"), std::string::npos) << c->label();
 }
 
+}  // namespace
+}  // namespace hotops::model_cnn
+// DEV-ONLY scan
+namespace hotops::model_cnn {
+namespace {
+TEST(ModelCnnDev, Bf16Scan) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  for (const char* arch : {"keras_test", "vgg_test"})
+    for (std::int64_t b : {4, 8, 32, 128}) {
+      const auto c = family().make(problem(arch, Backend::cuda, Direction::train, b, DType::bf16));
+      const Check chk = c->verify();
+      std::fprintf(stderr, "SCAN %s b%lld ok=%d %s\n", arch, static_cast<long long>(b), chk.ok ? 1 : 0, chk.message.substr(0, 300).c_str());
+    }
+}
 }  // namespace
 }  // namespace hotops::model_cnn

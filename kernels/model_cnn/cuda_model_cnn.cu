@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -594,6 +595,7 @@ int reduce_blocks_nchw(std::int64_t B, std::int64_t C) {
 // both benchmarked architectures, train and infer, every batch (docs/models.md has the figures); the
 // test architectures follow it.
 bool use_nchw(const Arch&) {
+  if (const char* e = std::getenv("HOTOPS_CNN_LAYOUT")) return std::string(e) != "nhwc";  // DEV-ONLY
   switch (cuda_layout()) {
     case CudaLayout::nhwc: return false;
     case CudaLayout::nchw: return true;
@@ -634,6 +636,7 @@ struct Found {
   int algo;
   std::size_t bytes;
   float ms;
+  cudnnMathType_t math;  // the math type the algorithm ran with: its descriptor takes it (bf16 may get either)
 };
 template <class Perf, class WsSize, class Find>
 Found find_algorithm(const char* what, bool tensor_ops, int count, WsSize ws_size, Find find) {
@@ -651,7 +654,7 @@ Found find_algorithm(const char* what, bool tensor_ops, int count, WsSize ws_siz
   for (int pass = 0; pass < 2; ++pass) HOTOPS_CHECK_CUDNN(find(std::min(count, 16), &n, perf, ws.get(), bytes));
   for (int i = 0; i < n; ++i)
     if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= bytes && (tensor_ops || !tensor_op(perf[i].mathType)))
-      return {static_cast<int>(perf[i].algo), perf[i].memory, perf[i].time};
+      return {static_cast<int>(perf[i].algo), perf[i].memory, perf[i].time, perf[i].mathType};
   throw Error(std::string("model_cnn: cuDNN has no ") + (tensor_ops ? "bf16 " : "f32 FMA-math ") + what + " algorithm for a layer",
               ErrorKind::unsupported);
 }
@@ -659,7 +662,7 @@ Found find_algorithm(const char* what, bool tensor_ops, int count, WsSize ws_siz
 struct ConvPlan {
   TensorDesc x, y;
   FilterDesc w;
-  ConvDesc conv;
+  ConvDesc conv, conv_filter, conv_data;  // forward, backward filter, backward data: each with its algorithm's math type
   cudnnConvolutionFwdAlgo_t fwd{};
   cudnnConvolutionBwdDataAlgo_t data{};
   cudnnConvolutionBwdFilterAlgo_t filter{};
@@ -894,8 +897,10 @@ class CudaCnn final : public ModelCase {
       HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(cp.x.h, fmt, kCudnn, dim(B), dim(c.C), dim(c.H), dim(c.W)));
       HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(cp.y.h, fmt, kCudnn, dim(B), dim(c.K), dim(c.P), dim(c.Q)));
       HOTOPS_CHECK_CUDNN(cudnnSetFilter4dDescriptor(cp.w.h, kCudnn, fmt, dim(c.K), dim(c.C), 3, 3));
-      HOTOPS_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(cp.conv.h, dim(c.pad), dim(c.pad), 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-      HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.conv.h, kMath));
+      for (cudnnConvolutionDescriptor_t d : {cp.conv.h, cp.conv_filter.h, cp.conv_data.h}) {
+        HOTOPS_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(d, dim(c.pad), dim(c.pad), 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+        HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(d, kMath));
+      }
       const Act* x = input_of(i);
       if (wcopy_) launch_filter_layout(i, false);
       const Act* w = weights(i);
@@ -907,17 +912,19 @@ class CudaCnn final : public ModelCase {
             return cudnnFindConvolutionForwardAlgorithmEx(cudnn(), cp.x.h, x, cp.w.h, w, cp.conv.h, cp.y.h, z, n, got, perf, wsp, bytes);
           });
       cp.fwd = static_cast<cudnnConvolutionFwdAlgo_t>(fwd.algo);
+      HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.conv.h, fwd.math));
       cp.ws = fwd.bytes;
       algos_ += std::string(i ? ", " : "") + "fwd " + std::to_string(fwd.algo);
       if (s_.train()) {
         void* dw = wcopy_ ? dwk_.get() : static_cast<void*>(grads_.as<float>() + l_.conv[i].w);
         const Found filter = find_algorithm<cudnnConvolutionBwdFilterAlgoPerf_t>(
             "backward filter", kBf16, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-            [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn(), cp.x.h, cp.y.h, cp.conv.h, cp.w.h, static_cast<cudnnConvolutionBwdFilterAlgo_t>(al), b); },
+            [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn(), cp.x.h, cp.y.h, cp.conv_filter.h, cp.w.h, static_cast<cudnnConvolutionBwdFilterAlgo_t>(al), b); },
             [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
-              return cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnn(), cp.x.h, x, cp.y.h, dz_.get(), cp.conv.h, cp.w.h, dw, n, got, perf, wsp, bytes);
+              return cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnn(), cp.x.h, x, cp.y.h, dz_.get(), cp.conv_filter.h, cp.w.h, dw, n, got, perf, wsp, bytes);
             });
         cp.filter = static_cast<cudnnConvolutionBwdFilterAlgo_t>(filter.algo);
+        HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.conv_filter.h, filter.math));
         cp.ws = std::max(cp.ws, filter.bytes);
         algos_ += " filter " + std::to_string(filter.algo);
         if (i > 0) plan_data_gradient(i, cp);
@@ -934,13 +941,13 @@ class CudaCnn final : public ModelCase {
     const ConvLayer& c = s_.convs[i];
     const Act* w = weights(i);
     const DataGradPath path = cuda_data_grad_path();
-    Found data{-1, 0, 0.f}, flip{-1, 0, 0.f};
+    Found data{-1, 0, 0.f, kMath}, flip{-1, 0, 0.f, kMath};
     if (path != DataGradPath::forward_flip)
       data = find_algorithm<cudnnConvolutionBwdDataAlgoPerf_t>(
           "backward data", kBf16, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-          [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn(), cp.w.h, cp.y.h, cp.conv.h, cp.x.h, static_cast<cudnnConvolutionBwdDataAlgo_t>(al), b); },
+          [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn(), cp.w.h, cp.y.h, cp.conv_data.h, cp.x.h, static_cast<cudnnConvolutionBwdDataAlgo_t>(al), b); },
           [&](int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
-            return cudnnFindConvolutionBackwardDataAlgorithmEx(cudnn(), cp.w.h, w, cp.y.h, dz_.get(), cp.conv.h, cp.x.h, d_input(i), n, got, perf, wsp, bytes);
+            return cudnnFindConvolutionBackwardDataAlgorithmEx(cudnn(), cp.w.h, w, cp.y.h, dz_.get(), cp.conv_data.h, cp.x.h, d_input(i), n, got, perf, wsp, bytes);
           });
     if (path != DataGradPath::backward_data) {
       const std::int64_t B = s_.batch, fpad = 2 - c.pad;
@@ -962,11 +969,13 @@ class CudaCnn final : public ModelCase {
     cp.flip = path == DataGradPath::forward_flip || (path == DataGradPath::timed && flip.ms < data.ms);
     if (cp.flip) {
       cp.flip_fwd = static_cast<cudnnConvolutionFwdAlgo_t>(flip.algo);
+      HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.flip_conv.h, flip.math));
       cp.ws = std::max(cp.ws, flip.bytes);
       algos_ += " data fwd-flip " + std::to_string(flip.algo);
     } else {
       cp.wf_buf = gpu::DeviceBuffer();
       cp.data = static_cast<cudnnConvolutionBwdDataAlgo_t>(data.algo);
+      HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.conv_data.h, data.math));
       cp.ws = std::max(cp.ws, data.bytes);
       algos_ += " data " + std::to_string(data.algo);
     }
@@ -1222,7 +1231,7 @@ class CudaCnn final : public ModelCase {
                                                     lb.coef(K), mean, rstd, dz, n4, static_cast<int>(K), Drop{}, 1);
       }
       HOTOPS_CHECK_LAUNCH();
-      HOTOPS_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, cp.x.h, input_of(i), cp.y.h, dz_.get(), cp.conv.h, cp.filter,
+      HOTOPS_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, cp.x.h, input_of(i), cp.y.h, dz_.get(), cp.conv_filter.h, cp.filter,
                                                         workspace_.get(), ws_bytes_, &zero, cp.w.h, wcopy_ ? dwk_.get() : static_cast<void*>(G + l_.conv[i].w)));
       if (wcopy_) launch_filter_layout(i, true);
       if (i > 0 && cp.flip) {
@@ -1230,7 +1239,7 @@ class CudaCnn final : public ModelCase {
         HOTOPS_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, cp.y.h, dz_.get(), cp.wf.h, cp.wf_buf.get(), cp.flip_conv.h, cp.flip_fwd,
                                                    workspace_.get(), ws_bytes_, &zero, cp.x.h, d_input(i)));
       } else if (i > 0) {
-        HOTOPS_CHECK_CUDNN(cudnnConvolutionBackwardData(cudnn(), &one, cp.w.h, weights(i), cp.y.h, dz_.get(), cp.conv.h, cp.data,
+        HOTOPS_CHECK_CUDNN(cudnnConvolutionBackwardData(cudnn(), &one, cp.w.h, weights(i), cp.y.h, dz_.get(), cp.conv_data.h, cp.data,
                                                         workspace_.get(), ws_bytes_, &zero, cp.x.h, d_input(i)));
       }
     }

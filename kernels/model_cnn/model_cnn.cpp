@@ -315,7 +315,7 @@ struct Bounds {
 };
 Bounds bounds_for(DType t) {
   constexpr double u = 1.0 / 512;
-  if (t == DType::bf16) return {0.1, 16 * u, 0.5, 0.1, 8 * u, 16 * u};
+  if (t == DType::bf16) return {20 * u, 16 * u, 0.5, 0.1, 8 * u, 16 * u};
   return {1e-3, 1e-3, 5e-3, 0, 1e-3, 1e-4};
 }
 
