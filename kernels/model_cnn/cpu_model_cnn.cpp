@@ -443,7 +443,7 @@ class CpuCnn final : public ModelCase {
     } else {
       std::copy_n(static_cast<const float*>(hr_.get_data_handle()), B * Hd, hd);
     }
-    if (s_.train()) dropout(hd, Hd, keys_.back());
+    if (s_.train()) dropout_on(hd, Hd, keys_.back());  // hd is f32 in both dtypes
     // logits = hd . W2 + b2 (a [hidden, classes] layer: a loop)
     const float* W2 = infer_params() + l_.dense2.w;
     const float* b2 = infer_params() + l_.dense2.b;
@@ -550,7 +550,7 @@ class CpuCnn final : public ModelCase {
       for (std::int64_t b = 0; b < B; ++b) acc += dl[b * C + c];
       G[l_.dense2.b + static_cast<std::size_t>(c)] = acc;
     }
-    dropout(dhr, Hd, keys_.back());
+    dropout_on(dhr, Hd, keys_.back());
     T* dh = static_cast<T*>(dh_.get_data_handle());
     if (a.bn) {
       hbn_bwd_.run();

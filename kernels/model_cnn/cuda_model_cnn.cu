@@ -28,6 +28,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -639,7 +641,7 @@ struct Found {
   cudnnMathType_t math;  // the math type the algorithm ran with: its descriptor takes it (bf16 may get either)
 };
 template <class Perf, class WsSize, class Find>
-Found find_algorithm(const char* what, bool tensor_ops, int count, WsSize ws_size, Find find) {
+Found find_algorithm(const char* what, bool tensor_ops, std::uint32_t excluded, int count, WsSize ws_size, Find find) {
   std::size_t want = 0;
   for (int a = 0; a < count; ++a) {
     std::size_t bytes = 0;
@@ -653,7 +655,8 @@ Found find_algorithm(const char* what, bool tensor_ops, int count, WsSize ws_siz
   int n = 0;
   for (int pass = 0; pass < 2; ++pass) HOTOPS_CHECK_CUDNN(find(std::min(count, 16), &n, perf, ws.get(), bytes));
   for (int i = 0; i < n; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= bytes && (tensor_ops || !tensor_op(perf[i].mathType)))
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= bytes && (tensor_ops || !tensor_op(perf[i].mathType)) &&
+        !(excluded >> static_cast<int>(perf[i].algo) & 1u))
       return {static_cast<int>(perf[i].algo), perf[i].memory, perf[i].time, perf[i].mathType};
   throw Error(std::string("model_cnn: cuDNN has no ") + (tensor_ops ? "bf16 " : "f32 FMA-math ") + what + " algorithm for a layer",
               ErrorKind::unsupported);
@@ -886,6 +889,30 @@ class CudaCnn final : public ModelCase {
   Act* d_input(std::size_t i) const { return dbuf_[i % 2].as<Act>(); }
   Act* d_output(std::size_t i) const { return i + 1 == s_.convs.size() ? dflat_.as<Act>() : d_input(i + 1); }
 
+  // bf16: cuDNN's FFT and Winograd algorithms, whose transforms round intermediate values, are left out
+  // (GEMM-based ones only); f32 takes any (FMA math, checked by the f32 bounds).
+  static bool gemm_only() { return kBf16 && std::getenv("HOTOPS_CNN_ANYALGO") == nullptr; }  // DEV-ONLY env
+  static std::uint32_t bits(std::initializer_list<int> algos) {
+    std::uint32_t m = 0;
+    for (int a : algos) m |= 1u << a;
+    return m;
+  }
+  static std::uint32_t excluded_fwd() {
+    return gemm_only() ? bits({CUDNN_CONVOLUTION_FWD_ALGO_FFT, CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING, CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
+                               CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED})
+                       : 0u;
+  }
+  static std::uint32_t excluded_filter() {
+    return gemm_only() ? bits({CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING,
+                               CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED})
+                       : 0u;
+  }
+  static std::uint32_t excluded_data() {
+    return gemm_only() ? bits({CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT, CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING,
+                               CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD, CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED})
+                       : 0u;
+  }
+
   void plan_convs() {
     const std::int64_t B = s_.batch;
     std::size_t ws = 0;
@@ -906,7 +933,7 @@ class CudaCnn final : public ModelCase {
       const Act* w = weights(i);
       Act* z = layers_[i].z.template as<Act>();
       const Found fwd = find_algorithm<cudnnConvolutionFwdAlgoPerf_t>(
-          "forward", kBf16, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+          "forward", kBf16, excluded_fwd(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
           [&](int al, std::size_t* b) { return cudnnGetConvolutionForwardWorkspaceSize(cudnn(), cp.x.h, cp.w.h, cp.conv.h, cp.y.h, static_cast<cudnnConvolutionFwdAlgo_t>(al), b); },
           [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
             return cudnnFindConvolutionForwardAlgorithmEx(cudnn(), cp.x.h, x, cp.w.h, w, cp.conv.h, cp.y.h, z, n, got, perf, wsp, bytes);
@@ -918,7 +945,7 @@ class CudaCnn final : public ModelCase {
       if (s_.train()) {
         void* dw = wcopy_ ? dwk_.get() : static_cast<void*>(grads_.as<float>() + l_.conv[i].w);
         const Found filter = find_algorithm<cudnnConvolutionBwdFilterAlgoPerf_t>(
-            "backward filter", kBf16, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+            "backward filter", kBf16, excluded_filter(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
             [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn(), cp.x.h, cp.y.h, cp.conv_filter.h, cp.w.h, static_cast<cudnnConvolutionBwdFilterAlgo_t>(al), b); },
             [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
               return cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnn(), cp.x.h, x, cp.y.h, dz_.get(), cp.conv_filter.h, cp.w.h, dw, n, got, perf, wsp, bytes);
@@ -944,7 +971,7 @@ class CudaCnn final : public ModelCase {
     Found data{-1, 0, 0.f, kMath}, flip{-1, 0, 0.f, kMath};
     if (path != DataGradPath::forward_flip)
       data = find_algorithm<cudnnConvolutionBwdDataAlgoPerf_t>(
-          "backward data", kBf16, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+          "backward data", kBf16, excluded_data(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
           [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn(), cp.w.h, cp.y.h, cp.conv_data.h, cp.x.h, static_cast<cudnnConvolutionBwdDataAlgo_t>(al), b); },
           [&](int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
             return cudnnFindConvolutionBackwardDataAlgorithmEx(cudnn(), cp.w.h, w, cp.y.h, dz_.get(), cp.conv_data.h, cp.x.h, d_input(i), n, got, perf, wsp, bytes);
@@ -960,7 +987,7 @@ class CudaCnn final : public ModelCase {
       cp.wf_buf = acts(c.C * 9 * c.K);
       launch_flip(params_.as<float>() + l_.conv[i].w, cp, c);
       flip = find_algorithm<cudnnConvolutionFwdAlgoPerf_t>(
-          "forward (flipped filter)", kBf16, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+          "forward (flipped filter)", kBf16, excluded_fwd(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
           [&](int al, std::size_t* b) { return cudnnGetConvolutionForwardWorkspaceSize(cudnn(), cp.y.h, cp.wf.h, cp.flip_conv.h, cp.x.h, static_cast<cudnnConvolutionFwdAlgo_t>(al), b); },
           [&](int n2, int* got, cudnnConvolutionFwdAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
             return cudnnFindConvolutionForwardAlgorithmEx(cudnn(), cp.y.h, dz_.get(), cp.wf.h, cp.wf_buf.get(), cp.flip_conv.h, cp.x.h, d_input(i), n2, got, perf, wsp, bytes);
