@@ -259,28 +259,3 @@ TEST(ModelCnnCpu, FirstConvLayoutVerifies) {
 
 }  // namespace
 }  // namespace hotops::model_cnn
-// DEV-ONLY scan
-namespace hotops::model_cnn {
-namespace {
-TEST(ModelCnnDev, Bf16Scan) {
-  std::string why;
-  if (!gpu::available(&why)) GTEST_SKIP() << why;
-  for (int any = 0; any < 2; ++any) {
-    if (any) setenv("HOTOPS_CNN_ANYALGO", "1", 1);
-    else unsetenv("HOTOPS_CNN_ANYALGO");
-    for (std::int64_t b : {16, 64}) {
-      const auto c = family().make(problem("keras_cnn", Backend::cuda, Direction::train, b, DType::bf16));
-      const Check chk = c->verify();
-      std::fprintf(stderr, "SCANK any=%d b%lld ok=%d %s | %s\n", any, static_cast<long long>(b), chk.ok ? 1 : 0, chk.message.substr(0, 400).c_str(), c->label().c_str());
-    }
-  }
-  unsetenv("HOTOPS_CNN_ANYALGO");
-  for (const char* arch : {"keras_test", "vgg_test"})
-    for (std::int64_t b : {4, 32}) {
-      const auto c = family().make(problem(arch, Backend::cuda, Direction::train, b, DType::bf16));
-      const Check chk = c->verify();
-      std::fprintf(stderr, "SCAN %s b%lld ok=%d %s\n", arch, static_cast<long long>(b), chk.ok ? 1 : 0, chk.message.substr(0, 300).c_str());
-    }
-}
-}  // namespace
-}  // namespace hotops::model_cnn

@@ -22,16 +22,21 @@
 // NCHW: the same passes as scalar kernels (a channel's plane is contiguous); the conv weights are
 // converted KRSC -> KCRS at the start of each step and the weight gradients back (filter_layout), and
 // the last pool writes its output NHWC, the flatten's order.
+// bf16 (model_cnn.h): the class and kernels are templates on the activations' storage (Act: float or
+// __nv_bfloat16; the kernels widen to f32, compute and sum in f32 / double, and narrow once on store).
+// Each step casts the dense parameters to a bf16 copy (cast_params) and the conv weights into their
+// bf16 copies (filter_layout; flip_filter for fwd-flip); cuDNN takes bf16 x, w, y with an f32
+// convolution compute type and tensor-op math (each descriptor set to the math type its algorithm was
+// found with), its bf16 weight gradient widened into the f32 gradients by filter_layout; cublasLt
+// takes bf16 A and B with f32 accumulation, writing bf16 activations and f32 weight gradients. bf16
+// runs NHWC by default (measured, see use_nchw).
 // No host synchronisation inside a step: plain steps are capturable, graph:1 replays one CUDA graph.
 // Row-major tensors are seen by cublasLt as column-major transposes.
 #include <cudnn.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
-#include <initializer_list>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -593,17 +598,17 @@ int reduce_blocks_nchw(std::int64_t B, std::int64_t C) {
   return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>({B, 2048 / C, kMaxReduceBlocks})));
 }
 
-// The layout of a case's activations (CudaLayout). `measured`: NCHW, which measured faster on the H100 for
-// both benchmarked architectures, train and infer, every batch (docs/models.md has the figures); the
-// test architectures follow it.
-bool use_nchw(const Arch&) {
-  if (const char* e = std::getenv("HOTOPS_CNN_LAYOUT")) return std::string(e) != "nhwc";  // DEV-ONLY
+// The layout of a case's activations (CudaLayout). `measured`, on the H100 (docs/models.md has the
+// figures): f32 NCHW, faster for both benchmarked architectures, train and infer, every batch; bf16
+// NHWC, where cuDNN's bf16 tensor-core kernels are (faster in 7 of the 9 verified comparisons, all
+// of infer). The test architectures follow it.
+bool use_nchw(const Arch&, bool bf16) {
   switch (cuda_layout()) {
     case CudaLayout::nhwc: return false;
     case CudaLayout::nchw: return true;
     case CudaLayout::measured: break;
   }
-  return true;  // measured: NCHW
+  return !bf16;  // measured
 }
 
 // [n][h][w][c] <-> [n][c][h][w] on the host (the images in, the verification's activations out).
@@ -641,7 +646,7 @@ struct Found {
   cudnnMathType_t math;  // the math type the algorithm ran with: its descriptor takes it (bf16 may get either)
 };
 template <class Perf, class WsSize, class Find>
-Found find_algorithm(const char* what, bool tensor_ops, std::uint32_t excluded, int count, WsSize ws_size, Find find) {
+Found find_algorithm(const char* what, bool tensor_ops, int count, WsSize ws_size, Find find) {
   std::size_t want = 0;
   for (int a = 0; a < count; ++a) {
     std::size_t bytes = 0;
@@ -655,8 +660,7 @@ Found find_algorithm(const char* what, bool tensor_ops, std::uint32_t excluded, 
   int n = 0;
   for (int pass = 0; pass < 2; ++pass) HOTOPS_CHECK_CUDNN(find(std::min(count, 16), &n, perf, ws.get(), bytes));
   for (int i = 0; i < n; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= bytes && (tensor_ops || !tensor_op(perf[i].mathType)) &&
-        !(excluded >> static_cast<int>(perf[i].algo) & 1u))
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= bytes && (tensor_ops || !tensor_op(perf[i].mathType)))
       return {static_cast<int>(perf[i].algo), perf[i].memory, perf[i].time, perf[i].mathType};
   throw Error(std::string("model_cnn: cuDNN has no ") + (tensor_ops ? "bf16 " : "f32 FMA-math ") + what + " algorithm for a layer",
               ErrorKind::unsupported);
@@ -723,7 +727,7 @@ class CudaCnn final : public ModelCase {
     auto ok_channels = [](std::int64_t c) { return c % 4 == 0 && c <= kMaxChannels && (kThreads % (c / 4)) == 0; };
     for (const ConvLayer& c : s_.convs) HOTOPS_CHECK(ok_channels(c.K) && c.pool <= 15, "model_cnn: CUDA conv widths must be 4 x a power of two <= 1024");
     HOTOPS_CHECK(ok_channels(Hd), "model_cnn: the CUDA hidden width must be 4 x a power of two <= 1024");
-    nchw_ = use_nchw(a);
+    nchw_ = use_nchw(a, kBf16);
     wcopy_ = nchw_ || kBf16;
     HOTOPS_CHECK(s_.convs.back().pool > 0, "model_cnn: the last conv layer must be pooled (the flatten reads the pooled output)");
     gpu::cublaslt();
@@ -889,30 +893,6 @@ class CudaCnn final : public ModelCase {
   Act* d_input(std::size_t i) const { return dbuf_[i % 2].as<Act>(); }
   Act* d_output(std::size_t i) const { return i + 1 == s_.convs.size() ? dflat_.as<Act>() : d_input(i + 1); }
 
-  // bf16: cuDNN's FFT and Winograd algorithms, whose transforms round intermediate values, are left out
-  // (GEMM-based ones only); f32 takes any (FMA math, checked by the f32 bounds).
-  static bool gemm_only() { return kBf16 && std::getenv("HOTOPS_CNN_ANYALGO") == nullptr; }  // DEV-ONLY env
-  static std::uint32_t bits(std::initializer_list<int> algos) {
-    std::uint32_t m = 0;
-    for (int a : algos) m |= 1u << a;
-    return m;
-  }
-  static std::uint32_t excluded_fwd() {
-    return gemm_only() ? bits({CUDNN_CONVOLUTION_FWD_ALGO_FFT, CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING, CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
-                               CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED})
-                       : 0u;
-  }
-  static std::uint32_t excluded_filter() {
-    return gemm_only() ? bits({CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING,
-                               CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED})
-                       : 0u;
-  }
-  static std::uint32_t excluded_data() {
-    return gemm_only() ? bits({CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT, CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING,
-                               CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD, CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED})
-                       : 0u;
-  }
-
   void plan_convs() {
     const std::int64_t B = s_.batch;
     std::size_t ws = 0;
@@ -933,7 +913,7 @@ class CudaCnn final : public ModelCase {
       const Act* w = weights(i);
       Act* z = layers_[i].z.template as<Act>();
       const Found fwd = find_algorithm<cudnnConvolutionFwdAlgoPerf_t>(
-          "forward", kBf16, excluded_fwd(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+          "forward", kBf16, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
           [&](int al, std::size_t* b) { return cudnnGetConvolutionForwardWorkspaceSize(cudnn(), cp.x.h, cp.w.h, cp.conv.h, cp.y.h, static_cast<cudnnConvolutionFwdAlgo_t>(al), b); },
           [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
             return cudnnFindConvolutionForwardAlgorithmEx(cudnn(), cp.x.h, x, cp.w.h, w, cp.conv.h, cp.y.h, z, n, got, perf, wsp, bytes);
@@ -945,7 +925,7 @@ class CudaCnn final : public ModelCase {
       if (s_.train()) {
         void* dw = wcopy_ ? dwk_.get() : static_cast<void*>(grads_.as<float>() + l_.conv[i].w);
         const Found filter = find_algorithm<cudnnConvolutionBwdFilterAlgoPerf_t>(
-            "backward filter", kBf16, excluded_filter(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+            "backward filter", kBf16, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
             [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn(), cp.x.h, cp.y.h, cp.conv_filter.h, cp.w.h, static_cast<cudnnConvolutionBwdFilterAlgo_t>(al), b); },
             [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
               return cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnn(), cp.x.h, x, cp.y.h, dz_.get(), cp.conv_filter.h, cp.w.h, dw, n, got, perf, wsp, bytes);
@@ -971,7 +951,7 @@ class CudaCnn final : public ModelCase {
     Found data{-1, 0, 0.f, kMath}, flip{-1, 0, 0.f, kMath};
     if (path != DataGradPath::forward_flip)
       data = find_algorithm<cudnnConvolutionBwdDataAlgoPerf_t>(
-          "backward data", kBf16, excluded_data(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+          "backward data", kBf16, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
           [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn(), cp.w.h, cp.y.h, cp.conv_data.h, cp.x.h, static_cast<cudnnConvolutionBwdDataAlgo_t>(al), b); },
           [&](int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
             return cudnnFindConvolutionBackwardDataAlgorithmEx(cudnn(), cp.w.h, w, cp.y.h, dz_.get(), cp.conv_data.h, cp.x.h, d_input(i), n, got, perf, wsp, bytes);
@@ -987,7 +967,7 @@ class CudaCnn final : public ModelCase {
       cp.wf_buf = acts(c.C * 9 * c.K);
       launch_flip(params_.as<float>() + l_.conv[i].w, cp, c);
       flip = find_algorithm<cudnnConvolutionFwdAlgoPerf_t>(
-          "forward (flipped filter)", kBf16, excluded_fwd(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+          "forward (flipped filter)", kBf16, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
           [&](int al, std::size_t* b) { return cudnnGetConvolutionForwardWorkspaceSize(cudnn(), cp.y.h, cp.wf.h, cp.flip_conv.h, cp.x.h, static_cast<cudnnConvolutionFwdAlgo_t>(al), b); },
           [&](int n2, int* got, cudnnConvolutionFwdAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
             return cudnnFindConvolutionForwardAlgorithmEx(cudnn(), cp.y.h, dz_.get(), cp.wf.h, cp.wf_buf.get(), cp.flip_conv.h, cp.x.h, d_input(i), n2, got, perf, wsp, bytes);

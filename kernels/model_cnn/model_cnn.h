@@ -31,6 +31,15 @@
 //          cross-entropy with integer labels, backward, one AdamW step (models::hyper()) over every
 //          trainable parameter in ONE flat buffer, and the running statistics updated (momentum 0.99,
 //          unbiased batch variance, as TF's and cuDNN's fused batch norm).
+// Dtypes: f32, and bf16 as mixed precision the way torch.autocast(dtype=torch.bfloat16) runs it (the
+// models family's conventions, kernels/models/models.h): the parameters, gradients, AdamW's m and v and
+// the running statistics stay f32; each step casts the weights it multiplies (the conv weights, dense
+// weights and the last bias) to bf16 once; convolutions and GEMMs take bf16 operands and accumulate in
+// f32; the images, every activation (z, the post-ReLU and pooled outputs, h, the logits) and every
+// activation gradient are stored bf16; batch-norm statistics, the per-channel sums, the loss and AdamW
+// compute in f32 (or double); the weight gradients land in the f32 gradients (cuDNN's bf16 conv weight
+// gradient widened, as autocast's; the dense ones written f32 by their GEMMs). A CPU whose oneDNN has no
+// bf16 convolution or matmul reports the bf16 cases unsupported.
 // Dropout masks are fixed: element e of sample b of dropout layer d is kept when pointwise.h's hash of
 // (the layer's key, e, b mod mask_period) says so; mask_period is the batch in a benchmark step and the
 // verification period in a verified one (see below), so every backend and the reference draw the same
