@@ -695,6 +695,7 @@ std::unique_ptr<gpu::BoundGemm> gemm(cublasOperation_t opa, cublasOperation_t op
   gpu::GemmDesc d;
   d.opa = opa, d.opb = opb, d.m = m, d.n = n, d.k = k, d.lda = lda, d.ldb = ldb, d.ldd = ldd, d.bias = bias;
   d.ab = ab, d.cd = cd;
+  d.reduce_in_compute = cd != CUDA_R_32F;  // bf16 outputs: no split-K partials rounded to bf16
   return std::make_unique<gpu::BoundGemm>(d, "model_cnn", A, B, D);
 }
 
