@@ -899,10 +899,11 @@ class CudaCnn final : public ModelCase {
   Act* d_output(std::size_t i) const { return i + 1 == s_.convs.size() ? dflat_.as<Act>() : d_input(i + 1); }
 
   // The samples a chunk of conv layer c's weight gradient sums. bf16: cuDNN's tensor-op weight
-  // gradient adds its B P Q products per output in one f32 accumulator, whose rounding grows like
-  // B P Q 2^-24 (a quarter at keras_cnn's conv 1, b64); chunks of at most 2^18 products (the largest
-  // divisor of B that keeps them there, at least 1 sample), each rounded to bf16 once and added in f32
-  // by filter_layout, as autocast's weight gradient is bf16. f32: the whole batch in one call.
+  // gradient adds its B P Q products per output in f32, a sum whose rounding can grow with its length
+  // (B P Q 2^-24 at worst: a quarter at keras_cnn's conv 1, b64); chunks of at most 2^18 products (the
+  // largest divisor of B that keeps them there, at least 1 sample), each rounded to bf16 once (autocast's
+  // weight gradient is bf16) and added in f32 by filter_layout. keras_cnn's errors did not change with
+  // it (docs/models.md). f32: the whole batch in one call.
   std::int64_t wgrad_chunk(const ConvLayer& c) const {
     const std::int64_t B = s_.batch;
     if (!kBf16) return B;
