@@ -14,8 +14,42 @@
 namespace hotops::model_cnn {
 namespace {
 
-Problem problem(const std::string& op, Backend be, Direction d, std::int64_t batch) {
-  return Problem{"model." + op, be, DType::f32, d, {{"batch", std::to_string(batch)}}};
+Problem problem(const std::string& op, Backend be, Direction d, std::int64_t batch, DType t = DType::f32) {
+  return Problem{"model." + op, be, t, d, {{"batch", std::to_string(batch)}}};
+}
+
+// An outcome as a step from `st` would give it, made from the reference at parameters p (the
+// verification start's, or a slipped or rounded copy): logits for every sample of the batch, the
+// loss, the gradients, the statistics and AdamW's step `step` from p0 with those gradients.
+Outcome outcome_from(const Shape& s, const ParamLayout& l, const std::vector<pointwise::DropoutKey>& keys, const State& st,
+                     const std::vector<double>& p, std::int64_t step = 1) {
+  const std::int64_t period = verify_period(s);
+  std::vector<double> stats(st.stats.count()), x(static_cast<std::size_t>(period * s.arch.H * s.arch.W * s.arch.C));
+  for (std::size_t i = 0; i < stats.size(); ++i) stats[i] = st.stats.get(i);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = st.x.get(i);
+  std::vector<std::int64_t> count(static_cast<std::size_t>(period), 0);
+  for (std::int64_t b = 0; b < s.batch; ++b) ++count[static_cast<std::size_t>(b % period)];
+  const std::vector<std::int32_t> labels(st.labels.begin(), st.labels.begin() + period);
+  const Reference ref = reference(s, l, keys, p, stats, x, labels, count, s.train());
+  Outcome o;
+  if (!s.train()) {
+    const std::size_t C = static_cast<std::size_t>(s.arch.classes);
+    o.logits = HostBuffer(DType::f32, static_cast<std::size_t>(s.batch) * C);
+    for (std::size_t i = 0; i < o.logits.count(); ++i) o.logits.set(i, ref.logits[((i / C) % static_cast<std::size_t>(period)) * C + i % C]);
+    return o;
+  }
+  o.loss = static_cast<float>(ref.loss);
+  o.grads = HostBuffer(DType::f32, l.total);
+  o.params = HostBuffer(DType::f32, l.total);
+  o.stats = HostBuffer(DType::f32, l.stats);
+  for (std::size_t i = 0; i < l.stats; ++i) o.stats.set(i, ref.stats[i]);
+  for (std::size_t i = 0; i < l.total; ++i) {
+    o.grads.set(i, ref.grad[i]);
+    adamw::Element e{st.params.get(i), 0, 0};
+    adamw::reference_step(hyper(), step, o.grads.get(i), e);
+    o.params.set(i, e.p);
+  }
+  return o;
 }
 
 TEST(ModelCnnLayout, ParameterCountsMatchTheSeeds) {
@@ -92,29 +126,9 @@ TEST(ModelCnnVerify, PlantedErrorsFail) {
   const ParamLayout l = param_layout(s.arch);
   const auto keys = dropout_keys(s.arch, 9);
   const State st = verification_state(s, make_state(s, l, 9));
-  const std::int64_t period = verify_period(s);
-  std::vector<double> p0(l.total), stats(st.stats.count()), x(static_cast<std::size_t>(period * s.arch.H * s.arch.W * s.arch.C));
+  std::vector<double> p0(l.total);
   for (std::size_t i = 0; i < p0.size(); ++i) p0[i] = st.params.get(i);
-  for (std::size_t i = 0; i < stats.size(); ++i) stats[i] = st.stats.get(i);
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = st.x.get(i);
-  const std::vector<std::int64_t> count{2, 2, 1, 1};
-  const Reference ref = reference(s, l, keys, p0, stats, x, std::vector<std::int32_t>(st.labels.begin(), st.labels.begin() + 4),
-                                  count, true);
-  auto outcome = [&](std::int64_t step) {
-    Outcome o;
-    o.loss = static_cast<float>(ref.loss);
-    o.grads = HostBuffer(DType::f32, l.total);
-    o.params = HostBuffer(DType::f32, l.total);
-    o.stats = HostBuffer(DType::f32, l.stats);
-    for (std::size_t i = 0; i < l.stats; ++i) o.stats.set(i, ref.stats[i]);
-    for (std::size_t i = 0; i < l.total; ++i) {
-      o.grads.set(i, ref.grad[i]);
-      adamw::Element e{p0[i], 0, 0};
-      adamw::reference_step(hyper(), step, o.grads.get(i), e);
-      o.params.set(i, e.p);
-    }
-    return o;
-  };
+  auto outcome = [&](std::int64_t step) { return outcome_from(s, l, keys, st, p0, step); };
   EXPECT_TRUE(verify_outcome(s, l, keys, st, outcome(1)).ok) << verify_outcome(s, l, keys, st, outcome(1)).message;
   Outcome wrong_loss = outcome(1);
   wrong_loss.loss *= 1.01f;
@@ -131,8 +145,51 @@ TEST(ModelCnnVerify, PlantedErrorsFail) {
   EXPECT_FALSE(verify_outcome(s, l, dropout_keys(s.arch, 10), st, outcome(1)).ok);
 }
 
-void expect_learns(Backend be, const std::string& arch, int steps) {
-  auto c = family().make(problem(arch, be, Direction::train, 8));
+// bf16: the bounds (model_cnn.cpp) pass a model of a correct bf16 step, the reference from the
+// parameters rounded to bf16 (autocast's cast of every weight, the one rounding a bf16 step applies to
+// all of them), and fail the slips a looser bound could let through: a bias left out (the last
+// layer's; vgg also its first conv's, which no batch norm absorbs), the last weight read transposed,
+// another dropout mask.
+TEST(ModelCnnVerify, Bf16BoundsCatchSlips) {
+  for (const char* arch : {"keras_test", "vgg_test"})
+    for (Direction dir : {Direction::train, Direction::infer}) {
+      const Shape s = shape_of(problem(arch, Backend::cuda, dir, 6, DType::bf16));
+      const ParamLayout l = param_layout(s.arch);
+      const auto keys = dropout_keys(s.arch, 9);
+      const State st = verification_state(s, make_state(s, l, 9));
+      EXPECT_EQ(st.x.dtype(), DType::bf16);
+      std::vector<double> p0(l.total), rounded(l.total);
+      for (std::size_t i = 0; i < p0.size(); ++i) p0[i] = st.params.get(i);
+      HostBuffer low(DType::bf16, l.total);
+      for (std::size_t i = 0; i < p0.size(); ++i) low.set(i, p0[i]), rounded[i] = low.get(i);
+      const std::string what = std::string(arch) + " " + direction_name(dir);
+      const Check good = verify_outcome(s, l, keys, st, outcome_from(s, l, keys, st, rounded));
+      EXPECT_TRUE(good.ok) << what << ": " << good.message;
+      std::vector<std::vector<double>> slips;
+      auto slip = [&](auto change) {
+        std::vector<double> p = rounded;
+        change(p);
+        slips.push_back(std::move(p));
+      };
+      slip([&](std::vector<double>& p) { std::fill_n(p.begin() + static_cast<std::ptrdiff_t>(l.dense2.b), s.arch.classes, 0.0); });
+      if (!s.arch.bn) slip([&](std::vector<double>& p) { std::fill_n(p.begin() + static_cast<std::ptrdiff_t>(l.conv[0].b), s.convs[0].K, 0.0); });
+      slip([&](std::vector<double>& p) {  // W2 [hidden, classes] read as if stored [classes, hidden]
+        const std::int64_t Hd = s.arch.hidden, C = s.arch.classes;
+        for (std::int64_t o = 0; o < Hd; ++o)
+          for (std::int64_t c = 0; c < C; ++c) p[l.dense2.w + static_cast<std::size_t>(o * C + c)] = rounded[l.dense2.w + static_cast<std::size_t>(c * Hd + o)];
+      });
+      for (std::size_t k = 0; k < slips.size(); ++k) {
+        const Check bad = verify_outcome(s, l, keys, st, outcome_from(s, l, keys, st, slips[k]));
+        EXPECT_FALSE(bad.ok) << what << " slip " << k;
+      }
+      if (s.train()) {
+        EXPECT_FALSE(verify_outcome(s, l, dropout_keys(s.arch, 10), st, outcome_from(s, l, keys, st, rounded)).ok) << what;
+      }
+    }
+}
+
+void expect_learns(Backend be, const std::string& arch, int steps, DType t = DType::f32) {
+  auto c = family().make(problem(arch, be, Direction::train, 8, t));
   auto* m = dynamic_cast<ModelCase*>(c.get());
   ASSERT_NE(m, nullptr);
   c->run();
@@ -140,7 +197,7 @@ void expect_learns(Backend be, const std::string& arch, int steps) {
   for (int i = 1; i < steps; ++i) c->run();
   const double last = m->last_loss();
   EXPECT_TRUE(std::isfinite(last));
-  EXPECT_LT(last, 0.7 * first) << arch << " on " << backend_name(be) << ": " << first << " -> " << last;
+  EXPECT_LT(last, 0.7 * first) << arch << " on " << backend_name(be) << " " << dtype_name(t) << ": " << first << " -> " << last;
 }
 
 TEST(ModelCnnTraining, LossFallsCpu) {
@@ -155,9 +212,16 @@ TEST(ModelCnnTraining, LossFallsCuda) {
   expect_learns(Backend::cuda, "vgg_test", 60);
 }
 
+TEST(ModelCnnTraining, LossFallsCudaBf16) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  expect_learns(Backend::cuda, "keras_test", 40, DType::bf16);
+  expect_learns(Backend::cuda, "vgg_test", 60, DType::bf16);
+}
+
 // Both ways of computing a CUDA conv layer's input gradient verify (cuDNN's backward data and the
-// forward conv with the flipped filter), each forced, in both activation layouts: the measured
-// choices may take either at a test shape.
+// forward conv with the flipped filter), each forced, in both activation layouts and both dtypes: the
+// measured choices may take either at a test shape.
 TEST(ModelCnnCuda, BothDataGradientPathsAndLayoutsVerify) {
   std::string why;
   if (!gpu::available(&why)) GTEST_SKIP() << why;
@@ -172,14 +236,15 @@ TEST(ModelCnnCuda, BothDataGradientPathsAndLayoutsVerify) {
     for (DataGradPath path : {DataGradPath::backward_data, DataGradPath::forward_flip}) {
       set_cuda_data_grad_path(path);
       for (const char* arch : {"keras_test", "vgg_test"})
-        for (Direction dir : {Direction::train, Direction::infer}) {
-          const auto c = family().make(problem(arch, Backend::cuda, dir, 6));
-          const Check chk = c->verify();
-          EXPECT_TRUE(chk.ok) << arch << " " << c->label() << ": " << chk.message;
-          const std::string label = c->label();
-          EXPECT_NE(label.find(layout == CudaLayout::nchw ? "cuDNN NCHW" : "cuDNN NHWC"), std::string::npos) << label;
-          if (dir == Direction::train) EXPECT_EQ(label.find("data fwd-flip") != std::string::npos, path == DataGradPath::forward_flip) << label;
-        }
+        for (Direction dir : {Direction::train, Direction::infer})
+          for (DType t : {DType::f32, DType::bf16}) {
+            const auto c = family().make(problem(arch, Backend::cuda, dir, 6, t));
+            const Check chk = c->verify();
+            EXPECT_TRUE(chk.ok) << arch << " " << dtype_name(t) << " " << c->label() << ": " << chk.message;
+            const std::string label = c->label();
+            EXPECT_NE(label.find(layout == CudaLayout::nchw ? "cuDNN NCHW" : "cuDNN NHWC"), std::string::npos) << label;
+            if (dir == Direction::train) EXPECT_EQ(label.find("data fwd-flip") != std::string::npos, path == DataGradPath::forward_flip) << label;
+          }
     }
   }
 }

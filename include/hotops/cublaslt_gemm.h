@@ -22,6 +22,9 @@ struct GemmDesc {
   const void* bias = nullptr;                        // a bias epilogue (fixed at setup), + ReLU if relu
   bool relu = false;
   float beta = 0.f;
+  // Split-K partial sums reduced in the compute type (f32) only, never in a narrower D type (cublasLt's
+  // CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE / INPLACE round each partial to D's type).
+  bool reduce_in_compute = false;
 };
 
 // "algo I tile T stages S splitK K": a cublasLt algorithm's configuration, for labels.

@@ -17,6 +17,15 @@
 // first-convolution layout instead: 3 input channels are poor work for the NHWC kernels (brgconv ran at
 // ~105 GFLOP/s), so the images are reordered to nchw, the conv writes its own blocked layout, the pool
 // runs on that, and only the pooled output is reordered to NHWC.
+// bf16 (model_cnn.h): the same primitives on bf16 activations (the images, z, a, the pooled outputs,
+// h, and their gradients), oneDNN's bf16 kernels (AVX512_BF16 / AMX) accumulating in f32; the conv
+// weights reordered from the f32 flat buffer to bf16 in the primitives' formats and dense 1's weight
+// cast to a bf16 copy inside every step (infer too: autocast casts on every call; infer's folded
+// weights are folded in f32 at setup and cast each step); the weight gradients written f32 (conv
+// backward weights with f32 diff weights, the dW1 matmul with an f32 destination); batch-norm
+// statistics f32. The hand-written loops (dropout, the last layer, the loss, AdamW) compute in f32,
+// reading and writing the bf16 activations where they touch them. A CPU whose oneDNN has no bf16
+// convolution or matmul reports the case unsupported.
 #include <omp.h>
 
 #include <algorithm>
@@ -37,15 +46,23 @@ using dt = memory::data_type;
 using tag = memory::format_tag;
 using cpu::Args;
 
-memory::desc nhwc(std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W) {
-  return memory::desc({N, C, H, W}, dt::f32, tag::nhwc);
+memory::desc nhwc(std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W, dt t = dt::f32) {
+  return memory::desc({N, C, H, W}, t, tag::nhwc);
 }
 memory::desc vec(std::int64_t n) { return memory::desc({n}, dt::f32, tag::x); }
-// A row-major [rows, cols] f32 operand, or the transpose of one stored [cols, rows].
-memory::desc mat(std::int64_t rows, std::int64_t cols, bool transposed = false) {
-  return transposed ? memory::desc({rows, cols}, dt::f32, memory::dims{1, rows})
-                    : memory::desc({rows, cols}, dt::f32, memory::dims{cols, 1});
+// A row-major [rows, cols] operand, or the transpose of one stored [cols, rows].
+memory::desc mat(std::int64_t rows, std::int64_t cols, bool transposed = false, dt t = dt::f32) {
+  return transposed ? memory::desc({rows, cols}, t, memory::dims{1, rows})
+                    : memory::desc({rows, cols}, t, memory::dims{cols, 1});
 }
+
+// Storage <-> f32 for the loops over activations: f32 as is, bf16 widened exactly, narrowed to nearest even.
+using bf16 = std::uint16_t;
+inline float load(float v) { return v; }
+inline float load(bf16 v) { return bf16_to_float(v); }
+template <class T> inline T store(float v);
+template <> inline float store<float>(float v) { return v; }
+template <> inline bf16 store<bf16>(float v) { return float_to_bf16(v); }
 
 struct Step {
   dnnl::primitive prim;
@@ -71,6 +88,7 @@ class CpuCnn final : public ModelCase {
     cpu::ThreadScope scope(threads_);
     const Arch& a = s_.arch;
     const std::int64_t B = s_.batch;
+    const dt at = adt();  // the activations' type
     x_ = seeded_.x;
     labels_ = seeded_.labels;
     params_ = seeded_.params;
@@ -91,18 +109,19 @@ class CpuCnn final : public ModelCase {
     float* G = grads_.as<float>();
     std::int64_t max_out = 0;
     for (const ConvLayer& c : s_.convs) max_out = std::max(max_out, c.out_count());
-    if (s_.train()) da_ = memory(nhwc(B, 1, 1, max_out), eng), dz_ = memory(nhwc(B, 1, 1, max_out), eng);
-    x_mem_ = memory(nhwc(B, a.C, a.H, a.W), eng, x_.data());
+    if (s_.train()) da_ = memory(nhwc(B, 1, 1, max_out, at), eng), dz_ = memory(nhwc(B, 1, 1, max_out, at), eng);
+    x_mem_ = memory(nhwc(B, a.C, a.H, a.W, at), eng, x_.data());
     memory in = x_mem_;
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
       const ConvLayer& c = s_.convs[i];
       const Layer& ly = l_.conv[i];
       ConvPrims& cp = conv_.emplace_back();
-      const memory::desc src = nhwc(B, c.C, c.H, c.W), dst_user = nhwc(B, c.K, c.P, c.Q);
+      const memory::desc src = nhwc(B, c.C, c.H, c.W, at), dst_user = nhwc(B, c.K, c.P, c.Q, at);
       const bool first_layout = i == 0 && !s_.train() && c.pool;  // see the file comment
-      const memory::desc conv_src = first_layout ? memory::desc({B, c.C, c.H, c.W}, dt::f32, tag::nchw) : src;
-      const memory::desc conv_dst = first_layout ? memory::desc({B, c.K, c.P, c.Q}, dt::f32, tag::any) : dst_user;
-      const memory::desc w_any({c.K, c.C, 3, 3}, dt::f32, tag::any), w_user({c.K, c.C, 3, 3}, dt::f32, tag::ohwi);
+      const memory::desc conv_src = first_layout ? memory::desc({B, c.C, c.H, c.W}, at, tag::nchw) : src;
+      const memory::desc conv_dst = first_layout ? memory::desc({B, c.K, c.P, c.Q}, at, tag::any) : dst_user;
+      const memory::desc w_any({c.K, c.C, 3, 3}, at, tag::any), w_user({c.K, c.C, 3, 3}, dt::f32, tag::ohwi);
+      const memory::desc dw_any({c.K, c.C, 3, 3}, dt::f32, tag::any);  // the weight gradient: f32 in both dtypes
       const memory::dims strides{1, 1}, pad{c.pad, c.pad};
       // Batch norm in train mode takes the conv without its bias; everything else adds the bias.
       const bool bias = !(s_.train() && a.bn);
@@ -124,7 +143,7 @@ class CpuCnn final : public ModelCase {
       if (i == 0 || i + 1 == s_.convs.size()) conv_impl_ += std::string(i ? ", " : "") + fpd.impl_info_str();
       memory w_user_mem(w_user, eng, P + ly.w), w_fwd(fpd.weights_desc(), eng);
       cp.w_to_fwd = {HOTOPS_CHECK_DNNL(dnnl::reorder(w_user_mem, w_fwd)), {{DNNL_ARG_FROM, w_user_mem}, {DNNL_ARG_TO, w_fwd}}};
-      if (!s_.train()) {  // the weights are fixed: reorder once here
+      if (!s_.train() && !s_.bf16()) {  // the weights are fixed: reorder once here (bf16 casts in the step)
         cp.w_to_fwd.run();
         HOTOPS_CHECK_DNNL(cpu::stream().wait());
       }
@@ -151,8 +170,8 @@ class CpuCnn final : public ModelCase {
       dnnl::pooling_forward::primitive_desc ppd;
       const memory::dims pk{c.pool, c.pool}, pz{0, 0};
       if (c.pool) {
-        const memory::desc pdst = nhwc(B, c.K, c.PH, c.PW);
-        const memory::desc pool_dst = first_layout ? memory::desc({B, c.K, c.PH, c.PW}, dt::f32, tag::any) : pdst;
+        const memory::desc pdst = nhwc(B, c.K, c.PH, c.PW, at);
+        const memory::desc pool_dst = first_layout ? memory::desc({B, c.K, c.PH, c.PW}, at, tag::any) : pdst;
         const auto pd = HOTOPS_CHECK_DNNL(dnnl::pooling_forward::desc(fwd_kind, dnnl::algorithm::pooling_max, dst, pool_dst, pk, pk, pz, pz));
         ppd = HOTOPS_CHECK_DNNL(dnnl::pooling_forward::primitive_desc(pd, eng));
         cp.p = memory(pdst, eng);
@@ -172,7 +191,7 @@ class CpuCnn final : public ModelCase {
         memory d_in = i == 0 ? memory() : memory(src, eng);
         d_in_.push_back(d_in);
         if (c.pool) {
-          const auto pbd = HOTOPS_CHECK_DNNL(dnnl::pooling_backward::desc(dnnl::algorithm::pooling_max, dst, nhwc(B, c.K, c.PH, c.PW), pk, pk, pz, pz));
+          const auto pbd = HOTOPS_CHECK_DNNL(dnnl::pooling_backward::desc(dnnl::algorithm::pooling_max, dst, nhwc(B, c.K, c.PH, c.PW, at), pk, pk, pz, pz));
           const auto pbpd = HOTOPS_CHECK_DNNL(dnnl::pooling_backward::primitive_desc(pbd, eng, ppd));
           cp.pool_bwd = {HOTOPS_CHECK_DNNL(dnnl::pooling_backward(pbpd)),
                          {{DNNL_ARG_DIFF_SRC, cp.da}, {DNNL_ARG_WORKSPACE, cp.pool_ws}}};  // DIFF_DST set below
@@ -188,7 +207,7 @@ class CpuCnn final : public ModelCase {
                         {DNNL_ARG_DIFF_SRC, cp.dz}, {DNNL_ARG_DIFF_SCALE, memory(vec(c.K), eng, G + ly.gamma)},
                         {DNNL_ARG_DIFF_SHIFT, memory(vec(c.K), eng, G + ly.beta)}}};
         }
-        const auto wd = HOTOPS_CHECK_DNNL(dnnl::convolution_backward_weights::desc(alg, src, w_any, a.bn ? memory::desc() : vec(c.K), dst,
+        const auto wd = HOTOPS_CHECK_DNNL(dnnl::convolution_backward_weights::desc(alg, src, dw_any, a.bn ? memory::desc() : vec(c.K), dst,
                                                                                    strides, pad, pad));
         const auto wpd = HOTOPS_CHECK_DNNL(dnnl::convolution_backward_weights::primitive_desc(wd, eng, fpd));
         memory dw(wpd.diff_weights_desc(), eng), dw_user(w_user, eng, G + ly.w);
@@ -238,13 +257,8 @@ class CpuCnn final : public ModelCase {
       o.grads = grads_;
       o.params = params_;
       o.stats = stats_;
-      for (ConvPrims& cp : conv_) {
-        HostBuffer h(DType::f32, cp.a.get_desc().get_size() / sizeof(float));
-        std::memcpy(h.data(), cp.a.get_data_handle(), h.bytes());
-        o.relu.push_back(std::move(h));
-      }
-      o.hidden = HostBuffer(DType::f32, static_cast<std::size_t>(s_.batch * s_.arch.hidden));
-      std::memcpy(o.hidden.data(), hr_.get_data_handle(), o.hidden.bytes());
+      for (ConvPrims& cp : conv_) o.relu.push_back(widened(cp.a));
+      o.hidden = widened(hr_);
     }
     Check c = verify_outcome(s_, l_, keys_, start, o);
     restore(seeded_, s_.batch);
@@ -252,7 +266,8 @@ class CpuCnn final : public ModelCase {
   }
 
   std::string label() const override {
-    std::string l = "oneDNN convolution (" + conv_impl_ + ")" + first_layout_ + ", " + (s_.arch.bn && s_.train() ? "batch_normalization + ReLU, " : "") +
+    std::string l = std::string(s_.bf16() ? "bf16 autocast (f32 master weights cast each step; bf16 activations, f32 accumulation); " : "") +
+                    "oneDNN convolution (" + conv_impl_ + ")" + first_layout_ + ", " + (s_.arch.bn && s_.train() ? "batch_normalization + ReLU, " : "") +
                     "pooling max, matmul; hotops loops for the last layer" + (s_.train() ? ", dropout, loss, AdamW" : "") + "; NHWC; " +
                     std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
     if (!s_.train() && s_.arch.bn) l += "; batch norms folded into the weights at setup";
@@ -262,6 +277,18 @@ class CpuCnn final : public ModelCase {
   double last_loss() override { return loss_; }
 
  private:
+  dt adt() const { return s_.bf16() ? dt::bf16 : dt::f32; }
+
+  // An activation memory (NHWC or [rows, cols], f32 or bf16) as f32.
+  static HostBuffer widened(const memory& m) {
+    const bool low = m.get_desc().data_type() == dt::bf16;
+    const std::size_t n = m.get_desc().get_size() / (low ? 2 : 4);
+    HostBuffer h(DType::f32, n);
+    if (!low) std::memcpy(h.data(), m.get_data_handle(), h.bytes());
+    for (std::size_t i = 0; low && i < n; ++i) h.as<float>()[i] = bf16_to_float(static_cast<const bf16*>(m.get_data_handle())[i]);
+    return h;
+  }
+
   // The parameters the forward reads: the flat buffer, or (infer with batch norm) its folded copy.
   float* infer_params() { return folded_.count() ? folded_.as<float>() : params_.as<float>(); }
 
@@ -289,25 +316,33 @@ class CpuCnn final : public ModelCase {
     dnnl::engine& eng = cpu::engine();
     const std::int64_t B = s_.batch, F = flat_width(a), Hd = a.hidden;
     const bool bn_train = s_.train() && a.bn;
-    flat2d_ = memory(mat(B, F), eng, flat_.get_data_handle());
+    const dt at = adt();
+    flat2d_ = memory(mat(B, F, false, at), eng, flat_.get_data_handle());
+    // W1 as the matmuls take it: the f32 parameters, or (bf16) their copy cast in each step.
+    memory w1_user(mat(F, Hd), eng, P + l_.dense1.w), w1 = w1_user;
+    if (s_.bf16()) {
+      w1 = memory(mat(F, Hd, false, at), eng);
+      w1_cast_ = {HOTOPS_CHECK_DNNL(dnnl::reorder(w1_user, w1)), {{DNNL_ARG_FROM, w1_user}, {DNNL_ARG_TO, w1}}};
+    }
     dnnl::post_ops po;
     if (!bn_train) po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
     dnnl::primitive_attr attr;
     attr.set_post_ops(po);
     const memory::desc bias_md({1, Hd}, dt::f32, memory::dims{Hd, 1});
-    // infer: the weights are fixed, so the matmul takes them in its own format (format_tag::any),
+    // f32 infer: the weights are fixed, so the matmul takes them in its own format (format_tag::any),
     // reordered once here (as conv weights are). keras_cnn's M = 64, K = 56448 product took 10.2 ms
     // from the plain [F, Hd] layout and 8.7 ms prepacked on the H100 host's Xeon (oneDNN verbose, two
-    // runs). train reads the flat buffer as it changes.
-    const memory::desc w1_user = mat(F, Hd), w1_md = s_.train() ? w1_user : memory::desc({F, Hd}, dt::f32, tag::any);
-    const auto d1 = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(mat(B, F), w1_md, bn_train ? memory::desc() : bias_md, mat(B, Hd)));
+    // runs). train reads the flat buffer as it changes; bf16 casts it in each step (w1_cast_).
+    const bool prepack = !s_.train() && !s_.bf16();
+    const memory::desc w1_md = prepack ? memory::desc({F, Hd}, dt::f32, tag::any) : mat(F, Hd, false, at);
+    const auto d1 = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(mat(B, F, false, at), w1_md, bn_train ? memory::desc() : bias_md,
+                                                         mat(B, Hd, false, at)));
     const auto pd1 = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(d1, attr, eng));
-    hr_ = memory(mat(B, Hd), eng);
-    h_ = bn_train ? memory(mat(B, Hd), eng) : hr_;
-    memory w1(w1_user, eng, P + l_.dense1.w);
-    if (pd1.weights_desc() != w1_user) {
+    hr_ = memory(mat(B, Hd, false, at), eng);
+    h_ = bn_train ? memory(mat(B, Hd, false, at), eng) : hr_;
+    if (prepack && pd1.weights_desc() != w1_user.get_desc()) {
       w1_packed_ = memory(pd1.weights_desc(), eng);
-      HOTOPS_CHECK_DNNL(dnnl::reorder(w1, w1_packed_).execute(cpu::stream(), w1, w1_packed_));
+      HOTOPS_CHECK_DNNL(dnnl::reorder(w1_user, w1_packed_).execute(cpu::stream(), w1_user, w1_packed_));
       HOTOPS_CHECK_DNNL(cpu::stream().wait());
       w1 = w1_packed_;
     }
@@ -318,10 +353,10 @@ class CpuCnn final : public ModelCase {
     if (!s_.train()) return;
     const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift |
                        dnnl::normalization_flags::fuse_norm_relu;
-    dh_ = memory(mat(B, Hd), eng);
-    dhr_ = memory(mat(B, Hd), eng);
+    dh_ = memory(mat(B, Hd, false, at), eng);
+    dhr_ = memory(mat(B, Hd, false, at), eng);
     if (bn_train) {
-      const memory::desc nc({B, Hd}, dt::f32, tag::nc);
+      const memory::desc nc({B, Hd}, at, tag::nc);
       const auto bd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, nc,
                                                                                 static_cast<float>(kBnEps), flags));
       const auto bpd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_forward::primitive_desc(bd, eng));
@@ -340,14 +375,15 @@ class CpuCnn final : public ModelCase {
                    {DNNL_ARG_DIFF_SHIFT, memory(vec(Hd), eng, G + l_.dense1.beta)}}};
     }
     // dW1 = flat^T . dh, dflat = dh . W1^T
-    const auto dw = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(mat(F, B, true), mat(B, Hd), mat(F, Hd)));
+    // (bf16: dW1 written f32 from the f32 accumulators)
+    const auto dw = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(mat(F, B, true, at), mat(B, Hd, false, at), mat(F, Hd)));
     dense1_dw_ = {HOTOPS_CHECK_DNNL(dnnl::matmul(dnnl::matmul::primitive_desc(dw, eng))),
-                  {{DNNL_ARG_SRC, memory(mat(F, B, true), eng, flat_.get_data_handle())}, {DNNL_ARG_WEIGHTS, dh_},
+                  {{DNNL_ARG_SRC, memory(mat(F, B, true, at), eng, flat_.get_data_handle())}, {DNNL_ARG_WEIGHTS, dh_},
                    {DNNL_ARG_DST, memory(mat(F, Hd), eng, G + l_.dense1.w)}}};
-    const auto dx = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(mat(B, Hd), mat(Hd, F, true), mat(B, F)));
-    dflat_ = memory(mat(B, F), eng);
+    const auto dx = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(mat(B, Hd, false, at), mat(Hd, F, true, at), mat(B, F, false, at)));
+    dflat_ = memory(mat(B, F, false, at), eng);
     dense1_dx_ = {HOTOPS_CHECK_DNNL(dnnl::matmul(dnnl::matmul::primitive_desc(dx, eng))),
-                  {{DNNL_ARG_SRC, dh_}, {DNNL_ARG_WEIGHTS, memory(mat(Hd, F, true), eng, P + l_.dense1.w)}, {DNNL_ARG_DST, dflat_}}};
+                  {{DNNL_ARG_SRC, dh_}, {DNNL_ARG_WEIGHTS, memory(mat(Hd, F, true, at), eng, w1.get_data_handle())}, {DNNL_ARG_DST, dflat_}}};
     dlogits_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * a.classes));
   }
 
@@ -367,19 +403,24 @@ class CpuCnn final : public ModelCase {
     }
   }
 
-  // In place over a pooled tensor [batch, n]: v *= keep(key, e, b mod period) ? scale : 0.
-  void dropout(float* v, std::int64_t n, const pointwise::DropoutKey& key) const {
+  // In place over a pooled tensor [batch, n] of the activations' type: v *= keep(key, e, b mod period) ? scale : 0.
+  void dropout(void* v, std::int64_t n, const pointwise::DropoutKey& key) const {
+    if (s_.bf16()) return dropout_on(static_cast<bf16*>(v), n, key);
+    dropout_on(static_cast<float*>(v), n, key);
+  }
+  template <class T>
+  void dropout_on(T* v, std::int64_t n, const pointwise::DropoutKey& key) const {
     const std::int64_t B = s_.batch, period = mask_period_;
     const pointwise::DropoutKey k = key;
 #pragma omp parallel for collapse(2) schedule(static)
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t e0 = 0; e0 < n; e0 += 4096) {
-        float* row = v + b * n;
+        T* row = v + b * n;
         const auto hi = static_cast<std::uint32_t>(b % period);
         const std::int64_t e1 = std::min(n, e0 + 4096);
 #pragma omp simd
         for (std::int64_t e = e0; e < e1; ++e)
-          row[e] *= pointwise::dropout_keep(k, static_cast<std::uint32_t>(e), hi) ? k.scale : 0.f;
+          row[e] = store<T>(load(row[e]) * (pointwise::dropout_keep(k, static_cast<std::uint32_t>(e), hi) ? k.scale : 0.f));
       }
   }
 
@@ -389,7 +430,7 @@ class CpuCnn final : public ModelCase {
     if (x_to_conv_.prim) x_to_conv_.run();
     for (std::size_t i = 0; i < conv_.size(); ++i) {
       ConvPrims& cp = conv_[i];
-      if (s_.train()) cp.w_to_fwd.run();
+      if (s_.train() || s_.bf16()) cp.w_to_fwd.run();
       cp.fwd.run();
       if (bn_train) cp.bn_fwd.run();
       if (s_.convs[i].pool) {
@@ -397,19 +438,24 @@ class CpuCnn final : public ModelCase {
         if (cp.p_to_nhwc.prim) cp.p_to_nhwc.run();
         if (s_.train()) {
           HOTOPS_CHECK_DNNL(cpu::stream().wait());
-          dropout(static_cast<float*>(cp.p.get_data_handle()), s_.convs[i].pooled_count(), keys_[stage_of(i)]);
+          dropout(cp.p.get_data_handle(), s_.convs[i].pooled_count(), keys_[stage_of(i)]);
         }
       }
     }
+    if (w1_cast_.prim) w1_cast_.run();
     dense1_.run();
     if (bn_train) hbn_fwd_.run();
     HOTOPS_CHECK_DNNL(cpu::stream().wait());
     if (bn_train) update_running_stats();
     const std::int64_t B = s_.batch, Hd = a.hidden, C = a.classes;
-    const float* hr = static_cast<const float*>(hr_.get_data_handle());
     float* hd = hd_.as<float>();
-    std::copy_n(hr, B * Hd, hd);
-    if (s_.train()) dropout(hd, Hd, keys_.back());
+    if (s_.bf16()) {
+      const bf16* hr = static_cast<const bf16*>(hr_.get_data_handle());
+      for (std::int64_t i = 0; i < B * Hd; ++i) hd[i] = bf16_to_float(hr[i]);
+    } else {
+      std::copy_n(static_cast<const float*>(hr_.get_data_handle()), B * Hd, hd);
+    }
+    if (s_.train()) dropout_on(hd, Hd, keys_.back());  // hd is f32 in both dtypes
     // logits = hd . W2 + b2 (a [hidden, classes] layer: a loop)
     const float* W2 = infer_params() + l_.dense2.w;
     const float* b2 = infer_params() + l_.dense2.b;
@@ -447,48 +493,10 @@ class CpuCnn final : public ModelCase {
 
   void backward() {
     const Arch& a = s_.arch;
-    const std::int64_t B = s_.batch, Hd = a.hidden, C = a.classes;
-    float* P = params_.as<float>();
+    const std::int64_t B = s_.batch;
     float* G = grads_.as<float>();
-    const float* dl = dlogits_.as<float>();
-    const float* hd = hd_.as<float>();
-    // dense 2: dW2 = hd^T dlogits, db2, dhd = dlogits W2^T; then dropout and ReLU (or BN + ReLU).
-    float* dW2 = G + l_.dense2.w;
-    float* dhr = static_cast<float*>(dhr_.get_data_handle());
-    const float* W2 = P + l_.dense2.w;
-#pragma omp parallel for schedule(static)
-    for (std::int64_t o = 0; o < Hd; ++o) {
-      for (std::int64_t c = 0; c < C; ++c) {
-        float acc = 0.f;
-        for (std::int64_t b = 0; b < B; ++b) acc += hd[b * Hd + o] * dl[b * C + c];
-        dW2[o * C + c] = acc;
-      }
-      for (std::int64_t b = 0; b < B; ++b) {
-        float acc = 0.f;
-        for (std::int64_t c = 0; c < C; ++c) acc += dl[b * C + c] * W2[o * C + c];
-        dhr[b * Hd + o] = acc;
-      }
-    }
-    for (std::int64_t c = 0; c < C; ++c) {
-      float acc = 0.f;
-      for (std::int64_t b = 0; b < B; ++b) acc += dl[b * C + c];
-      G[l_.dense2.b + static_cast<std::size_t>(c)] = acc;
-    }
-    dropout(dhr, Hd, keys_.back());
-    float* dh = static_cast<float*>(dh_.get_data_handle());
-    if (a.bn) {
-      hbn_bwd_.run();
-      std::fill_n(G + l_.dense1.b, Hd, 0.f);  // before batch norm: zero by construction
-    } else {
-      const float* hr = static_cast<const float*>(hr_.get_data_handle());
-      for (std::int64_t o = 0; o < Hd; ++o) G[l_.dense1.b + static_cast<std::size_t>(o)] = 0.f;
-      for (std::int64_t b = 0; b < B; ++b)
-        for (std::int64_t o = 0; o < Hd; ++o) {
-          const float d = hr[b * Hd + o] > 0.f ? dhr[b * Hd + o] : 0.f;
-          dh[b * Hd + o] = d;
-          G[l_.dense1.b + static_cast<std::size_t>(o)] += d;
-        }
-    }
+    if (s_.bf16()) head_backward<bf16>();
+    else head_backward<float>();
     dense1_dw_.run();
     dense1_dx_.run();
     HOTOPS_CHECK_DNNL(cpu::stream().wait());
@@ -498,7 +506,7 @@ class CpuCnn final : public ModelCase {
       if (c.pool) {
         HOTOPS_CHECK_DNNL(cpu::stream().wait());
         const memory& d_next = cp.pool_bwd.args.at(DNNL_ARG_DIFF_DST);
-        dropout(static_cast<float*>(d_next.get_data_handle()), c.pooled_count(), keys_[stage_of(i)]);
+        dropout(d_next.get_data_handle(), c.pooled_count(), keys_[stage_of(i)]);
         cp.pool_bwd.run();
       }
       if (a.bn) {
@@ -506,8 +514,12 @@ class CpuCnn final : public ModelCase {
         std::fill_n(G + l_.conv[i].b, c.K, 0.f);  // before batch norm: zero by construction
       } else {
         HOTOPS_CHECK_DNNL(cpu::stream().wait());
-        relu_backward(static_cast<const float*>(cp.a.get_data_handle()), static_cast<const float*>(cp.da.get_data_handle()),
-                      static_cast<float*>(cp.dz.get_data_handle()), B * c.out_count());
+        if (s_.bf16())
+          relu_backward(static_cast<const bf16*>(cp.a.get_data_handle()), static_cast<const bf16*>(cp.da.get_data_handle()),
+                        static_cast<bf16*>(cp.dz.get_data_handle()), B * c.out_count());
+        else
+          relu_backward(static_cast<const float*>(cp.a.get_data_handle()), static_cast<const float*>(cp.da.get_data_handle()),
+                        static_cast<float*>(cp.dz.get_data_handle()), B * c.out_count());
       }
       cp.bwd_weights.run();
       cp.dw_to_user.run();
@@ -519,9 +531,59 @@ class CpuCnn final : public ModelCase {
     HOTOPS_CHECK_DNNL(cpu::stream().wait());
   }
 
-  static void relu_backward(const float* a, const float* da, float* dz, std::int64_t n) {
+  // The head's backward on activations of type T (the loops in f32): dense 2's dW2 = hd^T dlogits,
+  // db2, dhd = dlogits W2^T; then dropout and ReLU (or BN + ReLU) into dh.
+  template <class T>
+  void head_backward() {
+    const Arch& a = s_.arch;
+    const std::int64_t B = s_.batch, Hd = a.hidden, C = a.classes;
+    float* P = params_.as<float>();
+    float* G = grads_.as<float>();
+    const float* dl = dlogits_.as<float>();
+    const float* hd = hd_.as<float>();
+    float* dW2 = G + l_.dense2.w;
+    T* dhr = static_cast<T*>(dhr_.get_data_handle());
+    const float* W2 = P + l_.dense2.w;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t o = 0; o < Hd; ++o) {
+      for (std::int64_t c = 0; c < C; ++c) {
+        float acc = 0.f;
+        for (std::int64_t b = 0; b < B; ++b) acc += hd[b * Hd + o] * dl[b * C + c];
+        dW2[o * C + c] = acc;
+      }
+      for (std::int64_t b = 0; b < B; ++b) {
+        float acc = 0.f;
+        for (std::int64_t c = 0; c < C; ++c) acc += dl[b * C + c] * W2[o * C + c];
+        dhr[b * Hd + o] = store<T>(acc);
+      }
+    }
+    for (std::int64_t c = 0; c < C; ++c) {
+      float acc = 0.f;
+      for (std::int64_t b = 0; b < B; ++b) acc += dl[b * C + c];
+      G[l_.dense2.b + static_cast<std::size_t>(c)] = acc;
+    }
+    dropout_on(dhr, Hd, keys_.back());
+    T* dh = static_cast<T*>(dh_.get_data_handle());
+    if (a.bn) {
+      hbn_bwd_.run();
+      std::fill_n(G + l_.dense1.b, Hd, 0.f);  // before batch norm: zero by construction
+    } else {
+      // The bias gradient sums the stored (rounded) dh that dW1 also uses.
+      const T* hr = static_cast<const T*>(hr_.get_data_handle());
+      for (std::int64_t o = 0; o < Hd; ++o) G[l_.dense1.b + static_cast<std::size_t>(o)] = 0.f;
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t o = 0; o < Hd; ++o) {
+          const T d = load(hr[b * Hd + o]) > 0.f ? dhr[b * Hd + o] : store<T>(0.f);
+          dh[b * Hd + o] = d;
+          G[l_.dense1.b + static_cast<std::size_t>(o)] += load(d);
+        }
+    }
+  }
+
+  template <class T>
+  static void relu_backward(const T* a, const T* da, T* dz, std::int64_t n) {
 #pragma omp parallel for simd schedule(static)
-    for (std::int64_t i = 0; i < n; ++i) dz[i] = a[i] > 0.f ? da[i] : 0.f;
+    for (std::int64_t i = 0; i < n; ++i) dz[i] = load(a[i]) > 0.f ? da[i] : store<T>(0.f);
   }
 
   void adamw_step() {
@@ -564,7 +626,7 @@ class CpuCnn final : public ModelCase {
   }
 
   void restore(const State& st, std::int64_t period) {
-    std::copy_n(st.x.as<float>(), st.x.count(), x_.as<float>());
+    std::memcpy(x_.data(), st.x.data(), st.x.bytes());
     labels_ = st.labels;
     std::copy_n(st.params.as<float>(), l_.total, params_.as<float>());
     std::copy_n(st.m.as<float>(), l_.total, m_.as<float>());
@@ -586,6 +648,7 @@ class CpuCnn final : public ModelCase {
   std::vector<memory> d_in_;
   memory x_mem_, x_conv_, flat_, flat2d_, da_, dz_, h_, hr_, dh_, dhr_, dflat_, hmean_, hvar_, hws_;
   Step x_to_conv_;  // the first-conv layout only: the images to nchw
+  Step w1_cast_;    // bf16: dense 1's weight to its bf16 copy
   Step dense1_, hbn_fwd_, hbn_bwd_, dense1_dw_, dense1_dx_;
   memory w1_packed_;  // infer: dense 1's weights in the matmul's own format
   HostBuffer hd_, logits_, dlogits_, logits_out_;
@@ -596,7 +659,22 @@ class CpuCnn final : public ModelCase {
 
 }  // namespace
 
-std::string cpu_unsupported_reason(const Problem&) { return ""; }
+std::string cpu_unsupported_reason(const Problem& p) {
+  if (p.dtype != DType::bf16) return "";
+  try {  // oneDNN's bf16 convolution and matmul on this CPU, descriptors only (the ISA decides, not the shape)
+    dnnl::engine& eng = cpu::engine();
+    const memory::desc act = nhwc(2, 16, 8, 8, dt::bf16), w({16, 16, 3, 3}, dt::bf16, tag::any);
+    const auto cd = HOTOPS_CHECK_DNNL(dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, act,
+                                                                      w, memory::desc(), act, {1, 1}, {1, 1}, {1, 1}));
+    HOTOPS_CHECK_DNNL(dnnl::convolution_forward::primitive_desc(cd, eng));
+    const auto md = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(mat(2, 16, false, dt::bf16), mat(16, 16, false, dt::bf16), mat(2, 16, false, dt::bf16)));
+    HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(md, eng));
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::unsupported) return "oneDNN has no bf16 convolution or matmul for this CPU (ISA " + cpu::isa_name() + ")";
+    throw;
+  }
+  return "";
+}
 
 std::unique_ptr<ModelCase> make_cpu(const Problem& p) { return std::make_unique<CpuCnn>(p); }
 

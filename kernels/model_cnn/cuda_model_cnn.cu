@@ -22,6 +22,14 @@
 // NCHW: the same passes as scalar kernels (a channel's plane is contiguous); the conv weights are
 // converted KRSC -> KCRS at the start of each step and the weight gradients back (filter_layout), and
 // the last pool writes its output NHWC, the flatten's order.
+// bf16 (model_cnn.h): the class and kernels are templates on the activations' storage (Act: float or
+// __nv_bfloat16; the kernels widen to f32, compute and sum in f32 / double, and narrow once on store).
+// Each step casts the dense parameters to a bf16 copy (cast_params) and the conv weights into their
+// bf16 copies (filter_layout; flip_filter for fwd-flip); cuDNN takes bf16 x, w, y with an f32
+// convolution compute type and tensor-op math (each descriptor set to the math type its algorithm was
+// found with), its bf16 weight gradient widened into the f32 gradients by filter_layout; cublasLt
+// takes bf16 A and B with f32 accumulation, writing bf16 activations and f32 weight gradients. bf16
+// runs NHWC by default (measured, see use_nchw).
 // No host synchronisation inside a step: plain steps are capturable, graph:1 replays one CUDA graph.
 // Row-major tensors are seen by cublasLt as column-major transposes.
 #include <cudnn.h>
@@ -29,8 +37,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "hotops/cublaslt_gemm.h"
 #include "hotops/cudnn_util.h"
@@ -58,6 +68,28 @@ __device__ inline float4 operator+(float4 a, float4 b) { return make_float4(a.x 
 __device__ inline float lane(const float4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 __device__ inline float& lane(float4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 
+using models::narrow;
+using models::widen;
+using bf16 = __nv_bfloat16;
+
+// Vector i of 4 consecutive activations of storage T (float, or bf16 widened exactly), and back
+// (bf16 rounded to nearest even). The NHWC kernels read and write through these.
+__device__ inline float4 load4(const float* p, std::int64_t i) { return reinterpret_cast<const float4*>(p)[i]; }
+__device__ inline float4 load4(const bf16* p, std::int64_t i) {
+  const uint2 u = reinterpret_cast<const uint2*>(p)[i];
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ inline void store4(float* p, std::int64_t i, float4 v) { reinterpret_cast<float4*>(p)[i] = v; }
+__device__ inline void store4(bf16* p, std::int64_t i, float4 v) {
+  const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+  uint2 u;
+  u.x = *reinterpret_cast<const unsigned*>(&a);
+  u.y = *reinterpret_cast<const unsigned*>(&b);
+  reinterpret_cast<uint2*>(p)[i] = u;
+}
+
 __device__ inline bool keep(const DropoutKey& k, std::int64_t e, std::int64_t b, int period) {
   return pointwise::dropout_keep(k, static_cast<std::uint32_t>(e), static_cast<std::uint32_t>(b % period));
 }
@@ -81,13 +113,14 @@ __device__ void block_sums(float4 s1, float4 s2, int C, int c4, int r0, int rpi,
 
 // Per-channel sums of z - K and (z - K)^2 over rows [rows, C], K = z's first row (keeps the f32 sums
 // small where the mean is large).
-__global__ void __launch_bounds__(kThreads) bn_stats(const float4* __restrict__ z, std::int64_t rows, int C, float* __restrict__ partial) {
+template <class T>
+__global__ void __launch_bounds__(kThreads) bn_stats(const T* __restrict__ z, std::int64_t rows, int C, float* __restrict__ partial) {
   const int tpr = C / 4, rpi = blockDim.x / tpr, c4 = threadIdx.x % tpr, r0 = threadIdx.x / tpr;
   float4 s1 = make_float4(0, 0, 0, 0), s2 = s1;
   if (r0 < rpi) {
-    const float4 K = z[c4];
+    const float4 K = load4(z, c4);
     for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * rpi + r0; r < rows; r += static_cast<std::int64_t>(gridDim.x) * rpi) {
-      const float4 v = z[r * tpr + c4];
+      const float4 v = load4(z, r * tpr + c4);
       const float4 d = make_float4(v.x - K.x, v.y - K.y, v.z - K.z, v.w - K.w);
       s1 = s1 + d;
       s2 = s2 + make_float4(d.x * d.x, d.y * d.y, d.z * d.z, d.w * d.w);
@@ -120,7 +153,8 @@ unsigned finalize_grid(std::int64_t C) { return static_cast<unsigned>((C + 31) /
 // (y = z * scale + shift, z without the bias: batch norm removes it); mean and rstd for the backward;
 // the running statistics (of z + bias, the variance unbiased). K: the shift of the sums (z's first
 // element of the channel).
-__global__ void __launch_bounds__(1024) bn_finalize(const float* __restrict__ partial, int blocks, int C, double M, const float* __restrict__ K,
+template <class T>
+__global__ void __launch_bounds__(1024) bn_finalize(const float* __restrict__ partial, int blocks, int C, double M, const T* __restrict__ K,
                                                     std::int64_t k_stride, const float* __restrict__ gamma, const float* __restrict__ beta,
                                                     const float* __restrict__ bias, float* __restrict__ run_mean, float* __restrict__ run_var,
                                                     float* __restrict__ scale, float* __restrict__ shift, float* __restrict__ mean,
@@ -128,7 +162,7 @@ __global__ void __launch_bounds__(1024) bn_finalize(const float* __restrict__ pa
   int c = 0;
   double s1 = 0, s2 = 0;
   if (!channel_sums(partial, blocks, C, &c, &s1, &s2)) return;
-  const double d = s1 / M, var = fmax(s2 / M - d * d, 0.0), m = static_cast<double>(K[c * k_stride]) + d;
+  const double d = s1 / M, var = fmax(s2 / M - d * d, 0.0), m = static_cast<double>(widen(K[c * k_stride])) + d;
   const double rs = 1 / sqrt(var + kBnEps);
   const double sc = gamma[c] * rs;
   scale[c] = static_cast<float>(sc);
@@ -162,19 +196,21 @@ struct Drop {
 
 // a = relu(z * scale + shift) over n4 vectors of rows of C (C4 = C / 4 vectors); with dropout (per4
 // vectors per sample) a *= keep ? scale : 0.
-__global__ void act(const float4* __restrict__ z, const float4* __restrict__ scale, const float4* __restrict__ shift, float4* __restrict__ a,
+// T: z's storage, O: a's (the verification's hints are f32 whatever T is).
+template <class T, class O>
+__global__ void act(const T* __restrict__ z, const float4* __restrict__ scale, const float4* __restrict__ shift, O* __restrict__ a,
                     std::int64_t n4, int C4, Drop drop, std::int64_t per4) {
   const int period = drop.on ? *drop.period : 1;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const int c4 = static_cast<int>(i % C4);
-    const float4 v = z[i], s = scale[c4], t = shift[c4];
+    const float4 v = load4(z, i), s = scale[c4], t = shift[c4];
     float4 y = make_float4(fmaxf(v.x * s.x + t.x, 0.f), fmaxf(v.y * s.y + t.y, 0.f), fmaxf(v.z * s.z + t.z, 0.f), fmaxf(v.w * s.w + t.w, 0.f));
     if (drop.on) {
       const std::int64_t b = i / per4, e = (i % per4) * 4;
 #pragma unroll
       for (int j = 0; j < 4; ++j) lane(y, j) *= keep(drop.key, e + j, b, period) ? drop.key.scale : 0.f;
     }
-    a[i] = y;
+    store4(a, i, y);
   }
 }
 
@@ -184,7 +220,8 @@ struct PoolGeom {
 
 // Thread per pooled vector (n, ph, pw, c4): the first maximum of relu(z * scale + shift) over the k x k
 // window, its index (r * k + t) as a byte, then dropout.
-__global__ void act_pool(const float* __restrict__ z, const float4* __restrict__ scale, const float4* __restrict__ shift, float4* __restrict__ p,
+template <class T>
+__global__ void act_pool(const T* __restrict__ z, const float4* __restrict__ scale, const float4* __restrict__ shift, T* __restrict__ p,
                          uchar4* __restrict__ arg, std::int64_t n4, PoolGeom g, Drop drop) {
   const int period = drop.on ? *drop.period : 1;
   const int C4 = g.C / 4;
@@ -200,7 +237,7 @@ __global__ void act_pool(const float* __restrict__ z, const float4* __restrict__
     unsigned char at[4] = {0, 0, 0, 0};
     for (int r = 0; r < g.k; ++r)
       for (int q = 0; q < g.k; ++q) {
-        const float4 v = *reinterpret_cast<const float4*>(z + ((n * g.P + ph * g.k + r) * g.Q + pw * g.k + q) * g.C + 4 * c4);
+        const float4 v = load4(z, ((n * g.P + ph * g.k + r) * g.Q + pw * g.k + q) * C4 + c4);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const float y = fmaxf(lane(v, j) * lane(s, j) + lane(t, j), 0.f);
@@ -212,7 +249,7 @@ __global__ void act_pool(const float* __restrict__ z, const float4* __restrict__
 #pragma unroll
       for (int j = 0; j < 4; ++j) lane(best, j) *= keep(drop.key, e + j, n, period) ? drop.key.scale : 0.f;
     }
-    p[i] = best;
+    store4(p, i, best);
     arg[i] = make_uchar4(at[0], at[1], at[2], at[3]);
   }
 }
@@ -220,7 +257,8 @@ __global__ void act_pool(const float* __restrict__ z, const float4* __restrict__
 // Batch-norm (or bias) backward, stage 1, for a pooled layer: rows are the pooled pixels. dy at a
 // window's argmax is the pooled gradient through dropout and the ReLU (recomputed from z); s1 = sum dy,
 // s2 = sum dy * xhat (batch norm only).
-__global__ void __launch_bounds__(kThreads) reduce_pool(const float4* __restrict__ dp, const uchar4* __restrict__ arg, const float* __restrict__ z,
+template <class T>
+__global__ void __launch_bounds__(kThreads) reduce_pool(const T* __restrict__ dp, const uchar4* __restrict__ arg, const T* __restrict__ z,
                                                         const float* __restrict__ scale, const float* __restrict__ shift,
                                                         const float* __restrict__ mean, const float* __restrict__ rstd, std::int64_t rows,
                                                         PoolGeom g, Drop drop, float* __restrict__ partial) {
@@ -231,7 +269,7 @@ __global__ void __launch_bounds__(kThreads) reduce_pool(const float4* __restrict
     for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * rpi + r0; r < rows; r += static_cast<std::int64_t>(gridDim.x) * rpi) {
       const int pw = static_cast<int>(r % g.PW), ph = static_cast<int>((r / g.PW) % g.PH);
       const std::int64_t n = r / (static_cast<std::int64_t>(g.PW) * g.PH);
-      const float4 d = dp[r * tpr + c4];
+      const float4 d = load4(dp, r * tpr + c4);
       const uchar4 a = arg[r * tpr + c4];
       const unsigned char at[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
@@ -239,7 +277,7 @@ __global__ void __launch_bounds__(kThreads) reduce_pool(const float4* __restrict
         const int c = 4 * c4 + j;
         float gj = lane(d, j);
         if (drop.on) gj *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + c, n, period) ? drop.key.scale : 0.f;
-        const float zv = z[((n * g.P + ph * g.k + at[j] / g.k) * g.Q + pw * g.k + at[j] % g.k) * C + c];
+        const float zv = widen(z[((n * g.P + ph * g.k + at[j] / g.k) * g.Q + pw * g.k + at[j] % g.k) * C + c]);
         const float dy = zv * scale[c] + shift[c] > 0.f ? gj : 0.f;
         lane(s1, j) += dy;
         if (mean) lane(s2, j) += dy * (zv - mean[c]) * rstd[c];
@@ -250,7 +288,8 @@ __global__ void __launch_bounds__(kThreads) reduce_pool(const float4* __restrict
 
 // Stage 1 for an unpooled layer (rows x C, every element): dy = relu'(z) * da (through dropout when on,
 // per4 vectors per sample).
-__global__ void __launch_bounds__(kThreads) reduce_dense(const float4* __restrict__ da, const float4* __restrict__ z, const float4* __restrict__ scale,
+template <class T>
+__global__ void __launch_bounds__(kThreads) reduce_dense(const T* __restrict__ da, const T* __restrict__ z, const float4* __restrict__ scale,
                                                          const float4* __restrict__ shift, const float4* __restrict__ mean,
                                                          const float4* __restrict__ rstd, std::int64_t rows, int C, Drop drop,
                                                          std::int64_t per4, float* __restrict__ partial) {
@@ -262,7 +301,7 @@ __global__ void __launch_bounds__(kThreads) reduce_dense(const float4* __restric
     const float4 m = mean ? mean[c4] : s1, rs = rstd ? rstd[c4] : s1;
     for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * rpi + r0; r < rows; r += static_cast<std::int64_t>(gridDim.x) * rpi) {
       const std::int64_t i = r * tpr + c4;
-      const float4 v = z[i], d = da[i];
+      const float4 v = load4(z, i), d = load4(da, i);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         float gj = lane(d, j);
@@ -300,9 +339,10 @@ __global__ void __launch_bounds__(1024) finalize_bwd(const float* __restrict__ p
 
 // dz over every pixel of z (n, h, w, c4): dy is the pooled gradient where this pixel is its window's
 // argmax (through dropout and the ReLU), else 0; dz = A dy + b0 + c0 xhat (batch norm) or dy.
-__global__ void dz_pool(const float4* __restrict__ dp, const uchar4* __restrict__ arg, const float4* __restrict__ z, const float4* __restrict__ scale,
+template <class T>
+__global__ void dz_pool(const T* __restrict__ dp, const uchar4* __restrict__ arg, const T* __restrict__ z, const float4* __restrict__ scale,
                         const float4* __restrict__ shift, const float* __restrict__ coef, const float4* __restrict__ mean,
-                        const float4* __restrict__ rstd, float4* __restrict__ dz, std::int64_t n4, PoolGeom g, Drop drop) {
+                        const float4* __restrict__ rstd, T* __restrict__ dz, std::int64_t n4, PoolGeom g, Drop drop) {
   const int period = drop.on ? *drop.period : 1;
   const int C = g.C, C4 = C / 4;
   const float4* A = reinterpret_cast<const float4*>(coef);
@@ -316,7 +356,7 @@ __global__ void dz_pool(const float4* __restrict__ dp, const uchar4* __restrict_
     const int h = static_cast<int>(rest % g.P);
     const std::int64_t n = rest / g.P;
     const int ph = h / g.k, pw = w / g.k;
-    const float4 v = z[i];
+    const float4 v = load4(z, i);
     float4 dy = make_float4(0, 0, 0, 0);
     if (ph < g.PH && pw < g.PW) {
       const std::int64_t pi = ((n * g.PH + ph) * g.PW + pw) * C4 + c4;
@@ -324,7 +364,7 @@ __global__ void dz_pool(const float4* __restrict__ dp, const uchar4* __restrict_
       const unsigned char at[4] = {a.x, a.y, a.z, a.w};
       const unsigned char mine = static_cast<unsigned char>((h % g.k) * g.k + w % g.k);
       if (at[0] == mine || at[1] == mine || at[2] == mine || at[3] == mine) {
-        const float4 d = dp[pi], s = scale[c4], t = shift[c4];
+        const float4 d = load4(dp, pi), s = scale[c4], t = shift[c4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           if (at[j] != mine || !(lane(v, j) * lane(s, j) + lane(t, j) > 0.f)) continue;
@@ -341,14 +381,15 @@ __global__ void dz_pool(const float4* __restrict__ dp, const uchar4* __restrict_
 #pragma unroll
       for (int j = 0; j < 4; ++j) lane(out, j) += lane(b0, j) + lane(c0, j) * (lane(v, j) - lane(m, j)) * lane(rs, j);
     }
-    dz[i] = out;
+    store4(dz, i, out);
   }
 }
 
 // dz for an unpooled layer: dy = relu'(z) da (through dropout when on); dz = A dy + b0 + c0 xhat or dy.
-__global__ void dz_dense(const float4* __restrict__ da, const float4* __restrict__ z, const float4* __restrict__ scale, const float4* __restrict__ shift,
+template <class T>
+__global__ void dz_dense(const T* __restrict__ da, const T* __restrict__ z, const float4* __restrict__ scale, const float4* __restrict__ shift,
                          const float* __restrict__ coef, const float4* __restrict__ mean, const float4* __restrict__ rstd,
-                         float4* __restrict__ dz, std::int64_t n4, int C, Drop drop, std::int64_t per4) {
+                         T* __restrict__ dz, std::int64_t n4, int C, Drop drop, std::int64_t per4) {
   const int period = drop.on ? *drop.period : 1;
   const int C4 = C / 4;
   const float4* A = reinterpret_cast<const float4*>(coef);
@@ -356,7 +397,7 @@ __global__ void dz_dense(const float4* __restrict__ da, const float4* __restrict
   const float4* C0 = reinterpret_cast<const float4*>(coef + 2 * C);
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const int c4 = static_cast<int>(i % C4);
-    const float4 v = z[i], d = da[i], s = scale[c4], t = shift[c4], a = A[c4];
+    const float4 v = load4(z, i), d = load4(da, i), s = scale[c4], t = shift[c4], a = A[c4];
     float4 out;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -369,7 +410,7 @@ __global__ void dz_dense(const float4* __restrict__ da, const float4* __restrict
 #pragma unroll
       for (int j = 0; j < 4; ++j) lane(out, j) += lane(b0, j) + lane(c0, j) * (lane(v, j) - lane(m, j)) * lane(rs, j);
     }
-    dz[i] = out;
+    store4(dz, i, out);
   }
 }
 
@@ -377,25 +418,40 @@ __global__ void dz_dense(const float4* __restrict__ da, const float4* __restrict
 // Wf[c][r][s][k] = W[k][2-r][2-s][c] (K and C swapped; KRSC, or KCRS as Wf[c][k][r][s] for NCHW).
 // cuDNN's NHWC f32 backward-data kernels are several times slower than its forward ones at these
 // shapes; this is the same arithmetic through them.
-__global__ void flip_filter(const float* __restrict__ w, float* __restrict__ wf, int K, int C, bool kcrs) {
+// bf16: the f32 weights cast to bf16 on the way (autocast's cast of the conv weight).
+template <class Out>
+__global__ void flip_filter(const float* __restrict__ w, Out* __restrict__ wf, int K, int C, bool kcrs) {
   const int n = K * 9 * C;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const int k = kcrs ? (i / 9) % K : i % K, rs = kcrs ? i % 9 : (i / K) % 9, c = i / (9 * K);
-    wf[i] = w[(k * 9 + 8 - rs) * C + c];
+    wf[i] = narrow<Out>(w[(k * 9 + 8 - rs) * C + c]);
   }
 }
 
 // ---- NCHW kernels: scalar, as a channel's P x Q plane is contiguous and P Q need not divide by 4 ----
 
 // The model's parameters keep KRSC; the NCHW convolutions take KCRS: w (KRSC) -> out (KCRS), or back
-// (the weight gradient) with to_krsc.
-__global__ void filter_layout(const float* __restrict__ in, float* __restrict__ out, int K, int C, bool to_krsc) {
+// (the weight gradient) with to_krsc; with !kcrs the layout stays (KRSC both sides). In -> Out casts:
+// bf16's per-step copy of the f32 weights, and its bf16 weight gradient into the f32 gradients (added
+// to them with `add`: the batch chunks' partial gradients, see wgrad_chunk).
+template <class In, class Out>
+__global__ void filter_layout(const In* __restrict__ in, Out* __restrict__ out, int K, int C, bool kcrs, bool to_krsc, bool add) {
   const int n = K * 9 * C;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const int rs = i % 9, c = (i / 9) % C, k = i / (9 * C);
-    const int krsc = (k * 9 + rs) * C + c;
-    if (to_krsc) out[krsc] = in[i];
-    else out[i] = in[krsc];
+    const int krsc = kcrs ? (k * 9 + rs) * C + c : i;
+    if (to_krsc) out[krsc] = narrow<Out>(widen(in[i]) + (add ? widen(out[krsc]) : 0.f));
+    else out[i] = narrow<Out>(widen(in[krsc]));
+  }
+}
+
+// bf16: the step's copy of the dense layers' f32 parameters (autocast's cast of F.linear's weight and
+// bias), n4 vectors of 4.
+__global__ void cast_params(const float4* __restrict__ p, __nv_bfloat162* __restrict__ low, std::int64_t n4) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const float4 v = p[i];
+    low[2 * i] = __floats2bfloat162_rn(v.x, v.y);
+    low[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
   }
 }
 
@@ -405,17 +461,19 @@ __device__ inline std::int64_t pooled_at(const PoolGeom& g, std::int64_t n, int 
 }
 
 // a = relu(z * scale + shift) over NCHW z, `plane` pixels a channel (no dropout: it follows pools only).
-__global__ void act_nchw(const float* __restrict__ z, const float* __restrict__ scale, const float* __restrict__ shift, float* __restrict__ a,
+template <class T, class O>
+__global__ void act_nchw(const T* __restrict__ z, const float* __restrict__ scale, const float* __restrict__ shift, O* __restrict__ a,
                          std::int64_t n, int C, int plane) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const int c = static_cast<int>((i / plane) % C);
-    a[i] = fmaxf(z[i] * scale[c] + shift[c], 0.f);
+    a[i] = narrow<O>(fmaxf(widen(z[i]) * scale[c] + shift[c], 0.f));
   }
 }
 
 // act_pool for NCHW z, thread per pooled element in NCHW order; the output and its argmax byte at
 // pooled_at(out_nhwc).
-__global__ void act_pool_nchw(const float* __restrict__ z, const float* __restrict__ scale, const float* __restrict__ shift, float* __restrict__ p,
+template <class T>
+__global__ void act_pool_nchw(const T* __restrict__ z, const float* __restrict__ scale, const float* __restrict__ shift, T* __restrict__ p,
                               unsigned char* __restrict__ arg, std::int64_t n, PoolGeom g, Drop drop, bool out_nhwc) {
   const int period = drop.on ? *drop.period : 1;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -426,17 +484,17 @@ __global__ void act_pool_nchw(const float* __restrict__ z, const float* __restri
     const int c = static_cast<int>(rest % g.C);
     const std::int64_t nn = rest / g.C;
     const float s = scale[c], t = shift[c];
-    const float* win = z + ((nn * g.C + c) * g.P + ph * g.k) * static_cast<std::int64_t>(g.Q) + pw * g.k;
+    const T* win = z + ((nn * g.C + c) * g.P + ph * g.k) * static_cast<std::int64_t>(g.Q) + pw * g.k;
     float best = -1.f;
     unsigned char at = 0;
     for (int r = 0; r < g.k; ++r)
       for (int q = 0; q < g.k; ++q) {
-        const float y = fmaxf(win[r * g.Q + q] * s + t, 0.f);
+        const float y = fmaxf(widen(win[r * g.Q + q]) * s + t, 0.f);
         if (y > best) best = y, at = static_cast<unsigned char>(r * g.k + q);
       }
     if (drop.on) best *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * g.C + c, nn, period) ? drop.key.scale : 0.f;
     const std::int64_t o = pooled_at(g, nn, c, ph, pw, out_nhwc);
-    p[o] = best;
+    p[o] = narrow<T>(best);
     arg[o] = at;
   }
 }
@@ -449,8 +507,8 @@ __global__ void act_pool_nchw(const float* __restrict__ z, const float* __restri
 //           dropout and the ReLU.
 // Each thread's sum, then warp shuffles, then the warps in order: deterministic.
 enum class Sum { stats, dense, pooled };
-template <Sum M>
-__global__ void __launch_bounds__(kThreads) reduce_nchw(const float* __restrict__ d, const unsigned char* __restrict__ arg, const float* __restrict__ z,
+template <Sum M, class T>
+__global__ void __launch_bounds__(kThreads) reduce_nchw(const T* __restrict__ d, const unsigned char* __restrict__ arg, const T* __restrict__ z,
                                                         const float* __restrict__ scale, const float* __restrict__ shift,
                                                         const float* __restrict__ mean, const float* __restrict__ rstd, std::int64_t B, PoolGeom g,
                                                         Drop drop, bool d_nhwc, float* __restrict__ partial) {
@@ -459,26 +517,26 @@ __global__ void __launch_bounds__(kThreads) reduce_nchw(const float* __restrict_
   const int period = drop.on ? *drop.period : 1;
   const float s = M == Sum::stats ? 0.f : scale[c], t = M == Sum::stats ? 0.f : shift[c];
   const float m = mean ? mean[c] : 0.f, rs = rstd ? rstd[c] : 0.f;
-  const float K = M == Sum::stats ? z[static_cast<std::int64_t>(c) * zplane] : 0.f;
+  const float K = M == Sum::stats ? widen(z[static_cast<std::int64_t>(c) * zplane]) : 0.f;
   float s1 = 0.f, s2 = 0.f;
   for (std::int64_t n = j; n < B; n += nb) {
-    const float* zc = z + (n * C + c) * zplane;
+    const T* zc = z + (n * C + c) * zplane;
     for (int e = threadIdx.x; e < plane; e += blockDim.x) {
       if (M == Sum::stats) {
-        const float v = zc[e] - K;
+        const float v = widen(zc[e]) - K;
         s1 += v, s2 += v * v;
         continue;
       }
       float gj, zv;
       if (M == Sum::dense) {
-        zv = zc[e], gj = d[(n * C + c) * zplane + e];
+        zv = widen(zc[e]), gj = widen(d[(n * C + c) * zplane + e]);
       } else {
         const int ph = e / g.PW, pw = e % g.PW;
         const std::int64_t pi = pooled_at(g, n, c, ph, pw, d_nhwc);
         const int a = arg[pi];
-        gj = d[pi];
+        gj = widen(d[pi]);
         if (drop.on) gj *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + c, n, period) ? drop.key.scale : 0.f;
-        zv = zc[(ph * g.k + a / g.k) * g.Q + pw * g.k + a % g.k];
+        zv = widen(zc[(ph * g.k + a / g.k) * g.Q + pw * g.k + a % g.k]);
       }
       const float dy = zv * s + t > 0.f ? gj : 0.f;
       s1 += dy;
@@ -498,15 +556,15 @@ __global__ void __launch_bounds__(kThreads) reduce_nchw(const float* __restrict_
 
 // dz over NCHW z, as dz_pool (Pooled: d is the pooled gradient at pooled_at(d_nhwc)) or dz_dense (d NCHW
 // as z; no dropout).
-template <bool Pooled>
-__global__ void dz_nchw(const float* __restrict__ d, const unsigned char* __restrict__ arg, const float* __restrict__ z, const float* __restrict__ scale,
+template <bool Pooled, class T>
+__global__ void dz_nchw(const T* __restrict__ d, const unsigned char* __restrict__ arg, const T* __restrict__ z, const float* __restrict__ scale,
                         const float* __restrict__ shift, const float* __restrict__ coef, const float* __restrict__ mean, const float* __restrict__ rstd,
-                        float* __restrict__ dz, std::int64_t n, PoolGeom g, Drop drop, bool d_nhwc) {
+                        T* __restrict__ dz, std::int64_t n, PoolGeom g, Drop drop, bool d_nhwc) {
   const int period = drop.on ? *drop.period : 1;
   const int C = g.C, plane = g.P * g.Q;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const int c = static_cast<int>((i / plane) % C);
-    const float v = z[i];
+    const float v = widen(z[i]);
     const bool live = v * scale[c] + shift[c] > 0.f;
     float dy = 0.f;
     if (Pooled) {
@@ -515,16 +573,16 @@ __global__ void dz_nchw(const float* __restrict__ d, const unsigned char* __rest
         const std::int64_t nn = i / (static_cast<std::int64_t>(plane) * C);
         const std::int64_t pi = pooled_at(g, nn, c, ph, pw, d_nhwc);
         if (arg[pi] == (h % g.k) * g.k + w % g.k) {
-          dy = d[pi];
+          dy = widen(d[pi]);
           if (drop.on) dy *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + c, nn, period) ? drop.key.scale : 0.f;
         }
       }
     } else if (live) {
-      dy = d[i];
+      dy = widen(d[i]);
     }
     float out = coef[c] * dy;
     if (mean) out += coef[C + c] + coef[2 * C + c] * (v - mean[c]) * rstd[c];
-    dz[i] = out;
+    dz[i] = narrow<T>(out);
   }
 }
 
@@ -541,33 +599,36 @@ int reduce_blocks_nchw(std::int64_t B, std::int64_t C) {
   return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>({B, 2048 / C, kMaxReduceBlocks})));
 }
 
-// The layout of a case's activations (CudaLayout). `measured`: the architecture's cuda_nchw. On the
-// H100, NCHW ran faster for both convnets, train and infer, every batch (vgg_cifar train b512 3023 us
-// against 3931 NHWC; keras_cnn b64 13.4 ms against 16.5; docs/models.md). vgg_cifar takes it.
-// keras_cnn keeps NHWC: in NCHW, cudnnFind offers FFT kernels, and the weight gradient of its
-// 256x256 conv 1 failed verification in 2 of 6 train cases of one run (3% of the gradient's largest
-// entry against the 0.5% tolerance), depending on which algorithm Find timed fastest; NHWC has no
-// FFT algorithms and verified in every run. The test architectures follow their full-size ones.
-bool use_nchw(const Arch& a) {
+// The layout of a case's activations (CudaLayout). `measured`, on the H100 (docs/models.md has the
+// figures): bf16 NHWC, where cuDNN's bf16 tensor-core kernels are (faster in 7 of the 9 verified
+// comparisons, all of infer); f32 the architecture's cuda_nchw. In f32, NCHW ran faster for both
+// convnets, train and infer, every batch (vgg_cifar train b512 3023 us against 3931 NHWC; keras_cnn
+// b64 13.4 ms against 16.5), and vgg_cifar takes it. keras_cnn keeps NHWC: in NCHW, cudnnFind offers
+// FFT kernels, and the weight gradient of its 256x256 conv 1 failed verification in 2 of 6 train
+// cases of one run (3% of the gradient's largest entry against the 0.5% tolerance), depending on
+// which algorithm Find timed fastest; NHWC has no FFT algorithms and verified in every run. The test
+// architectures follow their full-size ones.
+bool use_nchw(const Arch& a, bool bf16) {
   switch (cuda_layout()) {
     case CudaLayout::nhwc: return false;
     case CudaLayout::nchw: return true;
     case CudaLayout::measured: break;
   }
-  return a.cuda_nchw;
+  return !bf16 && a.cuda_nchw;  // measured
 }
 
 // [n][h][w][c] <-> [n][c][h][w] on the host (the images in, the verification's activations out).
 HostBuffer nhwc_to_nchw(const HostBuffer& x, std::int64_t N, std::int64_t H, std::int64_t W, std::int64_t C, bool inverse = false) {
-  HostBuffer out(DType::f32, x.count());
-  const float* in = x.as<float>();
-  float* o = out.as<float>();
+  HostBuffer out(x.dtype(), x.count());
+  const std::size_t e = x.bytes() / std::max<std::size_t>(1, x.count());
+  const char* in = static_cast<const char*>(x.data());
+  char* o = static_cast<char*>(out.data());
   for (std::int64_t n = 0; n < N; ++n)
     for (std::int64_t c = 0; c < C; ++c)
       for (std::int64_t hw = 0; hw < H * W; ++hw) {
         const std::int64_t nchw = (n * C + c) * H * W + hw, nhwc = (n * H * W + hw) * C + c;
-        if (inverse) o[nhwc] = in[nchw];
-        else o[nchw] = in[nhwc];
+        const std::size_t to = static_cast<std::size_t>(inverse ? nhwc : nchw), from = static_cast<std::size_t>(inverse ? nchw : nhwc);
+        std::memcpy(o + to * e, in + from * e, e);
       }
   return out;
 }
@@ -581,16 +642,17 @@ int dim(std::int64_t v) {
 
 bool tensor_op(cudnnMathType_t m) { return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION; }
 
-// The fastest algorithm cudnnFind*AlgorithmEx measured that runs without tensor cores, with its
-// workspace and Find's time. ws_size(algo, &bytes) asks one algorithm's workspace; find(count, &n,
+// The fastest algorithm cudnnFind*AlgorithmEx measured, with its workspace and Find's time: f32 without
+// tensor cores (no TF32); bf16 (tensor_ops) any, tensor cores being the point of bf16. ws_size(algo, &bytes) asks one algorithm's workspace; find(count, &n,
 // perf, ws, bytes) searches (twice: the first search also times CUDA's lazy module loads).
 struct Found {
   int algo;
   std::size_t bytes;
   float ms;
+  cudnnMathType_t math;  // the math type the algorithm ran with: its descriptor takes it (bf16 may get either)
 };
 template <class Perf, class WsSize, class Find>
-Found find_algorithm(const char* what, int count, WsSize ws_size, Find find) {
+Found find_algorithm(const char* what, bool tensor_ops, int count, WsSize ws_size, Find find) {
   std::size_t want = 0;
   for (int a = 0; a < count; ++a) {
     std::size_t bytes = 0;
@@ -604,15 +666,19 @@ Found find_algorithm(const char* what, int count, WsSize ws_size, Find find) {
   int n = 0;
   for (int pass = 0; pass < 2; ++pass) HOTOPS_CHECK_CUDNN(find(std::min(count, 16), &n, perf, ws.get(), bytes));
   for (int i = 0; i < n; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= bytes && !tensor_op(perf[i].mathType))
-      return {static_cast<int>(perf[i].algo), perf[i].memory, perf[i].time};
-  throw Error(std::string("model_cnn: cuDNN has no f32 FMA-math ") + what + " algorithm for a layer", ErrorKind::unsupported);
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= bytes && (tensor_ops || !tensor_op(perf[i].mathType)))
+      return {static_cast<int>(perf[i].algo), perf[i].memory, perf[i].time, perf[i].mathType};
+  throw Error(std::string("model_cnn: cuDNN has no ") + (tensor_ops ? "bf16 " : "f32 FMA-math ") + what + " algorithm for a layer",
+              ErrorKind::unsupported);
 }
 
 struct ConvPlan {
   TensorDesc x, y;
+  // The weight gradient over chunks of `chunk` samples (x and y of one chunk: xc, yc); chunk = B for f32.
+  std::int64_t chunk = 0;
+  TensorDesc xc, yc;
   FilterDesc w;
-  ConvDesc conv;
+  ConvDesc conv, conv_filter, conv_data;  // forward, backward filter, backward data: each with its algorithm's math type
   cudnnConvolutionFwdAlgo_t fwd{};
   cudnnConvolutionBwdDataAlgo_t data{};
   cudnnConvolutionBwdFilterAlgo_t filter{};
@@ -622,16 +688,19 @@ struct ConvPlan {
   FilterDesc wf;
   ConvDesc flip_conv;
   cudnnConvolutionFwdAlgo_t flip_fwd{};
-  gpu::DeviceBuffer wf_buf;  // [C][3][3][K]
+  gpu::DeviceBuffer wf_buf;  // [C][3][3][K] (or [C][K][3][3]), the activations' type
 };
 
-// D (m x n, ld ldd) = op(A) . op(B) (+ bias over rows), column-major, f32 (no TF32), through
-// gpu::LtGemm (the heuristic's first algorithm, chosen at setup).
+// D (m x n, ld ldd) = op(A) . op(B) (+ bias over rows), column-major, through gpu::LtGemm (the
+// heuristic's first algorithm, chosen at setup): A, B of type ab, D (and the bias) of type cd, f32
+// accumulation (CUBLAS_COMPUTE_32F: no TF32 for f32; tensor cores for bf16).
 std::unique_ptr<gpu::BoundGemm> gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n,
-                                     std::int64_t k, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
-                                     float* D, std::int64_t ldd, const float* bias = nullptr) {
+                                     std::int64_t k, const void* A, std::int64_t lda, const void* B, std::int64_t ldb,
+                                     void* D, std::int64_t ldd, cudaDataType_t ab, cudaDataType_t cd, const void* bias = nullptr) {
   gpu::GemmDesc d;
   d.opa = opa, d.opb = opb, d.m = m, d.n = n, d.k = k, d.lda = lda, d.ldb = ldb, d.ldd = ldd, d.bias = bias;
+  d.ab = ab, d.cd = cd;
+  d.reduce_in_compute = cd != CUDA_R_32F;  // bf16 outputs: no split-K partials rounded to bf16
   return std::make_unique<gpu::BoundGemm>(d, "model_cnn", A, B, D);
 }
 
@@ -650,7 +719,15 @@ struct LayerBufs {
   float* coef(std::int64_t C) const { return affine.as<float>() + 4 * C; }
 };
 
+// Act: the activations' storage, float, or bf16 (mixed precision: model_cnn.h).
+template <class Act>
 class CudaCnn final : public ModelCase {
+  static constexpr bool kBf16 = std::is_same_v<Act, bf16>;
+  static constexpr cudaDataType_t kCuda = kBf16 ? CUDA_R_16BF : CUDA_R_32F;
+  static constexpr cudnnDataType_t kCudnn = kBf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+  static constexpr cudnnMathType_t kMath = kBf16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+  static gpu::DeviceBuffer acts(std::int64_t n) { return gpu::DeviceBuffer(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(Act)); }
+
  public:
   explicit CudaCnn(const Problem& p)
       : s_(shape_of(p)), l_(param_layout(s_.arch)), seeded_(make_state(s_, l_, p.seed())), keys_(dropout_keys(s_.arch, p.seed())) {
@@ -660,7 +737,8 @@ class CudaCnn final : public ModelCase {
     auto ok_channels = [](std::int64_t c) { return c % 4 == 0 && c <= kMaxChannels && (kThreads % (c / 4)) == 0; };
     for (const ConvLayer& c : s_.convs) HOTOPS_CHECK(ok_channels(c.K) && c.pool <= 15, "model_cnn: CUDA conv widths must be 4 x a power of two <= 1024");
     HOTOPS_CHECK(ok_channels(Hd), "model_cnn: the CUDA hidden width must be 4 x a power of two <= 1024");
-    nchw_ = use_nchw(a);
+    nchw_ = use_nchw(a, kBf16);
+    wcopy_ = nchw_ || kBf16;
     HOTOPS_CHECK(s_.convs.back().pool > 0, "model_cnn: the last conv layer must be pooled (the flatten reads the pooled output)");
     gpu::cublaslt();
     gpu::cublas_workspace();
@@ -678,21 +756,22 @@ class CudaCnn final : public ModelCase {
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
       const ConvLayer& c = s_.convs[i];
       LayerBufs& lb = layers_.emplace_back();
-      lb.z = floats(B * c.out_count());
-      lb.out = floats(B * (c.pool ? c.pooled_count() : c.out_count()));
+      lb.z = acts(B * c.out_count());
+      lb.out = acts(B * (c.pool ? c.pooled_count() : c.out_count()));
       if (c.pool) lb.arg = gpu::DeviceBuffer(static_cast<std::size_t>(B * c.pooled_count()));
       lb.affine = floats(7 * c.K);
-      if (nchw_) wk_.push_back(floats(c.K * 9 * c.C));
+      if (wcopy_) wk_.push_back(acts(c.K * 9 * c.C));
       max_filter = std::max(max_filter, c.K * 9 * c.C);
       max_rows_c = std::max(max_rows_c, 2 * c.K);
       max_out = std::max(max_out, c.out_count());
       if (i > 0) max_in = std::max(max_in, c.in_count());
     }
     LayerBufs& hb = hidden_;
-    hb.z = floats(B * Hd);
-    hb.out = floats(B * Hd);
+    hb.z = acts(B * Hd);
+    hb.out = acts(B * Hd);
     hb.affine = floats(7 * Hd);
-    logits_ = floats(B * C);
+    logits_ = acts(B * C);
+    if (kBf16) low_ = acts(static_cast<std::int64_t>(l_.total - l_.dense1.w));
     loss_ = floats(1);
     partial_ = floats(static_cast<std::int64_t>(kMaxReduceBlocks) * max_rows_c);
     if (s_.train()) {
@@ -702,16 +781,16 @@ class CudaCnn final : public ModelCase {
       v_ = gpu::DeviceBuffer(seeded_.v);
       state_ = gpu::DeviceBuffer(sizeof(StepState));
       HOTOPS_CHECK_CUDA(cudaMemset(state_.get(), 0, sizeof(StepState)));
-      dz_ = floats(B * max_out);
-      if (nchw_) dwk_ = floats(max_filter);
-      dbuf_[0] = floats(B * max_in);
-      dbuf_[1] = floats(B * max_in);
-      dflat_ = floats(B * F);
-      dlogits_ = floats(B * C);
-      dhd_ = floats(B * Hd);
-      dh_ = floats(B * Hd);
+      dz_ = acts(B * max_out);
+      if (wcopy_) dwk_ = acts(max_filter);
+      dbuf_[0] = acts(B * max_in);
+      dbuf_[1] = acts(B * max_in);
+      dflat_ = acts(B * F);
+      dlogits_ = acts(B * C);
+      dhd_ = acts(B * Hd);
+      dh_ = acts(B * Hd);
     } else {
-      logits_host_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * C));
+      logits_host_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * C));
     }
     if (s_.train()) hint_ = floats(B * std::max(max_out, Hd));
     plan_convs();
@@ -758,7 +837,7 @@ class CudaCnn final : public ModelCase {
     Outcome o;
     const std::int64_t B = s_.batch;
     if (!s_.train()) {
-      o.logits = HostBuffer(DType::f32, static_cast<std::size_t>(B * s_.arch.classes));
+      o.logits = HostBuffer(s_.dtype, static_cast<std::size_t>(B * s_.arch.classes));
       logits_.download(o.logits);
     } else {
       o.loss = static_cast<float>(last_loss());
@@ -768,20 +847,16 @@ class CudaCnn final : public ModelCase {
       grads_.download(o.grads);
       params_.download(o.params);
       stats_.download(o.stats);
-      // The post-ReLU activations the forward decided on (materialised here for the reference's ties).
+      // The post-ReLU activations the forward decided on, recomputed in f32 from z as the forward's
+      // kernels compute them (for the reference's ties; bf16's stored ones would add ties of their own).
       for (std::size_t i = 0; i < s_.convs.size(); ++i) {
         const ConvLayer& c = s_.convs[i];
-        const LayerBufs& lb = layers_[i];
         HostBuffer h(DType::f32, static_cast<std::size_t>(B * c.out_count()));
-        if (c.pool) {
-          launch_conv_act(lb.z.as<float>(), lb, c, hint_.as<float>());
-          HOTOPS_CHECK_CUDA(cudaMemcpy(h.data(), hint_.get(), h.bytes(), cudaMemcpyDeviceToHost));
-        } else {
-          HOTOPS_CHECK_CUDA(cudaMemcpy(h.data(), lb.out.get(), h.bytes(), cudaMemcpyDeviceToHost));
-        }
+        launch_conv_act(layers_[i].z.template as<const Act>(), layers_[i], c, hint_.as<float>());
+        HOTOPS_CHECK_CUDA(cudaMemcpy(h.data(), hint_.get(), h.bytes(), cudaMemcpyDeviceToHost));
         o.relu.push_back(nchw_ ? nhwc_to_nchw(h, B, c.P, c.Q, c.K, true) : std::move(h));
       }
-      launch_act(hidden_.z.as<float>(), hidden_, s_.arch.hidden, hint_.as<float>(), B * s_.arch.hidden, Drop{});
+      launch_act(hidden_.z.template as<const Act>(), hidden_, s_.arch.hidden, hint_.as<float>(), B * s_.arch.hidden, Drop{});
       o.hidden = HostBuffer(DType::f32, static_cast<std::size_t>(B * s_.arch.hidden));
       HOTOPS_CHECK_CUDA(cudaMemcpy(o.hidden.data(), hint_.get(), o.hidden.bytes(), cudaMemcpyDeviceToHost));
     }
@@ -801,8 +876,10 @@ class CudaCnn final : public ModelCase {
   }
 
   std::string label() const override {
-    std::string l = std::string("cuDNN ") + (nchw_ ? "NCHW" : "NHWC") + " f32 FMA-math convolutions (" + algos_ + "; ws " + std::to_string(ws_bytes_ >> 20) +
-                    " MiB); hotops fused BN/ReLU/max-pool/dropout kernels; cublasLt f32 dense";
+    std::string l = std::string(kBf16 ? "bf16 autocast (f32 master weights, cast each step); " : "") + "cuDNN " + (nchw_ ? "NCHW" : "NHWC") +
+                    (kBf16 ? " bf16 tensor-op convolutions, f32 compute (" : " f32 FMA-math convolutions (") + algos_ + "; ws " +
+                    std::to_string(ws_bytes_ >> 20) + " MiB); hotops fused BN/ReLU/max-pool/dropout kernels" +
+                    (kBf16 ? " (bf16 storage, f32 math and sums)" : "") + "; cublasLt " + (kBf16 ? "bf16, f32 accumulation" : "f32") + " dense";
     if (s_.train()) l += "; softmax_xent, flat AdamW";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the images (and labels), launches, D2H, sync";
     if (s_.variant == Variant::graph) l += "; graph: pageable H2D of images and labels, 1 CUDA graph, D2H loss, sync";
@@ -821,10 +898,26 @@ class CudaCnn final : public ModelCase {
   }
 
  private:
-  const float* input_of(std::size_t i) const { return i == 0 ? x_.as<const float>() : layers_[i - 1].out.as<const float>(); }
+  const Act* input_of(std::size_t i) const { return i == 0 ? x_.as<const Act>() : layers_[i - 1].out.template as<const Act>(); }
   // The gradient of conv layer i's input (i >= 1), ping-ponged; the last layer's output gradient is dflat.
-  float* d_input(std::size_t i) const { return dbuf_[i % 2].as<float>(); }
-  float* d_output(std::size_t i) const { return i + 1 == s_.convs.size() ? dflat_.as<float>() : d_input(i + 1); }
+  Act* d_input(std::size_t i) const { return dbuf_[i % 2].as<Act>(); }
+  Act* d_output(std::size_t i) const { return i + 1 == s_.convs.size() ? dflat_.as<Act>() : d_input(i + 1); }
+
+  // The samples a chunk of conv layer c's weight gradient sums. bf16: cuDNN's tensor-op weight
+  // gradient adds its B P Q products per output in f32, a sum whose rounding can grow with its length
+  // (B P Q 2^-24 at worst: a quarter at keras_cnn's conv 1, b64); chunks of at most 2^18 products (the
+  // largest divisor of B that keeps them there, at least 1 sample), each rounded to bf16 once (autocast's
+  // weight gradient is bf16) and added in f32 by filter_layout. keras_cnn's errors did not change with
+  // it (docs/models.md). f32: the whole batch in one call.
+  std::int64_t wgrad_chunk(const ConvLayer& c) const {
+    const std::int64_t B = s_.batch;
+    if (!kBf16) return B;
+    const std::int64_t most = std::max<std::int64_t>(1, (std::int64_t{1} << 18) / (c.P * c.Q));
+    std::int64_t best = 1;
+    for (std::int64_t d = 1; d <= std::min(B, most); ++d)
+      if (B % d == 0) best = d;
+    return best;
+  }
 
   void plan_convs() {
     const std::int64_t B = s_.batch;
@@ -833,35 +926,43 @@ class CudaCnn final : public ModelCase {
       const ConvLayer& c = s_.convs[i];
       ConvPlan& cp = *plans_.emplace_back(std::make_unique<ConvPlan>());
       const cudnnTensorFormat_t fmt = nchw_ ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC;
-      HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(cp.x.h, fmt, CUDNN_DATA_FLOAT, dim(B), dim(c.C), dim(c.H), dim(c.W)));
-      HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(cp.y.h, fmt, CUDNN_DATA_FLOAT, dim(B), dim(c.K), dim(c.P), dim(c.Q)));
-      HOTOPS_CHECK_CUDNN(cudnnSetFilter4dDescriptor(cp.w.h, CUDNN_DATA_FLOAT, fmt, dim(c.K), dim(c.C), 3, 3));
-      HOTOPS_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(cp.conv.h, dim(c.pad), dim(c.pad), 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-      HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.conv.h, CUDNN_FMA_MATH));
-      const float* x = input_of(i);
-      if (nchw_) launch_filter_layout(i, false);
-      const float* w = weights(i);
-      float* z = layers_[i].z.as<float>();
+      // The compute type is f32 in both dtypes (bf16: bf16 x, w, y with f32 accumulation).
+      HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(cp.x.h, fmt, kCudnn, dim(B), dim(c.C), dim(c.H), dim(c.W)));
+      HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(cp.y.h, fmt, kCudnn, dim(B), dim(c.K), dim(c.P), dim(c.Q)));
+      HOTOPS_CHECK_CUDNN(cudnnSetFilter4dDescriptor(cp.w.h, kCudnn, fmt, dim(c.K), dim(c.C), 3, 3));
+      for (cudnnConvolutionDescriptor_t d : {cp.conv.h, cp.conv_filter.h, cp.conv_data.h}) {
+        HOTOPS_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(d, dim(c.pad), dim(c.pad), 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+        HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(d, kMath));
+      }
+      const Act* x = input_of(i);
+      if (wcopy_) launch_filter_layout(i, false);
+      const Act* w = weights(i);
+      Act* z = layers_[i].z.template as<Act>();
       const Found fwd = find_algorithm<cudnnConvolutionFwdAlgoPerf_t>(
-          "forward", CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+          "forward", kBf16, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
           [&](int al, std::size_t* b) { return cudnnGetConvolutionForwardWorkspaceSize(cudnn(), cp.x.h, cp.w.h, cp.conv.h, cp.y.h, static_cast<cudnnConvolutionFwdAlgo_t>(al), b); },
           [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
             return cudnnFindConvolutionForwardAlgorithmEx(cudnn(), cp.x.h, x, cp.w.h, w, cp.conv.h, cp.y.h, z, n, got, perf, wsp, bytes);
           });
       cp.fwd = static_cast<cudnnConvolutionFwdAlgo_t>(fwd.algo);
+      HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.conv.h, fwd.math));
       cp.ws = fwd.bytes;
       algos_ += std::string(i ? ", " : "") + "fwd " + std::to_string(fwd.algo);
       if (s_.train()) {
-        float* dw = nchw_ ? dwk_.as<float>() : grads_.as<float>() + l_.conv[i].w;
+        void* dw = wcopy_ ? dwk_.get() : static_cast<void*>(grads_.as<float>() + l_.conv[i].w);
+        cp.chunk = wgrad_chunk(c);
+        HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(cp.xc.h, fmt, kCudnn, dim(cp.chunk), dim(c.C), dim(c.H), dim(c.W)));
+        HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(cp.yc.h, fmt, kCudnn, dim(cp.chunk), dim(c.K), dim(c.P), dim(c.Q)));
         const Found filter = find_algorithm<cudnnConvolutionBwdFilterAlgoPerf_t>(
-            "backward filter", CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-            [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn(), cp.x.h, cp.y.h, cp.conv.h, cp.w.h, static_cast<cudnnConvolutionBwdFilterAlgo_t>(al), b); },
+            "backward filter", kBf16, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+            [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn(), cp.xc.h, cp.yc.h, cp.conv_filter.h, cp.w.h, static_cast<cudnnConvolutionBwdFilterAlgo_t>(al), b); },
             [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
-              return cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnn(), cp.x.h, x, cp.y.h, dz_.as<float>(), cp.conv.h, cp.w.h, dw, n, got, perf, wsp, bytes);
+              return cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnn(), cp.xc.h, x, cp.yc.h, dz_.get(), cp.conv_filter.h, cp.w.h, dw, n, got, perf, wsp, bytes);
             });
         cp.filter = static_cast<cudnnConvolutionBwdFilterAlgo_t>(filter.algo);
+        HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.conv_filter.h, filter.math));
         cp.ws = std::max(cp.ws, filter.bytes);
-        algos_ += " filter " + std::to_string(filter.algo);
+        algos_ += " filter " + std::to_string(filter.algo) + (cp.chunk < B ? " x" + std::to_string(B / cp.chunk) : "");
         if (i > 0) plan_data_gradient(i, cp);
       }
       ws = std::max(ws, cp.ws);
@@ -874,61 +975,74 @@ class CudaCnn final : public ModelCase {
   // filter (see flip_filter), whichever Find timed faster (or the one cuda_data_grad_path() forces).
   void plan_data_gradient(std::size_t i, ConvPlan& cp) {
     const ConvLayer& c = s_.convs[i];
-    const float* w = weights(i);
+    const Act* w = weights(i);
     const DataGradPath path = cuda_data_grad_path();
-    Found data{-1, 0, 0.f}, flip{-1, 0, 0.f};
+    Found data{-1, 0, 0.f, kMath}, flip{-1, 0, 0.f, kMath};
     if (path != DataGradPath::forward_flip)
       data = find_algorithm<cudnnConvolutionBwdDataAlgoPerf_t>(
-          "backward data", CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-          [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn(), cp.w.h, cp.y.h, cp.conv.h, cp.x.h, static_cast<cudnnConvolutionBwdDataAlgo_t>(al), b); },
+          "backward data", kBf16, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+          [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn(), cp.w.h, cp.y.h, cp.conv_data.h, cp.x.h, static_cast<cudnnConvolutionBwdDataAlgo_t>(al), b); },
           [&](int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
-            return cudnnFindConvolutionBackwardDataAlgorithmEx(cudnn(), cp.w.h, w, cp.y.h, dz_.as<float>(), cp.conv.h, cp.x.h, d_input(i), n, got, perf, wsp, bytes);
+            return cudnnFindConvolutionBackwardDataAlgorithmEx(cudnn(), cp.w.h, w, cp.y.h, dz_.get(), cp.conv_data.h, cp.x.h, d_input(i), n, got, perf, wsp, bytes);
           });
     if (path != DataGradPath::backward_data) {
       const std::int64_t B = s_.batch, fpad = 2 - c.pad;
-      HOTOPS_CHECK_CUDNN(cudnnSetFilter4dDescriptor(cp.wf.h, CUDNN_DATA_FLOAT, nchw_ ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC, dim(c.C), dim(c.K), 3, 3));
+      HOTOPS_CHECK_CUDNN(cudnnSetFilter4dDescriptor(cp.wf.h, kCudnn, nchw_ ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC, dim(c.C), dim(c.K), 3, 3));
       HOTOPS_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(cp.flip_conv.h, dim(fpad), dim(fpad), 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-      HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.flip_conv.h, CUDNN_FMA_MATH));
+      HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.flip_conv.h, kMath));
       int n = 0, ch = 0, h = 0, wd = 0;
       HOTOPS_CHECK_CUDNN(cudnnGetConvolution2dForwardOutputDim(cp.flip_conv.h, cp.y.h, cp.wf.h, &n, &ch, &h, &wd));
       HOTOPS_CHECK(n == B && ch == c.C && h == c.H && wd == c.W, "model_cnn: the flipped-filter conv does not give the input's shape");
-      cp.wf_buf = floats(c.C * 9 * c.K);
+      cp.wf_buf = acts(c.C * 9 * c.K);
       launch_flip(params_.as<float>() + l_.conv[i].w, cp, c);
       flip = find_algorithm<cudnnConvolutionFwdAlgoPerf_t>(
-          "forward (flipped filter)", CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+          "forward (flipped filter)", kBf16, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
           [&](int al, std::size_t* b) { return cudnnGetConvolutionForwardWorkspaceSize(cudnn(), cp.y.h, cp.wf.h, cp.flip_conv.h, cp.x.h, static_cast<cudnnConvolutionFwdAlgo_t>(al), b); },
           [&](int n2, int* got, cudnnConvolutionFwdAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
-            return cudnnFindConvolutionForwardAlgorithmEx(cudnn(), cp.y.h, dz_.as<float>(), cp.wf.h, cp.wf_buf.as<float>(), cp.flip_conv.h, cp.x.h, d_input(i), n2, got, perf, wsp, bytes);
+            return cudnnFindConvolutionForwardAlgorithmEx(cudnn(), cp.y.h, dz_.get(), cp.wf.h, cp.wf_buf.get(), cp.flip_conv.h, cp.x.h, d_input(i), n2, got, perf, wsp, bytes);
           });
     }
     cp.flip = path == DataGradPath::forward_flip || (path == DataGradPath::timed && flip.ms < data.ms);
     if (cp.flip) {
       cp.flip_fwd = static_cast<cudnnConvolutionFwdAlgo_t>(flip.algo);
+      HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.flip_conv.h, flip.math));
       cp.ws = std::max(cp.ws, flip.bytes);
       algos_ += " data fwd-flip " + std::to_string(flip.algo);
     } else {
       cp.wf_buf = gpu::DeviceBuffer();
       cp.data = static_cast<cudnnConvolutionBwdDataAlgo_t>(data.algo);
+      HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.conv_data.h, data.math));
       cp.ws = std::max(cp.ws, data.bytes);
       algos_ += " data " + std::to_string(data.algo);
     }
   }
 
   void launch_flip(const float* w, const ConvPlan& cp, const ConvLayer& c) const {
-    flip_filter<<<grid_for(c.K * 9 * c.C, 512), kThreads, 0, gpu::stream()>>>(w, cp.wf_buf.as<float>(), dim(c.K), dim(c.C), nchw_);
+    flip_filter<<<grid_for(c.K * 9 * c.C, 512), kThreads, 0, gpu::stream()>>>(w, cp.wf_buf.as<Act>(), dim(c.K), dim(c.C), nchw_);
     HOTOPS_CHECK_LAUNCH();
   }
 
-  // NCHW: conv layer i's weights KRSC -> KCRS (wk_), or its weight gradient KCRS (dwk_) -> KRSC (grads).
-  void launch_filter_layout(std::size_t i, bool gradient) const {
+  // NCHW or bf16 (wcopy_): conv layer i's weights -> wk_ (KCRS for NCHW; cast to bf16), or its weight
+  // gradient dwk_ -> the flat f32 gradients (KRSC).
+  void launch_filter_layout(std::size_t i, bool gradient, bool add = false) const {
     const ConvLayer& c = s_.convs[i];
-    const float* in = gradient ? dwk_.as<const float>() : params_.as<const float>() + l_.conv[i].w;
-    float* out = gradient ? grads_.as<float>() + l_.conv[i].w : wk_[i].as<float>();
-    filter_layout<<<grid_for(c.K * 9 * c.C, 512), kThreads, 0, gpu::stream()>>>(in, out, dim(c.K), dim(c.C), gradient);
+    const unsigned grid = grid_for(c.K * 9 * c.C, 512);
+    if (gradient)
+      filter_layout<<<grid, kThreads, 0, gpu::stream()>>>(dwk_.as<const Act>(), grads_.as<float>() + l_.conv[i].w, dim(c.K), dim(c.C), nchw_, true, add);
+    else
+      filter_layout<<<grid, kThreads, 0, gpu::stream()>>>(params_.as<const float>() + l_.conv[i].w, wk_[i].template as<Act>(), dim(c.K), dim(c.C), nchw_,
+                                                          false, false);
     HOTOPS_CHECK_LAUNCH();
   }
-  // The weights conv layer i's cuDNN calls take: the flat parameters (KRSC), or their KCRS copy.
-  const float* weights(std::size_t i) const { return nchw_ ? wk_[i].as<const float>() : params_.as<const float>() + l_.conv[i].w; }
+  // The weights conv layer i's cuDNN calls take: the flat f32 parameters (KRSC), or their copy (wcopy_).
+  const Act* weights(std::size_t i) const {
+    return wcopy_ ? wk_[i].template as<const Act>() : reinterpret_cast<const Act*>(params_.as<const float>() + l_.conv[i].w);
+  }
+  // A dense layer's parameter at flat offset `at` as the GEMMs take it: f32, or the step's bf16 copy.
+  const Act* dense_param(std::size_t at) const {
+    if constexpr (kBf16) return low_.as<const Act>() + (at - l_.dense1.w);
+    else return params_.as<const float>() + at;
+  }
 
   HostBuffer device_order(const HostBuffer& x) const {
     const Arch& a = s_.arch;
@@ -936,7 +1050,8 @@ class CudaCnn final : public ModelCase {
   }
 
   // A conv layer's post-ReLU activation of z (no dropout) into out, in the layer's layout.
-  void launch_conv_act(const float* z, const LayerBufs& lb, const ConvLayer& c, float* out) const {
+  template <class O>
+  void launch_conv_act(const Act* z, const LayerBufs& lb, const ConvLayer& c, O* out) const {
     const std::int64_t n = s_.batch * c.out_count();
     if (!nchw_) return launch_act(z, lb, c.K, out, n, Drop{});
     act_nchw<<<grid_for(n), kThreads, 0, gpu::stream()>>>(z, lb.scale(), lb.shift(c.K), out, n, dim(c.K), dim(c.P * c.Q));
@@ -946,20 +1061,20 @@ class CudaCnn final : public ModelCase {
   void plan_gemms() {
     const Arch& a = s_.arch;
     const std::int64_t B = s_.batch, F = flat_width(a), Hd = a.hidden, C = a.classes;
-    const float* P = params_.as<float>();
-    const float* flat = layers_.back().out.as<float>();
-    // h = flat . W1; logits = hd . W2 + b2
-    gemms_fwd_.push_back(gemm(N, N, Hd, B, F, P + l_.dense1.w, Hd, flat, F, hidden_.z.as<float>(), Hd));
-    gemms_fwd_.push_back(gemm(N, N, C, B, Hd, P + l_.dense2.w, C, hidden_.out.as<float>(), Hd, logits_.as<float>(), C,
-                                                P + l_.dense2.b));
+    const Act* flat = layers_.back().out.template as<const Act>();
+    const cudaDataType_t f32 = CUDA_R_32F;
+    // h = flat . W1; logits = hd . W2 + b2 (activations in the step's type)
+    gemms_fwd_.push_back(gemm(N, N, Hd, B, F, dense_param(l_.dense1.w), Hd, flat, F, hidden_.z.get(), Hd, kCuda, kCuda));
+    gemms_fwd_.push_back(gemm(N, N, C, B, Hd, dense_param(l_.dense2.w), C, hidden_.out.get(), Hd, logits_.get(), C, kCuda, kCuda,
+                              dense_param(l_.dense2.b)));
     if (!s_.train()) return;
     float* G = grads_.as<float>();
-    // dW2 = hd^T dlogits; dhd = dlogits W2^T
-    gemm_dw2_ = gemm(N, T, C, Hd, B, dlogits_.as<float>(), C, hidden_.out.as<float>(), Hd, G + l_.dense2.w, C);
-    gemm_dhd_ = gemm(T, N, Hd, B, C, P + l_.dense2.w, C, dlogits_.as<float>(), C, dhd_.as<float>(), Hd);
+    // dW2 = hd^T dlogits; dhd = dlogits W2^T (weight gradients written f32 from the f32 accumulators)
+    gemm_dw2_ = gemm(N, T, C, Hd, B, dlogits_.get(), C, hidden_.out.get(), Hd, G + l_.dense2.w, C, kCuda, f32);
+    gemm_dhd_ = gemm(T, N, Hd, B, C, dense_param(l_.dense2.w), C, dlogits_.get(), C, dhd_.get(), Hd, kCuda, kCuda);
     // dW1 = flat^T dh; dflat = dh W1^T
-    gemm_dw1_ = gemm(N, T, Hd, F, B, dh_.as<float>(), Hd, flat, F, G + l_.dense1.w, Hd);
-    gemm_dflat_ = gemm(T, N, F, B, Hd, P + l_.dense1.w, Hd, dh_.as<float>(), Hd, dflat_.as<float>(), F);
+    gemm_dw1_ = gemm(N, T, Hd, F, B, dh_.get(), Hd, flat, F, G + l_.dense1.w, Hd, kCuda, f32);
+    gemm_dflat_ = gemm(T, N, F, B, Hd, dense_param(l_.dense1.w), Hd, dh_.get(), Hd, dflat_.get(), F, kCuda, kCuda);
   }
 
   void set_period(std::int64_t p) {
@@ -970,10 +1085,11 @@ class CudaCnn final : public ModelCase {
   Drop drop(std::size_t k) const { return Drop{keys_[k], period_.as<const int>(), s_.train()}; }
 
   // y = relu(z * scale + shift) (+ dropout) over [rows, C].
-  void launch_act(const float* z, const LayerBufs& lb, std::int64_t C, float* out, std::int64_t n, Drop d) const {
+  template <class O>
+  void launch_act(const Act* z, const LayerBufs& lb, std::int64_t C, O* out, std::int64_t n, Drop d) const {
     const std::int64_t n4 = n / 4;
-    act<<<grid_for(n4), kThreads, 0, gpu::stream()>>>(reinterpret_cast<const float4*>(z), reinterpret_cast<const float4*>(lb.scale()),
-                                                      reinterpret_cast<const float4*>(lb.shift(C)), reinterpret_cast<float4*>(out), n4,
+    act<<<grid_for(n4), kThreads, 0, gpu::stream()>>>(z, reinterpret_cast<const float4*>(lb.scale()),
+                                                      reinterpret_cast<const float4*>(lb.shift(C)), out, n4,
                                                       static_cast<int>(C / 4), d, C / 4);
     HOTOPS_CHECK_LAUNCH();
   }
@@ -992,14 +1108,14 @@ class CudaCnn final : public ModelCase {
         blocks = reduce_blocks_nchw(s_.batch, C);
         k_stride = conv->P * conv->Q;
         reduce_nchw<Sum::stats><<<dim3(static_cast<unsigned>(C), static_cast<unsigned>(blocks)), kThreads, 0, st>>>(
-            nullptr, nullptr, lb.z.as<const float>(), nullptr, nullptr, nullptr, nullptr, s_.batch, geom(*conv), Drop{}, false, partial_.as<float>());
+            static_cast<const Act*>(nullptr), nullptr, lb.z.template as<const Act>(), nullptr, nullptr, nullptr, nullptr, s_.batch, geom(*conv), Drop{}, false, partial_.as<float>());
       } else {
         blocks = reduce_blocks(rows, static_cast<int>(C));
-        bn_stats<<<blocks, kThreads, 0, st>>>(lb.z.as<const float4>(), rows, static_cast<int>(C), partial_.as<float>());
+        bn_stats<<<blocks, kThreads, 0, st>>>(lb.z.template as<const Act>(), rows, static_cast<int>(C), partial_.as<float>());
       }
       HOTOPS_CHECK_LAUNCH();
       bn_finalize<<<finalize_grid(C), kFinalizeBlock, 0, st>>>(partial_.as<const float>(), blocks, static_cast<int>(C), static_cast<double>(rows),
-                                                               lb.z.as<const float>(), k_stride, P + ly.gamma, P + ly.beta, P + ly.b, S + ly.mean,
+                                                               lb.z.template as<const Act>(), k_stride, P + ly.gamma, P + ly.beta, P + ly.b, S + ly.mean,
                                                                S + ly.var, lb.scale(), lb.shift(C), lb.mean(C), lb.rstd(C));
     } else {
       affine_prep<<<static_cast<unsigned>((C + 255) / 256), 256, 0, st>>>(static_cast<int>(C), P + ly.b, bn ? P + ly.gamma : nullptr,
@@ -1030,7 +1146,12 @@ class CudaCnn final : public ModelCase {
     float* P = params_.as<float>();
     std::size_t stage = 0;
     std::vector<std::size_t> stage_of;
-    for (std::size_t i = 0; nchw_ && i < s_.convs.size(); ++i) launch_filter_layout(i, false);
+    if constexpr (kBf16) {  // autocast's casts: the dense layers' parameters here, the conv weights just below
+      const auto n4 = static_cast<std::int64_t>((l_.total - l_.dense1.w) / 4);
+      cast_params<<<grid_for(n4, 1024), kThreads, 0, st>>>(params_.as<const float4>() + l_.dense1.w / 4, low_.as<__nv_bfloat162>(), n4);
+      HOTOPS_CHECK_LAUNCH();
+    }
+    for (std::size_t i = 0; wcopy_ && i < s_.convs.size(); ++i) launch_filter_layout(i, false);
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
       const ConvLayer& c = s_.convs[i];
       const LayerBufs& lb = layers_[i];
@@ -1041,29 +1162,29 @@ class CudaCnn final : public ModelCase {
       stage_of.push_back(stage);
       if (c.pool && nchw_) {
         const std::int64_t n = B * c.pooled_count();
-        act_pool_nchw<<<grid_for(n), kThreads, 0, st>>>(lb.z.as<const float>(), lb.scale(), lb.shift(c.K), lb.out.as<float>(),
+        act_pool_nchw<<<grid_for(n), kThreads, 0, st>>>(lb.z.template as<const Act>(), lb.scale(), lb.shift(c.K), lb.out.template as<Act>(),
                                                         lb.arg.as<unsigned char>(), n, geom(c), drop(stage), i + 1 == s_.convs.size());
         HOTOPS_CHECK_LAUNCH();
         ++stage;
       } else if (c.pool) {
         const std::int64_t n4 = B * c.pooled_count() / 4;
-        act_pool<<<grid_for(n4), kThreads, 0, st>>>(lb.z.as<const float>(), reinterpret_cast<const float4*>(lb.scale()),
-                                                    reinterpret_cast<const float4*>(lb.shift(c.K)), lb.out.as<float4>(), lb.arg.as<uchar4>(), n4,
+        act_pool<<<grid_for(n4), kThreads, 0, st>>>(lb.z.template as<const Act>(), reinterpret_cast<const float4*>(lb.scale()),
+                                                    reinterpret_cast<const float4*>(lb.shift(c.K)), lb.out.template as<Act>(), lb.arg.as<uchar4>(), n4,
                                                     geom(c), drop(stage));
         HOTOPS_CHECK_LAUNCH();
         ++stage;
       } else {
-        launch_conv_act(lb.z.as<float>(), lb, c, lb.out.as<float>());
+        launch_conv_act(lb.z.template as<const Act>(), lb, c, lb.out.template as<Act>());
       }
     }
     gemms_fwd_[0]->run();
     affine(hidden_, l_.dense1, Hd, B, nullptr);
-    launch_act(hidden_.z.as<float>(), hidden_, Hd, hidden_.out.as<float>(), B * Hd, drop(keys_.size() - 1));
+    launch_act(hidden_.z.template as<const Act>(), hidden_, Hd, hidden_.out.template as<Act>(), B * Hd, drop(keys_.size() - 1));
     gemms_fwd_[1]->run();
     if (!s_.train()) return;
 
     float* G = grads_.as<float>();
-    models::softmax_xent<<<1, models::kLossThreads, 0, st>>>(logits_.as<const float>(), labels_.as<const std::int32_t>(), dlogits_.as<float>(),
+    models::softmax_xent<<<1, models::kLossThreads, 0, st>>>(logits_.as<const Act>(), labels_.as<const std::int32_t>(), dlogits_.as<Act>(),
                                                             G + l_.dense2.b, loss_.as<float>(), dim(B), dim(C), hyper(), state_.as<StepState>());
     HOTOPS_CHECK_LAUNCH();
     gemm_dw2_->run();
@@ -1072,17 +1193,17 @@ class CudaCnn final : public ModelCase {
       const LayerBufs& lb = hidden_;
       const int blocks = reduce_blocks(B, static_cast<int>(Hd));
       const Drop d = drop(keys_.size() - 1);
-      reduce_dense<<<blocks, kThreads, 0, st>>>(dhd_.as<const float4>(), lb.z.as<const float4>(), reinterpret_cast<const float4*>(lb.scale()),
+      reduce_dense<<<blocks, kThreads, 0, st>>>(dhd_.as<const Act>(), lb.z.template as<const Act>(), reinterpret_cast<const float4*>(lb.scale()),
                                                 reinterpret_cast<const float4*>(lb.shift(Hd)), bn ? reinterpret_cast<const float4*>(lb.mean(Hd)) : nullptr,
                                                 bn ? reinterpret_cast<const float4*>(lb.rstd(Hd)) : nullptr, B, static_cast<int>(Hd), d, Hd / 4,
                                                 partial_.as<float>());
       HOTOPS_CHECK_LAUNCH();
       finalize(lb, l_.dense1, Hd, B, blocks);
       const std::int64_t n4 = B * Hd / 4;
-      dz_dense<<<grid_for(n4), kThreads, 0, st>>>(dhd_.as<const float4>(), lb.z.as<const float4>(), reinterpret_cast<const float4*>(lb.scale()),
+      dz_dense<<<grid_for(n4), kThreads, 0, st>>>(dhd_.as<const Act>(), lb.z.template as<const Act>(), reinterpret_cast<const float4*>(lb.scale()),
                                                   reinterpret_cast<const float4*>(lb.shift(Hd)), lb.coef(Hd),
                                                   bn ? reinterpret_cast<const float4*>(lb.mean(Hd)) : nullptr,
-                                                  bn ? reinterpret_cast<const float4*>(lb.rstd(Hd)) : nullptr, dh_.as<float4>(), n4, static_cast<int>(Hd), d,
+                                                  bn ? reinterpret_cast<const float4*>(lb.rstd(Hd)) : nullptr, dh_.as<Act>(), n4, static_cast<int>(Hd), d,
                                                   Hd / 4);
       HOTOPS_CHECK_LAUNCH();
     }
@@ -1092,7 +1213,9 @@ class CudaCnn final : public ModelCase {
       const ConvLayer& c = s_.convs[i];
       const LayerBufs& lb = layers_[i];
       const ConvPlan& cp = *plans_[i];
-      const float* dout = d_output(i);
+      const Act* dout = d_output(i);
+      const Act* z = lb.z.template as<const Act>();
+      Act* dz = dz_.as<Act>();
       const std::int64_t K = c.K;
       const float4* mean = bn ? reinterpret_cast<const float4*>(lb.mean(K)) : nullptr;
       const float4* rstd = bn ? reinterpret_cast<const float4*>(lb.rstd(K)) : nullptr;
@@ -1106,53 +1229,56 @@ class CudaCnn final : public ModelCase {
         const float* rs = bn ? lb.rstd(K) : nullptr;
         const std::int64_t n = B * c.out_count();
         if (c.pool)
-          reduce_nchw<Sum::pooled><<<grid, kThreads, 0, st>>>(dout, lb.arg.as<const unsigned char>(), lb.z.as<const float>(), lb.scale(), lb.shift(K),
+          reduce_nchw<Sum::pooled><<<grid, kThreads, 0, st>>>(dout, lb.arg.as<const unsigned char>(), z, lb.scale(), lb.shift(K),
                                                               m, rs, B, geom(c), d, last, partial_.as<float>());
         else
-          reduce_nchw<Sum::dense><<<grid, kThreads, 0, st>>>(dout, nullptr, lb.z.as<const float>(), lb.scale(), lb.shift(K), m, rs, B, geom(c), d,
+          reduce_nchw<Sum::dense><<<grid, kThreads, 0, st>>>(dout, nullptr, z, lb.scale(), lb.shift(K), m, rs, B, geom(c), d,
                                                              false, partial_.as<float>());
         HOTOPS_CHECK_LAUNCH();
         finalize(lb, l_.conv[i], K, B * c.P * c.Q, blocks);
         if (c.pool)
-          dz_nchw<true><<<grid_for(n), kThreads, 0, st>>>(dout, lb.arg.as<const unsigned char>(), lb.z.as<const float>(), lb.scale(), lb.shift(K),
-                                                          lb.coef(K), m, rs, dz_.as<float>(), n, geom(c), d, last);
+          dz_nchw<true><<<grid_for(n), kThreads, 0, st>>>(dout, lb.arg.as<const unsigned char>(), z, lb.scale(), lb.shift(K),
+                                                          lb.coef(K), m, rs, dz, n, geom(c), d, last);
         else
-          dz_nchw<false><<<grid_for(n), kThreads, 0, st>>>(dout, nullptr, lb.z.as<const float>(), lb.scale(), lb.shift(K), lb.coef(K), m, rs,
-                                                           dz_.as<float>(), n, geom(c), d, false);
+          dz_nchw<false><<<grid_for(n), kThreads, 0, st>>>(dout, nullptr, z, lb.scale(), lb.shift(K), lb.coef(K), m, rs,
+                                                           dz, n, geom(c), d, false);
       } else if (c.pool) {
         const std::int64_t rows = B * c.PH * c.PW;
         const int blocks = reduce_blocks(rows, static_cast<int>(K));
         const Drop d = drop(stage_of[i]);
-        reduce_pool<<<blocks, kThreads, 0, st>>>(reinterpret_cast<const float4*>(dout), lb.arg.as<const uchar4>(), lb.z.as<const float>(), lb.scale(),
+        reduce_pool<<<blocks, kThreads, 0, st>>>(dout, lb.arg.as<const uchar4>(), z, lb.scale(),
                                                  lb.shift(K), bn ? lb.mean(K) : nullptr, bn ? lb.rstd(K) : nullptr, rows, geom(c), d,
                                                  partial_.as<float>());
         HOTOPS_CHECK_LAUNCH();
         finalize(lb, l_.conv[i], K, B * c.P * c.Q, blocks);
-        dz_pool<<<grid_for(n4), kThreads, 0, st>>>(reinterpret_cast<const float4*>(dout), lb.arg.as<const uchar4>(), lb.z.as<const float4>(),
+        dz_pool<<<grid_for(n4), kThreads, 0, st>>>(dout, lb.arg.as<const uchar4>(), z,
                                                    reinterpret_cast<const float4*>(lb.scale()), reinterpret_cast<const float4*>(lb.shift(K)),
-                                                   lb.coef(K), mean, rstd, dz_.as<float4>(), n4, geom(c), d);
+                                                   lb.coef(K), mean, rstd, dz, n4, geom(c), d);
       } else {
         const std::int64_t rows = B * c.P * c.Q;
         const int blocks = reduce_blocks(rows, static_cast<int>(K));
-        reduce_dense<<<blocks, kThreads, 0, st>>>(reinterpret_cast<const float4*>(dout), lb.z.as<const float4>(),
+        reduce_dense<<<blocks, kThreads, 0, st>>>(dout, z,
                                                   reinterpret_cast<const float4*>(lb.scale()), reinterpret_cast<const float4*>(lb.shift(K)), mean,
                                                   rstd, rows, static_cast<int>(K), Drop{}, 1, partial_.as<float>());
         HOTOPS_CHECK_LAUNCH();
         finalize(lb, l_.conv[i], K, rows, blocks);
-        dz_dense<<<grid_for(n4), kThreads, 0, st>>>(reinterpret_cast<const float4*>(dout), lb.z.as<const float4>(),
+        dz_dense<<<grid_for(n4), kThreads, 0, st>>>(dout, z,
                                                     reinterpret_cast<const float4*>(lb.scale()), reinterpret_cast<const float4*>(lb.shift(K)),
-                                                    lb.coef(K), mean, rstd, dz_.as<float4>(), n4, static_cast<int>(K), Drop{}, 1);
+                                                    lb.coef(K), mean, rstd, dz, n4, static_cast<int>(K), Drop{}, 1);
       }
       HOTOPS_CHECK_LAUNCH();
-      HOTOPS_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, cp.x.h, input_of(i), cp.y.h, dz_.get(), cp.conv.h, cp.filter,
-                                                        workspace_.get(), ws_bytes_, &zero, cp.w.h, nchw_ ? dwk_.get() : G + l_.conv[i].w));
-      if (nchw_) launch_filter_layout(i, true);
+      for (std::int64_t b0 = 0; b0 < B; b0 += cp.chunk) {
+        HOTOPS_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, cp.xc.h, input_of(i) + b0 * c.in_count(), cp.yc.h, dz_.as<Act>() + b0 * c.out_count(),
+                                                          cp.conv_filter.h, cp.filter, workspace_.get(), ws_bytes_, &zero, cp.w.h,
+                                                          wcopy_ ? dwk_.get() : static_cast<void*>(G + l_.conv[i].w)));
+        if (wcopy_) launch_filter_layout(i, true, b0 > 0);
+      }
       if (i > 0 && cp.flip) {
         launch_flip(P + l_.conv[i].w, cp, c);
         HOTOPS_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, cp.y.h, dz_.get(), cp.wf.h, cp.wf_buf.get(), cp.flip_conv.h, cp.flip_fwd,
                                                    workspace_.get(), ws_bytes_, &zero, cp.x.h, d_input(i)));
       } else if (i > 0) {
-        HOTOPS_CHECK_CUDNN(cudnnConvolutionBackwardData(cudnn(), &one, cp.w.h, weights(i), cp.y.h, dz_.get(), cp.conv.h, cp.data,
+        HOTOPS_CHECK_CUDNN(cudnnConvolutionBackwardData(cudnn(), &one, cp.w.h, weights(i), cp.y.h, dz_.get(), cp.conv_data.h, cp.data,
                                                         workspace_.get(), ws_bytes_, &zero, cp.x.h, d_input(i)));
       }
     }
@@ -1192,8 +1318,10 @@ class CudaCnn final : public ModelCase {
   std::vector<LayerBufs> layers_;
   LayerBufs hidden_;
   bool nchw_ = false;                 // the activations' layout (CudaLayout)
-  std::vector<gpu::DeviceBuffer> wk_;  // NCHW: each conv layer's weights as KCRS
-  gpu::DeviceBuffer dwk_;             // NCHW: a conv layer's weight gradient as KCRS
+  bool wcopy_ = false;                // the convs take a per-step copy of their weights (NCHW or bf16)
+  std::vector<gpu::DeviceBuffer> wk_;  // wcopy_: each conv layer's weights (KCRS for NCHW; Act)
+  gpu::DeviceBuffer dwk_;             // wcopy_: a conv layer's weight gradient (KCRS for NCHW; Act)
+  gpu::DeviceBuffer low_;             // bf16: the step's copy of the dense parameters [dense1.W, total)
   std::vector<std::unique_ptr<ConvPlan>> plans_;
   std::vector<std::unique_ptr<gpu::BoundGemm>> gemms_fwd_;
   std::unique_ptr<gpu::BoundGemm> gemm_dw2_, gemm_dhd_, gemm_dw1_, gemm_dflat_;
@@ -1207,6 +1335,9 @@ class CudaCnn final : public ModelCase {
 
 }  // namespace
 
-std::unique_ptr<ModelCase> make_cuda(const Problem& p) { return std::make_unique<CudaCnn>(p); }
+std::unique_ptr<ModelCase> make_cuda(const Problem& p) {
+  if (p.dtype == DType::bf16) return std::make_unique<CudaCnn<bf16>>(p);
+  return std::make_unique<CudaCnn<float>>(p);
+}
 
 }  // namespace hotops::model_cnn

@@ -1,17 +1,19 @@
 // The model_cnn family: the architectures, names, work, the learnable task, the seeded start and
 // verification.
 //
-// Names, as the other model families': model.<arch>/<cpu|cuda>/f32/<infer|train>/batch:B, then at most
+// Names, as the other model families': model.<arch>/<cpu|cuda>/<f32|bf16>/<infer|train>/batch:B, then at most
 // one variant arg: threads:T (CPU, T OpenMP threads), e2e:1 (CUDA, host time of the step with the
 // images and labels copied from pageable host memory and the loss or logits copied back), graph:1
 // (CUDA train, as e2e with the device part replayed as one CUDA graph captured at setup). Without a
-// variant arg a CUDA step is device time, the batch already on the device.
+// variant arg a CUDA step is device time, the batch already on the device. bf16 is mixed precision as
+// torch.autocast runs it (model_cnn.h); every problem exists in both dtypes.
 #include "kernels/model_cnn/model_cnn.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 
 #include "hotops/check.h"
@@ -22,7 +24,7 @@ namespace {
 constexpr double kAdamwFlopsPerParam = 14;  // adamw.cpp's count
 
 std::string cpu_reason(const Problem& p) {
-  const std::string why = models::threads_reason(models::step_args(p, "model_cnn", true));
+  const std::string why = models::threads_reason(models::step_args(p, "model_cnn", true, /*allow_bf16=*/true));
   return why.empty() ? cpu_unsupported_reason(p) : why;
 }
 
@@ -35,7 +37,7 @@ class CnnFamily final : public Family {
     const std::vector<int> sweep(std::begin(models::kThreadSweep), std::end(models::kThreadSweep));
     for (const Arch& a : archs())
       if (!a.batches.empty())
-        for (std::int64_t b : batches.empty() ? a.batches : batches) models::expand_step_problems(a.name, b, sweep, true, out);
+        for (std::int64_t b : batches.empty() ? a.batches : batches) models::expand_step_problems(a.name, b, sweep, true, out, /*with_bf16=*/true);
     return out;
   }
 
@@ -43,9 +45,9 @@ class CnnFamily final : public Family {
     // The tiny architectures, both backends, both directions, every variant; batch 6 runs the periodic
     // verification batch with a partial last period.
     std::vector<Problem> out;
-    models::expand_step_problems("keras_test", 3, {1}, true, out);
-    models::expand_step_problems("keras_test", 6, {}, true, out);
-    models::expand_step_problems("vgg_test", 5, {2}, true, out);
+    models::expand_step_problems("keras_test", 3, {1}, true, out, /*with_bf16=*/true);
+    models::expand_step_problems("keras_test", 6, {}, true, out, /*with_bf16=*/true);
+    models::expand_step_problems("vgg_test", 5, {2}, true, out, /*with_bf16=*/true);
     return out;
   }
 
@@ -64,8 +66,10 @@ class CnnFamily final : public Family {
     macs += static_cast<double>(flat_width(a) * a.hidden + a.hidden * a.classes);
     const double B = static_cast<double>(s.batch), P = static_cast<double>(param_layout(a).parameters);
     const double fwd = 2 * B * macs;
-    const double x_bytes = 4 * B * static_cast<double>(a.H * a.W * a.C);
-    if (!s.train()) return {fwd, 4 * P + x_bytes + 4 * B * static_cast<double>(a.classes), B};
+    // bf16 keeps f32 parameters (the per-step bf16 copy is not counted); the images and logits are bf16.
+    const double e = s.bf16() ? 2 : 4;
+    const double x_bytes = e * B * static_cast<double>(a.H * a.W * a.C);
+    if (!s.train()) return {fwd, 4 * P + x_bytes + e * B * static_cast<double>(a.classes), B};
     return {3 * fwd + kAdamwFlopsPerParam * P, 6 * 4 * P + x_bytes + 4 * B, B};
   }
 
@@ -134,7 +138,7 @@ std::int64_t flat_width(const Arch& a) {
 }
 
 Shape shape_of(const Problem& p) {
-  const models::StepArgs a = models::step_args(p, "model_cnn", true);
+  const models::StepArgs a = models::step_args(p, "model_cnn", true, /*allow_bf16=*/true);
   Shape s;
   s.arch = arch_named(a.model);
   s.convs = conv_layers(s.arch);
@@ -143,6 +147,7 @@ Shape shape_of(const Problem& p) {
   s.batch = a.batch;
   s.variant = a.variant;
   s.threads = a.threads;
+  s.dtype = a.dtype;
   return s;
 }
 
@@ -196,13 +201,14 @@ State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
   const Arch& a = s.arch;
   State st;
   const std::int64_t in = a.H * a.W * a.C;
-  st.x = HostBuffer(DType::f32, static_cast<std::size_t>(s.batch * in));
+  st.x = HostBuffer(s.dtype, static_cast<std::size_t>(s.batch * in));
   st.x.fill_uniform(seed, 1);
   // The teacher depends on the architecture only, so that every batch size poses the same task.
   HostBuffer teacher(DType::f32, static_cast<std::size_t>(in * a.classes));
   teacher.fill_uniform(0xc0111e5ull, 2);
   st.labels.resize(static_cast<std::size_t>(s.batch));
-  const float* x = st.x.as<float>();
+  std::vector<float> x(st.x.count());
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(st.x.get(i));
   const float* t = teacher.as<float>();
   for (std::int64_t b = 0; b < s.batch; ++b) {
     std::vector<double> score(static_cast<std::size_t>(a.classes), 0.0);
@@ -259,7 +265,9 @@ State verification_state(const Shape& s, const State& seeded) {
   State st = seeded;
   const std::int64_t period = verify_period(s), per = s.arch.H * s.arch.W * s.arch.C;
   for (std::int64_t b = period; b < s.batch; ++b) {
-    std::copy_n(seeded.x.as<float>() + (b % period) * per, per, st.x.as<float>() + b * per);
+    const std::size_t bytes = st.x.bytes() / st.x.count() * static_cast<std::size_t>(per);
+    std::memcpy(static_cast<char*>(st.x.data()) + static_cast<std::size_t>(b) * bytes,
+                static_cast<const char*>(seeded.x.data()) + static_cast<std::size_t>(b % period) * bytes, bytes);
     st.labels[static_cast<std::size_t>(b)] = seeded.labels[static_cast<std::size_t>(b % period)];
   }
   return st;
@@ -280,6 +288,55 @@ State verification_state(const Shape& s, const State& seeded) {
 // - running statistics: max|out - ref| / rms(ref) <= 1e-3.
 // - the step, as the other model families: the reference takes AdamW's step in double from the
 //   gradients the implementation computed (checked above); p - p0 in units of lr, bound 1e-3.
+//
+// bf16 (model_cnn.h), against the same double reference; u = 2^-9, the relative rounding of one bf16
+// value. Every conv and dense layer rounds its operands (the weights, its input activation) and its
+// output z; errors independent in sign from element to element add in quadrature as the terms do, so
+// each such step adds ~ u rms(z) to the carried error, and batch normalization, dividing by the batch
+// deviation, scales a channel's by |z| / std. The max over up to 10^7 elements is ~ 4-5 x the rms.
+// The backward adds, per layer, the rounding of dz, of the weights and of the stored data gradient, and
+// a weight gradient sums products that normalization has made nearly cancelling (dz sums to ~0 over a
+// channel), so its relative error exceeds the forward's by the ratio sum|terms| / |sum|. Measured on
+// the H100 (verification batch, every benchmarked and test batch):
+// - logits: <= 0.017 (keras_cnn b16; vgg_cifar <= 0.0071); bound 20u = 0.039. vgg_test's first conv
+//   bias left out gives 0.052, its last bias or a transposed last weight far more.
+// - loss: <= 0.0094 relative (keras_test b3); bound 16u.
+// - gradients, per tensor: vgg_cifar max <= 0.043, rms <= 0.0072; keras_test max <= 0.39 (dW1 at
+//   batch 4), rms <= 0.04; bounds max 0.5 (256u), rms(out - ref) <= 0.1 rms(ref) (51u). The rms bound
+//   is the one a systematic slip (a missing bias, a transposed weight, another mask) breaks, as it
+//   shifts every element where rounding is random (ModelCnnVerify.Bf16BoundsCatchSlips).
+//   keras_cnn train exceeds these (rms 0.035 at b16 growing to 0.13 at b64; dW1 max 1.5 to 9.9) and is
+//   reported failing: see docs/models.md.
+// - running statistics: <= 4.6e-4; bound 8u (means over B P Q values, each rounded once).
+// - ties: a ReLU or a pool window within 16u x rms of the layer's values decided as the implementation
+//   did (its z is off by a few u rms).
+struct Bounds {
+  double logits, loss, grad, grad_rms, stats, tie;
+};
+Bounds bounds_for(DType t) {
+  constexpr double u = 1.0 / 512;
+  if (t == DType::bf16) return {20 * u, 16 * u, 0.5, 0.1, 8 * u, 16 * u};
+  return {1e-3, 1e-3, 5e-3, 0, 1e-3, 1e-4};
+}
+
+// rms(out - ref) / rms(ref) against tol.
+Check rms_within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double scale,
+                 double tol) {
+  double e2 = 0;
+  for (std::size_t k = 0; k < out.size(); ++k) e2 += (out[k] - ref[k]) * (out[k] - ref[k]);
+  Check c;
+  c.tol = tol;
+  c.checked = out.size();
+  c.max_err = std::sqrt(e2 / static_cast<double>(std::max<std::size_t>(1, out.size()))) / scale;
+  if (!(c.max_err <= tol)) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "%s: rms(out-ref)/%.3g = %.3g > tol %.3g", what.c_str(), scale, c.max_err, tol);
+    c.ok = false;
+    c.message = buf;
+  }
+  return c;
+}
+
 Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<pointwise::DropoutKey>& keys,
                      const State& start, const Outcome& out) {
   const Arch& a = s.arch;
@@ -291,7 +348,9 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<poi
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = start.x.get(i);
   const std::vector<std::int32_t> labels(start.labels.begin(), start.labels.begin() + period);
   const std::vector<double> p0 = as_doubles(start.params), stats0 = as_doubles(start.stats);
+  const Bounds bound = bounds_for(s.dtype);
   Hints hints;
+  hints.band = bound.tie;
   if (s.train()) {
     for (const HostBuffer& h : out.relu) hints.conv.push_back(h.as<float>());
     hints.hidden = out.hidden.count() ? out.hidden.as<float>() : nullptr;
@@ -302,9 +361,9 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<poi
     std::vector<double> r(logits.size());
     const std::size_t C = static_cast<std::size_t>(a.classes);
     for (std::size_t i = 0; i < r.size(); ++i) r[i] = ref.logits[((i / C) % static_cast<std::size_t>(period)) * C + i % C];
-    return within("logits", logits, r, std::max(rms(r), 1e-30), 1e-3);
+    return within("logits", logits, r, std::max(rms(r), 1e-30), bound.logits);
   }
-  Check c = within("loss", {static_cast<double>(out.loss)}, {ref.loss}, std::max(std::fabs(ref.loss), 1e-30), 1e-3);
+  Check c = within("loss", {static_cast<double>(out.loss)}, {ref.loss}, std::max(std::fabs(ref.loss), 1e-30), bound.loss);
   const std::vector<double> g = as_doubles(out.grads);
   for (std::size_t k = 0; k < l.tensors.size(); ++k) {
     const auto [at, n] = l.tensors[k];
@@ -312,11 +371,13 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<poi
     // A zero-by-construction bias: the scale of the weight gradient placed just before it.
     const double scale = l.zero_grad[k] ? rms(slice(ref.grad, l.tensors[k - 1].first, l.tensors[k - 1].second)) : rms(r);
     const std::string what = "d" + l.names[k];
-    c.merge(within(what, slice(g, at, n), r, std::max(scale, 1e-30), 5e-3), what);
+    const std::vector<double> o = slice(g, at, n);
+    c.merge(within(what, o, r, std::max(scale, 1e-30), bound.grad), what);
+    if (bound.grad_rms > 0) c.merge(rms_within(what, o, r, std::max(scale, 1e-30), bound.grad_rms), what + " (rms)");
   }
   if (l.stats > 0) {
     const std::vector<double> st = as_doubles(out.stats);
-    c.merge(within("running stats", slice(st, 0, l.stats), ref.stats, std::max(rms(ref.stats), 1e-30), 1e-3), "stats");
+    c.merge(within("running stats", slice(st, 0, l.stats), ref.stats, std::max(rms(ref.stats), 1e-30), bound.stats), "stats");
   }
   c.merge(models::adamw_first_step(p0, g, start.m, start.v, out.params, l.total), "step");
   return c;

@@ -31,6 +31,15 @@
 //          cross-entropy with integer labels, backward, one AdamW step (models::hyper()) over every
 //          trainable parameter in ONE flat buffer, and the running statistics updated (momentum 0.99,
 //          unbiased batch variance, as TF's and cuDNN's fused batch norm).
+// Dtypes: f32, and bf16 as mixed precision the way torch.autocast(dtype=torch.bfloat16) runs it (the
+// models family's conventions, kernels/models/models.h): the parameters, gradients, AdamW's m and v and
+// the running statistics stay f32; each step casts the weights it multiplies (the conv weights, dense
+// weights and the last bias) to bf16 once; convolutions and GEMMs take bf16 operands and accumulate in
+// f32; the images, every activation (z, the post-ReLU and pooled outputs, h, the logits) and every
+// activation gradient are stored bf16; batch-norm statistics, the per-channel sums, the loss and AdamW
+// compute in f32 (or double); the weight gradients land in the f32 gradients (cuDNN's bf16 conv weight
+// gradient widened, as autocast's; the dense ones written f32 by their GEMMs). A CPU whose oneDNN has no
+// bf16 convolution or matmul reports the bf16 cases unsupported.
 // Dropout masks are fixed: element e of sample b of dropout layer d is kept when pointwise.h's hash of
 // (the layer's key, e, b mod mask_period) says so; mask_period is the batch in a benchmark step and the
 // verification period in a verified one (see below), so every backend and the reference draw the same
@@ -106,7 +115,9 @@ struct Shape {
   std::int64_t batch = 1;
   Variant variant = Variant::plain;
   int threads = 0;
+  DType dtype = DType::f32;  // f32, or bf16: mixed precision (see the top of this file)
   bool train() const { return dir == Direction::train; }
+  bool bf16() const { return dtype == DType::bf16; }
 };
 Shape shape_of(const Problem& p);
 
@@ -144,7 +155,7 @@ std::vector<pointwise::DropoutKey> dropout_keys(const Arch& a, std::uint64_t see
 // 0.1), running mean in [-0.1, 0.1), running variance in [0.9, 1.1) (near Keras' 1, 0, 0, 1 and
 // different per channel, so that a wrong channel shows); m = v = 0.
 struct State {
-  HostBuffer x;                      // [batch, H, W, C]
+  HostBuffer x;                      // [batch, H, W, C] in the problem's dtype (bf16: what the reference sees)
   std::vector<std::int32_t> labels;  // [batch]
   HostBuffer params, m, v, stats;
 };
@@ -160,10 +171,12 @@ std::int64_t verify_period(const Shape& s);
 State verification_state(const Shape& s, const State& seeded);
 
 // The implementation's own decisions for the reference's near-ties: per conv layer its post-ReLU
-// output [batch, P, Q, K] and the hidden layer's [batch, hidden] (see model_cnn.cpp, verification).
+// output [batch, P, Q, K] and the hidden layer's [batch, hidden] (see model_cnn.cpp, verification),
+// and the band of a near-tie relative to the rms of the layer's pre-ReLU values.
 struct Hints {
   std::vector<const float*> conv;
   const float* hidden = nullptr;
+  double band = 1e-4;
 };
 
 // The reference in double over `samples` distinct samples, sample q weighted by count[q] (the batch is

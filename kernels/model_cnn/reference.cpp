@@ -222,7 +222,7 @@ Reference reference(const Shape& s, const ParamLayout& l, const std::vector<Drop
       y[i] = std::move(z);
     }
     const float* hint = hints && i < hints->conv.size() ? hints->conv[i] : nullptr;
-    const double band = 1e-4 * rms_of(y[i]);
+    const double band = (hints ? hints->band : 1e-4) * rms_of(y[i]);
     pass[i] = relu_pass(y[i], hint, band);
     Vec act(y[i].size());
     for (std::size_t j = 0; j < act.size(); ++j) act[j] = pass[i][j] ? y[i][j] : 0.0;
@@ -281,7 +281,7 @@ Reference reference(const Shape& s, const ParamLayout& l, const std::vector<Drop
                 &ref.stats[l.dense1.var]);
     for (std::size_t j = 0; j < hy.size(); ++j) hy[j] = hn.xhat[j] * P[l.dense1.gamma + j % idx(Hd)] + P[l.dense1.beta + j % idx(Hd)];
   }
-  const std::vector<char> hpass = relu_pass(hy, hints ? hints->hidden : nullptr, 1e-4 * rms_of(hy));
+  const std::vector<char> hpass = relu_pass(hy, hints ? hints->hidden : nullptr, (hints ? hints->band : 1e-4) * rms_of(hy));
   const DropoutKey& hk = keys.back();
   Vec hd(hy.size());
   for (std::int64_t q = 0; q < S; ++q)
