@@ -215,8 +215,8 @@ DataGradPath cuda_data_grad_path();
 // The layout of a CUDA step's conv activations (the flat parameters and the flatten keep the model's
 // NHWC order whatever it is): NCHW, where cuDNN has f32 implicit-GEMM, Winograd and FFT kernels for all
 // three passes (its NHWC f32 kernels are generic ones, several times slower at the seeds' shapes), or
-// NHWC. `measured` takes the architecture's `cuda_nchw` (see cuda_model_cnn.cu's use_nchw for why);
-// tests force each. Process-wide, read when a case is made; the label says which.
+// NHWC. `measured` takes NHWC for bf16 and the architecture's `cuda_nchw` for f32 (see
+// cuda_model_cnn.cu's use_nchw for why); tests force each. Process-wide, read when a case is made; the label says which.
 enum class CudaLayout { measured, nhwc, nchw };
 void set_cuda_layout(CudaLayout l);
 CudaLayout cuda_layout();
