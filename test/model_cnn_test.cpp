@@ -243,7 +243,9 @@ TEST(ModelCnnCuda, BothDataGradientPathsAndLayoutsVerify) {
             EXPECT_TRUE(chk.ok) << arch << " " << dtype_name(t) << " " << c->label() << ": " << chk.message;
             const std::string label = c->label();
             EXPECT_NE(label.find(layout == CudaLayout::nchw ? "cuDNN NCHW" : "cuDNN NHWC"), std::string::npos) << label;
-            if (dir == Direction::train) EXPECT_EQ(label.find("data fwd-flip") != std::string::npos, path == DataGradPath::forward_flip) << label;
+            if (dir == Direction::train) {
+              EXPECT_EQ(label.find("data fwd-flip") != std::string::npos, path == DataGradPath::forward_flip) << label;
+            }
           }
     }
   }
