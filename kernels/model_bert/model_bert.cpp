@@ -221,29 +221,11 @@ Bounds bounds(DType t) {
   return {1e-4, 1e-4, 1e-3};
 }
 
-// rms(out - ref) / rms(ref) against tol.
-Check rms_within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double tol) {
-  Check c;
-  c.tol = tol;
-  c.checked = out.size();
-  double e2 = 0;
-  for (std::size_t i = 0; i < out.size(); ++i) e2 += (out[i] - ref[i]) * (out[i] - ref[i]);
-  const double e = std::sqrt(e2 / static_cast<double>(std::max<std::size_t>(1, out.size()))) / std::max(rms(ref), 1e-30);
-  c.max_err = std::isfinite(e) ? e : std::numeric_limits<double>::infinity();
-  if (!(c.max_err <= tol)) {
-    char buf[200];
-    std::snprintf(buf, sizeof buf, "%s: rms(out-ref)/rms(ref) = %.3g > tol %.3g", what.c_str(), c.max_err, tol);
-    c.ok = false;
-    c.message = buf;
-  }
-  return c;
-}
-
 // within(), and for bf16 rms_within() too.
 Check close(bool bf16, const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double tol,
             double rms_tol) {
   Check c = within(what, out, ref, std::max(rms(ref), 1e-30), tol);
-  if (bf16) c.merge(rms_within(what, out, ref, rms_tol), what + " (rms)");
+  if (bf16) c.merge(models::rms_within(what, out, ref, std::max(rms(ref), 1e-30), rms_tol), what + " (rms)");
   return c;
 }
 

@@ -216,28 +216,11 @@ State make_state(const Shape& s, const Layout& l, std::uint64_t seed) {
 // inside these bounds and shows planted slips failing them.
 namespace {
 
-Check rms_within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double tol) {
-  Check c;
-  c.tol = tol;
-  c.checked = out.size();
-  double e2 = 0;
-  for (std::size_t i = 0; i < out.size(); ++i) e2 += (out[i] - ref[i]) * (out[i] - ref[i]);
-  const double e = std::sqrt(e2 / static_cast<double>(std::max<std::size_t>(1, out.size()))) / std::max(rms(ref), 1e-30);
-  c.max_err = std::isfinite(e) ? e : std::numeric_limits<double>::infinity();
-  if (!(c.max_err <= tol)) {
-    char buf[200];
-    std::snprintf(buf, sizeof buf, "%s: rms(out-ref)/rms(ref) = %.3g > tol %.3g", what.c_str(), c.max_err, tol);
-    c.ok = false;
-    c.message = buf;
-  }
-  return c;
-}
-
 // within() against `scale`, and rms_within() too for bf16.
 Check close(bool bf16, const std::string& what, const std::vector<double>& out, const std::vector<double>& ref,
             double scale, double tol, double rms_tol) {
   Check c = within(what, out, ref, std::max(scale, 1e-30), tol);
-  if (bf16) c.merge(rms_within(what, out, ref, rms_tol), "rms");
+  if (bf16) c.merge(models::rms_within(what, out, ref, std::max(rms(ref), 1e-30), rms_tol), "rms");
   return c;
 }
 

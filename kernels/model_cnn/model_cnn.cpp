@@ -319,24 +319,6 @@ Bounds bounds_for(DType t) {
   return {1e-3, 1e-3, 5e-3, 0, 1e-3, 1e-4};
 }
 
-// rms(out - ref) / rms(ref) against tol.
-Check rms_within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double scale,
-                 double tol) {
-  double e2 = 0;
-  for (std::size_t k = 0; k < out.size(); ++k) e2 += (out[k] - ref[k]) * (out[k] - ref[k]);
-  Check c;
-  c.tol = tol;
-  c.checked = out.size();
-  c.max_err = std::sqrt(e2 / static_cast<double>(std::max<std::size_t>(1, out.size()))) / scale;
-  if (!(c.max_err <= tol)) {
-    char buf[200];
-    std::snprintf(buf, sizeof buf, "%s: rms(out-ref)/%.3g = %.3g > tol %.3g", what.c_str(), scale, c.max_err, tol);
-    c.ok = false;
-    c.message = buf;
-  }
-  return c;
-}
-
 Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<pointwise::DropoutKey>& keys,
                      const State& start, const Outcome& out) {
   const Arch& a = s.arch;
@@ -373,7 +355,7 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<poi
     const std::string what = "d" + l.names[k];
     const std::vector<double> o = slice(g, at, n);
     c.merge(within(what, o, r, std::max(scale, 1e-30), bound.grad), what);
-    if (bound.grad_rms > 0) c.merge(rms_within(what, o, r, std::max(scale, 1e-30), bound.grad_rms), what + " (rms)");
+    if (bound.grad_rms > 0) c.merge(models::rms_within(what, o, r, std::max(scale, 1e-30), bound.grad_rms), what + " (rms)");
   }
   if (l.stats > 0) {
     const std::vector<double> st = as_doubles(out.stats);

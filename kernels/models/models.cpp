@@ -153,6 +153,24 @@ Check within(const std::string& what, const std::vector<double>& out, const std:
   return c;
 }
 
+Check rms_within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double scale,
+                 double tol) {
+  Check c;
+  c.tol = tol;
+  c.checked = out.size();
+  double e2 = 0;
+  for (std::size_t k = 0; k < out.size(); ++k) e2 += (out[k] - ref[k]) * (out[k] - ref[k]);
+  const double e = std::sqrt(e2 / static_cast<double>(std::max<std::size_t>(1, out.size()))) / scale;
+  c.max_err = std::isfinite(e) ? e : std::numeric_limits<double>::infinity();
+  if (!(c.max_err <= tol)) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "%s: rms(out-ref)/%.3g = %.3g > tol %.3g", what.c_str(), scale, c.max_err, tol);
+    c.ok = false;
+    c.message = buf;
+  }
+  return c;
+}
+
 double rms(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x * x;

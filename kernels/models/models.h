@@ -81,6 +81,10 @@ std::string threads_reason(const StepArgs& a);
 Check within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double scale,
              double tol);
 double rms(const std::vector<double>& v);
+// rms(out - ref) / scale against tol (a non-finite error fails): the bf16 bounds' check that bf16's
+// per-element rounding mostly cancels in and a systematic slip does not.
+Check rms_within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double scale,
+                 double tol);
 // Elements [from, from + n) of a buffer as doubles (n = 0: to the end), and a slice of a vector.
 std::vector<double> as_doubles(const HostBuffer& b, std::size_t from = 0, std::size_t n = 0);
 std::vector<double> slice(const std::vector<double>& v, std::size_t at, std::size_t n);
