@@ -230,18 +230,19 @@ DeviceBuffer::~DeviceBuffer() {
   g_held_bytes -= bytes_;
 }
 
+void copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+  HOTOPS_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, stream()));
+  HOTOPS_CHECK_CUDA(cudaStreamSynchronize(stream()));
+}
+
 void DeviceBuffer::upload(const HostBuffer& host) {
   HOTOPS_CHECK(host.bytes() <= bytes_, "upload larger than the device buffer");
-  // On hotops' stream and waited for: a plain cudaMemcpy from pageable memory may return before the
-  // data reaches the device, and work on a non-blocking stream does not wait for the legacy stream.
-  HOTOPS_CHECK_CUDA(cudaMemcpyAsync(ptr_, host.data(), host.bytes(), cudaMemcpyHostToDevice, stream()));
-  HOTOPS_CHECK_CUDA(cudaStreamSynchronize(stream()));
+  copy(ptr_, host.data(), host.bytes(), cudaMemcpyHostToDevice);
 }
 
 void DeviceBuffer::download(HostBuffer& host) const {
   HOTOPS_CHECK(host.bytes() <= bytes_, "download larger than the device buffer");
-  HOTOPS_CHECK_CUDA(cudaMemcpyAsync(host.data(), ptr_, host.bytes(), cudaMemcpyDeviceToHost, stream()));
-  HOTOPS_CHECK_CUDA(cudaStreamSynchronize(stream()));
+  copy(host.data(), ptr_, host.bytes(), cudaMemcpyDeviceToHost);
 }
 
 void DeviceBuffer::poison() {

@@ -23,6 +23,12 @@ constexpr std::size_t kCublasWorkspaceBytes = std::size_t(64) << 20;
 // the process returns it (CUDA's documentation: "the process must be terminated and relaunched").
 bool is_sticky(cudaError_t e);
 
+// A copy in either direction, on stream() and waited for. A plain cudaMemcpy runs on the legacy
+// stream, which stream() (non-blocking) does not synchronize with: it may read a buffer before the
+// kernels queued on stream() have written it, and a pageable upload may return before the data
+// reaches the device.
+void copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
+
 // Device memory. Allocation failure is an out_of_memory Error that says how much was asked
 // for and how much the device has free.
 class DeviceBuffer {

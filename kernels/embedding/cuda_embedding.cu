@@ -73,15 +73,15 @@ class CudaEmbedding final : public Case {
     if (s_.dir == Direction::fwd) {
       w_ = gpu::DeviceBuffer(in_.W);
       idx_ = gpu::DeviceBuffer(in_.idx.size() * sizeof(std::int64_t));
-      HOTOPS_CHECK_CUDA(cudaMemcpy(idx_.get(), in_.idx.data(), idx_.bytes(), cudaMemcpyHostToDevice));
+      gpu::copy(idx_.get(), in_.idx.data(), idx_.bytes(), cudaMemcpyHostToDevice);
       piece_ = row_bytes % 16 == 0 ? 16 : row_bytes % 4 == 0 ? 4 : 2;
     } else {
       dout_ = gpu::DeviceBuffer(in_.dout);
       const Csr csr = group_by_row(in_.idx, s_.vocab);
       off_ = gpu::DeviceBuffer(csr.offset.size() * sizeof(std::int32_t));
       pos_ = gpu::DeviceBuffer(csr.pos.size() * sizeof(std::int32_t));
-      HOTOPS_CHECK_CUDA(cudaMemcpy(off_.get(), csr.offset.data(), off_.bytes(), cudaMemcpyHostToDevice));
-      HOTOPS_CHECK_CUDA(cudaMemcpy(pos_.get(), csr.pos.data(), pos_.bytes(), cudaMemcpyHostToDevice));
+      gpu::copy(off_.get(), csr.offset.data(), off_.bytes(), cudaMemcpyHostToDevice);
+      gpu::copy(pos_.get(), csr.pos.data(), pos_.bytes(), cudaMemcpyHostToDevice);
       const int v = s_.dtype == DType::f32 ? 4 : 8;
       vec_ = s_.dim % v == 0 ? v : 1;
     }

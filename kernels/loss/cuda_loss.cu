@@ -226,7 +226,7 @@ class CudaCrossEntropy final : public Case {
 
     x_ = gpu::DeviceBuffer(in_.logits);
     target_ = gpu::DeviceBuffer(in_.target.size() * sizeof(std::int64_t));
-    HOTOPS_CHECK_CUDA(cudaMemcpy(target_.get(), in_.target.data(), target_.bytes(), cudaMemcpyHostToDevice));
+    gpu::copy(target_.get(), in_.target.data(), target_.bytes(), cudaMemcpyHostToDevice);
     if (s_.dir == Direction::fwd) {
       lse_ = gpu::DeviceBuffer(out_.lse.bytes());
       loss_ = gpu::DeviceBuffer(out_.loss.bytes());

@@ -382,7 +382,7 @@ class BatchedGemm {
         host[2 * static_cast<std::size_t>(count_) + i] = C.base + b * C.per_sample + h * C.per_head;
       }
     ptrs_ = gpu::DeviceBuffer(host.size() * sizeof(T*));
-    HOTOPS_CHECK_CUDA(cudaMemcpy(ptrs_.get(), host.data(), ptrs_.bytes(), cudaMemcpyHostToDevice));
+    gpu::copy(ptrs_.get(), host.data(), ptrs_.bytes(), cudaMemcpyHostToDevice);
   }
   void run() const {
     const float zero = 0.f;
@@ -526,7 +526,7 @@ class CudaLayer final : public LayerCase {
     Check c = verify_outcome(s_, l_, start, o);
     if (s_.train()) {
       StepState after{};
-      HOTOPS_CHECK_CUDA(cudaMemcpy(&after, state_.get(), sizeof after, cudaMemcpyDeviceToHost));
+      gpu::copy(&after, state_.get(), sizeof after, cudaMemcpyDeviceToHost);
       if (after.step != 1) {
         Check bad;
         bad.ok = false;

@@ -374,7 +374,7 @@ class CudaBilstm final : public ModelCase {
     o.grads = to_canonical(g);
     o.params = to_canonical(p);
     StepState after{};
-    HOTOPS_CHECK_CUDA(cudaMemcpy(&after, state_.get(), sizeof after, cudaMemcpyDeviceToHost));
+    gpu::copy(&after, state_.get(), sizeof after, cudaMemcpyDeviceToHost);
     Check c = verify_outcome(s_, l_, st_, o);
     if (after.step != 1) {
       Check bad;

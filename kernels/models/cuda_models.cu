@@ -259,7 +259,7 @@ class CudaModel final : public ModelCase {
       act_[k].download(o.hidden.back());
     }
     StepState after{};
-    HOTOPS_CHECK_CUDA(cudaMemcpy(&after, state_.get(), sizeof after, cudaMemcpyDeviceToHost));
+    gpu::copy(&after, state_.get(), sizeof after, cudaMemcpyDeviceToHost);
     Check c = verify_outcome(s_, l_, st_, o);
     if (after.step != 1) {
       Check bad;

@@ -259,7 +259,7 @@ class CudaPointwise final : public Case {
     if (dropout) {
       mask_d_ = gpu::DeviceBuffer(buffer_count(s_));
       if (bwd) {
-        HOTOPS_CHECK_CUDA(cudaMemcpy(mask_d_.get(), in_.mask.data(), in_.mask.size(), cudaMemcpyHostToDevice));
+        gpu::copy(mask_d_.get(), in_.mask.data(), in_.mask.size(), cudaMemcpyHostToDevice);
         mask_in = mask_d_.as<const std::uint8_t>() + off;
       } else {
         mask_out = mask_d_.as<std::uint8_t>() + off;
@@ -286,7 +286,7 @@ class CudaPointwise final : public Case {
     if (mask_out) mask_d_.poison();  // 0xff bytes: kMaskPoison
     run();
     out_d_.download(out_);
-    if (mask_out) HOTOPS_CHECK_CUDA(cudaMemcpy(mask_.data(), mask_d_.get(), mask_.size(), cudaMemcpyDeviceToHost));
+    if (mask_out) gpu::copy(mask_.data(), mask_d_.get(), mask_.size(), cudaMemcpyDeviceToHost);
     return pointwise::verify(s_, in_, out_, mask_out ? mask_.data() : nullptr);
   }
 
