@@ -20,7 +20,8 @@ Problem problem(const std::string& op, Backend be, Direction d, std::int64_t bat
 
 // An outcome as a step from `st` would give it, made from the reference at parameters p (the
 // verification start's, or a slipped or rounded copy): logits for every sample of the batch, the
-// loss, the gradients, the statistics and AdamW's step `step` from p0 with those gradients.
+// loss, the gradients, the statistics, AdamW's step `step` from p0 with those gradients, and the
+// post-ReLU activations that decided its near-ties (as an implementation reports them).
 Outcome outcome_from(const Shape& s, const ParamLayout& l, const std::vector<pointwise::DropoutKey>& keys, const State& st,
                      const std::vector<double>& p, std::int64_t step = 1) {
   const std::int64_t period = verify_period(s);
@@ -30,7 +31,7 @@ Outcome outcome_from(const Shape& s, const ParamLayout& l, const std::vector<poi
   std::vector<std::int64_t> count(static_cast<std::size_t>(period), 0);
   for (std::int64_t b = 0; b < s.batch; ++b) ++count[static_cast<std::size_t>(b % period)];
   const std::vector<std::int32_t> labels(st.labels.begin(), st.labels.begin() + period);
-  const Reference ref = reference(s, l, keys, p, stats, x, labels, count, s.train());
+  const Reference ref = reference(s, l, keys, p, stats, x, labels, count, s.train(), nullptr, /*keep_acts=*/true);
   Outcome o;
   if (!s.train()) {
     const std::size_t C = static_cast<std::size_t>(s.arch.classes);
@@ -49,6 +50,13 @@ Outcome outcome_from(const Shape& s, const ParamLayout& l, const std::vector<poi
     adamw::reference_step(hyper(), step, o.grads.get(i), e);
     o.params.set(i, e.p);
   }
+  auto buffer = [](const std::vector<float>& v) {
+    HostBuffer b(DType::f32, v.size());
+    std::copy(v.begin(), v.end(), b.as<float>());
+    return b;
+  };
+  for (const std::vector<float>& r : ref.relu) o.relu.push_back(buffer(r));
+  o.hidden = buffer(ref.hidden);
   return o;
 }
 

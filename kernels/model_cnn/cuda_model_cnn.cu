@@ -601,13 +601,9 @@ int reduce_blocks_nchw(std::int64_t B, std::int64_t C) {
 
 // The layout of a case's activations (CudaLayout). `measured`, on the H100 (docs/models.md has the
 // figures): bf16 NHWC, where cuDNN's bf16 tensor-core kernels are (faster in 7 of the 9 verified
-// comparisons, all of infer); f32 the architecture's cuda_nchw. In f32, NCHW ran faster for both
-// convnets, train and infer, every batch (vgg_cifar train b512 3023 us against 3931 NHWC; keras_cnn
-// b64 13.4 ms against 16.5), and vgg_cifar takes it. keras_cnn keeps NHWC: in NCHW, cudnnFind offers
-// FFT kernels, and the weight gradient of its 256x256 conv 1 failed verification in 2 of 6 train
-// cases of one run (3% of the gradient's largest entry against the 0.5% tolerance), depending on
-// which algorithm Find timed fastest; NHWC has no FFT algorithms and verified in every run. The test
-// architectures follow their full-size ones.
+// comparisons, all of infer); f32 the architecture's cuda_nchw, NCHW for both convnets: it ran faster
+// for both, train and infer, every batch (vgg_cifar train b512 3023 us against 3931 NHWC; keras_cnn
+// b64 13.4 ms against 16.5). The test architectures follow their full-size ones.
 bool use_nchw(const Arch& a, bool bf16) {
   switch (cuda_layout()) {
     case CudaLayout::nhwc: return false;
@@ -643,8 +639,9 @@ int dim(std::int64_t v) {
 bool tensor_op(cudnnMathType_t m) { return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION; }
 
 // The fastest algorithm cudnnFind*AlgorithmEx measured, with its workspace and Find's time: f32 without
-// tensor cores (no TF32); bf16 (tensor_ops) any, tensor cores being the point of bf16. ws_size(algo, &bytes) asks one algorithm's workspace; find(count, &n,
-// perf, ws, bytes) searches (twice: the first search also times CUDA's lazy module loads).
+// tensor cores (no TF32); bf16 (tensor_ops) any, tensor cores being the point of bf16. ws_size(algo,
+// &bytes) asks one algorithm's workspace; find(count, &n, perf, ws, bytes) searches (twice: the first
+// search also times CUDA's lazy module loads).
 struct Found {
   int algo;
   std::size_t bytes;
@@ -747,7 +744,7 @@ class CudaCnn final : public ModelCase {
     host_labels_ = seeded_.labels;
     x_ = gpu::DeviceBuffer(host_x_);
     labels_ = gpu::DeviceBuffer(host_labels_.size() * sizeof(std::int32_t));
-    HOTOPS_CHECK_CUDA(cudaMemcpy(labels_.get(), host_labels_.data(), labels_.bytes(), cudaMemcpyHostToDevice));
+    gpu::copy(labels_.get(), host_labels_.data(), labels_.bytes(), cudaMemcpyHostToDevice);
     params_ = gpu::DeviceBuffer(seeded_.params);
     stats_ = gpu::DeviceBuffer(seeded_.stats);
     period_ = gpu::DeviceBuffer(sizeof(int));
@@ -853,17 +850,17 @@ class CudaCnn final : public ModelCase {
         const ConvLayer& c = s_.convs[i];
         HostBuffer h(DType::f32, static_cast<std::size_t>(B * c.out_count()));
         launch_conv_act(layers_[i].z.template as<const Act>(), layers_[i], c, hint_.as<float>());
-        HOTOPS_CHECK_CUDA(cudaMemcpy(h.data(), hint_.get(), h.bytes(), cudaMemcpyDeviceToHost));
+        gpu::copy(h.data(), hint_.get(), h.bytes(), cudaMemcpyDeviceToHost);
         o.relu.push_back(nchw_ ? nhwc_to_nchw(h, B, c.P, c.Q, c.K, true) : std::move(h));
       }
       launch_act(hidden_.z.template as<const Act>(), hidden_, s_.arch.hidden, hint_.as<float>(), B * s_.arch.hidden, Drop{});
       o.hidden = HostBuffer(DType::f32, static_cast<std::size_t>(B * s_.arch.hidden));
-      HOTOPS_CHECK_CUDA(cudaMemcpy(o.hidden.data(), hint_.get(), o.hidden.bytes(), cudaMemcpyDeviceToHost));
+      gpu::copy(o.hidden.data(), hint_.get(), o.hidden.bytes(), cudaMemcpyDeviceToHost);
     }
     Check c = verify_outcome(s_, l_, keys_, start, o);
     if (s_.train()) {
       StepState after{};
-      HOTOPS_CHECK_CUDA(cudaMemcpy(&after, state_.get(), sizeof after, cudaMemcpyDeviceToHost));
+      gpu::copy(&after, state_.get(), sizeof after, cudaMemcpyDeviceToHost);
       if (after.step != 1) {
         Check bad;
         bad.ok = false;
@@ -1079,7 +1076,7 @@ class CudaCnn final : public ModelCase {
 
   void set_period(std::int64_t p) {
     const int v = static_cast<int>(p);
-    HOTOPS_CHECK_CUDA(cudaMemcpy(period_.get(), &v, sizeof v, cudaMemcpyHostToDevice));
+    gpu::copy(period_.get(), &v, sizeof v, cudaMemcpyHostToDevice);
   }
 
   Drop drop(std::size_t k) const { return Drop{keys_[k], period_.as<const int>(), s_.train()}; }
@@ -1296,7 +1293,7 @@ class CudaCnn final : public ModelCase {
     host_x_ = device_order(st.x);
     host_labels_ = st.labels;
     x_.upload(host_x_);
-    HOTOPS_CHECK_CUDA(cudaMemcpy(labels_.get(), st.labels.data(), labels_.bytes(), cudaMemcpyHostToDevice));
+    gpu::copy(labels_.get(), st.labels.data(), labels_.bytes(), cudaMemcpyHostToDevice);
     params_.upload(st.params);
     stats_.upload(st.stats);
     if (s_.train()) {

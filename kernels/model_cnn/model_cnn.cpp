@@ -92,13 +92,13 @@ const std::vector<Arch>& archs() {
       // Seed 003: batch 64 in the study; 16 and 32 for the batch axis.
       {"keras_cnn", 256, 256, 3, true,
        {{{{32, true}}, 3, 0.25}, {{{64, true}, {64, true}}, 2, 0.25}, {{{128, true}, {128, true}}, 2, 0.25}},
-       1024, 0.5, 4, {16, 32, 64}},
+       1024, 0.5, 4, {16, 32, 64}, true},
       // Seed 002: Keras' cifar10_cnn.py, batch 32 in the script, 128 in the study.
       {"vgg_cifar", 32, 32, 3, false,
        {{{{32, true}, {32, false}}, 2, 0.25}, {{{64, true}, {64, false}}, 2, 0.25}},
        512, 0.5, 10, {32, 128, 512}, true},
       // The tests' tiny versions: odd and unequal H and W, pools that crop a row or a column.
-      {"keras_test", 20, 17, 3, true, {{{{4, true}}, 3, 0.25}, {{{8, true}, {8, true}}, 2, 0.25}}, 16, 0.5, 3, {}},
+      {"keras_test", 20, 17, 3, true, {{{{4, true}}, 3, 0.25}, {{{8, true}, {8, true}}, 2, 0.25}}, 16, 0.5, 3, {}, true},
       {"vgg_test", 16, 14, 3, false, {{{{4, true}, {4, false}}, 2, 0.25}, {{{8, true}, {8, false}}, 2, 0.25}}, 16, 0.5, 5, {}, true},
   };
   return all;
@@ -282,9 +282,10 @@ State verification_state(const Shape& s, const State& seeded) {
 //   construction (before batch norm) is checked against the rms of its layer's weight gradient.
 // - near-ties: a ReLU whose input is zero up to rounding, or a max-pool window whose two largest values
 //   are equal up to rounding, would route one gradient differently in the reference and in a correct
-//   implementation, and change a conv weight's gradient by O(1/sqrt(pixels)): within 1e-4 x rms of the
-//   layer's values, the reference decides as the implementation decided (its post-ReLU outputs,
-//   Outcome::relu and ::hidden; see reference.cpp).
+//   implementation, and change a conv weight's gradient by O(1/sqrt(pixels)): within a band of 1e-4 x
+//   the error a channel's values can carry (rms of the layer's values, or more where batch norm
+//   magnifies z's rounding: reference.cpp's tie_bands), the reference decides as the implementation
+//   decided (its post-ReLU outputs, Outcome::relu and ::hidden).
 // - running statistics: max|out - ref| / rms(ref) <= 1e-3.
 // - the step, as the other model families: the reference takes AdamW's step in double from the
 //   gradients the implementation computed (checked above); p - p0 in units of lr, bound 1e-3.
@@ -302,14 +303,13 @@ State verification_state(const Shape& s, const State& seeded) {
 //   bias left out gives 0.052, its last bias or a transposed last weight far more.
 // - loss: <= 0.0094 relative (keras_test b3); bound 16u.
 // - gradients, per tensor: vgg_cifar max <= 0.043, rms <= 0.0072; keras_test max <= 0.39 (dW1 at
-//   batch 4), rms <= 0.04; bounds max 0.5 (256u), rms(out - ref) <= 0.1 rms(ref) (51u). The rms bound
+//   batch 4), rms <= 0.04; keras_cnn (16 distinct samples, CUDA b16-b64 and the CPU's b16) max <= 0.29
+//   (dW1), rms <= 0.025; bounds max 0.5 (256u), rms(out - ref) <= 0.1 rms(ref) (51u). The rms bound
 //   is the one a systematic slip (a missing bias, a transposed weight, another mask) breaks, as it
 //   shifts every element where rounding is random (ModelCnnVerify.Bf16BoundsCatchSlips).
-//   keras_cnn train exceeds these (rms 0.035 at b16 growing to 0.13 at b64; dW1 max 1.5 to 9.9) and is
-//   reported failing: see docs/models.md.
 // - running statistics: <= 4.6e-4; bound 8u (means over B P Q values, each rounded once).
-// - ties: a ReLU or a pool window within 16u x rms of the layer's values decided as the implementation
-//   did (its z is off by a few u rms).
+// - ties: a ReLU or a pool window within 16u x the error its channel can carry decided as the
+//   implementation did (its z is off by a few u |z|).
 struct Bounds {
   double logits, loss, grad, grad_rms, stats, tie;
 };

@@ -163,19 +163,37 @@ Vec bn_bwd(const Norm& nm, const Vec& dy, std::int64_t n, std::int64_t per_sampl
   return dz;
 }
 
-// ReLU with the implementation's decision inside the tie band (|y| <= band): pass[i] says where the
-// gradient passes.
-std::vector<char> relu_pass(const Vec& y, const float* hint, double band) {
-  std::vector<char> pass(y.size());
-  for (std::size_t i = 0; i < y.size(); ++i)
-    pass[i] = (hint && std::fabs(y[i]) <= band) ? hint[i] > 0.f : y[i] > 0;
-  return pass;
-}
-
 double rms_of(const Vec& v) {
   double s = 0;
   for (double x : v) s += x * x;
   return std::sqrt(s / static_cast<double>(std::max<std::size_t>(1, v.size())));
+}
+
+// The near-tie band of each of the n channels of a layer's pre-ReLU values y [rows, n]: `tie` times
+// the error a correct implementation's y can carry there. That is the rounding of z (a few u |z|)
+// carried through the normalization, |gamma| rstd |z| per channel (norm and gamma given: batch norm
+// in training), and never less than tie x rms(y): a channel whose batch deviation is small against
+// its mean carries its z's rounding magnified (with 4 to 16 distinct samples, a few of keras_cnn's
+// 1024 hidden units have |z| rstd of 5 to 17 where most have about 1).
+Vec tie_bands(const Vec& y, std::int64_t n, double tie, const Vec* z = nullptr, const Norm* norm = nullptr, const double* gamma = nullptr) {
+  const double floor = tie * rms_of(y);
+  Vec band(idx(n), floor);
+  if (!z || !norm || !gamma) return band;
+  Vec z2(idx(n), 0.0);
+  for (std::size_t j = 0; j < z->size(); ++j) z2[j % idx(n)] += (*z)[j] * (*z)[j];
+  const double rows = static_cast<double>(z->size() / idx(n));
+  for (std::int64_t c = 0; c < n; ++c)
+    band[idx(c)] = std::max(floor, tie * std::fabs(gamma[c]) * norm->rstd[idx(c)] * std::sqrt(z2[idx(c)] / rows));
+  return band;
+}
+
+// ReLU with the implementation's decision inside the tie band of y's channel (|y| <= band[channel]):
+// pass[i] says where the gradient passes.
+std::vector<char> relu_pass(const Vec& y, const float* hint, const Vec& band) {
+  std::vector<char> pass(y.size());
+  for (std::size_t i = 0; i < y.size(); ++i)
+    pass[i] = (hint && std::fabs(y[i]) <= band[i % band.size()]) ? hint[i] > 0.f : y[i] > 0;
+  return pass;
 }
 
 bool keep(const DropoutKey& k, std::int64_t e, std::int64_t q) {
@@ -186,7 +204,7 @@ bool keep(const DropoutKey& k, std::int64_t e, std::int64_t q) {
 
 Reference reference(const Shape& s, const ParamLayout& l, const std::vector<DropoutKey>& keys, const Vec& params,
                     const Vec& stats, const Vec& x, const std::vector<std::int32_t>& labels,
-                    const std::vector<std::int64_t>& count, bool train, const Hints* hints) {
+                    const std::vector<std::int64_t>& count, bool train, const Hints* hints, bool keep_acts) {
   const Arch& a = s.arch;
   const std::vector<ConvLayer>& convs = s.convs;
   const std::int64_t S = static_cast<std::int64_t>(count.size());
@@ -212,20 +230,24 @@ Reference reference(const Shape& s, const ParamLayout& l, const std::vector<Drop
     const ConvLayer& c = convs[i];
     const Layer& ly = l.conv[i];
     Vec z = conv_fwd(c, S, in[i], P + ly.w, P + ly.b);
+    const double tie = hints ? hints->band : 1e-4;
+    Vec band;
     if (a.bn) {
       norm[i] = bn_fwd(z, c.K, c.P * c.Q, count, train, &stats[ly.mean], &stats[ly.var], &ref.stats[ly.mean],
                        &ref.stats[ly.var]);
       y[i].resize(z.size());
       for (std::size_t j = 0; j < z.size(); ++j)
         y[i][j] = norm[i].xhat[j] * P[ly.gamma + j % idx(c.K)] + P[ly.beta + j % idx(c.K)];
+      band = tie_bands(y[i], c.K, tie, &z, train ? &norm[i] : nullptr, P + ly.gamma);
     } else {
       y[i] = std::move(z);
+      band = tie_bands(y[i], c.K, tie);
     }
     const float* hint = hints && i < hints->conv.size() ? hints->conv[i] : nullptr;
-    const double band = (hints ? hints->band : 1e-4) * rms_of(y[i]);
     pass[i] = relu_pass(y[i], hint, band);
     Vec act(y[i].size());
     for (std::size_t j = 0; j < act.size(); ++j) act[j] = pass[i][j] ? y[i][j] : 0.0;
+    if (keep_acts && train) ref.relu.emplace_back(act.begin(), act.end());
     if (!c.pool) {
       in[i + 1] = std::move(act);
       continue;
@@ -248,7 +270,7 @@ Reference reference(const Shape& s, const ParamLayout& l, const std::vector<Drop
               for (std::int64_t r = 0; r < k; ++r)
                 for (std::int64_t t = 0; t < k; ++t)
                   if (hint[at(r, t)] > hint[mine]) mine = at(r, t);
-              if (act[idx(mine)] >= act[idx(best)] - band) best = mine;
+              if (act[idx(mine)] >= act[idx(best)] - band[idx(ch)]) best = mine;
             }
             const std::int64_t e = (ph * c.PW + pw) * c.K + ch;
             const double v = act[idx(best)];
@@ -281,13 +303,15 @@ Reference reference(const Shape& s, const ParamLayout& l, const std::vector<Drop
                 &ref.stats[l.dense1.var]);
     for (std::size_t j = 0; j < hy.size(); ++j) hy[j] = hn.xhat[j] * P[l.dense1.gamma + j % idx(Hd)] + P[l.dense1.beta + j % idx(Hd)];
   }
-  const std::vector<char> hpass = relu_pass(hy, hints ? hints->hidden : nullptr, (hints ? hints->band : 1e-4) * rms_of(hy));
+  const Vec hband = tie_bands(hy, Hd, hints ? hints->band : 1e-4, &h, a.bn && train ? &hn : nullptr, a.bn ? P + l.dense1.gamma : nullptr);
+  const std::vector<char> hpass = relu_pass(hy, hints ? hints->hidden : nullptr, hband);
   const DropoutKey& hk = keys.back();
   Vec hd(hy.size());
   for (std::int64_t q = 0; q < S; ++q)
     for (std::int64_t o = 0; o < Hd; ++o) {
       const std::size_t j = idx(q * Hd + o);
       const double v = hpass[j] ? hy[j] : 0.0;
+      if (keep_acts && train) ref.hidden.push_back(static_cast<float>(v));
       hd[j] = !train ? v : keep(hk, o, q) ? v * static_cast<double>(hk.scale) : 0.0;
     }
   ref.logits.assign(idx(S * C), 0.0);
