@@ -24,7 +24,7 @@
 // the last pool writes its output NHWC, the flatten's order.
 // bf16 (model_cnn.h): the class and kernels are templates on the activations' storage (Act: float or
 // __nv_bfloat16; the kernels widen to f32, compute and sum in f32 / double, and narrow once on store).
-// Each step casts the dense parameters to a bf16 copy (cast_params) and the conv weights into their
+// Each step casts the dense parameters to a bf16 copy (models::cast_params) and the conv weights into their
 // bf16 copies (filter_layout; flip_filter for fwd-flip); cuDNN takes bf16 x, w, y with an f32
 // convolution compute type and tensor-op math (each descriptor set to the math type its algorithm was
 // found with), its bf16 weight gradient widened into the f32 gradients by filter_layout; cublasLt
@@ -68,6 +68,7 @@ __device__ inline float4 operator+(float4 a, float4 b) { return make_float4(a.x 
 __device__ inline float lane(const float4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 __device__ inline float& lane(float4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 
+using models::cast_params;
 using models::narrow;
 using models::widen;
 using bf16 = __nv_bfloat16;
@@ -442,16 +443,6 @@ __global__ void filter_layout(const In* __restrict__ in, Out* __restrict__ out, 
     const int krsc = kcrs ? (k * 9 + rs) * C + c : i;
     if (to_krsc) out[krsc] = narrow<Out>(widen(in[i]) + (add ? widen(out[krsc]) : 0.f));
     else out[i] = narrow<Out>(widen(in[krsc]));
-  }
-}
-
-// bf16: the step's copy of the dense layers' f32 parameters (autocast's cast of F.linear's weight and
-// bias), n4 vectors of 4.
-__global__ void cast_params(const float4* __restrict__ p, __nv_bfloat162* __restrict__ low, std::int64_t n4) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const float4 v = p[i];
-    low[2 * i] = __floats2bfloat162_rn(v.x, v.y);
-    low[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
   }
 }
 
