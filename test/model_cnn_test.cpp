@@ -259,12 +259,15 @@ TEST(ModelCnnCuda, BothDataGradientPathsAndLayoutsVerify) {
   }
 }
 
-// The CPU's first-conv layout (keras_cnn infer's conv 1) verifies and says so.
-TEST(ModelCnnCpu, FirstConvLayoutVerifies) {
-  const auto c = family().make(problem("keras_test", Backend::cpu, Direction::infer, 5));
-  const Check chk = c->verify();
-  EXPECT_TRUE(chk.ok) << chk.message;
-  EXPECT_NE(c->label().find("first conv: nchw images"), std::string::npos) << c->label();
+// CPU infer in the layouts oneDNN picks between the layers (a pooled first conv reading nchw
+// images, keras_cnn's) verifies on both test architectures and says so.
+TEST(ModelCnnCpu, OwnLayoutsVerify) {
+  for (const char* arch : {"keras_test", "vgg_test"}) {
+    const auto c = family().make(problem(arch, Backend::cpu, Direction::infer, 5));
+    const Check chk = c->verify();
+    EXPECT_TRUE(chk.ok) << arch << ": " << chk.message;
+    EXPECT_NE(c->label().find("in the layouts oneDNN picked, NHWC at the flatten"), std::string::npos) << c->label();
+  }
 }
 
 }  // namespace

@@ -13,10 +13,11 @@
 //   AdamW     one flat pass; the running statistics updated from the batch statistics
 // infer folds each batch norm's running statistics into the conv or dense weights and bias before it
 // (at setup, as ONNX Runtime's graph optimizer does), so a conv layer is one primitive with the bias
-// and the ReLU fused, then the pool. A first conv with a pool after it (keras_cnn's) runs in oneDNN's
-// first-convolution layout instead: 3 input channels are poor work for the NHWC kernels (brgconv ran at
-// ~105 GFLOP/s), so the images are reordered to nchw, the conv writes its own blocked layout, the pool
-// runs on that, and only the pooled output is reordered to NHWC.
+// and the ReLU fused, then the pool. Between the layers infer keeps the layouts the primitives pick
+// (format_tag::any: oneDNN's blocked nChw16c on AVX-512), as ONNX Runtime keeps its NCHWc between
+// convolutions, and reorders only the last pooled output to NHWC for the flatten. A first conv with a
+// pool after it (keras_cnn's) reads the images in nchw, oneDNN's first-convolution layout: 3 input
+// channels are poor work for the NHWC kernels (brgconv ran at ~105 GFLOP/s).
 // bf16 (model_cnn.h): the same primitives on bf16 activations (the images, z, a, the pooled outputs,
 // h, and their gradients), oneDNN's bf16 kernels (AVX512_BF16 / AMX) accumulating in f32; the conv
 // weights reordered from the f32 flat buffer to bf16 in the primitives' formats and dense 1's weight
@@ -74,9 +75,10 @@ struct Step {
 struct ConvPrims {
   Step fwd, bn_fwd, pool_fwd, bn_bwd, pool_bwd, bwd_weights, bwd_data;
   Step w_to_fwd, w_to_bwd_data, dw_to_user;  // weight reorders
-  Step p_to_nhwc;                             // first-conv layout only: the pooled output to NHWC
+  Step in_to_conv;                            // infer: the layer's input to the conv's layout (when they differ)
+  Step p_to_nhwc;                             // infer, own layouts: the last pooled output to NHWC
   memory z, a, p, bn_ws, pool_ws, mean, var;  // activations and saved state (a: post-ReLU)
-  memory p_blocked;                           // first-conv layout only: the pool's own output
+  memory p_blocked;                           // infer, own layouts: the last pool's own output
   memory da, dz;                              // gradients of a and z (shared scratch)
 };
 
@@ -117,9 +119,12 @@ class CpuCnn final : public ModelCase {
       const Layer& ly = l_.conv[i];
       ConvPrims& cp = conv_.emplace_back();
       const memory::desc src = nhwc(B, c.C, c.H, c.W, at), dst_user = nhwc(B, c.K, c.P, c.Q, at);
-      const bool first_layout = i == 0 && !s_.train() && c.pool;  // see the file comment
-      const memory::desc conv_src = first_layout ? memory::desc({B, c.C, c.H, c.W}, at, tag::nchw) : src;
-      const memory::desc conv_dst = first_layout ? memory::desc({B, c.K, c.P, c.Q}, at, tag::any) : dst_user;
+      // infer: each layer in the layout its primitives pick (see the file comment); a first conv with
+      // a pool after it reads the images in nchw.
+      const bool own_layout = !s_.train(), last = i + 1 == s_.convs.size();
+      const memory::desc conv_src = !own_layout ? src : i == 0 && c.pool ? memory::desc({B, c.C, c.H, c.W}, at, tag::nchw)
+                                                                       : memory::desc({B, c.C, c.H, c.W}, at, tag::any);
+      const memory::desc conv_dst = own_layout ? memory::desc({B, c.K, c.P, c.Q}, at, tag::any) : dst_user;
       const memory::desc w_any({c.K, c.C, 3, 3}, at, tag::any), w_user({c.K, c.C, 3, 3}, dt::f32, tag::ohwi);
       const memory::desc dw_any({c.K, c.C, 3, 3}, dt::f32, tag::any);  // the weight gradient: f32 in both dtypes
       const memory::dims strides{1, 1}, pad{c.pad, c.pad};
@@ -132,15 +137,14 @@ class CpuCnn final : public ModelCase {
       const auto fd = HOTOPS_CHECK_DNNL(dnnl::convolution_forward::desc(fwd_kind, alg, conv_src, w_any, bias ? vec(c.K) : memory::desc(),
                                                                         conv_dst, strides, pad, pad));
       const auto fpd = HOTOPS_CHECK_DNNL(dnnl::convolution_forward::primitive_desc(fd, attr, eng));
-      const memory::desc dst = fpd.dst_desc();  // dst_user but in the first-conv layout
+      const memory::desc dst = fpd.dst_desc();  // dst_user, or the conv's own layout (infer)
       memory conv_in = in;
-      if (first_layout && fpd.src_desc() != src) {
-        x_conv_ = memory(fpd.src_desc(), eng);
-        x_to_conv_ = {HOTOPS_CHECK_DNNL(dnnl::reorder(x_mem_, x_conv_)), {{DNNL_ARG_FROM, x_mem_}, {DNNL_ARG_TO, x_conv_}}};
-        conv_in = x_conv_;
+      if (own_layout && fpd.src_desc() != in.get_desc()) {  // the images, or the previous layer's output
+        conv_in = memory(fpd.src_desc(), eng);
+        cp.in_to_conv = {HOTOPS_CHECK_DNNL(dnnl::reorder(in, conv_in)), {{DNNL_ARG_FROM, in}, {DNNL_ARG_TO, conv_in}}};
       }
-      if (first_layout) first_layout_ = fpd.dst_desc() != dst_user ? " (first conv: nchw images, its blocked output pooled, then NHWC)" : "";
-      if (i == 0 || i + 1 == s_.convs.size()) conv_impl_ += std::string(i ? ", " : "") + fpd.impl_info_str();
+      if (own_layout && fpd.dst_desc() != dst_user) own_layouts_ = true;
+      conv_impl_ += std::string(i ? ", " : "") + fpd.impl_info_str();
       memory w_user_mem(w_user, eng, P + ly.w), w_fwd(fpd.weights_desc(), eng);
       cp.w_to_fwd = {HOTOPS_CHECK_DNNL(dnnl::reorder(w_user_mem, w_fwd)), {{DNNL_ARG_FROM, w_user_mem}, {DNNL_ARG_TO, w_fwd}}};
       if (!s_.train() && !s_.bf16()) {  // the weights are fixed: reorder once here (bf16 casts in the step)
@@ -171,12 +175,13 @@ class CpuCnn final : public ModelCase {
       const memory::dims pk{c.pool, c.pool}, pz{0, 0};
       if (c.pool) {
         const memory::desc pdst = nhwc(B, c.K, c.PH, c.PW, at);
-        const memory::desc pool_dst = first_layout ? memory::desc({B, c.K, c.PH, c.PW}, at, tag::any) : pdst;
+        const memory::desc pool_dst = own_layout ? memory::desc({B, c.K, c.PH, c.PW}, at, tag::any) : pdst;
         const auto pd = HOTOPS_CHECK_DNNL(dnnl::pooling_forward::desc(fwd_kind, dnnl::algorithm::pooling_max, dst, pool_dst, pk, pk, pz, pz));
         ppd = HOTOPS_CHECK_DNNL(dnnl::pooling_forward::primitive_desc(pd, eng));
-        cp.p = memory(pdst, eng);
+        // NHWC where the flatten (or the train step's loops) read it, else the pool's own layout.
+        cp.p = memory(own_layout && !last ? ppd.dst_desc() : pdst, eng);
         memory pooled = cp.p;
-        if (ppd.dst_desc() != pdst) {
+        if (ppd.dst_desc() != cp.p.get_desc()) {
           cp.p_blocked = pooled = memory(ppd.dst_desc(), eng);
           cp.p_to_nhwc = {HOTOPS_CHECK_DNNL(dnnl::reorder(cp.p_blocked, cp.p)), {{DNNL_ARG_FROM, cp.p_blocked}, {DNNL_ARG_TO, cp.p}}};
         }
@@ -267,8 +272,9 @@ class CpuCnn final : public ModelCase {
 
   std::string label() const override {
     std::string l = std::string(s_.bf16() ? "bf16 autocast (f32 master weights cast each step; bf16 activations, f32 accumulation); " : "") +
-                    "oneDNN convolution (" + conv_impl_ + ")" + first_layout_ + ", " + (s_.arch.bn && s_.train() ? "batch_normalization + ReLU, " : "") +
-                    "pooling max, matmul; hotops loops for the last layer" + (s_.train() ? ", dropout, loss, AdamW" : "") + "; NHWC; " +
+                    "oneDNN convolution (" + conv_impl_ + "), " + (s_.arch.bn && s_.train() ? "batch_normalization + ReLU, " : "") +
+                    "pooling max, matmul; hotops loops for the last layer" + (s_.train() ? ", dropout, loss, AdamW" : "") +
+                    (own_layouts_ ? "; the conv and pool layers in the layouts oneDNN picked, NHWC at the flatten; " : "; NHWC; ") +
                     std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
     if (!s_.train() && s_.arch.bn) l += "; batch norms folded into the weights at setup";
     return l;
@@ -427,9 +433,9 @@ class CpuCnn final : public ModelCase {
   void forward() {
     const Arch& a = s_.arch;
     const bool bn_train = s_.train() && a.bn;
-    if (x_to_conv_.prim) x_to_conv_.run();
     for (std::size_t i = 0; i < conv_.size(); ++i) {
       ConvPrims& cp = conv_[i];
+      if (cp.in_to_conv.prim) cp.in_to_conv.run();
       if (s_.train() || s_.bf16()) cp.w_to_fwd.run();
       cp.fwd.run();
       if (bn_train) cp.bn_fwd.run();
@@ -646,13 +652,13 @@ class CpuCnn final : public ModelCase {
   std::vector<std::int32_t> labels_;
   std::vector<ConvPrims> conv_;
   std::vector<memory> d_in_;
-  memory x_mem_, x_conv_, flat_, flat2d_, da_, dz_, h_, hr_, dh_, dhr_, dflat_, hmean_, hvar_, hws_;
-  Step x_to_conv_;  // the first-conv layout only: the images to nchw
+  memory x_mem_, flat_, flat2d_, da_, dz_, h_, hr_, dh_, dhr_, dflat_, hmean_, hvar_, hws_;
   Step w1_cast_;    // bf16: dense 1's weight to its bf16 copy
   Step dense1_, hbn_fwd_, hbn_bwd_, dense1_dw_, dense1_dx_;
   memory w1_packed_;  // infer: dense 1's weights in the matmul's own format
   HostBuffer hd_, logits_, dlogits_, logits_out_;
-  std::string conv_impl_, first_layout_;
+  std::string conv_impl_;
+  bool own_layouts_ = false;  // infer: some layer runs in a layout of its primitives' own
   std::int64_t step_ = 0;
   double loss_ = 0;
 };
