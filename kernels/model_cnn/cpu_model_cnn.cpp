@@ -14,10 +14,11 @@
 // infer folds each batch norm's running statistics into the conv or dense weights and bias before it
 // (at setup, as ONNX Runtime's graph optimizer does), so a conv layer is one primitive with the bias
 // and the ReLU fused, then the pool. Between the layers infer keeps the layouts the primitives pick
-// (format_tag::any: oneDNN's blocked nChw16c on AVX-512), as ONNX Runtime keeps its NCHWc between
-// convolutions, and reorders only the last pooled output to NHWC for the flatten. A first conv with a
-// pool after it (keras_cnn's) reads the images in nchw, oneDNN's first-convolution layout: 3 input
-// channels are poor work for the NHWC kernels (brgconv ran at ~105 GFLOP/s).
+// (format_tag::any: blocked ones on AVX2; on the H100 host's AVX-512 the same brgconv kernels as with
+// NHWC), as ONNX Runtime keeps its NCHWc between convolutions, and reorders only the last pooled
+// output to NHWC for the flatten. A first conv with a pool after it (keras_cnn's) reads the images in
+// nchw, oneDNN's first-convolution layout: 3 input channels are poor work for the NHWC kernels
+// (brgconv ran at ~105 GFLOP/s).
 // bf16 (model_cnn.h): the same primitives on bf16 activations (the images, z, a, the pooled outputs,
 // h, and their gradients), oneDNN's bf16 kernels (AVX512_BF16 / AMX) accumulating in f32; the conv
 // weights reordered from the f32 flat buffer to bf16 in the primitives' formats and dense 1's weight
