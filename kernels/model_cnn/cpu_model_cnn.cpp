@@ -232,6 +232,7 @@ class CpuCnn final : public ModelCase {
       }
       in = next;
     }
+    HOTOPS_CHECK(s_.convs.back().pool > 0, "model_cnn: the last conv layer must be pooled (the flatten reads the pooled output, NHWC)");
     flat_ = in;
     setup_dense(P, G);
     if (s_.train()) wire_backward();
