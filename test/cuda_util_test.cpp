@@ -1,5 +1,5 @@
 // The shared GPU helpers on their own: the cublasLt GEMM the models and lstm_cell use
-// (hotops/cublaslt_gemm.h) and the step graph (hotops/cuda_util.h). Skipped without a GPU.
+// (hotops/cublaslt_gemm.h), the step graph and gpu::copy (hotops/cuda_util.h). Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -25,14 +25,13 @@ std::vector<float> small_values(std::size_t n, int salt) {  // multiples of 1/2 
 
 gpu::DeviceBuffer upload(const std::vector<float>& v) {
   gpu::DeviceBuffer d(v.size() * sizeof(float));
-  HOTOPS_CHECK_CUDA(cudaMemcpy(d.get(), v.data(), d.bytes(), cudaMemcpyHostToDevice));
+  gpu::copy(d.get(), v.data(), d.bytes(), cudaMemcpyHostToDevice);
   return d;
 }
 
 std::vector<float> download(const gpu::DeviceBuffer& d) {
   std::vector<float> v(d.bytes() / sizeof(float));
-  HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-  HOTOPS_CHECK_CUDA(cudaMemcpy(v.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
+  gpu::copy(v.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost);
   return v;
 }
 
@@ -79,7 +78,7 @@ TEST(CudaUtil, StepGraphReplaysAndFailsCleanly) {
   gpu::StepGraph g;
   ASSERT_TRUE(g.capture([&] { HOTOPS_CHECK_CUDA(cudaMemsetAsync(buf.get(), 0x3c, buf.bytes(), gpu::stream())); }, &why)) << why;
   ASSERT_TRUE(static_cast<bool>(g));
-  HOTOPS_CHECK_CUDA(cudaMemset(buf.get(), 0, buf.bytes()));
+  HOTOPS_CHECK_CUDA(cudaMemsetAsync(buf.get(), 0, buf.bytes(), gpu::stream()));
   g.launch();
   HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
   unsigned char host[256];
@@ -102,6 +101,31 @@ TEST(CudaUtil, StepGraphReplaysAndFailsCleanly) {
   HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
   HOTOPS_CHECK_CUDA(cudaMemcpy(host, buf.get(), sizeof host, cudaMemcpyDeviceToHost));
   EXPECT_EQ(host[7], 0x11);
+}
+
+// gpu::copy waits for the work queued on hotops' stream before it reads, which a plain cudaMemcpy
+// (the legacy stream, which the non-blocking stream() does not synchronize with) did not: model_cnn's
+// verification once read ReLU hints that a kernel had not finished writing. Some milliseconds of
+// memsets, the last one writing the pattern, then the copy right behind them.
+TEST(CudaUtil, CopyWaitsForTheStream) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  gpu::DeviceBuffer big(std::size_t{1} << 30);
+  constexpr std::size_t kTail = 4096;
+  unsigned char* tail = big.as<unsigned char>() + big.bytes() - kTail;
+  for (int i = 0; i < 16; ++i) HOTOPS_CHECK_CUDA(cudaMemsetAsync(big.get(), i, big.bytes(), gpu::stream()));
+  HOTOPS_CHECK_CUDA(cudaMemsetAsync(tail, 0x5a, kTail, gpu::stream()));
+  std::vector<unsigned char> host(kTail, 0);
+  gpu::copy(host.data(), tail, kTail, cudaMemcpyDeviceToHost);
+  EXPECT_EQ(host.front(), 0x5a);
+  EXPECT_EQ(host.back(), 0x5a);
+  // And an upload lands before the work queued after it reads it.
+  std::vector<unsigned char> pattern(kTail, 0xc3);
+  gpu::copy(tail, pattern.data(), kTail, cudaMemcpyHostToDevice);
+  gpu::DeviceBuffer small(kTail);
+  HOTOPS_CHECK_CUDA(cudaMemcpyAsync(small.get(), tail, kTail, cudaMemcpyDeviceToDevice, gpu::stream()));
+  gpu::copy(host.data(), small.get(), kTail, cudaMemcpyDeviceToHost);
+  EXPECT_EQ(host[kTail / 2], 0xc3);
 }
 #else
 TEST(CudaUtil, BuiltWithoutCuda) { GTEST_SKIP() << "this build of hotops has no CUDA backend"; }
