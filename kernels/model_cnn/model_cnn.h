@@ -166,7 +166,7 @@ State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed);
 // and the gradients are then those of the `period` distinct samples, each weighted by how often it
 // occurs, so the double reference runs `period` samples however large the batch. Sixteen distinct
 // samples keep the hidden batch norm well conditioned: with four, a few of keras_cnn's 1024 hidden
-// units had a batch deviation under a tenth of their mean (|z| rstd up to 17, where most are near 1),
+// units had a batch deviation under a tenth of their mean (|z| rstd up to 30, where most are near 1),
 // which magnifies bf16's rounding of z into ReLU decisions and gradients beyond any fair bound; with 16,
 // |z| rstd stays under 8 (measured on the H100; docs/models.md).
 constexpr std::int64_t kVerifyPeriod = 16;

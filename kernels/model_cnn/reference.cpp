@@ -174,7 +174,7 @@ double rms_of(const Vec& v) {
 // carried through the normalization, |gamma| rstd |z| per channel (norm and gamma given: batch norm
 // in training), and never less than tie x rms(y): a channel whose batch deviation is small against
 // its mean carries its z's rounding magnified (with 4 to 16 distinct samples, a few of keras_cnn's
-// 1024 hidden units have |z| rstd of 5 to 17 where most have about 1).
+// 1024 hidden units have |z| rstd of 5 to 30 where most have about 1).
 Vec tie_bands(const Vec& y, std::int64_t n, double tie, const Vec* z = nullptr, const Norm* norm = nullptr, const double* gamma = nullptr) {
   const double floor = tie * rms_of(y);
   Vec band(idx(n), floor);
