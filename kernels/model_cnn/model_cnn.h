@@ -20,8 +20,9 @@
 //                    32x32x3, conv 3x3 same 32, ReLU, conv 3x3 valid 32, ReLU, max-pool 2, dropout 0.25,
 //                    conv 3x3 same 64, ReLU, conv 3x3 valid 64, ReLU, max-pool 2, dropout 0.25,
 //                    flatten 2304, dense 512, ReLU, dropout 0.5, dense 10 (1,250,858 parameters).
-// Layout: NHWC (channels last) activations on both backends, flattened in NHWC order (h, w, c) as
-// Keras flattens; conv weights KRSC ([out][kh][kw][in], cuDNN's NHWC filter layout, oneDNN's ohwi);
+// Layout: the model's tensors are NHWC (channels last): the images, and the flatten in (h, w, c)
+// order as Keras flattens (the backends' activations between: CudaLayout below, and the CPU's infer in
+// oneDNN's own layouts); conv weights KRSC ([out][kh][kw][in], cuDNN's NHWC filter layout, oneDNN's ohwi);
 // dense weights [in, out] row-major (y = x.W + b). Max-pooling: window = stride = the pool size, no
 // padding (Keras' MaxPooling2D default), the first maximum in row-major window order takes the gradient.
 // Directions:
