@@ -80,9 +80,8 @@ TEST(CudaUtil, StepGraphReplaysAndFailsCleanly) {
   ASSERT_TRUE(static_cast<bool>(g));
   HOTOPS_CHECK_CUDA(cudaMemsetAsync(buf.get(), 0, buf.bytes(), gpu::stream()));
   g.launch();
-  HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
   unsigned char host[256];
-  HOTOPS_CHECK_CUDA(cudaMemcpy(host, buf.get(), sizeof host, cudaMemcpyDeviceToHost));
+  gpu::copy(host, buf.get(), sizeof host, cudaMemcpyDeviceToHost);
   EXPECT_EQ(host[0], 0x3c);
   EXPECT_EQ(host[255], 0x3c);
 
@@ -98,8 +97,7 @@ TEST(CudaUtil, StepGraphReplaysAndFailsCleanly) {
   EXPECT_EQ(status, cudaStreamCaptureStatusNone);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   HOTOPS_CHECK_CUDA(cudaMemsetAsync(buf.get(), 0x11, buf.bytes(), gpu::stream()));
-  HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-  HOTOPS_CHECK_CUDA(cudaMemcpy(host, buf.get(), sizeof host, cudaMemcpyDeviceToHost));
+  gpu::copy(host, buf.get(), sizeof host, cudaMemcpyDeviceToHost);
   EXPECT_EQ(host[7], 0x11);
 }
 
