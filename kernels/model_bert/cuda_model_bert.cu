@@ -7,8 +7,9 @@
 // the [tokens, hidden] context, so there is no head split or merge copy. Hand-written kernels: softmax
 // forward/backward (a warp per row of 128/197), GELU (erf) forward/backward (float4), LayerNorm
 // forward (a warp per row) and backward (a warp per row, dgamma/dbeta as per-block partials), column
-// sums for the bias gradients (two deterministic stages), the MSE loss (two stages, the second
-// advancing the optimizer's device step count) and one flat AdamW pass. No host synchronisation in a
+// sums for the bias gradients (two deterministic stages; the first fused into the GELU and LayerNorm
+// backwards where one of them writes the gradient a dense layer reads), the MSE loss (two stages, the
+// second advancing the optimizer's device step count) and one flat AdamW pass. No host synchronisation in a
 // step: capturable. Row-major tensors are seen as column-major transposes (see cuda_cublas.cu).
 // Every kernel is a template over the activations' storage T (float or bf16) and computes in f32; a
 // bf16 step begins with one cast of the f32 master parameters into their bf16 copy.
@@ -33,6 +34,7 @@ constexpr int kMaxHidden = 1024;   // LayerNorm rows up to 1024 (32 per lane)
 constexpr unsigned kThreads = 256;
 constexpr int kLnBwdBlocks = 128;
 constexpr int kColRows = 64;       // rows per block of the column sums' first stage
+constexpr int kGeluRows = 32;      // rows per block of the GELU backward (and its column sums)
 constexpr int kLossBlocks = 256;
 
 struct StepState {
@@ -146,15 +148,28 @@ __global__ void gelu_fwd(const Q* __restrict__ z, Q* __restrict__ f, std::int64_
   }
 }
 
-// df *= gelu'(z) in place.
+// df *= gelu'(z) in place over [rows, n4 vectors of 4], with the column sums of the stored result (the
+// FFN's first bias gradient): block (x, y) takes vector columns x * blockDim + thread over rows
+// [y * kGeluRows, ...) and writes partial[y][4 columns].
 template <class Q>
-__global__ void gelu_bwd(Q* __restrict__ df, const Q* __restrict__ z, std::int64_t n4) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+__global__ void __launch_bounds__(kThreads) gelu_bwd(Q* __restrict__ df, const Q* __restrict__ z, std::int64_t rows, int n4,
+                                                    float4* __restrict__ partial) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= n4) return;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kGeluRows, r1 = min(rows, r0 + kGeluRows);
+  float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const std::int64_t i = r * n4 + c;
     const float4 v = f32_of(z[i]);
     float4 d = f32_of(df[i]);
     d.x *= gelu_grad(v.x), d.y *= gelu_grad(v.y), d.z *= gelu_grad(v.z), d.w *= gelu_grad(v.w);
-    df[i] = stored4<Q>(d);
+    const Q q = stored4<Q>(d);
+    df[i] = q;
+    const float4 back = f32_of(q);  // the sum of what the GEMMs read
+    s.x += back.x, s.y += back.y, s.z += back.z, s.w += back.w;
   }
+  partial[static_cast<std::int64_t>(blockIdx.y) * n4 + c] = s;
 }
 
 // The bf16 copy of the f32 master parameters, n4 vectors of 4 (the flat layout's padding included).
@@ -199,8 +214,9 @@ __global__ void __launch_bounds__(kThreads) ln_fwd(const T* __restrict__ x, cons
 }
 
 // LayerNorm backward, a warp per row (rows strided over the grid's warps): dx = rstd (dy g - mean(dy g)
-// - xhat mean(dy g xhat)) (+ dres), when dx is given; each block's sums of dy xhat and dy per column
-// into partial[block][2h] (warps added in order: deterministic).
+// - xhat mean(dy g xhat)) (+ dres), when dx is given; each block's sums of dy xhat, dy and (with dx)
+// the stored dx per column into partial[block][3h] (warps added in order: deterministic). The third
+// is the next dense layer's bias gradient, so its output needs no column-sum pass of its own.
 template <class T>
 __global__ void __launch_bounds__(kThreads) ln_bwd(const T* __restrict__ dy, const T* __restrict__ x,
                                                   const float* __restrict__ mean, const float* __restrict__ rstd,
@@ -208,9 +224,9 @@ __global__ void __launch_bounds__(kThreads) ln_bwd(const T* __restrict__ dy, con
                                                   const T* __restrict__ dres, float* __restrict__ partial,
                                                   std::int64_t rows, int h) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  float pg[kMaxHidden / 32], pb[kMaxHidden / 32];
+  float pg[kMaxHidden / 32], pb[kMaxHidden / 32], px[kMaxHidden / 32];
 #pragma unroll
-  for (int k = 0; k < kMaxHidden / 32; ++k) pg[k] = pb[k] = 0.f;
+  for (int k = 0; k < kMaxHidden / 32; ++k) pg[k] = pb[k] = px[k] = 0.f;
   for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * warps + warp; r < rows; r += static_cast<std::int64_t>(gridDim.x) * warps) {
     const float m = mean[r], rs = rstd[r];
     float d[kMaxHidden / 32], xh[kMaxHidden / 32];
@@ -231,22 +247,26 @@ __global__ void __launch_bounds__(kThreads) ln_bwd(const T* __restrict__ dy, con
 #pragma unroll
     for (int k = 0; k < kMaxHidden / 32; ++k) {
       const int c = lane + 32 * k;
-      if (c < h) dx[r * h + c] = stored<T>(rs * (d[k] * g[c] - m1 - xh[k] * m2) + (dres ? f32_of(dres[r * h + c]) : 0.f));
+      if (c < h) {
+        const T v = stored<T>(rs * (d[k] * g[c] - m1 - xh[k] * m2) + (dres ? f32_of(dres[r * h + c]) : 0.f));
+        dx[r * h + c] = v;
+        px[k] += f32_of(v);  // the sum of what the next layer reads
+      }
     }
   }
-  __shared__ float acc[2 * kMaxHidden];
-  for (int c = threadIdx.x; c < 2 * h; c += blockDim.x) acc[c] = 0.f;
+  __shared__ float acc[3 * kMaxHidden];
+  for (int c = threadIdx.x; c < 3 * h; c += blockDim.x) acc[c] = 0.f;
   for (int w = 0; w < warps; ++w) {
     __syncthreads();
     if (warp == w)
 #pragma unroll
       for (int k = 0; k < kMaxHidden / 32; ++k) {
         const int c = lane + 32 * k;
-        if (c < h) acc[c] += pg[k], acc[h + c] += pb[k];
+        if (c < h) acc[c] += pg[k], acc[h + c] += pb[k], acc[2 * h + c] += px[k];
       }
   }
   __syncthreads();
-  for (int c = threadIdx.x; c < 2 * h; c += blockDim.x) partial[static_cast<std::int64_t>(blockIdx.x) * 2 * h + c] = acc[c];
+  for (int c = threadIdx.x; c < 3 * h; c += blockDim.x) partial[static_cast<std::int64_t>(blockIdx.x) * 3 * h + c] = acc[c];
 }
 
 // Column sums, stage 1: partial[split][c] = sum of rows [split * kColRows, ...) of x [rows, n].
@@ -260,15 +280,27 @@ __global__ void col_partial(const T* __restrict__ x, float* __restrict__ partial
   partial[static_cast<std::int64_t>(blockIdx.y) * n + c] = s;
 }
 
-// Stage 2: out[c] = sum over the splits; columns >= n1 go to out2[c - n1] (LayerNorm's gamma | beta).
-__global__ void col_finish(const float* __restrict__ partial, int splits, int n, int n1, float* __restrict__ out,
-                           float* __restrict__ out2) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= n) return;
+// The destinations of col_finish's columns, in segments of `width`: column c goes to
+// out[c / width][c % width] (LayerNorm's gamma | beta | the next bias); a null one is skipped.
+struct ColOut {
+  int width;
+  float* out[3];
+};
+
+// Stage 2: each column's sum over the splits. A block takes 32 columns; its 8 warps take every 8th
+// split, and their sums are added in warp order (deterministic).
+__global__ void __launch_bounds__(kThreads) col_finish(const float* __restrict__ partial, int splits, int n, ColOut o) {
+  constexpr int kGroups = kThreads / 32;
+  __shared__ float acc[kGroups][32];
+  const int lane = threadIdx.x % 32, group = threadIdx.x / 32, c = blockIdx.x * 32 + lane;
   float s = 0.f;
-  for (int k = 0; k < splits; ++k) s += partial[static_cast<std::int64_t>(k) * n + c];
-  if (c < n1) out[c] = s;
-  else out2[c - n1] = s;
+  if (c < n)
+    for (int k = group; k < splits; k += kGroups) s += partial[static_cast<std::int64_t>(k) * n + c];
+  acc[group][lane] = s;
+  __syncthreads();
+  if (group != 0 || c >= n) return;
+  for (int g = 1; g < kGroups; ++g) s += acc[g][lane];
+  if (float* dst = o.out[c / o.width]) dst[c % o.width] = s;
 }
 
 // MSE, stage 1: dy = 2 (y - t) / n, per-block sums of (y - t)^2.
@@ -453,9 +485,9 @@ class CudaLayer final : public LayerCase {
       dy_ = act(T_ * H), ds2_ = act(a.pre_ln ? 1 : T_ * H), df_ = act(T_ * F), du2_ = act(T_ * H), ds1_ = act(T_ * H);
       dctx_ = act(T_ * H), dqkv_ = act(T_ * 3 * H), dp_ = act(B * NH * S * S), du1_ = act(a.pre_ln ? T_ * H : 1);
       loss_ = buf(1), loss_partial_ = buf(kLossBlocks), state_ = gpu::DeviceBuffer(sizeof(StepState));
-      // The column sums' partials: LayerNorm's [blocks, 2H], and colsum's [splits, n] for its widest
-      // n, the larger of the QKV bias (3H) and the FFN bias (F).
-      partial_ = buf(std::max<std::int64_t>(kLnBwdBlocks * 2 * H, ((T_ + kColRows - 1) / kColRows) * std::max<std::int64_t>(3 * H, F)));
+      // The column sums' partials: LayerNorm's [blocks, 3H], colsum's [splits, 3H] (the QKV bias; the
+      // FFN's second for vit), the GELU backward's [splits, F].
+      partial_ = buf(std::max({kLnBwdBlocks * 3 * H, ((T_ + kColRows - 1) / kColRows) * 3 * H, ((T_ + kGeluRows - 1) / kGeluRows) * F}));
       float* G = grads_.as<float>();
       const T* ds2 = a.pre_ln ? dy_.as<T>() : ds2_.as<T>();
       auto wgrad = [&](const T* in_act, std::int64_t in, const T* dz, std::int64_t out, std::size_t w) {  // f32 out
@@ -585,26 +617,45 @@ class CudaLayer final : public LayerCase {
     HOTOPS_CHECK_LAUNCH();
   }
 
+  // LayerNorm's backward into dx (when given), its gamma and beta gradients, and the column sums of dx
+  // into the bias gradient at `bias` (when given: the dense layer that produced x reads dx next).
   void layernorm_back(const T* dy, const T* x, const float* mean, const float* rstd, std::size_t g, std::size_t b, T* dx,
-                      const T* dres) {
+                      const T* dres, const std::size_t* bias) {
     const int H = static_cast<int>(s_.arch.hidden);
     float* G = grads_.as<float>();
+    HOTOPS_CHECK(!bias || dx, "model_bert: a bias gradient from LayerNorm's backward needs its dx");
     ln_bwd<T><<<kLnBwdBlocks, kThreads, 0, gpu::stream()>>>(dy, x, mean, rstd, params_.as<float>() + g, dx, dres, partial_.as<float>(),
                                                             s_.tokens(), H);
     HOTOPS_CHECK_LAUNCH();
-    col_finish<<<grid_for(2 * H), kThreads, 0, gpu::stream()>>>(partial_.as<float>(), kLnBwdBlocks, 2 * H, H, G + g, G + b);
+    const ColOut o{H, {G + g, G + b, bias ? G + *bias : nullptr}};
+    col_finish<<<grid_for(3 * H, 32), kThreads, 0, gpu::stream()>>>(partial_.as<float>(), kLnBwdBlocks, 3 * H, o);
     HOTOPS_CHECK_LAUNCH();
   }
 
   void colsum(const T* x, std::int64_t n, std::size_t at) {
     const std::int64_t T_ = s_.tokens();
-    HOTOPS_CHECK(((T_ + kColRows - 1) / kColRows) * n <= static_cast<std::int64_t>(partial_.bytes() / sizeof(float)),
-                 "model_bert: column-sum partials larger than their buffer");
     const auto splits = static_cast<unsigned>((T_ + kColRows - 1) / kColRows);
     col_partial<T><<<dim3(grid_for(n), splits), kThreads, 0, gpu::stream()>>>(x, partial_.as<float>(), T_, static_cast<int>(n));
     HOTOPS_CHECK_LAUNCH();
-    col_finish<<<grid_for(n), kThreads, 0, gpu::stream()>>>(partial_.as<float>(), static_cast<int>(splits), static_cast<int>(n),
-                                                            static_cast<int>(n), grads_.as<float>() + at, nullptr);
+    finish(splits, n, at);
+  }
+
+  // df *= gelu'(z), and its column sums into the bias gradient at `at`.
+  void gelu_back(std::size_t at) {
+    const std::int64_t T_ = s_.tokens(), n4 = s_.arch.ffn / 4;
+    const auto splits = static_cast<unsigned>((T_ + kGeluRows - 1) / kGeluRows);
+    gelu_bwd<Q><<<dim3(grid_for(n4), splits), kThreads, 0, gpu::stream()>>>(df_.as<Q>(), z_.as<const Q>(), T_, static_cast<int>(n4),
+                                                                             partial_.as<float4>());
+    HOTOPS_CHECK_LAUNCH();
+    finish(splits, s_.arch.ffn, at);
+  }
+
+  // The column sums' second stage: partial_[splits, n] into the gradient at `at`.
+  void finish(unsigned splits, std::int64_t n, std::size_t at) {
+    HOTOPS_CHECK(static_cast<std::int64_t>(splits) * n <= static_cast<std::int64_t>(partial_.bytes() / sizeof(float)),
+                 "model_bert: column-sum partials larger than their buffer");
+    const ColOut o{static_cast<int>(n), {grads_.as<float>() + at, nullptr, nullptr}};
+    col_finish<<<grid_for(n, 32), kThreads, 0, gpu::stream()>>>(partial_.as<float>(), static_cast<int>(splits), static_cast<int>(n), o);
     HOTOPS_CHECK_LAUNCH();
   }
 
@@ -643,22 +694,22 @@ class CudaLayer final : public LayerCase {
     // backward
     const T* ds2 = dy_.as<T>();
     if (!a.pre_ln) {
-      layernorm_back(dy_.as<T>(), s2_.as<T>(), mean2_.as<float>(), rstd2_.as<float>(), l_.ln2g, l_.ln2b, ds2_.as<T>(), nullptr);
+      layernorm_back(dy_.as<T>(), s2_.as<T>(), mean2_.as<float>(), rstd2_.as<float>(), l_.ln2g, l_.ln2b, ds2_.as<T>(), nullptr,
+                     &l_.b2);
       ds2 = ds2_.as<T>();
+    } else {
+      colsum(ds2, H, l_.b2);
     }
-    colsum(ds2, H, l_.b2);
     w2_w_->run();
     w2_d_->run();
-    gelu_bwd<Q><<<grid_for(T_ * F / 4), kThreads, 0, gpu::stream()>>>(df_.as<Q>(), z_.as<const Q>(), T_ * F / 4);
-    HOTOPS_CHECK_LAUNCH();
-    colsum(df_.as<T>(), F, l_.b1);
+    gelu_back(l_.b1);
     w1_w_->run();
     w1_d_->run();  // bert: du2 = df . W1^T + ds2
     if (a.pre_ln)
-      layernorm_back(du2_.as<T>(), s1_.as<T>(), mean2_.as<float>(), rstd2_.as<float>(), l_.ln2g, l_.ln2b, ds1_.as<T>(), ds2);
+      layernorm_back(du2_.as<T>(), s1_.as<T>(), mean2_.as<float>(), rstd2_.as<float>(), l_.ln2g, l_.ln2b, ds1_.as<T>(), ds2, &l_.bo);
     else
-      layernorm_back(du2_.as<T>(), s1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, ds1_.as<T>(), nullptr);
-    colsum(ds1_.as<T>(), H, l_.bo);
+      layernorm_back(du2_.as<T>(), s1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, ds1_.as<T>(), nullptr,
+                     &l_.bo);
     wo_w_->run();
     wo_d_->run();
     dp_gemm_->run();
@@ -671,7 +722,7 @@ class CudaLayer final : public LayerCase {
     qkv_w_->run();
     if (a.pre_ln) {
       qkv_d_->run();
-      layernorm_back(du1_.as<T>(), x_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, nullptr, nullptr);
+      layernorm_back(du1_.as<T>(), x_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, nullptr, nullptr, nullptr);
     }
     // optimizer
     const auto n4 = static_cast<std::int64_t>(l_.total / 4);
