@@ -433,15 +433,14 @@ __global__ void flip_filter(const float* __restrict__ w, Out* __restrict__ wf, i
 
 // The model's parameters keep KRSC; the NCHW convolutions take KCRS: w (KRSC) -> out (KCRS), or back
 // (the weight gradient) with to_krsc; with !kcrs the layout stays (KRSC both sides). In -> Out casts:
-// bf16's per-step copy of the f32 weights, and its bf16 weight gradient into the f32 gradients (added
-// to them with `add`: the batch chunks' partial gradients, see wgrad_chunk).
+// bf16's per-step copy of the f32 weights, and its bf16 weight gradient into the f32 gradients.
 template <class In, class Out>
-__global__ void filter_layout(const In* __restrict__ in, Out* __restrict__ out, int K, int C, bool kcrs, bool to_krsc, bool add) {
+__global__ void filter_layout(const In* __restrict__ in, Out* __restrict__ out, int K, int C, bool kcrs, bool to_krsc) {
   const int n = K * 9 * C;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const int rs = i % 9, c = (i / 9) % C, k = i / (9 * C);
     const int krsc = kcrs ? (k * 9 + rs) * C + c : i;
-    if (to_krsc) out[krsc] = narrow<Out>(widen(in[i]) + (add ? widen(out[krsc]) : 0.f));
+    if (to_krsc) out[krsc] = narrow<Out>(widen(in[i]));
     else out[i] = narrow<Out>(widen(in[krsc]));
   }
 }
@@ -662,9 +661,6 @@ Found find_algorithm(const char* what, bool tensor_ops, int count, WsSize ws_siz
 
 struct ConvPlan {
   TensorDesc x, y;
-  // The weight gradient over chunks of `chunk` samples (x and y of one chunk: xc, yc); chunk = B for f32.
-  std::int64_t chunk = 0;
-  TensorDesc xc, yc;
   FilterDesc w;
   ConvDesc conv, conv_filter, conv_data;  // forward, backward filter, backward data: each with its algorithm's math type
   cudnnConvolutionFwdAlgo_t fwd{};
@@ -891,22 +887,6 @@ class CudaCnn final : public ModelCase {
   Act* d_input(std::size_t i) const { return dbuf_[i % 2].as<Act>(); }
   Act* d_output(std::size_t i) const { return i + 1 == s_.convs.size() ? dflat_.as<Act>() : d_input(i + 1); }
 
-  // The samples a chunk of conv layer c's weight gradient sums. bf16: cuDNN's tensor-op weight
-  // gradient adds its B P Q products per output in f32, a sum whose rounding can grow with its length
-  // (B P Q 2^-24 at worst: a quarter at keras_cnn's conv 1, b64); chunks of at most 2^18 products (the
-  // largest divisor of B that keeps them there, at least 1 sample), each rounded to bf16 once (autocast's
-  // weight gradient is bf16) and added in f32 by filter_layout. keras_cnn's errors did not change with
-  // it (docs/models.md). f32: the whole batch in one call.
-  std::int64_t wgrad_chunk(const ConvLayer& c) const {
-    const std::int64_t B = s_.batch;
-    if (!kBf16) return B;
-    const std::int64_t most = std::max<std::int64_t>(1, (std::int64_t{1} << 18) / (c.P * c.Q));
-    std::int64_t best = 1;
-    for (std::int64_t d = 1; d <= std::min(B, most); ++d)
-      if (B % d == 0) best = d;
-    return best;
-  }
-
   void plan_convs() {
     const std::int64_t B = s_.batch;
     std::size_t ws = 0;
@@ -938,19 +918,16 @@ class CudaCnn final : public ModelCase {
       algos_ += std::string(i ? ", " : "") + "fwd " + std::to_string(fwd.algo);
       if (s_.train()) {
         void* dw = wcopy_ ? dwk_.get() : static_cast<void*>(grads_.as<float>() + l_.conv[i].w);
-        cp.chunk = wgrad_chunk(c);
-        HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(cp.xc.h, fmt, kCudnn, dim(cp.chunk), dim(c.C), dim(c.H), dim(c.W)));
-        HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(cp.yc.h, fmt, kCudnn, dim(cp.chunk), dim(c.K), dim(c.P), dim(c.Q)));
         const Found filter = find_algorithm<cudnnConvolutionBwdFilterAlgoPerf_t>(
             "backward filter", kBf16, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-            [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn(), cp.xc.h, cp.yc.h, cp.conv_filter.h, cp.w.h, static_cast<cudnnConvolutionBwdFilterAlgo_t>(al), b); },
+            [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn(), cp.x.h, cp.y.h, cp.conv_filter.h, cp.w.h, static_cast<cudnnConvolutionBwdFilterAlgo_t>(al), b); },
             [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
-              return cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnn(), cp.xc.h, x, cp.yc.h, dz_.get(), cp.conv_filter.h, cp.w.h, dw, n, got, perf, wsp, bytes);
+              return cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnn(), cp.x.h, x, cp.y.h, dz_.get(), cp.conv_filter.h, cp.w.h, dw, n, got, perf, wsp, bytes);
             });
         cp.filter = static_cast<cudnnConvolutionBwdFilterAlgo_t>(filter.algo);
         HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.conv_filter.h, filter.math));
         cp.ws = std::max(cp.ws, filter.bytes);
-        algos_ += " filter " + std::to_string(filter.algo) + (cp.chunk < B ? " x" + std::to_string(B / cp.chunk) : "");
+        algos_ += " filter " + std::to_string(filter.algo);
         if (i > 0) plan_data_gradient(i, cp);
       }
       ws = std::max(ws, cp.ws);
@@ -1012,14 +989,14 @@ class CudaCnn final : public ModelCase {
 
   // NCHW or bf16 (wcopy_): conv layer i's weights -> wk_ (KCRS for NCHW; cast to bf16), or its weight
   // gradient dwk_ -> the flat f32 gradients (KRSC).
-  void launch_filter_layout(std::size_t i, bool gradient, bool add = false) const {
+  void launch_filter_layout(std::size_t i, bool gradient) const {
     const ConvLayer& c = s_.convs[i];
     const unsigned grid = grid_for(c.K * 9 * c.C, 512);
     if (gradient)
-      filter_layout<<<grid, kThreads, 0, gpu::stream()>>>(dwk_.as<const Act>(), grads_.as<float>() + l_.conv[i].w, dim(c.K), dim(c.C), nchw_, true, add);
+      filter_layout<<<grid, kThreads, 0, gpu::stream()>>>(dwk_.as<const Act>(), grads_.as<float>() + l_.conv[i].w, dim(c.K), dim(c.C), nchw_, true);
     else
       filter_layout<<<grid, kThreads, 0, gpu::stream()>>>(params_.as<const float>() + l_.conv[i].w, wk_[i].template as<Act>(), dim(c.K), dim(c.C), nchw_,
-                                                          false, false);
+                                                          false);
     HOTOPS_CHECK_LAUNCH();
   }
   // The weights conv layer i's cuDNN calls take: the flat f32 parameters (KRSC), or their copy (wcopy_).
@@ -1255,12 +1232,10 @@ class CudaCnn final : public ModelCase {
                                                     lb.coef(K), mean, rstd, dz, n4, static_cast<int>(K), Drop{}, 1);
       }
       HOTOPS_CHECK_LAUNCH();
-      for (std::int64_t b0 = 0; b0 < B; b0 += cp.chunk) {
-        HOTOPS_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, cp.xc.h, input_of(i) + b0 * c.in_count(), cp.yc.h, dz_.as<Act>() + b0 * c.out_count(),
-                                                          cp.conv_filter.h, cp.filter, workspace_.get(), ws_bytes_, &zero, cp.w.h,
-                                                          wcopy_ ? dwk_.get() : static_cast<void*>(G + l_.conv[i].w)));
-        if (wcopy_) launch_filter_layout(i, true, b0 > 0);
-      }
+      HOTOPS_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, cp.x.h, input_of(i), cp.y.h, dz_.get(), cp.conv_filter.h, cp.filter,
+                                                        workspace_.get(), ws_bytes_, &zero, cp.w.h,
+                                                        wcopy_ ? dwk_.get() : static_cast<void*>(G + l_.conv[i].w)));
+      if (wcopy_) launch_filter_layout(i, true);
       if (i > 0 && cp.flip) {
         launch_flip(P + l_.conv[i].w, cp, c);
         HOTOPS_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, cp.y.h, dz_.get(), cp.wf.h, cp.wf_buf.get(), cp.flip_conv.h, cp.flip_fwd,
