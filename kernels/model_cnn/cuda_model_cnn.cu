@@ -629,7 +629,10 @@ int dim(std::int64_t v) {
 bool tensor_op(cudnnMathType_t m) { return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION; }
 
 // The fastest algorithm cudnnFind*AlgorithmEx measured, with its workspace and Find's time: f32 without
-// tensor cores (no TF32); bf16 (tensor_ops) any, tensor cores being the point of bf16. ws_size(algo,
+// tensor cores (no TF32); bf16 (tensor_ops) with tensor-op math only, as the label says. (Until stop 15
+// bf16 took either, and Find often chose cuDNN's DEFAULT_MATH kernels, e.g. convolve_common_engine_float
+// and wgrad_alg0_engine: near-ties in Find's single timings. Excluding them left the step's speed within
+// its process-to-process spread, docs/models.md.) ws_size(algo,
 // &bytes) asks one algorithm's workspace; find(count, &n, perf, ws, bytes) searches (twice: the first
 // search also times CUDA's lazy module loads).
 struct Found {
@@ -653,9 +656,9 @@ Found find_algorithm(const char* what, bool tensor_ops, int count, WsSize ws_siz
   int n = 0;
   for (int pass = 0; pass < 2; ++pass) HOTOPS_CHECK_CUDNN(find(std::min(count, 16), &n, perf, ws.get(), bytes));
   for (int i = 0; i < n; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= bytes && (tensor_ops || !tensor_op(perf[i].mathType)))
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= bytes && tensor_op(perf[i].mathType) == tensor_ops)
       return {static_cast<int>(perf[i].algo), perf[i].memory, perf[i].time, perf[i].mathType};
-  throw Error(std::string("model_cnn: cuDNN has no ") + (tensor_ops ? "bf16 " : "f32 FMA-math ") + what + " algorithm for a layer",
+  throw Error(std::string("model_cnn: cuDNN has no ") + (tensor_ops ? "bf16 tensor-op " : "f32 FMA-math ") + what + " algorithm for a layer",
               ErrorKind::unsupported);
 }
 
