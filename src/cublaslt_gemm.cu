@@ -37,7 +37,8 @@ LtGemm::LtGemm(const GemmDesc& d, const std::string& what) : beta_(d.beta) {
   cublasLtMatmulPreference_t pref = nullptr;
   HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
   const std::uint64_t ws = kCublasWorkspaceBytes;
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kTuneHeuristics] = {};
+  const int want = d.autotune ? kTuneHeuristics : 1;
   int found = 0;
   cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
   if (st == CUBLAS_STATUS_SUCCESS && d.reduce_in_compute) {
@@ -45,7 +46,7 @@ LtGemm::LtGemm(const GemmDesc& d, const std::string& what) : beta_(d.beta) {
     st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask);
   }
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(cublaslt(), desc_.h, la_.h, lb_.h, ld_.h, ld_.h, pref, 1, &result, &found);
+    st = cublasLtMatmulAlgoGetHeuristic(cublaslt(), desc_.h, la_.h, lb_.h, ld_.h, ld_.h, pref, want, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
     if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) HOTOPS_CHECK_CUBLAS(st);
@@ -54,7 +55,42 @@ LtGemm::LtGemm(const GemmDesc& d, const std::string& what) : beta_(d.beta) {
                     (d.bias ? (d.relu ? " GEMM with a bias + ReLU epilogue" : " GEMM with a bias epilogue") : " GEMM"),
                 ErrorKind::unsupported);
   }
-  algo_ = result.algo;
+  algo_ = results[0].algo;
+  if (!d.autotune) return;
+  for (int i = 0; i < found; ++i) candidates_.push_back(results[i].algo);
+  // Split-K variants of the first, where cublasLt accepts them for this GEMM within the workspace.
+  for (const std::int32_t slices : {2, 3, 4, 6, 8}) {
+    cublasLtMatmulAlgo_t a = algo_;
+    const std::uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &slices, sizeof slices) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulAlgoCheck(cublaslt(), desc_.h, la_.h, lb_.h, ld_.h, ld_.h, &a, &check) == CUBLAS_STATUS_SUCCESS &&
+        check.workspaceSize <= kCublasWorkspaceBytes)
+      candidates_.push_back(a);
+  }
+}
+
+void LtGemm::tune(const void* A, const void* B, void* D, const void* C) {
+  if (candidates_.empty()) return;
+  const float one = 1.f;
+  float best = -1;
+  for (const cublasLtMatmulAlgo_t& a : candidates_) {
+    auto call = [&] {
+      return cublasLtMatmul(cublaslt(), desc_.h, &one, A, la_.h, B, lb_.h, &beta_, C ? C : D, ld_.h, D, ld_.h, &a, cublas_workspace(),
+                            kCublasWorkspaceBytes, stream());
+    };
+    if (call() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate cublasLt refuses at run time is dropped
+    float t = -1;
+    for (int batch = 0; batch < 3; ++batch) {
+      const float ms = time_ms([&] {
+        for (int k = 0; k < 3; ++k) HOTOPS_CHECK_CUBLAS(call());
+      });
+      if (t < 0 || ms < t) t = ms;
+    }
+    if (best < 0 || t < best) best = t, algo_ = a;
+  }
+  candidates_.clear();
 }
 
 void LtGemm::run(const void* A, const void* B, void* D, const void* C) const {

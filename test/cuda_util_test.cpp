@@ -69,6 +69,41 @@ TEST(CudaUtil, LtGemmMatchesTheHostProduct) {
   }
 }
 
+// An autotuned GEMM (GemmDesc::autotune: heuristic algorithms and split-K variants timed at setup)
+// with a long k, where split-K is among the candidates: whatever it chose, the product is exact (the
+// values' sums are exact in f32 in any order), bias and C included, and the GEMM runs again.
+TEST(CudaUtil, AutotunedLtGemmIsExact) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  const std::int64_t m = 96, n = 64, k = 4096;
+  const std::vector<float> a = small_values(static_cast<std::size_t>(m * k), 5);  // m x k
+  const std::vector<float> b = small_values(static_cast<std::size_t>(k * n), 6);  // k x n
+  const std::vector<float> bias = small_values(static_cast<std::size_t>(m), 7);
+  const std::vector<float> c = small_values(static_cast<std::size_t>(m * n), 8);
+  const gpu::DeviceBuffer da = upload(a), db = upload(b), dbias = upload(bias), dc = upload(c);
+  gpu::DeviceBuffer dd(static_cast<std::size_t>(m * n) * sizeof(float));
+  gpu::GemmDesc desc;
+  desc.m = m, desc.n = n, desc.k = k, desc.bias = dbias.get(), desc.beta = 1.f, desc.autotune = true;
+  const gpu::BoundGemm g(desc, "test", da.get(), db.get(), dd.get(), dc.get());
+  for (int pass = 0; pass < 2; ++pass) {
+    HOTOPS_CHECK_CUDA(cudaMemset(dd.get(), 0xFF, dd.bytes()));  // NaN: a result not written shows
+    g.run();
+    const std::vector<float> d = download(dd);
+    int bad = 0;
+    for (std::int64_t j = 0; j < n; ++j)
+      for (std::int64_t i = 0; i < m; ++i) {
+        double want = bias[static_cast<std::size_t>(i)] + c[static_cast<std::size_t>(j * m + i)];
+        for (std::int64_t p = 0; p < k; ++p)
+          want += static_cast<double>(a[static_cast<std::size_t>(p * m + i)]) * b[static_cast<std::size_t>(j * k + p)];
+        if (d[static_cast<std::size_t>(j * m + i)] != static_cast<float>(want) && ++bad <= 3)
+          ADD_FAILURE() << "pass " << pass << " at " << i << "," << j << ": " << d[static_cast<std::size_t>(j * m + i)] << " vs " << want
+                        << " (" << g.algo_label() << ")";
+      }
+    EXPECT_EQ(bad, 0) << g.algo_label();
+  }
+  EXPECT_NE(g.algo_label().find("splitK "), std::string::npos) << g.algo_label();
+}
+
 // A captured step replays; a body that throws, or that makes a call a capture refuses, leaves no
 // graph, says why, and leaves the stream usable.
 TEST(CudaUtil, StepGraphReplaysAndFailsCleanly) {

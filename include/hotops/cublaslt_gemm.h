@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "hotops/cuda_util.h"
 
@@ -25,7 +26,14 @@ struct GemmDesc {
   // Split-K partial sums reduced in the compute type (f32) only, never in a narrower D type (cublasLt's
   // CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE / INPLACE round each partial to D's type).
   bool reduce_in_compute = false;
+  // Choose the algorithm by timing, on the operands BoundGemm binds: the heuristic's first
+  // kTuneHeuristics algorithms and split-K variants of the first (2, 3, 4, 6, 8 slices, partials
+  // reduced in f32), each timed as 3 batches of 3 calls after a warm-up, the fastest kept. Writes D
+  // during setup, so only for GEMMs whose D is not also read (beta 0, or C distinct from D).
+  bool autotune = false;
 };
+
+constexpr int kTuneHeuristics = 8;
 
 // "algo I tile T stages S splitK K": a cublasLt algorithm's configuration, for labels.
 std::string algo_label(const cublasLtMatmulAlgo_t& algo);
@@ -54,6 +62,8 @@ class LtGemm {
 
   // On gpu::stream(); C (read when beta != 0) defaults to D.
   void run(const void* A, const void* B, void* D, const void* C = nullptr) const;
+  // GemmDesc::autotune: times the candidates on these operands and keeps the fastest (no-op otherwise).
+  void tune(const void* A, const void* B, void* D, const void* C);
   int algo_id() const;             // CUBLASLT_ALGO_CONFIG_ID
   std::string algo_label() const { return gpu::algo_label(algo_); }
 
@@ -62,14 +72,18 @@ class LtGemm {
   LtMatmulDesc desc_;
   LtLayout la_, lb_, ld_;
   cublasLtMatmulAlgo_t algo_{};
+  std::vector<cublasLtMatmulAlgo_t> candidates_;  // autotune: what tune() times (the first is algo_)
 };
 
 // An LtGemm whose operands are fixed buffers of a model's step, bound at setup.
 class BoundGemm {
  public:
   BoundGemm(const GemmDesc& d, const std::string& what, const void* A, const void* B, void* D, const void* C = nullptr)
-      : g_(d, what), a_(A), b_(B), d_(D), c_(C) {}
+      : g_(d, what), a_(A), b_(B), d_(D), c_(C) {
+    g_.tune(A, B, D, C);
+  }
   void run() const { g_.run(a_, b_, d_, c_); }
+  std::string algo_label() const { return g_.algo_label(); }
 
  private:
   LtGemm g_;

@@ -1,7 +1,8 @@
 // model_bert on CUDA. GEMMs: the dense layers are cublasLt matmuls with CUBLAS_COMPUTE_32F (f32: f32
 // operands, no TF32; bf16: bf16 operands on the tensor cores, f32 accumulation, bf16 activations out
 // and f32 weight gradients out),
-// with the BIAS epilogue in the forward and the residual added through C (D = A.B + bias + C, beta 1);
+// with the BIAS epilogue in the forward and the residual added through C (D = A.B + bias + C, beta 1),
+// each GEMM's algorithm the fastest of its candidates timed at setup;
 // the attention's six per-head GEMMs (scores, context; dP, dV, dQ, dK) are one cublasGemmBatchedEx
 // each over batch x heads, on pointer arrays (built at setup) into the [tokens, 3 hidden] QKV buffer and
 // the [tokens, hidden] context, so there is no head split or merge copy. Hand-written kernels: softmax
@@ -382,7 +383,9 @@ template <class T> constexpr cudaDataType_t cuda_type() { return std::is_same_v<
 
 // D (m x n, ld ldd) = op(A) . op(B) (+ bias over rows) (+ C, same layout and type as D), column-major,
 // gpu::LtGemm with CUBLAS_COMPUTE_32F: A and B of type `ab`, C and D (and the bias) of type `cd`; the
-// heuristic's first algorithm chosen at setup.
+// algorithm chosen at setup by timing (GemmDesc::autotune: the heuristic's first 8 and split-K
+// variants of the first; at batch 32 split-K wins for the three GEMMs of m = 768 and n = 4096,
+// whose 96 output tiles leave a third of the H100's 132 SMs idle).
 std::unique_ptr<gpu::BoundGemm> gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n,
                                      std::int64_t k, cudaDataType_t ab, const void* A, std::int64_t lda, const void* B,
                                      std::int64_t ldb, cudaDataType_t cd, void* D, std::int64_t ldd,
@@ -390,6 +393,8 @@ std::unique_ptr<gpu::BoundGemm> gemm(cublasOperation_t opa, cublasOperation_t op
   gpu::GemmDesc d;
   d.opa = opa, d.opb = opb, d.m = m, d.n = n, d.k = k, d.lda = lda, d.ldb = ldb, d.ldd = ldd;
   d.ab = ab, d.cd = cd, d.bias = bias, d.beta = C ? 1.f : 0.f;
+  d.autotune = true;  // no D here is read: beta 0, or C another buffer
+  HOTOPS_CHECK(!C || C != D, "model_bert: a GEMM's residual C must not be its output");
   return std::make_unique<gpu::BoundGemm>(d, "model_bert", A, B, D, C);
 }
 
@@ -578,7 +583,7 @@ class CudaLayer final : public LayerCase {
   std::string label() const override {
     const std::string gemm = kBf16 ? "bf16 (f32 accumulate, tensor cores)" : "f32";
     std::string l = std::string(s_.arch.pre_ln ? "pre-LN" : "post-LN") + " encoder layer: cublasLt " + gemm +
-                    " dense GEMMs (bias epilogue, residual as C), cublasGemmBatchedEx " + gemm +
+                    " dense GEMMs (bias epilogue, residual as C, algorithms timed at setup), cublasGemmBatchedEx " + gemm +
                     " attention GEMMs on strided heads, hotops softmax, GELU, LayerNorm kernels";
     if (kBf16) l += ", bf16 activations, f32 master weights cast to bf16 each step";
     if (s_.train()) l += " + MSE, their backwards, column sums, AdamW 1 launch";
