@@ -384,8 +384,10 @@ template <class T> constexpr cudaDataType_t cuda_type() { return std::is_same_v<
 // D (m x n, ld ldd) = op(A) . op(B) (+ bias over rows) (+ C, same layout and type as D), column-major,
 // gpu::LtGemm with CUBLAS_COMPUTE_32F: A and B of type `ab`, C and D (and the bias) of type `cd`; the
 // algorithm chosen at setup by timing (GemmDesc::autotune: the heuristic's first 8 and split-K
-// variants of the first; at batch 32 split-K wins for the three GEMMs of m = 768 and n = 4096,
-// whose 96 output tiles leave a third of the H100's 132 SMs idle).
+// variants of the first). At batch 32 on the H100, timed alone, 4 split-K slices were 4.5-4.9% faster
+// for the two GEMMs of m = 768, k = 3072 (FFN 2 and W1's data gradient: 96 output tiles of the
+// heuristic's kernel leave a third of the 132 SMs idle), and the heuristic's fourth algorithm 6% for
+// Wo's data gradient.
 std::unique_ptr<gpu::BoundGemm> gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n,
                                      std::int64_t k, cudaDataType_t ab, const void* A, std::int64_t lda, const void* B,
                                      std::int64_t ldb, cudaDataType_t cd, void* D, std::int64_t ldd,
