@@ -18,7 +18,9 @@
 // NHWC), as ONNX Runtime keeps its NCHWc between convolutions, and reorders only the last pooled
 // output to NHWC for the flatten. A first conv with a pool after it (keras_cnn's) reads the images in
 // nchw, oneDNN's first-convolution layout: 3 input channels are poor work for the NHWC kernels
-// (brgconv ran at ~105 GFLOP/s).
+// (brgconv ran at ~105 GFLOP/s). Its images are then held in nchw (converted at setup, as the CUDA
+// NCHW path holds them, and as ONNX Runtime's exported model takes them), so the step does not
+// reorder them.
 // bf16 (model_cnn.h): the same primitives on bf16 activations (the images, z, a, the pooled outputs,
 // h, and their gradients), oneDNN's bf16 kernels (AVX512_BF16 / AMX) accumulating in f32; the conv
 // weights reordered from the f32 flat buffer to bf16 in the primitives' formats and dense 1's weight
@@ -92,7 +94,10 @@ class CpuCnn final : public ModelCase {
     const Arch& a = s_.arch;
     const std::int64_t B = s_.batch;
     const dt at = adt();  // the activations' type
-    x_ = seeded_.x;
+    // infer with a pooled first conv reads the images in nchw (see the file comment): they are held in
+    // that order, converted here, as the CUDA NCHW path holds them, so the step reorders nothing.
+    x_nchw_ = !s_.train() && s_.convs.front().pool > 0;
+    x_ = images(seeded_.x);
     labels_ = seeded_.labels;
     params_ = seeded_.params;
     m_ = seeded_.m;
@@ -113,7 +118,7 @@ class CpuCnn final : public ModelCase {
     std::int64_t max_out = 0;
     for (const ConvLayer& c : s_.convs) max_out = std::max(max_out, c.out_count());
     if (s_.train()) da_ = memory(nhwc(B, 1, 1, max_out, at), eng), dz_ = memory(nhwc(B, 1, 1, max_out, at), eng);
-    x_mem_ = memory(nhwc(B, a.C, a.H, a.W, at), eng, x_.data());
+    x_mem_ = memory(x_nchw_ ? memory::desc({B, a.C, a.H, a.W}, at, tag::nchw) : nhwc(B, a.C, a.H, a.W, at), eng, x_.data());
     memory in = x_mem_;
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
       const ConvLayer& c = s_.convs[i];
@@ -279,6 +284,7 @@ class CpuCnn final : public ModelCase {
                     (own_layouts_ ? "; the conv and pool layers in the layouts oneDNN picked, NHWC at the flatten; " : "; NHWC; ") +
                     std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
     if (!s_.train() && s_.arch.bn) l += "; batch norms folded into the weights at setup";
+    if (x_nchw_) l += "; the images held NCHW";
     return l;
   }
 
@@ -633,8 +639,15 @@ class CpuCnn final : public ModelCase {
     return st;
   }
 
+  // The images [batch, H, W, C] in the order x_ holds them.
+  HostBuffer images(const HostBuffer& x) const {
+    const Arch& a = s_.arch;
+    return x_nchw_ ? nhwc_to_nchw(x, static_cast<std::int64_t>(x.count()) / (a.H * a.W * a.C), a.H, a.W, a.C) : x;
+  }
+
   void restore(const State& st, std::int64_t period) {
-    std::memcpy(x_.data(), st.x.data(), st.x.bytes());
+    const HostBuffer x = images(st.x);
+    std::memcpy(x_.data(), x.data(), x.bytes());
     labels_ = st.labels;
     std::copy_n(st.params.as<float>(), l_.total, params_.as<float>());
     std::copy_n(st.m.as<float>(), l_.total, m_.as<float>());
@@ -654,6 +667,7 @@ class CpuCnn final : public ModelCase {
   std::vector<std::int32_t> labels_;
   std::vector<ConvPrims> conv_;
   std::vector<memory> d_in_;
+  bool x_nchw_ = false;  // x_ holds the images nchw (infer with a pooled first conv), else nhwc
   memory x_mem_, flat_, flat2d_, da_, dz_, h_, hr_, dh_, dhr_, dflat_, hmean_, hvar_, hws_;
   Step w1_cast_;    // bf16: dense 1's weight to its bf16 copy
   Step dense1_, hbn_fwd_, hbn_bwd_, dense1_dw_, dense1_dx_;

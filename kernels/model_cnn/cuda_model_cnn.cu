@@ -603,22 +603,6 @@ bool use_nchw(const Arch& a, bool bf16) {
   return !bf16 && a.cuda_nchw;  // measured
 }
 
-// [n][h][w][c] <-> [n][c][h][w] on the host (the images in, the verification's activations out).
-HostBuffer nhwc_to_nchw(const HostBuffer& x, std::int64_t N, std::int64_t H, std::int64_t W, std::int64_t C, bool inverse = false) {
-  HostBuffer out(x.dtype(), x.count());
-  const std::size_t e = x.bytes() / std::max<std::size_t>(1, x.count());
-  const char* in = static_cast<const char*>(x.data());
-  char* o = static_cast<char*>(out.data());
-  for (std::int64_t n = 0; n < N; ++n)
-    for (std::int64_t c = 0; c < C; ++c)
-      for (std::int64_t hw = 0; hw < H * W; ++hw) {
-        const std::int64_t nchw = (n * C + c) * H * W + hw, nhwc = (n * H * W + hw) * C + c;
-        const std::size_t to = static_cast<std::size_t>(inverse ? nhwc : nchw), from = static_cast<std::size_t>(inverse ? nchw : nhwc);
-        std::memcpy(o + to * e, in + from * e, e);
-      }
-  return out;
-}
-
 // ---- cuDNN and cublasLt setup --------------------------------------------------------------------
 
 int dim(std::int64_t v) {

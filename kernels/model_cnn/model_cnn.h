@@ -228,6 +228,11 @@ enum class CudaLayout { measured, nhwc, nchw };
 void set_cuda_layout(CudaLayout l);
 CudaLayout cuda_layout();
 
+// [n][h][w][c] -> [n][c][h][w] on the host (or back, inverse), any dtype: the images into a backend's
+// NCHW order at setup (outside the timing: the program holds its batch in the order its model takes),
+// and the CUDA verification's activations back.
+HostBuffer nhwc_to_nchw(const HostBuffer& x, std::int64_t N, std::int64_t H, std::int64_t W, std::int64_t C, bool inverse = false);
+
 std::unique_ptr<ModelCase> make_cpu(const Problem& p);
 std::string cpu_unsupported_reason(const Problem& p);
 #ifdef HOTOPS_HAVE_CUDA
