@@ -40,6 +40,7 @@
 
 #include "hotops/check.h"
 #include "hotops/cpu.h"
+#include "kernels/model_cnn/cpu_conv_pool.h"
 #include "kernels/model_cnn/model_cnn.h"
 
 namespace hotops::model_cnn {
@@ -120,10 +121,23 @@ class CpuCnn final : public ModelCase {
     if (s_.train()) da_ = memory(nhwc(B, 1, 1, max_out, at), eng), dz_ = memory(nhwc(B, 1, 1, max_out, at), eng);
     x_mem_ = memory(x_nchw_ ? memory::desc({B, a.C, a.H, a.W}, at, tag::nchw) : nhwc(B, a.C, a.H, a.W, at), eng, x_.data());
     memory in = x_mem_;
+    {
+      const ConvLayer& c = s_.convs.front();
+      fused_ = {B, c.C, c.H, c.W, c.K, c.pad, c.pool, c.PH, c.PW};
+      fuse_first_ = x_nchw_ && !s_.bf16() && conv_pool_supported(fused_);
+    }
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
       const ConvLayer& c = s_.convs[i];
       const Layer& ly = l_.conv[i];
       ConvPrims& cp = conv_.emplace_back();
+      if (i == 0 && fuse_first_) {  // conv + bias + ReLU + pool in one pass (cpu_conv_pool.h), into nhwc
+        fused_w_ = conv_pool_filters(P + ly.w, c.K, c.C);
+        fused_b_ = P + ly.b;
+        cp.p = memory(nhwc(B, c.K, c.PH, c.PW, at), eng);
+        conv_impl_ = "conv 1: hotops conv + bias + ReLU + max-pool in one pass, " + conv_pool_isa();
+        in = cp.p;
+        continue;
+      }
       const memory::desc src = nhwc(B, c.C, c.H, c.W, at), dst_user = nhwc(B, c.K, c.P, c.Q, at);
       // infer: each layer in the layout its primitives pick (see the file comment); a first conv with
       // a pool after it reads the images in nchw.
@@ -259,7 +273,10 @@ class CpuCnn final : public ModelCase {
     const State start = verification_state(s_, seeded_);
     restore(start, verify_period(s_));
     for (const auto& [at, n] : l_.tensors) std::fill_n(grads_.as<float>() + at, n, std::numeric_limits<float>::quiet_NaN());
-    for (ConvPrims& cp : conv_) std::memset(cp.a.get_data_handle(), 0xff, cp.a.get_desc().get_size());
+    for (ConvPrims& cp : conv_) {  // NaN: an output a step did not write shows (the fused layer's: its pooled p)
+      memory& m = cp.a.get(true) ? cp.a : cp.p;
+      std::memset(m.get_data_handle(), 0xff, m.get_desc().get_size());
+    }
     run();
     Outcome o;
     if (!s_.train()) {
@@ -443,6 +460,10 @@ class CpuCnn final : public ModelCase {
     const bool bn_train = s_.train() && a.bn;
     for (std::size_t i = 0; i < conv_.size(); ++i) {
       ConvPrims& cp = conv_[i];
+      if (i == 0 && fuse_first_) {
+        conv_pool(fused_, x_.as<float>(), fused_w_.data(), fused_b_, static_cast<float*>(cp.p.get_data_handle()));
+        continue;
+      }
       if (cp.in_to_conv.prim) cp.in_to_conv.run();
       if (s_.train() || s_.bf16()) cp.w_to_fwd.run();
       cp.fwd.run();
@@ -668,6 +689,11 @@ class CpuCnn final : public ModelCase {
   std::vector<ConvPrims> conv_;
   std::vector<memory> d_in_;
   bool x_nchw_ = false;  // x_ holds the images nchw (infer with a pooled first conv), else nhwc
+  // infer f32: the first layer (conv, bias, ReLU, pool) as one hotops pass, where conv_pool takes it
+  bool fuse_first_ = false;
+  ConvPoolShape fused_{};
+  std::vector<float> fused_w_;  // [C][3][3][K], from the folded weights
+  const float* fused_b_ = nullptr;
   memory x_mem_, flat_, flat2d_, da_, dz_, h_, hr_, dh_, dhr_, dflat_, hmean_, hvar_, hws_;
   Step w1_cast_;    // bf16: dense 1's weight to its bf16 copy
   Step dense1_, hbn_fwd_, hbn_bwd_, dense1_dw_, dense1_dx_;
