@@ -20,7 +20,8 @@
 // nchw, oneDNN's first-convolution layout: 3 input channels are poor work for the NHWC kernels
 // (brgconv ran at ~105 GFLOP/s). Its images are then held in nchw (converted at setup, as the CUDA
 // NCHW path holds them, and as ONNX Runtime's exported model takes them), so the step does not
-// reorder them.
+// reorder them, and in f32 that layer (conv, bias, ReLU, pool) is one hotops pass (cpu_conv_pool.h)
+// that writes only the pooled output, NHWC.
 // bf16 (model_cnn.h): the same primitives on bf16 activations (the images, z, a, the pooled outputs,
 // h, and their gradients), oneDNN's bf16 kernels (AVX512_BF16 / AMX) accumulating in f32; the conv
 // weights reordered from the f32 flat buffer to bf16 in the primitives' formats and dense 1's weight
