@@ -135,7 +135,6 @@ class CpuCnn final : public ModelCase {
         fused_w_ = conv_pool_filters(P + ly.w, c.K, c.C);
         fused_b_ = P + ly.b;
         cp.p = memory(nhwc(B, c.K, c.PH, c.PW, at), eng);
-        conv_impl_ = "conv 1: hotops conv + bias + ReLU + max-pool in one pass, " + conv_pool_isa();
         in = cp.p;
         continue;
       }
@@ -165,7 +164,7 @@ class CpuCnn final : public ModelCase {
         cp.in_to_conv = {HOTOPS_CHECK_DNNL(dnnl::reorder(in, conv_in)), {{DNNL_ARG_FROM, in}, {DNNL_ARG_TO, conv_in}}};
       }
       if (own_layout && fpd.dst_desc() != dst_user) own_layouts_ = true;
-      conv_impl_ += std::string(i ? ", " : "") + fpd.impl_info_str();
+      conv_impl_ += std::string(conv_impl_.empty() ? "" : ", ") + fpd.impl_info_str();
       memory w_user_mem(w_user, eng, P + ly.w), w_fwd(fpd.weights_desc(), eng);
       cp.w_to_fwd = {HOTOPS_CHECK_DNNL(dnnl::reorder(w_user_mem, w_fwd)), {{DNNL_ARG_FROM, w_user_mem}, {DNNL_ARG_TO, w_fwd}}};
       if (!s_.train() && !s_.bf16()) {  // the weights are fixed: reorder once here (bf16 casts in the step)
@@ -297,6 +296,7 @@ class CpuCnn final : public ModelCase {
 
   std::string label() const override {
     std::string l = std::string(s_.bf16() ? "bf16 autocast (f32 master weights cast each step; bf16 activations, f32 accumulation); " : "") +
+                    (fuse_first_ ? "conv 1 + bias + ReLU + max-pool: one hotops pass (" + conv_pool_isa() + "); conv 2 on: " : "") +
                     "oneDNN convolution (" + conv_impl_ + "), " + (s_.arch.bn && s_.train() ? "batch_normalization + ReLU, " : "") +
                     "pooling max, matmul; hotops loops for the last layer" + (s_.train() ? ", dropout, loss, AdamW" : "") +
                     (own_layouts_ ? "; the conv and pool layers in the layouts oneDNN picked, NHWC at the flatten; " : "; NHWC; ") +
