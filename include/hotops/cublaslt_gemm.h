@@ -1,5 +1,6 @@
 // The one cublasLt GEMM of the families that call cublasLt directly (the models, lstm_cell): its
-// descriptors, the algorithm chosen once at setup, and the call. kernels/matmul keeps its own, which
+// descriptors, the algorithm chosen once at setup (the heuristic's first, or with autotune the
+// fastest of several timed), and the call. kernels/matmul keeps its own, which
 // also compares algorithms and reports them as the benchmark.
 #pragma once
 #include <cublasLt.h>
@@ -56,7 +57,8 @@ struct LtLayout {
 
 class LtGemm {
  public:
-  // Takes the heuristic's first algorithm for the shared workspace (gpu::cublas_workspace()).
+  // Takes the heuristic's first algorithm for the shared workspace (gpu::cublas_workspace()); with
+  // GemmDesc::autotune, also the candidates tune() times (BoundGemm calls it with its operands).
   // Throws Error(unsupported) naming `what` and the GEMM when cublasLt offers none.
   LtGemm(const GemmDesc& d, const std::string& what);
 
