@@ -81,13 +81,7 @@ void LtGemm::tune(const void* A, const void* B, void* D, const void* C) {
                             kCublasWorkspaceBytes, stream());
     };
     if (call() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate cublasLt refuses at run time is dropped
-    float t = -1;
-    for (int batch = 0; batch < 3; ++batch) {
-      const float ms = time_ms([&] {
-        for (int k = 0; k < 3; ++k) HOTOPS_CHECK_CUBLAS(call());
-      });
-      if (t < 0 || ms < t) t = ms;
-    }
+    const float t = best_batch_ms([&] { HOTOPS_CHECK_CUBLAS(call()); });
     if (best < 0 || t < best) best = t, algo_ = a;
   }
   candidates_.clear();

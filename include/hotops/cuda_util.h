@@ -107,4 +107,19 @@ float time_ms(Body body) {
   return ms;
 }
 
+// How fast one call is, as setup-time autotuners measure it (conv2d's re-timing of cuDNN Find's
+// candidates, LtGemm::tune): 3 batches of 3 back-to-back `launch()` calls, each batch between CUDA
+// events; the best batch's mean, in ms per call. The caller makes the warm-up call.
+template <class Launch>
+float best_batch_ms(Launch launch) {
+  float best = -1;
+  for (int batch = 0; batch < 3; ++batch) {
+    const float t = time_ms([&] {
+      for (int k = 0; k < 3; ++k) launch();
+    });
+    if (best < 0 || t < best) best = t;
+  }
+  return best / 3;
+}
+
 }  // namespace hotops::gpu

@@ -36,21 +36,13 @@ struct ConvDesc {
 
 // cudnnFind*AlgorithmEx times each algorithm once, so where two candidates are close, or one timing
 // was disturbed, two runs picked different algorithms for the same convolution (up to 60% apart on
-// the H100). conv2d times Find's usable candidates again with this: `call()`
-// makes one cuDNN call and returns its status; one warm-up call, then 3 batches of 3 back-to-back
-// calls between CUDA events. Returns the best batch's mean in ms, or -1 when the warm-up call fails
-// (the caller drops that candidate).
+// the H100). conv2d times Find's usable candidates again with this: `call()` makes one cuDNN call
+// and returns its status; one warm-up call, then gpu::best_batch_ms. Returns ms per call, or -1 when
+// the warm-up call fails (the caller drops that candidate).
 template <class Call>
 float retime_ms(Call call) {
   if (call() != CUDNN_STATUS_SUCCESS) return -1;
-  float best = -1;
-  for (int batch = 0; batch < 3; ++batch) {
-    const float t = time_ms([&] {
-      for (int k = 0; k < 3; ++k) HOTOPS_CHECK_CUDNN(call());
-    });
-    if (best < 0 || t < best) best = t;
-  }
-  return best / 3;
+  return best_batch_ms([&] { HOTOPS_CHECK_CUDNN(call()); });
 }
 // How many of Find's usable results are re-timed. (model_cnn keeps Find's choice: with its passes
 // re-timed as eager calls, its graph-replayed vgg_cifar train step took 834 us at batch 32 on the

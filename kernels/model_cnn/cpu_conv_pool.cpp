@@ -2,8 +2,9 @@
 // sample per call: for each pooled pixel, each conv output under its window is the bias plus 9 C
 // products per channel, accumulated over the K channels at once (GCC vectors: K / 16 zmm on AVX-512,
 // K / 8 ymm on AVX2), then the window's maximum and the ReLU.
-// The body is one always-inline template; the AVX-512 and AVX2 entry points compile it with their
-// target attribute, and the dispatcher picks by __builtin_cpu_supports once.
+// The body is one always-inline template, compiled three times as the other hand-written CPU loops
+// are (x86-64-v4 = AVX-512, x86-64-v3 = AVX2, baseline), each with its own vector width (so by hand,
+// not target_clones); the dispatcher picks by __builtin_cpu_supports once.
 #include "kernels/model_cnn/cpu_conv_pool.h"
 
 #include <algorithm>
@@ -67,13 +68,13 @@ __attribute__((always_inline)) inline void row_body(const ConvPoolShape& s, cons
 using RowFn = void (*)(const ConvPoolShape&, const float*, const float*, const float*, float*, std::int64_t, std::int64_t);
 
 template <int K>
-__attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,fma"))) void row_avx512(const ConvPoolShape& s, const float* x, const float* w,
-                                                                                  const float* b, float* o, std::int64_t n, std::int64_t ph) {
+__attribute__((target("arch=x86-64-v4"))) void row_avx512(const ConvPoolShape& s, const float* x, const float* w, const float* b,
+                                                           float* o, std::int64_t n, std::int64_t ph) {
   row_body<K, 16>(s, x, w, b, o, n, ph);
 }
 template <int K>
-__attribute__((target("avx2,fma"))) void row_avx2(const ConvPoolShape& s, const float* x, const float* w, const float* b, float* o,
-                                                  std::int64_t n, std::int64_t ph) {
+__attribute__((target("arch=x86-64-v3"))) void row_avx2(const ConvPoolShape& s, const float* x, const float* w, const float* b, float* o,
+                                                         std::int64_t n, std::int64_t ph) {
   row_body<K, 8>(s, x, w, b, o, n, ph);
 }
 template <int K>
@@ -85,10 +86,8 @@ enum class Isa { avx512, avx2, generic };
 Isa isa() {
   static const Isa i = [] {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512bw"))
-      return Isa::avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
+    if (__builtin_cpu_supports("x86-64-v4")) return Isa::avx512;
+    if (__builtin_cpu_supports("x86-64-v3")) return Isa::avx2;
     return Isa::generic;
   }();
   return i;
@@ -140,9 +139,9 @@ void conv_pool(const ConvPoolShape& s, const float* x, const float* w, const flo
 
 std::string conv_pool_isa() {
   switch (isa()) {
-    case Isa::avx512: return "avx512";
-    case Isa::avx2: return "avx2";
-    default: return "generic";
+    case Isa::avx512: return "x86-64-v4 (AVX-512)";
+    case Isa::avx2: return "x86-64-v3 (AVX2)";
+    default: return "baseline x86-64";
   }
 }
 

@@ -27,7 +27,7 @@ std::vector<float> conv_pool_filters(const float* krsc, std::int64_t K, std::int
 // samples and pooled rows. x nchw; w from conv_pool_filters.
 void conv_pool(const ConvPoolShape& s, const float* x, const float* w, const float* bias, float* out);
 
-// "avx512", "avx2" or "generic": the code conv_pool runs on this CPU.
+// "x86-64-v4 (AVX-512)", "x86-64-v3 (AVX2)" or "baseline x86-64": the code conv_pool runs on this CPU.
 std::string conv_pool_isa();
 
 }  // namespace hotops::model_cnn
