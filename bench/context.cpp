@@ -27,6 +27,7 @@ void add_context(const Options& o) {
   AddCustomContext("hotops_cold_l2", o.cold_l2 ? "1" : "0");
   AddCustomContext("hotops_throttle_threshold", std::to_string(o.throttle_threshold));
   AddCustomContext("hotops_runs_per_sample", std::to_string(o.runs_per_sample));
+  AddCustomContext("hotops_shuffle_layout", o.shuffle_layout ? "1" : "0");
   for (const auto& [backend, c] : roofline().ceilings) {
     const std::string prefix = std::string("roofline_") + backend_name(backend);
     if (c.bytes_per_second > 0) AddCustomContext(prefix + "_copy_GBps", std::to_string(c.bytes_per_second / 1e9));

@@ -13,6 +13,7 @@
 #include "bench/roofline.h"
 #include "bench/runner.h"
 #include "hotops/buffer.h"
+#include "hotops/gpu.h"
 #include "hotops/cpu.h"
 
 namespace {
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
 
   hotops::set_global_seed(options.seed);
   if (options.threads > 0) hotops::cpu::set_threads(options.threads);
+  hotops::gpu::set_shuffle_layout(options.shuffle_layout);
 
   // hotops' default sample budget is 0.05 s per benchmark (Google Benchmark's is 0.5 s), so that a
   // whole op family runs in under a minute; --benchmark_min_time overrides it as usual.

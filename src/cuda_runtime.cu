@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <random>
 #include <string>
 #include <thread>
 
@@ -201,12 +202,33 @@ void* cublas_workspace() {
 
 void synchronize() { HOTOPS_CHECK_CUDA(cudaStreamSynchronize(stream())); }
 
+namespace {
+std::atomic<bool> g_shuffle_layout{false};
+
+// A buffer's offset into its allocation while the layout is shuffled: 0 to 7 large pages (2 MiB)
+// and 0 to 31 steps of 64 KiB, uniformly (alignment stays 64 KiB).
+std::size_t layout_shift() {
+  if (!g_shuffle_layout.load()) return 0;
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return (rng() % 8) * (std::size_t(2) << 20) + (rng() % 32) * (std::size_t(64) << 10);
+}
+}  // namespace
+
+void set_shuffle_layout(bool on) { g_shuffle_layout = on; }
+
 DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;
-  const cudaError_t e = cudaMalloc(&ptr_, bytes);
+  std::size_t shift = layout_shift();
+  void* base = nullptr;
+  cudaError_t e = cudaMalloc(&base, bytes + shift);
+  if (e == cudaErrorMemoryAllocation && shift > 0) {
+    // The offset must never cost a case the memory it needs: place this buffer unshifted.
+    cudaGetLastError();
+    shift = 0;
+    e = cudaMalloc(&base, bytes);
+  }
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError();  // an allocation failure is not sticky: clear it
-    ptr_ = nullptr;
     const Memory m = memory();
     // What hotops holds is the case being set up (the previous one is freed first) and the
     // process-wide buffers, so held + asked is what the case needs at least.
@@ -219,15 +241,17 @@ DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
     throw Error(buf, ErrorKind::out_of_memory);
   }
   HOTOPS_CHECK_CUDA(e);
-  g_held_bytes += bytes;
+  ptr_ = static_cast<char*>(base) + shift;
+  shift_ = shift;
+  g_held_bytes += bytes + shift;
 }
 
 DeviceBuffer::DeviceBuffer(const HostBuffer& host) : DeviceBuffer(host.bytes()) { upload(host); }
 
 DeviceBuffer::~DeviceBuffer() {
   if (!ptr_) return;
-  cudaFree(ptr_);  // fails only on a lost context, where there is nothing left to free
-  g_held_bytes -= bytes_;
+  cudaFree(static_cast<char*>(ptr_) - shift_);  // fails only on a lost context, where there is nothing left to free
+  g_held_bytes -= bytes_ + shift_;
 }
 
 void copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {

@@ -127,6 +127,8 @@ const char* flags_help() {
          "  --hotops_roofline=0|1  measure copy bandwidth and GEMM peak first; report fractions (default 1)\n"
          "  --hotops_runs_per_sample=N  GPU executions per timed sample: 0 (default) enough for 0.5 ms,\n"
          "                         back to back in a CUDA graph; 1 times each execution on its own\n"
+         "  --hotops_shuffle_layout=0|1  place each GPU buffer at a random offset, drawn again at\n"
+         "                         every setup of a case (default 1)\n"
          "  --hotops_threads=N     CPU threads for oneDNN and hotops' loops (default: all cores)\n"
          "  --hotops_seed=N        seed of every random input (default 20261122)\n"
          "  --hotops_help          this text\n";
@@ -174,6 +176,9 @@ Options parse_flags(int& argc, char** argv) {
       if (v.empty() || *end != '\0' || !(f >= 0 && f <= 1))
         throw FlagError("hotops: bad value '" + v + "' for --" + flag + ": expected a fraction from 0 to 1 (0: keep throttled samples)");
       o.throttle_threshold = f;
+    } else if (flag == "hotops_shuffle_layout") {
+      need_value();
+      o.shuffle_layout = parse_bool(flag, v);
     } else if (flag == "hotops_runs_per_sample") {
       need_value();
       o.runs_per_sample = static_cast<int>(parse_int(flag, v, 0, 10000, "a count from 0 (automatic) to 10000"));

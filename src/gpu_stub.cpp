@@ -19,6 +19,7 @@ double Timer::mean_clock_mhz() const { return 0; }
 long Timer::discarded_samples() const { return 0; }
 Timer::~Timer() = default;
 double Timer::sample() { return 0; }
+void set_shuffle_layout(bool) {}
 void synchronize() {}
 bool context_lost(std::string*) { return false; }
 Memory memory() { return {}; }

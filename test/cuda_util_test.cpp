@@ -1,7 +1,10 @@
 // The shared GPU helpers on their own: the cublasLt GEMM the models and lstm_cell use
-// (hotops/cublaslt_gemm.h), the step graph and gpu::copy (hotops/cuda_util.h). Skipped without a GPU.
+// (hotops/cublaslt_gemm.h), the step graph, gpu::copy and DeviceBuffer's shuffled layout
+// (hotops/cuda_util.h). Skipped without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -159,6 +162,48 @@ TEST(CudaUtil, CopyWaitsForTheStream) {
   HOTOPS_CHECK_CUDA(cudaMemcpyAsync(small.get(), tail, kTail, cudaMemcpyDeviceToDevice, gpu::stream()));
   gpu::copy(host.data(), small.get(), kTail, cudaMemcpyDeviceToHost);
   EXPECT_EQ(host[kTail / 2], 0xc3);
+}
+// --hotops_shuffle_layout: each buffer sits at a fresh random offset into a larger allocation (what
+// hotops holds grows by more than the buffers), drawn again for every buffer; data, poison() and
+// moves work as unshifted, and freeing returns every byte. Off: exactly the buffers' bytes.
+TEST(CudaUtil, ShuffledLayoutMovesBuffersAndKeepsTheirData) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  struct Restore {
+    ~Restore() { gpu::set_shuffle_layout(false); }
+  } restore;
+  constexpr std::size_t kBytes = 256 << 10;
+  const std::size_t held0 = gpu::memory().held;
+  {
+    gpu::DeviceBuffer a(kBytes), b(kBytes);
+    EXPECT_EQ(gpu::memory().held - held0, 2 * kBytes);
+  }
+  gpu::set_shuffle_layout(true);
+  std::vector<std::size_t> extra;
+  for (int i = 0; i < 8; ++i) {
+    gpu::DeviceBuffer d(kBytes);
+    extra.push_back(gpu::memory().held - held0 - kBytes);
+    EXPECT_EQ(extra.back() % (64 << 10), 0u);
+  }
+  std::sort(extra.begin(), extra.end());
+  EXPECT_GT(std::unique(extra.begin(), extra.end()) - extra.begin(), 1) << "eight buffers, one offset";
+  EXPECT_EQ(gpu::memory().held, held0);
+  {
+    const std::vector<float> va = small_values(kBytes / 4, 1), vb = small_values(kBytes / 4, 2);
+    gpu::DeviceBuffer a = upload(va), b = upload(vb), c(kBytes);
+    EXPECT_GT(gpu::memory().held - held0, 3 * kBytes);
+    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(c.get(), a.get(), kBytes, cudaMemcpyDeviceToDevice, gpu::stream()));
+    a.poison();
+    EXPECT_EQ(download(c), va);
+    EXPECT_EQ(download(b), vb);
+    const std::vector<float> poisoned = download(a);
+    EXPECT_TRUE(std::isnan(poisoned.front()) && std::isnan(poisoned.back()));
+    gpu::DeviceBuffer moved = std::move(b);
+    b = std::move(c);
+    EXPECT_EQ(download(moved), vb);
+    EXPECT_EQ(download(b), va);
+  }
+  EXPECT_EQ(gpu::memory().held, held0);
 }
 #else
 TEST(CudaUtil, BuiltWithoutCuda) { GTEST_SKIP() << "this build of hotops has no CUDA backend"; }

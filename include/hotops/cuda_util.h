@@ -36,10 +36,11 @@ class DeviceBuffer {
   DeviceBuffer() = default;
   explicit DeviceBuffer(std::size_t bytes);
   explicit DeviceBuffer(const HostBuffer& host);  // allocate and upload
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(o.bytes_) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(o.bytes_), shift_(o.shift_) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     std::swap(ptr_, o.ptr_);
     std::swap(bytes_, o.bytes_);
+    std::swap(shift_, o.shift_);
     return *this;
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
@@ -56,6 +57,7 @@ class DeviceBuffer {
  private:
   void* ptr_ = nullptr;
   std::size_t bytes_ = 0;
+  std::size_t shift_ = 0;  // ptr_'s offset into its allocation (gpu::set_shuffle_layout)
 };
 
 // A CUDA graph of the work a step queues on stream(), captured once at setup and replayed (the

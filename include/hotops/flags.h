@@ -16,6 +16,7 @@ struct Options {
   int threads = 0;                    // --hotops_threads=N: CPU threads (0: all cores)
   std::uint64_t seed = 20261122;      // --hotops_seed=N: every random input derives from it
   bool roofline = true;               // --hotops_roofline=0|1: measure the ceilings, report fractions
+  bool shuffle_layout = true;         // --hotops_shuffle_layout=0|1: device buffers at random offsets
   bool help = false;                  // --hotops_help
 };
 

@@ -56,6 +56,12 @@ class Timer {
   int launches_ = 1;
 };
 
+// --hotops_shuffle_layout: while on, each DeviceBuffer starts at a random offset into a larger
+// allocation (0 to 16 MiB in 64 KiB steps, a fresh draw per buffer), so that every setup of a case
+// places its data at other addresses and, mostly, on other physical pages. Off: each buffer is its
+// own cudaMalloc. Off by default; bench turns it on (docs/timing.md says why).
+void set_shuffle_layout(bool on);
+
 // Block until all work queued on hotops' stream is done (and rethrow its errors).
 void synchronize();
 
