@@ -47,6 +47,13 @@ struct Diff {
 
 Diff diff(const Run& base, const Run& next, const Prices& prices = {});
 
+// The U test of the new repetitions against the base repetitions each multiplied by `factor`.
+// Inverting the test gives a confidence interval for the time ratio new/base; p < alpha with
+// factor 1 + t and the new run slower means that interval lies wholly above 1 + t: slower by more
+// than t, not merely different. (Criterion's rule for its noise threshold, with the U test's
+// interval instead of a bootstrap one.) nullopt unless both runs have at least 2 repetitions.
+std::optional<UTest> utest_against_scaled_base(const DiffRow& r, double factor);
+
 // Context keys whose difference means the two runs come from different machines.
 std::vector<std::string> machine_differences(const Run& a, const Run& b);
 

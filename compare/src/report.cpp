@@ -181,8 +181,9 @@ Tracker parse_tracker(const std::string& s) {
 }
 
 bool significant_change(const DiffRow& r, const Style& s) {
-  return r.status == DiffStatus::both && r.utest && r.utest->p < s.alpha &&
-         std::fabs(r.ratio - 1) >= s.noise_pct / 100;
+  const double t = s.noise_pct / 100;
+  if (r.status != DiffStatus::both || !r.utest || !(r.utest->p < s.alpha) || std::fabs(r.ratio - 1) < t) return false;
+  return t == 0 || utest_against_scaled_base(r, r.ratio > 1 ? 1 + t : 1 - t)->p < s.alpha;
 }
 
 void print_diff(std::ostream& out, const Diff& d, const Run& base, const Run& next, const Style& s) {
@@ -195,7 +196,7 @@ void print_diff(std::ostream& out, const Diff& d, const Run& base, const Run& ne
   }
   const std::string changes =
       tested == 0 ? std::string("no entry has repetitions in both runs: no U test")
-                  : "significant changes (p < " + fmt("%g", s.alpha) + " and |change| >= " + fmt("%g", s.noise_pct) +
+                  : "significant changes (p < " + fmt("%g", s.alpha) + " and significantly beyond +-" + fmt("%g", s.noise_pct) +
                         "%): " + std::to_string(slower + faster) + " of " + std::to_string(tested) +
                         " entries with repetitions in both runs (" + std::to_string(slower) + " slower, " +
                         std::to_string(faster) + " faster)";
@@ -315,7 +316,7 @@ void print_diff(std::ostream& out, const Diff& d, const Run& base, const Run& ne
     for (const auto& w : d.warnings) out << "> **warning:** " << md_cell(w) << "\n\n";
     render_md(out, t);
     out << "\n" << geo << "; p: two-sided Mann-Whitney U over repetitions, `*`: p below " << fmt("%g", s.alpha)
-        << " and a change of at least " << fmt("%g", s.noise_pct) << "%.\n\n" << changes << ".\n";
+        << " and a change significantly beyond " << fmt("%g", s.noise_pct) << "%.\n\n" << changes << ".\n";
     return;
   }
   render_console(out, t, s.colour);

@@ -15,12 +15,14 @@ struct Style {
   Format format = Format::console;
   bool colour = false;  // ANSI colours in console tables
   double alpha = 0.05;     // diff: a change is significant when p < alpha ...
-  double noise_pct = 1.0;  // ... and the medians differ by at least this many per cent
+  double noise_pct = 1.0;  // ... and it is significantly beyond this many per cent
 };
 
 // Whether diff counts a row's change as significant: both runs have repetitions, the U test gives
-// p < alpha, and |new/base - 1| >= noise_pct / 100 (a shift below the noise threshold is not a
-// change worth reporting however consistent; Criterion's noise_threshold is the same idea).
+// p < alpha, |new/base - 1| >= noise_pct / 100, and the new repetitions differ significantly from
+// the base ones scaled by 1 +- noise_pct / 100 (utest_against_scaled_base): the ratio's confidence
+// interval lies wholly beyond the noise threshold, as Criterion requires of its noise_threshold. A
+// shift within the threshold is not a change worth reporting, however consistent.
 bool significant_change(const DiffRow& r, const Style& s);
 
 void print_diff(std::ostream& out, const Diff& d, const Run& base, const Run& next, const Style& s);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "compare/src/analysis.h"
 #include "compare/src/report.h"
@@ -20,6 +21,14 @@ const std::string kConv = "conv2d/cuda/bf16/fwd/shape:resnet50.conv1/batch:32/C:
                           "pad:3/dilation:1/bias:0/layout:nchw/manual_time";
 
 RunData fixture(const std::string& name) { return read_run(kFixtures + "/" + name); }
+
+// A run of one entry "a" whose repetitions took these times (ns).
+RunData reps(const std::vector<double>& ns, const std::string& file) {
+  std::string j = R"({"benchmarks": [)";
+  for (std::size_t i = 0; i < ns.size(); ++i)
+    j += (i ? ", " : "") + std::string(R"({"name": "a", "real_time": )") + std::to_string(ns[i]) + R"(, "time_unit": "ns"})";
+  return parse_run(j + "]}", file);
+}
 
 const DiffRow& row(const Diff& d, const std::string& name) {
   const auto it = std::find_if(d.rows.begin(), d.rows.end(), [&name](const DiffRow& r) { return r.name == name; });
@@ -39,6 +48,31 @@ TEST(Diff, RepeatedRunHasNoSignificantChange) {
   }
   EXPECT_NEAR(d.geomean_ratio, 1.005, 1e-9);
   EXPECT_TRUE(d.warnings.empty()) << "same machine";
+}
+
+// A change counts only when it is significantly beyond the noise threshold. Five repetitions 1.5%
+// slower, apart from the base's (p = 0.008): the ratio's interval still reaches below 1.01
+// (p = 0.056 against base x 1.01), so not significant at --noise 1; at --noise 0.5 it is.
+TEST(Diff, ConsistentShiftWithinTheNoiseIntervalIsNotSignificant) {
+  const RunData base = reps({100, 100.2, 100.4, 100.6, 100.8}, "b.json");
+  const RunData next = reps({101.5, 101.7, 101.9, 102.1, 102.3}, "n.json");
+  const Diff d = diff(base, next);
+  const DiffRow& r = row(d, "a");
+  EXPECT_NEAR(r.utest->p, 0.00794, 1e-5);
+  EXPECT_NEAR(r.ratio, 101.9 / 100.4, 1e-12);
+  EXPECT_NEAR(utest_against_scaled_base(r, 1.01)->p, 0.0556, 1e-4);
+  Style s;
+  EXPECT_FALSE(significant_change(r, s));
+  s.noise_pct = 0.5;
+  EXPECT_TRUE(significant_change(r, s));
+  s.noise_pct = 0;
+  EXPECT_TRUE(significant_change(r, s));
+  // Faster the same way: the same answers, tested against base x 0.99.
+  const DiffRow& f = row(diff(next, base), "a");
+  s.noise_pct = 1;
+  EXPECT_FALSE(significant_change(f, s));
+  s.noise_pct = 0.5;
+  EXPECT_TRUE(significant_change(f, s));
 }
 
 TEST(Diff, ListsEveryKindOfEntry) {
@@ -207,6 +241,24 @@ TEST(Gate, FailsOnAPlantedTwentyPercentSlowdown) {
   const Gate strict = gate(fixture("gb17_base.json"), fixture("gb17_slow20.json"), {5, 0.001});
   ASSERT_EQ(strict.failures.size(), 1u);
   EXPECT_NE(strict.failures[0].reason.find("cannot reach"), std::string::npos) << strict.failures[0].reason;
+}
+
+// Every new repetition slower than every base one (p = 0.008) and the median 27% slower, but two
+// of them within 5% of the base: not significantly beyond a 5% threshold, so a note, not a
+// failure. The same slowdown with tight repetitions fails.
+TEST(Gate, FailsOnlyWhenSignificantlyBeyondTheThreshold) {
+  const RunData base = reps({100, 101, 102, 103, 104}, "b.json");
+  const Gate wide = gate(base, reps({105.5, 106, 130, 131, 132}, "n.json"), {5, 0.05});
+  EXPECT_TRUE(wide.passed()) << (wide.failures.empty() ? "" : wide.failures[0].reason);
+  ASSERT_EQ(wide.notes.size(), 1u);
+  EXPECT_NE(wide.notes[0].find("+27.5% slower than base (threshold 5%) but not significantly beyond it"), std::string::npos)
+      << wide.notes[0];
+  EXPECT_NE(wide.notes[0].find("p = 0.00794 against base"), std::string::npos) << wide.notes[0];
+  const Gate tight = gate(base, reps({126, 127, 130, 131, 132}, "n.json"), {5, 0.05});
+  ASSERT_EQ(tight.failures.size(), 1u);
+  EXPECT_NE(tight.failures[0].reason.find("significantly beyond it: p = 0.00794 for new against base x 1.05 < 0.05"),
+            std::string::npos)
+      << tight.failures[0].reason;
 }
 
 TEST(Gate, VanishedAndNowFailingEntriesFail) {

@@ -94,7 +94,7 @@ TEST(Cli, DiffNoiseThresholdAndSignificantCount) {
   const std::string args = "diff " + fx("gb17_base.json") + " " + fx("gb17_slow20.json");
   const Result dflt = run(args);
   ASSERT_EQ(dflt.code, 0) << dflt.err;
-  EXPECT_NE(dflt.out.find("significant changes (p < 0.05 and |change| >= 1%): 1 of 25 entries with repetitions in "
+  EXPECT_NE(dflt.out.find("significant changes (p < 0.05 and significantly beyond +-1%): 1 of 25 entries with repetitions in "
                           "both runs (1 slower, 0 faster)"),
             std::string::npos)
       << dflt.out;
