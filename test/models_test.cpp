@@ -222,6 +222,45 @@ TEST(ModelsVerify, Bf16BoundsCatchSlips) {
   }
 }
 
+// Where a gradient's terms cancel, its rounding errors are relative to the terms, not to the sum:
+// classifierdl's last bias (2 classes whose counts balance over the batch) is about 1e-3 of the
+// terms' root-sum-square, so a run correct to a few bf16 roundings of the terms must pass; an
+// error the size of the terms still fails.
+TEST(ModelsVerify, CancellingGradientIsJudgedByItsTerms) {
+  const Shape s = shape_of(problem("classifierdl", Backend::cpu, Direction::train, 256, "threads", 8, DType::bf16));
+  const ParamLayout l = param_layout(s.widths);
+  const State st = make_state(s, l, problem("classifierdl", Backend::cpu, Direction::train, 256, "threads", 8, DType::bf16).seed());
+  std::vector<double> p0(l.total), x(st.x.count());
+  for (std::size_t i = 0; i < p0.size(); ++i) p0[i] = st.params.get(i);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = st.x.get(i);
+  const Reference r = reference(s.widths, l, p0, x, st.labels, s.batch, true);
+  const std::size_t last = s.layers() - 1, b = l.b[last];
+  const auto n = static_cast<std::size_t>(s.out(last));
+  double sum_sq = 0, terms_sq = 0;
+  for (std::size_t i = b; i < b + n; ++i) sum_sq += r.grad[i] * r.grad[i], terms_sq += r.grad_terms_sq[i];
+  const double rms_ref = std::sqrt(sum_sq / n), rms_terms = std::sqrt(terms_sq / n);
+  ASSERT_LT(rms_ref, 0.01 * rms_terms) << "the test needs a last bias whose terms cancel";
+  auto outcome = [&](double db_error) {
+    Outcome o;
+    o.loss = static_cast<float>(r.loss);
+    o.grads = HostBuffer(DType::f32, l.total);
+    o.params = HostBuffer(DType::f32, l.total);
+    for (std::size_t i = 0; i < l.total; ++i) {
+      o.grads.set(i, r.grad[i] + (i >= b && i < b + n ? db_error : 0.0));
+      adamw::Element e{p0[i], 0, 0};
+      adamw::reference_step(hyper(), 1, o.grads.get(i), e);
+      o.params.set(i, e.p);
+    }
+    return o;
+  };
+  constexpr double u = 1.0 / 512;
+  const Check rounded = verify_outcome(s, l, st, outcome(8 * u * rms_terms));
+  EXPECT_TRUE(rounded.ok) << rounded.message;
+  const Check wrong = verify_outcome(s, l, st, outcome(rms_terms));
+  EXPECT_FALSE(wrong.ok) << "an error the size of the terms passed";
+  EXPECT_NE(wrong.message.find("db" + std::to_string(last + 1)), std::string::npos) << wrong.message;
+}
+
 // A bf16 run really rounds (its error is above f32's bound) yet passes bf16's; f32 keeps its bound.
 TEST(ModelsCpu, Bf16RunsInBf16) {
   for (Direction d : {Direction::infer, Direction::train}) {

@@ -142,6 +142,10 @@ struct Reference {
   std::vector<double> logits;  // [batch, classes]
   double loss = 0;
   std::vector<double> grad;    // flat, train only
+  // Per gradient element, the sum of its terms' squares (sum over the batch of dz^2 for a bias,
+  // (a dz)^2 for a weight): what the rounding errors of the reduction grow with, also where the
+  // terms cancel and the gradient itself is far smaller. Train only.
+  std::vector<double> grad_terms_sq;
 };
 Reference reference(const std::vector<std::int64_t>& widths, const ParamLayout& l, const std::vector<double>& params,
                     const std::vector<double>& x, const std::vector<std::int32_t>& labels, std::int64_t batch,

@@ -65,16 +65,24 @@ Reference reference(const std::vector<std::int64_t>& widths, const ParamLayout& 
 
   // Backward, last layer first: dW = a^T.dz, db = colsum(dz), da = dz.W^T, dz = da * (a > 0).
   ref.grad.assign(l.total, 0.0);
+  ref.grad_terms_sq.assign(l.total, 0.0);
   for (std::size_t k = L; k-- > 0;) {
     const std::int64_t in = widths[k], out = widths[k + 1];
     for (std::int64_t r = 0; r < batch; ++r)
-      for (std::int64_t o = 0; o < out; ++o) ref.grad[l.b[k] + static_cast<std::size_t>(o)] += dz[static_cast<std::size_t>(r * out + o)];
+      for (std::int64_t o = 0; o < out; ++o) {
+        const double t = dz[static_cast<std::size_t>(r * out + o)];
+        ref.grad[l.b[k] + static_cast<std::size_t>(o)] += t;
+        ref.grad_terms_sq[l.b[k] + static_cast<std::size_t>(o)] += t * t;
+      }
 #pragma omp parallel for schedule(static)
     for (std::int64_t i = 0; i < in; ++i)
       for (std::int64_t r = 0; r < batch; ++r) {
         const double ai = a[k][static_cast<std::size_t>(r * in + i)];
-        for (std::int64_t o = 0; o < out; ++o)
-          ref.grad[l.w[k] + static_cast<std::size_t>(i * out + o)] += ai * dz[static_cast<std::size_t>(r * out + o)];
+        for (std::int64_t o = 0; o < out; ++o) {
+          const double t = ai * dz[static_cast<std::size_t>(r * out + o)];
+          ref.grad[l.w[k] + static_cast<std::size_t>(i * out + o)] += t;
+          ref.grad_terms_sq[l.w[k] + static_cast<std::size_t>(i * out + o)] += t * t;
+        }
       }
     if (k == 0) break;
     std::vector<double> da(static_cast<std::size_t>(batch * in), 0.0);
