@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
   d->add_option("NEW", new_path, "new run (JSON)")->required();
   d->add_option("--format", format, "console, md, csv or json");
   d->add_option("--alpha", alpha, "p below this is marked significant (default 0.05)");
-  d->add_option("--noise", noise, "PCT: a change smaller than this is not significant, whatever p (default 1)");
+  d->add_option("--noise", noise, "PCT: a change not significantly beyond this is not marked, whatever p (default 1)");
   d->add_option("--cost", cost, "cpu=USD_PER_HOUR,cuda=USD_PER_HOUR: cost per million items");
   d->add_option("--filter", filter, "REGEX: only the entries whose names match (e.g. /cuda/), in both runs");
 
@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   s->add_option("--format", format, "console, md, csv or json");
   s->add_option("--cost", cost, "cpu=USD_PER_HOUR,cuda=USD_PER_HOUR: cost per million items");
 
-  auto* g = app.add_subcommand("gate", "exit 1 when an entry is slower beyond the threshold (and significant), vanished or fails");
+  auto* g = app.add_subcommand("gate", "exit 1 when an entry is significantly slower than the threshold allows, vanished or fails");
   g->add_option("BASE", base_path, "baseline run (JSON)")->required();
   g->add_option("NEW", new_path, "new run (JSON)")->required();
   g->add_option("--max-slowdown", max_slowdown, "PCT: the largest slowdown that passes, in percent")->required();
