@@ -26,6 +26,22 @@ Problem bf16_problem(const std::string& model, Backend be, Direction d, std::int
   return problem(model, be, d, batch, nullptr, 0, DType::bf16);
 }
 
+// The train outcome of a model that computed reference r's loss, the gradients `grads`, and took
+// AdamW step `step` from p0 with them.
+Outcome train_outcome(const Reference& r, const std::vector<double>& grads, const std::vector<double>& p0, std::int64_t step = 1) {
+  Outcome o;
+  o.loss = static_cast<float>(r.loss);
+  o.grads = HostBuffer(DType::f32, p0.size());
+  o.params = HostBuffer(DType::f32, p0.size());
+  for (std::size_t i = 0; i < p0.size(); ++i) {
+    o.grads.set(i, grads[i]);
+    adamw::Element e{p0[i], 0, 0};
+    adamw::reference_step(hyper(), step, o.grads.get(i), e);
+    o.params.set(i, e.p);
+  }
+  return o;
+}
+
 TEST(ModelsLayout, ParameterCountsAndAlignment) {
   const ParamLayout tiny = param_layout(model_named("mlp_tiny").widths);
   EXPECT_EQ(tiny.parameters, 13 * 32 + 32 + 32 * 16 + 16 + 16 * 2 + 2);  // 1010, as seed 004's model
@@ -136,19 +152,7 @@ TEST(ModelsVerify, PlantedErrorsFail) {
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = st.x.get(i);
   const Reference ref = reference(s.widths, l, p0, x, st.labels, s.batch, true);
 
-  auto outcome = [&](std::int64_t step) {
-    Outcome o;
-    o.loss = static_cast<float>(ref.loss);
-    o.grads = HostBuffer(DType::f32, l.total);
-    o.params = HostBuffer(DType::f32, l.total);
-    for (std::size_t i = 0; i < l.total; ++i) {
-      o.grads.set(i, ref.grad[i]);
-      adamw::Element e{p0[i], 0, 0};
-      adamw::reference_step(hyper(), step, o.grads.get(i), e);
-      o.params.set(i, e.p);
-    }
-    return o;
-  };
+  auto outcome = [&](std::int64_t step) { return train_outcome(ref, ref.grad, p0, step); };
   EXPECT_TRUE(verify_outcome(s, l, st, outcome(1)).ok);
 
   Outcome wrong_loss = outcome(1);
@@ -187,19 +191,9 @@ TEST(ModelsVerify, Bf16BoundsCatchSlips) {
     // The outcome of a model that computed `params` exactly (its logits stored bf16), and took the step.
     auto outcome = [&](const std::vector<double>& params) {
       const Reference r = reference(s.widths, l, params, x, st.labels, s.batch, s.train());
-      Outcome o;
+      Outcome o = s.train() ? train_outcome(r, r.grad, p0) : Outcome{};
       o.logits = HostBuffer(DType::bf16, r.logits.size());
       for (std::size_t i = 0; i < r.logits.size(); ++i) o.logits.set(i, r.logits[i]);
-      if (!s.train()) return o;
-      o.loss = static_cast<float>(r.loss);
-      o.grads = HostBuffer(DType::f32, l.total);
-      o.params = HostBuffer(DType::f32, l.total);
-      for (std::size_t i = 0; i < l.total; ++i) {
-        o.grads.set(i, r.grad[i]);
-        adamw::Element e{p0[i], 0, 0};
-        adamw::reference_step(hyper(), 1, o.grads.get(i), e);
-        o.params.set(i, e.p);
-      }
       return o;
     };
     const Check good = verify_outcome(s, l, st, outcome(p0));
@@ -241,17 +235,9 @@ TEST(ModelsVerify, CancellingGradientIsJudgedByItsTerms) {
   const double rms_ref = std::sqrt(sum_sq / n), rms_terms = std::sqrt(terms_sq / n);
   ASSERT_LT(rms_ref, 0.01 * rms_terms) << "the test needs a last bias whose terms cancel";
   auto outcome = [&](double db_error) {
-    Outcome o;
-    o.loss = static_cast<float>(r.loss);
-    o.grads = HostBuffer(DType::f32, l.total);
-    o.params = HostBuffer(DType::f32, l.total);
-    for (std::size_t i = 0; i < l.total; ++i) {
-      o.grads.set(i, r.grad[i] + (i >= b && i < b + n ? db_error : 0.0));
-      adamw::Element e{p0[i], 0, 0};
-      adamw::reference_step(hyper(), 1, o.grads.get(i), e);
-      o.params.set(i, e.p);
-    }
-    return o;
+    std::vector<double> g = r.grad;
+    for (std::size_t i = b; i < b + n; ++i) g[i] += db_error;
+    return train_outcome(r, g, p0);
   };
   constexpr double u = 1.0 / 512;
   const Check rounded = verify_outcome(s, l, st, outcome(8 * u * rms_terms));
