@@ -221,9 +221,10 @@ TEST(ModelsVerify, Bf16BoundsCatchSlips) {
 // terms' root-sum-square, so a run correct to a few bf16 roundings of the terms must pass; an
 // error the size of the terms still fails.
 TEST(ModelsVerify, CancellingGradientIsJudgedByItsTerms) {
-  const Shape s = shape_of(problem("classifierdl", Backend::cpu, Direction::train, 256, "threads", 8, DType::bf16));
+  const Problem p = problem("classifierdl", Backend::cpu, Direction::train, 256, "threads", 8, DType::bf16);
+  const Shape s = shape_of(p);
   const ParamLayout l = param_layout(s.widths);
-  const State st = make_state(s, l, problem("classifierdl", Backend::cpu, Direction::train, 256, "threads", 8, DType::bf16).seed());
+  const State st = make_state(s, l, p.seed());
   std::vector<double> p0(l.total), x(st.x.count());
   for (std::size_t i = 0; i < p0.size(); ++i) p0[i] = st.params.get(i);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = st.x.get(i);
