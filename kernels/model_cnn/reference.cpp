@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <omp.h>
+
 #include "kernels/model_cnn/model_cnn.h"
 
 namespace hotops::model_cnn {
@@ -17,82 +19,126 @@ constexpr std::int64_t kParallelMacs = 1 << 20;
 
 std::size_t idx(std::int64_t i) { return static_cast<std::size_t>(i); }
 
-// z[q, p, o, k] = b[k] + sum over r, t, c of a[q, p + r - pad, o + t - pad, c] W[k, r, t, c]
+// The convolutions' row loops, compiled for AVX-512, AVX2 and the baseline (the loader picks): the
+// reference's bulk of work, run by every verification of a CNN step.
+#define REF_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+// Sums over rows [0, rows) into `width` accumulators: the rows are split among the threads (one when
+// the work is small), each adding into its own zeroed copy through body(r0, r1, acc); the copies are
+// then added in thread order, so a thread count always gives the same sums.
+template <class Body>
+Vec reduce_rows(std::int64_t rows, std::int64_t width, std::int64_t work, Body body) {
+  const int T = work > kParallelMacs ? std::max(1, omp_get_max_threads()) : 1;
+  std::vector<Vec> part(idx(T));
+#pragma omp parallel for num_threads(T) schedule(static)
+  for (int t = 0; t < T; ++t) {
+    part[idx(t)].assign(idx(width), 0.0);
+    body(rows * t / T, rows * (t + 1) / T, part[idx(t)].data());
+  }
+  Vec out(idx(width), 0.0);
+  for (const Vec& p : part)
+    for (std::int64_t c = 0; c < width; ++c) out[idx(c)] += p[idx(c)];
+  return out;
+}
+
+// z[q, p, o, k] = b[k] + sum over r, t, c of a[q, p + r - pad, o + t - pad, c] W[k, r, t, c], with W
+// transposed to [r, t, c, k] so that the innermost loop runs over a pixel's K outputs.
+REF_CLONES void conv_fwd_row(const ConvLayer& c, std::int64_t q, std::int64_t p, const double* a, const double* Wt,
+                             const double* b, double* z) {
+      for (std::int64_t o = 0; o < c.Q; ++o) {
+        double* __restrict zr = z + ((q * c.P + p) * c.Q + o) * c.K;
+        for (std::int64_t k = 0; k < c.K; ++k) zr[k] = b[k];
+        for (std::int64_t r = 0; r < 3; ++r) {
+          const std::int64_t h = p + r - c.pad;
+          if (h < 0 || h >= c.H) continue;
+          for (std::int64_t t = 0; t < 3; ++t) {
+            const std::int64_t w = o + t - c.pad;
+            if (w < 0 || w >= c.W) continue;
+            const double* in = a + ((q * c.H + h) * c.W + w) * c.C;
+            const double* wt = Wt + (r * 3 + t) * c.C * c.K;
+            for (std::int64_t ci = 0; ci < c.C; ++ci) {
+              const double v = in[ci];
+              const double* __restrict wr = wt + ci * c.K;
+              for (std::int64_t k = 0; k < c.K; ++k) zr[k] += v * wr[k];
+            }
+          }
+        }
+      }
+}
 Vec conv_fwd(const ConvLayer& c, std::int64_t S, const Vec& a, const double* W, const double* b) {
+  Vec Wt(idx(9 * c.C * c.K));
+  for (std::int64_t k = 0; k < c.K; ++k)
+    for (std::int64_t tc = 0; tc < 9 * c.C; ++tc) Wt[idx(tc * c.K + k)] = W[k * 9 * c.C + tc];
   Vec z(idx(S * c.out_count()));
 #pragma omp parallel for collapse(2) schedule(static) if (S * c.out_count() * c.C > kParallelMacs)
   for (std::int64_t q = 0; q < S; ++q)
-    for (std::int64_t p = 0; p < c.P; ++p)
-      for (std::int64_t o = 0; o < c.Q; ++o)
-        for (std::int64_t k = 0; k < c.K; ++k) {
-          double acc = b[k];
-          for (std::int64_t r = 0; r < 3; ++r) {
-            const std::int64_t h = p + r - c.pad;
-            if (h < 0 || h >= c.H) continue;
-            for (std::int64_t t = 0; t < 3; ++t) {
-              const std::int64_t w = o + t - c.pad;
-              if (w < 0 || w >= c.W) continue;
-              const double* in = &a[idx(((q * c.H + h) * c.W + w) * c.C)];
-              const double* wk = W + ((k * 3 + r) * 3 + t) * c.C;
-              for (std::int64_t ci = 0; ci < c.C; ++ci) acc += in[ci] * wk[ci];
-            }
-          }
-          z[idx(((q * c.P + p) * c.Q + o) * c.K + k)] = acc;
-        }
+    for (std::int64_t p = 0; p < c.P; ++p) conv_fwd_row(c, q, p, a.data(), Wt.data(), b, z.data());
   return z;
 }
 
 // dW[k, r, t, c] = sum over samples (weighted) and output pixels of dz[q, p, o, k] a[q, h, w, c];
-// db[k] = the weighted sum of dz.
-void conv_bwd_weights(const ConvLayer& c, std::int64_t S, const std::vector<std::int64_t>& count, const Vec& a,
-                      const Vec& dz, double* dW, double* db) {
-#pragma omp parallel for schedule(static) if (S * c.out_count() * c.C > kParallelMacs)
-  for (std::int64_t k = 0; k < c.K; ++k) {
-    double* dwk = dW + k * 9 * c.C;
-    double bsum = 0;
-    for (std::int64_t q = 0; q < S; ++q)
-      for (std::int64_t p = 0; p < c.P; ++p)
-        for (std::int64_t o = 0; o < c.Q; ++o) {
-          const double g = dz[idx(((q * c.P + p) * c.Q + o) * c.K + k)] * static_cast<double>(count[idx(q)]);
-          bsum += g;
-          for (std::int64_t r = 0; r < 3; ++r) {
-            const std::int64_t h = p + r - c.pad;
-            if (h < 0 || h >= c.H) continue;
-            for (std::int64_t t = 0; t < 3; ++t) {
-              const std::int64_t w = o + t - c.pad;
-              if (w < 0 || w >= c.W) continue;
-              const double* in = &a[idx(((q * c.H + h) * c.W + w) * c.C)];
-              double* d = dwk + (r * 3 + t) * c.C;
-              for (std::int64_t ci = 0; ci < c.C; ++ci) d[ci] += g * in[ci];
+// db[k] = the weighted sum of dz. Accumulated as [r, t, c, k] (innermost loop over k) per thread.
+REF_CLONES void conv_bwd_weights_row(const ConvLayer& c, std::int64_t q, std::int64_t p, double wq, const double* a,
+                                     const double* dz, double* acc) {
+      double* __restrict dbk = acc + 9 * c.C * c.K;
+      for (std::int64_t o = 0; o < c.Q; ++o) {
+        const double* __restrict g = dz + ((q * c.P + p) * c.Q + o) * c.K;
+        for (std::int64_t k = 0; k < c.K; ++k) dbk[k] += wq * g[k];
+        for (std::int64_t r = 0; r < 3; ++r) {
+          const std::int64_t h = p + r - c.pad;
+          if (h < 0 || h >= c.H) continue;
+          for (std::int64_t t = 0; t < 3; ++t) {
+            const std::int64_t w = o + t - c.pad;
+            if (w < 0 || w >= c.W) continue;
+            const double* in = a + ((q * c.H + h) * c.W + w) * c.C;
+            double* d = acc + (r * 3 + t) * c.C * c.K;
+            for (std::int64_t ci = 0; ci < c.C; ++ci) {
+              const double v = wq * in[ci];
+              double* __restrict dr = d + ci * c.K;
+              for (std::int64_t k = 0; k < c.K; ++k) dr[k] += v * g[k];
             }
           }
         }
-    db[k] = bsum;
+      }
+}
+void conv_bwd_weights(const ConvLayer& c, std::int64_t S, const std::vector<std::int64_t>& count, const Vec& a,
+                      const Vec& dz, double* dW, double* db) {
+  const std::int64_t taps = 9 * c.C * c.K;
+  const Vec sum = reduce_rows(S * c.P, taps + c.K, S * c.out_count() * c.C, [&](std::int64_t r0, std::int64_t r1, double* acc) {
+    for (std::int64_t row = r0; row < r1; ++row)
+      conv_bwd_weights_row(c, row / c.P, row % c.P, static_cast<double>(count[idx(row / c.P)]), a.data(), dz.data(), acc);
+  });
+  for (std::int64_t k = 0; k < c.K; ++k) {
+    for (std::int64_t tc = 0; tc < 9 * c.C; ++tc) dW[k * 9 * c.C + tc] += sum[idx(tc * c.K + k)];
+    db[k] += sum[idx(taps + k)];
   }
 }
 
 // da[q, h, w, c] = sum over r, t, k of dz[q, h - r + pad, w - t + pad, k] W[k, r, t, c] (per copy).
-Vec conv_bwd_data(const ConvLayer& c, std::int64_t S, const Vec& dz, const double* W) {
-  Vec da(idx(S * c.in_count()), 0.0);
-#pragma omp parallel for collapse(2) schedule(static) if (S * c.out_count() * c.C > kParallelMacs)
-  for (std::int64_t q = 0; q < S; ++q)
-    for (std::int64_t h = 0; h < c.H; ++h)
+REF_CLONES void conv_bwd_data_row(const ConvLayer& c, std::int64_t q, std::int64_t h, const double* dz, const double* W,
+                                  double* da) {
       for (std::int64_t w = 0; w < c.W; ++w) {
-        double* d = &da[idx(((q * c.H + h) * c.W + w) * c.C)];
+        double* __restrict d = da + ((q * c.H + h) * c.W + w) * c.C;
         for (std::int64_t r = 0; r < 3; ++r) {
           const std::int64_t p = h - r + c.pad;
           if (p < 0 || p >= c.P) continue;
           for (std::int64_t t = 0; t < 3; ++t) {
             const std::int64_t o = w - t + c.pad;
             if (o < 0 || o >= c.Q) continue;
-            const double* g = &dz[idx(((q * c.P + p) * c.Q + o) * c.K)];
+            const double* g = dz + ((q * c.P + p) * c.Q + o) * c.K;
             for (std::int64_t k = 0; k < c.K; ++k) {
-              const double* wk = W + ((k * 3 + r) * 3 + t) * c.C;
+              const double* __restrict wk = W + ((k * 3 + r) * 3 + t) * c.C;
               for (std::int64_t ci = 0; ci < c.C; ++ci) d[ci] += g[k] * wk[ci];
             }
           }
         }
       }
+}
+Vec conv_bwd_data(const ConvLayer& c, std::int64_t S, const Vec& dz, const double* W) {
+  Vec da(idx(S * c.in_count()), 0.0);
+#pragma omp parallel for collapse(2) schedule(static) if (S * c.out_count() * c.C > kParallelMacs)
+  for (std::int64_t q = 0; q < S; ++q)
+    for (std::int64_t h = 0; h < c.H; ++h) conv_bwd_data_row(c, q, h, dz.data(), W, da.data());
   return da;
 }
 
@@ -104,35 +150,42 @@ struct Norm {
 Norm bn_fwd(const Vec& z, std::int64_t n, std::int64_t per_sample_rows, const std::vector<std::int64_t>& count,
             bool train, const double* run_mean, const double* run_var, double* new_mean, double* new_var) {
   const std::int64_t rows = static_cast<std::int64_t>(z.size()) / n;
+  const std::int64_t work = static_cast<std::int64_t>(z.size());
+  auto weight = [&](std::int64_t r) { return static_cast<double>(count[idx(r / per_sample_rows)]); };
   Norm nm;
-  nm.mean.assign(idx(n), 0.0);
-  nm.rstd.assign(idx(n), 0.0);
   Vec var(idx(n), 0.0);
   if (train) {
     double M = 0;
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const double wgt = static_cast<double>(count[idx(r / per_sample_rows)]);
-      M += wgt;
-      for (std::int64_t c = 0; c < n; ++c) nm.mean[idx(c)] += wgt * z[idx(r * n + c)];
-    }
-    for (double& m : nm.mean) m /= M;
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const double wgt = static_cast<double>(count[idx(r / per_sample_rows)]);
-      for (std::int64_t c = 0; c < n; ++c) {
-        const double d = z[idx(r * n + c)] - nm.mean[idx(c)];
-        var[idx(c)] += wgt * d * d;
+    for (std::int64_t c : count) M += static_cast<double>(c * per_sample_rows);
+    nm.mean = reduce_rows(rows, n, work, [&](std::int64_t r0, std::int64_t r1, double* acc) {
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const double wgt = weight(r);
+        for (std::int64_t c = 0; c < n; ++c) acc[c] += wgt * z[idx(r * n + c)];
       }
-    }
+    });
+    for (double& m : nm.mean) m /= M;
+    var = reduce_rows(rows, n, work, [&](std::int64_t r0, std::int64_t r1, double* acc) {
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const double wgt = weight(r);
+        for (std::int64_t c = 0; c < n; ++c) {
+          const double d = z[idx(r * n + c)] - nm.mean[idx(c)];
+          acc[c] += wgt * d * d;
+        }
+      }
+    });
     for (std::int64_t c = 0; c < n; ++c) {
       var[idx(c)] /= M;
       new_mean[c] = (1 - kBnMomentum) * run_mean[c] + kBnMomentum * nm.mean[idx(c)];
       new_var[c] = (1 - kBnMomentum) * run_var[c] + kBnMomentum * var[idx(c)] * M / (M - 1);
     }
   } else {
-    for (std::int64_t c = 0; c < n; ++c) nm.mean[idx(c)] = run_mean[c], var[idx(c)] = run_var[c];
+    nm.mean.assign(run_mean, run_mean + n);
+    var.assign(run_var, run_var + n);
   }
+  nm.rstd.resize(idx(n));
   for (std::int64_t c = 0; c < n; ++c) nm.rstd[idx(c)] = 1 / std::sqrt(var[idx(c)] + kBnEps);
   nm.xhat.resize(z.size());
+#pragma omp parallel for schedule(static) if (work > kParallelMacs)
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < n; ++c) nm.xhat[idx(r * n + c)] = (z[idx(r * n + c)] - nm.mean[idx(c)]) * nm.rstd[idx(c)];
   return nm;
@@ -143,30 +196,28 @@ Norm bn_fwd(const Vec& z, std::int64_t n, std::int64_t per_sample_rows, const st
 Vec bn_bwd(const Norm& nm, const Vec& dy, std::int64_t n, std::int64_t per_sample_rows,
            const std::vector<std::int64_t>& count, const double* gamma, double* dgamma, double* dbeta) {
   const std::int64_t rows = static_cast<std::int64_t>(dy.size()) / n;
-  Vec s1(idx(n), 0.0), s2(idx(n), 0.0);
+  const std::int64_t work = static_cast<std::int64_t>(dy.size());
   double M = 0;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const double wgt = static_cast<double>(count[idx(r / per_sample_rows)]);
-    M += wgt;
-    for (std::int64_t c = 0; c < n; ++c) {
-      s1[idx(c)] += wgt * dy[idx(r * n + c)];
-      s2[idx(c)] += wgt * dy[idx(r * n + c)] * nm.xhat[idx(r * n + c)];
+  for (std::int64_t c : count) M += static_cast<double>(c * per_sample_rows);
+  // s[0, n): sum_w dy; s[n, 2n): sum_w dy xhat.
+  const Vec s = reduce_rows(rows, 2 * n, work, [&](std::int64_t r0, std::int64_t r1, double* acc) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const double wgt = static_cast<double>(count[idx(r / per_sample_rows)]);
+      for (std::int64_t c = 0; c < n; ++c) {
+        acc[c] += wgt * dy[idx(r * n + c)];
+        acc[n + c] += wgt * dy[idx(r * n + c)] * nm.xhat[idx(r * n + c)];
+      }
     }
-  }
-  for (std::int64_t c = 0; c < n; ++c) dgamma[c] = s2[idx(c)], dbeta[c] = s1[idx(c)];
+  });
+  for (std::int64_t c = 0; c < n; ++c) dgamma[c] = s[idx(n + c)], dbeta[c] = s[idx(c)];
   Vec dz(dy.size());
+#pragma omp parallel for schedule(static) if (work > kParallelMacs)
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < n; ++c) {
       const std::size_t i = idx(r * n + c);
-      dz[i] = gamma[c] * nm.rstd[idx(c)] * (dy[i] - s1[idx(c)] / M - nm.xhat[i] * s2[idx(c)] / M);
+      dz[i] = gamma[c] * nm.rstd[idx(c)] * (dy[i] - s[idx(c)] / M - nm.xhat[i] * s[idx(n + c)] / M);
     }
   return dz;
-}
-
-double rms_of(const Vec& v) {
-  double s = 0;
-  for (double x : v) s += x * x;
-  return std::sqrt(s / static_cast<double>(std::max<std::size_t>(1, v.size())));
 }
 
 // The near-tie band of each of the n channels of a layer's pre-ReLU values y [rows, n]: `tie` times
@@ -176,23 +227,37 @@ double rms_of(const Vec& v) {
 // its mean carries its z's rounding magnified (with 4 to 16 distinct samples, a few of keras_cnn's
 // 1024 hidden units have |z| rstd of 5 to 30 where most have about 1).
 Vec tie_bands(const Vec& y, std::int64_t n, double tie, const Vec* z = nullptr, const Norm* norm = nullptr, const double* gamma = nullptr) {
-  const double floor = tie * rms_of(y);
+  const std::int64_t rows = static_cast<std::int64_t>(y.size()) / n;
+  const std::int64_t work = static_cast<std::int64_t>(y.size());
+  // sq[0, n): sum of y^2; sq[n, 2n): sum of z^2, per channel.
+  const Vec sq = reduce_rows(rows, 2 * n, work, [&](std::int64_t r0, std::int64_t r1, double* acc) {
+    for (std::int64_t r = r0; r < r1; ++r)
+      for (std::int64_t c = 0; c < n; ++c) {
+        acc[c] += y[idx(r * n + c)] * y[idx(r * n + c)];
+        if (z) acc[n + c] += (*z)[idx(r * n + c)] * (*z)[idx(r * n + c)];
+      }
+  });
+  double y2 = 0;
+  for (std::int64_t c = 0; c < n; ++c) y2 += sq[idx(c)];
+  const double floor = tie * std::sqrt(y2 / static_cast<double>(std::max<std::size_t>(1, y.size())));
   Vec band(idx(n), floor);
   if (!z || !norm || !gamma) return band;
-  Vec z2(idx(n), 0.0);
-  for (std::size_t j = 0; j < z->size(); ++j) z2[j % idx(n)] += (*z)[j] * (*z)[j];
-  const double rows = static_cast<double>(z->size() / idx(n));
   for (std::int64_t c = 0; c < n; ++c)
-    band[idx(c)] = std::max(floor, tie * std::fabs(gamma[c]) * norm->rstd[idx(c)] * std::sqrt(z2[idx(c)] / rows));
+    band[idx(c)] = std::max(floor, tie * std::fabs(gamma[c]) * norm->rstd[idx(c)] * std::sqrt(sq[idx(n + c)] / static_cast<double>(rows)));
   return band;
 }
 
 // ReLU with the implementation's decision inside the tie band of y's channel (|y| <= band[channel]):
 // pass[i] says where the gradient passes.
 std::vector<char> relu_pass(const Vec& y, const float* hint, const Vec& band) {
+  const std::int64_t n = static_cast<std::int64_t>(band.size()), rows = static_cast<std::int64_t>(y.size()) / n;
   std::vector<char> pass(y.size());
-  for (std::size_t i = 0; i < y.size(); ++i)
-    pass[i] = (hint && std::fabs(y[i]) <= band[i % band.size()]) ? hint[i] > 0.f : y[i] > 0;
+#pragma omp parallel for schedule(static) if (static_cast<std::int64_t>(y.size()) > kParallelMacs)
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < n; ++c) {
+      const std::size_t i = idx(r * n + c);
+      pass[i] = (hint && std::fabs(y[i]) <= band[idx(c)]) ? hint[i] > 0.f : y[i] > 0;
+    }
   return pass;
 }
 
@@ -236,8 +301,11 @@ Reference reference(const Shape& s, const ParamLayout& l, const std::vector<Drop
       norm[i] = bn_fwd(z, c.K, c.P * c.Q, count, train, &stats[ly.mean], &stats[ly.var], &ref.stats[ly.mean],
                        &ref.stats[ly.var]);
       y[i].resize(z.size());
-      for (std::size_t j = 0; j < z.size(); ++j)
-        y[i][j] = norm[i].xhat[j] * P[ly.gamma + j % idx(c.K)] + P[ly.beta + j % idx(c.K)];
+      const std::int64_t rows = static_cast<std::int64_t>(z.size()) / c.K;
+#pragma omp parallel for schedule(static) if (static_cast<std::int64_t>(z.size()) > kParallelMacs)
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t k = 0; k < c.K; ++k)
+          y[i][idx(r * c.K + k)] = norm[i].xhat[idx(r * c.K + k)] * P[ly.gamma + idx(k)] + P[ly.beta + idx(k)];
       band = tie_bands(y[i], c.K, tie, &z, train ? &norm[i] : nullptr, P + ly.gamma);
     } else {
       y[i] = std::move(z);
@@ -246,6 +314,7 @@ Reference reference(const Shape& s, const ParamLayout& l, const std::vector<Drop
     const float* hint = hints && i < hints->conv.size() ? hints->conv[i] : nullptr;
     pass[i] = relu_pass(y[i], hint, band);
     Vec act(y[i].size());
+#pragma omp parallel for schedule(static) if (static_cast<std::int64_t>(act.size()) > kParallelMacs)
     for (std::size_t j = 0; j < act.size(); ++j) act[j] = pass[i][j] ? y[i][j] : 0.0;
     if (keep_acts && train) ref.relu.emplace_back(act.begin(), act.end());
     if (!c.pool) {
@@ -256,6 +325,7 @@ Reference reference(const Shape& s, const ParamLayout& l, const std::vector<Drop
     const std::int64_t k = c.pool;
     in[i + 1].assign(idx(S * c.pooled_count()), 0.0);
     arg[i].assign(idx(S * c.pooled_count()), 0);
+#pragma omp parallel for collapse(2) schedule(static) if (S * c.out_count() > kParallelMacs)
     for (std::int64_t q = 0; q < S; ++q)
       for (std::int64_t ph = 0; ph < c.PH; ++ph)
         for (std::int64_t pw = 0; pw < c.PW; ++pw)
@@ -279,6 +349,7 @@ Reference reference(const Shape& s, const ParamLayout& l, const std::vector<Drop
           }
     if (!train) continue;
     const DropoutKey& dk = keys[stage_of[i]];
+#pragma omp parallel for collapse(2) schedule(static) if (S * c.pooled_count() > kParallelMacs)
     for (std::int64_t q = 0; q < S; ++q)
       for (std::int64_t e = 0; e < c.pooled_count(); ++e) {
         double& v = in[i + 1][idx(q * c.pooled_count() + e)];
@@ -289,13 +360,22 @@ Reference reference(const Shape& s, const ParamLayout& l, const std::vector<Drop
   const std::int64_t F = flat_width(a), Hd = a.hidden, C = a.classes;
   const Vec& flat = in[L];
   Vec h(idx(S * Hd));
+  // Blocks of hidden units, each reading its columns of W once for all the samples.
+  constexpr std::int64_t kBlock = 64;
 #pragma omp parallel for schedule(static) if (S * F * Hd > kParallelMacs)
-  for (std::int64_t o = 0; o < Hd; ++o)
-    for (std::int64_t q = 0; q < S; ++q) {
-      double acc = P[l.dense1.b + idx(o)];
-      for (std::int64_t f = 0; f < F; ++f) acc += flat[idx(q * F + f)] * P[l.dense1.w + idx(f * Hd + o)];
-      h[idx(q * Hd + o)] = acc;
+  for (std::int64_t o0 = 0; o0 < Hd; o0 += kBlock) {
+    const std::int64_t o1 = std::min(Hd, o0 + kBlock);
+    for (std::int64_t q = 0; q < S; ++q)
+      for (std::int64_t o = o0; o < o1; ++o) h[idx(q * Hd + o)] = P[l.dense1.b + idx(o)];
+    for (std::int64_t f = 0; f < F; ++f) {
+      const double* __restrict wr = P + l.dense1.w + idx(f * Hd);
+      for (std::int64_t q = 0; q < S; ++q) {
+        const double v = flat[idx(q * F + f)];
+        double* __restrict hr = &h[idx(q * Hd)];
+        for (std::int64_t o = o0; o < o1; ++o) hr[o] += v * wr[o];
+      }
     }
+  }
   Norm hn;
   Vec hy = h;
   if (a.bn) {
@@ -357,15 +437,21 @@ Reference reference(const Shape& s, const ParamLayout& l, const std::vector<Drop
   if (a.bn) dh = bn_bwd(hn, dh, Hd, 1, count, P + l.dense1.gamma, G + l.dense1.gamma, G + l.dense1.beta);
   Vec dflat(idx(S * F), 0.0);
 #pragma omp parallel for schedule(static) if (S * F * Hd > kParallelMacs)
-  for (std::int64_t f = 0; f < F; ++f)
-    for (std::int64_t o = 0; o < Hd; ++o) {
+  for (std::int64_t f = 0; f < F; ++f) {
+    const double* __restrict wr = P + l.dense1.w + idx(f * Hd);
+    double* __restrict gr = G + l.dense1.w + idx(f * Hd);
+    for (std::int64_t q = 0; q < S; ++q) {
+      const double* __restrict dq = &dh[idx(q * Hd)];
+      const double v = static_cast<double>(count[idx(q)]) * flat[idx(q * F + f)];
       double acc = 0;
-      for (std::int64_t q = 0; q < S; ++q) {
-        acc += static_cast<double>(count[idx(q)]) * flat[idx(q * F + f)] * dh[idx(q * Hd + o)];
-        dflat[idx(q * F + f)] += dh[idx(q * Hd + o)] * P[l.dense1.w + idx(f * Hd + o)];
+#pragma omp simd reduction(+ : acc)
+      for (std::int64_t o = 0; o < Hd; ++o) {
+        gr[o] += v * dq[o];
+        acc += dq[o] * wr[o];
       }
-      G[l.dense1.w + idx(f * Hd + o)] = acc;
+      dflat[idx(q * F + f)] = acc;
     }
+  }
   for (std::int64_t o = 0; o < Hd; ++o)
     for (std::int64_t q = 0; q < S; ++q) G[l.dense1.b + idx(o)] += static_cast<double>(count[idx(q)]) * dh[idx(q * Hd + o)];
 
@@ -378,6 +464,7 @@ Reference reference(const Shape& s, const ParamLayout& l, const std::vector<Drop
     if (c.pool) {
       const DropoutKey& dk = keys[stage_of[i]];
       const std::int64_t n = c.pooled_count();
+#pragma omp parallel for schedule(static) if (S * n > kParallelMacs)
       for (std::int64_t q = 0; q < S; ++q)
         for (std::int64_t e = 0; e < n; ++e) {
           const double g = keep(dk, e, q) ? d[idx(q * n + e)] * static_cast<double>(dk.scale) : 0.0;
@@ -386,6 +473,7 @@ Reference reference(const Shape& s, const ParamLayout& l, const std::vector<Drop
     } else {
       dy = std::move(d);
     }
+#pragma omp parallel for schedule(static) if (static_cast<std::int64_t>(dy.size()) > kParallelMacs)
     for (std::size_t j = 0; j < dy.size(); ++j)
       if (!pass[i][j]) dy[j] = 0.0;
     Vec dz = a.bn ? bn_bwd(norm[i], dy, c.K, c.P * c.Q, count, P + ly.gamma, G + ly.gamma, G + ly.beta) : std::move(dy);

@@ -192,6 +192,7 @@ Check adamw_first_step(const std::vector<double>& p0, const std::vector<double>&
                        const HostBuffer& v0, const HostBuffer& params, std::size_t count) {
   const adamw::Hyper h = hyper();
   std::vector<double> change(count), ref_change(count);
+#pragma omp parallel for schedule(static) if (count > (std::size_t(1) << 16))
   for (std::size_t i = 0; i < count; ++i) {
     adamw::Element e{p0[i], m0.get(i), v0.get(i)};
     adamw::reference_step(h, 1, g[i], e);
