@@ -7,6 +7,7 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 namespace hotops::compare {
 namespace {
@@ -176,10 +177,12 @@ Speedup speedup(const Run& cpu_run, const Run& cuda_run, const Prices& prices) {
     if (!cuda_has_cuda) s.warnings.push_back(cuda_run.source + " holds no cuda entries");
   }
   std::map<std::string, const Entry*> cpu, cuda;  // problem -> entry with a time
-  for (const Entry& e : cpu_run.entries)
-    if (e.name.hotops && e.name.backend == "cpu" && e.has_time()) cpu.emplace(e.name.problem(), &e);
-  for (const Entry& e : cuda_run.entries)
-    if (e.name.hotops && e.name.backend == "cuda" && e.has_time()) cuda.emplace(e.name.problem(), &e);
+  for (const auto& [run, backend, side] : {std::tuple{&cpu_run, "cpu", &cpu}, std::tuple{&cuda_run, "cuda", &cuda}})
+    for (const Entry& e : run->entries) {
+      if (!e.name.hotops || e.name.backend != backend) continue;
+      if (e.has_time()) side->emplace(e.name.problem(), &e);
+      else s.unmeasured.push_back(&e);
+    }
 
   // Families: op/dtype/direction, the arg keys in order, and the values of the args before
   // `batch`. Within a family, an arg after `batch` follows the batch when its values differ but

@@ -86,6 +86,9 @@ struct Speedup {
   std::vector<SpeedupGroup> groups;    // by op name
   int pairs = 0;                       // problems measured on both backends
   int cpu_only = 0, cuda_only = 0;     // problems measured on one backend only
+  // Entries of either side that have no time (failed, e.g. verification, or skipped): their cells
+  // stay empty, and the report lists them with their messages so that a gap is explained.
+  std::vector<const Entry*> unmeasured;
   std::vector<std::string> warnings;
 };
 

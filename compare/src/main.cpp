@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   d->add_option("--cost", cost, "cpu=USD_PER_HOUR,cuda=USD_PER_HOUR: cost per million items");
   d->add_option("--filter", filter, "REGEX: only the entries whose names match (e.g. /cuda/), in both runs");
 
-  auto* s = app.add_subcommand("speedup", "CPU time / GPU time per problem, batches as columns, crossover batch");
+  auto* s = app.add_subcommand("speedup", "CPU time / GPU time per problem, batches as columns, crossover batch; entries without a time listed with why");
   s->add_option("RUN", run_path, "a run with both backends, or the CPU machine's run")->required();
   s->add_option("OTHER", other_path, "the GPU machine's run (its cuda entries are used)");
   s->add_option("--format", format, "console, md, csv or json");

@@ -148,11 +148,27 @@ std::vector<std::string> shown_counters(const Diff& d) {
   return out;
 }
 
+// A titled table after the main ones: a level-4 heading in markdown, a plain line on the console.
+void render_section(std::ostream& out, const Style& s, const std::string& md_title, const std::string& title, const Table& t) {
+  if (s.format == Format::md) {
+    out << "\n#### " << md_title << "\n\n";
+    render_md(out, t);
+  } else {
+    out << "\n" << title << "\n";
+    render_console(out, t, s.colour);
+  }
+}
+
+// Why an entry has no time: its error or skip message.
+std::string no_time_message(const Entry& e) {
+  return std::string(e.skipped ? "skipped: " : "") + (e.message.empty() ? "no message" : e.message);
+}
+
 std::string row_message(const DiffRow& r) {
   const Entry* failed = r.status == DiffStatus::error_base ? r.base : r.next;
   if (r.status == DiffStatus::error_both) failed = r.next;
   if ((r.status == DiffStatus::error_base || r.status == DiffStatus::error_new || r.status == DiffStatus::error_both) && failed)
-    return std::string(failed->skipped ? "skipped: " : "") + (failed->message.empty() ? "no message" : failed->message);
+    return no_time_message(*failed);
   return "";
 }
 
@@ -341,6 +357,9 @@ void print_speedup(std::ostream& out, const Speedup& sp, const Style& s) {
     j["cpu_only"] = sp.cpu_only;
     j["cuda_only"] = sp.cuda_only;
     j["warnings"] = sp.warnings;
+    json unmeasured = json::array();
+    for (const Entry* e : sp.unmeasured) unmeasured.push_back({{"name", e->name.full}, {"message", no_time_message(*e)}});
+    j["unmeasured"] = unmeasured;
     json groups = json::array();
     for (const auto& g : sp.groups) {
       json rows = json::array();
@@ -426,16 +445,17 @@ void print_speedup(std::ostream& out, const Speedup& sp, const Style& s) {
           if (c.cpu_cost && c.cuda_cost) cheaper = *c.cpu_cost < *c.cuda_cost ? "cpu" : *c.cuda_cost < *c.cpu_cost ? "cuda" : "same";
           t.add({c.problem, usd(c.cpu_cost), usd(c.cuda_cost), cheaper});
         }
-    if (s.format == Format::md) {
-      out << "\n#### cost per million items\n\n";
-      render_md(out, t);
-    } else {
-      out << "\ncost per million items (USD)\n";
-      render_console(out, t, s.colour);
-    }
+    render_section(out, s, "cost per million items", "cost per million items (USD)", t);
   }
-  out << (s.format == Format::md ? "\n" : "\n") << sp.pairs << " problems on both backends; " << sp.cpu_only
-      << " only on cpu, " << sp.cuda_only << " only on cuda\n";
+  if (!sp.unmeasured.empty()) {
+    Table t;
+    t.head = {"entry", "why it has no time"};
+    t.right = {false, false};
+    for (const Entry* e : sp.unmeasured) t.add({e->name.full, no_time_message(*e)});
+    render_section(out, s, "entries without a time (their cells are empty)", "entries without a time (their cells are empty)", t);
+  }
+  out << "\n" << sp.pairs << " problems on both backends; " << sp.cpu_only << " only on cpu, " << sp.cuda_only
+      << " only on cuda; " << sp.unmeasured.size() << " entries without a time\n";
 }
 
 void print_gate(std::ostream& out, const Gate& g, const GateOptions& o, const Style& s) {

@@ -142,6 +142,8 @@ TEST(Speedup, OneRunWithBothBackends) {
   EXPECT_EQ(s.pairs, 12);
   EXPECT_EQ(s.cpu_only, 1) << "gelu";
   EXPECT_EQ(s.cuda_only, 0) << "the failed conv2d has no time";
+  ASSERT_EQ(s.unmeasured.size(), 1u) << "and is listed";
+  EXPECT_EQ(s.unmeasured[0]->name.op, "conv2d");
 
   // M follows the batch (M = 128 x batch): one row spans batches 1, 8 and 32.
   const SpeedupGroup& mm = group(s, "mm");
@@ -180,6 +182,39 @@ TEST(Speedup, CpuMachineAndGpuMachine) {
   const Speedup wrong = speedup(gpu, cpu);
   EXPECT_EQ(wrong.pairs, 0);
   EXPECT_EQ(wrong.warnings.size(), 2u);
+}
+
+// The model entries of a full-suite run on the H100 host (3129 entries, stop 17; docs/compare.md):
+// every model has its four variants, mlp_tiny's crossover is 64 and every other model's GPU wins at
+// its smallest batch; the 11 keras_cnn entries that failed verification are listed, and the one
+// plain pair among them (cpu bf16 train at batch 64) leaves its cell empty.
+TEST(Speedup, EveryModelOfAFullSuiteRunOnTheH100Host) {
+  const RunData r = fixture("h100_full_suite_models.json");
+  const Speedup s = speedup(r, r);
+  ASSERT_EQ(s.groups.size(), 8u);
+  for (const SpeedupGroup& g : s.groups) {
+    ASSERT_EQ(g.rows.size(), 4u) << g.op;
+    for (const char* v : {"bf16/infer", "bf16/train", "f32/infer", "f32/train"}) {
+      const SpeedupRow& row = variant(g, v);
+      ASSERT_TRUE(row.crossover) << g.op << " " << v;
+      if (g.op == "model.mlp_tiny") {
+        EXPECT_EQ(*row.crossover, 64) << v;
+        EXPECT_FALSE(row.crossover_at_smallest) << v;
+      } else {
+        EXPECT_EQ(*row.crossover, g.batches.front()) << g.op << " " << v;
+        EXPECT_TRUE(row.crossover_at_smallest) << g.op << " " << v;
+      }
+    }
+  }
+  EXPECT_EQ(s.pairs, 95);
+  ASSERT_EQ(s.unmeasured.size(), 11u);
+  for (const Entry* e : s.unmeasured) {
+    EXPECT_EQ(e->name.op, "model.keras_cnn");
+    EXPECT_EQ(e->message.rfind("verification failed", 0), 0u) << e->message;
+  }
+  const SpeedupGroup& cnn = group(s, "model.keras_cnn");
+  EXPECT_EQ(variant(cnn, "bf16/train").cells.size(), 2u) << "batch 64's CPU entry failed";
+  EXPECT_EQ(variant(cnn, "f32/train").cells.size(), 3u);
 }
 
 TEST(Speedup, WinsAtTheSmallestBatch) {

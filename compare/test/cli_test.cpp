@@ -137,12 +137,16 @@ TEST(Cli, Speedup) {
   EXPECT_NE(r.out.find("model.mlp_tiny"), std::string::npos);
   EXPECT_NE(r.out.find("batch:1024"), std::string::npos);
   EXPECT_NE(r.out.find("crossover"), std::string::npos);
-  EXPECT_NE(r.out.find("12 problems on both backends; 1 only on cpu, 0 only on cuda"), std::string::npos);
+  EXPECT_NE(r.out.find("12 problems on both backends; 1 only on cpu, 0 only on cuda; 1 entries without a time"), std::string::npos);
+  // The failed conv2d leaves its cell empty and says why.
+  EXPECT_NE(r.out.find("entries without a time"), std::string::npos);
+  EXPECT_NE(r.out.find("verification failed: max|out - ref| / rms(ref) = 0.21 > 0.04"), std::string::npos);
 
   const Result two = run("speedup " + fx("gb18_cpu_machine.json") + " " + fx("gb17_gpu_machine.json") + " --format=json");
   ASSERT_EQ(two.code, 0) << two.err;
   const auto j = nlohmann::json::parse(two.out);
   EXPECT_EQ(j["pairs"], 12);
+  EXPECT_TRUE(j["unmeasured"].empty());
   int checked = 0;
   for (const auto& g : j["groups"]) {
     if (g["op"] != "model.mlp_tiny") continue;
