@@ -23,6 +23,20 @@ std::size_t idx(std::int64_t i) { return static_cast<std::size_t>(i); }
 // reference's bulk of work, run by every verification of a CNN step.
 #define REF_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
+// f(r, t, h, w) for each tap (r, t) of the 3x3 window at output pixel (p, o) whose input pixel (h, w)
+// lies inside the image.
+template <class F>
+inline void for_taps(const ConvLayer& c, std::int64_t p, std::int64_t o, F&& f) {
+  for (std::int64_t r = 0; r < 3; ++r) {
+    const std::int64_t h = p + r - c.pad;
+    if (h < 0 || h >= c.H) continue;
+    for (std::int64_t t = 0; t < 3; ++t) {
+      const std::int64_t w = o + t - c.pad;
+      if (w >= 0 && w < c.W) f(r, t, h, w);
+    }
+  }
+}
+
 // Sums over rows [0, rows) into `width` accumulators: the rows are split among the threads (one when
 // the work is small), each adding into its own zeroed copy through body(r0, r1, acc); the copies are
 // then added in thread order, so a thread count always gives the same sums.
@@ -48,21 +62,15 @@ REF_CLONES void conv_fwd_row(const ConvLayer& c, std::int64_t q, std::int64_t p,
       for (std::int64_t o = 0; o < c.Q; ++o) {
         double* __restrict zr = z + ((q * c.P + p) * c.Q + o) * c.K;
         for (std::int64_t k = 0; k < c.K; ++k) zr[k] = b[k];
-        for (std::int64_t r = 0; r < 3; ++r) {
-          const std::int64_t h = p + r - c.pad;
-          if (h < 0 || h >= c.H) continue;
-          for (std::int64_t t = 0; t < 3; ++t) {
-            const std::int64_t w = o + t - c.pad;
-            if (w < 0 || w >= c.W) continue;
-            const double* in = a + ((q * c.H + h) * c.W + w) * c.C;
-            const double* wt = Wt + (r * 3 + t) * c.C * c.K;
-            for (std::int64_t ci = 0; ci < c.C; ++ci) {
-              const double v = in[ci];
-              const double* __restrict wr = wt + ci * c.K;
-              for (std::int64_t k = 0; k < c.K; ++k) zr[k] += v * wr[k];
-            }
+        for_taps(c, p, o, [&](std::int64_t r, std::int64_t t, std::int64_t h, std::int64_t w) {
+          const double* in = a + ((q * c.H + h) * c.W + w) * c.C;
+          const double* wt = Wt + (r * 3 + t) * c.C * c.K;
+          for (std::int64_t ci = 0; ci < c.C; ++ci) {
+            const double v = in[ci];
+            const double* __restrict wr = wt + ci * c.K;
+            for (std::int64_t k = 0; k < c.K; ++k) zr[k] += v * wr[k];
           }
-        }
+        });
       }
 }
 Vec conv_fwd(const ConvLayer& c, std::int64_t S, const Vec& a, const double* W, const double* b) {
@@ -84,21 +92,15 @@ REF_CLONES void conv_bwd_weights_row(const ConvLayer& c, std::int64_t q, std::in
       for (std::int64_t o = 0; o < c.Q; ++o) {
         const double* __restrict g = dz + ((q * c.P + p) * c.Q + o) * c.K;
         for (std::int64_t k = 0; k < c.K; ++k) dbk[k] += wq * g[k];
-        for (std::int64_t r = 0; r < 3; ++r) {
-          const std::int64_t h = p + r - c.pad;
-          if (h < 0 || h >= c.H) continue;
-          for (std::int64_t t = 0; t < 3; ++t) {
-            const std::int64_t w = o + t - c.pad;
-            if (w < 0 || w >= c.W) continue;
-            const double* in = a + ((q * c.H + h) * c.W + w) * c.C;
-            double* d = acc + (r * 3 + t) * c.C * c.K;
-            for (std::int64_t ci = 0; ci < c.C; ++ci) {
-              const double v = wq * in[ci];
-              double* __restrict dr = d + ci * c.K;
-              for (std::int64_t k = 0; k < c.K; ++k) dr[k] += v * g[k];
-            }
+        for_taps(c, p, o, [&](std::int64_t r, std::int64_t t, std::int64_t h, std::int64_t w) {
+          const double* in = a + ((q * c.H + h) * c.W + w) * c.C;
+          double* d = acc + (r * 3 + t) * c.C * c.K;
+          for (std::int64_t ci = 0; ci < c.C; ++ci) {
+            const double v = wq * in[ci];
+            double* __restrict dr = d + ci * c.K;
+            for (std::int64_t k = 0; k < c.K; ++k) dr[k] += v * g[k];
           }
-        }
+        });
       }
 }
 void conv_bwd_weights(const ConvLayer& c, std::int64_t S, const std::vector<std::int64_t>& count, const Vec& a,
