@@ -1,6 +1,7 @@
 // The JSON context of every run: what was measured, with what, on what.
 #include <benchmark/benchmark.h>
 
+#include "bench/git_revision.h"
 #include "bench/roofline.h"
 #include "bench/runner.h"
 #include "hotops/cpu.h"
@@ -11,7 +12,7 @@ namespace hotops::bench {
 void add_context(const Options& o) {
   using benchmark::AddCustomContext;
   AddCustomContext("hotops_version", HOTOPS_VERSION);
-  AddCustomContext("hotops_git_revision", HOTOPS_GIT_REVISION);
+  AddCustomContext("hotops_git_revision", git_revision());
 #if defined(__clang__)
   AddCustomContext("compiler", "clang " __clang_version__);
 #elif defined(__GNUC__)

@@ -1,27 +1,21 @@
-// The one registry of op families: bench/ registers its benchmarks from it, test/ its tests.
+// The one registry of op families: bench/ registers its benchmarks from it, test/ its tests. Each
+// family adds itself (HOTOPS_REGISTER_FAMILY in kernels/<family>/), so nothing here names one.
+#include <algorithm>
+
 #include "hotops/check.h"
 #include "hotops/gpu.h"
 #include "hotops/op.h"
-#include "kernels/adamw/adamw.h"
-#include "kernels/batchnorm/batchnorm.h"
-#include "kernels/conv2d/conv2d.h"
-#include "kernels/copy/copy.h"
-#include "kernels/embedding/embedding.h"
-#include "kernels/gelu/gelu.h"
-#include "kernels/layernorm/layernorm.h"
-#include "kernels/loss/loss.h"
-#include "kernels/lstm/lstm.h"
-#include "kernels/lstm_cell/lstm_cell.h"
-#include "kernels/matmul/matmul.h"
-#include "kernels/maxpool/maxpool.h"
-#include "kernels/model_bilstm/model_bilstm.h"
-#include "kernels/model_bert/model_bert.h"
-#include "kernels/model_cnn/model_cnn.h"
-#include "kernels/models/models.h"
-#include "kernels/pointwise/pointwise.h"
-#include "kernels/softmax/softmax.h"
 
 namespace hotops {
+namespace {
+
+// The registered getters, filled during static initialisation (before main), in link order.
+std::vector<const Family& (*)()>& registered() {
+  static std::vector<const Family& (*)()> getters;
+  return getters;
+}
+
+}  // namespace
 
 void throw_no_cuda_backend(const Problem& p) {
   throw Error("this build of hotops has no CUDA backend: " + p.name(), ErrorKind::unsupported);
@@ -33,19 +27,22 @@ std::string backend_unsupported_reason(const Problem& p, std::string (*cpu_reaso
   return gpu::available(&why) ? "" : why;
 }
 
+bool register_family(const Family& (*get)()) {
+  registered().push_back(get);
+  return true;
+}
+
 const std::vector<const Family*>& families() {
-  static const std::vector<const Family*> all = {
-      &matmul::family(), &conv2d::family(), &batchnorm::family(), &gelu::family(), &copy::family(),
-      &lstm_cell::family(), &lstm::family(), &adamw::family(), &layernorm::family(), &softmax::family(),
-      &loss::family(),
-      &pointwise::family(),
-      &models::family(),
-      &model_bert::family(),
-      &maxpool::family(),
-      &embedding::family(),
-      &model_bilstm::family(),
-      &model_cnn::family(),
-  };
+  static const std::vector<const Family*> all = [] {
+    std::vector<const Family*> v;
+    for (auto get : registered()) v.push_back(&get());
+    // Link order is the build's business: the run order is fixed here, the op families first.
+    std::sort(v.begin(), v.end(), [](const Family* a, const Family* b) {
+      const bool ma = a->name().rfind("model", 0) == 0, mb = b->name().rfind("model", 0) == 0;
+      return ma != mb ? mb : a->name() < b->name();
+    });
+    return v;
+  }();
   return all;
 }
 

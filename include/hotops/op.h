@@ -70,7 +70,14 @@ std::unique_ptr<Case> make_on_backend(const Problem& p, std::unique_ptr<C> (*cpu
 // `cpu_reason` (e.g. a oneDNN probe), or the GPU's absence.
 std::string backend_unsupported_reason(const Problem& p, std::string (*cpu_reason)(const Problem&));
 
-// Every family hotops has, in a fixed order.
+// Every family hotops has: the op families by name, then the model families by name. A family is
+// in it by registering itself (HOTOPS_REGISTER_FAMILY in its own folder): no list to keep elsewhere.
 const std::vector<const Family*>& families();
+
+// Adds the family that `get` returns to families(); use HOTOPS_REGISTER_FAMILY, once per family,
+// at namespace scope in the family's own .cpp file.
+bool register_family(const Family& (*get)());
+#define HOTOPS_REGISTER_FAMILY(get) \
+  [[maybe_unused]] static const bool hotops_family_registered_ = ::hotops::register_family(get)
 
 }  // namespace hotops

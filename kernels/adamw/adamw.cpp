@@ -354,5 +354,6 @@ const Family& family() {
   static const AdamwFamily f;
   return f;
 }
+HOTOPS_REGISTER_FAMILY(family);
 
 }  // namespace hotops::adamw

@@ -276,5 +276,6 @@ const Family& family() {
   static const BatchnormFamily f;
   return f;
 }
+HOTOPS_REGISTER_FAMILY(family);
 
 }  // namespace hotops::batchnorm

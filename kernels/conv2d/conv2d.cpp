@@ -204,5 +204,6 @@ const Family& family() {
   static const Conv2dFamily f;
   return f;
 }
+HOTOPS_REGISTER_FAMILY(family);
 
 }  // namespace hotops::conv2d

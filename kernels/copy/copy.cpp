@@ -251,5 +251,6 @@ const Family& family() {
   static const CopyFamily f;
   return f;
 }
+HOTOPS_REGISTER_FAMILY(family);
 
 }  // namespace hotops::copy

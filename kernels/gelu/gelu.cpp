@@ -296,5 +296,6 @@ const Family& family() {
   static const GeluFamily f;
   return f;
 }
+HOTOPS_REGISTER_FAMILY(family);
 
 }  // namespace hotops::gelu

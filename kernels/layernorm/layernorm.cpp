@@ -216,5 +216,6 @@ const Family& family() {
   static const LayernormFamily f;
   return f;
 }
+HOTOPS_REGISTER_FAMILY(family);
 
 }  // namespace hotops::layernorm

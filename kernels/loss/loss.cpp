@@ -269,5 +269,6 @@ const Family& family() {
   static const LossFamily f;
   return f;
 }
+HOTOPS_REGISTER_FAMILY(family);
 
 }  // namespace hotops::loss

@@ -192,5 +192,6 @@ const Family& family() {
   static const LstmFamily f;
   return f;
 }
+HOTOPS_REGISTER_FAMILY(family);
 
 }  // namespace hotops::lstm

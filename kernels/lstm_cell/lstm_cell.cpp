@@ -237,5 +237,6 @@ const Family& family() {
   static const LstmCellFamily f;
   return f;
 }
+HOTOPS_REGISTER_FAMILY(family);
 
 }  // namespace hotops::lstm_cell

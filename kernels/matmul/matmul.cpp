@@ -180,5 +180,6 @@ const Family& family() {
   static const MatmulFamily f;
   return f;
 }
+HOTOPS_REGISTER_FAMILY(family);
 
 }  // namespace hotops::matmul

@@ -180,5 +180,6 @@ const Family& family() {
   static const MaxpoolFamily f;
   return f;
 }
+HOTOPS_REGISTER_FAMILY(family);
 
 }  // namespace hotops::maxpool

@@ -271,5 +271,6 @@ const Family& family() {
   static const BertFamily f;
   return f;
 }
+HOTOPS_REGISTER_FAMILY(family);
 
 }  // namespace hotops::model_bert

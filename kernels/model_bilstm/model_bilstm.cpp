@@ -267,5 +267,6 @@ const Family& family() {
   static const BilstmFamily f;
   return f;
 }
+HOTOPS_REGISTER_FAMILY(family);
 
 }  // namespace hotops::model_bilstm

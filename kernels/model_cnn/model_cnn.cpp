@@ -379,6 +379,7 @@ const Family& family() {
   static const CnnFamily f;
   return f;
 }
+HOTOPS_REGISTER_FAMILY(family);
 
 HostBuffer nhwc_to_nchw(const HostBuffer& x, std::int64_t N, std::int64_t H, std::int64_t W, std::int64_t C, bool inverse) {
   HostBuffer out(x.dtype(), x.count());

@@ -391,5 +391,6 @@ const Family& family() {
   static const ModelsFamily f;
   return f;
 }
+HOTOPS_REGISTER_FAMILY(family);
 
 }  // namespace hotops::models

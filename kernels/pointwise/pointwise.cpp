@@ -268,5 +268,6 @@ const Family& family() {
   static const PointwiseFamily f;
   return f;
 }
+HOTOPS_REGISTER_FAMILY(family);
 
 }  // namespace hotops::pointwise

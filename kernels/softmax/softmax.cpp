@@ -226,5 +226,6 @@ const Family& family() {
   static const SoftmaxFamily f;
   return f;
 }
+HOTOPS_REGISTER_FAMILY(family);
 
 }  // namespace hotops::softmax
