@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,30 @@ int refuse(const std::string& line) {
   std::fprintf(stderr, "%s\n", line.c_str());
   return 2;
 }
+
+// The display reporter Google Benchmark's flags choose, less the per-op breakdown counters of the
+// model steps on the console (a dozen columns that belong in the JSON and in hotops-compare
+// breakdown); JSON and CSV on stdout keep them.
+class Display final : public benchmark::BenchmarkReporter {
+ public:
+  Display()
+      : inner_(benchmark::CreateDefaultDisplayReporter()),
+        console_(dynamic_cast<benchmark::ConsoleReporter*>(inner_.get()) != nullptr) {}
+  bool ReportContext(const Context& context) override { return inner_->ReportContext(context); }
+  void ReportRuns(const std::vector<Run>& runs) override {
+    if (!console_) return inner_->ReportRuns(runs);
+    std::vector<Run> shown = runs;
+    for (Run& r : shown)
+      for (auto it = r.counters.begin(); it != r.counters.end();)
+        it = it->first.rfind("breakdown", 0) == 0 ? r.counters.erase(it) : std::next(it);
+    inner_->ReportRuns(shown);
+  }
+  void Finalize() override { inner_->Finalize(); }
+
+ private:
+  std::unique_ptr<benchmark::BenchmarkReporter> inner_;
+  bool console_;
+};
 
 }  // namespace
 
@@ -91,7 +117,8 @@ int main(int argc, char** argv) {
       hotops::bench::end_gpu_part_if_lost("the roofline measurement");
   }
   hotops::bench::add_context(options);
-  const std::size_t ran = benchmark::RunSpecifiedBenchmarks();
+  Display display;
+  const std::size_t ran = benchmark::RunSpecifiedBenchmarks(&display);
   benchmark::Shutdown();
   if (ran == 0) return 2;  // cannot happen after the check above, unless the two regex engines disagree
   return hotops::bench::gpu_context_lost() ? 1 : 0;

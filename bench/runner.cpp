@@ -23,6 +23,7 @@
 #include "hotops/cpu.h"
 #include "hotops/gpu.h"
 #include "hotops/op.h"
+#include "hotops/trace.h"
 
 namespace hotops::bench {
 namespace {
@@ -34,7 +35,25 @@ struct Live {
   std::unique_ptr<Case> c;
   std::unique_ptr<gpu::Timer> timer;
   std::string error;  // setup or verification failure, reported on every call
+  std::unique_ptr<trace::Breakdown> breakdown;  // model steps: the instrumented pass, once
 };
+
+bool is_model_step(const Problem& p) { return p.op.rfind("model.", 0) == 0; }
+
+// The instrumented pass of a model step (after its timed runs, so that they are untouched): each
+// op's time per step, their sum's share of the instrumented step (coverage) and the instrumented
+// step over the headline time (what the events between ops, or the wall-clock reads, cost it).
+void report_breakdown(benchmark::State& state, Live& live, const Problem& p, double headline_seconds) {
+  if (!live.breakdown)
+    live.breakdown = std::make_unique<trace::Breakdown>(
+        p.backend == Backend::cpu ? trace::measure_on_cpu([&] { live.c->run(); }, 0.05, 1)
+                                  : gpu::measure_breakdown(*live.c, 0.05, 3));
+  const trace::Breakdown& b = *live.breakdown;
+  for (const trace::Part& part : b.parts) state.counters[kBreakdownPrefix + part.op] = part.us;
+  state.counters["breakdown_step_us"] = b.step_us;
+  state.counters["breakdown_coverage"] = b.step_us > 0 ? b.covered_us() / b.step_us : 0;
+  if (headline_seconds > 0) state.counters["breakdown_ratio"] = b.step_us * 1e-6 / headline_seconds;
+}
 
 // The GPU part of the run ends at the first fault that loses the CUDA context: every later CUDA
 // entry is skipped with this message, naming the entry that faulted. CPU entries still run.
@@ -89,6 +108,7 @@ Live& live_for(const Problem& p, const Family& f, const Options& o) {
   if (live.name == name) return live;
   live.timer.reset();
   live.c.reset();
+  live.breakdown.reset();
   live.error.clear();
   live.name = name;
   const auto t0 = std::chrono::steady_clock::now();
@@ -174,11 +194,21 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
   }
   const Work w = f.work(p);
   const auto iters = static_cast<double>(state.iterations());
+  if (is_model_step(p) && iters > 0) {
+    try {
+      report_breakdown(state, live, p, elapsed / iters);
+    } catch (const std::exception& e) {
+      live.error = "the per-op breakdown failed: " + describe(e, p.backend);
+      if (p.backend == Backend::cuda) check_gpu_context(p.name(), live.error);
+      state.SkipWithError(live.error.c_str());
+      return;
+    }
+  }
   if (w.flops > 0) state.counters["FLOP/s"] = benchmark::Counter(w.flops * iters, benchmark::Counter::kIsRate);
   state.SetBytesProcessed(static_cast<std::int64_t>(w.bytes * iters));
   state.SetItemsProcessed(static_cast<std::int64_t>(w.items * iters));
   // Model steps also report samples/s (DESIGN.md): their items are the samples of the batch.
-  if (p.op.rfind("model.", 0) == 0) state.counters["samples/s"] = benchmark::Counter(w.items * iters, benchmark::Counter::kIsRate);
+  if (is_model_step(p)) state.counters["samples/s"] = benchmark::Counter(w.items * iters, benchmark::Counter::kIsRate);
   // Fractions of the roofline measured at start-up: of the copy bandwidth, and of the GEMM rate of
   // this dtype for ops that compute.
   const auto ceiling = roofline().ceilings.find(p.backend);

@@ -10,6 +10,10 @@
 
 namespace hotops::bench {
 
+// The JSON counters of a model step's per-op breakdown: "breakdown:<op>" (us per step) and
+// breakdown_step_us, breakdown_coverage, breakdown_ratio; the console leaves them out.
+inline const std::string kBreakdownPrefix = "breakdown:";
+
 struct Registered {
   std::vector<Problem> problems;                             // registered, in run order
   std::vector<std::pair<Problem, std::string>> unsupported;  // not registered, with the reason

@@ -16,6 +16,7 @@
 #include "hotops/cudnn_util.h"
 #include "hotops/gpu.h"
 #include "hotops/op.h"
+#include "hotops/trace.h"
 
 namespace hotops::gpu {
 namespace {
@@ -428,5 +429,86 @@ double Timer::sample() {
 
 double Timer::mean_clock_mhz() const { return impl_->samples ? impl_->clock_sum / impl_->samples : 0; }
 long Timer::discarded_samples() const { return impl_->discarded; }
+
+
+namespace {
+
+// The CUDA recorder: an event on hotops' stream at each mark, from a pool that grows to the
+// step's mark count once and is reused by every later step.
+class EventRecorder final : public trace::Recorder {
+ public:
+  ~EventRecorder() override {
+    for (cudaEvent_t e : pool_) cudaEventDestroy(e);
+  }
+  void begin() { used_ = 0, marks.clear(), record(); }
+  void mark(const char* op) override {
+    marks.emplace_back(op);
+    record();
+  }
+  void end() { record(); }
+  // Seconds from the step's start to each event (the marks', then the end's), after a sync.
+  std::vector<double> offsets() const {
+    HOTOPS_CHECK_CUDA(cudaEventSynchronize(pool_[used_ - 1]));
+    std::vector<double> out;
+    for (std::size_t k = 1; k < used_; ++k) {
+      float ms = 0;
+      HOTOPS_CHECK_CUDA(cudaEventElapsedTime(&ms, pool_[0], pool_[k]));
+      out.push_back(ms * 1e-3);
+    }
+    return out;
+  }
+  std::vector<std::string> marks;
+
+ private:
+  void record() {
+    if (used_ == pool_.size()) {
+      cudaEvent_t e;
+      HOTOPS_CHECK_CUDA(cudaEventCreate(&e));
+      pool_.push_back(e);
+    }
+    HOTOPS_CHECK_CUDA(cudaEventRecord(pool_[used_++], stream()));
+  }
+  std::vector<cudaEvent_t> pool_;
+  std::size_t used_ = 0;
+};
+
+struct Installed {
+  explicit Installed(trace::Recorder* r) { trace::active() = r; }
+  ~Installed() { trace::active() = nullptr; }
+};
+
+}  // namespace
+
+trace::Breakdown measure_breakdown(Case& c, double min_seconds, int min_steps) {
+  trace::Breakdown b;
+  EventRecorder r;
+  DeviceBuffer probe(2 * sizeof(unsigned long long));
+  const bool held = !c.host_timed();
+  std::size_t marks_per_step = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  // The first step sizes the hold (the host must enqueue the whole step while the GPU waits) and
+  // warms the recorder's events; it is not counted.
+  for (int k = -1; k < min_steps || elapsed() < min_seconds; ++k) {
+    if (held) {
+      const double hold_seconds = 20e-6 + 10e-6 * static_cast<double>(marks_per_step + 1);
+      hold_kernel<<<1, 1, 0, stream()>>>(static_cast<unsigned long long>(hold_seconds * 1e9),
+                                         probe.as<unsigned long long>());
+      HOTOPS_CHECK_LAUNCH();
+    }
+    {
+      Installed on(&r);
+      r.begin();
+      c.run();
+      r.end();
+    }
+    const std::vector<double> at = r.offsets();
+    marks_per_step = r.marks.size();
+    if (k < 0) continue;
+    std::vector<double> starts(at.begin(), at.end() - 1);
+    trace::add_step(r.marks, starts, 0.0, at.back(), b);
+  }
+  return b;
+}
 
 }  // namespace hotops::gpu

@@ -1,6 +1,7 @@
 // The GPU runtime of a build without CUDA: no device, and a clear reason why.
 #include "hotops/check.h"
 #include "hotops/gpu.h"
+#include "hotops/trace.h"
 
 namespace hotops::gpu {
 
@@ -23,6 +24,9 @@ void set_shuffle_layout(bool) {}
 void synchronize() {}
 bool context_lost(std::string*) { return false; }
 Memory memory() { return {}; }
+trace::Breakdown measure_breakdown(Case&, double, int) {
+  throw Error("no CUDA backend in this build", ErrorKind::unsupported);
+}
 void launch_test_fault(const std::string&) { throw Error("no CUDA backend in this build", ErrorKind::unsupported); }
 
 }  // namespace hotops::gpu

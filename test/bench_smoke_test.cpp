@@ -286,4 +286,34 @@ TEST(BenchSmoke, BatchFlagReplacesTheBatchAxis) {
   EXPECT_EQ(r.output.find("batch:10"), std::string::npos) << r.output;
 }
 
+// Every model step reports where its time goes: per-op counters in the JSON (not on the console),
+// covering 95-105% of the instrumented step, and the instrumented step next to the headline.
+TEST(BenchSmoke, EveryModelStepReportsItsBreakdownByOp) {
+  const std::string out = temp_path("breakdown");
+  const Result r = run("--benchmark_filter='^model[.]' --hotops_batch=2 --hotops_roofline=0 --benchmark_min_time=0.01 "
+                       "--benchmark_out=" + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("breakdown"), std::string::npos) << "the console leaves the breakdown to the JSON";
+  std::ifstream f(out);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  int models = 0;
+  for (const auto& b : j["benchmarks"]) {
+    const std::string name = b["name"];
+    ASSERT_FALSE(b.value("error_occurred", false)) << name << ": " << b.value("error_message", "");
+    ++models;
+    double parts = 0;
+    int ops = 0;
+    for (const auto& [key, value] : b.items())
+      if (key.rfind("breakdown:", 0) == 0) parts += value.get<double>(), ++ops;
+    EXPECT_GE(ops, 2) << name;
+    ASSERT_TRUE(b.contains("breakdown_step_us")) << name;
+    const double step = b["breakdown_step_us"];
+    EXPECT_GE(parts / step, 0.95) << name;
+    EXPECT_LE(parts / step, 1.05) << name;
+    EXPECT_NEAR(b["breakdown_coverage"].get<double>(), parts / step, 1e-3) << name;
+    EXPECT_GT(b["breakdown_ratio"].get<double>(), 0) << name;
+  }
+  EXPECT_GE(models, 32) << "every model, f32 and bf16, infer and train";
+}
+
 }  // namespace

@@ -338,4 +338,68 @@ Gate gate(const Run& base, const Run& next, const GateOptions& o) {
   return g;
 }
 
+// ---- breakdown -----------------------------------------------------------------------------
+
+namespace {
+
+constexpr char kPartPrefix[] = "breakdown:";
+
+std::optional<BreakdownStep> breakdown_of(const Entry& e) {
+  const auto step = e.counter("breakdown_step_us");
+  if (!e.has_time() || !step || !(*step > 0)) return std::nullopt;
+  BreakdownStep b;
+  b.entry = &e;
+  b.step_us = *step;
+  b.coverage = e.counter("breakdown_coverage").value_or(std::nan(""));
+  b.ratio = e.counter("breakdown_ratio").value_or(std::nan(""));
+  const std::string prefix = kPartPrefix;
+  for (const auto& [key, us] : e.counters)
+    if (key.rfind(prefix, 0) == 0 && std::isfinite(us)) b.ops.push_back({key.substr(prefix.size()), us, us / b.step_us});
+  std::stable_sort(b.ops.begin(), b.ops.end(), [](const BreakdownOp& x, const BreakdownOp& y) { return x.us > y.us; });
+  return b;
+}
+
+double share_of(const std::optional<BreakdownStep>& b, const std::string& op) {
+  if (b)
+    for (const BreakdownOp& o : b->ops)
+      if (o.op == op) return o.share;
+  return 0;
+}
+
+}  // namespace
+
+Breakdown breakdown(const Run& run) {
+  Breakdown out;
+  std::map<std::string, std::size_t> at;  // problem -> index in out.pairs
+  for (const Entry& e : run.entries) {
+    if (!e.name.hotops || e.name.op.rfind("model.", 0) != 0) continue;
+    std::optional<BreakdownStep> b = breakdown_of(e);
+    if (!b) {
+      out.without.push_back(&e);
+      continue;
+    }
+    const std::string problem = e.name.problem();
+    auto it = at.find(problem);
+    if (it == at.end()) {
+      it = at.emplace(problem, out.pairs.size()).first;
+      out.pairs.push_back(BreakdownPair{problem, std::nullopt, std::nullopt, {}});
+    }
+    BreakdownPair& pair = out.pairs[it->second];
+    (e.name.backend == "cpu" ? pair.cpu : pair.cuda) = std::move(b);
+  }
+  if (out.pairs.empty())
+    throw InputError(run.source + ": no model step entry with a per-op breakdown (model.* entries of a hotops run carry "
+                     "breakdown counters)");
+  for (BreakdownPair& pair : out.pairs) {
+    for (const auto* side : {&pair.cpu, &pair.cuda})
+      if (*side)
+        for (const BreakdownOp& o : (*side)->ops)
+          if (std::find(pair.ops.begin(), pair.ops.end(), o.op) == pair.ops.end()) pair.ops.push_back(o.op);
+    std::stable_sort(pair.ops.begin(), pair.ops.end(), [&](const std::string& x, const std::string& y) {
+      return std::max(share_of(pair.cpu, x), share_of(pair.cuda, x)) > std::max(share_of(pair.cpu, y), share_of(pair.cuda, y));
+    });
+  }
+  return out;
+}
+
 }  // namespace hotops::compare

@@ -95,6 +95,40 @@ struct Speedup {
 // CPU entries from `cpu_run`, CUDA entries from `cuda_run` (the same run for one that holds both).
 Speedup speedup(const Run& cpu_run, const Run& cuda_run, const Prices& prices = {});
 
+// ---- breakdown -----------------------------------------------------------------------------
+// A model step's time by op, from the counters of bench's instrumented pass: "breakdown:<op>"
+// (us per step), breakdown_step_us, breakdown_coverage, breakdown_ratio.
+struct BreakdownOp {
+  std::string op;
+  double us = 0;     // per step
+  double share = 0;  // of the instrumented step
+};
+
+struct BreakdownStep {
+  const Entry* entry = nullptr;
+  double step_us = 0;       // the instrumented step
+  double coverage = 0;      // the ops' sum over the instrumented step
+  double ratio = 0;         // the instrumented step over the entry's own (headline) time; NaN if unknown
+  std::vector<BreakdownOp> ops;  // largest first
+};
+
+// One model problem (the name less its backend) on the backends the run has it on.
+struct BreakdownPair {
+  std::string problem;
+  std::optional<BreakdownStep> cpu, cuda;
+  // The op rows of the table: every op of either side, the largest share on either side first.
+  std::vector<std::string> ops;
+};
+
+struct Breakdown {
+  std::vector<BreakdownPair> pairs;  // in the run's order of first appearance
+  std::vector<const Entry*> without; // model entries that have no breakdown (failed, skipped, or an older run)
+};
+
+// Every model entry of the run with its breakdown, CPU and CUDA of one problem side by side.
+// Throws InputError when the run has no model entry with a breakdown.
+Breakdown breakdown(const Run& run);
+
 // ---- gate -----------------------------------------------------------------------------------
 struct GateOptions {
   double max_slowdown_pct = 5;

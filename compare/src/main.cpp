@@ -1,4 +1,4 @@
-// hotops-compare: diffs, CPU/GPU speed-ups and a regression gate over Google Benchmark JSON.
+// hotops-compare: diffs, CPU/GPU speed-ups, per-op breakdowns of model steps and a regression gate over Google Benchmark JSON.
 // Exit codes: 0 done (gate passed), 1 gate failed, 2 bad input or usage.
 #include <CLI/CLI.hpp>
 #include <unistd.h>
@@ -55,6 +55,11 @@ int main(int argc, char** argv) {
   g->add_option("--format", format, "console, md, csv or json");
   g->add_option("--filter", filter, "REGEX: gate only the entries whose names match (e.g. /cuda/), in both runs");
 
+  auto* b = app.add_subcommand("breakdown", "each model step's time by op (bench's instrumented pass), CPU and GPU side by side");
+  b->add_option("RUN", run_path, "a run with model.* entries, of one backend or both")->required();
+  b->add_option("--format", format, "console, md, csv or json");
+  b->add_option("--filter", filter, "REGEX: only the entries whose names match (e.g. bert_layer/.*/batch:32/)");
+
   auto* e = app.add_subcommand("export", "write a run for a CI tracker");
   e->add_option("RUN", run_path, "run (JSON)")->required();
   e->add_option("--format", tracker, "github-action-benchmark (customSmallerIsBetter) or bencher (BMF)")->required();
@@ -106,6 +111,12 @@ int main(int argc, char** argv) {
         throw InputError("no problem is measured on both backends (" + std::to_string(result.cpu_only) + " only on cpu, " +
                          std::to_string(result.cuda_only) + " only on cuda)");
       print_speedup(std::cout, result, style);
+      return 0;
+    }
+    if (b->parsed()) {
+      Run run = read_run(run_path);
+      keep_matching(run, filter);
+      print_breakdown(std::cout, breakdown(run), style);
       return 0;
     }
     if (g->parsed()) {

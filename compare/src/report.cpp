@@ -164,6 +164,11 @@ std::string no_time_message(const Entry& e) {
   return std::string(e.skipped ? "skipped: " : "") + (e.message.empty() ? "no message" : e.message);
 }
 
+// Why a model entry has no breakdown: it has no time, or its run predates the breakdown counters.
+std::string why_no_breakdown(const Entry& e) {
+  return e.has_time() ? "no breakdown counters (a run of an older hotops)" : no_time_message(e);
+}
+
 std::string row_message(const DiffRow& r) {
   const Entry* failed = r.status == DiffStatus::error_base ? r.base : r.next;
   if (r.status == DiffStatus::error_both) failed = r.next;
@@ -492,6 +497,107 @@ void print_gate(std::ostream& out, const Gate& g, const GateOptions& o, const St
   }
   for (const auto& n : g.notes) out << (md ? "- note: " : "note: ") << (md ? md_cell(n) : n) << '\n';
   out << (md ? "\n" : "") << summary << '\n';
+}
+
+void print_breakdown(std::ostream& out, const Breakdown& b, const Style& s) {
+  const auto pct = [](double share) { return std::isfinite(share) ? fmt("%.1f%%", share * 100) : std::string("-"); };
+  const auto us = [](double v) { return format_time(v * 1e3); };
+  const auto find = [](const std::optional<BreakdownStep>& st, const std::string& op) -> const BreakdownOp* {
+    if (st)
+      for (const BreakdownOp& o : st->ops)
+        if (o.op == op) return &o;
+    return nullptr;
+  };
+  const auto rank = [](const std::optional<BreakdownStep>& st, const std::string& op) -> std::string {
+    if (st)
+      for (std::size_t i = 0; i < st->ops.size(); ++i)
+        if (st->ops[i].op == op) return std::to_string(i + 1);
+    return "";
+  };
+  if (s.format == Format::json) {
+    json models = json::array();
+    for (const BreakdownPair& pr : b.pairs)
+      for (const auto* side : {&pr.cpu, &pr.cuda}) {
+        if (!*side) continue;
+        const BreakdownStep& st = **side;
+        const Name& n = st.entry->name;
+        std::string variant;
+        for (const auto& [k, v] : n.args)
+          if (k != "batch") variant += (variant.empty() ? "" : "/") + k + ":" + v;
+        json ops = json::array();
+        for (const BreakdownOp& o : st.ops) ops.push_back({{"op", o.op}, {"us", jnum(o.us)}, {"share", jnum(o.share)}});
+        models.push_back({{"name", n.op.substr(std::string("model.").size())}, {"entry", n.full}, {"backend", n.backend},
+                          {"dtype", n.dtype}, {"direction", n.direction},
+                          {"batch", n.batch() ? json(*n.batch()) : json(nullptr)}, {"variant", variant},
+                          {"step_us", jnum(st.step_us)}, {"headline_us", jnum(st.entry->time_ns() / 1e3)},
+                          {"instrumented_ratio", jnum(st.ratio)}, {"coverage", jnum(st.coverage)}, {"ops", ops}});
+      }
+    json without = json::array();
+    for (const Entry* e : b.without) without.push_back({{"name", e->name.full}, {"message", why_no_breakdown(*e)}});
+    out << json{{"models", models}, {"without_breakdown", without}}.dump(2) << '\n';
+    return;
+  }
+  if (s.format == Format::csv) {
+    render_csv_line(out, {"problem", "backend", "op", "us_per_step", "share", "step_us", "coverage", "instrumented_ratio"});
+    for (const BreakdownPair& pr : b.pairs)
+      for (const auto* side : {&pr.cpu, &pr.cuda}) {
+        if (!*side) continue;
+        const BreakdownStep& st = **side;
+        for (const BreakdownOp& o : st.ops)
+          render_csv_line(out, {pr.problem, st.entry->name.backend, o.op, num(o.us), num(o.share), num(st.step_us),
+                                num(st.coverage), num(st.ratio)});
+      }
+    return;
+  }
+  const bool md = s.format == Format::md;
+  out << (md ? "### hotops-compare breakdown: where each model step's time goes, by op\n\n"
+             : "where each model step's time goes, by op: time per step and share of the instrumented step; CPU/GPU "
+               "above 1: the GPU is faster at that op\n");
+  for (const BreakdownPair& pr : b.pairs) {
+    out << (md ? "\n#### " : "\n") << pr.problem << "\n";
+    for (const auto& [side, label] : {std::pair{&pr.cpu, "CPU"}, std::pair{&pr.cuda, "GPU"}}) {
+      if (!*side) continue;
+      const BreakdownStep& st = **side;
+      out << (md ? "\n- " : "  ") << label << ": " << us(st.step_us) << " a step instrumented ("
+          << (std::isfinite(st.ratio) ? fmt("%.2fx", st.ratio) : std::string("?")) << " the entry's "
+          << format_time(st.entry->time_ns()) << "), the ops cover " << pct(st.coverage) << "\n";
+    }
+    if (md) out << '\n';
+    Table t;
+    const bool both = pr.cpu && pr.cuda;
+    t.head = {"op"};
+    if (pr.cpu) t.head.insert(t.head.end(), {"CPU time", "CPU share", "CPU #"});
+    if (pr.cuda) t.head.insert(t.head.end(), {"GPU time", "GPU share", "GPU #"});
+    if (both) t.head.push_back("CPU/GPU");
+    t.right.assign(t.head.size(), true);
+    t.right.front() = false;
+    for (const std::string& op : pr.ops) {
+      std::vector<std::string> c{op};
+      std::vector<Colour> col{plain};
+      const BreakdownOp* x = find(pr.cpu, op);
+      const BreakdownOp* y = find(pr.cuda, op);
+      if (pr.cpu) c.insert(c.end(), {x ? us(x->us) : "", x ? pct(x->share) : "", rank(pr.cpu, op)});
+      if (pr.cuda) c.insert(c.end(), {y ? us(y->us) : "", y ? pct(y->share) : "", rank(pr.cuda, op)});
+      col.resize(c.size(), plain);
+      if (both) {
+        const double r = x && y && y->us > 0 ? x->us / y->us : std::nan("");
+        c.push_back(std::isfinite(r) ? times(r) : "-");
+        col.push_back(!std::isfinite(r) ? plain : r > 1 ? green : red);
+      }
+      t.add(c, col);
+    }
+    if (md) render_md(out, t);
+    else render_console(out, t, s.colour);
+  }
+  if (!b.without.empty()) {
+    out << (md ? "\n#### Model entries without a breakdown\n\n" : "\nmodel entries without a breakdown\n");
+    Table t;
+    t.head = {"entry", "why"};
+    t.right = {false, false};
+    for (const Entry* e : b.without) t.add({e->name.full, why_no_breakdown(*e)});
+    if (md) render_md(out, t);
+    else render_console(out, t, s.colour);
+  }
 }
 
 int export_run(std::ostream& out, const Run& run, Tracker t) {

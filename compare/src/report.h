@@ -28,6 +28,7 @@ bool significant_change(const DiffRow& r, const Style& s);
 void print_diff(std::ostream& out, const Diff& d, const Run& base, const Run& next, const Style& s);
 void print_speedup(std::ostream& out, const Speedup& sp, const Style& s);
 void print_gate(std::ostream& out, const Gate& g, const GateOptions& o, const Style& s);
+void print_breakdown(std::ostream& out, const Breakdown& b, const Style& s);
 
 enum class Tracker { github_action_benchmark, bencher };
 Tracker parse_tracker(const std::string& s);  // throws InputError

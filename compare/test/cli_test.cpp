@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -331,6 +332,45 @@ TEST(CompareDotPy, ReadsBenchJson) {
   const std::string out = slurp(log);
   EXPECT_NE(out.find("model.mlp_tiny/cpu/f32/infer/batch:10/real_time_pvalue"), std::string::npos) << out;
   EXPECT_NE(out.find("addmm/cpu/f32/fwd/shape:mlp_tiny.fc1/batch:4096/M:4096/N:32/K:13/real_time"), std::string::npos);
+}
+
+// A run with one model step on both backends, as bench writes its breakdown counters.
+std::string breakdown_run() {
+  const std::string path = temp("breakdown.json");
+  std::ofstream(path) << R"({"context": {}, "benchmarks": [
+    {"name": "model.mlp_tiny/cpu/f32/train/batch:10/real_time", "iterations": 9, "real_time": 80, "time_unit": "us",
+     "breakdown_step_us": 81, "breakdown_coverage": 0.99, "breakdown_ratio": 1.01,
+     "breakdown:addmm": 10, "breakdown:adamw": 70.2},
+    {"name": "model.mlp_tiny/cuda/f32/train/batch:10/manual_time", "iterations": 9, "real_time": 30, "time_unit": "us",
+     "breakdown_step_us": 33, "breakdown_coverage": 0.98, "breakdown_ratio": 1.1,
+     "breakdown:addmm": 20, "breakdown:adamw": 12.34}]})";
+  return path;
+}
+
+TEST(Cli, BreakdownPrintsEveryFormat) {
+  const std::string path = breakdown_run();
+  for (const char* f : {"console", "md", "csv", "json"}) {
+    const Result r = run(std::string("breakdown --format=") + f + " " + path);
+    EXPECT_EQ(r.code, 0) << f << ": " << r.err;
+    EXPECT_NE(r.out.find("adamw"), std::string::npos) << f;
+  }
+  const Result filtered = run("breakdown --filter=/cpu/ --format=json " + path);
+  ASSERT_EQ(filtered.code, 0) << filtered.err;
+  EXPECT_EQ(nlohmann::json::parse(filtered.out)["models"].size(), 1u);
+}
+
+TEST(Cli, BreakdownBadInputIsOneLineAndExit2) {
+  const std::string ops = temp("ops.json");
+  std::ofstream(ops) << R"({"benchmarks": [{"name": "mm/cpu/f32/fwd/M:2/real_time", "real_time": 3, "time_unit": "us"}]})";
+  const std::vector<std::string> bad = {"breakdown " + ops, "breakdown /nonexistent/run.json", "breakdown --format=xml " + ops,
+                                        "breakdown --filter=( " + breakdown_run(), "breakdown"};
+  for (const std::string& args : bad) {
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_EQ(r.out, "") << args;
+    ASSERT_FALSE(r.err.empty()) << args;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << args << ": " << r.err;
+  }
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "hotops/cpu_vector.h"
+#include "hotops/trace.h"
 #include "kernels/model_bert/model_bert.h"
 
 namespace hotops::model_bert {
@@ -151,11 +152,13 @@ class CpuLayer final : public LayerCase {
 
   void run() override {
     cpu::ThreadScope scope(threads_);
-    if constexpr (kBf16) cast_weights();
+    if constexpr (kBf16) trace::op("cast"), cast_weights();
     forward();
     if (!s_.train()) return;
+    trace::op("mse_loss");
     loss_ = loss_and_dy();
     backward();
+    trace::op("adamw");
     adamw_step();
   }
 
@@ -290,10 +293,13 @@ class CpuLayer final : public LayerCase {
     const Arch& a = s_.arch;
     const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn, S = a.seq, rows = s_.batch * a.heads * S;
     float* P = params_.as<float>();
-    if (a.pre_ln) add_layernorm(x_.as<T>(), nullptr, nullptr, P + l_.ln1g, P + l_.ln1b, u1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>());
+    if (a.pre_ln) trace::op("layernorm"), add_layernorm(x_.as<T>(), nullptr, nullptr, P + l_.ln1g, P + l_.ln1b, u1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>());
+    trace::op("addmm");
     fwd_[0].execute();
+    trace::op("bmm");
     fwd_[1].execute();
     cpu::stream().wait();
+    trace::op("softmax");
     T* pr = prob_.as<T>();
 #pragma omp parallel for num_threads(team()) schedule(static)
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -311,21 +317,28 @@ class CpuLayer final : public LayerCase {
         for (std::int64_t j = 0; j < S; ++j) row[j] *= inv;
       }
     }
+    trace::op("bmm");
     fwd_[2].execute();
+    trace::op("addmm");
     fwd_[3].execute();
     cpu::stream().wait();
+    trace::op("layernorm");
     if (a.pre_ln)  // s1 = x + attn (the FFN block's residual), h1 = LN2(s1) the FFN's input
       add_layernorm(x_.as<T>(), attn_.as<T>(), s1_.as<T>(), P + l_.ln2g, P + l_.ln2b, h1_.as<T>(), mean2_.as<float>(), rstd2_.as<float>());
     else
       add_layernorm(x_.as<T>(), attn_.as<T>(), s1_.as<T>(), P + l_.ln1g, P + l_.ln1b, h1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>());
+    trace::op("addmm");
     fwd_[4].execute();
     cpu::stream().wait();
+    trace::op("gelu");
     const T* z = z_.as<T>();
     T* f = f_.as<T>();
 #pragma omp parallel for num_threads(team()) schedule(static)
     for (std::int64_t i = 0; i < T_ * F; ++i) f[i] = st<T>(gelu(ld(z[i])));
+    trace::op("addmm");
     fwd_[5].execute();
     cpu::stream().wait();
+    trace::op(a.pre_ln ? "add" : "layernorm");
     const T* resid = a.pre_ln ? s1_.as<T>() : h1_.as<T>();
     const T* o = o_.as<T>();
     T* s2 = s2_.as<T>();
@@ -360,31 +373,41 @@ class CpuLayer final : public LayerCase {
     float* G = grads_.as<float>();
     const T* ds2 = dy_.as<T>();
     if (!a.pre_ln) {
+      trace::op("layernorm_bwd");
       layernorm_back(dy_.as<T>(), nullptr, s2_.as<T>(), mean2_.as<float>(), rstd2_.as<float>(), P + l_.ln2g, G + l_.ln2g,
                      G + l_.ln2b, ds2_.as<T>(), nullptr);
       ds2 = ds2_.as<T>();
     }
+    trace::op("sum");
     colsum(ds2, H, G + l_.b2);
+    trace::op("mm");
     bwd_[0].execute();
     bwd_[1].execute();
     cpu::stream().wait();
+    trace::op("gelu_bwd");
     T* df = df_.as<T>();
     const T* z = z_.as<T>();
 #pragma omp parallel for num_threads(team()) schedule(static)
     for (std::int64_t i = 0; i < T_ * F; ++i) df[i] = st<T>(ld(df[i]) * gelu_grad(ld(z[i])));
+    trace::op("sum");
     colsum(df, F, G + l_.b1);
+    trace::op("mm");
     bwd_[2].execute();
     bwd_[3].execute();
     cpu::stream().wait();
+    trace::op("layernorm_bwd");
     if (a.pre_ln)  // ds1 = LN2'(du2) + dy
       layernorm_back(du2_.as<T>(), nullptr, s1_.as<T>(), mean2_.as<float>(), rstd2_.as<float>(), P + l_.ln2g, G + l_.ln2g,
                      G + l_.ln2b, ds1_.as<T>(), ds2);
     else  // ds1 = LN1'(du2 + ds2)
       layernorm_back(du2_.as<T>(), ds2, s1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), P + l_.ln1g, G + l_.ln1g,
                      G + l_.ln1b, ds1_.as<T>(), nullptr);
+    trace::op("sum");
     colsum(ds1_.as<T>(), H, G + l_.bo);
-    for (std::size_t k = 4; k < attn_bwd_; ++k) bwd_[k].execute();
+    // The output projection's two GEMMs, then the context's two batched ones (dP, dV).
+    for (std::size_t k = 4; k < attn_bwd_; ++k) trace::op(k < 6 ? "mm" : "bmm"), bwd_[k].execute();
     cpu::stream().wait();
+    trace::op("softmax_bwd");
     T* dp = dp_.as<T>();
     const T* pr = prob_.as<T>();
 #pragma omp parallel for num_threads(team()) schedule(static)
@@ -395,11 +418,13 @@ class CpuLayer final : public LayerCase {
       for (std::int64_t j = 0; j < S; ++j) dot += ld(d[j]) * ld(p[j]);
       for (std::int64_t j = 0; j < S; ++j) d[j] = st<T>(ld(p[j]) * (ld(d[j]) - dot));
     }
-    for (std::size_t k = attn_bwd_; k < bwd_.size(); ++k) bwd_[k].execute();
+    // The scores' two batched GEMMs (dQ, dK), then the QKV projection's.
+    for (std::size_t k = attn_bwd_; k < bwd_.size(); ++k) trace::op(k < attn_bwd_ + 2 ? "bmm" : "mm"), bwd_[k].execute();
     cpu::stream().wait();
+    trace::op("sum");
     colsum(dqkv_.as<T>(), 3 * H, G + l_.bqkv);
     if (a.pre_ln)
-      layernorm_back(du1_.as<T>(), nullptr, x_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), P + l_.ln1g, G + l_.ln1g,
+      trace::op("layernorm_bwd"), layernorm_back(du1_.as<T>(), nullptr, x_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), P + l_.ln1g, G + l_.ln1g,
                      G + l_.ln1b, nullptr, nullptr);
   }
 

@@ -25,6 +25,7 @@
 
 #include "hotops/cublaslt_gemm.h"
 #include "hotops/cuda_util.h"
+#include "hotops/trace.h"
 #include "kernels/model_bert/model_bert.h"
 
 namespace hotops::model_bert {
@@ -530,10 +531,12 @@ class CudaLayer final : public LayerCase {
 
   void run() override {
     if (s_.variant == Variant::plain) return device_step();
+    trace::op("copy_h2d");
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(x_.get(), seeded_.x.data(), x_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
     if (s_.train())
       HOTOPS_CHECK_CUDA(cudaMemcpyAsync(target_.get(), seeded_.target.data(), target_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
     device_step();
+    trace::op("copy_d2h");
     if (s_.train())
       HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&loss_host_, loss_.get(), sizeof(float), cudaMemcpyDeviceToHost, gpu::stream()));
     else
@@ -674,27 +677,38 @@ class CudaLayer final : public LayerCase {
     const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn, S = a.seq, rows = s_.batch * a.heads * S;
     const unsigned row_grid = grid_for(rows * 32, kThreads, 1 << 30);
     if constexpr (kBf16) {  // this step's bf16 copy of the parameters
+      trace::op("cast");
       const auto n4 = static_cast<std::int64_t>(l_.total / 4);
       to_bf16<<<grid_for(n4, kThreads, 1024), kThreads, 0, gpu::stream()>>>(params_.as<const float4>(), weights_.as<Bf16x4>(), n4);
       HOTOPS_CHECK_LAUNCH();
     }
     // forward
-    if (a.pre_ln) layernorm(x_.as<T>(), l_.ln1g, l_.ln1b, u1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>());
+    if (a.pre_ln) trace::op("layernorm"), layernorm(x_.as<T>(), l_.ln1g, l_.ln1b, u1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>());
+    trace::op("addmm");
     qkv_gemm_->run();
+    trace::op("bmm");
     scores_->run();
+    trace::op("softmax");
     softmax_fwd<T><<<row_grid, kThreads, 0, gpu::stream()>>>(prob_.as<T>(), rows, static_cast<int>(S));
     HOTOPS_CHECK_LAUNCH();
+    trace::op("bmm");
     context_->run();
+    trace::op("addmm");
     out_gemm_->run();  // s1 = x + ctx . Wo + bo
+    trace::op("layernorm");
     if (a.pre_ln) layernorm(s1_.as<T>(), l_.ln2g, l_.ln2b, h1_.as<T>(), mean2_.as<float>(), rstd2_.as<float>());
     else layernorm(s1_.as<T>(), l_.ln1g, l_.ln1b, h1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>());
+    trace::op("addmm");
     ffn1_->run();
+    trace::op("gelu");
     gelu_fwd<Q><<<grid_for(T_ * F / 4), kThreads, 0, gpu::stream()>>>(z_.as<const Q>(), f_.as<Q>(), T_ * F / 4);
     HOTOPS_CHECK_LAUNCH();
+    trace::op("addmm");
     ffn2_->run();  // s2 = resid + f . W2 + b2
-    if (!a.pre_ln) layernorm(s2_.as<T>(), l_.ln2g, l_.ln2b, y_.as<T>(), mean2_.as<float>(), rstd2_.as<float>());
+    if (!a.pre_ln) trace::op("layernorm"), layernorm(s2_.as<T>(), l_.ln2g, l_.ln2b, y_.as<T>(), mean2_.as<float>(), rstd2_.as<float>());
     if (!s_.train()) return;
     // loss
+    trace::op("mse_loss");
     mse<T><<<kLossBlocks, kThreads, 0, gpu::stream()>>>(out().template as<const T>(), target_.as<const T>(), dy_.as<T>(),
                                                         loss_partial_.as<float>(), T_ * H);
     HOTOPS_CHECK_LAUNCH();
@@ -704,37 +718,51 @@ class CudaLayer final : public LayerCase {
     // backward
     const T* ds2 = dy_.as<T>();
     if (!a.pre_ln) {
+      trace::op("layernorm_bwd");
       layernorm_back(dy_.as<T>(), s2_.as<T>(), mean2_.as<float>(), rstd2_.as<float>(), l_.ln2g, l_.ln2b, ds2_.as<T>(), nullptr,
                      &l_.b2);
       ds2 = ds2_.as<T>();
     } else {
+      trace::op("sum");
       colsum(ds2, H, l_.b2);
     }
+    trace::op("mm");
     w2_w_->run();
     w2_d_->run();
+    trace::op("gelu_bwd");
     gelu_back(l_.b1);
+    trace::op("mm");
     w1_w_->run();
     w1_d_->run();  // bert: du2 = df . W1^T + ds2
+    trace::op("layernorm_bwd");
     if (a.pre_ln)
       layernorm_back(du2_.as<T>(), s1_.as<T>(), mean2_.as<float>(), rstd2_.as<float>(), l_.ln2g, l_.ln2b, ds1_.as<T>(), ds2, &l_.bo);
     else
       layernorm_back(du2_.as<T>(), s1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, ds1_.as<T>(), nullptr,
                      &l_.bo);
+    trace::op("mm");
     wo_w_->run();
     wo_d_->run();
+    trace::op("bmm");
     dp_gemm_->run();
     dv_gemm_->run();
+    trace::op("softmax_bwd");
     softmax_bwd<T><<<row_grid, kThreads, 0, gpu::stream()>>>(dp_.as<T>(), prob_.as<const T>(), rows, static_cast<int>(S));
     HOTOPS_CHECK_LAUNCH();
+    trace::op("bmm");
     dq_gemm_->run();
     dk_gemm_->run();
+    trace::op("sum");
     colsum(dqkv_.as<T>(), 3 * H, l_.bqkv);
+    trace::op("mm");
     qkv_w_->run();
     if (a.pre_ln) {
       qkv_d_->run();
+      trace::op("layernorm_bwd");
       layernorm_back(du1_.as<T>(), x_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, nullptr, nullptr, nullptr);
     }
     // optimizer
+    trace::op("adamw");
     const auto n4 = static_cast<std::int64_t>(l_.total / 4);
     adamw_flat<<<grid_for(n4, kThreads, 1024), kThreads, 0, gpu::stream()>>>(params_.as<float4>(), grads_.as<const float4>(),
                                                                              m_.as<float4>(), v_.as<float4>(), n4,

@@ -27,6 +27,7 @@
 
 #include "hotops/check.h"
 #include "hotops/cpu.h"
+#include "hotops/trace.h"
 #include "kernels/model_bilstm/model_bilstm.h"
 
 namespace hotops::model_bilstm {
@@ -182,14 +183,21 @@ class CpuBilstm final : public ModelCase {
 
   void run() override {
     cpu::ThreadScope scope(threads_);
+    trace::op("embedding");
     gather();
+    trace::op("reorder");  // the LSTM weights into oneDNN's layouts (the summed biases, a bf16 cast)
     prepare_weights();
+    trace::op("lstm");
     HOTOPS_CHECK_DNNL(fwd_.execute(cpu::stream(), fwd_args_));
     HOTOPS_CHECK_DNNL(cpu::stream().wait());
+    trace::op("addmm");
     dense_forward();
     if (!s_.train()) return;
+    trace::op("cross_entropy");
     loss_ = loss_and_dlogits();
+    trace::op("mm");
     dense_backward();
+    trace::op("lstm_bwd");
     std::memset(dw_layer_.data(), 0, dw_layer_.bytes());
     std::memset(dw_iter_.data(), 0, dw_iter_.bytes());
     std::memset(db_.data(), 0, db_.bytes());
@@ -198,7 +206,9 @@ class CpuBilstm final : public ModelCase {
     HOTOPS_CHECK_DNNL(cpu::stream().wait());
     std::copy_n(db_.as<float>(), db_.count(), grads_.as<float>() + l_.b_ih);
     std::copy_n(db_.as<float>(), db_.count(), grads_.as<float>() + l_.b_hh);
+    trace::op("embedding_bwd");
     embedding_backward();
+    trace::op("adamw");
     adamw_step();
   }
 

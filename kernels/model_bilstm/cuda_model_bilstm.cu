@@ -52,6 +52,7 @@
 #include "hotops/cublaslt_gemm.h"
 #include "hotops/cudnn_util.h"
 #include "hotops/cuda_util.h"
+#include "hotops/trace.h"
 #include "kernels/model_bilstm/model_bilstm.h"
 #include "kernels/models/cuda_step.cuh"
 
@@ -336,10 +337,14 @@ class CudaBilstm final : public ModelCase {
   }
 
   void run() override {
-    if (s_.variant == Variant::plain) return replays() ? graph_.launch() : device_step();
+    // An instrumented pass runs the step eagerly, to see its ops.
+    const bool eager = trace::active() != nullptr;
+    if (s_.variant == Variant::plain) return replays() && !eager ? graph_.launch() : device_step();
+    trace::op("copy_h2d");
     upload_batch();
-    if (s_.variant == Variant::graph) graph_.launch();
+    if (s_.variant == Variant::graph && !eager) graph_.launch();
     else device_step();
+    trace::op("copy_d2h");
     if (s_.train())
       HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&loss_host_, loss_.get(), sizeof(float), cudaMemcpyDeviceToHost, gpu::stream()));
     else
@@ -546,6 +551,7 @@ class CudaBilstm final : public ModelCase {
   void device_step() {
     if (!s_.bf16()) return device_step_on<float>();
     const auto n4 = static_cast<std::int64_t>((total_ - lstm_) / 4);
+    trace::op("cast");
     cast_params<<<blocks_for(n4, 256, 1024), 256, 0, gpu::stream()>>>(params_.as<const float4>() + lstm_ / 4,
                                                                       low_.as<__nv_bfloat162>(), n4);
     HOTOPS_CHECK_LAUNCH();
@@ -561,6 +567,7 @@ class CudaBilstm final : public ModelCase {
     cudnnHandle_t h = cudnn();
     std::int32_t* keys = s_.train() ? keys_in_.as<std::int32_t>() : nullptr;
     std::int32_t* pos = s_.train() ? pos_in_.as<std::int32_t>() : nullptr;
+    trace::op("embedding");
     if (E % 4 == 0)
       gather<4, T><<<blocks_for(N * E / 4, 256), 256, 0, st>>>(param(embed_), tokens_.as<const std::int32_t>(), x_.as<T>(),
                                                                keys, pos, dim(Tn), dim(B), dim(E));
@@ -569,10 +576,12 @@ class CudaBilstm final : public ModelCase {
                                                            keys, pos, dim(Tn), dim(B), dim(E));
     HOTOPS_CHECK_LAUNCH();
     void* w = weights();
+    trace::op("lstm");
     HOTOPS_CHECK_CUDNN(cudnnRNNForward(h, rnn_.h, s_.train() ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE,
                                        seq_.as<std::int32_t>(), x_desc_.h, x_.get(), y_desc_.h, y_.get(), h_desc_.h,
                                        nullptr, hT_.get(), h_desc_.h, nullptr, nullptr, w_bytes_, w, ws_bytes_, ws_.get(),
                                        s_.train() ? reserve_bytes_ : 0, s_.train() ? reserve_.get() : nullptr));
+    trace::op("addmm");
     if constexpr (kBf16) {
       dense_head_bf16<<<static_cast<unsigned>((B + kWarpsPerBlock - 1) / kWarpsPerBlock), 32 * kWarpsPerBlock, 0, st>>>(
           hT_.as<const __nv_bfloat16>(), low(dense_w_), low(dense_b_), logits_.as<__nv_bfloat16>(), dim(B), dim(H), dim(C));
@@ -584,10 +593,12 @@ class CudaBilstm final : public ModelCase {
     }
     if (!s_.train()) return;
 
+    trace::op("cross_entropy");
     softmax_xent<T><<<1, kLossThreads, 0, st>>>(logits_.as<const T>(), labels_.as<const std::int32_t>(), dlogits_.as<T>(),
                                                 grads_.as<float>() + dense_b_, loss_.as<float>(), dim(B), dim(C),
                                                 models::hyper(), state_.as<StepState>());
     HOTOPS_CHECK_LAUNCH();
+    trace::op("mm");
     if constexpr (kBf16) {
       dense_bwd_bf16<<<blocks_for(2 * H * C + B * 2 * H, 256, 1024), 256, 0, st>>>(
           hT_.as<const __nv_bfloat16>(), low(dense_w_), dlogits_.as<const __nv_bfloat16>(), grads_.as<float>() + dense_w_,
@@ -599,6 +610,7 @@ class CudaBilstm final : public ModelCase {
     }
 
     void* dw = kBf16 ? dw_low_.get() : static_cast<void*>(grads_.as<float>() + lstm_);
+    trace::op("lstm_bwd");
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(dw, 0, w_bytes_, st));
     HOTOPS_CHECK_CUDNN(cudnnRNNBackwardData_v8(h, rnn_.h, seq_.as<std::int32_t>(), y_desc_.h, y_.get(), dy_.get(),
                                                x_desc_.h, dx_.get(), h_desc_.h, nullptr, dhT_.get(), nullptr, h_desc_.h,
@@ -613,6 +625,7 @@ class CudaBilstm final : public ModelCase {
       HOTOPS_CHECK_LAUNCH();
     }
 
+    trace::op("embedding_bwd");
     float* dE = grads_.as<float>() + embed_;
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(dE, 0, static_cast<std::size_t>(c_.V * E) * sizeof(float), st));
     std::size_t sort_bytes = sort_bytes_;
@@ -629,6 +642,7 @@ class CudaBilstm final : public ModelCase {
     HOTOPS_CHECK_LAUNCH();
 
     const auto n4 = static_cast<std::int64_t>(total_ / 4);
+    trace::op("adamw");
     adamw_flat<<<blocks_for(n4, kAdamwThreads, 1024), kAdamwThreads, 0, st>>>(
         params_.as<float4>(), grads_.as<const float4>(), m_.as<float4>(), v_.as<float4>(), n4, state_.as<const StepState>());
     HOTOPS_CHECK_LAUNCH();

@@ -41,6 +41,7 @@
 
 #include "hotops/check.h"
 #include "hotops/cpu.h"
+#include "hotops/trace.h"
 #include "kernels/model_cnn/cpu_conv_pool.h"
 #include "kernels/model_cnn/model_cnn.h"
 
@@ -262,8 +263,10 @@ class CpuCnn final : public ModelCase {
     cpu::ThreadScope scope(threads_);
     forward();
     if (s_.train()) {
+      trace::op("cross_entropy");
       loss_ = loss_and_dlogits();
       backward();
+      trace::op("adamw");
       adamw_step();
     }
     HOTOPS_CHECK_DNNL(cpu::stream().wait());
@@ -462,27 +465,35 @@ class CpuCnn final : public ModelCase {
     for (std::size_t i = 0; i < conv_.size(); ++i) {
       ConvPrims& cp = conv_[i];
       if (i == 0 && fuse_first_) {
+        trace::op("conv2d_relu_maxpool");
         conv_pool(fused_, x_.as<float>(), fused_w_.data(), fused_b_, static_cast<float*>(cp.p.get_data_handle()));
         continue;
       }
+      trace::op("reorder");
       if (cp.in_to_conv.prim) cp.in_to_conv.run();
       if (s_.train() || s_.bf16()) cp.w_to_fwd.run();
+      trace::op("conv2d");
       cp.fwd.run();
-      if (bn_train) cp.bn_fwd.run();
+      if (bn_train) trace::op("batchnorm"), cp.bn_fwd.run();
       if (s_.convs[i].pool) {
+        trace::op("maxpool");
         cp.pool_fwd.run();
         if (cp.p_to_nhwc.prim) cp.p_to_nhwc.run();
         if (s_.train()) {
           HOTOPS_CHECK_DNNL(cpu::stream().wait());
+          trace::op("dropout");
           dropout(cp.p.get_data_handle(), s_.convs[i].pooled_count(), keys_[stage_of(i)]);
         }
       }
     }
+    trace::op("addmm");
     if (w1_cast_.prim) w1_cast_.run();
     dense1_.run();
-    if (bn_train) hbn_fwd_.run();
+    HOTOPS_CHECK_DNNL(cpu::stream().wait());
+    if (bn_train) trace::op("batchnorm"), hbn_fwd_.run();
     HOTOPS_CHECK_DNNL(cpu::stream().wait());
     if (bn_train) update_running_stats();
+    trace::op("dropout");
     const std::int64_t B = s_.batch, Hd = a.hidden, C = a.classes;
     float* hd = hd_.as<float>();
     if (s_.bf16()) {
@@ -493,6 +504,7 @@ class CpuCnn final : public ModelCase {
     }
     if (s_.train()) dropout_on(hd, Hd, keys_.back());  // hd is f32 in both dtypes
     // logits = hd . W2 + b2 (a [hidden, classes] layer: a loop)
+    trace::op("addmm");
     const float* W2 = infer_params() + l_.dense2.w;
     const float* b2 = infer_params() + l_.dense2.b;
     float* z = logits_.as<float>();
@@ -533,6 +545,7 @@ class CpuCnn final : public ModelCase {
     float* G = grads_.as<float>();
     if (s_.bf16()) head_backward<bf16>();
     else head_backward<float>();
+    trace::op("mm");
     dense1_dw_.run();
     dense1_dx_.run();
     HOTOPS_CHECK_DNNL(cpu::stream().wait());
@@ -541,15 +554,19 @@ class CpuCnn final : public ModelCase {
       ConvPrims& cp = conv_[i];
       if (c.pool) {
         HOTOPS_CHECK_DNNL(cpu::stream().wait());
+        trace::op("dropout_bwd");
         const memory& d_next = cp.pool_bwd.args.at(DNNL_ARG_DIFF_DST);
         dropout(d_next.get_data_handle(), c.pooled_count(), keys_[stage_of(i)]);
+        trace::op("maxpool_bwd");
         cp.pool_bwd.run();
       }
       if (a.bn) {
+        trace::op("batchnorm_bwd");
         cp.bn_bwd.run();
         std::fill_n(G + l_.conv[i].b, c.K, 0.f);  // before batch norm: zero by construction
       } else {
         HOTOPS_CHECK_DNNL(cpu::stream().wait());
+        trace::op("relu_bwd");
         if (s_.bf16())
           relu_backward(static_cast<const bf16*>(cp.a.get_data_handle()), static_cast<const bf16*>(cp.da.get_data_handle()),
                         static_cast<bf16*>(cp.dz.get_data_handle()), B * c.out_count());
@@ -557,9 +574,11 @@ class CpuCnn final : public ModelCase {
           relu_backward(static_cast<const float*>(cp.a.get_data_handle()), static_cast<const float*>(cp.da.get_data_handle()),
                         static_cast<float*>(cp.dz.get_data_handle()), B * c.out_count());
       }
+      trace::op("conv2d_bwd_weight");
       cp.bwd_weights.run();
       cp.dw_to_user.run();
       if (i > 0) {
+        trace::op("conv2d_bwd_data");
         cp.w_to_bwd_data.run();
         cp.bwd_data.run();
       }
@@ -580,6 +599,7 @@ class CpuCnn final : public ModelCase {
     float* dW2 = G + l_.dense2.w;
     T* dhr = static_cast<T*>(dhr_.get_data_handle());
     const float* W2 = P + l_.dense2.w;
+    trace::op("mm");
 #pragma omp parallel for schedule(static)
     for (std::int64_t o = 0; o < Hd; ++o) {
       for (std::int64_t c = 0; c < C; ++c) {
@@ -598,8 +618,10 @@ class CpuCnn final : public ModelCase {
       for (std::int64_t b = 0; b < B; ++b) acc += dl[b * C + c];
       G[l_.dense2.b + static_cast<std::size_t>(c)] = acc;
     }
+    trace::op("dropout_bwd");
     dropout_on(dhr, Hd, keys_.back());
     T* dh = static_cast<T*>(dh_.get_data_handle());
+    trace::op(a.bn ? "batchnorm_bwd" : "relu_bwd");
     if (a.bn) {
       hbn_bwd_.run();
       std::fill_n(G + l_.dense1.b, Hd, 0.f);  // before batch norm: zero by construction

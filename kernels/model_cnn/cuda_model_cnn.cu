@@ -45,6 +45,7 @@
 #include "hotops/cublaslt_gemm.h"
 #include "hotops/cudnn_util.h"
 #include "hotops/cuda_util.h"
+#include "hotops/trace.h"
 #include "kernels/model_cnn/model_cnn.h"
 #include "kernels/models/cuda_step.cuh"
 
@@ -785,11 +786,14 @@ class CudaCnn final : public ModelCase {
   void run() override {
     if (s_.variant == Variant::plain) return device_step();
     cudaStream_t st = gpu::stream();
+    trace::op("copy_h2d");
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(x_.get(), host_x_.data(), x_.bytes(), cudaMemcpyHostToDevice, st));
     if (s_.train())
       HOTOPS_CHECK_CUDA(cudaMemcpyAsync(labels_.get(), host_labels_.data(), labels_.bytes(), cudaMemcpyHostToDevice, st));
-    if (s_.variant == Variant::graph) graph_.launch();
+    // An instrumented pass runs the graph's step eagerly, to see its ops.
+    if (s_.variant == Variant::graph && !trace::active()) graph_.launch();
     else device_step();
+    trace::op("copy_d2h");
     if (s_.train())
       HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&loss_host_, loss_.get(), sizeof(float), cudaMemcpyDeviceToHost, st));
     else
@@ -1100,18 +1104,23 @@ class CudaCnn final : public ModelCase {
     std::vector<std::size_t> stage_of;
     if constexpr (kBf16) {  // autocast's casts: the dense layers' parameters here, the conv weights just below
       const auto n4 = static_cast<std::int64_t>((l_.total - l_.dense1.w) / 4);
+      trace::op("cast");
       cast_params<<<grid_for(n4, 1024), kThreads, 0, st>>>(params_.as<const float4>() + l_.dense1.w / 4, low_.as<__nv_bfloat162>(), n4);
       HOTOPS_CHECK_LAUNCH();
     }
+    if (wcopy_) trace::op("cast");  // the conv weights into the step's layout or dtype
     for (std::size_t i = 0; wcopy_ && i < s_.convs.size(); ++i) launch_filter_layout(i, false);
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
       const ConvLayer& c = s_.convs[i];
       const LayerBufs& lb = layers_[i];
       const ConvPlan& cp = *plans_[i];
+      trace::op("conv2d");
       HOTOPS_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, cp.x.h, input_of(i), cp.w.h, weights(i), cp.conv.h, cp.fwd,
                                                  workspace_.get(), ws_bytes_, &zero, cp.y.h, lb.z.get()));
+      trace::op(bn ? "batchnorm" : "bias");
       affine(lb, l_.conv[i], c.K, B * c.P * c.Q, &c);
       stage_of.push_back(stage);
+      trace::op(c.pool ? "bn_relu_maxpool_dropout" : "bn_relu");  // the affine applied, fused with what follows it
       if (c.pool && nchw_) {
         const std::int64_t n = B * c.pooled_count();
         act_pool_nchw<<<grid_for(n), kThreads, 0, st>>>(lb.z.template as<const Act>(), lb.scale(), lb.shift(c.K), lb.out.template as<Act>(),
@@ -1129,19 +1138,26 @@ class CudaCnn final : public ModelCase {
         launch_conv_act(lb.z.template as<const Act>(), lb, c, lb.out.template as<Act>());
       }
     }
+    trace::op("mm");
     gemms_fwd_[0]->run();
+    trace::op(bn ? "batchnorm" : "bias");
     affine(hidden_, l_.dense1, Hd, B, nullptr);
+    trace::op("bn_relu_dropout");
     launch_act(hidden_.z.template as<const Act>(), hidden_, Hd, hidden_.out.template as<Act>(), B * Hd, drop(keys_.size() - 1));
+    trace::op("addmm");
     gemms_fwd_[1]->run();
     if (!s_.train()) return;
 
     float* G = grads_.as<float>();
+    trace::op("cross_entropy");
     models::softmax_xent<<<1, models::kLossThreads, 0, st>>>(logits_.as<const Act>(), labels_.as<const std::int32_t>(), dlogits_.as<Act>(),
                                                             G + l_.dense2.b, loss_.as<float>(), dim(B), dim(C), hyper(), state_.as<StepState>());
     HOTOPS_CHECK_LAUNCH();
+    trace::op("mm");
     gemm_dw2_->run();
     gemm_dhd_->run();
     {  // hidden: dropout, ReLU, batch norm (or bias) backward -> dh
+      trace::op("bn_relu_dropout_bwd");
       const LayerBufs& lb = hidden_;
       const int blocks = reduce_blocks(B, static_cast<int>(Hd));
       const Drop d = drop(keys_.size() - 1);
@@ -1159,6 +1175,7 @@ class CudaCnn final : public ModelCase {
                                                   Hd / 4);
       HOTOPS_CHECK_LAUNCH();
     }
+    trace::op("mm");
     gemm_dw1_->run();
     gemm_dflat_->run();
     for (std::size_t i = s_.convs.size(); i-- > 0;) {
@@ -1172,6 +1189,7 @@ class CudaCnn final : public ModelCase {
       const float4* mean = bn ? reinterpret_cast<const float4*>(lb.mean(K)) : nullptr;
       const float4* rstd = bn ? reinterpret_cast<const float4*>(lb.rstd(K)) : nullptr;
       const std::int64_t n4 = B * c.out_count() / 4;
+      trace::op(c.pool ? "bn_relu_maxpool_dropout_bwd" : "bn_relu_bwd");
       if (nchw_) {
         const int blocks = reduce_blocks_nchw(B, K);
         const dim3 grid(static_cast<unsigned>(K), static_cast<unsigned>(blocks));
@@ -1219,10 +1237,12 @@ class CudaCnn final : public ModelCase {
                                                     lb.coef(K), mean, rstd, dz, n4, static_cast<int>(K), Drop{}, 1);
       }
       HOTOPS_CHECK_LAUNCH();
+      trace::op("conv2d_bwd_weight");
       HOTOPS_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, cp.x.h, input_of(i), cp.y.h, dz_.get(), cp.conv_filter.h, cp.filter,
                                                         workspace_.get(), ws_bytes_, &zero, cp.w.h,
                                                         wcopy_ ? dwk_.get() : static_cast<void*>(G + l_.conv[i].w)));
       if (wcopy_) launch_filter_layout(i, true);
+      if (i > 0) trace::op("conv2d_bwd_data");
       if (i > 0 && cp.flip) {
         launch_flip(P + l_.conv[i].w, cp, c);
         HOTOPS_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, cp.y.h, dz_.get(), cp.wf.h, cp.wf_buf.get(), cp.flip_conv.h, cp.flip_fwd,
@@ -1233,6 +1253,7 @@ class CudaCnn final : public ModelCase {
       }
     }
     const auto n4 = static_cast<std::int64_t>(l_.total / 4);
+    trace::op("adamw");
     models::adamw_flat<<<grid_for(n4, 4096), models::kAdamwThreads, 0, st>>>(params_.as<float4>(), grads_.as<const float4>(), m_.as<float4>(),
                                                                              v_.as<float4>(), n4, state_.as<const StepState>());
     HOTOPS_CHECK_LAUNCH();

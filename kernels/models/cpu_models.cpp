@@ -16,6 +16,7 @@
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "hotops/cpu_vector.h"
+#include "hotops/trace.h"
 #include "kernels/models/models.h"
 
 namespace hotops::models {
@@ -189,11 +190,13 @@ class CpuModel final : public ModelCase {
 
   void run() override {
     cpu::ThreadScope scope(threads_);
-    if constexpr (kBf16) cast_params();
+    if constexpr (kBf16) trace::op("cast"), cast_params();
     forward();
     if (!s_.train()) return;
+    trace::op("cross_entropy");
     loss_ = loss_and_dlogits();
     backward();
+    trace::op("adamw");
     adamw_step();
   }
 
@@ -268,6 +271,7 @@ class CpuModel final : public ModelCase {
     const std::int64_t B = s_.batch;
     bool waited = true;
     for (std::size_t k = 0; k < s_.layers(); ++k) {
+      trace::op("addmm");
       if (small_[k]) {
         if (!waited) cpu::stream().wait(), waited = true;
         small_forward<T>(input(k), weights() + l_.w[k], weights() + l_.b[k], act_[k + 1].as<T>(), B, s_.in(k), s_.out(k),
@@ -347,11 +351,13 @@ class CpuModel final : public ModelCase {
 
   void backward() {
     const std::int64_t B = s_.batch;
+    trace::op("sum");
     bias_grad(s_.layers() - 1);
     for (std::size_t k = s_.layers(); k-- > 0;) {
       const std::int64_t in = s_.in(k), out = s_.out(k);
       T* dz = dact_[k + 1].as<T>();
       T* W = weights() + l_.w[k];
+      trace::op("mm");
       if (small_[k]) {
         small_weight_grad<T>(input(k), dz, grads_.as<float>() + l_.w[k], B, in, out);
         if (k > 0) small_data_grad<T>(dz, W, dact_[k].as<T>(), B, in, out);
@@ -360,7 +366,7 @@ class CpuModel final : public ModelCase {
         if (k > 0) dgrad_[k].execute();
         cpu::stream().wait();
       }
-      if (k > 0) relu_backward_bias_grad(k - 1);
+      if (k > 0) trace::op("relu_bwd"), relu_backward_bias_grad(k - 1);
     }
   }
 

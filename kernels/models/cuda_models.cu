@@ -23,6 +23,7 @@
 
 #include "hotops/cublaslt_gemm.h"
 #include "hotops/cuda_util.h"
+#include "hotops/trace.h"
 #include "kernels/models/cuda_step.cuh"
 #include "kernels/models/models.h"
 
@@ -219,10 +220,13 @@ class CudaModel final : public ModelCase {
   void run() override {
     if (s_.variant == Variant::plain) return device_step();
     // What a program pays for a step: the batch from pageable host memory, the step, the result back.
+    trace::op("copy_h2d");
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(x_.get(), st_.x.data(), x_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(labels_.get(), st_.labels.data(), labels_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
-    if (s_.variant == Variant::graph) graph_.launch();
+    // An instrumented pass runs the graph's step eagerly, to see its ops.
+    if (s_.variant == Variant::graph && !trace::active()) graph_.launch();
     else device_step();
+    trace::op("copy_d2h");
     if (s_.train())
       HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&loss_host_, loss_.get(), sizeof(float), cudaMemcpyDeviceToHost, gpu::stream()));
     else
@@ -330,6 +334,7 @@ class CudaModel final : public ModelCase {
     if (!s_.bf16()) return device_step_on<float>();
     const auto n4 = static_cast<std::int64_t>(l_.total / 4);
     const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n4 + 255) / 256, 1024));
+    trace::op("cast");
     cast_params<<<blocks, 256, 0, gpu::stream()>>>(params_.as<const float4>(), low_.as<__nv_bfloat162>(), n4);
     HOTOPS_CHECK_LAUNCH();
     device_step_on<__nv_bfloat16>();
@@ -339,18 +344,21 @@ class CudaModel final : public ModelCase {
   void device_step_on() {
     const std::size_t L = s_.layers();
     const std::int64_t B = s_.batch;
-    for (const auto& g : fwd_) g->run();
+    for (const auto& g : fwd_) trace::op("addmm"), g->run();
     if (!s_.train()) return;
     const int C = static_cast<int>(s_.classes());
+    trace::op("cross_entropy");
     softmax_xent<<<1, kLossThreads, 0, gpu::stream()>>>(act_[L].as<const T>(), labels_.as<const std::int32_t>(),
                                                         dact_[L].as<T>(), grads_.as<float>() + l_.b[L - 1],
                                                         loss_.as<float>(), static_cast<int>(B), C, hyper(),
                                                         state_.as<StepState>());
     HOTOPS_CHECK_LAUNCH();
     for (std::size_t k = L; k-- > 0;) {
+      trace::op("mm");
       wgrad_[k]->run();
       if (k == 0) break;
       dgrad_[k]->run();
+      trace::op("relu_bwd");
       const int cols = static_cast<int>(s_.out(k - 1));
       const dim3 grid(static_cast<unsigned>((cols + kTileCols - 1) / kTileCols), static_cast<unsigned>(splits()));
       relu_backward_bias_grad<<<grid, dim3(kTileCols, kTileRowGroups), 0, gpu::stream()>>>(
@@ -360,6 +368,7 @@ class CudaModel final : public ModelCase {
     }
     const auto n4 = static_cast<std::int64_t>(l_.total / 4);
     const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n4 + kAdamwThreads - 1) / kAdamwThreads, 1024));
+    trace::op("adamw");
     adamw_flat<<<blocks, kAdamwThreads, 0, gpu::stream()>>>(params_.as<float4>(), grads_.as<const float4>(), m_.as<float4>(),
                                                             v_.as<float4>(), n4, state_.as<const StepState>());
     HOTOPS_CHECK_LAUNCH();

@@ -1,0 +1,62 @@
+// Where a model step's time goes: the step marks where each of its ops starts, and an instrumented
+// pass, separate from the timed one, times the spans between the marks (docs/models.md).
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace hotops {
+class Case;
+}
+
+namespace hotops::trace {
+
+// Receives the marks of a running step; installed only for an instrumented pass.
+class Recorder {
+ public:
+  virtual ~Recorder() = default;
+  virtual void mark(const char* op) = 0;
+};
+
+// The recorder of the instrumented pass in progress, nullptr outside one (the timed runs).
+Recorder*& active();
+
+// The step's next op starts here, and the one before it ends: `name` is the op as the op families
+// name it ("addmm", "softmax", ...), with "_bwd" for its backward. Outside an instrumented pass
+// this is one load and one branch on the host, and nothing on the device.
+inline void op(const char* name) {
+  if (Recorder* r = active()) r->mark(name);
+}
+
+// One op's part of a step: its time per step, every span it was marked for added up.
+struct Part {
+  std::string op;
+  double us = 0;
+};
+
+// A step's time broken down by op, averaged over `steps` instrumented steps.
+struct Breakdown {
+  std::vector<Part> parts;  // in the order of each op's first mark
+  double step_us = 0;       // the instrumented step, from its start to its end
+  int steps = 0;
+  double covered_us() const;  // the sum of the parts: the step less what ran before its first mark
+};
+
+// The spans of one instrumented step: `starts[k]` is where marks[k] began, `end` where the step
+// ended, `begin` where it started (any clock, one unit). Adds them to the per-op sums of `into`.
+void add_step(const std::vector<std::string>& marks, const std::vector<double>& starts, double begin, double end,
+              Breakdown& into);
+
+// Runs `run` (one step, complete when it returns) under a wall-clock recorder until `min_seconds`
+// have passed and at least `min_steps` steps ran: the CPU's instrumented pass.
+Breakdown measure_on_cpu(const std::function<void()>& run, double min_seconds, int min_steps = 3);
+
+}  // namespace hotops::trace
+
+namespace hotops::gpu {
+// The CUDA instrumented pass of a case: CUDA events recorded at each mark on hotops' stream. A
+// device-timed case's steps each run behind a hold kernel, as the timed samples do, so that launch
+// latency stays out; a host-timed case's (e2e, graph) as its run() pays it, from the event before
+// run() to the event after it returns.
+trace::Breakdown measure_breakdown(Case& c, double min_seconds, int min_steps = 3);
+}  // namespace hotops::gpu

@@ -1,0 +1,77 @@
+// The instrumented pass's bookkeeping and its CPU recorder (wall clock between marks).
+#include "hotops/trace.h"
+
+#include <chrono>
+
+#include "hotops/check.h"
+
+namespace hotops::trace {
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+class WallRecorder final : public Recorder {
+ public:
+  void mark(const char* op) override {
+    marks.emplace_back(op);
+    starts.push_back(now_seconds());
+  }
+  std::vector<std::string> marks;
+  std::vector<double> starts;
+};
+
+// Installs a recorder for its lifetime, so that an exception cannot leave one installed.
+struct Installed {
+  explicit Installed(Recorder* r) { active() = r; }
+  ~Installed() { active() = nullptr; }
+};
+
+}  // namespace
+
+Recorder*& active() {
+  static Recorder* r = nullptr;
+  return r;
+}
+
+double Breakdown::covered_us() const {
+  double sum = 0;
+  for (const Part& p : parts) sum += p.us;
+  return sum;
+}
+
+void add_step(const std::vector<std::string>& marks, const std::vector<double>& starts, double begin, double end,
+              Breakdown& into) {
+  HOTOPS_CHECK(marks.size() == starts.size(), "trace: one start per mark");
+  // Running means over the steps so far: parts are per step.
+  const double n = into.steps + 1.0;
+  auto add = [&](const std::string& op, double seconds) {
+    for (Part& p : into.parts)
+      if (p.op == op) return void(p.us += seconds * 1e6 / n);
+    into.parts.push_back({op, seconds * 1e6 / n});
+  };
+  for (Part& p : into.parts) p.us *= into.steps / n;
+  for (std::size_t k = 0; k < marks.size(); ++k) add(marks[k], (k + 1 < marks.size() ? starts[k + 1] : end) - starts[k]);
+  into.step_us = (into.step_us * into.steps + (end - begin) * 1e6) / n;
+  ++into.steps;
+}
+
+Breakdown measure_on_cpu(const std::function<void()>& run, double min_seconds, int min_steps) {
+  Breakdown b;
+  const double t0 = now_seconds();
+  while (b.steps < min_steps || now_seconds() - t0 < min_seconds) {
+    WallRecorder r;
+    double begin, end;
+    {
+      Installed on(&r);
+      begin = now_seconds();
+      run();
+      end = now_seconds();
+    }
+    add_step(r.marks, r.starts, begin, end, b);
+  }
+  return b;
+}
+
+}  // namespace hotops::trace
