@@ -1,3 +1,4 @@
+// gpu::LtGemm: the cublasLt descriptors, algorithm choice and call behind every cublasLt GEMM of hotops.
 #include "hotops/cublaslt_gemm.h"
 
 #include "hotops/check.h"
@@ -14,50 +15,95 @@ const char* type_name(cudaDataType_t t) {
   }
 }
 
-void make_layout(LtLayout& l, cudaDataType_t t, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
-  HOTOPS_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&l.h, t, static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols),
-                                                 ld ? ld : rows));
+MatrixLayout layout_of(std::int64_t rows, std::int64_t cols, std::int64_t ld, std::int64_t stride) {
+  MatrixLayout l;
+  l.rows = rows, l.cols = cols, l.ld = ld ? ld : rows;
+  l.stride = stride ? stride : l.ld * cols;
+  return l;
+}
+
+void make_layout(LtLayout& l, cudaDataType_t t, const MatrixLayout& m, std::int64_t batch) {
+  HOTOPS_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&l.h, t, static_cast<std::uint64_t>(m.rows), static_cast<std::uint64_t>(m.cols),
+                                                 m.ld));
+  if (batch > 1) {
+    const auto count = static_cast<std::int32_t>(batch);
+    HOTOPS_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(l.h, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+    HOTOPS_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(l.h, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &m.stride,
+                                                         sizeof m.stride));
+  }
+}
+
+void set_epilogue(cublasLtMatmulDesc_t desc, cublasLtEpilogue_t epi, const void* vector) {
+  HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector, sizeof vector));
+}
+
+const char* epilogue_words(const GemmDesc& d) {
+  if (d.bias_grad) return " GEMM with a bias-gradient epilogue";
+  if (d.bias) return d.relu ? " GEMM with a bias + ReLU epilogue" : " GEMM with a bias epilogue";
+  return " GEMM";
 }
 
 }  // namespace
 
-LtGemm::LtGemm(const GemmDesc& d, const std::string& what) : beta_(d.beta) {
+GemmLayouts gemm_layouts(const GemmDesc& d) {
+  GemmLayouts l;
+  l.a = d.opa == CUBLAS_OP_N ? layout_of(d.m, d.k, d.lda, d.stride_a) : layout_of(d.k, d.m, d.lda, d.stride_a);
+  l.b = d.opb == CUBLAS_OP_N ? layout_of(d.k, d.n, d.ldb, d.stride_b) : layout_of(d.n, d.k, d.ldb, d.stride_b);
+  l.d = layout_of(d.m, d.n, d.ldd, d.stride_d);
+  return l;
+}
+
+LtGemm::LtGemm(const GemmDesc& d, const std::string& what) : LtGemm(d, what, nullptr) {}
+
+std::unique_ptr<LtGemm> LtGemm::if_supported(const GemmDesc& d, const std::string& what) {
+  bool found = true;
+  std::unique_ptr<LtGemm> g(new LtGemm(d, what, &found));
+  if (!found) g.reset();
+  return g;
+}
+
+LtGemm::LtGemm(const GemmDesc& d, const std::string& what, bool* found) : alpha_(d.alpha), beta_(d.beta) {
   HOTOPS_CHECK(!d.relu || d.bias, what + ": a ReLU epilogue needs a bias");
+  HOTOPS_CHECK(!d.bias || !d.bias_grad, what + ": one GEMM has a bias or a bias gradient, not both");
   HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc_.h, d.compute, CUDA_R_32F));
   HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_.h, CUBLASLT_MATMUL_DESC_TRANSA, &d.opa, sizeof d.opa));
   HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_.h, CUBLASLT_MATMUL_DESC_TRANSB, &d.opb, sizeof d.opb));
-  if (d.opa == CUBLAS_OP_N) make_layout(la_, d.ab, d.m, d.k, d.lda); else make_layout(la_, d.ab, d.k, d.m, d.lda);
-  if (d.opb == CUBLAS_OP_N) make_layout(lb_, d.ab, d.k, d.n, d.ldb); else make_layout(lb_, d.ab, d.n, d.k, d.ldb);
-  make_layout(ld_, d.cd, d.m, d.n, d.ldd);
-  if (d.bias) {  // the bias takes D's type (cublasLt's default)
-    const cublasLtEpilogue_t epi = d.relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_.h, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &d.bias, sizeof d.bias));
-  }
+  const GemmLayouts layouts = gemm_layouts(d);
+  make_layout(la_, d.ab, layouts.a, d.batch);
+  make_layout(lb_, d.ab, layouts.b, d.batch);
+  make_layout(ld_, d.cd, layouts.d, d.batch);
+  // The bias and its gradient take D's type (cublasLt's default).
+  if (d.bias) set_epilogue(desc_.h, d.relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS, d.bias);
+  if (d.bias_grad) set_epilogue(desc_.h, CUBLASLT_EPILOGUE_BGRADA, d.bias_grad);
   cublasLtMatmulPreference_t pref = nullptr;
   HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
   const std::uint64_t ws = kCublasWorkspaceBytes;
   cublasLtMatmulHeuristicResult_t results[kTuneHeuristics] = {};
   const int want = d.autotune ? kTuneHeuristics : 1;
-  int found = 0;
+  int count = 0;
   cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
   if (st == CUBLAS_STATUS_SUCCESS && d.reduce_in_compute) {
     const std::uint32_t mask = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask);
   }
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(cublaslt(), desc_.h, la_.h, lb_.h, ld_.h, ld_.h, pref, want, results, &found);
+    st = cublasLtMatmulAlgoGetHeuristic(cublaslt(), desc_.h, la_.h, lb_.h, ld_.h, ld_.h, pref, want, results, &count);
   cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+  if (st != CUBLAS_STATUS_SUCCESS || count == 0) {
     if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) HOTOPS_CHECK_CUBLAS(st);
+    if (found) {
+      *found = false;
+      return;
+    }
     throw Error(what + ": cublasLt has no algorithm for a " + type_name(d.ab) + " x " + type_name(d.ab) + " -> " +
                     type_name(d.cd) + " " + std::to_string(d.m) + "x" + std::to_string(d.n) + "x" + std::to_string(d.k) +
-                    (d.bias ? (d.relu ? " GEMM with a bias + ReLU epilogue" : " GEMM with a bias epilogue") : " GEMM"),
+                    epilogue_words(d),
                 ErrorKind::unsupported);
   }
   algo_ = results[0].algo;
   if (!d.autotune) return;
-  for (int i = 0; i < found; ++i) candidates_.push_back(results[i].algo);
+  for (int i = 0; i < count; ++i) candidates_.push_back(results[i].algo);
   // Split-K variants of the first, where cublasLt accepts them for this GEMM within the workspace.
   for (const std::int32_t slices : {2, 3, 4, 6, 8}) {
     cublasLtMatmulAlgo_t a = algo_;
@@ -73,11 +119,10 @@ LtGemm::LtGemm(const GemmDesc& d, const std::string& what) : beta_(d.beta) {
 
 void LtGemm::tune(const void* A, const void* B, void* D, const void* C) {
   if (candidates_.empty()) return;
-  const float one = 1.f;
   float best = -1;
   for (const cublasLtMatmulAlgo_t& a : candidates_) {
     auto call = [&] {
-      return cublasLtMatmul(cublaslt(), desc_.h, &one, A, la_.h, B, lb_.h, &beta_, C ? C : D, ld_.h, D, ld_.h, &a, cublas_workspace(),
+      return cublasLtMatmul(cublaslt(), desc_.h, &alpha_, A, la_.h, B, lb_.h, &beta_, C ? C : D, ld_.h, D, ld_.h, &a, cublas_workspace(),
                             kCublasWorkspaceBytes, stream());
     };
     if (call() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate cublasLt refuses at run time is dropped
@@ -88,8 +133,7 @@ void LtGemm::tune(const void* A, const void* B, void* D, const void* C) {
 }
 
 void LtGemm::run(const void* A, const void* B, void* D, const void* C) const {
-  const float one = 1.f;
-  HOTOPS_CHECK_CUBLAS(cublasLtMatmul(cublaslt(), desc_.h, &one, A, la_.h, B, lb_.h, &beta_, C ? C : D, ld_.h, D, ld_.h, &algo_,
+  HOTOPS_CHECK_CUBLAS(cublasLtMatmul(cublaslt(), desc_.h, &alpha_, A, la_.h, B, lb_.h, &beta_, C ? C : D, ld_.h, D, ld_.h, &algo_,
                                      cublas_workspace(), kCublasWorkspaceBytes, stream()));
 }
 

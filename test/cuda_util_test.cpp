@@ -1,6 +1,6 @@
-// The shared GPU helpers on their own: the cublasLt GEMM the models and lstm_cell use
+// The shared GPU helpers on their own: the cublasLt GEMM matmul, lstm_cell and the models use
 // (hotops/cublaslt_gemm.h), the step graph, gpu::copy and DeviceBuffer's shuffled layout
-// (hotops/cuda_util.h). Skipped without a GPU.
+// (hotops/cuda_util.h). Skipped without a GPU, except the GEMM's layouts, which are host data.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,6 +36,30 @@ std::vector<float> download(const gpu::DeviceBuffer& d) {
   std::vector<float> v(d.bytes() / sizeof(float));
   gpu::copy(v.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost);
   return v;
+}
+
+// Each operand's rows and columns follow its operation; leading dimensions and batch strides left at 0
+// are the packed ones, given ones are kept.
+TEST(CudaUtil, LtGemmLayoutsFollowTheOperationsAndResolvePacking) {
+  gpu::GemmDesc d;
+  d.m = 5, d.n = 3, d.k = 7, d.batch = 4;
+  gpu::GemmLayouts l = gpu::gemm_layouts(d);
+  auto expect = [](const gpu::MatrixLayout& got, std::int64_t rows, std::int64_t cols, std::int64_t ld, std::int64_t stride,
+                   const char* what) {
+    EXPECT_EQ(got.rows, rows) << what;
+    EXPECT_EQ(got.cols, cols) << what;
+    EXPECT_EQ(got.ld, ld) << what;
+    EXPECT_EQ(got.stride, stride) << what;
+  };
+  expect(l.a, 5, 7, 5, 35, "packed A");
+  expect(l.b, 7, 3, 7, 21, "packed B");
+  expect(l.d, 5, 3, 5, 15, "packed D");
+
+  d.opa = CUBLAS_OP_T, d.opb = CUBLAS_OP_T, d.lda = 9, d.ldd = 8, d.stride_a = 100, d.stride_b = 50;
+  l = gpu::gemm_layouts(d);
+  expect(l.a, 7, 5, 9, 100, "A transposed, ld and stride given");
+  expect(l.b, 3, 7, 3, 50, "B transposed, stride given");
+  expect(l.d, 5, 3, 8, 24, "D with ld given");
 }
 
 // D = op(A) op(B) + bias + C (beta 1), column-major, A transposed, with leading dimensions larger

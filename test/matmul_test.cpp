@@ -1,9 +1,15 @@
-// The matmul reference on hand-computed values, and verification that can fail.
+// The matmul reference on hand-computed values, verification that can fail, and the CUDA GEMM's
+// column-major view of each direction (checked on the host).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "kernels/matmul/matmul.h"
+#ifdef HOTOPS_HAVE_CUDA
+#include "kernels/matmul/cuda_gemm.h"
+#endif
 
 namespace hotops::matmul {
 namespace {
@@ -100,6 +106,78 @@ TEST(MatmulShapes, NamedShapesComeWithBatchesAndPositiveDims) {
     else EXPECT_GT(ns.M, 0) << ns.name;
   }
 }
+
+#ifdef HOTOPS_HAVE_CUDA
+// Whether `batch` matrices of layout l, one after another, lie inside a buffer of `count` elements
+// without overlapping.
+bool fits(const gpu::MatrixLayout& l, std::int64_t batch, std::size_t count) {
+  return l.ld >= l.rows && (batch == 1 || l.stride >= l.ld * l.cols) &&
+         (batch - 1) * l.stride + (l.cols - 1) * l.ld + l.rows <= static_cast<std::int64_t>(count);
+}
+
+// op(X)[r, c] of batch item `item`, as cublasLt reads it: column-major, ld and stride from l.
+double op_element(const HostBuffer& x, const gpu::MatrixLayout& l, cublasOperation_t op, std::int64_t item,
+                  std::int64_t r, std::int64_t c) {
+  if (op != CUBLAS_OP_N) std::swap(r, c);
+  return x.get(static_cast<std::size_t>(item * l.stride + c * l.ld + r));
+}
+
+// What the CUDA case asks cublasLt for (matmul::cuda_gemm, laid out by gpu::gemm_layouts), evaluated
+// on the host with cublasLt's meaning of each field, must be the reference's result: a wrong operand,
+// transpose, leading dimension, batch stride, alpha or epilogue shows here without a GPU.
+TEST(MatmulCudaGemm, ColumnMajorViewOfEachDirectionIsTheReference) {
+  std::vector<Problem> problems;
+  for (const Direction d : {Direction::fwd, Direction::bwd_data, Direction::bwd_weight}) {
+    problems.push_back({"mm", Backend::cuda, DType::f32, d, {{"M", "5"}, {"N", "3"}, {"K", "7"}}});
+    problems.push_back({"addmm", Backend::cuda, DType::f32, d, {{"M", "4"}, {"N", "6"}, {"K", "3"}, {"alpha", "0.5"}, {"beta", "1"}}});
+    problems.push_back({"addmm", Backend::cuda, DType::f32, d, {{"M", "4"}, {"N", "6"}, {"K", "3"}, {"alpha", "1"}, {"beta", "2"}}});
+    problems.push_back({"bmm", Backend::cuda, DType::f32, d, {{"batch", "2"}, {"heads", "3"}, {"M", "5"}, {"N", "2"}, {"K", "4"}}});
+  }
+  for (const Problem& p : problems) {
+    const Shape s = shape_of(p);
+    const Inputs in = make_inputs(s, 5);
+    Outputs want = make_outputs(s);
+    reference(s, in, want);
+
+    const CudaGemm g = cuda_gemm(s);
+    const gpu::GemmDesc& d = g.desc;
+    const gpu::GemmLayouts l = gpu::gemm_layouts(d);
+    const HostBuffer& a = operand(in, g.a);
+    const HostBuffer& b = operand(in, g.b);
+    ASSERT_TRUE(fits(l.a, d.batch, a.count())) << p.name();
+    ASSERT_TRUE(fits(l.b, d.batch, b.count())) << p.name();
+    ASSERT_TRUE(fits(l.d, d.batch, want.primary.count())) << p.name();
+    EXPECT_EQ(d.batch * d.m * d.n, static_cast<std::int64_t>(want.primary.count())) << p.name();  // D covers the output
+
+    int bad = 0;
+    for (std::int64_t item = 0; item < d.batch; ++item)
+      for (std::int64_t j = 0; j < d.n; ++j)
+        for (std::int64_t i = 0; i < d.m; ++i) {
+          double acc = 0;
+          for (std::int64_t q = 0; q < d.k; ++q)
+            acc += op_element(a, l.a, d.opa, item, i, q) * op_element(b, l.b, d.opb, item, q, j);
+          double got = d.alpha * acc;
+          if (g.bias) got += s.beta * in.bias.get(static_cast<std::size_t>(i));  // the case folds beta into the bias
+          const double ref = want.primary.get(static_cast<std::size_t>(item * l.d.stride + j * l.d.ld + i));
+          if (std::fabs(got - ref) > 1e-5 * (1 + std::fabs(ref)) && ++bad <= 3)
+            ADD_FAILURE() << p.name() << " at item " << item << " (" << i << ", " << j << "): " << got << " vs " << ref;
+        }
+    EXPECT_EQ(bad, 0) << p.name();
+
+    EXPECT_EQ(g.bias, s.op == Op::addmm && s.dir == Direction::fwd) << p.name();
+    EXPECT_EQ(g.bias_grad, want.dbias.count() > 0 && s.beta == 1) << p.name();
+    if (g.bias_grad) {  // BGRADA: op(A)'s rows summed over k
+      ASSERT_EQ(d.batch, 1);
+      ASSERT_EQ(d.m, static_cast<std::int64_t>(want.dbias.count()));
+      for (std::int64_t i = 0; i < d.m; ++i) {
+        double sum = 0;
+        for (std::int64_t q = 0; q < d.k; ++q) sum += op_element(a, l.a, d.opa, 0, i, q);
+        EXPECT_NEAR(sum, want.dbias.get(static_cast<std::size_t>(i)), 1e-5 * (1 + std::fabs(sum))) << p.name() << " dbias " << i;
+      }
+    }
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace hotops::matmul

@@ -1,11 +1,11 @@
-// The one cublasLt GEMM of the families that call cublasLt directly (the models, lstm_cell): its
-// descriptors, the algorithm chosen once at setup (the heuristic's first, or with autotune the
-// fastest of several timed), and the call. kernels/matmul keeps its own, which
-// also compares algorithms and reports them as the benchmark.
+// The one cublasLt GEMM of hotops (matmul, lstm_cell, the models): its descriptors, the algorithm
+// chosen once at setup (the heuristic's first, or with autotune the fastest of several timed), and
+// the call.
 #pragma once
 #include <cublasLt.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,16 +13,22 @@
 
 namespace hotops::gpu {
 
-// D[m x n] = op(A) op(B) (+ bias over the rows of D) (+ beta C), column-major, f32 accumulation.
+// D[m x n] = alpha op(A) op(B) (+ bias over the rows of D) (+ beta C), column-major, f32
+// accumulation; with batch > 1, that many such GEMMs at fixed strides in one call.
 struct GemmDesc {
   cublasOperation_t opa = CUBLAS_OP_N, opb = CUBLAS_OP_N;
   std::int64_t m = 0, n = 0, k = 0;
   std::int64_t lda = 0, ldb = 0, ldd = 0;            // leading dimensions; 0: packed
+  std::int64_t batch = 1;
+  std::int64_t stride_a = 0, stride_b = 0, stride_d = 0;  // elements from one matrix to the next; 0: packed
   cudaDataType_t ab = CUDA_R_32F;                    // A and B
   cudaDataType_t cd = CUDA_R_32F;                    // C, D and the bias
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;  // no TF32 unless CUBLAS_COMPUTE_32F_FAST_TF32
   const void* bias = nullptr;                        // a bias epilogue (fixed at setup), + ReLU if relu
   bool relu = false;
+  // The BGRADA epilogue: the sums of op(A)'s rows over k (a bias's gradient), D's type, written here.
+  void* bias_grad = nullptr;
+  float alpha = 1.f;
   float beta = 0.f;
   // Split-K partial sums reduced in the compute type (f32) only, never in a narrower D type (cublasLt's
   // CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE / INPLACE round each partial to D's type).
@@ -35,6 +41,17 @@ struct GemmDesc {
 };
 
 constexpr int kTuneHeuristics = 8;
+
+// One operand as cublasLt sees it: rows x cols, column-major, `ld` elements from one column to the
+// next and, in a batch, `stride` elements from one matrix to the next.
+struct MatrixLayout {
+  std::int64_t rows = 0, cols = 0, ld = 0, stride = 0;
+};
+struct GemmLayouts {
+  MatrixLayout a, b, d;  // C shares D's
+};
+// The layouts LtGemm gives cublasLt for `d` (its zeros resolved to packed); host only, no GPU needed.
+GemmLayouts gemm_layouts(const GemmDesc& d);
 
 // "algo I tile T stages S splitK K": a cublasLt algorithm's configuration, for labels.
 std::string algo_label(const cublasLtMatmulAlgo_t& algo);
@@ -61,6 +78,8 @@ class LtGemm {
   // GemmDesc::autotune, also the candidates tune() times (BoundGemm calls it with its operands).
   // Throws Error(unsupported) naming `what` and the GEMM when cublasLt offers none.
   LtGemm(const GemmDesc& d, const std::string& what);
+  // The same, or null where cublasLt offers no algorithm (the caller has a fallback or its own words).
+  static std::unique_ptr<LtGemm> if_supported(const GemmDesc& d, const std::string& what);
 
   // On gpu::stream(); C (read when beta != 0) defaults to D.
   void run(const void* A, const void* B, void* D, const void* C = nullptr) const;
@@ -70,6 +89,10 @@ class LtGemm {
   std::string algo_label() const { return gpu::algo_label(algo_); }
 
  private:
+  // Sets *found instead of throwing when there is no algorithm (where found is not null).
+  LtGemm(const GemmDesc& d, const std::string& what, bool* found);
+
+  float alpha_;
   float beta_;
   LtMatmulDesc desc_;
   LtLayout la_, lb_, ld_;

@@ -1,24 +1,51 @@
-// matmul on CUDA: one cublasLt matmul per direction, on PyTorch's row-major operands seen as
+// matmul on CUDA: one gpu::LtGemm per direction, on PyTorch's row-major operands seen as
 // column-major transposes (C^T = B^T A^T, no copies). addmm's bias is the BIAS epilogue and its
 // gradient the BGRADA epilogue; bmm is the strided-batched form of the same call.
 // The algorithm is the heuristic's first choice, picked once at setup and named in the label.
 #include <cuda_bf16.h>
 
-#include <optional>
+#include <memory>
 #include <string>
 
 #include "hotops/cublaslt_gemm.h"
 #include "hotops/cuda_util.h"
+#include "kernels/matmul/cuda_gemm.h"
 #include "kernels/matmul/matmul.h"
 
 namespace hotops::matmul {
-namespace {
 
-cudaDataType_t cuda_type(DType t) { return t == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
-
-cublasComputeType_t compute_type(DType t) {
-  return t == DType::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+const HostBuffer& operand(const Inputs& in, Operand o) {
+  return o == Operand::a ? in.a : o == Operand::b ? in.b : in.dout;
 }
+
+CudaGemm cuda_gemm(const Shape& s) {
+  CudaGemm g;
+  gpu::GemmDesc& d = g.desc;
+  d.ab = d.cd = s.dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;  // tf32: f32 storage
+  d.compute = s.dtype == DType::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  d.alpha = static_cast<float>(s.alpha);
+  d.batch = s.batch_count;  // packed: each matrix right after the previous
+  switch (s.dir) {
+    case Direction::fwd:  // out^T[N,M] = B^T[N,K] . A^T[K,M]
+      d.m = s.N, d.n = s.M, d.k = s.K;
+      g.a = Operand::b, g.b = Operand::a;
+      break;
+    case Direction::bwd_data:  // dA^T[K,M] = (B^T)^T . dOut^T:  A = B stored [K,N] -> col-major [N,K], transposed
+      d.opa = CUBLAS_OP_T;
+      d.m = s.K, d.n = s.M, d.k = s.N;
+      g.a = Operand::b, g.b = Operand::dout;
+      break;
+    default:  // dB^T[N,K] = dOut^T[N,M] . A[M,K]:  B = A stored [M,K] -> col-major [K,M], transposed
+      d.opb = CUBLAS_OP_T;
+      d.m = s.N, d.n = s.K, d.k = s.M;
+      g.a = Operand::dout, g.b = Operand::a;
+  }
+  g.bias = s.op == Op::addmm && s.dir == Direction::fwd;
+  g.bias_grad = s.op == Op::addmm && s.dir == Direction::bwd_weight && s.beta == 1.0;
+  return g;
+}
+
+namespace {
 
 // dbias[n] = beta * sum_r dOut[r, n] over `rows` rows, accumulated in f32; one thread per column.
 template <class T>
@@ -31,96 +58,39 @@ __global__ void column_sum(const T* __restrict__ dout, T* __restrict__ dbias, st
   dbias[n] = static_cast<T>(beta * acc);
 }
 
-// A column-major matrix layout (rows x cols, leading dimension ld), batched with a stride.
-struct Layout {
-  cublasLtMatrixLayout_t h = nullptr;
-  Layout(DType t, std::int64_t rows, std::int64_t cols, std::int64_t ld, std::int64_t batch) {
-    HOTOPS_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&h, cuda_type(t), rows, cols, ld));
-    if (batch > 1) {
-      const std::int32_t count = static_cast<std::int32_t>(batch);
-      const std::int64_t stride = rows * cols;
-      HOTOPS_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
-      HOTOPS_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
-                                                           sizeof stride));
-    }
-  }
-  ~Layout() { if (h) cublasLtMatrixLayoutDestroy(h); }
-  Layout(const Layout&) = delete;
-  Layout& operator=(const Layout&) = delete;
-};
-
 class CudaMatmul final : public Case {
  public:
   explicit CudaMatmul(const Problem& p) : s_(shape_of(p)), in_(make_inputs(s_, p.seed())), out_(make_outputs(s_)) {
-    const std::int64_t M = s_.M, N = s_.N, K = s_.K, B = s_.batch_count;
-    const DType t = s_.dtype;
     // Device copies of the inputs; the bias already scaled by beta (a constant, folded once here).
     a_ = gpu::DeviceBuffer(in_.a);
     b_ = gpu::DeviceBuffer(in_.b);
     dout_ = gpu::DeviceBuffer(in_.dout);
     if (in_.bias.count()) {
-      HostBuffer folded(t, in_.bias.count());
+      HostBuffer folded(s_.dtype, in_.bias.count());
       for (std::size_t n = 0; n < folded.count(); ++n) folded.set(n, s_.beta * in_.bias.get(n));
       bias_ = gpu::DeviceBuffer(folded);
     }
     out_d_ = gpu::DeviceBuffer(out_.primary.bytes());
     if (out_.dbias.count()) dbias_d_ = gpu::DeviceBuffer(out_.dbias.bytes());
 
-    // D^T (col-major) = op(A) op(B); see the file comment. Layouts are (rows, cols, ld) col-major.
-    cublasOperation_t opa = CUBLAS_OP_N, opb = CUBLAS_OP_N;
-    switch (s_.dir) {
-      case Direction::fwd:  // out^T[N,M] = B^T[N,K] . A^T[K,M]
-        la_.emplace(t, N, K, N, B), lb_.emplace(t, K, M, K, B), ld_.emplace(t, N, M, N, B);
-        pa_ = b_.get(), pb_ = a_.get();
-        break;
-      case Direction::bwd_data:  // dA^T[K,M] = (B^T)^T . dOut^T:  A = B stored [K,N] -> col-major [N,K], transposed
-        opa = CUBLAS_OP_T;
-        la_.emplace(t, N, K, N, B), lb_.emplace(t, N, M, N, B), ld_.emplace(t, K, M, K, B);
-        pa_ = b_.get(), pb_ = dout_.get();
-        break;
-      default:  // dB^T[N,K] = dOut^T[N,M] . A[M,K]:  B = A stored [M,K] -> col-major [K,M], transposed
-        opb = CUBLAS_OP_T;
-        la_.emplace(t, N, M, N, B), lb_.emplace(t, K, M, K, B), ld_.emplace(t, N, K, N, B);
-        pa_ = dout_.get(), pb_ = a_.get();
-    }
-
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc_, compute_type(t), CUDA_R_32F));
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-    alpha_ = static_cast<float>(s_.alpha);
-
-    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
-    if (s_.op == Op::addmm && s_.dir == Direction::fwd) {
-      epi = CUBLASLT_EPILOGUE_BIAS;
-      set_bias_pointer(bias_.get());
-    }
-    if (out_.dbias.count() && s_.beta == 1.0) {
-      epi = CUBLASLT_EPILOGUE_BGRADA;  // sum of dOut over the GEMM's k (= M): exactly dbias
-      set_bias_pointer(dbias_d_.get());
-    }
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    if (!pick_algorithm() && epi == CUBLASLT_EPILOGUE_BGRADA) {
+    const CudaGemm g = cuda_gemm(s_);
+    pa_ = device(g.a), pb_ = device(g.b);
+    gpu::GemmDesc d = g.desc;
+    if (g.bias) d.bias = bias_.get();
+    if (g.bias_grad) d.bias_grad = dbias_d_.get();
+    gemm_ = gpu::LtGemm::if_supported(d, p.name());
+    if (!gemm_ && d.bias_grad) {
       // No kernel fuses the bias gradient for this shape/dtype: plain GEMM plus our column sum.
-      epi = CUBLASLT_EPILOGUE_DEFAULT;
-      HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-      if (!pick_algorithm()) throw Error("cuBLASLt has no algorithm for " + p.name(), ErrorKind::unsupported);
-    } else if (!algo_found_) {
-      throw Error("cuBLASLt has no algorithm for " + p.name(), ErrorKind::unsupported);
+      d.bias_grad = nullptr;
+      gemm_ = gpu::LtGemm::if_supported(d, p.name());
     }
-    fused_dbias_ = epi == CUBLASLT_EPILOGUE_BGRADA;
-    describe_algorithm(epi);
-  }
-
-  ~CudaMatmul() override {
-    if (pref_) cublasLtMatmulPreferenceDestroy(pref_);
-    if (desc_) cublasLtMatmulDescDestroy(desc_);
+    if (!gemm_) throw Error("cuBLASLt has no algorithm for " + p.name(), ErrorKind::unsupported);
+    fused_dbias_ = d.bias_grad != nullptr;
+    describe_algorithm(g.bias);
   }
 
   void run() override {
-    const float beta0 = 0.f;
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmul(gpu::cublaslt(), desc_, &alpha_, pa_, la_->h, pb_, lb_->h, &beta0,
-                                       out_d_.get(), ld_->h, out_d_.get(), ld_->h, &algo_, gpu::cublas_workspace(),
-                                       gpu::kCublasWorkspaceBytes, gpu::stream()));
+    gemm_->run(pa_, pb_, out_d_.get());  // beta 0: D is not read
     if (out_.dbias.count() && !fused_dbias_) {
       const std::int64_t rows = s_.batch_count * s_.M, cols = s_.N;
       const int threads = 256;
@@ -148,32 +118,13 @@ class CudaMatmul final : public Case {
   std::string label() const override { return label_; }
 
  private:
-  void set_bias_pointer(void* ptr) {
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr, sizeof ptr));
-  }
+  const void* device(Operand o) const { return o == Operand::a ? a_.get() : o == Operand::b ? b_.get() : dout_.get(); }
 
-  bool pick_algorithm() {
-    if (!pref_) {
-      HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref_));
-      const std::uint64_t ws = gpu::kCublasWorkspaceBytes;
-      HOTOPS_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                                               sizeof ws));
-    }
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(gpu::cublaslt(), desc_, la_->h, lb_->h, ld_->h, ld_->h,
-                                                             pref_, 1, &result, &found);
-    algo_found_ = st == CUBLAS_STATUS_SUCCESS && found > 0;
-    if (algo_found_) algo_ = result.algo;
-    else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) HOTOPS_CHECK_CUBLAS(st);
-    return algo_found_;
-  }
-
-  void describe_algorithm(cublasLtEpilogue_t epi) {
-    label_ = "cublasLt " + gpu::algo_label(algo_);
-    if (epi == CUBLASLT_EPILOGUE_BIAS) label_ += ", bias epilogue";
-    if (epi == CUBLASLT_EPILOGUE_BGRADA) label_ += ", bgrad epilogue";
-    if (out_.dbias.count() && epi != CUBLASLT_EPILOGUE_BGRADA) label_ += " + hotops column_sum for dbias";
+  void describe_algorithm(bool bias_epilogue) {
+    label_ = "cublasLt " + gemm_->algo_label();
+    if (bias_epilogue) label_ += ", bias epilogue";
+    if (fused_dbias_) label_ += ", bgrad epilogue";
+    if (out_.dbias.count() && !fused_dbias_) label_ += " + hotops column_sum for dbias";
     if (s_.op == Op::addmm && s_.dir == Direction::fwd && s_.beta != 1.0) label_ += " (beta folded into bias)";
     if (s_.batch_count > 1) label_ += ", strided batch " + std::to_string(s_.batch_count);
   }
@@ -182,15 +133,10 @@ class CudaMatmul final : public Case {
   Inputs in_;
   Outputs out_;
   gpu::DeviceBuffer a_, b_, dout_, bias_, out_d_, dbias_d_;
-  std::optional<Layout> la_, lb_, ld_;
+  std::unique_ptr<gpu::LtGemm> gemm_;
   const void* pa_ = nullptr;
   const void* pb_ = nullptr;
-  cublasLtMatmulDesc_t desc_ = nullptr;
-  cublasLtMatmulPreference_t pref_ = nullptr;
-  cublasLtMatmulAlgo_t algo_{};
-  bool algo_found_ = false;
   bool fused_dbias_ = false;
-  float alpha_ = 1.f;
   std::string label_;
 };
 
