@@ -287,11 +287,15 @@ TEST(BenchSmoke, BatchFlagReplacesTheBatchAxis) {
 }
 
 // Every model step reports where its time goes: per-op counters in the JSON (not on the console),
-// covering 95-105% of the instrumented step, and the instrumented step next to the headline.
+// covering 95-105% of the instrumented step, and the instrumented step next to the headline. The
+// outputs are checked elsewhere (ModelsVerify*, the model families' tests): here verification is off,
+// which keeps this test to the breakdown and to seconds. Batch 10 is the smallest listed batch (of
+// mlp_tiny), whose infer step takes about 2 us on the CPU: a step of well under a microsecond cannot
+// be split to within 5% by clock reads that cost some 25 ns each.
 TEST(BenchSmoke, EveryModelStepReportsItsBreakdownByOp) {
   const std::string out = temp_path("breakdown");
-  const Result r = run("--benchmark_filter='^model[.]' --hotops_batch=2 --hotops_roofline=0 --benchmark_min_time=0.01 "
-                       "--benchmark_out=" + out);
+  const Result r = run("--benchmark_filter='^model[.]' --hotops_batch=10 --hotops_roofline=0 --hotops_verify=0 "
+                       "--benchmark_min_time=0.01 --benchmark_out=" + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("breakdown"), std::string::npos) << "the console leaves the breakdown to the JSON";
   std::ifstream f(out);
@@ -305,7 +309,7 @@ TEST(BenchSmoke, EveryModelStepReportsItsBreakdownByOp) {
     int ops = 0;
     for (const auto& [key, value] : b.items())
       if (key.rfind("breakdown:", 0) == 0) parts += value.get<double>(), ++ops;
-    EXPECT_GE(ops, 2) << name;
+    EXPECT_GE(ops, 1) << name;  // a dense model's f32 inference is its addmms alone
     ASSERT_TRUE(b.contains("breakdown_step_us")) << name;
     const double step = b["breakdown_step_us"];
     EXPECT_GE(parts / step, 0.95) << name;

@@ -189,8 +189,9 @@ class CpuModel final : public ModelCase {
   }
 
   void run() override {
+    trace::op(kBf16 ? "cast" : "addmm");  // the first op's span includes setting the thread count
     cpu::ThreadScope scope(threads_);
-    if constexpr (kBf16) trace::op("cast"), cast_params();
+    if constexpr (kBf16) cast_params();
     forward();
     if (!s_.train()) return;
     trace::op("cross_entropy");
