@@ -1,8 +1,12 @@
-// cuDNN helpers shared by the families that call it: the process-wide handle and descriptor owners.
+// cuDNN helpers shared by the families that call it: handle, descriptor owners, convolution search.
 #pragma once
 #include <cudnn.h>
 
+#include <cstddef>
+#include <string>
+
 #include "hotops/cuda_util.h"
+#include "hotops/problem.h"
 
 namespace hotops::gpu {
 
@@ -18,7 +22,9 @@ struct TensorDesc {
   TensorDesc& operator=(const TensorDesc&) = delete;
 };
 
-// Owners of the convolution API's filter and convolution descriptors (kernels/conv2d, kernels/model_cnn).
+// ---- the convolution API (kernels/conv2d, kernels/model_cnn) -----------------------------------
+
+// Owners of the convolution API's filter and convolution descriptors.
 struct FilterDesc {
   cudnnFilterDescriptor_t h = nullptr;
   FilterDesc() { HOTOPS_CHECK_CUDNN(cudnnCreateFilterDescriptor(&h)); }
@@ -34,20 +40,79 @@ struct ConvDesc {
   ConvDesc& operator=(const ConvDesc&) = delete;
 };
 
-// cudnnFind*AlgorithmEx times each algorithm once, so where two candidates are close, or one timing
-// was disturbed, two runs picked different algorithms for the same convolution (up to 60% apart on
-// the H100). conv2d times Find's usable candidates again with this: `call()` makes one cuDNN call
-// and returns its status; one warm-up call, then gpu::best_batch_ms. Returns ms per call, or -1 when
-// the warm-up call fails (the caller drops that candidate).
-template <class Call>
-float retime_ms(Call call) {
-  if (call() != CUDNN_STATUS_SUCCESS) return -1;
-  return best_batch_ms([&] { HOTOPS_CHECK_CUDNN(call()); });
+// d becomes PyTorch's Conv2d (cuDNN's cross-correlation) with an f32 compute type whatever the data
+// type (bf16 data accumulates in f32), and math type `math` until an algorithm search sets its own.
+void set_conv2d(cudnnConvolutionDescriptor_t d, int pad_h, int pad_w, int stride_h, int stride_w, int dil_h,
+                int dil_w, cudnnMathType_t math);
+
+inline bool is_tensor_op_math(cudnnMathType_t m) {
+  return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
 }
-// How many of Find's usable results are re-timed. (model_cnn keeps Find's choice: with its passes
-// re-timed as eager calls, its graph-replayed vgg_cifar train step took 834 us at batch 32 on the
-// H100, against 778 us measured earlier with Find's choice, and 4147 against 4160 us at 512.)
+
+// One pass of the convolution y = conv(x, w), as cuDNN's calls take it. `pass` is fwd (reads x, w,
+// writes y), bwd_data (reads w and y as dy, writes dx) or bwd_weight (reads x and y as dy, writes
+// dw); `out` is the buffer written, with the descriptor of y, x or w respectively. The pointer a
+// pass does not read is ignored. The algorithm search overwrites `out`.
+struct ConvCall {
+  Direction pass = Direction::fwd;
+  cudnnTensorDescriptor_t x_desc = nullptr;
+  cudnnFilterDescriptor_t w_desc = nullptr;
+  cudnnTensorDescriptor_t y_desc = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  const void* x = nullptr;
+  const void* w = nullptr;
+  const void* y = nullptr;
+  void* out = nullptr;
+};
+
+// The pass with algorithm `algo` (a cudnnConvolution*Algo_t of its pass), alpha 1 and beta 0.
+cudnnStatus_t convolve(const ConvCall& c, int algo, void* workspace, std::size_t workspace_bytes);
+
+// cuDNN's name of algorithm `algo` of a pass (the enum's name without its prefix), "?" if unknown.
+const char* conv_algo_name(Direction pass, int algo);
+
+// Which of the search's results a caller takes, by the math type each ran with. The descriptor's
+// math type during the search is the caller's (set_conv2d): CUDNN_FMA_MATH for f32, tensor-op math
+// for tf32 and bf16.
+enum class ConvMath {
+  fma,         // f32 as f32: no tensor-op result (the guard that f32 stays f32); the algorithm then
+               // runs with CUDNN_FMA_MATH, the math it was searched and timed with
+  any,         // tensor ops allowed: Find's result with whatever math it ran (the label names it)
+  tensor_ops,  // tensor-op results only, for a label that promises tensor-op convolutions
+};
+
+// How a result is chosen among those the math rule allows.
+enum class ConvPick {
+  // Find's fastest. cudnnFind*AlgorithmEx times each algorithm once, so close candidates or one
+  // disturbed timing can make two processes pick differently. model_cnn keeps it all the same: with
+  // its passes re-timed as eager calls, its graph-replayed vgg_cifar train step took 834 us at batch
+  // 32 on the H100, against 778 us with Find's choice, and 4147 against 4160 us at 512.
+  find_fastest,
+  // The first kRetimeCandidates of Find's usable results are timed again (one warm-up call, then
+  // gpu::best_batch_ms) and the fastest kept: two runs of conv2d had picked algorithms up to 60%
+  // apart for the same convolution on the H100 with Find's choice alone.
+  retimed,
+};
 constexpr int kRetimeCandidates = 4;
+
+// The chosen algorithm, the workspace it needs, Find's time for it and, for ConvPick::retimed, how
+// many candidates were re-timed and its re-timed time (ms per call).
+struct ConvAlgo {
+  int algo = -1;
+  std::size_t workspace = 0;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+  float find_ms = 0;
+  int retimed = 0;
+  float retimed_ms = -1;
+};
+
+// The algorithm search, at setup, on the caller's own buffers: cudnnFind*AlgorithmEx, run twice
+// (with CUDA's lazy loading the first search also times each algorithm's module load and can rank a
+// slow algorithm first), with a workspace as large as the hungriest algorithm asks, capped at half
+// the free device memory (cudnn_conv.cu says why). Sets c.conv's math type to the chosen
+// algorithm's. Throws Error (unsupported) when no result qualifies, naming `context`, the pass and
+// every result's status. The caller allocates the returned workspace.
+ConvAlgo find_conv_algo(const ConvCall& c, ConvMath math, ConvPick pick, const std::string& context);
 
 // cuDNN's RNN algorithm for an LSTM of hidden size `hidden`: the persistent small-hidden kernels
 // (CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H: the recurrent weights stay on chip for all time steps, one

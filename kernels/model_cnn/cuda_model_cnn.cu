@@ -1,6 +1,6 @@
 // model_cnn on CUDA: cuDNN convolutions (NCHW f32 by default, or NHWC: CudaLayout; CUDNN_FMA_MATH: no
 // TF32; each direction's algorithm chosen once at setup by cudnnFind*AlgorithmEx on the case's own
-// buffers, one workspace for all),
+// buffers through gpu::find_conv_algo, one workspace for all),
 // cublasLt f32 GEMMs for the dense layers (CUBLAS_COMPUTE_32F), and hand-written kernels that keep the
 // passes over the big activations few:
 //   forward  conv -> z (no bias: it is folded into the per-channel affine below)
@@ -611,42 +611,6 @@ int dim(std::int64_t v) {
   return static_cast<int>(v);
 }
 
-bool tensor_op(cudnnMathType_t m) { return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION; }
-
-// The fastest algorithm cudnnFind*AlgorithmEx measured, with its workspace and Find's time: f32 without
-// tensor cores (no TF32); bf16 (tensor_ops) with tensor-op math only, as the label says. (Until stop 15
-// bf16 took either, and Find often chose cuDNN's DEFAULT_MATH kernels, e.g. convolve_common_engine_float
-// and wgrad_alg0_engine: near-ties in Find's single timings. Excluding them left the step's speed within
-// its process-to-process spread, docs/models.md.) ws_size(algo,
-// &bytes) asks one algorithm's workspace; find(count, &n, perf, ws, bytes) searches (twice: the first
-// search also times CUDA's lazy module loads).
-struct Found {
-  int algo;
-  std::size_t bytes;
-  float ms;
-  cudnnMathType_t math;  // the math type the algorithm ran with: its descriptor takes it (bf16 may get either)
-};
-template <class Perf, class WsSize, class Find>
-Found find_algorithm(const char* what, bool tensor_ops, int count, WsSize ws_size, Find find) {
-  std::size_t want = 0;
-  for (int a = 0; a < count; ++a) {
-    std::size_t bytes = 0;
-    if (ws_size(a, &bytes) == CUDNN_STATUS_SUCCESS) want = std::max(want, bytes);
-  }
-  std::size_t free_b = 0, total_b = 0;
-  HOTOPS_CHECK_CUDA(cudaMemGetInfo(&free_b, &total_b));
-  const std::size_t bytes = std::min(want, free_b / 4);
-  gpu::DeviceBuffer ws(bytes);
-  Perf perf[16] = {};
-  int n = 0;
-  for (int pass = 0; pass < 2; ++pass) HOTOPS_CHECK_CUDNN(find(std::min(count, 16), &n, perf, ws.get(), bytes));
-  for (int i = 0; i < n; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= bytes && tensor_op(perf[i].mathType) == tensor_ops)
-      return {static_cast<int>(perf[i].algo), perf[i].memory, perf[i].time, perf[i].mathType};
-  throw Error(std::string("model_cnn: cuDNN has no ") + (tensor_ops ? "bf16 tensor-op " : "f32 FMA-math ") + what + " algorithm for a layer",
-              ErrorKind::unsupported);
-}
-
 struct ConvPlan {
   TensorDesc x, y;
   FilterDesc w;
@@ -889,35 +853,20 @@ class CudaCnn final : public ModelCase {
       HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(cp.x.h, fmt, kCudnn, dim(B), dim(c.C), dim(c.H), dim(c.W)));
       HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(cp.y.h, fmt, kCudnn, dim(B), dim(c.K), dim(c.P), dim(c.Q)));
       HOTOPS_CHECK_CUDNN(cudnnSetFilter4dDescriptor(cp.w.h, kCudnn, fmt, dim(c.K), dim(c.C), 3, 3));
-      for (cudnnConvolutionDescriptor_t d : {cp.conv.h, cp.conv_filter.h, cp.conv_data.h}) {
-        HOTOPS_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(d, dim(c.pad), dim(c.pad), 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-        HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(d, kMath));
-      }
+      for (cudnnConvolutionDescriptor_t d : {cp.conv.h, cp.conv_filter.h, cp.conv_data.h})
+        gpu::set_conv2d(d, dim(c.pad), dim(c.pad), 1, 1, 1, 1, kMath);
       const Act* x = input_of(i);
       if (wcopy_) launch_filter_layout(i, false);
       const Act* w = weights(i);
-      Act* z = layers_[i].z.template as<Act>();
-      const Found fwd = find_algorithm<cudnnConvolutionFwdAlgoPerf_t>(
-          "forward", kBf16, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-          [&](int al, std::size_t* b) { return cudnnGetConvolutionForwardWorkspaceSize(cudnn(), cp.x.h, cp.w.h, cp.conv.h, cp.y.h, static_cast<cudnnConvolutionFwdAlgo_t>(al), b); },
-          [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
-            return cudnnFindConvolutionForwardAlgorithmEx(cudnn(), cp.x.h, x, cp.w.h, w, cp.conv.h, cp.y.h, z, n, got, perf, wsp, bytes);
-          });
+      const gpu::ConvAlgo fwd = find_algo({Direction::fwd, cp.x.h, cp.w.h, cp.y.h, cp.conv.h, x, w, nullptr, layers_[i].z.get()}, i, "forward");
       cp.fwd = static_cast<cudnnConvolutionFwdAlgo_t>(fwd.algo);
-      HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.conv.h, fwd.math));
-      cp.ws = fwd.bytes;
+      cp.ws = fwd.workspace;
       algos_ += std::string(i ? ", " : "") + "fwd " + std::to_string(fwd.algo);
       if (s_.train()) {
         void* dw = wcopy_ ? dwk_.get() : static_cast<void*>(grads_.as<float>() + l_.conv[i].w);
-        const Found filter = find_algorithm<cudnnConvolutionBwdFilterAlgoPerf_t>(
-            "backward filter", kBf16, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-            [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn(), cp.x.h, cp.y.h, cp.conv_filter.h, cp.w.h, static_cast<cudnnConvolutionBwdFilterAlgo_t>(al), b); },
-            [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
-              return cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnn(), cp.x.h, x, cp.y.h, dz_.get(), cp.conv_filter.h, cp.w.h, dw, n, got, perf, wsp, bytes);
-            });
+        const gpu::ConvAlgo filter = find_algo({Direction::bwd_weight, cp.x.h, cp.w.h, cp.y.h, cp.conv_filter.h, x, nullptr, dz_.get(), dw}, i, "backward filter");
         cp.filter = static_cast<cudnnConvolutionBwdFilterAlgo_t>(filter.algo);
-        HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.conv_filter.h, filter.math));
-        cp.ws = std::max(cp.ws, filter.bytes);
+        cp.ws = std::max(cp.ws, filter.workspace);
         algos_ += " filter " + std::to_string(filter.algo);
         if (i > 0) plan_data_gradient(i, cp);
       }
@@ -933,44 +882,44 @@ class CudaCnn final : public ModelCase {
     const ConvLayer& c = s_.convs[i];
     const Act* w = weights(i);
     const DataGradPath path = cuda_data_grad_path();
-    Found data{-1, 0, 0.f, kMath}, flip{-1, 0, 0.f, kMath};
+    gpu::ConvAlgo data, flip;
     if (path != DataGradPath::forward_flip)
-      data = find_algorithm<cudnnConvolutionBwdDataAlgoPerf_t>(
-          "backward data", kBf16, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-          [&](int al, std::size_t* b) { return cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn(), cp.w.h, cp.y.h, cp.conv_data.h, cp.x.h, static_cast<cudnnConvolutionBwdDataAlgo_t>(al), b); },
-          [&](int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
-            return cudnnFindConvolutionBackwardDataAlgorithmEx(cudnn(), cp.w.h, w, cp.y.h, dz_.get(), cp.conv_data.h, cp.x.h, d_input(i), n, got, perf, wsp, bytes);
-          });
+      data = find_algo({Direction::bwd_data, cp.x.h, cp.w.h, cp.y.h, cp.conv_data.h, nullptr, w, dz_.get(), d_input(i)}, i, "backward data");
     if (path != DataGradPath::backward_data) {
       const std::int64_t B = s_.batch, fpad = 2 - c.pad;
       HOTOPS_CHECK_CUDNN(cudnnSetFilter4dDescriptor(cp.wf.h, kCudnn, nchw_ ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC, dim(c.C), dim(c.K), 3, 3));
-      HOTOPS_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(cp.flip_conv.h, dim(fpad), dim(fpad), 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-      HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.flip_conv.h, kMath));
+      gpu::set_conv2d(cp.flip_conv.h, dim(fpad), dim(fpad), 1, 1, 1, 1, kMath);
       int n = 0, ch = 0, h = 0, wd = 0;
       HOTOPS_CHECK_CUDNN(cudnnGetConvolution2dForwardOutputDim(cp.flip_conv.h, cp.y.h, cp.wf.h, &n, &ch, &h, &wd));
       HOTOPS_CHECK(n == B && ch == c.C && h == c.H && wd == c.W, "model_cnn: the flipped-filter conv does not give the input's shape");
       cp.wf_buf = acts(c.C * 9 * c.K);
       launch_flip(params_.as<float>() + l_.conv[i].w, cp, c);
-      flip = find_algorithm<cudnnConvolutionFwdAlgoPerf_t>(
-          "forward (flipped filter)", kBf16, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-          [&](int al, std::size_t* b) { return cudnnGetConvolutionForwardWorkspaceSize(cudnn(), cp.y.h, cp.wf.h, cp.flip_conv.h, cp.x.h, static_cast<cudnnConvolutionFwdAlgo_t>(al), b); },
-          [&](int n2, int* got, cudnnConvolutionFwdAlgoPerf_t* perf, void* wsp, std::size_t bytes) {
-            return cudnnFindConvolutionForwardAlgorithmEx(cudnn(), cp.y.h, dz_.get(), cp.wf.h, cp.wf_buf.get(), cp.flip_conv.h, cp.x.h, d_input(i), n2, got, perf, wsp, bytes);
-          });
+      // dz (y's shape) convolved with the flipped filter into dx (x's shape).
+      flip = find_algo({Direction::fwd, cp.y.h, cp.wf.h, cp.x.h, cp.flip_conv.h, dz_.get(), cp.wf_buf.get(), nullptr, d_input(i)}, i,
+                       "data gradient as a forward conv with the flipped filter");
     }
-    cp.flip = path == DataGradPath::forward_flip || (path == DataGradPath::timed && flip.ms < data.ms);
+    cp.flip = path == DataGradPath::forward_flip || (path == DataGradPath::timed && flip.find_ms < data.find_ms);
     if (cp.flip) {
       cp.flip_fwd = static_cast<cudnnConvolutionFwdAlgo_t>(flip.algo);
-      HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.flip_conv.h, flip.math));
-      cp.ws = std::max(cp.ws, flip.bytes);
+      cp.ws = std::max(cp.ws, flip.workspace);
       algos_ += " data fwd-flip " + std::to_string(flip.algo);
     } else {
       cp.wf_buf = gpu::DeviceBuffer();
       cp.data = static_cast<cudnnConvolutionBwdDataAlgo_t>(data.algo);
-      HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(cp.conv_data.h, data.math));
-      cp.ws = std::max(cp.ws, data.bytes);
+      cp.ws = std::max(cp.ws, data.workspace);
       algos_ += " data " + std::to_string(data.algo);
     }
+  }
+
+  // Find's fastest algorithm for one pass of conv layer i (gpu::find_conv_algo; ConvPick::find_fastest
+  // says why not re-timed): f32 FMA math only (no TF32); bf16 tensor-op math only, as the label says.
+  // (bf16 once took either, and Find often chose cuDNN's DEFAULT_MATH kernels, e.g.
+  // convolve_common_engine_float and wgrad_alg0_engine: near-ties in Find's single timings. Excluding
+  // them left the step's speed within its process-to-process spread, docs/models.md.) The pass's
+  // descriptor takes the chosen algorithm's math type.
+  gpu::ConvAlgo find_algo(const gpu::ConvCall& call, std::size_t i, const char* what) const {
+    return gpu::find_conv_algo(call, kBf16 ? gpu::ConvMath::tensor_ops : gpu::ConvMath::fma, gpu::ConvPick::find_fastest,
+                               std::string("model_cnn ") + dtype_name(s_.dtype) + " conv layer " + std::to_string(i) + ", " + what);
   }
 
   void launch_flip(const float* w, const ConvPlan& cp, const ConvLayer& c) const {
