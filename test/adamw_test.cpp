@@ -30,10 +30,10 @@ TEST(AdamwLists, ModelParameterCounts) {
   // Hugging Face's bert-base-uncased: 109,482,240 parameters in 199 tensors.
   EXPECT_EQ(tensor_sizes("bert_base", 0).size(), 199u);
   EXPECT_EQ(sum(tensor_sizes("bert_base", 0)), 109482240);
-  // Seed 003's Keras summary: 58,088,516 trainable parameters.
+  // The TensorFlow 2 comparison's Keras summary: 58,088,516 trainable parameters.
   EXPECT_EQ(tensor_sizes("keras_cnn", 0).size(), 26u);
   EXPECT_EQ(sum(tensor_sizes("keras_cnn", 0)), 58088516);
-  // Seed 004's MLP 13 -> 32 -> 16 -> 2.
+  // The PyTorch tiny-MLP notebook's 13 -> 32 -> 16 -> 2.
   EXPECT_EQ(sum(tensor_sizes("mlp_tiny", 0)), 13 * 32 + 32 + 32 * 16 + 16 + 16 * 2 + 2);
   EXPECT_EQ(tensor_sizes("flat", 1 << 20), std::vector<std::int64_t>{1 << 20});
   EXPECT_THROW(tensor_sizes("resnet", 0), Error);

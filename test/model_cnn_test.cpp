@@ -1,4 +1,4 @@
-// The model_cnn family: parameter counts against the seeds' tables, names and work, the reference's
+// The model_cnn family: parameter counts against the studies' tables, names and work, the reference's
 // gradients against finite differences, verification failing on planted errors, and the tiny models
 // learning their task.
 #include <gtest/gtest.h>
@@ -61,9 +61,9 @@ Outcome outcome_from(const Shape& s, const ParamLayout& l, const std::vector<poi
   return o;
 }
 
-TEST(ModelCnnLayout, ParameterCountsMatchTheSeeds) {
+TEST(ModelCnnLayout, ParameterCountsMatchTheStudies) {
   const ParamLayout k = param_layout(arch_named("keras_cnn"));
-  EXPECT_EQ(k.parameters, 58088516);  // seed 003's "Trainable params"
+  EXPECT_EQ(k.parameters, 58088516);  // the TensorFlow 2 comparison's "Trainable params"
   EXPECT_EQ(k.parameters + static_cast<std::int64_t>(k.stats), 58091396);  // its "Total params"
   EXPECT_EQ(flat_width(arch_named("keras_cnn")), 56448);
   EXPECT_EQ(param_layout(arch_named("vgg_cifar")).parameters, 1250858);  // Keras' cifar10_cnn.py

@@ -44,7 +44,7 @@ Outcome train_outcome(const Reference& r, const std::vector<double>& grads, cons
 
 TEST(ModelsLayout, ParameterCountsAndAlignment) {
   const ParamLayout tiny = param_layout(model_named("mlp_tiny").widths);
-  EXPECT_EQ(tiny.parameters, 13 * 32 + 32 + 32 * 16 + 16 + 16 * 2 + 2);  // 1010, as seed 004's model
+  EXPECT_EQ(tiny.parameters, 13 * 32 + 32 + 32 * 16 + 16 + 16 * 2 + 2);  // 1010, as the notebook's MLP
   // Keras' mnist_mlp summary: 669,706 trainable parameters.
   EXPECT_EQ(param_layout(model_named("mlp_mnist").widths).parameters, 669706);
   EXPECT_EQ(param_layout(model_named("classifierdl").widths).parameters, 768 * 512 + 512 + 512 * 2 + 2);

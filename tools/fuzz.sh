@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds hotops-compare's libFuzzer target (clang, AddressSanitizer + UBSan) in build-fuzz and
 # fuzzes the JSON reading for SECONDS (default 60), starting from compare/fuzz/corpus/.
-# New inputs go to build-fuzz/corpus (the checked-in seeds stay as they are); a crash leaves
+# New inputs go to build-fuzz/corpus (the checked-in seed corpus stays as it is); a crash leaves
 # its input in build-fuzz/ and makes this script fail.
 #   usage: bash tools/fuzz.sh [SECONDS]
 set -euo pipefail
@@ -22,7 +22,7 @@ cmake -S compare -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAK
 cmake --build build-fuzz --target compare_fuzz_read -j"$(nproc)"
 mkdir -p build-fuzz/corpus
 cd build-fuzz
-# -max_len: the seeds are real runs of up to ~12 kB; larger inputs only slow the search.
+# -max_len: the seed corpus holds real runs of up to ~12 kB; larger inputs only slow the search.
 rc=0
 ./compare_fuzz_read corpus ../compare/fuzz/corpus -max_total_time="$seconds" -max_len=16384 \
                     -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=./ >fuzz.log 2>&1 || rc=$?

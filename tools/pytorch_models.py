@@ -3,7 +3,7 @@
 
 Each model is the one hotops' model families build (kernels/models, model_bert, model_bilstm,
 model_cnn): same widths, same loss, torch.optim.AdamW(lr 1e-3, weight_decay 1e-2). f32 with TF32
-off (torch.backends.cuda.matmul.allow_tf32 = cudnn.allow_tf32 = False), as issue 5 measures.
+off (torch.backends.cuda.matmul.allow_tf32 = cudnn.allow_tf32 = False), as hotops' f32 is strict f32.
 
 Two times per (model, batch, direction), as hotops reports them:
   device: the batch already on the device; CUDA events around N back-to-back steps, per step;

@@ -184,7 +184,7 @@ TEST(Speedup, CpuMachineAndGpuMachine) {
   EXPECT_EQ(wrong.warnings.size(), 2u);
 }
 
-// The model entries of a full-suite run on the H100 host (3129 entries, stop 17; docs/compare.md):
+// The model entries of a full-suite run on the H100 host (3129 entries; docs/compare.md):
 // every model has its four variants, mlp_tiny's crossover is 64 and every other model's GPU wins at
 // its smallest batch; the 11 keras_cnn entries that failed verification are listed, and the one
 // plain pair among them (cpu bf16 train at batch 64) leaves its cell empty.

@@ -31,7 +31,7 @@ std::vector<std::int64_t> bert_base() {
   return t;
 }
 
-// Seed 003's Keras CNN (TensorFlow 2, 256x256x3 images, 4 classes): 26 trainable tensors, 58,088,516
+// The TensorFlow 2 comparison's Keras CNN (256x256x3, 4 classes): 26 trainable tensors, 58,088,516
 // parameters. Conv kernels 3x3; each BatchNormalization trains gamma and beta (its moving mean and
 // variance are the summary's 2,880 non-trainable parameters); flatten gives 21*21*128 = 56448.
 std::vector<std::int64_t> keras_cnn() {
@@ -47,7 +47,7 @@ std::vector<std::int64_t> keras_cnn() {
   return t;
 }
 
-// Seed 004's PyTorch MLP on the 13 features of the UCI heart-disease data: 13 -> 32 -> 16 -> 2,
+// The PyTorch tiny-MLP notebook's MLP on the 13 UCI heart-disease features: 13 -> 32 -> 16 -> 2,
 // 6 tensors, 1,010 parameters.
 std::vector<std::int64_t> mlp_tiny() { return {32 * 13, 32, 16 * 32, 16, 2 * 16, 2}; }
 

@@ -1,20 +1,8 @@
 // The adamw family: one torch.optim.AdamW step over a whole list of parameter tensors (a model's
 // parameters), in one pass: a hand-written multi-tensor loop on the CPU (OpenMP over equal chunks of
 // all tensors) and one hand-written CUDA kernel launch for the whole list (a device table of tensor
-// pointers and chunks, built at setup).
-//
-// PyTorch's formula (decoupled weight decay, bias correction), step t = 1, 2, ...:
-//   p *= 1 - lr * wd
-//   m  = beta1 * m + (1 - beta1) * g
-//   v  = beta2 * v + (1 - beta2) * g^2
-//   bc1 = 1 - beta1^t,  bc2 = 1 - beta2^t
-//   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
-// dtype f32: p, g, m, v all f32. dtype bf16: the model's parameters and gradients are bf16, with an
-// f32 master copy of the parameters: the step reads the f32 master, the bf16 g and the f32 m, v, and
-// writes the f32 master, m, v and the bf16 parameters (the master rounded to nearest even).
-//
-// The step count t is part of the optimizer's state and advances with every run(): a counter member
-// on the CPU, a device int on CUDA (so that a CUDA graph of back-to-back runs advances it).
+// pointers and chunks, built at setup). The formula, the bf16 master copy and the step count that
+// advances with every run: docs/ops.md, "adamw".
 #pragma once
 #include <cmath>
 #include <cstddef>

@@ -1,18 +1,6 @@
 // The batchnorm family: batch normalisation with PyTorch's semantics, 2-D (NCHW, NHWC) and 1-D
 // ([batch, C], after a dense layer), in three directions, on oneDNN (CPU), a hand-written CUDA
-// kernel and cuDNN (CUDA, `impl:cudnn`).
-//
-//   fwd    training mode: per-channel batch mean and biased variance over N*H*W values;
-//          y = gamma * (x - mean) / sqrt(var + eps) + beta;
-//          save_mean = mean, save_invstd = 1 / sqrt(var + eps) (kept for bwd);
-//          running_mean = (1 - momentum) * running_mean + momentum * mean,
-//          running_var  = (1 - momentum) * running_var  + momentum * var * n / (n - 1)  (unbiased)
-//   infer  y = gamma * (x - running_mean) / sqrt(running_var + eps) + beta
-//   bwd    from x, dy, gamma and the saved mean / invstd, with xhat = (x - mean) * invstd:
-//          dbeta = sum dy, dgamma = sum dy * xhat,
-//          dx = gamma * invstd * (dy - dbeta / n - xhat * dgamma / n)
-// x, y, dy and dx are in the problem's dtype; gamma, beta, running and saved statistics, dgamma and
-// dbeta are f32, and all statistics math is f32 or wider. eps = 1e-5, momentum = 0.1.
+// kernel and cuDNN (CUDA, `impl:cudnn`). The formulas of fwd, infer and bwd: docs/ops.md, "batchnorm".
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -1,29 +1,6 @@
 // The conv2d family: PyTorch's nn.Conv2d (cross-correlation, groups = 1) forward, backward-data
 // and backward-weight (with the bias gradient), in NCHW or NHWC, on oneDNN (CPU) and cuDNN (CUDA).
-//
-// Names: conv2d/<backend>/<dtype>/<dir>/shape:<model.layer>/batch:N/C:../H:../W:../K:../R:../S:..
-//        /stride:../pad:../dilation:../bias:0|1/layout:nchw|nhwc
-//   C, H, W: input channels and size; K: output channels; R x S: filter rows x columns.
-//   stride, pad, dilation: one number for both axes, or "<h>x<w>" when they differ.
-//   layout: of x, y and their gradients; the weights are OIHW with nchw and OHWI with nhwc
-//   (PyTorch's channels_last). bias: fwd adds it, bwd_weight also computes db; bwd_data ignores it.
-//
-//   fwd        y[n,k,p,q]  = sum_{c,r,s} x[n,c,p*sh-ph+r*dh, q*sw-pw+s*dw] * w[k,c,r,s] (+ b[k])
-//   bwd_data   dx[n,c,h,w] = sum_{k,r,s : h = p*sh-ph+r*dh, w = q*sw-pw+s*dw} dy[n,k,p,q] * w[k,c,r,s]
-//   bwd_weight dw[k,c,r,s] = sum_{n,p,q} x[n,c,p*sh-ph+r*dh, q*sw-pw+s*dw] * dy[n,k,p,q];
-//              db[k]       = sum_{n,p,q} dy[n,k,p,q]
-//
-// What the timed run() contains:
-//   CPU  one oneDNN convolution primitive (convolution_forward / _backward_data / _backward_weights,
-//        algorithm::convolution_direct, format_tag::any) on inputs already reordered into the blocked
-//        layouts the primitive chose, writing its output in its own layout; then the stream wait.
-//        NOT counted: the reorders from the user's NCHW/NHWC/OIHW/OHWI buffers into those layouts
-//        (done once at setup) and of the output back into the user's layout (done by verify()).
-//        This is the cost a framework pays when it keeps tensors in oneDNN's layouts between layers.
-//   CUDA the cuDNN call (cudnnConvolutionForward / BackwardData / BackwardFilter) with the algorithm
-//        and workspace chosen once at setup, plus the bias add (fwd) or the bias gradient
-//        (bwd_weight) where there is a bias. Handle, descriptors, algorithm search and workspace
-//        allocation are outside timing. Tensors are in the user's layout: no reorders exist.
+// Names, the three directions' formulas and what the timed run contains: docs/ops.md, "conv2d".
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -1,9 +1,10 @@
 // conv2d problem shapes, named after the layers of the real models they come from.
 //
 // ResNet-50 is torchvision's (v1.5: the stride-2 of a stage is on its 3x3 conv); its convs have no
-// bias (a BatchNorm follows). The CIFAR-10 VGG-like net (seed 002, Keras' cifar10_cnn) and the
-// 256x256 Keras CNN (seed 003) use Conv2D with a bias. DeepBench's rows are from its training set
-// (code/kernels/conv_problems.h: w, h, c, n, k, s, r, pad, stride), at DeepBench's own batch sizes.
+// bias (a BatchNorm follows). The CIFAR-10 VGG-like net (Keras' cifar10_cnn) and the 256x256
+// Keras CNN of the TensorFlow 2 comparison use Conv2D with a bias. DeepBench's rows are from its
+// training set (code/kernels/conv_problems.h: w, h, c, n, k, s, r, pad, stride), at DeepBench's own
+// batch sizes.
 #include "kernels/conv2d/conv2d.h"
 
 namespace hotops::conv2d {
@@ -20,10 +21,12 @@ const std::vector<NamedShape>& named_shapes() {
       {"resnet50.res3_3x3",           128,  28,  28, 128,  3,  3,  1,  1, false, V{32}},
       {"resnet50.res4_3x3",           256,  14,  14, 256,  3,  3,  1,  1, false, V{32}},
       {"resnet50.res5_3x3",           512,   7,   7, 512,  3,  3,  1,  1, false, V{32, 1}},
-      // Seed 002: the CIFAR-10 VGG-like CNN on 32x32 images (second and third conv layers).
+      // Max Woolf's Keras benchmarks: the CIFAR-10 VGG-like CNN on 32x32 images (second and third
+      // conv layers).
       {"cifar10_vgg.conv2",            32,  32,  32,  32,  3,  3,  1,  0, true,  V{32}},
       {"cifar10_vgg.conv3",            32,  15,  15,  64,  3,  3,  1,  1, true,  V{32}},
-      // Seed 003: the Keras CNN on 256x256x3 images (first and second conv layers; batch 64 there).
+      // The TensorFlow 2 comparison: the Keras CNN on 256x256x3 images (first and second conv
+      // layers; batch 64 there).
       {"keras_cnn.conv1",               3, 256, 256,  32,  3,  3,  1,  1, true,  V{32}},
       {"keras_cnn.conv2",              32,  85,  85,  64,  3,  3,  1,  1, true,  V{32}},
       // DeepBench training rows: DeepSpeech's first conv (spectrogram 161 x 700, a 5x20 filter) and

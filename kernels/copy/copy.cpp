@@ -36,7 +36,7 @@ const std::vector<Activation>& activations() {
   static const std::vector<Activation> a = {
       {"ResNet-50 stage 1, 64 channels (conv2_x in)", 64, 56, 56, {1, 32}},
       {"ResNet-50 stage 1, 256 channels (conv2_x out)", 256, 56, 56, {32}},
-      {"seed 003 Keras CNN, first conv output (None, 256, 256, 32)", 32, 256, 256, {32}},
+      {"TensorFlow 2 comparison's Keras CNN, first conv output (None, 256, 256, 32)", 32, 256, 256, {32}},
   };
   return a;
 }

@@ -1,36 +1,7 @@
-// The copy family: what PyTorch's aten::copy_ does, the op at the top of the seed profiles. Raw
+// The copy family: what PyTorch's aten::copy_ does, the op at the top of the studies' profiles. Raw
 // copies (within host or device memory, host->device, device->host) and the two conversions that
-// frameworks do inside copy_: layout NCHW <-> NHWC and dtype f32 <-> bf16.
-//
-// Benchmark names (op `copy`, direction always `fwd`; the dtype segment is the SOURCE dtype):
-//   copy/{cpu,cuda}/f32/fwd/kind:memcpy/bytes:B            a copy of B bytes within one memory:
-//                                                           CPU: std::memcpy in OpenMP thread chunks;
-//                                                           CUDA: cudaMemcpyAsync device-to-device
-//   copy/cuda/f32/fwd/kind:h2d/host:{pinned,pageable}/bytes:B   cudaMemcpyAsync host -> device
-//   copy/cuda/f32/fwd/kind:d2h/host:{pinned,pageable}/bytes:B   cudaMemcpyAsync device -> host
-//   copy/{cpu,cuda}/{f32,bf16}/fwd/kind:{nchw_to_nhwc,nhwc_to_nchw}/batch:N/C:C/H:H/W:W[/impl:I]
-//                                                           CPU: the default implementation (no
-//                                                           impl arg) or the other one, `impl:I`:
-//                                                           oneDNN reorder (onednn) or hotops' cache-
-//                                                           blocked OpenMP transpose (hotops); which is
-//                                                           the default is one constant in copy.cpp.
-//                                                           CUDA: hotops' tiled transpose through
-//                                                           shared memory (no impl arg)
-//   copy/{cpu,cuda}/f32/fwd/kind:f32_to_bf16/elements:E[/impl:I]   CPU: the default (hotops' vectorised
-//   copy/{cpu,cuda}/bf16/fwd/kind:bf16_to_f32/elements:E[/impl:I]   loop) or oneDNN's reorder as
-//                                                           `impl:onednn`; CUDA: hotops' 16-byte
-//                                                           vectorised convert kernel
-// Raw copies move bytes; `f32` says only that their (random) contents are checked as f32 words, so
-// B is a multiple of 4. The same problem on both backends has the same name but for the backend.
-//
-// Work: FLOPs are 0 (a copy does no arithmetic). Bytes are the fewest the op moves: read + written
-// for copies within one memory and for the conversions (2*B for memcpy and the layouts, 6 per
-// element for the dtype conversions); a transfer between host and device counts its size once, B,
-// because link (PCIe / NVLink-C2C) bandwidths are quoted one-way. Items: `batch` for the layouts, else 1.
-//
-// Verification is exact: a copy or a layout change must reproduce every bit of the source, and a
-// dtype conversion must equal the reference (the source value, rounded to the output dtype to
-// nearest even, see dtype.h). Every element is checked, not a sample: a memcmp or one parallel pass.
+// frameworks do inside copy_: layout NCHW <-> NHWC and dtype f32 <-> bf16. Names, implementations,
+// work and verification: docs/ops.md, "copy".
 #pragma once
 #include <cstdint>
 #include <memory>

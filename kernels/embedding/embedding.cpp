@@ -18,7 +18,7 @@ struct NamedShape {
 };
 
 constexpr NamedShape kNamedShapes[] = {
-    // The seed IMDb bidirectional LSTM: 20000-word vocabulary, 128-wide embeddings, reviews cut to
+    // Keras' IMDb bidirectional LSTM: 20000-word vocabulary, 128-wide embeddings, reviews cut to
     // 200 tokens, batch 64 (12800 indices).
     {"imdb_bilstm.embed", 200, 20000, 128, 64},
     // BERT-base word embeddings: WordPiece vocabulary 30522 x hidden 768, sequence 128, batch 32.

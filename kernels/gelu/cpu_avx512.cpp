@@ -1,23 +1,10 @@
-// gelu on the CPU for bf16 and f16, written for AVX-512: the formulas of the portable loop
-// (cpu_hotops.cpp, same constants), 16 elements a vector, with the instructions GCC does not reach
-// from that loop: the hardware conversions (vcvtneps2bf16 for bf16, vcvtph2ps / vcvtps2ph for f16),
-// vrcp14ps and one Newton step in place of the division, vrndscaleps and vscalefps for 2^a. On the
-// 16-core Xeon of the H100 host the portable loop ran bf16 and f16 at the same ~10 G elements/s as
-// f32, bound by its arithmetic (about 55 vector instructions per 16 elements of erf gelu, one of them
-// a 16-cycle vdivps); here it is about 30. The tail is one masked vector.
-//
-// A 16-bit input has only 65536 values, so the default CPU gelu for bf16 and f16 looks its result up
-// in a table of this version's own results (table_span_for): fwd keeps the 16-bit outputs (128 KiB),
-// bwd the f32 derivative gelu'(x) (256 KiB), which it multiplies by dy as the arithmetic version does
-// (that version computes dy * gelu'(x) as one f32 product, so the results are bit-identical; a test
-// checks it on every input). The tables are built once per process, outside any timing, stay in L2,
-// and are read by vpgatherdd. On the H100 host's Xeon this took bf16/f16 fwd from about 50 to 75-85
-// GB/s and bwd from about 60 to 80-95 GB/s against 90-120 GB/s of memcpy: memory-bound, as gelu is on
-// a GPU, instead of bound by about 30 vector instructions per 16 elements.
-//
-// bf16 rounding is vcvtneps2bf16's: to nearest even, NaN kept quiet, and subnormal inputs and results
-// flushed to zero (gelu of the inputs hotops generates never produces one). f16 rounding is to
-// nearest even (vcvtps2ph with an explicit rounding mode).
+// gelu on the CPU for bf16 and f16, written for AVX-512: the portable loop's formulas and constants
+// (cpu_hotops.cpp), 16 elements a vector, with the instructions GCC does not reach from that loop
+// (hardware bf16/f16 conversions, vrcp14ps and a Newton step for the division, vrndscaleps and
+// vscalefps for 2^a); the tail is one masked vector. Its results also fill the 65536-entry tables
+// that the default bf16 and f16 gelu reads (table_span_for). bf16 rounding is vcvtneps2bf16's (to
+// nearest even, subnormals flushed to zero), f16's to nearest even. Why, and the measured rates:
+// docs/ops.md, "gelu".
 #include <immintrin.h>
 
 #include <vector>

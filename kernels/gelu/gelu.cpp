@@ -28,8 +28,9 @@ const std::vector<NamedShape>& named_shapes() {
       {"bert.ffn", {128, 3072}, 32},
       // ViT-B/16 at 224x224: 197 tokens, the MLP's 3072-wide hidden layer.
       {"vit.mlp", {197, 3072}, 32},
-      // Seed 003's Keras CNN (256x256x3 images, batch 64), conv outputs as PyTorch holds them (NCHW);
-      // Keras names the layers conv2d, conv2d_1, ... The first at batch 16: at the seed's 64 it would
+      // The TensorFlow 2 comparison's Keras CNN (256x256x3 images, batch 64), conv outputs as PyTorch
+      // holds them (NCHW); Keras names the layers conv2d, conv2d_1, ... The first at batch 16: at the
+      // study's 64 it would
       // be 512 MiB in f32, twice the largest flat tensor.
       {"keras_cnn.conv2d", {32, 256, 256}, 16},
       {"keras_cnn.conv2d_1", {64, 85, 85}, 64},

@@ -26,7 +26,7 @@ struct NamedShape {
 
 const std::vector<NamedShape>& named_shapes() {
   static const std::vector<NamedShape> shapes = {
-      // The seed studies' classifier heads.
+      // The CPU-vs-GPU studies' classifier heads.
       {"mlp_tiny", 1, 2, {10, 4096}},       // the PyTorch tiny-MLP notebook: 2 classes
       {"mlp_mnist", 1, 10, {128}},          // an MNIST MLP: 10 digits
       {"classifierdl", 1, 2, {1024}},       // Spark NLP ClassifierDL, binary sentiment

@@ -1,19 +1,8 @@
 // lstm on CUDA: cuDNN 9's RNN API (cudnnRNNForward, cudnnRNNBackwardData_v8,
-// cudnnRNNBackwardWeights_v8), the algorithm of gpu::lstm_algo (persistent kernels for small hidden
-// sizes, else STANDARD; the label says which), sequence-major unpacked [T,B,*] data as
-// PyTorch holds it, every sequence of full length T.
-//
-// Biases: cuDNN's LSTM has two per gate (CUDNN_RNN_DOUBLE_BIAS), as PyTorch: it gets b_ih and b_hh.
-// Math: f32 is CUDNN_FMA_MATH (no tensor cores: PyTorch with torch.backends.cudnn.allow_tf32 =
-// False), tf32 is CUDNN_DEFAULT_MATH on f32 data (tensor cores through TF32 allowed: PyTorch's
-// default), bf16 is CUDNN_TENSOR_OP_MATH on bf16 data with f32 compute; a bf16 configuration that
-// cuDNN rejects is an unsupported Error with cuDNN's status, never a fallback.
-//
-// fwd runs CUDNN_FWD_MODE_INFERENCE (no reserve space). bwd runs CUDNN_FWD_MODE_TRAINING once at
-// setup (it fills the reserve space and y, hT, cT); the timed run() is: zero the dweight space
-// (cudaMemsetAsync: BackwardWeights only adds, CUDNN_WGRAD_MODE_ADD), cudnnRNNBackwardData_v8,
-// cudnnRNNBackwardWeights_v8. As PyTorch's backward, it excludes the forward. verify() reruns the
-// training forward first, so that the reserve space it checks is fresh.
+// cudnnRNNBackwardWeights_v8) with the algorithm of gpu::lstm_algo (the label says which), two biases
+// a gate as PyTorch (CUDNN_RNN_DOUBLE_BIAS: b_ih and b_hh), sequence-major unpacked [T,B,*] data,
+// every sequence of full length T. Each dtype's math type, what fwd and bwd time (bwd's training
+// forward runs at setup, as PyTorch's backward excludes it) and verification: docs/ops.md, "lstm".
 #include <cudnn.h>
 
 #include <cstdio>

@@ -175,7 +175,8 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out, ReferenceCach
 const std::vector<NamedShape>& named_shapes() {
   using V = std::vector<std::int64_t>;
   // DeepBench's LSTM training rows (one layer, input = hidden) covering T = 25, 50 and 150, and
-  // the seed 002 IMDb bidirectional LSTM (Keras: embedding 128, LSTM 128, reviews cut to 200 words).
+  // the IMDb bidirectional LSTM of Max Woolf's Keras benchmarks (embedding 128, LSTM 128, reviews
+  // cut to 200 words).
   static const std::vector<NamedShape> shapes = {
       {"deepbench.h512", 25, 512, 512, false, V{16, 32}},
       {"deepbench.h1024", 25, 1024, 1024, false, V{64}},

@@ -79,7 +79,7 @@ struct ReferenceCache {
 };
 Check verify(const Shape& s, const Inputs& in, const Outputs& out, ReferenceCache& cache);
 
-// Named shapes: the DeepBench LSTM training rows and the seed's IMDb bidirectional LSTM.
+// Named shapes: the DeepBench LSTM training rows and Keras' IMDb bidirectional LSTM.
 struct NamedShape {
   std::string name;
   std::int64_t T, I, H;

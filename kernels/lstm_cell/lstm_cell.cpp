@@ -27,7 +27,7 @@ const std::vector<NamedShape>& named_shapes() {
       {"deepbench.h1024", 1024, 1024, {64}},
       {"deepbench.h2048", 2048, 2048, {32}},
       {"deepbench.h4096", 4096, 4096, {16}},
-      // Seed 002 (Max Woolf's Keras benchmarks): Keras' imdb_bidirectional_lstm example, 128-wide
+      // Max Woolf's Keras benchmarks: Keras' imdb_bidirectional_lstm example, 128-wide
       // embeddings into Bidirectional(LSTM(64)) at batch 32; each direction is this cell.
       {"imdb.bilstm", 128, 64, {32}},
   };

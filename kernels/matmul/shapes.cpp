@@ -13,11 +13,11 @@ const std::vector<NamedShape>& named_shapes() {
   const std::vector<Op> linear{Op::mm, Op::addmm};
   const std::vector<Op> attention{Op::bmm};
   static const std::vector<NamedShape> shapes = {
-      // Seed 004: the tiny 13-32-16-2 MLP, batch 10 in the notebook.
+      // The PyTorch tiny-MLP notebook: the 13-32-16-2 MLP, batch 10 in the notebook.
       {"mlp_tiny.fc1", linear, 1, 0, 0, 32, 13, V{1, 10, 4096}},
-      // Seed 002: the MNIST MLP 784-512-512-10 (Keras batch 128).
+      // Max Woolf's Keras benchmarks: the MNIST MLP 784-512-512-10 (Keras batch 128).
       {"mlp_mnist.fc1", linear, 1, 0, 0, 512, 784, V{1, 128}},
-      // Seed 000: ClassifierDL, 768-d sentence embeddings into a dense layer.
+      // The Spark NLP ClassifierDL study: 768-d sentence embeddings into a dense layer.
       {"classifierdl.fc1", linear, 1, 0, 0, 512, 768, V{32, 1024}},
       // BERT-base, sequence 128: tokens = batch x 128, hidden 768, FFN 3072, 12 heads of 64.
       {"bert.qkv", linear, 128, 0, 0, 2304, 768, V{32}},

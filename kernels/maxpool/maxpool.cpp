@@ -19,12 +19,12 @@ struct NamedShape {
 };
 
 constexpr NamedShape kNamedShapes[] = {
-    // The seed Keras CNN (seed 003): 256x256x3 images, batch 64; MaxPooling2D((3, 3)) after the
-    // 32-channel conv (256 -> 85), then (2, 2) after the 64- and 128-channel blocks (85 -> 42 -> 21).
+    // The TensorFlow 2 comparison's Keras CNN: 256x256x3 images, batch 64; MaxPooling2D((3, 3))
+    // after the 32-channel conv (256 -> 85), then (2, 2) after the 64- and 128-channel blocks (85 -> 42 -> 21).
     {"keras_cnn.pool1", 32, 256, 256, 3, 3, 0, 64},
     {"keras_cnn.pool2", 64, 85, 85, 2, 2, 0, 64},
     {"keras_cnn.pool3", 128, 42, 42, 2, 2, 0, 64},
-    // The VGG-like CIFAR-10 net (seed 002): 2x2 pools on 32x32x32 and 16x16x64, batch 128.
+    // The VGG-like CIFAR-10 net (Keras' cifar10_cnn.py): 2x2 pools on 32x32x32 and 16x16x64, batch 128.
     {"cifar_vgg.pool1", 32, 32, 32, 2, 2, 0, 128},
     {"cifar_vgg.pool2", 64, 16, 16, 2, 2, 0, 128},
     // ResNet-50's stem: 3x3 stride 2 padding 1 on 112x112x64 (-> 56x56), batch 32.

@@ -88,7 +88,7 @@ using models::as_doubles;
 
 const std::vector<Arch>& archs() {
   static const std::vector<Arch> all = {
-      // Seed 001: RoBERTa-base (BERT-base) fine-tuning, sequence length 128.
+      // The PySpark profiling study's RoBERTa-base (BERT-base) fine-tuning, sequence length 128.
       {"bert_layer", 128, 768, 12, 3072, false, 1e-12, {8, 32}},
       // ViT-B/16 at 224x224: 196 patches + the class token.
       {"vit_layer", 197, 768, 12, 3072, true, 1e-6, {8, 32}},

@@ -1,35 +1,9 @@
-// The model_bert family: one transformer encoder layer, a whole training or inference step, chained
-// from GEMMs and hand-written kernels, on the CPU (oneDNN matmuls, batched and strided for the
-// attention, + OpenMP loops) and on CUDA (cublasLt / cuBLAS batched GEMMs + hand-written kernels).
-//
-// Ops (seed 001's RoBERTa / BERT-base layer, and ViT-B/16's):
-//   model.bert_layer: sequence 128, hidden 768, 12 heads of 64, FFN 3072, GELU (erf), post-LN:
-//                     h = LN1(x + attn(x)); y = LN2(h + ffn(h))            (LayerNorm eps 1e-12)
-//   model.vit_layer:  197 tokens, the same widths, pre-LN:
-//                     r = x + attn(LN1(x)); y = r + ffn(LN2(r))             (LayerNorm eps 1e-6)
-// attn(u) = (softmax(Q K^T / sqrt(64)) V per head, heads concatenated) . Wo + bo, with
-// [Q K V] = u . Wqkv + bqkv one [hidden, 3 hidden] GEMM; ffn(u) = gelu(u . W1 + b1) . W2 + b2.
-// Dropout is left out (as in eval mode, or p = 0), and there is no attention mask (every sequence full).
-// Directions:
-//   infer: the layer's forward, y [batch, seq, hidden];
-//   train: forward, loss = mean squared error of y against a seeded random target t (uniform in
-//          [-1, 1), mean over every element), backward through the whole layer (attention softmax and
-//          the LayerNorms included; the gradient of the layer's input x is not computed: nothing
-//          upstream takes it), one torch.optim.AdamW step (lr 1e-3, betas 0.9/0.999, eps 1e-8, wd 1e-2)
-//          over every parameter (7,087,872 for the real widths).
-// dtypes: f32, and bf16 as mixed precision the way torch.autocast(dtype=torch.bfloat16) does it: the
-// parameters, their gradients and AdamW's m and v stay f32 (master weights); each step casts the
-// parameters to a bf16 copy once (inside the timed step; the GEMMs read their weights and biases from
-// it, LayerNorm its gamma and beta from the f32 masters); every GEMM takes bf16 operands and
-// accumulates in f32 (cublasLt / cuBLAS with CUBLAS_COMPUTE_32F on tensor cores; oneDNN bf16
-// matmul on the CPU, where this CPU has it); the activations and their gradients between the ops are
-// stored bf16 (x and the target too: the batch is bf16 on the device, and e2e copies bf16 from the
-// host); softmax, GELU, LayerNorm (statistics included), the loss and the bias and LayerNorm gradient
-// sums compute in f32, and the weight gradients are written f32 by their GEMMs.
+// The model_bert family: one transformer encoder layer (model.bert_layer: BERT-base, post-LN;
+// model.vit_layer: ViT-B/16, pre-LN), a whole training or inference step, chained from GEMMs and
+// hand-written kernels, on the CPU (oneDNN matmuls, batched and strided for the attention, + OpenMP
+// loops) and on CUDA (cublasLt / cuBLAS batched GEMMs + hand-written kernels). The layer's math, the
+// directions, bf16 mixed precision and the flat parameter layout: docs/models.md, "The encoder layers".
 // The architecture is parametric (Arch) so that the tests can use tiny widths.
-// Parameters: ONE flat buffer (Wqkv, bqkv, Wo, bo, ln1 gamma, ln1 beta, W1, b1, W2, b2, ln2 gamma,
-// ln2 beta, each starting on a 256-byte boundary, zero padding), grads, AdamW's m and v of the same
-// layout: the optimizer is one flat pass (kernels/adamw/adamw.h's step_element).
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -122,6 +122,87 @@ Vec add(const Vec& a, const Vec& b) {
   return c;
 }
 
+// What a bf16 implementation stores in bf16, rounded so (nothing for Rounding::none).
+struct Store {
+  bool bf16;
+  Vec operator()(Vec v) const {
+    if (bf16)
+      for (double& e : v) e = bf16_to_float(float_to_bf16(static_cast<float>(e)));
+    return v;
+  }
+};
+
+// The attention heads on qkv [S, 3H] (Q, K and V side by side, head h's D columns in each):
+// prob [NH, S, S] = softmax(Q K^T scale) per head, ctx [S, H] = prob V, the heads side by side.
+void attention_fwd(const Vec& qkv, std::int64_t S, std::int64_t H, std::int64_t NH, std::int64_t D, double scale,
+                   const Store& rd, Vec& prob, Vec& ctx) {
+  prob.assign(static_cast<std::size_t>(NH * S * S), 0.0);
+  ctx.assign(static_cast<std::size_t>(S * H), 0.0);
+  for (std::int64_t h = 0; h < NH; ++h) {
+    double* p = prob.data() + h * S * S;
+    const double* q = qkv.data() + h * D;
+    const double* k = qkv.data() + H + h * D;
+    mm(S, S, D, q, 3 * H, 1, k, 1, 3 * H, p, S);  // q k^T
+    for (std::int64_t i = 0; i < S; ++i) {
+      double* row = p + i * S;
+      for (std::int64_t j = 0; j < S; ++j) row[j] *= scale;
+      if (rd.bf16) {
+        const Vec stored = rd(Vec(row, row + S));
+        std::copy(stored.begin(), stored.end(), row);
+      }
+      double mx = -1e300, sum = 0;
+      for (std::int64_t j = 0; j < S; ++j) mx = std::max(mx, row[j]);
+      for (std::int64_t j = 0; j < S; ++j) sum += (row[j] = std::exp(row[j] - mx));
+      for (std::int64_t j = 0; j < S; ++j) row[j] /= sum;
+    }
+  }
+  prob = rd(prob);
+  for (std::int64_t h = 0; h < NH; ++h)
+    mm(S, D, S, prob.data() + h * S * S, S, 1, qkv.data() + 2 * H + h * D, 3 * H, 1, ctx.data() + h * D, H);
+  ctx = rd(ctx);
+}
+
+// Backward of attention_fwd: dqkv [S, 3H] from dctx [S, H].
+Vec attention_bwd(const Vec& qkv, const Vec& prob, const Vec& dctx, std::int64_t S, std::int64_t H, std::int64_t NH,
+                  std::int64_t D, double scale, const Store& rd) {
+  Vec dqkv(static_cast<std::size_t>(S * 3 * H), 0.0), dp(static_cast<std::size_t>(S * S));
+  for (std::int64_t h = 0; h < NH; ++h) {
+    const double* p = prob.data() + h * S * S;
+    const double* q = qkv.data() + h * D;
+    const double* k = qkv.data() + H + h * D;
+    const double* v = qkv.data() + 2 * H + h * D;
+    const double* dc = dctx.data() + h * D;
+    mm(S, S, D, dc, H, 1, v, 1, 3 * H, dp.data(), S);                          // dP = dctx v^T
+    mm(S, D, S, p, 1, S, dc, H, 1, dqkv.data() + 2 * H + h * D, 3 * H);         // dv = P^T dctx
+    dp = rd(dp);
+    for (std::int64_t i = 0; i < S; ++i) {                                       // dscores
+      double dot = 0;
+      for (std::int64_t j = 0; j < S; ++j) dot += dp[static_cast<std::size_t>(i * S + j)] * p[i * S + j];
+      for (std::int64_t j = 0; j < S; ++j) {
+        double& d = dp[static_cast<std::size_t>(i * S + j)];
+        d = p[i * S + j] * (d - dot);
+      }
+    }
+    dp = rd(dp);
+    for (double& d : dp) d *= scale;  // the scale, folded into dS here, is the GEMMs' alpha in the implementations
+    mm(S, D, S, dp.data(), S, 1, k, 3 * H, 1, dqkv.data() + h * D, 3 * H);      // dq = dS k
+    mm(S, D, S, dp.data(), 1, S, q, 3 * H, 1, dqkv.data() + H + h * D, 3 * H);  // dk = dS^T q
+  }
+  return dqkv;
+}
+
+// Mean squared error of y against target, N elements over the whole batch: adds y's share to loss,
+// returns dloss/dy.
+Vec mse(const Vec& y, const double* target, double N, double& loss) {
+  Vec dy(y.size());
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    const double e = y[i] - target[i];
+    loss += e * e / N;
+    dy[i] = 2 * e / N;
+  }
+  return dy;
+}
+
 }  // namespace
 
 Reference reference(const Arch& a, const ParamLayout& l, const std::vector<double>& params, const std::vector<double>& x_all,
@@ -129,17 +210,11 @@ Reference reference(const Arch& a, const ParamLayout& l, const std::vector<doubl
   const std::int64_t S = a.seq, H = a.hidden, F = a.ffn, NH = a.heads, D = a.head_dim();
   HOTOPS_CHECK(D * NH == H, "model_bert: hidden must be heads x head_dim");
   const double scale = 1 / std::sqrt(static_cast<double>(D));
-  const bool bf16 = rounding == Rounding::bf16;
-  // rd: what a bf16 implementation stores in bf16 (nothing for Rounding::none).
-  const auto rd = [bf16](Vec v) {
-    if (bf16)
-      for (double& e : v) e = bf16_to_float(float_to_bf16(static_cast<float>(e)));
-    return v;
-  };
+  const Store rd{rounding == Rounding::bf16};
   // P: the masters, read by LayerNorm; W: what the GEMMs read (the bf16 copy for Rounding::bf16).
   const double* P = params.data();
-  const Vec rounded = bf16 ? rd(params) : Vec();
-  const double* W = bf16 ? rounded.data() : P;
+  const Vec rounded = rd.bf16 ? rd(params) : Vec();
+  const double* W = rd.bf16 ? rounded.data() : P;
   const std::size_t per = static_cast<std::size_t>(S * H);
   const double N = static_cast<double>(batch) * static_cast<double>(per);
   Reference r;
@@ -152,29 +227,8 @@ Reference reference(const Arch& a, const ParamLayout& l, const std::vector<doubl
     LnCache ln1, ln2;
     const Vec u1 = a.pre_ln ? rd(layernorm(x, P + l.ln1g, P + l.ln1b, S, H, a.ln_eps, ln1)) : x;
     const Vec qkv = rd(linear(u1, W + l.wqkv, W + l.bqkv, S, H, 3 * H));
-    Vec prob(static_cast<std::size_t>(NH * S * S)), ctx(per);
-    for (std::int64_t h = 0; h < NH; ++h) {
-      double* p = prob.data() + h * S * S;
-      const double* q = qkv.data() + h * D;
-      const double* k = qkv.data() + H + h * D;
-      mm(S, S, D, q, 3 * H, 1, k, 1, 3 * H, p, S);  // q k^T
-      for (std::int64_t i = 0; i < S; ++i) {
-        double* row = p + i * S;
-        for (std::int64_t j = 0; j < S; ++j) row[j] *= scale;
-        if (bf16) {
-          const Vec stored = rd(Vec(row, row + S));
-          std::copy(stored.begin(), stored.end(), row);
-        }
-        double mx = -1e300, sum = 0;
-        for (std::int64_t j = 0; j < S; ++j) mx = std::max(mx, row[j]);
-        for (std::int64_t j = 0; j < S; ++j) sum += (row[j] = std::exp(row[j] - mx));
-        for (std::int64_t j = 0; j < S; ++j) row[j] /= sum;
-      }
-    }
-    prob = rd(prob);
-    for (std::int64_t h = 0; h < NH; ++h)
-      mm(S, D, S, prob.data() + h * S * S, S, 1, qkv.data() + 2 * H + h * D, 3 * H, 1, ctx.data() + h * D, H);
-    ctx = rd(ctx);
+    Vec prob, ctx;
+    attention_fwd(qkv, S, H, NH, D, scale, rd, prob, ctx);
     const Vec attn = linear(ctx, W + l.wo, W + l.bo, S, H, H);
     const Vec s1 = rd(add(x, attn));
     const Vec h1 = a.pre_ln ? s1 : rd(layernorm(s1, P + l.ln1g, P + l.ln1b, S, H, a.ln_eps, ln1));  // the FFN block's residual
@@ -189,13 +243,7 @@ Reference reference(const Arch& a, const ParamLayout& l, const std::vector<doubl
     std::copy(y.begin(), y.end(), r.y.begin() + static_cast<std::ptrdiff_t>(per * b));
     if (!backward) continue;
     // loss and backward
-    Vec dy(per);
-    for (std::size_t i = 0; i < per; ++i) {
-      const double e = y[i] - target[per * static_cast<std::size_t>(b) + i];
-      r.loss += e * e / N;
-      dy[i] = 2 * e / N;
-    }
-    dy = rd(dy);
+    const Vec dy = rd(mse(y, target.data() + per * static_cast<std::size_t>(b), N, r.loss));
     const Vec ds2 = a.pre_ln ? dy : rd(layernorm_back(dy, P + l.ln2g, G + l.ln2g, G + l.ln2b, S, H, ln2));
     Vec df = rd(linear_back(f, ds2, W + l.w2, G + l.w2, G + l.b2, S, F, H));
     for (std::size_t i = 0; i < df.size(); ++i) df[i] *= gelu_grad(z[i]);
@@ -205,30 +253,7 @@ Reference reference(const Arch& a, const ParamLayout& l, const std::vector<doubl
     if (a.pre_ln) ds1 = rd(add(layernorm_back(du2, P + l.ln2g, G + l.ln2g, G + l.ln2b, S, H, ln2), ds2));
     else ds1 = rd(layernorm_back(add(du2, ds2), P + l.ln1g, G + l.ln1g, G + l.ln1b, S, H, ln1));
     const Vec dctx = rd(linear_back(ctx, ds1, W + l.wo, G + l.wo, G + l.bo, S, H, H));
-    Vec dqkv(static_cast<std::size_t>(S * 3 * H), 0.0), dp(static_cast<std::size_t>(S * S));
-    for (std::int64_t h = 0; h < NH; ++h) {
-      const double* p = prob.data() + h * S * S;
-      const double* q = qkv.data() + h * D;
-      const double* k = qkv.data() + H + h * D;
-      const double* v = qkv.data() + 2 * H + h * D;
-      const double* dc = dctx.data() + h * D;
-      mm(S, S, D, dc, H, 1, v, 1, 3 * H, dp.data(), S);                          // dP = dctx v^T
-      mm(S, D, S, p, 1, S, dc, H, 1, dqkv.data() + 2 * H + h * D, 3 * H);         // dv = P^T dctx
-      dp = rd(dp);
-      for (std::int64_t i = 0; i < S; ++i) {                                       // dscores
-        double dot = 0;
-        for (std::int64_t j = 0; j < S; ++j) dot += dp[static_cast<std::size_t>(i * S + j)] * p[i * S + j];
-        for (std::int64_t j = 0; j < S; ++j) {
-          double& d = dp[static_cast<std::size_t>(i * S + j)];
-          d = p[i * S + j] * (d - dot);
-        }
-      }
-      dp = rd(dp);
-      for (double& d : dp) d *= scale;  // the scale, folded into dS here, is the GEMMs' alpha in the implementations
-      mm(S, D, S, dp.data(), S, 1, k, 3 * H, 1, dqkv.data() + h * D, 3 * H);      // dq = dS k
-      mm(S, D, S, dp.data(), 1, S, q, 3 * H, 1, dqkv.data() + H + h * D, 3 * H);  // dk = dS^T q
-    }
-    dqkv = rd(dqkv);
+    const Vec dqkv = rd(attention_bwd(qkv, prob, dctx, S, H, NH, D, scale, rd));
     const Vec du1 = rd(linear_back(u1, dqkv, W + l.wqkv, G + l.wqkv, G + l.bqkv, S, H, 3 * H));
     if (a.pre_ln) layernorm_back(du1, P + l.ln1g, G + l.ln1g, G + l.ln1b, S, H, ln1);
   }

@@ -84,7 +84,7 @@ using models::slice;
 }  // namespace
 
 const std::vector<Config>& configs() {
-  // Seed 002: Keras' imdb_bidirectional_lstm.py (max_features 20000, maxlen 200 in the study's run,
+  // Keras' imdb_bidirectional_lstm.py (max_features 20000, maxlen 200 in Max Woolf's run,
   // embedding 128), batch 64 in the script, swept 32 and 256; LSTM width as kernels/lstm's imdb.bilstm.
   static const std::vector<Config> all = {
       {"bilstm_imdb", 20000, 128, 128, 200, 2, {32, 64, 256}},

@@ -1,34 +1,8 @@
-// The model_bilstm family: whole training and inference steps of seed 002's IMDb bidirectional LSTM
+// The model_bilstm family: whole training and inference steps of Max Woolf's IMDb bidirectional LSTM
 // classifier (Keras' imdb_bidirectional_lstm.py), chained from hotops' building blocks, on the CPU
 // (oneDNN lstm_forward / lstm_backward + OpenMP loops) and on CUDA (cuDNN's RNN API, cublasLt,
-// hand-written kernels, CUB's radix sort for the embedding gradient).
-//
-// The model (batch B of reviews cut to T tokens):
-//   x      = embedding[tokens]                        [T, B, E]   (vocabulary V, rows of E)
-//   hT     = bidirectional LSTM(x) final hidden states [2, B, H]  (h0 = c0 = 0)
-//   logits = [hT_fwd, hT_bwd] . W + b                 [B, C]      (W [2H, C] row-major, C = 2)
-// Shape choice: Keras' script has Embedding(20000, 128), Bidirectional(LSTM(64)); here the LSTM has
-// 128 units per direction, as kernels/lstm's imdb.bilstm shape (input 128, hidden 128, T 200), so
-// that the model's LSTM is the benchmarked layer. The LSTM follows PyTorch (gate order i, f, g, o,
-// two biases b_ih and b_hh, both trained), not Keras (one bias). The head is a 2-class softmax
-// cross-entropy (mean over the batch), not Keras' 1-unit sigmoid BCE: it is the loss code the dense
-// models use. Dropout is left out.
-// Directions: infer = forward to the logits; train = forward, loss, backward through the dense
-// layer, the BiLSTM (through time) and the embedding, and one AdamW step (models::hyper()) over
-// every parameter: embedding, LSTM weights and biases, dense weights and bias.
-// Dtypes: f32, and bf16 as mixed precision the way torch.autocast(dtype=torch.bfloat16) runs this
-// model (models.h): the parameters, the gradients and AdamW's m and v stay f32 (master weights). The
-// embedding lookup reads the f32 table (autocast leaves embeddings alone) and stores its rows bf16 as
-// the LSTM's input x; each step casts the weights it multiplies (the LSTM's W_ih, W_hh, biases, the
-// dense W and b) to bf16 once, inside the timed step; the LSTM takes bf16 x, weights and h with f32
-// accumulation and f32 gate math (cuDNN CUDNN_DATA_BFLOAT16 with f32 math precision; oneDNN's bf16
-// lstm_forward / lstm_backward) and stores y and hT bf16; the dense head takes bf16 hT and W,
-// accumulates in f32 and stores bf16 logits; dlogits are bf16; the softmax cross-entropy, the loss,
-// the dense and embedding gradient sums and AdamW compute in f32. The LSTM's gradients are what the
-// library gives for bf16 data: cuDNN's are bf16 (dhT, dx and its bf16 weight space: as autocast's
-// cast backward delivers them), widened into the f32 gradients; oneDNN 2.6's bf16 lstm_backward
-// takes and gives f32 gradients. A CPU whose oneDNN has no bf16 lstm for the case reports it
-// unsupported with the reason.
+// hand-written kernels, CUB's radix sort for the embedding gradient). The model, where it departs from
+// Keras' script, the directions and bf16 mixed precision: docs/models.md, "The BiLSTM".
 #pragma once
 #include <cstddef>
 #include <cstdint>

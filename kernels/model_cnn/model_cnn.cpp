@@ -89,11 +89,11 @@ using models::slice;
 
 const std::vector<Arch>& archs() {
   static const std::vector<Arch> all = {
-      // Seed 003: batch 64 in the study; 16 and 32 for the batch axis.
+      // The TensorFlow 2 comparison: batch 64 in the study; 16 and 32 for the batch axis.
       {"keras_cnn", 256, 256, 3, true,
        {{{{32, true}}, 3, 0.25}, {{{64, true}, {64, true}}, 2, 0.25}, {{{128, true}, {128, true}}, 2, 0.25}},
        1024, 0.5, 4, {16, 32, 64}, true},
-      // Seed 002: Keras' cifar10_cnn.py, batch 32 in the script, 128 in the study.
+      // Max Woolf's benchmarks: Keras' cifar10_cnn.py, batch 32 in the script, 128 in the study.
       {"vgg_cifar", 32, 32, 3, false,
        {{{{32, true}, {32, false}}, 2, 0.25}, {{{64, true}, {64, false}}, 2, 0.25}},
        512, 0.5, 10, {32, 128, 512}, true},

@@ -1,52 +1,9 @@
-// The model_cnn family: whole training and inference steps of the seed studies' convnets, chained from
-// hotops' building blocks, on the CPU (oneDNN convolution / batch normalization / pooling / matmul
-// primitives + OpenMP loops) and on CUDA (cuDNN convolutions, cublasLt GEMMs, hand-written fused
-// kernels for batch normalization, ReLU, max-pooling and dropout, the models family's softmax
-// cross-entropy and flat AdamW).
-//
-// Ops:
-//   model.keras_cnn  seed 003 (TensorFlow 2 CPU vs GPU): 256x256x3 images, 4 classes, 58,091,396
-//                    parameters (58,088,516 trainable + 2,880 batch-norm running statistics), the
-//                    seed's Keras layer table:
-//                      conv 3x3 same 32, BN, ReLU, max-pool 3 (-> 85), dropout
-//                      conv 3x3 same 64, BN, ReLU, conv 3x3 same 64, BN, ReLU, max-pool 2 (-> 42), dropout
-//                      conv 3x3 same 128, BN, ReLU, conv 3x3 same 128, BN, ReLU, max-pool 2 (-> 21), dropout
-//                      flatten 56448, dense 1024, BN, ReLU, dropout, dense 4
-//                    The table shows no activation layers and no dropout rates. Chosen here: ReLU
-//                    after every batch normalization (conv -> BN -> ReLU), dropout 0.25 after each
-//                    pooling and 0.5 after the hidden dense layer (the rates of the Keras "smaller
-//                    VGG" recipe this table matches), Keras' batch-norm epsilon 1e-3 and momentum 0.99.
-//   model.vgg_cifar  seed 002's "VGG-like" CIFAR-10 convnet, which is Keras' cifar10_cnn.py example:
-//                    32x32x3, conv 3x3 same 32, ReLU, conv 3x3 valid 32, ReLU, max-pool 2, dropout 0.25,
-//                    conv 3x3 same 64, ReLU, conv 3x3 valid 64, ReLU, max-pool 2, dropout 0.25,
-//                    flatten 2304, dense 512, ReLU, dropout 0.5, dense 10 (1,250,858 parameters).
-// Layout: the model's tensors are NHWC (channels last): the images, and the flatten in (h, w, c)
-// order as Keras flattens (the backends' activations between: CudaLayout below, and the CPU's infer in
-// oneDNN's own layouts); conv weights KRSC ([out][kh][kw][in], cuDNN's NHWC filter layout, oneDNN's ohwi);
-// dense weights [in, out] row-major (y = x.W + b). Max-pooling: window = stride = the pool size, no
-// padding (Keras' MaxPooling2D default), the first maximum in row-major window order takes the gradient.
-// Directions:
-//   infer: forward with batch normalization in inference mode (the running statistics) and dropout off;
-//          logits [batch, classes];
-//   train: forward with batch statistics and the seeded dropout masks, loss = mean softmax
-//          cross-entropy with integer labels, backward, one AdamW step (models::hyper()) over every
-//          trainable parameter in ONE flat buffer, and the running statistics updated (momentum 0.99,
-//          unbiased batch variance, as TF's and cuDNN's fused batch norm).
-// Dtypes: f32, and bf16 as mixed precision the way torch.autocast(dtype=torch.bfloat16) runs it (the
-// models family's conventions, kernels/models/models.h): the parameters, gradients, AdamW's m and v and
-// the running statistics stay f32; each step casts the weights it multiplies (the conv weights, dense
-// weights and the last bias) to bf16 once; convolutions and GEMMs take bf16 operands and accumulate in
-// f32; the images, every activation (z, the post-ReLU and pooled outputs, h, the logits) and every
-// activation gradient are stored bf16; batch-norm statistics, the per-channel sums, the loss and AdamW
-// compute in f32 (or double); the weight gradients land in the f32 gradients (cuDNN's bf16 conv weight
-// gradient widened, as autocast's; the dense ones written f32 by their GEMMs). A CPU whose oneDNN has no
-// bf16 convolution or matmul reports the bf16 cases unsupported.
-// Dropout masks are fixed: element e of sample b of dropout layer d is kept when pointwise.h's hash of
-// (the layer's key, e, b mod mask_period) says so; mask_period is the batch in a benchmark step and the
-// verification period in a verified one (see below), so every backend and the reference draw the same
-// masks. A conv bias followed by training-mode batch normalization has a gradient of exactly zero
-// (the normalization removes any per-channel shift); both backends write that zero instead of summing
-// rounding noise.
+// The model_cnn family: whole training and inference steps of the CPU-vs-GPU studies' convnets
+// (model.keras_cnn, model.vgg_cifar), chained from hotops' building blocks: oneDNN convolution /
+// batch normalization / pooling / matmul primitives + OpenMP loops on the CPU; cuDNN convolutions,
+// cublasLt GEMMs, hand-written fused kernels for batch normalization, ReLU, max-pooling and dropout,
+// the models family's softmax cross-entropy and flat AdamW on CUDA. The architectures, layouts,
+// directions, bf16 mixed precision and the fixed dropout masks: docs/models.md, "The convnets".
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -221,7 +178,7 @@ DataGradPath cuda_data_grad_path();
 
 // The layout of a CUDA step's conv activations (the flat parameters and the flatten keep the model's
 // NHWC order whatever it is): NCHW, where cuDNN has f32 implicit-GEMM, Winograd and FFT kernels for all
-// three passes (its NHWC f32 kernels are generic ones, several times slower at the seeds' shapes), or
+// three passes (its NHWC f32 kernels are generic ones, several times slower at these models' shapes), or
 // NHWC. `measured` takes NHWC for bf16 and the architecture's `cuda_nchw` for f32 (see
 // cuda_model_cnn.cu's use_nchw for why); tests force each. Process-wide, read when a case is made; the label says which.
 enum class CudaLayout { measured, nhwc, nchw };

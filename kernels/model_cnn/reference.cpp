@@ -59,19 +59,19 @@ Vec reduce_rows(std::int64_t rows, std::int64_t width, std::int64_t work, Body b
 // transposed to [r, t, c, k] so that the innermost loop runs over a pixel's K outputs.
 REF_CLONES void conv_fwd_row(const ConvLayer& c, std::int64_t q, std::int64_t p, const double* a, const double* Wt,
                              const double* b, double* z) {
-      for (std::int64_t o = 0; o < c.Q; ++o) {
-        double* __restrict zr = z + ((q * c.P + p) * c.Q + o) * c.K;
-        for (std::int64_t k = 0; k < c.K; ++k) zr[k] = b[k];
-        for_taps(c, p, o, [&](std::int64_t r, std::int64_t t, std::int64_t h, std::int64_t w) {
-          const double* in = a + ((q * c.H + h) * c.W + w) * c.C;
-          const double* wt = Wt + (r * 3 + t) * c.C * c.K;
-          for (std::int64_t ci = 0; ci < c.C; ++ci) {
-            const double v = in[ci];
-            const double* __restrict wr = wt + ci * c.K;
-            for (std::int64_t k = 0; k < c.K; ++k) zr[k] += v * wr[k];
-          }
-        });
+  for (std::int64_t o = 0; o < c.Q; ++o) {
+    double* __restrict zr = z + ((q * c.P + p) * c.Q + o) * c.K;
+    for (std::int64_t k = 0; k < c.K; ++k) zr[k] = b[k];
+    for_taps(c, p, o, [&](std::int64_t r, std::int64_t t, std::int64_t h, std::int64_t w) {
+      const double* in = a + ((q * c.H + h) * c.W + w) * c.C;
+      const double* wt = Wt + (r * 3 + t) * c.C * c.K;
+      for (std::int64_t ci = 0; ci < c.C; ++ci) {
+        const double v = in[ci];
+        const double* __restrict wr = wt + ci * c.K;
+        for (std::int64_t k = 0; k < c.K; ++k) zr[k] += v * wr[k];
       }
+    });
+  }
 }
 Vec conv_fwd(const ConvLayer& c, std::int64_t S, const Vec& a, const double* W, const double* b) {
   Vec Wt(idx(9 * c.C * c.K));
@@ -88,20 +88,20 @@ Vec conv_fwd(const ConvLayer& c, std::int64_t S, const Vec& a, const double* W, 
 // db[k] = the weighted sum of dz. Accumulated as [r, t, c, k] (innermost loop over k) per thread.
 REF_CLONES void conv_bwd_weights_row(const ConvLayer& c, std::int64_t q, std::int64_t p, double wq, const double* a,
                                      const double* dz, double* acc) {
-      double* __restrict dbk = acc + 9 * c.C * c.K;
-      for (std::int64_t o = 0; o < c.Q; ++o) {
-        const double* __restrict g = dz + ((q * c.P + p) * c.Q + o) * c.K;
-        for (std::int64_t k = 0; k < c.K; ++k) dbk[k] += wq * g[k];
-        for_taps(c, p, o, [&](std::int64_t r, std::int64_t t, std::int64_t h, std::int64_t w) {
-          const double* in = a + ((q * c.H + h) * c.W + w) * c.C;
-          double* d = acc + (r * 3 + t) * c.C * c.K;
-          for (std::int64_t ci = 0; ci < c.C; ++ci) {
-            const double v = wq * in[ci];
-            double* __restrict dr = d + ci * c.K;
-            for (std::int64_t k = 0; k < c.K; ++k) dr[k] += v * g[k];
-          }
-        });
+  double* __restrict dbk = acc + 9 * c.C * c.K;
+  for (std::int64_t o = 0; o < c.Q; ++o) {
+    const double* __restrict g = dz + ((q * c.P + p) * c.Q + o) * c.K;
+    for (std::int64_t k = 0; k < c.K; ++k) dbk[k] += wq * g[k];
+    for_taps(c, p, o, [&](std::int64_t r, std::int64_t t, std::int64_t h, std::int64_t w) {
+      const double* in = a + ((q * c.H + h) * c.W + w) * c.C;
+      double* d = acc + (r * 3 + t) * c.C * c.K;
+      for (std::int64_t ci = 0; ci < c.C; ++ci) {
+        const double v = wq * in[ci];
+        double* __restrict dr = d + ci * c.K;
+        for (std::int64_t k = 0; k < c.K; ++k) dr[k] += v * g[k];
       }
+    });
+  }
 }
 void conv_bwd_weights(const ConvLayer& c, std::int64_t S, const std::vector<std::int64_t>& count, const Vec& a,
                       const Vec& dz, double* dW, double* db) {
@@ -119,22 +119,22 @@ void conv_bwd_weights(const ConvLayer& c, std::int64_t S, const std::vector<std:
 // da[q, h, w, c] = sum over r, t, k of dz[q, h - r + pad, w - t + pad, k] W[k, r, t, c] (per copy).
 REF_CLONES void conv_bwd_data_row(const ConvLayer& c, std::int64_t q, std::int64_t h, const double* dz, const double* W,
                                   double* da) {
-      for (std::int64_t w = 0; w < c.W; ++w) {
-        double* __restrict d = da + ((q * c.H + h) * c.W + w) * c.C;
-        for (std::int64_t r = 0; r < 3; ++r) {
-          const std::int64_t p = h - r + c.pad;
-          if (p < 0 || p >= c.P) continue;
-          for (std::int64_t t = 0; t < 3; ++t) {
-            const std::int64_t o = w - t + c.pad;
-            if (o < 0 || o >= c.Q) continue;
-            const double* g = dz + ((q * c.P + p) * c.Q + o) * c.K;
-            for (std::int64_t k = 0; k < c.K; ++k) {
-              const double* __restrict wk = W + ((k * 3 + r) * 3 + t) * c.C;
-              for (std::int64_t ci = 0; ci < c.C; ++ci) d[ci] += g[k] * wk[ci];
-            }
-          }
+  for (std::int64_t w = 0; w < c.W; ++w) {
+    double* __restrict d = da + ((q * c.H + h) * c.W + w) * c.C;
+    for (std::int64_t r = 0; r < 3; ++r) {
+      const std::int64_t p = h - r + c.pad;
+      if (p < 0 || p >= c.P) continue;
+      for (std::int64_t t = 0; t < 3; ++t) {
+        const std::int64_t o = w - t + c.pad;
+        if (o < 0 || o >= c.Q) continue;
+        const double* g = dz + ((q * c.P + p) * c.Q + o) * c.K;
+        for (std::int64_t k = 0; k < c.K; ++k) {
+          const double* __restrict wk = W + ((k * 3 + r) * 3 + t) * c.C;
+          for (std::int64_t ci = 0; ci < c.C; ++ci) d[ci] += g[k] * wk[ci];
         }
       }
+    }
+  }
 }
 Vec conv_bwd_data(const ConvLayer& c, std::int64_t S, const Vec& dz, const double* W) {
   Vec da(idx(S * c.in_count()), 0.0);
@@ -267,6 +267,206 @@ bool keep(const DropoutKey& k, std::int64_t e, std::int64_t q) {
   return pointwise::dropout_keep(k, static_cast<std::uint32_t>(e), static_cast<std::uint32_t>(q));
 }
 
+// y = xhat gamma + beta per channel of the n channels.
+Vec bn_affine(const Norm& nm, std::int64_t n, const double* gamma, const double* beta) {
+  Vec y(nm.xhat.size());
+  const std::int64_t rows = static_cast<std::int64_t>(y.size()) / n;
+#pragma omp parallel for schedule(static) if (static_cast<std::int64_t>(y.size()) > kParallelMacs)
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t k = 0; k < n; ++k) y[idx(r * n + k)] = nm.xhat[idx(r * n + k)] * gamma[k] + beta[k];
+  return y;
+}
+
+Vec relu(const Vec& y, const std::vector<char>& pass) {
+  Vec act(y.size());
+#pragma omp parallel for schedule(static) if (static_cast<std::int64_t>(act.size()) > kParallelMacs)
+  for (std::size_t j = 0; j < act.size(); ++j) act[j] = pass[j] ? y[j] : 0.0;
+  return act;
+}
+
+// What a layer's forward keeps for its backward.
+struct Saved {
+  Norm norm;                        // batch norm's statistics (train)
+  std::vector<char> pass;           // where the ReLU passed its input
+  std::vector<std::int64_t> arg;    // max-pool: pooled element -> pixel within the sample's output
+};
+
+// What every layer of one pass reads besides its own input.
+struct Pass {
+  const std::vector<std::int64_t>& count;  // sample q occurs count[q] times in the batch
+  bool train, bn;
+  const double* P;     // the parameters
+  const Vec& stats;    // the running statistics before the step
+  double* new_stats;   // and after it (train)
+  double tie;          // the near-tie factor
+};
+
+// [Batch norm,] ReLU of the pre-activations z [rows, n] (n channels, per_sample_rows rows a sample)
+// of layer ly, the near-ties decided by `hint` within `band`.
+Vec bn_relu_fwd(const Pass& ps, const Vec& z, std::int64_t n, std::int64_t per_sample_rows, const Layer& ly,
+                const float* hint, Saved& sv, Vec& band) {
+  const double* P = ps.P;
+  if (ps.bn) {
+    sv.norm = bn_fwd(z, n, per_sample_rows, ps.count, ps.train, &ps.stats[ly.mean], &ps.stats[ly.var],
+                     ps.new_stats + ly.mean, ps.new_stats + ly.var);
+    const Vec y = bn_affine(sv.norm, n, P + ly.gamma, P + ly.beta);
+    band = tie_bands(y, n, ps.tie, &z, ps.train ? &sv.norm : nullptr, P + ly.gamma);
+    sv.pass = relu_pass(y, hint, band);
+    return relu(y, sv.pass);
+  }
+  band = tie_bands(z, n, ps.tie);
+  sv.pass = relu_pass(z, hint, band);
+  return relu(z, sv.pass);
+}
+
+// Max-pool (window = stride = c.pool) of act [S, P, Q, K]: the first maximum; within the band of it,
+// the first of the implementation's maxima. arg records each pooled element's pixel.
+Vec maxpool_fwd(const ConvLayer& c, std::int64_t S, const Vec& act, const float* hint, const Vec& band,
+                std::vector<std::int64_t>& arg) {
+  const std::int64_t k = c.pool;
+  Vec out(idx(S * c.pooled_count()), 0.0);
+  arg.assign(idx(S * c.pooled_count()), 0);
+#pragma omp parallel for collapse(2) schedule(static) if (S * c.out_count() > kParallelMacs)
+  for (std::int64_t q = 0; q < S; ++q)
+    for (std::int64_t ph = 0; ph < c.PH; ++ph)
+      for (std::int64_t pw = 0; pw < c.PW; ++pw)
+        for (std::int64_t ch = 0; ch < c.K; ++ch) {
+          auto at = [&](std::int64_t r, std::int64_t t) { return ((q * c.P + ph * k + r) * c.Q + pw * k + t) * c.K + ch; };
+          std::int64_t best = at(0, 0);
+          for (std::int64_t r = 0; r < k; ++r)
+            for (std::int64_t t = 0; t < k; ++t)
+              if (act[idx(at(r, t))] > act[idx(best)]) best = at(r, t);
+          if (hint) {
+            std::int64_t mine = at(0, 0);
+            for (std::int64_t r = 0; r < k; ++r)
+              for (std::int64_t t = 0; t < k; ++t)
+                if (hint[at(r, t)] > hint[mine]) mine = at(r, t);
+            if (act[idx(mine)] >= act[idx(best)] - band[idx(ch)]) best = mine;
+          }
+          const std::int64_t e = (ph * c.PW + pw) * c.K + ch;
+          arg[idx(q * c.pooled_count() + e)] = best - q * c.out_count();
+          out[idx(q * c.pooled_count() + e)] = act[idx(best)];
+        }
+  return out;
+}
+
+// Dropout of v [S, n] in place: element e of sample q kept (and scaled) by the mask of key k. The same
+// pass is its own backward on the gradient.
+void dropout(Vec& v, std::int64_t S, std::int64_t n, const DropoutKey& k) {
+#pragma omp parallel for collapse(2) schedule(static) if (S * n > kParallelMacs)
+  for (std::int64_t q = 0; q < S; ++q)
+    for (std::int64_t e = 0; e < n; ++e) {
+      double& x = v[idx(q * n + e)];
+      x = keep(k, e, q) ? x * static_cast<double>(k.scale) : 0.0;
+    }
+}
+
+// y [S, out] = a [S, in] . W [in, out] + b: each output the bias, then the products added in input order.
+// Blocks of outputs, each reading its columns of W once for all the samples.
+Vec dense_fwd(const Vec& a, std::int64_t S, std::int64_t in, std::int64_t out, const double* W, const double* b) {
+  Vec y(idx(S * out));
+  constexpr std::int64_t kBlock = 64;
+#pragma omp parallel for schedule(static) if (S * in * out > kParallelMacs)
+  for (std::int64_t o0 = 0; o0 < out; o0 += kBlock) {
+    const std::int64_t o1 = std::min(out, o0 + kBlock);
+    for (std::int64_t q = 0; q < S; ++q)
+      for (std::int64_t o = o0; o < o1; ++o) y[idx(q * out + o)] = b[o];
+    for (std::int64_t f = 0; f < in; ++f) {
+      const double* __restrict wr = W + idx(f * out);
+      for (std::int64_t q = 0; q < S; ++q) {
+        const double v = a[idx(q * in + f)];
+        double* __restrict yr = &y[idx(q * out)];
+        for (std::int64_t o = o0; o < o1; ++o) yr[o] += v * wr[o];
+      }
+    }
+  }
+  return y;
+}
+
+// Softmax cross-entropy of the logits [S, C], mean over the batch (sample q counted count[q] times):
+// adds the loss to `loss`, returns dlogits per copy.
+Vec softmax_xent(const Vec& logits, const std::vector<std::int32_t>& labels, const std::vector<std::int64_t>& count,
+                 std::int64_t C, double& loss) {
+  const std::int64_t S = static_cast<std::int64_t>(count.size());
+  double B = 0;
+  for (std::int64_t c : count) B += static_cast<double>(c);
+  Vec dlog(idx(S * C));
+  for (std::int64_t q = 0; q < S; ++q) {
+    const double* z = &logits[idx(q * C)];
+    const double mx = *std::max_element(z, z + C);
+    double sum = 0;
+    for (std::int64_t c = 0; c < C; ++c) sum += std::exp(z[c] - mx);
+    const std::int32_t yq = labels[idx(q)];
+    loss += static_cast<double>(count[idx(q)]) * (std::log(sum) - (z[yq] - mx)) / B;
+    for (std::int64_t c = 0; c < C; ++c) dlog[idx(q * C + c)] = (std::exp(z[c] - mx) / sum - (c == yq ? 1 : 0)) / B;
+  }
+  return dlog;
+}
+
+// Backward of the classifier y = a . W + b (a [S, in], few outputs): dW += sum_w a^T dy, db += sum_w dy;
+// returns da = dy W^T (per copy).
+Vec classifier_bwd(const Vec& a, const Vec& dy, const std::vector<std::int64_t>& count, std::int64_t in,
+                   std::int64_t out, const double* W, double* dW, double* db) {
+  const std::int64_t S = static_cast<std::int64_t>(count.size());
+  Vec da(idx(S * in), 0.0);
+  for (std::int64_t q = 0; q < S; ++q) {
+    const double wq = static_cast<double>(count[idx(q)]);
+    for (std::int64_t c = 0; c < out; ++c) {
+      const double g = dy[idx(q * out + c)];
+      db[c] += wq * g;
+      for (std::int64_t o = 0; o < in; ++o) {
+        dW[o * out + c] += wq * a[idx(q * in + o)] * g;
+        da[idx(q * in + o)] += g * W[o * out + c];
+      }
+    }
+  }
+  return da;
+}
+
+// Backward of the wide dense layer y = a . W + b (a [S, in]): by rows of W, dW += sum_w a^T dy and
+// da = dy W^T together; then db += sum_w dy.
+Vec dense_bwd(const Vec& a, const Vec& dy, const std::vector<std::int64_t>& count, std::int64_t in,
+              std::int64_t out, const double* W, double* dW, double* db) {
+  const std::int64_t S = static_cast<std::int64_t>(count.size());
+  Vec da(idx(S * in), 0.0);
+#pragma omp parallel for schedule(static) if (S * in * out > kParallelMacs)
+  for (std::int64_t f = 0; f < in; ++f) {
+    const double* __restrict wr = W + idx(f * out);
+    double* __restrict gr = dW + idx(f * out);
+    for (std::int64_t q = 0; q < S; ++q) {
+      const double* __restrict dq = &dy[idx(q * out)];
+      const double v = static_cast<double>(count[idx(q)]) * a[idx(q * in + f)];
+      double acc = 0;
+#pragma omp simd reduction(+ : acc)
+      for (std::int64_t o = 0; o < out; ++o) {
+        gr[o] += v * dq[o];
+        acc += dq[o] * wr[o];
+      }
+      da[idx(q * in + f)] = acc;
+    }
+  }
+  for (std::int64_t o = 0; o < out; ++o)
+    for (std::int64_t q = 0; q < S; ++q) db[o] += static_cast<double>(count[idx(q)]) * dy[idx(q * out + o)];
+  return da;
+}
+
+// Max-pool backward: each pooled gradient to the pixel that won its window (windows do not overlap).
+Vec maxpool_bwd(const ConvLayer& c, std::int64_t S, const Vec& d, const std::vector<std::int64_t>& arg) {
+  Vec dy(idx(S * c.out_count()), 0.0);
+  const std::int64_t n = c.pooled_count();
+#pragma omp parallel for schedule(static) if (S * n > kParallelMacs)
+  for (std::int64_t q = 0; q < S; ++q)
+    for (std::int64_t e = 0; e < n; ++e) dy[idx(q * c.out_count() + arg[idx(q * n + e)])] += d[idx(q * n + e)];
+  return dy;
+}
+
+// ReLU backward in place: the gradient passes where the forward's input did.
+void relu_bwd(Vec& dy, const std::vector<char>& pass) {
+#pragma omp parallel for schedule(static) if (static_cast<std::int64_t>(dy.size()) > kParallelMacs)
+  for (std::size_t j = 0; j < dy.size(); ++j)
+    if (!pass[j]) dy[j] = 0.0;
+}
+
 }  // namespace
 
 Reference reference(const Shape& s, const ParamLayout& l, const std::vector<DropoutKey>& keys, const Vec& params,
@@ -275,210 +475,69 @@ Reference reference(const Shape& s, const ParamLayout& l, const std::vector<Drop
   const Arch& a = s.arch;
   const std::vector<ConvLayer>& convs = s.convs;
   const std::int64_t S = static_cast<std::int64_t>(count.size());
-  double B = 0;
-  for (std::int64_t c : count) B += static_cast<double>(c);
+  const std::int64_t F = flat_width(a), Hd = a.hidden, C = a.classes;
   const double* P = params.data();
   Reference ref;
   ref.stats.assign(l.stats, 0.0);
   if (train) ref.grad.assign(l.total, 0.0);
+  const Pass ps{count, train, a.bn, P, stats, ref.stats.data(), hints ? hints->band : 1e-4};
+  const bool record = keep_acts && train;
 
-  // ---- forward ----
+  // ---- forward: [conv, (BN), ReLU] per layer, max-pool and dropout (train) closing each stage ----
   const std::size_t L = convs.size();
-  std::vector<Vec> in(L + 1);             // in[i]: conv i's input; in[L]: the flattened features
-  std::vector<Vec> y(L);                  // pre-ReLU (after batch norm when there is one)
-  std::vector<Norm> norm(L);
-  std::vector<std::vector<char>> pass(L);
-  std::vector<std::vector<std::int64_t>> arg(L);  // pooled element -> pixel index within the sample's output
-  // Dropout after each pool (train), keyed by stage.
-  std::vector<std::size_t> stage_of(L, 0);
+  std::vector<Vec> in(L + 1);  // in[i]: conv i's input; in[L]: the flattened features
+  std::vector<Saved> saved(L);
+  std::vector<std::size_t> stage_of(L, 0);  // the dropout key of each pooling layer
   for (std::size_t i = 1; i < L; ++i) stage_of[i] = stage_of[i - 1] + (convs[i - 1].pool ? 1 : 0);
   in[0] = x;
   for (std::size_t i = 0; i < L; ++i) {
     const ConvLayer& c = convs[i];
     const Layer& ly = l.conv[i];
-    Vec z = conv_fwd(c, S, in[i], P + ly.w, P + ly.b);
-    const double tie = hints ? hints->band : 1e-4;
-    Vec band;
-    if (a.bn) {
-      norm[i] = bn_fwd(z, c.K, c.P * c.Q, count, train, &stats[ly.mean], &stats[ly.var], &ref.stats[ly.mean],
-                       &ref.stats[ly.var]);
-      y[i].resize(z.size());
-      const std::int64_t rows = static_cast<std::int64_t>(z.size()) / c.K;
-#pragma omp parallel for schedule(static) if (static_cast<std::int64_t>(z.size()) > kParallelMacs)
-      for (std::int64_t r = 0; r < rows; ++r)
-        for (std::int64_t k = 0; k < c.K; ++k)
-          y[i][idx(r * c.K + k)] = norm[i].xhat[idx(r * c.K + k)] * P[ly.gamma + idx(k)] + P[ly.beta + idx(k)];
-      band = tie_bands(y[i], c.K, tie, &z, train ? &norm[i] : nullptr, P + ly.gamma);
-    } else {
-      y[i] = std::move(z);
-      band = tie_bands(y[i], c.K, tie);
-    }
     const float* hint = hints && i < hints->conv.size() ? hints->conv[i] : nullptr;
-    pass[i] = relu_pass(y[i], hint, band);
-    Vec act(y[i].size());
-#pragma omp parallel for schedule(static) if (static_cast<std::int64_t>(act.size()) > kParallelMacs)
-    for (std::size_t j = 0; j < act.size(); ++j) act[j] = pass[i][j] ? y[i][j] : 0.0;
-    if (keep_acts && train) ref.relu.emplace_back(act.begin(), act.end());
+    const Vec z = conv_fwd(c, S, in[i], P + ly.w, P + ly.b);
+    Vec band;
+    Vec act = bn_relu_fwd(ps, z, c.K, c.P * c.Q, ly, hint, saved[i], band);
+    if (record) ref.relu.emplace_back(act.begin(), act.end());
     if (!c.pool) {
       in[i + 1] = std::move(act);
       continue;
     }
-    // Max-pool: the first maximum; within the band of it, the first of the implementation's maxima.
-    const std::int64_t k = c.pool;
-    in[i + 1].assign(idx(S * c.pooled_count()), 0.0);
-    arg[i].assign(idx(S * c.pooled_count()), 0);
-#pragma omp parallel for collapse(2) schedule(static) if (S * c.out_count() > kParallelMacs)
-    for (std::int64_t q = 0; q < S; ++q)
-      for (std::int64_t ph = 0; ph < c.PH; ++ph)
-        for (std::int64_t pw = 0; pw < c.PW; ++pw)
-          for (std::int64_t ch = 0; ch < c.K; ++ch) {
-            auto at = [&](std::int64_t r, std::int64_t t) { return ((q * c.P + ph * k + r) * c.Q + pw * k + t) * c.K + ch; };
-            std::int64_t best = at(0, 0);
-            for (std::int64_t r = 0; r < k; ++r)
-              for (std::int64_t t = 0; t < k; ++t)
-                if (act[idx(at(r, t))] > act[idx(best)]) best = at(r, t);
-            if (hint) {
-              std::int64_t mine = at(0, 0);
-              for (std::int64_t r = 0; r < k; ++r)
-                for (std::int64_t t = 0; t < k; ++t)
-                  if (hint[at(r, t)] > hint[mine]) mine = at(r, t);
-              if (act[idx(mine)] >= act[idx(best)] - band[idx(ch)]) best = mine;
-            }
-            const std::int64_t e = (ph * c.PW + pw) * c.K + ch;
-            const double v = act[idx(best)];
-            arg[i][idx(q * c.pooled_count() + e)] = best - q * c.out_count();
-            in[i + 1][idx(q * c.pooled_count() + e)] = v;
-          }
-    if (!train) continue;
-    const DropoutKey& dk = keys[stage_of[i]];
-#pragma omp parallel for collapse(2) schedule(static) if (S * c.pooled_count() > kParallelMacs)
-    for (std::int64_t q = 0; q < S; ++q)
-      for (std::int64_t e = 0; e < c.pooled_count(); ++e) {
-        double& v = in[i + 1][idx(q * c.pooled_count() + e)];
-        v = keep(dk, e, q) ? v * static_cast<double>(dk.scale) : 0.0;
-      }
+    in[i + 1] = maxpool_fwd(c, S, act, hint, band, saved[i].arg);
+    if (train) dropout(in[i + 1], S, c.pooled_count(), keys[stage_of[i]]);
   }
-  // Dense 1 [S, F] x [F, hidden] + b, [BN], ReLU, dropout; dense 2 -> logits.
-  const std::int64_t F = flat_width(a), Hd = a.hidden, C = a.classes;
-  const Vec& flat = in[L];
-  Vec h(idx(S * Hd));
-  // Blocks of hidden units, each reading its columns of W once for all the samples.
-  constexpr std::int64_t kBlock = 64;
-#pragma omp parallel for schedule(static) if (S * F * Hd > kParallelMacs)
-  for (std::int64_t o0 = 0; o0 < Hd; o0 += kBlock) {
-    const std::int64_t o1 = std::min(Hd, o0 + kBlock);
-    for (std::int64_t q = 0; q < S; ++q)
-      for (std::int64_t o = o0; o < o1; ++o) h[idx(q * Hd + o)] = P[l.dense1.b + idx(o)];
-    for (std::int64_t f = 0; f < F; ++f) {
-      const double* __restrict wr = P + l.dense1.w + idx(f * Hd);
-      for (std::int64_t q = 0; q < S; ++q) {
-        const double v = flat[idx(q * F + f)];
-        double* __restrict hr = &h[idx(q * Hd)];
-        for (std::int64_t o = o0; o < o1; ++o) hr[o] += v * wr[o];
-      }
-    }
-  }
-  Norm hn;
-  Vec hy = h;
-  if (a.bn) {
-    hn = bn_fwd(h, Hd, 1, count, train, &stats[l.dense1.mean], &stats[l.dense1.var], &ref.stats[l.dense1.mean],
-                &ref.stats[l.dense1.var]);
-    for (std::size_t j = 0; j < hy.size(); ++j) hy[j] = hn.xhat[j] * P[l.dense1.gamma + j % idx(Hd)] + P[l.dense1.beta + j % idx(Hd)];
-  }
-  const Vec hband = tie_bands(hy, Hd, hints ? hints->band : 1e-4, &h, a.bn && train ? &hn : nullptr, a.bn ? P + l.dense1.gamma : nullptr);
-  const std::vector<char> hpass = relu_pass(hy, hints ? hints->hidden : nullptr, hband);
-  const DropoutKey& hk = keys.back();
-  Vec hd(hy.size());
-  for (std::int64_t q = 0; q < S; ++q)
-    for (std::int64_t o = 0; o < Hd; ++o) {
-      const std::size_t j = idx(q * Hd + o);
-      const double v = hpass[j] ? hy[j] : 0.0;
-      if (keep_acts && train) ref.hidden.push_back(static_cast<float>(v));
-      hd[j] = !train ? v : keep(hk, o, q) ? v * static_cast<double>(hk.scale) : 0.0;
-    }
-  ref.logits.assign(idx(S * C), 0.0);
-  for (std::int64_t q = 0; q < S; ++q)
-    for (std::int64_t c = 0; c < C; ++c) {
-      double acc = P[l.dense2.b + idx(c)];
-      for (std::int64_t o = 0; o < Hd; ++o) acc += hd[idx(q * Hd + o)] * P[l.dense2.w + idx(o * C + c)];
-      ref.logits[idx(q * C + c)] = acc;
-    }
+  // Dense 1, (BN), ReLU, dropout (train); dense 2 -> logits.
+  const Vec h = dense_fwd(in[L], S, F, Hd, P + l.dense1.w, P + l.dense1.b);
+  Saved hidden;
+  Vec band;
+  Vec hd = bn_relu_fwd(ps, h, Hd, 1, l.dense1, hints ? hints->hidden : nullptr, hidden, band);
+  if (record) ref.hidden.assign(hd.begin(), hd.end());
+  if (train) dropout(hd, S, Hd, keys.back());
+  ref.logits = dense_fwd(hd, S, Hd, C, P + l.dense2.w, P + l.dense2.b);
   if (!train) return ref;
 
   // ---- loss and backward (per-copy gradients; sums over the batch weight sample q by count[q]) ----
-  Vec dlog(idx(S * C));
-  for (std::int64_t q = 0; q < S; ++q) {
-    const double* z = &ref.logits[idx(q * C)];
-    const double mx = *std::max_element(z, z + C);
-    double sum = 0;
-    for (std::int64_t c = 0; c < C; ++c) sum += std::exp(z[c] - mx);
-    const std::int32_t yq = labels[idx(q)];
-    ref.loss += static_cast<double>(count[idx(q)]) * (std::log(sum) - (z[yq] - mx)) / B;
-    for (std::int64_t c = 0; c < C; ++c) dlog[idx(q * C + c)] = (std::exp(z[c] - mx) / sum - (c == yq ? 1 : 0)) / B;
-  }
   double* G = ref.grad.data();
-  Vec dhd(idx(S * Hd), 0.0);
-  for (std::int64_t q = 0; q < S; ++q) {
-    const double wq = static_cast<double>(count[idx(q)]);
-    for (std::int64_t c = 0; c < C; ++c) {
-      const double g = dlog[idx(q * C + c)];
-      G[l.dense2.b + idx(c)] += wq * g;
-      for (std::int64_t o = 0; o < Hd; ++o) {
-        G[l.dense2.w + idx(o * C + c)] += wq * hd[idx(q * Hd + o)] * g;
-        dhd[idx(q * Hd + o)] += g * P[l.dense2.w + idx(o * C + c)];
-      }
-    }
-  }
-  Vec dh(dhd.size());
-  for (std::int64_t q = 0; q < S; ++q)
-    for (std::int64_t o = 0; o < Hd; ++o) {
-      const std::size_t j = idx(q * Hd + o);
-      const double d = keep(hk, o, q) ? dhd[j] * static_cast<double>(hk.scale) : 0.0;
-      dh[j] = hpass[j] ? d : 0.0;
-    }
-  if (a.bn) dh = bn_bwd(hn, dh, Hd, 1, count, P + l.dense1.gamma, G + l.dense1.gamma, G + l.dense1.beta);
-  Vec dflat(idx(S * F), 0.0);
-#pragma omp parallel for schedule(static) if (S * F * Hd > kParallelMacs)
-  for (std::int64_t f = 0; f < F; ++f) {
-    const double* __restrict wr = P + l.dense1.w + idx(f * Hd);
-    double* __restrict gr = G + l.dense1.w + idx(f * Hd);
-    for (std::int64_t q = 0; q < S; ++q) {
-      const double* __restrict dq = &dh[idx(q * Hd)];
-      const double v = static_cast<double>(count[idx(q)]) * flat[idx(q * F + f)];
-      double acc = 0;
-#pragma omp simd reduction(+ : acc)
-      for (std::int64_t o = 0; o < Hd; ++o) {
-        gr[o] += v * dq[o];
-        acc += dq[o] * wr[o];
-      }
-      dflat[idx(q * F + f)] = acc;
-    }
-  }
-  for (std::int64_t o = 0; o < Hd; ++o)
-    for (std::int64_t q = 0; q < S; ++q) G[l.dense1.b + idx(o)] += static_cast<double>(count[idx(q)]) * dh[idx(q * Hd + o)];
+  const Vec dlog = softmax_xent(ref.logits, labels, count, C, ref.loss);
+  Vec dh = classifier_bwd(hd, dlog, count, Hd, C, P + l.dense2.w, G + l.dense2.w, G + l.dense2.b);
+  dropout(dh, S, Hd, keys.back());
+  relu_bwd(dh, hidden.pass);
+  if (a.bn) dh = bn_bwd(hidden.norm, dh, Hd, 1, count, P + l.dense1.gamma, G + l.dense1.gamma, G + l.dense1.beta);
+  Vec d = dense_bwd(in[L], dh, count, F, Hd, P + l.dense1.w, G + l.dense1.w, G + l.dense1.b);
 
   // Back through the conv layers; `d` is the gradient of in[i + 1] (per copy).
-  Vec d = std::move(dflat);
   for (std::size_t i = L; i-- > 0;) {
     const ConvLayer& c = convs[i];
     const Layer& ly = l.conv[i];
-    Vec dy(idx(S * c.out_count()), 0.0);
+    Vec dy;
     if (c.pool) {
-      const DropoutKey& dk = keys[stage_of[i]];
-      const std::int64_t n = c.pooled_count();
-#pragma omp parallel for schedule(static) if (S * n > kParallelMacs)
-      for (std::int64_t q = 0; q < S; ++q)
-        for (std::int64_t e = 0; e < n; ++e) {
-          const double g = keep(dk, e, q) ? d[idx(q * n + e)] * static_cast<double>(dk.scale) : 0.0;
-          dy[idx(q * c.out_count() + arg[i][idx(q * n + e)])] += g;
-        }
+      dropout(d, S, c.pooled_count(), keys[stage_of[i]]);
+      dy = maxpool_bwd(c, S, d, saved[i].arg);
     } else {
       dy = std::move(d);
     }
-#pragma omp parallel for schedule(static) if (static_cast<std::int64_t>(dy.size()) > kParallelMacs)
-    for (std::size_t j = 0; j < dy.size(); ++j)
-      if (!pass[i][j]) dy[j] = 0.0;
-    Vec dz = a.bn ? bn_bwd(norm[i], dy, c.K, c.P * c.Q, count, P + ly.gamma, G + ly.gamma, G + ly.beta) : std::move(dy);
+    relu_bwd(dy, saved[i].pass);
+    const Vec dz = a.bn ? bn_bwd(saved[i].norm, dy, c.K, c.P * c.Q, count, P + ly.gamma, G + ly.gamma, G + ly.beta)
+                        : std::move(dy);
     conv_bwd_weights(c, S, count, in[i], dz, G + ly.w, G + ly.b);
     if (i > 0) d = conv_bwd_data(c, S, dz, P + ly.w);
   }

@@ -1,4 +1,4 @@
-// The models family: the seed studies' dense models, names, work, the learnable task and verification.
+// The models family: the CPU-vs-GPU studies' dense models, names, work, the learnable task and verification.
 //
 // Names: model.<name>/<cpu|cuda>/<f32|bf16>/<infer|train>/batch:B, then at most one variant arg:
 //   threads:T  CPU, T OpenMP threads (oneDNN follows OpenMP) instead of all of them;
@@ -87,13 +87,13 @@ class ModelsFamily final : public Family {
 
 const std::vector<Model>& models() {
   static const std::vector<Model> all = {
-      // Seed 004: PyTorch MLP on the 13 features of the UCI heart-disease data, batch 10 in the
+      // The PyTorch tiny-MLP notebook: the 13 features of the UCI heart-disease data, batch 10 in the
       // notebook; swept up to 4096 to find where the GPU starts to pay.
       {"mlp_tiny", {13, 32, 16, 2}, {10, 64, 256, 1024, 4096}},
-      // Seed 002: Keras' mnist_mlp example (Dense 512 relu, Dropout 0.2, Dense 512 relu, Dropout 0.2,
-      // Dense 10 softmax; batch_size 128 in the script the study ran). Dropout is left out here.
+      // Max Woolf's benchmarks: Keras' mnist_mlp example (Dense 512 relu, Dropout 0.2, Dense 512 relu,
+      // Dropout 0.2, Dense 10 softmax; batch_size 128 in the script he ran). Dropout is left out here.
       {"mlp_mnist", {784, 512, 512, 10}, {128, 1024}},
-      // Seed 000: Spark NLP ClassifierDL, 768-d BERT sentence embeddings into a dense classifier,
+      // The Spark NLP ClassifierDL study: 768-d BERT sentence embeddings into a dense classifier,
       // batch sizes 32/64/256/1024 as in the study.
       {"classifierdl", {768, 512, 2}, {32, 64, 256, 1024}},
   };

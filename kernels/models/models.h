@@ -1,27 +1,9 @@
-// The models family: whole training and inference steps of the seed studies' dense models, chained
-// from hotops' building blocks (GEMMs, a fused softmax cross-entropy, ReLU backward with the bias
-// gradient, one flat AdamW pass), on the CPU (oneDNN matmuls + OpenMP loops, hand-written loops for
-// tiny layers) and on CUDA (cublasLt + hand-written kernels).
-//
-// A model is a stack of dense layers y = x.W + b (W row-major [in, out], as PyTorch's nn.Linear
-// computes x.W^T with its [out, in] weight), ReLU between layers, logits out. Directions:
-//   infer: the forward pass, logits [batch, classes];
-//   train: forward, loss = mean over the batch of softmax cross-entropy with integer labels,
-//          backward, and one torch.optim.AdamW step (lr 1e-3, betas 0.9 / 0.999, eps 1e-8, wd 1e-2)
-//          over every parameter (weights and biases alike).
-// All parameters of a model lie in ONE buffer (W1, b1, W2, b2, ..., each tensor starting on a
-// 256-byte boundary, zero padding between them), the gradients, AdamW's m and v in buffers of the same
-// layout, so the optimizer step is one flat elementwise pass (the padding stays zero through it).
-//
-// Dtypes: f32, and bf16 as mixed precision the way torch.autocast(dtype=torch.bfloat16) runs it.
-// The parameters, the gradients and AdamW's m and v stay f32 (master weights); each step casts the
-// flat parameters (every W and b the dense layers use, as autocast casts F.linear's arguments) to a
-// bf16 copy once, inside the timed step; the GEMMs take bf16 operands and accumulate in f32 (cublasLt
-// CUBLAS_COMPUTE_32F on tensor cores; oneDNN's bf16 matmul, AMX / AVX512_BF16, on the CPU); the input
-// batch, the activations between layers, the logits and the activation gradients are stored bf16;
-// the softmax cross-entropy, the loss, the weight and bias gradients (written f32 from the f32
-// accumulators) and the AdamW step compute in f32. A CPU without oneDNN bf16 matmul reports such
-// cases unsupported with the reason (layers small enough for the hand-written loops run anywhere).
+// The models family: whole training and inference steps of the CPU-vs-GPU studies' dense models
+// (dense layers y = x.W + b, ReLU between, logits out), chained from hotops' building blocks (GEMMs, a
+// fused softmax cross-entropy, ReLU backward with the bias gradient, one flat AdamW pass), on the CPU
+// (oneDNN matmuls + OpenMP loops, hand-written loops for tiny layers) and on CUDA (cublasLt +
+// hand-written kernels). Directions, the flat parameter buffer and bf16 mixed precision:
+// docs/models.md.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -35,7 +17,7 @@
 
 namespace hotops::models {
 
-// A model of the seed studies: its layer widths, input first, classes last.
+// A model of the CPU-vs-GPU studies: its layer widths, input first, classes last.
 struct Model {
   std::string name;
   std::vector<std::int64_t> widths;  // {in, hidden..., classes}

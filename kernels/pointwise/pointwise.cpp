@@ -24,10 +24,11 @@ struct NamedShape {
 
 const std::vector<NamedShape>& named_shapes() {
   static const std::vector<NamedShape> shapes = {
-      // Seed 005's PyTorch MLP on MNIST: the 512-wide hidden layer, batch 128.
+      // Keras' mnist_mlp.py (Max Woolf's benchmarks): the 512-wide hidden layer, batch 128.
       {"mlp_mnist.hidden", {512}, 128},
-      // Seed 003's Keras CNN (256x256x3 images), conv outputs in NCHW as in kernels/gelu: the first
-      // at batch 16 (at the seed's 64 it would be 512 MiB in f32), the others at the seed's 64.
+      // The TensorFlow 2 comparison's Keras CNN (256x256x3 images), conv outputs in NCHW as in
+      // kernels/gelu: the first at batch 16 (at the study's 64 it would be 512 MiB in f32), the
+      // others at the study's 64.
       {"keras_cnn.conv2d", {32, 256, 256}, 16},
       {"keras_cnn.conv2d_1", {64, 85, 85}, 64},
       {"keras_cnn.conv2d_3", {128, 42, 42}, 64},
@@ -118,7 +119,7 @@ class PointwiseFamily final : public Family {
   }
 
   // FLOPs: relu one compare (or select) per element; dropout two per element (the mask test and
-  // the scaling multiply), as the brief of the family fixes them.
+  // the scaling multiply), the family's fixed convention.
   // Bytes, each tensor once: relu fwd x + y, bwd x + dy + dx; dropout fwd x + y + the uint8 mask
   // it writes, bwd dy + mask + dx.
   Work work(const Problem& p) const override {
