@@ -440,20 +440,25 @@ class EventRecorder final : public trace::Recorder {
   ~EventRecorder() override {
     for (cudaEvent_t e : pool_) cudaEventDestroy(e);
   }
-  void begin() { used_ = 0, marks.clear(), record(); }
+  // Two events back to back: the step's first mark comes one event record after the second, and
+  // the gap between the two measures that cost of the recorder's own, which is not the step's.
+  void begin() { used_ = 0, marks.clear(), record(), record(); }
   void mark(const char* op) override {
     marks.emplace_back(op);
     record();
   }
   void end() { record(); }
-  // Seconds from the step's start to each event (the marks', then the end's), after a sync.
+  // Seconds from the step's start (the second begin event, plus the gap between the two) to each
+  // event (the marks', then the end's), after a sync.
   std::vector<double> offsets() const {
     HOTOPS_CHECK_CUDA(cudaEventSynchronize(pool_[used_ - 1]));
+    float lead_ms = 0;
+    HOTOPS_CHECK_CUDA(cudaEventElapsedTime(&lead_ms, pool_[0], pool_[1]));
     std::vector<double> out;
-    for (std::size_t k = 1; k < used_; ++k) {
+    for (std::size_t k = 2; k < used_; ++k) {
       float ms = 0;
       HOTOPS_CHECK_CUDA(cudaEventElapsedTime(&ms, pool_[0], pool_[k]));
-      out.push_back(ms * 1e-3);
+      out.push_back((ms - 2 * lead_ms) * 1e-3);
     }
     return out;
   }
