@@ -1,4 +1,4 @@
-// oneDNN engine/stream singletons, thread control and CPU identification.
+// oneDNN engine/stream singletons, the shared oneDNN steps, thread control and CPU identification.
 #include "hotops/cpu.h"
 
 #include <emmintrin.h>
@@ -29,8 +29,80 @@ void execute(const dnnl::primitive& p, const Args& args) {
   HOTOPS_CHECK_DNNL(st.wait());
 }
 
+dnnl::memory::data_type dnnl_type(DType t) {
+  switch (t) {
+    case DType::bf16: return dnnl::memory::data_type::bf16;
+    case DType::f16: return dnnl::memory::data_type::f16;
+    default: return dnnl::memory::data_type::f32;
+  }
+}
+
+dnnl::memory::desc md(const dnnl::memory::dims& dims, DType t, dnnl::memory::format_tag tag) {
+  return HOTOPS_CHECK_DNNL(dnnl::memory::desc(dims, dnnl_type(t), tag));
+}
+
+dnnl::memory mem(const dnnl::memory::desc& d, void* data) { return HOTOPS_CHECK_DNNL(dnnl::memory(d, engine(), data)); }
+
+void reorder(dnnl::memory from, dnnl::memory to) {
+  dnnl::stream& st = stream();
+  HOTOPS_CHECK_DNNL(dnnl::reorder(from, to).execute(st, from, to));
+  HOTOPS_CHECK_DNNL(st.wait());
+}
+
+dnnl::memory reordered(const dnnl::memory& from, const dnnl::memory::desc& want) {
+  dnnl::memory to = HOTOPS_CHECK_DNNL(dnnl::memory(want, engine()));
+  reorder(from, to);
+  return to;
+}
+
+Args matmul_args(const dnnl::matmul::primitive_desc& pd, void* src, void* weights, void* dst) {
+  return {{DNNL_ARG_SRC, mem(pd.src_desc(), src)},
+          {DNNL_ARG_WEIGHTS, mem(pd.weights_desc(), weights)},
+          {DNNL_ARG_DST, mem(pd.dst_desc(), dst)}};
+}
+
+std::string onednn_unsupported_reason(const std::function<void()>& probe, const std::string& what,
+                                      const std::string& suffix) {
+  try {
+    probe();
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::unsupported)
+      return "oneDNN has no " + what + " for this CPU (ISA " + isa_name() + ")" + suffix;
+    throw;
+  }
+  return "";
+}
+
+std::string onednn_unsupported_reason(const std::function<void()>& probe, const Problem& p, const std::string& op,
+                                      const std::string& suffix) {
+  return onednn_unsupported_reason(probe, std::string(dtype_name(p.dtype)) + " " + op + " " + direction_name(p.dir),
+                                   suffix);
+}
+
+Eltwise::Eltwise(dnnl::algorithm alg, const dnnl::memory::desc& tensor_, float alpha, bool backward_)
+    : tensor(tensor_), backward(backward_) {
+  dnnl::engine& eng = engine();
+  const auto fd = HOTOPS_CHECK_DNNL(dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, alg, tensor, alpha));
+  fwd = HOTOPS_CHECK_DNNL(dnnl::eltwise_forward::primitive_desc(fd, eng));
+  if (backward) {
+    const auto bd = HOTOPS_CHECK_DNNL(dnnl::eltwise_backward::desc(alg, tensor, tensor, alpha));
+    bwd = HOTOPS_CHECK_DNNL(dnnl::eltwise_backward::primitive_desc(bd, eng, fwd));
+  }
+}
+
+Call Eltwise::bind(void* x, void* dy, void* out, std::size_t offset) const {
+  const auto at = [&](void* data) { return mem(tensor, static_cast<std::byte*>(data) + offset); };
+  if (!backward) return {dnnl::eltwise_forward(fwd), {{DNNL_ARG_SRC, at(x)}, {DNNL_ARG_DST, at(out)}}};
+  return {dnnl::eltwise_backward(bwd),
+          {{DNNL_ARG_SRC, at(x)}, {DNNL_ARG_DIFF_DST, at(dy)}, {DNNL_ARG_DIFF_SRC, at(out)}}};
+}
+
+const char* Eltwise::impl_info_str() const { return backward ? bwd.impl_info_str() : fwd.impl_info_str(); }
+
 void set_threads(int n) { omp_set_num_threads(n); }
 int threads() { return omp_get_max_threads(); }
+
+std::string with_threads(const std::string& label) { return label + ", " + std::to_string(threads()) + " threads"; }
 
 void stream_copy(void* dst, const void* src, std::size_t bytes) {
   auto* d = static_cast<std::byte*>(dst);

@@ -1,10 +1,15 @@
-// The CPU runtime: one oneDNN engine and stream for the process, and the thread count.
+// The CPU runtime: one oneDNN engine and stream for the process, the oneDNN steps every CPU case
+// shares (descriptors, reorders, the support probe, execution), and the thread count.
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <unordered_map>
 
 #include <dnnl.hpp>
+
+#include "hotops/dtype.h"
+#include "hotops/problem.h"
 
 namespace hotops::cpu {
 
@@ -16,9 +21,94 @@ using Args = std::unordered_map<int, dnnl::memory>;
 // Runs `p` on stream() and waits for it: the timed region of a CPU case that is one primitive.
 void execute(const dnnl::primitive& p, const Args& args);
 
+// A primitive bound to its arguments at setup; run() is the timed execute-and-wait.
+struct Call {
+  dnnl::primitive primitive;
+  Args args;
+  void run() const { execute(primitive, args); }
+};
+
+// oneDNN's type for a dtype's storage (tf32 is f32 storage).
+dnnl::memory::data_type dnnl_type(DType t);
+// A dense tensor: dims, dtype and layout (format_tag::any lets the primitive choose).
+dnnl::memory::desc md(const dnnl::memory::dims& dims, DType t, dnnl::memory::format_tag tag);
+// A memory over the caller's buffer `data`, which it neither copies nor owns.
+dnnl::memory mem(const dnnl::memory::desc& d, void* data);
+// `from` copied into `to`, whose layout may differ; complete on return.
+void reorder(dnnl::memory from, dnnl::memory to);
+// `from` copied into a new memory in the layout `want` (setup: the copy is complete on return).
+dnnl::memory reordered(const dnnl::memory& from, const dnnl::memory::desc& want);
+
+// Why oneDNN cannot run a case, "" when it can. `probe` creates the case's primitive descriptors
+// (no memory touched); oneDNN answers `unimplemented` for what this CPU cannot do, which becomes
+// "oneDNN has no <what> for this CPU (ISA <isa>)<suffix>". Any other error propagates.
+std::string onednn_unsupported_reason(const std::function<void()>& probe, const std::string& what,
+                                      const std::string& suffix = "");
+// The same, <what> being "<dtype> <op> <direction>" of problem `p`.
+std::string onednn_unsupported_reason(const std::function<void()>& probe, const Problem& p, const std::string& op,
+                                      const std::string& suffix = "");
+
+// An elementwise op through oneDNN's eltwise primitives over one tensor: forward_training, and for
+// a backward eltwise_backward from the source x (not the destination), as PyTorch's backward of
+// gelu and relu reads x.
+struct Eltwise {
+  dnnl::memory::desc tensor;
+  dnnl::eltwise_forward::primitive_desc fwd;
+  dnnl::eltwise_backward::primitive_desc bwd;  // backward only
+  bool backward = false;
+
+  Eltwise(dnnl::algorithm alg, const dnnl::memory::desc& tensor, float alpha, bool backward);
+  // fwd: x -> y; bwd: (x, dy) -> dx, each tensor `offset` bytes into its buffer (`dy` is unused
+  // by a forward).
+  Call bind(void* x, void* dy, void* out, std::size_t offset) const;
+  const char* impl_info_str() const;
+};
+
+// The arguments of a matmul primitive: dst = src . weights, each over the caller's buffer.
+Args matmul_args(const dnnl::matmul::primitive_desc& pd, void* src, void* weights, void* dst);
+
+// The tensors of oneDNN's batch or layer normalization with use_scale | use_shift, both of which
+// take the same arguments; gamma, beta and their gradients are f32 vectors of `scale_shift`.
+struct NormalizationTensors {
+  void* x;
+  void* mean;      // fwd training: written; inference and bwd: read
+  void* variance;  // as mean
+  void* gamma;
+  void* beta;
+  void* out;  // fwd y, bwd dx
+  void* dy = nullptr;
+  void* dgamma = nullptr;
+  void* dbeta = nullptr;
+};
+template <class ForwardPd>
+Args normalization_forward_args(const ForwardPd& pd, const dnnl::memory::desc& scale_shift,
+                                const NormalizationTensors& t) {
+  return {{DNNL_ARG_SRC, mem(pd.src_desc(), t.x)},
+          {DNNL_ARG_DST, mem(pd.dst_desc(), t.out)},
+          {DNNL_ARG_SCALE, mem(scale_shift, t.gamma)},
+          {DNNL_ARG_SHIFT, mem(scale_shift, t.beta)},
+          {DNNL_ARG_MEAN, mem(pd.mean_desc(), t.mean)},
+          {DNNL_ARG_VARIANCE, mem(pd.variance_desc(), t.variance)}};
+}
+template <class BackwardPd>
+Args normalization_backward_args(const BackwardPd& pd, const dnnl::memory::desc& scale_shift,
+                                 const NormalizationTensors& t) {
+  return {{DNNL_ARG_SRC, mem(pd.src_desc(), t.x)},
+          {DNNL_ARG_DIFF_DST, mem(pd.diff_dst_desc(), t.dy)},
+          {DNNL_ARG_MEAN, mem(pd.mean_desc(), t.mean)},
+          {DNNL_ARG_VARIANCE, mem(pd.variance_desc(), t.variance)},
+          {DNNL_ARG_SCALE, mem(scale_shift, t.gamma)},
+          {DNNL_ARG_SHIFT, mem(scale_shift, t.beta)},
+          {DNNL_ARG_DIFF_SRC, mem(pd.diff_src_desc(), t.out)},
+          {DNNL_ARG_DIFF_SCALE, mem(scale_shift, t.dgamma)},
+          {DNNL_ARG_DIFF_SHIFT, mem(scale_shift, t.dbeta)}};
+}
+
 // Threads used by oneDNN and by hotops' own OpenMP loops (--hotops_threads; default: all cores).
 void set_threads(int n);
 int threads();
+// `label` + ", <threads()> threads": how a CPU case's label ends.
+std::string with_threads(const std::string& label);
 
 // Sets the thread count for a scope (a case's `threads:` arg) and restores the previous one at its
 // end; threads <= 0 leaves it as it is.

@@ -1,8 +1,8 @@
-// The adamw family: one torch.optim.AdamW step over a whole list of parameter tensors (a model's
-// parameters), in one pass: a hand-written multi-tensor loop on the CPU (OpenMP over equal chunks of
-// all tensors) and one hand-written CUDA kernel launch for the whole list (a device table of tensor
-// pointers and chunks, built at setup). The formula, the bf16 master copy and the step count that
-// advances with every run: docs/ops.md, "adamw".
+// The adamw family and the one AdamW implementation per backend: one torch.optim.AdamW step over a
+// model's parameters laid out in one flat, zero-padded arena per quantity, in one flat pass:
+// cpu_step (OpenMP over contiguous parts) and cuda_step (one grid-stride launch). The op family times
+// exactly these, and every model family's train step calls them. The formula, the bf16 master copy
+// and the step count that advances with every run (in device memory on CUDA): docs/ops.md, "adamw".
 #pragma once
 #include <cmath>
 #include <cstddef>
@@ -13,6 +13,10 @@
 
 #include "hotops/buffer.h"
 #include "hotops/op.h"
+
+#ifdef HOTOPS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 // The step's scalar math is shared by the CPU loop and the CUDA kernel (adamw.h is read by both).
 #ifdef __CUDACC__
@@ -42,26 +46,18 @@ Shape shape_of(const Problem& p);
 // The tensor sizes of a named parameter list (`elements` for params:flat).
 std::vector<std::int64_t> tensor_sizes(const std::string& params, std::int64_t elements);
 
-// Where the tensors lie in one host arena per quantity (p, g, m, v, bf16 p): each tensor starts on a
-// 256-byte boundary, as a caching allocator would place it, and the gaps (and kGuard elements after
-// the last tensor) are never touched by the step: verification checks that they keep their values.
+// Where the tensors lie in one arena per quantity (p, g, m, v, bf16 p): each tensor starts on a
+// 256-byte boundary, as a caching allocator would place it. The step is one flat pass over the first
+// `span` elements (up to the end of the last tensor), the zero padding between tensors included;
+// the kGuard elements after the last tensor (and its padding) are never touched.
 constexpr std::size_t kAlignElements = 64;
 constexpr std::size_t kGuard = 64;
 struct Layout {
   std::vector<std::size_t> offset;  // arena index of each tensor's first element
-  std::size_t arena = 0;            // elements per arena, gaps and guard included
+  std::size_t span = 0;             // elements the flat pass covers
+  std::size_t arena = 0;            // elements per arena, padding and guard included
 };
 Layout layout_of(const std::vector<std::int64_t>& sizes);
-
-// The unit of work of both backends: a run of at most kChunk elements of one tensor. Chunks split
-// every tensor at multiples of kChunk, so only a tensor's last chunk has a partial vector (its tail).
-constexpr std::int64_t kChunk = 1 << 14;
-struct Chunk {
-  std::int32_t tensor;
-  std::int32_t count;
-  std::int64_t start;  // within the tensor
-};
-std::vector<Chunk> chunks_of(const std::vector<std::int64_t>& sizes);
 
 // The optimizer's state and inputs in host memory, laid out by layout_of.
 struct State {
@@ -71,12 +67,13 @@ struct State {
   HostBuffer p16;  // bf16 dtype only: the bf16 parameters, an output
 };
 State make_state(const Shape& s, const Layout& l);
-// The seeded starting state (step count 0): p, g in [-1, 1), m in [-0.5, 0.5), v in [0.01, 0.5);
+// The seeded starting state (step count 0): in the tensors p, g in [-1, 1), m in [-0.5, 0.5),
+// v in [0.01, 0.5); every element outside them 0 in p, g, m and v (the padding a flat pass needs);
 // p16 NaN (it is an output). A pure function of the seed: verification restores it before checking.
 void restore(const Shape& s, State& st, std::uint64_t seed);
 
-// The f32 scalars of step t, computed in double from the hyperparameters: both implementations
-// use them (the CUDA kernel computes them on the device, where the step count lives).
+// The f32 scalars of step t, computed in double from the hyperparameters: both backends use them
+// (on CUDA a device kernel computes them, where the step count lives).
 struct StepScalars {
   float decay;         // 1 - lr * wd
   float beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
@@ -93,8 +90,8 @@ HOTOPS_ADAMW_HD inline StepScalars scalars_for(const Hyper& h, std::int64_t t) {
 }
 
 // One element of the step in f32, in PyTorch's order of operations (sqrt(v) / sqrt(bc2) as a product
-// with the reciprocal). `Sqrt` is the square root: the CUDA kernel's is the hardware's IEEE sqrtf,
-// the CPU loop has its own (see cpu_adamw.cpp).
+// with the reciprocal). `Sqrt` is the square root, correctly rounded on both backends (the CPU's
+// std::sqrt, CUDA's IEEE sqrtf), so that the two agree to the bit where their arithmetic does.
 template <class Sqrt>
 HOTOPS_ADAMW_HD inline void step_element(float& p, float g, float& m, float& v, const StepScalars& s, Sqrt root) {
   p *= s.decay;
@@ -112,8 +109,9 @@ void reference_step(const Hyper& h, std::int64_t t, double g, Element& e);
 
 // Verification, in two halves around the runs being checked. snapshot() records, from the restored
 // state, the starting values of a seeded sample of elements (always both ends of every tensor) and
-// every gap element; check() compares the state after `steps` runs with `steps` reference steps from
-// that start: p (as the change p - p0, see adamw.cpp), m, v, the bf16 p, and the untouched gaps.
+// every element outside the tensors; check() compares the state after `steps` runs with `steps`
+// reference steps from that start: p (as the change p - p0, see adamw.cpp), m, v, the bf16 p, and the
+// padding and guard (p, m, v still 0; the bf16 p there 0 within the span, untouched after it).
 constexpr int kVerifySteps = 3;
 struct Snapshot {
   std::vector<std::size_t> idx;  // arena indices
@@ -121,6 +119,7 @@ struct Snapshot {
   std::vector<double> g;
   std::vector<std::size_t> gap_idx;
   std::vector<float> gap_p, gap_m, gap_v;
+  std::size_t span = 0;  // the layout's: padding below it is in the pass, the guard above is not
 };
 Snapshot snapshot(const Shape& s, const Layout& l, const State& st, std::uint64_t seed);
 Check check(const Shape& s, const Snapshot& snap, const State& st, int steps);
@@ -128,12 +127,48 @@ Check check(const Shape& s, const Snapshot& snap, const State& st, int steps);
 // "199 tensors, 109.5M params": for labels.
 std::string describe(const Shape& s);
 
+// The CPU step over n contiguous elements (p, m, v f32; g f32, or bf16 with the updated p rounded to
+// bf16 into p16) by a team of `threads` OpenMP threads, each taking one contiguous part of equal size
+// (1: the calling thread alone; 0: OpenMP's default team). Elementwise, so the result does not depend
+// on the team.
+void cpu_step(float* p, const float* g, float* m, float* v, std::int64_t n, const StepScalars& s, int threads);
+void cpu_step(float* p, const std::uint16_t* g, float* m, float* v, std::uint16_t* p16, std::int64_t n,
+              const StepScalars& s, int threads);
+const char* cpu_clone_name();  // the instruction set the loop runs in on this CPU, for labels
+
 std::unique_ptr<Case> make_cpu(const Problem& p);
+
 #ifdef HOTOPS_HAVE_CUDA
+// The optimizer's step on the device: a step launch reads its scalars from `s`. Either another kernel
+// of the train step advances it before the launch (a model's loss kernel: step + 1 and its scalars),
+// or the launch advances it itself (cuda_step's `advance`): every block reads `s`, takes a ticket
+// (`arrived`), and the block that takes the last one writes step + 1 and the next step's scalars and
+// resets the ticket. Zeroed memory is a valid start for the first way; the second starts from
+// {0, 0, 0, scalars_for(h, 1)}.
+struct DeviceStep {
+  std::int64_t step;  // steps taken
+  unsigned arrived;
+  unsigned pad;
+  StepScalars s;      // the scalars of the step the next launch takes
+};
+
+constexpr unsigned kCudaThreads = 256;
+constexpr unsigned kCudaMaxBlocks = 1024;  // a grid that one wave of an H100 holds (8 blocks per SM)
+
+// The CUDA step: one launch on `stream` over n contiguous elements of device memory (p, m, v f32; g
+// f32, or bf16 with the updated p rounded to bf16 into p16), every pointer 16-byte aligned: min(n / 4
+// / kCudaThreads, max_blocks) blocks (at least 1) of kCudaThreads threads striding over the 16-byte
+// vectors, the at most 3 elements after the last whole vector one per thread. `advance`: null when
+// another kernel advanced `state`, else the hyperparameters with which the launch advances it.
+void cuda_step(float* p, const float* g, float* m, float* v, std::int64_t n, DeviceStep* state,
+               const Hyper* advance, cudaStream_t stream, unsigned max_blocks = kCudaMaxBlocks);
+void cuda_step(float* p, const std::uint16_t* g, float* m, float* v, std::uint16_t* p16, std::int64_t n,
+               DeviceStep* state, const Hyper* advance, cudaStream_t stream, unsigned max_blocks = kCudaMaxBlocks);
+
 std::unique_ptr<Case> make_cuda(const Problem& p);
-// The CUDA kernel's own code, run on the host block by block, thread by thread (step t given): lets
-// the tests check its chunk table, vectors and tails without a GPU. Works on `st` in place.
-void run_cuda_kernel_on_host(const Shape& s, State& st, std::int64_t t);
+// The CUDA kernel's own code, run on the host thread by thread of a grid of `blocks` (step t given):
+// lets the tests check its strides, vectors and tails without a GPU. Works on `st` in place.
+void run_cuda_kernel_on_host(const Shape& s, State& st, std::int64_t t, unsigned blocks);
 #endif
 
 const Family& family();

@@ -1,13 +1,17 @@
-// adamw on the CPU, hand-written: the tensors of the list cut into chunks of kChunk elements
-// (chunks_of), the chunks dealt out to the OpenMP threads in contiguous runs of equal element counts
-// (balanced by size, the same runs every step, so each thread keeps touching the memory it first
-// touched), each chunk a plain float loop that GCC vectorises. target_clones compiles the loop for
-// AVX-512, AVX2 + FMA and baseline x86-64; the loader picks the best one for this CPU. The step is
+// The CPU AdamW step (cpu_step) and the adamw family's CPU case. The flat arrays are cut into one
+// contiguous part per OpenMP thread (the same parts every step, so each thread keeps touching the
+// memory it first touched), each part a plain float loop that GCC vectorises. target_clones compiles
+// the loop for AVX-512, AVX2 + FMA and baseline x86-64; the loader picks the best one for this CPU.
+// The build compiles this file with -fno-math-errno, so that std::sqrt is the square-root
+// instruction in the vector loop (with errno math GCC keeps a scalar libm call beside it and leaves
+// the loop scalar), and with -ffp-contract=off, so that the AVX2 and AVX-512 clones round every
+// product and sum as baseline x86-64 does: the step is the same to the bit on every CPU. The step is
 // in place: every element is read once and written once, and the lines written were just read, so
 // they cost no read-for-ownership.
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "hotops/check.h"
@@ -36,53 +40,27 @@ ADAMW_INLINE std::uint16_t f32_to_bf16(float f) {
   return static_cast<std::uint16_t>((nan & is_nan) | (rounded & ~is_nan));
 }
 
-// sqrt(x) for x >= 0 in plain float arithmetic, within an ulp or two: std::sqrt may set errno, so
-// GCC 12 keeps a scalar libm call beside the square-root instruction and leaves the loop scalar
-// (the project builds with errno math, and GCC 12 ignores -fno-math-errno as a function attribute).
-// 1/sqrt(x) from the exponent-halving guess and three Newton steps (3.4e-2, 1.8e-3, 4.6e-6, then
-// rounding), then x * that with one Heron correction. x is taken at least FLT_MIN, so that y * y
-// stays finite (below it sqrt(x) < 1.1e-19, far under any eps it is added to), as an integer max on
-// the bits, which order like the values for x >= 0: a float max here becomes a branch (jump
-// threading) and the loop scalar again.
-struct NewtonSqrt {
-  ADAMW_INLINE float operator()(float x) const {
-    std::uint32_t u;
-    std::memcpy(&u, &x, 4);
-    u = std::max(u, 0x00800000u);  // FLT_MIN
-    std::memcpy(&x, &u, 4);
-    u = 0x5f375a86u - (u >> 1);
-    float y;
-    std::memcpy(&y, &u, 4);
-    const float half_x = 0.5f * x;
-    y = y * (1.5f - half_x * y * y);
-    y = y * (1.5f - half_x * y * y);
-    y = y * (1.5f - half_x * y * y);
-    const float s = x * y;
-    return s + 0.5f * y * (x - s * s);
-  }
+struct Sqrt {
+  ADAMW_INLINE float operator()(float x) const { return std::sqrt(x); }
 };
-
-using SpanF32 = void (*)(float*, const float*, float*, float*, std::int64_t, const StepScalars&);
-using SpanBf16 = void (*)(float*, const std::uint16_t*, float*, float*, std::uint16_t*, std::int64_t,
-                          const StepScalars&);
 
 #define ADAMW_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
-// One chunk of an f32 tensor.
+// One thread's part, f32.
 ADAMW_CLONES void adamw_f32(float* __restrict p, const float* __restrict g, float* __restrict m,
                             float* __restrict v, std::int64_t n, const StepScalars& s_ref) {
   const StepScalars s = s_ref;
-  for (std::int64_t i = 0; i < n; ++i) step_element(p[i], g[i], m[i], v[i], s, NewtonSqrt());
+  for (std::int64_t i = 0; i < n; ++i) step_element(p[i], g[i], m[i], v[i], s, Sqrt());
 }
 
-// One chunk of a bf16 tensor: the f32 master, bf16 gradient, f32 moments; writes the bf16 copy.
+// One thread's part, bf16: the f32 master, bf16 gradient, f32 moments; writes the bf16 copy.
 ADAMW_CLONES void adamw_bf16(float* __restrict p, const std::uint16_t* __restrict g, float* __restrict m,
                              float* __restrict v, std::uint16_t* __restrict p16, std::int64_t n,
                              const StepScalars& s_ref) {
   const StepScalars s = s_ref;
   for (std::int64_t i = 0; i < n; ++i) {
     float pi = p[i], mi = m[i], vi = v[i];
-    step_element(pi, bf16_to_f32(g[i]), mi, vi, s, NewtonSqrt());
+    step_element(pi, bf16_to_f32(g[i]), mi, vi, s, Sqrt());
     p[i] = pi, m[i] = mi, v[i] = vi;
     p16[i] = f32_to_bf16(pi);
   }
@@ -94,7 +72,44 @@ const char* clone_name() {
   return "baseline x86-64 clone";
 }
 
+// Thread `me` of `team`'s part of n elements: cut at multiples of 16 elements (64-byte lines), so
+// that no two threads write one line.
+ADAMW_INLINE void part_of(std::int64_t n, std::int64_t team, std::int64_t me, std::int64_t& begin, std::int64_t& end) {
+  auto cut = [&](std::int64_t k) { return k == team ? n : n * k / team / 16 * 16; };
+  begin = cut(me), end = cut(me + 1);
+}
+
+// `part(begin, count)` on every thread of the team (see cpu_step in adamw.h for `threads`).
+template <class Part>
+void in_parallel(std::int64_t n, int threads, const Part& part) {
+  auto body = [&] {
+    std::int64_t begin, end;
+    part_of(n, omp_get_num_threads(), omp_get_thread_num(), begin, end);
+    if (end > begin) part(begin, end - begin);
+  };
+  if (threads <= 0) {
+#pragma omp parallel
+    body();
+  } else {
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    body();
+  }
+}
+
 }  // namespace kernel
+
+void cpu_step(float* p, const float* g, float* m, float* v, std::int64_t n, const StepScalars& s, int threads) {
+  kernel::in_parallel(n, threads, [&](std::int64_t b, std::int64_t k) { kernel::adamw_f32(p + b, g + b, m + b, v + b, k, s); });
+}
+
+void cpu_step(float* p, const std::uint16_t* g, float* m, float* v, std::uint16_t* p16, std::int64_t n,
+              const StepScalars& s, int threads) {
+  kernel::in_parallel(n, threads, [&](std::int64_t b, std::int64_t k) {
+    kernel::adamw_bf16(p + b, g + b, m + b, v + b, p16 + b, k, s);
+  });
+}
+
+const char* cpu_clone_name() { return kernel::clone_name(); }
 
 namespace {
 
@@ -104,26 +119,19 @@ constexpr std::int64_t kGrain = 1 << 15;
 class CpuAdamw final : public Case {
  public:
   explicit CpuAdamw(const Problem& p)
-      : s_(shape_of(p)), layout_(layout_of(s_.sizes)), chunks_(chunks_of(s_.sizes)), st_(make_state(s_, layout_)),
-        seed_(p.seed()) {
-    // Element count before each chunk: threads take runs of chunks of equal element counts.
-    chunk_first_.reserve(chunks_.size() + 1);
-    std::int64_t at = 0;
-    for (const Chunk& c : chunks_) chunk_first_.push_back(at), at += c.count;
-    chunk_first_.push_back(at);
+      : s_(shape_of(p)), layout_(layout_of(s_.sizes)), st_(make_state(s_, layout_)), seed_(p.seed()) {
     threads_ = static_cast<int>(std::clamp<std::int64_t>(s_.total() / kGrain, 1, cpu::threads()));
     restore(s_, st_, seed_);
   }
 
   void run() override {
     const StepScalars sc = scalars_for(s_.hyper, ++step_);
-    const std::int64_t total = chunk_first_.back();
-#pragma omp parallel num_threads(threads_) if (threads_ > 1)
-    {
-      const std::int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
-      const std::size_t begin = first_chunk_at(total * me / team), end = first_chunk_at(total * (me + 1) / team);
-      for (std::size_t k = begin; k < end; ++k) span(chunks_[k], sc);
-    }
+    const auto n = static_cast<std::int64_t>(layout_.span);
+    if (s_.dtype == DType::f32)
+      cpu_step(st_.p.as<float>(), st_.g.as<float>(), st_.m.as<float>(), st_.v.as<float>(), n, sc, threads_);
+    else
+      cpu_step(st_.p.as<float>(), st_.g.as<std::uint16_t>(), st_.m.as<float>(), st_.v.as<float>(),
+               st_.p16.as<std::uint16_t>(), n, sc, threads_);
   }
 
   Check verify() override {
@@ -135,32 +143,13 @@ class CpuAdamw final : public Case {
   }
 
   std::string label() const override {
-    return "hotops multi-tensor adamw, " + describe(s_) + ", " + std::to_string(threads_) + " OpenMP threads over " +
-           std::to_string(chunks_.size()) + " chunks of <= " + std::to_string(kChunk) + ", " + kernel::clone_name();
+    return "hotops flat adamw, " + describe(s_) + ", " + std::to_string(threads_) + " OpenMP threads over " +
+           std::to_string(layout_.span) + " elements (padding included), " + cpu_clone_name();
   }
 
  private:
-  // The first chunk that starts at or after element `e` of the concatenated list.
-  std::size_t first_chunk_at(std::int64_t e) const {
-    return static_cast<std::size_t>(std::lower_bound(chunk_first_.begin(), chunk_first_.end() - 1, e) -
-                                    chunk_first_.begin());
-  }
-
-  void span(const Chunk& c, const StepScalars& sc) {
-    const std::size_t at = layout_.offset[static_cast<std::size_t>(c.tensor)] + static_cast<std::size_t>(c.start);
-    float* p = st_.p.as<float>() + at;
-    float* m = st_.m.as<float>() + at;
-    float* v = st_.v.as<float>() + at;
-    if (s_.dtype == DType::f32)
-      kernel::adamw_f32(p, st_.g.as<float>() + at, m, v, c.count, sc);
-    else
-      kernel::adamw_bf16(p, st_.g.as<std::uint16_t>() + at, m, v, st_.p16.as<std::uint16_t>() + at, c.count, sc);
-  }
-
   Shape s_;
   Layout layout_;
-  std::vector<Chunk> chunks_;
-  std::vector<std::int64_t> chunk_first_;
   State st_;
   std::uint64_t seed_;
   int threads_ = 1;

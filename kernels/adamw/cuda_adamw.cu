@@ -1,25 +1,21 @@
-// adamw on CUDA: one launch of one hand-written kernel for the whole parameter list. At setup the
-// list becomes two device tables: the tensors (pointers of p, g, m, v and the bf16 p) and the chunks
-// (tensor, start, count; chunks_of: at most kChunk = 16384 elements, split at multiples of kChunk).
-// Block b does chunk b: the grid is exact, blocks come and go as their chunk is done, and every SM
-// keeps loads in flight to the end. Each thread moves 16-byte vectors (4 f32 of p, m, v and g; the
-// bf16 g and p as 8-byte halves), kVecs of each loaded before any is used, so that every thread has
-// 112 bytes in flight; the at most 3 elements after a tensor's last whole vector are done one per
-// thread. Tensors start on 256-byte boundaries (layout_of, as cudaMalloc and PyTorch's caching
-// allocator place them), so every chunk's vectors are aligned; the setup checks it.
+// The CUDA AdamW step (cuda_step) and the adamw family's CUDA case: one launch of one grid-stride
+// kernel over the flat arrays. Each thread moves 16-byte vectors (4 f32 of p, m, v and g; the bf16 g
+// and p as 8-byte halves), striding by the whole grid, so that consecutive threads touch consecutive
+// vectors; the at most 3 elements after the last whole vector are done one per thread. The arrays
+// start on 16-byte boundaries (the launcher checks it), so every vector is aligned.
 //
-// The step count lives on the device, in a StepState that the kernel reads and advances, so that a
-// CUDA graph of back-to-back runs takes steps 1, 2, 3, ... like a training loop (PyTorch's
-// capturable and fused AdamW keep `step` as a device tensor for the same reason). The state holds
-// the scalars of the step to take (lr / bc1, 1 / sqrt(bc2), ...), computed in double. Every block
-// reads them, then its thread 0 takes a ticket (one atomicAdd per block, ~7000 for BERT-base); the
-// block that takes the last ticket is the last to have read them, and it writes the count and the
-// scalars of the next step and resets the ticket for the next launch. One launch per step, no host
-// synchronisation: run() is one kernel launch and can be captured.
+// The step's scalars come from a DeviceStep in device memory (adamw.h), so that a CUDA graph of
+// back-to-back train steps takes steps 1, 2, 3, ... (PyTorch's capturable and fused AdamW keep `step`
+// as a device tensor for the same reason). A model's loss kernel advances it before the launch; the
+// op family's case has the launch advance it itself: every block reads the scalars, then its thread 0
+// takes a ticket (one atomicAdd per block); the block that takes the last ticket is the last to have
+// read them, and it writes the count and the scalars of the next step and resets the ticket for the
+// next launch. One launch per step, no host synchronisation: it can be captured.
 //
-// The kernel's body is __host__ __device__ so that the tests run it on the host (adamw.h).
+// The kernel's body is __host__ __device__ so that the tests run it on the host.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -29,32 +25,6 @@
 
 namespace hotops::adamw {
 namespace {
-
-#ifdef __CUDA_ARCH__
-#define ADAMW_UNROLL _Pragma("unroll")
-#else
-#define ADAMW_UNROLL
-#endif
-
-constexpr unsigned kThreads = 256;
-constexpr int kVecs = 2;  // vectors per stream per thread in flight: 4 streams x 2 x 16 bytes (f32)
-
-// One tensor of the list as the kernel sees it.
-struct TensorPtrs {
-  float* p;             // f32 parameters (bf16 dtype: the f32 master)
-  const void* g;        // f32 or bf16
-  float* m;
-  float* v;
-  std::uint16_t* p16;   // bf16 dtype: the bf16 parameters; else null
-};
-
-// The optimizer's step count on the device, and the scalars of the step to take next.
-struct StepState {
-  std::int64_t step;       // steps taken
-  unsigned arrived;        // blocks of the current launch that have read `next`
-  unsigned pad;
-  StepScalars next;        // scalars of step `step + 1`
-};
 
 struct IeeeSqrt {
   __host__ __device__ float operator()(float x) const { return sqrtf(x); }
@@ -108,142 +78,104 @@ __host__ __device__ inline float4 load_grad(const void* g, std::int64_t vec) {
   }
 }
 
-__host__ __device__ inline void step_vec(float4& p, const float4& g, float4& m, float4& v, const StepScalars& s) {
-  step_element(p.x, g.x, m.x, v.x, s, IeeeSqrt());
-  step_element(p.y, g.y, m.y, v.y, s, IeeeSqrt());
-  step_element(p.z, g.z, m.z, v.z, s, IeeeSqrt());
-  step_element(p.w, g.w, m.w, v.w, s, IeeeSqrt());
-}
-
-// Thread `tid` of `nthreads` in the block that does chunk `c` of tensor `t`.
+// Thread `first` of a grid of `stride` threads: vectors first, first + stride, ..., then its element
+// of the tail.
 template <bool kBf16>
-__host__ __device__ void chunk_body(const TensorPtrs& t, const Chunk& c, unsigned tid, unsigned nthreads,
-                                    const StepScalars& s) {
-  float4* __restrict__ p = reinterpret_cast<float4*>(t.p + c.start);
-  float4* __restrict__ m = reinterpret_cast<float4*>(t.m + c.start);
-  float4* __restrict__ v = reinterpret_cast<float4*>(t.v + c.start);
-  const void* g = kBf16 ? static_cast<const void*>(static_cast<const std::uint16_t*>(t.g) + c.start)
-                        : static_cast<const void*>(static_cast<const float*>(t.g) + c.start);
-  Bf16x4* p16 = kBf16 ? reinterpret_cast<Bf16x4*>(t.p16 + c.start) : nullptr;
-  const std::int64_t vectors = c.count / 4;
+__host__ __device__ inline void flat_body(float* __restrict__ p, const void* __restrict__ g, float* __restrict__ m,
+                                          float* __restrict__ v, std::uint16_t* __restrict__ p16, std::int64_t n,
+                                          std::int64_t first, std::int64_t stride, const StepScalars& s) {
+  float4* p4 = reinterpret_cast<float4*>(p);
+  float4* m4 = reinterpret_cast<float4*>(m);
+  float4* v4 = reinterpret_cast<float4*>(v);
+  const std::int64_t n4 = n / 4;
+  for (std::int64_t i = first; i < n4; i += stride) {
+    float4 pv = p4[i], mv = m4[i], vv = v4[i];
+    const float4 gv = load_grad<kBf16>(g, i);
+    step_element(pv.x, gv.x, mv.x, vv.x, s, IeeeSqrt());
+    step_element(pv.y, gv.y, mv.y, vv.y, s, IeeeSqrt());
+    step_element(pv.z, gv.z, mv.z, vv.z, s, IeeeSqrt());
+    step_element(pv.w, gv.w, mv.w, vv.w, s, IeeeSqrt());
+    p4[i] = pv, m4[i] = mv, v4[i] = vv;
+    if constexpr (kBf16) reinterpret_cast<Bf16x4*>(p16)[i] = to_bf16x4(pv);
+  }
+  for (std::int64_t i = n4 * 4 + first; i < n; i += stride) {
+    const float ge = kBf16 ? bf16_bits_to_float(static_cast<const std::uint16_t*>(g)[i]) : static_cast<const float*>(g)[i];
+    step_element(p[i], ge, m[i], v[i], s, IeeeSqrt());
+    if constexpr (kBf16) p16[i] = to_bf16x4(float4{p[i], 0.f, 0.f, 0.f}).e[0];
+  }
+}
 
-  for (std::int64_t i = tid; i < vectors; i += kVecs * static_cast<std::int64_t>(nthreads)) {
-    if (i + (kVecs - 1) * static_cast<std::int64_t>(nthreads) < vectors) {
-      float4 ps[kVecs], gs[kVecs], ms[kVecs], vs[kVecs];
-ADAMW_UNROLL
-      for (int k = 0; k < kVecs; ++k) {
-        const std::int64_t j = i + k * static_cast<std::int64_t>(nthreads);
-        ps[k] = p[j], gs[k] = load_grad<kBf16>(g, j), ms[k] = m[j], vs[k] = v[j];
-      }
-ADAMW_UNROLL
-      for (int k = 0; k < kVecs; ++k) {
-        const std::int64_t j = i + k * static_cast<std::int64_t>(nthreads);
-        step_vec(ps[k], gs[k], ms[k], vs[k], s);
-        p[j] = ps[k], m[j] = ms[k], v[j] = vs[k];
-        if constexpr (kBf16) p16[j] = to_bf16x4(ps[k]);
-      }
-    } else {
-      for (std::int64_t j = i; j < vectors; j += nthreads) {
-        float4 pj = p[j], mj = m[j], vj = v[j];
-        step_vec(pj, load_grad<kBf16>(g, j), mj, vj, s);
-        p[j] = pj, m[j] = mj, v[j] = vj;
-        if constexpr (kBf16) p16[j] = to_bf16x4(pj);
+// kAdvance: the launch takes the step itself (DeviceStep's ticket); else another kernel advanced it.
+template <bool kBf16, bool kAdvance>
+__global__ void __launch_bounds__(kCudaThreads) adamw_kernel(float* __restrict__ p, const void* __restrict__ g,
+                                                             float* __restrict__ m, float* __restrict__ v,
+                                                             std::uint16_t* __restrict__ p16, std::int64_t n,
+                                                             DeviceStep* __restrict__ state, Hyper h) {
+  StepScalars s;
+  if constexpr (kAdvance) {
+    // Every thread reads the scalars before its block takes its ticket (the barrier orders them).
+    const volatile StepScalars* next = &state->s;
+    s = StepScalars{next->decay,           next->beta1, next->one_minus_beta1, next->beta2,
+                    next->one_minus_beta2, next->eps,   next->step_size,       next->inv_sqrt_bc2};
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      if (atomicAdd(&state->arrived, 1u) == gridDim.x - 1) {  // every block has read them: advance
+        const std::int64_t taken = state->step + 1;
+        state->step = taken;
+        state->s = scalars_for(h, taken + 1);
+        state->arrived = 0;
       }
     }
+  } else {
+    s = static_cast<const DeviceStep*>(state)->s;
   }
+  flat_body<kBf16>(p, g, m, v, p16, n, blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x,
+                   static_cast<std::int64_t>(gridDim.x) * blockDim.x, s);
+}
 
-  // The tail: the last 0 to 3 elements of a tensor's last chunk.
-  for (std::int64_t i = vectors * 4 + tid; i < c.count; i += nthreads) {
-    float* pe = t.p + c.start + i;
-    float* me = t.m + c.start + i;
-    float* ve = t.v + c.start + i;
-    const float ge = kBf16 ? bf16_bits_to_float(static_cast<const std::uint16_t*>(t.g)[c.start + i])
-                           : static_cast<const float*>(t.g)[c.start + i];
-    step_element(*pe, ge, *me, *ve, s, IeeeSqrt());
-    if constexpr (kBf16) {
-      const float4 f{*pe, 0.f, 0.f, 0.f};
-      t.p16[c.start + i] = to_bf16x4(f).e[0];
-    }
-  }
+unsigned blocks_for(std::int64_t n, unsigned max_blocks) {
+  const std::int64_t want = (n / 4 + kCudaThreads - 1) / kCudaThreads;
+  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>(want, max_blocks)));
 }
 
 template <bool kBf16>
-__global__ void __launch_bounds__(kThreads) adamw_kernel(const TensorPtrs* __restrict__ tensors,
-                                                         const Chunk* __restrict__ chunks, Hyper h,
-                                                         StepState* state) {
-  // Every thread reads the scalars before its block takes its ticket (the barrier orders them).
-  const volatile StepScalars* next = &state->next;
-  const StepScalars s{next->decay,           next->beta1, next->one_minus_beta1, next->beta2,
-                      next->one_minus_beta2, next->eps,   next->step_size,       next->inv_sqrt_bc2};
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(&state->arrived, 1u) == gridDim.x - 1) {  // every block has read them: advance
-      const std::int64_t taken = state->step + 1;
-      state->step = taken;
-      state->next = scalars_for(h, taken + 1);
-      state->arrived = 0;
-    }
-  }
-  const Chunk c = chunks[blockIdx.x];
-  chunk_body<kBf16>(tensors[c.tensor], c, threadIdx.x, blockDim.x, s);
-}
-
-std::vector<TensorPtrs> tensor_table(const Shape& s, const Layout& l, float* p, const void* g, float* m, float* v,
-                                     std::uint16_t* p16) {
-  std::vector<TensorPtrs> t;
-  const std::size_t gsize = dtype_size(s.dtype);
-  for (std::size_t i = 0; i < s.sizes.size(); ++i) {
-    const std::size_t o = l.offset[i];
-    t.push_back({p + o, static_cast<const std::byte*>(g) + o * gsize, m + o, v + o, p16 ? p16 + o : nullptr});
-    // The vectors are aligned when every tensor starts on a 16-byte boundary (chunks start at
-    // multiples of kChunk elements within it).
-    for (const void* q : {static_cast<const void*>(t.back().p), t.back().g, static_cast<const void*>(t.back().m),
-                          static_cast<const void*>(t.back().v), static_cast<const void*>(t.back().p16)})
-      HOTOPS_CHECK(reinterpret_cast<std::uintptr_t>(q) % 16 == 0, "adamw: a tensor is not 16-byte aligned");
-  }
-  return t;
-}
-
-template <class T>
-gpu::DeviceBuffer upload_table(const std::vector<T>& table) {
-  gpu::DeviceBuffer d(table.size() * sizeof(T));
-  HOTOPS_CHECK_CUDA(cudaMemcpyAsync(d.get(), table.data(), d.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
-  HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-  return d;
+void launch(float* p, const void* g, float* m, float* v, std::uint16_t* p16, std::int64_t n, DeviceStep* state,
+            const Hyper* advance, cudaStream_t stream, unsigned max_blocks) {
+  for (const void* q : {static_cast<const void*>(p), g, static_cast<const void*>(m), static_cast<const void*>(v),
+                        static_cast<const void*>(p16)})
+    HOTOPS_CHECK(reinterpret_cast<std::uintptr_t>(q) % 16 == 0, "adamw: an array is not 16-byte aligned");
+  const unsigned blocks = blocks_for(n, max_blocks);
+  if (advance != nullptr)
+    adamw_kernel<kBf16, true><<<blocks, kCudaThreads, 0, stream>>>(p, g, m, v, p16, n, state, *advance);
+  else
+    adamw_kernel<kBf16, false><<<blocks, kCudaThreads, 0, stream>>>(p, g, m, v, p16, n, state, Hyper{});
+  HOTOPS_CHECK_LAUNCH();
 }
 
 class CudaAdamw final : public Case {
  public:
   explicit CudaAdamw(const Problem& p)
       : s_(shape_of(p)), layout_(layout_of(s_.sizes)), st_(make_state(s_, layout_)), seed_(p.seed()) {
-    const std::vector<Chunk> chunks = chunks_of(s_.sizes);
-    HOTOPS_CHECK(chunks.size() < (std::size_t{1} << 31), "adamw: too many chunks for one grid");
-    blocks_ = static_cast<unsigned>(chunks.size());
     restore(s_, st_, seed_);
     p_ = gpu::DeviceBuffer(st_.p);
     g_ = gpu::DeviceBuffer(st_.g);
     m_ = gpu::DeviceBuffer(st_.m);
     v_ = gpu::DeviceBuffer(st_.v);
-    const bool bf16 = s_.dtype == DType::bf16;
-    if (bf16) p16_ = gpu::DeviceBuffer(st_.p16);
-    tensors_ = upload_table(tensor_table(s_, layout_, p_.as<float>(), g_.get(), m_.as<float>(), v_.as<float>(),
-                                         bf16 ? p16_.as<std::uint16_t>() : nullptr));
-    chunks_ = upload_table(chunks);
-    state_ = gpu::DeviceBuffer(sizeof(StepState));
+    if (s_.dtype == DType::bf16) p16_ = gpu::DeviceBuffer(st_.p16);
+    state_ = gpu::DeviceBuffer(sizeof(DeviceStep));
     reset_step();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
   }
 
   void run() override {
-    const auto* t = tensors_.as<const TensorPtrs>();
-    const auto* c = chunks_.as<const Chunk>();
-    auto* st = state_.as<StepState>();
+    const auto n = static_cast<std::int64_t>(layout_.span);
+    auto* st = state_.as<DeviceStep>();
     if (s_.dtype == DType::bf16)
-      adamw_kernel<true><<<blocks_, kThreads, 0, gpu::stream()>>>(t, c, s_.hyper, st);
+      cuda_step(p_.as<float>(), g_.as<const std::uint16_t>(), m_.as<float>(), v_.as<float>(), p16_.as<std::uint16_t>(), n,
+                st, &s_.hyper, gpu::stream());
     else
-      adamw_kernel<false><<<blocks_, kThreads, 0, gpu::stream()>>>(t, c, s_.hyper, st);
-    HOTOPS_CHECK_LAUNCH();
+      cuda_step(p_.as<float>(), g_.as<const float>(), m_.as<float>(), v_.as<float>(), n, st, &s_.hyper, gpu::stream());
   }
 
   Check verify() override {
@@ -260,7 +192,7 @@ class CudaAdamw final : public Case {
     m_.download(st_.m);
     v_.download(st_.v);
     if (s_.dtype == DType::bf16) p16_.download(st_.p16);
-    StepState after{};
+    DeviceStep after{};
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&after, state_.get(), sizeof after, cudaMemcpyDeviceToHost, gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
     Check c = check(s_, snap, st_, kVerifySteps);
@@ -275,16 +207,16 @@ class CudaAdamw final : public Case {
   }
 
   std::string label() const override {
-    return "hotops multi-tensor adamw, " + describe(s_) + ", 1 launch: adamw_kernel<" + dtype_name(s_.dtype) +
-           "> grid " + std::to_string(blocks_) + "x" + std::to_string(kThreads) + " over chunks of <= " +
-           std::to_string(kChunk) + ", 16-byte vectors, " + std::to_string(kVecs) +
-           " per stream in flight per thread, step count on the device";
+    return "hotops flat adamw, " + describe(s_) + ", 1 launch: adamw_kernel<" + dtype_name(s_.dtype) + "> grid " +
+           std::to_string(blocks_for(static_cast<std::int64_t>(layout_.span), kCudaMaxBlocks)) + "x" +
+           std::to_string(kCudaThreads) + " striding over " + std::to_string(layout_.span) +
+           " elements (padding included) in 16-byte vectors, step count on the device";
   }
 
  private:
   // Step count 0, the scalars of step 1 next; on the stream, before the runs it is for.
   void reset_step() {
-    reset_ = StepState{0, 0, 0, scalars_for(s_.hyper, 1)};
+    reset_ = DeviceStep{0, 0, 0, scalars_for(s_.hyper, 1)};
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(state_.get(), &reset_, sizeof reset_, cudaMemcpyHostToDevice, gpu::stream()));
   }
 
@@ -292,27 +224,35 @@ class CudaAdamw final : public Case {
   Layout layout_;
   State st_;
   std::uint64_t seed_;
-  unsigned blocks_ = 1;
-  gpu::DeviceBuffer p_, g_, m_, v_, p16_, tensors_, chunks_, state_;
-  StepState reset_{};  // the source of reset_step's copy, alive until it is done
+  gpu::DeviceBuffer p_, g_, m_, v_, p16_, state_;
+  DeviceStep reset_{};  // the source of reset_step's copy, alive until it is done
 };
 
 }  // namespace
 
+void cuda_step(float* p, const float* g, float* m, float* v, std::int64_t n, DeviceStep* state, const Hyper* advance,
+               cudaStream_t stream, unsigned max_blocks) {
+  launch<false>(p, g, m, v, nullptr, n, state, advance, stream, max_blocks);
+}
+
+void cuda_step(float* p, const std::uint16_t* g, float* m, float* v, std::uint16_t* p16, std::int64_t n,
+               DeviceStep* state, const Hyper* advance, cudaStream_t stream, unsigned max_blocks) {
+  launch<true>(p, g, m, v, p16, n, state, advance, stream, max_blocks);
+}
+
 std::unique_ptr<Case> make_cuda(const Problem& p) { return std::make_unique<CudaAdamw>(p); }
 
-void run_cuda_kernel_on_host(const Shape& s, State& st, std::int64_t t) {
+void run_cuda_kernel_on_host(const Shape& s, State& st, std::int64_t t, unsigned blocks) {
   const Layout l = layout_of(s.sizes);
-  const bool bf16 = s.dtype == DType::bf16;
-  const std::vector<TensorPtrs> tensors =
-      tensor_table(s, l, st.p.as<float>(), st.g.data(), st.m.as<float>(), st.v.as<float>(),
-                   bf16 ? st.p16.as<std::uint16_t>() : nullptr);
   const StepScalars sc = scalars_for(s.hyper, t);
-  for (const Chunk& c : chunks_of(s.sizes))
-    for (unsigned tid = 0; tid < kThreads; ++tid) {
-      if (bf16) chunk_body<true>(tensors[static_cast<std::size_t>(c.tensor)], c, tid, kThreads, sc);
-      else chunk_body<false>(tensors[static_cast<std::size_t>(c.tensor)], c, tid, kThreads, sc);
-    }
+  const auto n = static_cast<std::int64_t>(l.span), threads = static_cast<std::int64_t>(blocks) * kCudaThreads;
+  for (std::int64_t tid = 0; tid < threads; ++tid) {
+    if (s.dtype == DType::bf16)
+      flat_body<true>(st.p.as<float>(), st.g.data(), st.m.as<float>(), st.v.as<float>(), st.p16.as<std::uint16_t>(), n,
+                      tid, threads, sc);
+    else
+      flat_body<false>(st.p.as<float>(), st.g.data(), st.m.as<float>(), st.v.as<float>(), nullptr, n, tid, threads, sc);
+  }
 }
 
 }  // namespace hotops::adamw

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "hotops/check.h"
+#include "hotops/op_family.h"
 
 namespace hotops::batchnorm {
 namespace {
@@ -55,8 +56,9 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
       }
 }
 
-class BatchnormFamily final : public Family {
+class BatchnormFamily final : public OpFamily {
  public:
+  BatchnormFamily() : OpFamily(cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_gpu)) {}
   std::string name() const override { return "batchnorm"; }
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
@@ -113,11 +115,7 @@ class BatchnormFamily final : public Family {
       return std::string("batchnorm is benchmarked in f32 and bf16, not ") + dtype_name(s.dtype);
     if (s.dir == Direction::fwd && s.per_channel() < 2)
       return "training batchnorm needs more than one value per channel (the unbiased variance divides by n - 1)";
-    return backend_unsupported_reason(p, cpu_unsupported_reason);
-  }
-
-  std::unique_ptr<Case> make(const Problem& p) const override {
-    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_gpu));
+    return OpFamily::unsupported_reason(p);
   }
 };
 
@@ -157,12 +155,7 @@ bool wants_cudnn(const Problem& p) {
   return true;
 }
 
-std::uint64_t input_seed(const Problem& p) {
-  Problem q = p;
-  q.args.erase(std::remove_if(q.args.begin(), q.args.end(), [](const Arg& a) { return a.key == "impl"; }),
-               q.args.end());
-  return q.seed();
-}
+std::uint64_t input_seed(const Problem& p) { return seed_without_impl(p); }
 
 Inputs make_inputs(const Shape& s, std::uint64_t seed) {
   const auto C = static_cast<std::size_t>(s.C);

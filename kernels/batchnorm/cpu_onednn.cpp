@@ -3,7 +3,6 @@
 // saves invstd (it keeps the variance), so run() does both after the primitive, and bwd turns the
 // saved invstd back into the variance oneDNN takes. That C++ is part of the op and is timed.
 #include <cmath>
-#include <unordered_map>
 
 #include "hotops/check.h"
 #include "hotops/cpu.h"
@@ -17,9 +16,8 @@ using tag = memory::format_tag;
 using flags = dnnl::normalization_flags;
 
 memory::desc data_md(const Shape& s) {
-  const auto t = s.dtype == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
-  if (s.layout == Layout::nc) return memory::desc({s.N, s.C}, t, tag::nc);
-  return memory::desc({s.N, s.C, s.H, s.W}, t, s.layout == Layout::nchw ? tag::nchw : tag::nhwc);
+  if (s.layout == Layout::nc) return cpu::md({s.N, s.C}, s.dtype, tag::nc);
+  return cpu::md({s.N, s.C, s.H, s.W}, s.dtype, s.layout == Layout::nchw ? tag::nchw : tag::nhwc);
 }
 
 // The primitive descriptors of one problem (no memory touched): creating them is also the
@@ -57,37 +55,23 @@ class CpuBatchnorm final : public Case {
   explicit CpuBatchnorm(const Problem& p)
       : s_(shape_of(p)), plan_(plan(s_)), in_(make_inputs(s_, input_seed(p))), out_(make_outputs(s_)),
         variance_(DType::f32, static_cast<std::size_t>(s_.C)) {
-    dnnl::engine& eng = cpu::engine();
-    auto mem = [&](const memory::desc& d, HostBuffer& b) { return memory(d, eng, b.data()); };
-    const memory::desc cvec({s_.C}, memory::data_type::f32, tag::a);
+    const memory::desc cvec = cpu::md({s_.C}, DType::f32, tag::a);
     if (s_.dir == Direction::bwd) {
-      const auto& pd = plan_.bwd;
-      prim_ = dnnl::batch_normalization_backward(pd);
-      args_ = {{DNNL_ARG_SRC, mem(pd.src_desc(), in_.x)},
-               {DNNL_ARG_DIFF_DST, mem(pd.diff_dst_desc(), in_.dy)},
-               {DNNL_ARG_MEAN, mem(pd.mean_desc(), in_.save_mean)},
-               {DNNL_ARG_VARIANCE, mem(pd.variance_desc(), variance_)},
-               {DNNL_ARG_SCALE, mem(cvec, in_.gamma)},
-               {DNNL_ARG_SHIFT, mem(cvec, in_.beta)},
-               {DNNL_ARG_DIFF_SRC, mem(pd.diff_src_desc(), out_.out)},
-               {DNNL_ARG_DIFF_SCALE, mem(cvec, out_.dgamma)},
-               {DNNL_ARG_DIFF_SHIFT, mem(cvec, out_.dbeta)}};
+      call_ = {dnnl::batch_normalization_backward(plan_.bwd),
+               cpu::normalization_backward_args(
+                   plan_.bwd, cvec,
+                   {in_.x.data(), in_.save_mean.data(), variance_.data(), in_.gamma.data(), in_.beta.data(),
+                    out_.out.data(), in_.dy.data(), out_.dgamma.data(), out_.dbeta.data()})};
       return;
     }
-    const auto& pd = plan_.fwd;
-    prim_ = dnnl::batch_normalization_forward(pd);
-    args_ = {{DNNL_ARG_SRC, mem(pd.src_desc(), in_.x)},
-             {DNNL_ARG_DST, mem(pd.dst_desc(), out_.out)},
-             {DNNL_ARG_SCALE, mem(cvec, in_.gamma)},
-             {DNNL_ARG_SHIFT, mem(cvec, in_.beta)}};
-    if (s_.dir == Direction::infer) {
-      args_[DNNL_ARG_MEAN] = mem(pd.mean_desc(), in_.running_mean);
-      args_[DNNL_ARG_VARIANCE] = mem(pd.variance_desc(), in_.running_var);
-    } else {
-      args_[DNNL_ARG_MEAN] = mem(pd.mean_desc(), out_.save_mean);
-      args_[DNNL_ARG_VARIANCE] = mem(pd.variance_desc(), variance_);
-      reset_running_stats();
-    }
+    const bool infer = s_.dir == Direction::infer;
+    call_ = {dnnl::batch_normalization_forward(plan_.fwd),
+             cpu::normalization_forward_args(
+                 plan_.fwd, cvec,
+                 {in_.x.data(), infer ? in_.running_mean.data() : out_.save_mean.data(),
+                  infer ? in_.running_var.data() : variance_.data(), in_.gamma.data(), in_.beta.data(),
+                  out_.out.data()})};
+    if (!infer) reset_running_stats();
   }
 
   void run() override {
@@ -99,7 +83,7 @@ class CpuBatchnorm final : public Case {
       float* var = variance_.as<float>();
       for (std::size_t c = 0; c < C; ++c) var[c] = 1.f / (invstd[c] * invstd[c]) - eps;
     }
-    cpu::execute(prim_, args_);
+    call_.run();
     if (s_.dir == Direction::fwd) {
       // oneDNN's variance is the biased one; PyTorch's running_var takes the unbiased one.
       const auto m = static_cast<float>(kMomentum);
@@ -136,7 +120,7 @@ class CpuBatchnorm final : public Case {
     std::string l = "oneDNN batch_normalization " + std::string(pd.impl_info_str());
     if (s_.dir == Direction::fwd) l += " + C++ running-stat update and invstd";
     if (s_.dir == Direction::bwd) l += " + C++ invstd-to-variance";
-    return l + ", " + std::to_string(cpu::threads()) + " threads";
+    return cpu::with_threads(l);
   }
 
  private:
@@ -150,22 +134,13 @@ class CpuBatchnorm final : public Case {
   Inputs in_;
   Outputs out_;
   HostBuffer variance_;  // fwd: oneDNN's (biased) batch variance; bwd: from the saved invstd
-  dnnl::primitive prim_;
-  cpu::Args args_;
+  cpu::Call call_;
 };
 
 }  // namespace
 
 std::string cpu_unsupported_reason(const Problem& p) {
-  try {
-    plan(shape_of(p));
-  } catch (const Error& e) {
-    if (e.kind() == ErrorKind::unsupported)
-      return std::string("oneDNN has no ") + dtype_name(p.dtype) + " batch_normalization " +
-             direction_name(p.dir) + " for this CPU (ISA " + cpu::isa_name() + ")";
-    throw;
-  }
-  return "";
+  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, p, "batch_normalization");
 }
 
 std::unique_ptr<Case> make_cpu(const Problem& p) { return std::make_unique<CpuBatchnorm>(p); }

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "hotops/check.h"
+#include "hotops/op_family.h"
 
 namespace hotops::conv2d {
 namespace {
@@ -18,7 +19,6 @@ std::vector<DType> dtypes_of(Backend b) {
   if (b == Backend::cpu) return {DType::f32, DType::bf16};
   return {DType::f32, DType::tf32, DType::bf16};
 }
-
 
 constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd_data, Direction::bwd_weight};
 
@@ -61,8 +61,9 @@ std::pair<std::int64_t, std::int64_t> pair_arg(const Problem& p, const std::stri
   }
 }
 
-class Conv2dFamily final : public Family {
+class Conv2dFamily final : public OpFamily {
  public:
+  Conv2dFamily() : OpFamily(cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
   std::string name() const override { return "conv2d"; }
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
@@ -112,14 +113,6 @@ class Conv2dFamily final : public Family {
     }
     wk.items = d(s.N);
     return wk;
-  }
-
-  std::string unsupported_reason(const Problem& p) const override {
-    return backend_unsupported_reason(p, cpu_unsupported_reason);
-  }
-
-  std::unique_ptr<Case> make(const Problem& p) const override {
-    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
   }
 };
 

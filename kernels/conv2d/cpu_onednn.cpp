@@ -18,18 +18,16 @@ namespace {
 using dnnl::memory;
 using tag = memory::format_tag;
 
-memory::data_type dnnl_type(DType t) { return t == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32; }
-
 // The user's tensors: activations NCHW or NHWC, weights OIHW or OHWI.
 memory::desc user_act(const Shape& s, std::int64_t c, std::int64_t h, std::int64_t w) {
-  return memory::desc({s.N, c, h, w}, dnnl_type(s.dtype), s.layout == Layout::nchw ? tag::nchw : tag::nhwc);
+  return cpu::md({s.N, c, h, w}, s.dtype, s.layout == Layout::nchw ? tag::nchw : tag::nhwc);
 }
 memory::desc user_x(const Shape& s) { return user_act(s, s.C, s.H, s.W); }
 memory::desc user_y(const Shape& s) { return user_act(s, s.K, s.P(), s.Q()); }
 memory::desc user_w(const Shape& s) {
-  return memory::desc({s.K, s.C, s.R, s.S}, dnnl_type(s.dtype), s.layout == Layout::nchw ? tag::oihw : tag::ohwi);
+  return cpu::md({s.K, s.C, s.R, s.S}, s.dtype, s.layout == Layout::nchw ? tag::oihw : tag::ohwi);
 }
-memory::desc user_b(const Shape& s) { return memory::desc({s.K}, dnnl_type(s.dtype), tag::x); }
+memory::desc user_b(const Shape& s) { return cpu::md({s.K}, s.dtype, tag::x); }
 
 // The same shapes with format_tag::any: the primitive chooses.
 memory::desc any(const memory::desc& d) { return memory::desc(d.dims(), d.data_type(), tag::any); }
@@ -87,21 +85,18 @@ class CpuConv2d final : public Case {
     dnnl::engine& eng = cpu::engine();
     // An input: the user's buffer reordered, here at setup, into the layout the primitive wants.
     auto input = [&](const memory::desc& user, HostBuffer& host, const memory::desc& want) {
-      memory u(user, eng, host.data()), m(want, eng);
-      HOTOPS_CHECK_DNNL(dnnl::reorder(u, m).execute(cpu::stream(), u, m));
-      HOTOPS_CHECK_DNNL(cpu::stream().wait());
-      return m;
+      return cpu::reordered(cpu::mem(user, host.data()), want);
     };
     switch (s_.dir) {
       case Direction::fwd: {
         const auto& pd = plan_.fwd;
         conv_ = dnnl::convolution_forward(pd);
         out_mem_ = memory(pd.dst_desc(), eng);
-        out_user_ = memory(user_y(s_), eng, out_.primary.data());
+        out_user_ = cpu::mem(user_y(s_), out_.primary.data());
         args_ = {{DNNL_ARG_SRC, input(user_x(s_), in_.x, pd.src_desc())},
                  {DNNL_ARG_WEIGHTS, input(user_w(s_), in_.w, pd.weights_desc())},
                  {DNNL_ARG_DST, out_mem_}};
-        if (s_.bias) args_[DNNL_ARG_BIAS] = memory(pd.bias_desc(), eng, in_.b.data());
+        if (s_.bias) args_[DNNL_ARG_BIAS] = cpu::mem(pd.bias_desc(), in_.b.data());
         impl_ = pd.impl_info_str();
         formats_ = "src " + format_name(pd.src_desc()) + ", wei " + format_name(pd.weights_desc()) + ", dst " +
                    format_name(pd.dst_desc());
@@ -111,7 +106,7 @@ class CpuConv2d final : public Case {
         const auto& pd = plan_.bwd_data;
         conv_ = dnnl::convolution_backward_data(pd);
         out_mem_ = memory(pd.diff_src_desc(), eng);
-        out_user_ = memory(user_x(s_), eng, out_.primary.data());
+        out_user_ = cpu::mem(user_x(s_), out_.primary.data());
         args_ = {{DNNL_ARG_DIFF_DST, input(user_y(s_), in_.dy, pd.diff_dst_desc())},
                  {DNNL_ARG_WEIGHTS, input(user_w(s_), in_.w, pd.weights_desc())},
                  {DNNL_ARG_DIFF_SRC, out_mem_}};
@@ -124,11 +119,11 @@ class CpuConv2d final : public Case {
         const auto& pd = plan_.bwd_weights;
         conv_ = dnnl::convolution_backward_weights(pd);
         out_mem_ = memory(pd.diff_weights_desc(), eng);
-        out_user_ = memory(user_w(s_), eng, out_.primary.data());
+        out_user_ = cpu::mem(user_w(s_), out_.primary.data());
         args_ = {{DNNL_ARG_SRC, input(user_x(s_), in_.x, pd.src_desc())},
                  {DNNL_ARG_DIFF_DST, input(user_y(s_), in_.dy, pd.diff_dst_desc())},
                  {DNNL_ARG_DIFF_WEIGHTS, out_mem_}};
-        if (s_.bias) args_[DNNL_ARG_DIFF_BIAS] = memory(pd.diff_bias_desc(), eng, out_.db.data());
+        if (s_.bias) args_[DNNL_ARG_DIFF_BIAS] = cpu::mem(pd.diff_bias_desc(), out_.db.data());
         impl_ = pd.impl_info_str();
         formats_ = "src " + format_name(pd.src_desc()) + ", diff_dst " + format_name(pd.diff_dst_desc()) +
                    ", diff_wei " + format_name(pd.diff_weights_desc());
@@ -143,8 +138,7 @@ class CpuConv2d final : public Case {
     out_.primary.poison();
     out_.db.poison();
     run();
-    HOTOPS_CHECK_DNNL(dnnl::reorder(out_mem_, out_user_).execute(cpu::stream(), out_mem_, out_user_));
-    HOTOPS_CHECK_DNNL(cpu::stream().wait());
+    cpu::reorder(out_mem_, out_user_);
     return conv2d::verify(s_, in_, out_);
   }
 
@@ -169,15 +163,7 @@ class CpuConv2d final : public Case {
 std::string cpu_unsupported_reason(const Problem& p) {
   if (p.dtype != DType::f32 && p.dtype != DType::bf16)
     return std::string("the CPU backend has no ") + dtype_name(p.dtype) + " conv2d";
-  try {
-    plan(shape_of(p));
-  } catch (const Error& e) {
-    if (e.kind() == ErrorKind::unsupported)
-      return std::string("oneDNN has no ") + dtype_name(p.dtype) + " conv2d " + direction_name(p.dir) +
-             " for this CPU (ISA " + cpu::isa_name() + ")";
-    throw;
-  }
-  return "";
+  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, p, "conv2d");
 }
 
 std::unique_ptr<Case> make_cpu(const Problem& p) { return std::make_unique<CpuConv2d>(p); }

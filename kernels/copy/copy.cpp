@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "hotops/check.h"
+#include "hotops/op_family.h"
 
 namespace hotops::copy {
 namespace {
@@ -40,7 +41,6 @@ const std::vector<Activation>& activations() {
   };
   return a;
 }
-
 
 Problem raw(Backend b, Kind k, Host h, std::int64_t bytes) {
   Problem p{"copy", b, DType::f32, Direction::fwd, {{"kind", kind_name(k)}}};
@@ -93,8 +93,9 @@ void add_converts(Backend b, std::int64_t elements, std::vector<Problem>& out) {
   }
 }
 
-class CopyFamily final : public Family {
+class CopyFamily final : public OpFamily {
  public:
+  CopyFamily() : OpFamily(cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
   std::string name() const override { return "copy"; }
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
@@ -150,11 +151,7 @@ class CopyFamily final : public Family {
     const Shape s = shape_of(p);
     if (p.backend == Backend::cpu && (s.kind == Kind::h2d || s.kind == Kind::d2h))
       return std::string("copy kind ") + kind_name(s.kind) + " exists only on the cuda backend";
-    return backend_unsupported_reason(p, cpu_unsupported_reason);
-  }
-
-  std::unique_ptr<Case> make(const Problem& p) const override {
-    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
+    return OpFamily::unsupported_reason(p);
   }
 };
 
@@ -176,12 +173,7 @@ CpuImpl cpu_impl(const Problem& p) {
   return p.get("impl") == impl_name(CpuImpl::hotops) ? CpuImpl::hotops : CpuImpl::onednn;
 }
 
-std::uint64_t input_seed(const Problem& p) {
-  Problem q = p;
-  q.args.erase(std::remove_if(q.args.begin(), q.args.end(), [](const Arg& a) { return a.key == "impl"; }),
-               q.args.end());
-  return q.seed();
-}
+std::uint64_t input_seed(const Problem& p) { return seed_without_impl(p); }
 
 const char* kind_name(Kind k) {
   switch (k) {

@@ -325,8 +325,6 @@ class CpuTranspose final : public Case {
   int threads_;
 };
 
-memory::data_type dnnl_type(DType t) { return t == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32; }
-
 // The reorder's source and destination descriptors: [N,C,H,W] in two plain layouts, or a vector
 // of `count` elements in two dtypes.
 dnnl::reorder::primitive_desc plan(const Shape& s) {
@@ -334,12 +332,12 @@ dnnl::reorder::primitive_desc plan(const Shape& s) {
   if (s.is_layout()) {
     const memory::dims dims{s.N, s.C, s.H, s.W};
     const bool to_nhwc = s.kind == Kind::nchw_to_nhwc;
-    src = memory::desc(dims, dnnl_type(s.src), to_nhwc ? tag::nchw : tag::nhwc);
-    dst = memory::desc(dims, dnnl_type(s.dst), to_nhwc ? tag::nhwc : tag::nchw);
+    src = cpu::md(dims, s.src, to_nhwc ? tag::nchw : tag::nhwc);
+    dst = cpu::md(dims, s.dst, to_nhwc ? tag::nhwc : tag::nchw);
   } else {
     const memory::dims dims{static_cast<memory::dim>(s.count)};
-    src = memory::desc(dims, dnnl_type(s.src), tag::a);
-    dst = memory::desc(dims, dnnl_type(s.dst), tag::a);
+    src = cpu::md(dims, s.src, tag::a);
+    dst = cpu::md(dims, s.dst, tag::a);
   }
   dnnl::engine& eng = cpu::engine();
   return HOTOPS_CHECK_DNNL(dnnl::reorder::primitive_desc(eng, src, eng, dst));
@@ -351,8 +349,8 @@ class CpuReorder final : public Case {
       : s_(shape_of(p)), pd_(plan(s_)), src_(make_source(s_, input_seed(p))), dst_(s_.dst, s_.count) {
     dst_.poison();
     reorder_ = dnnl::reorder(pd_);
-    src_mem_ = memory(pd_.src_desc(), cpu::engine(), src_.data());
-    dst_mem_ = memory(pd_.dst_desc(), cpu::engine(), dst_.data());
+    src_mem_ = cpu::mem(pd_.src_desc(), src_.data());
+    dst_mem_ = cpu::mem(pd_.dst_desc(), dst_.data());
   }
 
   void run() override {
@@ -368,7 +366,7 @@ class CpuReorder final : public Case {
   }
 
   std::string label() const override {
-    return "oneDNN reorder " + std::string(pd_.impl_info_str()) + ", " + std::to_string(cpu::threads()) + " threads";
+    return cpu::with_threads("oneDNN reorder " + std::string(pd_.impl_info_str()));
   }
 
  private:
@@ -413,15 +411,8 @@ std::pair<std::int64_t, std::int64_t> transpose_tile(const Shape& s) {
 std::string cpu_unsupported_reason(const Problem& p) {
   const Shape s = shape_of(p);
   if (s.is_raw() || (has_cpu_impls(s.kind) && cpu_impl(p) == CpuImpl::hotops)) return "";
-  try {
-    plan(s);
-  } catch (const Error& e) {
-    if (e.kind() == ErrorKind::unsupported)
-      return std::string("oneDNN has no ") + dtype_name(s.src) + " -> " + dtype_name(s.dst) + " " + kind_name(s.kind) +
-             " reorder for this CPU (ISA " + cpu::isa_name() + ")";
-    throw;
-  }
-  return "";
+  const std::string what = std::string(dtype_name(s.src)) + " -> " + dtype_name(s.dst) + " " + kind_name(s.kind);
+  return cpu::onednn_unsupported_reason([&] { plan(s); }, what + " reorder");
 }
 
 std::unique_ptr<Case> make_cpu(const Problem& p) {

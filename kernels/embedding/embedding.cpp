@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "hotops/check.h"
+#include "hotops/op_family.h"
 
 namespace hotops::embedding {
 namespace {
@@ -34,10 +35,9 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
       for (Direction d : kDirections) out.push_back(Problem{"embedding", be, t, d, args});
 }
 
-std::string cpu_unsupported_reason(const Problem&) { return ""; }
-
-class EmbeddingFamily final : public Family {
+class EmbeddingFamily final : public OpFamily {
  public:
+  EmbeddingFamily() : OpFamily(nullptr, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
   std::string name() const override { return "embedding"; }
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
@@ -85,14 +85,6 @@ class EmbeddingFamily final : public Family {
     }
     w.items = p.batch() ? static_cast<double>(*p.batch()) : 1.0;
     return w;
-  }
-
-  std::string unsupported_reason(const Problem& p) const override {
-    return backend_unsupported_reason(p, cpu_unsupported_reason);
-  }
-
-  std::unique_ptr<Case> make(const Problem& p) const override {
-    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
   }
 };
 

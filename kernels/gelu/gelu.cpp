@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "hotops/check.h"
+#include "hotops/op_family.h"
 
 namespace hotops::gelu {
 namespace {
@@ -83,7 +84,6 @@ std::string cpu_unsupported_reason(const Problem& p) {
   return cpu_impl_of(p) == CpuImpl::onednn ? onednn_unsupported_reason(p) : "";
 }
 
-
 // Expands one shape (its args less `approx`) into every backend x dtype x direction x approx problem,
 // and on the CPU each dtype's second implementation where it has one.
 void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
@@ -127,8 +127,9 @@ double flops_per_element(Direction d, Approx a) {
   return a == Approx::none ? 11 : 18;
 }
 
-class GeluFamily final : public Family {
+class GeluFamily final : public OpFamily {
  public:
+  GeluFamily() : OpFamily(cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
   std::string name() const override { return "gelu"; }
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
@@ -163,14 +164,6 @@ class GeluFamily final : public Family {
     w.items = p.batch() ? static_cast<double>(*p.batch()) : 1.0;
     return w;
   }
-
-  std::string unsupported_reason(const Problem& p) const override {
-    return backend_unsupported_reason(p, cpu_unsupported_reason);
-  }
-
-  std::unique_ptr<Case> make(const Problem& p) const override {
-    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
-  }
 };
 
 }  // namespace
@@ -188,12 +181,7 @@ CpuImpl cpu_impl_of(const Problem& p) {
   throw Error("gelu: unknown impl '" + v + "' (onednn or hotops) in " + p.name());
 }
 
-std::uint64_t input_seed(const Problem& p) {
-  Problem q = p;
-  q.args.erase(std::remove_if(q.args.begin(), q.args.end(), [](const Arg& a) { return a.key == "impl"; }),
-               q.args.end());
-  return q.seed();
-}
+std::uint64_t input_seed(const Problem& p) { return seed_without_impl(p); }
 
 Shape shape_of(const Problem& p) {
   HOTOPS_CHECK(p.dir == Direction::fwd || p.dir == Direction::bwd, "gelu has fwd and bwd only: " + p.name());

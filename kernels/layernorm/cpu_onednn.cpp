@@ -4,7 +4,6 @@
 // rstd after the primitive and bwd turns the saved rstd back into a variance before it. That C++ is
 // part of the op and is timed.
 #include <cmath>
-#include <unordered_map>
 
 #include "hotops/check.h"
 #include "hotops/cpu.h"
@@ -17,11 +16,8 @@ using dnnl::memory;
 using tag = memory::format_tag;
 using flags = dnnl::normalization_flags;
 
-memory::desc data_md(const Shape& s) {
-  const auto t = s.dtype == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
-  return memory::desc({s.rows(), s.hidden}, t, tag::ab);
-}
-memory::desc stat_md(const Shape& s) { return memory::desc({s.rows()}, memory::data_type::f32, tag::a); }
+memory::desc data_md(const Shape& s) { return cpu::md({s.rows(), s.hidden}, s.dtype, tag::ab); }
+memory::desc stat_md(const Shape& s) { return cpu::md({s.rows()}, DType::f32, tag::a); }
 
 // The primitive descriptors of one problem (no memory touched): creating them is also the support
 // probe, since oneDNN answers `unimplemented` for what this CPU cannot do.
@@ -52,31 +48,18 @@ class CpuLayernorm final : public Case {
   explicit CpuLayernorm(const Problem& p)
       : s_(shape_of(p)), plan_(plan(s_)), in_(make_inputs(s_, p.seed())), out_(make_outputs(s_)),
         variance_(DType::f32, static_cast<std::size_t>(s_.rows())) {
-    dnnl::engine& eng = cpu::engine();
-    auto mem = [&](const memory::desc& d, HostBuffer& b) { return memory(d, eng, b.data()); };
-    const memory::desc hvec({s_.hidden}, memory::data_type::f32, tag::a);
-    if (s_.dir == Direction::bwd) {
-      const auto& pd = plan_.bwd;
-      prim_ = dnnl::layer_normalization_backward(pd);
-      args_ = {{DNNL_ARG_SRC, mem(pd.src_desc(), in_.x)},
-               {DNNL_ARG_DIFF_DST, mem(pd.diff_dst_desc(), in_.dy)},
-               {DNNL_ARG_MEAN, mem(pd.mean_desc(), in_.mean)},
-               {DNNL_ARG_VARIANCE, mem(pd.variance_desc(), variance_)},
-               {DNNL_ARG_SCALE, mem(hvec, in_.gamma)},
-               {DNNL_ARG_SHIFT, mem(hvec, in_.beta)},
-               {DNNL_ARG_DIFF_SRC, mem(pd.diff_src_desc(), out_.out)},
-               {DNNL_ARG_DIFF_SCALE, mem(hvec, out_.dgamma)},
-               {DNNL_ARG_DIFF_SHIFT, mem(hvec, out_.dbeta)}};
-      return;
-    }
-    const auto& pd = plan_.fwd;
-    prim_ = dnnl::layer_normalization_forward(pd);
-    args_ = {{DNNL_ARG_SRC, mem(pd.src_desc(), in_.x)},
-             {DNNL_ARG_DST, mem(pd.dst_desc(), out_.out)},
-             {DNNL_ARG_SCALE, mem(hvec, in_.gamma)},
-             {DNNL_ARG_SHIFT, mem(hvec, in_.beta)},
-             {DNNL_ARG_MEAN, mem(pd.mean_desc(), out_.mean)},
-             {DNNL_ARG_VARIANCE, mem(pd.variance_desc(), variance_)}};
+    const memory::desc hvec = cpu::md({s_.hidden}, DType::f32, tag::a);
+    if (s_.dir == Direction::bwd)
+      call_ = {dnnl::layer_normalization_backward(plan_.bwd),
+               cpu::normalization_backward_args(
+                   plan_.bwd, hvec,
+                   {in_.x.data(), in_.mean.data(), variance_.data(), in_.gamma.data(), in_.beta.data(),
+                    out_.out.data(), in_.dy.data(), out_.dgamma.data(), out_.dbeta.data()})};
+    else
+      call_ = {dnnl::layer_normalization_forward(plan_.fwd),
+               cpu::normalization_forward_args(plan_.fwd, hvec,
+                                               {in_.x.data(), out_.mean.data(), variance_.data(), in_.gamma.data(),
+                                                in_.beta.data(), out_.out.data()})};
   }
 
   void run() override {
@@ -88,7 +71,7 @@ class CpuLayernorm final : public Case {
       const float* rstd = in_.rstd.as<float>();
       for (std::size_t r = 0; r < R; ++r) var[r] = 1.f / (rstd[r] * rstd[r]) - eps;
     }
-    cpu::execute(prim_, args_);
+    call_.run();
     if (s_.dir == Direction::fwd) {
       float* rstd = out_.rstd.as<float>();
       for (std::size_t r = 0; r < R; ++r) rstd[r] = 1.f / std::sqrt(var[r] + eps);
@@ -108,9 +91,8 @@ class CpuLayernorm final : public Case {
   std::string label() const override {
     const auto& pd = s_.dir == Direction::bwd ? static_cast<const dnnl::primitive_desc&>(plan_.bwd)
                                               : static_cast<const dnnl::primitive_desc&>(plan_.fwd);
-    return "oneDNN layer_normalization " + std::string(pd.impl_info_str()) +
-           (s_.dir == Direction::bwd ? " + C++ rstd-to-variance" : " + C++ variance-to-rstd") + ", " +
-           std::to_string(cpu::threads()) + " threads";
+    return cpu::with_threads("oneDNN layer_normalization " + std::string(pd.impl_info_str()) +
+                             (s_.dir == Direction::bwd ? " + C++ rstd-to-variance" : " + C++ variance-to-rstd"));
   }
 
  private:
@@ -119,22 +101,13 @@ class CpuLayernorm final : public Case {
   Inputs in_;
   Outputs out_;
   HostBuffer variance_;  // fwd: oneDNN's (biased) variance; bwd: from the saved rstd
-  dnnl::primitive prim_;
-  cpu::Args args_;
+  cpu::Call call_;
 };
 
 }  // namespace
 
 std::string cpu_unsupported_reason(const Problem& p) {
-  try {
-    plan(shape_of(p));
-  } catch (const Error& e) {
-    if (e.kind() == ErrorKind::unsupported)
-      return std::string("oneDNN has no ") + dtype_name(p.dtype) + " layer_normalization " + direction_name(p.dir) +
-             " for this CPU (ISA " + cpu::isa_name() + ")";
-    throw;
-  }
-  return "";
+  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, p, "layer_normalization");
 }
 
 std::unique_ptr<Case> make_cpu(const Problem& p) { return std::make_unique<CpuLayernorm>(p); }

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "hotops/check.h"
+#include "hotops/op_family.h"
 
 namespace hotops::layernorm {
 namespace {
@@ -53,8 +54,9 @@ void expand(const std::string& shape, std::int64_t batch, std::int64_t tokens, s
 std::unique_ptr<Case> make_gpu(const Problem& p) { return make_cuda(p); }
 #endif
 
-class LayernormFamily final : public Family {
+class LayernormFamily final : public OpFamily {
  public:
+  LayernormFamily() : OpFamily(cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_gpu)) {}
   std::string name() const override { return "layernorm"; }
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
@@ -107,11 +109,7 @@ class LayernormFamily final : public Family {
       return std::string("layernorm is benchmarked in f32 and bf16, not ") + dtype_name(s.dtype);
     if (s.dir != Direction::fwd && s.dir != Direction::bwd)
       return std::string("layernorm has fwd and bwd, not ") + direction_name(s.dir);
-    return backend_unsupported_reason(p, cpu_unsupported_reason);
-  }
-
-  std::unique_ptr<Case> make(const Problem& p) const override {
-    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_gpu));
+    return OpFamily::unsupported_reason(p);
   }
 };
 

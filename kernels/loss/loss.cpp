@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "hotops/check.h"
+#include "hotops/op_family.h"
 
 namespace hotops::loss {
 namespace {
@@ -46,9 +47,6 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
       for (Direction d : kDirections) out.push_back(Problem{"cross_entropy", be, t, d, args});
 }
 
-// The hand-written CPU loop runs everywhere: nothing to probe.
-std::string cpu_unsupported_reason(const Problem&) { return ""; }
-
 // 64-bit mix (splitmix64's finaliser): the targets are a pure function of (seed, row).
 std::uint64_t mix(std::uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -62,8 +60,10 @@ std::uint64_t mix(std::uint64_t z) {
 //   bwd 4: x - lse, exp, minus the one-hot, times dloss / rows
 constexpr double kFlopsPerLogit = 4;
 
-class LossFamily final : public Family {
+class LossFamily final : public OpFamily {
  public:
+  // The hand-written CPU loop runs everywhere: nothing to probe.
+  LossFamily() : OpFamily(nullptr, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
   std::string name() const override { return "loss"; }
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
@@ -100,14 +100,6 @@ class LossFamily final : public Family {
     w.bytes = s.dir == Direction::fwd ? n * e + rows * 8 + 4 + rows * 4 : n * e + rows * 8 + rows * 4 + 4 + n * e;
     w.items = p.batch() ? static_cast<double>(*p.batch()) : 1.0;
     return w;
-  }
-
-  std::string unsupported_reason(const Problem& p) const override {
-    return backend_unsupported_reason(p, cpu_unsupported_reason);
-  }
-
-  std::unique_ptr<Case> make(const Problem& p) const override {
-    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
   }
 };
 

@@ -6,7 +6,6 @@
 // lstm_backward reads, and y, hT, cT); the timed run() is the zeroing of the weight gradients
 // (oneDNN 2.6 accumulates into them) plus lstm_backward, as PyTorch's backward excludes the forward.
 #include <cstring>
-#include <unordered_map>
 
 #include "hotops/check.h"
 #include "hotops/cpu.h"
@@ -16,10 +15,7 @@ namespace hotops::lstm {
 namespace {
 
 using dnnl::memory;
-using dt = memory::data_type;
 using tag = memory::format_tag;
-
-dt dnnl_type(DType t) { return t == DType::bf16 ? dt::bf16 : dt::f32; }
 
 dnnl::rnn_direction direction_of(const Shape& s) {
   return s.bidirectional ? dnnl::rnn_direction::bidirectional_concat : dnnl::rnn_direction::unidirectional_left2right;
@@ -33,26 +29,26 @@ struct Descs {
       d_dst_iter_c;
 };
 
-Descs descs(const Shape& s, dt diff) {
+Descs descs(const Shape& s, DType diff) {
   const memory::dim T = s.T, B = s.B, I = s.I, H = s.H, D = s.D();
-  const dt t = dnnl_type(s.dtype);
+  const DType t = s.dtype;
   Descs m;
-  m.src_layer = memory::desc({T, B, I}, t, tag::tnc);
-  m.src_iter = memory::desc({1, D, B, H}, t, tag::ldnc);
-  m.src_iter_c = memory::desc({1, D, B, H}, t, tag::ldnc);
-  m.w_layer = memory::desc({1, D, I, 4, H}, t, tag::any);
-  m.w_iter = memory::desc({1, D, H, 4, H}, t, tag::any);
-  m.bias = memory::desc({1, D, 4, H}, dt::f32, tag::ldgo);
-  m.dst_layer = memory::desc({T, B, D * H}, t, tag::tnc);
+  m.src_layer = cpu::md({T, B, I}, t, tag::tnc);
+  m.src_iter = cpu::md({1, D, B, H}, t, tag::ldnc);
+  m.src_iter_c = cpu::md({1, D, B, H}, t, tag::ldnc);
+  m.w_layer = cpu::md({1, D, I, 4, H}, t, tag::any);
+  m.w_iter = cpu::md({1, D, H, 4, H}, t, tag::any);
+  m.bias = cpu::md({1, D, 4, H}, DType::f32, tag::ldgo);
+  m.dst_layer = cpu::md({T, B, D * H}, t, tag::tnc);
   m.dst_iter = m.src_iter;
   m.dst_iter_c = m.src_iter_c;
-  m.d_src_layer = memory::desc({T, B, I}, diff, tag::tnc);
-  m.d_src_iter = memory::desc({1, D, B, H}, diff, tag::ldnc);
+  m.d_src_layer = cpu::md({T, B, I}, diff, tag::tnc);
+  m.d_src_iter = cpu::md({1, D, B, H}, diff, tag::ldnc);
   m.d_src_iter_c = m.d_src_iter;
-  m.d_w_layer = memory::desc({1, D, I, 4, H}, diff, tag::ldigo);
-  m.d_w_iter = memory::desc({1, D, H, 4, H}, diff, tag::ldigo);
-  m.d_bias = memory::desc({1, D, 4, H}, diff, tag::ldgo);
-  m.d_dst_layer = memory::desc({T, B, D * H}, diff, tag::tnc);
+  m.d_w_layer = cpu::md({1, D, I, 4, H}, diff, tag::ldigo);
+  m.d_w_iter = cpu::md({1, D, H, 4, H}, diff, tag::ldigo);
+  m.d_bias = cpu::md({1, D, 4, H}, diff, tag::ldgo);
+  m.d_dst_layer = cpu::md({T, B, D * H}, diff, tag::tnc);
   m.d_dst_iter = m.d_src_iter;
   m.d_dst_iter_c = m.d_src_iter;
   return m;
@@ -78,7 +74,7 @@ Plan plan(const Shape& s) {
     return HOTOPS_CHECK_DNNL(dnnl::lstm_forward::primitive_desc(d, eng));
   };
   if (!training) {
-    p.m = descs(s, dt::f32);
+    p.m = descs(s, DType::f32);
     p.fwd = fwd_pd(p.m);
     return p;
   }
@@ -88,7 +84,7 @@ Plan plan(const Shape& s) {
   if (storage != DType::f32) diffs.push_back(DType::f32);
   for (std::size_t k = 0; k < diffs.size(); ++k) {
     try {
-      p.m = descs(s, dnnl_type(diffs[k]));
+      p.m = descs(s, diffs[k]);
       p.diff = diffs[k];
       p.fwd = fwd_pd(p.m);
       const Descs& m = p.m;
@@ -136,23 +132,19 @@ HostBuffer as_dtype(const HostBuffer& b, DType t) {
 class CpuLstm final : public Case {
  public:
   explicit CpuLstm(const Problem& p) : s_(shape_of(p)), plan_(plan(s_)), in_(make_inputs(s_, p.seed())) {
-    dnnl::engine& eng = cpu::engine();
-    dnnl::stream& st = cpu::stream();
     const std::int64_t T = s_.T, B = s_.B, I = s_.I, H = s_.H, D = s_.D();
     const DType t = storage_of(s_.dtype);
     const Descs& m = plan_.m;
-    auto mem = [&](const memory::desc& d, HostBuffer& b) { return memory(d, eng, b.data()); };
+    auto mem = [&](const memory::desc& d, HostBuffer& b) { return cpu::mem(d, b.data()); };
 
     // Weights: the user's ldigo copies, reordered once into the primitive's formats.
     w_layer_user_ = to_ldigo(in_.w_ih, D, H, I);
     w_iter_user_ = to_ldigo(in_.w_hh, D, H, H);
-    const memory::desc wl_user({1, D, I, 4, H}, dnnl_type(t), tag::ldigo), wi_user({1, D, H, 4, H}, dnnl_type(t), tag::ldigo);
+    const memory::desc wl_user = cpu::md({1, D, I, 4, H}, t, tag::ldigo),
+                       wi_user = cpu::md({1, D, H, 4, H}, t, tag::ldigo);
     const auto reordered = [&](const memory::desc& want, const memory::desc& user_d, HostBuffer& user) {
-      memory user_m = mem(user_d, user);
-      if (want == user_d) return user_m;
-      memory out(want, eng);
-      HOTOPS_CHECK_DNNL(dnnl::reorder(user_m, out).execute(st, user_m, out));
-      return out;
+      const memory user_m = mem(user_d, user);
+      return want == user_d ? user_m : cpu::reordered(user_m, want);
     };
     bias_ = HostBuffer(DType::f32, in_.b_ih.count());
     for (std::size_t i = 0; i < bias_.count(); ++i)
@@ -171,11 +163,8 @@ class CpuLstm final : public Case {
                  {DNNL_ARG_DST_LAYER, mem(m.dst_layer, out_.y)},
                  {DNNL_ARG_DST_ITER, mem(m.dst_iter, out_.hT)},
                  {DNNL_ARG_DST_ITER_C, mem(m.dst_iter_c, out_.cT)}};
-    if (s_.dir == Direction::fwd) {
-      HOTOPS_CHECK_DNNL(st.wait());
-      return;
-    }
-    workspace_ = memory(plan_.fwd.workspace_desc(), eng);
+    if (s_.dir == Direction::fwd) return;
+    workspace_ = memory(plan_.fwd.workspace_desc(), cpu::engine());
     fwd_args_[DNNL_ARG_WORKSPACE] = workspace_;
 
     const DType g = plan_.diff;
@@ -212,16 +201,14 @@ class CpuLstm final : public Case {
   }
 
   void run() override {
-    dnnl::stream& st = cpu::stream();
     if (s_.dir == Direction::fwd) {
-      HOTOPS_CHECK_DNNL(fwd_.execute(st, fwd_args_));
-    } else {
-      std::memset(dw_layer_.data(), 0, dw_layer_.bytes());
-      std::memset(dw_iter_.data(), 0, dw_iter_.bytes());
-      std::memset(out_.db.data(), 0, out_.db.bytes());
-      HOTOPS_CHECK_DNNL(bwd_.execute(st, bwd_args_));
+      cpu::execute(fwd_, fwd_args_);
+      return;
     }
-    HOTOPS_CHECK_DNNL(st.wait());
+    std::memset(dw_layer_.data(), 0, dw_layer_.bytes());
+    std::memset(dw_iter_.data(), 0, dw_iter_.bytes());
+    std::memset(out_.db.data(), 0, out_.db.bytes());
+    cpu::execute(bwd_, bwd_args_);
   }
 
   Check verify() override {
@@ -250,10 +237,7 @@ class CpuLstm final : public Case {
   }
 
  private:
-  void forward_training() {
-    HOTOPS_CHECK_DNNL(fwd_.execute(cpu::stream(), fwd_args_));
-    HOTOPS_CHECK_DNNL(cpu::stream().wait());
-  }
+  void forward_training() { cpu::execute(fwd_, fwd_args_); }
 
   Shape s_;
   Plan plan_;
@@ -264,7 +248,7 @@ class CpuLstm final : public Case {
   memory workspace_;
   dnnl::lstm_forward fwd_;
   dnnl::lstm_backward bwd_;
-  std::unordered_map<int, memory> fwd_args_, bwd_args_;
+  cpu::Args fwd_args_, bwd_args_;
 };
 
 }  // namespace
@@ -272,15 +256,7 @@ class CpuLstm final : public Case {
 std::string cpu_unsupported_reason(const Problem& p) {
   if (p.dtype != DType::f32 && p.dtype != DType::bf16)
     return std::string("the CPU backend has no ") + dtype_name(p.dtype) + " lstm";
-  try {
-    plan(shape_of(p));
-  } catch (const Error& e) {
-    if (e.kind() == ErrorKind::unsupported)
-      return std::string("oneDNN has no ") + dtype_name(p.dtype) + " lstm " + direction_name(p.dir) +
-             " for this CPU (ISA " + cpu::isa_name() + ")";
-    throw;
-  }
-  return "";
+  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, p, "lstm");
 }
 
 std::unique_ptr<Case> make_cpu(const Problem& p) { return std::make_unique<CpuLstm>(p); }

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "hotops/check.h"
+#include "hotops/op_family.h"
 
 namespace hotops::lstm {
 namespace {
@@ -27,8 +28,9 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
       for (Direction d : {Direction::fwd, Direction::bwd}) out.push_back(Problem{"lstm", be, t, d, args});
 }
 
-class LstmFamily final : public Family {
+class LstmFamily final : public OpFamily {
  public:
+  LstmFamily() : OpFamily(cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
   std::string name() const override { return "lstm"; }
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
@@ -72,14 +74,6 @@ class LstmFamily final : public Family {
     }
     w.items = B;
     return w;
-  }
-
-  std::string unsupported_reason(const Problem& p) const override {
-    return backend_unsupported_reason(p, cpu_unsupported_reason);
-  }
-
-  std::unique_ptr<Case> make(const Problem& p) const override {
-    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
   }
 };
 

@@ -6,7 +6,6 @@
 // branch-free, with their own exp, so that GCC vectorises them; math in f32.
 #include <algorithm>
 #include <cstring>
-#include <unordered_map>
 
 #include "hotops/check.h"
 #include "hotops/cpu.h"
@@ -129,8 +128,6 @@ namespace {
 using dnnl::memory;
 using tag = memory::format_tag;
 
-memory::data_type dnnl_type(DType t) { return t == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32; }
-
 // Columns per pointwise work item: one 64-byte line of f32 per gate row; bwd also keeps db's
 // accumulators of a chunk in registers / L1.
 constexpr std::int64_t kChunk = 64;
@@ -144,7 +141,7 @@ struct Plan {
 
 Plan plan(const Shape& s) {
   const memory::dim B = s.B, K = s.K(), G = s.G();
-  const memory::data_type t = dnnl_type(s.dtype);
+  const memory::data_type t = cpu::dnnl_type(s.dtype);
   dnnl::engine& eng = cpu::engine();
   Plan p;
   const auto gates = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(memory::desc({B, K}, t, tag::ab),
@@ -168,37 +165,27 @@ class HotopsCell final : public Case {
       : s_(shape_of(p)), plan_(plan(s_)), in_(make_inputs(s_, input_seed(p))), out_(make_outputs(s_)) {
     const auto B = static_cast<std::size_t>(s_.B), G = static_cast<std::size_t>(s_.G());
     pre_ = HostBuffer(DType::f32, B * G);
-    dnnl::engine& eng = cpu::engine();
-    auto mem = [&](const memory::desc& d, void* data) { return memory(d, eng, data); };
     gates_ = dnnl::matmul(plan_.gates);
-    gates_args_ = {{DNNL_ARG_SRC, mem(plan_.gates.src_desc(), in_.xh.data())},
-                   {DNNL_ARG_WEIGHTS, mem(plan_.gates.weights_desc(), in_.W.data())},
-                   {DNNL_ARG_DST, mem(plan_.gates.dst_desc(), pre_.data())}};
+    gates_args_ = cpu::matmul_args(plan_.gates, in_.xh.data(), in_.W.data(), pre_.data());
     if (s_.dir == Direction::bwd) {
       dgates_ = HostBuffer(s_.dtype, B * G);
       dxh_ = dnnl::matmul(plan_.dxh);
-      dxh_args_ = {{DNNL_ARG_SRC, mem(plan_.dxh.src_desc(), dgates_.data())},
-                   {DNNL_ARG_WEIGHTS, mem(plan_.dxh.weights_desc(), in_.W.data())},
-                   {DNNL_ARG_DST, mem(plan_.dxh.dst_desc(), out_.dxh.data())}};
+      dxh_args_ = cpu::matmul_args(plan_.dxh, dgates_.data(), in_.W.data(), out_.dxh.data());
       dW_ = dnnl::matmul(plan_.dW);
-      dW_args_ = {{DNNL_ARG_SRC, mem(plan_.dW.src_desc(), dgates_.data())},
-                  {DNNL_ARG_WEIGHTS, mem(plan_.dW.weights_desc(), in_.xh.data())},
-                  {DNNL_ARG_DST, mem(plan_.dW.dst_desc(), out_.dW.data())}};
+      dW_args_ = cpu::matmul_args(plan_.dW, dgates_.data(), in_.xh.data(), out_.dW.data());
       // The saved state: this implementation's fwd GEMM, once, outside timing.
-      HOTOPS_CHECK_DNNL(gates_.execute(cpu::stream(), gates_args_));
-      HOTOPS_CHECK_DNNL(cpu::stream().wait());
+      cpu::execute(gates_, gates_args_);
     }
   }
 
   void run() override {
-    dnnl::stream& st = cpu::stream();
     if (s_.dir == Direction::fwd) {
-      HOTOPS_CHECK_DNNL(gates_.execute(st, gates_args_));
-      HOTOPS_CHECK_DNNL(st.wait());
+      cpu::execute(gates_, gates_args_);
       pointwise_fwd();
       return;
     }
     pointwise_bwd();
+    dnnl::stream& st = cpu::stream();
     HOTOPS_CHECK_DNNL(dxh_.execute(st, dxh_args_));
     HOTOPS_CHECK_DNNL(dW_.execute(st, dW_args_));
     HOTOPS_CHECK_DNNL(st.wait());
@@ -271,20 +258,13 @@ class HotopsCell final : public Case {
   Outputs out_;
   HostBuffer pre_, dgates_;
   dnnl::matmul gates_, dxh_, dW_;
-  std::unordered_map<int, memory> gates_args_, dxh_args_, dW_args_;
+  cpu::Args gates_args_, dxh_args_, dW_args_;
 };
 
 }  // namespace
 
 std::string hotops_unsupported_reason(const Problem& p) {
-  try {
-    plan(shape_of(p));
-  } catch (const Error& e) {
-    if (e.kind() == ErrorKind::unsupported)
-      return std::string("oneDNN has no ") + dtype_name(p.dtype) + " matmul for this CPU (ISA " + cpu::isa_name() + ")";
-    throw;
-  }
-  return "";
+  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, std::string(dtype_name(p.dtype)) + " matmul");
 }
 
 std::unique_ptr<Case> make_cpu_hotops(const Problem& p) { return std::make_unique<HotopsCell>(p); }

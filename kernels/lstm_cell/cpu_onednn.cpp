@@ -5,7 +5,6 @@
 // its weight and bias gradients (the RNN primitive accumulates into them) and reordering them to
 // the [4H, I+H] / [4H] outputs, which is what a caller with PyTorch's layout pays.
 #include <cstring>
-#include <unordered_map>
 
 #include "hotops/check.h"
 #include "hotops/cpu.h"
@@ -18,8 +17,6 @@ using dnnl::memory;
 using tag = memory::format_tag;
 using dt = memory::data_type;
 
-dt dnnl_type(DType t) { return t == DType::bf16 ? dt::bf16 : dt::f32; }
-
 // The memory descriptors of one problem in the caller's layouts.
 struct Descs {
   memory::desc x, h, c, c_new, h_new, h_iter;  // x, h: strided views into xh; h_iter: dst_iter scratch
@@ -30,20 +27,20 @@ struct Descs {
 
 Descs descs_of(const Shape& s) {
   const memory::dim B = s.B, I = s.I, H = s.H, K = s.K();
-  const dt t = dnnl_type(s.dtype);
+  const dt t = cpu::dnnl_type(s.dtype);
   Descs d;
   d.x = memory::desc({1, B, I}, t, memory::dims{B * K, K, 1});
   d.h = memory::desc({1, 1, B, H}, t, memory::dims{B * K, B * K, K, 1});
-  d.c = memory::desc({1, 1, B, H}, t, tag::ldnc);
+  d.c = cpu::md({1, 1, B, H}, s.dtype, tag::ldnc);
   d.c_new = d.c;
   d.h_iter = d.c;
-  d.h_new = memory::desc({1, B, H}, t, tag::tnc);
+  d.h_new = cpu::md({1, B, H}, s.dtype, tag::tnc);
   // ldigo: [layer, direction, input channel, gate, output channel]; W[g * H + o, i] is at g H K + o K + i.
   d.W_layer = memory::desc({1, 1, I, 4, H}, t, memory::dims{4 * H * K, 4 * H * K, 1, H * K, K});
   d.W_iter = memory::desc({1, 1, H, 4, H}, t, memory::dims{4 * H * K, 4 * H * K, 1, H * K, K});
-  d.bias = memory::desc({1, 1, 4, H}, dt::f32, tag::ldgo);
-  d.any_W_layer = memory::desc({1, 1, I, 4, H}, t, tag::any);
-  d.any_W_iter = memory::desc({1, 1, H, 4, H}, t, tag::any);
+  d.bias = cpu::md({1, 1, 4, H}, DType::f32, tag::ldgo);
+  d.any_W_layer = cpu::md({1, 1, I, 4, H}, s.dtype, tag::any);
+  d.any_W_iter = cpu::md({1, 1, H, 4, H}, s.dtype, tag::any);
   return d;
 }
 
@@ -65,18 +62,17 @@ Plan plan(const Shape& s) {
   p.fwd = HOTOPS_CHECK_DNNL(dnnl::lstm_forward::primitive_desc(fd, eng));
   if (s.dir == Direction::bwd) {
     const memory::dim I = s.I, H = s.H;
-    const dt t = dnnl_type(s.dtype);
     // Gradients of the weights and bias in f32 (oneDNN's accumulation type), in its own format.
     const auto bd = HOTOPS_CHECK_DNNL(dnnl::lstm_backward::desc(
         dnnl::prop_kind::backward, dnnl::rnn_direction::unidirectional_left2right, d.x, d.h, d.c, d.any_W_layer,
         d.any_W_iter, d.bias, d.h_new, d.h_iter, d.c_new,
         d.x, d.h, d.c,  // diff_src_layer / diff_src_iter (views into dxh) / diff_src_iter_c: same layouts
-        memory::desc({1, 1, I, 4, H}, dt::f32, tag::any), memory::desc({1, 1, H, 4, H}, dt::f32, tag::any), d.bias,
+        cpu::md({1, 1, I, 4, H}, DType::f32, tag::any), cpu::md({1, 1, H, 4, H}, DType::f32, tag::any), d.bias,
         d.h_new, d.h_iter, d.c_new));
     p.bwd = HOTOPS_CHECK_DNNL(dnnl::lstm_backward::primitive_desc(bd, eng, p.fwd));
     p.dW_layer_f32 = p.bwd.diff_weights_layer_desc();
     p.dW_iter_f32 = p.bwd.diff_weights_iter_desc();
-    p.db_out = memory::desc({1, 1, 4, H}, t, tag::ldgo);
+    p.db_out = cpu::md({1, 1, 4, H}, s.dtype, tag::ldgo);
   }
   return p;
 }
@@ -86,21 +82,18 @@ class OnednnCell final : public Case {
   explicit OnednnCell(const Problem& p)
       : s_(shape_of(p)), plan_(plan(s_)), in_(make_inputs(s_, input_seed(p))), out_(make_outputs(s_)) {
     dnnl::engine& eng = cpu::engine();
-    dnnl::stream& st = cpu::stream();
     const Descs& d = plan_.d;
     const auto I = static_cast<std::size_t>(s_.I), e = dtype_size(s_.dtype);
     auto* xh = static_cast<std::byte*>(in_.xh.data());
     auto* W = static_cast<std::byte*>(in_.W.data());
-    const memory x(d.x, eng, xh), h(d.h, eng, xh + I * e), c(d.c, eng, in_.c.data());
+    const memory x = cpu::mem(d.x, xh), h = cpu::mem(d.h, xh + I * e), c = cpu::mem(d.c, in_.c.data());
 
     // The bias in f32; x's and h's weights reordered to what each primitive asks for.
     bias_ = HostBuffer(DType::f32, in_.b.count());
     for (std::size_t i = 0; i < bias_.count(); ++i) bias_.set(i, in_.b.get(i));
-    const memory bias(d.bias, eng, bias_.data());
+    const memory bias = cpu::mem(d.bias, bias_.data());
     auto reordered = [&](const memory::desc& from, void* data, const memory::desc& to) {
-      memory src(from, eng, data), dst(to, eng);
-      HOTOPS_CHECK_DNNL(dnnl::reorder(src, dst).execute(st, src, dst));
-      return dst;
+      return cpu::reordered(cpu::mem(from, data), to);
     };
     const memory W_layer_fwd = reordered(d.W_layer, W, plan_.fwd.weights_layer_desc());
     const memory W_iter_fwd = reordered(d.W_iter, W + I * e, plan_.fwd.weights_iter_desc());
@@ -112,10 +105,9 @@ class OnednnCell final : public Case {
       fwd_args_ = {{DNNL_ARG_SRC_LAYER, x},           {DNNL_ARG_SRC_ITER, h},
                    {DNNL_ARG_SRC_ITER_C, c},          {DNNL_ARG_WEIGHTS_LAYER, W_layer_fwd},
                    {DNNL_ARG_WEIGHTS_ITER, W_iter_fwd}, {DNNL_ARG_BIAS, bias},
-                   {DNNL_ARG_DST_LAYER, memory(d.h_new, eng, out_.h.data())},
-                   {DNNL_ARG_DST_ITER, h_iter_},      {DNNL_ARG_DST_ITER_C, memory(d.c_new, eng, out_.c.data())},
+                   {DNNL_ARG_DST_LAYER, cpu::mem(d.h_new, out_.h.data())},
+                   {DNNL_ARG_DST_ITER, h_iter_},      {DNNL_ARG_DST_ITER_C, cpu::mem(d.c_new, out_.c.data())},
                    {DNNL_ARG_WORKSPACE, workspace_}};
-      HOTOPS_CHECK_DNNL(st.wait());
       return;
     }
 
@@ -123,12 +115,12 @@ class OnednnCell final : public Case {
     const auto B = static_cast<std::size_t>(s_.B), H = static_cast<std::size_t>(s_.H);
     h_new_ = HostBuffer(s_.dtype, B * H);
     c_new_ = HostBuffer(s_.dtype, B * H);
-    const memory h_new(d.h_new, eng, h_new_.data()), c_new(d.c_new, eng, c_new_.data());
-    HOTOPS_CHECK_DNNL(dnnl::lstm_forward(plan_.fwd).execute(
-        st, {{DNNL_ARG_SRC_LAYER, x}, {DNNL_ARG_SRC_ITER, h}, {DNNL_ARG_SRC_ITER_C, c},
-             {DNNL_ARG_WEIGHTS_LAYER, W_layer_fwd}, {DNNL_ARG_WEIGHTS_ITER, W_iter_fwd}, {DNNL_ARG_BIAS, bias},
-             {DNNL_ARG_DST_LAYER, h_new}, {DNNL_ARG_DST_ITER, h_iter_}, {DNNL_ARG_DST_ITER_C, c_new},
-             {DNNL_ARG_WORKSPACE, workspace_}}));
+    const memory h_new = cpu::mem(d.h_new, h_new_.data()), c_new = cpu::mem(d.c_new, c_new_.data());
+    cpu::execute(dnnl::lstm_forward(plan_.fwd),
+                 {{DNNL_ARG_SRC_LAYER, x}, {DNNL_ARG_SRC_ITER, h}, {DNNL_ARG_SRC_ITER_C, c},
+                  {DNNL_ARG_WEIGHTS_LAYER, W_layer_fwd}, {DNNL_ARG_WEIGHTS_ITER, W_iter_fwd}, {DNNL_ARG_BIAS, bias},
+                  {DNNL_ARG_DST_LAYER, h_new}, {DNNL_ARG_DST_ITER, h_iter_}, {DNNL_ARG_DST_ITER_C, c_new},
+                  {DNNL_ARG_WORKSPACE, workspace_}});
     const memory W_layer_bwd = reordered(d.W_layer, W, plan_.bwd.weights_layer_desc());
     const memory W_iter_bwd = reordered(d.W_iter, W + I * e, plan_.bwd.weights_iter_desc());
     zeros_ = HostBuffer(s_.dtype, B * H);
@@ -149,23 +141,22 @@ class OnednnCell final : public Case {
                  {DNNL_ARG_DST_LAYER, h_new},
                  {DNNL_ARG_DST_ITER, h_iter_},
                  {DNNL_ARG_DST_ITER_C, c_new},
-                 {DNNL_ARG_DIFF_SRC_LAYER, memory(d.x, eng, dxh)},
-                 {DNNL_ARG_DIFF_SRC_ITER, memory(d.h, eng, dxh + I * e)},
-                 {DNNL_ARG_DIFF_SRC_ITER_C, memory(d.c, eng, out_.dc.data())},
+                 {DNNL_ARG_DIFF_SRC_LAYER, cpu::mem(d.x, dxh)},
+                 {DNNL_ARG_DIFF_SRC_ITER, cpu::mem(d.h, dxh + I * e)},
+                 {DNNL_ARG_DIFF_SRC_ITER_C, cpu::mem(d.c, out_.dc.data())},
                  {DNNL_ARG_DIFF_WEIGHTS_LAYER, dW_layer_},
                  {DNNL_ARG_DIFF_WEIGHTS_ITER, dW_iter_},
                  {DNNL_ARG_DIFF_BIAS, db_},
-                 {DNNL_ARG_DIFF_DST_LAYER, memory(d.h_new, eng, in_.dh.data())},
-                 {DNNL_ARG_DIFF_DST_ITER, memory(d.h_iter, eng, zeros_.data())},
-                 {DNNL_ARG_DIFF_DST_ITER_C, memory(d.c_new, eng, in_.dc.data())},
+                 {DNNL_ARG_DIFF_DST_LAYER, cpu::mem(d.h_new, in_.dh.data())},
+                 {DNNL_ARG_DIFF_DST_ITER, cpu::mem(d.h_iter, zeros_.data())},
+                 {DNNL_ARG_DIFF_DST_ITER_C, cpu::mem(d.c_new, in_.dc.data())},
                  {DNNL_ARG_WORKSPACE, workspace_}};
-    dW_layer_out_ = memory(d.W_layer, eng, dW);
-    dW_iter_out_ = memory(d.W_iter, eng, dW + I * e);
-    db_out_ = memory(plan_.db_out, eng, out_.db.data());
+    dW_layer_out_ = cpu::mem(d.W_layer, dW);
+    dW_iter_out_ = cpu::mem(d.W_iter, dW + I * e);
+    db_out_ = cpu::mem(plan_.db_out, out_.db.data());
     to_dW_layer_ = dnnl::reorder(dW_layer_, dW_layer_out_);
     to_dW_iter_ = dnnl::reorder(dW_iter_, dW_iter_out_);
     to_db_ = dnnl::reorder(db_, db_out_);
-    HOTOPS_CHECK_DNNL(st.wait());
   }
 
   void run() override {
@@ -194,7 +185,7 @@ class OnednnCell final : public Case {
     std::string l = std::string("oneDNN lstm_") + (s_.dir == Direction::fwd ? "forward (training) " : "backward ") +
                     impl + ", T=1, x,h read in place from one [B, I+H]";
     if (s_.dir == Direction::bwd) l += " + zeroing and reorders of dW, db";
-    return l + ", " + std::to_string(cpu::threads()) + " threads";
+    return cpu::with_threads(l);
   }
 
  private:
@@ -207,21 +198,13 @@ class OnednnCell final : public Case {
   dnnl::lstm_forward fwd_;
   dnnl::lstm_backward bwd_;
   dnnl::reorder to_dW_layer_, to_dW_iter_, to_db_;
-  std::unordered_map<int, memory> fwd_args_, bwd_args_;
+  cpu::Args fwd_args_, bwd_args_;
 };
 
 }  // namespace
 
 std::string onednn_unsupported_reason(const Problem& p) {
-  try {
-    plan(shape_of(p));
-  } catch (const Error& e) {
-    if (e.kind() == ErrorKind::unsupported)
-      return std::string("oneDNN has no ") + dtype_name(p.dtype) + " LSTM " + direction_name(p.dir) +
-             " for this CPU (ISA " + cpu::isa_name() + ") and these layouts";
-    throw;
-  }
-  return "";
+  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, p, "LSTM", " and these layouts");
 }
 
 std::unique_ptr<Case> make_cpu_onednn(const Problem& p) { return std::make_unique<OnednnCell>(p); }

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "hotops/check.h"
+#include "hotops/op_family.h"
 
 namespace hotops::lstm_cell {
 namespace {
@@ -81,8 +82,9 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
       }
 }
 
-class LstmCellFamily final : public Family {
+class LstmCellFamily final : public OpFamily {
  public:
+  LstmCellFamily() : OpFamily(cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
   std::string name() const override { return "lstm_cell"; }
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
@@ -122,14 +124,6 @@ class LstmCellFamily final : public Family {
     w.items = B;
     return w;
   }
-
-  std::string unsupported_reason(const Problem& p) const override {
-    return backend_unsupported_reason(p, cpu_unsupported_reason);
-  }
-
-  std::unique_ptr<Case> make(const Problem& p) const override {
-    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
-  }
 };
 
 }  // namespace
@@ -145,12 +139,7 @@ CpuImpl cpu_impl_of(const Problem& p) {
   throw Error("lstm_cell: unknown impl '" + v + "' (hotops or onednn) in " + p.name());
 }
 
-std::uint64_t input_seed(const Problem& p) {
-  Problem q = p;
-  q.args.erase(std::remove_if(q.args.begin(), q.args.end(), [](const Arg& a) { return a.key == "impl"; }),
-               q.args.end());
-  return q.seed();
-}
+std::uint64_t input_seed(const Problem& p) { return seed_without_impl(p); }
 
 Shape shape_of(const Problem& p) {
   HOTOPS_CHECK(p.dir == Direction::fwd || p.dir == Direction::bwd, "lstm_cell has fwd and bwd only: " + p.name());

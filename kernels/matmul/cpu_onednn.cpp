@@ -1,7 +1,5 @@
 // matmul on the CPU: oneDNN's matmul primitive on the row-major operands as PyTorch holds them
 // (transposes are strided views, not copies); addmm's dbias is a second, GEMV-shaped matmul.
-#include <unordered_map>
-
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "kernels/matmul/matmul.h"
@@ -12,13 +10,12 @@ namespace {
 using dnnl::memory;
 using tag = memory::format_tag;
 
-memory::data_type dnnl_type(DType t) { return t == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32; }
-
 // A row-major [B, rows, cols] operand, or its transpose ([B, cols, rows] viewed through strides).
 memory::desc md(const Shape& s, std::int64_t rows, std::int64_t cols, bool transposed = false) {
   const memory::dim B = s.batch_count;
-  if (!transposed) return memory::desc({B, rows, cols}, dnnl_type(s.dtype), memory::dims{rows * cols, cols, 1});
-  return memory::desc({B, cols, rows}, dnnl_type(s.dtype), memory::dims{rows * cols, 1, cols});
+  const memory::data_type t = cpu::dnnl_type(s.dtype);
+  if (!transposed) return memory::desc({B, rows, cols}, t, memory::dims{rows * cols, cols, 1});
+  return memory::desc({B, cols, rows}, t, memory::dims{rows * cols, 1, cols});
 }
 
 dnnl::primitive_attr scaled(double factor) {
@@ -46,8 +43,7 @@ Plan plan(const Shape& s) {
   switch (s.dir) {
     case Direction::fwd: {
       // dst = alpha * (A.B + (beta / alpha) bias): the bias is a constant, folded once at setup.
-      const memory::desc bias = s.op == Op::addmm ? memory::desc({1, 1, N}, dnnl_type(s.dtype), tag::abc)
-                                                  : memory::desc();
+      const memory::desc bias = s.op == Op::addmm ? cpu::md({1, 1, N}, s.dtype, tag::abc) : memory::desc();
       const auto d = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(md(s, M, K), md(s, K, N), bias, md(s, M, N)));
       p.gemm = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(d, scaled(s.alpha), eng));
       break;
@@ -64,9 +60,8 @@ Plan plan(const Shape& s) {
         // dbias[1,N] = beta * ones[1,M] . dOut[M,N]: a GEMV through oneDNN's matmul, which is
         // jit-compiled for every shape (oneDNN 2.6's reduction falls back to its reference code
         // when reducing over rows).
-        const auto r = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(memory::desc({1, M}, dnnl_type(s.dtype), tag::ab),
-                                                            memory::desc({M, N}, dnnl_type(s.dtype), tag::ab),
-                                                            memory::desc({1, N}, dnnl_type(s.dtype), tag::ab)));
+        const auto r = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(
+            cpu::md({1, M}, s.dtype, tag::ab), cpu::md({M, N}, s.dtype, tag::ab), cpu::md({1, N}, s.dtype, tag::ab)));
         p.dbias = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(r, scaled(s.beta), eng));
         p.has_dbias = true;
       }
@@ -79,38 +74,28 @@ class CpuMatmul final : public Case {
  public:
   explicit CpuMatmul(const Problem& p)
       : s_(shape_of(p)), plan_(plan(s_)), in_(make_inputs(s_, p.seed())), out_(make_outputs(s_)) {
-    dnnl::engine& eng = cpu::engine();
-    auto mem = [&](const memory::desc& d, HostBuffer& b) { return memory(d, eng, b.data()); };
     gemm_ = dnnl::matmul(plan_.gemm);
     const auto& pd = plan_.gemm;
     switch (s_.dir) {
       case Direction::fwd:
-        gemm_args_ = {{DNNL_ARG_SRC, mem(pd.src_desc(), in_.a)},
-                      {DNNL_ARG_WEIGHTS, mem(pd.weights_desc(), in_.b)},
-                      {DNNL_ARG_DST, mem(pd.dst_desc(), out_.primary)}};
+        gemm_args_ = cpu::matmul_args(pd, in_.a.data(), in_.b.data(), out_.primary.data());
         if (s_.op == Op::addmm) {
           folded_bias_ = HostBuffer(s_.dtype, in_.bias.count());
           for (std::size_t n = 0; n < in_.bias.count(); ++n)
             folded_bias_.set(n, in_.bias.get(n) * s_.beta / s_.alpha);
-          gemm_args_[DNNL_ARG_BIAS] = mem(pd.bias_desc(), folded_bias_);
+          gemm_args_[DNNL_ARG_BIAS] = cpu::mem(pd.bias_desc(), folded_bias_.data());
         }
         break;
       case Direction::bwd_data:
-        gemm_args_ = {{DNNL_ARG_SRC, mem(pd.src_desc(), in_.dout)},
-                      {DNNL_ARG_WEIGHTS, mem(pd.weights_desc(), in_.b)},
-                      {DNNL_ARG_DST, mem(pd.dst_desc(), out_.primary)}};
+        gemm_args_ = cpu::matmul_args(pd, in_.dout.data(), in_.b.data(), out_.primary.data());
         break;
       default:
-        gemm_args_ = {{DNNL_ARG_SRC, mem(pd.src_desc(), in_.a)},
-                      {DNNL_ARG_WEIGHTS, mem(pd.weights_desc(), in_.dout)},
-                      {DNNL_ARG_DST, mem(pd.dst_desc(), out_.primary)}};
+        gemm_args_ = cpu::matmul_args(pd, in_.a.data(), in_.dout.data(), out_.primary.data());
         if (plan_.has_dbias) {
           ones_ = HostBuffer(s_.dtype, static_cast<std::size_t>(s_.M));
           for (std::size_t i = 0; i < ones_.count(); ++i) ones_.set(i, 1.0);
           dbias_ = dnnl::matmul(plan_.dbias);
-          dbias_args_ = {{DNNL_ARG_SRC, mem(plan_.dbias.src_desc(), ones_)},
-                         {DNNL_ARG_WEIGHTS, mem(plan_.dbias.weights_desc(), in_.dout)},
-                         {DNNL_ARG_DST, mem(plan_.dbias.dst_desc(), out_.dbias)}};
+          dbias_args_ = cpu::matmul_args(plan_.dbias, ones_.data(), in_.dout.data(), out_.dbias.data());
         }
     }
   }
@@ -132,7 +117,7 @@ class CpuMatmul final : public Case {
   std::string label() const override {
     std::string l = "oneDNN matmul " + std::string(plan_.gemm.impl_info_str());
     if (plan_.has_dbias) l += " + dbias as ones.dOut " + std::string(plan_.dbias.impl_info_str());
-    return l + ", " + std::to_string(cpu::threads()) + " threads";
+    return cpu::with_threads(l);
   }
 
  private:
@@ -142,7 +127,7 @@ class CpuMatmul final : public Case {
   Outputs out_;
   HostBuffer folded_bias_, ones_;
   dnnl::matmul gemm_, dbias_;
-  std::unordered_map<int, memory> gemm_args_, dbias_args_;
+  cpu::Args gemm_args_, dbias_args_;
 };
 
 }  // namespace
@@ -150,15 +135,7 @@ class CpuMatmul final : public Case {
 std::string cpu_unsupported_reason(const Problem& p) {
   if (p.dtype != DType::f32 && p.dtype != DType::bf16)
     return std::string("the CPU backend has no ") + dtype_name(p.dtype) + " matmul";
-  try {
-    plan(shape_of(p));
-  } catch (const Error& e) {
-    if (e.kind() == ErrorKind::unsupported)
-      return std::string("oneDNN has no ") + dtype_name(p.dtype) + " " + p.op + " for this CPU (ISA " +
-             cpu::isa_name() + ")";
-    throw;
-  }
-  return "";
+  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, std::string(dtype_name(p.dtype)) + " " + p.op);
 }
 
 std::unique_ptr<Case> make_cpu(const Problem& p) { return std::make_unique<CpuMatmul>(p); }

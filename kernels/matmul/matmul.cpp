@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "hotops/check.h"
+#include "hotops/op_family.h"
 
 namespace hotops::matmul {
 namespace {
@@ -15,7 +16,6 @@ std::vector<DType> dtypes_of(Backend b) {
   if (b == Backend::cpu) return {DType::f32, DType::bf16};
   return {DType::f32, DType::tf32, DType::bf16};
 }
-
 
 constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd_data, Direction::bwd_weight};
 
@@ -32,8 +32,9 @@ std::vector<Arg> dims(std::int64_t M, std::int64_t N, std::int64_t K) {
   return {{"M", std::to_string(M)}, {"N", std::to_string(N)}, {"K", std::to_string(K)}};
 }
 
-class MatmulFamily final : public Family {
+class MatmulFamily final : public OpFamily {
  public:
+  MatmulFamily() : OpFamily(cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
   std::string name() const override { return "matmul"; }
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
@@ -112,11 +113,7 @@ class MatmulFamily final : public Family {
   std::string unsupported_reason(const Problem& p) const override {
     const Shape s = shape_of(p);
     if (s.op == Op::addmm && s.alpha == 0) return "addmm with alpha = 0 is not benchmarked";
-    return backend_unsupported_reason(p, cpu_unsupported_reason);
-  }
-
-  std::unique_ptr<Case> make(const Problem& p) const override {
-    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
+    return OpFamily::unsupported_reason(p);
   }
 };
 

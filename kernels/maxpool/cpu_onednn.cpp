@@ -2,8 +2,6 @@
 // its workspace (the argmax of each window), and pooling_backward, which reads dy and that
 // workspace. For bwd the forward runs once at setup to fill the workspace; only the backward is
 // timed.
-#include <unordered_map>
-
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "kernels/maxpool/maxpool.h"
@@ -24,10 +22,9 @@ struct Plan {
 Plan plan(const Shape& s) {
   dnnl::engine& eng = cpu::engine();
   Plan p;
-  const auto t = s.dtype == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   const auto tag = s.layout == Layout::nchw ? memory::format_tag::nchw : memory::format_tag::nhwc;
-  p.x_md = memory::desc({s.N, s.C, s.H, s.W}, t, tag);
-  p.y_md = memory::desc({s.N, s.C, s.OH(), s.OW()}, t, tag);
+  p.x_md = cpu::md({s.N, s.C, s.H, s.W}, s.dtype, tag);
+  p.y_md = cpu::md({s.N, s.C, s.OH(), s.OW()}, s.dtype, tag);
   const memory::dims strides = {s.s, s.s}, kernel = {s.k, s.k}, pad_l = {s.pad, s.pad};
   // Floor mode: the right padding that makes oneDNN's output size PyTorch's (negative where the
   // last input rows or columns fall in no window).
@@ -50,25 +47,23 @@ class CpuMaxpool final : public Case {
       : s_(shape_of(p)), plan_(plan(s_)), in_(make_inputs(s_, p.seed())), out_(make_output(s_)) {
     dnnl::engine& eng = cpu::engine();
     workspace_ = memory(plan_.fwd.workspace_desc(), eng);
-    memory x(plan_.x_md, eng, in_.x.data());
+    const memory x = cpu::mem(plan_.x_md, in_.x.data());
     if (s_.dir == Direction::fwd) {
-      prim_ = dnnl::pooling_forward(plan_.fwd);
-      args_ = {{DNNL_ARG_SRC, x}, {DNNL_ARG_DST, memory(plan_.y_md, eng, out_.data())}, {DNNL_ARG_WORKSPACE, workspace_}};
+      call_ = {
+          dnnl::pooling_forward(plan_.fwd),
+          {{DNNL_ARG_SRC, x}, {DNNL_ARG_DST, cpu::mem(plan_.y_md, out_.data())}, {DNNL_ARG_WORKSPACE, workspace_}}};
       return;
     }
     // The training forward once, into a scratch y, so the workspace holds this x's argmaxes.
-    memory y(plan_.y_md, eng);
-    dnnl::stream& st = cpu::stream();
-    HOTOPS_CHECK_DNNL(dnnl::pooling_forward(plan_.fwd).execute(
-        st, {{DNNL_ARG_SRC, x}, {DNNL_ARG_DST, y}, {DNNL_ARG_WORKSPACE, workspace_}}));
-    HOTOPS_CHECK_DNNL(st.wait());
-    prim_ = dnnl::pooling_backward(plan_.bwd);
-    args_ = {{DNNL_ARG_DIFF_DST, memory(plan_.y_md, eng, in_.dy.data())},
-             {DNNL_ARG_WORKSPACE, workspace_},
-             {DNNL_ARG_DIFF_SRC, memory(plan_.x_md, eng, out_.data())}};
+    cpu::execute(dnnl::pooling_forward(plan_.fwd),
+                 {{DNNL_ARG_SRC, x}, {DNNL_ARG_DST, memory(plan_.y_md, eng)}, {DNNL_ARG_WORKSPACE, workspace_}});
+    call_ = {dnnl::pooling_backward(plan_.bwd),
+             {{DNNL_ARG_DIFF_DST, cpu::mem(plan_.y_md, in_.dy.data())},
+              {DNNL_ARG_WORKSPACE, workspace_},
+              {DNNL_ARG_DIFF_SRC, cpu::mem(plan_.x_md, out_.data())}}};
   }
 
-  void run() override { cpu::execute(prim_, args_); }
+  void run() override { call_.run(); }
 
   Check verify() override {
     out_.poison();
@@ -90,23 +85,13 @@ class CpuMaxpool final : public Case {
   Inputs in_;
   HostBuffer out_;
   memory workspace_;
-  dnnl::primitive prim_;
-  cpu::Args args_;
+  cpu::Call call_;
 };
 
 }  // namespace
 
 std::string onednn_unsupported_reason(const Problem& p) {
-  const Shape s = shape_of(p);
-  try {
-    plan(s);
-  } catch (const Error& e) {
-    if (e.kind() == ErrorKind::unsupported)
-      return std::string("oneDNN has no ") + dtype_name(p.dtype) + " max pooling " + direction_name(p.dir) +
-             " for this CPU (ISA " + cpu::isa_name() + ")";
-    throw;
-  }
-  return "";
+  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, p, "max pooling");
 }
 
 std::unique_ptr<Case> make_cpu_onednn(const Problem& p) { return std::make_unique<CpuMaxpool>(p); }

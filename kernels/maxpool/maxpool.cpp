@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "hotops/check.h"
+#include "hotops/op_family.h"
 
 namespace hotops::maxpool {
 namespace {
@@ -48,11 +49,9 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
       for (Direction d : kDirections) out.push_back(Problem{"maxpool", be, t, d, args});
 }
 
-std::string cpu_unsupported_reason(const Problem& p) { return onednn_unsupported_reason(p); }
-std::unique_ptr<Case> make_cpu(const Problem& p) { return make_cpu_onednn(p); }
-
-class MaxpoolFamily final : public Family {
+class MaxpoolFamily final : public OpFamily {
  public:
+  MaxpoolFamily() : OpFamily(onednn_unsupported_reason, make_cpu_onednn, HOTOPS_CUDA_FACTORY(make_cudnn)) {}
   std::string name() const override { return "maxpool"; }
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
@@ -96,14 +95,6 @@ class MaxpoolFamily final : public Family {
     w.bytes = (in + out) * e;
     w.items = p.batch() ? static_cast<double>(*p.batch()) : 1.0;
     return w;
-  }
-
-  std::string unsupported_reason(const Problem& p) const override {
-    return backend_unsupported_reason(p, cpu_unsupported_reason);
-  }
-
-  std::unique_ptr<Case> make(const Problem& p) const override {
-    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cudnn));
   }
 };
 

@@ -429,14 +429,9 @@ class CpuLayer final : public LayerCase {
   }
 
   void adamw_step() {
-    const adamw::StepScalars sc = adamw::scalars_for(hyper(), ++step_);
-    float* p = params_.as<float>();
-    const float* g = grads_.as<float>();
-    float* m = m_.as<float>();
-    float* v = v_.as<float>();
     const auto n = static_cast<std::int64_t>(l_.total);
-#pragma omp parallel for simd num_threads(team()) schedule(static)
-    for (std::int64_t i = 0; i < n; ++i) adamw::step_element(p[i], g[i], m[i], v[i], sc, [](float x) { return std::sqrt(x); });
+    adamw::cpu_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(), n,
+                    adamw::scalars_for(hyper(), ++step_), team());
   }
 
   Shape s_;

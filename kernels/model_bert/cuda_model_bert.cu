@@ -39,10 +39,7 @@ constexpr int kColRows = 64;       // rows per block of the column sums' first s
 constexpr int kGeluRows = 32;      // rows per block of the GELU backward (and its column sums)
 constexpr int kLossBlocks = 256;
 
-struct StepState {
-  std::int64_t step;
-  adamw::StepScalars s;
-};
+using StepState = adamw::DeviceStep;
 
 using bf16 = __nv_bfloat16;
 
@@ -341,24 +338,6 @@ __global__ void mse_finish(const float* __restrict__ partial, int blocks, std::i
     const std::int64_t t = state->step + 1;
     state->step = t;
     state->s = adamw::scalars_for(h, t);
-  }
-}
-
-struct IeeeSqrt {
-  __device__ float operator()(float x) const { return sqrtf(x); }
-};
-
-__global__ void __launch_bounds__(kThreads) adamw_flat(float4* __restrict__ p, const float4* __restrict__ g, float4* __restrict__ m,
-                                                      float4* __restrict__ v, std::int64_t n4, const StepState* __restrict__ state) {
-  const adamw::StepScalars s = state->s;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    float4 pv = p[i], mv = m[i], vv = v[i];
-    const float4 gv = __ldg(g + i);
-    adamw::step_element(pv.x, gv.x, mv.x, vv.x, s, IeeeSqrt());
-    adamw::step_element(pv.y, gv.y, mv.y, vv.y, s, IeeeSqrt());
-    adamw::step_element(pv.z, gv.z, mv.z, vv.z, s, IeeeSqrt());
-    adamw::step_element(pv.w, gv.w, mv.w, vv.w, s, IeeeSqrt());
-    p[i] = pv, m[i] = mv, v[i] = vv;
   }
 }
 
@@ -763,11 +742,8 @@ class CudaLayer final : public LayerCase {
     }
     // optimizer
     trace::op("adamw");
-    const auto n4 = static_cast<std::int64_t>(l_.total / 4);
-    adamw_flat<<<grid_for(n4, kThreads, 1024), kThreads, 0, gpu::stream()>>>(params_.as<float4>(), grads_.as<const float4>(),
-                                                                             m_.as<float4>(), v_.as<float4>(), n4,
-                                                                             state_.as<const StepState>());
-    HOTOPS_CHECK_LAUNCH();
+    adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
+                     static_cast<std::int64_t>(l_.total), state_.as<StepState>(), nullptr, gpu::stream());
   }
 
   Shape s_;

@@ -11,7 +11,7 @@
 //                 dcT = 0), cudnnRNNBackwardWeights_v8 (CUDNN_WGRAD_MODE_ADD)
 //   embedding     dE = 0; CUB stable radix sort of (token, position); embedding_grad: one warp per
 //                 run of equal tokens sums its dx rows in position order (deterministic)
-//   optimizer     adamw_flat (1 launch over the flat p, g, m, v)
+//   optimizer     adamw::cuda_step (1 launch over the flat p, g, m, v)
 // The flat parameter buffer on the device: embed [V, E] | cuDNN's weight space (W_ih, W_hh, b_ih,
 // b_hh of both directions, where cudnnGetRNNWeightParams says) | dense W [2H, C] | dense b [C], each
 // on a 256-byte boundary; the gradients, m and v in the same layout, so AdamW is one flat pass and the
@@ -62,11 +62,9 @@ namespace {
 using gpu::cudnn;
 using gpu::TensorDesc;
 
-using models::adamw_flat;
 using models::cast_params;
 using models::narrow;
 using models::widen;
-using models::kAdamwThreads;
 using models::kLossThreads;
 using models::kMaxClasses;
 using models::softmax_xent;
@@ -641,11 +639,9 @@ class CudaBilstm final : public ModelCase {
                                                                         dx_.as<const T>(), dE, dim(N), dim(E));
     HOTOPS_CHECK_LAUNCH();
 
-    const auto n4 = static_cast<std::int64_t>(total_ / 4);
     trace::op("adamw");
-    adamw_flat<<<blocks_for(n4, kAdamwThreads, 1024), kAdamwThreads, 0, st>>>(
-        params_.as<float4>(), grads_.as<const float4>(), m_.as<float4>(), v_.as<float4>(), n4, state_.as<const StepState>());
-    HOTOPS_CHECK_LAUNCH();
+    adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
+                     static_cast<std::int64_t>(total_), state_.as<StepState>(), nullptr, st);
   }
 
   Shape s_;

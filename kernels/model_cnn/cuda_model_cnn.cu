@@ -1201,11 +1201,9 @@ class CudaCnn final : public ModelCase {
                                                         workspace_.get(), ws_bytes_, &zero, cp.x.h, d_input(i)));
       }
     }
-    const auto n4 = static_cast<std::int64_t>(l_.total / 4);
     trace::op("adamw");
-    models::adamw_flat<<<grid_for(n4, 4096), models::kAdamwThreads, 0, st>>>(params_.as<float4>(), grads_.as<const float4>(), m_.as<float4>(),
-                                                                             v_.as<float4>(), n4, state_.as<const StepState>());
-    HOTOPS_CHECK_LAUNCH();
+    adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(), static_cast<std::int64_t>(l_.total),
+                     state_.as<StepState>(), nullptr, st, 4096);
   }
 
   static PoolGeom geom(const ConvLayer& c) {

@@ -7,9 +7,9 @@
 //                                                      optimizer's step count + scalars advanced
 //   backward    per layer k: matmul dW_k = a_k^T . dz; for k > 0 matmul da = dz . W_k^T and
 //               relu_backward_bias_grad: dz = da * (a_k > 0) in place, db_{k-1} = colsum(dz)
-//   optimizer   adamw_flat (1 launch over the flat p, g, m, v)
+//   optimizer   adamw::cuda_step (1 launch over the flat p, g, m, v)
 // 12 launches for 3 layers, all on gpu::stream() with no host synchronisation: capturable.
-// The optimizer's step count lives on the device (advanced by the loss kernel, read by adamw_flat),
+// The optimizer's step count lives on the device (advanced by the loss kernel, read by the AdamW step),
 // so that replays of a captured step take steps 1, 2, 3, ... as a training loop does.
 // bf16 (models.h): one more launch first, cast_params (the f32 parameters to their bf16 copy); the
 // GEMMs take bf16 A and B with f32 accumulation (CUBLAS_COMPUTE_32F on tensor cores), write bf16
@@ -366,12 +366,9 @@ class CudaModel final : public ModelCase {
           tickets_.as<unsigned>(), static_cast<int>(B), cols);
       HOTOPS_CHECK_LAUNCH();
     }
-    const auto n4 = static_cast<std::int64_t>(l_.total / 4);
-    const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n4 + kAdamwThreads - 1) / kAdamwThreads, 1024));
     trace::op("adamw");
-    adamw_flat<<<blocks, kAdamwThreads, 0, gpu::stream()>>>(params_.as<float4>(), grads_.as<const float4>(), m_.as<float4>(),
-                                                            v_.as<float4>(), n4, state_.as<const StepState>());
-    HOTOPS_CHECK_LAUNCH();
+    adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
+                     static_cast<std::int64_t>(l_.total), state_.as<StepState>(), nullptr, gpu::stream());
   }
 
   Shape s_;

@@ -1,6 +1,6 @@
 // The device code of a model's train step that every model family with a softmax cross-entropy head
 // shares (kernels/models, kernels/model_bilstm): the optimizer's step state on the device, the loss
-// kernel that advances it, bf16's cast of the parameters, and the flat AdamW pass. Included by .cu files only; everything here has
+// kernel that advances it, and bf16's cast of the parameters (the flat AdamW pass is adamw::cuda_step). Included by .cu files only; everything here has
 // internal linkage, one copy per file that uses it.
 #pragma once
 #include <cuda_bf16.h>
@@ -14,13 +14,9 @@ namespace {
 
 constexpr int kMaxClasses = 16;
 constexpr unsigned kLossThreads = 512;
-constexpr unsigned kAdamwThreads = 256;
 
 // The optimizer's step count, and the scalars of the step just taken (the loss kernel writes them).
-struct StepState {
-  std::int64_t step;
-  adamw::StepScalars s;
-};
+using StepState = adamw::DeviceStep;
 
 // Storage <-> f32 for the kernels templated on the logits' type: f32 as is; bf16 widened exactly,
 // narrowed rounding to nearest even.
@@ -102,28 +98,6 @@ __global__ void cast_params(const float4* __restrict__ p, __nv_bfloat162* __rest
     const float4 v = p[i];
     low[2 * i] = __floats2bfloat162_rn(v.x, v.y);
     low[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
-  }
-}
-
-struct IeeeSqrt {
-  __device__ float operator()(float x) const { return sqrtf(x); }
-};
-
-// One AdamW step over the flat buffers (n4 vectors of 4; the padding between tensors is zero in
-// p, g, m and v and stays zero), with the scalars of the step the loss kernel advanced to.
-__global__ void __launch_bounds__(kAdamwThreads) adamw_flat(float4* __restrict__ p, const float4* __restrict__ g,
-                                                            float4* __restrict__ m, float4* __restrict__ v,
-                                                            std::int64_t n4, const StepState* __restrict__ state) {
-  const adamw::StepScalars s = state->s;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    float4 pv = p[i], mv = m[i], vv = v[i];
-    const float4 gv = __ldg(g + i);
-    adamw::step_element(pv.x, gv.x, mv.x, vv.x, s, IeeeSqrt());
-    adamw::step_element(pv.y, gv.y, mv.y, vv.y, s, IeeeSqrt());
-    adamw::step_element(pv.z, gv.z, mv.z, vv.z, s, IeeeSqrt());
-    adamw::step_element(pv.w, gv.w, mv.w, vv.w, s, IeeeSqrt());
-    p[i] = pv, m[i] = mv, v[i] = vv;
   }
 }
 

@@ -1,8 +1,6 @@
 // relu on the CPU: oneDNN's eltwise primitive (eltwise_relu, alpha 0), forward_training for fwd and
 // eltwise_backward from the source for bwd (dx = x > 0 ? dy : 0, as threshold_backward), over the
 // tensor seen as one flat dimension: the op is elementwise, so its shape does not matter to it.
-#include <unordered_map>
-
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "kernels/pointwise/pointwise.h"
@@ -10,52 +8,23 @@
 namespace hotops::pointwise {
 namespace {
 
-using dnnl::memory;
-
-memory::data_type dnnl_type(DType t) { return t == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32; }
-
 // The primitive descriptors of one problem (no memory touched): creating them is also the support
 // probe, since oneDNN answers `unimplemented` for a dtype this CPU cannot do.
-struct Plan {
-  memory::desc md;
-  dnnl::eltwise_forward::primitive_desc fwd;
-  dnnl::eltwise_backward::primitive_desc bwd;  // bwd only
-};
-
-Plan plan(const Shape& s) {
-  dnnl::engine& eng = cpu::engine();
-  Plan p;
-  p.md = memory::desc({s.elements}, dnnl_type(s.dtype), memory::format_tag::a);
+cpu::Eltwise plan(const Shape& s) {
   constexpr float kAlpha = 0.f;  // the slope for x < 0: plain relu
-  const auto fd = HOTOPS_CHECK_DNNL(
-      dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::eltwise_relu, p.md, kAlpha));
-  p.fwd = HOTOPS_CHECK_DNNL(dnnl::eltwise_forward::primitive_desc(fd, eng));
-  if (s.dir == Direction::bwd) {
-    const auto bd = HOTOPS_CHECK_DNNL(dnnl::eltwise_backward::desc(dnnl::algorithm::eltwise_relu, p.md, p.md, kAlpha));
-    p.bwd = HOTOPS_CHECK_DNNL(dnnl::eltwise_backward::primitive_desc(bd, eng, p.fwd));
-  }
-  return p;
+  return cpu::Eltwise(dnnl::algorithm::eltwise_relu, cpu::md({s.elements}, s.dtype, dnnl::memory::format_tag::a),
+                      kAlpha, s.dir == Direction::bwd);
 }
 
 class CpuRelu final : public Case {
  public:
   explicit CpuRelu(const Problem& p)
       : s_(shape_of(p)), plan_(plan(s_)), in_(make_inputs(s_, p)), out_(make_output(s_)) {
-    dnnl::engine& eng = cpu::engine();
     // The tensors start `offset` elements into their buffers.
-    auto mem = [&](HostBuffer& b) {
-      return memory(plan_.md, eng, static_cast<std::byte*>(b.data()) + s_.offset * dtype_size(s_.dtype));
-    };
-    if (s_.dir == Direction::fwd) {
-      prim_ = dnnl::eltwise_forward(plan_.fwd);
-      args_ = {{DNNL_ARG_SRC, mem(in_.x)}, {DNNL_ARG_DST, mem(out_)}};
-    } else {
-      prim_ = dnnl::eltwise_backward(plan_.bwd);
-      args_ = {{DNNL_ARG_SRC, mem(in_.x)}, {DNNL_ARG_DIFF_DST, mem(in_.dy)}, {DNNL_ARG_DIFF_SRC, mem(out_)}};
-    }
+    call_ = plan_.bind(in_.x.data(), in_.dy.data(), out_.data(), s_.offset * dtype_size(s_.dtype));
   }
 
-  void run() override { cpu::execute(prim_, args_); }
+  void run() override { call_.run(); }
 
   Check verify() override {
     out_.poison();
@@ -64,33 +33,23 @@ class CpuRelu final : public Case {
   }
 
   std::string label() const override {
-    const bool fwd = s_.dir == Direction::fwd;
-    return std::string("oneDNN eltwise_relu ") + (fwd ? "forward_training " : "backward (from src) ") +
-           (fwd ? plan_.fwd.impl_info_str() : plan_.bwd.impl_info_str()) + ", " + std::to_string(cpu::threads()) +
-           " threads";
+    return cpu::with_threads(std::string("oneDNN eltwise_relu ") +
+                             (s_.dir == Direction::fwd ? "forward_training " : "backward (from src) ") +
+                             plan_.impl_info_str());
   }
 
  private:
   Shape s_;
-  Plan plan_;
+  cpu::Eltwise plan_;
   Inputs in_;
   HostBuffer out_;
-  dnnl::primitive prim_;
-  cpu::Args args_;
+  cpu::Call call_;
 };
 
 }  // namespace
 
 std::string relu_onednn_unsupported_reason(const Problem& p) {
-  try {
-    plan(shape_of(p));
-  } catch (const Error& e) {
-    if (e.kind() == ErrorKind::unsupported)
-      return std::string("oneDNN has no ") + dtype_name(p.dtype) + " relu " + direction_name(p.dir) +
-             " for this CPU (ISA " + cpu::isa_name() + ")";
-    throw;
-  }
-  return "";
+  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, p, "relu");
 }
 
 std::unique_ptr<Case> make_cpu_relu(const Problem& p) { return std::make_unique<CpuRelu>(p); }

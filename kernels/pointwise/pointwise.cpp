@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "hotops/check.h"
+#include "hotops/op_family.h"
 
 namespace hotops::pointwise {
 namespace {
@@ -92,8 +93,9 @@ std::string cpu_unsupported_reason(const Problem& p) {
   return shape_of(p).op == Op::relu ? relu_onednn_unsupported_reason(p) : "";
 }
 
-class PointwiseFamily final : public Family {
+class PointwiseFamily final : public OpFamily {
  public:
+  PointwiseFamily() : OpFamily(cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
   std::string name() const override { return "pointwise"; }
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
@@ -135,14 +137,6 @@ class PointwiseFamily final : public Family {
     }
     w.items = p.batch() ? static_cast<double>(*p.batch()) : 1.0;
     return w;
-  }
-
-  std::string unsupported_reason(const Problem& p) const override {
-    return backend_unsupported_reason(p, cpu_unsupported_reason);
-  }
-
-  std::unique_ptr<Case> make(const Problem& p) const override {
-    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
   }
 };
 

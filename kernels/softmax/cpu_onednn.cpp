@@ -1,8 +1,6 @@
 // softmax on the CPU: oneDNN's softmax_forward (forward_training) and softmax_backward over axis 1
 // of a [rows, cols] row-major tensor. bwd runs from the destination y and dy, as PyTorch's
 // _softmax_backward_data does.
-#include <unordered_map>
-
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "kernels/softmax/softmax.h"
@@ -23,8 +21,7 @@ struct Plan {
 Plan plan(const Shape& s) {
   dnnl::engine& eng = cpu::engine();
   Plan p;
-  const auto t = s.dtype == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
-  p.md = memory::desc({s.rows, s.cols}, t, memory::format_tag::ab);
+  p.md = cpu::md({s.rows, s.cols}, s.dtype, memory::format_tag::ab);
   const auto fd = HOTOPS_CHECK_DNNL(dnnl::softmax_forward::desc(dnnl::prop_kind::forward_training, p.md, 1));
   p.fwd = HOTOPS_CHECK_DNNL(dnnl::softmax_forward::primitive_desc(fd, eng));
   if (s.dir == Direction::bwd) {
@@ -38,18 +35,15 @@ class CpuSoftmax final : public Case {
  public:
   explicit CpuSoftmax(const Problem& p)
       : s_(shape_of(p)), plan_(plan(s_)), in_(make_inputs(s_, p.seed())), out_(make_output(s_)) {
-    dnnl::engine& eng = cpu::engine();
-    auto mem = [&](HostBuffer& b) { return memory(plan_.md, eng, b.data()); };
-    if (s_.dir == Direction::fwd) {
-      prim_ = dnnl::softmax_forward(plan_.fwd);
-      args_ = {{DNNL_ARG_SRC, mem(in_.x)}, {DNNL_ARG_DST, mem(out_)}};
-    } else {
-      prim_ = dnnl::softmax_backward(plan_.bwd);
-      args_ = {{DNNL_ARG_DST, mem(in_.y)}, {DNNL_ARG_DIFF_DST, mem(in_.dy)}, {DNNL_ARG_DIFF_SRC, mem(out_)}};
-    }
+    auto mem = [&](HostBuffer& b) { return cpu::mem(plan_.md, b.data()); };
+    if (s_.dir == Direction::fwd)
+      call_ = {dnnl::softmax_forward(plan_.fwd), {{DNNL_ARG_SRC, mem(in_.x)}, {DNNL_ARG_DST, mem(out_)}}};
+    else
+      call_ = {dnnl::softmax_backward(plan_.bwd),
+               {{DNNL_ARG_DST, mem(in_.y)}, {DNNL_ARG_DIFF_DST, mem(in_.dy)}, {DNNL_ARG_DIFF_SRC, mem(out_)}}};
   }
 
-  void run() override { cpu::execute(prim_, args_); }
+  void run() override { call_.run(); }
 
   Check verify() override {
     out_.poison();
@@ -59,9 +53,8 @@ class CpuSoftmax final : public Case {
 
   std::string label() const override {
     const bool fwd = s_.dir == Direction::fwd;
-    return std::string("oneDNN softmax_") + (fwd ? "forward forward_training " : "backward ") +
-           (fwd ? plan_.fwd.impl_info_str() : plan_.bwd.impl_info_str()) + ", " + std::to_string(cpu::threads()) +
-           " threads";
+    return cpu::with_threads(std::string("oneDNN softmax_") + (fwd ? "forward forward_training " : "backward ") +
+                             (fwd ? plan_.fwd.impl_info_str() : plan_.bwd.impl_info_str()));
   }
 
  private:
@@ -69,23 +62,13 @@ class CpuSoftmax final : public Case {
   Plan plan_;
   Inputs in_;
   HostBuffer out_;
-  dnnl::primitive prim_;
-  cpu::Args args_;
+  cpu::Call call_;
 };
 
 }  // namespace
 
 std::string onednn_unsupported_reason(const Problem& p) {
-  const Shape s = shape_of(p);
-  try {
-    plan(s);
-  } catch (const Error& e) {
-    if (e.kind() == ErrorKind::unsupported)
-      return std::string("oneDNN has no ") + dtype_name(p.dtype) + " softmax " + direction_name(p.dir) +
-             " for this CPU (ISA " + cpu::isa_name() + ")";
-    throw;
-  }
-  return "";
+  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, p, "softmax");
 }
 
 std::unique_ptr<Case> make_cpu_onednn(const Problem& p) { return std::make_unique<CpuSoftmax>(p); }

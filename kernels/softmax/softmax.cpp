@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "hotops/check.h"
+#include "hotops/op_family.h"
 
 namespace hotops::softmax {
 namespace {
@@ -41,17 +42,14 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
       for (Direction d : kDirections) out.push_back(Problem{"softmax", be, t, d, args});
 }
 
-std::string cpu_unsupported_reason(const Problem& p) { return onednn_unsupported_reason(p); }
-
-std::unique_ptr<Case> make_cpu(const Problem& p) { return make_cpu_onednn(p); }
-
 // FLOPs per element, each exp counted as one:
 //   fwd 5: max (a compare), x - max, exp, the sum's add, the divide
 //   bwd 4: dy * y, the sum's add, dy - s, y * (dy - s)
 double flops_per_element(Direction d) { return d == Direction::fwd ? 5 : 4; }
 
-class SoftmaxFamily final : public Family {
+class SoftmaxFamily final : public OpFamily {
  public:
+  SoftmaxFamily() : OpFamily(onednn_unsupported_reason, make_cpu_onednn, HOTOPS_CUDA_FACTORY(make_cuda)) {}
   std::string name() const override { return "softmax"; }
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
@@ -85,14 +83,6 @@ class SoftmaxFamily final : public Family {
     w.bytes = n * e * (s.dir == Direction::fwd ? 2 : 3);  // x read, y written; y and dy read, dx written
     w.items = p.batch() ? static_cast<double>(*p.batch()) : 1.0;
     return w;
-  }
-
-  std::string unsupported_reason(const Problem& p) const override {
-    return backend_unsupported_reason(p, cpu_unsupported_reason);
-  }
-
-  std::unique_ptr<Case> make(const Problem& p) const override {
-    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
   }
 };
 

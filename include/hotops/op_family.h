@@ -1,0 +1,43 @@
+// The usual op family: one Case factory per backend, and the CPU's own support check.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "hotops/op.h"
+
+namespace hotops {
+
+// A family whose problems each run on its backend's factory. A family with checks of its own
+// overrides unsupported_reason and ends it with OpFamily::unsupported_reason(p).
+class OpFamily : public Family {
+ public:
+  using Factory = std::unique_ptr<Case> (*)(const Problem&);
+  using Reason = std::string (*)(const Problem&);
+
+  // `cpu_reason`: why the CPU cannot run a problem, "" when it can (e.g. a oneDNN probe); nullptr
+  // where the CPU runs every problem. `cuda`: HOTOPS_CUDA_FACTORY(the CUDA factory).
+  OpFamily(Reason cpu_reason, Factory cpu, Factory cuda)
+      : cpu_reason_(cpu_reason ? cpu_reason : runs_everything), cpu_(cpu), cuda_(cuda) {}
+
+  std::string unsupported_reason(const Problem& p) const override { return backend_unsupported_reason(p, cpu_reason_); }
+  std::unique_ptr<Case> make(const Problem& p) const override { return make_on_backend(p, cpu_, cuda_); }
+
+ private:
+  static std::string runs_everything(const Problem&) { return ""; }
+
+  Reason cpu_reason_;
+  Factory cpu_, cuda_;
+};
+
+// The seed of a problem's inputs less its `impl` arg, for a family with several implementations on
+// one backend: they all compute on the same numbers.
+inline std::uint64_t seed_without_impl(const Problem& p) {
+  Problem q = p;
+  q.args.erase(std::remove_if(q.args.begin(), q.args.end(), [](const Arg& a) { return a.key == "impl"; }),
+               q.args.end());
+  return q.seed();
+}
+
+}  // namespace hotops
