@@ -1057,7 +1057,7 @@ class CudaCnn final : public ModelCase {
       cast_params<<<grid_for(n4, 1024), kThreads, 0, st>>>(params_.as<const float4>() + l_.dense1.w / 4, low_.as<__nv_bfloat162>(), n4);
       HOTOPS_CHECK_LAUNCH();
     }
-    if (wcopy_) trace::op("cast");  // the conv weights into the step's layout or dtype
+    if (wcopy_) trace::op(kBf16 ? "cast" : "reorder");  // the conv weights into the step's dtype or layout
     for (std::size_t i = 0; wcopy_ && i < s_.convs.size(); ++i) launch_filter_layout(i, false);
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
       const ConvLayer& c = s_.convs[i];
