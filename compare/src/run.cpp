@@ -108,9 +108,12 @@ Raw read_entry(const json& e, const std::string& where) {
     const json& t = e["real_time"];
     if (!t.is_number()) throw InputError(at + ": \"real_time\" is not a number");
     const double v = t.get<double>();
-    if (!std::isfinite(v) || v < 0) throw InputError(at + ": \"real_time\" is " + text_of(t) + ", not a time");
+    // A measured execution takes some time: zero, a negative time or one that overflows a double in
+    // nanoseconds cannot be a measurement, and a ratio against it would be meaningless.
+    if (!std::isfinite(v) || v <= 0) throw InputError(at + ": \"real_time\" is " + text_of(t) + ", not a time");
     const std::string unit = e.contains("time_unit") && e["time_unit"].is_string() ? e["time_unit"].get<std::string>() : "ns";
     r.time_ns = v * unit_ns(unit, at);
+    if (!std::isfinite(*r.time_ns)) throw InputError(at + ": \"real_time\" is " + text_of(t) + " " + unit + ", too large a time");
   }
   for (const auto& [key, value] : e.items()) {
     if (own_fields().count(key)) continue;
@@ -184,9 +187,17 @@ std::optional<double> Entry::counter(const std::string& key) const {
 }
 
 const Entry* Run::find(const std::string& full_name) const {
-  for (const Entry& e : entries)
-    if (e.name.full == full_name) return &e;
-  return nullptr;
+  // The index is rebuilt whenever the entries changed under it (a filter, a test's own list), so
+  // that a join of two large runs is linear, not quadratic.
+  if (indexed_ != entries.size() || (!entries.empty() && indexed_front_ != &entries.front())) {
+    by_name_.clear();
+    by_name_.reserve(entries.size());
+    for (std::size_t i = 0; i < entries.size(); ++i) by_name_.emplace(entries[i].name.full, i);
+    indexed_ = entries.size();
+    indexed_front_ = entries.empty() ? nullptr : &entries.front();
+  }
+  const auto it = by_name_.find(full_name);
+  return it == by_name_.end() ? nullptr : &entries[it->second];
 }
 
 std::string sanitize_nonfinite(const std::string& text) {

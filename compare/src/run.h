@@ -4,6 +4,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace hotops::compare {
@@ -59,7 +60,12 @@ struct Run {
   std::string source;                              // the file name (for messages)
   std::map<std::string, std::string> context;      // scalars of "context", as text
   std::vector<Entry> entries;                      // in first-appearance order
-  const Entry* find(const std::string& full_name) const;
+  const Entry* find(const std::string& full_name) const;  // by name, through an index
+
+ private:
+  mutable std::unordered_map<std::string, std::size_t> by_name_;
+  mutable std::size_t indexed_ = 0;
+  mutable const Entry* indexed_front_ = nullptr;
 };
 
 // Parses Google Benchmark JSON text; `source` names it in error messages. Throws InputError.

@@ -155,6 +155,9 @@ TEST(ReadRun, BadInputIsOneClearError) {
   EXPECT_NE(input_error(R"({"benchmarks": [{"name": "a", "real_time": "1"}]})").find("not a number"), std::string::npos);
   EXPECT_NE(input_error(R"({"benchmarks": [{"name": "a", "real_time": -1}]})").find("not a time"), std::string::npos);
   EXPECT_NE(input_error(R"({"benchmarks": [{"name": "a", "real_time": NaN}]})").find("not a number"), std::string::npos);
+  EXPECT_NE(input_error(R"({"benchmarks": [{"name": "a", "real_time": 0}]})").find("not a time"), std::string::npos);
+  EXPECT_NE(input_error(R"({"benchmarks": [{"name": "a", "real_time": 1e300, "time_unit": "s"}]})").find("too large a time"),
+            std::string::npos);
   EXPECT_NE(input_error(R"({"benchmarks": [{"name": "a", "real_time": 1, "time_unit": "fortnight"}]})").find("unknown time_unit"),
             std::string::npos);
   // A number beyond a double: nlohmann throws out_of_range, not parse_error (found by fuzzing).
@@ -175,6 +178,19 @@ TEST(ReadRun, MissingFile) {
 
 TEST(ReadRun, EmptyBenchmarksIsARunWithNothingInIt) {
   EXPECT_TRUE(parse_run(R"({"context": {}, "benchmarks": []})", "e.json").entries.empty());
+}
+
+// A join looks entries up by name: after a filter removed some, the rest are still found, and the
+// removed ones are not.
+TEST(ReadRun, FindFollowsTheEntriesThroughAFilter) {
+  RunData r = parse_run(R"({"benchmarks": [{"name": "a/x", "real_time": 1}, {"name": "b/y", "real_time": 2},
+                                            {"name": "c/x", "real_time": 3}]})",
+                        "f.json");
+  ASSERT_NE(r.find("b/y"), nullptr);
+  keep_matching(r, "/x");
+  EXPECT_EQ(r.find("b/y"), nullptr);
+  ASSERT_NE(r.find("c/x"), nullptr);
+  EXPECT_DOUBLE_EQ(r.find("c/x")->time_ns(), 3);
 }
 
 }  // namespace
