@@ -114,13 +114,62 @@ std::vector<std::string> machine_differences(const Run& a, const Run& b) {
   return out;
 }
 
-Diff diff(const Run& base, const Run& next, const Prices& prices) {
+std::vector<std::string> setting_differences(const Run& a, const Run& b) {
+  std::vector<std::string> out;
+  for (const char* key : {"threads", "hotops_seed", "hotops_verify", "hotops_cold_l2", "hotops_runs_per_sample",
+                          "hotops_throttle_threshold", "hotops_shuffle_layout", "build_type"}) {
+    const auto x = a.context.find(key), y = b.context.find(key);
+    if (x == a.context.end() || y == b.context.end() || x->second == y->second) continue;
+    out.push_back(std::string(key) + " " + x->second + " vs " + y->second);
+  }
+  return out;
+}
+
+std::vector<std::string> entry_marks(const Entry& e, double noisy_pct) {
+  std::vector<std::string> m;
+  if (e.unverified()) m.push_back("unverified");
+  const auto noise = e.noise_pct();
+  if (noise && !(*noise <= noisy_pct)) m.push_back("noisy");
+  return m;
+}
+
+namespace {
+
+// The thread count of a CPU entry: its own counter, else its run's (hotops' context "threads").
+std::optional<double> cpu_threads(const Run& run, const Entry& e) {
+  if (e.name.backend != "cpu") return std::nullopt;
+  if (const auto t = e.threads()) return *t;
+  for (const auto& [k, v] : e.name.args)
+    if (k == "threads") return std::strtod(v.c_str(), nullptr);
+  const auto c = run.context.find("threads");
+  if (c == run.context.end()) return std::nullopt;
+  return std::strtod(c->second.c_str(), nullptr);
+}
+
+void add_mark(std::vector<std::string>& marks, const std::string& m) {
+  if (std::find(marks.begin(), marks.end(), m) == marks.end()) marks.push_back(m);
+}
+
+}  // namespace
+
+Diff diff(const Run& base, const Run& next, const Prices& prices, double noisy_pct) {
   Diff d;
   const auto differences = machine_differences(base, next);
   if (!differences.empty()) {
     std::string w = "the runs come from different machines (";
     for (std::size_t i = 0; i < differences.size(); ++i) w += (i ? "; " : "") + differences[i];
     d.warnings.push_back(w + "): differences include the hardware");
+  }
+  const auto settings = setting_differences(base, next);
+  if (!settings.empty()) {
+    std::string w = "the runs differ in their settings (";
+    for (std::size_t i = 0; i < settings.size(); ++i) w += (i ? "; " : "") + settings[i];
+    d.warnings.push_back(w + "): differences include them");
+  }
+  for (const Run* r : {&base, &next}) {
+    const auto v = r->context.find("hotops_verify");
+    if (v != r->context.end() && v->second == "0")
+      d.warnings.push_back(r->source + " ran with --hotops_verify=0: its times were not checked (marked unverified)");
   }
   std::vector<double> ratios;
   const auto add = [&](const Entry* b, const Entry* n) {
@@ -147,8 +196,14 @@ Diff diff(const Run& base, const Run& next, const Prices& prices) {
         const auto cb = b->counter(c), cn = n->counter(c);
         if (cb && cn && *cb > 0) r.counter_ratio[c] = *cn / *cb;
       }
+      for (const Entry* e : {b, n})
+        for (const std::string& m : entry_marks(*e, noisy_pct)) add_mark(r.marks, m);
+      const auto tb = cpu_threads(base, *b), tn = cpu_threads(next, *n);
+      if (tb && tn && *tb != *tn) add_mark(r.marks, "threads " + fmt("%g", *tb) + " vs " + fmt("%g", *tn));
       if (r.ratio > 0 && std::isfinite(r.ratio)) ratios.push_back(r.ratio);
       ++d.compared;
+    } else if (n && nt) {
+      r.marks = entry_marks(*n, noisy_pct);
     }
     d.rows.push_back(std::move(r));
   };
@@ -166,7 +221,7 @@ std::optional<UTest> utest_against_scaled_base(const DiffRow& r, double factor) 
   return mann_whitney_u(scaled, r.next->samples_ns);
 }
 
-Speedup speedup(const Run& cpu_run, const Run& cuda_run, const Prices& prices) {
+Speedup speedup(const Run& cpu_run, const Run& cuda_run, const Prices& prices, double noisy_pct) {
   Speedup s;
   if (&cpu_run != &cuda_run) {
     // Two machines are the point here; say so only when the backend sources are mixed up.
@@ -257,6 +312,8 @@ Speedup speedup(const Run& cpu_run, const Run& cuda_run, const Prices& prices) {
     cell.speedup = gpu_ns > 0 ? c->time_ns() / gpu_ns : std::numeric_limits<double>::infinity();
     cell.cpu_cost = cost_per_million(*c, prices);
     cell.cuda_cost = cost_per_million(*g->second, prices);
+    for (const Entry* e : {c, g->second})
+      for (const std::string& m : entry_marks(*e, noisy_pct)) add_mark(cell.marks, m);
     SpeedupRow& row = grouped[c->name.op][row_of[problem]];
     row.variant = row_of[problem];
     row.cells.push_back(cell);
@@ -290,6 +347,13 @@ Gate gate(const Run& base, const Run& next, const GateOptions& o) {
   Gate g;
   g.diff = diff(base, next);
   for (const DiffRow& r : g.diff.rows) {
+    // A time bench did not check passes no gate, new or not: it may be the time of a wrong result.
+    if (r.next && r.next->has_time() && r.next->unverified()) {
+      g.failures.push_back({r.name, "not verified (--hotops_verify=0): a time whose output was not checked cannot pass"});
+      continue;
+    }
+    for (const std::string& m : r.marks)
+      if (m.rfind("threads", 0) == 0) g.notes.push_back(r.name + ": compared across different thread counts (" + m + ")");
     switch (r.status) {
       case DiffStatus::only_base:
         g.failures.push_back({r.name, "vanished: in base, not in new"});

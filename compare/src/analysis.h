@@ -36,6 +36,10 @@ struct DiffRow {
   std::optional<UTest> utest;                // when both sides have >= 2 repetitions
   std::map<std::string, double> counter_ratio;  // new / base of each rate both sides report
   std::optional<double> base_cost, new_cost;    // USD per million items
+  // Why this row's comparison is not to be trusted as it stands: "unverified" (either side's time
+  // was not checked), "noisy" (either side spreads beyond the limit), "threads 16 vs 8" (the CPU
+  // entries ran with different thread counts). A marked row counts in no significance total.
+  std::vector<std::string> marks;
 };
 
 struct Diff {
@@ -45,7 +49,17 @@ struct Diff {
   std::vector<std::string> warnings;   // e.g. the runs come from different machines
 };
 
-Diff diff(const Run& base, const Run& next, const Prices& prices = {});
+// A time spread beyond this (noise_pct, percent) marks an entry noisy: the default of --max-noise.
+constexpr double kNoisyPct = 5;
+
+Diff diff(const Run& base, const Run& next, const Prices& prices = {}, double noisy_pct = kNoisyPct);
+
+// The marks of an entry on its own: "unverified", "noisy" (beyond `noisy_pct`).
+std::vector<std::string> entry_marks(const Entry& e, double noisy_pct);
+
+// Context keys whose difference means the two runs measured under different settings (thread
+// count, seed, verification, cold L2, samples, layout shuffle, build type): "key a vs b" each.
+std::vector<std::string> setting_differences(const Run& a, const Run& b);
 
 // The U test of the new repetitions against the base repetitions each multiplied by `factor`.
 // Inverting the test gives a confidence interval for the time ratio new/base; p < alpha with
@@ -65,6 +79,7 @@ struct SpeedupCell {
   const Entry* cuda = nullptr;
   double speedup = 0;                  // CPU time / GPU time (above 1: the GPU is faster)
   std::optional<double> cpu_cost, cuda_cost;
+  std::vector<std::string> marks;      // of either entry (entry_marks): a ratio not to quote as it stands
 };
 
 struct SpeedupRow {
@@ -93,7 +108,7 @@ struct Speedup {
 };
 
 // CPU entries from `cpu_run`, CUDA entries from `cuda_run` (the same run for one that holds both).
-Speedup speedup(const Run& cpu_run, const Run& cuda_run, const Prices& prices = {});
+Speedup speedup(const Run& cpu_run, const Run& cuda_run, const Prices& prices = {}, double noisy_pct = kNoisyPct);
 
 // ---- breakdown -----------------------------------------------------------------------------
 // A model step's time by op, from the counters of bench's instrumented pass: "breakdown:<op>"

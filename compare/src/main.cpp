@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   std::string base_path, new_path, run_path, other_path, format = "console", cost, tracker, filter;
-  double alpha = 0.05, max_slowdown = -1, noise = 1.0;
+  double alpha = 0.05, max_slowdown = -1, noise = 1.0, max_noise = kNoisyPct;
+  const char* max_noise_help = "PCT: an entry whose samples spread beyond this is marked noisy (default 5)";
 
   auto* d = app.add_subcommand("diff", "join two runs on names: time ratio, counter ratios, U test, geometric mean");
   d->add_option("BASE", base_path, "baseline run (JSON)")->required();
@@ -40,12 +41,14 @@ int main(int argc, char** argv) {
   d->add_option("--noise", noise, "PCT: a change not significantly beyond this is not marked, whatever p (default 1)");
   d->add_option("--cost", cost, "cpu=USD_PER_HOUR,cuda=USD_PER_HOUR: cost per million items");
   d->add_option("--filter", filter, "REGEX: only the entries whose names match (e.g. /cuda/), in both runs");
+  d->add_option("--max-noise", max_noise, max_noise_help);
 
   auto* s = app.add_subcommand("speedup", "CPU time / GPU time per problem, batches as columns, crossover batch; entries without a time listed with why");
   s->add_option("RUN", run_path, "a run with both backends, or the CPU machine's run")->required();
   s->add_option("OTHER", other_path, "the GPU machine's run (its cuda entries are used)");
   s->add_option("--format", format, "console, md, csv or json");
   s->add_option("--cost", cost, "cpu=USD_PER_HOUR,cuda=USD_PER_HOUR: cost per million items");
+  s->add_option("--max-noise", max_noise, max_noise_help);
 
   auto* g = app.add_subcommand("gate", "exit 1 when an entry is significantly slower than the threshold allows, vanished or fails");
   g->add_option("BASE", base_path, "baseline run (JSON)")->required();
@@ -78,6 +81,7 @@ int main(int argc, char** argv) {
   try {
     if (!(alpha > 0 && alpha < 1)) throw InputError("--alpha must be in (0, 1)");
     if (!(noise >= 0 && noise < 100)) throw InputError("--noise must be a percentage in [0, 100)");
+    if (!(max_noise >= 0 && max_noise < 1e6)) throw InputError("--max-noise must be a percentage >= 0");
     if (e->parsed()) {
       const Tracker t = parse_tracker(tracker);
       const Run run = read_run(run_path);
@@ -97,7 +101,7 @@ int main(int argc, char** argv) {
       keep_matching(base, filter);
       keep_matching(next, filter);
       if (base.entries.empty() && next.entries.empty()) throw InputError("--filter '" + filter + "' matches no entry of either run");
-      const Diff result = diff(base, next, prices);
+      const Diff result = diff(base, next, prices, max_noise);
       for (const auto& w : result.warnings) warn(w);
       print_diff(std::cout, result, base, next, style);
       return 0;
@@ -105,7 +109,7 @@ int main(int argc, char** argv) {
     if (s->parsed()) {
       const Run cpu_run = read_run(run_path);
       const Run cuda_run = other_path.empty() ? Run{} : read_run(other_path);
-      const Speedup result = speedup(cpu_run, other_path.empty() ? cpu_run : cuda_run, prices);
+      const Speedup result = speedup(cpu_run, other_path.empty() ? cpu_run : cuda_run, prices, max_noise);
       for (const auto& w : result.warnings) warn(w);
       if (result.pairs == 0)
         throw InputError("no problem is measured on both backends (" + std::to_string(result.cpu_only) + " only on cpu, " +

@@ -164,6 +164,25 @@ std::string no_time_message(const Entry& e) {
   return std::string(e.skipped ? "skipped: " : "") + (e.message.empty() ? "no message" : e.message);
 }
 
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+// " [unverified, noisy]", or "" for a row without marks.
+std::string marks_text(const std::vector<std::string>& marks) { return marks.empty() ? "" : " [" + join(marks, ", ") + "]"; }
+
+// A speed-up's mark: "!" from an unverified entry, "~" from a noisy one (both: "!~").
+std::string cell_mark(const SpeedupCell& c) {
+  std::string m;
+  for (const std::string& x : c.marks) m += x == "unverified" ? "!" : x == "noisy" ? "~" : "";
+  return m;
+}
+
+// An entry's name in a tracker: an unverified time keeps its mark there, as a series of its own.
+std::string export_name(const Entry& e) { return e.name.full + (e.unverified() ? " [NOT VERIFIED]" : ""); }
+
 // Why a model entry has no breakdown: it has no time, or its run predates the breakdown counters.
 std::string why_no_breakdown(const Entry& e) {
   return e.has_time() ? "no breakdown counters (a run of an older hotops)" : no_time_message(e);
@@ -203,6 +222,7 @@ Tracker parse_tracker(const std::string& s) {
 
 bool significant_change(const DiffRow& r, const Style& s) {
   const double t = s.noise_pct / 100;
+  if (!r.marks.empty()) return false;  // not judged: unverified, noisy, or across thread counts
   if (r.status != DiffStatus::both || !r.utest || !(r.utest->p < s.alpha) || std::fabs(r.ratio - 1) < t) return false;
   return t == 0 || utest_against_scaled_base(r, r.ratio > 1 ? 1 + t : 1 - t)->p < s.alpha;
 }
@@ -237,6 +257,7 @@ void print_diff(std::ostream& out, const Diff& d, const Run& base, const Run& ne
       json x;
       x["name"] = r.name;
       x["status"] = status_name(r.status);
+      x["marks"] = r.marks;
       x["base"] = entry_json(r.base);
       x["new"] = entry_json(r.next);
       if (r.status == DiffStatus::both) {
@@ -296,8 +317,8 @@ void print_diff(std::ostream& out, const Diff& d, const Run& base, const Run& ne
       col.insert(col.end(), {plain, plain});
     }
     const std::string msg = row_message(r);
-    c.push_back(std::string(status_name(r.status)) + (msg.empty() ? "" : ": " + msg));
-    col.push_back(r.status == DiffStatus::both ? plain : yellow);
+    c.push_back(std::string(status_name(r.status)) + marks_text(r.marks) + (msg.empty() ? "" : ": " + msg));
+    col.push_back(r.status == DiffStatus::both && r.marks.empty() ? plain : yellow);
     t.add(c, col);
   }
   const std::string geo = std::isfinite(d.geomean_ratio)
@@ -308,7 +329,7 @@ void print_diff(std::ostream& out, const Diff& d, const Run& base, const Run& ne
     std::vector<std::string> head{"name", "status", "base_ns", "new_ns", "time_ratio", "p_value", "exact"};
     for (const auto& k : counters) head.push_back(k + " ratio");
     if (costs) head.insert(head.end(), {"base_usd_per_million_items", "new_usd_per_million_items"});
-    head.push_back("message");
+    head.insert(head.end(), {"marks", "message"});
     render_csv_line(out, head);
     for (const DiffRow& r : d.rows) {
       std::vector<std::string> c{r.name, status_name(r.status)};
@@ -326,6 +347,7 @@ void print_diff(std::ostream& out, const Diff& d, const Run& base, const Run& ne
         c.push_back(num(r.base_cost));
         c.push_back(num(r.new_cost));
       }
+      c.push_back(join(r.marks, "; "));
       c.push_back(row_message(r));
       render_csv_line(out, c);
     }
@@ -374,7 +396,7 @@ void print_speedup(std::ostream& out, const Speedup& sp, const Style& s) {
           json x{{"batch", c.batch ? json(c.batch) : json(nullptr)}, {"problem", c.problem},
                  {"cpu_name", c.cpu->name.full}, {"cuda_name", c.cuda->name.full},
                  {"cpu_time_ns", jnum(c.cpu->time_ns())}, {"cuda_time_ns", jnum(c.cuda->time_ns())},
-                 {"speedup", jnum(c.speedup)}};
+                 {"speedup", jnum(c.speedup)}, {"marks", c.marks}};
           if (costs) x["usd_per_million_items"] = {{"cpu", jnum(c.cpu_cost)}, {"cuda", jnum(c.cuda_cost)}};
           cells.push_back(x);
         }
@@ -389,7 +411,7 @@ void print_speedup(std::ostream& out, const Speedup& sp, const Style& s) {
     return;
   }
   if (s.format == Format::csv) {
-    std::vector<std::string> head{"op", "variant", "batch", "problem", "cpu_ns", "cuda_ns", "speedup", "crossover_batch"};
+    std::vector<std::string> head{"op", "variant", "batch", "problem", "cpu_ns", "cuda_ns", "speedup", "crossover_batch", "marks"};
     if (costs) head.insert(head.end(), {"cpu_usd_per_million_items", "cuda_usd_per_million_items"});
     render_csv_line(out, head);
     for (const auto& g : sp.groups)
@@ -397,7 +419,7 @@ void print_speedup(std::ostream& out, const Speedup& sp, const Style& s) {
         for (const auto& c : r.cells) {
           std::vector<std::string> row{g.op, r.variant, c.batch ? std::to_string(c.batch) : "", c.problem,
                                        num(c.cpu->time_ns()), num(c.cuda->time_ns()), num(c.speedup),
-                                       r.crossover ? std::to_string(*r.crossover) : ""};
+                                       r.crossover ? std::to_string(*r.crossover) : "", join(c.marks, "; ")};
           if (costs) {
             row.push_back(num(c.cpu_cost));
             row.push_back(num(c.cuda_cost));
@@ -412,6 +434,14 @@ void print_speedup(std::ostream& out, const Speedup& sp, const Style& s) {
     out << "speed-up = CPU time / GPU time (above 1: the GPU is faster); crossover = smallest batch from which the "
            "GPU stays faster\n";
   for (const auto& w : sp.warnings) out << (s.format == Format::md ? "> **warning:** " : "warning: ") << w << "\n";
+  bool marked = false;
+  for (const auto& g : sp.groups)
+    for (const auto& r : g.rows)
+      for (const auto& c : r.cells) marked |= !c.marks.empty();
+  if (marked)
+    out << (s.format == Format::md ? "\n" : "")
+        << "marked ratios, not to quote as they stand: ! from an entry whose output was not verified, ~ from an entry "
+           "whose samples spread beyond --max-noise\n";
   for (const auto& g : sp.groups) {
     Table t;
     t.head = {"variant"};
@@ -424,7 +454,7 @@ void print_speedup(std::ostream& out, const Speedup& sp, const Style& s) {
       std::vector<Colour> col{plain};
       for (long long b : g.batches) {
         const auto it = std::find_if(r.cells.begin(), r.cells.end(), [b](const SpeedupCell& x) { return x.batch == b; });
-        c.push_back(it == r.cells.end() ? "" : times(it->speedup));
+        c.push_back(it == r.cells.end() ? "" : times(it->speedup) + cell_mark(*it));
         col.push_back(it == r.cells.end() ? plain : it->speedup > 1 ? green : red);
       }
       c.push_back(crossover(r));
@@ -609,7 +639,7 @@ int export_run(std::ostream& out, const Run& run, Tracker t) {
         ++left_out;
         continue;
       }
-      json x{{"name", e.name.full}, {"unit", "ns"}, {"value", e.time_ns()}};
+      json x{{"name", export_name(e)}, {"unit", "ns"}, {"value", e.time_ns()}};
       if (e.samples_ns.size() >= 2) {
         const auto [lo, hi] = std::minmax_element(e.samples_ns.begin(), e.samples_ns.end());
         x["range"] = fmt("%.6g", *lo) + " .. " + fmt("%.6g", *hi) + " ns";
@@ -638,7 +668,7 @@ int export_run(std::ostream& out, const Run& run, Tracker t) {
     }
     json measures{{"latency", latency}};
     if (const auto items = e.counter("items_per_second")) measures["throughput"] = {{"value", *items}};
-    bmf[e.name.full] = measures;
+    bmf[export_name(e)] = measures;
   }
   out << bmf.dump(2) << '\n';
   return left_out;

@@ -186,6 +186,25 @@ std::optional<double> Entry::counter(const std::string& key) const {
   return it->second;
 }
 
+bool Entry::unverified() const { return label.find("NOT VERIFIED") != std::string::npos; }
+
+std::optional<double> Entry::noise_pct() const {
+  if (const auto n = counter("noise_pct")) return *n;
+  if (samples_ns.size() < 3) return std::nullopt;
+  double mean = 0, sq = 0;
+  for (double t : samples_ns) mean += t;
+  mean /= static_cast<double>(samples_ns.size());
+  for (double t : samples_ns) sq += (t - mean) * (t - mean);
+  const double stdev = std::sqrt(sq / static_cast<double>(samples_ns.size() - 1));
+  return mean > 0 ? 100 * stdev / mean : kNaN;
+}
+
+std::optional<double> Entry::threads() const {
+  for (const char* key : {"omp_threads", "threads"})
+    if (const auto t = counter(key)) return *t;
+  return std::nullopt;
+}
+
 const Entry* Run::find(const std::string& full_name) const {
   // The index is rebuilt whenever the entries changed under it (a filter, a test's own list), so
   // that a join of two large runs is linear, not quadratic.

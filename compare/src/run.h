@@ -54,6 +54,14 @@ struct Entry {
   bool has_time() const { return !error && !skipped && (!samples_ns.empty() || aggregate_ns.has_value()); }
   double time_ns() const;             // median of the samples, else the aggregate; NaN without a time
   std::optional<double> counter(const std::string& key) const;
+  // bench's mark of a time whose output it did not check (--hotops_verify=0), in the label.
+  bool unverified() const;
+  // How much the entry's own timed samples spread, in percent: bench's noise_pct counter where the
+  // run has one, else the relative standard deviation of its repetitions (3 or more); nullopt when
+  // neither says.
+  std::optional<double> noise_pct() const;
+  // The CPU thread count the entry ran with, where its counters say (hotops' CPU entries).
+  std::optional<double> threads() const;
 };
 
 struct Run {

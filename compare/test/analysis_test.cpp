@@ -6,6 +6,7 @@
 #include <cmath>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "compare/src/analysis.h"
@@ -325,6 +326,93 @@ TEST(Gate, SlowerButNotSignificantPasses) {
   const RunData n1 = parse_run(R"({"benchmarks": [{"name": "a", "real_time": 106, "time_unit": "ns"}]})", "n1.json");
   EXPECT_FALSE(gate(b1, n1, {5, 0.05}).passed());
   EXPECT_TRUE(gate(b1, n1, {6.5, 0.05}).passed());
+}
+
+// ---- what hotops-compare does not judge as it stands -----------------------------------------
+
+// Repetitions of one entry per name: {name, label, times (us)}, with a context.
+RunData run_of(const std::string& context, const std::vector<std::tuple<std::string, std::string, std::vector<double>>>& entries,
+               const std::string& file) {
+  std::string j = R"({"context": {)" + context + R"(}, "benchmarks": [)";
+  bool first = true;
+  for (const auto& [name, label, times] : entries)
+    for (double t : times) {
+      j += (first ? "" : ", ") + std::string(R"({"name": ")") + name + R"(", "real_time": )" + std::to_string(t) +
+           R"(, "time_unit": "us", "label": ")" + label + R"("})";
+      first = false;
+    }
+  return parse_run(j + "]}", file);
+}
+
+const std::string kNotVerified = "cublasLt [NOT VERIFIED: --hotops_verify=0]";
+
+TEST(Trust, AnUnverifiedSpeedUpIsMarkedAndNotCountedAsAChange) {
+  const RunData base = run_of(R"("hotops_verify": "1")", {{"mm/cuda/f32/fwd/M:8/manual_time", "cublasLt", {10, 10.1, 9.9, 10, 10.05}}}, "b.json");
+  const RunData next = run_of(R"("hotops_verify": "0")", {{"mm/cuda/f32/fwd/M:8/manual_time", kNotVerified, {3.5, 3.6, 3.5, 3.4, 3.5}}}, "n.json");
+  const Diff d = diff(base, next);
+  ASSERT_EQ(d.rows.size(), 1u);
+  EXPECT_EQ(d.rows[0].marks, std::vector<std::string>{"unverified"});
+  Style st;
+  EXPECT_FALSE(significant_change(d.rows[0], st)) << "an unverified time is not judged";
+  bool warned = false;
+  for (const auto& w : d.warnings) warned |= w.find("--hotops_verify=0") != std::string::npos && w.find("hotops_verify 1 vs 0") == std::string::npos;
+  EXPECT_TRUE(warned);
+  std::ostringstream out;
+  print_diff(out, d, base, next, st);
+  EXPECT_NE(out.str().find("compared [unverified]"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("0 of 1 entries"), std::string::npos) << out.str();
+}
+
+TEST(Trust, TheGateFailsOnAnUnverifiedEntryNewOrNot) {
+  const RunData base = run_of("", {{"a/cpu/f32/fwd/real_time", "x", {10, 10}}}, "b.json");
+  const RunData next = run_of("", {{"a/cpu/f32/fwd/real_time", kNotVerified, {10, 10}},
+                                   {"b/cpu/f32/fwd/real_time", kNotVerified, {5, 5}}},
+                              "n.json");
+  GateOptions o;
+  const Gate g = gate(base, next, o);
+  EXPECT_FALSE(g.passed());
+  ASSERT_EQ(g.failures.size(), 2u);
+  for (const auto& f : g.failures) EXPECT_NE(f.reason.find("not verified"), std::string::npos) << f.name;
+}
+
+TEST(Trust, DifferentThreadCountsAndSettingsAreSaid) {
+  const RunData base = run_of(R"("threads": "16", "hotops_seed": "1")", {{"mm/cpu/f32/fwd/M:8/real_time", "x", {10, 10, 10}}}, "b.json");
+  const RunData next = run_of(R"("threads": "8", "hotops_seed": "2")", {{"mm/cpu/f32/fwd/M:8/real_time", "x", {10, 10, 10}}}, "n.json");
+  const Diff d = diff(base, next);
+  ASSERT_EQ(d.rows.size(), 1u);
+  EXPECT_EQ(d.rows[0].marks, std::vector<std::string>{"threads 16 vs 8"});
+  ASSERT_FALSE(d.warnings.empty());
+  EXPECT_NE(d.warnings[0].find("threads 16 vs 8"), std::string::npos) << d.warnings[0];
+  EXPECT_NE(d.warnings[0].find("hotops_seed 1 vs 2"), std::string::npos) << d.warnings[0];
+}
+
+TEST(Trust, ANoisySpeedUpIsMarked) {
+  // The CPU entry's repetitions spread 20%: its ratio carries the mark; the quiet pair does not.
+  const RunData run = run_of("", {{"mm/cpu/f32/fwd/batch:8/real_time", "x", {100, 80, 120}},
+                                  {"mm/cuda/f32/fwd/batch:8/manual_time", "x", {10, 10, 10}},
+                                  {"mm/cpu/f32/fwd/batch:64/real_time", "x", {100, 101, 99}},
+                                  {"mm/cuda/f32/fwd/batch:64/manual_time", "x", {10, 10, 10}}},
+                             "r.json");
+  const Speedup sp = speedup(run, run);
+  ASSERT_EQ(sp.groups.size(), 1u);
+  ASSERT_EQ(sp.groups[0].rows.size(), 1u);
+  const auto& cells = sp.groups[0].rows[0].cells;
+  ASSERT_EQ(cells.size(), 2u);
+  EXPECT_EQ(cells[0].marks, std::vector<std::string>{"noisy"});
+  EXPECT_TRUE(cells[1].marks.empty());
+  std::ostringstream out;
+  print_speedup(out, sp, Style{});
+  EXPECT_NE(out.str().find("10x~"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("~ from an entry whose samples spread"), std::string::npos) << out.str();
+}
+
+TEST(Trust, ExportsKeepTheNotVerifiedMark) {
+  const RunData next = run_of("", {{"a/cpu/f32/fwd/real_time", kNotVerified, {10}}}, "n.json");
+  for (Tracker t : {Tracker::github_action_benchmark, Tracker::bencher}) {
+    std::ostringstream out;
+    export_run(out, next, t);
+    EXPECT_NE(out.str().find("a/cpu/f32/fwd/real_time [NOT VERIFIED]"), std::string::npos) << out.str();
+  }
 }
 
 }  // namespace
