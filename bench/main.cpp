@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/roofline.h"
@@ -19,6 +20,20 @@
 #include "hotops/cpu.h"
 
 namespace {
+
+// One warning line when the machine is visibly busy before anything runs: a 1-minute load average
+// above the core count means other work competes with every timing.
+void warn_if_busy() {
+  std::FILE* f = std::fopen("/proc/loadavg", "r");
+  if (!f) return;
+  double load = 0;
+  const bool read = std::fscanf(f, "%lf", &load) == 1;
+  std::fclose(f);
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (read && cores > 0 && load > cores)
+    std::fprintf(stderr, "hotops: warning: this machine is busy (load average %.1f on %u cores): other work competes with "
+                 "the timings, expect larger noise_pct\n", load, cores);
+}
 
 int refuse(const std::string& line) {
   std::fprintf(stderr, "%s\n", line.c_str());
@@ -117,6 +132,7 @@ int main(int argc, char** argv) {
       hotops::bench::end_gpu_part_if_lost("the roofline measurement");
   }
   hotops::bench::add_context(options);
+  if (!gb.list_tests) warn_if_busy();
   Display display;
   const std::size_t ran = benchmark::RunSpecifiedBenchmarks(&display);
   benchmark::Shutdown();

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -16,6 +17,7 @@
 #include <new>
 #include <regex>
 #include <set>
+#include <vector>
 
 #include "bench/test_fault.h"
 #include "hotops/buffer.h"
@@ -39,6 +41,26 @@ struct Live {
 };
 
 bool is_model_step(const Problem& p) { return p.op.rfind("model.", 0) == 0; }
+
+// The time of each timed sample (seconds per execution), for the entry's noise: how much its own
+// samples spread. A CPU sample is a batch of back-to-back executions of at least kCpuSampleSeconds
+// (one clock read per batch, so that the clock costs nothing measurable even for the shortest ops);
+// a device-timed CUDA sample is one of gpu::Timer's; a host-timed one is one execution.
+constexpr double kCpuSampleSeconds = 200e-6;
+
+struct Samples {
+  std::vector<double> seconds;
+  void report(benchmark::State& state) const {
+    state.counters["samples"] = static_cast<double>(seconds.size());
+    // The relative standard deviation, in percent; it needs two samples.
+    if (seconds.size() < 2) return;
+    double mean = 0, sq = 0;
+    for (double s : seconds) mean += s;
+    mean /= static_cast<double>(seconds.size());
+    for (double s : seconds) sq += (s - mean) * (s - mean);
+    if (mean > 0) state.counters["noise_pct"] = 100 * std::sqrt(sq / static_cast<double>(seconds.size() - 1)) / mean;
+  }
+};
 
 // The instrumented pass of a model step (after its timed runs, so that they are untouched): each
 // op's time per step, their sum's share of the instrumented step (coverage) and the instrumented
@@ -154,11 +176,31 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
     return;
   }
   double elapsed = 0;  // the time the iterations were credited with, for the roofline fractions
+  Samples samples;
   try {
     if (p.backend == Backend::cpu) {
-      const auto t0 = std::chrono::steady_clock::now();
-      for (auto _ : state) live.c->run();
-      elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      using clock = std::chrono::steady_clock;
+      const auto t0 = clock::now();
+      auto last = t0;
+      // The first execution alone sizes the batches (and is a sample only when it is the only one:
+      // it pays for cold caches as the rest do not).
+      std::int64_t batch = 0, in_batch = 0;
+      double first = 0;
+      for (auto _ : state) {
+        live.c->run();
+        if (++in_batch < batch) continue;
+        const auto now = clock::now();
+        const double t = std::chrono::duration<double>(now - last).count();
+        if (batch == 0) {
+          first = t;
+          batch = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(kCpuSampleSeconds / std::max(t, 1e-9))));
+        } else {
+          samples.seconds.push_back(t / static_cast<double>(in_batch));
+        }
+        last = now, in_batch = 0;
+      }
+      if (samples.seconds.empty() && batch > 0) samples.seconds.push_back(first);
+      elapsed = std::chrono::duration<double>(clock::now() - t0).count();
       // A thread-sweep entry (`threads:T`) runs on T threads; every other CPU entry on all of them.
       state.counters["threads"] = p.has("threads") ? static_cast<double>(p.get_int("threads")) : cpu::threads();
     } else if (live.c->host_timed()) {
@@ -169,6 +211,7 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
         const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         state.SetIterationTime(t);
         elapsed += t;
+        samples.seconds.push_back(t);
       }
     } else {
       // One iteration is one execution, so Google Benchmark's iteration count and min_time mean
@@ -177,7 +220,7 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
       double per_run = 0;
       int left = 0;
       for (auto _ : state) {
-        if (left == 0) per_run = live.timer->sample(), left = runs;
+        if (left == 0) per_run = live.timer->sample(), left = runs, samples.seconds.push_back(per_run);
         --left;
         state.SetIterationTime(per_run);
         elapsed += per_run;
@@ -192,6 +235,7 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
     state.SkipWithError(live.error.c_str());
     return;
   }
+  samples.report(state);
   const Work w = f.work(p);
   const auto iters = static_cast<double>(state.iterations());
   if (is_model_step(p) && iters > 0) {

@@ -320,4 +320,25 @@ TEST(BenchSmoke, EveryModelStepReportsItsBreakdownByOp) {
   EXPECT_GE(models, 32) << "every model, f32 and bf16, infer and train";
 }
 
+// Every entry says how many timed samples it has and, from two on, how much they spread.
+TEST(BenchSmoke, EveryEntryHasSamplesAndNoise) {
+  const std::string out = temp_path("noise");
+  const Result r = run("--benchmark_filter='mlp_tiny' --hotops_roofline=0 --benchmark_min_time=0.01 --benchmark_out=" + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream f(out);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  ASSERT_FALSE(j["benchmarks"].empty());
+  for (const auto& b : j["benchmarks"]) {
+    const std::string name = b["name"];
+    if (b.value("error_occurred", false)) continue;
+    ASSERT_TRUE(b.contains("samples")) << name;
+    const double n = b["samples"];
+    EXPECT_GE(n, 1) << name;
+    if (n >= 2) {
+      ASSERT_TRUE(b.contains("noise_pct")) << name;
+      EXPECT_GE(b["noise_pct"].get<double>(), 0) << name;
+    }
+  }
+}
+
 }  // namespace
