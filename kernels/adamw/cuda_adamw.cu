@@ -1,18 +1,7 @@
 // The CUDA AdamW step (cuda_step) and the adamw family's CUDA case: one launch of one grid-stride
-// kernel over the flat arrays. Each thread moves 16-byte vectors (4 f32 of p, m, v and g; the bf16 g
-// and p as 8-byte halves), striding by the whole grid, so that consecutive threads touch consecutive
-// vectors; the at most 3 elements after the last whole vector are done one per thread. The arrays
-// start on 16-byte boundaries (the launcher checks it), so every vector is aligned.
-//
-// The step's scalars come from a DeviceStep in device memory (adamw.h), so that a CUDA graph of
-// back-to-back train steps takes steps 1, 2, 3, ... (PyTorch's capturable and fused AdamW keep `step`
-// as a device tensor for the same reason). A model's loss kernel advances it before the launch; the
-// op family's case has the launch advance it itself: every block reads the scalars, then its thread 0
-// takes a ticket (one atomicAdd per block); the block that takes the last ticket is the last to have
-// read them, and it writes the count and the scalars of the next step and resets the ticket for the
-// next launch. One launch per step, no host synchronisation: it can be captured.
-//
-// The kernel's body is __host__ __device__ so that the tests run it on the host.
+// kernel over the flat arrays, 16-byte vectors per thread, the step's scalars read from device memory
+// and, for the op's own case, advanced by the launch's last block (docs/ops.md, "adamw", says how and
+// why). The kernel's body is __host__ __device__ so that the tests run it on the host.
 #include <cuda_bf16.h>
 
 #include <algorithm>
