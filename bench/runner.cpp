@@ -135,6 +135,7 @@ Live& live_for(const Problem& p, const Family& f, const Options& o) {
   live.name = name;
   const auto t0 = std::chrono::steady_clock::now();
   try {
+    begin_case_memory();  // the case's host buffers are accounted together from here
     live.c = f.make(p);
     if (o.verify) {
       const Check chk = live.c->verify();

@@ -1,7 +1,10 @@
 // Host buffers: typed element access, counter-based random fill, NaN poisoning.
 #include "hotops/buffer.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -9,7 +12,9 @@
 #include <fstream>
 #include <limits>
 #include <new>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "hotops/check.h"
 
@@ -40,11 +45,22 @@ std::size_t read_key(const char* path, const std::string& key) {
 // Below this size an allocation does not ask the kernel what is available: that costs a file read.
 constexpr std::size_t kCheckedAllocationBytes = std::size_t(64) << 20;
 
+// The bytes of the HostBuffers alive now, and what begin_case_memory saw.
+std::atomic<std::size_t> g_live_bytes{0};
+struct CaseMemory {
+  bool on = false;
+  std::size_t live_at_begin = 0;
+  std::size_t available_at_begin = 0;
+};
+CaseMemory g_case;
+
+double gib(double bytes) { return bytes / 1073741824.0; }
+
 [[noreturn]] void throw_out_of_host_memory(double bytes) {
   const HostMemory m = host_memory();
   char buf[200];
-  std::snprintf(buf, sizeof buf, "out of host memory: allocating %.2f GiB with %.2f GiB available of %.2f GiB", bytes / 1073741824.0,
-                m.available / 1073741824.0, m.total / 1073741824.0);
+  std::snprintf(buf, sizeof buf, "out of host memory: allocating %.2f GiB with %.2f GiB available of %.2f GiB", gib(bytes),
+                gib(m.available), gib(m.total));
   throw Error(buf, ErrorKind::out_of_memory);
 }
 
@@ -52,6 +68,16 @@ std::byte* allocate(std::size_t count, DType dtype) {
   const std::size_t size = dtype_size(dtype);
   if (count > std::numeric_limits<std::size_t>::max() / size) throw_out_of_host_memory(double(count) * double(size));
   const std::size_t bytes = count * size;
+  // The case as a whole: its buffers alive together against what it started with.
+  const std::size_t together = g_live_bytes.load() - std::min(g_live_bytes.load(), g_case.live_at_begin) + bytes;
+  if (g_case.on && g_case.available_at_begin > 0 && together > g_case.available_at_begin) {
+    char buf[240];
+    std::snprintf(buf, sizeof buf,
+                  "out of host memory: the case needs %.2f GiB together (this buffer %.2f GiB) and %.2f GiB were available "
+                  "when it started",
+                  gib(double(together)), gib(double(bytes)), gib(double(g_case.available_at_begin)));
+    throw Error(buf, ErrorKind::out_of_memory);
+  }
   // Linux overcommits: an allocation larger than what is available often succeeds and the process
   // is killed when it touches the pages. Refusing it up front turns that into a clear error.
   if (bytes >= kCheckedAllocationBytes) {
@@ -60,7 +86,51 @@ std::byte* allocate(std::size_t count, DType dtype) {
   }
   std::byte* p = new (std::nothrow) std::byte[bytes];
   if (!p) throw_out_of_host_memory(double(bytes));
+  g_live_bytes += bytes;
   return p;
+}
+
+// A line's fields split on spaces.
+std::vector<std::string> fields_of(const std::string& line) {
+  std::vector<std::string> out;
+  std::istringstream s(line);
+  for (std::string f; s >> f;) out.push_back(f);
+  return out;
+}
+
+bool is_dir(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// A number file of a cgroup ("max", or a v1 limit of 2^62 and more, is no limit: 0).
+std::size_t read_number(const std::string& path) {
+  std::ifstream f(path);
+  std::string t;
+  if (!(f >> t) || t == "max") return 0;
+  const unsigned long long v = std::strtoull(t.c_str(), nullptr, 10);
+  return v >= (1ull << 62) ? 0 : static_cast<std::size_t>(v);
+}
+
+// The memory that every level of one hierarchy leaves this process: the smallest limit less use
+// (reclaimable page cache not counted as use), from `dir` up to `top`, and the smallest limit.
+void lower_by_cgroup(std::string dir, const std::string& top, bool v2, HostMemory& m) {
+  const char* limit_file = v2 ? "/memory.max" : "/memory.limit_in_bytes";
+  const char* usage_file = v2 ? "/memory.current" : "/memory.usage_in_bytes";
+  const char* cache_key = v2 ? "inactive_file" : "total_inactive_file";
+  for (;;) {
+    const std::size_t limit = read_number(dir + limit_file);
+    if (limit > 0) {
+      const std::size_t usage = read_number(dir + usage_file);
+      const std::size_t used = usage - std::min(usage, read_key((dir + "/memory.stat").c_str(), cache_key));
+      const std::size_t left = limit > used ? limit - used : 0;
+      if (m.total == 0 || limit < m.total) m.total = limit;
+      if (m.available == 0 || left < m.available) m.available = left;
+    }
+    if (dir.size() <= top.size()) return;
+    dir = dir.substr(0, dir.rfind('/'));
+    if (dir.size() < top.size()) dir = top;
+  }
 }
 
 }  // namespace
@@ -69,25 +139,60 @@ HostMemory host_memory() {
   HostMemory m;
   m.total = read_key("/proc/meminfo", "MemTotal:") << 10;  // kB
   m.available = read_key("/proc/meminfo", "MemAvailable:") << 10;
-  // In a container the cgroup limit is what counts; its page cache (inactive files) is reclaimable.
-  std::ifstream max_file("/sys/fs/cgroup/memory.max"), current_file("/sys/fs/cgroup/memory.current");
-  std::string limit_text;
-  unsigned long long current = 0;
-  if (max_file >> limit_text && limit_text != "max" && current_file >> current) {
-    const auto limit = static_cast<std::size_t>(std::strtoull(limit_text.c_str(), nullptr, 10));
-    const std::size_t used = current - std::min<std::size_t>(current, read_key("/sys/fs/cgroup/memory.stat", "inactive_file"));
-    if (limit > 0 && (m.total == 0 || limit < m.total)) m.total = limit;
-    const std::size_t left = limit > used ? limit - used : 0;
-    if (m.available == 0 || left < m.available) m.available = left;
+  // Where the hierarchies are mounted (mountinfo: root is field 4, mount point field 5, the file
+  // system type and super options after the " - " separator).
+  struct Mount {
+    std::string root, point;
+  };
+  Mount v2, v1;
+  std::ifstream mounts("/proc/self/mountinfo");
+  for (std::string line; std::getline(mounts, line);) {
+    const std::vector<std::string> f = fields_of(line);
+    const auto sep = std::find(f.begin(), f.end(), "-");
+    if (f.size() < 5 || sep == f.end() || sep + 1 == f.end()) continue;
+    const std::string& type = *(sep + 1);
+    const std::string super = sep + 3 < f.end() ? *(sep + 3) : "";
+    if (type == "cgroup2" && v2.point.empty()) v2 = {f[3], f[4]};
+    if (type == "cgroup" && v1.point.empty() && ("," + super + ",").find(",memory,") != std::string::npos) v1 = {f[3], f[4]};
+  }
+  // This process's cgroup in each (/proc/self/cgroup: "0::<path>" for v2, "N:<controllers>:<path>").
+  std::ifstream groups("/proc/self/cgroup");
+  for (std::string line; std::getline(groups, line);) {
+    const std::size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    std::string path = line.substr(b + 1);
+    const bool is_v2 = line.compare(0, a, "0") == 0 && controllers.empty();
+    const bool is_v1 = ("," + controllers + ",").find(",memory,") != std::string::npos;
+    const Mount& mount = is_v2 ? v2 : v1;
+    if ((!is_v2 && !is_v1) || mount.point.empty()) continue;
+    // The path is relative to the hierarchy's root; the mount may show a subtree of it.
+    if (mount.root != "/" && path.compare(0, mount.root.size(), mount.root) == 0) path = path.substr(mount.root.size());
+    std::string dir = mount.point + (path == "/" ? "" : path);
+    if (!is_dir(dir)) dir = mount.point;  // a namespace that hides the path: the mount's own level
+    lower_by_cgroup(dir, mount.point, is_v2, m);
   }
   return m;
+}
+
+void begin_case_memory() {
+  g_case.on = true;
+  g_case.live_at_begin = g_live_bytes.load();
+  g_case.available_at_begin = host_memory().available;
+}
+
+void end_case_memory() { g_case.on = false; }
+
+void HostStorageRelease::operator()(std::byte* p) const {
+  g_live_bytes -= std::min(bytes, g_live_bytes.load());
+  delete[] p;
 }
 
 std::uint64_t global_seed() { return g_seed; }
 void set_global_seed(std::uint64_t seed) { g_seed = seed; }
 
 HostBuffer::HostBuffer(DType dtype, std::size_t count)
-    : dtype_(storage_of(dtype)), count_(count), bytes_(allocate(count, dtype)) {}
+    : dtype_(storage_of(dtype)), count_(count), bytes_(allocate(count, dtype), HostStorageRelease{count * dtype_size(dtype)}) {}
 
 HostBuffer::HostBuffer(const HostBuffer& o) : HostBuffer(o.dtype_, o.count_) {
   if (o.bytes() > 0) std::memcpy(bytes_.get(), o.bytes_.get(), o.bytes());  // an empty buffer has no storage

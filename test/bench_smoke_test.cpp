@@ -201,6 +201,42 @@ TEST(BenchSmoke, HostOutOfMemoryIsOneErrorEntryAndTheRestRuns) {
   }
 }
 
+// A memory cgroup with a limit of `limit` bytes that this test may move a process into (its
+// cgroup.procs file), or "" where it cannot make one (not root, no writable memory controller).
+std::string limited_cgroup(const std::string& name, const std::string& limit) {
+  for (const auto& [dir, file] : {std::pair<std::string, std::string>{"/sys/fs/cgroup/memory/", "memory.limit_in_bytes"},
+                                  {"/sys/fs/cgroup/", "memory.max"}}) {
+    const std::string group = dir + name;
+    if (std::system(("mkdir -p " + group + " 2>/dev/null").c_str()) != 0) continue;
+    std::ofstream f(group + "/" + file);
+    if (!(f << limit << std::flush)) continue;
+    return group + "/cgroup.procs";
+  }
+  return "";
+}
+
+// A case whose buffers fit one by one but not together under a cgroup limit is an error entry
+// that says what it needs and what is available, not a process the kernel kills.
+TEST(BenchSmoke, HostBuffersOfACaseAreAccountedTogetherUnderACgroupLimit) {
+  // copy f32 -> bf16 of 64M elements: a 256 MiB input and a 128 MiB output, and bench's own use.
+  const std::string procs = limited_cgroup("hotops-test-" + std::to_string(::getpid()), "440M");
+  if (procs.empty()) GTEST_SKIP() << "no memory cgroup can be made here (needs root and a writable memory controller)";
+  const std::string out = temp_path("cgroup");
+  const Result r = run("--benchmark_filter='^copy/cpu/f32/fwd/kind:f32_to_bf16/elements:67108864/real_time' "
+                       "--hotops_roofline=0 --benchmark_min_time=0.01 --benchmark_out=" + out,
+                       "sh -c 'echo $$ > " + procs + "; exec \"$0\" \"$@\"'");
+  ASSERT_EQ(r.exit_code, 0) << "killed instead of an error entry?\n" << r.output;
+  std::ifstream f(out);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  ASSERT_EQ(j["benchmarks"].size(), 1u) << r.output;
+  const auto& b = j["benchmarks"][0];
+  EXPECT_TRUE(b.value("error_occurred", false)) << r.output;
+  const std::string msg = b.value("error_message", "");
+  EXPECT_NE(msg.find("out of host memory"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("available"), std::string::npos) << msg;
+  std::system(("rmdir " + procs.substr(0, procs.rfind('/')) + " 2>/dev/null").c_str());
+}
+
 // The GPU faults: HOTOPS_TEST_FAULT=<kind> puts a faulting CUDA benchmark first.
 struct GpuRun {
   Result r;

@@ -177,6 +177,29 @@ TEST(Resources, TooLargeHostBufferSaysWhatItNeedsAndWhatIsAvailable) {
   }
 }
 
+// Two buffers that each fit what is available but not together: the second is refused with what the
+// case needs together, though neither is touched (Linux would hand out both, and kill the process
+// when it wrote them). Freed buffers leave the count.
+TEST(Resources, ACaseBuffersAreAccountedTogether) {
+  const std::size_t available = host_memory().available;
+  ASSERT_GT(available, 0u);
+  const std::size_t each = available / 10 * 6 / 4;  // floats: 60% of what is available
+  begin_case_memory();
+  {
+    HostBuffer a(DType::f32, each);
+    try {
+      HostBuffer b(DType::f32, each);
+      ADD_FAILURE() << "two buffers of 60% of the available memory were both allocated";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::out_of_memory);
+      EXPECT_NE(std::string(e.what()).find("the case needs"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("together"), std::string::npos) << e.what();
+    }
+  }
+  HostBuffer again(DType::f32, each);  // the first one is gone: this one fits
+  end_case_memory();
+}
+
 TEST(Resources, WithoutGpuNothingIsLost) {
   if (gpu::available()) GTEST_SKIP() << "a GPU is present (the GPU tests below cover it)";
   EXPECT_FALSE(gpu::context_lost());

@@ -8,6 +8,12 @@
 
 namespace hotops {
 
+// Returns a HostBuffer's storage and takes its bytes off the live count (begin_case_memory).
+struct HostStorageRelease {
+  std::size_t bytes;
+  void operator()(std::byte* p) const;
+};
+
 class HostBuffer {
  public:
   HostBuffer() = default;
@@ -39,16 +45,25 @@ class HostBuffer {
  private:
   DType dtype_ = DType::f32;
   std::size_t count_ = 0;
-  std::unique_ptr<std::byte[]> bytes_;
+  std::unique_ptr<std::byte[], HostStorageRelease> bytes_;
 };
 
-// Host memory as this process can use it: MemAvailable of /proc/meminfo, lowered to what the
-// cgroup (v2) limit leaves when there is one. Zeros when unknown.
+// Host memory as this process can use it: MemAvailable of /proc/meminfo, lowered to what the limits
+// of the memory cgroups it is in leave: every level from its own cgroup up to the root, in the
+// unified hierarchy (v2, wherever it is mounted) and in v1's memory controller, each level's use
+// less its reclaimable page cache. Zeros when unknown.
 struct HostMemory {
   std::size_t available = 0;
   std::size_t total = 0;
 };
 HostMemory host_memory();
+
+// Accounts one case's host memory as a whole: from this call on, the HostBuffers allocated and
+// still alive add up, and an allocation that takes them past what was available at this call is
+// refused with an out-of-memory Error naming both (instead of the kernel killing the process when
+// buffers that fit one by one do not fit together). Call it before a case sets up.
+void begin_case_memory();
+void end_case_memory();  // back to checking each allocation on its own
 
 // The seed that every input of every case derives from (--hotops_seed).
 std::uint64_t global_seed();
