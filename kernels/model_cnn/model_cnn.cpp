@@ -310,7 +310,8 @@ State verification_state(const Shape& s, const State& seeded) {
 //   (ModelCnnVerify.Bf16BoundsCatchSlips).
 // - running statistics: <= 4.6e-4; bound 8u (means over B P Q values, each rounded once).
 // - ties: a ReLU or a pool window within 16u x the error its channel can carry decided as the
-//   implementation did (its z is off by a few u |z|).
+//   implementation did (its z is off by a few u |z|), times the layer's depth (reference.cpp's
+//   bn_relu_fwd: the layers below add their errors).
 struct Bounds {
   double logits, loss, grad, grad_rms, stats, tie;
 };

@@ -302,19 +302,27 @@ struct Pass {
 };
 
 // [Batch norm,] ReLU of the pre-activations z [rows, n] (n channels, per_sample_rows rows a sample)
-// of layer ly, the near-ties decided by `hint` within `band`.
+// of layer ly, the depth-th layer that rounds (1: the first conv), the near-ties decided by `hint`
+// within `band`. The band is the tie factor times the error this layer's own rounding leaves in y,
+// times depth: every layer below adds its own, carried up (the triangle inequality: at most the sum
+// of the layers' errors). Measured on keras_cnn bf16 (AVX-512 BF16, b32 and b64), the rms of a
+// correct step's y error grows from 0.09 of one layer's band at conv 1 to 0.37 at the hidden layer,
+// and its max from 0.87 to 2.3: between sqrt(depth) and depth, so a band of one layer's error let
+// hidden units whose y lay 1-2.3 bands from zero flip against the reference (a whole column of
+// dW1 off at 2-8 times its rms bound).
 Vec bn_relu_fwd(const Pass& ps, const Vec& z, std::int64_t n, std::int64_t per_sample_rows, const Layer& ly,
-                const float* hint, Saved& sv, Vec& band) {
+                std::int64_t depth, const float* hint, Saved& sv, Vec& band) {
+  const double tie = ps.tie * static_cast<double>(depth);
   const double* P = ps.P;
   if (ps.bn) {
     sv.norm = bn_fwd(z, n, per_sample_rows, ps.count, ps.train, &ps.stats[ly.mean], &ps.stats[ly.var],
                      ps.new_stats + ly.mean, ps.new_stats + ly.var);
     const Vec y = bn_affine(sv.norm, n, P + ly.gamma, P + ly.beta);
-    band = tie_bands(y, n, ps.tie, &z, ps.train ? &sv.norm : nullptr, P + ly.gamma);
+    band = tie_bands(y, n, tie, &z, ps.train ? &sv.norm : nullptr, P + ly.gamma);
     sv.pass = relu_pass(y, hint, band);
     return relu(y, sv.pass);
   }
-  band = tie_bands(z, n, ps.tie);
+  band = tie_bands(z, n, tie);
   sv.pass = relu_pass(z, hint, band);
   return relu(z, sv.pass);
 }
@@ -496,7 +504,7 @@ Reference reference(const Shape& s, const ParamLayout& l, const std::vector<Drop
     const float* hint = hints && i < hints->conv.size() ? hints->conv[i] : nullptr;
     const Vec z = conv_fwd(c, S, in[i], P + ly.w, P + ly.b);
     Vec band;
-    Vec act = bn_relu_fwd(ps, z, c.K, c.P * c.Q, ly, hint, saved[i], band);
+    Vec act = bn_relu_fwd(ps, z, c.K, c.P * c.Q, ly, static_cast<std::int64_t>(i) + 1, hint, saved[i], band);
     if (record) ref.relu.emplace_back(act.begin(), act.end());
     if (!c.pool) {
       in[i + 1] = std::move(act);
@@ -509,7 +517,7 @@ Reference reference(const Shape& s, const ParamLayout& l, const std::vector<Drop
   const Vec h = dense_fwd(in[L], S, F, Hd, P + l.dense1.w, P + l.dense1.b);
   Saved hidden;
   Vec band;
-  Vec hd = bn_relu_fwd(ps, h, Hd, 1, l.dense1, hints ? hints->hidden : nullptr, hidden, band);
+  Vec hd = bn_relu_fwd(ps, h, Hd, 1, l.dense1, static_cast<std::int64_t>(L) + 1, hints ? hints->hidden : nullptr, hidden, band);
   if (record) ref.hidden.assign(hd.begin(), hd.end());
   if (train) dropout(hd, S, Hd, keys.back());
   ref.logits = dense_fwd(hd, S, Hd, C, P + l.dense2.w, P + l.dense2.b);
