@@ -1,5 +1,6 @@
-// Scalar building blocks for hotops' own CPU loops that GCC vectorises: bit casts, branch-free
-// selects and the bf16 <-> f32 conversions, all forced inline so that they vectorise inside the
+// Building blocks for hotops' own CPU loops that GCC vectorises: the one multi-ISA dispatch (the
+// x86-64 level of this CPU, and target_clones over the same levels), bit casts, branch-free selects
+// and the bf16 <-> f32 conversions, the last forced inline so that they vectorise inside the
 // target_clones loops that call them (kernels/gelu/cpu_hotops.cpp, kernels/copy/cpu_copy.cpp).
 #pragma once
 #include <cstdint>
@@ -7,7 +8,34 @@
 
 #define HOTOPS_VECTOR_INLINE [[gnu::always_inline]] inline
 
+// A function compiled once per x86-64 level (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA + F16C,
+// baseline SSE2); the loader runs the best this CPU has, by the same test as vec::isa().
+#define HOTOPS_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
 namespace hotops::vec {
+
+// The x86-64 level this CPU runs, for loops that pick their version by hand (and what
+// HOTOPS_CPU_CLONES' resolver picks): tested once.
+enum class Isa { avx512, avx2, baseline };
+inline Isa isa() {
+  static const Isa level = [] {
+    __builtin_cpu_init();  // the test may run before the library's own constructors
+    if (__builtin_cpu_supports("x86-64-v4")) return Isa::avx512;
+    if (__builtin_cpu_supports("x86-64-v3")) return Isa::avx2;
+    return Isa::baseline;
+  }();
+  return level;
+}
+
+// The HOTOPS_CPU_CLONES version this CPU runs, for labels.
+inline const char* clone_name() {
+  switch (isa()) {
+    case Isa::avx512: return "x86-64-v4 (AVX-512) clone";
+    case Isa::avx2: return "x86-64-v3 (AVX2) clone";
+    case Isa::baseline: break;
+  }
+  return "baseline x86-64 clone";
+}
 
 HOTOPS_VECTOR_INLINE std::uint32_t bits(float f) {
   std::uint32_t u;

@@ -1,6 +1,8 @@
 // Device-side element helpers shared by hotops' hand-written CUDA kernels: f32 <-> storage
 // conversions (bf16 rounded to nearest even) and VEC elements moved in one aligned access.
 #pragma once
+#include <cstdint>
+
 #include <cuda_bf16.h>
 
 namespace hotops::gpu {
@@ -10,6 +12,21 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162f
 template <class T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// The same for kernels that hold bf16 as its bits: the f32 value of an element stored as float or
+// as bf16 in a uint16_t, and the element of an f32 (bf16 rounded to nearest even).
+template <class T>
+struct Elem;
+template <>
+struct Elem<float> {
+  __device__ static float load(float v) { return v; }
+  __device__ static float store(float f) { return f; }
+};
+template <>
+struct Elem<std::uint16_t> {
+  __device__ static float load(std::uint16_t v) { return __uint_as_float(static_cast<unsigned>(v) << 16); }
+  __device__ static std::uint16_t store(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+};
 
 // VEC elements in one aligned access (16 bytes at most).
 template <class T, int VEC>

@@ -46,7 +46,7 @@ class Family {
   virtual std::unique_ptr<Case> make(const Problem& p) const = 0;
 };
 
-// The CUDA factory of a family, or nullptr in a build without CUDA (where make_cuda is not declared).
+// The CUDA factory of a family, or nullptr in a build without CUDA (make_cuda declared, not defined).
 #ifdef HOTOPS_HAVE_CUDA
 #define HOTOPS_CUDA_FACTORY(f) (f)
 #else

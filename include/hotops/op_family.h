@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "hotops/op.h"
 
@@ -18,8 +20,10 @@ class OpFamily : public Family {
 
   // `cpu_reason`: why the CPU cannot run a problem, "" when it can (e.g. a oneDNN probe); nullptr
   // where the CPU runs every problem. `cuda`: HOTOPS_CUDA_FACTORY(the CUDA factory).
-  OpFamily(Reason cpu_reason, Factory cpu, Factory cuda)
-      : cpu_reason_(cpu_reason ? cpu_reason : runs_everything), cpu_(cpu), cuda_(cuda) {}
+  OpFamily(std::string name, Reason cpu_reason, Factory cpu, Factory cuda)
+      : name_(std::move(name)), cpu_reason_(cpu_reason ? cpu_reason : runs_everything), cpu_(cpu), cuda_(cuda) {}
+
+  std::string name() const override { return name_; }
 
   std::string unsupported_reason(const Problem& p) const override { return backend_unsupported_reason(p, cpu_reason_); }
   std::unique_ptr<Case> make(const Problem& p) const override { return make_on_backend(p, cpu_, cuda_); }
@@ -27,9 +31,30 @@ class OpFamily : public Family {
  private:
   static std::string runs_everything(const Problem&) { return ""; }
 
+  std::string name_;
   Reason cpu_reason_;
   Factory cpu_, cuda_;
 };
+
+// The batches a named shape runs at by default: its `batches`, or its one `batch`.
+template <class Shape>
+auto default_batches(const Shape& s) -> decltype(std::vector<std::int64_t>(s.batches)) {
+  return s.batches;
+}
+template <class Shape>
+auto default_batches(const Shape& s) -> decltype(std::vector<std::int64_t>{s.batch}) {
+  return {s.batch};
+}
+
+// Every named shape at each batch it runs at: `asked` (--hotops_batch) where not empty, else its
+// default_batches. `add(shape, batch, out)` appends that pair's problems, shape by shape.
+template <class Shapes, class Add>
+std::vector<Problem> per_shape_and_batch(const Shapes& shapes, const std::vector<std::int64_t>& asked, Add add) {
+  std::vector<Problem> out;
+  for (const auto& ns : shapes)
+    for (std::int64_t b : asked.empty() ? default_batches(ns) : asked) add(ns, b, out);
+  return out;
+}
 
 // The seed of a problem's inputs less its `impl` arg, for a family with several implementations on
 // one backend: they all compute on the same numbers.

@@ -16,6 +16,7 @@
 
 #include "hotops/check.h"
 #include "hotops/cpu.h"
+#include "hotops/cpu_vector.h"
 #include "kernels/adamw/adamw.h"
 
 namespace hotops::adamw {
@@ -44,19 +45,17 @@ struct Sqrt {
   ADAMW_INLINE float operator()(float x) const { return std::sqrt(x); }
 };
 
-#define ADAMW_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-
 // One thread's part, f32.
-ADAMW_CLONES void adamw_f32(float* __restrict p, const float* __restrict g, float* __restrict m,
-                            float* __restrict v, std::int64_t n, const StepScalars& s_ref) {
+HOTOPS_CPU_CLONES void adamw_f32(float* __restrict p, const float* __restrict g, float* __restrict m,
+                                 float* __restrict v, std::int64_t n, const StepScalars& s_ref) {
   const StepScalars s = s_ref;
   for (std::int64_t i = 0; i < n; ++i) step_element(p[i], g[i], m[i], v[i], s, Sqrt());
 }
 
 // One thread's part, bf16: the f32 master, bf16 gradient, f32 moments; writes the bf16 copy.
-ADAMW_CLONES void adamw_bf16(float* __restrict p, const std::uint16_t* __restrict g, float* __restrict m,
-                             float* __restrict v, std::uint16_t* __restrict p16, std::int64_t n,
-                             const StepScalars& s_ref) {
+HOTOPS_CPU_CLONES void adamw_bf16(float* __restrict p, const std::uint16_t* __restrict g, float* __restrict m,
+                                  float* __restrict v, std::uint16_t* __restrict p16, std::int64_t n,
+                                  const StepScalars& s_ref) {
   const StepScalars s = s_ref;
   for (std::int64_t i = 0; i < n; ++i) {
     float pi = p[i], mi = m[i], vi = v[i];
@@ -64,12 +63,6 @@ ADAMW_CLONES void adamw_bf16(float* __restrict p, const std::uint16_t* __restric
     p[i] = pi, m[i] = mi, v[i] = vi;
     p16[i] = f32_to_bf16(pi);
   }
-}
-
-const char* clone_name() {
-  if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4 (AVX-512) clone";
-  if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3 (AVX2) clone";
-  return "baseline x86-64 clone";
 }
 
 // Thread `me` of `team`'s part of n elements: cut at multiples of 16 elements (64-byte lines), so
@@ -109,7 +102,7 @@ void cpu_step(float* p, const std::uint16_t* g, float* m, float* v, std::uint16_
   });
 }
 
-const char* cpu_clone_name() { return kernel::clone_name(); }
+const char* cpu_clone_name() { return vec::clone_name(); }
 
 namespace {
 

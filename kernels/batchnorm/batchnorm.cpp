@@ -58,8 +58,7 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
 
 class BatchnormFamily final : public OpFamily {
  public:
-  BatchnormFamily() : OpFamily(cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_gpu)) {}
-  std::string name() const override { return "batchnorm"; }
+  BatchnormFamily() : OpFamily("batchnorm", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_gpu)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     std::vector<Problem> out;

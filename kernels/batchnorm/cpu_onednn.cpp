@@ -139,10 +139,6 @@ class CpuBatchnorm final : public Case {
 
 }  // namespace
 
-std::string cpu_unsupported_reason(const Problem& p) {
-  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, p, "batch_normalization");
-}
-
-std::unique_ptr<Case> make_cpu(const Problem& p) { return std::make_unique<CpuBatchnorm>(p); }
+HOTOPS_ONEDNN_CASE(CpuBatchnorm, make_cpu, cpu_unsupported_reason, "batch_normalization")
 
 }  // namespace hotops::batchnorm

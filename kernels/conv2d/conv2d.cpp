@@ -63,18 +63,14 @@ std::pair<std::int64_t, std::int64_t> pair_arg(const Problem& p, const std::stri
 
 class Conv2dFamily final : public OpFamily {
  public:
-  Conv2dFamily() : OpFamily(cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
-  std::string name() const override { return "conv2d"; }
+  Conv2dFamily() : OpFamily("conv2d", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    std::vector<Problem> out;
-    for (const NamedShape& ns : named_shapes())
-      for (std::int64_t b : batches.empty() ? ns.batches : batches) {
-        const Geometry g{b, ns.C, ns.H, ns.W, ns.K, ns.R, ns.S,
-                         std::to_string(ns.stride), std::to_string(ns.pad), "1", ns.bias};
-        expand(ns.name, g, out);
-      }
-    return out;
+    return per_shape_and_batch(named_shapes(), batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {
+      const Geometry g{b, ns.C, ns.H, ns.W, ns.K, ns.R, ns.S, std::to_string(ns.stride), std::to_string(ns.pad), "1",
+                       ns.bias};
+      expand(ns.name, g, out);
+    });
   }
 
   std::vector<Problem> test_problems() const override {

@@ -95,8 +95,7 @@ void add_converts(Backend b, std::int64_t elements, std::vector<Problem>& out) {
 
 class CopyFamily final : public OpFamily {
  public:
-  CopyFamily() : OpFamily(cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
-  std::string name() const override { return "copy"; }
+  CopyFamily() : OpFamily("copy", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     std::vector<Problem> out;

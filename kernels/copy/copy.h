@@ -78,9 +78,7 @@ Check verify_bitwise(const void* out, const void* ref, std::size_t bytes, DType 
 
 std::unique_ptr<Case> make_cpu(const Problem& p);
 std::string cpu_unsupported_reason(const Problem& p);
-#ifdef HOTOPS_HAVE_CUDA
 std::unique_ptr<Case> make_cuda(const Problem& p);
-#endif
 
 const Family& family();
 

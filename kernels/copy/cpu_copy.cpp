@@ -229,14 +229,12 @@ void transpose_images(const T* src, T* dst, std::int64_t N, std::int64_t R, std:
 // with NaN kept quiet (hotops::float_to_bf16's rule). Large outputs go through an L1 block and
 // streaming stores.
 
-#define HOTOPS_CONVERT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-HOTOPS_CONVERT_CLONES void f32_to_bf16_span(const float* __restrict__ in, std::uint16_t* __restrict__ out, std::size_t n) {
+HOTOPS_CPU_CLONES void f32_to_bf16_span(const float* __restrict__ in, std::uint16_t* __restrict__ out, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) out[i] = vec::f32_to_bf16(in[i]);
 }
-HOTOPS_CONVERT_CLONES void bf16_to_f32_span(const std::uint16_t* __restrict__ in, float* __restrict__ out, std::size_t n) {
+HOTOPS_CPU_CLONES void bf16_to_f32_span(const std::uint16_t* __restrict__ in, float* __restrict__ out, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) out[i] = vec::bf16_to_f32(in[i]);
 }
-#undef HOTOPS_CONVERT_CLONES
 
 constexpr std::size_t kConvertChunk = std::size_t(1) << 15;  // elements per OpenMP chunk
 constexpr std::size_t kConvertBlock = std::size_t(1) << 11;  // elements per L1 block when streaming
@@ -281,10 +279,7 @@ class CpuConvert final : public Case {
   }
 
   std::string label() const override {
-    const char* clone = __builtin_cpu_supports("x86-64-v4")   ? "x86-64-v4 (AVX-512)"
-                        : __builtin_cpu_supports("x86-64-v3") ? "x86-64-v3 (AVX2)"
-                                                              : "baseline x86-64";
-    return std::string("hotops ") + kind_name(s_.kind) + " loop, " + clone + " clone" +
+    return std::string("hotops ") + kind_name(s_.kind) + " loop, " + vec::clone_name() +
            (s_.dst_bytes() >= cpu::kStreamMinBytes ? ", streaming stores, " : ", ") + std::to_string(threads_) +
            " of " + std::to_string(cpu::threads()) + " threads";
   }

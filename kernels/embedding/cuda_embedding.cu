@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 
+#include "hotops/cuda_elem.cuh"
 #include "hotops/cuda_util.h"
 #include "kernels/embedding/embedding.h"
 
@@ -28,10 +29,7 @@ __global__ void __launch_bounds__(kThreads) gather_rows(const P* __restrict__ w,
   out[t] = w[idx[i] * pieces + k];
 }
 
-template <class T, int V>
-struct alignas(sizeof(T) * V) Vec {
-  T e[V];
-};
+using gpu::Pack;
 
 __device__ inline float widen(float v) { return v; }
 __device__ inline float widen(std::uint16_t v) { return __uint_as_float(static_cast<unsigned>(v) << 16); }
@@ -49,9 +47,9 @@ __global__ void __launch_bounds__(kThreads) sum_rows(const T* __restrict__ dout,
   for (int j = 0; j < V; ++j) acc[j] = 0.f;
   const std::int32_t e = off[r + 1];
   for (std::int32_t k = off[r]; k < e; ++k) {
-    const Vec<T, V> v = reinterpret_cast<const Vec<T, V>*>(dout + static_cast<std::int64_t>(pos[k]) * dim)[g];
+    const Pack<T, V> v = reinterpret_cast<const Pack<T, V>*>(dout + static_cast<std::int64_t>(pos[k]) * dim)[g];
 #pragma unroll
-    for (int j = 0; j < V; ++j) acc[j] += widen(v.e[j]);
+    for (int j = 0; j < V; ++j) acc[j] += widen(v.v[j]);
   }
   float* dst = dw + r * dim + g * V;
   if constexpr (V % 4 == 0) {
@@ -121,9 +119,7 @@ class CudaEmbedding final : public Case {
   }
 
   Check verify() override {
-    out_d_.poison();
-    run();
-    out_d_.download(out_);
+    gpu::poison_run_download(*this, out_d_, out_);
     return embedding::verify(s_, in_, out_);
   }
 

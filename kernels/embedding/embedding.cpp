@@ -37,20 +37,17 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
 
 class EmbeddingFamily final : public OpFamily {
  public:
-  EmbeddingFamily() : OpFamily(nullptr, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
-  std::string name() const override { return "embedding"; }
+  EmbeddingFamily() : OpFamily("embedding", nullptr, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    std::vector<Problem> out;
-    for (const NamedShape& ns : kNamedShapes)
-      for (std::int64_t b : batches.empty() ? std::vector<std::int64_t>{ns.batch} : batches)
-        expand({{"shape", ns.name},
-                {"batch", std::to_string(b)},
-                {"T", std::to_string(ns.T)},
-                {"vocab", std::to_string(ns.vocab)},
-                {"dim", std::to_string(ns.dim)}},
-               out);
-    return out;
+    return per_shape_and_batch(kNamedShapes, batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {
+      expand({{"shape", ns.name},
+              {"batch", std::to_string(b)},
+              {"T", std::to_string(ns.T)},
+              {"vocab", std::to_string(ns.vocab)},
+              {"dim", std::to_string(ns.dim)}},
+             out);
+    });
   }
 
   std::vector<Problem> test_problems() const override {

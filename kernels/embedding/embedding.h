@@ -53,9 +53,7 @@ std::vector<double> reference_bwd(const Shape& s, const Inputs& in, const std::v
 Check verify(const Shape& s, const Inputs& in, const HostBuffer& out);
 
 std::unique_ptr<Case> make_cpu(const Problem& p);
-#ifdef HOTOPS_HAVE_CUDA
 std::unique_ptr<Case> make_cuda(const Problem& p);
-#endif
 
 const Family& family();
 

@@ -158,8 +158,7 @@ GELU_INLINE void span(const void* x_v, const void* dy_v, void* out_v, std::int64
 // The clones: one function per dtype x direction x approximation, each a copy of `span` compiled
 // for each target. The names say which (they show in a profile).
 #define GELU_SPAN(NAME, D, DIR, A)                                                                         \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void NAME(              \
-      const void* x, const void* dy, void* out, std::int64_t n) {                                          \
+  HOTOPS_CPU_CLONES void NAME(const void* x, const void* dy, void* out, std::int64_t n) {                  \
     span<DType::D, Direction::DIR, Approx::A>(x, dy, out, n);                                              \
   }
 GELU_SPAN(gelu_f32_fwd_none, f32, fwd, none)
@@ -201,7 +200,7 @@ GELU_INLINE void derivatives(float* t) {  // t[code] = gelu'(x), as gelu_bwd com
   for (std::size_t i = 0; i < kCodes; ++i) t[i] = gelu_bwd<A>(Elem<D>::load(static_cast<std::uint16_t>(i)), 1.f);
 }
 #define GELU_DERIVATIVES(NAME, D, A)                                                                       \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void NAME(float* t) {    \
+  HOTOPS_CPU_CLONES void NAME(float* t) {                                                                  \
     derivatives<DType::D, Approx::A>(t);                                                                   \
   }
 GELU_DERIVATIVES(gelu_bf16_derivatives_none, bf16, none)
@@ -247,8 +246,7 @@ GELU_INLINE void table_span(const void* x_v, const void* dy_v, void* out_v, std:
   }
 }
 #define GELU_TABLE_SPAN(NAME, D, DIR, A)                                                                   \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void NAME(              \
-      const void* x, const void* dy, void* out, std::int64_t n) {                                          \
+  HOTOPS_CPU_CLONES void NAME(const void* x, const void* dy, void* out, std::int64_t n) {                  \
     table_span<DType::D, Direction::DIR, Approx::A>(x, dy, out, n);                                        \
   }
 GELU_TABLE_SPAN(gelu_bf16_fwd_none_table, bf16, fwd, none)
@@ -271,13 +269,6 @@ gelu::SpanFn table_span_for(const Shape& s) {
   std::uint16_t code = 0, out = 0;
   f(&code, &code, &out, 1);  // its first call builds this kind's table: now, outside any timing
   return f;
-}
-
-// The clone the loader picks on this CPU (target_clones' resolver tests the same features).
-const char* clone_name() {
-  if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4 (AVX-512) clone";
-  if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3 (AVX2) clone";
-  return "baseline x86-64 clone";
 }
 
 }  // namespace kernel
@@ -341,8 +332,8 @@ class HotopsGelu final : public Case {
     return std::string("hotops gelu_") + (s_.approx == Approx::none ? "erf " : "tanh ") +
            direction_name(s_.dir) + ", " +
            (avx512_ ? std::string("table of the AVX-512 version's results for every 16-bit input (vpgatherdd)")
-                    : table_ ? std::string("table of the ") + kernel::clone_name() + "'s results for every 16-bit input"
-                             : std::string(kernel::clone_name())) +
+                    : table_ ? std::string("table of the ") + vec::clone_name() + "'s results for every 16-bit input"
+                             : std::string(vec::clone_name())) +
            (stream_ ? ", streaming stores" : "") + ", " +
            std::to_string(cpu::threads()) + " threads";
   }

@@ -50,10 +50,6 @@ class CpuGelu final : public Case {
 
 }  // namespace
 
-std::string onednn_unsupported_reason(const Problem& p) {
-  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, p, "gelu");
-}
-
-std::unique_ptr<Case> make_cpu_onednn(const Problem& p) { return std::make_unique<CpuGelu>(p); }
+HOTOPS_ONEDNN_CASE(CpuGelu, make_cpu_onednn, onednn_unsupported_reason, "gelu")
 
 }  // namespace hotops::gelu

@@ -404,9 +404,7 @@ class CudaGelu final : public Case {
   }
 
   Check verify() override {
-    out_d_.poison();
-    run();
-    out_d_.download(out_);
+    gpu::poison_run_download(*this, out_d_, out_);
     return gelu::verify(s_, in_, out_);
   }
 

@@ -11,17 +11,15 @@
 #include <cstdio>
 
 #include "hotops/check.h"
+#include "hotops/elementwise.h"
 #include "hotops/op_family.h"
 
 namespace hotops::gelu {
 namespace {
 
-// An activation tensor of a real model: [batch, sample...] with the default batch.
-struct NamedShape {
-  std::string name;
-  std::vector<std::int64_t> sample;  // dims of one sample
-  std::int64_t batch;
-};
+using elementwise::flat_args;
+using elementwise::model_args;
+using elementwise::NamedShape;
 
 const std::vector<NamedShape>& named_shapes() {
   static const std::vector<NamedShape> shapes = {
@@ -104,18 +102,6 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
         }
 }
 
-std::vector<Arg> model_args(const std::string& name, std::int64_t batch, const std::vector<std::int64_t>& sample) {
-  std::string dims = std::to_string(batch);
-  for (std::int64_t d : sample) dims += "x" + std::to_string(d);
-  return {{"shape", name}, {"batch", std::to_string(batch)}, {"dims", dims}};
-}
-
-std::vector<Arg> flat_args(std::int64_t elements, std::int64_t offset = 0) {
-  std::vector<Arg> a{{"shape", "flat"}, {"elements", std::to_string(elements)}};
-  if (offset != 0) a.push_back({"offset", std::to_string(offset)});
-  return a;
-}
-
 // FLOPs per element: the arithmetic of PyTorch's formulas, each erf, tanh or exp counted as one.
 //   fwd none  0.5*x*(1 + erf(x*sqrt(1/2)))                                      5
 //   fwd tanh  0.5*x*(1 + tanh(k*(x + c*x^3)))                                   9
@@ -129,16 +115,10 @@ double flops_per_element(Direction d, Approx a) {
 
 class GeluFamily final : public OpFamily {
  public:
-  GeluFamily() : OpFamily(cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
-  std::string name() const override { return "gelu"; }
+  GeluFamily() : OpFamily("gelu", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    std::vector<Problem> out;
-    for (const NamedShape& ns : named_shapes())
-      for (std::int64_t b : batches.empty() ? std::vector<std::int64_t>{ns.batch} : batches)
-        expand(model_args(ns.name, b, ns.sample), out);
-    for (std::int64_t n : kFlatElements) expand(flat_args(n), out);
-    return out;
+    return elementwise::benchmark_problems(named_shapes(), kFlatElements, batches, expand);
   }
 
   std::vector<Problem> test_problems() const override {
@@ -192,20 +172,9 @@ Shape shape_of(const Problem& p) {
   const std::string& a = p.get("approx");
   HOTOPS_CHECK(a == "none" || a == "tanh", "approx must be none or tanh: " + p.name());
   s.approx = a == "none" ? Approx::none : Approx::tanh;
-  if (p.has("dims")) {
-    const std::string& dims = p.get("dims");
-    s.elements = 1;
-    for (std::size_t pos = 0; pos <= dims.size();) {
-      const std::size_t end = std::min(dims.find('x', pos), dims.size());
-      s.elements *= std::stoll(dims.substr(pos, end - pos));
-      pos = end + 1;
-    }
-    if (p.batch()) HOTOPS_CHECK(std::stoll(dims) == *p.batch(), "dims must start with the batch: " + p.name());
-  } else {
-    s.elements = p.get_int("elements");
-  }
-  if (p.has("offset")) s.offset = p.get_int("offset");
-  HOTOPS_CHECK(s.elements > 0 && s.offset >= 0, "bad gelu shape: " + p.name());
+  const elementwise::Extent e = elementwise::extent_of(p);
+  s.elements = e.elements;
+  s.offset = e.offset;
   return s;
 }
 

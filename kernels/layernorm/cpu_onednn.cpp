@@ -106,10 +106,6 @@ class CpuLayernorm final : public Case {
 
 }  // namespace
 
-std::string cpu_unsupported_reason(const Problem& p) {
-  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, p, "layer_normalization");
-}
-
-std::unique_ptr<Case> make_cpu(const Problem& p) { return std::make_unique<CpuLayernorm>(p); }
+HOTOPS_ONEDNN_CASE(CpuLayernorm, make_cpu, cpu_unsupported_reason, "layer_normalization")
 
 }  // namespace hotops::layernorm

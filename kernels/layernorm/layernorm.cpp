@@ -56,8 +56,7 @@ std::unique_ptr<Case> make_gpu(const Problem& p) { return make_cuda(p); }
 
 class LayernormFamily final : public OpFamily {
  public:
-  LayernormFamily() : OpFamily(cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_gpu)) {}
-  std::string name() const override { return "layernorm"; }
+  LayernormFamily() : OpFamily("layernorm", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_gpu)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     std::vector<Problem> out;

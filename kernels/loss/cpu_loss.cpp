@@ -129,30 +129,21 @@ LOSS_INLINE void bwd_rows(const void* x_v, const std::int64_t* target, const flo
   }
 }
 
-#define LOSS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-LOSS_CLONES double ce_fwd_f32(const void* x, const std::int64_t* t, float* lse, std::int64_t c, std::int64_t r0,
-                              std::int64_t r1) {
+HOTOPS_CPU_CLONES double ce_fwd_f32(const void* x, const std::int64_t* t, float* lse, std::int64_t c, std::int64_t r0,
+                                    std::int64_t r1) {
   return fwd_rows<DType::f32>(x, t, lse, c, r0, r1);
 }
-LOSS_CLONES double ce_fwd_bf16(const void* x, const std::int64_t* t, float* lse, std::int64_t c, std::int64_t r0,
-                               std::int64_t r1) {
+HOTOPS_CPU_CLONES double ce_fwd_bf16(const void* x, const std::int64_t* t, float* lse, std::int64_t c, std::int64_t r0,
+                                     std::int64_t r1) {
   return fwd_rows<DType::bf16>(x, t, lse, c, r0, r1);
 }
-LOSS_CLONES void ce_bwd_f32(const void* x, const std::int64_t* t, const float* lse, float scale, void* dx,
-                            std::int64_t c, std::int64_t r0, std::int64_t r1) {
+HOTOPS_CPU_CLONES void ce_bwd_f32(const void* x, const std::int64_t* t, const float* lse, float scale, void* dx,
+                                  std::int64_t c, std::int64_t r0, std::int64_t r1) {
   bwd_rows<DType::f32>(x, t, lse, scale, dx, c, r0, r1);
 }
-LOSS_CLONES void ce_bwd_bf16(const void* x, const std::int64_t* t, const float* lse, float scale, void* dx,
-                             std::int64_t c, std::int64_t r0, std::int64_t r1) {
+HOTOPS_CPU_CLONES void ce_bwd_bf16(const void* x, const std::int64_t* t, const float* lse, float scale, void* dx,
+                                   std::int64_t c, std::int64_t r0, std::int64_t r1) {
   bwd_rows<DType::bf16>(x, t, lse, scale, dx, c, r0, r1);
-}
-#undef LOSS_CLONES
-
-// The clone the loader picks on this CPU (target_clones' resolver tests the same features).
-const char* clone_name() {
-  if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4 (AVX-512) clone";
-  if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3 (AVX2) clone";
-  return "baseline x86-64 clone";
 }
 
 }  // namespace kernel
@@ -213,7 +204,7 @@ class CpuCrossEntropy final : public Case {
            ", hand-written OpenMP row loop (oneDNN 2.6 has no cross-entropy primitive), f32 math" +
            (s_.dir == Direction::fwd ? ", mean in double over fixed blocks of " + std::to_string(block_) + " rows"
                                      : std::string()) +
-           ", " + kernel::clone_name() + ", " + std::to_string(cpu::threads()) + " threads";
+           ", " + vec::clone_name() + ", " + std::to_string(cpu::threads()) + " threads";
   }
 
  private:

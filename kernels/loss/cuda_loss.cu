@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <string>
 
+#include "hotops/cuda_elem.cuh"
 #include "hotops/cuda_util.h"
 #include "kernels/loss/loss.h"
 
@@ -30,24 +31,8 @@ constexpr int kThreads = 256;              // every kernel's block
 constexpr std::int64_t kWarpMaxClasses = 1024;  // wider rows get a block each
 constexpr int kMeanThreads = 1024;
 
-template <class T>
-struct Elem;
-template <>
-struct Elem<float> {
-  __device__ static float load(float v) { return v; }
-  __device__ static float store(float f) { return f; }
-};
-template <>
-struct Elem<std::uint16_t> {  // bf16 storage
-  __device__ static float load(std::uint16_t v) { return __uint_as_float(static_cast<unsigned>(v) << 16); }
-  __device__ static std::uint16_t store(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
-};
-
-// V elements of T in one access (16 bytes when V = 16 / sizeof(T)).
-template <class T, int V>
-struct alignas(sizeof(T) * V) Vec {
-  T e[V];
-};
+using gpu::Elem;
+using gpu::Pack;
 
 // The online softmax state of part of a row: its max and the sum of exp(x - max).
 struct MaxSum {
@@ -107,15 +92,15 @@ __global__ void __launch_bounds__(kThreads) ce_fwd_rows(FwdArgs a) {
   MaxSum st{-INFINITY, 0.f};
   const std::size_t base = static_cast<std::size_t>(row) * static_cast<std::size_t>(a.classes);
   if (row < a.rows) {
-    const auto* src = reinterpret_cast<const Vec<T, V>*>(static_cast<const T*>(a.x) + base);
+    const auto* src = reinterpret_cast<const Pack<T, V>*>(static_cast<const T*>(a.x) + base);
     const std::int64_t nvec = a.classes / V;
 #pragma unroll 4
     for (std::int64_t k = t; k < nvec; k += kTeam) {
-      const Vec<T, V> v = src[k];
+      const Pack<T, V> v = src[k];
       float x[V];
       float vm = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < V; ++j) vm = fmaxf(vm, x[j] = E::load(v.e[j]));
+      for (int j = 0; j < V; ++j) vm = fmaxf(vm, x[j] = E::load(v.v[j]));
       const float m = fmaxf(st.m, vm);
       float s = st.s * expf(st.m - m);  // st.m = -inf at first: exp(-inf) = 0
 #pragma unroll
@@ -171,20 +156,20 @@ __global__ void __launch_bounds__(kThreads) ce_bwd_rows(BwdArgs a) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRows + team;
   if (row >= a.rows) return;  // no block-wide synchronisation below
   const std::size_t base = static_cast<std::size_t>(row) * static_cast<std::size_t>(a.classes);
-  const auto* src = reinterpret_cast<const Vec<T, V>*>(static_cast<const T*>(a.x) + base);
-  auto* dst = reinterpret_cast<Vec<T, V>*>(static_cast<T*>(a.dx) + base);
+  const auto* src = reinterpret_cast<const Pack<T, V>*>(static_cast<const T*>(a.x) + base);
+  auto* dst = reinterpret_cast<Pack<T, V>*>(static_cast<T*>(a.dx) + base);
   const float lse = a.lse[row];
   const float scale = a.dloss[0] / static_cast<float>(a.rows);
   const std::int64_t target = a.target[row];
   const std::int64_t nvec = a.classes / V;
 #pragma unroll 4
   for (std::int64_t k = t; k < nvec; k += kTeam) {
-    const Vec<T, V> v = src[k];
-    Vec<T, V> o;
+    const Pack<T, V> v = src[k];
+    Pack<T, V> o;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float onehot = k * V + j == target ? 1.f : 0.f;
-      o.e[j] = E::store((expf(E::load(v.e[j]) - lse) - onehot) * scale);
+      o.v[j] = E::store((expf(E::load(v.v[j]) - lse) - onehot) * scale);
     }
     dst[k] = o;
   }

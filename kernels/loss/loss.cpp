@@ -63,19 +63,16 @@ constexpr double kFlopsPerLogit = 4;
 class LossFamily final : public OpFamily {
  public:
   // The hand-written CPU loop runs everywhere: nothing to probe.
-  LossFamily() : OpFamily(nullptr, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
-  std::string name() const override { return "loss"; }
+  LossFamily() : OpFamily("loss", nullptr, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    std::vector<Problem> out;
-    for (const NamedShape& ns : named_shapes())
-      for (std::int64_t b : batches.empty() ? ns.batches : batches)
-        expand({{"shape", ns.name},
-                {"batch", std::to_string(b)},
-                {"rows", std::to_string(b * ns.rows_per_sample)},
-                {"classes", std::to_string(ns.classes)}},
-               out);
-    return out;
+    return per_shape_and_batch(named_shapes(), batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {
+      expand({{"shape", ns.name},
+              {"batch", std::to_string(b)},
+              {"rows", std::to_string(b * ns.rows_per_sample)},
+              {"classes", std::to_string(ns.classes)}},
+             out);
+    });
   }
 
   std::vector<Problem> test_problems() const override {

@@ -68,9 +68,7 @@ double bwd_error_bound(DType t);
 Check verify(const Shape& s, const Inputs& in, const Outputs& out);
 
 std::unique_ptr<Case> make_cpu(const Problem& p);
-#ifdef HOTOPS_HAVE_CUDA
 std::unique_ptr<Case> make_cuda(const Problem& p);
-#endif
 
 const Family& family();
 

@@ -87,38 +87,30 @@ LSTM_INLINE void bwd_row(const float* pre, const T* bias, const T* c, const T* d
   }
 }
 
-#define LSTM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-LSTM_CLONES void fwd_row_f32(const float* pre, const void* bias, const void* c, void* h, void* cn, std::int64_t H,
-                             std::int64_t j0, std::int64_t j1) {
+HOTOPS_CPU_CLONES void fwd_row_f32(const float* pre, const void* bias, const void* c, void* h, void* cn, std::int64_t H,
+                                   std::int64_t j0, std::int64_t j1) {
   fwd_row(pre, static_cast<const float*>(bias), static_cast<const float*>(c), static_cast<float*>(h),
           static_cast<float*>(cn), H, j0, j1);
 }
-LSTM_CLONES void fwd_row_bf16(const float* pre, const void* bias, const void* c, void* h, void* cn, std::int64_t H,
-                              std::int64_t j0, std::int64_t j1) {
+HOTOPS_CPU_CLONES void fwd_row_bf16(const float* pre, const void* bias, const void* c, void* h, void* cn, std::int64_t H,
+                                    std::int64_t j0, std::int64_t j1) {
   using U = std::uint16_t;
   fwd_row(pre, static_cast<const U*>(bias), static_cast<const U*>(c), static_cast<U*>(h), static_cast<U*>(cn), H, j0,
           j1);
 }
-LSTM_CLONES void bwd_row_f32(const float* pre, const void* bias, const void* c, const void* dh, const void* dc,
-                             void* dgates, void* dc_out, float* db, std::int64_t db_stride, std::int64_t H,
-                             std::int64_t j0, std::int64_t j1) {
+HOTOPS_CPU_CLONES void bwd_row_f32(const float* pre, const void* bias, const void* c, const void* dh, const void* dc,
+                                   void* dgates, void* dc_out, float* db, std::int64_t db_stride, std::int64_t H,
+                                   std::int64_t j0, std::int64_t j1) {
   bwd_row(pre, static_cast<const float*>(bias), static_cast<const float*>(c), static_cast<const float*>(dh),
           static_cast<const float*>(dc), static_cast<float*>(dgates), static_cast<float*>(dc_out), db, db_stride, H,
           j0, j1);
 }
-LSTM_CLONES void bwd_row_bf16(const float* pre, const void* bias, const void* c, const void* dh, const void* dc,
-                              void* dgates, void* dc_out, float* db, std::int64_t db_stride, std::int64_t H,
-                              std::int64_t j0, std::int64_t j1) {
+HOTOPS_CPU_CLONES void bwd_row_bf16(const float* pre, const void* bias, const void* c, const void* dh, const void* dc,
+                                    void* dgates, void* dc_out, float* db, std::int64_t db_stride, std::int64_t H,
+                                    std::int64_t j0, std::int64_t j1) {
   using U = std::uint16_t;
   bwd_row(pre, static_cast<const U*>(bias), static_cast<const U*>(c), static_cast<const U*>(dh),
           static_cast<const U*>(dc), static_cast<U*>(dgates), static_cast<U*>(dc_out), db, db_stride, H, j0, j1);
-}
-#undef LSTM_CLONES
-
-const char* clone_name() {
-  if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4 (AVX-512) clone";
-  if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3 (AVX2) clone";
-  return "baseline x86-64 clone";
 }
 
 }  // namespace kernel
@@ -201,7 +193,7 @@ class HotopsCell final : public Case {
     std::string l = "hotops: oneDNN matmul " + std::string(plan_.gates.impl_info_str());
     if (s_.dir == Direction::bwd)
       l += " (dxh " + std::string(plan_.dxh.impl_info_str()) + ", dW " + plan_.dW.impl_info_str() + ")";
-    return l + " + OpenMP pointwise loop (" + kernel::clone_name() + "), x,h given as one [B, I+H], " +
+    return l + " + OpenMP pointwise loop (" + vec::clone_name() + "), x,h given as one [B, I+H], " +
            std::to_string(cpu::threads()) + " threads";
   }
 

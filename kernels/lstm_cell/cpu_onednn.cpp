@@ -203,10 +203,6 @@ class OnednnCell final : public Case {
 
 }  // namespace
 
-std::string onednn_unsupported_reason(const Problem& p) {
-  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, p, "LSTM", " and these layouts");
-}
-
-std::unique_ptr<Case> make_cpu_onednn(const Problem& p) { return std::make_unique<OnednnCell>(p); }
+HOTOPS_ONEDNN_CASE(OnednnCell, make_cpu_onednn, onednn_unsupported_reason, "LSTM", " and these layouts")
 
 }  // namespace hotops::lstm_cell

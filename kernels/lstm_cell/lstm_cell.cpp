@@ -84,14 +84,12 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
 
 class LstmCellFamily final : public OpFamily {
  public:
-  LstmCellFamily() : OpFamily(cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
-  std::string name() const override { return "lstm_cell"; }
+  LstmCellFamily() : OpFamily("lstm_cell", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    std::vector<Problem> out;
-    for (const NamedShape& ns : named_shapes())
-      for (std::int64_t b : batches.empty() ? ns.batches : batches) expand(args_of(ns.name, b, ns.input, ns.hidden), out);
-    return out;
+    return per_shape_and_batch(named_shapes(), batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {
+      expand(args_of(ns.name, b, ns.input, ns.hidden), out);
+    });
   }
 
   std::vector<Problem> test_problems() const override {

@@ -103,9 +103,7 @@ std::unique_ptr<Case> make_cpu_hotops(const Problem& p);
 std::string hotops_unsupported_reason(const Problem& p);
 std::unique_ptr<Case> make_cpu_onednn(const Problem& p);
 std::string onednn_unsupported_reason(const Problem& p);
-#ifdef HOTOPS_HAVE_CUDA
 std::unique_ptr<Case> make_cuda(const Problem& p);
-#endif
 
 const Family& family();
 

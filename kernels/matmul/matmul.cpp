@@ -34,8 +34,7 @@ std::vector<Arg> dims(std::int64_t M, std::int64_t N, std::int64_t K) {
 
 class MatmulFamily final : public OpFamily {
  public:
-  MatmulFamily() : OpFamily(cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
-  std::string name() const override { return "matmul"; }
+  MatmulFamily() : OpFamily("matmul", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     std::vector<Problem> out;

@@ -68,9 +68,7 @@ const std::vector<NamedShape>& named_shapes();
 
 std::unique_ptr<Case> make_cpu(const Problem& p);
 std::string cpu_unsupported_reason(const Problem& p);
-#ifdef HOTOPS_HAVE_CUDA
 std::unique_ptr<Case> make_cuda(const Problem& p);
-#endif
 
 const Family& family();
 

@@ -90,10 +90,6 @@ class CpuMaxpool final : public Case {
 
 }  // namespace
 
-std::string onednn_unsupported_reason(const Problem& p) {
-  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, p, "max pooling");
-}
-
-std::unique_ptr<Case> make_cpu_onednn(const Problem& p) { return std::make_unique<CpuMaxpool>(p); }
+HOTOPS_ONEDNN_CASE(CpuMaxpool, make_cpu_onednn, onednn_unsupported_reason, "max pooling")
 
 }  // namespace hotops::maxpool

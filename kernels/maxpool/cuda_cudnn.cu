@@ -57,9 +57,7 @@ class CudnnMaxpool final : public Case {
   }
 
   Check verify() override {
-    out_d_.poison();
-    run();
-    out_d_.download(out_);
+    gpu::poison_run_download(*this, out_d_, out_);
     return maxpool::verify(s_, in_, out_);
   }
 

@@ -51,16 +51,13 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
 
 class MaxpoolFamily final : public OpFamily {
  public:
-  MaxpoolFamily() : OpFamily(onednn_unsupported_reason, make_cpu_onednn, HOTOPS_CUDA_FACTORY(make_cudnn)) {}
-  std::string name() const override { return "maxpool"; }
+  MaxpoolFamily() : OpFamily("maxpool", onednn_unsupported_reason, make_cpu_onednn, HOTOPS_CUDA_FACTORY(make_cudnn)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    std::vector<Problem> out;
-    for (const NamedShape& ns : kNamedShapes)
-      for (std::int64_t b : batches.empty() ? std::vector<std::int64_t>{ns.batch} : batches)
-        for (const char* layout : kLayouts)
-          expand(args_of(ns.name, "batch", b, ns.C, ns.H, ns.W, ns.k, ns.s, ns.pad, layout), out);
-    return out;
+    return per_shape_and_batch(kNamedShapes, batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {
+      for (const char* layout : kLayouts)
+        expand(args_of(ns.name, "batch", b, ns.C, ns.H, ns.W, ns.k, ns.s, ns.pad, layout), out);
+    });
   }
 
   std::vector<Problem> test_problems() const override {

@@ -106,12 +106,7 @@ Shape shape_of(const Problem& p) {
   const models::StepArgs a = step_args(p);
   Shape s;
   s.arch = arch_named(a.model);
-  s.backend = a.backend;
-  s.dtype = a.dtype;
-  s.dir = a.dir;
-  s.batch = a.batch;
-  s.variant = a.variant;
-  s.threads = a.threads;
+  models::copy_step_args(a, s);
   return s;
 }
 
@@ -119,9 +114,7 @@ ParamLayout param_layout(const Arch& a) {
   ParamLayout l;
   const std::int64_t h = a.hidden, f = a.ffn;
   auto place = [&](const char* name, std::int64_t n) {
-    const std::size_t at = l.total;
-    l.total += (static_cast<std::size_t>(n) + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
-    l.parameters += n;
+    const std::size_t at = models::place_aligned(l.total, l.parameters, n);
     l.tensors.emplace_back(at, static_cast<std::size_t>(n));
     l.names.emplace_back(name);
     return at;

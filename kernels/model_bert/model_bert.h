@@ -48,7 +48,7 @@ struct Shape {
 };
 Shape shape_of(const Problem& p);
 
-constexpr std::size_t kAlignFloats = 64;
+using models::kAlignFloats;
 struct ParamLayout {
   std::size_t wqkv, bqkv, wo, bo, ln1g, ln1b, w1, b1, w2, b2, ln2g, ln2b;
   std::size_t total = 0;        // floats, padding included

@@ -103,23 +103,13 @@ Shape shape_of(const Problem& p) {
   const models::StepArgs a = models::step_args(p, "model_bilstm", true, /*allow_bf16=*/true);
   Shape s;
   s.cfg = config_named(a.model);
-  s.backend = a.backend;
-  s.dtype = a.dtype;
-  s.dir = a.dir;
-  s.batch = a.batch;
-  s.variant = a.variant;
-  s.threads = a.threads;
+  models::copy_step_args(a, s);
   return s;
 }
 
 Layout layout_of(const Config& c) {
   Layout l;
-  auto place = [&](std::int64_t n) {
-    const std::size_t at = l.total;
-    l.total += (static_cast<std::size_t>(n) + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
-    l.parameters += n;
-    return at;
-  };
+  auto place = [&](std::int64_t n) { return models::place_aligned(l.total, l.parameters, n); };
   const std::int64_t G = 4 * c.H;
   l.embed = place(c.V * c.E);
   l.w_ih = place(2 * G * c.E);

@@ -46,7 +46,7 @@ Shape shape_of(const Problem& p);
 // canonical (PyTorch) layout of the reference and the CPU; the CUDA case keeps the LSTM's tensors in
 // cuDNN's weight space instead (see cuda_model_bilstm.cu) and converts for verification.
 //   embed [V, E]; w_ih [2, 4H, E]; w_hh [2, 4H, H]; b_ih, b_hh [2, 4H]; dense_w [2H, C]; dense_b [C]
-constexpr std::size_t kAlignFloats = 64;
+using models::kAlignFloats;
 struct Layout {
   std::size_t embed = 0, w_ih = 0, w_hh = 0, b_ih = 0, b_hh = 0, dense_w = 0, dense_b = 0;
   std::size_t total = 0;        // floats, padding included

@@ -238,23 +238,13 @@ Shape shape_of(const Problem& p) {
   Shape s;
   s.model = a.model;
   s.widths = model_named(s.model).widths;
-  s.backend = a.backend;
-  s.dtype = a.dtype;
-  s.dir = a.dir;
-  s.batch = a.batch;
-  s.variant = a.variant;
-  s.threads = a.threads;
+  copy_step_args(a, s);
   return s;
 }
 
 ParamLayout param_layout(const std::vector<std::int64_t>& widths) {
   ParamLayout l;
-  auto place = [&](std::int64_t n) {
-    const std::size_t at = l.total;
-    l.total += (static_cast<std::size_t>(n) + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
-    l.parameters += n;
-    return at;
-  };
+  auto place = [&](std::int64_t n) { return place_aligned(l.total, l.parameters, n); };
   for (std::size_t k = 0; k + 1 < widths.size(); ++k) {
     l.w.push_back(place(widths[k] * widths[k + 1]));
     l.b.push_back(place(widths[k + 1]));

@@ -47,6 +47,16 @@ struct StepArgs {
   int threads = 0;  // threads:T only
 };
 StepArgs step_args(const Problem& p, const std::string& family, bool has_graph, bool allow_bf16 = false);
+// Copies what a model family's Shape takes from its StepArgs as is (all but the model's name).
+template <class Shape>
+void copy_step_args(const StepArgs& a, Shape& s) {
+  s.backend = a.backend;
+  s.dtype = a.dtype;
+  s.dir = a.dir;
+  s.batch = a.batch;
+  s.variant = a.variant;
+  s.threads = a.threads;
+}
 
 // Every problem of one model at one batch, as every model family lists them: infer and train; on the
 // CPU all threads and each of `thread_sweep`; on CUDA plain and e2e:1, and graph:1 for train when
@@ -100,6 +110,15 @@ struct ParamLayout {
   std::int64_t parameters = 0;    // the model's parameter count, padding excluded
 };
 ParamLayout param_layout(const std::vector<std::int64_t>& widths);
+
+// Places a tensor of n floats at the end of a flat parameter buffer, on a kAlignFloats boundary:
+// returns its offset and grows `total` (padding included) and `parameters` (padding excluded).
+inline std::size_t place_aligned(std::size_t& total, std::int64_t& parameters, std::int64_t n) {
+  const std::size_t at = total;
+  total += (static_cast<std::size_t>(n) + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+  parameters += n;
+  return at;
+}
 
 // The AdamW hyperparameters of every train problem: PyTorch's defaults with wd 0.01.
 inline adamw::Hyper hyper() { return adamw::Hyper{}; }

@@ -57,7 +57,7 @@ using SpanFn = void (*)(const DropoutKey&, std::uint32_t, std::uint32_t, const v
                         std::uint8_t*, std::int64_t);
 
 #define DROPOUT_SPAN(NAME, D, BWD)                                                                              \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void NAME(                   \
+  HOTOPS_CPU_CLONES void NAME(                                                                                  \
       const DropoutKey& k, std::uint32_t lo0, std::uint32_t hi, const void* in, const std::uint8_t* mask_in,   \
       void* out, std::uint8_t* mask_out, std::int64_t n) {                                                     \
     span<DType::D, BWD>(k, lo0, hi, in, mask_in, out, mask_out, n);                                             \
@@ -72,13 +72,6 @@ SpanFn span_for(const Shape& s) {
   const bool bwd = s.dir == Direction::bwd;
   if (s.dtype == DType::bf16) return bwd ? dropout_bf16_bwd : dropout_bf16_fwd;
   return bwd ? dropout_f32_bwd : dropout_f32_fwd;
-}
-
-// The clone the loader picks on this CPU (target_clones' resolver tests the same features).
-const char* clone_name() {
-  if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4 (AVX-512) clone";
-  if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3 (AVX2) clone";
-  return "baseline x86-64 clone";
 }
 
 }  // namespace kernel
@@ -153,7 +146,7 @@ class CpuDropout final : public Case {
   std::string label() const override {
     const bool fwd = s_.dir == Direction::fwd;
     return std::string("hotops dropout ") + (fwd ? "fwd (mask from a lowbias32 x2 counter hash), " : "bwd (reads the uint8 mask), ") +
-           kernel::clone_name() + (stream_ ? ", streaming stores" : "") + ", " + std::to_string(cpu::threads()) +
+           vec::clone_name() + (stream_ ? ", streaming stores" : "") + ", " + std::to_string(cpu::threads()) +
            " threads";
   }
 

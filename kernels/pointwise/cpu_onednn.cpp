@@ -48,10 +48,6 @@ class CpuRelu final : public Case {
 
 }  // namespace
 
-std::string relu_onednn_unsupported_reason(const Problem& p) {
-  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, p, "relu");
-}
-
-std::unique_ptr<Case> make_cpu_relu(const Problem& p) { return std::make_unique<CpuRelu>(p); }
+HOTOPS_ONEDNN_CASE(CpuRelu, make_cpu_relu, relu_onednn_unsupported_reason, "relu")
 
 }  // namespace hotops::pointwise

@@ -11,17 +11,15 @@
 #include <cstdio>
 
 #include "hotops/check.h"
+#include "hotops/elementwise.h"
 #include "hotops/op_family.h"
 
 namespace hotops::pointwise {
 namespace {
 
-// An activation tensor of a real model: [batch, sample...] with the default batch.
-struct NamedShape {
-  std::string name;
-  std::vector<std::int64_t> sample;  // dims of one sample
-  std::int64_t batch;
-};
+using elementwise::flat_args;
+using elementwise::model_args;
+using elementwise::NamedShape;
 
 const std::vector<NamedShape>& named_shapes() {
   static const std::vector<NamedShape> shapes = {
@@ -72,18 +70,6 @@ void expand_both(const std::vector<Arg>& args, std::vector<Problem>& out) {
   expand(Op::dropout, args, out);
 }
 
-std::vector<Arg> model_args(const std::string& name, std::int64_t batch, const std::vector<std::int64_t>& sample) {
-  std::string dims = std::to_string(batch);
-  for (std::int64_t d : sample) dims += "x" + std::to_string(d);
-  return {{"shape", name}, {"batch", std::to_string(batch)}, {"dims", dims}};
-}
-
-std::vector<Arg> flat_args(std::int64_t elements, std::int64_t offset = 0) {
-  std::vector<Arg> a{{"shape", "flat"}, {"elements", std::to_string(elements)}};
-  if (offset != 0) a.push_back({"offset", std::to_string(offset)});
-  return a;
-}
-
 std::unique_ptr<Case> make_cpu(const Problem& p) {
   return shape_of(p).op == Op::relu ? make_cpu_relu(p) : make_cpu_dropout(p);
 }
@@ -95,16 +81,10 @@ std::string cpu_unsupported_reason(const Problem& p) {
 
 class PointwiseFamily final : public OpFamily {
  public:
-  PointwiseFamily() : OpFamily(cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
-  std::string name() const override { return "pointwise"; }
+  PointwiseFamily() : OpFamily("pointwise", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    std::vector<Problem> out;
-    for (const NamedShape& ns : named_shapes())
-      for (std::int64_t b : batches.empty() ? std::vector<std::int64_t>{ns.batch} : batches)
-        expand_both(model_args(ns.name, b, ns.sample), out);
-    for (std::int64_t n : kFlatElements) expand_both(flat_args(n), out);
-    return out;
+    return elementwise::benchmark_problems(named_shapes(), kFlatElements, batches, expand_both);
   }
 
   std::vector<Problem> test_problems() const override {
@@ -150,20 +130,9 @@ Shape shape_of(const Problem& p) {
   HOTOPS_CHECK(p.dtype == DType::f32 || p.dtype == DType::bf16, p.op + " has f32 and bf16 only: " + p.name());
   s.dir = p.dir;
   s.dtype = p.dtype;
-  if (p.has("dims")) {
-    const std::string& dims = p.get("dims");
-    s.elements = 1;
-    for (std::size_t pos = 0; pos <= dims.size();) {
-      const std::size_t end = std::min(dims.find('x', pos), dims.size());
-      s.elements *= std::stoll(dims.substr(pos, end - pos));
-      pos = end + 1;
-    }
-    if (p.batch()) HOTOPS_CHECK(std::stoll(dims) == *p.batch(), "dims must start with the batch: " + p.name());
-  } else {
-    s.elements = p.get_int("elements");
-  }
-  if (p.has("offset")) s.offset = p.get_int("offset");
-  HOTOPS_CHECK(s.elements > 0 && s.offset >= 0, "bad " + p.op + " shape: " + p.name());
+  const elementwise::Extent e = elementwise::extent_of(p);
+  s.elements = e.elements;
+  s.offset = e.offset;
   if (s.op == Op::dropout) {
     s.p = std::stod(p.get("p"));
     HOTOPS_CHECK(s.p >= 0 && s.p < 1, "dropout needs 0 <= p < 1: " + p.name());

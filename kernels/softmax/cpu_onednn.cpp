@@ -67,10 +67,6 @@ class CpuSoftmax final : public Case {
 
 }  // namespace
 
-std::string onednn_unsupported_reason(const Problem& p) {
-  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, p, "softmax");
-}
-
-std::unique_ptr<Case> make_cpu_onednn(const Problem& p) { return std::make_unique<CpuSoftmax>(p); }
+HOTOPS_ONEDNN_CASE(CpuSoftmax, make_cpu_onednn, onednn_unsupported_reason, "softmax")
 
 }  // namespace hotops::softmax

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 
+#include "hotops/cuda_elem.cuh"
 #include "hotops/cuda_util.h"
 #include "kernels/softmax/softmax.h"
 
@@ -23,24 +24,8 @@ constexpr unsigned kWarp = 32;
 constexpr unsigned kWarpsPerBlock = 4;
 constexpr unsigned kBlockThreads = 512;
 
-template <class T>
-struct Elem;
-template <>
-struct Elem<float> {
-  __device__ static float load(float v) { return v; }
-  __device__ static float store(float f) { return f; }
-};
-template <>
-struct Elem<std::uint16_t> {  // bf16 storage
-  __device__ static float load(std::uint16_t v) { return __uint_as_float(static_cast<unsigned>(v) << 16); }
-  __device__ static std::uint16_t store(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
-};
-
-// V elements of T in one access (16 bytes when V = 16 / sizeof(T)).
-template <class T, int V>
-struct alignas(sizeof(T) * V) Vec {
-  T e[V];
-};
+using gpu::Elem;
+using gpu::Pack;
 
 __device__ inline float warp_max(float v) {
 #pragma unroll
@@ -66,7 +51,7 @@ struct Args {
 template <class T, int V, int kIters, bool kBwd>
 __global__ void __launch_bounds__(kWarp * kWarpsPerBlock) warp_softmax(Args a) {
   using E = Elem<T>;
-  using Vt = Vec<T, V>;
+  using Vt = Pack<T, V>;
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (row >= a.rows) return;  // whole warps leave together
   const int lane = static_cast<int>(threadIdx.x % kWarp);
@@ -82,7 +67,7 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock) warp_softmax(Args a) {
       if (k < nvec) {
         const Vt t = src[k];
 #pragma unroll
-        for (int j = 0; j < V; ++j) v[it][j] = E::load(t.e[j]);
+        for (int j = 0; j < V; ++j) v[it][j] = E::load(t.v[j]);
       } else {
 #pragma unroll
         for (int j = 0; j < V; ++j) v[it][j] = -INFINITY;
@@ -106,7 +91,7 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock) warp_softmax(Args a) {
       if (k < nvec) {
         Vt t;
 #pragma unroll
-        for (int j = 0; j < V; ++j) t.e[j] = E::store(v[it][j] * inv);
+        for (int j = 0; j < V; ++j) t.v[j] = E::store(v[it][j] * inv);
         dst[k] = t;
       }
     }
@@ -120,7 +105,7 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock) warp_softmax(Args a) {
       if (k < nvec) {
         const Vt ty = src[k], td = dsrc[k];
 #pragma unroll
-        for (int j = 0; j < V; ++j) v[it][j] = E::load(ty.e[j]), d[it][j] = E::load(td.e[j]);
+        for (int j = 0; j < V; ++j) v[it][j] = E::load(ty.v[j]), d[it][j] = E::load(td.v[j]);
       } else {
 #pragma unroll
         for (int j = 0; j < V; ++j) v[it][j] = 0.f, d[it][j] = 0.f;
@@ -137,7 +122,7 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock) warp_softmax(Args a) {
       if (k < nvec) {
         Vt t;
 #pragma unroll
-        for (int j = 0; j < V; ++j) t.e[j] = E::store(v[it][j] * (d[it][j] - s));
+        for (int j = 0; j < V; ++j) t.v[j] = E::store(v[it][j] * (d[it][j] - s));
         dst[k] = t;
       }
     }
@@ -246,9 +231,7 @@ class CudaSoftmax final : public Case {
   }
 
   Check verify() override {
-    out_d_.poison();
-    run();
-    out_d_.download(out_);
+    gpu::poison_run_download(*this, out_d_, out_);
     return softmax::verify(s_, in_, out_);
   }
 

@@ -49,19 +49,16 @@ double flops_per_element(Direction d) { return d == Direction::fwd ? 5 : 4; }
 
 class SoftmaxFamily final : public OpFamily {
  public:
-  SoftmaxFamily() : OpFamily(onednn_unsupported_reason, make_cpu_onednn, HOTOPS_CUDA_FACTORY(make_cuda)) {}
-  std::string name() const override { return "softmax"; }
+  SoftmaxFamily() : OpFamily("softmax", onednn_unsupported_reason, make_cpu_onednn, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    std::vector<Problem> out;
-    for (const NamedShape& ns : kNamedShapes)
-      for (std::int64_t b : batches.empty() ? std::vector<std::int64_t>{ns.batch} : batches)
-        expand({{"shape", ns.name},
-                {"batch", std::to_string(b)},
-                {"rows", std::to_string(b * ns.rows_per_sample)},
-                {"cols", std::to_string(ns.cols)}},
-               out);
-    return out;
+    return per_shape_and_batch(kNamedShapes, batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {
+      expand({{"shape", ns.name},
+              {"batch", std::to_string(b)},
+              {"rows", std::to_string(b * ns.rows_per_sample)},
+              {"cols", std::to_string(ns.cols)}},
+             out);
+    });
   }
 
   std::vector<Problem> test_problems() const override {

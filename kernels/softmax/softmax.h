@@ -53,9 +53,7 @@ Check verify(const Shape& s, const Inputs& in, const HostBuffer& out);
 
 std::unique_ptr<Case> make_cpu_onednn(const Problem& p);
 std::string onednn_unsupported_reason(const Problem& p);
-#ifdef HOTOPS_HAVE_CUDA
 std::unique_ptr<Case> make_cuda(const Problem& p);
-#endif
 
 const Family& family();
 
