@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "bench/roofline.h"
@@ -40,28 +43,74 @@ int refuse(const std::string& line) {
   return 2;
 }
 
-// The display reporter Google Benchmark's flags choose, less the per-op breakdown counters of the
-// model steps on the console (a dozen columns that belong in the JSON and in hotops-compare
-// breakdown); JSON and CSV on stdout keep them.
+// The counters the console leaves to the JSON and CSV: bookkeeping a reader rarely scans for, and
+// samples/s, which repeats items_per_second for model steps.
+bool console_hides(const std::string& counter, double value) {
+  static const char* const hidden[] = {"cpu_threads", "runs_per_sample", "sm_clock_mhz", "samples/s",
+                                       "bw_fraction", "flop_fraction", "samples", "noise_pct"};
+  for (const char* h : hidden)
+    if (counter == h) return true;
+  if (counter == "throttled_samples") return value == 0;  // shown when the GPU did throttle
+  return counter.rfind("breakdown", 0) == 0;  // the per-op breakdown of model steps
+}
+
+// "0.725%": three significant digits down to 1%, then three decimals.
+std::string percent(double fraction) {
+  const double p = 100 * fraction;
+  char text[32];
+  std::snprintf(text, sizeof text, p >= 100 ? "%.0f%%" : p >= 10 ? "%.1f%%" : p >= 1 ? "%.2f%%" : "%.3f%%", p);
+  return text;
+}
+
+// The unit that puts a time between 1 and 1000 of it.
+benchmark::TimeUnit unit_for(double seconds) {
+  return seconds < 1e-6 ? benchmark::kNanosecond
+         : seconds < 1e-3 ? benchmark::kMicrosecond
+         : seconds < 1    ? benchmark::kMillisecond
+                          : benchmark::kSecond;
+}
+
+// The display reporter Google Benchmark's flags choose. On the console, a line a person can scan:
+// the counters of console_hides() left to the JSON and CSV (which keep every counter), the roofline
+// fractions as percentages before the label, and, unless --benchmark_time_unit chose one unit,
+// each time in the unit that suits it. The JSON keeps its fixed unit (us unless chosen).
 class Display final : public benchmark::BenchmarkReporter {
  public:
-  Display()
+  explicit Display(bool scale_units)
       : inner_(benchmark::CreateDefaultDisplayReporter()),
-        console_(dynamic_cast<benchmark::ConsoleReporter*>(inner_.get()) != nullptr) {}
+        console_(dynamic_cast<benchmark::ConsoleReporter*>(inner_.get()) != nullptr),
+        scale_units_(scale_units) {}
   bool ReportContext(const Context& context) override { return inner_->ReportContext(context); }
   void ReportRuns(const std::vector<Run>& runs) override {
     if (!console_) return inner_->ReportRuns(runs);
     std::vector<Run> shown = runs;
-    for (Run& r : shown)
-      for (auto it = r.counters.begin(); it != r.counters.end();)
-        it = it->first.rfind("breakdown", 0) == 0 ? r.counters.erase(it) : std::next(it);
+    for (Run& r : shown) shorten(r);
     inner_->ReportRuns(shown);
   }
   void Finalize() override { inner_->Finalize(); }
 
  private:
+  void shorten(Run& r) const {
+    std::string fractions;
+    for (const auto& [name, label] : {std::pair<const char*, const char*>{"bw_fraction", "bw="},
+                                      std::pair<const char*, const char*>{"flop_fraction", "flop="}}) {
+      const auto it = r.counters.find(name);
+      if (it != r.counters.end()) fractions += label + percent(it->second.value) + " ";
+    }
+    const auto noise = r.counters.find("noise_pct");  // in percent already
+    if (noise != r.counters.end()) fractions += "noise=" + percent(noise->second.value / 100) + " ";
+    for (auto it = r.counters.begin(); it != r.counters.end();)
+      it = console_hides(it->first, it->second.value) ? r.counters.erase(it) : std::next(it);
+    r.report_label = fractions + r.report_label;
+    // Complexity fits and percentage aggregates (cv) carry no time per execution.
+    if (!scale_units_ || r.report_big_o || r.report_rms || r.aggregate_unit == benchmark::kPercentage) return;
+    const double seconds = r.GetAdjustedRealTime() / benchmark::GetTimeUnitMultiplier(r.time_unit);
+    if (seconds > 0) r.time_unit = unit_for(seconds);
+  }
+
   std::unique_ptr<benchmark::BenchmarkReporter> inner_;
   bool console_;
+  bool scale_units_;
 };
 
 }  // namespace
@@ -90,18 +139,37 @@ int main(int argc, char** argv) {
   hotops::gpu::set_shuffle_layout(options.shuffle_layout);
 
   // hotops' default sample budget is 0.05 s per benchmark (Google Benchmark's is 0.5 s), so that a
-  // whole op family runs in under a minute; --benchmark_min_time overrides it as usual.
-  std::vector<char*> args(argv, argv + argc);
-  static char default_min_time[] = "--benchmark_min_time=0.05";
-  if (!gb.has_min_time) args.push_back(default_min_time);
+  // whole op family runs in under a minute; --benchmark_min_time (or Google Benchmark's
+  // BENCHMARK_MIN_TIME variable) overrides it as usual, in any release's form: it reaches Google
+  // Benchmark in the form the linked release reads, or, as a count of iterations for a release
+  // before 1.8, as each benchmark's iteration count.
+  hotops::MinTime min_time;
+  min_time.seconds = 0.05;
+  const char* min_time_env = std::getenv("BENCHMARK_MIN_TIME");
+  try {
+    if (gb.has_min_time) min_time = gb.min_time;
+    else if (min_time_env) min_time = hotops::parse_min_time("BENCHMARK_MIN_TIME", min_time_env);
+  } catch (const hotops::FlagError& e) {
+    return refuse(e.what());
+  }
+  std::string min_time_arg = hotops::min_time_arg(min_time, HOTOPS_BENCHMARK_VERSION);
+  const std::int64_t iterations = min_time_arg.empty() ? min_time.iterations : 0;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i)
+    if (std::strncmp(argv[i], "--benchmark_min_time=", 21) != 0) args.push_back(argv[i]);
+  if (!min_time_arg.empty()) args.push_back(min_time_arg.data());
   args.push_back(nullptr);
   int n = static_cast<int>(args.size()) - 1;
+  // Microseconds unless --benchmark_time_unit (or BENCHMARK_TIME_UNIT) says otherwise: Initialize
+  // replaces this default with theirs.
+  benchmark::SetDefaultTimeUnit(benchmark::kMicrosecond);
+  const bool unit_chosen = gb.has_time_unit || std::getenv("BENCHMARK_TIME_UNIT");
   benchmark::Initialize(&n, args.data());
   if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 2;
 
   // What the filter selects is known before anything runs: a filter that selects nothing is an
   // error here, not an empty run after the roofline measurement.
-  const auto registered = hotops::bench::register_benchmarks(options, test_fault);
+  const auto registered = hotops::bench::register_benchmarks(options, test_fault, iterations);
   const std::string filter = benchmark::GetBenchmarkFilter();
   const auto selected = hotops::bench::select(registered.problems, filter);
   std::map<std::string, std::string> reason_of;  // name -> why, of the problems this machine cannot run
@@ -118,7 +186,12 @@ int main(int argc, char** argv) {
     return refuse("hotops: none of the " + std::to_string(count) + " benchmarks matching --benchmark_filter=" + filter +
                   " can run here: " + reasons);
   }
-  for (const auto& [why, k] : cannot_run) std::fprintf(stderr, "hotops: %d benchmarks not run: %s\n", k, why.c_str());
+  // Why the GPU is unusable (no driver, no device, no CUDA build) is one line about the CUDA part.
+  std::string no_gpu;
+  hotops::gpu::available(&no_gpu);
+  for (const auto& [why, k] : cannot_run)
+    if (why == no_gpu) std::fprintf(stderr, "hotops: %s: the CUDA benchmarks are not run (%d selected)\n", why.c_str(), k);
+    else std::fprintf(stderr, "hotops: %d benchmarks not run: %s\n", k, why.c_str());
   std::size_t cuda = 0;
   for (const hotops::Problem& p : selected) cuda += p.backend == hotops::Backend::cuda;
   hotops::bench::expect_cuda_benchmarks(cuda);
@@ -133,7 +206,7 @@ int main(int argc, char** argv) {
   }
   hotops::bench::add_context(options);
   if (!gb.list_tests) warn_if_busy();
-  Display display;
+  Display display(!unit_chosen);
   const std::size_t ran = benchmark::RunSpecifiedBenchmarks(&display);
   benchmark::Shutdown();
   if (ran == 0) return 2;  // cannot happen after the check above, unless the two regex engines disagree

@@ -203,7 +203,7 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
       if (samples.seconds.empty() && batch > 0) samples.seconds.push_back(first);
       elapsed = std::chrono::duration<double>(clock::now() - t0).count();
       // A thread-sweep entry (`threads:T`) runs on T threads; every other CPU entry on all of them.
-      state.counters["threads"] = p.has("threads") ? static_cast<double>(p.get_int("threads")) : cpu::threads();
+      state.counters["cpu_threads"] = p.has("threads") ? static_cast<double>(p.get_int("threads")) : cpu::threads();
     } else if (live.c->host_timed()) {
       // End to end: the host's clock around each complete run (which synchronises itself).
       for (auto _ : state) {
@@ -313,7 +313,7 @@ bool is_test_fault_kind(const std::string& kind) {
   return std::find(names.begin(), names.end(), kind) != names.end();
 }
 
-Registered register_benchmarks(const Options& options, const std::string& test_fault) {
+Registered register_benchmarks(const Options& options, const std::string& test_fault, std::int64_t iterations) {
   Registered out;
   static const Options o = options;  // outlives registration: the lambdas refer to it
   static std::vector<std::unique_ptr<Family>> test_only;
@@ -334,7 +334,7 @@ Registered register_benchmarks(const Options& options, const std::string& test_f
       auto* b = benchmark::RegisterBenchmark(p.name().c_str(), [f, p](benchmark::State& st) {
         run_benchmark(st, *f, p, o);
       });
-      b->Unit(benchmark::kMicrosecond);
+      if (iterations > 0) b->Iterations(iterations);
       if (p.backend == Backend::cuda) b->UseManualTime();
       else b->UseRealTime();
     }

@@ -1,6 +1,7 @@
 // Turns every problem of every registered family into a Google Benchmark, and times it.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,7 +22,10 @@ struct Registered {
 
 // Registers the benchmarks this machine can run. With HOTOPS_TEST_FAULT=<kind> in the environment
 // (`test_fault`, validated by the caller) a test-only benchmark that fails that way comes first.
-Registered register_benchmarks(const Options& options, const std::string& test_fault = "");
+// `iterations` > 0 fixes every benchmark's iteration count (--benchmark_min_time=<N>x where the
+// linked Google Benchmark predates that form).
+Registered register_benchmarks(const Options& options, const std::string& test_fault = "",
+                               std::int64_t iterations = 0);
 
 // The test-only faults HOTOPS_TEST_FAULT may name (bench/test_fault.h), as one line.
 std::string test_fault_kinds();

@@ -133,6 +133,11 @@ bool available(std::string* why) {
   static std::string reason = [] {
     int n = 0;
     const cudaError_t e = cudaGetDeviceCount(&n);
+    // Without a driver the runtime reports "driver version is insufficient": the driver version it
+    // reads is then 0, which tells that case apart from a driver that is really too old.
+    int driver = 0;
+    if (e != cudaSuccess && cudaDriverGetVersion(&driver) == cudaSuccess && driver == 0)
+      return std::string("no NVIDIA driver found");
     if (e != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(e);
     if (n == 0) return std::string("no CUDA device found");
     return std::string();

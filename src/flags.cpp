@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <regex>
 
@@ -76,6 +77,37 @@ void check_output_path(const std::string& flag, const std::string& v) {
 
 }  // namespace
 
+MinTime parse_min_time(const std::string& where, const std::string& v) {
+  const FlagError bad("hotops: bad value '" + v + "' for " + where +
+                      ": expected seconds (0.5 or 0.5s) or a count of iterations (100x)");
+  MinTime t;
+  if (!v.empty() && v.back() == 'x') {
+    const std::string n = v.substr(0, v.size() - 1);
+    if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos) throw bad;
+    errno = 0;
+    t.iterations = std::strtoll(n.c_str(), nullptr, 10);
+    if (errno == ERANGE || t.iterations < 1) throw bad;
+    return t;
+  }
+  const std::string seconds = !v.empty() && v.back() == 's' ? v.substr(0, v.size() - 1) : v;
+  char* end = nullptr;
+  t.seconds = std::strtod(seconds.c_str(), &end);
+  if (seconds.empty() || *end != '\0' || !std::isfinite(t.seconds) || t.seconds < 0) throw bad;
+  return t;
+}
+
+std::string min_time_arg(const MinTime& t, int version) {
+  const bool suffixed = version >= 108;  // Google Benchmark 1.8 reads "<float>s" and "<integer>x"
+  if (t.iterations > 0) return suffixed ? "--benchmark_min_time=" + std::to_string(t.iterations) + "x" : "";
+  // The shortest text that reads back as the same number, so that the flag looks as typed.
+  char text[40];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, t.seconds);
+    if (std::strtod(text, nullptr) == t.seconds) break;
+  }
+  return std::string("--benchmark_min_time=") + text + (suffixed ? "s" : "");
+}
+
 BenchmarkFlags check_benchmark_flags(int argc, char** argv) {
   BenchmarkFlags b;
   for (int i = 1; i < argc; ++i) {
@@ -93,11 +125,14 @@ BenchmarkFlags check_benchmark_flags(int argc, char** argv) {
       if (v != "console" && v != "json" && v != "csv") throw bad_value(flag, v, "console, json or csv");
     } else if (flag == "benchmark_time_unit") {
       if (v != "ns" && v != "us" && v != "ms" && v != "s") throw bad_value(flag, v, "ns, us, ms or s");
+      b.has_time_unit = true;
     } else if (flag == "benchmark_repetitions") {
       parse_int(flag, v, 1, 1000000, "a count from 1 to 1000000");
-    } else if (flag == "benchmark_min_time" || flag == "benchmark_min_warmup_time") {
-      check_seconds(flag, v);
-      b.has_min_time |= flag == "benchmark_min_time";
+    } else if (flag == "benchmark_min_time") {
+      b.min_time = parse_min_time("--" + flag, v);
+      b.has_min_time = true;
+    } else if (flag == "benchmark_min_warmup_time") {
+      check_seconds(flag, v);  // a plain number of seconds in every release, 1.8's included
     } else if (flag == "benchmark_list_tests") {
       b.list_tests = parse_benchmark_bool(flag, v);
     } else if (flag == "benchmark_enable_random_interleaving" || flag == "benchmark_report_aggregates_only" ||

@@ -10,9 +10,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 #include <utility>
-#include <vector>
 #include <vector>
 
 namespace {
@@ -39,6 +40,33 @@ std::string temp_path(const std::string& name) {
   return testing::TempDir() + "/hotops_" + name + "_" + std::to_string(::getpid()) + ".json";
 }
 
+// Parses JSON as a strict reader does: a key repeated in one object is an error (nlohmann::json
+// itself keeps the last value silently). Returns null and names the key in `duplicate` then.
+nlohmann::json parse_strict(std::istream& in, std::string& duplicate) {
+  std::vector<std::set<std::string>> open_objects;
+  duplicate.clear();
+  const nlohmann::json::parser_callback_t check = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (event == E::object_start) open_objects.emplace_back();
+    if (event == E::object_end) open_objects.pop_back();
+    if (event == E::key && !open_objects.back().insert(parsed.get<std::string>()).second && duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
+  nlohmann::json j = nlohmann::json::parse(in, check);
+  return duplicate.empty() ? j : nlohmann::json();
+}
+
+TEST(BenchSmoke, StrictParsingCatchesARepeatedKey) {
+  std::istringstream text(R"({"benchmarks": [{"name": "a", "threads": 1, "b": {"threads": 1}, "threads": 2}]})");
+  std::string duplicate;
+  EXPECT_TRUE(parse_strict(text, duplicate).is_null());
+  EXPECT_EQ(duplicate, "threads");
+  std::istringstream fine(R"({"a": {"k": 1}, "b": {"k": 2}, "c": [{"k": 3}, {"k": 4}]})");
+  EXPECT_FALSE(parse_strict(fine, duplicate).is_null());
+  EXPECT_EQ(duplicate, "");
+}
+
 TEST(BenchSmoke, JsonNamesCountersAndContext) {
   const std::string out = temp_path("smoke");
   const Result r = run("--benchmark_filter='mlp_tiny.fc1/batch:10/' --benchmark_min_time=0.01 "
@@ -46,7 +74,9 @@ TEST(BenchSmoke, JsonNamesCountersAndContext) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::ifstream f(out);
   ASSERT_TRUE(f) << "no JSON written to " << out;
-  const nlohmann::json j = nlohmann::json::parse(f);
+  std::string duplicate;
+  const nlohmann::json j = parse_strict(f, duplicate);
+  ASSERT_EQ(duplicate, "") << "a key repeated in one object of " << out;
 
   for (const char* key : {"hotops_version", "hotops_git_revision", "compiler", "build_type", "cpu_model",
                           "onednn_isa", "onednn_version", "threads", "hotops_seed"})
@@ -71,9 +101,12 @@ TEST(BenchSmoke, JsonNamesCountersAndContext) {
       EXPECT_TRUE(b.contains(counter)) << name << " lacks " << counter;
     EXPECT_GT(b.value("FLOP/s", 0.0), 0) << name;
     EXPECT_FALSE(b.value("label", "").empty()) << name;
+    EXPECT_EQ(b.value("time_unit", ""), "us") << name;
     if (name.find("/cpu/") != std::string::npos) {
       ++cpu;
       EXPECT_NE(name.find("/real_time"), std::string::npos) << name;
+      EXPECT_GT(b.value("cpu_threads", 0), 0) << name;
+      EXPECT_EQ(b.value("threads", 0), 1) << name << ": Google Benchmark's own threads field";
     } else {
       ++cuda;
       EXPECT_NE(name.find("/manual_time"), std::string::npos) << name;
@@ -139,6 +172,20 @@ TEST(BenchSmoke, FilterOnlyOfBenchmarksThatCannotRunHereSaysWhy) {
   EXPECT_NE(r.output.find("can run here: "), std::string::npos) << r.output;
 }
 
+// Without a usable GPU the CUDA part is one line that says why; without the NVIDIA driver, plainly so.
+TEST(BenchSmoke, NoGpuIsOneLineSayingWhy) {
+  if (has_gpu()) GTEST_SKIP() << "a GPU is present: the CUDA benchmarks can run";
+  const Result r = run("--benchmark_list_tests --benchmark_filter=/shape:mlp_tiny.fc1/batch:10/");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex(R"((^|\n)hotops: [^\n]+: the CUDA benchmarks are not run \(18 selected\)\n)")))
+      << r.output;
+  const bool cuda_build = r.output.find("has no CUDA backend") == std::string::npos;
+  if (cuda_build && ::access("/proc/driver/nvidia/version", F_OK) != 0) {
+    EXPECT_NE(r.output.find("hotops: no NVIDIA driver found: the CUDA benchmarks are not run"), std::string::npos)
+        << r.output;
+  }
+}
+
 TEST(BenchSmoke, HelpExitsZero) {
   const Result r = run("--hotops_help");
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -152,9 +199,73 @@ nlohmann::json run_json(const std::string& args, Result& r, const std::string& e
   std::remove(out.c_str());
   r = run("--hotops_roofline=0 --benchmark_min_time=0.01 --benchmark_out=" + out + " " + args, env);
   std::ifstream f(out);
-  nlohmann::json j = f ? nlohmann::json::parse(f) : nlohmann::json();
+  std::string duplicate;
+  nlohmann::json j = f ? parse_strict(f, duplicate) : nlohmann::json();
+  EXPECT_EQ(duplicate, "") << "a key repeated in one object: " << args;
   std::remove(out.c_str());
   return j;
+}
+
+const char* const kTinyCpuFilter = " --benchmark_filter='^mm/cpu/f32/fwd/shape:mlp_tiny.fc1/batch:10/'";
+
+// Runs the one tiny CPU benchmark with `args` (after run_json's own) and returns its JSON entry
+// (null when it did not run); `r` gets what bench printed.
+nlohmann::json run_tiny(const std::string& args, Result& r) {
+  const nlohmann::json j = run_json(args + kTinyCpuFilter, r);
+  EXPECT_EQ(r.exit_code, 0) << args << ": " << r.output;
+  const nlohmann::json entries = j.value("benchmarks", nlohmann::json::array());
+  EXPECT_EQ(entries.size(), 1u) << args << ": " << r.output;
+  return entries.size() == 1 ? entries[0] : nlohmann::json();
+}
+
+// --benchmark_min_time in each form a Google Benchmark release documents (the later flag wins over
+// run_json's own), and Google Benchmark's BENCHMARK_MIN_TIME variable.
+TEST(BenchSmoke, MinTimeTakesEveryDocumentedForm) {
+  Result r;
+  for (const char* form : {"0.01", "0.01s", "1e-2s"})
+    EXPECT_GT(run_tiny(std::string("--benchmark_min_time=") + form, r).value("iterations", 0), 1) << form;
+  EXPECT_EQ(run_tiny("--benchmark_min_time=7x", r).value("iterations", 0), 7);
+  const std::string out = temp_path("min_time_env");
+  r = run("--hotops_roofline=0 --benchmark_out=" + out + kTinyCpuFilter, "BENCHMARK_MIN_TIME=5x");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream f(out);
+  EXPECT_EQ(nlohmann::json::parse(f)["benchmarks"][0].value("iterations", 0), 5) << "BENCHMARK_MIN_TIME=5x";
+  std::remove(out.c_str());
+  r = run("--benchmark_list_tests" + std::string(kTinyCpuFilter), "BENCHMARK_MIN_TIME=-1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("bad value '-1' for BENCHMARK_MIN_TIME"), std::string::npos) << r.output;
+}
+
+// The time unit is microseconds unless --benchmark_time_unit says otherwise, in the JSON as on the
+// console.
+TEST(BenchSmoke, TimeUnitFlagWins) {
+  for (const char* unit : {"ns", "ms", "s"}) {
+    Result r;
+    EXPECT_EQ(run_tiny(std::string("--benchmark_time_unit=") + unit, r).value("time_unit", ""), unit);
+    EXPECT_NE(r.output.find(std::string(" ") + unit + " "), std::string::npos) << unit << ": " << r.output;
+  }
+}
+
+// The console line: the roofline fractions as percentages, each time in the unit that suits it,
+// the bookkeeping counters left to the JSON (which still has them).
+TEST(BenchSmoke, ConsoleLineIsShortAndReadable) {
+  const std::string out = temp_path("console");
+  const Result r = run("--benchmark_min_time=0.01 --benchmark_out=" + out + kTinyCpuFilter);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string line;
+  std::istringstream lines(r.output);
+  while (std::getline(lines, line) && line.rfind("mm/cpu/", 0) != 0) {
+  }
+  ASSERT_EQ(line.rfind("mm/cpu/", 0), 0u) << r.output;
+  EXPECT_TRUE(std::regex_search(line, std::regex(R"( bw=[0-9.]+% flop=[0-9.]+% )"))) << line;
+  EXPECT_TRUE(std::regex_search(line, std::regex(R"(real_time +[0-9.]+ (ns|us) )"))) << line;
+  for (const char* hidden : {"bw_fraction", "flop_fraction", "cpu_threads", "threads="})
+    EXPECT_EQ(line.find(hidden), std::string::npos) << hidden << ": " << line;
+  std::ifstream f(out);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  for (const char* kept : {"bw_fraction", "flop_fraction", "cpu_threads"})
+    EXPECT_TRUE(j["benchmarks"][0].contains(kept)) << kept;
+  std::remove(out.c_str());
 }
 
 TEST(BenchSmoke, SeedIsRecordedInTheContext) {

@@ -1,6 +1,7 @@
 // hotops' own flags: parsed, removed from argv, and bad values refused with one clear message.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -126,6 +127,52 @@ TEST(BenchmarkFlags, GoodValuesPass) {
   EXPECT_FALSE(b.help);
 }
 
+// Every form of --benchmark_min_time a Google Benchmark release documents: seconds as a plain number
+// (1.7 and before), "<float>s" and "<integer>x" (1.8 on).
+TEST(BenchmarkFlags, MinTimeTakesEveryDocumentedForm) {
+  const struct {
+    const char* value;
+    double seconds;
+    std::int64_t iterations;
+  } cases[] = {{"0.5", 0.5, 0}, {"0.5s", 0.5, 0}, {"2s", 2, 0}, {"0", 0, 0}, {"1e-3s", 1e-3, 0},
+               {"100x", 0, 100}, {"1x", 0, 1}};
+  for (const auto& c : cases) {
+    Argv a({std::string("--benchmark_min_time=") + c.value});
+    const BenchmarkFlags b = check_benchmark_flags(a.argc, a.ptrs.data());
+    EXPECT_TRUE(b.has_min_time) << c.value;
+    EXPECT_EQ(b.min_time.seconds, c.seconds) << c.value;
+    EXPECT_EQ(b.min_time.iterations, c.iterations) << c.value;
+  }
+  Argv last({"--benchmark_min_time=3x", "--benchmark_min_time=0.25s"});
+  EXPECT_EQ(check_benchmark_flags(last.argc, last.ptrs.data()).min_time.seconds, 0.25) << "the last one counts";
+}
+
+// Google Benchmark's own reading of the values above, which hotops must not contradict: before 1.8
+// it takes only a plain number of seconds (a count of iterations has no flag form there), from 1.8
+// on the suffixed forms (a plain number still works but is warned about).
+TEST(BenchmarkFlags, MinTimeReachesEachReleaseInItsOwnForm) {
+  MinTime seconds;
+  seconds.seconds = 0.05;
+  MinTime iterations;
+  iterations.iterations = 100;
+  EXPECT_EQ(min_time_arg(seconds, 107), "--benchmark_min_time=0.05");
+  EXPECT_EQ(min_time_arg(seconds, 0), "--benchmark_min_time=0.05");  // release unknown: the form all read
+  EXPECT_EQ(min_time_arg(seconds, 108), "--benchmark_min_time=0.05s");
+  EXPECT_EQ(min_time_arg(seconds, 109), "--benchmark_min_time=0.05s");
+  EXPECT_EQ(min_time_arg(iterations, 107), "");
+  EXPECT_EQ(min_time_arg(iterations, 108), "--benchmark_min_time=100x");
+  seconds.seconds = 1.0 / 3;
+  const std::string third = min_time_arg(seconds, 107);
+  EXPECT_EQ(std::stod(third.substr(third.find('=') + 1)), 1.0 / 3) << third;
+}
+
+TEST(BenchmarkFlags, TimeUnitIsNoted) {
+  Argv a({"--benchmark_time_unit=s"});
+  EXPECT_TRUE(check_benchmark_flags(a.argc, a.ptrs.data()).has_time_unit);
+  Argv none({"--benchmark_min_time=1"});
+  EXPECT_FALSE(check_benchmark_flags(none.argc, none.ptrs.data()).has_time_unit);
+}
+
 TEST(BenchmarkFlags, ListTestsReadsAsGoogleBenchmarkDoes) {
   const std::pair<std::vector<std::string>, bool> cases[] = {
       {{"--benchmark_list_tests"}, true},        {{"--benchmark_list_tests=true"}, true},
@@ -143,6 +190,9 @@ TEST(BenchmarkFlags, BadValuesThrowOneLineNamingTheFlag) {
       "--benchmark_format=xml",          "--benchmark_format=",           "--benchmark_out_format=JSON",
       "--benchmark_repetitions=0",       "--benchmark_repetitions=-1",    "--benchmark_repetitions=abc",
       "--benchmark_min_time=-1",         "--benchmark_min_time=abc",      "--benchmark_min_time=nan",
+      "--benchmark_min_time=0.5x",       "--benchmark_min_time=0x",       "--benchmark_min_time=-3x",
+      "--benchmark_min_time=x",          "--benchmark_min_time=s",        "--benchmark_min_time=-1s",
+      "--benchmark_min_time=1ms",        "--benchmark_min_time=",         "--benchmark_min_warmup_time=0.5s",
       "--benchmark_min_warmup_time=-2",  "--benchmark_list_tests=maybe",  "--benchmark_report_aggregates_only=7",
       "--benchmark_time_unit=xs",        "--benchmark_filter=(",          "--benchmark_filter=-[a-",
       "--benchmark_out=/nonexistent_hotops_dir/x.json", "--benchmark_out=", "--benchmark_out=/"};

@@ -200,7 +200,7 @@ std::optional<double> Entry::noise_pct() const {
 }
 
 std::optional<double> Entry::threads() const {
-  for (const char* key : {"omp_threads", "threads"})
+  for (const char* key : {"cpu_threads", "threads"})
     if (const auto t = counter(key)) return *t;
   return std::nullopt;
 }

@@ -29,17 +29,37 @@ struct FlagError : std::runtime_error {
 // Throws FlagError on an unknown hotops flag or a bad value.
 Options parse_flags(int& argc, char** argv);
 
+// --benchmark_min_time: how long (or, in Google Benchmark 1.8's `<integer>x` form, how many
+// iterations) each benchmark runs.
+struct MinTime {
+  double seconds = 0;          // when iterations == 0
+  std::int64_t iterations = 0;  // > 0: a fixed count of iterations instead
+};
+
+// Reads a --benchmark_min_time value in any form a Google Benchmark release documents: `0.5`
+// (1.7 and before; still read as seconds later), `0.5s` and `100x` (1.8 on). `where` names the
+// flag or variable in the error. Throws FlagError on anything else, or a negative time.
+MinTime parse_min_time(const std::string& where, const std::string& v);
+
+// The --benchmark_min_time argument with which Google Benchmark `version` (major * 100 + minor,
+// e.g. 107 for 1.7.1) reads `t`: `0.5` before 1.8, `0.5s` or `100x` from 1.8 on. Empty where that
+// version has no form for it (a count of iterations before 1.8: set on each benchmark instead).
+std::string min_time_arg(const MinTime& t, int version);
+
 // What hotops needs to know of Google Benchmark's own flags (argv after parse_flags).
 struct BenchmarkFlags {
   bool list_tests = false;    // --benchmark_list_tests (the last one given)
   bool has_min_time = false;  // --benchmark_min_time given
+  MinTime min_time;           // its value (the last one given), when given
+  bool has_time_unit = false;  // --benchmark_time_unit given
   bool help = false;          // --help
 };
 
 // Checks the values of Google Benchmark's flags that Google Benchmark itself would accept silently
 // (a negative min_time, --benchmark_list_tests=maybe), exit 0 on (--benchmark_format=xml prints
-// the usage), crash on (--benchmark_repetitions=-1) or refuse only after hotops has measured the
-// roofline (a malformed --benchmark_filter regex, an unwritable --benchmark_out). Throws FlagError.
+// the usage), crash on (--benchmark_repetitions=-1, --benchmark_min_time=0.5x) or refuse only
+// after hotops has measured the roofline (a malformed --benchmark_filter regex, an unwritable
+// --benchmark_out). Every value a Google Benchmark release documents passes. Throws FlagError.
 BenchmarkFlags check_benchmark_flags(int argc, char** argv);
 
 // The flag help, printed by --hotops_help.
