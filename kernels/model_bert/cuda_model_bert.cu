@@ -1,19 +1,6 @@
-// model_bert on CUDA. GEMMs: the dense layers are cublasLt matmuls with CUBLAS_COMPUTE_32F (f32: f32
-// operands, no TF32; bf16: bf16 operands on the tensor cores, f32 accumulation, bf16 activations out
-// and f32 weight gradients out),
-// with the BIAS epilogue in the forward and the residual added through C (D = A.B + bias + C, beta 1),
-// each GEMM's algorithm the fastest of its candidates timed at setup;
-// the attention's six per-head GEMMs (scores, context; dP, dV, dQ, dK) are one cublasGemmBatchedEx
-// each over batch x heads, on pointer arrays (built at setup) into the [tokens, 3 hidden] QKV buffer and
-// the [tokens, hidden] context, so there is no head split or merge copy. Hand-written kernels: softmax
-// forward/backward (a warp per row of 128/197), GELU (erf) forward/backward (float4), LayerNorm
-// forward (a warp per row) and backward (a warp per row, dgamma/dbeta as per-block partials), column
-// sums for the bias gradients (two deterministic stages; the first fused into the GELU and LayerNorm
-// backwards where one of them writes the gradient a dense layer reads), the MSE loss (two stages, the
-// second advancing the optimizer's device step count) and one flat AdamW pass. No host synchronisation in a
-// step: capturable. Row-major tensors are seen as column-major transposes (see cuda_cublas.cu).
-// Every kernel is a template over the activations' storage T (float or bf16) and computes in f32; a
-// bf16 step begins with one cast of the f32 master parameters into their bf16 copy.
+// model_bert on CUDA: cublasLt dense GEMMs, one cublasGemmBatchedEx per attention GEMM, hand-written
+// softmax, GELU, LayerNorm, column-sum and loss kernels; how each is set up and fused:
+// docs/models.md, "How each model step runs".
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 

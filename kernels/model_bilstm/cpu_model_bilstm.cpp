@@ -1,23 +1,6 @@
-// model_bilstm on the CPU: oneDNN's lstm_forward / lstm_backward (bidirectional_concat, weights in
-// the formats oneDNN picks) for the BiLSTM; hand-written OpenMP loops for the embedding gather, the
-// dense head, the loss, the embedding gradient and AdamW. A train step:
-//   gather      x [T, B, E] = embed[tokens]
-//   weights     b = b_ih + b_hh (oneDNN has one bias); reorders of W_ih, W_hh from the flat PyTorch
-//               layout into the primitives' formats (every step: the optimizer moves them)
-//   lstm        lstm_forward (forward_training; forward_inference for infer): hT [2, B, H]
-//   dense       logits = [hT_fwd, hT_bwd] . W + b; loss and dlogits; dW, db, dhT
-//   lstm bwd    zero dW (oneDNN 2.6 accumulates), lstm_backward (dy = 0, dcT = 0): dx, dW, db
-//   grads       reorders of dW_ih, dW_hh back to the PyTorch layout; db into both bias gradients
-//   embedding   dE = 0, then dE[tokens[n]] += dx[n] in token order (each thread owns a range of rows:
-//               deterministic)
-//   optimizer   one flat AdamW pass over p, g, m, v
-// bf16 (model_bilstm.h): x, h0, c0, y, hT and cT are bf16; the weight reorders from the f32 masters
-// into the primitives' bf16 formats are the step's cast; oneDNN's bf16 LSTM takes an f32 bias (b_ih +
-// b_hh of the masters) and, in oneDNN 2.6, f32 gradients (dy, dhT, dcT in; dx, dW, db out: the one
-// bf16 lstm_backward it has on AVX512_BF16 / AMX). The dense head reads bf16 hT and the bf16-rounded
-// W and b, accumulates in f32 and rounds the logits to bf16; dlogits are rounded to bf16 (as the
-// CUDA step stores them); the loss, the dense gradients (f32 from f32 sums), the embedding
-// scatter-add and AdamW in f32.
+// model_bilstm on the CPU: oneDNN's LSTM forward and backward, OpenMP loops for the rest; the step op
+// by op, and its bf16 form:
+// docs/models.md, "How each model step runs".
 #include <omp.h>
 
 #include <algorithm>

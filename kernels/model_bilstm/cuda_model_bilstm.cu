@@ -1,43 +1,6 @@
-// model_bilstm on CUDA: cuDNN 9's RNN API for the BiLSTM (gpu::lstm_algo: PERSIST_STATIC_SMALL_H, double bias,
-// CUDNN_FMA_MATH: f32 without tensor cores, as kernels/lstm's f32), cublasLt f32 GEMMs for the dense
-// head (CUBLAS_COMPUTE_32F), CUB's stable radix sort for the embedding gradient, and hand-written
-// kernels. A train step, all on gpu::stream() with no host synchronisation:
-//   gather        x [T, B, E] = embed[tokens]; the (token, position) pairs for the backward
-//   lstm          cudnnRNNForward (TRAINING; INFERENCE for infer), h0 = c0 = 0: hT [2, B, H]
-//   dense         logits = b (bias_rows), += hT_fwd . W_fwd, += hT_bwd . W_bwd (2 cublasLt GEMMs)
-//   loss          softmax_xent (1 block): loss, dlogits, the dense bias gradient, the AdamW step count
-//   dense bwd     dW_d = hT_d^T . dlogits, dhT_d = dlogits . W_d^T (4 cublasLt GEMMs)
-//   lstm bwd      zero the dweight space (BackwardWeights adds), cudnnRNNBackwardData_v8 (dy = 0,
-//                 dcT = 0), cudnnRNNBackwardWeights_v8 (CUDNN_WGRAD_MODE_ADD)
-//   embedding     dE = 0; CUB stable radix sort of (token, position); embedding_grad: one warp per
-//                 run of equal tokens sums its dx rows in position order (deterministic)
-//   optimizer     adamw::cuda_step (1 launch over the flat p, g, m, v)
-// The flat parameter buffer on the device: embed [V, E] | cuDNN's weight space (W_ih, W_hh, b_ih,
-// b_hh of both directions, where cudnnGetRNNWeightParams says) | dense W [2H, C] | dense b [C], each
-// on a 256-byte boundary; the gradients, m and v in the same layout, so AdamW is one flat pass and the
-// LSTM's weight gradients land in place. Verification converts to the canonical PyTorch layout.
-//
-// bf16 (model_bilstm.h): cuDNN's RNN on CUDNN_DATA_BFLOAT16 data and weights with f32 math precision
-// and CUDNN_FMA_MATH, as PyTorch's autocast LSTM runs with TF32 off (torch.backends.cudnn.allow_tf32 =
-// False: hotops' f32 convention): bf16 operands, f32 FMA accumulation. cuDNN 9 rejects bf16 math
-// precision. The f32 masters' LSTM region mirrors cuDNN's bf16 weight space element for element. The
-// step differs in:
-//   cast          low = bf16(params[LSTM region .. dense b]) (models::cast_params, 1 launch)
-//   gather        x bf16 = the f32 embedding rows, rounded
-//   lstm          cudnnRNNForward on low's weight space: y, hT bf16
-//   dense         dense_head_bf16 (1 launch, a warp per sample): logits bf16 = bf16(b + hT . W), f32
-//                 accumulation, one rounding (cublasLt would round twice: the two directions' GEMMs
-//                 add into D; and the tiny test shape's per-direction blocks of hT are not 16-byte
-//                 aligned, which its bf16 kernels assume)
-//   loss          softmax_xent on bf16 logits (f32 math): dlogits bf16, the dense bias gradient f32
-//   dense bwd     dense_bwd_bf16 (1 launch): dW f32 into the gradients, dhT bf16, f32 accumulation
-//   lstm bwd      as f32, into a zeroed bf16 dweight space (dx bf16), then widen: the bf16
-//                 dweights into the f32 gradients (exact)
-//   embedding     as f32, summing the bf16 dx rows in f32
-// On the H100 host (cuDNN 9.14) the bf16 RNN calls are host-bound with every algorithm, math type and
-// choice of states: 5-14 ms of host time per step at bilstm_imdb batch 64 (f32: under 0.4 ms), far
-// beyond their GPU work (tools/cudnn_rnn_bf16_probe.cu; docs/models.md). A plain bf16 step therefore
-// replays the step's CUDA graph captured at setup (replays()).
+// model_bilstm on CUDA: cuDNN 9's RNN API for the BiLSTM, cublasLt for the dense head, CUB's radix sort
+// for the embedding gradient; the step op by op, and its bf16 form:
+// docs/models.md, "How each model step runs".
 #include <cudnn.h>
 
 #include <cub/device/device_radix_sort.cuh>

@@ -1,37 +1,6 @@
-// model_cnn on the CPU: oneDNN primitives on NHWC activations (convolution forward / backward data /
-// backward weights with the weights in the formats the primitives pick, batch normalization with the
-// ReLU fused, max-pooling with its argmax workspace, matmul for the dense layers), all created at setup,
-// and OpenMP loops for dropout, ReLU backward, the loss, the small last layer and AdamW. A train step:
-//   weights   reorder every conv's W from the flat KRSC buffer into the primitives' formats
-//   conv i    z = conv(in) (no bias: batch norm removes it) -> BN (batch statistics, summed in double
-//             by a hotops pass) + ReLU -> a
-//             (vgg: a = ReLU(conv(in) + b), the ReLU a post-op) -> [max-pool -> p, dropout in place]
-//   dense 1   h = flat . W1 -> BN + ReLU (vgg: + b1, ReLU post-op) -> hr; hd = dropout(hr)
-//   dense 2   logits = hd . W2 + b2; loss, dlogits; dW2, db2, dhd (loops)
-//   backward  dropout, BN (+ ReLU through its workspace) or ReLU, matmuls for dW1 and dflat; per conv
-//             layer from the last: dropout, pool backward, BN backward (or ReLU), conv backward
-//             weights (reordered to KRSC into the flat gradients) and data
-//   AdamW     one flat pass; the running statistics updated from the batch statistics
-// infer folds each batch norm's running statistics into the conv or dense weights and bias before it
-// (at setup, as ONNX Runtime's graph optimizer does), so a conv layer is one primitive with the bias
-// and the ReLU fused, then the pool. Between the layers infer keeps the layouts the primitives pick
-// (format_tag::any: blocked ones on AVX2; on the H100 host's AVX-512 the same brgconv kernels as with
-// NHWC), as ONNX Runtime keeps its NCHWc between convolutions, and reorders only the last pooled
-// output to NHWC for the flatten. A first conv with a pool after it (keras_cnn's) reads the images in
-// nchw, oneDNN's first-convolution layout: 3 input channels are poor work for the NHWC kernels
-// (brgconv ran at ~105 GFLOP/s). Its images are then held in nchw (converted at setup, as the CUDA
-// NCHW path holds them, and as ONNX Runtime's exported model takes them), so the step does not
-// reorder them, and in f32 that layer (conv, bias, ReLU, pool) is one hotops pass (cpu_conv_pool.h)
-// that writes only the pooled output, NHWC.
-// bf16 (model_cnn.h): the same primitives on bf16 activations (the images, z, a, the pooled outputs,
-// h, and their gradients), oneDNN's bf16 kernels (AVX512_BF16 / AMX) accumulating in f32; the conv
-// weights reordered from the f32 flat buffer to bf16 in the primitives' formats and dense 1's weight
-// cast to a bf16 copy inside every step (infer too: autocast casts on every call; infer's folded
-// weights are folded in f32 at setup and cast each step); the weight gradients written f32 (conv
-// backward weights with f32 diff weights, the dW1 matmul with an f32 destination); batch-norm
-// statistics f32. The hand-written loops (dropout, the last layer, the loss, AdamW) compute in f32,
-// reading and writing the bf16 activations where they touch them. A CPU whose oneDNN has no bf16
-// convolution or matmul reports the case unsupported.
+// model_cnn on the CPU: oneDNN convolution, batch norm, pooling and matmul primitives, OpenMP loops for
+// the rest; the step, the inference folding and the bf16 form:
+// docs/models.md, "How each model step runs".
 #include <omp.h>
 
 #include <algorithm>

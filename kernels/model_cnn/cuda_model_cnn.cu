@@ -1,37 +1,6 @@
-// model_cnn on CUDA: cuDNN convolutions (NCHW f32 by default, or NHWC: CudaLayout; CUDNN_FMA_MATH: no
-// TF32; each direction's algorithm chosen once at setup by cudnnFind*AlgorithmEx on the case's own
-// buffers through gpu::find_conv_algo, one workspace for all),
-// cublasLt f32 GEMMs for the dense layers (CUBLAS_COMPUTE_32F), and hand-written kernels that keep the
-// passes over the big activations few:
-//   forward  conv -> z (no bias: it is folded into the per-channel affine below)
-//            bn_stats: per-channel sums of z (shifted by its first row, f32 per block, combined in double
-//            by bn_finalize, which also updates the running statistics); scale/shift per channel
-//            act_pool: relu(z * scale + shift), max-pool (first maximum, its index kept as a byte),
-//            dropout: the pooled output, one pass over z and the only tensor written;
-//            act: relu(z * scale + shift) for a conv that feeds another conv directly
-//   backward reduce_pool / reduce_dense: per-channel sums of dy and dy * xhat, where dy is the routed
-//            (pool argmax, dropout, ReLU recomputed from z) gradient: the pooled form reads only the
-//            pooled gradient and the argmax pixels of z; finalize_bwd writes dgamma, dbeta (or the conv
-//            bias gradient) into the flat gradients; dz_pool / dz_dense write dz in one pass over z;
-//            then cuDNN's backward filter and the data gradient: per layer, whichever Find timed faster at
-//            setup of cuDNN's backward data and "fwd-flip", a forward convolution of dz with the filter
-//            rotated 180 degrees and its K/C swapped (flip_filter rebuilds it from the weights each step)
-//   head     cublasLt h = flat . W1; the same batch-norm kernels over [batch, hidden]; act with dropout;
-//            logits = hd . W2 + b2 (bias epilogue); models' softmax_xent (loss, dlogits, db2, the step
-//            count); four cublasLt GEMMs for dW2, dhd, dW1, dflat; models' flat AdamW, one launch.
-// NCHW: the same passes as scalar kernels (a channel's plane is contiguous); the conv weights are
-// converted KRSC -> KCRS at the start of each step and the weight gradients back (filter_layout), and
-// the last pool writes its output NHWC, the flatten's order.
-// bf16 (model_cnn.h): the class and kernels are templates on the activations' storage (Act: float or
-// __nv_bfloat16; the kernels widen to f32, compute and sum in f32 / double, and narrow once on store).
-// Each step casts the dense parameters to a bf16 copy (models::cast_params) and the conv weights into their
-// bf16 copies (filter_layout; flip_filter for fwd-flip); cuDNN takes bf16 x, w, y with an f32
-// convolution compute type and tensor-op math (each descriptor set to the math type its algorithm was
-// found with), its bf16 weight gradient widened into the f32 gradients by filter_layout; cublasLt
-// takes bf16 A and B with f32 accumulation, writing bf16 activations and f32 weight gradients. bf16
-// runs NHWC by default, f32 vgg_cifar NCHW and keras_cnn NHWC (measured, see use_nchw).
-// No host synchronisation inside a step: plain steps are capturable, graph:1 replays one CUDA graph.
-// Row-major tensors are seen by cublasLt as column-major transposes.
+// model_cnn on CUDA: cuDNN convolutions, cublasLt dense GEMMs and hand-written kernels that fuse batch
+// norm, ReLU, max-pool and dropout; the passes, layouts and bf16 form:
+// docs/models.md, "How each model step runs".
 #include <cudnn.h>
 
 #include <algorithm>

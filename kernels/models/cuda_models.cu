@@ -1,19 +1,6 @@
-// models on CUDA: each dense layer's GEMMs are cublasLt matmuls (f32, CUBLAS_COMPUTE_32F: no TF32;
-// the forward with the RELU_BIAS / BIAS epilogue), on the row-major tensors seen as column-major
-// transposes, with the heuristic's first algorithm picked at setup; the rest is three hand-written
-// kernels. A train step, last layer first in the backward:
-//   forward     L matmuls                              y_k = relu(a_k . W_k + b_k), logits last
-//   loss        softmax_xent (1 block)                 loss, dlogits, the last bias's gradient, and the
-//                                                      optimizer's step count + scalars advanced
-//   backward    per layer k: matmul dW_k = a_k^T . dz; for k > 0 matmul da = dz . W_k^T and
-//               relu_backward_bias_grad: dz = da * (a_k > 0) in place, db_{k-1} = colsum(dz)
-//   optimizer   adamw::cuda_step (1 launch over the flat p, g, m, v)
-// 12 launches for 3 layers, all on gpu::stream() with no host synchronisation: capturable.
-// The optimizer's step count lives on the device (advanced by the loss kernel, read by the AdamW step),
-// so that replays of a captured step take steps 1, 2, 3, ... as a training loop does.
-// bf16 (models.h): one more launch first, cast_params (the f32 parameters to their bf16 copy); the
-// GEMMs take bf16 A and B with f32 accumulation (CUBLAS_COMPUTE_32F on tensor cores), write bf16
-// activations and f32 weight gradients; the kernels read and write bf16 storage, compute in f32.
+// models on CUDA: cublasLt GEMMs with bias/ReLU epilogues and three hand-written kernels; the step op
+// by op, with its launch count:
+// docs/models.md, "How each model step runs".
 #include <cuda_bf16.h>
 
 #include <algorithm>
