@@ -165,13 +165,15 @@ void check_bf16_bounds(const std::string& op, Direction d) {
   const State st = verification_state(s, make_state(s, l, 42));
   std::vector<double> p0(l.total);
   for (std::size_t i = 0; i < l.total; ++i) p0[i] = st.params.get(i);
-  const Check good = verify_outcome(s, l, st, outcome_of(s, l, st, p0, Rounding::bf16));
+  // The double reference of a whole layer is most of this test's time: the correct step's is computed once.
+  const Outcome correct = outcome_of(s, l, st, p0, Rounding::bf16);
+  const Check good = verify_outcome(s, l, st, correct);
   EXPECT_TRUE(good.ok) << op << ": " << good.message;
   std::printf("%s %s bf16-rounded reference: worst error %.3g of its bound %.3g\n", op.c_str(),
               d == Direction::train ? "train" : "infer", good.max_err, good.tol);
   Shape f32 = s;
   f32.dtype = DType::f32;
-  EXPECT_FALSE(verify_outcome(f32, l, st, outcome_of(s, l, st, p0, Rounding::bf16)).ok) << op << ": the f32 bounds pass bf16";
+  EXPECT_FALSE(verify_outcome(f32, l, st, correct).ok) << op << ": the f32 bounds pass bf16";
   const std::int64_t H = s.arch.hidden;
   std::vector<double> no_bias = p0, transposed = p0;
   for (std::int64_t i = 0; i < H; ++i) no_bias[l.bo + static_cast<std::size_t>(i)] = 0;
@@ -203,9 +205,10 @@ void expect_learns(Backend be, const std::string& op, int steps, DType t = DType
   EXPECT_LT(last, 0.8 * first) << op << " on " << backend_name(be) << " " << dtype_name(t) << ": " << first << " -> " << last;
 }
 
+// 12 steps on the CPU: the loss falls to about 0.2 (bert) and 0.04 (vit) of its start, 0.8 the bar.
 TEST(ModelBertTraining, LossFallsCpu) {
-  expect_learns(Backend::cpu, "bert_layer", 30);
-  expect_learns(Backend::cpu, "vit_layer", 30);
+  expect_learns(Backend::cpu, "bert_layer", 12);
+  expect_learns(Backend::cpu, "vit_layer", 12);
 }
 
 TEST(ModelBertTraining, LossFallsCuda) {
@@ -218,8 +221,8 @@ TEST(ModelBertTraining, LossFallsCuda) {
 TEST(ModelBertTraining, LossFallsCpuBf16) {
   const std::string why = cpu_bf16_reason();
   if (!why.empty()) GTEST_SKIP() << why;
-  expect_learns(Backend::cpu, "bert_layer", 30, DType::bf16);
-  expect_learns(Backend::cpu, "vit_layer", 30, DType::bf16);
+  expect_learns(Backend::cpu, "bert_layer", 12, DType::bf16);
+  expect_learns(Backend::cpu, "vit_layer", 12, DType::bf16);
 }
 
 TEST(ModelBertTraining, LossFallsCudaBf16) {

@@ -265,9 +265,12 @@ void expect_learns(Backend be, const std::string& config, std::int64_t batch, in
   EXPECT_LT(last, 0.7 * first) << config << " on " << backend_name(be) << ": " << first << " -> " << last;
 }
 
+// On the CPU, the imdb model (every size but the batch its own) learns at batch 8 in 10 steps: the
+// loss falls to about 0.3 of its start (0.7 is the bar), and the first step is verified at that size.
+// Batch 32 and 30 steps are 12 times the work: up to 40 s on 2 cores shared with other processes.
 TEST(ModelBilstmTraining, LossFallsCpu) {
   expect_learns(Backend::cpu, "bilstm_test", 32, 150);
-  expect_learns(Backend::cpu, "bilstm_imdb", 32, 30);
+  expect_learns(Backend::cpu, "bilstm_imdb", 8, 10);
 }
 
 TEST(ModelBilstmTraining, LossFallsCuda) {
@@ -287,7 +290,7 @@ TEST(ModelBilstmTraining, LossFallsCudaBf16) {
 // Skips, with oneDNN's reason, on a CPU without its bf16 lstm.
 TEST(ModelBilstmTraining, LossFallsCpuBf16) {
   expect_learns(Backend::cpu, "bilstm_test", 32, 150, DType::bf16);
-  expect_learns(Backend::cpu, "bilstm_imdb", 32, 30, DType::bf16);
+  expect_learns(Backend::cpu, "bilstm_imdb", 8, 10, DType::bf16);
 }
 
 }  // namespace

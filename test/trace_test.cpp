@@ -50,14 +50,15 @@ TEST(Trace, CpuPassTimesEachOpOfTheStep) {
         trace::op("slow"), sleep_ms(6);
         trace::op("fast"), sleep_ms(2);
       },
-      0.0, 3);
-  EXPECT_EQ(b.steps, 3);
-  EXPECT_EQ(steps, 3);
+      0.0, 5);
+  EXPECT_EQ(b.steps, 5);
+  EXPECT_EQ(steps, 5);
   EXPECT_EQ(trace::active(), nullptr) << "the recorder is removed after the pass";
-  EXPECT_GT(us_of(b, "slow"), 5.5e3);
-  EXPECT_GT(us_of(b, "fast"), 1.5e3);
-  EXPECT_GT(us_of(b, "slow"), 2 * us_of(b, "fast"));
-  EXPECT_NEAR(b.covered_us() / b.step_us, 1.0, 0.02);
+  // A sleep lasts at least as long as asked; a busy machine may stretch it, never shorten it.
+  EXPECT_GE(us_of(b, "slow"), 6e3);
+  EXPECT_GE(us_of(b, "fast"), 2e3);
+  EXPECT_GE(b.covered_us() / b.step_us, 0.9);
+  EXPECT_LE(b.covered_us() / b.step_us, 1.0 + 1e-9);
 }
 
 TEST(Trace, CpuPassRemovesItsRecorderWhenTheStepThrows) {
@@ -65,17 +66,18 @@ TEST(Trace, CpuPassRemovesItsRecorderWhenTheStepThrows) {
   EXPECT_EQ(trace::active(), nullptr);
 }
 
-// A real model step on the CPU: the ops it marks cover its instrumented time.
+// A real model step on the CPU: the ops it marks cover its instrumented time (a batch whose step
+// takes some hundreds of microseconds, so that a busy machine's preemptions stay small in it).
 TEST(Trace, ModelStepOpsCoverTheStep) {
   const Family* models = nullptr;
   for (const Family* f : families())
     if (f->name() == "models") models = f;
   ASSERT_NE(models, nullptr);
-  Problem p{"model.mlp_tiny", Backend::cpu, DType::f32, Direction::train, {{"batch", "10"}}};
+  Problem p{"model.mlp_tiny", Backend::cpu, DType::f32, Direction::train, {{"batch", "4096"}}};
   const auto c = models->make(p);
-  const trace::Breakdown b = trace::measure_on_cpu([&] { c->run(); }, 0.01, 3);
+  const trace::Breakdown b = trace::measure_on_cpu([&] { c->run(); }, 0.01, 5);
   for (const char* op : {"addmm", "cross_entropy", "mm", "adamw"}) EXPECT_GT(us_of(b, op), 0) << op;
-  EXPECT_GE(b.covered_us() / b.step_us, 0.95);
+  EXPECT_GE(b.covered_us() / b.step_us, 0.9);
   EXPECT_LE(b.covered_us() / b.step_us, 1.0 + 1e-9);
 }
 

@@ -22,6 +22,8 @@ root=$(pwd)
 export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$root/tools/sanitizers/ubsan.supp"
 export LSAN_OPTIONS="suppressions=$root/tools/sanitizers/lsan.supp:print_suppressions=0"
+# OpenMP threads sleep at barriers: one shard per core, each with its own threads, share the cores.
+export OMP_WAIT_POLICY=PASSIVE
 
 heavy="ModelBilstmTraining.LossFallsCpu:ModelBertTraining.LossFallsCpu:ModelBertVerify.Bf16Bounds*:ModelBertVerify.PlantedErrorsFail"
 heavy+=":Registry/OpTest.MatchesReference/model_bert_layer_cpu_f32_train*:Registry/OpTest.MatchesReference/model_vit_layer_cpu_f32_train*"

@@ -1,0 +1,146 @@
+// The repository's scripts as CI and users run them: the workflow's gate step (tools/ci_gate.sh),
+// whose exit code decides the job, and tools/compare_plot.py (which machines each chart names, one
+// roofline per machine, the install command when matplotlib is missing).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+// The repository's tools/, known to the build through the plot script's path.
+std::string tools_dir() {
+  const std::string plot = HOTOPS_COMPARE_PLOT;
+  return plot.substr(0, plot.rfind('/'));
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+std::string temp(const std::string& name) { return testing::TempDir() + "/sc_" + std::to_string(::getpid()) + "_" + name; }
+
+std::string fx(const std::string& name) { return std::string(HOTOPS_COMPARE_FIXTURES) + "/" + name; }
+
+struct Ran {
+  int code = -1;
+  std::string log;  // stdout and stderr
+};
+
+Ran sh(const std::string& cmd) {
+  const std::string log = temp("log");
+  const int status = std::system((cmd + " >" + log + " 2>&1").c_str());
+  Ran r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.log = slurp(log);
+  std::remove(log.c_str());
+  return r;
+}
+
+struct Step : Ran {
+  std::string summary;  // what the step appended to the job summary
+};
+
+// The step under `bash -e` without pipefail, the shell that let a piped gate pass; the job summary
+// is a fresh file, as on a runner.
+Step run_gate(const std::string& base, const std::string& run) {
+  const std::string summary = temp("summary.md");
+  std::remove(summary.c_str());
+  Step s;
+  static_cast<Ran&>(s) = sh("HOTOPS_COMPARE=" + std::string(HOTOPS_COMPARE_PATH) + " GITHUB_STEP_SUMMARY=" + summary +
+                            " MAX_SLOWDOWN_PCT=5 ALPHA=0.05 GATE_FILTER=. bash -e -c 'bash " + tools_dir() +
+                            "/ci_gate.sh " + fx(base) + " " + fx(run) + "'");
+  s.summary = slurp(summary);
+  std::remove(summary.c_str());
+  return s;
+}
+
+TEST(CiGate, PlantedSlowdownFailsTheStep) {
+  // gb17_slow20.json is gb17_base.json with one CUDA entry 20% slower in every repetition.
+  const Step s = run_gate("gb17_base.json", "gb17_slow20.json");
+  EXPECT_EQ(s.code, 1) << s.log;
+  EXPECT_NE(s.summary.find("### hotops-compare gate: **FAILED**"), std::string::npos) << s.summary;
+  EXPECT_NE(s.summary.find("mm/cuda/f32/fwd/shape:bert.ffn_up/batch:32"), std::string::npos) << s.summary;
+  EXPECT_NE(s.log.find("the gate failed"), std::string::npos) << s.log;
+}
+
+TEST(CiGate, RepeatedRunPasses) {
+  const Step s = run_gate("gb17_base.json", "gb17_repeat.json");
+  EXPECT_EQ(s.code, 0) << s.log;
+  EXPECT_NE(s.summary.find("passed"), std::string::npos) << s.summary;
+}
+
+TEST(CiGate, UnreadableInputFailsTheStep) {
+  const Step s = run_gate("gb17_base.json", "no_such_run.json");
+  EXPECT_EQ(s.code, 2) << s.log;
+}
+
+// The workflow runs this script as its gate step, under bash with pipefail.
+TEST(CiGate, WorkflowRunsTheScript) {
+  const std::string wf = slurp(tools_dir() + "/../.github/workflows/gpu-bench.yml");
+  ASSERT_FALSE(wf.empty()) << "cannot read .github/workflows/gpu-bench.yml";
+  EXPECT_NE(wf.find("run: bash tools/ci_gate.sh baseline.json run.json"), std::string::npos);
+  EXPECT_NE(wf.find("shell: bash\n"), std::string::npos) << "steps must run under bash -eo pipefail";
+  EXPECT_EQ(wf.find("| tee"), std::string::npos) << "a pipe into tee hides the exit code of what feeds it";
+}
+
+// python3 on PATH runs the script; the script itself looks for an interpreter with matplotlib.
+Ran plot(const std::string& runs, const std::string& dir) {
+  return sh("python3 " + std::string(HOTOPS_COMPARE_PLOT) + " --tool " + HOTOPS_COMPARE_PATH + " --out " + dir +
+            " --formats svg " + runs);
+}
+
+bool matplotlib_missing(const Ran& p) { return p.code == 2 && p.log.find("matplotlib is missing") != std::string::npos; }
+
+// The one line the script prints without matplotlib, as the skip's reason.
+std::string reason(const Ran& p) { return p.log.substr(0, p.log.find('\n')); }
+
+// A CPU-only machine's run against a GPU machine's: each roofline holds one machine's entries under
+// that machine's ceilings and names it; the speed-up chart names both.
+TEST(Plot, TwoMachinesOneRooflineEachNamed) {
+  const std::string dir = temp("two");
+  const Ran p = plot(fx("gb18_cpu_machine.json") + " " + fx("gb17_gpu_machine.json"), dir);
+  if (matplotlib_missing(p)) GTEST_SKIP() << reason(p);
+  ASSERT_EQ(p.code, 0) << p.log;
+  const std::string cpu = slurp(dir + "/roofline_cpu_cpu-box-7.svg"), gpu = slurp(dir + "/roofline_cuda_gpu-box-1.svg");
+  EXPECT_NE(cpu.find("AMD EPYC 9654 96-Core Processor, 192 CPUs on cpu-box-7"), std::string::npos) << p.log;
+  EXPECT_NE(gpu.find("NVIDIA H100 80GB HBM3 on gpu-box-1"), std::string::npos) << p.log;
+  EXPECT_EQ(gpu.find("AMD EPYC"), std::string::npos) << "the GPU machine's chart names the other machine";
+  EXPECT_FALSE(std::ifstream(dir + "/roofline_cpu.svg").good()) << "one chart mixes both runs";
+  const std::string speedup = slurp(dir + "/speedup_mm.svg");
+  EXPECT_NE(speedup.find("CPU: AMD EPYC 9654"), std::string::npos) << p.log;
+  EXPECT_NE(speedup.find("GPU: NVIDIA H100 80GB HBM3 on gpu-box-1"), std::string::npos) << p.log;
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(Plot, OneRunNamesItsCpuAndGpu) {
+  const std::string dir = temp("one");
+  const Ran p = plot(fx("gb17_base.json"), dir);
+  if (matplotlib_missing(p)) GTEST_SKIP() << reason(p);
+  ASSERT_EQ(p.code, 0) << p.log;
+  EXPECT_NE(slurp(dir + "/roofline_cpu.svg").find("Intel(R) Xeon(R) Platinum 8480+, 32 CPUs on gpu-box-1"), std::string::npos);
+  EXPECT_NE(slurp(dir + "/roofline_cuda.svg").find("NVIDIA H100 80GB HBM3 on gpu-box-1"), std::string::npos);
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// Without matplotlib anywhere, the script names the interpreter and the command that installs it.
+TEST(Plot, WithoutMatplotlibSaysHowToInstallIt) {
+  const std::string dir = temp("none");
+  const Ran p = plot(fx("gb17_base.json"), dir);
+  if (!matplotlib_missing(p)) GTEST_SKIP() << "a python3 with matplotlib is installed";
+  EXPECT_NE(p.log.find("install it with: "), std::string::npos) << p.log;
+  EXPECT_TRUE(p.log.find("apt-get install python3-matplotlib") != std::string::npos ||
+              p.log.find(" -m pip install matplotlib") != std::string::npos)
+      << p.log;
+  std::system(("rm -rf " + dir).c_str());
+}
+
+}  // namespace
