@@ -35,14 +35,7 @@ std::optional<std::string> batch_relative(const std::string& value, long long ba
     const long long k = v / batch;
     return k == 1 ? std::string("batch") : "batch*" + std::to_string(k);
   }
-  std::vector<std::string> tokens;
-  std::size_t start = 0;
-  while (true) {
-    const std::size_t x = value.find('x', start);
-    tokens.push_back(value.substr(start, x == std::string::npos ? std::string::npos : x - start));
-    if (x == std::string::npos) break;
-    start = x + 1;
-  }
+  const std::vector<std::string> tokens = split(value, 'x');
   if (tokens.size() < 2) return std::nullopt;
   bool found = false;
   std::string out;

@@ -142,17 +142,21 @@ std::string Name::problem() const {
   return p;
 }
 
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t at = text.find(sep, start);
+    parts.push_back(text.substr(start, at == std::string::npos ? std::string::npos : at - start));
+    if (at == std::string::npos) return parts;
+    start = at + 1;
+  }
+}
+
 Name parse_name(const std::string& run_name) {
   Name n;
   n.full = run_name;
-  std::vector<std::string> seg;
-  std::size_t start = 0;
-  while (true) {
-    const std::size_t slash = run_name.find('/', start);
-    seg.push_back(run_name.substr(start, slash == std::string::npos ? std::string::npos : slash - start));
-    if (slash == std::string::npos) break;
-    start = slash + 1;
-  }
+  std::vector<std::string> seg = split(run_name, '/');
   if (!seg.empty() && (seg.back() == "manual_time" || seg.back() == "real_time" || seg.back() == "process_time")) {
     n.suffix = seg.back();
     seg.pop_back();

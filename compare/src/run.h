@@ -38,6 +38,9 @@ struct Name {
   std::string problem() const;
 };
 
+// The parts of `text` between its `sep`s, empty ones too ("a//b": a, "", b); one part without a sep.
+std::vector<std::string> split(const std::string& text, char sep);
+
 Name parse_name(const std::string& run_name);
 
 // One benchmark of a run, its repetitions gathered.

@@ -289,15 +289,17 @@ TEST(Cli, HelpExitsZero) {
   EXPECT_NE(r.out.find("gate"), std::string::npos);
 }
 
+// The first of python3 and /usr/bin/python3 that imports `modules` ("" when neither does): Debian's
+// python3 packages belong to /usr/bin/python3, which another python3 on PATH may hide.
+std::string python_with(const std::string& modules) {
+  for (const char* p : {"python3", "/usr/bin/python3"})
+    if (std::system((std::string(p) + " -c 'import " + modules + "' >/dev/null 2>&1").c_str()) == 0) return p;
+  return "";
+}
+
 // The plots read the same JSON; matplotlib is optional, so without it the test says so and skips.
 TEST(Plot, SpeedupAndRooflinePngAndSvg) {
-  // Debian's python3-matplotlib belongs to /usr/bin/python3, which another python3 on PATH may hide.
-  std::string python;
-  for (const char* p : {"python3", "/usr/bin/python3"})
-    if (std::system((std::string(p) + " -c 'import matplotlib' >/dev/null 2>&1").c_str()) == 0) {
-      python = p;
-      break;
-    }
+  const std::string python = python_with("matplotlib");
   if (python.empty()) GTEST_SKIP() << "python3-matplotlib not installed (optional)";
   const std::string dir = temp("plots");
   const std::string cmd = python + " " + std::string(HOTOPS_COMPARE_PLOT) + " --tool " + kTool + " --out " + dir + " " +
@@ -318,12 +320,7 @@ TEST(Plot, SpeedupAndRooflinePngAndSvg) {
 TEST(CompareDotPy, ReadsBenchJson) {
   const std::string script = "/usr/share/benchmark/compare.py";
   if (!std::ifstream(script).good()) GTEST_SKIP() << script << " not installed (libbenchmark-tools)";
-  std::string python;
-  for (const char* p : {"python3", "/usr/bin/python3"})
-    if (std::system((std::string(p) + " -c 'import scipy, numpy' >/dev/null 2>&1").c_str()) == 0) {
-      python = p;
-      break;
-    }
+  const std::string python = python_with("scipy, numpy");
   if (python.empty()) GTEST_SKIP() << "compare.py needs scipy and numpy";
   const std::string log = temp("comparepy.log");
   const std::string cmd = python + " " + script + " benchmarks " + fx("bench_gb171_cpu.json") + " " + fx("bench_gb171_cpu.json") +

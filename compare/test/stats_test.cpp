@@ -11,23 +11,25 @@
 namespace hotops::compare {
 namespace {
 
+// mann_whitney_u(x, y): whether it is exact, its U, and its p to 1e-12.
+void expect_u_test(const std::vector<double>& x, const std::vector<double>& y, bool exact, double u, double p) {
+  const UTest r = mann_whitney_u(x, y);
+  EXPECT_EQ(r.exact, exact);
+  EXPECT_DOUBLE_EQ(r.u, u);
+  EXPECT_NEAR(r.p, p, 1e-12);
+}
+
 // Exact cases, counted by hand. With samples of 3 and 3 there are C(6,3) = 20 equally likely
 // arrangements; U counts the pairs (x, y) with x > y. U = 0 happens in 1 arrangement and, by
 // symmetry, U = 9 in 1: a complete separation has two-sided p = 2 x 1/20 = 0.1.
 TEST(MannWhitney, ExactCompleteSeparationThreeByThree) {
-  const UTest r = mann_whitney_u({1, 2, 3}, {4, 5, 6});
-  EXPECT_TRUE(r.exact);
-  EXPECT_DOUBLE_EQ(r.u, 0);
-  EXPECT_NEAR(r.p, 0.1, 1e-12);
+  expect_u_test({1, 2, 3}, {4, 5, 6}, true, 0, 0.1);
 }
 
 // x = {1, 2, 4}, y = {3, 5, 6}: only (4, 3) has x > y, so U = 1. The frequencies of U for 3 and
 // 3 are 1, 1, 2, 3, 3, 3, 3, 2, 1, 1 (U = 0..9), so P(U <= 1) = 2/20 and two-sided p = 0.2.
 TEST(MannWhitney, ExactOneInversionThreeByThree) {
-  const UTest r = mann_whitney_u({1, 2, 4}, {3, 5, 6});
-  EXPECT_TRUE(r.exact);
-  EXPECT_DOUBLE_EQ(r.u, 1);
-  EXPECT_NEAR(r.p, 0.2, 1e-12);
+  expect_u_test({1, 2, 4}, {3, 5, 6}, true, 1, 0.2);
 }
 
 // Five against five repetitions, fully separated: 2 / C(10,5) = 2/252. This is the smallest
@@ -108,20 +110,14 @@ TEST(MannWhitney, AsymptoticSeparatedTenByTen) {
 // U1 = 9.5, U = 90.5, variance = 100/12 * (21 - 324/380) = 167.894737; z = 40 / 12.957420 = 3.087034;
 // p = erfc(z / sqrt 2) = 0.0020216429. (SciPy 1.10.1: 0.002021642905442622.)
 TEST(MannWhitney, AsymptoticWithTies) {
-  const UTest r = mann_whitney_u({1, 2, 2, 3, 3, 3, 4, 4, 4, 4}, {3, 4, 4, 5, 5, 5, 6, 6, 6, 7});
-  EXPECT_FALSE(r.exact);
-  EXPECT_DOUBLE_EQ(r.u, 9.5);
-  EXPECT_NEAR(r.p, 0.002021642905442622, 1e-12);
+  expect_u_test({1, 2, 2, 3, 3, 3, 4, 4, 4, 4}, {3, 4, 4, 5, 5, 5, 6, 6, 6, 7}, false, 9.5, 0.002021642905442622);
 }
 
 // Small samples with ties take the approximation too (as SciPy's "auto" does).
 // x = {1,1,2}, y = {2,3,3}: U1 = 0.5, tie term 3 x 6 = 18, variance = 9/12 * (7 - 18/30) = 4.8,
 // z = (8.5 - 4.5 - 0.5) / sqrt(4.8) = 1.597524, p = 0.110148924. (SciPy 1.10.1: 0.11014892418594699.)
 TEST(MannWhitney, SmallSamplesWithTiesUseTheApproximation) {
-  const UTest r = mann_whitney_u({1, 1, 2}, {2, 3, 3});
-  EXPECT_FALSE(r.exact);
-  EXPECT_DOUBLE_EQ(r.u, 0.5);
-  EXPECT_NEAR(r.p, 0.11014892418594699, 1e-12);
+  expect_u_test({1, 1, 2}, {2, 3, 3}, false, 0.5, 0.11014892418594699);
 }
 
 TEST(MannWhitney, IdenticalSamplesGiveOne) {

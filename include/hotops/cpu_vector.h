@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "hotops/dtype.h"
+
 #define HOTOPS_VECTOR_INLINE [[gnu::always_inline]] inline
 
 // A function compiled once per x86-64 level (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA + F16C,
@@ -67,5 +69,20 @@ HOTOPS_VECTOR_INLINE std::uint16_t f32_to_bf16(float f) {
   const std::uint32_t nan = (u >> 16) | 0x40u;
   return static_cast<std::uint16_t>(if_set((u & 0x7fffffffu) > 0x7f800000u, nan, rounded));
 }
+
+// An element stored as D: f32, or bf16 as its bits (any D but f32); load gives its f32 value, store
+// rounds an f32 to it.
+template <DType D>
+struct Elem {
+  using T = std::uint16_t;
+  HOTOPS_VECTOR_INLINE static float load(T v) { return bf16_to_f32(v); }
+  HOTOPS_VECTOR_INLINE static T store(float f) { return f32_to_bf16(f); }
+};
+template <>
+struct Elem<DType::f32> {
+  using T = float;
+  HOTOPS_VECTOR_INLINE static float load(T v) { return v; }
+  HOTOPS_VECTOR_INLINE static T store(float f) { return f; }
+};
 
 }  // namespace hotops::vec

@@ -80,4 +80,13 @@ bool register_family(const Family& (*get)());
 #define HOTOPS_REGISTER_FAMILY(get) \
   [[maybe_unused]] static const bool hotops_family_registered_ = ::hotops::register_family(get)
 
+// Defines a family's family(), its one `FamilyClass`, and registers it: at namespace scope in the
+// family's own .cpp file, in place of a hand-written family() and HOTOPS_REGISTER_FAMILY.
+#define HOTOPS_DEFINE_FAMILY(FamilyClass) \
+  const ::hotops::Family& family() {      \
+    static const FamilyClass f;           \
+    return f;                             \
+  }                                       \
+  HOTOPS_REGISTER_FAMILY(family)
+
 }  // namespace hotops

@@ -7,20 +7,23 @@
 #include <utility>
 #include <vector>
 
+#include "hotops/check.h"
 #include "hotops/op.h"
 
 namespace hotops {
 
-// A family whose problems each run on its backend's factory. A family with checks of its own
+// A family whose problems each run on its backend's factory, each factory returning a `C` (a Case,
+// or a family's own subclass of it: the models' ModelCase). A family with checks of its own
 // overrides unsupported_reason and ends it with OpFamily::unsupported_reason(p).
-class OpFamily : public Family {
+template <class C>
+class BackendFamily : public Family {
  public:
-  using Factory = std::unique_ptr<Case> (*)(const Problem&);
+  using Factory = std::unique_ptr<C> (*)(const Problem&);
   using Reason = std::string (*)(const Problem&);
 
   // `cpu_reason`: why the CPU cannot run a problem, "" when it can (e.g. a oneDNN probe); nullptr
   // where the CPU runs every problem. `cuda`: HOTOPS_CUDA_FACTORY(the CUDA factory).
-  OpFamily(std::string name, Reason cpu_reason, Factory cpu, Factory cuda)
+  BackendFamily(std::string name, Reason cpu_reason, Factory cpu, Factory cuda)
       : name_(std::move(name)), cpu_reason_(cpu_reason ? cpu_reason : runs_everything), cpu_(cpu), cuda_(cuda) {}
 
   std::string name() const override { return name_; }
@@ -35,6 +38,15 @@ class OpFamily : public Family {
   Reason cpu_reason_;
   Factory cpu_, cuda_;
 };
+using OpFamily = BackendFamily<Case>;
+
+// Declares, in a family's header, its entry points: the CPU's case factory `cpu` and support check
+// `cpu_reason` ("" when the CPU can run the problem), the CUDA case factory `cuda`, and family().
+#define HOTOPS_FAMILY_ENTRY_POINTS(cpu, cpu_reason, cuda)              \
+  std::unique_ptr<::hotops::Case> cpu(const ::hotops::Problem& p);  \
+  std::string cpu_reason(const ::hotops::Problem& p);               \
+  std::unique_ptr<::hotops::Case> cuda(const ::hotops::Problem& p); \
+  const ::hotops::Family& family()
 
 // The batches a named shape runs at by default: its `batches`, or its one `batch`.
 template <class Shape>
@@ -54,6 +66,18 @@ std::vector<Problem> per_shape_and_batch(const Shapes& shapes, const std::vector
   for (const auto& ns : shapes)
     for (std::int64_t b : asked.empty() ? default_batches(ns) : asked) add(ns, b, out);
   return out;
+}
+
+// A Shape of a family that has fwd and bwd in f32 and bf16 only, its dir and dtype those of `p`
+// (checked; `what` names the op in the errors).
+template <class Shape>
+Shape fwd_bwd_shape(const Problem& p, const std::string& what) {
+  HOTOPS_CHECK(p.dir == Direction::fwd || p.dir == Direction::bwd, what + " has fwd and bwd only: " + p.name());
+  HOTOPS_CHECK(p.dtype == DType::f32 || p.dtype == DType::bf16, what + " has f32 and bf16 only: " + p.name());
+  Shape s;
+  s.dir = p.dir;
+  s.dtype = p.dtype;
+  return s;
 }
 
 // The seed of a problem's inputs less its `impl` arg, for a family with several implementations on

@@ -354,10 +354,6 @@ std::string describe(const Shape& s) {
   return std::to_string(s.sizes.size()) + (s.sizes.size() == 1 ? " tensor, " : " tensors, ") + buf + " params";
 }
 
-const Family& family() {
-  static const AdamwFamily f;
-  return f;
-}
-HOTOPS_REGISTER_FAMILY(family);
+HOTOPS_DEFINE_FAMILY(AdamwFamily);
 
 }  // namespace hotops::adamw

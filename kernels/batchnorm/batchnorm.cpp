@@ -264,10 +264,6 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
   return all;
 }
 
-const Family& family() {
-  static const BatchnormFamily f;
-  return f;
-}
-HOTOPS_REGISTER_FAMILY(family);
+HOTOPS_DEFINE_FAMILY(BatchnormFamily);
 
 }  // namespace hotops::batchnorm

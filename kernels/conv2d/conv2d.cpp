@@ -189,10 +189,6 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
   return all;
 }
 
-const Family& family() {
-  static const Conv2dFamily f;
-  return f;
-}
-HOTOPS_REGISTER_FAMILY(family);
+HOTOPS_DEFINE_FAMILY(Conv2dFamily);
 
 }  // namespace hotops::conv2d

@@ -9,6 +9,7 @@
 
 #include "hotops/buffer.h"
 #include "hotops/op.h"
+#include "hotops/op_family.h"
 
 namespace hotops::conv2d {
 
@@ -73,10 +74,6 @@ struct NamedShape {
 };
 const std::vector<NamedShape>& named_shapes();
 
-std::unique_ptr<Case> make_cpu(const Problem& p);
-std::string cpu_unsupported_reason(const Problem& p);
-std::unique_ptr<Case> make_cuda(const Problem& p);
-
-const Family& family();
+HOTOPS_FAMILY_ENTRY_POINTS(make_cpu, cpu_unsupported_reason, make_cuda);
 
 }  // namespace hotops::conv2d

@@ -238,10 +238,6 @@ HostBuffer make_source(const Shape& s, std::uint64_t seed) {
   return src;
 }
 
-const Family& family() {
-  static const CopyFamily f;
-  return f;
-}
-HOTOPS_REGISTER_FAMILY(family);
+HOTOPS_DEFINE_FAMILY(CopyFamily);
 
 }  // namespace hotops::copy

@@ -11,6 +11,7 @@
 
 #include "hotops/buffer.h"
 #include "hotops/op.h"
+#include "hotops/op_family.h"
 
 namespace hotops::copy {
 
@@ -76,10 +77,6 @@ void reference(const Shape& s, const HostBuffer& src, HostBuffer& out);  // ever
 Check verify_exact(const Shape& s, const HostBuffer& src, const HostBuffer& out);
 Check verify_bitwise(const void* out, const void* ref, std::size_t bytes, DType t);
 
-std::unique_ptr<Case> make_cpu(const Problem& p);
-std::string cpu_unsupported_reason(const Problem& p);
-std::unique_ptr<Case> make_cuda(const Problem& p);
-
-const Family& family();
+HOTOPS_FAMILY_ENTRY_POINTS(make_cpu, cpu_unsupported_reason, make_cuda);
 
 }  // namespace hotops::copy

@@ -88,11 +88,7 @@ class EmbeddingFamily final : public OpFamily {
 }  // namespace
 
 Shape shape_of(const Problem& p) {
-  HOTOPS_CHECK(p.dir == Direction::fwd || p.dir == Direction::bwd, "embedding has fwd and bwd only: " + p.name());
-  HOTOPS_CHECK(p.dtype == DType::f32 || p.dtype == DType::bf16, "embedding has f32 and bf16 only: " + p.name());
-  Shape s;
-  s.dir = p.dir;
-  s.dtype = p.dtype;
+  Shape s = fwd_bwd_shape<Shape>(p, "embedding");
   s.batch = p.batch() ? *p.batch() : p.get_int("N");
   s.T = p.get_int("T"), s.vocab = p.get_int("vocab"), s.dim = p.get_int("dim");
   HOTOPS_CHECK(s.batch > 0 && s.T > 0 && s.vocab > 0 && s.dim > 0, "bad embedding shape: " + p.name());
@@ -165,10 +161,6 @@ Check verify(const Shape& s, const Inputs& in, const HostBuffer& out) {
       tolerance(DType::f32));
 }
 
-const Family& family() {
-  static const EmbeddingFamily f;
-  return f;
-}
-HOTOPS_REGISTER_FAMILY(family);
+HOTOPS_DEFINE_FAMILY(EmbeddingFamily);
 
 }  // namespace hotops::embedding

@@ -3,6 +3,7 @@
 // as one flat dimension: the op is elementwise, so its shape does not matter to it.
 #include "hotops/check.h"
 #include "hotops/cpu.h"
+#include "hotops/cpu_eltwise.h"
 #include "kernels/gelu/gelu.h"
 
 namespace hotops::gelu {
@@ -19,33 +20,15 @@ cpu::Eltwise plan(const Shape& s) {
                       s.dir == Direction::bwd);
 }
 
-class CpuGelu final : public Case {
+class CpuGelu final : public cpu::EltwiseCase<Shape, Inputs> {
  public:
-  explicit CpuGelu(const Problem& p)
-      : s_(shape_of(p)), plan_(plan(s_)), in_(make_inputs(s_, input_seed(p))), out_(make_output(s_)) {
-    // The tensors start `offset` elements into their buffers.
-    call_ = plan_.bind(in_.x.data(), in_.dy.data(), out_.data(), s_.offset * dtype_size(s_.dtype));
-  }
-
-  void run() override { call_.run(); }
-
-  Check verify() override {
-    out_.poison();
-    run();
-    return gelu::verify(s_, in_, out_);
-  }
-
-  std::string label() const override {
-    return cpu::with_threads(std::string("oneDNN eltwise_") + (s_.approx == Approx::none ? "gelu_erf " : "gelu_tanh ") +
-                             (s_.dir == Direction::fwd ? "forward_training " : "backward ") + plan_.impl_info_str());
-  }
+  explicit CpuGelu(const Problem& p) : CpuGelu(shape_of(p), p) {}
 
  private:
-  Shape s_;
-  cpu::Eltwise plan_;
-  Inputs in_;
-  HostBuffer out_;
-  cpu::Call call_;
+  CpuGelu(const Shape& s, const Problem& p)
+      : EltwiseCase(s, plan(s), make_inputs(s, input_seed(p)), make_output(s), gelu::verify,
+                    std::string("oneDNN eltwise_") + (s.approx == Approx::none ? "gelu_erf " : "gelu_tanh ") +
+                        (s.dir == Direction::fwd ? "forward_training " : "backward ")) {}
 };
 
 }  // namespace

@@ -250,10 +250,6 @@ Check verify(const Shape& s, const Inputs& in, const HostBuffer& out) {
   return c;
 }
 
-const Family& family() {
-  static const GeluFamily f;
-  return f;
-}
-HOTOPS_REGISTER_FAMILY(family);
+HOTOPS_DEFINE_FAMILY(GeluFamily);
 
 }  // namespace hotops::gelu

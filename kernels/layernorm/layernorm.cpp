@@ -209,10 +209,6 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
   return all;
 }
 
-const Family& family() {
-  static const LayernormFamily f;
-  return f;
-}
-HOTOPS_REGISTER_FAMILY(family);
+HOTOPS_DEFINE_FAMILY(LayernormFamily);
 
 }  // namespace hotops::layernorm

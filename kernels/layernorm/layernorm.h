@@ -18,6 +18,7 @@
 
 #include "hotops/buffer.h"
 #include "hotops/op.h"
+#include "hotops/op_family.h"
 
 namespace hotops::layernorm {
 
@@ -66,10 +67,6 @@ class Reference {
 // Verifies every output of the direction (out sampled when large) against the reference.
 Check verify(const Shape& s, const Inputs& in, const Outputs& out);
 
-std::unique_ptr<Case> make_cpu(const Problem& p);
-std::string cpu_unsupported_reason(const Problem& p);
-std::unique_ptr<Case> make_cuda(const Problem& p);
-
-const Family& family();
+HOTOPS_FAMILY_ENTRY_POINTS(make_cpu, cpu_unsupported_reason, make_cuda);
 
 }  // namespace hotops::layernorm

@@ -59,18 +59,7 @@ LOSS_INLINE float exp_f32(float y) {
   return from_bits(bits(e) + (ni << 23));
 }
 
-template <DType D>
-struct Elem {  // bf16 storage
-  using T = std::uint16_t;
-  LOSS_INLINE static float load(T v) { return bf16_to_f32(v); }
-  LOSS_INLINE static T store(float f) { return f32_to_bf16(f); }
-};
-template <>
-struct Elem<DType::f32> {
-  using T = float;
-  LOSS_INLINE static float load(T v) { return v; }
-  LOSS_INLINE static T store(float f) { return f; }
-};
+using vec::Elem;
 
 // The lanes' total in a fixed pairwise order.
 LOSS_INLINE float lane_sum(float* a) {

@@ -117,11 +117,7 @@ bool guard_written(const HostBuffer& b, std::size_t n, const char* what, Check& 
 }  // namespace
 
 Shape shape_of(const Problem& p) {
-  HOTOPS_CHECK(p.dir == Direction::fwd || p.dir == Direction::bwd, "cross_entropy has fwd and bwd only: " + p.name());
-  HOTOPS_CHECK(p.dtype == DType::f32 || p.dtype == DType::bf16, "cross_entropy has f32 and bf16 only: " + p.name());
-  Shape s;
-  s.dir = p.dir;
-  s.dtype = p.dtype;
+  Shape s = fwd_bwd_shape<Shape>(p, "cross_entropy");
   s.rows = p.get_int("rows");
   s.classes = p.get_int("classes");
   HOTOPS_CHECK(s.rows > 0 && s.classes > 0, "bad cross_entropy shape: " + p.name());
@@ -254,10 +250,6 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
   return c;
 }
 
-const Family& family() {
-  static const LossFamily f;
-  return f;
-}
-HOTOPS_REGISTER_FAMILY(family);
+HOTOPS_DEFINE_FAMILY(LossFamily);
 
 }  // namespace hotops::loss

@@ -180,10 +180,6 @@ const std::vector<NamedShape>& named_shapes() {
   return shapes;
 }
 
-const Family& family() {
-  static const LstmFamily f;
-  return f;
-}
-HOTOPS_REGISTER_FAMILY(family);
+HOTOPS_DEFINE_FAMILY(LstmFamily);
 
 }  // namespace hotops::lstm

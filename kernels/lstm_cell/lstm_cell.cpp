@@ -220,10 +220,6 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
   return c;
 }
 
-const Family& family() {
-  static const LstmCellFamily f;
-  return f;
-}
-HOTOPS_REGISTER_FAMILY(family);
+HOTOPS_DEFINE_FAMILY(LstmCellFamily);
 
 }  // namespace hotops::lstm_cell

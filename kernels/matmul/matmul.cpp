@@ -172,10 +172,6 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
   return c;
 }
 
-const Family& family() {
-  static const MatmulFamily f;
-  return f;
-}
-HOTOPS_REGISTER_FAMILY(family);
+HOTOPS_DEFINE_FAMILY(MatmulFamily);
 
 }  // namespace hotops::matmul

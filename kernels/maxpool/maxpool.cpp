@@ -98,11 +98,7 @@ class MaxpoolFamily final : public OpFamily {
 }  // namespace
 
 Shape shape_of(const Problem& p) {
-  HOTOPS_CHECK(p.dir == Direction::fwd || p.dir == Direction::bwd, "maxpool has fwd and bwd only: " + p.name());
-  HOTOPS_CHECK(p.dtype == DType::f32 || p.dtype == DType::bf16, "maxpool has f32 and bf16 only: " + p.name());
-  Shape s;
-  s.dir = p.dir;
-  s.dtype = p.dtype;
+  Shape s = fwd_bwd_shape<Shape>(p, "maxpool");
   const std::string& layout = p.get("layout");
   HOTOPS_CHECK(layout == "nchw" || layout == "nhwc", "maxpool layout is nchw or nhwc: " + p.name());
   s.layout = layout == "nchw" ? Layout::nchw : Layout::nhwc;
@@ -164,10 +160,6 @@ Check verify(const Shape& s, const Inputs& in, const HostBuffer& out) {
                  tolerance(s.dtype) * overlaps);
 }
 
-const Family& family() {
-  static const MaxpoolFamily f;
-  return f;
-}
-HOTOPS_REGISTER_FAMILY(family);
+HOTOPS_DEFINE_FAMILY(MaxpoolFamily);
 
 }  // namespace hotops::maxpool

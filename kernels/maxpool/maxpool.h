@@ -10,6 +10,7 @@
 
 #include "hotops/buffer.h"
 #include "hotops/op.h"
+#include "hotops/op_family.h"
 
 namespace hotops::maxpool {
 
@@ -59,10 +60,6 @@ double reference_bwd(const Shape& s, const HostBuffer& x, const HostBuffer& dy, 
 // ceil(k / s)^2 dy in f32, then rounded to the dtype; exact for non-overlapping windows).
 Check verify(const Shape& s, const Inputs& in, const HostBuffer& out);
 
-std::unique_ptr<Case> make_cpu_onednn(const Problem& p);
-std::string onednn_unsupported_reason(const Problem& p);
-std::unique_ptr<Case> make_cudnn(const Problem& p);
-
-const Family& family();
+HOTOPS_FAMILY_ENTRY_POINTS(make_cpu_onednn, onednn_unsupported_reason, make_cudnn);
 
 }  // namespace hotops::maxpool

@@ -35,15 +35,12 @@ void expand(const std::string& layer, std::int64_t batch, const std::vector<int>
   models::expand_step_problems(layer, batch, thread_sweep, false, out, true);
 }
 
-class BertFamily final : public Family {
+class BertFamily final : public BackendFamily<LayerCase> {
  public:
-  std::string name() const override { return "model_bert"; }
+  BertFamily() : BackendFamily("model_bert", cpu_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    std::vector<Problem> out;
-    for (const Arch& a : archs())
-      for (std::int64_t b : batches.empty() ? a.batches : batches) expand(a.name, b, {1, 8}, out);
-    return out;
+    return models::step_problems(archs(), batches, {1, 8}, /*has_graph=*/false);
   }
 
   std::vector<Problem> test_problems() const override {
@@ -73,11 +70,6 @@ class BertFamily final : public Family {
     return {3 * fwd + kAdamwFlopsPerParam * P, 6 * 4 * P + 2 * act, B};
   }
 
-  std::string unsupported_reason(const Problem& p) const override { return backend_unsupported_reason(p, cpu_reason); }
-
-  std::unique_ptr<Case> make(const Problem& p) const override {
-    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
-  }
 };
 
 using models::rms;
@@ -96,11 +88,7 @@ const std::vector<Arch>& archs() {
   return all;
 }
 
-const Arch& arch_named(const std::string& name) {
-  for (const Arch& a : archs())
-    if (a.name == name) return a;
-  throw Error("model_bert: unknown layer " + name);
-}
+const Arch& arch_named(const std::string& name) { return models::entry_named(archs(), name, "model_bert: unknown layer "); }
 
 Shape shape_of(const Problem& p) {
   const models::StepArgs a = step_args(p);
@@ -260,10 +248,6 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, c
   return c;
 }
 
-const Family& family() {
-  static const BertFamily f;
-  return f;
-}
-HOTOPS_REGISTER_FAMILY(family);
+HOTOPS_DEFINE_FAMILY(BertFamily);
 
 }  // namespace hotops::model_bert

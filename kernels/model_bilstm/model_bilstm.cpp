@@ -21,16 +21,12 @@ namespace {
 
 constexpr double kAdamwFlopsPerParam = 14;  // adamw.cpp's count
 
-class BilstmFamily final : public Family {
+class BilstmFamily final : public models::ModelFamily {
  public:
-  std::string name() const override { return "model_bilstm"; }
+  BilstmFamily() : models::ModelFamily("model_bilstm", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    std::vector<Problem> out;
-    const std::vector<int> sweep(std::begin(models::kThreadSweep), std::end(models::kThreadSweep));
-    for (const Config& c : configs())
-      for (std::int64_t b : batches.empty() ? c.batches : batches) models::expand_step_problems(c.name, b, sweep, true, out, /*with_bf16=*/true);
-    return out;
+    return models::step_problems(configs(), batches, models::thread_sweep(), true);
   }
 
   std::vector<Problem> test_problems() const override {
@@ -66,13 +62,6 @@ class BilstmFamily final : public Family {
     return {3 * fwd + kAdamwFlopsPerParam * P, 6 * 4 * P + tokens + 4 * B, B};
   }
 
-  std::string unsupported_reason(const Problem& p) const override {
-    return backend_unsupported_reason(p, cpu_unsupported_reason);
-  }
-
-  std::unique_ptr<Case> make(const Problem& p) const override {
-    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
-  }
 };
 
 // max|out - ref| / scale against tol.
@@ -93,11 +82,7 @@ const std::vector<Config>& configs() {
   return all;
 }
 
-const Config& config_named(const std::string& name) {
-  for (const Config& c : configs())
-    if (c.name == name) return c;
-  throw Error("model_bilstm: unknown model " + name);
-}
+const Config& config_named(const std::string& name) { return models::entry_named(configs(), name, "model_bilstm: unknown model "); }
 
 Shape shape_of(const Problem& p) {
   const models::StepArgs a = models::step_args(p, "model_bilstm", true, /*allow_bf16=*/true);
@@ -253,10 +238,6 @@ Check verify_outcome(const Shape& s, const Layout& l, const State& start, const 
   return all;
 }
 
-const Family& family() {
-  static const BilstmFamily f;
-  return f;
-}
-HOTOPS_REGISTER_FAMILY(family);
+HOTOPS_DEFINE_FAMILY(BilstmFamily);
 
 }  // namespace hotops::model_bilstm

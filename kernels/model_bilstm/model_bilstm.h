@@ -90,12 +90,6 @@ struct Outcome {
 // One step from the seeded start against the reference (bounds: see model_bilstm.cpp).
 Check verify_outcome(const Shape& s, const Layout& l, const State& start, const Outcome& out);
 
-std::unique_ptr<ModelCase> make_cpu(const Problem& p);
-std::string cpu_unsupported_reason(const Problem& p);
-#ifdef HOTOPS_HAVE_CUDA
-std::unique_ptr<ModelCase> make_cuda(const Problem& p);
-#endif
-
-const Family& family();
+HOTOPS_MODEL_ENTRY_POINTS(cpu_unsupported_reason);
 
 }  // namespace hotops::model_bilstm

@@ -28,17 +28,16 @@ std::string cpu_reason(const Problem& p) {
   return why.empty() ? cpu_unsupported_reason(p) : why;
 }
 
-class CnnFamily final : public Family {
+class CnnFamily final : public models::ModelFamily {
  public:
-  std::string name() const override { return "model_cnn"; }
+  CnnFamily() : models::ModelFamily("model_cnn", cpu_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
+  // The archs without batches are the tests' only, even at --hotops_batch's.
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    std::vector<Problem> out;
-    const std::vector<int> sweep(std::begin(models::kThreadSweep), std::end(models::kThreadSweep));
+    std::vector<Arch> benchmarked;
     for (const Arch& a : archs())
-      if (!a.batches.empty())
-        for (std::int64_t b : batches.empty() ? a.batches : batches) models::expand_step_problems(a.name, b, sweep, true, out, /*with_bf16=*/true);
-    return out;
+      if (!a.batches.empty()) benchmarked.push_back(a);
+    return models::step_problems(benchmarked, batches, models::thread_sweep(), true);
   }
 
   std::vector<Problem> test_problems() const override {
@@ -73,11 +72,6 @@ class CnnFamily final : public Family {
     return {3 * fwd + kAdamwFlopsPerParam * P, 6 * 4 * P + x_bytes + 4 * B, B};
   }
 
-  std::string unsupported_reason(const Problem& p) const override { return backend_unsupported_reason(p, cpu_reason); }
-
-  std::unique_ptr<Case> make(const Problem& p) const override {
-    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
-  }
 };
 
 using models::rms;
@@ -104,11 +98,7 @@ const std::vector<Arch>& archs() {
   return all;
 }
 
-const Arch& arch_named(const std::string& name) {
-  for (const Arch& a : archs())
-    if (a.name == name) return a;
-  throw Error("model_cnn: unknown model " + name);
-}
+const Arch& arch_named(const std::string& name) { return models::entry_named(archs(), name, "model_cnn: unknown model "); }
 
 std::vector<ConvLayer> conv_layers(const Arch& a) {
   std::vector<ConvLayer> out;
@@ -142,12 +132,7 @@ Shape shape_of(const Problem& p) {
   Shape s;
   s.arch = arch_named(a.model);
   s.convs = conv_layers(s.arch);
-  s.backend = a.backend;
-  s.dir = a.dir;
-  s.batch = a.batch;
-  s.variant = a.variant;
-  s.threads = a.threads;
-  s.dtype = a.dtype;
+  models::copy_step_args(a, s);
   return s;
 }
 
@@ -376,11 +361,7 @@ DataGradPath cuda_data_grad_path() { return g_data_grad_path; }
 void set_cuda_layout(CudaLayout l) { g_cuda_layout = l; }
 CudaLayout cuda_layout() { return g_cuda_layout; }
 
-const Family& family() {
-  static const CnnFamily f;
-  return f;
-}
-HOTOPS_REGISTER_FAMILY(family);
+HOTOPS_DEFINE_FAMILY(CnnFamily);
 
 HostBuffer nhwc_to_nchw(const HostBuffer& x, std::int64_t N, std::int64_t H, std::int64_t W, std::int64_t C, bool inverse) {
   HostBuffer out(x.dtype(), x.count());

@@ -190,12 +190,6 @@ CudaLayout cuda_layout();
 // and the CUDA verification's activations back.
 HostBuffer nhwc_to_nchw(const HostBuffer& x, std::int64_t N, std::int64_t H, std::int64_t W, std::int64_t C, bool inverse = false);
 
-std::unique_ptr<ModelCase> make_cpu(const Problem& p);
-std::string cpu_unsupported_reason(const Problem& p);
-#ifdef HOTOPS_HAVE_CUDA
-std::unique_ptr<ModelCase> make_cuda(const Problem& p);
-#endif
-
-const Family& family();
+HOTOPS_MODEL_ENTRY_POINTS(cpu_unsupported_reason);
 
 }  // namespace hotops::model_cnn

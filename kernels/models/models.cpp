@@ -32,17 +32,12 @@ std::string cpu_reason(const Problem& p) {
   return cpu_bf16_reason(p);
 }
 
-class ModelsFamily final : public Family {
+class ModelsFamily final : public ModelFamily {
  public:
-  std::string name() const override { return "models"; }
+  ModelsFamily() : ModelFamily("models", cpu_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    std::vector<Problem> out;
-    const std::vector<int> sweep(std::begin(kThreadSweep), std::end(kThreadSweep));
-    for (const Model& m : models())
-      for (std::int64_t b : batches.empty() ? m.batches : batches)
-        expand_step_problems(m.name, b, sweep, true, out, /*with_bf16=*/true);
-    return out;
+    return step_problems(models(), batches, thread_sweep(), true);
   }
 
   std::vector<Problem> test_problems() const override {
@@ -76,11 +71,6 @@ class ModelsFamily final : public Family {
     return {3 * fwd + kAdamwFlopsPerParam * P, 6 * 4 * P + x_bytes + 4 * B, B};
   }
 
-  std::string unsupported_reason(const Problem& p) const override { return backend_unsupported_reason(p, cpu_reason); }
-
-  std::unique_ptr<Case> make(const Problem& p) const override {
-    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
-  }
 };
 
 }  // namespace
@@ -100,11 +90,7 @@ const std::vector<Model>& models() {
   return all;
 }
 
-const Model& model_named(const std::string& name) {
-  for (const Model& m : models())
-    if (m.name == name) return m;
-  throw Error("models: unknown model " + name);
-}
+const Model& model_named(const std::string& name) { return entry_named(models(), name, "models: unknown model "); }
 
 void expand_step_problems(const std::string& model, std::int64_t batch, const std::vector<int>& thread_sweep,
                           bool has_graph, std::vector<Problem>& out, bool with_bf16) {
@@ -377,10 +363,6 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, c
   return c;
 }
 
-const Family& family() {
-  static const ModelsFamily f;
-  return f;
-}
-HOTOPS_REGISTER_FAMILY(family);
+HOTOPS_DEFINE_FAMILY(ModelsFamily);
 
 }  // namespace hotops::models

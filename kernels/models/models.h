@@ -7,12 +7,15 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "hotops/buffer.h"
+#include "hotops/check.h"
 #include "hotops/op.h"
+#include "hotops/op_family.h"
 #include "kernels/adamw/adamw.h"
 
 namespace hotops::models {
@@ -24,6 +27,14 @@ struct Model {
   std::vector<std::int64_t> batches; // benchmarked batch sizes
 };
 const std::vector<Model>& models();
+
+// The entry of a model family's list `all` named `name`; a hotops::Error (`unknown` + name) when none is.
+template <class Entry>
+const Entry& entry_named(const std::vector<Entry>& all, const std::string& name, const std::string& unknown) {
+  for (const Entry& e : all)
+    if (e.name == name) return e;
+  throw Error(unknown + name);
+}
 const Model& model_named(const std::string& name);  // throws hotops::Error when unknown
 
 // How a step is run and timed (the problem's optional last arg).
@@ -64,6 +75,7 @@ void copy_step_args(const StepArgs& a, Shape& s) {
 void expand_step_problems(const std::string& model, std::int64_t batch, const std::vector<int>& thread_sweep,
                           bool has_graph, std::vector<Problem>& out, bool with_bf16 = false);
 constexpr int kThreadSweep[] = {1, 4, 8};  // the CPU thread sweep of the benchmark problems
+inline std::vector<int> thread_sweep() { return {std::begin(kThreadSweep), std::end(kThreadSweep)}; }
 // Why a threads:T problem cannot run on this machine ("" when it can): T beyond its cores.
 std::string threads_reason(const StepArgs& a);
 
@@ -168,18 +180,33 @@ class ModelCase : public Case {
   virtual double last_loss() = 0;
 };
 
+// A model family's name, CPU check and backends' factories, as an op family's, with ModelCase factories.
+using ModelFamily = BackendFamily<ModelCase>;
+
+// Declares, in a model family's header, its entry points: make_cpu, the CPU's support check
+// `cpu_reason` ("" when the CPU can run the problem), make_cuda (defined with CUDA only) and family().
+#define HOTOPS_MODEL_ENTRY_POINTS(cpu_reason)                                                 \
+  std::unique_ptr<::hotops::models::ModelCase> make_cpu(const ::hotops::Problem& p);  \
+  std::string cpu_reason(const ::hotops::Problem& p);                                 \
+  std::unique_ptr<::hotops::models::ModelCase> make_cuda(const ::hotops::Problem& p); \
+  const ::hotops::Family& family()
+
+// A model family's benchmark problems: each of `ms` (each with a name and its batches) at its
+// batches, or at `asked` (--hotops_batch) where not empty, through expand_step_problems in f32 and bf16.
+template <class Models>
+std::vector<Problem> step_problems(const Models& ms, const std::vector<std::int64_t>& asked,
+                                   const std::vector<int>& thread_sweep, bool has_graph) {
+  return per_shape_and_batch(ms, asked, [&](const auto& m, std::int64_t b, std::vector<Problem>& out) {
+    expand_step_problems(m.name, b, thread_sweep, has_graph, out, /*with_bf16=*/true);
+  });
+}
+
 // The CPU's hand-written path takes a layer below this many multiply-adds (batch x in x out): there
 // a oneDNN primitive's fixed cost per call is most of the time.
 constexpr std::int64_t kSmallLayerMacs = 64 * 1024;
 
-std::unique_ptr<ModelCase> make_cpu(const Problem& p);
 // Why this CPU cannot run the problem ("" when it can): for bf16, oneDNN's refusal of a bf16 matmul
 // that one of the case's oneDNN layers needs (layers below kSmallLayerMacs are hand-written).
-std::string cpu_bf16_reason(const Problem& p);
-#ifdef HOTOPS_HAVE_CUDA
-std::unique_ptr<ModelCase> make_cuda(const Problem& p);
-#endif
-
-const Family& family();
+HOTOPS_MODEL_ENTRY_POINTS(cpu_bf16_reason);
 
 }  // namespace hotops::models

@@ -17,18 +17,7 @@ using vec::bf16_to_f32;
 using vec::f32_to_bf16;
 using vec::if_set;
 
-template <DType D>
-struct Elem {
-  using T = std::uint16_t;
-  HOTOPS_VECTOR_INLINE static float load(T v) { return bf16_to_f32(v); }
-  HOTOPS_VECTOR_INLINE static T store(float f) { return f32_to_bf16(f); }
-};
-template <>
-struct Elem<DType::f32> {
-  using T = float;
-  HOTOPS_VECTOR_INLINE static float load(T v) { return v; }
-  HOTOPS_VECTOR_INLINE static T store(float f) { return f; }
-};
+using vec::Elem;
 
 // One span of elements lo0 .. lo0 + n - 1 of the 2^32 ones whose index has high word `hi`.
 //   fwd: out = x * (keep ? scale : 0), mask_out = keep

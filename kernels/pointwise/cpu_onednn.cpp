@@ -3,6 +3,7 @@
 // tensor seen as one flat dimension: the op is elementwise, so its shape does not matter to it.
 #include "hotops/check.h"
 #include "hotops/cpu.h"
+#include "hotops/cpu_eltwise.h"
 #include "kernels/pointwise/pointwise.h"
 
 namespace hotops::pointwise {
@@ -16,34 +17,16 @@ cpu::Eltwise plan(const Shape& s) {
                       kAlpha, s.dir == Direction::bwd);
 }
 
-class CpuRelu final : public Case {
+class CpuRelu final : public cpu::EltwiseCase<Shape, Inputs> {
  public:
-  explicit CpuRelu(const Problem& p)
-      : s_(shape_of(p)), plan_(plan(s_)), in_(make_inputs(s_, p)), out_(make_output(s_)) {
-    // The tensors start `offset` elements into their buffers.
-    call_ = plan_.bind(in_.x.data(), in_.dy.data(), out_.data(), s_.offset * dtype_size(s_.dtype));
-  }
-
-  void run() override { call_.run(); }
-
-  Check verify() override {
-    out_.poison();
-    run();
-    return pointwise::verify(s_, in_, out_);
-  }
-
-  std::string label() const override {
-    return cpu::with_threads(std::string("oneDNN eltwise_relu ") +
-                             (s_.dir == Direction::fwd ? "forward_training " : "backward (from src) ") +
-                             plan_.impl_info_str());
-  }
+  explicit CpuRelu(const Problem& p) : CpuRelu(shape_of(p), p) {}
 
  private:
-  Shape s_;
-  cpu::Eltwise plan_;
-  Inputs in_;
-  HostBuffer out_;
-  cpu::Call call_;
+  CpuRelu(const Shape& s, const Problem& p)
+      : EltwiseCase(s, plan(s), make_inputs(s, p), make_output(s),
+                    [](const Shape& t, const Inputs& in, const HostBuffer& out) { return pointwise::verify(t, in, out); },
+                    std::string("oneDNN eltwise_relu ") +
+                        (s.dir == Direction::fwd ? "forward_training " : "backward (from src) ")) {}
 };
 
 }  // namespace

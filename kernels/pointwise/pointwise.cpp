@@ -123,13 +123,9 @@ class PointwiseFamily final : public OpFamily {
 }  // namespace
 
 Shape shape_of(const Problem& p) {
-  Shape s;
   HOTOPS_CHECK(p.op == "relu" || p.op == "dropout", "pointwise has relu and dropout only: " + p.name());
+  Shape s = fwd_bwd_shape<Shape>(p, p.op);
   s.op = p.op == "relu" ? Op::relu : Op::dropout;
-  HOTOPS_CHECK(p.dir == Direction::fwd || p.dir == Direction::bwd, p.op + " has fwd and bwd only: " + p.name());
-  HOTOPS_CHECK(p.dtype == DType::f32 || p.dtype == DType::bf16, p.op + " has f32 and bf16 only: " + p.name());
-  s.dir = p.dir;
-  s.dtype = p.dtype;
   const elementwise::Extent e = elementwise::extent_of(p);
   s.elements = e.elements;
   s.offset = e.offset;
@@ -228,10 +224,6 @@ Check verify(const Shape& s, const Inputs& in, const HostBuffer& out, const std:
   return c;
 }
 
-const Family& family() {
-  static const PointwiseFamily f;
-  return f;
-}
-HOTOPS_REGISTER_FAMILY(family);
+HOTOPS_DEFINE_FAMILY(PointwiseFamily);
 
 }  // namespace hotops::pointwise

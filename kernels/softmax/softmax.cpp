@@ -86,11 +86,7 @@ class SoftmaxFamily final : public OpFamily {
 }  // namespace
 
 Shape shape_of(const Problem& p) {
-  HOTOPS_CHECK(p.dir == Direction::fwd || p.dir == Direction::bwd, "softmax has fwd and bwd only: " + p.name());
-  HOTOPS_CHECK(p.dtype == DType::f32 || p.dtype == DType::bf16, "softmax has f32 and bf16 only: " + p.name());
-  Shape s;
-  s.dir = p.dir;
-  s.dtype = p.dtype;
+  Shape s = fwd_bwd_shape<Shape>(p, "softmax");
   s.rows = p.get_int("rows");
   s.cols = p.get_int("cols");
   HOTOPS_CHECK(s.rows > 0 && s.cols > 0, "bad softmax shape: " + p.name());
@@ -209,10 +205,6 @@ Check verify(const Shape& s, const Inputs& in, const HostBuffer& out) {
   return c;
 }
 
-const Family& family() {
-  static const SoftmaxFamily f;
-  return f;
-}
-HOTOPS_REGISTER_FAMILY(family);
+HOTOPS_DEFINE_FAMILY(SoftmaxFamily);
 
 }  // namespace hotops::softmax

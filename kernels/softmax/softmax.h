@@ -10,6 +10,7 @@
 
 #include "hotops/buffer.h"
 #include "hotops/op.h"
+#include "hotops/op_family.h"
 
 namespace hotops::softmax {
 
@@ -51,10 +52,6 @@ double error_bound(const Shape& s);
 // the reference, and that the kGuard elements after the output are still poisoned (NaN).
 Check verify(const Shape& s, const Inputs& in, const HostBuffer& out);
 
-std::unique_ptr<Case> make_cpu_onednn(const Problem& p);
-std::string onednn_unsupported_reason(const Problem& p);
-std::unique_ptr<Case> make_cuda(const Problem& p);
-
-const Family& family();
+HOTOPS_FAMILY_ENTRY_POINTS(make_cpu_onednn, onednn_unsupported_reason, make_cuda);
 
 }  // namespace hotops::softmax
