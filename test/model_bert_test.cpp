@@ -10,6 +10,7 @@
 
 #include "hotops/check.h"
 #include "hotops/gpu.h"
+#include "test/model_test_util.h"
 #include "kernels/model_bert/model_bert.h"
 
 namespace hotops::model_bert {
@@ -194,15 +195,8 @@ TEST(ModelBertVerify, Bf16BoundsVitTrain) { check_bf16_bounds("vit_layer", Direc
 TEST(ModelBertVerify, Bf16BoundsVitInfer) { check_bf16_bounds("vit_layer", Direction::infer); }
 
 void expect_learns(Backend be, const std::string& op, int steps, DType t = DType::f32) {
-  auto c = family().make(problem(op, be, Direction::train, 1, t));
-  auto* m = dynamic_cast<LayerCase*>(c.get());
-  ASSERT_NE(m, nullptr);
-  c->run();
-  const double first = m->last_loss();
-  for (int i = 1; i < steps; ++i) c->run();
-  const double last = m->last_loss();
-  EXPECT_TRUE(std::isfinite(last));
-  EXPECT_LT(last, 0.8 * first) << op << " on " << backend_name(be) << " " << dtype_name(t) << ": " << first << " -> " << last;
+  const Problem p = problem(op, be, Direction::train, 1, t);
+  model_test::expect_loss_falls<LayerCase>(*family().make(p), steps, 0.8, p.name());
 }
 
 // 12 steps on the CPU: the loss falls to about 0.2 (bert) and 0.04 (vit) of its start, 0.8 the bar.

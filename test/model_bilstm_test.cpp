@@ -8,17 +8,13 @@
 
 #include "hotops/check.h"
 #include "hotops/gpu.h"
+#include "test/model_test_util.h"
 #include "kernels/model_bilstm/model_bilstm.h"
 
 namespace hotops::model_bilstm {
 namespace {
 
-Problem problem(const std::string& config, Backend be, Direction d, std::int64_t batch, const char* key = nullptr,
-                int value = 0, DType t = DType::f32) {
-  Problem p{"model." + config, be, t, d, {{"batch", std::to_string(batch)}}};
-  if (key) p.args.push_back({key, std::to_string(value)});
-  return p;
-}
+using model_test::model_problem;
 
 std::vector<double> as_doubles(const HostBuffer& b) {
   std::vector<double> d(b.count());
@@ -45,16 +41,16 @@ TEST(ModelBilstmNames, VariantsAndJoinAcrossBackends) {
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   EXPECT_EQ(std::find(names.begin(), names.end(), "model.bilstm_imdb/cuda/f32/infer/batch:64/graph:1"), names.end());
   for (const Problem& p : family().benchmark_problems({7})) EXPECT_EQ(p.get_int("batch"), 7);
-  EXPECT_THROW(shape_of(problem("bilstm_imdb", Backend::cpu, Direction::train, 4, "e2e", 1)), Error);
-  EXPECT_THROW(shape_of(problem("bilstm_big", Backend::cpu, Direction::train, 4)), Error);
+  EXPECT_THROW(shape_of(model_problem("bilstm_imdb", Backend::cpu, Direction::train, 4, "e2e", 1)), Error);
+  EXPECT_THROW(shape_of(model_problem("bilstm_big", Backend::cpu, Direction::train, 4)), Error);
 }
 
 TEST(ModelBilstmWork, FlopsBytesItems) {
-  const Work infer = family().work(problem("bilstm_imdb", Backend::cpu, Direction::infer, 64));
+  const Work infer = family().work(model_problem("bilstm_imdb", Backend::cpu, Direction::infer, 64));
   const double lstm = 2.0 * 200 * 2 * 64 * 512 * (128 + 128), dense = 2.0 * 64 * 256 * 2;
   EXPECT_DOUBLE_EQ(infer.flops, lstm + dense);
   EXPECT_DOUBLE_EQ(infer.items, 64);
-  const Work train = family().work(problem("bilstm_imdb", Backend::cuda, Direction::train, 64));
+  const Work train = family().work(model_problem("bilstm_imdb", Backend::cuda, Direction::train, 64));
   const double P = static_cast<double>(layout_of(config_named("bilstm_imdb")).parameters);
   EXPECT_DOUBLE_EQ(train.flops, 3 * (lstm + dense) + 14 * P);
   EXPECT_DOUBLE_EQ(train.bytes, 24 * P + 4.0 * 64 * 200 + 4.0 * 64);
@@ -62,7 +58,7 @@ TEST(ModelBilstmWork, FlopsBytesItems) {
 
 // Central differences of the reference's own loss on the tiny configuration, every parameter.
 TEST(ModelBilstmReference, GradientsMatchFiniteDifferences) {
-  const Shape s = shape_of(problem("bilstm_test", Backend::cpu, Direction::train, 3));
+  const Shape s = shape_of(model_problem("bilstm_test", Backend::cpu, Direction::train, 3));
   const Layout l = layout_of(s.cfg);
   const State st = make_state(s, l, 11);
   const std::vector<double> p0 = as_doubles(st.params);
@@ -89,7 +85,7 @@ TEST(ModelBilstmReference, GradientsMatchFiniteDifferences) {
 }
 
 TEST(ModelBilstmTask, LabelsAreNotConstant) {
-  const Shape s = shape_of(problem("bilstm_imdb", Backend::cpu, Direction::train, 256));
+  const Shape s = shape_of(model_problem("bilstm_imdb", Backend::cpu, Direction::train, 256));
   const State st = make_state(s, layout_of(s.cfg), 3);
   const long ones = std::count(st.labels.begin(), st.labels.end(), 1);
   EXPECT_GT(ones, 256 / 5);
@@ -99,7 +95,7 @@ TEST(ModelBilstmTask, LabelsAreNotConstant) {
 
 // An outcome made from the reference itself passes; each planted error fails.
 TEST(ModelBilstmVerify, PlantedErrorsFail) {
-  const Shape s = shape_of(problem("bilstm_test", Backend::cpu, Direction::train, 4));
+  const Shape s = shape_of(model_problem("bilstm_test", Backend::cpu, Direction::train, 4));
   const Layout l = layout_of(s.cfg);
   const State st = make_state(s, l, 42);
   const std::vector<double> p0 = as_doubles(st.params);
@@ -143,7 +139,7 @@ TEST(ModelBilstmVerify, PlantedErrorsFail) {
 
   EXPECT_FALSE(verify_outcome(s, l, st, outcome(2)).ok);  // the step count off by one
 
-  const Shape si = shape_of(problem("bilstm_test", Backend::cpu, Direction::infer, 4));
+  const Shape si = shape_of(model_problem("bilstm_test", Backend::cpu, Direction::infer, 4));
   Outcome logits;
   logits.logits = HostBuffer(DType::f32, ref.logits.size());
   for (std::size_t i = 0; i < ref.logits.size(); ++i) logits.logits.set(i, ref.logits[i]);
@@ -156,9 +152,9 @@ TEST(ModelBilstmVerify, PlantedErrorsFail) {
 // bf16 bounds (and fails f32's); each planted slip fails them.
 void expect_bf16_bounds_catch_slips(const std::string& config, std::int64_t batch) {
   SCOPED_TRACE(config);
-  const Shape s = shape_of(problem(config, Backend::cuda, Direction::train, batch, nullptr, 0, DType::bf16));
-  const Shape si = shape_of(problem(config, Backend::cuda, Direction::infer, batch, nullptr, 0, DType::bf16));
-  const Shape s32 = shape_of(problem(config, Backend::cuda, Direction::train, batch));
+  const Shape s = shape_of(model_problem(config, Backend::cuda, Direction::train, batch, nullptr, 0, DType::bf16));
+  const Shape si = shape_of(model_problem(config, Backend::cuda, Direction::infer, batch, nullptr, 0, DType::bf16));
+  const Shape s32 = shape_of(model_problem(config, Backend::cuda, Direction::train, batch));
   const Layout l = layout_of(s.cfg);
   const State st = make_state(s, l, 42);
   const std::vector<double> p0 = as_doubles(st.params);
@@ -238,7 +234,7 @@ TEST(ModelBilstmVerify, Bf16BoundsCatchSlips) {
 // A CPU without oneDNN's bf16 lstm says so, naming the primitive and the ISA.
 TEST(ModelBilstmBf16, CpuUnsupportedSaysWhy) {
   for (Direction d : {Direction::infer, Direction::train}) {
-    const Problem p = problem("bilstm_imdb", Backend::cpu, d, 64, nullptr, 0, DType::bf16);
+    const Problem p = model_problem("bilstm_imdb", Backend::cpu, d, 64, nullptr, 0, DType::bf16);
     const std::string why = family().unsupported_reason(p);
     std::printf("%s: %s\n", p.name().c_str(), why.empty() ? "supported" : why.c_str());
     if (why.empty()) continue;
@@ -249,20 +245,9 @@ TEST(ModelBilstmBf16, CpuUnsupportedSaysWhy) {
 
 // Training on the learnable task from the seeded start: the loss must fall.
 void expect_learns(Backend be, const std::string& config, std::int64_t batch, int steps, DType t = DType::f32) {
-  const Problem p = problem(config, be, Direction::train, batch, nullptr, 0, t);
+  const Problem p = model_problem(config, be, Direction::train, batch, nullptr, 0, t);
   if (const std::string why = family().unsupported_reason(p); !why.empty()) GTEST_SKIP() << why;
-  auto c = family().make(p);
-  auto* m = dynamic_cast<ModelCase*>(c.get());
-  ASSERT_NE(m, nullptr);
-  const Check first_step = c->verify();
-  ASSERT_TRUE(first_step.ok) << first_step.message;
-  const double first = m->last_loss();
-  for (int i = 1; i < steps; ++i) c->run();
-  const double last = m->last_loss();
-  EXPECT_TRUE(std::isfinite(last));
-  std::printf("%s %s on %s: loss %.4f -> %.4f over %d steps\n", config.c_str(), dtype_name(t), backend_name(be), first, last,
-              steps);
-  EXPECT_LT(last, 0.7 * first) << config << " on " << backend_name(be) << ": " << first << " -> " << last;
+  model_test::expect_loss_falls<ModelCase>(*family().make(p), steps, 0.7, p.name(), true);
 }
 
 // On the CPU, the imdb model (every size but the batch its own) learns at batch 8 in 10 steps: the

@@ -9,6 +9,7 @@
 
 #include "hotops/check.h"
 #include "hotops/gpu.h"
+#include "test/model_test_util.h"
 #include "kernels/model_cnn/cpu_conv_pool.h"
 #include "kernels/model_cnn/model_cnn.h"
 
@@ -198,15 +199,8 @@ TEST(ModelCnnVerify, Bf16BoundsCatchSlips) {
 }
 
 void expect_learns(Backend be, const std::string& arch, int steps, DType t = DType::f32) {
-  auto c = family().make(problem(arch, be, Direction::train, 8, t));
-  auto* m = dynamic_cast<ModelCase*>(c.get());
-  ASSERT_NE(m, nullptr);
-  c->run();
-  const double first = m->last_loss();
-  for (int i = 1; i < steps; ++i) c->run();
-  const double last = m->last_loss();
-  EXPECT_TRUE(std::isfinite(last));
-  EXPECT_LT(last, 0.7 * first) << arch << " on " << backend_name(be) << " " << dtype_name(t) << ": " << first << " -> " << last;
+  const Problem p = problem(arch, be, Direction::train, 8, t);
+  model_test::expect_loss_falls<ModelCase>(*family().make(p), steps, 0.7, p.name());
 }
 
 TEST(ModelCnnTraining, LossFallsCpu) {

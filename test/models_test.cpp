@@ -11,19 +11,15 @@
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "hotops/gpu.h"
+#include "test/model_test_util.h"
 #include "kernels/models/models.h"
 
 namespace hotops::models {
 namespace {
 
-Problem problem(const std::string& model, Backend be, Direction d, std::int64_t batch, const char* key = nullptr,
-                int value = 0, DType t = DType::f32) {
-  Problem p{"model." + model, be, t, d, {{"batch", std::to_string(batch)}}};
-  if (key) p.args.push_back({key, std::to_string(value)});
-  return p;
-}
+using model_test::model_problem;
 Problem bf16_problem(const std::string& model, Backend be, Direction d, std::int64_t batch) {
-  return problem(model, be, d, batch, nullptr, 0, DType::bf16);
+  return model_problem(model, be, d, batch, nullptr, 0, DType::bf16);
 }
 
 // The train outcome of a model that computed reference r's loss, the gradients `grads`, and took
@@ -78,22 +74,22 @@ TEST(ModelsNames, VariantsAndJoinAcrossBackends) {
   const Problem b = bf16_problem("mlp_tiny", Backend::cuda, Direction::train, 10);
   EXPECT_THROW(step_args(b, "model_x", true), Error);
   EXPECT_EQ(step_args(b, "models", true, true).dtype, DType::bf16);
-  EXPECT_THROW(shape_of(problem("mlp_tiny", Backend::cpu, Direction::train, 4, nullptr, 0, DType::f16)), Error);
+  EXPECT_THROW(shape_of(model_problem("mlp_tiny", Backend::cpu, Direction::train, 4, nullptr, 0, DType::f16)), Error);
   std::vector<Problem> plain;
   expand_step_problems("mlp_tiny", 10, {1}, true, plain);
   for (const Problem& p : plain) EXPECT_EQ(p.dtype, DType::f32) << p.name();
   // --hotops_batch replaces every model's batches.
   for (const Problem& p : family().benchmark_problems({7})) EXPECT_EQ(p.get_int("batch"), 7);
-  EXPECT_THROW(shape_of(problem("mlp_tiny", Backend::cpu, Direction::train, 4, "e2e", 1)), Error);
-  EXPECT_THROW(shape_of(problem("resnet", Backend::cpu, Direction::train, 4)), Error);
+  EXPECT_THROW(shape_of(model_problem("mlp_tiny", Backend::cpu, Direction::train, 4, "e2e", 1)), Error);
+  EXPECT_THROW(shape_of(model_problem("resnet", Backend::cpu, Direction::train, 4)), Error);
 }
 
 TEST(ModelsWork, FlopsBytesItems) {
-  const Work infer = family().work(problem("mlp_tiny", Backend::cpu, Direction::infer, 10));
+  const Work infer = family().work(model_problem("mlp_tiny", Backend::cpu, Direction::infer, 10));
   EXPECT_DOUBLE_EQ(infer.flops, 2.0 * 10 * (13 * 32 + 32 * 16 + 16 * 2));
   EXPECT_DOUBLE_EQ(infer.bytes, 4.0 * (1010 + 10 * 13 + 10 * 2));
   EXPECT_DOUBLE_EQ(infer.items, 10);
-  const Work train = family().work(problem("mlp_tiny", Backend::cuda, Direction::train, 10));
+  const Work train = family().work(model_problem("mlp_tiny", Backend::cuda, Direction::train, 10));
   EXPECT_DOUBLE_EQ(train.flops, 3 * infer.flops + 14.0 * 1010);
   // bf16: the same FLOPs; the parameters stay f32, x and the logits are bf16.
   const Work infer16 = family().work(bf16_problem("mlp_tiny", Backend::cpu, Direction::infer, 10));
@@ -144,7 +140,7 @@ TEST(ModelsReference, GradientsMatchFiniteDifferences) {
 
 // An outcome made from the reference itself passes; each planted error fails.
 TEST(ModelsVerify, PlantedErrorsFail) {
-  const Shape s = shape_of(problem("mlp_tiny", Backend::cpu, Direction::train, 6));
+  const Shape s = shape_of(model_problem("mlp_tiny", Backend::cpu, Direction::train, 6));
   const ParamLayout l = param_layout(s.widths);
   const State st = make_state(s, l, 42);
   std::vector<double> p0(l.total), x(st.x.count());
@@ -169,7 +165,7 @@ TEST(ModelsVerify, PlantedErrorsFail) {
   nan_param.params.set(l.b[2], std::nan(""));
   EXPECT_FALSE(verify_outcome(s, l, st, nan_param).ok);
 
-  const Shape si = shape_of(problem("mlp_tiny", Backend::cpu, Direction::infer, 6));
+  const Shape si = shape_of(model_problem("mlp_tiny", Backend::cpu, Direction::infer, 6));
   Outcome logits;
   logits.logits = HostBuffer(DType::f32, ref.logits.size());
   for (std::size_t i = 0; i < ref.logits.size(); ++i) logits.logits.set(i, ref.logits[i]);
@@ -221,7 +217,7 @@ TEST(ModelsVerify, Bf16BoundsCatchSlips) {
 // terms' root-sum-square, so a run correct to a few bf16 roundings of the terms must pass; an
 // error the size of the terms still fails.
 TEST(ModelsVerify, CancellingGradientIsJudgedByItsTerms) {
-  const Problem p = problem("classifierdl", Backend::cpu, Direction::train, 256, "threads", 8, DType::bf16);
+  const Problem p = model_problem("classifierdl", Backend::cpu, Direction::train, 256, "threads", 8, DType::bf16);
   const Shape s = shape_of(p);
   const ParamLayout l = param_layout(s.widths);
   const State st = make_state(s, l, p.seed());
@@ -251,7 +247,7 @@ TEST(ModelsVerify, CancellingGradientIsJudgedByItsTerms) {
 // A bf16 run really rounds (its error is above f32's bound) yet passes bf16's; f32 keeps its bound.
 TEST(ModelsCpu, Bf16RunsInBf16) {
   for (Direction d : {Direction::infer, Direction::train}) {
-    auto c32 = make_cpu(problem("mlp_tiny", Backend::cpu, d, 10));
+    auto c32 = make_cpu(model_problem("mlp_tiny", Backend::cpu, d, 10));
     auto c16 = make_cpu(bf16_problem("mlp_tiny", Backend::cpu, d, 10));
     const Check k32 = c32->verify(), k16 = c16->verify();
     EXPECT_TRUE(k32.ok) << k32.message;
@@ -264,7 +260,7 @@ TEST(ModelsCpu, Bf16RunsInBf16) {
 
 TEST(ModelsCpu, ThreadsVariantRestoresTheThreadCount) {
   const int before = cpu::threads();
-  auto c = make_cpu(problem("mlp_tiny", Backend::cpu, Direction::train, 5, "threads", 1));
+  auto c = make_cpu(model_problem("mlp_tiny", Backend::cpu, Direction::train, 5, "threads", 1));
   EXPECT_EQ(cpu::threads(), before);
   c->run();
   EXPECT_EQ(cpu::threads(), before);
@@ -274,21 +270,12 @@ TEST(ModelsCpu, ThreadsVariantRestoresTheThreadCount) {
 // Training on the learnable task from the seeded start: the loss must fall. A bf16 case this CPU
 // cannot run (oneDNN without bf16 matmul) is left out with a note.
 void expect_learns(Backend be, const std::string& model, int steps, DType t = DType::f32) {
-  const Problem p = problem(model, be, Direction::train, 32, nullptr, 0, t);
+  const Problem p = model_problem(model, be, Direction::train, 32, nullptr, 0, t);
   if (const std::string why = family().unsupported_reason(p); !why.empty()) {
     std::printf("[ note ] %s not trained here: %s\n", p.name().c_str(), why.c_str());
     return;
   }
-  auto c = family().make(p);
-  auto* m = dynamic_cast<ModelCase*>(c.get());
-  ASSERT_NE(m, nullptr);
-  const Check first_step = c->verify();  // one step from the start
-  ASSERT_TRUE(first_step.ok) << p.name() << ": " << first_step.message;
-  const double first = m->last_loss();
-  for (int i = 1; i < steps; ++i) c->run();
-  const double last = m->last_loss();
-  EXPECT_TRUE(std::isfinite(last));
-  EXPECT_LT(last, 0.7 * first) << p.name() << ": " << first << " -> " << last;
+  model_test::expect_loss_falls<ModelCase>(*family().make(p), steps, 0.7, p.name(), true);
 }
 
 TEST(ModelsTraining, LossFallsCpu) {

@@ -165,6 +165,10 @@ void cuda_step(float* p, const float* g, float* m, float* v, std::int64_t n, Dev
 void cuda_step(float* p, const std::uint16_t* g, float* m, float* v, std::uint16_t* p16, std::int64_t n,
                DeviceStep* state, const Hyper* advance, cudaStream_t stream, unsigned max_blocks = kCudaMaxBlocks);
 
+// Whether the device step count is `steps` after that many steps (synchronises): a failed Check that
+// says what it is otherwise, e.g. when a train step's launches did not all run.
+Check check_device_step(const DeviceStep* state, std::int64_t steps);
+
 std::unique_ptr<Case> make_cuda(const Problem& p);
 // The CUDA kernel's own code, run on the host thread by thread of a grid of `blocks` (step t given):
 // lets the tests check its strides, vectors and tails without a GPU. Works on `st` in place.

@@ -181,17 +181,8 @@ class CudaAdamw final : public Case {
     m_.download(st_.m);
     v_.download(st_.v);
     if (s_.dtype == DType::bf16) p16_.download(st_.p16);
-    DeviceStep after{};
-    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&after, state_.get(), sizeof after, cudaMemcpyDeviceToHost, gpu::stream()));
-    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
     Check c = check(s_, snap, st_, kVerifySteps);
-    if (after.step != kVerifySteps) {
-      Check bad;
-      bad.ok = false;
-      bad.message = "the device step count is " + std::to_string(after.step) + " after " +
-                    std::to_string(kVerifySteps) + " runs";
-      c.merge(bad, "step");
-    }
+    c.merge(check_device_step(state_.as<const DeviceStep>(), kVerifySteps), "step");
     return c;
   }
 
@@ -227,6 +218,18 @@ void cuda_step(float* p, const float* g, float* m, float* v, std::int64_t n, Dev
 void cuda_step(float* p, const std::uint16_t* g, float* m, float* v, std::uint16_t* p16, std::int64_t n,
                DeviceStep* state, const Hyper* advance, cudaStream_t stream, unsigned max_blocks) {
   launch<true>(p, g, m, v, p16, n, state, advance, stream, max_blocks);
+}
+
+Check check_device_step(const DeviceStep* state, std::int64_t steps) {
+  DeviceStep after{};
+  HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&after, state, sizeof after, cudaMemcpyDeviceToHost, gpu::stream()));
+  HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
+  Check c;
+  if (after.step != steps) {
+    c.ok = false;
+    c.message = "the device step count is " + std::to_string(after.step) + " after " + std::to_string(steps) + " step(s)";
+  }
+  return c;
 }
 
 std::unique_ptr<Case> make_cuda(const Problem& p) { return std::make_unique<CudaAdamw>(p); }

@@ -536,14 +536,7 @@ class CudaLayer final : public LayerCase {
     }
     Check c = verify_outcome(s_, l_, start, o);
     if (s_.train()) {
-      StepState after{};
-      gpu::copy(&after, state_.get(), sizeof after, cudaMemcpyDeviceToHost);
-      if (after.step != 1) {
-        Check bad;
-        bad.ok = false;
-        bad.message = "the device step count is " + std::to_string(after.step) + " after one step";
-        c.merge(bad, "step");
-      }
+      c.merge(adamw::check_device_step(state_.as<const StepState>(), 1), "step");
     }
     // The timed runs take the seeded batch (and train on from the verified step).
     x_.upload(seeded_.x);

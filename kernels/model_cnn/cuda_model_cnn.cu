@@ -770,14 +770,7 @@ class CudaCnn final : public ModelCase {
     }
     Check c = verify_outcome(s_, l_, keys_, start, o);
     if (s_.train()) {
-      StepState after{};
-      gpu::copy(&after, state_.get(), sizeof after, cudaMemcpyDeviceToHost);
-      if (after.step != 1) {
-        Check bad;
-        bad.ok = false;
-        bad.message = "the device step count is " + std::to_string(after.step) + " after one step";
-        c.merge(bad, "step");
-      }
+      c.merge(adamw::check_device_step(state_.as<const StepState>(), 1), "step");
     }
     restore(seeded_, B);
     return c;

@@ -1,0 +1,41 @@
+// What the model families' tests share: a model problem by name, and a training run whose loss must fall.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "hotops/op.h"
+
+namespace hotops::model_test {
+
+// model.<name>/<backend>/<dtype>/<direction>/batch:B, and /key:value when a key is given.
+inline Problem model_problem(const std::string& name, Backend be, Direction d, std::int64_t batch, const char* key = nullptr,
+                             int value = 0, DType t = DType::f32) {
+  Problem p{"model." + name, be, t, d, {{"batch", std::to_string(batch)}}};
+  if (key) p.args.push_back({key, std::to_string(value)});
+  return p;
+}
+
+// Runs `steps` train steps of `c` and expects the last one's loss below `bar` times the first one's.
+// The first step is `verify` (checked against the reference) when `verify_first`, else `run`.
+// C: the family's case type, the one with last_loss().
+template <class C>
+void expect_loss_falls(Case& c, int steps, double bar, const std::string& what, bool verify_first = false) {
+  auto* m = dynamic_cast<C*>(&c);
+  ASSERT_NE(m, nullptr) << what;
+  if (verify_first) {
+    const Check first_step = c.verify();
+    ASSERT_TRUE(first_step.ok) << what << ": " << first_step.message;
+  } else {
+    c.run();
+  }
+  const double first = m->last_loss();
+  for (int i = 1; i < steps; ++i) c.run();
+  const double last = m->last_loss();
+  EXPECT_TRUE(std::isfinite(last)) << what;
+  EXPECT_LT(last, bar * first) << what << ": " << first << " -> " << last << " over " << steps << " steps";
+}
+
+}  // namespace hotops::model_test
