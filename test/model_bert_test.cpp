@@ -106,14 +106,7 @@ TEST(ModelBertVerify, PlantedErrorsFail) {
   auto outcome = [&](std::int64_t step) {
     Outcome o;
     o.loss = static_cast<float>(ref.loss);
-    o.grads = HostBuffer(DType::f32, l.total);
-    o.params = HostBuffer(DType::f32, l.total);
-    for (std::size_t i = 0; i < l.total; ++i) {
-      o.grads.set(i, ref.grad[i]);
-      adamw::Element e{p0[i], 0, 0};
-      adamw::reference_step(hyper(), step, o.grads.get(i), e);
-      o.params.set(i, e.p);
-    }
+    model_test::correct_step(ref.grad, [&](std::size_t i) { return p0[i]; }, l.total, step, o.grads, o.params);
     return o;
   };
   EXPECT_TRUE(verify_outcome(s, l, st, outcome(1)).ok);
@@ -146,14 +139,7 @@ Outcome outcome_of(const Shape& s, const ParamLayout& l, const State& st, std::v
     return o;
   }
   o.loss = static_cast<float>(ref.loss);
-  o.grads = HostBuffer(DType::f32, l.total);
-  o.params = HostBuffer(DType::f32, l.total);
-  for (std::size_t i = 0; i < l.total; ++i) {
-    o.grads.set(i, ref.grad[i]);
-    adamw::Element e{st.params.get(i), 0, 0};
-    adamw::reference_step(hyper(), 1, o.grads.get(i), e);
-    o.params.set(i, e.p);
-  }
+  model_test::correct_step(ref.grad, [&](std::size_t i) { return st.params.get(i); }, l.total, 1, o.grads, o.params);
   return o;
 }
 

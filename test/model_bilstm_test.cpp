@@ -103,14 +103,7 @@ TEST(ModelBilstmVerify, PlantedErrorsFail) {
   auto outcome = [&](std::int64_t step) {
     Outcome o;
     o.loss = static_cast<float>(ref.loss);
-    o.grads = HostBuffer(DType::f32, l.total);
-    o.params = HostBuffer(DType::f32, l.total);
-    for (std::size_t i = 0; i < l.total; ++i) {
-      o.grads.set(i, ref.grad[i]);
-      adamw::Element e{p0[i], 0, 0};
-      adamw::reference_step(models::hyper(), step, o.grads.get(i), e);
-      o.params.set(i, e.p);
-    }
+    model_test::correct_step(ref.grad, [&](std::size_t i) { return p0[i]; }, l.total, step, o.grads, o.params);
     return o;
   };
   EXPECT_TRUE(verify_outcome(s, l, st, outcome(1)).ok) << verify_outcome(s, l, st, outcome(1)).message;
@@ -166,14 +159,7 @@ void expect_bf16_bounds_catch_slips(const std::string& config, std::int64_t batc
     o.loss = static_cast<float>(bf.loss);
     o.logits = HostBuffer(DType::bf16, logits.size());
     for (std::size_t i = 0; i < logits.size(); ++i) o.logits.set(i, logits[i]);
-    o.grads = HostBuffer(DType::f32, l.total);
-    o.params = HostBuffer(DType::f32, l.total);
-    for (std::size_t i = 0; i < l.total; ++i) {
-      o.grads.set(i, grad[i]);
-      adamw::Element e{p0[i], 0, 0};
-      adamw::reference_step(models::hyper(), 1, o.grads.get(i), e);
-      o.params.set(i, e.p);
-    }
+    model_test::correct_step(grad, [&](std::size_t i) { return p0[i]; }, l.total, 1, o.grads, o.params);
     return o;
   };
   const Check good = verify_outcome(s, l, st, outcome(bf.logits, bf.grad));

@@ -42,16 +42,9 @@ Outcome outcome_from(const Shape& s, const ParamLayout& l, const std::vector<poi
     return o;
   }
   o.loss = static_cast<float>(ref.loss);
-  o.grads = HostBuffer(DType::f32, l.total);
-  o.params = HostBuffer(DType::f32, l.total);
   o.stats = HostBuffer(DType::f32, l.stats);
   for (std::size_t i = 0; i < l.stats; ++i) o.stats.set(i, ref.stats[i]);
-  for (std::size_t i = 0; i < l.total; ++i) {
-    o.grads.set(i, ref.grad[i]);
-    adamw::Element e{st.params.get(i), 0, 0};
-    adamw::reference_step(hyper(), step, o.grads.get(i), e);
-    o.params.set(i, e.p);
-  }
+  model_test::correct_step(ref.grad, [&](std::size_t i) { return st.params.get(i); }, l.total, step, o.grads, o.params);
   auto buffer = [](const std::vector<float>& v) {
     HostBuffer b(DType::f32, v.size());
     std::copy(v.begin(), v.end(), b.as<float>());

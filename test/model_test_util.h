@@ -5,8 +5,11 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "hotops/buffer.h"
 #include "hotops/op.h"
+#include "kernels/adamw/adamw.h"
 
 namespace hotops::model_test {
 
@@ -36,6 +39,21 @@ void expect_loss_falls(Case& c, int steps, double bar, const std::string& what, 
   const double last = m->last_loss();
   EXPECT_TRUE(std::isfinite(last)) << what;
   EXPECT_LT(last, bar * first) << what << ": " << first << " -> " << last << " over " << steps << " steps";
+}
+
+// What a correct train step `step` from m = v = 0 leaves: the gradients `grad` as stored (f32), and
+// the parameters after AdamW's step (PyTorch's defaults, every model's) from p0(i) on them.
+template <class P0>
+void correct_step(const std::vector<double>& grad, P0 p0, std::size_t n, std::int64_t step, HostBuffer& grads,
+                  HostBuffer& params) {
+  grads = HostBuffer(DType::f32, n);
+  params = HostBuffer(DType::f32, n);
+  for (std::size_t i = 0; i < n; ++i) {
+    grads.set(i, grad[i]);
+    adamw::Element e{p0(i), 0, 0};
+    adamw::reference_step(adamw::Hyper{}, step, grads.get(i), e);
+    params.set(i, e.p);
+  }
 }
 
 }  // namespace hotops::model_test

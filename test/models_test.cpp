@@ -27,14 +27,7 @@ Problem bf16_problem(const std::string& model, Backend be, Direction d, std::int
 Outcome train_outcome(const Reference& r, const std::vector<double>& grads, const std::vector<double>& p0, std::int64_t step = 1) {
   Outcome o;
   o.loss = static_cast<float>(r.loss);
-  o.grads = HostBuffer(DType::f32, p0.size());
-  o.params = HostBuffer(DType::f32, p0.size());
-  for (std::size_t i = 0; i < p0.size(); ++i) {
-    o.grads.set(i, grads[i]);
-    adamw::Element e{p0[i], 0, 0};
-    adamw::reference_step(hyper(), step, o.grads.get(i), e);
-    o.params.set(i, e.p);
-  }
+  model_test::correct_step(grads, [&](std::size_t i) { return p0[i]; }, p0.size(), step, o.grads, o.params);
   return o;
 }
 
