@@ -453,17 +453,18 @@ class EventRecorder final : public trace::Recorder {
     record();
   }
   void end() { record(); }
-  // Seconds from the step's start (the second begin event, plus the gap between the two) to each
-  // event (the marks', then the end's), after a sync.
-  std::vector<double> offsets() const {
+  // Seconds from the first begin event to each event (the marks', then the end's), after a sync;
+  // *lead: the gap between the two begin events, one event's cost.
+  std::vector<double> offsets(double* lead) const {
     HOTOPS_CHECK_CUDA(cudaEventSynchronize(pool_[used_ - 1]));
     float lead_ms = 0;
     HOTOPS_CHECK_CUDA(cudaEventElapsedTime(&lead_ms, pool_[0], pool_[1]));
+    *lead = lead_ms * 1e-3;
     std::vector<double> out;
     for (std::size_t k = 2; k < used_; ++k) {
       float ms = 0;
       HOTOPS_CHECK_CUDA(cudaEventElapsedTime(&ms, pool_[0], pool_[k]));
-      out.push_back((ms - 2 * lead_ms) * 1e-3);
+      out.push_back(ms * 1e-3);
     }
     return out;
   }
@@ -512,11 +513,16 @@ trace::Breakdown measure_breakdown(Case& c, double min_seconds, int min_steps) {
       c.run();
       r.end();
     }
-    const std::vector<double> at = r.offsets();
+    double lead = 0;
+    const std::vector<double> at = r.offsets(&lead);
     marks_per_step = r.marks.size();
     if (k < 0) continue;
     std::vector<double> starts(at.begin(), at.end() - 1);
-    trace::add_step(r.marks, starts, 0.0, at.back(), b);
+    // The step starts one event's cost after the second begin event (where its first mark lands
+    // when nothing ran before it), never past the first mark: a host-timed step's events are
+    // stamped as the host enqueues them, and a delayed one must not make the ops longer than the step.
+    const double begin = std::min(2 * lead, starts.empty() ? at.back() : starts.front());
+    trace::add_step(r.marks, starts, begin, at.back(), b);
   }
   return b;
 }

@@ -1,6 +1,7 @@
 // The instrumented pass's bookkeeping and its CPU recorder (wall clock between marks).
 #include "hotops/trace.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "hotops/check.h"
@@ -75,8 +76,9 @@ Breakdown measure_on_cpu(const std::function<void()>& run, double min_seconds, i
       run();
       end = now_seconds();
       // The step's first mark comes one clock read after `begin`: the recorder's own cost, which
-      // the back-to-back reads measure, is not the step's.
-      begin += begin - before;
+      // the back-to-back reads measure, is not the step's. Never past the first mark, though: a
+      // reading stretched by a preemption must not make the ops longer than the step.
+      begin = std::min(begin + (begin - before), r.starts.empty() ? end : r.starts.front());
     }
     add_step(std::vector<std::string>(r.ops.begin(), r.ops.end()), r.starts, begin, end, b);
   }
