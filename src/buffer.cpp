@@ -68,6 +68,12 @@ std::byte* allocate(std::size_t count, DType dtype) {
   const std::size_t size = dtype_size(dtype);
   if (count > std::numeric_limits<std::size_t>::max() / size) throw_out_of_host_memory(double(count) * double(size));
   const std::size_t bytes = count * size;
+  // Linux overcommits: an allocation larger than what is available often succeeds and the process
+  // is killed when it touches the pages. Refusing it up front turns that into a clear error.
+  if (bytes >= kCheckedAllocationBytes) {
+    const HostMemory m = host_memory();
+    if (m.available > 0 && bytes > m.available) throw_out_of_host_memory(double(bytes));
+  }
   // The case as a whole: its buffers alive together against what it started with.
   const std::size_t together = g_live_bytes.load() - std::min(g_live_bytes.load(), g_case.live_at_begin) + bytes;
   if (g_case.on && g_case.available_at_begin > 0 && together > g_case.available_at_begin) {
@@ -77,12 +83,6 @@ std::byte* allocate(std::size_t count, DType dtype) {
                   "when it started",
                   gib(double(together)), gib(double(bytes)), gib(double(g_case.available_at_begin)));
     throw Error(buf, ErrorKind::out_of_memory);
-  }
-  // Linux overcommits: an allocation larger than what is available often succeeds and the process
-  // is killed when it touches the pages. Refusing it up front turns that into a clear error.
-  if (bytes >= kCheckedAllocationBytes) {
-    const HostMemory m = host_memory();
-    if (m.available > 0 && bytes > m.available) throw_out_of_host_memory(double(bytes));
   }
   std::byte* p = new (std::nothrow) std::byte[bytes];
   if (!p) throw_out_of_host_memory(double(bytes));
