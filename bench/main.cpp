@@ -4,6 +4,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
@@ -36,6 +37,28 @@ void warn_if_busy() {
   if (read && cores > 0 && load > cores)
     std::fprintf(stderr, "hotops: warning: this machine is busy (load average %.1f on %u cores): other work competes with "
                  "the timings, expect larger noise_pct\n", load, cores);
+}
+
+// Whether Google Benchmark's output file was written whole: it reports no failed write itself, so
+// a full disk would leave a cut-off file and exit 0. JSON must end with its closing brace, the other
+// formats with a newline; otherwise one line on stderr says so.
+bool output_complete(const std::string& path, const std::string& format) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  long size = -1;
+  int last = EOF;
+  if (f && std::fseek(f, 0, SEEK_END) == 0 && (size = std::ftell(f)) > 0) {
+    for (long at = size - 1; at >= 0; --at) {
+      if (std::fseek(f, at, SEEK_SET) != 0) break;
+      last = std::fgetc(f);
+      if (format != "json" || !std::isspace(last)) break;
+    }
+  }
+  if (f) std::fclose(f);
+  const bool whole = size > 0 && (format == "json" ? last == '}' : last == '\n');
+  if (!whole)
+    std::fprintf(stderr, "hotops: the output file %s is incomplete (%ld bytes): writing it failed (is the disk full?)\n",
+                 path.c_str(), size < 0 ? 0L : size);
+  return whole;
 }
 
 int refuse(const std::string& line) {
@@ -210,5 +233,6 @@ int main(int argc, char** argv) {
   const std::size_t ran = benchmark::RunSpecifiedBenchmarks(&display);
   benchmark::Shutdown();
   if (ran == 0) return 2;  // cannot happen after the check above, unless the two regex engines disagree
+  if (!gb.list_tests && !gb.out.empty() && !output_complete(gb.out, gb.out_format)) return 1;
   return hotops::bench::gpu_context_lost() ? 1 : 0;
 }

@@ -108,8 +108,67 @@ std::string min_time_arg(const MinTime& t, int version) {
   return std::string("--benchmark_min_time=") + text + (suffixed ? "s" : "");
 }
 
+namespace {
+
+// Checks one Google Benchmark flag's value as Google Benchmark would take it, noting in `b` what
+// bench needs to know; throws FlagError naming `flag`.
+void check_benchmark_flag(const std::string& flag, const std::string& v, BenchmarkFlags& b) {
+  if (flag == "benchmark_format" || flag == "benchmark_out_format") {
+    if (v != "console" && v != "json" && v != "csv") throw bad_value(flag, v, "console, json or csv");
+    if (flag == "benchmark_out_format") b.out_format = v;
+  } else if (flag == "benchmark_time_unit") {
+    if (v != "ns" && v != "us" && v != "ms" && v != "s") throw bad_value(flag, v, "ns, us, ms or s");
+    b.has_time_unit = true;
+  } else if (flag == "benchmark_repetitions") {
+    parse_int(flag, v, 1, 1000000, "a count from 1 to 1000000");
+  } else if (flag == "benchmark_min_time") {
+    b.min_time = parse_min_time("--" + flag, v);
+    b.has_min_time = true;
+  } else if (flag == "benchmark_min_warmup_time") {
+    check_seconds(flag, v);  // a plain number of seconds in every release, 1.8's included
+  } else if (flag == "benchmark_list_tests") {
+    b.list_tests = parse_benchmark_bool(flag, v);
+  } else if (flag == "benchmark_enable_random_interleaving" || flag == "benchmark_report_aggregates_only" ||
+             flag == "benchmark_display_aggregates_only" || flag == "benchmark_counters_tabular") {
+    parse_benchmark_bool(flag, v);
+  } else if (flag == "benchmark_out") {
+    check_output_path(flag, v);
+    b.out = v;
+  } else if (flag == "benchmark_filter") {
+    // Google Benchmark's filter: a POSIX extended regex, after an optional '-' that negates it.
+    try {
+      const std::regex re(!v.empty() && v[0] == '-' ? v.substr(1) : v, std::regex::extended);
+    } catch (const std::regex_error& e) {
+      throw bad_value(flag, v, std::string("a regular expression (") + e.what() + ")");
+    }
+  }
+}
+
+}  // namespace
+
 BenchmarkFlags check_benchmark_flags(int argc, char** argv) {
   BenchmarkFlags b;
+  // Google Benchmark takes each flag's default from BENCHMARK_<FLAG> in the environment: a value
+  // there is checked as the flag's would be (a flag on the command line overrides it, and is
+  // checked below). BENCHMARK_MIN_TIME and BENCHMARK_TIME_UNIT bench reads itself.
+  for (const char* flag : {"benchmark_format", "benchmark_out_format", "benchmark_repetitions", "benchmark_min_warmup_time",
+                           "benchmark_list_tests", "benchmark_enable_random_interleaving",
+                           "benchmark_report_aggregates_only", "benchmark_display_aggregates_only",
+                           "benchmark_counters_tabular", "benchmark_out", "benchmark_filter", "benchmark_time_unit"}) {
+    std::string var = "BENCHMARK_" + std::string(flag + 10);
+    for (char& c : var) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    const char* v = std::getenv(var.c_str());
+    if (!v) continue;
+    try {
+      BenchmarkFlags from_env;
+      check_benchmark_flag(flag, v, from_env);
+      b.list_tests |= from_env.list_tests;
+      if (!from_env.out.empty()) b.out = from_env.out;
+      if (std::string(flag) == "benchmark_out_format") b.out_format = from_env.out_format;
+    } catch (const FlagError& e) {
+      throw FlagError(std::string(e.what()) + " (from " + var + " in the environment)");
+    }
+  }
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help") b.help = true;
@@ -120,34 +179,7 @@ BenchmarkFlags check_benchmark_flags(int argc, char** argv) {
       if (flag == "benchmark_list_tests") b.list_tests = true;
       continue;  // Google Benchmark refuses a valued flag without its value itself
     }
-    const std::string v = a.substr(eq + 1);
-    if (flag == "benchmark_format" || flag == "benchmark_out_format") {
-      if (v != "console" && v != "json" && v != "csv") throw bad_value(flag, v, "console, json or csv");
-    } else if (flag == "benchmark_time_unit") {
-      if (v != "ns" && v != "us" && v != "ms" && v != "s") throw bad_value(flag, v, "ns, us, ms or s");
-      b.has_time_unit = true;
-    } else if (flag == "benchmark_repetitions") {
-      parse_int(flag, v, 1, 1000000, "a count from 1 to 1000000");
-    } else if (flag == "benchmark_min_time") {
-      b.min_time = parse_min_time("--" + flag, v);
-      b.has_min_time = true;
-    } else if (flag == "benchmark_min_warmup_time") {
-      check_seconds(flag, v);  // a plain number of seconds in every release, 1.8's included
-    } else if (flag == "benchmark_list_tests") {
-      b.list_tests = parse_benchmark_bool(flag, v);
-    } else if (flag == "benchmark_enable_random_interleaving" || flag == "benchmark_report_aggregates_only" ||
-               flag == "benchmark_display_aggregates_only" || flag == "benchmark_counters_tabular") {
-      parse_benchmark_bool(flag, v);
-    } else if (flag == "benchmark_out") {
-      check_output_path(flag, v);
-    } else if (flag == "benchmark_filter") {
-      // Google Benchmark's filter: a POSIX extended regex, after an optional '-' that negates it.
-      try {
-        const std::regex re(!v.empty() && v[0] == '-' ? v.substr(1) : v, std::regex::extended);
-      } catch (const std::regex_error& e) {
-        throw bad_value(flag, v, std::string("a regular expression (") + e.what() + ")");
-      }
-    }
+    check_benchmark_flag(flag, a.substr(eq + 1), b);
   }
   return b;
 }

@@ -495,4 +495,29 @@ TEST(BenchSmoke, EveryEntryHasSamplesAndNoise) {
   }
 }
 
+// Google Benchmark reads its flags' defaults from BENCHMARK_* variables: a bad one is refused as the
+// flag would be, in one line that names the variable, with exit 2 before anything runs.
+TEST(BenchSmoke, BadInputThroughTheEnvironmentIsOneLineAndExitTwo) {
+  for (const char* env : {"BENCHMARK_FILTER='('", "BENCHMARK_REPETITIONS=-1", "BENCHMARK_FORMAT=xml",
+                          "BENCHMARK_OUT=/nonexistent/folder/out.json"}) {
+    const Result r = run("--hotops_roofline=0 --benchmark_filter=mlp_tiny.fc1/batch:10/", env);
+    EXPECT_EQ(r.exit_code, 2) << env << ": " << r.output;
+    const std::string var = std::string(env).substr(0, std::string(env).find('='));
+    EXPECT_NE(r.output.find("(from " + var + " in the environment)"), std::string::npos) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << env << ": " << r.output;
+  }
+}
+
+// An output file the run could not write whole (a full disk) is an error, not exit 0.
+TEST(BenchSmoke, AnOutputFileWrittenOnlyInPartIsAnError) {
+  const std::string dir = testing::TempDir() + "/hotops_full_" + std::to_string(::getpid());
+  if (std::system(("mkdir -p " + dir + " && mount -t tmpfs -o size=12k tmpfs " + dir + " 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "no small file system can be mounted here (needs root) to fill";
+  const Result r = run("--hotops_roofline=0 --benchmark_filter=mlp_tiny --benchmark_min_time=0.01 --benchmark_out=" + dir +
+                       "/out.json");
+  std::system(("umount " + dir + " && rmdir " + dir).c_str());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("is incomplete"), std::string::npos) << r.output;
+}
+
 }  // namespace

@@ -53,6 +53,8 @@ struct BenchmarkFlags {
   MinTime min_time;           // its value (the last one given), when given
   bool has_time_unit = false;  // --benchmark_time_unit given
   bool help = false;          // --help
+  std::string out;            // --benchmark_out (or BENCHMARK_OUT): the file the run is written to
+  std::string out_format = "json";  // --benchmark_out_format (or BENCHMARK_OUT_FORMAT)
 };
 
 // Checks the values of Google Benchmark's flags that Google Benchmark itself would accept silently
