@@ -117,11 +117,18 @@ TEST_P(CrossEntropyVerify, BwdPassesTheReferenceAndFailsPlantedErrors) {
   Outputs guard = reference_outputs(s, in);
   guard.dlogits.set(s.elements(), 0);
   EXPECT_FALSE(verify(s, in, guard).ok) << "a written guard element passed";
+  if (classes > 1) {  // every non-target gradient 0: at BERT's 30,522 classes each is ~1/C of the largest
+    Outputs zero = reference_outputs(s, in);
+    for (std::int64_t r = 0; r < s.rows; ++r)
+      for (std::int64_t j = 0; j < classes; ++j)
+        if (j != in.target[static_cast<std::size_t>(r)]) zero.dlogits.set(static_cast<std::size_t>(r * classes + j), 0);
+    EXPECT_FALSE(verify(s, in, zero).ok) << "zero non-target gradients passed";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(CrossEntropy, CrossEntropyVerify,
                          testing::Combine(testing::Values(DType::f32, DType::bf16),
-                                          testing::Values<std::int64_t>(1, 2, 5, 33, 1000)));
+                                          testing::Values<std::int64_t>(1, 2, 5, 33, 1000, 30522)));
 
 TEST(CrossEntropyFamily, NamesAndWork) {
   const Family& f = family();

@@ -246,6 +246,24 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
       [&](std::size_t i) { return ref[static_cast<std::size_t>(pos[i / classes]) * classes + i % classes]; },
       bwd_error_bound(s.dtype) * mag / (rms > 0 ? rms : 1.0));
   if (!c.ok) return c;
+  // Each element against its own size too. The bound above is relative to the largest output
+  // (|dloss| / rows): at 30,522 classes a non-target gradient is about 1/C of that, so a kernel that
+  // wrote every one of them as 0 would pass it. The derivation above is per element: the f32 math
+  // errs by at most 25 u of the element itself, bf16's rounding by half an ulp, 2^-8 of it (bf16
+  // keeps 8 significant bits); the target element, where p_t - 1 cancels, by 25 u of |dloss| / rows
+  // at most, which the floor allows.
+  const double rel = s.dtype == DType::bf16 ? 4e-3 : 3e-6, floor = 30 * 0x1p-24 * mag;
+  for (std::size_t n = 0; n < idx.size(); ++n) {
+    const std::size_t i = idx[n];
+    const double r = ref[static_cast<std::size_t>(pos[i / classes]) * classes + i % classes], o = out.dlogits.get(i);
+    if (std::fabs(o - r) <= rel * std::fabs(r) + floor) continue;
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "dlogits: element %zu (row %zu, class %zu) is %.9g, the reference %.9g: beyond %g of it", i,
+                  i / classes, i % classes, o, r, rel);
+    c.ok = false;
+    c.message = buf;
+    return c;
+  }
   guard_written(out.dlogits, s.elements(), "dlogits", c);
   return c;
 }
