@@ -75,7 +75,8 @@ std::byte* allocate(std::size_t count, DType dtype) {
     if (m.available > 0 && bytes > m.available) throw_out_of_host_memory(double(bytes));
   }
   // The case as a whole: its buffers alive together against what it started with.
-  const std::size_t together = g_live_bytes.load() - std::min(g_live_bytes.load(), g_case.live_at_begin) + bytes;
+  const std::size_t live = g_live_bytes.load();
+  const std::size_t together = live - std::min(live, g_case.live_at_begin) + bytes;
   if (g_case.on && g_case.available_at_begin > 0 && together > g_case.available_at_begin) {
     char buf[240];
     std::snprintf(buf, sizeof buf,

@@ -483,11 +483,6 @@ class EventRecorder final : public trace::Recorder {
   std::size_t used_ = 0;
 };
 
-struct Installed {
-  explicit Installed(trace::Recorder* r) { trace::active() = r; }
-  ~Installed() { trace::active() = nullptr; }
-};
-
 }  // namespace
 
 trace::Breakdown measure_breakdown(Case& c, double min_seconds, int min_steps) {
@@ -508,7 +503,7 @@ trace::Breakdown measure_breakdown(Case& c, double min_seconds, int min_steps) {
       HOTOPS_CHECK_LAUNCH();
     }
     {
-      Installed on(&r);
+      trace::Scope on(&r);
       r.begin();
       c.run();
       r.end();
@@ -517,12 +512,8 @@ trace::Breakdown measure_breakdown(Case& c, double min_seconds, int min_steps) {
     const std::vector<double> at = r.offsets(&lead);
     marks_per_step = r.marks.size();
     if (k < 0) continue;
-    std::vector<double> starts(at.begin(), at.end() - 1);
-    // The step starts one event's cost after the second begin event (where its first mark lands
-    // when nothing ran before it), never past the first mark: a host-timed step's events are
-    // stamped as the host enqueues them, and a delayed one must not make the ops longer than the step.
-    const double begin = std::min(2 * lead, starts.empty() ? at.back() : starts.front());
-    trace::add_step(r.marks, starts, begin, at.back(), b);
+    // The step begins at the second begin event, `lead` after the first.
+    trace::add_step(r.marks, std::vector<double>(at.begin(), at.end() - 1), lead, at.back(), b, lead);
   }
   return b;
 }

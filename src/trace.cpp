@@ -27,12 +27,6 @@ class WallRecorder final : public Recorder {
   std::vector<const char*> ops;
 };
 
-// Installs a recorder for its lifetime, so that an exception cannot leave one installed.
-struct Installed {
-  explicit Installed(Recorder* r) { active() = r; }
-  ~Installed() { active() = nullptr; }
-};
-
 }  // namespace
 
 Recorder*& active() {
@@ -47,8 +41,9 @@ double Breakdown::covered_us() const {
 }
 
 void add_step(const std::vector<std::string>& marks, const std::vector<double>& starts, double begin, double end,
-              Breakdown& into) {
+              Breakdown& into, double lead) {
   HOTOPS_CHECK(marks.size() == starts.size(), "trace: one start per mark");
+  begin = std::min(begin + lead, starts.empty() ? end : starts.front());
   // Running means over the steps so far: parts are per step.
   const double n = into.steps + 1.0;
   auto add = [&](const std::string& op, double seconds) {
@@ -68,19 +63,15 @@ Breakdown measure_on_cpu(const std::function<void()>& run, double min_seconds, i
   const double t0 = now_seconds();
   while (b.steps < min_steps || now_seconds() - t0 < min_seconds) {
     r.clear();
-    double begin, end;
+    double before, begin, end;
     {
-      Installed on(&r);
-      const double before = now_seconds();
+      Scope on(&r);
+      before = now_seconds();
       begin = now_seconds();
       run();
       end = now_seconds();
-      // The step's first mark comes one clock read after `begin`: the recorder's own cost, which
-      // the back-to-back reads measure, is not the step's. Never past the first mark, though: a
-      // reading stretched by a preemption must not make the ops longer than the step.
-      begin = std::min(begin + (begin - before), r.starts.empty() ? end : r.starts.front());
     }
-    add_step(std::vector<std::string>(r.ops.begin(), r.ops.end()), r.starts, begin, end, b);
+    add_step(std::vector<std::string>(r.ops.begin(), r.ops.end()), r.starts, begin, end, b, begin - before);
   }
   return b;
 }

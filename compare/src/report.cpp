@@ -538,11 +538,9 @@ void print_breakdown(std::ostream& out, const Breakdown& b, const Style& s) {
         if (o.op == op) return &o;
     return nullptr;
   };
-  const auto rank = [](const std::optional<BreakdownStep>& st, const std::string& op) -> std::string {
-    if (st)
-      for (std::size_t i = 0; i < st->ops.size(); ++i)
-        if (st->ops[i].op == op) return std::to_string(i + 1);
-    return "";
+  // An op's rank on its side: its place in that side's ops, which are largest first.
+  const auto rank = [](const std::optional<BreakdownStep>& st, const BreakdownOp* o) -> std::string {
+    return o ? std::to_string(o - st->ops.data() + 1) : "";
   };
   if (s.format == Format::json) {
     json models = json::array();
@@ -606,8 +604,8 @@ void print_breakdown(std::ostream& out, const Breakdown& b, const Style& s) {
       std::vector<Colour> col{plain};
       const BreakdownOp* x = find(pr.cpu, op);
       const BreakdownOp* y = find(pr.cuda, op);
-      if (pr.cpu) c.insert(c.end(), {x ? us(x->us) : "", x ? pct(x->share) : "", rank(pr.cpu, op)});
-      if (pr.cuda) c.insert(c.end(), {y ? us(y->us) : "", y ? pct(y->share) : "", rank(pr.cuda, op)});
+      if (pr.cpu) c.insert(c.end(), {x ? us(x->us) : "", x ? pct(x->share) : "", rank(pr.cpu, x)});
+      if (pr.cuda) c.insert(c.end(), {y ? us(y->us) : "", y ? pct(y->share) : "", rank(pr.cuda, y)});
       col.resize(c.size(), plain);
       if (both) {
         const double r = x && y && y->us > 0 ? x->us / y->us : std::nan("");

@@ -203,11 +203,7 @@ std::optional<double> Entry::noise_pct() const {
   return mean > 0 ? 100 * stdev / mean : kNaN;
 }
 
-std::optional<double> Entry::threads() const {
-  for (const char* key : {"cpu_threads", "threads"})
-    if (const auto t = counter(key)) return *t;
-  return std::nullopt;
-}
+std::optional<double> Entry::threads() const { return counter("cpu_threads"); }
 
 const Entry* Run::find(const std::string& full_name) const {
   // The index is rebuilt whenever the entries changed under it (a filter, a test's own list), so

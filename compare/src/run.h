@@ -63,7 +63,7 @@ struct Entry {
   // run has one, else the relative standard deviation of its repetitions (3 or more); nullopt when
   // neither says.
   std::optional<double> noise_pct() const;
-  // The CPU thread count the entry ran with, where its counters say (hotops' CPU entries).
+  // The CPU thread count the entry ran with, where its counters say (cpu_threads, hotops' CPU entries).
   std::optional<double> threads() const;
 };
 

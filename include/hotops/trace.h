@@ -21,6 +21,15 @@ class Recorder {
 // The recorder of the instrumented pass in progress, nullptr outside one (the timed runs).
 Recorder*& active();
 
+// Installs a recorder for its lifetime, so that an exception cannot leave one installed.
+class Scope {
+ public:
+  explicit Scope(Recorder* r) { active() = r; }
+  ~Scope() { active() = nullptr; }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+};
+
 // The step's next op starts here, and the one before it ends: `name` is the op as the op families
 // name it ("addmm", "softmax", ...), with "_bwd" for its backward. Outside an instrumented pass
 // this is one load and one branch on the host, and nothing on the device.
@@ -44,8 +53,12 @@ struct Breakdown {
 
 // The spans of one instrumented step: `starts[k]` is where marks[k] began, `end` where the step
 // ended, `begin` where it started (any clock, one unit). Adds them to the per-op sums of `into`.
+// `lead`: what one mark costs the recorder, measured in this step (two back-to-back clock reads or
+// events). The step's first mark comes that long after `begin` when nothing ran before it, so the
+// step is taken to start `lead` after `begin`, but never after its first mark: a reading stretched
+// by a preemption or a delayed event must not make the ops longer than the step.
 void add_step(const std::vector<std::string>& marks, const std::vector<double>& starts, double begin, double end,
-              Breakdown& into);
+              Breakdown& into, double lead = 0);
 
 // Runs `run` (one step, complete when it returns) under a wall-clock recorder until `min_seconds`
 // have passed and at least `min_steps` steps ran: the CPU's instrumented pass.
