@@ -29,6 +29,27 @@ void execute(const dnnl::primitive& p, const Args& args) {
   HOTOPS_CHECK_DNNL(st.wait());
 }
 
+Primitive::Primitive(dnnl::primitive p, const std::vector<std::pair<int, dnnl::memory::desc>>& args)
+    : primitive_(std::move(p)), bound_(args.size(), nullptr) {
+  for (const auto& [arg, desc] : args) {
+    args_.emplace(arg, HOTOPS_CHECK_DNNL(dnnl::memory(desc, engine(), DNNL_MEMORY_NONE)));
+    order_.push_back(arg);
+  }
+}
+
+void Primitive::run(std::initializer_list<const void*> buffers) {
+  HOTOPS_CHECK(buffers.size() == order_.size(), "a oneDNN primitive was given the wrong number of buffers");
+  std::size_t i = 0;
+  for (const void* b : buffers) {
+    if (b != bound_[i]) {
+      args_.at(order_[i]).set_data_handle(const_cast<void*>(b));
+      bound_[i] = b;
+    }
+    ++i;
+  }
+  execute(primitive_, args_);
+}
+
 dnnl::memory::data_type dnnl_type(DType t) {
   switch (t) {
     case DType::bf16: return dnnl::memory::data_type::bf16;

@@ -20,6 +20,12 @@ double Timer::mean_clock_mhz() const { return 0; }
 long Timer::discarded_samples() const { return 0; }
 Timer::~Timer() = default;
 double Timer::sample() { return 0; }
+DeviceBuffer::DeviceBuffer(std::size_t) { throw Error("no CUDA backend in this build", ErrorKind::unsupported); }
+DeviceBuffer::DeviceBuffer(const HostBuffer&) : DeviceBuffer(std::size_t(0)) {}
+DeviceBuffer::~DeviceBuffer() = default;
+void DeviceBuffer::upload(const HostBuffer&) {}
+void DeviceBuffer::download(HostBuffer&) const {}
+void DeviceBuffer::poison() {}
 void set_shuffle_layout(bool) {}
 void synchronize() {}
 bool context_lost(std::string*) { return false; }

@@ -4,7 +4,10 @@
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <initializer_list>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include <dnnl.hpp>
 
@@ -26,6 +29,23 @@ struct Call {
   dnnl::primitive primitive;
   Args args;
   void run() const { execute(primitive, args); }
+};
+
+// A primitive that runs on memory its caller owns (a plan's oneDNN step): the argument memories are
+// made once, at setup, and pointed at each run's buffers (set_data_handle where a pointer changed).
+class Primitive {
+ public:
+  Primitive() = default;
+  // `args`: each argument's DNNL_ARG_* and descriptor, in the order run() takes their buffers.
+  Primitive(dnnl::primitive p, const std::vector<std::pair<int, dnnl::memory::desc>>& args);
+  // Runs on stream() and waits, one buffer per argument (nullptr: an argument with no memory).
+  void run(std::initializer_list<const void*> buffers);
+
+ private:
+  dnnl::primitive primitive_;
+  Args args_;
+  std::vector<int> order_;
+  std::vector<const void*> bound_;
 };
 
 // oneDNN's type for a dtype's storage (tf32 is f32 storage).

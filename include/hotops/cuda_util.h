@@ -11,6 +11,7 @@
 
 #include "hotops/buffer.h"
 #include "hotops/check.h"
+#include "hotops/gpu.h"
 
 namespace hotops::gpu {
 
@@ -28,37 +29,6 @@ bool is_sticky(cudaError_t e);
 // kernels queued on stream() have written it, and a pageable upload may return before the data
 // reaches the device.
 void copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
-
-// Device memory. Allocation failure is an out_of_memory Error that says how much was asked
-// for and how much the device has free.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(std::size_t bytes);
-  explicit DeviceBuffer(const HostBuffer& host);  // allocate and upload
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(o.bytes_), shift_(o.shift_) {}
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    std::swap(ptr_, o.ptr_);
-    std::swap(bytes_, o.bytes_);
-    std::swap(shift_, o.shift_);
-    return *this;
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer();
-
-  void* get() const { return ptr_; }
-  template <class T> T* as() const { return static_cast<T*>(ptr_); }
-  std::size_t bytes() const { return bytes_; }
-  void upload(const HostBuffer& host);
-  void download(HostBuffer& host) const;  // synchronous
-  void poison();                          // all bytes 0xFF: NaN in f32, bf16 and f16
-
- private:
-  void* ptr_ = nullptr;
-  std::size_t bytes_ = 0;
-  std::size_t shift_ = 0;  // ptr_'s offset into its allocation (gpu::set_shuffle_layout)
-};
 
 // The run of verify() in a case with one device output: poisons `out_d` (so that an element the
 // case fails to write shows), runs `c` once and downloads `out_d` into `out`.

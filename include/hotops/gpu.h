@@ -2,7 +2,10 @@
 #pragma once
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "hotops/buffer.h"
 
 namespace hotops {
 class Case;
@@ -61,6 +64,38 @@ class Timer {
 // places its data at other addresses and, mostly, on other physical pages. Off: each buffer is its
 // own cudaMalloc. Off by default; bench turns it on (docs/timing.md says why).
 void set_shuffle_layout(bool on);
+
+// Device memory, declared without the CUDA headers so that harness code in .cpp files can own it (in
+// a build without CUDA, allocating one is an unsupported Error). Allocation failure is an
+// out_of_memory Error that says how much was asked for and how much the device has free.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t bytes);
+  explicit DeviceBuffer(const HostBuffer& host);  // allocate and upload
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(o.bytes_), shift_(o.shift_) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    std::swap(shift_, o.shift_);
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer();
+
+  void* get() const { return ptr_; }
+  template <class T> T* as() const { return static_cast<T*>(ptr_); }
+  std::size_t bytes() const { return bytes_; }
+  void upload(const HostBuffer& host);
+  void download(HostBuffer& host) const;  // synchronous
+  void poison();                          // all bytes 0xFF: NaN in f32, bf16 and f16
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+  std::size_t shift_ = 0;  // ptr_'s offset into its allocation (gpu::set_shuffle_layout)
+};
 
 // Block until all work queued on hotops' stream is done (and rethrow its errors).
 void synchronize();

@@ -12,61 +12,59 @@ using dnnl::memory;
 
 // The primitive descriptors of one problem (no memory touched): creating them is also the support
 // probe, since oneDNN answers `unimplemented` for a dtype this CPU cannot do.
-struct Plan {
+struct Descriptors {
   memory::desc md;
   dnnl::softmax_forward::primitive_desc fwd;
   dnnl::softmax_backward::primitive_desc bwd;  // bwd only
 };
 
-Plan plan(const Shape& s) {
+Descriptors descriptors(const Shape& s) {
   dnnl::engine& eng = cpu::engine();
-  Plan p;
-  p.md = cpu::md({s.rows, s.cols}, s.dtype, memory::format_tag::ab);
-  const auto fd = HOTOPS_CHECK_DNNL(dnnl::softmax_forward::desc(dnnl::prop_kind::forward_training, p.md, 1));
-  p.fwd = HOTOPS_CHECK_DNNL(dnnl::softmax_forward::primitive_desc(fd, eng));
+  Descriptors d;
+  d.md = cpu::md({s.rows, s.cols}, s.dtype, memory::format_tag::ab);
+  const auto fd = HOTOPS_CHECK_DNNL(dnnl::softmax_forward::desc(dnnl::prop_kind::forward_training, d.md, 1));
+  d.fwd = HOTOPS_CHECK_DNNL(dnnl::softmax_forward::primitive_desc(fd, eng));
   if (s.dir == Direction::bwd) {
-    const auto bd = HOTOPS_CHECK_DNNL(dnnl::softmax_backward::desc(p.md, p.md, 1));
-    p.bwd = HOTOPS_CHECK_DNNL(dnnl::softmax_backward::primitive_desc(bd, eng, p.fwd));
+    const auto bd = HOTOPS_CHECK_DNNL(dnnl::softmax_backward::desc(d.md, d.md, 1));
+    d.bwd = HOTOPS_CHECK_DNNL(dnnl::softmax_backward::primitive_desc(bd, eng, d.fwd));
   }
-  return p;
+  return d;
 }
 
-class CpuSoftmax final : public Case {
+class CpuSoftmax final : public Plan {
  public:
-  explicit CpuSoftmax(const Problem& p)
-      : s_(shape_of(p)), plan_(plan(s_)), in_(make_inputs(s_, p.seed())), out_(make_output(s_)) {
-    auto mem = [&](HostBuffer& b) { return cpu::mem(plan_.md, b.data()); };
+  explicit CpuSoftmax(const Shape& s) : s_(s), d_(descriptors(s)) {
     if (s_.dir == Direction::fwd)
-      call_ = {dnnl::softmax_forward(plan_.fwd), {{DNNL_ARG_SRC, mem(in_.x)}, {DNNL_ARG_DST, mem(out_)}}};
+      prim_ = cpu::Primitive(dnnl::softmax_forward(d_.fwd), {{DNNL_ARG_SRC, d_.md}, {DNNL_ARG_DST, d_.md}});
     else
-      call_ = {dnnl::softmax_backward(plan_.bwd),
-               {{DNNL_ARG_DST, mem(in_.y)}, {DNNL_ARG_DIFF_DST, mem(in_.dy)}, {DNNL_ARG_DIFF_SRC, mem(out_)}}};
+      prim_ = cpu::Primitive(dnnl::softmax_backward(d_.bwd),
+                             {{DNNL_ARG_DST, d_.md}, {DNNL_ARG_DIFF_DST, d_.md}, {DNNL_ARG_DIFF_SRC, d_.md}});
   }
 
-  void run() override { call_.run(); }
-
-  Check verify() override {
-    out_.poison();
-    run();
-    return softmax::verify(s_, in_, out_);
+  void run(const Args& a) override {
+    if (s_.dir == Direction::fwd)
+      prim_.run({a.x, a.out});
+    else
+      prim_.run({a.y, a.dy, a.out});
   }
 
   std::string label() const override {
     const bool fwd = s_.dir == Direction::fwd;
     return cpu::with_threads(std::string("oneDNN softmax_") + (fwd ? "forward forward_training " : "backward ") +
-                             (fwd ? plan_.fwd.impl_info_str() : plan_.bwd.impl_info_str()));
+                             (fwd ? d_.fwd.impl_info_str() : d_.bwd.impl_info_str()));
   }
 
  private:
   Shape s_;
-  Plan plan_;
-  Inputs in_;
-  HostBuffer out_;
-  cpu::Call call_;
+  Descriptors d_;
+  cpu::Primitive prim_;
 };
 
 }  // namespace
 
-HOTOPS_ONEDNN_CASE(CpuSoftmax, make_cpu_onednn, onednn_unsupported_reason, "softmax")
+std::string onednn_unsupported_reason(const Problem& p) {
+  return cpu::onednn_unsupported_reason([&] { descriptors(shape_of(p)); }, p, "softmax");
+}
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s) { return std::make_unique<CpuSoftmax>(s); }
 
 }  // namespace hotops::softmax

@@ -38,7 +38,7 @@ __device__ inline float warp_sum(float v) {
   return v;
 }
 
-struct Args {
+struct KernelArgs {
   const void* a;  // x (fwd) or y (bwd)
   const void* dy;  // bwd only
   void* out;
@@ -49,7 +49,7 @@ struct Args {
 // One warp per row. Lane l holds vectors l, l + 32, ... (kIters of them, V elements each); vectors
 // past the row's end are masked (-inf for the max, 0 for the sums).
 template <class T, int V, int kIters, bool kBwd>
-__global__ void __launch_bounds__(kWarp * kWarpsPerBlock) warp_softmax(Args a) {
+__global__ void __launch_bounds__(kWarp * kWarpsPerBlock) warp_softmax(KernelArgs a) {
   using E = Elem<T>;
   using Vt = Pack<T, V>;
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
@@ -143,7 +143,7 @@ __device__ float block_reduce(float v, float* shared) {
 
 // One block per row, one element per access (rows wider than a warp holds are rare and long).
 template <class T, bool kBwd>
-__global__ void __launch_bounds__(kBlockThreads) block_softmax(Args a) {
+__global__ void __launch_bounds__(kBlockThreads) block_softmax(KernelArgs a) {
   using E = Elem<T>;
   __shared__ float shared[kBlockThreads / kWarp];
   const std::size_t base = static_cast<std::size_t>(blockIdx.x) * static_cast<std::size_t>(a.cols);
@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(kBlockThreads) block_softmax(Args a) {
   }
 }
 
-using Kernel = void (*)(Args);
+using Kernel = void (*)(KernelArgs);
 
 // The smallest power-of-two kIters that holds the row: vectors per lane.
 template <class T, int V, bool kBwd>
@@ -207,32 +207,22 @@ Choice choose(const Shape& s) {
   return bwd ? choose<float, true>(s.cols) : choose<float, false>(s.cols);
 }
 
-class CudaSoftmax final : public Case {
+class CudaSoftmax final : public Plan {
  public:
-  explicit CudaSoftmax(const Problem& p)
-      : s_(shape_of(p)), in_(make_inputs(s_, p.seed())), out_(make_output(s_)), choice_(choose(s_)) {
-    const bool bwd = s_.dir == Direction::bwd;
-    a_ = gpu::DeviceBuffer(bwd ? in_.y : in_.x);
-    if (bwd) dy_ = gpu::DeviceBuffer(in_.dy);
-    out_d_ = gpu::DeviceBuffer(out_.bytes());
-    args_ = Args{a_.get(), bwd ? dy_.get() : nullptr, out_d_.get(), s_.rows, s_.cols};
+  explicit CudaSoftmax(const Shape& s) : s_(s), choice_(choose(s_)) {
     const std::int64_t blocks = choice_.per_warp ? (s_.rows + kWarpsPerBlock - 1) / kWarpsPerBlock : s_.rows;
     int device = 0, max_grid = 0;
     HOTOPS_CHECK_CUDA(cudaGetDevice(&device));
     HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&max_grid, cudaDevAttrMaxGridDimX, device));
-    HOTOPS_CHECK(blocks <= max_grid, "softmax: too many rows for one grid: " + p.name());
+    HOTOPS_CHECK(blocks <= max_grid, "softmax: too many rows for one grid: " + std::to_string(s_.rows));
     blocks_ = static_cast<unsigned>(blocks);
     threads_ = choice_.per_warp ? kWarp * kWarpsPerBlock : kBlockThreads;
   }
 
-  void run() override {
-    choice_.kernel<<<blocks_, threads_, 0, gpu::stream()>>>(args_);
+  void run(const Args& t) override {
+    const bool bwd = s_.dir == Direction::bwd;
+    choice_.kernel<<<blocks_, threads_, 0, gpu::stream()>>>(KernelArgs{bwd ? t.y : t.x, t.dy, t.out, s_.rows, s_.cols});
     HOTOPS_CHECK_LAUNCH();
-  }
-
-  Check verify() override {
-    gpu::poison_run_download(*this, out_d_, out_);
-    return softmax::verify(s_, in_, out_);
   }
 
   std::string label() const override {
@@ -248,16 +238,12 @@ class CudaSoftmax final : public Case {
 
  private:
   Shape s_;
-  Inputs in_;
-  HostBuffer out_;
   Choice choice_;
-  gpu::DeviceBuffer a_, dy_, out_d_;
-  Args args_{};
   unsigned blocks_ = 1, threads_ = 1;
 };
 
 }  // namespace
 
-std::unique_ptr<Case> make_cuda(const Problem& p) { return std::make_unique<CudaSoftmax>(p); }
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s) { return std::make_unique<CudaSoftmax>(s); }
 
 }  // namespace hotops::softmax

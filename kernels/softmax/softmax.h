@@ -11,6 +11,7 @@
 #include "hotops/buffer.h"
 #include "hotops/op.h"
 #include "hotops/op_family.h"
+#include "hotops/plan.h"
 
 namespace hotops::softmax {
 
@@ -52,6 +53,20 @@ double error_bound(const Shape& s);
 // the reference, and that the kGuard elements after the output are still poisoned (NaN).
 Check verify(const Shape& s, const Inputs& in, const HostBuffer& out);
 
-HOTOPS_FAMILY_ENTRY_POINTS(make_cpu_onednn, onednn_unsupported_reason, make_cuda);
+// The tensors of one softmax: fwd y = softmax(x); bwd dx = softmax_bwd(y, dy). `out` is y (fwd) or
+// dx (bwd); each is [rows, cols] row-major in the shape's dtype.
+struct Args {
+  const void* x = nullptr;   // fwd
+  const void* y = nullptr;   // bwd
+  const void* dy = nullptr;  // bwd
+  void* out = nullptr;
+};
+using Plan = hotops::Plan<Args>;
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // oneDNN
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // hotops' kernels
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+
+std::string onednn_unsupported_reason(const Problem& p);
+const Family& family();
 
 }  // namespace hotops::softmax

@@ -1,0 +1,123 @@
+// Plans: an op set up once for one problem and run on tensors its caller owns; and the one op case
+// that every op family's benchmark is (its buffers, seeded inputs, the plan, one verification).
+//
+// A plan makes every descriptor, algorithm choice and workspace when it is built; `run` then works
+// on the pointers it is given: host memory on the CPU (complete on return), device memory on CUDA
+// (queued on gpu::stream()). A model step holds the plans of its ops and calls them on its own
+// buffers; the op benchmark calls the same plan on the buffers of a PlanCase.
+#pragma once
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hotops/buffer.h"
+#include "hotops/gpu.h"
+#include "hotops/op.h"
+#include "hotops/op_family.h"
+
+namespace hotops {
+
+// The plan of one problem of an op whose tensors are named by `Args` (a family's struct of pointers).
+template <class Args>
+class Plan {
+ public:
+  virtual ~Plan() = default;
+  virtual void run(const Args& a) = 0;
+  // The library and algorithm that does the work, e.g. "cublasLt algo 21 tile 256x128".
+  virtual std::string label() const = 0;
+  // CUDA: whether run() can be captured in a CUDA graph (no host synchronisation inside).
+  virtual bool capturable() const { return true; }
+  // CUDA: whether run() includes what a user's program pays (transfers, launches) and returns
+  // only when the work is complete; it is then timed by the host's clock (see Case::host_timed).
+  virtual bool host_timed() const { return false; }
+};
+
+// The plan for `s` on backend `b`, from the family's CPU and CUDA plan factories; `cuda` is
+// HOTOPS_CUDA_FACTORY(the CUDA factory) (a CUDA problem in a build without CUDA: unsupported).
+template <class P, class Shape>
+std::unique_ptr<P> plan_on_backend(Backend b, const Shape& s, std::unique_ptr<P> (*cpu)(const Shape&),
+                                   std::unique_ptr<P> (*cuda)(const Shape&)) {
+  if (b == Backend::cpu) return cpu(s);
+  if (!cuda) throw Error("no CUDA backend in this build", ErrorKind::unsupported);
+  return cuda(s);
+}
+
+// The memory a PlanCase's plan runs on. A family's `bind` names each of its host tensors here and
+// gets the pointer to pass in its Args: the host buffer itself on the CPU, a device copy on CUDA.
+class Binder {
+ public:
+  explicit Binder(Backend backend) : backend_(backend) {}
+  Binder(const Binder&) = delete;
+  Binder& operator=(const Binder&) = delete;
+
+  // An input: read, never written (on CUDA uploaded once, here).
+  const void* in(const HostBuffer& h);
+  // An output: poisoned before the verification run, so that an element the op fails to write
+  // shows, and read back into `h` after it.
+  void* out(HostBuffer& h);
+  // A tensor the op updates in place (e.g. AdamW's parameters): starts as `initial` and is set to
+  // it again before the verification run; read back into `result` after it.
+  void* inout(const HostBuffer& initial, HostBuffer& result);
+  // Scratch that the op needs but nobody checks (not poisoned, not read back).
+  void* scratch(std::size_t bytes);
+
+  void before_check();  // outputs poisoned, in-out tensors reset
+  void after_check();   // waits for the run and reads the outputs back
+
+ private:
+  struct Slot {
+    HostBuffer* result = nullptr;          // out and inout: where the verification run's values go
+    const HostBuffer* initial = nullptr;   // inout: the values it starts from
+    gpu::DeviceBuffer device;              // CUDA: the tensor
+    HostBuffer host;                       // CPU scratch
+  };
+  Backend backend_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+};
+
+// The benchmark case of every op family: one problem's host tensors (seeded inputs, outputs), the
+// plan, and the verification that every op shares (poison the outputs, run once, compare with the
+// reference). `Op` is a family's description of its op:
+//   using Shape;  using Args;  using Io;   (Io: the host tensors, the family's inputs and outputs)
+//   static Shape shape(const Problem&);
+//   static Io io(const Shape&, std::uint64_t seed);       // inputs seeded, outputs allocated
+//   static Args bind(const Shape&, Io&, Binder&);           // each tensor named in, out or inout
+//   static std::unique_ptr<Plan<Args>> plan(const Shape&, Backend);
+//   static Check check(const Shape&, Io&);                 // the outputs against the reference
+template <class Op>
+class PlanCase final : public Case {
+ public:
+  explicit PlanCase(const Problem& p)
+      : shape_(Op::shape(p)),
+        plan_(Op::plan(shape_, p.backend)),
+        io_(Op::io(shape_, p.seed())),
+        binder_(p.backend),
+        args_(Op::bind(shape_, io_, binder_)) {}
+
+  void run() override { plan_->run(args_); }
+  Check verify() override {
+    binder_.before_check();
+    run();
+    binder_.after_check();
+    return Op::check(shape_, io_);
+  }
+  std::string label() const override { return plan_->label(); }
+  bool capturable() const override { return plan_->capturable(); }
+  bool host_timed() const override { return plan_->host_timed(); }
+
+ private:
+  typename Op::Shape shape_;
+  std::unique_ptr<Plan<typename Op::Args>> plan_;
+  typename Op::Io io_;
+  Binder binder_;
+  typename Op::Args args_;
+};
+
+// The case factory of a family whose benchmark is a PlanCase<Op>, on either backend.
+template <class Op>
+std::unique_ptr<Case> make_plan_case(const Problem& p) {
+  return std::make_unique<PlanCase<Op>>(p);
+}
+
+}  // namespace hotops
