@@ -52,10 +52,18 @@ void* Binder::scratch(std::size_t bytes) {
   return backend_ == Backend::cpu ? slots_.back()->host.data() : slots_.back()->device.get();
 }
 
+void* Binder::host_out(HostBuffer& h) {
+  auto s = std::make_unique<Slot>();
+  s->result = &h;
+  s->on_host = true;
+  slots_.push_back(std::move(s));
+  return h.data();
+}
+
 void Binder::before_check() {
   for (auto& s : slots_) {
     if (!s->result) continue;
-    if (backend_ == Backend::cpu) {
+    if (backend_ == Backend::cpu || s->on_host) {
       if (s->initial)
         std::memcpy(s->result->data(), s->initial->data(), s->initial->bytes());
       else
@@ -73,7 +81,7 @@ void Binder::after_check() {
   if (backend_ == Backend::cpu) return;
   gpu::synchronize();
   for (auto& s : slots_)
-    if (s->result) s->device.download(*s->result);
+    if (s->result && !s->on_host) s->device.download(*s->result);
 }
 
 }  // namespace hotops

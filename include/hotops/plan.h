@@ -8,6 +8,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -61,6 +62,10 @@ class Binder {
   void* inout(const HostBuffer& initial, HostBuffer& result);
   // Scratch that the op needs but nobody checks (not poisoned, not read back).
   void* scratch(std::size_t bytes);
+  // Host memory on either backend (an op that reads or writes the host's memory, e.g. a copy to
+  // or from the GPU): the buffer itself; an output is poisoned before the verification run.
+  const void* host_in(const HostBuffer& h) { return h.data(); }
+  void* host_out(HostBuffer& h);
 
   void before_check();  // outputs poisoned, in-out tensors reset
   void after_check();   // waits for the run and reads the outputs back
@@ -68,6 +73,7 @@ class Binder {
  private:
   struct Slot {
     HostBuffer* result = nullptr;          // out and inout: where the verification run's values go
+    bool on_host = false;                  // host_out: `result` is the tensor itself
     const HostBuffer* initial = nullptr;   // inout: the values it starts from
     gpu::DeviceBuffer device;              // CUDA: the tensor
     HostBuffer host;                       // CPU scratch
@@ -85,6 +91,27 @@ class Binder {
 //   static Args bind(const Shape&, Io&, Binder&);           // each tensor named in, out or inout
 //   static std::unique_ptr<Plan<Args>> plan(const Shape&, Backend);
 //   static Check check(const Shape&, Io&);                 // the outputs against the reference
+// and where the op needs them:
+//   static int check_runs(const Shape&);          // runs before the check (default 1; e.g. AdamW's steps)
+//   static void before_check(const Shape&, Io&);  // more to reset before them (e.g. pinned memory)
+template <class Op, class = void>
+struct CheckRuns {
+  static int of(const typename Op::Shape&) { return 1; }
+};
+template <class Op>
+struct CheckRuns<Op, std::void_t<decltype(Op::check_runs(std::declval<const typename Op::Shape&>()))>> {
+  static int of(const typename Op::Shape& s) { return Op::check_runs(s); }
+};
+template <class Op, class = void>
+struct BeforeCheck {
+  static void run(const typename Op::Shape&, typename Op::Io&) {}
+};
+template <class Op>
+struct BeforeCheck<Op, std::void_t<decltype(Op::before_check(std::declval<const typename Op::Shape&>(),
+                                                             std::declval<typename Op::Io&>()))>> {
+  static void run(const typename Op::Shape& s, typename Op::Io& io) { Op::before_check(s, io); }
+};
+
 template <class Op>
 class PlanCase final : public Case {
  public:
@@ -98,7 +125,8 @@ class PlanCase final : public Case {
   void run() override { plan_->run(args_); }
   Check verify() override {
     binder_.before_check();
-    run();
+    BeforeCheck<Op>::run(shape_, io_);
+    for (int i = CheckRuns<Op>::of(shape_); i > 0; --i) run();
     binder_.after_check();
     return Op::check(shape_, io_);
   }
