@@ -1,8 +1,8 @@
 // model_bert on the CPU: every GEMM a oneDNN matmul primitive created at setup (the dense layers with
 // their bias; the attention's per-head GEMMs as 4-D [batch, heads, rows, cols] matmuls on strided views
-// of the QKV, context and gradient buffers, so no head split or merge copies), the rest OpenMP loops:
-// softmax forward/backward over rows, bias-free GELU forward/backward (erf), residual + LayerNorm
-// forward/backward, column sums for the bias and LayerNorm gradients, the MSE loss, one AdamW pass.
+// of the QKV, context and gradient buffers, so no head split or merge copies), the softmax family's
+// plans (oneDNN softmax forward and backward, in place), the rest OpenMP loops: bias-free GELU
+// forward/backward (erf), residual + LayerNorm forward/backward, column sums for the bias and LayerNorm gradients, the MSE loss, one AdamW pass.
 // The loops are templates over the activations' storage (float, or bf16 as its uint16 bits) and
 // compute in f32; bf16's matmuls take bf16 operands (a per-step bf16 copy of the f32 master
 // parameters) and write bf16 activations or f32 weight gradients.
@@ -123,7 +123,9 @@ class CpuLayer final : public LayerCase {
     fwd_.push_back(make_matmul(amd(T_, H), ctx_.as<T>(), amd(H, H), W + l_.wo, W + l_.bo, amd(T_, H), attn_.as<T>()));
     fwd_.push_back(make_matmul(amd(T_, H), u2, amd(H, F), W + l_.w1, W + l_.b1, amd(T_, F), z_.as<T>()));
     fwd_.push_back(make_matmul(amd(T_, F), f_.as<T>(), amd(F, H), W + l_.w2, W + l_.b2, amd(T_, H), o_.as<T>()));
+    softmax_ = softmax::make_cpu_plan(attention_softmax(s_, Direction::fwd));
     if (!s_.train()) return;
+    softmax_bwd_ = softmax::make_cpu_plan(attention_softmax(s_, Direction::bwd));
     dy_ = act(T_ * H), df_ = act(T_ * F), du2_ = act(T_ * H), ds1_ = act(T_ * H), dctx_ = act(T_ * H), dqkv_ = act(T_ * 3 * H);
     dp_ = act(B * NH * S * S), du1_ = act(a.pre_ln ? T_ * H : 1);
     // backward, in order of use; w: weight gradient a^T . dz (f32 out), d: data gradient dz . W^T
@@ -181,7 +183,7 @@ class CpuLayer final : public LayerCase {
 
   std::string label() const override {
     return std::string(s_.arch.pre_ln ? "pre-LN" : "post-LN") + " encoder layer: oneDNN " + (kBf16 ? "bf16 " : "") +
-           "matmul (dense + 4-D strided attention GEMMs), OpenMP softmax, GELU, LayerNorm" +
+           "matmul (dense + 4-D strided attention GEMMs), oneDNN softmax, OpenMP GELU, LayerNorm" +
            (kBf16 ? ", bf16 activations, f32 master weights cast to bf16 each step" : "") +
            (s_.train() ? ", MSE, backward loops, AdamW 1 flat pass" : "") + ", " +
            std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
@@ -300,23 +302,7 @@ class CpuLayer final : public LayerCase {
     fwd_[1].execute();
     cpu::stream().wait();
     trace::op("softmax");
-    T* pr = prob_.as<T>();
-#pragma omp parallel for num_threads(team()) schedule(static)
-    for (std::int64_t r = 0; r < rows; ++r) {
-      T* row = pr + r * S;
-      float mx = -INFINITY;
-      for (std::int64_t j = 0; j < S; ++j) mx = std::max(mx, ld(row[j]));
-      float sum = 0;
-      if constexpr (kBf16) {  // the exponentials computed twice rather than kept: bf16 rows cannot hold them
-        for (std::int64_t j = 0; j < S; ++j) sum += std::exp(ld(row[j]) - mx);
-        const float inv = 1.f / sum;
-        for (std::int64_t j = 0; j < S; ++j) row[j] = st<T>(std::exp(ld(row[j]) - mx) * inv);
-      } else {
-        for (std::int64_t j = 0; j < S; ++j) sum += (row[j] = std::exp(row[j] - mx));
-        const float inv = 1.f / sum;
-        for (std::int64_t j = 0; j < S; ++j) row[j] *= inv;
-      }
-    }
+    softmax_->run({prob_.data(), nullptr, nullptr, prob_.data()});  // in place
     trace::op("bmm");
     fwd_[2].execute();
     trace::op("addmm");
@@ -408,16 +394,7 @@ class CpuLayer final : public LayerCase {
     for (std::size_t k = 4; k < attn_bwd_; ++k) trace::op(k < 6 ? "mm" : "bmm"), bwd_[k].execute();
     cpu::stream().wait();
     trace::op("softmax_bwd");
-    T* dp = dp_.as<T>();
-    const T* pr = prob_.as<T>();
-#pragma omp parallel for num_threads(team()) schedule(static)
-    for (std::int64_t r = 0; r < rows; ++r) {
-      T* d = dp + r * S;
-      const T* p = pr + r * S;
-      float dot = 0;
-      for (std::int64_t j = 0; j < S; ++j) dot += ld(d[j]) * ld(p[j]);
-      for (std::int64_t j = 0; j < S; ++j) d[j] = st<T>(ld(p[j]) * (ld(d[j]) - dot));
-    }
+    softmax_bwd_->run({nullptr, prob_.data(), dp_.data(), dp_.data()});  // in place over dP
     // The scores' two batched GEMMs (dQ, dK), then the QKV projection's.
     for (std::size_t k = attn_bwd_; k < bwd_.size(); ++k) trace::op(k < attn_bwd_ + 2 ? "bmm" : "mm"), bwd_[k].execute();
     cpu::stream().wait();
@@ -442,6 +419,7 @@ class CpuLayer final : public LayerCase {
   HostBuffer u1_, qkv_, prob_, ctx_, attn_, s1_, h1_, z_, f_, o_, s2_, y_, mean1_, rstd1_, mean2_, rstd2_;
   HostBuffer dy_, ds2_, df_, du2_, ds1_, dctx_, dqkv_, dp_, du1_;
   std::vector<Matmul> fwd_, bwd_;
+  std::unique_ptr<softmax::Plan> softmax_, softmax_bwd_;
   std::size_t attn_bwd_ = 0;
   std::int64_t step_ = 0;
   double loss_ = 0;

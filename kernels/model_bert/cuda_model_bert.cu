@@ -14,11 +14,11 @@
 #include "hotops/cuda_util.h"
 #include "hotops/trace.h"
 #include "kernels/model_bert/model_bert.h"
+#include "kernels/softmax/softmax.h"
 
 namespace hotops::model_bert {
 namespace {
 
-constexpr int kMaxRow = 256;       // softmax rows up to 256 (8 per lane)
 constexpr int kMaxHidden = 1024;   // LayerNorm rows up to 1024 (32 per lane)
 constexpr unsigned kThreads = 256;
 constexpr int kLnBwdBlocks = 128;
@@ -61,63 +61,6 @@ __device__ inline float warp_sum(float v) {
 __device__ inline float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
-}
-
-// In place over rows of n (<= kMaxRow): x = softmax(x). A warp per row.
-template <class T>
-__global__ void __launch_bounds__(kThreads) softmax_fwd(T* __restrict__ x, std::int64_t rows, int n) {
-  const std::int64_t r = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (r >= rows) return;
-  T* row = x + r * n;
-  float v[kMaxRow / 32];
-  float mx = -INFINITY;
-#pragma unroll
-  for (int k = 0; k < kMaxRow / 32; ++k) {
-    const int c = lane + 32 * k;
-    v[k] = c < n ? f32_of(row[c]) : -INFINITY;
-    mx = fmaxf(mx, v[k]);
-  }
-  mx = warp_max(mx);
-  float sum = 0.f;
-#pragma unroll
-  for (int k = 0; k < kMaxRow / 32; ++k) {
-    const int c = lane + 32 * k;
-    v[k] = c < n ? expf(v[k] - mx) : 0.f;
-    sum += v[k];
-  }
-  const float inv = 1.f / warp_sum(sum);
-#pragma unroll
-  for (int k = 0; k < kMaxRow / 32; ++k) {
-    const int c = lane + 32 * k;
-    if (c < n) row[c] = stored<T>(v[k] * inv);
-  }
-}
-
-// In place: d = p * (d - sum(d * p)) over rows of n (the softmax's input gradient; the scale is
-// applied by the GEMMs that read it).
-template <class T>
-__global__ void __launch_bounds__(kThreads) softmax_bwd(T* __restrict__ d, const T* __restrict__ p, std::int64_t rows, int n) {
-  const std::int64_t r = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (r >= rows) return;
-  T* dr = d + r * n;
-  const T* pr = p + r * n;
-  float dv[kMaxRow / 32], pv[kMaxRow / 32];
-  float dot = 0.f;
-#pragma unroll
-  for (int k = 0; k < kMaxRow / 32; ++k) {
-    const int c = lane + 32 * k;
-    dv[k] = c < n ? f32_of(dr[c]) : 0.f;
-    pv[k] = c < n ? f32_of(pr[c]) : 0.f;
-    dot += dv[k] * pv[k];
-  }
-  dot = warp_sum(dot);
-#pragma unroll
-  for (int k = 0; k < kMaxRow / 32; ++k) {
-    const int c = lane + 32 * k;
-    if (c < n) dr[c] = stored<T>(pv[k] * (dv[k] - dot));
-  }
 }
 
 __device__ inline float gelu(float z) { return 0.5f * z * (1.f + erff(z * 0.70710678118654752f)); }
@@ -423,7 +366,7 @@ class CudaLayer final : public LayerCase {
     const Arch& a = s_.arch;
     const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn, S = a.seq, NH = a.heads, D = a.head_dim(), B = s_.batch;
     HOTOPS_CHECK(D * NH == H, "model_bert: hidden must be heads x head_dim");
-    HOTOPS_CHECK(S <= kMaxRow && H <= kMaxHidden && H % 4 == 0 && F % 4 == 0, "model_bert: the CUDA kernels take seq <= 256, hidden <= 1024");
+    HOTOPS_CHECK(H <= kMaxHidden && H % 4 == 0 && F % 4 == 0, "model_bert: the CUDA kernels take hidden <= 1024, a multiple of 4");
     gpu::cublaslt();
     gpu::cublas_workspace();
     cublas();
@@ -455,6 +398,7 @@ class CudaLayer final : public LayerCase {
     out_gemm_ = dense(ctx_.as<T>(), H, l_.wo, l_.bo, H, s1_.as<T>(), x_.as<T>());  // s1 = x + attn
     ffn1_ = dense(u2, H, l_.w1, l_.b1, F, z_.as<T>(), nullptr);
     ffn2_ = dense(f_.as<T>(), F, l_.w2, l_.b2, H, s2_.as<T>(), resid);             // s2 = resid + ffn
+    softmax_ = softmax::make_cuda_plan(attention_softmax(s_, Direction::fwd));
     if (s_.train()) {
       grads_ = buf(static_cast<std::int64_t>(l_.total)), m_ = buf(static_cast<std::int64_t>(l_.total)), v_ = buf(static_cast<std::int64_t>(l_.total));
       HOTOPS_CHECK_CUDA(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), gpu::stream()));
@@ -487,6 +431,7 @@ class CudaLayer final : public LayerCase {
       dv_gemm_ = std::make_unique<BatchedGemm<T>>(N, Tr, Di, Si, Si, 1.f, dCo, Po, dVo, B, NH);
       dq_gemm_ = std::make_unique<BatchedGemm<T>>(N, N, Di, Si, Si, scale, Ko, dPo, dQo, B, NH);
       dk_gemm_ = std::make_unique<BatchedGemm<T>>(N, Tr, Di, Si, Si, scale, Qo, dPo, dKo, B, NH);
+      softmax_bwd_ = softmax::make_cuda_plan(attention_softmax(s_, Direction::bwd));
       qkv_w_ = wgrad(u1, H, dq, 3 * H, l_.wqkv);
       if (a.pre_ln) qkv_d_ = dgrad(dq, 3 * H, l_.wqkv, H, du1_.as<T>(), nullptr);
       restart_optimizer();
@@ -633,8 +578,7 @@ class CudaLayer final : public LayerCase {
 
   void device_step() {
     const Arch& a = s_.arch;
-    const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn, S = a.seq, rows = s_.batch * a.heads * S;
-    const unsigned row_grid = grid_for(rows * 32, kThreads, 1 << 30);
+    const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn;
     if constexpr (kBf16) {  // this step's bf16 copy of the parameters
       trace::op("cast");
       const auto n4 = static_cast<std::int64_t>(l_.total / 4);
@@ -648,8 +592,7 @@ class CudaLayer final : public LayerCase {
     trace::op("bmm");
     scores_->run();
     trace::op("softmax");
-    softmax_fwd<T><<<row_grid, kThreads, 0, gpu::stream()>>>(prob_.as<T>(), rows, static_cast<int>(S));
-    HOTOPS_CHECK_LAUNCH();
+    softmax_->run({prob_.get(), nullptr, nullptr, prob_.get()});  // in place
     trace::op("bmm");
     context_->run();
     trace::op("addmm");
@@ -706,8 +649,7 @@ class CudaLayer final : public LayerCase {
     dp_gemm_->run();
     dv_gemm_->run();
     trace::op("softmax_bwd");
-    softmax_bwd<T><<<row_grid, kThreads, 0, gpu::stream()>>>(dp_.as<T>(), prob_.as<const T>(), rows, static_cast<int>(S));
-    HOTOPS_CHECK_LAUNCH();
+    softmax_bwd_->run({nullptr, prob_.get(), dp_.get(), dp_.get()});  // in place over dP
     trace::op("bmm");
     dq_gemm_->run();
     dk_gemm_->run();
@@ -734,6 +676,7 @@ class CudaLayer final : public LayerCase {
   gpu::DeviceBuffer dy_, ds2_, df_, du2_, ds1_, dctx_, dqkv_, dp_, du1_;
   std::unique_ptr<gpu::BoundGemm> qkv_gemm_, out_gemm_, ffn1_, ffn2_, w2_w_, w2_d_, w1_w_, w1_d_, wo_w_, wo_d_, qkv_w_, qkv_d_;
   std::unique_ptr<BatchedGemm<T>> scores_, context_, dp_gemm_, dv_gemm_, dq_gemm_, dk_gemm_;
+  std::unique_ptr<softmax::Plan> softmax_, softmax_bwd_;
   HostBuffer host_out_;
   float loss_host_ = 0;
 };

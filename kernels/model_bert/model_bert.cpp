@@ -90,6 +90,15 @@ const std::vector<Arch>& archs() {
 
 const Arch& arch_named(const std::string& name) { return models::entry_named(archs(), name, "model_bert: unknown layer "); }
 
+softmax::Shape attention_softmax(const Shape& s, Direction d) {
+  softmax::Shape sm;
+  sm.dir = d;
+  sm.dtype = s.dtype;
+  sm.rows = s.batch * s.arch.heads * s.arch.seq;
+  sm.cols = s.arch.seq;
+  return sm;
+}
+
 Shape shape_of(const Problem& p) {
   const models::StepArgs a = step_args(p);
   Shape s;

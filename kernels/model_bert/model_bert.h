@@ -15,6 +15,7 @@
 #include "hotops/op.h"
 #include "kernels/adamw/adamw.h"
 #include "kernels/models/models.h"
+#include "kernels/softmax/softmax.h"
 
 namespace hotops::model_bert {
 
@@ -47,6 +48,10 @@ struct Shape {
   bool bf16() const { return dtype == DType::bf16; }
 };
 Shape shape_of(const Problem& p);
+
+// The attention's softmax of a step (fwd) or its gradient (bwd): batch x heads x seq rows of seq
+// scores, in the step's dtype; the softmax family's plan runs it.
+softmax::Shape attention_softmax(const Shape& s, Direction d);
 
 using models::kAlignFloats;
 struct ParamLayout {
