@@ -21,6 +21,7 @@
 #include "bench/runner.h"
 #include "hotops/buffer.h"
 #include "hotops/gpu.h"
+#include "hotops/plan.h"
 #include "hotops/cpu.h"
 
 namespace {
@@ -156,6 +157,16 @@ int main(int argc, char** argv) {
   if (fault_env && !hotops::bench::is_test_fault_kind(test_fault))
     return refuse("hotops: unknown HOTOPS_TEST_FAULT='" + test_fault + "' (test only; one of " +
                   hotops::bench::test_fault_kinds() + ")");
+  // Test only: HOTOPS_TEST_MUTATION=<name> plants a bug between every op case and its plan
+  // (include/hotops/plan.h), which verification must catch.
+  if (const char* mutation = std::getenv("HOTOPS_TEST_MUTATION")) {
+    try {
+      hotops::set_test_mutation(mutation);
+    } catch (const hotops::Error&) {
+      return refuse(std::string("hotops: unknown HOTOPS_TEST_MUTATION='") + mutation +
+                    "' (test only; one of shift_output, zero_input, swap_inputs)");
+    }
+  }
 
   hotops::set_global_seed(options.seed);
   if (options.threads > 0) hotops::cpu::set_threads(options.threads);

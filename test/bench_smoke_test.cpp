@@ -206,6 +206,32 @@ nlohmann::json run_json(const std::string& args, Result& r, const std::string& e
   return j;
 }
 
+// A planted bug (HOTOPS_TEST_MUTATION, include/hotops/plan.h) makes every op entry it reaches an
+// error entry that says its verification failed, and nothing is timed; an unknown name is refused.
+const char* const kMutationFilter = " --hotops_batch=2 --benchmark_filter='^softmax/cpu/(f32|bf16)/bwd/'";
+
+TEST(BenchSmoke, APlantedBugFailsEveryEntryItReaches) {
+  for (const char* m : {"shift_output", "zero_input", "swap_inputs"}) {
+    Result r;
+    const nlohmann::json j = run_json(kMutationFilter, r, std::string("HOTOPS_TEST_MUTATION=") + m);
+    const nlohmann::json entries = j.value("benchmarks", nlohmann::json::array());
+    ASSERT_FALSE(entries.empty()) << m << ": " << r.output;
+    for (const auto& e : entries) {
+      EXPECT_TRUE(e.value("error_occurred", false)) << m << ": " << e.value("name", "");
+      EXPECT_NE(e.value("error_message", "").find("verification failed"), std::string::npos)
+          << m << ": " << e.value("error_message", "");
+    }
+  }
+  Result clean;
+  const nlohmann::json j = run_json(kMutationFilter, clean);
+  for (const auto& e : j.value("benchmarks", nlohmann::json::array()))
+    EXPECT_FALSE(e.value("error_occurred", false)) << e.value("name", "") << ": " << e.value("error_message", "");
+  const Result r = run("--benchmark_filter=mm", "HOTOPS_TEST_MUTATION=drop_everything");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(lines(r.output), 1u) << r.output;
+  EXPECT_NE(r.output.find("unknown HOTOPS_TEST_MUTATION='drop_everything'"), std::string::npos) << r.output;
+}
+
 const char* const kTinyCpuFilter = " --benchmark_filter='^mm/cpu/f32/fwd/shape:mlp_tiny.fc1/batch:10/'";
 
 // Runs the one tiny CPU benchmark with `args` (after run_json's own) and returns its JSON entry

@@ -44,6 +44,15 @@ std::unique_ptr<P> plan_on_backend(Backend b, const Shape& s, std::unique_ptr<P>
   return cuda(s);
 }
 
+// Test only: a bug planted between every PlanCase and its plan, so that tests can show that each
+// family's verification catches it (bench: HOTOPS_TEST_MUTATION=<name>). Off (empty) by default.
+//   shift_output: every output lands one element off (an off-by-one in the indexing);
+//   zero_input:   the last input the op reads is all zeros (a dropped term: the bias, dy, ...);
+//   swap_inputs:  the first two inputs of equal size are swapped (an operand mixed up or transposed).
+const std::vector<std::string>& test_mutation_names();
+void set_test_mutation(const std::string& name);  // throws an Error for an unknown name
+const std::string& test_mutation();
+
 // The memory a PlanCase's plan runs on. A family's `bind` names each of its host tensors here and
 // gets the pointer to pass in its Args: the host buffer itself on the CPU, a device copy on CUDA.
 class Binder {
@@ -69,14 +78,24 @@ class Binder {
 
   void before_check();  // outputs poisoned, in-out tensors reset
   void after_check();   // waits for the run and reads the outputs back
+  // Applies test_mutation() to the pointers bound so far: call once, after the last bind.
+  template <class Args>
+  Args mutated(Args a) {
+    mutate(reinterpret_cast<const void**>(&a), sizeof(Args) / sizeof(void*));
+    return a;
+  }
 
  private:
+  void mutate(const void** pointers, std::size_t n);
   struct Slot {
     HostBuffer* result = nullptr;          // out and inout: where the verification run's values go
     bool on_host = false;                  // host_out: `result` is the tensor itself
     const HostBuffer* initial = nullptr;   // inout: the values it starts from
     gpu::DeviceBuffer device;              // CUDA: the tensor
-    HostBuffer host;                       // CPU scratch
+    HostBuffer host;                       // CPU: scratch, or an input or output that a mutation moved
+    const void* bound = nullptr;           // the pointer handed to the op
+    std::size_t bytes = 0;
+    bool input = false;
   };
   Backend backend_;
   std::vector<std::unique_ptr<Slot>> slots_;
@@ -120,7 +139,7 @@ class PlanCase final : public Case {
         plan_(Op::plan(shape_, p.backend)),
         io_(Op::io(shape_, p.seed())),
         binder_(p.backend),
-        args_(Op::bind(shape_, io_, binder_)) {}
+        args_(binder_.mutated(Op::bind(shape_, io_, binder_))) {}
 
   void run() override { plan_->run(args_); }
   Check verify() override {

@@ -1,0 +1,83 @@
+// Planted bugs: each test mutation (include/hotops/plan.h) between an op case and its plan must fail
+// that case's verification, the check that both the unit tests (OpTest.MatchesReference) and bench
+// run, on every family listed here, on the CPU and on CUDA.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "hotops/gpu.h"
+#include "hotops/plan.h"
+
+namespace hotops {
+namespace {
+
+struct Mutant {
+  std::string family;
+  std::string problem;  // the start of a test problem's name, less its family and backend
+  std::string mutation;
+};
+
+const std::vector<Mutant>& mutants() {
+  static const std::vector<Mutant> m = {
+      {"softmax", "f32/fwd/shape:test/rows:9/cols:128", "shift_output"},
+      {"softmax", "f32/fwd/shape:test/rows:9/cols:128", "zero_input"},
+      {"softmax", "bf16/bwd/shape:test/rows:9/cols:128", "swap_inputs"},
+      {"softmax", "bf16/bwd/shape:test/rows:9/cols:128", "zero_input"},
+  };
+  return m;
+}
+
+// Sets a mutation for one scope.
+struct MutationScope {
+  explicit MutationScope(const std::string& m) { set_test_mutation(m); }
+  ~MutationScope() { set_test_mutation(""); }
+  MutationScope(const MutationScope&) = delete;
+  MutationScope& operator=(const MutationScope&) = delete;
+};
+
+void expect_caught(const Mutant& m, Backend b) {
+  const Family* family = nullptr;
+  for (const Family* f : families())
+    if (f->name() == m.family) family = f;
+  ASSERT_NE(family, nullptr) << m.family;
+  const std::string want = m.family + "/" + backend_name(b) + "/" + m.problem;
+  for (const Problem& p : family->test_problems()) {
+    if (p.backend != b || p.name().rfind(want, 0) != 0) continue;
+    const std::string why = family->unsupported_reason(p);
+    if (!why.empty()) GTEST_SKIP() << why;
+    {
+      const Check clean = family->make(p)->verify();
+      ASSERT_TRUE(clean.ok) << p.name() << ": " << clean.message;
+    }
+    MutationScope scope(m.mutation);
+    const Check c = family->make(p)->verify();
+    EXPECT_FALSE(c.ok) << p.name() << " with the planted bug " << m.mutation << " passed verification";
+    return;
+  }
+  FAIL() << "no test problem " << want;
+}
+
+class Mutation : public testing::TestWithParam<Mutant> {};
+
+TEST_P(Mutation, FailsVerificationOnTheCpu) { expect_caught(GetParam(), Backend::cpu); }
+
+TEST_P(Mutation, FailsVerificationOnCuda) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  expect_caught(GetParam(), Backend::cuda);
+}
+
+std::string mutant_name(const testing::TestParamInfo<Mutant>& info) {
+  std::string n = info.param.family + "_" + info.param.problem + "_" + info.param.mutation;
+  for (char& c : n)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Planted, Mutation, testing::ValuesIn(mutants()), mutant_name);
+
+TEST(Mutation, AnUnknownNameIsRefused) { EXPECT_THROW(set_test_mutation("drop_everything"), Error); }
+
+}  // namespace
+}  // namespace hotops
