@@ -122,5 +122,45 @@ TEST(Layernorm, RowsHaveTheirOwnStatistics) {
   for (std::size_t i = 1; i < r.mean.size(); ++i) EXPECT_GT(std::abs(r.mean[i] - r.mean[0]), 1e-3);
 }
 
+// One CPU plan per direction, run on two sets of caller-owned tensors in turn: each result is that of
+// its own inputs (a plan that kept the first pointers would write the second result into the first).
+// bwd is given no beta, as a model's backward has none to pass.
+TEST(Layernorm, PlanRunsOnTheTensorsItIsGivenEachRun) {
+  for (Direction d : {Direction::fwd, Direction::bwd}) {
+    Shape s;
+    s.dir = d;
+    s.batch = 2;
+    s.tokens = 3;
+    s.hidden = 40;
+    auto plan = make_plan(s, Backend::cpu);
+    Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
+    Outputs out[2] = {make_outputs(s), make_outputs(s)};
+    for (int k = 0; k < 2; ++k) {
+      Args a;
+      a.x = in[k].x.data();
+      a.gamma = in[k].gamma.data();
+      if (d == Direction::fwd) {
+        a.beta = in[k].beta.data();
+        a.y = out[k].out.data();
+        a.mean = out[k].mean.data();
+        a.rstd = out[k].rstd.data();
+      } else {
+        a.dy = in[k].dy.data();
+        a.saved_mean = in[k].mean.data();
+        a.saved_rstd = in[k].rstd.data();
+        a.dx = out[k].out.data();
+        a.dgamma = out[k].dgamma.data();
+        a.dbeta = out[k].dbeta.data();
+      }
+      plan->run(a);
+    }
+    for (int k = 0; k < 2; ++k) {
+      const Check c = verify(s, in[k], out[k]);
+      EXPECT_TRUE(c.ok) << direction_name(d) << " " << k << ": " << c.message;
+    }
+    EXPECT_FALSE(verify(s, in[1], out[0]).ok) << direction_name(d);
+  }
+}
+
 }  // namespace
 }  // namespace hotops::layernorm

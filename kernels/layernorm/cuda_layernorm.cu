@@ -250,73 +250,46 @@ void launch_rows(bool bwd, int cache, const Params<T>& p) {
 }
 
 template <class T>
-class CudaLayernorm final : public Case {
+class CudaLayernorm final : public Plan {
  public:
-  explicit CudaLayernorm(const Shape& s, std::uint64_t seed)
-      : s_(s), in_(make_inputs(s_, seed)), out_(make_outputs(s_)), launch_(launch_of<T>(static_cast<int>(s_.hidden))),
-        chunks_(static_cast<int>((s_.rows() + kRowsPerChunk - 1) / kRowsPerChunk)),
-        x_(in_.x), gamma_(in_.gamma), out_d_(out_.out.bytes()) {
-    const std::size_t rbytes = static_cast<std::size_t>(s_.rows()) * sizeof(float);
+  explicit CudaLayernorm(const Shape& s)
+      : s_(s), launch_(launch_of<T>(static_cast<int>(s_.hidden))),
+        chunks_(static_cast<int>((s_.rows() + kRowsPerChunk - 1) / kRowsPerChunk)) {
     const std::size_t hbytes = static_cast<std::size_t>(s_.hidden) * sizeof(float);
-    if (s_.dir == Direction::bwd) {
-      dy_ = gpu::DeviceBuffer(in_.dy);
-      mean_ = gpu::DeviceBuffer(in_.mean);
-      rstd_ = gpu::DeviceBuffer(in_.rstd);
-      dgamma_ = gpu::DeviceBuffer(hbytes);
-      dbeta_ = gpu::DeviceBuffer(hbytes);
-      partials_ = gpu::DeviceBuffer(2 * static_cast<std::size_t>(chunks_) * hbytes);
-    } else {
-      beta_ = gpu::DeviceBuffer(in_.beta);
-      mean_ = gpu::DeviceBuffer(rbytes);
-      rstd_ = gpu::DeviceBuffer(rbytes);
-    }
-    p_.x = x_.as<T>();
-    p_.dy = dy_.as<T>();
-    p_.out = out_d_.as<T>();
-    p_.gamma = gamma_.as<float>();
-    p_.beta = beta_.as<float>();
-    p_.mean = mean_.as<float>();
-    p_.rstd = rstd_.as<float>();
+    if (s_.dir == Direction::bwd) partials_ = gpu::DeviceBuffer(2 * static_cast<std::size_t>(chunks_) * hbytes);
     p_.rows = s_.rows();
     p_.H = static_cast<int>(s_.hidden);
     p_.eps = static_cast<float>(s_.eps);
   }
 
-  void run() override {
+  void run(const Args& a) override {
     const bool bwd = s_.dir == Direction::bwd;
-    if (launch_.vec == 1) launch_rows<T, 1>(bwd, launch_.cache, p_);
-    else launch_rows<T, 16 / static_cast<int>(sizeof(T))>(bwd, launch_.cache, p_);
+    Params<T> p = p_;
+    p.x = static_cast<const T*>(a.x);
+    p.gamma = static_cast<const float*>(a.gamma);
+    if (bwd) {
+      p.dy = static_cast<const T*>(a.dy);
+      p.out = static_cast<T*>(a.dx);
+      p.mean = static_cast<float*>(const_cast<void*>(a.saved_mean));  // read only in bwd
+      p.rstd = static_cast<float*>(const_cast<void*>(a.saved_rstd));
+    } else {
+      p.out = static_cast<T*>(a.y);
+      p.beta = static_cast<const float*>(a.beta);
+      p.mean = static_cast<float*>(a.mean);
+      p.rstd = static_cast<float*>(a.rstd);
+    }
+    if (launch_.vec == 1) launch_rows<T, 1>(bwd, launch_.cache, p);
+    else launch_rows<T, 16 / static_cast<int>(sizeof(T))>(bwd, launch_.cache, p);
     if (!bwd) return;
     cudaStream_t st = gpu::stream();
     float* part_gamma = partials_.as<float>();
     float* part_beta = part_gamma + static_cast<std::size_t>(chunks_) * static_cast<std::size_t>(s_.hidden);
     const dim3 grid(static_cast<unsigned>((s_.hidden + 31) / 32), static_cast<unsigned>(chunks_));
-    column_partials<T><<<grid, dim3(32, kColThreadsY), 0, st>>>(p_, part_gamma, part_beta);
+    column_partials<T><<<grid, dim3(32, kColThreadsY), 0, st>>>(p, part_gamma, part_beta);
     HOTOPS_CHECK_LAUNCH();
     column_final<<<static_cast<unsigned>((s_.hidden + 255) / 256), 256, 0, st>>>(
-        part_gamma, part_beta, chunks_, p_.H, dgamma_.as<float>(), dbeta_.as<float>());
+        part_gamma, part_beta, chunks_, p.H, static_cast<float*>(a.dgamma), static_cast<float*>(a.dbeta));
     HOTOPS_CHECK_LAUNCH();
-  }
-
-  Check verify() override {
-    out_d_.poison();
-    if (s_.dir == Direction::bwd) {
-      dgamma_.poison();
-      dbeta_.poison();
-    } else {
-      mean_.poison();
-      rstd_.poison();
-    }
-    run();
-    out_d_.download(out_.out);
-    if (s_.dir == Direction::bwd) {
-      dgamma_.download(out_.dgamma);
-      dbeta_.download(out_.dbeta);
-    } else {
-      mean_.download(out_.mean);
-      rstd_.download(out_.rstd);
-    }
-    return layernorm::verify(s_, in_, out_);
   }
 
   std::string label() const override {
@@ -332,21 +305,18 @@ class CudaLayernorm final : public Case {
 
  private:
   Shape s_;
-  Inputs in_;
-  Outputs out_;
   Launch launch_;
   int chunks_;
-  gpu::DeviceBuffer x_, gamma_, out_d_, dy_, beta_, mean_, rstd_, dgamma_, dbeta_, partials_;
-  Params<T> p_;
+  gpu::DeviceBuffer partials_;  // bwd: the per-chunk column sums of dgamma and dbeta
+  Params<T> p_;                 // the problem's sizes; run() adds the pointers
 };
 
 }  // namespace
 
-std::unique_ptr<Case> make_cuda(const Problem& p) {
-  const Shape s = shape_of(p);
-  HOTOPS_CHECK(s.hidden < (1 << 30), "layernorm: hidden too large for the CUDA kernels: " + p.name());
-  if (s.dtype == DType::bf16) return std::make_unique<CudaLayernorm<__nv_bfloat16>>(s, p.seed());
-  if (s.dtype == DType::f32) return std::make_unique<CudaLayernorm<float>>(s, p.seed());
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s) {
+  HOTOPS_CHECK(s.hidden < (1 << 30), "layernorm: hidden too large for the CUDA kernels: " + std::to_string(s.hidden));
+  if (s.dtype == DType::bf16) return std::make_unique<CudaLayernorm<__nv_bfloat16>>(s);
+  if (s.dtype == DType::f32) return std::make_unique<CudaLayernorm<float>>(s);
   throw Error("layernorm: no CUDA kernel for " + std::string(dtype_name(s.dtype)), ErrorKind::unsupported);
 }
 

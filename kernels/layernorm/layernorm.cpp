@@ -7,6 +7,7 @@
 
 #include "hotops/check.h"
 #include "hotops/op_family.h"
+#include "hotops/plan.h"
 
 namespace hotops::layernorm {
 namespace {
@@ -50,13 +51,43 @@ void expand(const std::string& shape, std::int64_t batch, std::int64_t tokens, s
       for (Direction d : kDirections) out.push_back(Problem{"layernorm", b, t, d, args});
 }
 
-#ifdef HOTOPS_HAVE_CUDA
-std::unique_ptr<Case> make_gpu(const Problem& p) { return make_cuda(p); }
-#endif
+// The op as the benchmark runs it: a PlanCase over the problem's inputs and outputs.
+struct Op {
+  using Shape = layernorm::Shape;
+  using Args = layernorm::Args;
+  struct Io {
+    Inputs in;
+    Outputs out;
+  };
+  static Shape shape(const Problem& p) { return shape_of(p); }
+  static Io io(const Shape& s, std::uint64_t seed) { return {make_inputs(s, seed), make_outputs(s)}; }
+  static Args bind(const Shape& s, Io& io, Binder& b) {
+    Args a;
+    a.x = b.in(io.in.x);
+    a.gamma = b.in(io.in.gamma);
+    a.beta = b.in(io.in.beta);
+    if (s.dir == Direction::fwd) {
+      a.y = b.out(io.out.out);
+      a.mean = b.out(io.out.mean);
+      a.rstd = b.out(io.out.rstd);
+      return a;
+    }
+    a.dy = b.in(io.in.dy);
+    a.saved_mean = b.in(io.in.mean);
+    a.saved_rstd = b.in(io.in.rstd);
+    a.dx = b.out(io.out.out);
+    a.dgamma = b.out(io.out.dgamma);
+    a.dbeta = b.out(io.out.dbeta);
+    return a;
+  }
+  static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
+  static Check check(const Shape& s, const Io& io) { return verify(s, io.in, io.out); }
+};
 
 class LayernormFamily final : public OpFamily {
  public:
-  LayernormFamily() : OpFamily("layernorm", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_gpu)) {}
+  LayernormFamily()
+      : OpFamily("layernorm", onednn_unsupported_reason, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     std::vector<Problem> out;
@@ -113,6 +144,10 @@ class LayernormFamily final : public OpFamily {
 };
 
 }  // namespace
+
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
+  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
+}
 
 Shape shape_of(const Problem& p) {
   Shape s;

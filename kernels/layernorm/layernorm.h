@@ -19,6 +19,7 @@
 #include "hotops/buffer.h"
 #include "hotops/op.h"
 #include "hotops/op_family.h"
+#include "hotops/plan.h"
 
 namespace hotops::layernorm {
 
@@ -67,6 +68,29 @@ class Reference {
 // Verifies every output of the direction (out sampled when large) against the reference.
 Check verify(const Shape& s, const Inputs& in, const Outputs& out);
 
-HOTOPS_FAMILY_ENTRY_POINTS(make_cpu, cpu_unsupported_reason, make_cuda);
+// The tensors of one layernorm, each [rows, H] row-major in the shape's dtype or f32 as named.
+//   fwd reads x, gamma, beta and writes y, mean, rstd;
+//   bwd reads x, dy, gamma, mean, rstd (the statistics fwd saved) and writes dx, dgamma, dbeta.
+struct Args {
+  const void* x = nullptr;      // [rows, H], dtype
+  const void* gamma = nullptr;  // [H] f32
+  const void* beta = nullptr;   // [H] f32; fwd (oneDNN's bwd is also given it where passed: it only reads gamma)
+  void* y = nullptr;            // fwd: [rows, H], dtype
+  void* mean = nullptr;         // fwd: [rows] f32, written
+  void* rstd = nullptr;         // fwd: [rows] f32, written
+  const void* dy = nullptr;          // bwd: [rows, H], dtype
+  const void* saved_mean = nullptr;  // bwd: [rows] f32
+  const void* saved_rstd = nullptr;  // bwd: [rows] f32
+  void* dx = nullptr;                // bwd: [rows, H], dtype
+  void* dgamma = nullptr;            // bwd: [H] f32
+  void* dbeta = nullptr;             // bwd: [H] f32
+};
+using Plan = hotops::Plan<Args>;
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // oneDNN
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // hotops' kernels
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+
+std::string onednn_unsupported_reason(const Problem& p);
+const Family& family();
 
 }  // namespace hotops::layernorm
