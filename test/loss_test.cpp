@@ -144,5 +144,36 @@ TEST(CrossEntropyFamily, NamesAndWork) {
   EXPECT_EQ(f.benchmark_problems({}).size(), 7u * 8);  // mlp_tiny at two batches
 }
 
+// One CPU plan per direction, run on two sets of caller-owned tensors in turn: each result is that of
+// its own inputs (a plan that kept the first pointers would write the second result into the first).
+TEST(CrossEntropy, PlanRunsOnTheTensorsItIsGivenEachRun) {
+  for (Direction d : {Direction::fwd, Direction::bwd}) {
+    const Shape s = shape_of(test_problem(DType::f32, d, 6, 33));
+    auto plan = make_plan(s, Backend::cpu);
+    Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
+    Outputs out[2] = {make_outputs(s), make_outputs(s)};
+    for (int k = 0; k < 2; ++k) {
+      poison(out[k]);
+      Args a;
+      a.logits = in[k].logits.data();
+      a.target = in[k].target.data();
+      if (d == Direction::fwd) {
+        a.loss = out[k].loss.data();
+        a.lse = out[k].lse.data();
+      } else {
+        a.saved_lse = in[k].lse.data();
+        a.dloss = &in[k].dloss;
+        a.dlogits = out[k].dlogits.data();
+      }
+      plan->run(a);
+    }
+    for (int k = 0; k < 2; ++k) {
+      const Check c = verify(s, in[k], out[k]);
+      EXPECT_TRUE(c.ok) << direction_name(d) << " " << k << ": " << c.message;
+    }
+    EXPECT_FALSE(verify(s, in[1], out[0]).ok) << direction_name(d);
+  }
+}
+
 }  // namespace
 }  // namespace hotops::loss

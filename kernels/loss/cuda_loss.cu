@@ -194,68 +194,35 @@ Choice choose_type(std::int64_t classes) {
   return classes % kVec == 0 ? choose_vec<T, kVec>(classes) : choose_vec<T, 1>(classes);
 }
 
-class CudaCrossEntropy final : public Case {
+class CudaCrossEntropy final : public Plan {
  public:
-  explicit CudaCrossEntropy(const Problem& p)
-      : s_(shape_of(p)),
-        in_(make_inputs(s_, p.seed())),
-        out_(make_outputs(s_)),
+  explicit CudaCrossEntropy(const Shape& s)
+      : s_(s),
         choice_(s_.dtype == DType::bf16 ? choose_type<std::uint16_t>(s_.classes) : choose_type<float>(s_.classes)) {
     const std::int64_t rows_per_block = kThreads / choice_.team;
     const std::int64_t blocks = (s_.rows + rows_per_block - 1) / rows_per_block;
     int device = 0, max_grid = 0;
     HOTOPS_CHECK_CUDA(cudaGetDevice(&device));
     HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&max_grid, cudaDevAttrMaxGridDimX, device));
-    HOTOPS_CHECK(blocks <= max_grid, "cross_entropy: too many rows for one grid: " + p.name());
+    HOTOPS_CHECK(blocks <= max_grid, "cross_entropy: too many rows for one grid: " + std::to_string(s_.rows));
     blocks_ = static_cast<unsigned>(blocks);
-
-    x_ = gpu::DeviceBuffer(in_.logits);
-    target_ = gpu::DeviceBuffer(in_.target.size() * sizeof(std::int64_t));
-    gpu::copy(target_.get(), in_.target.data(), target_.bytes(), cudaMemcpyHostToDevice);
-    if (s_.dir == Direction::fwd) {
-      lse_ = gpu::DeviceBuffer(out_.lse.bytes());
-      loss_ = gpu::DeviceBuffer(out_.loss.bytes());
-      partial_ = gpu::DeviceBuffer(static_cast<std::size_t>(blocks) * sizeof(float));
-      fwd_ = FwdArgs{x_.get(), target_.as<std::int64_t>(), lse_.as<float>(), partial_.as<float>(),
-                     loss_.as<float>(), s_.rows, s_.classes, static_cast<int>(blocks)};
-    } else {
-      lse_ = gpu::DeviceBuffer(in_.lse);
-      HostBuffer dloss(DType::f32, 1);
-      dloss.set(0, in_.dloss);
-      dloss_ = gpu::DeviceBuffer(dloss);
-      dx_ = gpu::DeviceBuffer(out_.dlogits.bytes());
-      bwd_ = BwdArgs{x_.get(), target_.as<std::int64_t>(), lse_.as<float>(), dloss_.as<float>(), dx_.get(),
-                     s_.rows, s_.classes};
-    }
+    if (s_.dir == Direction::fwd) partial_ = gpu::DeviceBuffer(static_cast<std::size_t>(blocks) * sizeof(float));
   }
 
-  void run() override {
+  void run(const Args& a) override {
     if (s_.dir == Direction::fwd) {
-      choice_.fwd<<<blocks_, kThreads, 0, gpu::stream()>>>(fwd_);
+      const FwdArgs f{a.logits, a.target, static_cast<float*>(a.lse), partial_.as<float>(),
+                      static_cast<float*>(a.loss), s_.rows, s_.classes, static_cast<int>(blocks_)};
+      choice_.fwd<<<blocks_, kThreads, 0, gpu::stream()>>>(f);
       HOTOPS_CHECK_LAUNCH();
-      ce_mean<<<1, kMeanThreads, 0, gpu::stream()>>>(fwd_);
+      ce_mean<<<1, kMeanThreads, 0, gpu::stream()>>>(f);
       HOTOPS_CHECK_LAUNCH();
     } else {
-      choice_.bwd<<<blocks_, kThreads, 0, gpu::stream()>>>(bwd_);
+      const BwdArgs b{a.logits, a.target, static_cast<const float*>(a.saved_lse),
+                      static_cast<const float*>(a.dloss), a.dlogits, s_.rows, s_.classes};
+      choice_.bwd<<<blocks_, kThreads, 0, gpu::stream()>>>(b);
       HOTOPS_CHECK_LAUNCH();
     }
-  }
-
-  Check verify() override {
-    if (s_.dir == Direction::fwd) {
-      lse_.poison();
-      loss_.poison();
-    } else {
-      dx_.poison();
-    }
-    run();
-    if (s_.dir == Direction::fwd) {
-      lse_.download(out_.lse);
-      loss_.download(out_.loss);
-    } else {
-      dx_.download(out_.dlogits);
-    }
-    return loss::verify(s_, in_, out_);
   }
 
   std::string label() const override {
@@ -270,17 +237,13 @@ class CudaCrossEntropy final : public Case {
 
  private:
   Shape s_;
-  Inputs in_;
-  Outputs out_;
   Choice choice_;
   unsigned blocks_ = 1;
-  gpu::DeviceBuffer x_, target_, lse_, loss_, partial_, dloss_, dx_;
-  FwdArgs fwd_{};
-  BwdArgs bwd_{};
+  gpu::DeviceBuffer partial_;  // fwd: one sum of row losses per block of the first kernel
 };
 
 }  // namespace
 
-std::unique_ptr<Case> make_cuda(const Problem& p) { return std::make_unique<CudaCrossEntropy>(p); }
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s) { return std::make_unique<CudaCrossEntropy>(s); }
 
 }  // namespace hotops::loss

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "hotops/check.h"
@@ -60,10 +61,47 @@ std::uint64_t mix(std::uint64_t z) {
 //   bwd 4: x - lse, exp, minus the one-hot, times dloss / rows
 constexpr double kFlopsPerLogit = 4;
 
+// The op as the benchmark runs it: a PlanCase over the problem's inputs and outputs. The int64
+// targets and the scalar dloss travel as buffers of their bytes, uploaded like any input on CUDA.
+struct Op {
+  using Shape = loss::Shape;
+  using Args = loss::Args;
+  struct Io {
+    Inputs in;
+    Outputs out;
+    HostBuffer target;  // in.target's bytes
+    HostBuffer dloss;   // bwd: in.dloss, one f32
+  };
+  static Shape shape(const Problem& p) { return shape_of(p); }
+  static Io io(const Shape& s, std::uint64_t seed) {
+    Io io{make_inputs(s, seed), make_outputs(s), HostBuffer(DType::f32, 2 * static_cast<std::size_t>(s.rows)),
+          HostBuffer(DType::f32, 1)};
+    std::memcpy(io.target.data(), io.in.target.data(), io.in.target.size() * sizeof(std::int64_t));
+    io.dloss.set(0, io.in.dloss);
+    return io;
+  }
+  static Args bind(const Shape& s, Io& io, Binder& b) {
+    Args a;
+    a.logits = b.in(io.in.logits);
+    a.target = static_cast<const std::int64_t*>(b.in(io.target));
+    if (s.dir == Direction::fwd) {
+      a.loss = b.out(io.out.loss);
+      a.lse = b.out(io.out.lse);
+    } else {
+      a.saved_lse = b.in(io.in.lse);
+      a.dloss = b.in(io.dloss);
+      a.dlogits = b.out(io.out.dlogits);
+    }
+    return a;
+  }
+  static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
+  static Check check(const Shape& s, const Io& io) { return verify(s, io.in, io.out); }
+};
+
 class LossFamily final : public OpFamily {
  public:
   // The hand-written CPU loop runs everywhere: nothing to probe.
-  LossFamily() : OpFamily("loss", nullptr, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
+  LossFamily() : OpFamily("loss", nullptr, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     return per_shape_and_batch(named_shapes(), batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {
@@ -115,6 +153,10 @@ bool guard_written(const HostBuffer& b, std::size_t n, const char* what, Check& 
 }
 
 }  // namespace
+
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
+  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
+}
 
 Shape shape_of(const Problem& p) {
   Shape s = fwd_bwd_shape<Shape>(p, "cross_entropy");

@@ -16,6 +16,7 @@
 
 #include "hotops/buffer.h"
 #include "hotops/op.h"
+#include "hotops/plan.h"
 
 namespace hotops::loss {
 
@@ -67,8 +68,20 @@ double bwd_error_bound(DType t);
 // elements after each output are still poisoned (NaN).
 Check verify(const Shape& s, const Inputs& in, const Outputs& out);
 
-std::unique_ptr<Case> make_cpu(const Problem& p);
-std::unique_ptr<Case> make_cuda(const Problem& p);
+// The tensors of one cross_entropy, in the backend's memory (host on the CPU, device on CUDA).
+struct Args {
+  const void* logits = nullptr;          // [rows, classes], the dtype
+  const std::int64_t* target = nullptr;  // [rows], each in [0, classes)
+  void* loss = nullptr;                  // fwd: f32 scalar, the mean loss
+  void* lse = nullptr;                   // fwd: [rows] f32, each row's log sum exp
+  const void* saved_lse = nullptr;       // bwd: [rows] f32, the lse fwd saved
+  const void* dloss = nullptr;           // bwd: f32 scalar, the upstream gradient
+  void* dlogits = nullptr;               // bwd: [rows, classes], the dtype
+};
+using Plan = hotops::Plan<Args>;
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // hand-written OpenMP loop
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // hotops' kernels
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
 
 const Family& family();
 
