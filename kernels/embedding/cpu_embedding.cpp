@@ -2,7 +2,7 @@
 //   fwd: one row copy (memcpy) per index, indices split statically over the threads.
 //   bwd: one pass over the vocabulary rows, each summed in f32 in an L1-resident row buffer in the
 //        CSR's fixed position order (rows no index hits are zeros) and written once; streamed
-//        (non-temporal) when dW is larger than the caches. The CSR is built at setup.
+//        (non-temporal) when dW is larger than the caches. The caller builds the CSR at setup.
 #include <omp.h>
 
 #include <cstring>
@@ -30,23 +30,18 @@ void accumulate(float* acc, const void* row, std::size_t dim, DType t) {
   }
 }
 
-class CpuEmbedding final : public Case {
+class CpuEmbedding final : public Plan {
  public:
-  explicit CpuEmbedding(const Problem& p)
-      : s_(shape_of(p)), in_(make_inputs(s_, p.seed())), out_(make_output(s_)) {
-    if (s_.dir == Direction::bwd) csr_ = group_by_row(in_.idx, s_.vocab);
-    stream_ = out_.bytes() >= cpu::kStreamMinBytes;
+  explicit CpuEmbedding(const Shape& s) : s_(s) {
+    const auto rows = static_cast<std::size_t>(s_.dir == Direction::fwd ? s_.n() : s_.vocab);
+    const std::size_t out_bytes =
+        rows * static_cast<std::size_t>(s_.dim) * (s_.dir == Direction::fwd ? dtype_size(s_.dtype) : sizeof(float));
+    stream_ = out_bytes >= cpu::kStreamMinBytes;
   }
 
-  void run() override {
-    if (s_.dir == Direction::fwd) forward();
-    else backward();
-  }
-
-  Check verify() override {
-    out_.poison();
-    run();
-    return embedding::verify(s_, in_, out_);
+  void run(const Args& a) override {
+    if (s_.dir == Direction::fwd) forward(a);
+    else backward(a);
   }
 
   std::string label() const override {
@@ -57,11 +52,11 @@ class CpuEmbedding final : public Case {
   }
 
  private:
-  void forward() {
+  void forward(const Args& a) {
     const std::size_t row_bytes = static_cast<std::size_t>(s_.dim) * dtype_size(s_.dtype);
-    const auto* w = static_cast<const std::byte*>(in_.W.data());
-    auto* out = static_cast<std::byte*>(out_.data());
-    const std::int64_t* idx = in_.idx.data();
+    const auto* w = static_cast<const std::byte*>(a.W);
+    auto* out = static_cast<std::byte*>(a.out);
+    const std::int64_t* idx = a.idx;
     const std::int64_t n = s_.n();
     const bool stream = stream_;
 #pragma omp parallel num_threads(cpu::threads())
@@ -77,13 +72,13 @@ class CpuEmbedding final : public Case {
     }
   }
 
-  void backward() {
+  void backward(const Args& a) {
     const auto dim = static_cast<std::size_t>(s_.dim);
     const std::size_t row_bytes = dim * dtype_size(s_.dtype);
-    const auto* dout = static_cast<const std::byte*>(in_.dout.data());
-    float* dw = out_.as<float>();
-    const std::int32_t* off = csr_.offset.data();
-    const std::int32_t* pos = csr_.pos.data();
+    const auto* dout = static_cast<const std::byte*>(a.dout);
+    auto* dw = static_cast<float*>(a.dW);
+    const std::int32_t* off = a.offset;
+    const std::int32_t* pos = a.pos;
     const std::int64_t vocab = s_.vocab;
     const DType t = s_.dtype;
     const bool stream = stream_;
@@ -109,14 +104,11 @@ class CpuEmbedding final : public Case {
   }
 
   Shape s_;
-  Inputs in_;
-  HostBuffer out_;
-  Csr csr_;
-  bool stream_ = false;
+  bool stream_ = false;  // the output is larger than the caches
 };
 
 }  // namespace
 
-std::unique_ptr<Case> make_cpu(const Problem& p) { return std::make_unique<CpuEmbedding>(p); }
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s) { return std::make_unique<CpuEmbedding>(s); }
 
 }  // namespace hotops::embedding

@@ -4,7 +4,7 @@
 //        read by every thread of its row (cached).
 //   bwd: one thread per V columns of one dW row (V = 4 f32 or 8 bf16: a 16-byte load of dout, one
 //        or two 16-byte stores of dW; V = 1 for dims that are not a multiple of V). The thread sums
-//        the row's dout pieces in f32 in the CSR's position order (built at setup, uploaded once),
+//        the row's dout pieces in f32 in the CSR's position order (which the caller builds at setup),
 //        so the result is deterministic, and writes dW once: zeros where no index hits the row.
 #include <cuda_bf16.h>
 
@@ -63,64 +63,51 @@ __global__ void __launch_bounds__(kThreads) sum_rows(const T* __restrict__ dout,
 
 unsigned blocks_for(std::int64_t threads) { return static_cast<unsigned>((threads + kThreads - 1) / kThreads); }
 
-class CudaEmbedding final : public Case {
+class CudaEmbedding final : public Plan {
  public:
-  explicit CudaEmbedding(const Problem& p) : s_(shape_of(p)), in_(make_inputs(s_, p.seed())), out_(make_output(s_)) {
-    out_d_ = gpu::DeviceBuffer(out_.bytes());
+  explicit CudaEmbedding(const Shape& s) : s_(s) {
     const std::size_t row_bytes = static_cast<std::size_t>(s_.dim) * dtype_size(s_.dtype);
     if (s_.dir == Direction::fwd) {
-      w_ = gpu::DeviceBuffer(in_.W);
-      idx_ = gpu::DeviceBuffer(in_.idx.size() * sizeof(std::int64_t));
-      gpu::copy(idx_.get(), in_.idx.data(), idx_.bytes(), cudaMemcpyHostToDevice);
       piece_ = row_bytes % 16 == 0 ? 16 : row_bytes % 4 == 0 ? 4 : 2;
     } else {
-      dout_ = gpu::DeviceBuffer(in_.dout);
-      const Csr csr = group_by_row(in_.idx, s_.vocab);
-      off_ = gpu::DeviceBuffer(csr.offset.size() * sizeof(std::int32_t));
-      pos_ = gpu::DeviceBuffer(csr.pos.size() * sizeof(std::int32_t));
-      gpu::copy(off_.get(), csr.offset.data(), off_.bytes(), cudaMemcpyHostToDevice);
-      gpu::copy(pos_.get(), csr.pos.data(), pos_.bytes(), cudaMemcpyHostToDevice);
       const int v = s_.dtype == DType::f32 ? 4 : 8;
       vec_ = s_.dim % v == 0 ? v : 1;
     }
   }
 
-  void run() override {
+  void run(const Args& a) override {
     const cudaStream_t st = gpu::stream();
     if (s_.dir == Direction::fwd) {
       const std::int64_t pieces =
           static_cast<std::int64_t>(static_cast<std::size_t>(s_.dim) * dtype_size(s_.dtype) / piece_);
       const unsigned blocks = blocks_for(s_.n() * pieces);
-      const auto* idx = idx_.as<const std::int64_t>();
+      const std::int64_t* idx = a.idx;
       if (piece_ == 16)
-        gather_rows<<<blocks, kThreads, 0, st>>>(w_.as<const uint4>(), idx, out_d_.as<uint4>(), s_.n(), pieces);
+        gather_rows<<<blocks, kThreads, 0, st>>>(static_cast<const uint4*>(a.W), idx, static_cast<uint4*>(a.out), s_.n(),
+                                                 pieces);
       else if (piece_ == 4)
-        gather_rows<<<blocks, kThreads, 0, st>>>(w_.as<const unsigned>(), idx, out_d_.as<unsigned>(), s_.n(), pieces);
-      else
-        gather_rows<<<blocks, kThreads, 0, st>>>(w_.as<const unsigned short>(), idx, out_d_.as<unsigned short>(),
+        gather_rows<<<blocks, kThreads, 0, st>>>(static_cast<const unsigned*>(a.W), idx, static_cast<unsigned*>(a.out),
                                                  s_.n(), pieces);
+      else
+        gather_rows<<<blocks, kThreads, 0, st>>>(static_cast<const unsigned short*>(a.W), idx,
+                                                 static_cast<unsigned short*>(a.out), s_.n(), pieces);
       HOTOPS_CHECK_LAUNCH();
       return;
     }
     const unsigned blocks = blocks_for(s_.vocab * (s_.dim / vec_));
-    const auto* off = off_.as<const std::int32_t>();
-    const auto* pos = pos_.as<const std::int32_t>();
-    float* dw = out_d_.as<float>();
+    const std::int32_t* off = a.offset;
+    const std::int32_t* pos = a.pos;
+    auto* dw = static_cast<float*>(a.dW);
     if (s_.dtype == DType::f32) {
-      const auto* d = dout_.as<const float>();
+      const auto* d = static_cast<const float*>(a.dout);
       if (vec_ == 4) sum_rows<float, 4><<<blocks, kThreads, 0, st>>>(d, off, pos, dw, s_.vocab, s_.dim);
       else sum_rows<float, 1><<<blocks, kThreads, 0, st>>>(d, off, pos, dw, s_.vocab, s_.dim);
     } else {
-      const auto* d = dout_.as<const std::uint16_t>();
+      const auto* d = static_cast<const std::uint16_t*>(a.dout);
       if (vec_ == 8) sum_rows<std::uint16_t, 8><<<blocks, kThreads, 0, st>>>(d, off, pos, dw, s_.vocab, s_.dim);
       else sum_rows<std::uint16_t, 1><<<blocks, kThreads, 0, st>>>(d, off, pos, dw, s_.vocab, s_.dim);
     }
     HOTOPS_CHECK_LAUNCH();
-  }
-
-  Check verify() override {
-    gpu::poison_run_download(*this, out_d_, out_);
-    return embedding::verify(s_, in_, out_);
   }
 
   std::string label() const override {
@@ -131,15 +118,12 @@ class CudaEmbedding final : public Case {
 
  private:
   Shape s_;
-  Inputs in_;
-  HostBuffer out_;
-  gpu::DeviceBuffer w_, idx_, dout_, off_, pos_, out_d_;
-  std::size_t piece_ = 16;
-  int vec_ = 1;
+  std::size_t piece_ = 16;  // fwd: bytes each thread copies
+  int vec_ = 1;             // bwd: columns each thread sums
 };
 
 }  // namespace
 
-std::unique_ptr<Case> make_cuda(const Problem& p) { return std::make_unique<CudaEmbedding>(p); }
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s) { return std::make_unique<CudaEmbedding>(s); }
 
 }  // namespace hotops::embedding

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "hotops/check.h"
 #include "hotops/op_family.h"
@@ -35,9 +36,58 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
       for (Direction d : kDirections) out.push_back(Problem{"embedding", be, t, d, args});
 }
 
+// An integer vector as a HostBuffer of its bytes, which a Binder uploads like any tensor.
+template <class I>
+HostBuffer bytes_of(const std::vector<I>& v) {
+  HostBuffer b(DType::f32, (v.size() * sizeof(I) + 3) / 4);
+  std::memcpy(b.data(), v.data(), v.size() * sizeof(I));
+  return b;
+}
+
+// The op as the benchmark runs it: a PlanCase over the problem's inputs and output. bwd's grouping
+// of the indices by row is built here, with the inputs, outside the timed runs.
+struct Op {
+  using Shape = embedding::Shape;
+  using Args = embedding::Args;
+  struct Io {
+    Inputs in;
+    HostBuffer out;
+    HostBuffer idx;          // fwd: in.idx's bytes
+    HostBuffer offset, pos;  // bwd: group_by_row(in.idx)'s
+  };
+  static Shape shape(const Problem& p) { return shape_of(p); }
+  static Io io(const Shape& s, std::uint64_t seed) {
+    Io io{make_inputs(s, seed), make_output(s), {}, {}, {}};
+    if (s.dir == Direction::fwd) {
+      io.idx = bytes_of(io.in.idx);
+    } else {
+      const Csr csr = group_by_row(io.in.idx, s.vocab);
+      io.offset = bytes_of(csr.offset);
+      io.pos = bytes_of(csr.pos);
+    }
+    return io;
+  }
+  static Args bind(const Shape& s, Io& io, Binder& b) {
+    Args a;
+    if (s.dir == Direction::fwd) {
+      a.idx = static_cast<const std::int64_t*>(b.in(io.idx));
+      a.W = b.in(io.in.W);
+      a.out = b.out(io.out);
+    } else {
+      a.offset = static_cast<const std::int32_t*>(b.in(io.offset));
+      a.pos = static_cast<const std::int32_t*>(b.in(io.pos));
+      a.dout = b.in(io.in.dout);
+      a.dW = b.out(io.out);
+    }
+    return a;
+  }
+  static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
+  static Check check(const Shape& s, const Io& io) { return verify(s, io.in, io.out); }
+};
+
 class EmbeddingFamily final : public OpFamily {
  public:
-  EmbeddingFamily() : OpFamily("embedding", nullptr, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
+  EmbeddingFamily() : OpFamily("embedding", nullptr, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     return per_shape_and_batch(kNamedShapes, batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {
@@ -86,6 +136,10 @@ class EmbeddingFamily final : public OpFamily {
 };
 
 }  // namespace
+
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
+  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
+}
 
 Shape shape_of(const Problem& p) {
   Shape s = fwd_bwd_shape<Shape>(p, "embedding");

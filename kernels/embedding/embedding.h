@@ -13,6 +13,7 @@
 
 #include "hotops/buffer.h"
 #include "hotops/op.h"
+#include "hotops/plan.h"
 
 namespace hotops::embedding {
 
@@ -52,8 +53,22 @@ std::vector<double> reference_bwd(const Shape& s, const Inputs& in, const std::v
 // fwd: exact match; bwd: tolerance(f32) (exact inputs, an f32 sum of the few rows per index).
 Check verify(const Shape& s, const Inputs& in, const HostBuffer& out);
 
-std::unique_ptr<Case> make_cpu(const Problem& p);
-std::unique_ptr<Case> make_cuda(const Problem& p);
+// The tensors of one embedding, in the backend's memory (host on the CPU, device on CUDA). bwd reads
+// the indices as their grouping by row (group_by_row's offset and pos), which the caller builds once
+// per batch of indices, outside the op.
+struct Args {
+  const std::int64_t* idx = nullptr;     // fwd: [n], each in [0, vocab)
+  const void* W = nullptr;               // fwd: [vocab, dim], the dtype
+  void* out = nullptr;                   // fwd: [n, dim], the dtype
+  const std::int32_t* offset = nullptr;  // bwd: [vocab + 1], Csr::offset
+  const std::int32_t* pos = nullptr;     // bwd: [n], Csr::pos
+  const void* dout = nullptr;            // bwd: [n, dim], the dtype
+  void* dW = nullptr;                    // bwd: [vocab, dim] f32, every element written
+};
+using Plan = hotops::Plan<Args>;
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // hand-written OpenMP loops
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // hotops' kernels
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
 
 const Family& family();
 
