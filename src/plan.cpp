@@ -43,6 +43,12 @@ const void* Binder::in(const HostBuffer& h) {
   return slots_.back()->bound;
 }
 
+const void* Binder::indices(const HostBuffer& h) {
+  const void* p = in(h);
+  slots_.back()->input = false;
+  return p;
+}
+
 void* Binder::out(HostBuffer& h) {
   auto s = std::make_unique<Slot>();
   s->result = &h;

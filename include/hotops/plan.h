@@ -63,6 +63,10 @@ class Binder {
 
   // An input: read, never written (on CUDA uploaded once, here).
   const void* in(const HostBuffer& h);
+  // An input of integer indices (targets, token ids, offsets) held in a HostBuffer's bytes: as
+  // `in`, but the test mutations leave it alone (a mixed-up index reads out of bounds; it does not
+  // compute a wrong number for the check to catch).
+  const void* indices(const HostBuffer& h);
   // An output: poisoned before the verification run, so that an element the op fails to write
   // shows, and read back into `h` after it.
   void* out(HostBuffer& h);

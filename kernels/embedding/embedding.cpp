@@ -70,12 +70,12 @@ struct Op {
   static Args bind(const Shape& s, Io& io, Binder& b) {
     Args a;
     if (s.dir == Direction::fwd) {
-      a.idx = static_cast<const std::int64_t*>(b.in(io.idx));
+      a.idx = static_cast<const std::int64_t*>(b.indices(io.idx));
       a.W = b.in(io.in.W);
       a.out = b.out(io.out);
     } else {
-      a.offset = static_cast<const std::int32_t*>(b.in(io.offset));
-      a.pos = static_cast<const std::int32_t*>(b.in(io.pos));
+      a.offset = static_cast<const std::int32_t*>(b.indices(io.offset));
+      a.pos = static_cast<const std::int32_t*>(b.indices(io.pos));
       a.dout = b.in(io.in.dout);
       a.dW = b.out(io.out);
     }

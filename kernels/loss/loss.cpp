@@ -83,7 +83,7 @@ struct Op {
   static Args bind(const Shape& s, Io& io, Binder& b) {
     Args a;
     a.logits = b.in(io.in.logits);
-    a.target = static_cast<const std::int64_t*>(b.in(io.target));
+    a.target = static_cast<const std::int64_t*>(b.indices(io.target));
     if (s.dir == Direction::fwd) {
       a.loss = b.out(io.out.loss);
       a.lse = b.out(io.out.lse);
