@@ -78,6 +78,25 @@ TEST(PlanCase, AnOutputTheOpDoesNotWriteFailsVerification) {
   EXPECT_FALSE(bad.ok);
 }
 
+// An op that names its inputs' seed (as a family with several impls of one problem does) is given
+// inputs from that seed, not from the problem's name.
+struct SeededToy : Toy {
+  static std::uint64_t seed(const Problem&) { return 7; }
+  static Check check(const Shape& s, const Io& io) {
+    HostBuffer x(DType::f32, s.n);
+    x.fill_uniform(7, 0);
+    std::vector<std::size_t> idx(s.n);
+    for (std::size_t i = 0; i < s.n; ++i) idx[i] = i;
+    return compare(io.x, idx, [&](std::size_t i) { return x.get(i); }, 0);
+  }
+};
+
+TEST(PlanCase, SeedsTheInputsAsTheOpAsks) {
+  PlanCase<SeededToy> c(toy_problem(false));
+  const Check ok = c.verify();
+  EXPECT_TRUE(ok.ok) << ok.message;
+}
+
 // One softmax plan on the CPU, run on two pairs of caller-owned buffers in turn: each result is that
 // of its own input (a plan that kept the first buffers would write the second result into the first).
 TEST(Plan, RunsOnTheBuffersItIsGivenEachRun) {
