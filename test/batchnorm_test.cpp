@@ -199,6 +199,61 @@ TEST(Batchnorm, WorkCountsEachTensorOnce) {
   EXPECT_DOUBLE_EQ(w.items, 32);
 }
 
+// The tensors of one direction's CPU plan, on host buffers; fwd's running statistics start from the
+// inputs' values and are updated in place, as a training step's are.
+Args host_args(const Shape& s, Inputs& in, Outputs& out) {
+  Args a;
+  a.x = in.x.data();
+  a.gamma = in.gamma.as<float>();
+  a.beta = in.beta.as<float>();
+  a.out = out.out.data();
+  out.out.poison();
+  if (s.dir == Direction::bwd) {
+    a.dy = in.dy.data();
+    a.save_mean = in.save_mean.as<float>();
+    a.save_invstd = in.save_invstd.as<float>();
+    a.dgamma = out.dgamma.as<float>(), a.dbeta = out.dbeta.as<float>();
+    out.dgamma.poison(), out.dbeta.poison();
+    return a;
+  }
+  if (s.dir == Direction::infer) {
+    a.running_mean = in.running_mean.as<float>(), a.running_var = in.running_var.as<float>();
+    return a;
+  }
+  out.running_mean = in.running_mean, out.running_var = in.running_var;
+  a.running_mean = out.running_mean.as<float>(), a.running_var = out.running_var.as<float>();
+  a.save_mean = out.save_mean.as<float>(), a.save_invstd = out.save_invstd.as<float>();
+  out.save_mean.poison(), out.save_invstd.poison();
+  return a;
+}
+
+// One CPU plan per direction, run on two sets of caller-owned tensors in turn: each set's outputs
+// (fwd's running statistics included) are those of its own inputs; a plan that kept the first
+// set's pointers would leave the second unwritten and overwrite the first.
+TEST(Batchnorm, PlanRunsOnTheTensorsItIsGivenEachRun) {
+  for (Direction d : {Direction::fwd, Direction::infer, Direction::bwd}) {
+    Shape s;
+    s.dir = d, s.layout = Layout::nhwc, s.N = 2, s.C = 6, s.H = 5, s.W = 3;
+    auto plan = make_plan(s, Backend::cpu);
+    Inputs ia = make_inputs(s, 1), ib = make_inputs(s, 2);
+    Outputs oa = make_outputs(s), ob = make_outputs(s);
+    plan->run(host_args(s, ia, oa));
+    plan->run(host_args(s, ib, ob));
+    const Check ca = verify(s, ia, oa), cb = verify(s, ib, ob);
+    EXPECT_TRUE(ca.ok) << direction_name(d) << ": " << ca.message;
+    EXPECT_TRUE(cb.ok) << direction_name(d) << ": " << cb.message;
+    EXPECT_FALSE(verify(s, ib, oa).ok) << direction_name(d);
+  }
+}
+
+TEST(Batchnorm, ShapeNamesTheCudaImplementation) {
+  Problem p{"batchnorm", Backend::cuda, DType::f32, Direction::infer,
+            {{"shape", "t"}, {"layout", "nc"}, {"batch", "4"}, {"C", "8"}}};
+  EXPECT_FALSE(shape_of(p).cudnn);
+  p.args.push_back({"impl", "cudnn"});
+  EXPECT_TRUE(shape_of(p).cudnn);
+}
+
 TEST(Batchnorm, TrainingOnOneValuePerChannelIsUnsupported) {
   Problem p{"batchnorm", Backend::cpu, DType::f32, Direction::fwd,
             {{"shape", "t"}, {"layout", "nc"}, {"batch", "1"}, {"C", "64"}}};

@@ -18,10 +18,51 @@ double accumulation_bound(std::int64_t n) { return 16 * std::ldexp(1.0, -24) * s
 constexpr Direction kDirections[] = {Direction::fwd, Direction::infer, Direction::bwd};
 constexpr DType kDtypes[] = {DType::f32, DType::bf16};
 
-#ifdef HOTOPS_HAVE_CUDA
-// The CUDA benchmark is hotops' kernels; `impl:cudnn` names cuDNN's version of the same problem.
-std::unique_ptr<Case> make_gpu(const Problem& p) { return wants_cudnn(p) ? make_cudnn(p) : make_cuda(p); }
-#endif
+// The op as the benchmark runs it: a PlanCase over the problem's inputs and outputs. The running
+// statistics of fwd are in-out tensors: each verification starts them from the inputs' values.
+struct Op {
+  using Shape = batchnorm::Shape;
+  using Args = batchnorm::Args;
+  struct Io {
+    Inputs in;
+    Outputs out;
+  };
+  static Shape shape(const Problem& p) { return shape_of(p); }
+  static std::uint64_t seed(const Problem& p) { return input_seed(p); }
+  static Io io(const Shape& s, std::uint64_t seed) { return {make_inputs(s, seed), make_outputs(s)}; }
+  static Args bind(const Shape& s, Io& io, Binder& b) {
+    // Tensors the direction only reads but Args names writable (e.g. bwd's saved statistics).
+    auto read = [&](const HostBuffer& h) { return const_cast<float*>(static_cast<const float*>(b.in(h))); };
+    Inputs& in = io.in;
+    Outputs& out = io.out;
+    Args a;
+    a.x = b.in(in.x);
+    a.gamma = static_cast<const float*>(b.in(in.gamma));
+    a.beta = static_cast<const float*>(b.in(in.beta));
+    a.out = b.out(out.out);
+    switch (s.dir) {
+      case Direction::infer:
+        a.running_mean = read(in.running_mean);
+        a.running_var = read(in.running_var);
+        break;
+      case Direction::bwd:
+        a.dy = b.in(in.dy);
+        a.save_mean = read(in.save_mean);
+        a.save_invstd = read(in.save_invstd);
+        a.dgamma = static_cast<float*>(b.out(out.dgamma));
+        a.dbeta = static_cast<float*>(b.out(out.dbeta));
+        break;
+      default:
+        a.running_mean = static_cast<float*>(b.inout(in.running_mean, out.running_mean));
+        a.running_var = static_cast<float*>(b.inout(in.running_var, out.running_var));
+        a.save_mean = static_cast<float*>(b.out(out.save_mean));
+        a.save_invstd = static_cast<float*>(b.out(out.save_invstd));
+    }
+    return a;
+  }
+  static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
+  static Check check(const Shape& s, const Io& io) { return verify(s, io.in, io.out); }
+};
 
 // One (backend, impl) pair: the CPU, the hand-written CUDA kernel, cuDNN.
 struct Variant {
@@ -58,7 +99,8 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
 
 class BatchnormFamily final : public OpFamily {
  public:
-  BatchnormFamily() : OpFamily("batchnorm", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_gpu)) {}
+  BatchnormFamily()
+      : OpFamily("batchnorm", onednn_unsupported_reason, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     std::vector<Problem> out;
@@ -120,6 +162,15 @@ class BatchnormFamily final : public OpFamily {
 
 }  // namespace
 
+#ifdef HOTOPS_HAVE_CUDA
+// The CUDA benchmark is hotops' kernels; `impl:cudnn` names cuDNN's version of the same problem.
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s) { return s.cudnn ? make_cudnn_plan(s) : make_kernels_plan(s); }
+#endif
+
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
+  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
+}
+
 const char* layout_name(Layout l) {
   switch (l) {
     case Layout::nchw: return "nchw";
@@ -145,6 +196,7 @@ Shape shape_of(const Problem& p) {
     s.W = p.get_int("W");
   }
   HOTOPS_CHECK(s.N > 0 && s.C > 0 && s.H > 0 && s.W > 0, "batchnorm dimensions must be positive: " + p.name());
+  s.cudnn = wants_cudnn(p);
   return s;
 }
 

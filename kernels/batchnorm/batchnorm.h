@@ -9,6 +9,7 @@
 
 #include "hotops/buffer.h"
 #include "hotops/op.h"
+#include "hotops/plan.h"
 
 namespace hotops::batchnorm {
 
@@ -24,6 +25,7 @@ struct Shape {
   DType dtype = DType::f32;
   Layout layout = Layout::nchw;
   std::int64_t N = 1, C = 1, H = 1, W = 1;
+  bool cudnn = false;  // CUDA: cuDNN (`impl:cudnn`) rather than hotops' kernels
 
   std::int64_t count() const { return N * C * H * W; }
   std::int64_t per_channel() const { return N * H * W; }  // the n each channel's statistics run over
@@ -92,12 +94,31 @@ struct NamedShape {
 };
 const std::vector<NamedShape>& named_shapes();
 
-std::unique_ptr<Case> make_cpu(const Problem& p);
-std::string cpu_unsupported_reason(const Problem& p);
+// The tensors of one batchnorm. x, dy and out are [N, C, H, W] in the shape's layout and dtype;
+// the others are [C] f32. A direction leaves the tensors it does not use null.
+struct Args {
+  const void* x = nullptr;        // all
+  const void* dy = nullptr;       // bwd
+  const float* gamma = nullptr;   // all
+  const float* beta = nullptr;    // all (bwd: oneDNN's backward takes it, though dx does not depend on it)
+  float* running_mean = nullptr;  // fwd: updated in place (momentum kMomentum); infer: read
+  float* running_var = nullptr;   // fwd: updated in place with the unbiased batch variance; infer: read
+  float* save_mean = nullptr;     // fwd: the batch mean, written; bwd: read (as fwd saved it)
+  float* save_invstd = nullptr;   // fwd: 1/sqrt(biased batch variance + kEps), written; bwd: read
+  void* out = nullptr;            // y (fwd, infer) or dx (bwd)
+  float* dgamma = nullptr;        // bwd
+  float* dbeta = nullptr;         // bwd
+};
+using Plan = hotops::Plan<Args>;
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // oneDNN
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // hotops' kernels, or cuDNN where s.cudnn
 #ifdef HOTOPS_HAVE_CUDA
-std::unique_ptr<Case> make_cuda(const Problem& p);    // hand-written kernels
-std::unique_ptr<Case> make_cudnn(const Problem& p);   // cuDNN
+std::unique_ptr<Plan> make_kernels_plan(const Shape& s);  // hotops' kernels
+std::unique_ptr<Plan> make_cudnn_plan(const Shape& s);    // cuDNN
 #endif
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+
+std::string onednn_unsupported_reason(const Problem& p);
 
 const Family& family();
 

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "hotops/cudnn_util.h"
-#include "kernels/batchnorm/cuda_tensors.h"
+#include "hotops/cuda_util.h"
 #include "kernels/batchnorm/batchnorm.h"
 
 namespace hotops::batchnorm {
@@ -34,12 +34,9 @@ const char* mode_name(cudnnBatchNormMode_t m) {
 }
 
 
-class CudnnBatchnorm final : public Case {
+class CudnnBatchnorm final : public Plan {
  public:
-  explicit CudnnBatchnorm(const Problem& p)
-      : s_(shape_of(p)), in_(make_inputs(s_, input_seed(p))), out_(make_outputs(s_)), mode_(mode_of(s_)),
-        t_(s_, in_, out_) {
-    const std::size_t cbytes = static_cast<std::size_t>(s_.C) * sizeof(float);
+  explicit CudnnBatchnorm(const Shape& s) : s_(s), mode_(mode_of(s_)) {
     HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(
         x_desc_.h, s_.layout == Layout::nchw ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC,
         s_.dtype == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT, static_cast<int>(s_.N),
@@ -64,35 +61,39 @@ class CudnnBatchnorm final : public Case {
 
     if (s_.dir == Direction::bwd && reserve) {
       // The backward reads what the training forward left in the reserve space: run that forward
-      // once here, on scratch outputs, so the reserve holds what it would in a training step.
-      gpu::DeviceBuffer y(out_.out.bytes()), rm(in_.gamma), rv(in_.gamma), sm(cbytes), si(cbytes);
-      forward_training(y.get(), rm.get(), rv.get(), sm.get(), si.get());
-      HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));  // before the scratch buffers go
+      // once here, on scratch tensors of the problem's shape (every input zero), so the reserve holds
+      // what a training step's forward leaves there.
+      const std::size_t xbytes = static_cast<std::size_t>(s_.count()) * dtype_size(s_.dtype);
+      const std::size_t cbytes = static_cast<std::size_t>(s_.C) * sizeof(float);
+      gpu::DeviceBuffer x(xbytes), y(xbytes), gb(2 * cbytes), rm(cbytes), rv(cbytes), sm(cbytes), si(cbytes);
+      for (gpu::DeviceBuffer* b : {&x, &gb, &rm, &rv})
+        HOTOPS_CHECK_CUDA(cudaMemsetAsync(b->get(), 0, b->bytes(), gpu::stream()));
+      const auto* g = gb.as<const float>();
+      forward_training(x.get(), g, g + s_.C, y.get(), rm.get(), rv.get(), sm.get(), si.get());
+      HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));  // before the scratch tensors go
       filled_reserve_ = true;
     }
   }
 
-  void run() override {
+  void run(const Args& a) override {
     const float one = 1.f, zero = 0.f;
     switch (s_.dir) {
       case Direction::infer:
         HOTOPS_CHECK_CUDNN(cudnnBatchNormalizationForwardInference(
-            cudnn(), mode_, &one, &zero, x_desc_.h, t_.x.get(), x_desc_.h, t_.out.get(), bn_desc_.h, t_.gamma.get(),
-            t_.beta.get(), t_.running_mean.get(), t_.running_var.get(), kEps));
+            cudnn(), mode_, &one, &zero, x_desc_.h, a.x, x_desc_.h, a.out, bn_desc_.h, a.gamma, a.beta,
+            a.running_mean, a.running_var, kEps));
         break;
       case Direction::bwd:
         HOTOPS_CHECK_CUDNN(cudnnBatchNormalizationBackwardEx(
-            cudnn(), mode_, CUDNN_BATCHNORM_OPS_BN, &one, &zero, &one, &zero, x_desc_.h, t_.x.get(), nullptr, nullptr,
-            x_desc_.h, t_.dy.get(), nullptr, nullptr, x_desc_.h, t_.out.get(), bn_desc_.h, t_.gamma.get(), nullptr,
-            t_.dgamma.get(), t_.dbeta.get(), kEps, t_.save_mean.get(), t_.save_invstd.get(), nullptr, workspace_.get(),
-            workspace_.bytes(), reserve_.get(), reserve_.bytes()));
+            cudnn(), mode_, CUDNN_BATCHNORM_OPS_BN, &one, &zero, &one, &zero, x_desc_.h, a.x, nullptr, nullptr,
+            x_desc_.h, a.dy, nullptr, nullptr, x_desc_.h, a.out, bn_desc_.h, a.gamma, nullptr, a.dgamma, a.dbeta, kEps,
+            a.save_mean, a.save_invstd, nullptr, workspace_.get(), workspace_.bytes(), reserve_.get(),
+            reserve_.bytes()));
         break;
       default:
-        forward_training(t_.out.get(), t_.running_mean.get(), t_.running_var.get(), t_.save_mean.get(), t_.save_invstd.get());
+        forward_training(a.x, a.gamma, a.beta, a.out, a.running_mean, a.running_var, a.save_mean, a.save_invstd);
     }
   }
-
-  Check verify() override { return t_.verify(s_, in_, out_, *this); }
 
   std::string label() const override {
     std::string l = "cuDNN ";
@@ -105,26 +106,24 @@ class CudnnBatchnorm final : public Case {
   }
 
  private:
-  void forward_training(void* y, void* running_mean, void* running_var, void* save_mean, void* save_invstd) {
+  void forward_training(const void* x, const float* gamma, const float* beta, void* y, void* running_mean,
+                        void* running_var, void* save_mean, void* save_invstd) {
     const float one = 1.f, zero = 0.f;
     HOTOPS_CHECK_CUDNN(cudnnBatchNormalizationForwardTrainingEx(
-        cudnn(), mode_, CUDNN_BATCHNORM_OPS_BN, &one, &zero, x_desc_.h, t_.x.get(), nullptr, nullptr, x_desc_.h, y,
-        bn_desc_.h, t_.gamma.get(), t_.beta.get(), kMomentum, running_mean, running_var, kEps, save_mean, save_invstd,
-        nullptr, workspace_.get(), workspace_.bytes(), reserve_.get(), reserve_.bytes()));
+        cudnn(), mode_, CUDNN_BATCHNORM_OPS_BN, &one, &zero, x_desc_.h, x, nullptr, nullptr, x_desc_.h, y,
+        bn_desc_.h, gamma, beta, kMomentum, running_mean, running_var, kEps, save_mean, save_invstd, nullptr,
+        workspace_.get(), workspace_.bytes(), reserve_.get(), reserve_.bytes()));
   }
 
   Shape s_;
-  Inputs in_;
-  Outputs out_;
   cudnnBatchNormMode_t mode_;
   TensorDesc x_desc_, bn_desc_;
-  DeviceTensors t_;
   gpu::DeviceBuffer workspace_, reserve_;
   bool filled_reserve_ = false;
 };
 
 }  // namespace
 
-std::unique_ptr<Case> make_cudnn(const Problem& p) { return std::make_unique<CudnnBatchnorm>(p); }
+std::unique_ptr<Plan> make_cudnn_plan(const Shape& s) { return std::make_unique<CudnnBatchnorm>(s); }
 
 }  // namespace hotops::batchnorm

@@ -21,7 +21,6 @@
 #include "hotops/cuda_elem.cuh"
 #include "hotops/cuda_util.h"
 #include "kernels/batchnorm/batchnorm.h"
-#include "kernels/batchnorm/cuda_tensors.h"
 
 namespace hotops::batchnorm {
 namespace {
@@ -483,31 +482,15 @@ void launch(const Shape& s, const Launch& l, const Params& p) {
   }
 }
 
-class CudaBatchnorm final : public Case {
+class CudaBatchnorm final : public Plan {
  public:
-  explicit CudaBatchnorm(const Problem& p)
-      : s_(shape_of(p)), in_(make_inputs(s_, input_seed(p))), out_(make_outputs(s_)), t_(s_, in_, out_) {
-    p_.x = t_.x.get();
-    p_.out = t_.out.get();
-    p_.gamma = t_.gamma.as<const float>();
+  explicit CudaBatchnorm(const Shape& s) : s_(s) {
     p_.N = s_.N;
     p_.C = s_.C;
     p_.HW = s_.H * s_.W;
     p_.rows = s_.per_channel();
     p_.eps = static_cast<float>(kEps);
     p_.momentum = static_cast<float>(kMomentum);
-    if (s_.dir != Direction::bwd) {
-      p_.beta = t_.beta.as<const float>();
-      p_.running_mean = t_.running_mean.as<float>();
-      p_.running_var = t_.running_var.as<float>();
-    }
-    if (s_.dir == Direction::bwd) {
-      p_.dy = t_.dy.get();
-      p_.dgamma = t_.dgamma.as<float>();
-      p_.dbeta = t_.dbeta.as<float>();
-    }
-    p_.save_mean = t_.save_mean.as<float>();
-    p_.save_invstd = t_.save_invstd.as<float>();
     launch_ = plan_launch(s_, p_);
     if (s_.dir != Direction::infer) {
       coef_ = gpu::DeviceBuffer(static_cast<std::size_t>(s_.C) * sizeof(float4));
@@ -521,12 +504,22 @@ class CudaBatchnorm final : public Case {
     }
   }
 
-  void run() override {
-    if (s_.dtype == DType::bf16) launch<__nv_bfloat16>(s_, launch_, p_);
-    else launch<float>(s_, launch_, p_);
+  void run(const Args& a) override {
+    Params p = p_;
+    p.x = a.x;
+    p.dy = a.dy;
+    p.out = a.out;
+    p.gamma = a.gamma;
+    p.beta = a.beta;
+    p.running_mean = a.running_mean;
+    p.running_var = a.running_var;
+    p.save_mean = a.save_mean;
+    p.save_invstd = a.save_invstd;
+    p.dgamma = a.dgamma;
+    p.dbeta = a.dbeta;
+    if (s_.dtype == DType::bf16) launch<__nv_bfloat16>(s_, launch_, p);
+    else launch<float>(s_, launch_, p);
   }
-
-  Check verify() override { return t_.verify(s_, in_, out_, *this); }
 
   std::string label() const override {
     const std::string vec = std::to_string(launch_.vec) + "-wide " + dtype_name(s_.dtype) + " vectors";
@@ -538,16 +531,13 @@ class CudaBatchnorm final : public Case {
 
  private:
   Shape s_;
-  Inputs in_;
-  Outputs out_;
-  DeviceTensors t_;
-  gpu::DeviceBuffer coef_, partials_, counters_;
-  Params p_;
+  gpu::DeviceBuffer coef_, partials_, counters_;  // the reduce pass's scratch (fwd, bwd)
+  Params p_;  // the sizes, launch split and scratch; run() adds the tensors
   Launch launch_;
 };
 
 }  // namespace
 
-std::unique_ptr<Case> make_cuda(const Problem& p) { return std::make_unique<CudaBatchnorm>(p); }
+std::unique_ptr<Plan> make_kernels_plan(const Shape& s) { return std::make_unique<CudaBatchnorm>(s); }
 
 }  // namespace hotops::batchnorm
