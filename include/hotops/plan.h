@@ -61,6 +61,9 @@ class Binder {
   Binder(const Binder&) = delete;
   Binder& operator=(const Binder&) = delete;
 
+  // Where the plan runs (an op whose inputs come from one of its own runs at setup needs to know).
+  Backend backend() const { return backend_; }
+
   // An input: read, never written (on CUDA uploaded once, here).
   const void* in(const HostBuffer& h);
   // An input of integer indices (targets, token ids, offsets) held in a HostBuffer's bytes: as
