@@ -175,6 +175,57 @@ TEST(Conv2dCpu, LabelNamesOneDnnAndCaseVerifies) {
   EXPECT_NE(c->label().find("not timed"), std::string::npos) << c->label();
 }
 
+// A model's use of the CPU plan: a Shape filled by hand, tensors in the user's layout (the run reorders
+// them where oneDNN's layouts differ), run on two sets of caller-owned buffers in turn; each result is
+// that of its own inputs. Every direction, with a stride and a bias, in both layouts.
+TEST(Conv2dPlan, RunsOnTheBuffersItIsGivenEachRun) {
+  for (Layout layout : {Layout::nchw, Layout::nhwc})
+    for (Direction d : {Direction::fwd, Direction::bwd_data, Direction::bwd_weight}) {
+      Shape s;
+      s.dir = d, s.layout = layout, s.bias = true;
+      s.N = 2, s.C = 16, s.H = 9, s.W = 7, s.K = 32, s.R = 3, s.S = 3, s.stride_h = 2, s.pad_h = s.pad_w = 1;
+      const Problem p = problem(d);
+      if (!family().unsupported_reason(p).empty()) GTEST_SKIP() << family().unsupported_reason(p);
+      auto plan = make_plan(s, Backend::cpu);
+      const auto args = [](const Inputs& in, Outputs& out) {
+        return Args{in.x.data(), in.w.data(), in.b.data(), in.dy.data(), out.primary.data(), out.db.data()};
+      };
+      const Inputs a = make_inputs(s, 1), b = make_inputs(s, 2);
+      Outputs oa = make_outputs(s), ob = make_outputs(s);
+      oa.primary.poison(), ob.primary.poison(), oa.db.poison(), ob.db.poison();
+      plan->run(args(a, oa));
+      plan->run(args(b, ob));
+      const Check ca = verify(s, a, oa), cb = verify(s, b, ob);
+      EXPECT_TRUE(ca.ok) << direction_name(d) << " " << ca.message;
+      EXPECT_TRUE(cb.ok) << direction_name(d) << " " << cb.message;
+      EXPECT_FALSE(verify(s, b, oa).ok) << direction_name(d);
+    }
+}
+
+// The benchmark's CPU plan takes oneDNN's own layouts: inputs reordered in by the caller, the output
+// reordered back, and the run the convolution alone.
+TEST(Conv2dPlan, OneDnnLayoutsRoundTrip) {
+  Shape s;
+  s.N = 2, s.C = 16, s.H = 8, s.W = 8, s.K = 16, s.R = 3, s.S = 3, s.pad_h = s.pad_w = 1;
+  s.layout = Layout::nhwc, s.onednn_layouts = true;
+  if (!family().unsupported_reason(problem(Direction::fwd)).empty()) GTEST_SKIP();
+  const Inputs in = make_inputs(s, 3);
+  const auto onednn = [&](const HostBuffer& user, Tensor t) {
+    HostBuffer h(DType::f32, onednn_bytes(s, t) / 4);
+    to_onednn_layout(s, t, user.data(), h.data());
+    return h;
+  };
+  const HostBuffer x = onednn(in.x, Tensor::x), w = onednn(in.w, Tensor::w);
+  HostBuffer y(DType::f32, onednn_bytes(s, Tensor::y) / 4);
+  Outputs out = make_outputs(s);
+  auto plan = make_plan(s, Backend::cpu);
+  EXPECT_NE(plan->label().find("not timed"), std::string::npos) << plan->label();
+  plan->run(Args{x.data(), w.data(), nullptr, nullptr, y.data(), nullptr});
+  to_user_layout(s, Tensor::y, y.data(), out.primary.data());
+  const Check c = verify(s, in, out);
+  EXPECT_TRUE(c.ok) << c.message;
+}
+
 TEST(Conv2dFamily, BenchmarkListCoversBothLayoutsAndTheResNetTarget) {
   const auto problems = family().benchmark_problems({});
   bool target = false, nhwc = false;

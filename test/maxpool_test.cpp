@@ -121,6 +121,38 @@ TEST_P(MaxpoolVerify, PassesTheReferenceAndFailsAPlantedError) {
   EXPECT_FALSE(verify(s, in, poisoned).ok);
 }
 
+// A model's use of the CPU plans: the forward writes y and its workspace into caller-owned buffers,
+// the backward reads that workspace; run on two sets of buffers in turn, each result is that of its
+// own inputs.
+TEST(MaxpoolPlan, RunsOnTheBuffersItIsGivenEachRun) {
+  const Problem p = test_problem(DType::f32, Direction::bwd, 9, 7, 3, 2, 1, "nhwc");
+  if (!family().unsupported_reason(p).empty()) GTEST_SKIP() << family().unsupported_reason(p);
+  const Shape bwd = shape_of(p);
+  Shape fwd = bwd;
+  fwd.dir = Direction::fwd;
+  auto forward = make_plan(fwd, Backend::cpu), backward = make_plan(bwd, Backend::cpu);
+  struct Buffers {
+    Inputs in;
+    HostBuffer y, dx, workspace;
+  };
+  const auto buffers = [&](std::uint64_t seed) {
+    Buffers b{make_inputs(bwd, seed), make_output(fwd), make_output(bwd),
+              HostBuffer(DType::f32, (cpu_workspace_bytes(fwd) + 3) / 4)};
+    b.y.poison(), b.dx.poison();
+    return b;
+  };
+  Buffers a = buffers(1), b = buffers(2);
+  for (Buffers* t : {&a, &b}) forward->run(Args{t->in.x.data(), nullptr, nullptr, t->y.data(), t->workspace.data()});
+  for (Buffers* t : {&a, &b})
+    backward->run(Args{nullptr, nullptr, t->in.dy.data(), t->dx.data(), t->workspace.data()});
+  for (Buffers* t : {&a, &b}) {
+    const Check y = verify(fwd, Inputs{t->in.x, {}}, t->y), dx = verify(bwd, t->in, t->dx);
+    EXPECT_TRUE(y.ok) << y.message;
+    EXPECT_TRUE(dx.ok) << dx.message;
+  }
+  EXPECT_FALSE(verify(bwd, b.in, a.dx).ok);
+}
+
 INSTANTIATE_TEST_SUITE_P(All, MaxpoolVerify,
                          testing::Combine(testing::Values(DType::f32, DType::bf16),
                                           testing::Values(Direction::fwd, Direction::bwd),

@@ -61,9 +61,62 @@ std::pair<std::int64_t, std::int64_t> pair_arg(const Problem& p, const std::stri
   }
 }
 
+// The tensor a pass writes: y (fwd), dx (bwd_data) or dw (bwd_weight).
+Tensor output_of(Direction d) { return d == Direction::bwd_data ? Tensor::x : d == Direction::bwd_weight ? Tensor::w : Tensor::y; }
+
+// A host tensor for `bytes` of the shape's dtype (oneDNN's layouts may pad channels).
+HostBuffer host_bytes(const Shape& s, std::size_t bytes) {
+  return HostBuffer(s.dtype, (bytes + dtype_size(s.dtype) - 1) / dtype_size(s.dtype));
+}
+
+// The op as the benchmark runs it: a PlanCase over the problem's inputs and outputs. On the CPU the
+// plan takes oneDNN's layouts: the inputs are reordered into them here, at setup, and the output back
+// to the user's layout by the check, so the timed run is the convolution alone.
+struct Op {
+  using Shape = conv2d::Shape;
+  using Args = conv2d::Args;
+  struct Io {
+    Inputs in;               // the user's layout: what the reference reads
+    Outputs out;             // the user's layout: what the check compares
+    Inputs onednn;           // onednn_layouts: x, w and dy in oneDNN's layouts
+    HostBuffer onednn_out;   // onednn_layouts: the pass's output in oneDNN's layout
+  };
+  static Shape shape(const Problem& p) { return shape_of(p); }
+  static Io io(const Shape& s, std::uint64_t seed) {
+    Io io{make_inputs(s, seed), make_outputs(s), {}, {}};
+    if (!s.onednn_layouts) return io;
+    const auto reordered = [&](const HostBuffer& user, Tensor t) {
+      if (user.count() == 0) return HostBuffer();
+      HostBuffer h = host_bytes(s, onednn_bytes(s, t));
+      to_onednn_layout(s, t, user.data(), h.data());
+      return h;
+    };
+    io.onednn.x = reordered(io.in.x, Tensor::x);
+    io.onednn.w = reordered(io.in.w, Tensor::w);
+    io.onednn.dy = reordered(io.in.dy, Tensor::y);
+    io.onednn_out = host_bytes(s, onednn_bytes(s, output_of(s.dir)));
+    return io;
+  }
+  static Args bind(const Shape& s, Io& io, Binder& b) {
+    const Inputs& in = s.onednn_layouts ? io.onednn : io.in;
+    const auto input = [&](const HostBuffer& h) { return h.count() ? b.in(h) : nullptr; };
+    Args a;
+    a.x = input(in.x), a.w = input(in.w), a.b = input(io.in.b), a.dy = input(in.dy);
+    a.out = b.out(s.onednn_layouts ? io.onednn_out : io.out.primary);
+    if (io.out.db.count()) a.db = b.out(io.out.db);
+    return a;
+  }
+  static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
+  static Check check(const Shape& s, Io& io) {
+    if (s.onednn_layouts) to_user_layout(s, output_of(s.dir), io.onednn_out.data(), io.out.primary.data());
+    return verify(s, io.in, io.out);
+  }
+};
+
 class Conv2dFamily final : public OpFamily {
  public:
-  Conv2dFamily() : OpFamily("conv2d", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
+  Conv2dFamily()
+      : OpFamily("conv2d", cpu_unsupported_reason, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     return per_shape_and_batch(named_shapes(), batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {
@@ -114,9 +167,14 @@ class Conv2dFamily final : public OpFamily {
 
 }  // namespace
 
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
+  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
+}
+
 Shape shape_of(const Problem& p) {
   Shape s;
   s.dir = p.dir;
+  s.onednn_layouts = p.backend == Backend::cpu;
   s.dtype = p.dtype;
   const std::string& l = p.get("layout");
   HOTOPS_CHECK(l == "nchw" || l == "nhwc", "conv2d: layout must be nchw or nhwc in " + p.name());

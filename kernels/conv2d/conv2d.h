@@ -10,18 +10,27 @@
 #include "hotops/buffer.h"
 #include "hotops/op.h"
 #include "hotops/op_family.h"
+#include "hotops/plan.h"
 
 namespace hotops::conv2d {
 
 enum class Layout { nchw, nhwc };
 
+// One convolution pass. A model fills the fields directly: the defaults are a 1x1 convolution with
+// stride 1, no padding or dilation, no bias, on tensors in the user's layout.
 struct Shape {
-  Direction dir = Direction::fwd;
+  Direction dir = Direction::fwd;  // fwd, bwd_data or bwd_weight
   DType dtype = DType::f32;
-  Layout layout = Layout::nchw;
-  std::int64_t N = 1, C = 1, H = 1, W = 1, K = 1, R = 1, S = 1;
-  std::int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;
-  bool bias = false;
+  Layout layout = Layout::nchw;  // of x, y and their gradients; weights OIHW (nchw) or OHWI (nhwc)
+  std::int64_t N = 1, C = 1, H = 1, W = 1;  // the input: batch, channels, rows, columns
+  std::int64_t K = 1, R = 1, S = 1;         // output channels, filter rows and columns
+  std::int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;  // as PyTorch's
+  bool bias = false;  // fwd adds b; bwd_weight also computes db
+  // CPU only: x, w, dy and the pass's output (y, dx or dw) are in the layouts oneDNN chose for this
+  // pass (onednn_bytes, to_onednn_layout), as a framework keeps them between layers, so a run is the
+  // convolution alone. Off: they are in the user's layout, and a run also reorders them where
+  // oneDNN's layouts differ. The bias and db are plain [K] either way; CUDA always takes the user's.
+  bool onednn_layouts = false;
 
   // Output size, as PyTorch computes it.
   std::int64_t P() const { return (H + 2 * pad_h - dil_h * (R - 1) - 1) / stride_h + 1; }
@@ -33,7 +42,9 @@ struct Shape {
   std::size_t y_at(std::int64_t n, std::int64_t k, std::int64_t p, std::int64_t q) const;
 };
 
-Shape shape_of(const Problem& p);  // throws hotops::Error on a malformed or empty problem
+// The problem's shape (throws hotops::Error on a malformed or empty problem); on the CPU with
+// onednn_layouts, as the benchmark times it.
+Shape shape_of(const Problem& p);
 
 // Inputs in the user's layout, seeded from the problem name (every backend sees the same numbers).
 struct Inputs {
@@ -74,6 +85,29 @@ struct NamedShape {
 };
 const std::vector<NamedShape>& named_shapes();
 
-HOTOPS_FAMILY_ENTRY_POINTS(make_cpu, cpu_unsupported_reason, make_cuda);
+// The tensors of one pass, each in the layout the Shape says (the user's, or oneDNN's on the CPU
+// with onednn_layouts). On the CPU host memory, on CUDA device memory.
+struct Args {
+  const void* x = nullptr;   // fwd, bwd_weight: the input [N,C,H,W]
+  const void* w = nullptr;   // fwd, bwd_data: the filter [K,C,R,S]
+  const void* b = nullptr;   // fwd with bias: [K]
+  const void* dy = nullptr;  // bwd_data, bwd_weight: the output's gradient [N,K,P,Q]
+  void* out = nullptr;       // y [N,K,P,Q] (fwd), dx [N,C,H,W] (bwd_data) or dw [K,C,R,S] (bwd_weight)
+  void* db = nullptr;        // bwd_weight with bias: [K]
+};
+using Plan = hotops::Plan<Args>;
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // oneDNN
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // cuDNN, the algorithm searched when it is built
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+
+// oneDNN's layouts of a CPU pass (Shape::onednn_layouts): each tensor's size in bytes in the layout
+// the pass's primitive chose (it may pad channels), and the reorders between it and the user's.
+enum class Tensor { x, w, y };  // y: y or dy; x and w: also their gradients
+std::size_t onednn_bytes(const Shape& s, Tensor t);
+void to_onednn_layout(const Shape& s, Tensor t, const void* user, void* onednn);
+void to_user_layout(const Shape& s, Tensor t, const void* onednn, void* user);
+
+std::string cpu_unsupported_reason(const Problem& p);
+const Family& family();
 
 }  // namespace hotops::conv2d

@@ -1,10 +1,12 @@
 // conv2d on the CPU: one oneDNN convolution primitive per direction (algorithm::convolution_direct,
 // as PyTorch's mkldnn path uses), with format_tag::any so the primitive picks its blocked layouts.
-// The user's NCHW/NHWC buffers are reordered into those layouts once at setup; the output is
-// reordered back only by verify(). run() is the convolution alone (see conv2d.h for why).
+// With Shape::onednn_layouts (the benchmark) the plan runs on tensors already in those layouts: the
+// reorders from and to the user's NCHW/NHWC buffers are the caller's, outside the run (conv2d.h).
+// Without it, a run reorders the user's tensors in and the output back where the layouts differ.
 #include <algorithm>
 #include <cstring>
 #include <unordered_map>
+#include <vector>
 
 #include <oneapi/dnnl/dnnl_debug.h>
 
@@ -44,13 +46,13 @@ std::string format_name(const memory::desc& d) {
 // The primitive descriptors of one problem (no memory touched): creating them is also the support
 // probe, since oneDNN answers `unimplemented` for what this CPU cannot do. The backward ones need
 // the forward one as a hint, as in a training step.
-struct Plan {
+struct Descriptors {
   dnnl::convolution_forward::primitive_desc fwd;
   dnnl::convolution_backward_data::primitive_desc bwd_data;
   dnnl::convolution_backward_weights::primitive_desc bwd_weights;
 };
 
-Plan plan(const Shape& s) {
+Descriptors descriptors(const Shape& s) {
   dnnl::engine& eng = cpu::engine();
   // oneDNN's dilation counts the gaps (PyTorch's minus one). The right padding is what makes
   // PyTorch's output size exact; where the last input rows are unused (stride > 1) it would be
@@ -62,68 +64,108 @@ Plan plan(const Shape& s) {
   const memory::desc x = any(user_x(s)), w = any(user_w(s)), y = any(user_y(s));
   const memory::desc b = s.bias ? user_b(s) : memory::desc();
   const auto alg = dnnl::algorithm::convolution_direct;
-  Plan p;
+  Descriptors d;
   const auto fd = HOTOPS_CHECK_DNNL(dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, x, w, b,
                                                                     y, strides, dilates, pad_l, pad_r));
-  p.fwd = HOTOPS_CHECK_DNNL(dnnl::convolution_forward::primitive_desc(fd, eng));
+  d.fwd = HOTOPS_CHECK_DNNL(dnnl::convolution_forward::primitive_desc(fd, eng));
   if (s.dir == Direction::bwd_data) {
-    const auto d = HOTOPS_CHECK_DNNL(
+    const auto bd = HOTOPS_CHECK_DNNL(
         dnnl::convolution_backward_data::desc(alg, x, w, y, strides, dilates, pad_l, pad_r));
-    p.bwd_data = HOTOPS_CHECK_DNNL(dnnl::convolution_backward_data::primitive_desc(d, eng, p.fwd));
+    d.bwd_data = HOTOPS_CHECK_DNNL(dnnl::convolution_backward_data::primitive_desc(bd, eng, d.fwd));
   } else if (s.dir == Direction::bwd_weight) {
-    const auto d = HOTOPS_CHECK_DNNL(
+    const auto bd = HOTOPS_CHECK_DNNL(
         dnnl::convolution_backward_weights::desc(alg, x, w, b, y, strides, dilates, pad_l, pad_r));
-    p.bwd_weights = HOTOPS_CHECK_DNNL(dnnl::convolution_backward_weights::primitive_desc(d, eng, p.fwd));
+    d.bwd_weights = HOTOPS_CHECK_DNNL(dnnl::convolution_backward_weights::primitive_desc(bd, eng, d.fwd));
   }
-  return p;
+  return d;
 }
 
-class CpuConv2d final : public Case {
+// The user's layout of a tensor, and the one the pass's primitive chose for it.
+memory::desc user_desc(const Shape& s, Tensor t) {
+  return t == Tensor::x ? user_x(s) : t == Tensor::w ? user_w(s) : user_y(s);
+}
+memory::desc chosen_desc(const Shape& s, const Descriptors& d, Tensor t) {
+  switch (s.dir) {
+    case Direction::bwd_data:
+      return t == Tensor::x ? d.bwd_data.diff_src_desc() : t == Tensor::w ? d.bwd_data.weights_desc()
+                                                                          : d.bwd_data.diff_dst_desc();
+    case Direction::bwd_weight:
+      return t == Tensor::x ? d.bwd_weights.src_desc() : t == Tensor::w ? d.bwd_weights.diff_weights_desc()
+                                                                        : d.bwd_weights.diff_dst_desc();
+    default: return t == Tensor::x ? d.fwd.src_desc() : t == Tensor::w ? d.fwd.weights_desc() : d.fwd.dst_desc();
+  }
+}
+
+// One argument of the pass's primitive: which tensor it is (none: the bias or db, [K] in both
+// layouts), whether the pass writes it, and, where a run reorders it (the user's layout differs from
+// the primitive's), the plan's copy in the primitive's layout and the reorder to or from it.
+struct Operand {
+  int arg;
+  bool output;
+  bool plain;  // the bias or db
+  Tensor tensor;
+  memory staged;
+  cpu::Primitive reorder;
+};
+
+// The pass's arguments in the order run() passes their buffers.
+std::vector<Operand> operands(const Shape& s) {
+  const auto t = [](int arg, Tensor tensor, bool output = false) { return Operand{arg, output, false, tensor, {}, {}}; };
+  const auto plain = [](int arg, bool output) { return Operand{arg, output, true, Tensor::y, {}, {}}; };
+  std::vector<Operand> o;
+  switch (s.dir) {
+    case Direction::bwd_data:
+      o = {t(DNNL_ARG_DIFF_DST, Tensor::y), t(DNNL_ARG_WEIGHTS, Tensor::w), t(DNNL_ARG_DIFF_SRC, Tensor::x, true)};
+      break;
+    case Direction::bwd_weight:
+      o = {t(DNNL_ARG_SRC, Tensor::x), t(DNNL_ARG_DIFF_DST, Tensor::y), t(DNNL_ARG_DIFF_WEIGHTS, Tensor::w, true)};
+      if (s.bias) o.push_back(plain(DNNL_ARG_DIFF_BIAS, true));
+      break;
+    default:
+      o = {t(DNNL_ARG_SRC, Tensor::x), t(DNNL_ARG_WEIGHTS, Tensor::w)};
+      if (s.bias) o.push_back(plain(DNNL_ARG_BIAS, false));
+      o.push_back(t(DNNL_ARG_DST, Tensor::y, true));
+  }
+  return o;
+}
+
+class CpuConv2d final : public Plan {
  public:
-  explicit CpuConv2d(const Problem& p)
-      : s_(shape_of(p)), plan_(plan(s_)), in_(make_inputs(s_, p.seed())), out_(make_outputs(s_)) {
+  explicit CpuConv2d(const Shape& s) : s_(s), d_(descriptors(s)), ops_(operands(s)) {
     dnnl::engine& eng = cpu::engine();
-    // An input: the user's buffer reordered, here at setup, into the layout the primitive wants.
-    auto input = [&](const memory::desc& user, HostBuffer& host, const memory::desc& want) {
-      return cpu::reordered(cpu::mem(user, host.data()), want);
-    };
+    std::vector<std::pair<int, memory::desc>> args;
+    for (Operand& o : ops_) {
+      const memory::desc chosen = o.plain ? user_b(s_) : chosen_desc(s_, d_, o.tensor);
+      args.emplace_back(o.arg, chosen);
+      if (o.plain || s_.onednn_layouts || user_desc(s_, o.tensor) == chosen) continue;
+      const memory::desc user = user_desc(s_, o.tensor);
+      o.staged = memory(chosen, eng);
+      const memory::desc& from = o.output ? chosen : user;
+      const memory::desc& to = o.output ? user : chosen;
+      o.reorder = cpu::Primitive(dnnl::reorder(HOTOPS_CHECK_DNNL(dnnl::reorder::primitive_desc(eng, from, eng, to))),
+                                 {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}});
+      ++reorders_;
+    }
     switch (s_.dir) {
       case Direction::fwd: {
-        const auto& pd = plan_.fwd;
-        conv_ = dnnl::convolution_forward(pd);
-        out_mem_ = memory(pd.dst_desc(), eng);
-        out_user_ = cpu::mem(user_y(s_), out_.primary.data());
-        args_ = {{DNNL_ARG_SRC, input(user_x(s_), in_.x, pd.src_desc())},
-                 {DNNL_ARG_WEIGHTS, input(user_w(s_), in_.w, pd.weights_desc())},
-                 {DNNL_ARG_DST, out_mem_}};
-        if (s_.bias) args_[DNNL_ARG_BIAS] = cpu::mem(pd.bias_desc(), in_.b.data());
+        const auto& pd = d_.fwd;
+        conv_ = cpu::Primitive(dnnl::convolution_forward(pd), args);
         impl_ = pd.impl_info_str();
         formats_ = "src " + format_name(pd.src_desc()) + ", wei " + format_name(pd.weights_desc()) + ", dst " +
                    format_name(pd.dst_desc());
         break;
       }
       case Direction::bwd_data: {
-        const auto& pd = plan_.bwd_data;
-        conv_ = dnnl::convolution_backward_data(pd);
-        out_mem_ = memory(pd.diff_src_desc(), eng);
-        out_user_ = cpu::mem(user_x(s_), out_.primary.data());
-        args_ = {{DNNL_ARG_DIFF_DST, input(user_y(s_), in_.dy, pd.diff_dst_desc())},
-                 {DNNL_ARG_WEIGHTS, input(user_w(s_), in_.w, pd.weights_desc())},
-                 {DNNL_ARG_DIFF_SRC, out_mem_}};
+        const auto& pd = d_.bwd_data;
+        conv_ = cpu::Primitive(dnnl::convolution_backward_data(pd), args);
         impl_ = pd.impl_info_str();
         formats_ = "diff_dst " + format_name(pd.diff_dst_desc()) + ", wei " + format_name(pd.weights_desc()) +
                    ", diff_src " + format_name(pd.diff_src_desc());
         break;
       }
       default: {
-        const auto& pd = plan_.bwd_weights;
-        conv_ = dnnl::convolution_backward_weights(pd);
-        out_mem_ = memory(pd.diff_weights_desc(), eng);
-        out_user_ = cpu::mem(user_w(s_), out_.primary.data());
-        args_ = {{DNNL_ARG_SRC, input(user_x(s_), in_.x, pd.src_desc())},
-                 {DNNL_ARG_DIFF_DST, input(user_y(s_), in_.dy, pd.diff_dst_desc())},
-                 {DNNL_ARG_DIFF_WEIGHTS, out_mem_}};
-        if (s_.bias) args_[DNNL_ARG_DIFF_BIAS] = cpu::mem(pd.diff_bias_desc(), out_.db.data());
+        const auto& pd = d_.bwd_weights;
+        conv_ = cpu::Primitive(dnnl::convolution_backward_weights(pd), args);
         impl_ = pd.impl_info_str();
         formats_ = "src " + format_name(pd.src_desc()) + ", diff_dst " + format_name(pd.diff_dst_desc()) +
                    ", diff_wei " + format_name(pd.diff_weights_desc());
@@ -131,30 +173,50 @@ class CpuConv2d final : public Case {
     }
   }
 
-  void run() override { cpu::execute(conv_, args_); }
-
-  Check verify() override {
-    std::memset(out_mem_.get_data_handle(), 0xff, out_mem_.get_desc().get_size());  // NaN in f32 and bf16
-    out_.primary.poison();
-    out_.db.poison();
-    run();
-    cpu::reorder(out_mem_, out_user_);
-    return conv2d::verify(s_, in_, out_);
+  void run(const Args& a) override {
+    // The caller's buffers in operand order, then, where a run reorders, the plan's copies instead.
+    const void* p[4] = {};
+    std::size_t n = 0;
+    switch (s_.dir) {
+      case Direction::bwd_data: p[n++] = a.dy, p[n++] = a.w, p[n++] = a.out; break;
+      case Direction::bwd_weight:
+        p[n++] = a.x, p[n++] = a.dy, p[n++] = a.out;
+        if (s_.bias) p[n++] = a.db;
+        break;
+      default:
+        p[n++] = a.x, p[n++] = a.w;
+        if (s_.bias) p[n++] = a.b;
+        p[n++] = a.out;
+    }
+    const void* conv[4] = {p[0], p[1], p[2], p[3]};
+    for (std::size_t i = 0; i < n && reorders_; ++i) {
+      Operand& o = ops_[i];
+      if (!o.staged) continue;
+      conv[i] = o.staged.get_data_handle();
+      if (!o.output) o.reorder.run({p[i], conv[i]});
+    }
+    if (n == 4)
+      conv_.run({conv[0], conv[1], conv[2], conv[3]});
+    else
+      conv_.run({conv[0], conv[1], conv[2]});
+    for (std::size_t i = 0; i < n && reorders_; ++i)
+      if (ops_[i].staged && ops_[i].output) ops_[i].reorder.run({conv[i], p[i]});
   }
 
   std::string label() const override {
-    return "oneDNN convolution " + impl_ + " (" + formats_ + "; user-layout reorders not timed), " +
-           std::to_string(cpu::threads()) + " threads";
+    const std::string reorders = s_.onednn_layouts ? "user-layout reorders not timed"
+                                 : reorders_      ? "user-layout reorders in the run"
+                                                  : "no reorders";
+    return "oneDNN convolution " + impl_ + " (" + formats_ + "; " + reorders + "), " + std::to_string(cpu::threads()) +
+           " threads";
   }
 
  private:
   Shape s_;
-  Plan plan_;
-  Inputs in_;
-  Outputs out_;
-  dnnl::primitive conv_;
-  memory out_mem_, out_user_;  // the output in the primitive's layout, and the user's view of it
-  cpu::Args args_;
+  Descriptors d_;
+  std::vector<Operand> ops_;
+  int reorders_ = 0;
+  cpu::Primitive conv_;
   std::string impl_, formats_;
 };
 
@@ -163,9 +225,19 @@ class CpuConv2d final : public Case {
 std::string cpu_unsupported_reason(const Problem& p) {
   if (p.dtype != DType::f32 && p.dtype != DType::bf16)
     return std::string("the CPU backend has no ") + dtype_name(p.dtype) + " conv2d";
-  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, p, "conv2d");
+  return cpu::onednn_unsupported_reason([&] { descriptors(shape_of(p)); }, p, "conv2d");
 }
 
-std::unique_ptr<Case> make_cpu(const Problem& p) { return std::make_unique<CpuConv2d>(p); }
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s) { return std::make_unique<CpuConv2d>(s); }
+
+std::size_t onednn_bytes(const Shape& s, Tensor t) { return chosen_desc(s, descriptors(s), t).get_size(); }
+
+void to_onednn_layout(const Shape& s, Tensor t, const void* user, void* onednn) {
+  cpu::reorder(cpu::mem(user_desc(s, t), const_cast<void*>(user)), cpu::mem(chosen_desc(s, descriptors(s), t), onednn));
+}
+
+void to_user_layout(const Shape& s, Tensor t, const void* onednn, void* user) {
+  cpu::reorder(cpu::mem(chosen_desc(s, descriptors(s), t), const_cast<void*>(onednn)), cpu::mem(user_desc(s, t), user));
+}
 
 }  // namespace hotops::conv2d

@@ -2,8 +2,8 @@
 // NHWC tensors (cudnnConvolutionForward / BackwardData / BackwardFilter), with the bias added by
 // cudnnAddTensor (fwd) and its gradient by cudnnConvolutionBackwardBias (bwd_weight).
 //
-// The algorithm is chosen once at setup by gpu::find_conv_algo (cudnnFind*AlgorithmEx on the case's
-// own buffers, its usable results re-timed: ConvPick::retimed): this is PyTorch's
+// The algorithm is chosen once, when the plan is built, by gpu::find_conv_algo (cudnnFind*AlgorithmEx
+// on seeded tensors of the problem's sizes, its usable results re-timed: ConvPick::retimed): this is PyTorch's
 // torch.backends.cudnn.benchmark = True. PyTorch's default (benchmark = False) takes cuDNN's
 // heuristic first choice (cudnnGet*Algorithm_v7) instead, which can be slower. Then only the chosen
 // algorithm's workspace is kept. Math: f32 is CUDNN_FMA_MATH (no tensor cores, really
@@ -91,11 +91,11 @@ int dim(std::int64_t v) {
   return static_cast<int>(v);
 }
 
-// ---- the case ---------------------------------------------------------------------------------
+// ---- the plan ---------------------------------------------------------------------------------
 
-class CudaConv2d final : public Case {
+class CudaConv2d final : public Plan {
  public:
-  explicit CudaConv2d(const Problem& p) : s_(shape_of(p)), in_(make_inputs(s_, p.seed())), out_(make_outputs(s_)) {
+  explicit CudaConv2d(const Shape& s) : s_(s) {
     const cudnnDataType_t dt = data_type(s_.dtype);
     const cudnnTensorFormat_t fmt = tensor_format(s_.layout);
     HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(x_desc_.h, fmt, dt, dim(s_.N), dim(s_.C), dim(s_.H), dim(s_.W)));
@@ -108,54 +108,46 @@ class CudaConv2d final : public Case {
     HOTOPS_CHECK_CUDNN(cudnnGetConvolution2dForwardOutputDim(conv_.h, x_desc_.h, w_desc_.h, &n, &k, &h, &w));
     HOTOPS_CHECK(h == s_.P() && w == s_.Q(), "conv2d: cuDNN's output size differs from PyTorch's");
 
-    x_ = gpu::DeviceBuffer(in_.x);
-    w_ = gpu::DeviceBuffer(in_.w);
-    b_ = gpu::DeviceBuffer(in_.b);
-    dy_ = gpu::DeviceBuffer(in_.dy);
-    out_d_ = gpu::DeviceBuffer(out_.primary.bytes());
-    db_d_ = gpu::DeviceBuffer(out_.db.bytes());
-
-    // Each direction reads two of x, w, dy and writes out_d_ (gpu::ConvCall).
-    call_ = gpu::ConvCall{s_.dir, x_desc_.h, w_desc_.h, y_desc_.h, conv_.h, x_.get(), w_.get(), dy_.get(), out_d_.get()};
-    choice_ = gpu::find_conv_algo(call_, s_.dtype == DType::f32 ? gpu::ConvMath::fma : gpu::ConvMath::any,
+    // The search times each algorithm on tensors of this problem's sizes and values: seeded inputs
+    // and outputs of its own, freed once the algorithm is chosen (the runs get the caller's).
+    const Inputs in = make_inputs(s_, 0);
+    const Outputs out = make_outputs(s_);
+    const gpu::DeviceBuffer x(in.x), wt(in.w), b(in.b), dy(in.dy), out_d(out.primary.bytes()), db(out.db.bytes());
+    // Each direction reads two of x, w, dy and writes out (gpu::ConvCall).
+    call_ = gpu::ConvCall{s_.dir, x_desc_.h, w_desc_.h, y_desc_.h, conv_.h, nullptr, nullptr, nullptr, nullptr};
+    gpu::ConvCall search = call_;
+    search.x = x.get(), search.w = wt.get(), search.y = dy.get(), search.out = out_d.get();
+    choice_ = gpu::find_conv_algo(search, s_.dtype == DType::f32 ? gpu::ConvMath::fma : gpu::ConvMath::any,
                                   gpu::ConvPick::retimed, std::string("conv2d ") + dtype_name(s_.dtype));
     workspace_ = gpu::DeviceBuffer(choice_.workspace);
     label_ = std::string("cuDNN ") + direction_name(s_.dir) + " " + gpu::conv_algo_name(s_.dir, choice_.algo) +
              " (cudnnFind: " + ms(choice_.find_ms) + "; fastest of " + std::to_string(choice_.retimed) +
              " re-timed: " + ms(choice_.retimed_ms) + "), ws " + mib(choice_.workspace) + ", " + math_name(choice_.math);
-    if (s_.bias && s_.dir != Direction::bwd_data) probe_bias();
+    if (s_.bias && s_.dir != Direction::bwd_data) probe_bias(Args{x.get(), wt.get(), b.get(), dy.get(), out_d.get(), db.get()});
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
   }
 
-  void run() override {
-    HOTOPS_CHECK_CUDNN(gpu::convolve(call_, choice_.algo, workspace_.get(), workspace_.bytes()));
-    if (s_.bias && s_.dir != Direction::bwd_data) bias_step();
-  }
-
-  Check verify() override {
-    out_d_.poison();
-    if (out_.db.count()) db_d_.poison();
-    run();
-    out_d_.download(out_.primary);
-    if (out_.db.count()) db_d_.download(out_.db);
-    return conv2d::verify(s_, in_, out_);
+  void run(const Args& a) override {
+    gpu::ConvCall call = call_;
+    call.x = a.x, call.w = a.w, call.y = a.dy, call.out = a.out;
+    HOTOPS_CHECK_CUDNN(gpu::convolve(call, choice_.algo, workspace_.get(), workspace_.bytes()));
+    if (s_.bias && s_.dir != Direction::bwd_data) bias_step(a);
   }
 
   std::string label() const override { return label_; }
 
  private:
   // The bias step through cuDNN: y += b (fwd) or db = sum dy (bwd_weight).
-  cudnnStatus_t cudnn_bias() {
+  cudnnStatus_t cudnn_bias(const Args& a) {
     const float one = 1.f, zero = 0.f;
-    if (s_.dir == Direction::fwd)
-      return cudnnAddTensor(cudnn(), &one, b_desc_.h, b_.get(), &one, y_desc_.h, out_d_.get());
-    return cudnnConvolutionBackwardBias(cudnn(), &one, y_desc_.h, dy_.get(), &zero, b_desc_.h, db_d_.get());
+    if (s_.dir == Direction::fwd) return cudnnAddTensor(cudnn(), &one, b_desc_.h, a.b, &one, y_desc_.h, a.out);
+    return cudnnConvolutionBackwardBias(cudnn(), &one, y_desc_.h, a.dy, &zero, b_desc_.h, a.db);
   }
 
   // Tries cuDNN's bias call once; where cuDNN cannot do it, the hotops kernel does, and says so.
-  void probe_bias() {
+  void probe_bias(const Args& a) {
     const char* call = s_.dir == Direction::fwd ? "cudnnAddTensor" : "cudnnConvolutionBackwardBias";
-    const cudnnStatus_t st = cudnn_bias();
+    const cudnnStatus_t st = cudnn_bias(a);
     if (st == CUDNN_STATUS_SUCCESS) {
       label_ += std::string(" + ") + call;
       return;
@@ -166,39 +158,42 @@ class CudaConv2d final : public Case {
               call + ": " + cudnnGetErrorString(st) + ")";
   }
 
-  void bias_step() {
+  void bias_step(const Args& a) {
     if (!own_bias_kernel_) {
-      HOTOPS_CHECK_CUDNN(cudnn_bias());
+      HOTOPS_CHECK_CUDNN(cudnn_bias(a));
       return;
     }
     const std::int64_t PQ = s_.P() * s_.Q();
     const bool nhwc = s_.layout == Layout::nhwc;
     const cudaStream_t st = gpu::stream();
-    if (s_.dir == Direction::fwd) {
-      const std::int64_t count = s_.N * s_.K * PQ, inner = nhwc ? 1 : PQ;
-      const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((count + 255) / 256, 4096));
-      if (s_.dtype == DType::bf16)
-        add_bias<<<blocks, 256, 0, st>>>(out_d_.as<__nv_bfloat16>(), b_.as<const __nv_bfloat16>(), count, s_.K, inner);
-      else
-        add_bias<<<blocks, 256, 0, st>>>(out_d_.as<float>(), b_.as<const float>(), count, s_.K, inner);
+    if (s_.dtype == DType::bf16) {
+      using T = __nv_bfloat16;
+      launch_bias(static_cast<T*>(a.out), static_cast<const T*>(a.b), static_cast<const T*>(a.dy), static_cast<T*>(a.db),
+                  PQ, nhwc, st);
     } else {
-      const auto blocks = static_cast<unsigned>(s_.K);
-      if (s_.dtype == DType::bf16)
-        bias_grad<<<blocks, 256, 0, st>>>(dy_.as<const __nv_bfloat16>(), db_d_.as<__nv_bfloat16>(), s_.N, s_.K, PQ,
-                                          nhwc);
-      else
-        bias_grad<<<blocks, 256, 0, st>>>(dy_.as<const float>(), db_d_.as<float>(), s_.N, s_.K, PQ, nhwc);
+      launch_bias(static_cast<float*>(a.out), static_cast<const float*>(a.b), static_cast<const float*>(a.dy),
+                  static_cast<float*>(a.db), PQ, nhwc, st);
     }
     HOTOPS_CHECK_LAUNCH();
   }
 
+  // The hotops bias kernel of the pass: add_bias into y (fwd) or bias_grad into db (bwd_weight).
+  template <class T>
+  void launch_bias(T* y, const T* b, const T* dy, T* db, std::int64_t PQ, bool nhwc, cudaStream_t st) const {
+    if (s_.dir == Direction::fwd) {
+      const std::int64_t count = s_.N * s_.K * PQ, inner = nhwc ? 1 : PQ;
+      const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((count + 255) / 256, 4096));
+      add_bias<<<blocks, 256, 0, st>>>(y, b, count, s_.K, inner);
+    } else {
+      bias_grad<<<static_cast<unsigned>(s_.K), 256, 0, st>>>(dy, db, s_.N, s_.K, PQ, nhwc);
+    }
+  }
+
   Shape s_;
-  Inputs in_;
-  Outputs out_;
   TensorDesc x_desc_, y_desc_, b_desc_;
   FilterDesc w_desc_;
   ConvDesc conv_;
-  gpu::DeviceBuffer x_, w_, b_, dy_, out_d_, db_d_, workspace_;
+  gpu::DeviceBuffer workspace_;
   gpu::ConvCall call_;
   gpu::ConvAlgo choice_;
   bool own_bias_kernel_ = false;
@@ -207,6 +202,6 @@ class CudaConv2d final : public Case {
 
 }  // namespace
 
-std::unique_ptr<Case> make_cuda(const Problem& p) { return std::make_unique<CudaConv2d>(p); }
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s) { return std::make_unique<CudaConv2d>(s); }
 
 }  // namespace hotops::conv2d

@@ -1,7 +1,8 @@
 // maxpool on CUDA: cuDNN's legacy pooling API with CUDNN_POOLING_MAX (floor mode, NaN not
 // propagated). fwd is cudnnPoolingForward (x -> y; cuDNN saves no indices). bwd is
 // cudnnPoolingBackward, which reads x, y and dy and finds each window's argmax again from x and y;
-// y comes from one cudnnPoolingForward at setup, and only the backward call is timed.
+// x and y are the caller's (the benchmark's y comes from one forward at setup); a backward run is the
+// backward call alone.
 #include <cudnn.h>
 
 #include <string>
@@ -23,9 +24,9 @@ struct PoolingDesc {
   PoolingDesc& operator=(const PoolingDesc&) = delete;
 };
 
-class CudnnMaxpool final : public Case {
+class CudnnMaxpool final : public Plan {
  public:
-  explicit CudnnMaxpool(const Problem& p) : s_(shape_of(p)), in_(make_inputs(s_, p.seed())), out_(make_output(s_)) {
+  explicit CudnnMaxpool(const Shape& s) : s_(s) {
     const cudnnTensorFormat_t fmt = s_.layout == Layout::nchw ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC;
     const cudnnDataType_t t = s_.dtype == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
     const auto i = [](std::int64_t v) { return static_cast<int>(v); };
@@ -36,29 +37,16 @@ class CudnnMaxpool final : public Case {
     int n, c, h, w;
     HOTOPS_CHECK_CUDNN(cudnnGetPooling2dForwardOutputDim(pool_.h, x_desc_.h, &n, &c, &h, &w));
     HOTOPS_CHECK(h == s_.OH() && w == s_.OW(), "cuDNN's pooling output size is not nn.MaxPool2d's");
-    x_ = gpu::DeviceBuffer(in_.x);
-    out_d_ = gpu::DeviceBuffer(out_.bytes());
-    if (s_.dir == Direction::bwd) {
-      dy_ = gpu::DeviceBuffer(in_.dy);
-      y_ = gpu::DeviceBuffer(s_.out_elements() * dtype_size(s_.dtype));
-      forward(y_.get());
-      HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-    }
   }
 
-  void run() override {
+  void run(const Args& a) override {
+    const float one = 1.f, zero = 0.f;
     if (s_.dir == Direction::fwd) {
-      forward(out_d_.get());
+      HOTOPS_CHECK_CUDNN(cudnnPoolingForward(cudnn(), pool_.h, &one, x_desc_.h, a.x, &zero, y_desc_.h, a.out));
       return;
     }
-    const float one = 1.f, zero = 0.f;
-    HOTOPS_CHECK_CUDNN(cudnnPoolingBackward(cudnn(), pool_.h, &one, y_desc_.h, y_.get(), y_desc_.h, dy_.get(),
-                                            x_desc_.h, x_.get(), &zero, x_desc_.h, out_d_.get()));
-  }
-
-  Check verify() override {
-    gpu::poison_run_download(*this, out_d_, out_);
-    return maxpool::verify(s_, in_, out_);
+    HOTOPS_CHECK_CUDNN(cudnnPoolingBackward(cudnn(), pool_.h, &one, y_desc_.h, a.y, y_desc_.h, a.dy, x_desc_.h, a.x,
+                                            &zero, x_desc_.h, a.out));
   }
 
   std::string label() const override {
@@ -67,21 +55,13 @@ class CudnnMaxpool final : public Case {
   }
 
  private:
-  void forward(void* y) {
-    const float one = 1.f, zero = 0.f;
-    HOTOPS_CHECK_CUDNN(cudnnPoolingForward(cudnn(), pool_.h, &one, x_desc_.h, x_.get(), &zero, y_desc_.h, y));
-  }
-
   Shape s_;
-  Inputs in_;
-  HostBuffer out_;
   TensorDesc x_desc_, y_desc_;
   PoolingDesc pool_;
-  gpu::DeviceBuffer x_, dy_, y_, out_d_;
 };
 
 }  // namespace
 
-std::unique_ptr<Case> make_cudnn(const Problem& p) { return std::make_unique<CudnnMaxpool>(p); }
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s) { return std::make_unique<CudnnMaxpool>(s); }
 
 }  // namespace hotops::maxpool

@@ -49,9 +49,45 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
       for (Direction d : kDirections) out.push_back(Problem{"maxpool", be, t, d, args});
 }
 
+// The op as the benchmark runs it: a PlanCase over the problem's inputs and output. A backward reads
+// what its forward saved (oneDNN's workspace on the CPU, y on CUDA): the forward plan runs once here,
+// at setup, on this problem's x.
+struct Op {
+  using Shape = maxpool::Shape;
+  using Args = maxpool::Args;
+  struct Io {
+    Inputs in;
+    HostBuffer out;
+  };
+  static Shape shape(const Problem& p) { return shape_of(p); }
+  static Io io(const Shape& s, std::uint64_t seed) { return {make_inputs(s, seed), make_output(s)}; }
+  static Args bind(const Shape& s, Io& io, Binder& b) {
+    const bool cpu = b.backend() == Backend::cpu;
+    Args a;
+    a.x = b.in(io.in.x);
+    if (cpu) a.workspace = b.scratch(cpu_workspace_bytes(s));
+    if (s.dir == Direction::fwd) {
+      a.out = b.out(io.out);
+      return a;
+    }
+    Shape fwd = s;
+    fwd.dir = Direction::fwd;
+    void* y = b.scratch(s.out_elements() * dtype_size(s.dtype));
+    make_plan(fwd, b.backend())->run(Args{a.x, nullptr, nullptr, y, a.workspace});
+    if (!cpu) gpu::synchronize();
+    a.y = y;
+    a.dy = b.in(io.in.dy);
+    a.out = b.out(io.out);
+    return a;
+  }
+  static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
+  static Check check(const Shape& s, const Io& io) { return verify(s, io.in, io.out); }
+};
+
 class MaxpoolFamily final : public OpFamily {
  public:
-  MaxpoolFamily() : OpFamily("maxpool", onednn_unsupported_reason, make_cpu_onednn, HOTOPS_CUDA_FACTORY(make_cudnn)) {}
+  MaxpoolFamily()
+      : OpFamily("maxpool", onednn_unsupported_reason, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     return per_shape_and_batch(kNamedShapes, batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {
@@ -96,6 +132,10 @@ class MaxpoolFamily final : public OpFamily {
 };
 
 }  // namespace
+
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
+  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
+}
 
 Shape shape_of(const Problem& p) {
   Shape s = fwd_bwd_shape<Shape>(p, "maxpool");

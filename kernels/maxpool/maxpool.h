@@ -11,13 +11,15 @@
 #include "hotops/buffer.h"
 #include "hotops/op.h"
 #include "hotops/op_family.h"
+#include "hotops/plan.h"
 
 namespace hotops::maxpool {
 
 enum class Layout { nchw, nhwc };
 
+// One pooling pass; a model fills the fields directly.
 struct Shape {
-  Direction dir = Direction::fwd;
+  Direction dir = Direction::fwd;  // fwd or bwd
   DType dtype = DType::f32;
   Layout layout = Layout::nchw;
   std::int64_t N = 1, C = 1, H = 1, W = 1;  // input
@@ -60,6 +62,25 @@ double reference_bwd(const Shape& s, const HostBuffer& x, const HostBuffer& dy, 
 // ceil(k / s)^2 dy in f32, then rounded to the dtype; exact for non-overlapping windows).
 Check verify(const Shape& s, const Inputs& in, const HostBuffer& out);
 
-HOTOPS_FAMILY_ENTRY_POINTS(make_cpu_onednn, onednn_unsupported_reason, make_cudnn);
+// The tensors of one pass, in the shape's layout: host memory on the CPU, device memory on CUDA.
+// The backward reads what its forward saved, which differs by backend: oneDNN's workspace on the
+// CPU, x and y on cuDNN.
+struct Args {
+  const void* x = nullptr;   // fwd; bwd on CUDA: the forward's input [N,C,H,W]
+  const void* y = nullptr;   // bwd on CUDA: the forward's output [N,C,OH,OW]
+  const void* dy = nullptr;  // bwd: [N,C,OH,OW]
+  void* out = nullptr;       // y (fwd) or dx (bwd)
+  // CPU: the argmax of each window, cpu_workspace_bytes(shape); the forward writes it, the backward
+  // reads it. Unused on CUDA.
+  void* workspace = nullptr;
+};
+using Plan = hotops::Plan<Args>;
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // oneDNN
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // cuDNN
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+std::size_t cpu_workspace_bytes(const Shape& s);
+
+std::string onednn_unsupported_reason(const Problem& p);
+const Family& family();
 
 }  // namespace hotops::maxpool
