@@ -73,8 +73,9 @@ struct Op {
     Shape fwd = s;
     fwd.dir = Direction::fwd;
     void* y = b.scratch(s.out_elements() * dtype_size(s.dtype));
-    make_plan(fwd, b.backend())->run(Args{a.x, nullptr, nullptr, y, a.workspace});
-    if (!cpu) gpu::synchronize();
+    const auto forward = make_plan(fwd, b.backend());
+    forward->run(Args{a.x, nullptr, nullptr, y, a.workspace});
+    if (!cpu) gpu::synchronize();  // done before the forward plan's descriptors go
     a.y = y;
     a.dy = b.in(io.in.dy);
     a.out = b.out(io.out);
