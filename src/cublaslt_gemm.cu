@@ -66,6 +66,7 @@ std::unique_ptr<LtGemm> LtGemm::if_supported(const GemmDesc& d, const std::strin
 LtGemm::LtGemm(const GemmDesc& d, const std::string& what, bool* found) : alpha_(d.alpha), beta_(d.beta) {
   HOTOPS_CHECK(!d.relu || d.bias, what + ": a ReLU epilogue needs a bias");
   HOTOPS_CHECK(!d.bias || !d.bias_grad, what + ": one GEMM has a bias or a bias gradient, not both");
+  has_vector_ = d.bias || d.bias_grad;
   HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc_.h, d.compute, CUDA_R_32F));
   HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_.h, CUBLASLT_MATMUL_DESC_TRANSA, &d.opa, sizeof d.opa));
   HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_.h, CUBLASLT_MATMUL_DESC_TRANSB, &d.opb, sizeof d.opb));
@@ -115,6 +116,11 @@ LtGemm::LtGemm(const GemmDesc& d, const std::string& what, bool* found) : alpha_
         check.workspaceSize <= kCublasWorkspaceBytes)
       candidates_.push_back(a);
   }
+}
+
+void LtGemm::set_vector(const void* v) {
+  HOTOPS_CHECK(has_vector_ && v, "a cublasLt GEMM's epilogue vector: the GEMM has none, or it was given none");
+  HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &v, sizeof v));
 }
 
 void LtGemm::tune(const void* A, const void* B, void* D, const void* C) {

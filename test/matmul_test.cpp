@@ -97,6 +97,42 @@ TEST(MatmulVerify, Bf16OutputRoundingPassesButATf32SizedErrorFailsF32) {
   EXPECT_FALSE(verify(s, in, out).ok);
 }
 
+// A Linear layer's three GEMMs and its bias gradient, as a model fills the Shape in (the weight as
+// PyTorch holds it, [N, K]), each plan run on two sets of the caller's buffers in turn: each run
+// writes the buffers it is given, and only those.
+TEST(MatmulPlan, RunsALinearLayerOnTheBuffersItIsGivenEachRun) {
+  for (const Direction d : {Direction::fwd, Direction::bwd_data, Direction::bwd_weight}) {
+    Shape s;
+    s.op = Op::addmm;
+    s.dir = d;
+    s.M = 6, s.N = 5, s.K = 7;
+    s.trans_b = true;
+    s.beta = d == Direction::bwd_weight ? 1 : 2;
+    auto plan = make_plan(s, Backend::cpu);
+    Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
+    Outputs out[2] = {make_outputs(s), make_outputs(s)};
+    auto args = [&](int i) {
+      Args a;
+      a.a = in[i].a.count() ? in[i].a.data() : nullptr;
+      a.b = in[i].b.count() ? in[i].b.data() : nullptr;
+      a.bias = in[i].bias.count() ? in[i].bias.data() : nullptr;
+      a.dout = in[i].dout.count() ? in[i].dout.data() : nullptr;
+      a.out = out[i].primary.data();
+      a.dbias = out[i].dbias.count() ? out[i].dbias.data() : nullptr;
+      return a;
+    };
+    for (Outputs& o : out) o.primary.poison(), o.dbias.poison();
+    plan->run(args(0));
+    const Check first = verify(s, in[0], out[0]);
+    EXPECT_TRUE(first.ok) << direction_name(d) << ": " << first.message;
+    EXPECT_TRUE(std::isnan(out[1].primary.get(0))) << direction_name(d) << ": the second output was written";
+    plan->run(args(1));
+    const Check second = verify(s, in[1], out[1]);
+    EXPECT_TRUE(second.ok) << direction_name(d) << ": " << second.message;
+    EXPECT_TRUE(verify(s, in[0], out[0]).ok) << direction_name(d) << ": the first output changed";
+  }
+}
+
 TEST(MatmulShapes, NamedShapesComeWithBatchesAndPositiveDims) {
   for (const NamedShape& ns : named_shapes()) {
     EXPECT_FALSE(ns.name.empty());
@@ -122,7 +158,7 @@ double op_element(const HostBuffer& x, const gpu::MatrixLayout& l, cublasOperati
   return x.get(static_cast<std::size_t>(item * l.stride + c * l.ld + r));
 }
 
-// What the CUDA case asks cublasLt for (matmul::cuda_gemm, laid out by gpu::gemm_layouts), evaluated
+// What the CUDA plan asks cublasLt for (matmul::cuda_gemm, laid out by gpu::gemm_layouts), evaluated
 // on the host with cublasLt's meaning of each field, must be the reference's result: a wrong operand,
 // transpose, leading dimension, batch stride, alpha or epilogue shows here without a GPU.
 TEST(MatmulCudaGemm, ColumnMajorViewOfEachDirectionIsTheReference) {
@@ -132,6 +168,11 @@ TEST(MatmulCudaGemm, ColumnMajorViewOfEachDirectionIsTheReference) {
     problems.push_back({"addmm", Backend::cuda, DType::f32, d, {{"M", "4"}, {"N", "6"}, {"K", "3"}, {"alpha", "0.5"}, {"beta", "1"}}});
     problems.push_back({"addmm", Backend::cuda, DType::f32, d, {{"M", "4"}, {"N", "6"}, {"K", "3"}, {"alpha", "1"}, {"beta", "2"}}});
     problems.push_back({"bmm", Backend::cuda, DType::f32, d, {{"batch", "2"}, {"heads", "3"}, {"M", "5"}, {"N", "2"}, {"K", "4"}}});
+    // Operands stored transposed: a Linear's weight (trans_b), A as [K, M], and both.
+    problems.push_back({"addmm", Backend::cuda, DType::f32, d, {{"M", "4"}, {"N", "6"}, {"K", "3"}, {"trans_b", "1"}}});
+    problems.push_back({"mm", Backend::cuda, DType::f32, d, {{"M", "5"}, {"N", "3"}, {"K", "7"}, {"trans_a", "1"}}});
+    problems.push_back({"bmm", Backend::cuda, DType::f32, d,
+                        {{"batch", "2"}, {"heads", "3"}, {"M", "5"}, {"N", "2"}, {"K", "4"}, {"trans_a", "1"}, {"trans_b", "1"}}});
   }
   for (const Problem& p : problems) {
     const Shape s = shape_of(p);
@@ -157,7 +198,7 @@ TEST(MatmulCudaGemm, ColumnMajorViewOfEachDirectionIsTheReference) {
           for (std::int64_t q = 0; q < d.k; ++q)
             acc += op_element(a, l.a, d.opa, item, i, q) * op_element(b, l.b, d.opb, item, q, j);
           double got = d.alpha * acc;
-          if (g.bias) got += s.beta * in.bias.get(static_cast<std::size_t>(i));  // the case folds beta into the bias
+          if (g.bias) got += s.beta * in.bias.get(static_cast<std::size_t>(i));  // the plan folds beta into the bias
           const double ref = want.primary.get(static_cast<std::size_t>(item * l.d.stride + j * l.d.ld + i));
           if (std::fabs(got - ref) > 1e-5 * (1 + std::fabs(ref)) && ++bad <= 3)
             ADD_FAILURE() << p.name() << " at item " << item << " (" << i << ", " << j << "): " << got << " vs " << ref;
@@ -165,7 +206,8 @@ TEST(MatmulCudaGemm, ColumnMajorViewOfEachDirectionIsTheReference) {
     EXPECT_EQ(bad, 0) << p.name();
 
     EXPECT_EQ(g.bias, s.op == Op::addmm && s.dir == Direction::fwd) << p.name();
-    EXPECT_EQ(g.bias_grad, want.dbias.count() > 0 && s.beta == 1) << p.name();
+    // BGRADA sums cublasLt's A, which is dOut where B is stored [K, N]; otherwise a column sum does it.
+    EXPECT_EQ(g.bias_grad, want.dbias.count() > 0 && s.beta == 1 && !s.trans_b) << p.name();
     if (g.bias_grad) {  // BGRADA: op(A)'s rows summed over k
       ASSERT_EQ(d.batch, 1);
       ASSERT_EQ(d.m, static_cast<std::int64_t>(want.dbias.count()));

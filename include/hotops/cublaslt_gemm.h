@@ -83,6 +83,9 @@ class LtGemm {
 
   // On gpu::stream(); C (read when beta != 0) defaults to D.
   void run(const void* A, const void* B, void* D, const void* C = nullptr) const;
+  // Points the bias epilogue at another bias, or the bias-gradient epilogue at another output (a plan,
+  // whose caller passes its tensors to each run): host-side only, it queues nothing.
+  void set_vector(const void* v);
   // GemmDesc::autotune: times the candidates on these operands and keeps the fastest (no-op otherwise).
   void tune(const void* A, const void* B, void* D, const void* C);
   int algo_id() const;             // CUBLASLT_ALGO_CONFIG_ID
@@ -94,6 +97,7 @@ class LtGemm {
 
   float alpha_;
   float beta_;
+  bool has_vector_ = false;  // a bias or bias-gradient epilogue
   LtMatmulDesc desc_;
   LtLayout la_, lb_, ld_;
   cublasLtMatmulAlgo_t algo_{};

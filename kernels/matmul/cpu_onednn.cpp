@@ -2,6 +2,7 @@
 // (transposes are strided views, not copies); addmm's dbias is a second, GEMV-shaped matmul.
 #include "hotops/check.h"
 #include "hotops/cpu.h"
+#include "hotops/dtype.h"
 #include "kernels/matmul/matmul.h"
 
 namespace hotops::matmul {
@@ -18,6 +19,11 @@ memory::desc md(const Shape& s, std::int64_t rows, std::int64_t cols, bool trans
   return memory::desc({B, cols, rows}, t, memory::dims{rows * cols, 1, cols});
 }
 
+// The [B, rows, cols] view of an operand read as stored, or as the transpose of what is stored.
+memory::desc view(const Shape& s, std::int64_t rows, std::int64_t cols, bool transposed) {
+  return transposed ? md(s, cols, rows, true) : md(s, rows, cols);
+}
+
 dnnl::primitive_attr scaled(double factor) {
   dnnl::primitive_attr attr;
   if (factor != 1.0) {
@@ -30,104 +36,94 @@ dnnl::primitive_attr scaled(double factor) {
 
 // The primitive descriptors of one problem (no memory touched): creating them is also the
 // support probe, since oneDNN answers `unimplemented` for what this CPU cannot do.
-struct Plan {
+struct Descriptors {
+  Product product;
   dnnl::matmul::primitive_desc gemm;
   dnnl::matmul::primitive_desc dbias;  // addmm bwd_weight only
   bool has_dbias = false;
 };
 
-Plan plan(const Shape& s) {
-  const std::int64_t M = s.M, N = s.N, K = s.K;
+Descriptors descriptors(const Shape& s) {
   dnnl::engine& eng = cpu::engine();
-  Plan p;
-  switch (s.dir) {
-    case Direction::fwd: {
-      // dst = alpha * (A.B + (beta / alpha) bias): the bias is a constant, folded once at setup.
-      const memory::desc bias = s.op == Op::addmm ? cpu::md({1, 1, N}, s.dtype, tag::abc) : memory::desc();
-      const auto d = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(md(s, M, K), md(s, K, N), bias, md(s, M, N)));
-      p.gemm = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(d, scaled(s.alpha), eng));
-      break;
-    }
-    case Direction::bwd_data: {  // dA = dOut . B^T
-      const auto d = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(md(s, M, N), md(s, K, N, true), md(s, M, K)));
-      p.gemm = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(d, scaled(s.alpha), eng));
-      break;
-    }
-    default: {  // dB = A^T . dOut
-      const auto d = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(md(s, M, K, true), md(s, M, N), md(s, K, N)));
-      p.gemm = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(d, scaled(s.alpha), eng));
-      if (s.op == Op::addmm) {
-        // dbias[1,N] = beta * ones[1,M] . dOut[M,N]: a GEMV through oneDNN's matmul, which is
-        // jit-compiled for every shape (oneDNN 2.6's reduction falls back to its reference code
-        // when reducing over rows).
-        const auto r = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(
-            cpu::md({1, M}, s.dtype, tag::ab), cpu::md({M, N}, s.dtype, tag::ab), cpu::md({1, N}, s.dtype, tag::ab)));
-        p.dbias = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(r, scaled(s.beta), eng));
-        p.has_dbias = true;
-      }
-    }
+  Descriptors d;
+  const Product& p = d.product = product(s);
+  // D = X . Y; addmm fwd: dst = alpha * (X.Y + (beta / alpha) bias), the bias scaled by the plan
+  // where beta != alpha.
+  const bool bias = s.op == Op::addmm && s.dir == Direction::fwd;
+  const memory::desc bias_md = bias ? cpu::md({1, 1, s.N}, s.dtype, tag::abc) : memory::desc();
+  const auto g = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(view(s, p.rows, p.depth, p.x_t), view(s, p.depth, p.cols, p.y_t),
+                                                      bias_md, md(s, p.rows, p.cols)));
+  d.gemm = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(g, scaled(s.alpha), eng));
+  if (s.op == Op::addmm && s.dir == Direction::bwd_weight) {
+    // dbias[1,N] = beta * ones[1,M] . dOut[M,N]: a GEMV through oneDNN's matmul, which is
+    // jit-compiled for every shape (oneDNN 2.6's reduction falls back to its reference code
+    // when reducing over rows).
+    const std::int64_t M = s.M, N = s.N;
+    const auto r = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(cpu::md({1, M}, s.dtype, tag::ab), cpu::md({M, N}, s.dtype, tag::ab),
+                                                        cpu::md({1, N}, s.dtype, tag::ab)));
+    d.dbias = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(r, scaled(s.beta), eng));
+    d.has_dbias = true;
   }
-  return p;
+  return d;
 }
 
-class CpuMatmul final : public Case {
+class CpuMatmul final : public Plan {
  public:
-  explicit CpuMatmul(const Problem& p)
-      : s_(shape_of(p)), plan_(plan(s_)), in_(make_inputs(s_, p.seed())), out_(make_outputs(s_)) {
-    gemm_ = dnnl::matmul(plan_.gemm);
-    const auto& pd = plan_.gemm;
-    switch (s_.dir) {
-      case Direction::fwd:
-        gemm_args_ = cpu::matmul_args(pd, in_.a.data(), in_.b.data(), out_.primary.data());
-        if (s_.op == Op::addmm) {
-          folded_bias_ = HostBuffer(s_.dtype, in_.bias.count());
-          for (std::size_t n = 0; n < in_.bias.count(); ++n)
-            folded_bias_.set(n, in_.bias.get(n) * s_.beta / s_.alpha);
-          gemm_args_[DNNL_ARG_BIAS] = cpu::mem(pd.bias_desc(), folded_bias_.data());
-        }
-        break;
-      case Direction::bwd_data:
-        gemm_args_ = cpu::matmul_args(pd, in_.dout.data(), in_.b.data(), out_.primary.data());
-        break;
-      default:
-        gemm_args_ = cpu::matmul_args(pd, in_.a.data(), in_.dout.data(), out_.primary.data());
-        if (plan_.has_dbias) {
-          ones_ = HostBuffer(s_.dtype, static_cast<std::size_t>(s_.M));
-          for (std::size_t i = 0; i < ones_.count(); ++i) ones_.set(i, 1.0);
-          dbias_ = dnnl::matmul(plan_.dbias);
-          dbias_args_ = cpu::matmul_args(plan_.dbias, ones_.data(), in_.dout.data(), out_.dbias.data());
-        }
+  explicit CpuMatmul(const Shape& s) : s_(s), d_(descriptors(s)) {
+    const auto& pd = d_.gemm;
+    std::vector<std::pair<int, memory::desc>> args{{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}};
+    has_bias_ = s_.op == Op::addmm && s_.dir == Direction::fwd;
+    if (has_bias_) {
+      args.push_back({DNNL_ARG_BIAS, pd.bias_desc()});
+      bias_scale_ = s_.beta / s_.alpha;
+      if (bias_scale_ != 1.0) scaled_bias_ = HostBuffer(s_.dtype, static_cast<std::size_t>(s_.N));
+    }
+    args.push_back({DNNL_ARG_DST, pd.dst_desc()});
+    gemm_ = cpu::Primitive(dnnl::matmul(pd), args);
+    if (d_.has_dbias) {
+      ones_ = HostBuffer(s_.dtype, static_cast<std::size_t>(s_.M));
+      for (std::size_t i = 0; i < ones_.count(); ++i) ones_.set(i, 1.0);
+      const auto& r = d_.dbias;
+      dbias_ = cpu::Primitive(dnnl::matmul(r), {{DNNL_ARG_SRC, r.src_desc()},
+                                                {DNNL_ARG_WEIGHTS, r.weights_desc()},
+                                                {DNNL_ARG_DST, r.dst_desc()}});
     }
   }
 
-  void run() override {
-    dnnl::stream& st = cpu::stream();
-    HOTOPS_CHECK_DNNL(gemm_.execute(st, gemm_args_));
-    if (plan_.has_dbias) HOTOPS_CHECK_DNNL(dbias_.execute(st, dbias_args_));
-    HOTOPS_CHECK_DNNL(st.wait());
-  }
-
-  Check verify() override {
-    out_.primary.poison();
-    out_.dbias.poison();
-    run();
-    return matmul::verify(s_, in_, out_);
+  void run(const Args& a) override {
+    const void* x = operand(a, d_.product.x);
+    const void* y = operand(a, d_.product.y);
+    if (has_bias_)
+      gemm_.run({x, y, bias(a.bias), a.out});
+    else
+      gemm_.run({x, y, a.out});
+    if (d_.has_dbias) dbias_.run({ones_.data(), a.dout, a.dbias});
   }
 
   std::string label() const override {
-    std::string l = "oneDNN matmul " + std::string(plan_.gemm.impl_info_str());
-    if (plan_.has_dbias) l += " + dbias as ones.dOut " + std::string(plan_.dbias.impl_info_str());
+    std::string l = "oneDNN matmul " + std::string(d_.gemm.impl_info_str());
+    if (d_.has_dbias) l += " + dbias as ones.dOut " + std::string(d_.dbias.impl_info_str());
     return cpu::with_threads(l);
   }
 
  private:
+  // The bias the primitive adds before its alpha scaling: the caller's, or (beta / alpha) times it.
+  const void* bias(const void* b) {
+    if (bias_scale_ == 1.0) return b;
+    for (std::size_t n = 0; n < scaled_bias_.count(); ++n) {
+      const double v = s_.dtype == DType::bf16 ? bf16_to_float(static_cast<const std::uint16_t*>(b)[n])
+                                               : static_cast<const float*>(b)[n];
+      scaled_bias_.set(n, v * bias_scale_);
+    }
+    return scaled_bias_.data();
+  }
+
   Shape s_;
-  Plan plan_;
-  Inputs in_;
-  Outputs out_;
-  HostBuffer folded_bias_, ones_;
-  dnnl::matmul gemm_, dbias_;
-  cpu::Args gemm_args_, dbias_args_;
+  Descriptors d_;
+  bool has_bias_ = false;
+  double bias_scale_ = 1.0;
+  HostBuffer scaled_bias_, ones_;
+  cpu::Primitive gemm_, dbias_;
 };
 
 }  // namespace
@@ -135,9 +131,13 @@ class CpuMatmul final : public Case {
 std::string cpu_unsupported_reason(const Problem& p) {
   if (p.dtype != DType::f32 && p.dtype != DType::bf16)
     return std::string("the CPU backend has no ") + dtype_name(p.dtype) + " matmul";
-  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, std::string(dtype_name(p.dtype)) + " " + p.op);
+  return cpu::onednn_unsupported_reason([&] { descriptors(shape_of(p)); }, std::string(dtype_name(p.dtype)) + " " + p.op);
 }
 
-std::unique_ptr<Case> make_cpu(const Problem& p) { return std::make_unique<CpuMatmul>(p); }
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s) {
+  HOTOPS_CHECK(s.dtype == DType::f32 || s.dtype == DType::bf16,
+               std::string("the CPU backend has no ") + dtype_name(s.dtype) + " matmul");
+  return std::make_unique<CpuMatmul>(s);
+}
 
 }  // namespace hotops::matmul

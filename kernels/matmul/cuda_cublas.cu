@@ -1,7 +1,8 @@
 // matmul on CUDA: one gpu::LtGemm per direction, on PyTorch's row-major operands seen as
 // column-major transposes (C^T = B^T A^T, no copies). addmm's bias is the BIAS epilogue and its
 // gradient the BGRADA epilogue; bmm is the strided-batched form of the same call.
-// The algorithm is the heuristic's first choice, picked once at setup and named in the label.
+// The algorithm is chosen once at setup (the heuristic's first, or the fastest timed with
+// Shape::autotune) and named in the label.
 #include <cuda_bf16.h>
 
 #include <memory>
@@ -14,10 +15,6 @@
 
 namespace hotops::matmul {
 
-const HostBuffer& operand(const Inputs& in, Operand o) {
-  return o == Operand::a ? in.a : o == Operand::b ? in.b : in.dout;
-}
-
 CudaGemm cuda_gemm(const Shape& s) {
   CudaGemm g;
   gpu::GemmDesc& d = g.desc;
@@ -25,23 +22,18 @@ CudaGemm cuda_gemm(const Shape& s) {
   d.compute = s.dtype == DType::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   d.alpha = static_cast<float>(s.alpha);
   d.batch = s.batch_count;  // packed: each matrix right after the previous
-  switch (s.dir) {
-    case Direction::fwd:  // out^T[N,M] = B^T[N,K] . A^T[K,M]
-      d.m = s.N, d.n = s.M, d.k = s.K;
-      g.a = Operand::b, g.b = Operand::a;
-      break;
-    case Direction::bwd_data:  // dA^T[K,M] = (B^T)^T . dOut^T:  A = B stored [K,N] -> col-major [N,K], transposed
-      d.opa = CUBLAS_OP_T;
-      d.m = s.K, d.n = s.M, d.k = s.N;
-      g.a = Operand::b, g.b = Operand::dout;
-      break;
-    default:  // dB^T[N,K] = dOut^T[N,M] . A[M,K]:  B = A stored [M,K] -> col-major [K,M], transposed
-      d.opb = CUBLAS_OP_T;
-      d.m = s.N, d.n = s.K, d.k = s.M;
-      g.a = Operand::dout, g.b = Operand::a;
-  }
+  // Row-major D[rows, cols] = X . Y is column-major D^T[cols, rows] = Y^T . X^T: cublasLt's A is Y
+  // (stored row-major [depth, cols], i.e. column-major [cols, depth]; transposed where Y is read
+  // transposed), its B is X likewise.
+  const Product p = product(s);
+  d.opa = p.y_t ? CUBLAS_OP_T : CUBLAS_OP_N;
+  d.opb = p.x_t ? CUBLAS_OP_T : CUBLAS_OP_N;
+  d.m = p.cols, d.n = p.rows, d.k = p.depth;
+  g.a = p.y, g.b = p.x;
   g.bias = s.op == Op::addmm && s.dir == Direction::fwd;
-  g.bias_grad = s.op == Op::addmm && s.dir == Direction::bwd_weight && s.beta == 1.0;
+  g.bias_grad = s.op == Op::addmm && s.dir == Direction::bwd_weight && s.beta == 1.0 && g.a == Operand::dout &&
+                d.opa == CUBLAS_OP_N;
+  d.autotune = s.autotune;  // D is never read: beta 0
   return g;
 }
 
@@ -58,90 +50,121 @@ __global__ void column_sum(const T* __restrict__ dout, T* __restrict__ dbias, st
   dbias[n] = static_cast<T>(beta * acc);
 }
 
-class CudaMatmul final : public Case {
- public:
-  explicit CudaMatmul(const Problem& p) : s_(shape_of(p)), in_(make_inputs(s_, p.seed())), out_(make_outputs(s_)) {
-    // Device copies of the inputs; the bias already scaled by beta (a constant, folded once here).
-    a_ = gpu::DeviceBuffer(in_.a);
-    b_ = gpu::DeviceBuffer(in_.b);
-    dout_ = gpu::DeviceBuffer(in_.dout);
-    if (in_.bias.count()) {
-      HostBuffer folded(s_.dtype, in_.bias.count());
-      for (std::size_t n = 0; n < folded.count(); ++n) folded.set(n, s_.beta * in_.bias.get(n));
-      bias_ = gpu::DeviceBuffer(folded);
-    }
-    out_d_ = gpu::DeviceBuffer(out_.primary.bytes());
-    if (out_.dbias.count()) dbias_d_ = gpu::DeviceBuffer(out_.dbias.bytes());
+// out[n] = scale * in[n]: addmm's beta applied to the bias that the BIAS epilogue adds unscaled.
+template <class T>
+__global__ void scale_vector(const T* __restrict__ in, T* __restrict__ out, std::int64_t count, float scale) {
+  const std::int64_t n = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (n < count) out[n] = static_cast<T>(scale * static_cast<float>(in[n]));
+}
 
-    const CudaGemm g = cuda_gemm(s_);
-    pa_ = device(g.a), pb_ = device(g.b);
-    gpu::GemmDesc d = g.desc;
-    if (g.bias) d.bias = bias_.get();
-    if (g.bias_grad) d.bias_grad = dbias_d_.get();
-    gemm_ = gpu::LtGemm::if_supported(d, p.name());
+class CudaMatmul final : public Plan {
+ public:
+  explicit CudaMatmul(const Shape& s) : s_(s), g_(cuda_gemm(s)) {
+    const std::string what = name();
+    has_dbias_ = s_.op == Op::addmm && s_.dir == Direction::bwd_weight;
+    // The epilogue is set up on a vector of the plan's own (beta times the caller's bias, where
+    // beta != 1); each run points it at the caller's where that is the one it needs.
+    gpu::GemmDesc d = g_.desc;
+    if (g_.bias || g_.bias_grad) vector_ = gpu::DeviceBuffer(static_cast<std::size_t>(s_.N) * dtype_size(s_.dtype));
+    if (g_.bias) d.bias = vector_.get();
+    if (g_.bias_grad) d.bias_grad = vector_.get();
+    gemm_ = gpu::LtGemm::if_supported(d, what);
     if (!gemm_ && d.bias_grad) {
       // No kernel fuses the bias gradient for this shape/dtype: plain GEMM plus our column sum.
       d.bias_grad = nullptr;
-      gemm_ = gpu::LtGemm::if_supported(d, p.name());
+      gemm_ = gpu::LtGemm::if_supported(d, what);
     }
-    if (!gemm_) throw Error("cuBLASLt has no algorithm for " + p.name(), ErrorKind::unsupported);
+    if (!gemm_) throw Error("cuBLASLt has no algorithm for " + what, ErrorKind::unsupported);
     fused_dbias_ = d.bias_grad != nullptr;
-    describe_algorithm(g.bias);
+    bound_vector_ = d.bias ? d.bias : d.bias_grad;
+    if (d.autotune) tune();
+    describe_algorithm();
   }
 
-  void run() override {
-    gemm_->run(pa_, pb_, out_d_.get());  // beta 0: D is not read
-    if (out_.dbias.count() && !fused_dbias_) {
+  void run(const Args& t) override {
+    const void* vector = g_.bias ? bias(t.bias) : fused_dbias_ ? t.dbias : nullptr;
+    if (vector && vector != bound_vector_) {
+      gemm_->set_vector(vector);
+      bound_vector_ = vector;
+    }
+    gemm_->run(operand(t, g_.a), operand(t, g_.b), t.out);  // beta 0: D is not read
+    if (has_dbias_ && !fused_dbias_) {
       const std::int64_t rows = s_.batch_count * s_.M, cols = s_.N;
       const int threads = 256;
       const auto blocks = static_cast<unsigned>((cols + threads - 1) / threads);
       const auto beta = static_cast<float>(s_.beta);
       if (s_.dtype == DType::bf16)
-        column_sum<<<blocks, threads, 0, gpu::stream()>>>(dout_.as<const __nv_bfloat16>(),
-                                                          dbias_d_.as<__nv_bfloat16>(), rows, cols, beta);
+        column_sum<<<blocks, threads, 0, gpu::stream()>>>(static_cast<const __nv_bfloat16*>(t.dout),
+                                                          static_cast<__nv_bfloat16*>(t.dbias), rows, cols, beta);
       else
-        column_sum<<<blocks, threads, 0, gpu::stream()>>>(dout_.as<const float>(), dbias_d_.as<float>(), rows, cols,
-                                                          beta);
+        column_sum<<<blocks, threads, 0, gpu::stream()>>>(static_cast<const float*>(t.dout), static_cast<float*>(t.dbias),
+                                                          rows, cols, beta);
       HOTOPS_CHECK_LAUNCH();
     }
-  }
-
-  Check verify() override {
-    out_d_.poison();
-    if (out_.dbias.count()) dbias_d_.poison();
-    run();
-    out_d_.download(out_.primary);
-    if (out_.dbias.count()) dbias_d_.download(out_.dbias);
-    return matmul::verify(s_, in_, out_);
   }
 
   std::string label() const override { return label_; }
 
  private:
-  const void* device(Operand o) const { return o == Operand::a ? a_.get() : o == Operand::b ? b_.get() : dout_.get(); }
+  std::string name() const {
+    return std::string("matmul ") + dtype_name(s_.dtype) + " " + direction_name(s_.dir) + " " +
+           std::to_string(s_.batch_count) + "x" + std::to_string(s_.M) + "x" + std::to_string(s_.N) + "x" +
+           std::to_string(s_.K);
+  }
 
-  void describe_algorithm(bool bias_epilogue) {
+  // The bias the epilogue adds: the caller's, or beta times it (in the plan's own buffer).
+  const void* bias(const void* b) {
+    if (s_.beta == 1.0) return b;
+    const int threads = 256;
+    const auto blocks = static_cast<unsigned>((s_.N + threads - 1) / threads);
+    const auto beta = static_cast<float>(s_.beta);
+    if (s_.dtype == DType::bf16)
+      scale_vector<<<blocks, threads, 0, gpu::stream()>>>(static_cast<const __nv_bfloat16*>(b),
+                                                          vector_.as<__nv_bfloat16>(), s_.N, beta);
+    else
+      scale_vector<<<blocks, threads, 0, gpu::stream()>>>(static_cast<const float*>(b), vector_.as<float>(), s_.N,
+                                                          beta);
+    HOTOPS_CHECK_LAUNCH();
+    return vector_.get();
+  }
+
+  // Times the candidates on operands of the problem's sizes, allocated for this only and seeded like
+  // the benchmark's, so that the timed kernels see numbers of the same range (the epilogue's vector
+  // is the plan's own).
+  void tune() {
+    const Inputs in = make_inputs(s_, 1);
+    const gpu::DeviceBuffer a(operand(in, g_.a)), b(operand(in, g_.b));
+    const gpu::DeviceBuffer out(primary_count(s_) * dtype_size(s_.dtype));
+    if (g_.bias) {
+      HostBuffer v(s_.dtype, static_cast<std::size_t>(s_.N));
+      v.fill_uniform(1, 3);
+      vector_.upload(v);
+    }
+    gemm_->tune(a.get(), b.get(), out.get(), nullptr);
+    gpu::synchronize();
+  }
+
+  void describe_algorithm() {
     label_ = "cublasLt " + gemm_->algo_label();
-    if (bias_epilogue) label_ += ", bias epilogue";
+    if (g_.bias) label_ += ", bias epilogue";
     if (fused_dbias_) label_ += ", bgrad epilogue";
-    if (out_.dbias.count() && !fused_dbias_) label_ += " + hotops column_sum for dbias";
-    if (s_.op == Op::addmm && s_.dir == Direction::fwd && s_.beta != 1.0) label_ += " (beta folded into bias)";
+    if (has_dbias_ && !fused_dbias_) label_ += " + hotops column_sum for dbias";
+    if (g_.bias && s_.beta != 1.0) label_ += " (beta folded into bias)";
     if (s_.batch_count > 1) label_ += ", strided batch " + std::to_string(s_.batch_count);
   }
 
   Shape s_;
-  Inputs in_;
-  Outputs out_;
-  gpu::DeviceBuffer a_, b_, dout_, bias_, out_d_, dbias_d_;
+  CudaGemm g_;
   std::unique_ptr<gpu::LtGemm> gemm_;
-  const void* pa_ = nullptr;
-  const void* pb_ = nullptr;
+  gpu::DeviceBuffer vector_;            // the epilogue's at setup; beta * bias where beta != 1
+  const void* bound_vector_ = nullptr;  // the epilogue's vector now set in gemm_
+  bool has_dbias_ = false;
   bool fused_dbias_ = false;
   std::string label_;
 };
 
 }  // namespace
 
-std::unique_ptr<Case> make_cuda(const Problem& p) { return std::make_unique<CudaMatmul>(p); }
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s) { return std::make_unique<CudaMatmul>(s); }
 
 }  // namespace hotops::matmul

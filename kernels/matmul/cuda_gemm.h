@@ -6,9 +6,6 @@
 
 namespace hotops::matmul {
 
-enum class Operand { a, b, dout };  // which of the direction's inputs
-const HostBuffer& operand(const Inputs& in, Operand o);
-
 // D^T = op(A) op(B) in column-major terms: the row-major output seen as its column-major transpose,
 // so no operand is copied. The descriptor carries no device pointers: the caller adds them for
 // the epilogues named here.
@@ -16,7 +13,7 @@ struct CudaGemm {
   gpu::GemmDesc desc;
   Operand a = Operand::a, b = Operand::b;  // cublasLt's A and B
   bool bias = false;       // addmm fwd: the BIAS epilogue adds beta * bias over D's rows (N)
-  bool bias_grad = false;  // addmm bwd_weight with beta 1: BGRADA sums A = dOut^T over k (M), exactly dbias
+  bool bias_grad = false;  // addmm bwd_weight with beta 1, dOut as cublasLt's A: BGRADA sums it over k (M), exactly dbias
 };
 CudaGemm cuda_gemm(const Shape& s);
 

@@ -2,12 +2,38 @@
 #include "kernels/matmul/matmul.h"
 
 #include <functional>
+#include <utility>
 
 #include "hotops/check.h"
 #include "hotops/op_family.h"
 
 namespace hotops::matmul {
 namespace {
+
+// The op as the benchmark runs it: a PlanCase over the problem's inputs and outputs.
+struct MatmulOp {
+  using Shape = matmul::Shape;
+  using Args = matmul::Args;
+  struct Io {
+    Inputs in;
+    Outputs out;
+  };
+  static Shape shape(const Problem& p) { return shape_of(p); }
+  static Io io(const Shape& s, std::uint64_t seed) { return {make_inputs(s, seed), make_outputs(s)}; }
+  static Args bind(const Shape&, Io& io, Binder& b) {
+    Args a;
+    auto in = [&](const HostBuffer& h) { return h.count() ? b.in(h) : nullptr; };
+    a.a = in(io.in.a);
+    a.b = in(io.in.b);
+    a.bias = in(io.in.bias);
+    a.dout = in(io.in.dout);
+    a.out = b.out(io.out.primary);
+    if (io.out.dbias.count()) a.dbias = b.out(io.out.dbias);
+    return a;
+  }
+  static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
+  static Check check(const Shape& s, const Io& io) { return verify(s, io.in, io.out); }
+};
 
 const char* op_name(Op op) { return op == Op::mm ? "mm" : op == Op::addmm ? "addmm" : "bmm"; }
 
@@ -34,7 +60,9 @@ std::vector<Arg> dims(std::int64_t M, std::int64_t N, std::int64_t K) {
 
 class MatmulFamily final : public OpFamily {
  public:
-  MatmulFamily() : OpFamily("matmul", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
+  MatmulFamily()
+      : OpFamily("matmul", cpu_unsupported_reason, make_plan_case<MatmulOp>,
+                 HOTOPS_CUDA_FACTORY(make_plan_case<MatmulOp>)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     std::vector<Problem> out;
@@ -84,6 +112,16 @@ class MatmulFamily final : public OpFamily {
     ab.push_back({"alpha", "0.5"});
     ab.push_back({"beta", "2"});
     expand(Op::addmm, ab, out);
+    // Operands stored transposed: a Linear layer's weight [N, K] (addmm trans_b), A as [K, M], both.
+    const std::pair<Op, std::vector<Arg>> transposed[] = {
+        {Op::addmm, {{"trans_b", "1"}}}, {Op::mm, {{"trans_a", "1"}}}, {Op::bmm, {{"trans_a", "1"}, {"trans_b", "1"}}}};
+    for (const auto& [op, flags] : transposed) {
+      std::vector<Arg> a{{"shape", "test"}};
+      if (op == Op::bmm) a.insert(a.end(), {{"batch", "2"}, {"heads", "3"}});
+      for (const Arg& d : dims(33, 65, 17)) a.push_back(d);
+      a.insert(a.end(), flags.begin(), flags.end());
+      expand(op, a, out);
+    }
     return out;
   }
 
@@ -129,7 +167,39 @@ Shape shape_of(const Problem& p) {
   if (s.op == Op::bmm) s.batch_count = (p.has("batch") ? p.get_int("batch") : 1) * p.get_int("heads");
   if (p.has("alpha")) s.alpha = std::stod(p.get("alpha"));
   if (p.has("beta")) s.beta = std::stod(p.get("beta"));
+  s.trans_a = p.has("trans_a") && p.get("trans_a") == "1";
+  s.trans_b = p.has("trans_b") && p.get("trans_b") == "1";
   return s;
+}
+
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
+  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
+}
+
+const HostBuffer& operand(const Inputs& in, Operand o) {
+  return o == Operand::a ? in.a : o == Operand::b ? in.b : in.dout;
+}
+const void* operand(const Args& a, Operand o) { return o == Operand::a ? a.a : o == Operand::b ? a.b : a.dout; }
+
+Product product(const Shape& s) {
+  HOTOPS_CHECK(s.batch_count > 0 && s.M > 0 && s.N > 0 && s.K > 0, "matmul: every dimension must be positive");
+  HOTOPS_CHECK(s.op != Op::addmm || s.batch_count == 1, "matmul: addmm has one batch (a Linear layer's rows are M)");
+  Product p;
+  switch (s.dir) {
+    case Direction::fwd:  // out = op(A) . op(B)
+      p = {Operand::a, Operand::b, s.trans_a, s.trans_b, s.M, s.N, s.K};
+      break;
+    case Direction::bwd_data:  // dA = dOut . op(B)^T, or stored transposed dA^T = op(B) . dOut^T
+      if (!s.trans_a) p = {Operand::dout, Operand::b, false, !s.trans_b, s.M, s.K, s.N};
+      else p = {Operand::b, Operand::dout, s.trans_b, true, s.K, s.M, s.N};
+      break;
+    case Direction::bwd_weight:  // dB = op(A)^T . dOut, or stored transposed dB^T = dOut^T . op(A)
+      if (!s.trans_b) p = {Operand::a, Operand::dout, !s.trans_a, false, s.K, s.N, s.M};
+      else p = {Operand::dout, Operand::a, true, s.trans_a, s.N, s.K, s.M};
+      break;
+    default: throw Error("matmul has fwd, bwd_data and bwd_weight", ErrorKind::unsupported);
+  }
+  return p;
 }
 
 Inputs make_inputs(const Shape& s, std::uint64_t seed) {

@@ -9,6 +9,7 @@
 #include "hotops/buffer.h"
 #include "hotops/op.h"
 #include "hotops/op_family.h"
+#include "hotops/plan.h"
 
 namespace hotops::matmul {
 
@@ -18,25 +19,59 @@ enum class Op { mm, addmm, bmm };
 //   fwd        out[b,m,n] = alpha * sum_k A[b,m,k] * B[b,k,n] + beta * bias[n]     (bias: addmm only)
 //   bwd_data   dA[b,m,k]  = alpha * sum_n dOut[b,m,n] * B[b,k,n]
 //   bwd_weight dB[b,k,n]  = alpha * sum_m A[b,m,k] * dOut[b,m,n];  dbias[n] = beta * sum_m dOut[m,n]
-// mm and bmm have alpha = 1 and no bias; `batch_count` is 1 except for bmm.
+// mm and bmm have no bias; addmm has batch_count 1 (a Linear layer's rows are M). An operand stored
+// transposed (trans_a: A as [b,k,m]; trans_b: B as [b,n,k], a PyTorch Linear's weight) has its
+// gradient written in the same layout. A Linear layer y = x W^T + bias (W [N, K]) is addmm with
+// trans_b: fwd gives y, bwd_data dx, bwd_weight dW and dbias.
 struct Shape {
   Op op = Op::mm;
   Direction dir = Direction::fwd;
-  DType dtype = DType::f32;
+  DType dtype = DType::f32;  // f32, bf16, or tf32 (f32 storage, TF32 tensor cores; CUDA only)
   std::int64_t batch_count = 1, M = 1, N = 1, K = 1;
+  bool trans_a = false, trans_b = false;
   double alpha = 1, beta = 1;
+  // CUDA: choose the cublasLt algorithm by timing candidates at setup (on the plan's own scratch
+  // operands), instead of taking the heuristic's first.
+  bool autotune = false;
 };
 
 Shape shape_of(const Problem& p);
 
+// The tensors of one matmul direction (see Shape for each one's layout); each direction reads and
+// writes only its own, the others stay null.
+struct Args {
+  const void* a = nullptr;     // A        fwd, bwd_weight
+  const void* b = nullptr;     // B        fwd, bwd_data
+  const void* bias = nullptr;  // bias[N]  addmm fwd (the plan applies beta)
+  const void* dout = nullptr;  // dOut     bwd_data, bwd_weight
+  void* out = nullptr;         // out (fwd), dA (bwd_data) or dB (bwd_weight)
+  void* dbias = nullptr;       // dbias[N] addmm bwd_weight
+};
+
 // Inputs, seeded from the problem name so every backend sees the same numbers.
 struct Inputs {
-  HostBuffer a;     // [B,M,K]  fwd, bwd_weight
-  HostBuffer b;     // [B,K,N]  fwd, bwd_data
+  HostBuffer a;     // [B,M,K]  fwd, bwd_weight ([B,K,M] with trans_a)
+  HostBuffer b;     // [B,K,N]  fwd, bwd_data   ([B,N,K] with trans_b)
   HostBuffer bias;  // [N]      addmm fwd
   HostBuffer dout;  // [B,M,N]  bwd_data, bwd_weight
 };
 Inputs make_inputs(const Shape& s, std::uint64_t seed);
+
+enum class Operand { a, b, dout };  // which of a direction's inputs
+const HostBuffer& operand(const Inputs& in, Operand o);
+const void* operand(const Args& a, Operand o);
+
+// The product a direction computes, in row-major terms with its output dense as stored:
+// D[b][r][c] = alpha * sum_q X[b][r][q] * Y[b][q][c], where X ([rows, depth]) and Y ([depth, cols])
+// are inputs read as stored or as the transpose of what is stored (x_t, y_t). An output stored
+// transposed (dA with trans_a, dB with trans_b) is computed as D^T = Y^T X^T. Every operand of a
+// batch is packed: each matrix right after the previous.
+struct Product {
+  Operand x = Operand::a, y = Operand::b;
+  bool x_t = false, y_t = false;
+  std::int64_t rows = 0, cols = 0, depth = 0;
+};
+Product product(const Shape& s);
 
 // The primary output of a direction (out, dA or dB) and, for addmm bwd_weight, dbias.
 struct Outputs {
@@ -67,6 +102,13 @@ struct NamedShape {
 };
 const std::vector<NamedShape>& named_shapes();
 
-HOTOPS_FAMILY_ENTRY_POINTS(make_cpu, cpu_unsupported_reason, make_cuda);
+using Plan = hotops::Plan<Args>;
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // oneDNN matmul
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // cublasLt (gpu::LtGemm)
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+
+// Why the CPU cannot run `p` ("" when it can): a dtype it has no matmul for, or oneDNN's answer.
+std::string cpu_unsupported_reason(const Problem& p);
+const Family& family();
 
 }  // namespace hotops::matmul
