@@ -107,7 +107,8 @@ class CudaMatmul final : public Plan {
 
  private:
   std::string name() const {
-    return std::string("matmul ") + dtype_name(s_.dtype) + " " + direction_name(s_.dir) + " " +
+    const char* op = s_.op == Op::mm ? "mm " : s_.op == Op::addmm ? "addmm " : "bmm ";
+    return op + std::string(dtype_name(s_.dtype)) + " " + direction_name(s_.dir) + " " +
            std::to_string(s_.batch_count) + "x" + std::to_string(s_.M) + "x" + std::to_string(s_.N) + "x" +
            std::to_string(s_.K);
   }
