@@ -152,6 +152,65 @@ TEST(LstmVerify, PassesTheReferenceAndFailsPlantedErrors) {
     }
 }
 
+// The tensors of one CPU run of a plan, in host memory the test owns.
+struct Tensors {
+  Inputs in;
+  HostBuffer weights, y, hT, cT, gradients;
+  Outputs out;
+  Args args;
+};
+
+Tensors tensors_of(const Shape& s, const Layout& layout, std::uint64_t seed) {
+  Tensors t;
+  t.in = make_inputs(s, seed);
+  t.weights = layout.pack(t.in.w_ih, t.in.w_hh, t.in.b_ih, t.in.b_hh);
+  const auto T = static_cast<std::size_t>(s.T), B = static_cast<std::size_t>(s.B), I = static_cast<std::size_t>(s.I),
+             H = static_cast<std::size_t>(s.H), D = static_cast<std::size_t>(s.D());
+  t.y = HostBuffer(DType::f32, T * B * D * H);
+  t.hT = HostBuffer(DType::f32, D * B * H);
+  t.cT = HostBuffer(DType::f32, D * B * H);
+  t.args = Args{t.in.x.data(), t.in.h0.data(), t.in.c0.data(), t.weights.data(), t.y.data(), t.hT.data(), t.cT.data()};
+  if (s.dir == Direction::fwd) return t;
+  t.out.dx = HostBuffer(DType::f32, T * B * I);
+  t.out.dh0 = HostBuffer(DType::f32, D * B * H);
+  t.out.dc0 = HostBuffer(DType::f32, D * B * H);
+  t.gradients = HostBuffer(DType::f32, layout.gradient_bytes() / 4);
+  t.args.dy = t.in.dy.data(), t.args.dhT = t.in.dhT.data(), t.args.dcT = t.in.dcT.data();
+  t.args.dx = t.out.dx.data(), t.args.dh0 = t.out.dh0.data(), t.args.dc0 = t.out.dc0.data();
+  t.args.dweights = t.gradients.data();
+  return t;
+}
+
+Check check_of(const Shape& s, const Layout& layout, Tensors& t) {
+  if (s.dir == Direction::fwd) {
+    t.out.y = t.y, t.out.hT = t.hT, t.out.cT = t.cT;
+  } else {
+    layout.unpack(t.gradients, t.out);
+  }
+  ReferenceCache cache;
+  return verify(s, t.in, t.out, cache);
+}
+
+// One CPU plan, two sets of tensors: each run works on the pointers it is given (and a bwd run on
+// new inputs makes its own training forward first); a second run on the same tensors (gradients
+// zeroed, not accumulated) gives the same answer.
+TEST(LstmPlan, RunsOnTheBuffersItIsGivenEachRun) {
+  for (bool bi : {false, true})
+    for (Direction dir : {Direction::fwd, Direction::bwd}) {
+      const Shape s = tiny(bi, dir);
+      const auto plan = make_cpu_plan(s);
+      const auto layout = make_cpu_layout(s);
+      Tensors a = tensors_of(s, *layout, 1), b = tensors_of(s, *layout, 2);
+      for (Tensors* t : {&a, &b, &a}) {
+        for (HostBuffer* o : {&t->y, &t->hT, &t->cT, &t->out.dx, &t->out.dh0, &t->out.dc0, &t->gradients}) o->poison();
+        plan->run(t->args);
+        plan->run(t->args);
+        const Check c = check_of(s, *layout, *t);
+        EXPECT_TRUE(c.ok) << (bi ? "bi " : "uni ") << direction_name(dir) << ": " << c.message;
+      }
+    }
+}
+
 TEST(LstmVerify, ToleranceGrowsAsSqrtTBeyond25Steps) {
   Shape s;
   s.T = 25;

@@ -1,11 +1,15 @@
 // lstm on the CPU: oneDNN's lstm_forward / lstm_backward primitives (one layer, left-to-right or
-// bidirectional_concat), weights in the layout oneDNN picks (format_tag::any, reordered at setup).
+// bidirectional_concat), weights in the layout oneDNN picks (format_tag::any, reordered when packed).
 //
-// oneDNN has one bias per gate: it gets b_ih + b_hh (summed in f32 at setup, as oneDNN's bias is f32).
-// fwd runs forward_inference. bwd runs forward_training once at setup (it fills the workspace that
-// lstm_backward reads, and y, hT, cT); the timed run() is the zeroing of the weight gradients
-// (oneDNN 2.6 accumulates into them) plus lstm_backward, as PyTorch's backward excludes the forward.
+// oneDNN has one bias per gate: the weight space holds b_ih + b_hh (summed in f32 when packed, as
+// oneDNN's bias is f32). fwd runs forward_inference. bwd's forward() is forward_training (it fills
+// the workspace that lstm_backward reads, and y, hT, cT); run() is the zeroing of the weight
+// gradients (oneDNN 2.6 accumulates into them) plus lstm_backward, as PyTorch's backward excludes
+// the forward.
+#include <array>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "hotops/check.h"
 #include "hotops/cpu.h"
@@ -56,16 +60,16 @@ Descs descs(const Shape& s, DType diff) {
 
 // The primitive descriptors of one problem (no memory touched): creating them is also the support
 // probe, since oneDNN answers `unimplemented` for what this CPU cannot do.
-struct Plan {
+struct Descriptors {
   Descs m;
   dnnl::lstm_forward::primitive_desc fwd;
   dnnl::lstm_backward::primitive_desc bwd;  // bwd problems only
   DType diff = DType::f32;                  // the gradients' dtype
 };
 
-Plan plan(const Shape& s) {
+Descriptors descriptors(const Shape& s) {
   dnnl::engine& eng = cpu::engine();
-  Plan p;
+  Descriptors p;
   const bool training = s.dir != Direction::fwd;
   const auto fwd_pd = [&](const Descs& m) {
     const auto d = HOTOPS_CHECK_DNNL(dnnl::lstm_forward::desc(
@@ -101,6 +105,47 @@ Plan plan(const Shape& s) {
   return p;
 }
 
+// Offsets of a space's regions, each on a 64-byte boundary (a cache line, oneDNN's alignment).
+std::size_t aligned(std::size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// The weight space: W_ih and W_hh in the formats each primitive asks for (the backward's share the
+// forward's where they agree), then the f32 bias b_ih + b_hh as ldgo. The gradient space: dW_ih and
+// dW_hh as ldigo, then db as ldgo, in the gradients' dtype.
+struct Spaces {
+  memory::desc wl_user, wi_user;  // the weights as ldigo, the format pack() reorders from
+  std::size_t wl_fwd = 0, wi_fwd = 0, wl_bwd = 0, wi_bwd = 0, bias = 0, weight_bytes = 0;
+  std::size_t dwl = 0, dwi = 0, db = 0, gradient_bytes = 0;
+};
+
+Spaces spaces_of(const Shape& s, const Descriptors& d) {
+  const std::int64_t I = s.I, H = s.H, D = s.D();
+  Spaces sp;
+  sp.wl_user = cpu::md({1, D, I, 4, H}, storage_of(s.dtype), tag::ldigo);
+  sp.wi_user = cpu::md({1, D, H, 4, H}, storage_of(s.dtype), tag::ldigo);
+  std::size_t at = 0;
+  const auto take = [&](std::size_t bytes) {
+    const std::size_t here = at;
+    at += aligned(bytes);
+    return here;
+  };
+  sp.wl_fwd = take(d.fwd.weights_layer_desc().get_size());
+  sp.wi_fwd = take(d.fwd.weights_iter_desc().get_size());
+  sp.wl_bwd = sp.wl_fwd, sp.wi_bwd = sp.wi_fwd;
+  if (s.dir != Direction::fwd) {
+    if (d.bwd.weights_layer_desc() != d.fwd.weights_layer_desc()) sp.wl_bwd = take(d.bwd.weights_layer_desc().get_size());
+    if (d.bwd.weights_iter_desc() != d.fwd.weights_iter_desc()) sp.wi_bwd = take(d.bwd.weights_iter_desc().get_size());
+  }
+  sp.bias = take(d.m.bias.get_size());
+  sp.weight_bytes = at;
+  if (s.dir == Direction::fwd) return sp;
+  at = 0;
+  sp.dwl = take(d.m.d_w_layer.get_size());
+  sp.dwi = take(d.m.d_w_iter.get_size());
+  sp.db = take(d.m.d_bias.get_size());
+  sp.gradient_bytes = at;
+  return sp;
+}
+
 // PyTorch's W [D, 4H, K] as oneDNN's ldigo [1, D, K, 4, H].
 HostBuffer to_ldigo(const HostBuffer& w, std::int64_t D, std::int64_t H, std::int64_t K) {
   HostBuffer out(w.dtype(), w.count());
@@ -111,144 +156,151 @@ HostBuffer to_ldigo(const HostBuffer& w, std::int64_t D, std::int64_t H, std::in
   return out;
 }
 
-// oneDNN's ldigo [1, D, K, 4, H] back to PyTorch's [D, 4H, K].
-HostBuffer from_ldigo(const HostBuffer& w, std::int64_t D, std::int64_t H, std::int64_t K) {
-  HostBuffer out(w.dtype(), w.count());
+// oneDNN's ldigo [1, D, K, 4, H] (at `from`, dtype t) back to PyTorch's [D, 4H, K].
+HostBuffer from_ldigo(const std::byte* from, DType t, std::int64_t D, std::int64_t H, std::int64_t K) {
+  const std::size_t n = static_cast<std::size_t>(D * 4 * H * K);
+  HostBuffer ldigo(t, n), out(t, n);
+  std::memcpy(ldigo.data(), from, ldigo.bytes());
   for (std::int64_t d = 0; d < D; ++d)
     for (std::int64_t r = 0; r < 4 * H; ++r)
       for (std::int64_t k = 0; k < K; ++k)
-        out.set(static_cast<std::size_t>((d * 4 * H + r) * K + k), w.get(static_cast<std::size_t>((d * K + k) * 4 * H + r)));
+        out.set(static_cast<std::size_t>((d * 4 * H + r) * K + k), ldigo.get(static_cast<std::size_t>((d * K + k) * 4 * H + r)));
   return out;
 }
 
-// A copy of `b` in dtype `t` (the values are exact in both).
-HostBuffer as_dtype(const HostBuffer& b, DType t) {
-  if (b.dtype() == t) return b;
-  HostBuffer out(t, b.count());
-  for (std::size_t i = 0; i < b.count(); ++i) out.set(i, b.get(i));
-  return out;
-}
-
-class CpuLstm final : public Case {
+class CpuLayout final : public Layout {
  public:
-  explicit CpuLstm(const Problem& p) : s_(shape_of(p)), plan_(plan(s_)), in_(make_inputs(s_, p.seed())) {
-    const std::int64_t T = s_.T, B = s_.B, I = s_.I, H = s_.H, D = s_.D();
-    const DType t = storage_of(s_.dtype);
-    const Descs& m = plan_.m;
-    auto mem = [&](const memory::desc& d, HostBuffer& b) { return cpu::mem(d, b.data()); };
+  explicit CpuLayout(const Shape& s) : s_(s), d_(descriptors(s)), sp_(spaces_of(s, d_)) {}
 
-    // Weights: the user's ldigo copies, reordered once into the primitive's formats.
-    w_layer_user_ = to_ldigo(in_.w_ih, D, H, I);
-    w_iter_user_ = to_ldigo(in_.w_hh, D, H, H);
-    const memory::desc wl_user = cpu::md({1, D, I, 4, H}, t, tag::ldigo),
-                       wi_user = cpu::md({1, D, H, 4, H}, t, tag::ldigo);
-    const auto reordered = [&](const memory::desc& want, const memory::desc& user_d, HostBuffer& user) {
-      const memory user_m = mem(user_d, user);
-      return want == user_d ? user_m : cpu::reordered(user_m, want);
+  std::size_t weight_bytes() const override { return sp_.weight_bytes; }
+  std::size_t gradient_bytes() const override { return sp_.gradient_bytes; }
+  DType gradient_dtype() const override { return d_.diff; }
+
+  HostBuffer pack(const HostBuffer& w_ih, const HostBuffer& w_hh, const HostBuffer& b_ih,
+                  const HostBuffer& b_hh) const override {
+    HostBuffer space(DType::f32, sp_.weight_bytes / 4);
+    std::memset(space.data(), 0, space.bytes());
+    auto* base = static_cast<std::byte*>(space.data());
+    HostBuffer wl = to_ldigo(w_ih, s_.D(), s_.H, s_.I), wi = to_ldigo(w_hh, s_.D(), s_.H, s_.H);
+    const auto put = [&](const memory::desc& user_d, HostBuffer& user, const memory::desc& want, std::size_t at) {
+      if (want == user_d) {
+        std::memcpy(base + at, user.data(), user.bytes());
+        return;
+      }
+      memory from = cpu::mem(user_d, user.data()), to = cpu::mem(want, base + at);
+      cpu::execute(dnnl::reorder(from, to), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}});
     };
-    bias_ = HostBuffer(DType::f32, in_.b_ih.count());
-    for (std::size_t i = 0; i < bias_.count(); ++i)
-      bias_.set(i, static_cast<double>(static_cast<float>(in_.b_ih.get(i)) + static_cast<float>(in_.b_hh.get(i))));
-
-    out_.y = HostBuffer(t, static_cast<std::size_t>(T * B * D * H));
-    out_.hT = HostBuffer(t, static_cast<std::size_t>(D * B * H));
-    out_.cT = HostBuffer(t, static_cast<std::size_t>(D * B * H));
-    fwd_ = dnnl::lstm_forward(plan_.fwd);
-    fwd_args_ = {{DNNL_ARG_SRC_LAYER, mem(m.src_layer, in_.x)},
-                 {DNNL_ARG_SRC_ITER, mem(m.src_iter, in_.h0)},
-                 {DNNL_ARG_SRC_ITER_C, mem(m.src_iter_c, in_.c0)},
-                 {DNNL_ARG_WEIGHTS_LAYER, reordered(plan_.fwd.weights_layer_desc(), wl_user, w_layer_user_)},
-                 {DNNL_ARG_WEIGHTS_ITER, reordered(plan_.fwd.weights_iter_desc(), wi_user, w_iter_user_)},
-                 {DNNL_ARG_BIAS, mem(m.bias, bias_)},
-                 {DNNL_ARG_DST_LAYER, mem(m.dst_layer, out_.y)},
-                 {DNNL_ARG_DST_ITER, mem(m.dst_iter, out_.hT)},
-                 {DNNL_ARG_DST_ITER_C, mem(m.dst_iter_c, out_.cT)}};
-    if (s_.dir == Direction::fwd) return;
-    workspace_ = memory(plan_.fwd.workspace_desc(), cpu::engine());
-    fwd_args_[DNNL_ARG_WORKSPACE] = workspace_;
-
-    const DType g = plan_.diff;
-    dy_ = as_dtype(in_.dy, g);
-    dhT_ = as_dtype(in_.dhT, g);
-    dcT_ = as_dtype(in_.dcT, g);
-    out_.dx = HostBuffer(g, static_cast<std::size_t>(T * B * I));
-    out_.dh0 = HostBuffer(g, static_cast<std::size_t>(D * B * H));
-    out_.dc0 = HostBuffer(g, static_cast<std::size_t>(D * B * H));
-    dw_layer_ = HostBuffer(g, in_.w_ih.count());
-    dw_iter_ = HostBuffer(g, in_.w_hh.count());
-    out_.db = HostBuffer(g, in_.b_ih.count());
-    bwd_ = dnnl::lstm_backward(plan_.bwd);
-    bwd_args_ = {{DNNL_ARG_SRC_LAYER, fwd_args_[DNNL_ARG_SRC_LAYER]},
-                 {DNNL_ARG_SRC_ITER, fwd_args_[DNNL_ARG_SRC_ITER]},
-                 {DNNL_ARG_SRC_ITER_C, fwd_args_[DNNL_ARG_SRC_ITER_C]},
-                 {DNNL_ARG_WEIGHTS_LAYER, reordered(plan_.bwd.weights_layer_desc(), wl_user, w_layer_user_)},
-                 {DNNL_ARG_WEIGHTS_ITER, reordered(plan_.bwd.weights_iter_desc(), wi_user, w_iter_user_)},
-                 {DNNL_ARG_BIAS, fwd_args_[DNNL_ARG_BIAS]},
-                 {DNNL_ARG_DST_LAYER, fwd_args_[DNNL_ARG_DST_LAYER]},
-                 {DNNL_ARG_DST_ITER, fwd_args_[DNNL_ARG_DST_ITER]},
-                 {DNNL_ARG_DST_ITER_C, fwd_args_[DNNL_ARG_DST_ITER_C]},
-                 {DNNL_ARG_WORKSPACE, workspace_},
-                 {DNNL_ARG_DIFF_DST_LAYER, mem(m.d_dst_layer, dy_)},
-                 {DNNL_ARG_DIFF_DST_ITER, mem(m.d_dst_iter, dhT_)},
-                 {DNNL_ARG_DIFF_DST_ITER_C, mem(m.d_dst_iter_c, dcT_)},
-                 {DNNL_ARG_DIFF_SRC_LAYER, mem(m.d_src_layer, out_.dx)},
-                 {DNNL_ARG_DIFF_SRC_ITER, mem(m.d_src_iter, out_.dh0)},
-                 {DNNL_ARG_DIFF_SRC_ITER_C, mem(m.d_src_iter_c, out_.dc0)},
-                 {DNNL_ARG_DIFF_WEIGHTS_LAYER, mem(m.d_w_layer, dw_layer_)},
-                 {DNNL_ARG_DIFF_WEIGHTS_ITER, mem(m.d_w_iter, dw_iter_)},
-                 {DNNL_ARG_DIFF_BIAS, mem(m.d_bias, out_.db)}};
-    forward_training();
+    put(sp_.wl_user, wl, d_.fwd.weights_layer_desc(), sp_.wl_fwd);
+    put(sp_.wi_user, wi, d_.fwd.weights_iter_desc(), sp_.wi_fwd);
+    if (s_.dir != Direction::fwd) {
+      if (sp_.wl_bwd != sp_.wl_fwd) put(sp_.wl_user, wl, d_.bwd.weights_layer_desc(), sp_.wl_bwd);
+      if (sp_.wi_bwd != sp_.wi_fwd) put(sp_.wi_user, wi, d_.bwd.weights_iter_desc(), sp_.wi_bwd);
+    }
+    auto* bias = reinterpret_cast<float*>(base + sp_.bias);
+    for (std::size_t i = 0; i < b_ih.count(); ++i)
+      bias[i] = static_cast<float>(b_ih.get(i)) + static_cast<float>(b_hh.get(i));
+    return space;
   }
 
-  void run() override {
+  void unpack(const HostBuffer& gradients, Outputs& out) const override {
+    const auto* base = static_cast<const std::byte*>(gradients.data());
+    const DType g = d_.diff;
+    out.dw_ih = from_ldigo(base + sp_.dwl, g, s_.D(), s_.H, s_.I);
+    out.dw_hh = from_ldigo(base + sp_.dwi, g, s_.D(), s_.H, s_.H);
+    out.db = HostBuffer(g, static_cast<std::size_t>(s_.D() * 4 * s_.H));
+    std::memcpy(out.db.data(), base + sp_.db, out.db.bytes());
+  }
+
+ private:
+  Shape s_;
+  Descriptors d_;
+  Spaces sp_;
+};
+
+class CpuLstm final : public Plan {
+ public:
+  explicit CpuLstm(const Shape& s) : s_(s), d_(descriptors(s)), sp_(spaces_of(s, d_)) {
+    const Descs& m = d_.m;
+    std::vector<std::pair<int, memory::desc>> fwd_args = {{DNNL_ARG_SRC_LAYER, m.src_layer},
+                                                          {DNNL_ARG_SRC_ITER, m.src_iter},
+                                                          {DNNL_ARG_SRC_ITER_C, m.src_iter_c},
+                                                          {DNNL_ARG_WEIGHTS_LAYER, d_.fwd.weights_layer_desc()},
+                                                          {DNNL_ARG_WEIGHTS_ITER, d_.fwd.weights_iter_desc()},
+                                                          {DNNL_ARG_BIAS, m.bias},
+                                                          {DNNL_ARG_DST_LAYER, m.dst_layer},
+                                                          {DNNL_ARG_DST_ITER, m.dst_iter},
+                                                          {DNNL_ARG_DST_ITER_C, m.dst_iter_c}};
     if (s_.dir == Direction::fwd) {
-      cpu::execute(fwd_, fwd_args_);
+      fwd_ = cpu::Primitive(dnnl::lstm_forward(d_.fwd), fwd_args);
       return;
     }
-    std::memset(dw_layer_.data(), 0, dw_layer_.bytes());
-    std::memset(dw_iter_.data(), 0, dw_iter_.bytes());
-    std::memset(out_.db.data(), 0, out_.db.bytes());
-    cpu::execute(bwd_, bwd_args_);
+    workspace_ = memory(d_.fwd.workspace_desc(), cpu::engine());
+    fwd_args.emplace_back(DNNL_ARG_WORKSPACE, d_.fwd.workspace_desc());
+    fwd_ = cpu::Primitive(dnnl::lstm_forward(d_.fwd), fwd_args);
+    bwd_ = cpu::Primitive(dnnl::lstm_backward(d_.bwd), {{DNNL_ARG_SRC_LAYER, m.src_layer},
+                                                        {DNNL_ARG_SRC_ITER, m.src_iter},
+                                                        {DNNL_ARG_SRC_ITER_C, m.src_iter_c},
+                                                        {DNNL_ARG_WEIGHTS_LAYER, d_.bwd.weights_layer_desc()},
+                                                        {DNNL_ARG_WEIGHTS_ITER, d_.bwd.weights_iter_desc()},
+                                                        {DNNL_ARG_BIAS, m.bias},
+                                                        {DNNL_ARG_DST_LAYER, m.dst_layer},
+                                                        {DNNL_ARG_DST_ITER, m.dst_iter},
+                                                        {DNNL_ARG_DST_ITER_C, m.dst_iter_c},
+                                                        {DNNL_ARG_WORKSPACE, d_.fwd.workspace_desc()},
+                                                        {DNNL_ARG_DIFF_DST_LAYER, m.d_dst_layer},
+                                                        {DNNL_ARG_DIFF_DST_ITER, m.d_dst_iter},
+                                                        {DNNL_ARG_DIFF_DST_ITER_C, m.d_dst_iter_c},
+                                                        {DNNL_ARG_DIFF_SRC_LAYER, m.d_src_layer},
+                                                        {DNNL_ARG_DIFF_SRC_ITER, m.d_src_iter},
+                                                        {DNNL_ARG_DIFF_SRC_ITER_C, m.d_src_iter_c},
+                                                        {DNNL_ARG_DIFF_WEIGHTS_LAYER, m.d_w_layer},
+                                                        {DNNL_ARG_DIFF_WEIGHTS_ITER, m.d_w_iter},
+                                                        {DNNL_ARG_DIFF_BIAS, m.d_bias}});
   }
 
-  Check verify() override {
+  void forward(const Args& a) override {
+    const auto* w = static_cast<const std::byte*>(a.weights);
     if (s_.dir == Direction::fwd) {
-      out_.y.poison();
-      out_.hT.poison();
-      out_.cT.poison();
-      run();
-      return lstm::verify(s_, in_, out_, cache_);
+      fwd_.run({a.x, a.h0, a.c0, w + sp_.wl_fwd, w + sp_.wi_fwd, w + sp_.bias, a.y, a.hT, a.cT});
+      return;
     }
-    forward_training();  // a fresh workspace, whatever earlier runs left in it
-    for (HostBuffer* b : {&out_.dx, &out_.dh0, &out_.dc0, &dw_layer_, &dw_iter_, &out_.db}) b->poison();
-    run();
-    out_.dw_ih = from_ldigo(dw_layer_, s_.D(), s_.H, s_.I);
-    out_.dw_hh = from_ldigo(dw_iter_, s_.D(), s_.H, s_.H);
-    return lstm::verify(s_, in_, out_, cache_);
+    fwd_.run({a.x, a.h0, a.c0, w + sp_.wl_fwd, w + sp_.wi_fwd, w + sp_.bias, a.y, a.hT, a.cT,
+              workspace_.get_data_handle()});
+    seen_ = {a.x, a.h0, a.c0, a.weights, a.y, a.hT, a.cT};
+  }
+
+  void run(const Args& a) override {
+    if (s_.dir == Direction::fwd) return forward(a);
+    if (seen_ != Seen{a.x, a.h0, a.c0, a.weights, a.y, a.hT, a.cT}) forward(a);
+    auto* dw = static_cast<std::byte*>(a.dweights);
+    std::memset(dw + sp_.dwl, 0, d_.m.d_w_layer.get_size());
+    std::memset(dw + sp_.dwi, 0, d_.m.d_w_iter.get_size());
+    std::memset(dw + sp_.db, 0, d_.m.d_bias.get_size());
+    const auto* w = static_cast<const std::byte*>(a.weights);
+    bwd_.run({a.x, a.h0, a.c0, w + sp_.wl_bwd, w + sp_.wi_bwd, w + sp_.bias, a.y, a.hT, a.cT,
+              workspace_.get_data_handle(), a.dy, a.dhT, a.dcT, a.dx, a.dh0, a.dc0, dw + sp_.dwl, dw + sp_.dwi,
+              dw + sp_.db});
   }
 
   std::string label() const override {
     std::string l = std::string("oneDNN lstm ") + (s_.dir == Direction::fwd ? "forward_inference " : "backward ") +
-                    (s_.dir == Direction::fwd ? plan_.fwd.impl_info_str() : plan_.bwd.impl_info_str());
+                    (s_.dir == Direction::fwd ? d_.fwd.impl_info_str() : d_.bwd.impl_info_str());
     if (s_.dir != Direction::fwd)
       l += std::string(" (forward_training at setup; timed: zero dW + backward; gradients in ") +
-           dtype_name(plan_.diff) + ")";
+           dtype_name(d_.diff) + ")";
     return l + ", bias b_ih+b_hh, " + std::to_string(cpu::threads()) + " threads";
   }
 
  private:
-  void forward_training() { cpu::execute(fwd_, fwd_args_); }
+  // The inputs and outputs of the last training forward: what the workspace holds the state of.
+  using Seen = std::array<const void*, 7>;
 
   Shape s_;
-  Plan plan_;
-  Inputs in_;
-  Outputs out_;
-  ReferenceCache cache_;
-  HostBuffer w_layer_user_, w_iter_user_, bias_, dy_, dhT_, dcT_, dw_layer_, dw_iter_;
+  Descriptors d_;
+  Spaces sp_;
   memory workspace_;
-  dnnl::lstm_forward fwd_;
-  dnnl::lstm_backward bwd_;
-  cpu::Args fwd_args_, bwd_args_;
+  cpu::Primitive fwd_, bwd_;
+  Seen seen_{};
 };
 
 }  // namespace
@@ -256,9 +308,10 @@ class CpuLstm final : public Case {
 std::string cpu_unsupported_reason(const Problem& p) {
   if (p.dtype != DType::f32 && p.dtype != DType::bf16)
     return std::string("the CPU backend has no ") + dtype_name(p.dtype) + " lstm";
-  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, p, "lstm");
+  return cpu::onednn_unsupported_reason([&] { descriptors(shape_of(p)); }, p, "lstm");
 }
 
-std::unique_ptr<Case> make_cpu(const Problem& p) { return std::make_unique<CpuLstm>(p); }
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s) { return std::make_unique<CpuLstm>(s); }
+std::unique_ptr<Layout> make_cpu_layout(const Shape& s) { return std::make_unique<CpuLayout>(s); }
 
 }  // namespace hotops::lstm

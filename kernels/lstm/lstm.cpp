@@ -28,9 +28,95 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
       for (Direction d : {Direction::fwd, Direction::bwd}) out.push_back(Problem{"lstm", be, t, d, args});
 }
 
+// A copy of `b` in dtype `t` (the values are exact in both).
+HostBuffer as_dtype(const HostBuffer& b, DType t) {
+  if (b.dtype() == t) return b;
+  HostBuffer out(t, b.count());
+  for (std::size_t i = 0; i < b.count(); ++i) out.set(i, b.get(i));
+  return out;
+}
+
+// The op as the benchmark runs it: a PlanCase over the seeded inputs, the weights packed into the
+// backend's weight space at setup, and (bwd) the gradient space unpacked for the check.
+struct Op {
+  struct Shape {
+    lstm::Shape s;
+    Backend backend = Backend::cpu;
+  };
+  using Args = lstm::Args;
+  struct Io {
+    std::unique_ptr<Layout> layout;
+    Inputs in;
+    HostBuffer weights;
+    HostBuffer dy, dhT, dcT;   // bwd: the inputs' gradients in the layout's gradient dtype
+    HostBuffer gradients;      // bwd: the gradient space
+    Outputs out;
+    ReferenceCache cache;
+  };
+  static Shape shape(const Problem& p) { return {shape_of(p), p.backend}; }
+  static Io io(const Shape& sh, std::uint64_t seed) {
+    const lstm::Shape& s = sh.s;
+    Io io;
+    io.layout = make_layout(s, sh.backend);
+    io.in = make_inputs(s, seed);
+    io.weights = io.layout->pack(io.in.w_ih, io.in.w_hh, io.in.b_ih, io.in.b_hh);
+    const DType t = storage_of(s.dtype);
+    const auto T = static_cast<std::size_t>(s.T), B = static_cast<std::size_t>(s.B), I = static_cast<std::size_t>(s.I),
+               H = static_cast<std::size_t>(s.H), D = static_cast<std::size_t>(s.D());
+    if (s.dir == Direction::fwd) {
+      io.out.y = HostBuffer(t, T * B * D * H);
+      io.out.hT = HostBuffer(t, D * B * H);
+      io.out.cT = HostBuffer(t, D * B * H);
+      return io;
+    }
+    const DType g = io.layout->gradient_dtype();
+    io.dy = as_dtype(io.in.dy, g);
+    io.dhT = as_dtype(io.in.dhT, g);
+    io.dcT = as_dtype(io.in.dcT, g);
+    io.out.dx = HostBuffer(g, T * B * I);
+    io.out.dh0 = HostBuffer(g, D * B * H);
+    io.out.dc0 = HostBuffer(g, D * B * H);
+    io.gradients = HostBuffer(DType::f32, (io.layout->gradient_bytes() + 3) / 4);
+    return io;
+  }
+  static Args bind(const Shape& sh, Io& io, Binder& b) {
+    const lstm::Shape& s = sh.s;
+    Args a;
+    a.x = b.in(io.in.x);
+    a.h0 = b.in(io.in.h0);
+    a.c0 = b.in(io.in.c0);
+    a.weights = b.in(io.weights);
+    if (s.dir == Direction::fwd) {
+      a.y = b.out(io.out.y);
+      a.hT = b.out(io.out.hT);
+      a.cT = b.out(io.out.cT);
+      return a;
+    }
+    // The training forward's outputs: the backward's inputs, not checked here.
+    const std::size_t e = dtype_size(storage_of(s.dtype));
+    a.y = b.scratch(static_cast<std::size_t>(s.T * s.B * s.D() * s.H) * e);
+    a.hT = b.scratch(io.in.h0.bytes());
+    a.cT = b.scratch(io.in.c0.bytes());
+    a.dy = b.in(io.dy);
+    a.dhT = b.in(io.dhT);
+    a.dcT = b.in(io.dcT);
+    a.dx = b.out(io.out.dx);
+    a.dh0 = b.out(io.out.dh0);
+    a.dc0 = b.out(io.out.dc0);
+    a.dweights = b.out(io.gradients);
+    return a;
+  }
+  static std::unique_ptr<hotops::Plan<Args>> plan(const Shape& sh, Backend b) { return make_plan(sh.s, b); }
+  static Check check(const Shape& sh, Io& io) {
+    if (sh.s.dir != Direction::fwd) io.layout->unpack(io.gradients, io.out);
+    return verify(sh.s, io.in, io.out, io.cache);
+  }
+};
+
 class LstmFamily final : public OpFamily {
  public:
-  LstmFamily() : OpFamily("lstm", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
+  LstmFamily()
+      : OpFamily("lstm", cpu_unsupported_reason, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     return per_shape_and_batch(named_shapes(), batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {
@@ -82,6 +168,14 @@ Check compare_all(const HostBuffer& out, const std::vector<double>& ref, double 
 }
 
 }  // namespace
+
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
+  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
+}
+
+std::unique_ptr<Layout> make_layout(const Shape& s, Backend b) {
+  return plan_on_backend(b, s, make_cpu_layout, HOTOPS_CUDA_FACTORY(make_cuda_layout));
+}
 
 Shape shape_of(const Problem& p) {
   Shape s;

@@ -9,6 +9,7 @@
 #include "hotops/buffer.h"
 #include "hotops/op.h"
 #include "hotops/op_family.h"
+#include "hotops/plan.h"
 
 namespace hotops::lstm {
 
@@ -20,6 +21,7 @@ namespace hotops::lstm {
 //   W_ih [D,4H,I]  W_hh [D,4H,H]  b_ih, b_hh [D,4H]
 // bwd: given dy, dhT, dcT, the gradients dx [T,B,I], dh0, dc0 [D,B,H], dW_ih, dW_hh and
 // db [D,4H] (db_ih = db_hh = db: both biases have the same gradient), summed over time and batch.
+// A model fills it in directly: fwd is an inference layer, bwd a training layer (forward() then run()).
 struct Shape {
   Direction dir = Direction::fwd;
   DType dtype = DType::f32;  // tf32: f32 storage, tensor-core math (CUDA only)
@@ -89,6 +91,61 @@ struct NamedShape {
 };
 const std::vector<NamedShape>& named_shapes();
 
-HOTOPS_FAMILY_ENTRY_POINTS(make_cpu, cpu_unsupported_reason, make_cuda);
+// The tensors of one layer, in the layouts above, on the plan's backend (host or device memory).
+// The weights are read from, and their gradients written to, the backend's own layout (a Layout's
+// weight and gradient spaces): packing them is the caller's setup, not the layer's work.
+struct Args {
+  const void* x = nullptr;        // [T,B,I]
+  const void* h0 = nullptr;       // [D,B,H]
+  const void* c0 = nullptr;       // [D,B,H]
+  const void* weights = nullptr;  // the weight space: W_ih, W_hh, b_ih, b_hh (Layout::pack)
+  void* y = nullptr;              // [T,B,D*H]  fwd: the output; bwd: forward()'s, read by run()
+  void* hT = nullptr;             // [D,B,H]    likewise
+  void* cT = nullptr;             // [D,B,H]    likewise
+  // bwd only, in the Layout's gradient dtype:
+  const void* dy = nullptr;   // [T,B,D*H]
+  const void* dhT = nullptr;  // [D,B,H]
+  const void* dcT = nullptr;  // [D,B,H]
+  void* dx = nullptr;         // [T,B,I]
+  void* dh0 = nullptr;        // [D,B,H]
+  void* dc0 = nullptr;        // [D,B,H]
+  void* dweights = nullptr;   // the gradient space: dW_ih, dW_hh, db (Layout::unpack)
+};
+
+// The plan of one layer. fwd: run() is the inference forward. bwd: forward() is the training
+// forward (y, hT, cT and the state the backward reads, kept in the plan) and run() the backward
+// alone, as PyTorch's backward excludes the forward; run() on inputs that forward() has not seen
+// (other pointers) runs forward() first. A caller that changes the inputs' values in place calls
+// forward() again before run().
+class Plan : public hotops::Plan<Args> {
+ public:
+  virtual void forward(const Args& a) = 0;
+};
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // oneDNN
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // cuDNN
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+
+// Where a backend's plan keeps the weights and writes their gradients, and the host-side
+// conversions from and to PyTorch's layouts (setup and verification, never inside a run).
+class Layout {
+ public:
+  virtual ~Layout() = default;
+  virtual std::size_t weight_bytes() const = 0;
+  virtual std::size_t gradient_bytes() const = 0;  // bwd
+  // The dtype of dy, dhT, dcT, dx, dh0, dc0 and the gradient space (oneDNN's bf16 backward: f32).
+  virtual DType gradient_dtype() const = 0;
+  // The weight space (weight_bytes) of PyTorch's W_ih, W_hh, b_ih, b_hh, in host memory.
+  virtual HostBuffer pack(const HostBuffer& w_ih, const HostBuffer& w_hh, const HostBuffer& b_ih,
+                          const HostBuffer& b_hh) const = 0;
+  // A gradient space (gradient_bytes, host memory) as PyTorch's dW_ih, dW_hh, db into `out` (and
+  // db2 where the backend has a gradient per bias).
+  virtual void unpack(const HostBuffer& gradients, Outputs& out) const = 0;
+};
+std::unique_ptr<Layout> make_cpu_layout(const Shape& s);
+std::unique_ptr<Layout> make_cuda_layout(const Shape& s);
+std::unique_ptr<Layout> make_layout(const Shape& s, Backend b);
+
+std::string cpu_unsupported_reason(const Problem& p);
+const Family& family();
 
 }  // namespace hotops::lstm

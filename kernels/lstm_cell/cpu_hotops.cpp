@@ -5,6 +5,9 @@
 // compiled three times (target_clones, as gelu's loop: x86-64-v4, x86-64-v3, baseline) and are
 // branch-free, with their own exp, so that GCC vectorises them; math in f32.
 #include <algorithm>
+#include <array>
+#include <utility>
+#include <vector>
 #include <cstring>
 
 #include "hotops/check.h"
@@ -125,17 +128,17 @@ using tag = memory::format_tag;
 constexpr std::int64_t kChunk = 64;
 
 // The matmuls of a direction (primitive descriptors only: building them is also the support probe).
-struct Plan {
+struct Descriptors {
   dnnl::matmul::primitive_desc gates;  // pre[B, 4H] (f32) = xh[B, K] . W^T   (fwd; bwd makes its saved state)
   dnnl::matmul::primitive_desc dxh;    // dxh[B, K] = dgates[B, 4H] . W[4H, K]            (bwd)
   dnnl::matmul::primitive_desc dW;     // dW[4H, K] = dgates^T[4H, B] . xh[B, K]          (bwd)
 };
 
-Plan plan(const Shape& s) {
+Descriptors descriptors(const Shape& s) {
   const memory::dim B = s.B, K = s.K(), G = s.G();
   const memory::data_type t = cpu::dnnl_type(s.dtype);
   dnnl::engine& eng = cpu::engine();
-  Plan p;
+  Descriptors p;
   const auto gates = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(memory::desc({B, K}, t, tag::ab),
                                                           memory::desc({K, G}, t, memory::dims{1, K}),  // W^T
                                                           memory::desc({B, G}, memory::data_type::f32, tag::ab)));
@@ -151,82 +154,83 @@ Plan plan(const Shape& s) {
   return p;
 }
 
-class HotopsCell final : public Case {
+// Matmul operands: source, weights, destination.
+std::vector<std::pair<int, memory::desc>> matmul_descs(const dnnl::matmul::primitive_desc& pd) {
+  return {{DNNL_ARG_SRC, pd.src_desc()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}, {DNNL_ARG_DST, pd.dst_desc()}};
+}
+
+class HotopsCell final : public Plan {
  public:
-  explicit HotopsCell(const Problem& p)
-      : s_(shape_of(p)), plan_(plan(s_)), in_(make_inputs(s_, input_seed(p))), out_(make_outputs(s_)) {
+  explicit HotopsCell(const Shape& s) : s_(s), d_(descriptors(s_)) {
     const auto B = static_cast<std::size_t>(s_.B), G = static_cast<std::size_t>(s_.G());
     pre_ = HostBuffer(DType::f32, B * G);
-    gates_ = dnnl::matmul(plan_.gates);
-    gates_args_ = cpu::matmul_args(plan_.gates, in_.xh.data(), in_.W.data(), pre_.data());
+    gates_ = cpu::Primitive(dnnl::matmul(d_.gates), matmul_descs(d_.gates));
     if (s_.dir == Direction::bwd) {
       dgates_ = HostBuffer(s_.dtype, B * G);
-      dxh_ = dnnl::matmul(plan_.dxh);
-      dxh_args_ = cpu::matmul_args(plan_.dxh, dgates_.data(), in_.W.data(), out_.dxh.data());
-      dW_ = dnnl::matmul(plan_.dW);
-      dW_args_ = cpu::matmul_args(plan_.dW, dgates_.data(), in_.xh.data(), out_.dW.data());
-      // The saved state: this implementation's fwd GEMM, once, outside timing.
-      cpu::execute(gates_, gates_args_);
+      dxh_ = cpu::Primitive(dnnl::matmul(d_.dxh), matmul_descs(d_.dxh));
+      dW_ = cpu::Primitive(dnnl::matmul(d_.dW), matmul_descs(d_.dW));
     }
   }
 
-  void run() override {
+  // fwd: the step. bwd: the saved state, this implementation's fwd GEMM.
+  void forward(const Args& a) override {
+    gates_.run({a.xh, a.W, pre_.data()});
     if (s_.dir == Direction::fwd) {
-      cpu::execute(gates_, gates_args_);
-      pointwise_fwd();
+      pointwise_fwd(a);
       return;
     }
-    pointwise_bwd();
-    dnnl::stream& st = cpu::stream();
-    HOTOPS_CHECK_DNNL(dxh_.execute(st, dxh_args_));
-    HOTOPS_CHECK_DNNL(dW_.execute(st, dW_args_));
-    HOTOPS_CHECK_DNNL(st.wait());
+    seen_ = {a.xh, a.W};
   }
 
-  Check verify() override {
-    out_.h.poison(), out_.c.poison(), out_.dxh.poison(), out_.dc.poison(), out_.dW.poison(), out_.db.poison();
-    run();
-    return lstm_cell::verify(s_, in_, out_);
+  void run(const Args& a) override {
+    if (s_.dir == Direction::fwd) return forward(a);
+    if (seen_ != Seen{a.xh, a.W}) forward(a);
+    pointwise_bwd(a);
+    dxh_.run({dgates_.data(), a.W, a.dxh});
+    dW_.run({dgates_.data(), a.xh, a.dW});
   }
 
   std::string label() const override {
-    std::string l = "hotops: oneDNN matmul " + std::string(plan_.gates.impl_info_str());
+    std::string l = "hotops: oneDNN matmul " + std::string(d_.gates.impl_info_str());
     if (s_.dir == Direction::bwd)
-      l += " (dxh " + std::string(plan_.dxh.impl_info_str()) + ", dW " + plan_.dW.impl_info_str() + ")";
+      l += " (dxh " + std::string(d_.dxh.impl_info_str()) + ", dW " + d_.dW.impl_info_str() + ")";
     return l + " + OpenMP pointwise loop (" + vec::clone_name() + "), x,h given as one [B, I+H], " +
            std::to_string(cpu::threads()) + " threads";
   }
 
  private:
+  // The tensors of the last fwd GEMM: what pre holds.
+  using Seen = std::array<const void*, 2>;
 
-  void pointwise_fwd() {
+  void pointwise_fwd(const Args& a) {
     const std::int64_t B = s_.B, H = s_.H, G = s_.G(), chunks = (H + kChunk - 1) / kChunk;
     const bool bf16 = s_.dtype == DType::bf16;
     const std::size_t e = dtype_size(s_.dtype);
     const auto* pre = pre_.as<float>();
-    const auto* c = static_cast<const std::byte*>(in_.c.data());
-    auto* h_out = static_cast<std::byte*>(out_.h.data());
-    auto* c_out = static_cast<std::byte*>(out_.c.data());
+    const auto* c = static_cast<const std::byte*>(a.c);
+    auto* h_out = static_cast<std::byte*>(a.h_new);
+    auto* c_out = static_cast<std::byte*>(a.c_new);
     const std::int64_t items = B * chunks;
 #pragma omp parallel for schedule(static) num_threads(cpu::threads()) if (items > 1)
     for (std::int64_t it = 0; it < items; ++it) {
       const std::int64_t b = it / chunks, j0 = (it % chunks) * kChunk, j1 = std::min(H, j0 + kChunk);
       const std::size_t at = static_cast<std::size_t>(b * H) * e;
-      (bf16 ? kernel::fwd_row_bf16 : kernel::fwd_row_f32)(pre + b * G, in_.b.data(), c + at, h_out + at, c_out + at,
+      (bf16 ? kernel::fwd_row_bf16 : kernel::fwd_row_f32)(pre + b * G, a.b, c + at, h_out + at, c_out + at,
                                                             H, j0, j1);
     }
   }
 
-  void pointwise_bwd() {
+  void pointwise_bwd(const Args& a) {
     const std::int64_t B = s_.B, H = s_.H, G = s_.G(), chunks = (H + kChunk - 1) / kChunk;
     const bool bf16 = s_.dtype == DType::bf16;
     const std::size_t e = dtype_size(s_.dtype);
     const auto* pre = pre_.as<float>();
-    const auto* c = static_cast<const std::byte*>(in_.c.data());
-    const auto* dh = static_cast<const std::byte*>(in_.dh.data());
-    const auto* dc = static_cast<const std::byte*>(in_.dc.data());
+    const auto* c = static_cast<const std::byte*>(a.c);
+    const auto* dh = static_cast<const std::byte*>(a.dh_new);
+    const auto* dc = static_cast<const std::byte*>(a.dc_new);
     auto* dgates = static_cast<std::byte*>(dgates_.data());
-    auto* dc_out = static_cast<std::byte*>(out_.dc.data());
+    auto* dc_out = static_cast<std::byte*>(a.dc);
+    auto* db_out = static_cast<std::byte*>(a.db);
     // One chunk of columns per work item, every sample: db's columns belong to one thread each.
 #pragma omp parallel for schedule(static) num_threads(cpu::threads()) if (chunks > 1)
     for (std::int64_t ch = 0; ch < chunks; ++ch) {
@@ -234,31 +238,36 @@ class HotopsCell final : public Case {
       float db[4 * kChunk] = {};
       for (std::int64_t b = 0; b < B; ++b) {
         const std::size_t at = static_cast<std::size_t>(b * H) * e;
-        (bf16 ? kernel::bwd_row_bf16 : kernel::bwd_row_f32)(pre + b * G, in_.b.data(), c + at, dh + at, dc + at,
+        (bf16 ? kernel::bwd_row_bf16 : kernel::bwd_row_f32)(pre + b * G, a.b, c + at, dh + at, dc + at,
                                                               dgates + static_cast<std::size_t>(b * G) * e,
                                                               dc_out + at, db, kChunk, H, j0, j1);
       }
       for (std::int64_t q = 0; q < 4; ++q)
-        for (std::int64_t j = j0; j < j1; ++j)
-          out_.db.set(static_cast<std::size_t>(q * H + j), db[q * kChunk + (j - j0)]);
+        for (std::int64_t j = j0; j < j1; ++j) {
+          const float v = db[q * kChunk + (j - j0)];
+          const std::size_t at = static_cast<std::size_t>(q * H + j);
+          if (bf16)
+            reinterpret_cast<std::uint16_t*>(db_out)[at] = vec::f32_to_bf16(v);
+          else
+            reinterpret_cast<float*>(db_out)[at] = v;
+        }
     }
   }
 
   Shape s_;
-  Plan plan_;
-  Inputs in_;
-  Outputs out_;
-  HostBuffer pre_, dgates_;
-  dnnl::matmul gates_, dxh_, dW_;
-  cpu::Args gates_args_, dxh_args_, dW_args_;
+  Descriptors d_;
+  HostBuffer pre_, dgates_;  // the saved state (f32 pre-activation gates, no bias); bwd's dgates
+  cpu::Primitive gates_, dxh_, dW_;
+  Seen seen_{};
 };
 
 }  // namespace
 
 std::string hotops_unsupported_reason(const Problem& p) {
-  return cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, std::string(dtype_name(p.dtype)) + " matmul");
+  return cpu::onednn_unsupported_reason([&] { descriptors(shape_of(p)); },
+                                        std::string(dtype_name(p.dtype)) + " matmul");
 }
 
-std::unique_ptr<Case> make_cpu_hotops(const Problem& p) { return std::make_unique<HotopsCell>(p); }
+std::unique_ptr<Plan> make_cpu_hotops_plan(const Shape& s) { return std::make_unique<HotopsCell>(s); }
 
 }  // namespace hotops::lstm_cell

@@ -6,14 +6,15 @@
 //        2. GEMM   d[x, h][B, K] = dgates . W
 //        3. GEMM   dW[4H, K]     = dgates^T . [x, h]
 //        4. kernel db[4H] = column sums of dgates
-// pre, the GEMM's f32 output without the bias, is the state fwd saves for bwd (a bwd case makes it
-// at setup with the fwd GEMM). The GEMMs' algorithms are the cublasLt heuristic's first choice,
+// pre, the GEMM's f32 output without the bias, is the state fwd saves for bwd (a bwd plan makes it
+// with the fwd GEMM on its first run on new inputs, or in forward()). The GEMMs' algorithms are the cublasLt heuristic's first choice,
 // picked once at setup and named in the label; f32 uses CUBLAS_COMPUTE_32F (no tensor cores),
 // tf32 CUBLAS_COMPUTE_32F_FAST_TF32, bf16 CUBLAS_COMPUTE_32F with bf16 operands.
 // Pointwise math in f32; each thread does V consecutive columns of one sample (16-byte accesses to
 // pre; V = 1 when H is not a multiple of 4).
 #include <cuda_bf16.h>
 
+#include <array>
 #include <optional>
 #include <string>
 
@@ -164,58 +165,35 @@ unsigned blocks_for(std::int64_t threads, int per_block) {
   return static_cast<unsigned>((threads + per_block - 1) / per_block);
 }
 
-class CudaCell final : public Case {
+class CudaCell final : public Plan {
  public:
-  explicit CudaCell(const Problem& p) : s_(shape_of(p)), in_(make_inputs(s_, input_seed(p))), out_(make_outputs(s_)) {
+  explicit CudaCell(const Shape& s) : s_(s) {
     const std::int64_t B = s_.B, K = s_.K(), G = s_.G();
     const DType t = s_.dtype;
     // Widest vector that divides H: 16 bytes of pre per gate (f32), 8 or 16 bytes of the rest.
     vec_ = s_.H % 4 == 0 ? 4 : 1;
-    xh_ = gpu::DeviceBuffer(in_.xh);
-    W_ = gpu::DeviceBuffer(in_.W);
-    b_ = gpu::DeviceBuffer(in_.b);
-    c_ = gpu::DeviceBuffer(in_.c);
     pre_ = gpu::DeviceBuffer(static_cast<std::size_t>(B * G) * sizeof(float));
     // pre^T[G, B] = (W as col-major [K, G])^T . (xh as col-major [K, B])
     gates_.emplace(t, CUDA_R_32F, CUBLAS_OP_T, K, G, CUBLAS_OP_N, K, B, G, B, "gates");
-    if (s_.dir == Direction::fwd) {
-      h_out_ = gpu::DeviceBuffer(out_.h.bytes());
-      c_out_ = gpu::DeviceBuffer(out_.c.bytes());
-      return;
-    }
-    dh_ = gpu::DeviceBuffer(in_.dh);
-    dc_ = gpu::DeviceBuffer(in_.dc);
+    if (s_.dir == Direction::fwd) return;
     dgates_ = gpu::DeviceBuffer(static_cast<std::size_t>(B * G) * dtype_size(t));
-    dxh_ = gpu::DeviceBuffer(out_.dxh.bytes());
-    dc_out_ = gpu::DeviceBuffer(out_.dc.bytes());
-    dW_ = gpu::DeviceBuffer(out_.dW.bytes());
-    db_ = gpu::DeviceBuffer(out_.db.bytes());
     // dxh^T[K, B] = (W as col-major [K, G]) . (dgates as col-major [G, B])
     dxh_gemm_.emplace(t, cuda_type(t), CUBLAS_OP_N, K, G, CUBLAS_OP_N, G, B, K, B, "d[x,h]");
     // dW^T[K, G] = (xh as col-major [K, B]) . (dgates as col-major [G, B])^T
     dW_gemm_.emplace(t, cuda_type(t), CUBLAS_OP_N, K, B, CUBLAS_OP_T, G, B, K, G, "dW");
-    // The saved state: the fwd GEMM, once, outside timing (stream-ordered after the uploads).
-    gates_->run(W_.get(), xh_.get(), pre_.get());
   }
 
-  void run() override {
-    if (s_.dtype == DType::bf16) run_as<__nv_bfloat16>();
-    else run_as<float>();
+  // fwd: the step. bwd: the saved state, the fwd GEMM.
+  void forward(const Args& a) override {
+    if (s_.dir == Direction::fwd) return run(a);
+    gates_->run(a.W, a.xh, pre_.get());
+    seen_ = {a.xh, a.W};
   }
 
-  Check verify() override {
-    if (s_.dir == Direction::fwd) {
-      h_out_.poison(), c_out_.poison();
-    } else {
-      dxh_.poison(), dc_out_.poison(), dW_.poison(), db_.poison();
-    }
-    run();
-    if (s_.dir == Direction::fwd) {
-      h_out_.download(out_.h), c_out_.download(out_.c);
-    } else {
-      dxh_.download(out_.dxh), dc_out_.download(out_.dc), dW_.download(out_.dW), db_.download(out_.db);
-    }
-    return lstm_cell::verify(s_, in_, out_);
+  void run(const Args& a) override {
+    if (s_.dir == Direction::bwd && seen_ != Seen{a.xh, a.W}) forward(a);
+    if (s_.dtype == DType::bf16) run_as<__nv_bfloat16>(a);
+    else run_as<float>(a);
   }
 
   std::string label() const override {
@@ -227,39 +205,43 @@ class CudaCell final : public Case {
   }
 
  private:
-  template <class T> void run_as() {
+  // The tensors of the last fwd GEMM: what pre holds.
+  using Seen = std::array<const void*, 2>;
+
+  template <class T> void run_as(const Args& a) {
     const std::int64_t B = s_.B, H = s_.H, G = s_.G();
     const unsigned blocks = blocks_for(B * H / vec_, kThreads);
     cudaStream_t st = gpu::stream();
     const auto* pre = pre_.as<const float>();
+    const auto* bias = static_cast<const T*>(a.b);
+    const auto* c = static_cast<const T*>(a.c);
     if (s_.dir == Direction::fwd) {
-      gates_->run(W_.get(), xh_.get(), pre_.get());
+      gates_->run(a.W, a.xh, pre_.get());
       auto kernel = vec_ == 4 ? lstm_fwd_pointwise<T, 4> : lstm_fwd_pointwise<T, 1>;
-      kernel<<<blocks, kThreads, 0, st>>>(pre, b_.as<const T>(), c_.as<const T>(), h_out_.as<T>(), c_out_.as<T>(), B, H);
+      kernel<<<blocks, kThreads, 0, st>>>(pre, bias, c, static_cast<T*>(a.h_new), static_cast<T*>(a.c_new), B, H);
       HOTOPS_CHECK_LAUNCH();
       return;
     }
     auto kernel = vec_ == 4 ? lstm_bwd_pointwise<T, 4> : lstm_bwd_pointwise<T, 1>;
-    kernel<<<blocks, kThreads, 0, st>>>(pre, b_.as<const T>(), c_.as<const T>(), dh_.as<const T>(), dc_.as<const T>(),
-                                        dgates_.as<T>(), dc_out_.as<T>(), B, H);
+    kernel<<<blocks, kThreads, 0, st>>>(pre, bias, c, static_cast<const T*>(a.dh_new), static_cast<const T*>(a.dc_new),
+                                        dgates_.as<T>(), static_cast<T*>(a.dc), B, H);
     HOTOPS_CHECK_LAUNCH();
-    dxh_gemm_->run(W_.get(), dgates_.get(), dxh_.get());
-    dW_gemm_->run(xh_.get(), dgates_.get(), dW_.get());
-    column_sum<T><<<blocks_for(G, kSumCols), dim3(kSumCols, kSumRows), 0, st>>>(dgates_.as<const T>(), db_.as<T>(), B, G);
+    dxh_gemm_->run(a.W, dgates_.get(), a.dxh);
+    dW_gemm_->run(a.xh, dgates_.get(), a.dW);
+    column_sum<T><<<blocks_for(G, kSumCols), dim3(kSumCols, kSumRows), 0, st>>>(dgates_.as<const T>(),
+                                                                               static_cast<T*>(a.db), B, G);
     HOTOPS_CHECK_LAUNCH();
   }
 
   Shape s_;
-  Inputs in_;
-  Outputs out_;
   int vec_ = 1;
-  gpu::DeviceBuffer xh_, W_, b_, c_, dh_, dc_, pre_, dgates_;
-  gpu::DeviceBuffer h_out_, c_out_, dxh_, dc_out_, dW_, db_;
+  gpu::DeviceBuffer pre_, dgates_;
   std::optional<Gemm> gates_, dxh_gemm_, dW_gemm_;
+  Seen seen_{};
 };
 
 }  // namespace
 
-std::unique_ptr<Case> make_cuda(const Problem& p) { return std::make_unique<CudaCell>(p); }
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s) { return std::make_unique<CudaCell>(s); }
 
 }  // namespace hotops::lstm_cell

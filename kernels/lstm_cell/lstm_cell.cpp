@@ -42,24 +42,49 @@ std::vector<DType> dtypes_of(Backend b) {
   return {DType::f32, DType::tf32, DType::bf16};
 }
 
-// The CPU implementation that runs by default, per dtype and direction; the other is the same problem
-// plus `impl:<name>`. Measured on the 16-core Xeon (AVX-512, AMX) of the H100 host, deepbench.h1024
-// batch 64: f32 fwd hotops 1100 us vs oneDNN lstm_forward 1065 us (a tie), f32 bwd 2196 vs 4731 us;
-// bf16 fwd 527 vs 295 us (oneDNN's brgemm LSTM wins), bf16 bwd hotops 1375 us (oneDNN 2.6 has no
-// bf16 lstm_backward there). So oneDNN runs bf16 fwd, hotops everything else.
-CpuImpl cpu_default(DType t, Direction d) {
-  return t == DType::bf16 && d == Direction::fwd ? CpuImpl::onednn : CpuImpl::hotops;
-}
-
 CpuImpl other(CpuImpl i) { return i == CpuImpl::hotops ? CpuImpl::onednn : CpuImpl::hotops; }
-
-std::unique_ptr<Case> make_cpu(const Problem& p) {
-  return cpu_impl_of(p) == CpuImpl::onednn ? make_cpu_onednn(p) : make_cpu_hotops(p);
-}
 
 std::string cpu_unsupported_reason(const Problem& p) {
   return cpu_impl_of(p) == CpuImpl::onednn ? onednn_unsupported_reason(p) : hotops_unsupported_reason(p);
 }
+
+// The op as the benchmark runs it: a PlanCase over the seeded inputs and the direction's outputs.
+// The inputs' seed leaves out `impl` (input_seed), so both CPU implementations compute on the same
+// numbers: the Op's shape carries it, in place of the problem's own seed.
+struct Op {
+  struct Shape {
+    lstm_cell::Shape s;
+    std::uint64_t seed = 0;
+  };
+  using Args = lstm_cell::Args;
+  struct Io {
+    Inputs in;
+    Outputs out;
+  };
+  static Shape shape(const Problem& p) { return {shape_of(p), input_seed(p)}; }
+  static Io io(const Shape& sh, std::uint64_t) { return {make_inputs(sh.s, sh.seed), make_outputs(sh.s)}; }
+  static Args bind(const Shape& sh, Io& io, Binder& bd) {
+    Args a;
+    a.xh = bd.in(io.in.xh);
+    a.W = bd.in(io.in.W);
+    a.b = bd.in(io.in.b);
+    a.c = bd.in(io.in.c);
+    if (sh.s.dir == Direction::fwd) {
+      a.h_new = bd.out(io.out.h);
+      a.c_new = bd.out(io.out.c);
+      return a;
+    }
+    a.dh_new = bd.in(io.in.dh);
+    a.dc_new = bd.in(io.in.dc);
+    a.dxh = bd.out(io.out.dxh);
+    a.dc = bd.out(io.out.dc);
+    a.dW = bd.out(io.out.dW);
+    a.db = bd.out(io.out.db);
+    return a;
+  }
+  static std::unique_ptr<hotops::Plan<Args>> plan(const Shape& sh, Backend b) { return make_plan(sh.s, b); }
+  static Check check(const Shape& sh, const Io& io) { return verify(sh.s, io.in, io.out); }
+};
 
 std::vector<Arg> args_of(const std::string& name, std::int64_t batch, std::int64_t input, std::int64_t hidden) {
   return {{"shape", name},
@@ -84,7 +109,8 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
 
 class LstmCellFamily final : public OpFamily {
  public:
-  LstmCellFamily() : OpFamily("lstm_cell", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
+  LstmCellFamily()
+      : OpFamily("lstm_cell", cpu_unsupported_reason, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     return per_shape_and_batch(named_shapes(), batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {
@@ -126,6 +152,23 @@ class LstmCellFamily final : public OpFamily {
 
 }  // namespace
 
+// The CPU implementation that runs by default, per dtype and direction; the other is the same problem
+// plus `impl:<name>`. Measured on the 16-core Xeon (AVX-512, AMX) of the H100 host, deepbench.h1024
+// batch 64: f32 fwd hotops 1100 us vs oneDNN lstm_forward 1065 us (a tie), f32 bwd 2196 vs 4731 us;
+// bf16 fwd 527 vs 295 us (oneDNN's brgemm LSTM wins), bf16 bwd hotops 1375 us (oneDNN 2.6 has no
+// bf16 lstm_backward there). So oneDNN runs bf16 fwd, hotops everything else.
+CpuImpl cpu_default(DType t, Direction d) {
+  return t == DType::bf16 && d == Direction::fwd ? CpuImpl::onednn : CpuImpl::hotops;
+}
+
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s) {
+  return s.cpu_impl == CpuImpl::onednn ? make_cpu_onednn_plan(s) : make_cpu_hotops_plan(s);
+}
+
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
+  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
+}
+
 const char* cpu_impl_name(CpuImpl i) { return i == CpuImpl::hotops ? "hotops" : "onednn"; }
 
 CpuImpl cpu_impl_of(const Problem& p) {
@@ -148,6 +191,7 @@ Shape shape_of(const Problem& p) {
   s.B = p.get_int("batch");
   s.I = p.get_int("input");
   s.H = p.get_int("hidden");
+  s.cpu_impl = cpu_impl_of(p);
   HOTOPS_CHECK(s.B > 0 && s.I > 0 && s.H > 0, "bad lstm_cell shape: " + p.name());
   return s;
 }

@@ -10,6 +10,7 @@
 
 #include "hotops/buffer.h"
 #include "hotops/op.h"
+#include "hotops/plan.h"
 
 namespace hotops::lstm_cell {
 
@@ -23,12 +24,20 @@ namespace hotops::lstm_cell {
 //   fwd  in: xh, W, b, c                  out: h', c'
 //   bwd  in: xh, W, b, c, dh', dc'        out: dxh [B, K], dc [B, H], dW [4H, K], db [4H]
 // The state fwd saves for bwd is each implementation's own (the f32 pre-activation gates for
-// hotops' CPU and CUDA code, oneDNN's workspace for its LSTM primitive); a bwd case makes it at
-// setup with its implementation's own fwd, outside timing.
+// hotops' CPU and CUDA code, oneDNN's workspace for its LSTM primitive); a bwd plan makes it with
+// its implementation's own fwd, outside its timed run (see Plan).
+//
+// The CPU implementations (see lstm_cell.cpp's cpu_default for the default and what was measured).
+enum class CpuImpl { hotops, onednn };
+const char* cpu_impl_name(CpuImpl i);
+CpuImpl cpu_default(DType t, Direction d);
+
+// A model fills it in directly (cpu_impl: cpu_default(dtype, dir) for the measured best).
 struct Shape {
   Direction dir = Direction::fwd;
   DType dtype = DType::f32;  // f32, bf16 (storage, f32 math), tf32 (CUDA: f32 storage, tf32 GEMMs)
   std::int64_t B = 1, I = 1, H = 1;
+  CpuImpl cpu_impl = CpuImpl::hotops;  // the CPU plan's implementation
   std::int64_t K() const { return I + H; }
   std::int64_t G() const { return 4 * H; }
 };
@@ -93,17 +102,41 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out);
 constexpr double kPointwiseFlopsFwd = 13;
 constexpr double kPointwiseFlopsBwd = 26;
 
-// The CPU implementations (see lstm_cell.cpp's kCpuImpls for the default and what was measured).
-enum class CpuImpl { hotops, onednn };
-const char* cpu_impl_name(CpuImpl i);
 CpuImpl cpu_impl_of(const Problem& p);
 std::uint64_t input_seed(const Problem& p);
 
-std::unique_ptr<Case> make_cpu_hotops(const Problem& p);
+// The tensors of one step, in the layouts above, on the plan's backend (host or device memory).
+struct Args {
+  const void* xh = nullptr;  // [B, K]: x, h
+  const void* W = nullptr;   // [4H, K]: W_ih | W_hh
+  const void* b = nullptr;   // [4H]: b_ih + b_hh
+  const void* c = nullptr;   // [B, H]
+  void* h_new = nullptr;     // fwd: h' [B, H]
+  void* c_new = nullptr;     // fwd: c' [B, H]
+  const void* dh_new = nullptr;  // bwd: dh' [B, H]
+  const void* dc_new = nullptr;  // bwd: dc' [B, H]
+  void* dxh = nullptr;       // bwd: d[x, h] [B, K]
+  void* dc = nullptr;        // bwd: dc [B, H]
+  void* dW = nullptr;        // bwd: [4H, K]
+  void* db = nullptr;        // bwd: [4H]
+};
+
+// The plan of one step. What a plan keeps of its inputs (bwd: the saved forward state; oneDNN's LSTM:
+// W and b in its own formats) it makes on the first run on those tensors (other pointers of xh, W,
+// b, c), outside the work a run is timed for; forward() makes it again, for a caller that changed
+// their values in place. fwd: forward() then runs the step.
+class Plan : public hotops::Plan<Args> {
+ public:
+  virtual void forward(const Args& a) = 0;
+};
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // the shape's cpu_impl
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // cublasLt + hotops' kernels
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+std::unique_ptr<Plan> make_cpu_hotops_plan(const Shape& s);
+std::unique_ptr<Plan> make_cpu_onednn_plan(const Shape& s);
+
 std::string hotops_unsupported_reason(const Problem& p);
-std::unique_ptr<Case> make_cpu_onednn(const Problem& p);
 std::string onednn_unsupported_reason(const Problem& p);
-std::unique_ptr<Case> make_cuda(const Problem& p);
 
 const Family& family();
 
