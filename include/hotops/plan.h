@@ -114,14 +114,13 @@ class Binder {
 //   using Shape;  using Args;  using Io;   (Io: the host tensors, the family's inputs and outputs)
 //   static Shape shape(const Problem&);
 //   static Io io(const Shape&, std::uint64_t seed);       // inputs seeded, outputs allocated
+// (the seed is the problem's less its `impl` arg: every implementation computes on the same numbers)
 //   static Args bind(const Shape&, Io&, Binder&);           // each tensor named in, out or inout
 //   static std::unique_ptr<Plan<Args>> plan(const Shape&, Backend);
 //   static Check check(const Shape&, Io&);                 // the outputs against the reference
 // and where the op needs them:
 //   static int check_runs(const Shape&);          // runs before the check (default 1; e.g. AdamW's steps)
 //   static void before_check(const Shape&, Io&);  // more to reset before them (e.g. pinned memory)
-//   static std::uint64_t seed(const Problem&);    // the inputs' seed (default p.seed(); e.g. one for
-//                                                 // every impl of a problem, so all compute on the same numbers)
 template <class Op, class = void>
 struct CheckRuns {
   static int of(const typename Op::Shape&) { return 1; }
@@ -140,22 +139,13 @@ struct BeforeCheck<Op, std::void_t<decltype(Op::before_check(std::declval<const 
   static void run(const typename Op::Shape& s, typename Op::Io& io) { Op::before_check(s, io); }
 };
 
-template <class Op, class = void>
-struct InputSeed {
-  static std::uint64_t of(const Problem& p) { return p.seed(); }
-};
-template <class Op>
-struct InputSeed<Op, std::void_t<decltype(Op::seed(std::declval<const Problem&>()))>> {
-  static std::uint64_t of(const Problem& p) { return Op::seed(p); }
-};
-
 template <class Op>
 class PlanCase final : public Case {
  public:
   explicit PlanCase(const Problem& p)
       : shape_(Op::shape(p)),
         plan_(Op::plan(shape_, p.backend)),
-        io_(Op::io(shape_, InputSeed<Op>::of(p))),
+        io_(Op::io(shape_, seed_without_impl(p))),
         binder_(p.backend),
         args_(binder_.mutated(Op::bind(shape_, io_, binder_))) {}
 

@@ -28,7 +28,6 @@ struct Op {
     Outputs out;
   };
   static Shape shape(const Problem& p) { return shape_of(p); }
-  static std::uint64_t seed(const Problem& p) { return input_seed(p); }
   static Io io(const Shape& s, std::uint64_t seed) { return {make_inputs(s, seed), make_outputs(s)}; }
   static Args bind(const Shape& s, Io& io, Binder& b) {
     // Tensors the direction only reads but Args names writable (e.g. bwd's saved statistics).
