@@ -1,6 +1,6 @@
 // The adamw family: parameter counts of the model lists, the reference on a hand-computed step,
 // verification that fails on planted errors (a wrong step count above all), the step count advancing
-// across runs and restored by verify(), the CPU step equal to the bit to the scalar formula with
+// across runs and restored by verify(), the plan on the caller's states, the CPU step equal to the bit to the scalar formula with
 // std::sqrt whatever the team, and the CUDA kernel's own code run on the host.
 #include <gtest/gtest.h>
 
@@ -199,6 +199,36 @@ TEST(AdamwCpu, StepCountAdvancesAcrossRunsAndVerifyRestoresIt) {
     const Check after = c->verify();
     EXPECT_TRUE(after.ok) << after.message;
     EXPECT_NE(c->label().find("9 tensors"), std::string::npos) << c->label();
+  }
+}
+
+// One CPU plan run on two caller-owned states in turn, each with its own step count: each state is
+// three steps of its own start (a plan that kept the first state's pointers, or one step count for
+// both, would fail), and the bf16 copy is written into each state's own p16.
+TEST(AdamwPlan, RunsOnTheStatesItIsGivenEachRun) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(t));
+    const Shape s = shape_of(problem(Backend::cpu, t, "odd"));
+    const Layout l = layout_of(s.sizes);
+    const auto plan = make_plan(s, Backend::cpu);
+    State a = make_state(s, l), b = make_state(s, l);
+    restore(s, a, 1), restore(s, b, 2);
+    const Snapshot sa = snapshot(s, l, a, 1), sb = snapshot(s, l, b, 2);
+    DeviceStep step_a = first_step(s.hyper), step_b = first_step(s.hyper);
+    const auto args = [&](State& st, DeviceStep& step) {
+      return Args{st.p.as<float>(), st.g.data(), st.m.as<float>(), st.v.as<float>(),
+                  t == DType::bf16 ? st.p16.as<std::uint16_t>() : nullptr, &step};
+    };
+    for (int k = 0; k < kVerifySteps; ++k) plan->run(args(a, step_a)), plan->run(args(b, step_b));
+    const Check ca = check(s, sa, a, kVerifySteps), cb = check(s, sb, b, kVerifySteps);
+    EXPECT_TRUE(ca.ok) << ca.message;
+    EXPECT_TRUE(cb.ok) << cb.message;
+    EXPECT_TRUE(check_step(step_a, kVerifySteps).ok);
+    EXPECT_TRUE(check_step(step_b, kVerifySteps).ok);
+    EXPECT_FALSE(check(s, sa, b, kVerifySteps).ok);
+    const Check off = check_step(step_a, kVerifySteps + 1);
+    EXPECT_FALSE(off.ok);
+    EXPECT_NE(off.message.find("step count is 3"), std::string::npos) << off.message;
   }
 }
 

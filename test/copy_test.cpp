@@ -1,5 +1,5 @@
-// The copy family: hand-computed layout indices and bf16 rounding, names, work, and exact checks
-// that fail on a planted error.
+// The copy family: hand-computed layout indices and bf16 rounding, names, work, exact checks that
+// fail on a planted error, and the plans on buffers their caller owns.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -170,6 +170,33 @@ TEST(CopyTranspose, MatchesTheReferenceOnOddShapes) {
           EXPECT_TRUE(c.ok) << p.name() << " threads " << threads << ": " << c.message;
           EXPECT_EQ(c.checked, s.count) << p.name();
         }
+}
+
+// Each CPU plan (memcpy, both layout and both conversion implementations) run on two caller-owned
+// source and destination pairs in turn: each destination is its own source copied (a plan that kept
+// the first pair's pointers would write the second result into the first destination).
+TEST(CopyPlan, RunsOnTheBuffersItIsGivenEachRun) {
+  const Problem memcpy_problem{"copy", Backend::cpu, DType::f32, Direction::fwd, {{"kind", "memcpy"}, {"bytes", "4100"}}};
+  const Problem problems[] = {memcpy_problem, layout_problem("nchw_to_nhwc", DType::bf16),
+                              layout_problem("nhwc_to_nchw"), convert_problem("f32_to_bf16", DType::f32, 1003),
+                              convert_problem("bf16_to_f32", DType::bf16, 1003)};
+  for (const Problem& p : problems)
+    for (CpuImpl impl : {CpuImpl::hotops, CpuImpl::onednn}) {
+      Shape s = shape_of(p);
+      if (s.is_raw() && impl == CpuImpl::onednn) continue;
+      s.impl = impl;
+      SCOPED_TRACE(p.name() + " " + impl_name(impl));
+      const auto plan = make_plan(s, Backend::cpu);
+      const HostBuffer a = make_source(s, 1), b = make_source(s, 2);
+      HostBuffer ya(s.dst, s.count), yb(s.dst, s.count);
+      ya.poison(), yb.poison();
+      plan->run({a.data(), ya.data()});
+      plan->run({b.data(), yb.data()});
+      const Check ca = verify_exact(s, a, ya), cb = verify_exact(s, b, yb);
+      EXPECT_TRUE(ca.ok) << ca.message;
+      EXPECT_TRUE(cb.ok) << cb.message;
+      EXPECT_FALSE(verify_exact(s, b, ya).ok);
+    }
 }
 
 TEST(CopyTranspose, TilesCoverShortAxesWithLongerTiles) {

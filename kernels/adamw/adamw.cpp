@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 
 #include "hotops/check.h"
@@ -88,6 +89,63 @@ constexpr double kFlopsPerParam = 14;
 // (6 x 4 + 2 x 2). 28 either way.
 constexpr double kBytesPerParam = 28;
 
+// The op as the benchmark runs it: a PlanCase over one seeded state. p, m, v and the step count are
+// updated in place (reset to the seeded state before the check); the bf16 p is an output. The check
+// runs kVerifySteps steps and compares them with as many reference steps from the seeded start.
+struct Op {
+  using Shape = adamw::Shape;
+  using Args = adamw::Args;
+  struct Io {
+    State start;       // the seeded state
+    State result;      // p, m, v and the bf16 p after the check's steps (no g)
+    HostBuffer step0;  // first_step(hyper), as bytes
+    HostBuffer step;   // the step count after the check's steps
+    Snapshot snap;     // the start's sample, for the check
+  };
+
+  static Shape shape(const Problem& p) { return shape_of(p); }
+
+  static Io io(const Shape& s, std::uint64_t seed) {
+    const Layout l = layout_of(s.sizes);
+    Io io;
+    io.start = make_state(s, l);
+    restore(s, io.start, seed);
+    io.result.p = HostBuffer(DType::f32, l.arena);
+    io.result.m = HostBuffer(DType::f32, l.arena);
+    io.result.v = HostBuffer(DType::f32, l.arena);
+    if (s.dtype == DType::bf16) io.result.p16 = HostBuffer(DType::bf16, l.arena);
+    constexpr std::size_t kStepWords = (sizeof(DeviceStep) + 3) / 4;
+    io.step0 = HostBuffer(DType::f32, kStepWords);
+    io.step = HostBuffer(DType::f32, kStepWords);
+    const DeviceStep first = first_step(s.hyper);
+    std::memcpy(io.step0.data(), &first, sizeof first);
+    io.snap = snapshot(s, l, io.start, seed);
+    return io;
+  }
+
+  static Args bind(const Shape& s, Io& io, Binder& b) {
+    Args a;
+    a.p = static_cast<float*>(b.inout(io.start.p, io.result.p));
+    a.g = b.in(io.start.g);
+    a.m = static_cast<float*>(b.inout(io.start.m, io.result.m));
+    a.v = static_cast<float*>(b.inout(io.start.v, io.result.v));
+    if (s.dtype == DType::bf16) a.p16 = static_cast<std::uint16_t*>(b.out(io.result.p16));
+    a.step = static_cast<DeviceStep*>(b.inout(io.step0, io.step));
+    return a;
+  }
+
+  static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
+  static int check_runs(const Shape&) { return kVerifySteps; }
+
+  static Check check(const Shape& s, const Io& io) {
+    Check c = adamw::check(s, io.snap, io.result, kVerifySteps);
+    DeviceStep after;
+    std::memcpy(&after, io.step.data(), sizeof after);
+    c.merge(check_step(after, kVerifySteps), "step");
+    return c;
+  }
+};
+
 class AdamwFamily final : public Family {
  public:
   std::string name() const override { return "adamw"; }
@@ -121,7 +179,7 @@ class AdamwFamily final : public Family {
   }
 
   std::unique_ptr<Case> make(const Problem& p) const override {
-    return make_on_backend(p, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda));
+    return make_on_backend(p, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>));
   }
 };
 
@@ -344,6 +402,19 @@ Check check(const Shape& s, const Snapshot& snap, const State& st, int steps) {
     }
   }
   return c;
+}
+
+Check check_step(const DeviceStep& after, std::int64_t steps) {
+  Check c;
+  if (after.step != steps) {
+    c.ok = false;
+    c.message = "the step count is " + std::to_string(after.step) + " after " + std::to_string(steps) + " step(s)";
+  }
+  return c;
+}
+
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
+  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
 }
 
 std::string describe(const Shape& s) {

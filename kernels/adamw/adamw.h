@@ -13,6 +13,7 @@
 
 #include "hotops/buffer.h"
 #include "hotops/op.h"
+#include "hotops/plan.h"
 
 #ifdef HOTOPS_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -136,22 +137,39 @@ void cpu_step(float* p, const std::uint16_t* g, float* m, float* v, std::uint16_
               const StepScalars& s, int threads);
 const char* cpu_clone_name();  // the instruction set the loop runs in on this CPU, for labels
 
-std::unique_ptr<Case> make_cpu(const Problem& p);
-
-#ifdef HOTOPS_HAVE_CUDA
-// The optimizer's step on the device: a step launch reads its scalars from `s`. Either another kernel
-// of the train step advances it before the launch (a model's loss kernel: step + 1 and its scalars),
-// or the launch advances it itself (cuda_step's `advance`): every block reads `s`, takes a ticket
-// (`arrived`), and the block that takes the last one writes step + 1 and the next step's scalars and
-// resets the ticket. Zeroed memory is a valid start for the first way; the second starts from
-// {0, 0, 0, scalars_for(h, 1)}.
+// The optimizer's step count, which every step advances. On CUDA it lives in device memory, where a
+// step launch reads its scalars from `s`. Either another kernel of the train step advances it before
+// the launch (a model's loss kernel: step + 1 and its scalars), or the launch advances it itself
+// (cuda_step's `advance`): every block reads `s`, takes a ticket (`arrived`), and the block that takes
+// the last one writes step + 1 and the next step's scalars and resets the ticket. Zeroed memory is a
+// valid start for the first way; the second starts from first_step(h). The CPU plan keeps its count
+// in host memory in the same struct: it takes step `step` + 1 and counts it.
 struct DeviceStep {
   std::int64_t step;  // steps taken
   unsigned arrived;
   unsigned pad;
   StepScalars s;      // the scalars of the step the next launch takes
 };
+inline DeviceStep first_step(const Hyper& h) { return DeviceStep{0, 0, 0, scalars_for(h, 1)}; }
+// Whether `after` counts `steps` steps: a failed Check that says what it counts otherwise.
+Check check_step(const DeviceStep& after, std::int64_t steps);
 
+// The tensors of one optimizer step over Shape::sizes laid out by layout_of: the flat pass covers
+// the layout's `span` elements. Host memory on the CPU; device memory, each 16-byte aligned, on CUDA.
+struct Args {
+  float* p = nullptr;           // the parameters (bf16 dtype: the f32 master), updated in place
+  const void* g = nullptr;      // the gradients, in the shape's dtype
+  float* m = nullptr;           // the first moments, updated in place
+  float* v = nullptr;           // the second moments, updated in place
+  std::uint16_t* p16 = nullptr; // bf16 dtype only: the parameters rounded to bf16, written
+  DeviceStep* step = nullptr;   // the step count, advanced by every run (start: first_step(hyper))
+};
+using Plan = hotops::Plan<Args>;
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // cpu_step
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // cuda_step, advancing the step count itself
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+
+#ifdef HOTOPS_HAVE_CUDA
 constexpr unsigned kCudaThreads = 256;
 constexpr unsigned kCudaMaxBlocks = 1024;  // a grid that one wave of an H100 holds (8 blocks per SM)
 
@@ -169,7 +187,6 @@ void cuda_step(float* p, const std::uint16_t* g, float* m, float* v, std::uint16
 // says what it is otherwise, e.g. when a train step's launches did not all run.
 Check check_device_step(const DeviceStep* state, std::int64_t steps);
 
-std::unique_ptr<Case> make_cuda(const Problem& p);
 // The CUDA kernel's own code, run on the host thread by thread of a grid of `blocks` (step t given):
 // lets the tests check its strides, vectors and tails without a GPU. Works on `st` in place.
 void run_cuda_kernel_on_host(const Shape& s, State& st, std::int64_t t, unsigned blocks);

@@ -1,4 +1,4 @@
-// The CPU AdamW step (cpu_step) and the adamw family's CPU case. The flat arrays are cut into one
+// The CPU AdamW step (cpu_step) and the adamw family's CPU plan. The flat arrays are cut into one
 // contiguous part per OpenMP thread (the same parts every step, so each thread keeps touching the
 // memory it first touched), each part a plain float loop that GCC vectorises. target_clones compiles
 // the loop for AVX-512, AVX2 + FMA and baseline x86-64; the loader picks the best one for this CPU.
@@ -109,48 +109,33 @@ namespace {
 // Elements below which another thread costs more than it saves (PyTorch's grain, 32768).
 constexpr std::int64_t kGrain = 1 << 15;
 
-class CpuAdamw final : public Case {
+class CpuAdamw final : public Plan {
  public:
-  explicit CpuAdamw(const Problem& p)
-      : s_(shape_of(p)), layout_(layout_of(s_.sizes)), st_(make_state(s_, layout_)), seed_(p.seed()) {
+  explicit CpuAdamw(const Shape& s) : s_(s), span_(static_cast<std::int64_t>(layout_of(s_.sizes).span)) {
     threads_ = static_cast<int>(std::clamp<std::int64_t>(s_.total() / kGrain, 1, cpu::threads()));
-    restore(s_, st_, seed_);
   }
 
-  void run() override {
-    const StepScalars sc = scalars_for(s_.hyper, ++step_);
-    const auto n = static_cast<std::int64_t>(layout_.span);
+  void run(const Args& a) override {
+    const StepScalars sc = scalars_for(s_.hyper, ++a.step->step);
     if (s_.dtype == DType::f32)
-      cpu_step(st_.p.as<float>(), st_.g.as<float>(), st_.m.as<float>(), st_.v.as<float>(), n, sc, threads_);
+      cpu_step(a.p, static_cast<const float*>(a.g), a.m, a.v, span_, sc, threads_);
     else
-      cpu_step(st_.p.as<float>(), st_.g.as<std::uint16_t>(), st_.m.as<float>(), st_.v.as<float>(),
-               st_.p16.as<std::uint16_t>(), n, sc, threads_);
-  }
-
-  Check verify() override {
-    restore(s_, st_, seed_);
-    step_ = 0;
-    const Snapshot snap = snapshot(s_, layout_, st_, seed_);
-    for (int i = 0; i < kVerifySteps; ++i) run();
-    return check(s_, snap, st_, kVerifySteps);
+      cpu_step(a.p, static_cast<const std::uint16_t*>(a.g), a.m, a.v, a.p16, span_, sc, threads_);
   }
 
   std::string label() const override {
     return "hotops flat adamw, " + describe(s_) + ", " + std::to_string(threads_) + " OpenMP threads over " +
-           std::to_string(layout_.span) + " elements (padding included), " + cpu_clone_name();
+           std::to_string(span_) + " elements (padding included), " + cpu_clone_name();
   }
 
  private:
   Shape s_;
-  Layout layout_;
-  State st_;
-  std::uint64_t seed_;
+  std::int64_t span_;  // elements of the flat pass
   int threads_ = 1;
-  std::int64_t step_ = 0;  // steps taken; run() takes step step_ + 1
 };
 
 }  // namespace
 
-std::unique_ptr<Case> make_cpu(const Problem& p) { return std::make_unique<CpuAdamw>(p); }
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s) { return std::make_unique<CpuAdamw>(s); }
 
 }  // namespace hotops::adamw

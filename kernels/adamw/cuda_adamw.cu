@@ -1,6 +1,6 @@
-// The CUDA AdamW step (cuda_step) and the adamw family's CUDA case: one launch of one grid-stride
+// The CUDA AdamW step (cuda_step) and the adamw family's CUDA plan: one launch of one grid-stride
 // kernel over the flat arrays, 16-byte vectors per thread, the step's scalars read from device memory
-// and, for the op's own case, advanced by the launch's last block (docs/ops.md, "adamw", says how and
+// and, for the op's own plan, advanced by the launch's last block (docs/ops.md, "adamw", says how and
 // why). The kernel's body is __host__ __device__ so that the tests run it on the host.
 #include <cuda_bf16.h>
 
@@ -142,70 +142,26 @@ void launch(float* p, const void* g, float* m, float* v, std::uint16_t* p16, std
   HOTOPS_CHECK_LAUNCH();
 }
 
-class CudaAdamw final : public Case {
+class CudaAdamw final : public Plan {
  public:
-  explicit CudaAdamw(const Problem& p)
-      : s_(shape_of(p)), layout_(layout_of(s_.sizes)), st_(make_state(s_, layout_)), seed_(p.seed()) {
-    restore(s_, st_, seed_);
-    p_ = gpu::DeviceBuffer(st_.p);
-    g_ = gpu::DeviceBuffer(st_.g);
-    m_ = gpu::DeviceBuffer(st_.m);
-    v_ = gpu::DeviceBuffer(st_.v);
-    if (s_.dtype == DType::bf16) p16_ = gpu::DeviceBuffer(st_.p16);
-    state_ = gpu::DeviceBuffer(sizeof(DeviceStep));
-    reset_step();
-    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-  }
+  explicit CudaAdamw(const Shape& s) : s_(s), span_(static_cast<std::int64_t>(layout_of(s_.sizes).span)) {}
 
-  void run() override {
-    const auto n = static_cast<std::int64_t>(layout_.span);
-    auto* st = state_.as<DeviceStep>();
+  void run(const Args& a) override {
     if (s_.dtype == DType::bf16)
-      cuda_step(p_.as<float>(), g_.as<const std::uint16_t>(), m_.as<float>(), v_.as<float>(), p16_.as<std::uint16_t>(), n,
-                st, &s_.hyper, gpu::stream());
+      cuda_step(a.p, static_cast<const std::uint16_t*>(a.g), a.m, a.v, a.p16, span_, a.step, &s_.hyper, gpu::stream());
     else
-      cuda_step(p_.as<float>(), g_.as<const float>(), m_.as<float>(), v_.as<float>(), n, st, &s_.hyper, gpu::stream());
-  }
-
-  Check verify() override {
-    restore(s_, st_, seed_);
-    const Snapshot snap = snapshot(s_, layout_, st_, seed_);
-    p_.upload(st_.p);
-    g_.upload(st_.g);
-    m_.upload(st_.m);
-    v_.upload(st_.v);
-    if (s_.dtype == DType::bf16) p16_.poison();
-    reset_step();
-    for (int i = 0; i < kVerifySteps; ++i) run();
-    p_.download(st_.p);
-    m_.download(st_.m);
-    v_.download(st_.v);
-    if (s_.dtype == DType::bf16) p16_.download(st_.p16);
-    Check c = check(s_, snap, st_, kVerifySteps);
-    c.merge(check_device_step(state_.as<const DeviceStep>(), kVerifySteps), "step");
-    return c;
+      cuda_step(a.p, static_cast<const float*>(a.g), a.m, a.v, span_, a.step, &s_.hyper, gpu::stream());
   }
 
   std::string label() const override {
     return "hotops flat adamw, " + describe(s_) + ", 1 launch: adamw_kernel<" + dtype_name(s_.dtype) + "> grid " +
-           std::to_string(blocks_for(static_cast<std::int64_t>(layout_.span), kCudaMaxBlocks)) + "x" +
-           std::to_string(kCudaThreads) + " striding over " + std::to_string(layout_.span) +
-           " elements (padding included) in 16-byte vectors, step count on the device";
+           std::to_string(blocks_for(span_, kCudaMaxBlocks)) + "x" + std::to_string(kCudaThreads) + " striding over " +
+           std::to_string(span_) + " elements (padding included) in 16-byte vectors, step count on the device";
   }
 
  private:
-  // Step count 0, the scalars of step 1 next; on the stream, before the runs it is for.
-  void reset_step() {
-    reset_ = DeviceStep{0, 0, 0, scalars_for(s_.hyper, 1)};
-    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(state_.get(), &reset_, sizeof reset_, cudaMemcpyHostToDevice, gpu::stream()));
-  }
-
   Shape s_;
-  Layout layout_;
-  State st_;
-  std::uint64_t seed_;
-  gpu::DeviceBuffer p_, g_, m_, v_, p16_, state_;
-  DeviceStep reset_{};  // the source of reset_step's copy, alive until it is done
+  std::int64_t span_;  // elements of the flat pass
 };
 
 }  // namespace
@@ -224,15 +180,10 @@ Check check_device_step(const DeviceStep* state, std::int64_t steps) {
   DeviceStep after{};
   HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&after, state, sizeof after, cudaMemcpyDeviceToHost, gpu::stream()));
   HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-  Check c;
-  if (after.step != steps) {
-    c.ok = false;
-    c.message = "the device step count is " + std::to_string(after.step) + " after " + std::to_string(steps) + " step(s)";
-  }
-  return c;
+  return check_step(after, steps);
 }
 
-std::unique_ptr<Case> make_cuda(const Problem& p) { return std::make_unique<CudaAdamw>(p); }
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s) { return std::make_unique<CudaAdamw>(s); }
 
 void run_cuda_kernel_on_host(const Shape& s, State& st, std::int64_t t, unsigned blocks) {
   const Layout l = layout_of(s.sizes);

@@ -2,6 +2,7 @@
 #include "kernels/copy/copy.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "hotops/check.h"
 #include "hotops/op_family.h"
@@ -93,9 +94,66 @@ void add_converts(Backend b, std::int64_t elements, std::vector<Problem>& out) {
   }
 }
 
+// The op as the benchmark runs it: a PlanCase over the seeded source and the destination, each in
+// the memory its kind names (see Args).
+struct Op {
+  using Shape = copy::Shape;
+  using Args = copy::Args;
+  struct Io {
+    HostBuffer src;  // the seeded source
+    HostBuffer out;  // the destination, or the host image of a device destination (not for pinned d2h)
+    std::shared_ptr<void> pinned;  // pinned h2d: the source's copy there; pinned d2h: the destination
+  };
+
+  static bool pinned_d2h(const Shape& s) { return s.kind == Kind::d2h && s.host == Host::pinned; }
+
+  static Shape shape(const Problem& p) { return shape_of(p); }
+
+  static Io io(const Shape& s, std::uint64_t seed) {
+    Io io{make_source(s, seed), {}, {}};
+    if (!pinned_d2h(s)) {
+      io.out = HostBuffer(s.dst, s.count);
+      io.out.poison();  // first touch of its pages, outside timing
+    }
+    if (s.host == Host::pinned) {
+#ifdef HOTOPS_HAVE_CUDA
+      io.pinned = pinned_host(s.src_bytes());
+      if (s.kind == Kind::h2d) std::memcpy(io.pinned.get(), io.src.data(), s.src_bytes());
+#else
+      throw Error("pinned host memory needs CUDA", ErrorKind::unsupported);
+#endif
+    }
+    return io;
+  }
+
+  static Args bind(const Shape& s, Io& io, Binder& b) {
+    switch (s.kind) {
+      case Kind::h2d: return {s.host == Host::pinned ? io.pinned.get() : b.host_in(io.src), b.out(io.out)};
+      case Kind::d2h: return {b.in(io.src), pinned_d2h(s) ? io.pinned.get() : b.host_out(io.out)};
+      default: return {b.in(io.src), b.out(io.out)};
+    }
+  }
+
+  static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
+
+  // Pinned memory is the Io's own, not the Binder's: poisoned here (NaN in every f32 word).
+  static void before_check(const Shape& s, Io& io) {
+    if (pinned_d2h(s)) std::memset(io.pinned.get(), 0xff, s.src_bytes());
+  }
+
+  // Raw copies: the destination's bytes are the source's. Layouts and conversions: every element
+  // holds the bits of its reference value.
+  static Check check(const Shape& s, const Io& io) {
+    if (!s.is_raw()) return verify_exact(s, io.src, io.out);
+    const void* got = pinned_d2h(s) ? io.pinned.get() : io.out.data();
+    return verify_bitwise(got, io.src.data(), s.src_bytes(), s.src);
+  }
+};
+
 class CopyFamily final : public OpFamily {
  public:
-  CopyFamily() : OpFamily("copy", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
+  CopyFamily()
+      : OpFamily("copy", cpu_unsupported_reason, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     std::vector<Problem> out;
@@ -166,11 +224,7 @@ CpuImpl default_cpu_impl(Kind k) {
   return k == Kind::f32_to_bf16 || k == Kind::bf16_to_f32 ? kDefaultConvertImpl : kDefaultLayoutImpl;
 }
 
-CpuImpl cpu_impl(const Problem& p) {
-  const Shape s = shape_of(p);  // checks the impl arg
-  if (!p.has("impl")) return default_cpu_impl(s.kind);
-  return p.get("impl") == impl_name(CpuImpl::hotops) ? CpuImpl::hotops : CpuImpl::onednn;
-}
+CpuImpl cpu_impl(const Problem& p) { return shape_of(p).impl; }
 
 std::uint64_t input_seed(const Problem& p) { return seed_without_impl(p); }
 
@@ -229,7 +283,13 @@ Shape shape_of(const Problem& p) {
                  "copy: unknown impl '" + v + "' (onednn or hotops) in " + p.name());
     HOTOPS_CHECK(v != impl_name(default_cpu_impl(s.kind)), "impl:" + v + " is the default, named without impl: " + p.name());
   }
+  s.impl = !p.has("impl") ? default_cpu_impl(s.kind)
+           : p.get("impl") == impl_name(CpuImpl::hotops) ? CpuImpl::hotops : CpuImpl::onednn;
   return s;
+}
+
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
+  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
 }
 
 HostBuffer make_source(const Shape& s, std::uint64_t seed) {

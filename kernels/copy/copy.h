@@ -12,6 +12,7 @@
 #include "hotops/buffer.h"
 #include "hotops/op.h"
 #include "hotops/op_family.h"
+#include "hotops/plan.h"
 
 namespace hotops::copy {
 
@@ -22,6 +23,11 @@ enum class Host { none, pageable, pinned };
 
 const char* kind_name(Kind k);
 
+// The two CPU implementations of the layouts and the dtype conversions: oneDNN's reorder and hotops'
+// own loops. A CPU problem of those kinds without an `impl` arg runs its kind's default one
+// (default_cpu_impl()); the other is named with `impl:<impl_name>` appended.
+enum class CpuImpl { onednn, hotops };
+
 // One copy problem. Counts are in elements of the source / destination dtype.
 struct Shape {
   Kind kind = Kind::memcpy;
@@ -29,6 +35,7 @@ struct Shape {
   DType src = DType::f32, dst = DType::f32;
   std::int64_t N = 1, C = 1, H = 1, W = 1;  // the layouts: the logical tensor [N, C, H, W]
   std::size_t count = 0;                    // elements of the source (= of the destination)
+  CpuImpl impl = CpuImpl::hotops;           // the CPU's implementation of a layout or a conversion
 
   bool is_raw() const { return kind == Kind::memcpy || kind == Kind::h2d || kind == Kind::d2h; }
   bool is_layout() const { return kind == Kind::nchw_to_nhwc || kind == Kind::nhwc_to_nchw; }
@@ -38,14 +45,10 @@ struct Shape {
 
 Shape shape_of(const Problem& p);  // throws hotops::Error on an ill-formed copy problem
 
-// The two CPU implementations of the layouts and the dtype conversions: oneDNN's reorder and hotops'
-// own loops. A CPU problem of those kinds without an `impl` arg runs its kind's default one
-// (default_cpu_impl()); the other is named with `impl:<impl_name>` appended.
-enum class CpuImpl { onednn, hotops };
 const char* impl_name(CpuImpl i);
 bool has_cpu_impls(Kind k);  // the layouts and the conversions
 CpuImpl default_cpu_impl(Kind k);
-CpuImpl cpu_impl(const Problem& p);  // throws hotops::Error on an unknown or misplaced `impl`
+CpuImpl cpu_impl(const Problem& p);  // shape_of(p).impl; throws hotops::Error on an unknown or misplaced `impl`
 
 // The seed of a problem's source: that of its name without the `impl` arg, so that oneDNN, hotops'
 // transpose and the CUDA kernel all copy the same numbers.
@@ -77,6 +80,26 @@ void reference(const Shape& s, const HostBuffer& src, HostBuffer& out);  // ever
 Check verify_exact(const Shape& s, const HostBuffer& src, const HostBuffer& out);
 Check verify_bitwise(const void* out, const void* ref, std::size_t bytes, DType t);
 
-HOTOPS_FAMILY_ENTRY_POINTS(make_cpu, cpu_unsupported_reason, make_cuda);
+// The tensors of one copy: dst = src moved as it is, into the other layout, or into the other dtype;
+// Shape::count elements each, src in Shape::src, dst in Shape::dst. On the CPU both are host memory.
+// On CUDA both are device memory, but for the host side of a transfer (h2d's src, d2h's dst), which
+// is host memory of the kind Shape::host names (pinned: see pinned_host).
+struct Args {
+  const void* src = nullptr;
+  void* dst = nullptr;
+};
+using Plan = hotops::Plan<Args>;
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // memcpy, and s.impl for layouts and conversions
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // cudaMemcpyAsync and hotops' kernels
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+
+#ifdef HOTOPS_HAVE_CUDA
+// `bytes` of pinned (page-locked, cudaHostAlloc) host memory, which the GPU's copy engines read and
+// write directly; freed when its last owner lets go.
+std::shared_ptr<void> pinned_host(std::size_t bytes);
+#endif
+
+std::string cpu_unsupported_reason(const Problem& p);  // "" when the CPU runs p (a oneDNN probe)
+const Family& family();
 
 }  // namespace hotops::copy

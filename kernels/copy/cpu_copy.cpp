@@ -44,20 +44,11 @@ void parallel_memcpy(void* dst, const void* src, std::size_t bytes, int threads)
   }
 }
 
-class CpuMemcpy final : public Case {
+class CpuMemcpy final : public Plan {
  public:
-  explicit CpuMemcpy(const Problem& p)
-      : s_(shape_of(p)), src_(make_source(s_, input_seed(p))), dst_(s_.dst, s_.count), threads_(threads_for(s_.src_bytes())) {
-    dst_.poison();  // first touch of the destination's pages, outside timing
-  }
+  explicit CpuMemcpy(const Shape& s) : s_(s), threads_(threads_for(s_.src_bytes())) {}
 
-  void run() override { parallel_memcpy(dst_.data(), src_.data(), src_.bytes(), threads_); }
-
-  Check verify() override {
-    dst_.poison();
-    run();
-    return verify_bitwise(dst_.data(), src_.data(), src_.bytes(), s_.src);
-  }
+  void run(const Args& a) override { parallel_memcpy(a.dst, a.src, s_.src_bytes(), threads_); }
 
   std::string label() const override {
     return "std::memcpy in " + std::to_string(threads_) + " OpenMP chunk" + (threads_ > 1 ? "s" : "") + " of " +
@@ -66,7 +57,6 @@ class CpuMemcpy final : public Case {
 
  private:
   Shape s_;
-  HostBuffer src_, dst_;
   int threads_;
 };
 
@@ -263,20 +253,11 @@ void convert_chunks(const In* src, Out* dst, std::size_t n, int threads, bool st
   }
 }
 
-class CpuConvert final : public Case {
+class CpuConvert final : public Plan {
  public:
-  explicit CpuConvert(const Problem& p)
-      : s_(shape_of(p)), src_(make_source(s_, input_seed(p))), dst_(s_.dst, s_.count), threads_(threads_for(s_.src_bytes())) {
-    dst_.poison();
-  }
+  explicit CpuConvert(const Shape& s) : s_(s), threads_(threads_for(s_.src_bytes())) {}
 
-  void run() override { convert_dtype(s_, src_.data(), dst_.data(), threads_); }
-
-  Check verify() override {
-    dst_.poison();
-    run();
-    return verify_exact(s_, src_, dst_);
-  }
+  void run(const Args& a) override { convert_dtype(s_, a.src, a.dst, threads_); }
 
   std::string label() const override {
     return std::string("hotops ") + kind_name(s_.kind) + " loop, " + vec::clone_name() +
@@ -286,24 +267,14 @@ class CpuConvert final : public Case {
 
  private:
   Shape s_;
-  HostBuffer src_, dst_;
   int threads_;
 };
 
-class CpuTranspose final : public Case {
+class CpuTranspose final : public Plan {
  public:
-  explicit CpuTranspose(const Problem& p)
-      : s_(shape_of(p)), src_(make_source(s_, input_seed(p))), dst_(s_.dst, s_.count), threads_(threads_for(s_.src_bytes())) {
-    dst_.poison();
-  }
+  explicit CpuTranspose(const Shape& s) : s_(s), threads_(threads_for(s_.src_bytes())) {}
 
-  void run() override { transpose_layout(s_, src_.data(), dst_.data(), threads_); }
-
-  Check verify() override {
-    dst_.poison();
-    run();
-    return verify_exact(s_, src_, dst_);
-  }
+  void run(const Args& a) override { transpose_layout(s_, a.src, a.dst, threads_); }
 
   std::string label() const override {
     const auto [tr, tk] = transpose_tile(s_);
@@ -316,13 +287,12 @@ class CpuTranspose final : public Case {
 
  private:
   Shape s_;
-  HostBuffer src_, dst_;
   int threads_;
 };
 
 // The reorder's source and destination descriptors: [N,C,H,W] in two plain layouts, or a vector
 // of `count` elements in two dtypes.
-dnnl::reorder::primitive_desc plan(const Shape& s) {
+dnnl::reorder::primitive_desc descriptors(const Shape& s) {
   memory::desc src, dst;
   if (s.is_layout()) {
     const memory::dims dims{s.N, s.C, s.H, s.W};
@@ -338,38 +308,21 @@ dnnl::reorder::primitive_desc plan(const Shape& s) {
   return HOTOPS_CHECK_DNNL(dnnl::reorder::primitive_desc(eng, src, eng, dst));
 }
 
-class CpuReorder final : public Case {
+class CpuReorder final : public Plan {
  public:
-  explicit CpuReorder(const Problem& p)
-      : s_(shape_of(p)), pd_(plan(s_)), src_(make_source(s_, input_seed(p))), dst_(s_.dst, s_.count) {
-    dst_.poison();
-    reorder_ = dnnl::reorder(pd_);
-    src_mem_ = cpu::mem(pd_.src_desc(), src_.data());
-    dst_mem_ = cpu::mem(pd_.dst_desc(), dst_.data());
-  }
+  explicit CpuReorder(const Shape& s)
+      : pd_(descriptors(s)),
+        prim_(dnnl::reorder(pd_), {{DNNL_ARG_FROM, pd_.src_desc()}, {DNNL_ARG_TO, pd_.dst_desc()}}) {}
 
-  void run() override {
-    dnnl::stream& st = cpu::stream();
-    HOTOPS_CHECK_DNNL(reorder_.execute(st, src_mem_, dst_mem_));
-    HOTOPS_CHECK_DNNL(st.wait());
-  }
-
-  Check verify() override {
-    dst_.poison();
-    run();
-    return verify_exact(s_, src_, dst_);
-  }
+  void run(const Args& a) override { prim_.run({a.src, a.dst}); }
 
   std::string label() const override {
     return cpu::with_threads("oneDNN reorder " + std::string(pd_.impl_info_str()));
   }
 
  private:
-  Shape s_;
   dnnl::reorder::primitive_desc pd_;
-  HostBuffer src_, dst_;
-  dnnl::reorder reorder_;
-  memory src_mem_, dst_mem_;
+  cpu::Primitive prim_;
 };
 
 }  // namespace
@@ -405,20 +358,19 @@ std::pair<std::int64_t, std::int64_t> transpose_tile(const Shape& s) {
 
 std::string cpu_unsupported_reason(const Problem& p) {
   const Shape s = shape_of(p);
-  if (s.is_raw() || (has_cpu_impls(s.kind) && cpu_impl(p) == CpuImpl::hotops)) return "";
+  if (s.is_raw() || (has_cpu_impls(s.kind) && s.impl == CpuImpl::hotops)) return "";
   const std::string what = std::string(dtype_name(s.src)) + " -> " + dtype_name(s.dst) + " " + kind_name(s.kind);
-  return cpu::onednn_unsupported_reason([&] { plan(s); }, what + " reorder");
+  return cpu::onednn_unsupported_reason([&] { descriptors(s); }, what + " reorder");
 }
 
-std::unique_ptr<Case> make_cpu(const Problem& p) {
-  const Shape s = shape_of(p);
-  if (s.kind == Kind::memcpy) return std::make_unique<CpuMemcpy>(p);
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s) {
+  if (s.kind == Kind::memcpy) return std::make_unique<CpuMemcpy>(s);
   HOTOPS_CHECK(!s.is_raw(), std::string("copy kind ") + kind_name(s.kind) + " has no CPU version");
-  if (has_cpu_impls(s.kind) && cpu_impl(p) == CpuImpl::hotops) {
-    if (s.is_layout()) return std::make_unique<CpuTranspose>(p);
-    return std::make_unique<CpuConvert>(p);
+  if (s.impl == CpuImpl::hotops) {
+    if (s.is_layout()) return std::make_unique<CpuTranspose>(s);
+    return std::make_unique<CpuConvert>(s);
   }
-  return std::make_unique<CpuReorder>(p);
+  return std::make_unique<CpuReorder>(s);
 }
 
 }  // namespace hotops::copy

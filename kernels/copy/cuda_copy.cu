@@ -5,7 +5,7 @@
 // with 16-byte accesses (round to nearest even, as PyTorch's .to(torch.bfloat16)).
 #include <cuda_bf16.h>
 
-#include <cstring>
+#include <memory>
 #include <string>
 
 #include "hotops/cuda_util.h"
@@ -155,58 +155,20 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- the cases -------------------------------------------------------------------------------
+// ---- the plans -------------------------------------------------------------------------------
 
 const char* host_name(Host h) { return h == Host::pinned ? "pinned (cudaHostAlloc)" : "pageable"; }
 
-class CudaMemcpy final : public Case {
+class CudaMemcpy final : public Plan {
  public:
-  explicit CudaMemcpy(const Problem& p) : s_(shape_of(p)), src_(make_source(s_, p.seed())) {
-    const std::size_t bytes = s_.src_bytes();
-    const bool pinned = s_.host == Host::pinned;
-    switch (s_.kind) {
-      case Kind::memcpy:
-        d_src_ = gpu::DeviceBuffer(src_);
-        d_dst_ = gpu::DeviceBuffer(bytes);
-        from_ = d_src_.get(), to_ = d_dst_.get(), dir_ = cudaMemcpyDeviceToDevice;
-        break;
-      case Kind::h2d:
-        d_dst_ = gpu::DeviceBuffer(bytes);
-        if (pinned) {
-          pinned_ = gpu::PinnedBuffer(bytes);
-          std::memcpy(pinned_.get(), src_.data(), bytes);
-        }
-        from_ = pinned ? pinned_.get() : src_.data(), to_ = d_dst_.get(), dir_ = cudaMemcpyHostToDevice;
-        break;
-      default:  // d2h
-        d_src_ = gpu::DeviceBuffer(src_);
-        if (pinned) pinned_ = gpu::PinnedBuffer(bytes);
-        from_ = d_src_.get(), to_ = pinned ? pinned_.get() : nullptr, dir_ = cudaMemcpyDeviceToHost;
-    }
-    // The host image of the destination: what a device destination is downloaded to, or the
-    // pageable destination itself. Poisoned here also to touch its pages outside timing.
-    if (!(s_.kind == Kind::d2h && pinned)) {
-      out_ = HostBuffer(s_.dst, s_.count);
-      out_.poison();
-      if (!to_) to_ = out_.data();
-    }
+  explicit CudaMemcpy(const Shape& s) : s_(s) {
+    dir_ = s_.kind == Kind::memcpy ? cudaMemcpyDeviceToDevice
+           : s_.kind == Kind::h2d  ? cudaMemcpyHostToDevice
+                                   : cudaMemcpyDeviceToHost;
   }
 
-  void run() override { HOTOPS_CHECK_CUDA(cudaMemcpyAsync(to_, from_, s_.src_bytes(), dir_, gpu::stream())); }
-
-  Check verify() override {
-    const std::size_t bytes = s_.src_bytes();
-    if (s_.kind != Kind::d2h) {
-      d_dst_.poison();
-      run();
-      d_dst_.download(out_);
-      return verify_bitwise(out_.data(), src_.data(), bytes, s_.src);
-    }
-    if (s_.host == Host::pinned) std::memset(pinned_.get(), 0xff, bytes);  // NaN in every f32 word
-    else out_.poison();
-    run();
-    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-    return verify_bitwise(to_, src_.data(), bytes, s_.src);
+  void run(const Args& a) override {
+    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(a.dst, a.src, s_.src_bytes(), dir_, gpu::stream()));
   }
 
   std::string label() const override {
@@ -225,19 +187,13 @@ class CudaMemcpy final : public Case {
 
  private:
   Shape s_;
-  HostBuffer src_, out_;
-  gpu::DeviceBuffer d_src_, d_dst_;
-  gpu::PinnedBuffer pinned_;
-  const void* from_ = nullptr;
-  void* to_ = nullptr;
   cudaMemcpyKind dir_ = cudaMemcpyDefault;
 };
 
 // The conversions: a hotops kernel from a device source to a device destination.
-class CudaConvert final : public Case {
+class CudaConvert final : public Plan {
  public:
-  explicit CudaConvert(const Problem& p)
-      : s_(shape_of(p)), src_(make_source(s_, p.seed())), out_(s_.dst, s_.count), d_src_(src_), d_dst_(s_.dst_bytes()) {
+  explicit CudaConvert(const Shape& s) : s_(s) {
     if (s_.is_layout()) {
       const bool to_nhwc = s_.kind == Kind::nchw_to_nhwc;
       const std::int64_t HW = s_.H * s_.W;
@@ -245,47 +201,47 @@ class CudaConvert final : public Case {
       cols_ = to_nhwc ? HW : s_.C;
       const int edge = s_.src == DType::bf16 ? TileOf<std::uint16_t>::kEdge : TileOf<std::uint32_t>::kEdge;
       if (ceil_div(rows_, edge) > 65535 || s_.N > 65535)
-        throw Error("the transpose grid's y and z axes (rows / tile, batch) are limited to 65535: " + p.name(),
+        throw Error("the transpose grid's y and z axes (rows / tile, batch) are limited to 65535: " + shape_name(),
                     ErrorKind::unsupported);
     } else {
       const std::int64_t n = static_cast<std::int64_t>(s_.count), per = s_.kind == Kind::f32_to_bf16 ? 8 : 4;
       const std::int64_t threads = n / per + n % per;
       blocks_ = ceil_div(threads, kThreads);
-      if (blocks_ > 0x7fffffff) throw Error("too many elements for one grid: " + p.name(), ErrorKind::unsupported);
+      if (blocks_ > 0x7fffffff) throw Error("too many elements for one grid: " + shape_name(), ErrorKind::unsupported);
     }
     label_ = describe();
   }
 
-  void run() override {
+  void run(const Args& a) override {
     cudaStream_t st = gpu::stream();
     switch (s_.kind) {
       case Kind::nchw_to_nhwc:
       case Kind::nhwc_to_nchw:
-        if (s_.src == DType::bf16) launch_transpose<std::uint16_t>(d_src_.get(), d_dst_.get(), s_.N, rows_, cols_, st);
-        else launch_transpose<std::uint32_t>(d_src_.get(), d_dst_.get(), s_.N, rows_, cols_, st);
+        if (s_.src == DType::bf16) launch_transpose<std::uint16_t>(a.src, a.dst, s_.N, rows_, cols_, st);
+        else launch_transpose<std::uint32_t>(a.src, a.dst, s_.N, rows_, cols_, st);
         break;
       case Kind::f32_to_bf16:
         f32_to_bf16<<<static_cast<unsigned>(blocks_), kThreads, 0, st>>>(
-            d_src_.as<const float>(), d_dst_.as<__nv_bfloat16>(), static_cast<std::int64_t>(s_.count));
+            static_cast<const float*>(a.src), static_cast<__nv_bfloat16*>(a.dst), static_cast<std::int64_t>(s_.count));
         HOTOPS_CHECK_LAUNCH();
         break;
       default:
         bf16_to_f32<<<static_cast<unsigned>(blocks_), kThreads, 0, st>>>(
-            d_src_.as<const __nv_bfloat16>(), d_dst_.as<float>(), static_cast<std::int64_t>(s_.count));
+            static_cast<const __nv_bfloat16*>(a.src), static_cast<float*>(a.dst), static_cast<std::int64_t>(s_.count));
         HOTOPS_CHECK_LAUNCH();
     }
-  }
-
-  Check verify() override {
-    d_dst_.poison();
-    run();
-    d_dst_.download(out_);
-    return verify_exact(s_, src_, out_);
   }
 
   std::string label() const override { return label_; }
 
  private:
+  // The problem in words, for errors: its kind and sizes.
+  std::string shape_name() const {
+    if (!s_.is_layout()) return std::string(kind_name(s_.kind)) + " of " + std::to_string(s_.count) + " elements";
+    return std::string(kind_name(s_.kind)) + " [" + std::to_string(s_.N) + ", " + std::to_string(s_.C) + ", " +
+           std::to_string(s_.H) + ", " + std::to_string(s_.W) + "]";
+  }
+
   std::string describe() const {
     if (!s_.is_layout())
       return s_.kind == Kind::f32_to_bf16
@@ -300,8 +256,6 @@ class CudaConvert final : public Case {
   }
 
   Shape s_;
-  HostBuffer src_, out_;
-  gpu::DeviceBuffer d_src_, d_dst_;
   std::int64_t rows_ = 0, cols_ = 0;  // the layouts: each image is a rows x cols matrix
   std::int64_t blocks_ = 0;           // the dtype conversions
   std::string label_;
@@ -309,9 +263,14 @@ class CudaConvert final : public Case {
 
 }  // namespace
 
-std::unique_ptr<Case> make_cuda(const Problem& p) {
-  if (shape_of(p).is_raw()) return std::make_unique<CudaMemcpy>(p);
-  return std::make_unique<CudaConvert>(p);
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s) {
+  if (s.is_raw()) return std::make_unique<CudaMemcpy>(s);
+  return std::make_unique<CudaConvert>(s);
+}
+
+std::shared_ptr<void> pinned_host(std::size_t bytes) {
+  auto buffer = std::make_shared<gpu::PinnedBuffer>(bytes);
+  return std::shared_ptr<void>(buffer, buffer->get());
 }
 
 }  // namespace hotops::copy
