@@ -111,13 +111,6 @@ Eltwise::Eltwise(dnnl::algorithm alg, const dnnl::memory::desc& tensor_, float a
   }
 }
 
-Call Eltwise::bind(void* x, void* dy, void* out, std::size_t offset) const {
-  const auto at = [&](void* data) { return mem(tensor, static_cast<std::byte*>(data) + offset); };
-  if (!backward) return {dnnl::eltwise_forward(fwd), {{DNNL_ARG_SRC, at(x)}, {DNNL_ARG_DST, at(out)}}};
-  return {dnnl::eltwise_backward(bwd),
-          {{DNNL_ARG_SRC, at(x)}, {DNNL_ARG_DIFF_DST, at(dy)}, {DNNL_ARG_DIFF_SRC, at(out)}}};
-}
-
 const char* Eltwise::impl_info_str() const { return backward ? bwd.impl_info_str() : fwd.impl_info_str(); }
 
 void set_threads(int n) { omp_set_num_threads(n); }

@@ -166,8 +166,8 @@ TEST(GeluCpuHotops, ImplArgNamesTheOtherImplementationAndKeepsTheInputs) {
     Problem plain = p;
     plain.args.pop_back();
     EXPECT_NE(cpu_impl_of(plain), named) << plain.name();  // the plain name is the other one
-    EXPECT_EQ(input_seed(p), input_seed(plain)) << p.name();
-    EXPECT_EQ(input_seed(plain), plain.seed());
+    EXPECT_EQ(seed_without_impl(p), seed_without_impl(plain)) << p.name();  // the seed of the case's inputs
+    EXPECT_EQ(seed_without_impl(plain), plain.seed());
   }
   EXPECT_GT(hotops_variants, 0);
   Problem f16 = flat_problem(DType::f16, Direction::fwd, Approx::none, 100);
@@ -189,7 +189,7 @@ TEST(GeluCpuHotops, MatchesTheReference) {
       for (Approx a : {Approx::none, Approx::tanh}) {
         Problem p = flat_problem(t, d, a, 3 * 16384 + 7, 1);
         p.args.push_back({"impl", "hotops"});
-        const auto c = make_cpu_hotops(p);
+        const auto c = family().make(p);
         const Check r = c->verify();
         EXPECT_TRUE(r.ok) << p.name() << ": " << r.message;
         const std::string l = c->label();
@@ -197,6 +197,46 @@ TEST(GeluCpuHotops, MatchesTheReference) {
                     l.find(" clone's results") != std::string::npos)
             << l;
       }
+}
+
+// Each CPU implementation's plan, built once, run on two pairs of caller-owned buffers in turn
+// (tensors 3 elements into them): each result is that of its own input, and nothing outside the
+// tensor is written.
+TEST(GeluPlan, RunsOnTheBuffersItIsGivenEachRun) {
+  for (CpuImpl impl : {CpuImpl::hotops, CpuImpl::onednn})
+    for (DType t : {DType::f32, DType::bf16})
+      for (Direction d : {Direction::fwd, Direction::bwd}) {
+        Problem p = flat_problem(t, d, Approx::tanh, 3 * 16384 + 7, 3);
+        p.args.push_back({"impl", cpu_impl_name(impl)});
+        if (!family().unsupported_reason(p).empty()) continue;  // oneDNN without bf16 on this CPU
+        const Shape s = shape_of(p);
+        ASSERT_EQ(cpu_impl_of(s), impl);
+        const auto plan = make_plan(s, Backend::cpu);
+        const Inputs a = make_inputs(s, 1), b = make_inputs(s, 2);
+        HostBuffer ya = make_output(s), yb = make_output(s);
+        ya.poison(), yb.poison();
+        const bool bwd = d == Direction::bwd;
+        plan->run({a.x.data(), bwd ? a.dy.data() : nullptr, ya.data()});
+        plan->run({b.x.data(), bwd ? b.dy.data() : nullptr, yb.data()});
+        const Check ca = verify(s, a, ya), cb = verify(s, b, yb);
+        EXPECT_TRUE(ca.ok) << p.name() << ": " << ca.message;
+        EXPECT_TRUE(cb.ok) << p.name() << ": " << cb.message;
+        EXPECT_FALSE(verify(s, b, ya).ok) << p.name();
+      }
+}
+
+// A shape filled in directly, as a model does: no impl (the dtype's default), no offset.
+TEST(GeluPlan, AShapeWithoutImplRunsTheDtypesDefault) {
+  Shape s;
+  s.dtype = DType::bf16;
+  s.elements = 1000;
+  EXPECT_EQ(cpu_impl_of(s), default_cpu_impl(DType::bf16));
+  const Inputs in = make_inputs(s, 7);
+  HostBuffer y = make_output(s);
+  y.poison();
+  make_plan(s, Backend::cpu)->run({in.x.data(), nullptr, y.data()});
+  const Check c = verify(s, in, y);
+  EXPECT_TRUE(c.ok) << c.message;
 }
 
 // The AVX-512 version (bf16 and f16, where this CPU has AVX-512 with BF16) on every finite 16-bit

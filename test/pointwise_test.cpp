@@ -43,7 +43,7 @@ const std::uint8_t* fwd_mask(const Shape& s, const Expected& e) {
 TEST(PointwiseReference, KnownValues) {
   const Problem p = flat_problem("relu", DType::f32, Direction::bwd, 4);
   const Shape s = shape_of(p);
-  Inputs in = make_inputs(s, p);
+  Inputs in = make_inputs(s, p.seed());
   const double xs[] = {-1.5, 0.0, 0.25, 2.0}, dys[] = {0.5, 0.75, -0.125, 3.0};
   for (std::size_t i = 0; i < 4; ++i) in.x.set(i, xs[i]), in.dy.set(i, dys[i]);
   Shape f = s;
@@ -98,7 +98,7 @@ TEST(PointwiseMask, CpuLoopDrawsTheReferenceMask) {
       const std::int64_t n = first == 0 ? 1 << 20 : 2003;
       const Problem p = flat_problem("dropout", t, Direction::fwd, n, 0, "0.1");
       const Shape s = shape_of(p);
-      const Inputs in = make_inputs(s, p);
+      const Inputs in = make_inputs(s, p.seed());
       HostBuffer out = make_output(s);
       std::vector<std::uint8_t> mask(buffer_count(s), kMaskPoison);
       cpu_dropout_span(s, in.key, first, in.x.data(), nullptr, out.data(), mask.data(), n);
@@ -122,7 +122,7 @@ TEST(PointwiseVerify, AcceptsTheReferenceAndFailsPlantedErrors) {
       for (Direction d : {Direction::fwd, Direction::bwd}) {
         const Problem p = flat_problem(op, t, d, 1027, 3);
         const Shape s = shape_of(p);
-        const Inputs in = make_inputs(s, p);
+        const Inputs in = make_inputs(s, p.seed());
         const Expected e = reference_output(s, in);
         const std::string what = p.name();
         ASSERT_TRUE(verify(s, in, e.out, fwd_mask(s, e)).ok) << what << ": " << verify(s, in, e.out, fwd_mask(s, e)).message;
@@ -144,6 +144,44 @@ TEST(PointwiseVerify, AcceptsTheReferenceAndFailsPlantedErrors) {
           bad.mask[2] = 0;
           EXPECT_FALSE(verify(s, in, bad.out, fwd_mask(s, bad)).ok) << what << " mask guard";
         }
+      }
+}
+
+// Each CPU plan, built once, run on two sets of caller-owned buffers in turn (tensors 3 elements
+// into them; dropout fwd with each set's own seed): each result, and each mask, is that of its own
+// inputs, and nothing outside the tensors is written.
+TEST(PointwisePlan, RunsOnTheBuffersItIsGivenEachRun) {
+  for (const char* op : {"relu", "dropout"})
+    for (DType t : {DType::f32, DType::bf16})
+      for (Direction d : {Direction::fwd, Direction::bwd}) {
+        const Problem p = flat_problem(op, t, d, 3 * 16384 + 7, 3, "0.1");
+        if (!family().unsupported_reason(p).empty()) continue;  // oneDNN without bf16 on this CPU
+        const Shape s = shape_of(p);
+        const auto plan = make_plan(s, Backend::cpu);
+        const bool bwd = d == Direction::bwd, mask_out = s.op == Op::dropout && !bwd;
+        struct Set {
+          Inputs in;
+          HostBuffer out, mask;
+        };
+        Set sets[] = {{make_inputs(s, 1), make_output(s), make_mask(s)},
+                      {make_inputs(s, 2), make_output(s), make_mask(s)}};
+        for (Set& x : sets) {
+          x.out.poison();
+          Args a;
+          a.x = x.in.x.data();
+          a.dy = x.in.dy.data();
+          a.mask_in = x.in.mask.as<std::uint8_t>();
+          a.out = x.out.data();
+          a.mask_out = x.mask.as<std::uint8_t>();
+          a.seed = x.in.seed;
+          plan->run(a);
+        }
+        for (const Set& x : sets) {
+          const Check c = verify(s, x.in, x.out, mask_out ? x.mask.as<std::uint8_t>() : nullptr);
+          EXPECT_TRUE(c.ok) << p.name() << ": " << c.message;
+        }
+        EXPECT_FALSE(verify(s, sets[1].in, sets[0].out, mask_out ? sets[0].mask.as<std::uint8_t>() : nullptr).ok)
+            << p.name();
       }
 }
 
@@ -183,7 +221,7 @@ TEST(PointwiseCudaKernelOnHost, MatchesTheReference) {
           for (unsigned blocks : {1u, 3u, 1u << 20}) {
             const Problem p = flat_problem(op, t, d, n, n == 1027 ? 3 : 0, "0.1");
             const Shape s = shape_of(p);
-            const Inputs in = make_inputs(s, p);
+            const Inputs in = make_inputs(s, p.seed());
             HostBuffer out = make_output(s);
             out.poison();
             std::vector<std::uint8_t> mask(buffer_count(s), kMaskPoison);
@@ -191,7 +229,7 @@ TEST(PointwiseCudaKernelOnHost, MatchesTheReference) {
             const bool dropout = s.op == Op::dropout, bwd = d == Direction::bwd;
             run_cuda_kernel_on_host(s, in.key, bwd && dropout ? nullptr : static_cast<const std::byte*>(in.x.data()) + eoff,
                                     bwd ? static_cast<const std::byte*>(in.dy.data()) + eoff : nullptr,
-                                    dropout && bwd ? in.mask.data() + off : nullptr,
+                                    dropout && bwd ? in.mask.as<std::uint8_t>() + off : nullptr,
                                     static_cast<std::byte*>(out.data()) + eoff,
                                     dropout && !bwd ? mask.data() + off : nullptr, blocks);
             const Check c = verify(s, in, out, dropout && !bwd ? mask.data() : nullptr);

@@ -87,9 +87,6 @@ struct Eltwise {
   bool backward = false;
 
   Eltwise(dnnl::algorithm alg, const dnnl::memory::desc& tensor, float alpha, bool backward);
-  // fwd: x -> y; bwd: (x, dy) -> dx, each tensor `offset` bytes into its buffer (`dy` is unused
-  // by a forward).
-  Call bind(void* x, void* dy, void* out, std::size_t offset) const;
   const char* impl_info_str() const;
 };
 

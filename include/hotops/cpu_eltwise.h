@@ -1,46 +1,45 @@
-// The oneDNN case of the elementwise families (gelu, relu): one eltwise primitive over the tensor.
+// The oneDNN plan of the elementwise families (gelu, relu): one eltwise primitive over the tensor.
 #pragma once
+#include <cstddef>
 #include <string>
 #include <utility>
 
-#include "hotops/buffer.h"
 #include "hotops/cpu.h"
-#include "hotops/op.h"
+#include "hotops/plan.h"
 
 namespace hotops::cpu {
 
-// A family's oneDNN eltwise case over its Shape (dir, dtype, offset) and Inputs (x, and dy for a
-// bwd): the output is checked by `check`, and the label is `label` followed by oneDNN's
-// implementation.
-template <class Shape, class Inputs>
-class EltwiseCase : public Case {
+// A family's oneDNN eltwise plan over its Shape (dir, dtype, offset) and Args (x, dy for a bwd,
+// out): each tensor starts `offset` elements into the buffer run() is given, and the label is
+// `label` followed by oneDNN's implementation.
+template <class Shape, class Args>
+class EltwisePlan : public Plan<Args> {
  public:
-  using Checker = Check (*)(const Shape&, const Inputs&, const HostBuffer&);
-
-  EltwiseCase(const Shape& s, Eltwise plan, Inputs in, HostBuffer out, Checker check, std::string label)
-      : s_(s), plan_(std::move(plan)), in_(std::move(in)), out_(std::move(out)), check_(check), label_(std::move(label)) {
-    // The tensors start `offset` elements into their buffers.
-    call_ = plan_.bind(in_.x.data(), in_.dy.data(), out_.data(), s_.offset * dtype_size(s_.dtype));
+  EltwisePlan(const Shape& s, Eltwise e, std::string label)
+      : offset_(static_cast<std::size_t>(s.offset) * dtype_size(s.dtype)), e_(std::move(e)), label_(std::move(label)) {
+    if (!e_.backward)
+      prim_ = Primitive(dnnl::eltwise_forward(e_.fwd), {{DNNL_ARG_SRC, e_.tensor}, {DNNL_ARG_DST, e_.tensor}});
+    else
+      prim_ = Primitive(dnnl::eltwise_backward(e_.bwd),
+                        {{DNNL_ARG_SRC, e_.tensor}, {DNNL_ARG_DIFF_DST, e_.tensor}, {DNNL_ARG_DIFF_SRC, e_.tensor}});
   }
 
-  void run() override { call_.run(); }
-
-  Check verify() override {
-    out_.poison();
-    run();
-    return check_(s_, in_, out_);
+  void run(const Args& a) override {
+    if (!e_.backward)
+      prim_.run({at(a.x), at(a.out)});
+    else
+      prim_.run({at(a.x), at(a.dy), at(a.out)});
   }
 
-  std::string label() const override { return with_threads(label_ + plan_.impl_info_str()); }
+  std::string label() const override { return with_threads(label_ + e_.impl_info_str()); }
 
  private:
-  Shape s_;
-  Eltwise plan_;
-  Inputs in_;
-  HostBuffer out_;
-  Checker check_;
+  const void* at(const void* buffer) const { return static_cast<const std::byte*>(buffer) + offset_; }
+
+  std::size_t offset_;  // bytes
+  Eltwise e_;
   std::string label_;
-  Call call_;
+  Primitive prim_;
 };
 
 }  // namespace hotops::cpu

@@ -281,22 +281,20 @@ namespace {
 constexpr std::int64_t kChunk = 1 << 14;
 constexpr std::int64_t kBlock = 1 << 11;
 
-class HotopsGelu final : public Case {
+class HotopsGelu final : public Plan {
  public:
-  explicit HotopsGelu(const Problem& p)
-      : s_(shape_of(p)),
-        in_(make_inputs(s_, input_seed(p))),
-        out_(make_output(s_)),
+  explicit HotopsGelu(const Shape& s)
+      : s_(s),
         avx512_(avx512_table_span_for(s_)),
         table_(avx512_ ? nullptr : kernel::table_span_for(s_)),
         span_(avx512_ ? avx512_ : table_ ? table_ : kernel::span_for(s_)),
         stream_(static_cast<std::size_t>(s_.elements) * dtype_size(s_.dtype) >= cpu::kStreamMinBytes) {}
 
-  void run() override {
+  void run(const Args& a) override {
     const std::size_t esize = dtype_size(s_.dtype), off = static_cast<std::size_t>(s_.offset) * esize;
-    const auto* x = static_cast<const std::byte*>(in_.x.data()) + off;
-    const auto* dy = s_.dir == Direction::bwd ? static_cast<const std::byte*>(in_.dy.data()) + off : nullptr;
-    auto* out = static_cast<std::byte*>(out_.data()) + off;
+    const auto* x = static_cast<const std::byte*>(a.x) + off;
+    const auto* dy = s_.dir == Direction::bwd ? static_cast<const std::byte*>(a.dy) + off : nullptr;
+    auto* out = static_cast<std::byte*>(a.out) + off;
     const std::int64_t n = s_.elements, chunks = (n + kChunk - 1) / kChunk;
     if (!stream_) {
 #pragma omp parallel for schedule(static) if (chunks > 1)
@@ -322,12 +320,6 @@ class HotopsGelu final : public Case {
     }
   }
 
-  Check verify() override {
-    out_.poison();
-    run();
-    return gelu::verify(s_, in_, out_);
-  }
-
   std::string label() const override {
     return std::string("hotops gelu_") + (s_.approx == Approx::none ? "erf " : "tanh ") +
            direction_name(s_.dir) + ", " +
@@ -340,8 +332,6 @@ class HotopsGelu final : public Case {
 
  private:
   Shape s_;
-  Inputs in_;
-  HostBuffer out_;
   SpanFn avx512_;  // the table of the AVX-512 version for bf16 / f16, where this CPU has it
   SpanFn table_;   // else the table of the portable loop for bf16 / f16
   SpanFn span_;
@@ -350,7 +340,7 @@ class HotopsGelu final : public Case {
 
 }  // namespace
 
-std::unique_ptr<Case> make_cpu_hotops(const Problem& p) { return std::make_unique<HotopsGelu>(p); }
+std::unique_ptr<Plan> make_cpu_hotops_plan(const Shape& s) { return std::make_unique<HotopsGelu>(s); }
 
 SpanFn portable_span_for(const Shape& s) { return kernel::span_for(s); }
 SpanFn portable_table_span_for(const Shape& s) { return kernel::table_span_for(s); }

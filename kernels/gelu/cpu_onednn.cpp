@@ -15,24 +15,22 @@ dnnl::algorithm dnnl_algorithm(Approx a) {
 
 // The primitive descriptors of one problem (no memory touched): creating them is also the
 // support probe, since oneDNN answers `unimplemented` for a dtype this CPU cannot do.
-cpu::Eltwise plan(const Shape& s) {
+cpu::Eltwise descriptors(const Shape& s) {
   return cpu::Eltwise(dnnl_algorithm(s.approx), cpu::md({s.elements}, s.dtype, dnnl::memory::format_tag::a), 0.f,
                       s.dir == Direction::bwd);
 }
 
-class CpuGelu final : public cpu::EltwiseCase<Shape, Inputs> {
- public:
-  explicit CpuGelu(const Problem& p) : CpuGelu(shape_of(p), p) {}
-
- private:
-  CpuGelu(const Shape& s, const Problem& p)
-      : EltwiseCase(s, plan(s), make_inputs(s, input_seed(p)), make_output(s), gelu::verify,
-                    std::string("oneDNN eltwise_") + (s.approx == Approx::none ? "gelu_erf " : "gelu_tanh ") +
-                        (s.dir == Direction::fwd ? "forward_training " : "backward ")) {}
-};
-
 }  // namespace
 
-HOTOPS_ONEDNN_CASE(CpuGelu, make_cpu_onednn, onednn_unsupported_reason, "gelu")
+std::string onednn_unsupported_reason(const Problem& p) {
+  return cpu::onednn_unsupported_reason([&] { descriptors(shape_of(p)); }, p, "gelu");
+}
+
+std::unique_ptr<Plan> make_cpu_onednn_plan(const Shape& s) {
+  return std::make_unique<cpu::EltwisePlan<Shape, Args>>(
+      s, descriptors(s),
+      std::string("oneDNN eltwise_") + (s.approx == Approx::none ? "gelu_erf " : "gelu_tanh ") +
+          (s.dir == Direction::fwd ? "forward_training " : "backward "));
+}
 
 }  // namespace hotops::gelu

@@ -215,7 +215,7 @@ __host__ __device__ inline Vec<T> load(const Vec<T>* p) {
 
 // ptxas likes to sink a load down to the math that first uses it, after the math on the vectors
 // loaded before it: a second trip to memory per thread. ORing into every word of every vector the
-// first words of all, masked by a zero it cannot see through (Args::zero), makes all the math wait
+// first words of all, masked by a zero it cannot see through (KernelArgs::zero), makes all the math wait
 // on all the loads, so that all are issued first. One LOP3 per word.
 template <class T>
 __host__ __device__ inline std::uint32_t first_word(const Vec<T>& v) {
@@ -244,7 +244,7 @@ GELU_UNROLL
 
 // What one launch works on. The vectors start at element `head`; the tail after them is shorter
 // than one vector. When the tensors are not equally aligned, head = n: every element is scalar.
-struct Args {
+struct KernelArgs {
   const void* x;
   const void* dy;  // bwd only
   void* out;
@@ -261,7 +261,7 @@ __host__ __device__ inline float gelu_one(float x, float dy) {
 }
 
 template <DType D, Approx A, bool kBwd>
-__host__ __device__ inline void gelu_scalar(const Args& a, std::size_t i) {
+__host__ __device__ inline void gelu_scalar(const KernelArgs& a, std::size_t i) {
   using E = Elem<D>;
   using T = typename E::T;
   const float dy = kBwd ? E::to_float(static_cast<const T*>(a.dy)[i]) : 0.f;
@@ -284,7 +284,7 @@ GELU_UNROLL
 
 // Thread `tid` of `nthreads`: its share of the head, the vectors and the tail.
 template <DType D, Approx A, bool kBwd>
-__host__ __device__ void gelu_span(std::size_t tid, std::size_t nthreads, const Args& a) {
+__host__ __device__ void gelu_span(std::size_t tid, std::size_t nthreads, const KernelArgs& a) {
   using T = typename Elem<D>::T;
   using V = Vec<T>;
   for (std::size_t i = tid; i < a.head; i += nthreads) gelu_scalar<D, A, kBwd>(a, i);
@@ -324,15 +324,15 @@ GELU_UNROLL
 }
 
 template <DType D, Approx A, bool kBwd>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) gelu_kernel(Args a) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks) gelu_kernel(KernelArgs a) {
   gelu_span<D, A, kBwd>(blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x,
                         static_cast<std::size_t>(gridDim.x) * blockDim.x, a);
 }
 
 // One instantiation: the kernel and its body for the host.
 struct Variant {
-  void (*kernel)(Args);
-  void (*host)(std::size_t, std::size_t, const Args&);
+  void (*kernel)(KernelArgs);
+  void (*host)(std::size_t, std::size_t, const KernelArgs&);
 };
 
 template <DType D, Approx A, bool kBwd>
@@ -355,10 +355,10 @@ Variant variant_for(const Shape& s) {
   }
 }
 
-Args args_for(const Shape& s, const void* x, const void* dy, void* out) {
+KernelArgs args_for(const Shape& s, const void* x, const void* dy, void* out) {
   const std::size_t e = dtype_size(s.dtype), n = static_cast<std::size_t>(s.elements);
   auto misalignment = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kVecBytes; };
-  Args a{x, dy, out, n, n, 0, 0};
+  KernelArgs a{x, dy, out, n, n, 0, 0};
   const bool congruent = misalignment(x) == misalignment(out) && (!dy || misalignment(dy) == misalignment(x));
   if (congruent) {
     a.head = std::min(n, (kVecBytes - misalignment(x)) % kVecBytes / e);
@@ -368,7 +368,7 @@ Args args_for(const Shape& s, const void* x, const void* dy, void* out) {
 }
 
 // Enough threads for one round (kUnroll vectors each) and for the head and tail, at most max_blocks.
-unsigned grid_for(const Args& a, const Shape& s, unsigned max_blocks) {
+unsigned grid_for(const KernelArgs& a, const Shape& s, unsigned max_blocks) {
   const std::size_t kUnroll = unroll(s.dir == Direction::bwd);
   const std::size_t per_vec = kVecBytes / dtype_size(s.dtype);
   const std::size_t tail = a.n - a.head - a.vectors * per_vec;
@@ -376,18 +376,9 @@ unsigned grid_for(const Args& a, const Shape& s, unsigned max_blocks) {
   return static_cast<unsigned>(std::min<std::size_t>((threads + kThreads - 1) / kThreads, max_blocks));
 }
 
-class CudaGelu final : public Case {
+class CudaGelu final : public Plan {
  public:
-  explicit CudaGelu(const Problem& p)
-      : s_(shape_of(p)), in_(make_inputs(s_, input_seed(p))), out_(make_output(s_)), variant_(variant_for(s_)) {
-    const bool bwd = s_.dir == Direction::bwd;
-    x_ = gpu::DeviceBuffer(in_.x);
-    if (bwd) dy_ = gpu::DeviceBuffer(in_.dy);
-    out_d_ = gpu::DeviceBuffer(out_.bytes());
-    const std::size_t off = static_cast<std::size_t>(s_.offset) * dtype_size(s_.dtype);
-    args_ = args_for(s_, x_.as<const std::byte>() + off, bwd ? dy_.as<const std::byte>() + off : nullptr,
-                     out_d_.as<std::byte>() + off);
-
+  explicit CudaGelu(const Shape& s) : s_(s), variant_(variant_for(s_)) {
     int device = 0;
     HOTOPS_CHECK_CUDA(cudaGetDevice(&device));
     HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
@@ -395,17 +386,19 @@ class CudaGelu final : public Case {
     HOTOPS_CHECK(blocks_per_sm_ > 0, "the gelu kernel cannot run on this device");
     int max_grid = 0;
     HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&max_grid, cudaDevAttrMaxGridDimX, device));
-    blocks_ = grid_for(args_, s_, static_cast<unsigned>(max_grid));
+    max_grid_ = static_cast<unsigned>(max_grid);
+    // The launch on buffers that start at a 16-byte boundary, as cudaMalloc's do (only the
+    // tensors' place in their 16-byte lines matters to it, so any such address stands for them):
+    // the one the label describes.
+    auto* const aligned = reinterpret_cast<void*>(std::uintptr_t{256});
+    aligned_ = kernel_args({aligned, aligned, aligned});
+    blocks_ = grid_for(aligned_, s_, max_grid_);
   }
 
-  void run() override {
-    variant_.kernel<<<blocks_, kThreads, 0, gpu::stream()>>>(args_);
+  void run(const Args& t) override {
+    const KernelArgs a = kernel_args(t);
+    variant_.kernel<<<grid_for(a, s_, max_grid_), kThreads, 0, gpu::stream()>>>(a);
     HOTOPS_CHECK_LAUNCH();
-  }
-
-  Check verify() override {
-    gpu::poison_run_download(*this, out_d_, out_);
-    return gelu::verify(s_, in_, out_);
   }
 
   std::string label() const override {
@@ -413,29 +406,34 @@ class CudaGelu final : public Case {
     std::string l = std::string("hotops gelu_kernel<") + dtype_name(s_.dtype) + ", " + approx_name(s_.approx) + ", " +
                     direction_name(s_.dir) + ">: f32 math on ex2.approx + rcp.approx (" +
                     (erf ? "erfc by Abramowitz-Stegun 7.1.26" : "tanh as a logistic") + "), ";
-    l += args_.vectors > 0 ? "16-byte vectors, " + std::to_string(unroll(bwd)) + " per input in flight per thread"
-                           : std::string("scalar accesses");
+    l += aligned_.vectors > 0 ? "16-byte vectors, " + std::to_string(unroll(bwd)) + " per input in flight per thread"
+                              : std::string("scalar accesses");
     return l + ", grid " + std::to_string(blocks_) + "x" + std::to_string(kThreads) + " (" +
            std::to_string(blocks_per_sm_) + " blocks/SM resident x " + std::to_string(sms_) + " SMs)";
   }
 
  private:
+  // The launch's arguments on the buffers of `t`: the tensors start `offset` elements into them.
+  KernelArgs kernel_args(const Args& t) const {
+    const std::size_t off = static_cast<std::size_t>(s_.offset) * dtype_size(s_.dtype);
+    const bool bwd = s_.dir == Direction::bwd;
+    return args_for(s_, static_cast<const std::byte*>(t.x) + off,
+                    bwd ? static_cast<const std::byte*>(t.dy) + off : nullptr, static_cast<std::byte*>(t.out) + off);
+  }
+
   Shape s_;
-  Inputs in_;
-  HostBuffer out_;
   Variant variant_;
-  gpu::DeviceBuffer x_, dy_, out_d_;
-  Args args_{};
+  KernelArgs aligned_{};  // the launch on 16-byte aligned buffers
   int sms_ = 0, blocks_per_sm_ = 0;
-  unsigned blocks_ = 1;
+  unsigned max_grid_ = 1, blocks_ = 1;
 };
 
 }  // namespace
 
-std::unique_ptr<Case> make_cuda(const Problem& p) { return std::make_unique<CudaGelu>(p); }
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s) { return std::make_unique<CudaGelu>(s); }
 
 void run_cuda_kernel_on_host(const Shape& s, const void* x, const void* dy, void* out, unsigned blocks) {
-  const Args a = args_for(s, x, dy, out);
+  const KernelArgs a = args_for(s, x, dy, out);
   const std::size_t nthreads = static_cast<std::size_t>(grid_for(a, s, blocks)) * kThreads;
   const Variant v = variant_for(s);
   for (std::size_t t = 0; t < nthreads; ++t) v.host(t, nthreads, a);

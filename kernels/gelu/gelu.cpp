@@ -73,9 +73,22 @@ const CpuImplChoice& cpu_impl_choice(DType t) {
 
 CpuImpl other(CpuImpl i) { return i == CpuImpl::onednn ? CpuImpl::hotops : CpuImpl::onednn; }
 
-std::unique_ptr<Case> make_cpu(const Problem& p) {
-  return cpu_impl_of(p) == CpuImpl::onednn ? make_cpu_onednn(p) : make_cpu_hotops(p);
-}
+// The op as the benchmark runs it: a PlanCase over the problem's inputs and output.
+struct Op {
+  using Shape = gelu::Shape;
+  using Args = gelu::Args;
+  struct Io {
+    Inputs in;
+    HostBuffer out;
+  };
+  static Shape shape(const Problem& p) { return shape_of(p); }
+  static Io io(const Shape& s, std::uint64_t seed) { return {make_inputs(s, seed), make_output(s)}; }
+  static Args bind(const Shape& s, Io& io, Binder& b) {
+    return {b.in(io.in.x), s.dir == Direction::bwd ? b.in(io.in.dy) : nullptr, b.out(io.out)};
+  }
+  static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
+  static Check check(const Shape& s, const Io& io) { return verify(s, io.in, io.out); }
+};
 
 // The hand-written loop runs on any x86-64 (its baseline clone); oneDNN answers for itself.
 std::string cpu_unsupported_reason(const Problem& p) {
@@ -115,7 +128,8 @@ double flops_per_element(Direction d, Approx a) {
 
 class GeluFamily final : public OpFamily {
  public:
-  GeluFamily() : OpFamily("gelu", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
+  GeluFamily()
+      : OpFamily("gelu", cpu_unsupported_reason, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     return elementwise::benchmark_problems(named_shapes(), kFlatElements, batches, expand);
@@ -152,16 +166,26 @@ const char* approx_name(Approx a) { return a == Approx::none ? "none" : "tanh"; 
 
 const char* cpu_impl_name(CpuImpl i) { return i == CpuImpl::onednn ? "onednn" : "hotops"; }
 
+CpuImpl default_cpu_impl(DType t) { return cpu_impl_choice(t).default_impl; }
+
+CpuImpl cpu_impl_of(const Shape& s) { return s.impl.value_or(default_cpu_impl(s.dtype)); }
+
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s) {
+  return cpu_impl_of(s) == CpuImpl::onednn ? make_cpu_onednn_plan(s) : make_cpu_hotops_plan(s);
+}
+
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
+  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
+}
+
 CpuImpl cpu_impl_of(const Problem& p) {
-  if (!p.has("impl")) return cpu_impl_choice(p.dtype).default_impl;
+  if (!p.has("impl")) return default_cpu_impl(p.dtype);
   HOTOPS_CHECK(p.backend == Backend::cpu, "gelu: `impl` names a CPU implementation: " + p.name());
   const std::string& v = p.get("impl");
   for (CpuImpl i : {CpuImpl::onednn, CpuImpl::hotops})
     if (v == cpu_impl_name(i)) return i;
   throw Error("gelu: unknown impl '" + v + "' (onednn or hotops) in " + p.name());
 }
-
-std::uint64_t input_seed(const Problem& p) { return seed_without_impl(p); }
 
 Shape shape_of(const Problem& p) {
   HOTOPS_CHECK(p.dir == Direction::fwd || p.dir == Direction::bwd, "gelu has fwd and bwd only: " + p.name());
@@ -175,6 +199,7 @@ Shape shape_of(const Problem& p) {
   const elementwise::Extent e = elementwise::extent_of(p);
   s.elements = e.elements;
   s.offset = e.offset;
+  if (p.has("impl")) s.impl = cpu_impl_of(p);
   return s;
 }
 

@@ -5,17 +5,26 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "hotops/buffer.h"
 #include "hotops/op.h"
+#include "hotops/plan.h"
 
 namespace hotops::gelu {
 
 // PyTorch's `approximate` argument: none = x * Phi(x) through erf, tanh = the tanh formula.
 enum class Approx { none, tanh };
 const char* approx_name(Approx a);
+
+// The CPU implementations: oneDNN's eltwise primitive (cpu_onednn.cpp) and hotops' own vectorised
+// loop (cpu_hotops.cpp). Each dtype has a default one (problems without an `impl` arg; gelu.cpp's
+// kCpuImpls table says which) and may have the other as `impl:<name>`.
+enum class CpuImpl { onednn, hotops };
+const char* cpu_impl_name(CpuImpl i);
+CpuImpl default_cpu_impl(DType t);
 
 // One problem: `elements` values, stored `offset` elements into their buffers (test problems use an
 // offset to put the tensors off a 16-byte boundary), followed by kGuard untouched elements.
@@ -27,21 +36,13 @@ struct Shape {
   Approx approx = Approx::none;
   std::int64_t elements = 1;
   std::int64_t offset = 0;
+  std::optional<CpuImpl> impl;  // the CPU implementation; none: the dtype's default
 };
 constexpr std::size_t kGuard = 8;
 
 Shape shape_of(const Problem& p);
-
-// The CPU implementations: oneDNN's eltwise primitive (cpu_onednn.cpp) and hotops' own vectorised
-// loop (cpu_hotops.cpp). Each dtype has a default one (problems without an `impl` arg; gelu.cpp's
-// kCpuImpls table says which) and may have the other as `impl:<name>`.
-enum class CpuImpl { onednn, hotops };
-const char* cpu_impl_name(CpuImpl i);
 CpuImpl cpu_impl_of(const Problem& p);  // the `impl` arg, else the dtype's default
-
-// The seed of a problem's inputs: that of its name without the `impl` arg, so that every
-// implementation, CPU and CUDA, computes on the same numbers.
-std::uint64_t input_seed(const Problem& p);
+CpuImpl cpu_impl_of(const Shape& s);    // the shape's impl, else the dtype's default
 
 std::size_t buffer_count(const Shape& s);  // offset + elements + kGuard
 
@@ -64,9 +65,21 @@ double error_bound(const Shape& s);
 // and that the elements around that range are still poisoned (NaN), i.e. were never written.
 Check verify(const Shape& s, const Inputs& in, const HostBuffer& out);
 
-std::unique_ptr<Case> make_cpu_onednn(const Problem& p);
+// The tensors of one gelu, each the start of a buffer of buffer_count(shape) values in the shape's
+// dtype, the tensor itself `offset` elements into it: host memory on the CPU, device memory on CUDA.
+struct Args {
+  const void* x = nullptr;   // the input
+  const void* dy = nullptr;  // bwd: the gradient of y
+  void* out = nullptr;       // y (fwd) or dx (bwd)
+};
+using Plan = hotops::Plan<Args>;
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s);  // the shape's CPU implementation
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // hotops' kernel
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+
+std::unique_ptr<Plan> make_cpu_onednn_plan(const Shape& s);
 std::string onednn_unsupported_reason(const Problem& p);
-std::unique_ptr<Case> make_cpu_hotops(const Problem& p);
+std::unique_ptr<Plan> make_cpu_hotops_plan(const Shape& s);
 // hotops' loop for bf16 and f16 written for AVX-512 with BF16 (cpu_avx512.cpp): the span of a 16-bit
 // problem, or nullptr for f32 or on a CPU without those extensions (the portable loop runs then).
 using SpanFn = void (*)(const void* x, const void* dy, void* out, std::int64_t n);
@@ -85,7 +98,6 @@ float hotops_f16_to_f32(std::uint16_t h);
 std::uint16_t hotops_f32_to_f16(float f);
 std::uint16_t hotops_f32_to_bf16(float f);
 #ifdef HOTOPS_HAVE_CUDA
-std::unique_ptr<Case> make_cuda(const Problem& p);
 // The CUDA kernel's own code, run on the host one thread at a time over a grid of `blocks` blocks:
 // lets the tests check its indexing (unaligned head, vectors, tail) without a GPU.
 void run_cuda_kernel_on_host(const Shape& s, const void* x, const void* dy, void* out, unsigned blocks);

@@ -73,25 +73,22 @@ namespace {
 constexpr std::int64_t kChunk = 1 << 14;
 constexpr std::int64_t kBlock = 1 << 11;
 
-class CpuDropout final : public Case {
+class CpuDropout final : public Plan {
  public:
-  explicit CpuDropout(const Problem& p)
-      : s_(shape_of(p)),
-        in_(make_inputs(s_, p)),
-        out_(make_output(s_)),
-        mask_(s_.dir == Direction::fwd ? buffer_count(s_) : 0),
+  explicit CpuDropout(const Shape& s)
+      : s_(s),
         span_(kernel::span_for(s_)),
         stream_(static_cast<std::size_t>(s_.elements) * dtype_size(s_.dtype) >= cpu::kStreamMinBytes) {}
 
-  void run() override {
+  void run(const Args& a) override {
     const std::size_t esize = dtype_size(s_.dtype), off = static_cast<std::size_t>(s_.offset);
     const bool bwd = s_.dir == Direction::bwd;
-    const auto* in = static_cast<const std::byte*>(bwd ? in_.dy.data() : in_.x.data()) + off * esize;
-    const std::uint8_t* mask_in = bwd ? in_.mask.data() + off : nullptr;
-    auto* out = static_cast<std::byte*>(out_.data()) + off * esize;
-    std::uint8_t* mask_out = bwd ? nullptr : mask_.data() + off;
+    const auto* in = static_cast<const std::byte*>(bwd ? a.dy : a.x) + off * esize;
+    const std::uint8_t* mask_in = bwd ? a.mask_in + off : nullptr;
+    auto* out = static_cast<std::byte*>(a.out) + off * esize;
+    std::uint8_t* mask_out = bwd ? nullptr : a.mask_out + off;
     const std::int64_t n = s_.elements, chunks = (n + kChunk - 1) / kChunk;
-    const DropoutKey key = in_.key;
+    const DropoutKey key = dropout_key(a.seed, s_.p);
     const kernel::SpanFn span = span_;
     auto part = [&](std::int64_t begin, std::int64_t count, std::byte* o, std::uint8_t* m) {
       const auto i = static_cast<std::uint64_t>(begin);
@@ -125,13 +122,6 @@ class CpuDropout final : public Case {
     }
   }
 
-  Check verify() override {
-    out_.poison();
-    std::fill(mask_.begin(), mask_.end(), kMaskPoison);
-    run();
-    return pointwise::verify(s_, in_, out_, mask_.empty() ? nullptr : mask_.data());
-  }
-
   std::string label() const override {
     const bool fwd = s_.dir == Direction::fwd;
     return std::string("hotops dropout ") + (fwd ? "fwd (mask from a lowbias32 x2 counter hash), " : "bwd (reads the uint8 mask), ") +
@@ -141,16 +131,13 @@ class CpuDropout final : public Case {
 
  private:
   Shape s_;
-  Inputs in_;
-  HostBuffer out_;
-  std::vector<std::uint8_t> mask_;  // fwd: the mask it writes, laid out as the tensors
   kernel::SpanFn span_;
   bool stream_;  // the outputs are streamed out past the caches
 };
 
 }  // namespace
 
-std::unique_ptr<Case> make_cpu_dropout(const Problem& p) { return std::make_unique<CpuDropout>(p); }
+std::unique_ptr<Plan> make_cpu_dropout_plan(const Shape& s) { return std::make_unique<CpuDropout>(s); }
 
 void cpu_dropout_span(const Shape& s, const DropoutKey& k, std::uint64_t first, const void* in,
                       const std::uint8_t* mask_in, void* out, std::uint8_t* mask_out, std::int64_t n) {

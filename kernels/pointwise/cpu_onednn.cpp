@@ -11,26 +11,22 @@ namespace {
 
 // The primitive descriptors of one problem (no memory touched): creating them is also the support
 // probe, since oneDNN answers `unimplemented` for a dtype this CPU cannot do.
-cpu::Eltwise plan(const Shape& s) {
+cpu::Eltwise descriptors(const Shape& s) {
   constexpr float kAlpha = 0.f;  // the slope for x < 0: plain relu
   return cpu::Eltwise(dnnl::algorithm::eltwise_relu, cpu::md({s.elements}, s.dtype, dnnl::memory::format_tag::a),
                       kAlpha, s.dir == Direction::bwd);
 }
 
-class CpuRelu final : public cpu::EltwiseCase<Shape, Inputs> {
- public:
-  explicit CpuRelu(const Problem& p) : CpuRelu(shape_of(p), p) {}
-
- private:
-  CpuRelu(const Shape& s, const Problem& p)
-      : EltwiseCase(s, plan(s), make_inputs(s, p), make_output(s),
-                    [](const Shape& t, const Inputs& in, const HostBuffer& out) { return pointwise::verify(t, in, out); },
-                    std::string("oneDNN eltwise_relu ") +
-                        (s.dir == Direction::fwd ? "forward_training " : "backward (from src) ")) {}
-};
-
 }  // namespace
 
-HOTOPS_ONEDNN_CASE(CpuRelu, make_cpu_relu, relu_onednn_unsupported_reason, "relu")
+std::string relu_onednn_unsupported_reason(const Problem& p) {
+  return cpu::onednn_unsupported_reason([&] { descriptors(shape_of(p)); }, p, "relu");
+}
+
+std::unique_ptr<Plan> make_cpu_relu_plan(const Shape& s) {
+  return std::make_unique<cpu::EltwisePlan<Shape, Args>>(
+      s, descriptors(s),
+      std::string("oneDNN eltwise_relu ") + (s.dir == Direction::fwd ? "forward_training " : "backward (from src) "));
+}
 
 }  // namespace hotops::pointwise

@@ -87,7 +87,7 @@ __host__ __device__ inline V load(const V* p) {
 // What one launch works on. in0: x (relu, dropout fwd) or dy (dropout bwd); in1: dy (relu bwd).
 // The vectors start at element `head`; the tail after them is shorter than one vector. When the
 // tensors are not equally aligned, head = n: every element is scalar.
-struct Args {
+struct KernelArgs {
   const void* in0;
   const void* in1;
   const std::uint8_t* mask_in;  // dropout bwd
@@ -101,7 +101,7 @@ struct Args {
 
 // Element i: relu on the bits; dropout through f32. `keep` for dropout fwd is drawn here.
 template <Op O, DType D, bool kBwd>
-__host__ __device__ inline typename Elem<D>::U one(const Args& a, std::size_t i, typename Elem<D>::U v0,
+__host__ __device__ inline typename Elem<D>::U one(const KernelArgs& a, std::size_t i, typename Elem<D>::U v0,
                                                    typename Elem<D>::U v1, std::uint8_t m_in, std::uint8_t& m_out) {
   using E = Elem<D>;
   using S = typename E::S;
@@ -121,7 +121,7 @@ __host__ __device__ inline typename Elem<D>::U one(const Args& a, std::size_t i,
 }
 
 template <Op O, DType D, bool kBwd>
-__host__ __device__ inline void scalar(const Args& a, std::size_t i) {
+__host__ __device__ inline void scalar(const KernelArgs& a, std::size_t i) {
   using U = typename Elem<D>::U;
   const U v0 = static_cast<const U*>(a.in0)[i];
   const U v1 = O == Op::relu && kBwd ? static_cast<const U*>(a.in1)[i] : U(0);
@@ -141,7 +141,7 @@ struct Loaded {
 };
 
 template <Op O, DType D, bool kBwd>
-__host__ __device__ inline Loaded<O, D, kBwd> load_vec(const Args& a, std::size_t v) {
+__host__ __device__ inline Loaded<O, D, kBwd> load_vec(const KernelArgs& a, std::size_t v) {
   using L = Loaded<O, D, kBwd>;
   using U = typename Elem<D>::U;
   L l{};
@@ -152,7 +152,7 @@ __host__ __device__ inline Loaded<O, D, kBwd> load_vec(const Args& a, std::size_
 }
 
 template <Op O, DType D, bool kBwd>
-__host__ __device__ inline void do_vec(const Args& a, std::size_t v, const Loaded<O, D, kBwd>& l) {
+__host__ __device__ inline void do_vec(const KernelArgs& a, std::size_t v, const Loaded<O, D, kBwd>& l) {
   using L = Loaded<O, D, kBwd>;
   using U = typename Elem<D>::U;
   const std::size_t first = a.head + v * L::kCount;
@@ -167,7 +167,7 @@ POINTWISE_UNROLL
 // Thread `tid` of `nthreads`: its share of the head, the vectors (kUnroll per round, each round's
 // loads all issued before its math) and the tail.
 template <Op O, DType D, bool kBwd>
-__host__ __device__ void span(std::size_t tid, std::size_t nthreads, const Args& a) {
+__host__ __device__ void span(std::size_t tid, std::size_t nthreads, const KernelArgs& a) {
   using L = Loaded<O, D, kBwd>;
   for (std::size_t i = tid; i < a.head; i += nthreads) scalar<O, D, kBwd>(a, i);
   for (std::size_t v = tid; v < a.vectors; v += kUnroll * nthreads) {
@@ -185,15 +185,15 @@ POINTWISE_UNROLL
 }
 
 template <Op O, DType D, bool kBwd>
-__global__ void __launch_bounds__(kThreads) pointwise_kernel(Args a) {
+__global__ void __launch_bounds__(kThreads) pointwise_kernel(KernelArgs a) {
   span<O, D, kBwd>(blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x,
                    static_cast<std::size_t>(gridDim.x) * blockDim.x, a);
 }
 
 // One instantiation: the kernel and its body for the host.
 struct Variant {
-  void (*kernel)(Args);
-  void (*host)(std::size_t, std::size_t, const Args&);
+  void (*kernel)(KernelArgs);
+  void (*host)(std::size_t, std::size_t, const KernelArgs&);
 };
 
 template <Op O, DType D, bool kBwd>
@@ -214,11 +214,11 @@ Variant variant_for(const Shape& s) {
 
 // The pointers are those of the tensors. Vectors need every element tensor at the same place in
 // its 16-byte line and the mask bytes of each vector aligned to their own size.
-Args args_for(const Shape& s, const DropoutKey& k, const void* in0, const void* in1, const std::uint8_t* mask_in,
+KernelArgs args_for(const Shape& s, const DropoutKey& k, const void* in0, const void* in1, const std::uint8_t* mask_in,
               void* out, std::uint8_t* mask_out) {
   const std::size_t e = dtype_size(s.dtype), n = static_cast<std::size_t>(s.elements), per_vec = kVecBytes / e;
   auto mis = [](const void* p, std::size_t a) { return reinterpret_cast<std::uintptr_t>(p) % a; };
-  Args a{in0, in1, mask_in, out, mask_out, n, n, 0, k};
+  KernelArgs a{in0, in1, mask_in, out, mask_out, n, n, 0, k};
   bool congruent = mis(in0, e) == 0 && mis(in0, kVecBytes) == mis(out, kVecBytes) &&
                    (!in1 || mis(in1, kVecBytes) == mis(in0, kVecBytes));
   if (!congruent) return a;
@@ -231,63 +231,35 @@ Args args_for(const Shape& s, const DropoutKey& k, const void* in0, const void* 
 }
 
 // Enough threads for one round (kUnroll vectors each) and for the head and tail, at most max_blocks.
-unsigned grid_for(const Args& a, const Shape& s, unsigned max_blocks) {
+unsigned grid_for(const KernelArgs& a, const Shape& s, unsigned max_blocks) {
   const std::size_t per_vec = kVecBytes / dtype_size(s.dtype);
   const std::size_t tail = a.n - a.head - a.vectors * per_vec;
   const std::size_t threads = std::max({(a.vectors + kUnroll - 1) / kUnroll, a.head, tail, std::size_t(1)});
   return static_cast<unsigned>(std::min<std::size_t>((threads + kThreads - 1) / kThreads, max_blocks));
 }
 
-class CudaPointwise final : public Case {
+class CudaPointwise final : public Plan {
  public:
-  explicit CudaPointwise(const Problem& p)
-      : s_(shape_of(p)), in_(make_inputs(s_, p)), out_(make_output(s_)), variant_(variant_for(s_)) {
-    const bool bwd = s_.dir == Direction::bwd, dropout = s_.op == Op::dropout;
-    const std::size_t off = static_cast<std::size_t>(s_.offset), eoff = off * dtype_size(s_.dtype);
-    const void* in0 = nullptr;
-    const void* in1 = nullptr;
-    const std::uint8_t* mask_in = nullptr;
-    std::uint8_t* mask_out = nullptr;
-    if (!dropout || !bwd) {
-      x_ = gpu::DeviceBuffer(in_.x);
-      in0 = x_.as<const std::byte>() + eoff;
-    }
-    if (bwd) {
-      dy_ = gpu::DeviceBuffer(in_.dy);
-      (dropout ? in0 : in1) = dy_.as<const std::byte>() + eoff;
-    }
-    if (dropout) {
-      mask_d_ = gpu::DeviceBuffer(buffer_count(s_));
-      if (bwd) {
-        gpu::copy(mask_d_.get(), in_.mask.data(), in_.mask.size(), cudaMemcpyHostToDevice);
-        mask_in = mask_d_.as<const std::uint8_t>() + off;
-      } else {
-        mask_out = mask_d_.as<std::uint8_t>() + off;
-        mask_.resize(buffer_count(s_));
-      }
-    }
-    out_d_ = gpu::DeviceBuffer(out_.bytes());
-    args_ = args_for(s_, in_.key, in0, in1, mask_in, out_d_.as<std::byte>() + eoff, mask_out);
-
+  explicit CudaPointwise(const Shape& s) : s_(s), variant_(variant_for(s_)) {
     int device = 0, max_grid = 0;
     HOTOPS_CHECK_CUDA(cudaGetDevice(&device));
     HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&max_grid, cudaDevAttrMaxGridDimX, device));
-    blocks_ = grid_for(args_, s_, static_cast<unsigned>(max_grid));
+    max_grid_ = static_cast<unsigned>(max_grid);
+    // The launch on buffers that start at a 16-byte boundary, as cudaMalloc's do (only the
+    // tensors' place in their 16-byte lines matters to it, so any such address stands for them):
+    // the one the label describes.
+    auto* const aligned = reinterpret_cast<std::uint8_t*>(std::uintptr_t{256});
+    Args t;
+    t.x = t.dy = t.mask_in = aligned;
+    t.out = t.mask_out = aligned;
+    aligned_ = kernel_args(t);
+    blocks_ = grid_for(aligned_, s_, max_grid_);
   }
 
-  void run() override {
-    variant_.kernel<<<blocks_, kThreads, 0, gpu::stream()>>>(args_);
+  void run(const Args& t) override {
+    const KernelArgs a = kernel_args(t);
+    variant_.kernel<<<grid_for(a, s_, max_grid_), kThreads, 0, gpu::stream()>>>(a);
     HOTOPS_CHECK_LAUNCH();
-  }
-
-  Check verify() override {
-    out_d_.poison();
-    const bool mask_out = !mask_.empty();
-    if (mask_out) mask_d_.poison();  // 0xff bytes: kMaskPoison
-    run();
-    out_d_.download(out_);
-    if (mask_out) gpu::copy(mask_.data(), mask_d_.get(), mask_.size(), cudaMemcpyDeviceToHost);
-    return pointwise::verify(s_, in_, out_, mask_out ? mask_.data() : nullptr);
   }
 
   std::string label() const override {
@@ -295,32 +267,40 @@ class CudaPointwise final : public Case {
                     dtype_name(s_.dtype) + ", " + direction_name(s_.dir) + ">";
     if (s_.op == Op::dropout)
       l += s_.dir == Direction::fwd ? " (mask from a lowbias32 x2 counter hash)" : " (reads the uint8 mask)";
-    l += args_.vectors > 0 ? ", 16-byte vectors, " + std::to_string(kUnroll) + " per input in flight per thread"
-                           : std::string(", scalar accesses");
+    l += aligned_.vectors > 0 ? ", 16-byte vectors, " + std::to_string(kUnroll) + " per input in flight per thread"
+                              : std::string(", scalar accesses");
     return l + ", grid " + std::to_string(blocks_) + "x" + std::to_string(kThreads);
   }
 
  private:
+  // The launch's arguments on the buffers of `t`: the tensors start `offset` elements into them.
+  KernelArgs kernel_args(const Args& t) const {
+    const bool bwd = s_.dir == Direction::bwd, dropout = s_.op == Op::dropout;
+    const std::size_t off = static_cast<std::size_t>(s_.offset), eoff = off * dtype_size(s_.dtype);
+    auto tensor = [&](const void* p) { return static_cast<const std::byte*>(p) + eoff; };
+    const void* in0 = tensor(dropout && bwd ? t.dy : t.x);
+    const void* in1 = !dropout && bwd ? tensor(t.dy) : nullptr;
+    const std::uint8_t* mask_in = dropout && bwd ? t.mask_in + off : nullptr;
+    std::uint8_t* mask_out = dropout && !bwd ? t.mask_out + off : nullptr;
+    return args_for(s_, dropout_key(t.seed, s_.p), in0, in1, mask_in, static_cast<std::byte*>(t.out) + eoff, mask_out);
+  }
+
   Shape s_;
-  Inputs in_;
-  HostBuffer out_;
-  std::vector<std::uint8_t> mask_;  // fwd dropout: the mask downloaded for verification
   Variant variant_;
-  gpu::DeviceBuffer x_, dy_, mask_d_, out_d_;
-  Args args_{};
-  unsigned blocks_ = 1;
+  KernelArgs aligned_{};  // the launch on 16-byte aligned buffers
+  unsigned max_grid_ = 1, blocks_ = 1;
 };
 
 }  // namespace
 
-std::unique_ptr<Case> make_cuda(const Problem& p) { return std::make_unique<CudaPointwise>(p); }
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s) { return std::make_unique<CudaPointwise>(s); }
 
 void run_cuda_kernel_on_host(const Shape& s, const DropoutKey& k, const void* x, const void* dy,
                              const std::uint8_t* mask_in, void* out, std::uint8_t* mask_out, unsigned blocks) {
   const bool dropout_bwd = s.op == Op::dropout && s.dir == Direction::bwd;
   const void* in0 = dropout_bwd ? dy : x;
   const void* in1 = s.op == Op::relu && s.dir == Direction::bwd ? dy : nullptr;
-  const Args a = args_for(s, k, in0, in1, mask_in, out, mask_out);
+  const KernelArgs a = args_for(s, k, in0, in1, mask_in, out, mask_out);
   const std::size_t nthreads = static_cast<std::size_t>(grid_for(a, s, blocks)) * kThreads;
   const Variant v = variant_for(s);
   for (std::size_t t = 0; t < nthreads; ++t) v.host(t, nthreads, a);

@@ -70,9 +70,41 @@ void expand_both(const std::vector<Arg>& args, std::vector<Problem>& out) {
   expand(Op::dropout, args, out);
 }
 
-std::unique_ptr<Case> make_cpu(const Problem& p) {
-  return shape_of(p).op == Op::relu ? make_cpu_relu(p) : make_cpu_dropout(p);
-}
+// The op as the benchmark runs it: a PlanCase over the problem's inputs and outputs. The dropout
+// fwd mask starts as all kMaskPoison (an in-out tensor reset to it before the check), so that a
+// byte the op fails to write, or writes outside the tensor, shows.
+struct PointwiseOp {
+  using Shape = pointwise::Shape;
+  using Args = pointwise::Args;
+  struct Io {
+    Inputs in;
+    HostBuffer out;
+    HostBuffer unwritten_mask;  // dropout fwd: every byte kMaskPoison
+    HostBuffer mask;            // dropout fwd: the mask the op draws
+  };
+  static bool writes_mask(const Shape& s) { return s.op == Op::dropout && s.dir == Direction::fwd; }
+  static Shape shape(const Problem& p) { return shape_of(p); }
+  static Io io(const Shape& s, std::uint64_t seed) {
+    Io io{make_inputs(s, seed), make_output(s), {}, {}};
+    if (writes_mask(s)) io.unwritten_mask = make_mask(s), io.mask = make_mask(s);
+    return io;
+  }
+  static Args bind(const Shape& s, Io& io, Binder& b) {
+    const bool bwd = s.dir == Direction::bwd, dropout = s.op == Op::dropout;
+    Args a;
+    if (!dropout || !bwd) a.x = b.in(io.in.x);
+    if (bwd) a.dy = b.in(io.in.dy);
+    if (dropout && bwd) a.mask_in = static_cast<const std::uint8_t*>(b.in(io.in.mask));
+    a.out = b.out(io.out);
+    if (writes_mask(s)) a.mask_out = static_cast<std::uint8_t*>(b.inout(io.unwritten_mask, io.mask));
+    a.seed = io.in.seed;
+    return a;
+  }
+  static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
+  static Check check(const Shape& s, const Io& io) {
+    return verify(s, io.in, io.out, writes_mask(s) ? io.mask.as<std::uint8_t>() : nullptr);
+  }
+};
 
 // relu: oneDNN answers for itself; the dropout loop runs on any x86-64 (its baseline clone).
 std::string cpu_unsupported_reason(const Problem& p) {
@@ -81,7 +113,9 @@ std::string cpu_unsupported_reason(const Problem& p) {
 
 class PointwiseFamily final : public OpFamily {
  public:
-  PointwiseFamily() : OpFamily("pointwise", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
+  PointwiseFamily()
+      : OpFamily("pointwise", cpu_unsupported_reason, make_plan_case<PointwiseOp>,
+                 HOTOPS_CUDA_FACTORY(make_plan_case<PointwiseOp>)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     return elementwise::benchmark_problems(named_shapes(), kFlatElements, batches, expand_both);
@@ -122,6 +156,14 @@ class PointwiseFamily final : public OpFamily {
 
 }  // namespace
 
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s) {
+  return s.op == Op::relu ? make_cpu_relu_plan(s) : make_cpu_dropout_plan(s);
+}
+
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
+  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
+}
+
 Shape shape_of(const Problem& p) {
   HOTOPS_CHECK(p.op == "relu" || p.op == "dropout", "pointwise has relu and dropout only: " + p.name());
   Shape s = fwd_bwd_shape<Shape>(p, p.op);
@@ -149,11 +191,12 @@ DropoutKey dropout_key(std::uint64_t seed, double p) {
 
 // The problem's seed is the same on every backend; the constant (splitmix64's increment) keeps the
 // mask's key apart from the seed of x and dy.
-DropoutKey dropout_key(const Problem& p) { return dropout_key(p.seed() ^ 0x9e3779b97f4a7c15ull, shape_of(p).p); }
+std::uint64_t dropout_seed(std::uint64_t seed) { return seed ^ 0x9e3779b97f4a7c15ull; }
 
-Inputs make_inputs(const Shape& s, const Problem& p) {
+DropoutKey dropout_key(const Problem& p) { return dropout_key(dropout_seed(p.seed()), shape_of(p).p); }
+
+Inputs make_inputs(const Shape& s, std::uint64_t seed) {
   Inputs in;
-  const std::uint64_t seed = p.seed();
   const bool bwd = s.dir == Direction::bwd;
   if (s.op == Op::relu || !bwd) {
     in.x = HostBuffer(s.dtype, buffer_count(s));
@@ -164,17 +207,26 @@ Inputs make_inputs(const Shape& s, const Problem& p) {
     in.dy.fill_uniform(seed, 1);
   }
   if (s.op == Op::dropout) {
-    in.key = dropout_key(p);
+    in.seed = dropout_seed(seed);
+    in.key = dropout_key(in.seed, s.p);
     if (bwd) {
-      in.mask.assign(buffer_count(s), 1);
+      in.mask = make_mask(s);
+      auto* mask = in.mask.as<std::uint8_t>();
+      std::fill(mask, mask + buffer_count(s), std::uint8_t{1});
       for (std::int64_t i = 0; i < s.elements; ++i)
-        in.mask[static_cast<std::size_t>(s.offset + i)] = dropout_keep(in.key, static_cast<std::uint64_t>(i));
+        mask[static_cast<std::size_t>(s.offset + i)] = dropout_keep(in.key, static_cast<std::uint64_t>(i));
     }
   }
   return in;
 }
 
 HostBuffer make_output(const Shape& s) { return HostBuffer(s.dtype, buffer_count(s)); }
+
+HostBuffer make_mask(const Shape& s) {
+  HostBuffer m(DType::f32, (buffer_count(s) + 3) / 4);
+  std::fill(m.as<std::uint8_t>(), m.as<std::uint8_t>() + m.bytes(), kMaskPoison);
+  return m;
+}
 
 Check verify(const Shape& s, const Inputs& in, const HostBuffer& out, const std::uint8_t* mask) {
   const auto n = static_cast<std::size_t>(s.elements), off = static_cast<std::size_t>(s.offset);

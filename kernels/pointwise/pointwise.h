@@ -16,6 +16,7 @@
 
 #include "hotops/buffer.h"
 #include "hotops/op.h"
+#include "hotops/plan.h"
 
 #ifdef __CUDACC__
 #define POINTWISE_HD __host__ __device__ __forceinline__
@@ -77,24 +78,29 @@ POINTWISE_HD bool dropout_keep(const DropoutKey& k, std::uint64_t i) {
   return dropout_keep(k, static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(i >> 32));
 }
 
-// The key of a problem: every backend of the same problem (same name less the backend) draws the
-// same mask.
+// The mask's seed of a problem's inputs seeded by `seed`, and the key of a problem: every backend
+// of the same problem (same name less the backend) draws the same mask.
+std::uint64_t dropout_seed(std::uint64_t seed);
 DropoutKey dropout_key(const Problem& p);
 
 // ---- Inputs, reference, verification ----
 
-// Inputs, seeded from the problem so every backend sees the same numbers: x and dy uniform in
+// Inputs, from the problem's seed so every backend sees the same numbers: x and dy uniform in
 // [-1, 1); the dropout bwd mask is drawn from the problem's key (element i of the tensor is
 // mask[offset + i]; the guard bytes are 1).
 struct Inputs {
-  HostBuffer x;   // relu fwd and bwd, dropout fwd
-  HostBuffer dy;  // bwd
-  std::vector<std::uint8_t> mask;  // dropout bwd
-  DropoutKey key;                  // dropout
+  HostBuffer x;              // relu fwd and bwd, dropout fwd
+  HostBuffer dy;             // bwd
+  HostBuffer mask;           // dropout bwd (see make_mask)
+  std::uint64_t seed = 0;    // dropout: the mask's seed
+  DropoutKey key;            // dropout: dropout_key(seed, p)
 };
-Inputs make_inputs(const Shape& s, const Problem& p);
+Inputs make_inputs(const Shape& s, std::uint64_t seed);
 HostBuffer make_output(const Shape& s);  // y (fwd) or dx (bwd), same layout as the inputs
 constexpr std::uint8_t kMaskPoison = 0xff;  // what an unwritten mask byte holds
+// A mask: buffer_count(s) bytes (held in 4-byte elements, the last rounded up), every byte
+// kMaskPoison; its bytes are as<std::uint8_t>().
+HostBuffer make_mask(const Shape& s);
 
 // The reference of element i of the tensor (index i of the tensor, not of the buffer), rounded to
 // the dtype as the op's output is: relu is exact; dropout is the f32 product x * scale (or dy *
@@ -110,14 +116,29 @@ Check verify(const Shape& s, const Inputs& in, const HostBuffer& out, const std:
 
 // ---- Implementations ----
 
-std::unique_ptr<Case> make_cpu_relu(const Problem& p);  // oneDNN eltwise_relu (cpu_onednn.cpp)
+// The tensors of one relu or dropout, each the start of a buffer of buffer_count(shape) elements in
+// the shape's dtype (a mask: bytes), the tensor itself `offset` elements into it: host memory on the
+// CPU, device memory on CUDA.
+struct Args {
+  const void* x = nullptr;                // relu; dropout fwd
+  const void* dy = nullptr;               // bwd
+  const std::uint8_t* mask_in = nullptr;  // dropout bwd: 1 keeps the element, 0 drops it
+  void* out = nullptr;                    // y (fwd) or dx (bwd)
+  std::uint8_t* mask_out = nullptr;       // dropout fwd: the mask it draws
+  std::uint64_t seed = 0;                 // dropout fwd: the mask's seed (dropout_key(seed, p))
+};
+using Plan = hotops::Plan<Args>;
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s);
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // hotops' kernels
+std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+
+std::unique_ptr<Plan> make_cpu_relu_plan(const Shape& s);  // oneDNN eltwise_relu (cpu_onednn.cpp)
 std::string relu_onednn_unsupported_reason(const Problem& p);
-std::unique_ptr<Case> make_cpu_dropout(const Problem& p);  // hotops' loop (cpu_dropout.cpp)
+std::unique_ptr<Plan> make_cpu_dropout_plan(const Shape& s);  // hotops' loop (cpu_dropout.cpp)
 // The CPU dropout loop on one span of the tensor (element `first` onwards), for the tests.
 void cpu_dropout_span(const Shape& s, const DropoutKey& k, std::uint64_t first, const void* in, const std::uint8_t* mask_in,
                       void* out, std::uint8_t* mask_out, std::int64_t n);
 #ifdef HOTOPS_HAVE_CUDA
-std::unique_ptr<Case> make_cuda(const Problem& p);
 // The CUDA kernels' own code, run on the host one thread at a time over a grid of at most `blocks`
 // blocks: lets the tests check its indexing (unaligned head, vectors, tail) without a GPU. The
 // pointers are those of the tensors (buffer + offset).
