@@ -68,15 +68,6 @@ std::string onednn_unsupported_reason(const std::function<void()>& probe, const 
 std::string onednn_unsupported_reason(const std::function<void()>& probe, const Problem& p, const std::string& op,
                                       const std::string& suffix = "");
 
-// The two entry points of a family's oneDNN case class `CaseType`, whose primitive descriptors come
-// from plan(shape_of(p)): `reason(p)`, the support probe, which creates only those descriptors
-// (onednn_unsupported_reason's <op> and suffix follow `reason`), and `make(p)`, the case itself.
-#define HOTOPS_ONEDNN_CASE(CaseType, make, reason, ...)                                       \
-  std::string reason(const Problem& p) {                                                     \
-    return ::hotops::cpu::onednn_unsupported_reason([&] { plan(shape_of(p)); }, p, __VA_ARGS__); \
-  }                                                                                         \
-  std::unique_ptr<Case> make(const Problem& p) { return std::make_unique<CaseType>(p); }
-
 // An elementwise op through oneDNN's eltwise primitives over one tensor: forward_training, and for
 // a backward eltwise_backward from the source x (not the destination), as PyTorch's backward of
 // gelu and relu reads x.

@@ -30,15 +30,6 @@ bool is_sticky(cudaError_t e);
 // reaches the device.
 void copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
 
-// The run of verify() in a case with one device output: poisons `out_d` (so that an element the
-// case fails to write shows), runs `c` once and downloads `out_d` into `out`.
-template <class C>
-void poison_run_download(C& c, DeviceBuffer& out_d, HostBuffer& out) {
-  out_d.poison();
-  c.run();
-  out_d.download(out);
-}
-
 // A CUDA graph of the work a step queues on stream(), captured once at setup and replayed (the
 // models' `graph:1` variants), or only tried (whether a case can go into the harness's graphs).
 class StepGraph {

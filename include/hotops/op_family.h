@@ -40,14 +40,6 @@ class BackendFamily : public Family {
 };
 using OpFamily = BackendFamily<Case>;
 
-// Declares, in a family's header, its entry points: the CPU's case factory `cpu` and support check
-// `cpu_reason` ("" when the CPU can run the problem), the CUDA case factory `cuda`, and family().
-#define HOTOPS_FAMILY_ENTRY_POINTS(cpu, cpu_reason, cuda)              \
-  std::unique_ptr<::hotops::Case> cpu(const ::hotops::Problem& p);  \
-  std::string cpu_reason(const ::hotops::Problem& p);               \
-  std::unique_ptr<::hotops::Case> cuda(const ::hotops::Problem& p); \
-  const ::hotops::Family& family()
-
 // The batches a named shape runs at by default: its `batches`, or its one `batch`.
 template <class Shape>
 auto default_batches(const Shape& s) -> decltype(std::vector<std::int64_t>(s.batches)) {
