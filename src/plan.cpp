@@ -8,6 +8,8 @@
 namespace hotops {
 namespace {
 
+constexpr std::size_t kShiftBytes = 16;  // shift_output's shift
+
 std::string& mutation() {
   static std::string m;
   return m;
@@ -172,16 +174,16 @@ void Binder::mutate(const void** pointers, std::size_t n) {
   } else if (m == "shift_output") {
     for (auto& s : slots_) {
       if (!s->result || s->initial || s->result->count() == 0) continue;
-      // One element more than the output, handed to the op one element in: what it writes at i is
-      // read back as element i + 1.
+      // 16 bytes more than the output, handed to the op 16 bytes in (one vector: the alignment that
+      // vectorised kernels need is kept): what it writes at element i is read back 16 bytes later.
       const std::size_t e = dtype_size(s->result->dtype());
       const void* was = s->bound;
       if (backend_ == Backend::cpu || s->on_host) {
-        s->host = HostBuffer(s->result->dtype(), s->result->count() + 1);
-        s->bound = static_cast<const std::byte*>(s->host.data()) + e;
+        s->host = HostBuffer(s->result->dtype(), s->result->count() + kShiftBytes / e);
+        s->bound = static_cast<const std::byte*>(s->host.data()) + kShiftBytes;
       } else {
-        s->device = gpu::DeviceBuffer(s->result->bytes() + e);
-        s->bound = static_cast<const std::byte*>(s->device.get()) + e;
+        s->device = gpu::DeviceBuffer(s->result->bytes() + kShiftBytes);
+        s->bound = static_cast<const std::byte*>(s->device.get()) + kShiftBytes;
       }
       redirect(was, s->bound);
     }

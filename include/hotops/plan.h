@@ -46,7 +46,7 @@ std::unique_ptr<P> plan_on_backend(Backend b, const Shape& s, std::unique_ptr<P>
 
 // Test only: a bug planted between every PlanCase and its plan, so that tests can show that each
 // family's verification catches it (bench: HOTOPS_TEST_MUTATION=<name>). Off (empty) by default.
-//   shift_output: every output lands one element off (an off-by-one in the indexing);
+//   shift_output: every output lands 16 bytes off (an indexing error by one vector);
 //   zero_input:   the last input the op reads is all zeros (a dropped term: the bias, dy, ...);
 //   swap_inputs:  the first two inputs of equal size are swapped (an operand mixed up or transposed).
 const std::vector<std::string>& test_mutation_names();
@@ -120,7 +120,9 @@ class Binder {
 //   static Check check(const Shape&, Io&);                 // the outputs against the reference
 // and where the op needs them:
 //   static int check_runs(const Shape&);          // runs before the check (default 1; e.g. AdamW's steps)
-//   static void before_check(const Shape&, Io&);  // more to reset before them (e.g. pinned memory)
+//   static void before_check(const Shape&, Io&, Plan<Args>&, const Args&);
+//       // more to do before them: e.g. pinned memory poisoned, the LSTM's training forward run again
+//       // (its backward changes the state the forward saved)
 template <class Op, class = void>
 struct CheckRuns {
   static int of(const typename Op::Shape&) { return 1; }
@@ -131,12 +133,17 @@ struct CheckRuns<Op, std::void_t<decltype(Op::check_runs(std::declval<const type
 };
 template <class Op, class = void>
 struct BeforeCheck {
-  static void run(const typename Op::Shape&, typename Op::Io&) {}
+  static void run(const typename Op::Shape&, typename Op::Io&, Plan<typename Op::Args>&, const typename Op::Args&) {}
 };
 template <class Op>
 struct BeforeCheck<Op, std::void_t<decltype(Op::before_check(std::declval<const typename Op::Shape&>(),
-                                                             std::declval<typename Op::Io&>()))>> {
-  static void run(const typename Op::Shape& s, typename Op::Io& io) { Op::before_check(s, io); }
+                                                             std::declval<typename Op::Io&>(),
+                                                             std::declval<Plan<typename Op::Args>&>(),
+                                                             std::declval<const typename Op::Args&>()))>> {
+  static void run(const typename Op::Shape& s, typename Op::Io& io, Plan<typename Op::Args>& plan,
+                  const typename Op::Args& a) {
+    Op::before_check(s, io, plan, a);
+  }
 };
 
 template <class Op>
@@ -152,7 +159,7 @@ class PlanCase final : public Case {
   void run() override { plan_->run(args_); }
   Check verify() override {
     binder_.before_check();
-    BeforeCheck<Op>::run(shape_, io_);
+    BeforeCheck<Op>::run(shape_, io_, *plan_, args_);
     for (int i = CheckRuns<Op>::of(shape_); i > 0; --i) run();
     binder_.after_check();
     return Op::check(shape_, io_);

@@ -137,7 +137,7 @@ struct Op {
   static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
 
   // Pinned memory is the Io's own, not the Binder's: poisoned here (NaN in every f32 word).
-  static void before_check(const Shape& s, Io& io) {
+  static void before_check(const Shape& s, Io& io, hotops::Plan<Args>&, const Args&) {
     if (pinned_d2h(s)) std::memset(io.pinned.get(), 0xff, s.src_bytes());
   }
 

@@ -107,6 +107,11 @@ struct Op {
     return a;
   }
   static std::unique_ptr<hotops::Plan<Args>> plan(const Shape& sh, Backend b) { return make_plan(sh.s, b); }
+  // bwd: the training forward again before each checked backward, since a backward changes the
+  // state that the forward saved (cuDNN's reserve space), as a training step has it.
+  static void before_check(const Shape& sh, Io&, hotops::Plan<Args>& plan, const Args& a) {
+    if (sh.s.dir != Direction::fwd) dynamic_cast<lstm::Plan&>(plan).forward(a);
+  }
   static Check check(const Shape& sh, Io& io) {
     if (sh.s.dir != Direction::fwd) io.layout->unpack(io.gradients, io.out);
     return verify(sh.s, io.in, io.out, io.cache);
