@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <string>
+
+#include "hotops/gpu.h"
 
 #include "kernels/lstm/lstm.h"
 
@@ -207,6 +211,71 @@ TEST(LstmPlan, RunsOnTheBuffersItIsGivenEachRun) {
         plan->run(t->args);
         const Check c = check_of(s, *layout, *t);
         EXPECT_TRUE(c.ok) << (bi ? "bi " : "uni ") << direction_name(dir) << ": " << c.message;
+      }
+    }
+}
+
+// Masters: a weight space packed each step from f32 masters in PyTorch's layouts is the one the
+// Layout packs, byte for byte, and the gradient space unpacks into PyTorch's layouts as the Layout
+// unpacks it (db into both bias gradients).
+TEST(LstmMasters, PackAndUnpackAgreeWithTheLayout) {
+  for (bool bi : {false, true})
+    for (Direction dir : {Direction::fwd, Direction::bwd}) {
+      const Shape s = tiny(bi, dir);
+      const std::string what = std::string(bi ? "bi " : "uni ") + direction_name(dir);
+      const auto plan = make_cpu_plan(s);
+      const auto layout = make_cpu_layout(s);
+      const auto masters = make_cpu_masters(s);
+      Tensors t = tensors_of(s, *layout, 3);
+      HostBuffer space(DType::f32, layout->weight_bytes() / 4);
+      std::memset(space.data(), 0, space.bytes());  // the padding between regions, as pack() leaves it
+      MasterArgs m;
+      m.w_ih = t.in.w_ih.as<float>(), m.w_hh = t.in.w_hh.as<float>();
+      m.b_ih = t.in.b_ih.as<float>(), m.b_hh = t.in.b_hh.as<float>();
+      m.weights = space.data();
+      masters->pack(m);
+      EXPECT_EQ(std::memcmp(space.data(), t.weights.data(), space.bytes()), 0) << what;
+      if (dir == Direction::fwd) continue;
+      plan->run(t.args);
+      layout->unpack(t.gradients, t.out);
+      HostBuffer dw_ih = t.out.dw_ih, dw_hh = t.out.dw_hh, db_ih = t.out.db, db_hh = t.out.db;
+      for (HostBuffer* b : {&dw_ih, &dw_hh, &db_ih, &db_hh}) b->poison();
+      m.dweights = t.gradients.data();
+      m.dw_ih = dw_ih.as<float>(), m.dw_hh = dw_hh.as<float>(), m.db_ih = db_ih.as<float>(), m.db_hh = db_hh.as<float>();
+      masters->unpack(m);
+      EXPECT_EQ(std::memcmp(dw_ih.data(), t.out.dw_ih.data(), dw_ih.bytes()), 0) << what;
+      EXPECT_EQ(std::memcmp(dw_hh.data(), t.out.dw_hh.data(), dw_hh.bytes()), 0) << what;
+      EXPECT_EQ(std::memcmp(db_ih.data(), t.out.db.data(), db_ih.bytes()), 0) << what;
+      EXPECT_EQ(std::memcmp(db_hh.data(), t.out.db.data(), db_hh.bytes()), 0) << what;
+    }
+}
+
+// cuDNN's weight space is a plain array: positions() names where pack() put each element of
+// W_ih, W_hh, b_ih and b_hh. oneDNN's is not: no positions.
+TEST(LstmLayout, PositionsSayWherePackPutsEachElement) {
+  EXPECT_TRUE(make_cpu_layout(tiny(true))->positions().w_ih.empty());
+  if (!gpu::available()) GTEST_SKIP() << "no GPU";
+  for (DType t : {DType::f32, DType::bf16})
+    for (bool bi : {false, true}) {
+      Shape s = tiny(bi);
+      s.dtype = t;
+      s.fma_math = t == DType::bf16;
+      std::unique_ptr<Layout> layout;
+      try {
+        layout = make_cuda_layout(s);
+      } catch (const Error& e) {
+        if (e.kind() == ErrorKind::unsupported) continue;
+        throw;
+      }
+      const Inputs in = make_inputs(s, 4);
+      const HostBuffer space = layout->pack(in.w_ih, in.w_hh, in.b_ih, in.b_hh);
+      const Layout::Positions p = layout->positions();
+      const std::pair<const HostBuffer*, const std::vector<std::size_t>*> tensors[] = {
+          {&in.w_ih, &p.w_ih}, {&in.w_hh, &p.w_hh}, {&in.b_ih, &p.b_ih}, {&in.b_hh, &p.b_hh}};
+      for (const auto& [tensor, where] : tensors) {
+        ASSERT_EQ(where->size(), tensor->count());
+        for (std::size_t i = 0; i < where->size(); ++i)
+          ASSERT_EQ(space.get((*where)[i]), tensor->get(i)) << dtype_name(t) << (bi ? " bi" : " uni") << " element " << i;
       }
     }
 }

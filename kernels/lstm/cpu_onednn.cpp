@@ -6,6 +6,7 @@
 // the workspace that lstm_backward reads, and y, hT, cT); run() is the zeroing of the weight
 // gradients (oneDNN 2.6 accumulates into them) plus lstm_backward, as PyTorch's backward excludes
 // the forward.
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <utility>
@@ -84,8 +85,8 @@ Descriptors descriptors(const Shape& s) {
   }
   // bf16 training: the gradients in bf16 where oneDNN has that, else in f32 (the label says which).
   const DType storage = storage_of(s.dtype);
-  std::vector<DType> diffs{storage};
-  if (storage != DType::f32) diffs.push_back(DType::f32);
+  std::vector<DType> diffs{s.f32_gradients ? DType::f32 : storage};
+  if (diffs[0] != DType::f32) diffs.push_back(DType::f32);
   for (std::size_t k = 0; k < diffs.size(); ++k) {
     try {
       p.m = descs(s, diffs[k]);
@@ -217,6 +218,63 @@ class CpuLayout final : public Layout {
   Spaces sp_;
 };
 
+// PyTorch's W [D, 4H, K] in f32 as oneDNN's [1, D, K, 4, H] logical weights (strides, no copy).
+memory::desc torch_weights(std::int64_t D, std::int64_t H, std::int64_t K) {
+  return memory::desc({1, D, K, 4, H}, memory::data_type::f32, memory::dims{D * 4 * H * K, 4 * H * K, 1, H * K, K});
+}
+
+class CpuMasters final : public Masters {
+ public:
+  explicit CpuMasters(const Shape& s) : s_(s), d_(descriptors(s)), sp_(spaces_of(s, d_)) {
+    const std::int64_t D = s.D(), H = s.H;
+    const memory::desc wl = torch_weights(D, H, s.I), wi = torch_weights(D, H, H);
+    const auto reorder = [](const memory::desc& from, const memory::desc& to) {
+      return cpu::Primitive(dnnl::reorder(dnnl::reorder::primitive_desc(cpu::engine(), from, cpu::engine(), to)),
+                            {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}});
+    };
+    to_space_.push_back({reorder(wl, d_.fwd.weights_layer_desc()), Tensor::w_ih, sp_.wl_fwd});
+    to_space_.push_back({reorder(wi, d_.fwd.weights_iter_desc()), Tensor::w_hh, sp_.wi_fwd});
+    if (s.dir == Direction::fwd) return;
+    if (sp_.wl_bwd != sp_.wl_fwd) to_space_.push_back({reorder(wl, d_.bwd.weights_layer_desc()), Tensor::w_ih, sp_.wl_bwd});
+    if (sp_.wi_bwd != sp_.wi_fwd) to_space_.push_back({reorder(wi, d_.bwd.weights_iter_desc()), Tensor::w_hh, sp_.wi_bwd});
+    to_torch_.push_back({reorder(d_.m.d_w_layer, wl), Tensor::w_ih, sp_.dwl});
+    to_torch_.push_back({reorder(d_.m.d_w_iter, wi), Tensor::w_hh, sp_.dwi});
+  }
+
+  void pack(const MasterArgs& a) override {
+    auto* space = static_cast<std::byte*>(a.weights);
+    for (Reorder& r : to_space_) r.prim.run({r.tensor == Tensor::w_ih ? a.w_ih : a.w_hh, space + r.at});
+    auto* bias = reinterpret_cast<float*>(space + sp_.bias);
+    for (std::int64_t i = 0; i < s_.D() * 4 * s_.H; ++i) bias[i] = a.b_ih[i] + a.b_hh[i];
+  }
+
+  void unpack(const MasterArgs& a) override {
+    const auto* space = static_cast<const std::byte*>(a.dweights);
+    for (Reorder& r : to_torch_) r.prim.run({space + r.at, r.tensor == Tensor::w_ih ? a.dw_ih : a.dw_hh});
+    const std::size_t n = static_cast<std::size_t>(s_.D() * 4 * s_.H);
+    if (d_.diff == DType::f32) {
+      const auto* db = reinterpret_cast<const float*>(space + sp_.db);
+      std::copy_n(db, n, a.db_ih);
+      std::copy_n(db, n, a.db_hh);
+    } else {
+      const auto* db = reinterpret_cast<const std::uint16_t*>(space + sp_.db);
+      for (std::size_t i = 0; i < n; ++i) a.db_ih[i] = a.db_hh[i] = bf16_to_float(db[i]);
+    }
+  }
+
+ private:
+  enum class Tensor { w_ih, w_hh };
+  struct Reorder {
+    cpu::Primitive prim;
+    Tensor tensor;   // which master (pack: the source; unpack: the destination)
+    std::size_t at;  // the region of the space, bytes from its start
+  };
+  Shape s_;
+  Descriptors d_;
+  Spaces sp_;
+  std::vector<Reorder> to_space_, to_torch_;
+};
+
 class CpuLstm final : public Plan {
  public:
   explicit CpuLstm(const Shape& s) : s_(s), d_(descriptors(s)), sp_(spaces_of(s, d_)) {
@@ -313,5 +371,6 @@ std::string cpu_unsupported_reason(const Problem& p) {
 
 std::unique_ptr<Plan> make_cpu_plan(const Shape& s) { return std::make_unique<CpuLstm>(s); }
 std::unique_ptr<Layout> make_cpu_layout(const Shape& s) { return std::make_unique<CpuLayout>(s); }
+std::unique_ptr<Masters> make_cpu_masters(const Shape& s) { return std::make_unique<CpuMasters>(s); }
 
 }  // namespace hotops::lstm

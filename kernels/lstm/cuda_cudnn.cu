@@ -30,8 +30,9 @@ int dim(std::int64_t v) {
   return static_cast<int>(v);
 }
 
-cudnnMathType_t math_of(DType t) {
-  switch (t) {
+cudnnMathType_t math_of(const Shape& s) {
+  if (s.fma_math) return CUDNN_FMA_MATH;
+  switch (s.dtype) {
     case DType::f32: return CUDNN_FMA_MATH;
     case DType::tf32: return CUDNN_DEFAULT_MATH;
     default: return CUDNN_TENSOR_OP_MATH;
@@ -131,7 +132,7 @@ class Descriptors {
     HOTOPS_CHECK_CUDNN(cudnnSetDropoutDescriptor(dropout_.h, h, 0.0f, nullptr, 0, 0));  // no dropout: no states
     HOTOPS_CHECK_CUDNN(cudnnSetRNNDescriptor_v8(rnn_.h, algo_, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS,
                                                 s_.bidirectional ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL,
-                                                CUDNN_LINEAR_INPUT, dt, CUDNN_DATA_FLOAT, math_of(s_.dtype), I, H, H,
+                                                CUDNN_LINEAR_INPUT, dt, CUDNN_DATA_FLOAT, math_of(s_), I, H, H,
                                                 1, dropout_.h, CUDNN_RNN_PADDED_IO_DISABLED));
     const std::vector<int> lengths(static_cast<std::size_t>(B), T);
     HOTOPS_CHECK_CUDNN(cudnnSetRNNDataDescriptor(x_desc_.h, dt, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, T, B, I,
@@ -209,6 +210,28 @@ class CudaLayout final : public Layout {
     d_.scatter(dw, out.dw_ih, out.dw_hh, out.db, out.db2, /*to_space=*/false);
   }
 
+  Positions positions() const override {
+    const std::size_t H = static_cast<std::size_t>(s_.H), G = 4 * H;
+    Positions p;
+    p.w_ih.resize(static_cast<std::size_t>(s_.D()) * G * static_cast<std::size_t>(s_.I));
+    p.w_hh.resize(static_cast<std::size_t>(s_.D()) * G * H);
+    p.b_ih.resize(static_cast<std::size_t>(s_.D()) * G);
+    p.b_hh.resize(p.b_ih.size());
+    for (std::size_t d = 0; d < static_cast<std::size_t>(s_.D()); ++d)
+      for (std::size_t lin = 0; lin < 8; ++lin) {
+        const Slot& sl = d_.slots_[d * 8 + lin];
+        const std::size_t gate = lin % 4, K = lin < 4 ? static_cast<std::size_t>(s_.I) : H;
+        std::vector<std::size_t>& w = lin < 4 ? p.w_ih : p.w_hh;
+        std::vector<std::size_t>& b = lin < 4 ? p.b_ih : p.b_hh;
+        for (std::size_t r = 0; r < H; ++r) {
+          const std::size_t row = d * G + gate * H + r;
+          for (std::size_t k = 0; k < K; ++k) w[row * K + k] = sl.w + r * K + k;
+          b[row] = sl.b + r;
+        }
+      }
+    return p;
+  }
+
  private:
   Shape s_;
   Descriptors d_;
@@ -228,7 +251,7 @@ class CudaLstm final : public Plan {
              (training() ? "BackwardData_v8 + BackwardWeights_v8 (ADD into a zeroed dweight space; the TRAINING "
                            "forward that fills the reserve space runs at setup, not timed)"
                          : "Forward INFERENCE") +
-             ", double bias, " + math_name(math_of(s_.dtype)) + ", ws " + mib(d_.ws_bytes_) +
+             ", double bias, " + math_name(math_of(s_)) + ", ws " + mib(d_.ws_bytes_) +
              (training() ? ", reserve " + mib(d_.reserve_bytes_) : std::string()) +
              (capturable_ ? "" : ", not graph-capturable: launched one by one");
   }

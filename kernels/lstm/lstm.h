@@ -27,6 +27,9 @@ struct Shape {
   DType dtype = DType::f32;  // tf32: f32 storage, tensor-core math (CUDA only)
   std::int64_t T = 1, B = 1, I = 1, H = 1;
   bool bidirectional = false;
+  // A model's mixed precision, where it differs from the op benchmark's bf16 (both off there):
+  bool f32_gradients = false;  // bf16 bwd on the CPU: oneDNN's gradients in f32, never bf16
+  bool fma_math = false;       // bf16 on CUDA: cuDNN's FMA math (no tensor ops), f32 compute
   std::int64_t D() const { return bidirectional ? 2 : 1; }
 };
 
@@ -140,10 +143,44 @@ class Layout {
   // A gradient space (gradient_bytes, host memory) as PyTorch's dW_ih, dW_hh, db into `out` (and
   // db2 where the backend has a gradient per bias).
   virtual void unpack(const HostBuffer& gradients, Outputs& out) const = 0;
+
+  // Where the weight space is a plain array of the storage dtype's elements (cuDNN's), the element
+  // each of PyTorch's W_ih, W_hh, b_ih, b_hh elements (in their layouts above) sits at, the same in
+  // the gradient space: for a caller that keeps the space's elements itself (a bf16 space's f32
+  // masters). Empty where the space is no such array (oneDNN's, whose bias holds b_ih + b_hh).
+  struct Positions {
+    std::vector<std::size_t> w_ih, w_hh, b_ih, b_hh;
+  };
+  virtual Positions positions() const { return {}; }
 };
 std::unique_ptr<Layout> make_cpu_layout(const Shape& s);
 std::unique_ptr<Layout> make_cuda_layout(const Shape& s);
 std::unique_ptr<Layout> make_layout(const Shape& s, Backend b);
+
+// A caller whose f32 master weights stay in PyTorch's layouts (its optimizer updates them there)
+// while oneDNN's weight space is in the formats the primitives chose: the weight space packed from
+// the masters (the weights reordered, to bf16 for a bf16 layer; the bias b_ih + b_hh) and the
+// gradient space unpacked into PyTorch's f32 layouts (db into both bias gradients), each step, on
+// host memory, complete on return. The reorders are made once, at construction.
+struct MasterArgs {
+  const float* w_ih = nullptr;  // pack: [D,4H,I]
+  const float* w_hh = nullptr;  // pack: [D,4H,H]
+  const float* b_ih = nullptr;  // pack: [D,4H]
+  const float* b_hh = nullptr;  // pack: [D,4H]
+  void* weights = nullptr;      // pack: the weight space
+  const void* dweights = nullptr;  // unpack: the gradient space
+  float* dw_ih = nullptr;          // unpack: [D,4H,I]
+  float* dw_hh = nullptr;          // unpack: [D,4H,H]
+  float* db_ih = nullptr;          // unpack: [D,4H]
+  float* db_hh = nullptr;          // unpack: [D,4H]
+};
+class Masters {
+ public:
+  virtual ~Masters() = default;
+  virtual void pack(const MasterArgs& a) = 0;
+  virtual void unpack(const MasterArgs& a) = 0;  // bwd layers
+};
+std::unique_ptr<Masters> make_cpu_masters(const Shape& s);
 
 std::string cpu_unsupported_reason(const Problem& p);
 const Family& family();
