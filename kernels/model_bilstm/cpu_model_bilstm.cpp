@@ -6,77 +6,29 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <unordered_map>
+#include <memory>
 
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "hotops/trace.h"
+#include "kernels/lstm/lstm.h"
 #include "kernels/model_bilstm/model_bilstm.h"
 
 namespace hotops::model_bilstm {
 namespace {
 
-using dnnl::memory;
-using dt = memory::data_type;
-using tag = memory::format_tag;
-
-// PyTorch's W [D, 4H, K] seen as oneDNN's [1, D, K, 4, H] logical weights (strides, no copy).
-memory::desc torch_weights(std::int64_t D, std::int64_t H, std::int64_t K) {
-  return memory::desc({1, D, K, 4, H}, dt::f32, memory::dims{D * 4 * H * K, 4 * H * K, 1, H * K, K});
+// The BiLSTM layer as kernels/lstm's problem: the model's mixed precision keeps oneDNN's gradients f32.
+lstm::Shape lstm_shape(const Shape& s) {
+  lstm::Shape l;
+  l.dir = s.train() ? Direction::bwd : Direction::fwd;
+  l.dtype = s.dtype;
+  l.T = s.cfg.T, l.B = s.batch, l.I = s.cfg.E, l.H = s.cfg.H;
+  l.bidirectional = true;
+  l.f32_gradients = true;
+  return l;
 }
 
-struct Plan {
-  memory::desc src_layer, src_iter, w_layer, w_iter, bias, dst_layer, dst_iter;
-  memory::desc d_src_layer, d_src_iter, d_w_layer, d_w_iter, d_bias, d_dst_layer, d_dst_iter;
-  dnnl::lstm_forward::primitive_desc fwd;
-  dnnl::lstm_backward::primitive_desc bwd;
-};
-
-// The primitive descriptors (creating them is the support probe: oneDNN answers `unimplemented` for
-// what this CPU cannot do). Data in the problem's dtype; the bias and every gradient f32.
-Plan plan(const Shape& s) {
-  const Config& c = s.cfg;
-  const memory::dim T = c.T, B = s.batch, I = c.E, H = c.H, D = 2;
-  const dt t = s.bf16() ? dt::bf16 : dt::f32;
-  Plan p;
-  p.src_layer = memory::desc({T, B, I}, t, tag::tnc);
-  p.src_iter = memory::desc({1, D, B, H}, t, tag::ldnc);
-  p.w_layer = memory::desc({1, D, I, 4, H}, t, tag::any);
-  p.w_iter = memory::desc({1, D, H, 4, H}, t, tag::any);
-  p.bias = memory::desc({1, D, 4, H}, dt::f32, tag::ldgo);
-  p.dst_layer = memory::desc({T, B, D * H}, t, tag::tnc);
-  p.dst_iter = p.src_iter;
-  p.d_src_layer = memory::desc({T, B, I}, dt::f32, tag::tnc);
-  p.d_src_iter = memory::desc({1, D, B, H}, dt::f32, tag::ldnc);
-  p.d_w_layer = memory::desc({1, D, I, 4, H}, dt::f32, tag::ldigo);
-  p.d_w_iter = memory::desc({1, D, H, 4, H}, dt::f32, tag::ldigo);
-  p.d_bias = p.bias;
-  p.d_dst_layer = memory::desc({T, B, D * H}, dt::f32, tag::tnc);
-  p.d_dst_iter = p.d_src_iter;
-  dnnl::engine& eng = cpu::engine();
-  const auto dir = dnnl::rnn_direction::bidirectional_concat;
-  const auto fd = HOTOPS_CHECK_DNNL(dnnl::lstm_forward::desc(
-      s.train() ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference, dir, p.src_layer, p.src_iter,
-      p.src_iter, p.w_layer, p.w_iter, p.bias, p.dst_layer, p.dst_iter, p.dst_iter));
-  p.fwd = HOTOPS_CHECK_DNNL(dnnl::lstm_forward::primitive_desc(fd, eng));
-  if (!s.train()) return p;
-  const auto bd = HOTOPS_CHECK_DNNL(dnnl::lstm_backward::desc(
-      dnnl::prop_kind::backward, dir, p.src_layer, p.src_iter, p.src_iter, p.w_layer, p.w_iter, p.bias, p.dst_layer,
-      p.dst_iter, p.dst_iter, p.d_src_layer, p.d_src_iter, p.d_src_iter, p.d_w_layer, p.d_w_iter, p.d_bias,
-      p.d_dst_layer, p.d_dst_iter, p.d_dst_iter));
-  p.bwd = HOTOPS_CHECK_DNNL(dnnl::lstm_backward::primitive_desc(bd, eng, p.fwd));
-  return p;
-}
-
-// A reorder primitive between two memories, made once.
-struct Reorder {
-  dnnl::reorder prim;
-  memory from, to;
-  void execute() { prim.execute(cpu::stream(), from, to); }
-};
-Reorder make_reorder(const memory& from, const memory& to) {
-  return Reorder{HOTOPS_CHECK_DNNL(dnnl::reorder(from, to)), from, to};
-}
+HostBuffer bytes(std::size_t n) { return HostBuffer(DType::f32, (n + 3) / 4); }
 
 void copy_into(HostBuffer& dst, const HostBuffer& src) { std::copy_n(src.as<float>(), src.count(), dst.as<float>()); }
 
@@ -95,39 +47,26 @@ class CpuBilstm final : public ModelCase {
       : s_(shape_of(p)), c_(s_.cfg), l_(layout_of(c_)), st_(make_state(s_, l_, p.seed())),
         threads_(s_.variant == Variant::threads ? s_.threads : 0) {
     cpu::ThreadScope scope(threads_);
-    plan_ = plan(s_);
-    const std::int64_t T = c_.T, B = s_.batch, E = c_.E, H = c_.H, G = 4 * H;
-    dnnl::engine& eng = cpu::engine();
-    auto mem = [&](const memory::desc& d, void* at) { return memory(d, eng, at); };
+    const lstm::Shape ls = lstm_shape(s_);
+    lstm_ = lstm::make_cpu_plan(ls);
+    masters_ = lstm::make_cpu_masters(ls);
+    const std::unique_ptr<lstm::Layout> layout = lstm::make_cpu_layout(ls);
+    const std::int64_t T = c_.T, B = s_.batch, E = c_.E, H = c_.H;
     params_ = st_.params, m_ = st_.m, v_ = st_.v;
     grads_ = zeros(l_.total);  // the padding is never written: zero, as AdamW needs
     const DType t = s_.dtype;  // the LSTM's data
     x_ = zeros(static_cast<std::size_t>(T * B * E), t);
     h0_ = zeros(static_cast<std::size_t>(2 * B * H), t);
     c0_ = h0_, hT_ = h0_, cT_ = h0_;
-    bias_ = zeros(static_cast<std::size_t>(2 * G));
     y_ = zeros(static_cast<std::size_t>(T * B * 2 * H), t);
     logits_ = zeros(static_cast<std::size_t>(B * c_.C));
+    weights_ = bytes(layout->weight_bytes());
+    lstm_args_ = {x_.data(), h0_.data(), c0_.data(), weights_.data(), y_.data(), hT_.data(), cT_.data()};
     float* P = params_.as<float>();
-    const memory wl_torch = mem(torch_weights(2, H, E), P + l_.w_ih), wi_torch = mem(torch_weights(2, H, H), P + l_.w_hh);
-    const auto weights_for = [&](const memory::desc& want, const memory& torch, std::vector<Reorder>& into) {
-      memory out(want, eng);
-      into.push_back(make_reorder(torch, out));
-      return out;
-    };
-    fwd_ = dnnl::lstm_forward(plan_.fwd);
-    fwd_args_ = {{DNNL_ARG_SRC_LAYER, mem(plan_.src_layer, x_.data())},
-                 {DNNL_ARG_SRC_ITER, mem(plan_.src_iter, h0_.data())},
-                 {DNNL_ARG_SRC_ITER_C, mem(plan_.src_iter, c0_.data())},
-                 {DNNL_ARG_WEIGHTS_LAYER, weights_for(plan_.fwd.weights_layer_desc(), wl_torch, to_prim_)},
-                 {DNNL_ARG_WEIGHTS_ITER, weights_for(plan_.fwd.weights_iter_desc(), wi_torch, to_prim_)},
-                 {DNNL_ARG_BIAS, mem(plan_.bias, bias_.data())},
-                 {DNNL_ARG_DST_LAYER, mem(plan_.dst_layer, y_.data())},
-                 {DNNL_ARG_DST_ITER, mem(plan_.dst_iter, hT_.data())},
-                 {DNNL_ARG_DST_ITER_C, mem(plan_.dst_iter, cT_.data())}};
+    masters_args_.w_ih = P + l_.w_ih, masters_args_.w_hh = P + l_.w_hh;
+    masters_args_.b_ih = P + l_.b_ih, masters_args_.b_hh = P + l_.b_hh;
+    masters_args_.weights = weights_.data();
     if (!s_.train()) return;
-    workspace_ = memory(plan_.fwd.workspace_desc(), eng);
-    fwd_args_[DNNL_ARG_WORKSPACE] = workspace_;
     dlogits_ = zeros(logits_.count());
     dhT_ = zeros(hT_.count());  // the gradients: f32
     dcT_ = zeros(hT_.count());
@@ -135,33 +74,14 @@ class CpuBilstm final : public ModelCase {
     dx_ = zeros(x_.count());
     dh0_ = zeros(hT_.count());
     dc0_ = zeros(hT_.count());
-    dw_layer_ = zeros(static_cast<std::size_t>(2 * G * E));
-    dw_iter_ = zeros(static_cast<std::size_t>(2 * G * H));
-    db_ = zeros(static_cast<std::size_t>(2 * G));
-    bwd_ = dnnl::lstm_backward(plan_.bwd);
-    const memory dwl = mem(plan_.d_w_layer, dw_layer_.data()), dwi = mem(plan_.d_w_iter, dw_iter_.data());
-    bwd_args_ = {{DNNL_ARG_SRC_LAYER, fwd_args_[DNNL_ARG_SRC_LAYER]},
-                 {DNNL_ARG_SRC_ITER, fwd_args_[DNNL_ARG_SRC_ITER]},
-                 {DNNL_ARG_SRC_ITER_C, fwd_args_[DNNL_ARG_SRC_ITER_C]},
-                 {DNNL_ARG_WEIGHTS_LAYER, weights_for(plan_.bwd.weights_layer_desc(), wl_torch, to_prim_)},
-                 {DNNL_ARG_WEIGHTS_ITER, weights_for(plan_.bwd.weights_iter_desc(), wi_torch, to_prim_)},
-                 {DNNL_ARG_BIAS, fwd_args_[DNNL_ARG_BIAS]},
-                 {DNNL_ARG_DST_LAYER, fwd_args_[DNNL_ARG_DST_LAYER]},
-                 {DNNL_ARG_DST_ITER, fwd_args_[DNNL_ARG_DST_ITER]},
-                 {DNNL_ARG_DST_ITER_C, fwd_args_[DNNL_ARG_DST_ITER_C]},
-                 {DNNL_ARG_WORKSPACE, workspace_},
-                 {DNNL_ARG_DIFF_DST_LAYER, mem(plan_.d_dst_layer, dy_.data())},
-                 {DNNL_ARG_DIFF_DST_ITER, mem(plan_.d_dst_iter, dhT_.data())},
-                 {DNNL_ARG_DIFF_DST_ITER_C, mem(plan_.d_dst_iter, dcT_.data())},
-                 {DNNL_ARG_DIFF_SRC_LAYER, mem(plan_.d_src_layer, dx_.data())},
-                 {DNNL_ARG_DIFF_SRC_ITER, mem(plan_.d_src_iter, dh0_.data())},
-                 {DNNL_ARG_DIFF_SRC_ITER_C, mem(plan_.d_src_iter, dc0_.data())},
-                 {DNNL_ARG_DIFF_WEIGHTS_LAYER, dwl},
-                 {DNNL_ARG_DIFF_WEIGHTS_ITER, dwi},
-                 {DNNL_ARG_DIFF_BIAS, mem(plan_.d_bias, db_.data())}};
+    dweights_ = bytes(layout->gradient_bytes());
+    lstm_args_.dy = dy_.data(), lstm_args_.dhT = dhT_.data(), lstm_args_.dcT = dcT_.data();
+    lstm_args_.dx = dx_.data(), lstm_args_.dh0 = dh0_.data(), lstm_args_.dc0 = dc0_.data();
+    lstm_args_.dweights = dweights_.data();
     float* Gr = grads_.as<float>();
-    to_torch_.push_back(make_reorder(dwl, mem(torch_weights(2, H, E), Gr + l_.w_ih)));
-    to_torch_.push_back(make_reorder(dwi, mem(torch_weights(2, H, H), Gr + l_.w_hh)));
+    masters_args_.dweights = dweights_.data();
+    masters_args_.dw_ih = Gr + l_.w_ih, masters_args_.dw_hh = Gr + l_.w_hh;
+    masters_args_.db_ih = Gr + l_.b_ih, masters_args_.db_hh = Gr + l_.b_hh;
   }
 
   void run() override {
@@ -169,10 +89,10 @@ class CpuBilstm final : public ModelCase {
     trace::op("embedding");
     gather();
     trace::op("reorder");  // the LSTM weights into oneDNN's layouts (the summed biases, a bf16 cast)
-    prepare_weights();
+    masters_->pack(masters_args_);
     trace::op("lstm");
-    HOTOPS_CHECK_DNNL(fwd_.execute(cpu::stream(), fwd_args_));
-    HOTOPS_CHECK_DNNL(cpu::stream().wait());
+    if (s_.train()) lstm_->forward(lstm_args_);
+    else lstm_->run(lstm_args_);
     trace::op("addmm");
     dense_forward();
     if (!s_.train()) return;
@@ -180,15 +100,9 @@ class CpuBilstm final : public ModelCase {
     loss_ = loss_and_dlogits();
     trace::op("mm");
     dense_backward();
-    trace::op("lstm_bwd");
-    std::memset(dw_layer_.data(), 0, dw_layer_.bytes());
-    std::memset(dw_iter_.data(), 0, dw_iter_.bytes());
-    std::memset(db_.data(), 0, db_.bytes());
-    HOTOPS_CHECK_DNNL(bwd_.execute(cpu::stream(), bwd_args_));
-    for (Reorder& r : to_torch_) r.execute();
-    HOTOPS_CHECK_DNNL(cpu::stream().wait());
-    std::copy_n(db_.as<float>(), db_.count(), grads_.as<float>() + l_.b_ih);
-    std::copy_n(db_.as<float>(), db_.count(), grads_.as<float>() + l_.b_hh);
+    trace::op("lstm_bwd");  // the backward, its weight gradients into PyTorch's layouts (db into both biases)
+    lstm_->run(lstm_args_);
+    masters_->unpack(masters_args_);
     trace::op("embedding_bwd");
     embedding_backward();
     trace::op("adamw");
@@ -220,9 +134,8 @@ class CpuBilstm final : public ModelCase {
     std::string l = std::string(s_.bf16() ? "bf16 autocast (f32 master weights; the weight reorders cast to bf16 each "
                                             "step, f32 bias b_ih+b_hh); " : "") +
                     "oneDNN " + (s_.bf16() ? "bf16 " : "") + "lstm bidirectional_concat " +
-                    (s_.train() ? "forward_training + backward (" + std::string(plan_.bwd.impl_info_str()) + ")"
-                                : "forward_inference (" + std::string(plan_.fwd.impl_info_str()) + ")") +
-                    ", weights reordered from the flat PyTorch layout every step, bias b_ih+b_hh";
+                    (s_.train() ? "forward_training + backward" : "forward_inference") +
+                    " (kernels/lstm's plan), weights reordered from the flat PyTorch layout every step, bias b_ih+b_hh";
     if (s_.bf16() && s_.train()) l += " (gradients f32)";
     l += s_.bf16() ? "; OpenMP embedding gather to bf16, dense head (bf16 operands, f32 sums, bf16 logits)"
                    : "; OpenMP embedding gather, dense head";
@@ -251,14 +164,6 @@ class CpuBilstm final : public ModelCase {
         for (std::int64_t e = 0; e < E; ++e) x[e] = float_to_bf16(row[e]);
       }
     }
-  }
-
-  void prepare_weights() {
-    const float* P = params_.as<float>();
-    float* bias = bias_.as<float>();
-    for (std::size_t i = 0; i < bias_.count(); ++i) bias[i] = P[l_.b_ih + i] + P[l_.b_hh + i];
-    for (Reorder& r : to_prim_) r.execute();
-    HOTOPS_CHECK_DNNL(cpu::stream().wait());
   }
 
   // feature(b, k) = hT[k / H, b, k % H]: the final hidden states of both directions, concatenated.
@@ -365,15 +270,13 @@ class CpuBilstm final : public ModelCase {
   Layout l_;
   State st_;  // the seeded start: verify() restores from it
   int threads_;
-  Plan plan_;
+  std::unique_ptr<lstm::Plan> lstm_;        // the BiLSTM on oneDNN's weight space
+  std::unique_ptr<lstm::Masters> masters_;  // that space packed from the f32 masters, its gradients back
   HostBuffer params_, grads_, m_, v_;
-  HostBuffer x_, h0_, c0_, hT_, cT_, bias_, y_, logits_;
-  HostBuffer dlogits_, dhT_, dcT_, dy_, dx_, dh0_, dc0_, dw_layer_, dw_iter_, db_;
-  memory workspace_;
-  dnnl::lstm_forward fwd_;
-  dnnl::lstm_backward bwd_;
-  std::unordered_map<int, memory> fwd_args_, bwd_args_;
-  std::vector<Reorder> to_prim_, to_torch_;
+  HostBuffer x_, h0_, c0_, hT_, cT_, y_, logits_, weights_;
+  HostBuffer dlogits_, dhT_, dcT_, dy_, dx_, dh0_, dc0_, dweights_;
+  lstm::Args lstm_args_;
+  lstm::MasterArgs masters_args_;
   std::int64_t step_ = 0;
   double loss_ = 0;
 };
@@ -384,7 +287,7 @@ std::string cpu_unsupported_reason(const Problem& p) {
   const Shape s = shape_of(p);
   if (const std::string why = models::threads_reason(models::step_args(p, "model_bilstm", true, /*allow_bf16=*/true)); !why.empty()) return why;
   try {
-    plan(s);
+    lstm::make_cpu_layout(lstm_shape(s));
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::unsupported)
       return std::string("oneDNN has no ") + dtype_name(s.dtype) + " bidirectional lstm " +

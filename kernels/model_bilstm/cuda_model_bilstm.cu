@@ -1,8 +1,6 @@
 // model_bilstm on CUDA: cuDNN 9's RNN API for the BiLSTM, cublasLt for the dense head, CUB's radix sort
 // for the embedding gradient; the step op by op, and its bf16 form:
 // docs/models.md, "How each model step runs".
-#include <cudnn.h>
-
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
@@ -13,17 +11,14 @@
 #include <vector>
 
 #include "hotops/cublaslt_gemm.h"
-#include "hotops/cudnn_util.h"
 #include "hotops/cuda_util.h"
 #include "hotops/trace.h"
+#include "kernels/lstm/lstm.h"
 #include "kernels/model_bilstm/model_bilstm.h"
 #include "kernels/models/cuda_step.cuh"
 
 namespace hotops::model_bilstm {
 namespace {
-
-using gpu::cudnn;
-using gpu::TensorDesc;
 
 using models::cast_params;
 using models::narrow;
@@ -170,21 +165,12 @@ std::unique_ptr<gpu::BoundGemm> gemm(cublasOperation_t opa, cublasOperation_t op
   return std::make_unique<gpu::BoundGemm>(d, "model_bilstm", A, B, D);
 }
 
-using gpu::DataDesc;
-using gpu::DropoutDesc;
-using gpu::RnnDesc;
-
 int dim(std::int64_t v) {
   HOTOPS_CHECK(v <= 0x7fffffff, "model_bilstm: a dimension does not fit an int");
   return static_cast<int>(v);
 }
 
 std::size_t aligned(std::size_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
-
-// Where one gate's matrix and bias live in cuDNN's weight space (floats from its start).
-struct Slot {
-  std::size_t w = 0, b = 0;
-};
 
 unsigned blocks_for(std::int64_t work, unsigned threads, std::int64_t cap = 4096) {
   return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>((work + threads - 1) / threads, cap)));
@@ -195,16 +181,22 @@ class CudaBilstm final : public ModelCase {
   explicit CudaBilstm(const Problem& p)
       : s_(shape_of(p)), c_(s_.cfg), l_(layout_of(c_)), st_(make_state(s_, l_, p.seed())), es_(s_.bf16() ? 2 : 4) {
     HOTOPS_CHECK(c_.C <= kMaxClasses, "model_bilstm: the CUDA loss kernel takes at most 16 classes");
-    const std::int64_t T = c_.T, B = s_.batch, E = c_.E, H = c_.H, C = c_.C, N = T * B;
+    const std::int64_t Tn = c_.T, B = s_.batch, E = c_.E, H = c_.H, C = c_.C, N = Tn * B;
     HOTOPS_CHECK(N * std::max(E, 2 * H) < (std::int64_t{1} << 31), "model_bilstm: batch too large");
-    // The persistent small-hidden algorithm where cuDNN has it (gpu::lstm_algo), else STANDARD.
-    rnn_algo_ = gpu::lstm_algo(static_cast<int>(H), s_.train());
-    try {
-      describe_rnn();
-    } catch (const Error& e) {
-      if (e.kind() != ErrorKind::unsupported || rnn_algo_ == CUDNN_RNN_ALGO_STANDARD) throw;
-      rnn_algo_ = CUDNN_RNN_ALGO_STANDARD;
-      describe_rnn();
+    // The BiLSTM as kernels/lstm's problem, with the model's mixed precision (bf16 data, FMA math,
+    // f32 compute): the plan's cuDNN descriptors and algorithm, and where its weight space keeps
+    // PyTorch's tensors (the f32 masters mirror the space element for element).
+    lstm::Shape ls;
+    ls.dir = s_.train() ? Direction::bwd : Direction::fwd;
+    ls.dtype = s_.dtype;
+    ls.T = Tn, ls.B = B, ls.I = E, ls.H = H;
+    ls.bidirectional = true;
+    ls.fma_math = true;
+    rnn_ = lstm::make_cuda_plan(ls);
+    {
+      const std::unique_ptr<lstm::Layout> layout = lstm::make_cuda_layout(ls);
+      w_bytes_ = layout->weight_bytes();
+      positions_ = layout->positions();
     }
     // The device layout: embed | cuDNN weight space (its elements, as f32 masters for bf16) | dense W | dense b.
     w_elems_ = w_bytes_ / es_;
@@ -219,20 +211,15 @@ class CudaBilstm final : public ModelCase {
       low_ = gpu::DeviceBuffer((total_ - lstm_) * sizeof(__nv_bfloat16));
       HOTOPS_CHECK_CUDA(cudaMemsetAsync(low_.get(), 0, low_.bytes(), gpu::stream()));
     }
-    locate_weights();
     params_.upload(to_device(st_.params));
 
     tokens_ = gpu::DeviceBuffer(st_.tokens.size() * sizeof(std::int32_t));
     labels_ = gpu::DeviceBuffer(st_.labels.size() * sizeof(std::int32_t));
     upload_batch();
-    std::vector<std::int32_t> lengths(static_cast<std::size_t>(B), static_cast<std::int32_t>(T));
-    seq_ = gpu::DeviceBuffer(lengths.size() * sizeof(std::int32_t));
-    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(seq_.get(), lengths.data(), seq_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
     x_ = gpu::DeviceBuffer(static_cast<std::size_t>(N * E) * es_);
     y_ = gpu::DeviceBuffer(static_cast<std::size_t>(N * 2 * H) * es_);
     hT_ = gpu::DeviceBuffer(static_cast<std::size_t>(2 * B * H) * es_);
     logits_ = gpu::DeviceBuffer(static_cast<std::size_t>(B * C) * es_);
-    ws_ = gpu::DeviceBuffer(std::max<std::size_t>(ws_bytes_, 16));
     if (!s_.bf16())
       for (int d = 0; d < 2; ++d)  // logits^T [C, B] += W_d^T [C, H] . hT_d^T [H, B]
         fwd_.push_back(gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, B, H, param(dense_w_) + d * H * C,
@@ -245,13 +232,14 @@ class CudaBilstm final : public ModelCase {
       HOTOPS_CHECK_CUDA(cudaMemsetAsync(grads_.get(), 0, pbytes, gpu::stream()));  // the padding stays zero
       loss_ = gpu::DeviceBuffer(sizeof(float));
       state_ = gpu::DeviceBuffer(sizeof(StepState));
-      reserve_ = gpu::DeviceBuffer(std::max<std::size_t>(reserve_bytes_, 16));
       dlogits_ = gpu::DeviceBuffer(logits_.bytes());
       dhT_ = gpu::DeviceBuffer(hT_.bytes());
       dy_ = gpu::DeviceBuffer(y_.bytes());
       HOTOPS_CHECK_CUDA(cudaMemsetAsync(dy_.get(), 0, dy_.bytes(), gpu::stream()));  // only hT feeds the head
       dx_ = gpu::DeviceBuffer(x_.bytes());
       if (s_.bf16()) dw_low_ = gpu::DeviceBuffer(w_bytes_);
+      lstm_args_.dy = dy_.get(), lstm_args_.dhT = dhT_.get(), lstm_args_.dx = dx_.get();
+      lstm_args_.dweights = s_.bf16() ? dw_low_.get() : static_cast<void*>(grads_.as<float>() + lstm_);
       const std::size_t pairs = static_cast<std::size_t>(N) * sizeof(std::int32_t);
       keys_in_ = gpu::DeviceBuffer(pairs), keys_out_ = gpu::DeviceBuffer(pairs);
       pos_in_ = gpu::DeviceBuffer(pairs), pos_out_ = gpu::DeviceBuffer(pairs);
@@ -271,6 +259,8 @@ class CudaBilstm final : public ModelCase {
       }
       restart_optimizer();
     }
+    // Zero initial states (h0, c0 null), cT not kept; dy zero, dcT null (zero), dh0 and dc0 not asked for.
+    lstm_args_.x = x_.get(), lstm_args_.weights = weights(), lstm_args_.y = y_.get(), lstm_args_.hT = hT_.get();
     if (s_.variant == Variant::e2e && !s_.train()) logits_host_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * C));
     gpu::cublaslt();
     gpu::cublas_workspace();
@@ -346,9 +336,9 @@ class CudaBilstm final : public ModelCase {
 
   std::string label() const override {
     if (s_.bf16()) return label_bf16();
-    std::string l = std::string("cuDNN RNN ") + gpu::rnn_algo_name(rnn_algo_) + " bidirectional LSTM " +
+    std::string l = std::string("cuDNN RNN ") + rnn_algo() + " bidirectional LSTM " +
                     (s_.train() ? "Forward TRAINING + BackwardData_v8 + BackwardWeights_v8" : "Forward INFERENCE") +
-                    ", FMA math, double bias; hotops gather; cublasLt f32 dense head (2 GEMMs";
+                    ", FMA math, double bias (kernels/lstm's plan); hotops gather; cublasLt f32 dense head (2 GEMMs";
     if (s_.train())
       l += " fwd, 4 bwd); hotops softmax_xent, CUB stable radix sort + warp-per-token embedding grad, AdamW 1 launch";
     else
@@ -362,10 +352,10 @@ class CudaBilstm final : public ModelCase {
   std::string label_bf16() const {
     std::string l = std::string("bf16 autocast (f32 master weights, hotops cast_params of the LSTM and dense weights each "
                                 "step); cuDNN RNN ") +
-                    gpu::rnn_algo_name(rnn_algo_) + " bidirectional LSTM " +
+                    rnn_algo() + " bidirectional LSTM " +
                     (s_.train() ? "Forward TRAINING + BackwardData_v8 + BackwardWeights_v8" : "Forward INFERENCE") +
                     ", bf16 data, f32 math precision, FMA math (no tensor ops, as PyTorch's with TF32 off), double "
-                    "bias; hotops gather to bf16; hotops bf16 dense head (f32 accumulation, bf16 logits)";
+                    "bias (kernels/lstm's plan); hotops gather to bf16; hotops bf16 dense head (f32 accumulation, bf16 logits)";
     if (s_.train())
       l += "; hotops softmax_xent (f32 math, bf16 dlogits), hotops bf16 dense bwd (dW f32, dhT bf16), bf16 dweights "
            "widened, CUB stable radix sort + warp-per-token embedding grad (f32 sums), AdamW 1 launch";
@@ -421,50 +411,11 @@ class CudaBilstm final : public ModelCase {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(state_.get(), 0, sizeof(StepState), gpu::stream()));
   }
 
-  void describe_rnn() {
-    cudnnHandle_t h = cudnn();
-    const int T = dim(c_.T), B = dim(s_.batch), I = dim(c_.E), H = dim(c_.H);
-    const cudnnDataType_t dt = s_.bf16() ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
-    HOTOPS_CHECK_CUDNN(cudnnSetDropoutDescriptor(dropout_.h, h, 0.0f, nullptr, 0, 0));
-    HOTOPS_CHECK_CUDNN(cudnnSetRNNDescriptor_v8(rnn_.h, rnn_algo_, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS,
-                                                CUDNN_BIDIRECTIONAL, CUDNN_LINEAR_INPUT, dt, CUDNN_DATA_FLOAT,
-                                                CUDNN_FMA_MATH, I, H, H, 1,
-                                                dropout_.h, CUDNN_RNN_PADDED_IO_DISABLED));
-    const std::vector<int> lengths(static_cast<std::size_t>(B), T);
-    HOTOPS_CHECK_CUDNN(cudnnSetRNNDataDescriptor(x_desc_.h, dt, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, T,
-                                                 B, I, lengths.data(), nullptr));
-    HOTOPS_CHECK_CUDNN(cudnnSetRNNDataDescriptor(y_desc_.h, dt, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, T,
-                                                 B, 2 * H, lengths.data(), nullptr));
-    const int hdims[3] = {2, B, H}, hstrides[3] = {B * H, H, 1};
-    HOTOPS_CHECK_CUDNN(cudnnSetTensorNdDescriptor(h_desc_.h, dt, 3, hdims, hstrides));
-    HOTOPS_CHECK_CUDNN(cudnnGetRNNWeightSpaceSize(h, rnn_.h, &w_bytes_));
-    HOTOPS_CHECK_CUDNN(cudnnGetRNNTempSpaceSizes(h, rnn_.h, s_.train() ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE,
-                                                 x_desc_.h, &ws_bytes_, &reserve_bytes_));
-  }
-
-  // Where cuDNN keeps each gate's matrix and bias (pseudo-layer = direction; linear layers 0-3 are
-  // W_ih and b_ih of gates i, f, g, o, 4-7 W_hh and b_hh), checked to be row-major [H, K] blocks;
-  // offsets in elements, the same in the f32 masters' mirror of a bf16 weight space.
-  void locate_weights() {
-    TensorDesc m, b;
-    const char* space = static_cast<const char*>(weights());
-    for (int d = 0; d < 2; ++d)
-      for (int lin = 0; lin < 8; ++lin) {
-        void* maddr = nullptr;
-        void* baddr = nullptr;
-        HOTOPS_CHECK_CUDNN(cudnnGetRNNWeightParams(cudnn(), rnn_.h, d, w_bytes_, const_cast<char*>(space), lin, m.h,
-                                                   &maddr, b.h, &baddr));
-        cudnnDataType_t t;
-        int nb = 0, dims[3] = {}, strides[3] = {};
-        HOTOPS_CHECK_CUDNN(cudnnGetTensorNdDescriptor(m.h, 3, &t, &nb, dims, strides));
-        const std::int64_t K = lin < 4 ? c_.E : c_.H;
-        HOTOPS_CHECK(nb == 3 && dims[0] == 1 && dims[1] == c_.H && dims[2] == K && strides[1] == K && strides[2] == 1,
-                     "model_bilstm: cuDNN's gate matrix is not a row-major [H, K] block");
-        HOTOPS_CHECK_CUDNN(cudnnGetTensorNdDescriptor(b.h, 3, &t, &nb, dims, strides));
-        HOTOPS_CHECK(nb == 3 && dims[0] == 1 && dims[1] == c_.H && dims[2] == 1, "model_bilstm: cuDNN's gate bias is not [H]");
-        slots_.push_back(Slot{static_cast<std::size_t>(static_cast<const char*>(maddr) - space) / es_,
-                              static_cast<std::size_t>(static_cast<const char*>(baddr) - space) / es_});
-      }
+  // The algorithm the LSTM plan runs: its label names it ("cuDNN RNN <algo> LSTM ...").
+  std::string rnn_algo() const {
+    const std::string l = rnn_->label(), from = "cuDNN RNN ";
+    const std::size_t at = l.find(from), end = l.find(" LSTM");
+    return at == std::string::npos || end == std::string::npos ? "?" : l.substr(at + from.size(), end - at - from.size());
   }
 
   // Between the canonical flat layout (model_bilstm.h) and the device's, either way.
@@ -475,19 +426,13 @@ class CudaBilstm final : public ModelCase {
       if (to_dev) std::copy_n(can + c_at, n, dev + d_at);
       else std::copy_n(dev + d_at, n, can + c_at);
     };
-    const std::int64_t H = c_.H, G = 4 * H;
     move(l_.embed, embed_, static_cast<std::size_t>(c_.V * c_.E));
-    move(l_.dense_w, dense_w_, static_cast<std::size_t>(2 * H * c_.C));
+    move(l_.dense_w, dense_w_, static_cast<std::size_t>(2 * c_.H * c_.C));
     move(l_.dense_b, dense_b_, static_cast<std::size_t>(c_.C));
-    for (std::int64_t d = 0; d < 2; ++d)
-      for (std::int64_t lin = 0; lin < 8; ++lin) {
-        const Slot& sl = slots_[static_cast<std::size_t>(d * 8 + lin)];
-        const std::int64_t gate = lin % 4, K = lin < 4 ? c_.E : H;
-        const std::size_t w0 = (lin < 4 ? l_.w_ih : l_.w_hh) + static_cast<std::size_t>((d * G + gate * H) * K);
-        const std::size_t b0 = (lin < 4 ? l_.b_ih : l_.b_hh) + static_cast<std::size_t>(d * G + gate * H);
-        move(w0, lstm_ + sl.w, static_cast<std::size_t>(H * K));
-        move(b0, lstm_ + sl.b, static_cast<std::size_t>(H));
-      }
+    const std::pair<std::size_t, const std::vector<std::size_t>*> tensors[] = {
+        {l_.w_ih, &positions_.w_ih}, {l_.w_hh, &positions_.w_hh}, {l_.b_ih, &positions_.b_ih}, {l_.b_hh, &positions_.b_hh}};
+    for (const auto& [at, where] : tensors)
+      for (std::size_t i = 0; i < where->size(); ++i) move(at + i, lstm_ + (*where)[i], 1);
   }
   HostBuffer to_device(const HostBuffer& canonical) const {
     HostBuffer dev(DType::f32, total_), can = canonical;
@@ -518,7 +463,6 @@ class CudaBilstm final : public ModelCase {
     constexpr bool kBf16 = !std::is_same<T, float>::value;
     const std::int64_t Tn = c_.T, B = s_.batch, E = c_.E, H = c_.H, C = c_.C, N = Tn * B;
     cudaStream_t st = gpu::stream();
-    cudnnHandle_t h = cudnn();
     std::int32_t* keys = s_.train() ? keys_in_.as<std::int32_t>() : nullptr;
     std::int32_t* pos = s_.train() ? pos_in_.as<std::int32_t>() : nullptr;
     trace::op("embedding");
@@ -529,12 +473,9 @@ class CudaBilstm final : public ModelCase {
       gather<1, T><<<blocks_for(N * E, 256), 256, 0, st>>>(param(embed_), tokens_.as<const std::int32_t>(), x_.as<T>(),
                                                            keys, pos, dim(Tn), dim(B), dim(E));
     HOTOPS_CHECK_LAUNCH();
-    void* w = weights();
     trace::op("lstm");
-    HOTOPS_CHECK_CUDNN(cudnnRNNForward(h, rnn_.h, s_.train() ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE,
-                                       seq_.as<std::int32_t>(), x_desc_.h, x_.get(), y_desc_.h, y_.get(), h_desc_.h,
-                                       nullptr, hT_.get(), h_desc_.h, nullptr, nullptr, w_bytes_, w, ws_bytes_, ws_.get(),
-                                       s_.train() ? reserve_bytes_ : 0, s_.train() ? reserve_.get() : nullptr));
+    if (s_.train()) rnn_->forward(lstm_args_);
+    else rnn_->run(lstm_args_);
     trace::op("addmm");
     if constexpr (kBf16) {
       dense_head_bf16<<<static_cast<unsigned>((B + kWarpsPerBlock - 1) / kWarpsPerBlock), 32 * kWarpsPerBlock, 0, st>>>(
@@ -563,16 +504,8 @@ class CudaBilstm final : public ModelCase {
       for (const auto& g : dgrad_) g->run();
     }
 
-    void* dw = kBf16 ? dw_low_.get() : static_cast<void*>(grads_.as<float>() + lstm_);
-    trace::op("lstm_bwd");
-    HOTOPS_CHECK_CUDA(cudaMemsetAsync(dw, 0, w_bytes_, st));
-    HOTOPS_CHECK_CUDNN(cudnnRNNBackwardData_v8(h, rnn_.h, seq_.as<std::int32_t>(), y_desc_.h, y_.get(), dy_.get(),
-                                               x_desc_.h, dx_.get(), h_desc_.h, nullptr, dhT_.get(), nullptr, h_desc_.h,
-                                               nullptr, nullptr, nullptr, w_bytes_, w, ws_bytes_, ws_.get(),
-                                               reserve_bytes_, reserve_.get()));
-    HOTOPS_CHECK_CUDNN(cudnnRNNBackwardWeights_v8(h, rnn_.h, CUDNN_WGRAD_MODE_ADD, seq_.as<std::int32_t>(), x_desc_.h,
-                                                  x_.get(), h_desc_.h, nullptr, y_desc_.h, y_.get(), w_bytes_, dw,
-                                                  ws_bytes_, ws_.get(), reserve_bytes_, reserve_.get()));
+    trace::op("lstm_bwd");  // the dweights zeroed, BackwardData, BackwardWeights (ADD)
+    rnn_->run(lstm_args_);
     if constexpr (kBf16) {
       const auto n = static_cast<std::int64_t>(w_elems_);
       widen_grads<<<blocks_for(n, 256, 1024), 256, 0, st>>>(dw_low_.as<const __nv_bfloat16>(), grads_.as<float>() + lstm_, n);
@@ -607,15 +540,12 @@ class CudaBilstm final : public ModelCase {
   std::size_t es_;  // the LSTM's data element size: 4 (f32) or 2 (bf16)
   std::size_t embed_ = 0, lstm_ = 0, dense_w_ = 0, dense_b_ = 0, total_ = 0;  // the device layout, floats
   std::size_t w_elems_ = 0;  // cuDNN's weight space, in elements
-  RnnDesc rnn_;
-  DropoutDesc dropout_;
-  DataDesc x_desc_, y_desc_;
-  TensorDesc h_desc_;
-  std::vector<Slot> slots_;
-  cudnnRNNAlgo_t rnn_algo_ = CUDNN_RNN_ALGO_STANDARD;
-  std::size_t w_bytes_ = 0, ws_bytes_ = 0, reserve_bytes_ = 0, sort_bytes_ = 0;
+  std::unique_ptr<lstm::Plan> rnn_;  // the BiLSTM on cuDNN's weight space (the masters' LSTM region)
+  lstm::Args lstm_args_;
+  lstm::Layout::Positions positions_;  // PyTorch's LSTM tensors in that space, for the conversions
+  std::size_t w_bytes_ = 0, sort_bytes_ = 0;
   int key_bits_ = 1;
-  gpu::DeviceBuffer params_, grads_, m_, v_, tokens_, labels_, seq_, x_, y_, hT_, logits_, ws_, reserve_;
+  gpu::DeviceBuffer params_, grads_, m_, v_, tokens_, labels_, x_, y_, hT_, logits_;
   gpu::DeviceBuffer loss_, state_, dlogits_, dhT_, dy_, dx_, keys_in_, keys_out_, pos_in_, pos_out_, sort_temp_;
   gpu::DeviceBuffer low_, dw_low_;  // bf16: the step's copy of the weights, cuDNN's bf16 dweights
   std::vector<std::unique_ptr<gpu::BoundGemm>> fwd_, wgrad_, dgrad_;
