@@ -133,6 +133,54 @@ TEST(MatmulPlan, RunsALinearLayerOnTheBuffersItIsGivenEachRun) {
   }
 }
 
+// A model's hidden dense layer: the ReLU after the bias in the same GEMM (negative outputs clamped
+// to zero, the others the plain addmm).
+TEST(MatmulPlan, ReluAfterTheBias) {
+  Shape s;
+  s.op = Op::addmm;
+  s.M = 9, s.N = 12, s.K = 5;
+  s.relu = true;
+  const Inputs in = make_inputs(s, 3);
+  Outputs out = make_outputs(s);
+  out.primary.poison();
+  make_plan(s, Backend::cpu)->run({in.a.data(), in.b.data(), in.bias.data(), nullptr, out.primary.data(), nullptr});
+  const Check c = verify(s, in, out);
+  EXPECT_TRUE(c.ok) << c.message;
+  int clamped = 0;
+  for (std::size_t i = 0; i < out.primary.count(); ++i) {
+    Shape plain = s;
+    plain.relu = false;
+    const double pre = reference_primary(plain, in, i);
+    if (pre < 0) {
+      ++clamped;
+      EXPECT_EQ(out.primary.get(i), 0.0) << i;
+    } else {
+      EXPECT_NEAR(out.primary.get(i), pre, 1e-5 * (1 + std::fabs(pre))) << i;
+    }
+  }
+  EXPECT_GT(clamped, 0) << "the inputs give no negative pre-activation: the ReLU went untested";
+}
+
+// A model's bf16 weight gradient for its f32 master weights: written in f32 (more exact than bf16's
+// rounding would allow), from bf16 A and dOut.
+TEST(MatmulPlan, F32OutputOfBf16) {
+  Shape w;
+  w.op = Op::mm, w.dir = Direction::bwd_weight, w.dtype = DType::bf16;
+  w.M = 64, w.N = 7, w.K = 6;
+  w.f32_out = true;
+  if (const std::string why = cpu_unsupported_reason(w); !why.empty()) GTEST_SKIP() << why;
+  const Inputs win = make_inputs(w, 4);
+  Outputs wout = make_outputs(w);
+  ASSERT_EQ(wout.primary.dtype(), DType::f32);
+  wout.primary.poison();
+  make_plan(w, Backend::cpu)->run({win.a.data(), nullptr, nullptr, win.dout.data(), wout.primary.data(), nullptr});
+  for (std::size_t i = 0; i < wout.primary.count(); ++i) {
+    const double ref = reference_primary(w, win, i);
+    // f32 accumulation of 64 exact bf16 products: far inside bf16's rounding of the result (2^-9).
+    EXPECT_NEAR(wout.primary.get(i), ref, 1e-5 * (1 + std::fabs(ref))) << i;
+  }
+}
+
 TEST(MatmulShapes, NamedShapesComeWithBatchesAndPositiveDims) {
   for (const NamedShape& ns : named_shapes()) {
     EXPECT_FALSE(ns.name.empty());
@@ -218,6 +266,22 @@ TEST(MatmulCudaGemm, ColumnMajorViewOfEachDirectionIsTheReference) {
       }
     }
   }
+}
+
+// A hidden dense layer's ReLU is cublasLt's RELU_BIAS epilogue; a bf16 weight gradient in f32 is D
+// (and C) in f32 with A and B bf16.
+TEST(MatmulCudaGemm, ReluEpilogueAndF32Output) {
+  Shape s;
+  s.op = Op::addmm, s.M = 4, s.N = 6, s.K = 3, s.relu = true;
+  EXPECT_TRUE(cuda_gemm(s).bias);
+  EXPECT_TRUE(cuda_gemm(s).desc.relu);
+  s.relu = false;
+  EXPECT_FALSE(cuda_gemm(s).desc.relu);
+  Shape w;
+  w.op = Op::mm, w.dir = Direction::bwd_weight, w.dtype = DType::bf16, w.M = 4, w.N = 6, w.K = 3, w.f32_out = true;
+  const CudaGemm g = cuda_gemm(w);
+  EXPECT_EQ(g.desc.ab, CUDA_R_16BF);
+  EXPECT_EQ(g.desc.cd, CUDA_R_32F);
 }
 #endif
 

@@ -11,12 +11,14 @@ namespace {
 using dnnl::memory;
 using tag = memory::format_tag;
 
-// A row-major [B, rows, cols] operand, or its transpose ([B, cols, rows] viewed through strides).
-memory::desc md(const Shape& s, std::int64_t rows, std::int64_t cols, bool transposed = false) {
-  const memory::dim B = s.batch_count;
-  const memory::data_type t = cpu::dnnl_type(s.dtype);
+// A row-major [B, rows, cols] operand of type t, or its transpose ([B, cols, rows] viewed through strides).
+memory::desc md(memory::dim B, std::int64_t rows, std::int64_t cols, memory::data_type t, bool transposed) {
   if (!transposed) return memory::desc({B, rows, cols}, t, memory::dims{rows * cols, cols, 1});
   return memory::desc({B, cols, rows}, t, memory::dims{rows * cols, 1, cols});
+}
+// The same in the problem's dtype.
+memory::desc md(const Shape& s, std::int64_t rows, std::int64_t cols, bool transposed = false) {
+  return md(s.batch_count, rows, cols, cpu::dnnl_type(s.dtype), transposed);
 }
 
 // The [B, rows, cols] view of an operand read as stored, or as the transpose of what is stored.
@@ -24,13 +26,13 @@ memory::desc view(const Shape& s, std::int64_t rows, std::int64_t cols, bool tra
   return transposed ? md(s, cols, rows, true) : md(s, rows, cols);
 }
 
-dnnl::primitive_attr scaled(double factor) {
+// Post-ops: times `factor` (where not 1), then a ReLU (where asked).
+dnnl::primitive_attr scaled(double factor, bool relu = false) {
   dnnl::primitive_attr attr;
-  if (factor != 1.0) {
-    dnnl::post_ops po;
-    po.append_eltwise(1.0f, dnnl::algorithm::eltwise_linear, static_cast<float>(factor), 0.0f);
-    attr.set_post_ops(po);
-  }
+  dnnl::post_ops po;
+  if (factor != 1.0) po.append_eltwise(1.0f, dnnl::algorithm::eltwise_linear, static_cast<float>(factor), 0.0f);
+  if (relu) po.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+  if (po.len() > 0) attr.set_post_ops(po);
   return attr;
 }
 
@@ -52,8 +54,9 @@ Descriptors descriptors(const Shape& s) {
   const bool bias = s.op == Op::addmm && s.dir == Direction::fwd;
   const memory::desc bias_md = bias ? cpu::md({1, 1, s.N}, s.dtype, tag::abc) : memory::desc();
   const auto g = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(view(s, p.rows, p.depth, p.x_t), view(s, p.depth, p.cols, p.y_t),
-                                                      bias_md, md(s, p.rows, p.cols)));
-  d.gemm = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(g, scaled(s.alpha), eng));
+                                                      bias_md,
+                                                      md(s.batch_count, p.rows, p.cols, cpu::dnnl_type(out_dtype(s)), false)));
+  d.gemm = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(g, scaled(s.alpha, s.relu), eng));
   if (s.op == Op::addmm && s.dir == Direction::bwd_weight) {
     // dbias[1,N] = beta * ones[1,M] . dOut[M,N]: a GEMV through oneDNN's matmul, which is
     // jit-compiled for every shape (oneDNN 2.6's reduction falls back to its reference code
@@ -132,6 +135,10 @@ std::string cpu_unsupported_reason(const Problem& p) {
   if (p.dtype != DType::f32 && p.dtype != DType::bf16)
     return std::string("the CPU backend has no ") + dtype_name(p.dtype) + " matmul";
   return cpu::onednn_unsupported_reason([&] { descriptors(shape_of(p)); }, std::string(dtype_name(p.dtype)) + " " + p.op);
+}
+
+std::string cpu_unsupported_reason(const Shape& s) {
+  return cpu::onednn_unsupported_reason([&] { descriptors(s); }, std::string(dtype_name(s.dtype)) + " matmul");
 }
 
 std::unique_ptr<Plan> make_cpu_plan(const Shape& s) {

@@ -19,6 +19,7 @@ CudaGemm cuda_gemm(const Shape& s) {
   CudaGemm g;
   gpu::GemmDesc& d = g.desc;
   d.ab = d.cd = s.dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;  // tf32: f32 storage
+  if (s.f32_out) d.cd = CUDA_R_32F;
   d.compute = s.dtype == DType::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   d.alpha = static_cast<float>(s.alpha);
   d.batch = s.batch_count;  // packed: each matrix right after the previous
@@ -31,6 +32,7 @@ CudaGemm cuda_gemm(const Shape& s) {
   d.m = p.cols, d.n = p.rows, d.k = p.depth;
   g.a = p.y, g.b = p.x;
   g.bias = s.op == Op::addmm && s.dir == Direction::fwd;
+  d.relu = g.bias && s.relu;  // RELU_BIAS: the ReLU after the bias, in the epilogue
   g.bias_grad = s.op == Op::addmm && s.dir == Direction::bwd_weight && s.beta == 1.0 && g.a == Operand::dout &&
                 d.opa == CUBLAS_OP_N;
   d.autotune = s.autotune;  // D is never read: beta 0
@@ -135,7 +137,7 @@ class CudaMatmul final : public Plan {
   void tune() {
     const Inputs in = make_inputs(s_, 1);
     const gpu::DeviceBuffer a(operand(in, g_.a)), b(operand(in, g_.b));
-    const gpu::DeviceBuffer out(primary_count(s_) * dtype_size(s_.dtype));
+    const gpu::DeviceBuffer out(primary_count(s_) * dtype_size(out_dtype(s_)));
     if (g_.bias) {
       HostBuffer v(s_.dtype, static_cast<std::size_t>(s_.N));
       v.fill_uniform(1, 3);
@@ -147,7 +149,8 @@ class CudaMatmul final : public Plan {
 
   void describe_algorithm() {
     label_ = "cublasLt " + gemm_->algo_label();
-    if (g_.bias) label_ += ", bias epilogue";
+    if (g_.bias) label_ += s_.relu ? ", bias + ReLU epilogue" : ", bias epilogue";
+    if (s_.f32_out) label_ += ", f32 output";
     if (fused_dbias_) label_ += ", bgrad epilogue";
     if (has_dbias_ && !fused_dbias_) label_ += " + hotops column_sum for dbias";
     if (g_.bias && s_.beta != 1.0) label_ += " (beta folded into bias)";

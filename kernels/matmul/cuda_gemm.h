@@ -12,7 +12,7 @@ namespace hotops::matmul {
 struct CudaGemm {
   gpu::GemmDesc desc;
   Operand a = Operand::a, b = Operand::b;  // cublasLt's A and B
-  bool bias = false;       // addmm fwd: the BIAS epilogue adds beta * bias over D's rows (N)
+  bool bias = false;       // addmm fwd: the BIAS (RELU_BIAS with relu) epilogue adds beta * bias over D's rows (N)
   bool bias_grad = false;  // addmm bwd_weight with beta 1, dOut as cublasLt's A: BGRADA sums it over k (M), exactly dbias
 };
 CudaGemm cuda_gemm(const Shape& s);

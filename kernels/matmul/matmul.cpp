@@ -176,6 +176,8 @@ std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
   return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
 }
 
+DType out_dtype(const Shape& s) { return s.f32_out ? DType::f32 : s.dtype; }
+
 const HostBuffer& operand(const Inputs& in, Operand o) {
   return o == Operand::a ? in.a : o == Operand::b ? in.b : in.dout;
 }
@@ -184,6 +186,8 @@ const void* operand(const Args& a, Operand o) { return o == Operand::a ? a.a : o
 Product product(const Shape& s) {
   HOTOPS_CHECK(s.batch_count > 0 && s.M > 0 && s.N > 0 && s.K > 0, "matmul: every dimension must be positive");
   HOTOPS_CHECK(s.op != Op::addmm || s.batch_count == 1, "matmul: addmm has one batch (a Linear layer's rows are M)");
+  HOTOPS_CHECK(!s.relu || (s.op == Op::addmm && s.dir == Direction::fwd), "matmul: a ReLU follows addmm fwd's bias only");
+  HOTOPS_CHECK(!s.f32_out || (s.op == Op::mm && s.dtype == DType::bf16), "matmul: an f32 output is for bf16 mm only");
   Product p;
   switch (s.dir) {
     case Direction::fwd:  // out = op(A) . op(B)
@@ -220,7 +224,7 @@ Inputs make_inputs(const Shape& s, std::uint64_t seed) {
 
 Outputs make_outputs(const Shape& s) {
   Outputs o;
-  o.primary = HostBuffer(s.dtype, primary_count(s));
+  o.primary = HostBuffer(out_dtype(s), primary_count(s));
   if (s.op == Op::addmm && s.dir == Direction::bwd_weight) o.dbias = HostBuffer(s.dtype, static_cast<std::size_t>(s.N));
   return o;
 }

@@ -30,12 +30,19 @@ struct Shape {
   std::int64_t batch_count = 1, M = 1, N = 1, K = 1;
   bool trans_a = false, trans_b = false;
   double alpha = 1, beta = 1;
+  // addmm fwd: a ReLU after the bias, in the same GEMM (a hidden dense layer's activation: cublasLt's
+  // bias + ReLU epilogue, oneDNN's ReLU post-op).
+  bool relu = false;
+  // bf16 mm: the output written in f32 (a weight gradient for f32 master weights), A and B still bf16.
+  bool f32_out = false;
   // CUDA: choose the cublasLt algorithm by timing candidates at setup (on the plan's own scratch
   // operands), instead of taking the heuristic's first.
   bool autotune = false;
 };
 
 Shape shape_of(const Problem& p);
+// The dtype of the output: f32 with f32_out, else the dtype (tf32: f32 storage).
+DType out_dtype(const Shape& s);
 
 // The tensors of one matmul direction (see Shape for each one's layout); each direction reads and
 // writes only its own, the others stay null.
@@ -109,6 +116,8 @@ std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
 
 // Why the CPU cannot run `p` ("" when it can): a dtype it has no matmul for, or oneDNN's answer.
 std::string cpu_unsupported_reason(const Problem& p);
+// The same for a plan's shape (a model's layer), from the descriptors alone: no primitive is made.
+std::string cpu_unsupported_reason(const Shape& s);
 const Family& family();
 
 }  // namespace hotops::matmul

@@ -44,11 +44,12 @@ double reference_primary(const Shape& s, const Inputs& in, std::size_t idx) {
         acc += in.a.get(at_a(s, b, m, k)) * in.dout.get(static_cast<std::size_t>((b * M + m) * N + n));
       return s.alpha * acc;
     }
-    default: {  // out[b,m,n] = alpha * sum_k A[b,m,k] B[b,k,n] + beta * bias[n]
+    default: {  // out[b,m,n] = alpha * sum_k A[b,m,k] B[b,k,n] + beta * bias[n], then ReLU with relu
       const std::int64_t b = i / (M * N), m = (i / N) % M, n = i % N;
       for (std::int64_t k = 0; k < K; ++k) acc += in.a.get(at_a(s, b, m, k)) * in.b.get(at_b(s, b, k, n));
       const double bias = s.op == Op::addmm ? s.beta * in.bias.get(static_cast<std::size_t>(n)) : 0.0;
-      return s.alpha * acc + bias;
+      const double v = s.alpha * acc + bias;
+      return s.relu ? std::fmax(v, 0.0) : v;
     }
   }
 }
