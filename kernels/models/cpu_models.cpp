@@ -1,8 +1,9 @@
-// models on the CPU: each dense layer is a oneDNN matmul primitive (forward with the bias and a ReLU
-// post-op; the weight and data gradients on transposed views through strides), or, for a layer
-// below kSmallLayerMacs multiply-adds, hand-written single-thread loops: there a primitive's fixed
-// cost per call is most of the time. The loss, ReLU backward with the bias gradient and the AdamW
-// step are OpenMP loops (one thread below a grain of work, where forking costs more than it saves).
+// models on the CPU: each dense layer's GEMMs are the matmul family's plans (oneDNN: the forward
+// addmm with the bias and a ReLU post-op, the weight and data gradients on transposed views through
+// strides), or, for a layer below kSmallLayerMacs multiply-adds, hand-written single-thread loops:
+// there a primitive's fixed cost per call is most of the time. The loss with its gradient (one
+// fused pass), ReLU backward with the bias gradient and the AdamW step are OpenMP loops (one thread
+// below a grain of work, where forking costs more than it saves).
 // bf16 (models.h): the same code on bf16 storage (the class and loops are templates on the storage
 // type), a flat cast of the f32 parameters to a bf16 copy first in each step, oneDNN bf16 matmuls
 // (f32 accumulation; the weight gradients written f32), the hand-written loops widening to f32.
@@ -11,19 +12,17 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
-#include <unordered_map>
 
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "hotops/cpu_vector.h"
 #include "hotops/trace.h"
+#include "kernels/matmul/matmul.h"
 #include "kernels/models/models.h"
 
 namespace hotops::models {
 namespace {
 
-using dnnl::memory;
-using dt = memory::data_type;
 using bf16 = std::uint16_t;  // bf16 storage
 
 // Storage <-> f32: f32 as is; bf16 widened exactly, narrowed rounding to nearest even.
@@ -32,63 +31,9 @@ HOTOPS_VECTOR_INLINE float load(bf16 v) { return vec::bf16_to_f32(v); }
 template <class T> HOTOPS_VECTOR_INLINE T store(float f);
 template <> HOTOPS_VECTOR_INLINE float store<float>(float f) { return f; }
 template <> HOTOPS_VECTOR_INLINE bf16 store<bf16>(float f) { return vec::f32_to_bf16(f); }
-template <class T> constexpr dt kType = std::is_same_v<T, float> ? dt::f32 : dt::bf16;
 
 // Below this many elements a pointwise loop runs on one thread.
 constexpr std::int64_t kParallelGrain = 1 << 15;
-
-// A row-major [rows, cols] operand, or the transpose of one stored [cols, rows].
-memory::desc md(std::int64_t rows, std::int64_t cols, bool transposed = false, dt type = dt::f32) {
-  return transposed ? memory::desc({rows, cols}, type, memory::dims{1, rows})
-                    : memory::desc({rows, cols}, type, memory::dims{cols, 1});
-}
-
-struct Matmul {
-  dnnl::matmul prim;
-  memory src, wei, bias, dst;
-  std::string impl;  // oneDNN's implementation name
-
-  void execute() {
-    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
-    if (bias) args.insert({DNNL_ARG_BIAS, bias});
-    prim.execute(cpu::stream(), args);
-  }
-};
-
-// The bias of dst [rows, cols]: [1, cols] in the weights' type.
-memory::desc bias_md_of(const memory::desc& dst, dt type) {
-  return memory::desc({1, dst.dims()[1]}, type, memory::dims{dst.dims()[1], 1});
-}
-
-// dst = src . wei (+ bias, ReLU): the primitive descriptor (no memory touched), also the support
-// probe: oneDNN answers `unimplemented` for what this CPU cannot do.
-dnnl::matmul::primitive_desc matmul_pd(const memory::desc& src, const memory::desc& wei, const memory::desc& bias,
-                                       const memory::desc& dst, bool relu) {
-  dnnl::primitive_attr attr;
-  if (relu) {
-    dnnl::post_ops po;
-    po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
-    attr.set_post_ops(po);
-  }
-  const auto d = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(src, wei, bias, dst));
-  return HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(d, attr, cpu::engine()));
-}
-
-// dst = src . wei (+ bias, ReLU), the memories wrapping hotops' own buffers.
-Matmul make_matmul(const memory::desc& src, void* src_p, const memory::desc& wei, void* wei_p, void* bias_p,
-                   const memory::desc& dst, void* dst_p, bool relu) {
-  dnnl::engine& eng = cpu::engine();
-  const memory::desc bias_md = bias_p ? bias_md_of(dst, wei.data_type()) : memory::desc();
-  const auto pd = matmul_pd(src, wei, bias_md, dst, relu);
-  Matmul m;
-  m.impl = pd.impl_info_str();
-  m.prim = HOTOPS_CHECK_DNNL(dnnl::matmul(pd));
-  m.src = memory(src, eng, src_p);
-  m.wei = memory(wei, eng, wei_p);
-  if (bias_p) m.bias = memory(bias_md, eng, bias_p);
-  m.dst = memory(dst, eng, dst_p);
-  return m;
-}
 
 // The hand-written loops of a small layer (rows of the batch outermost; the inner loops run over
 // the contiguous output axis so that they vectorise), on storage T, in f32. For bf16, `acc` is a
@@ -171,20 +116,12 @@ class CpuModel final : public ModelCase {
     if constexpr (kBf16) acc_.assign(static_cast<std::size_t>(widest), 0.f);
     fwd_.resize(L), wgrad_.resize(L), dgrad_.resize(L);
     for (std::size_t k = 0; k < L; ++k) {
-      const std::int64_t in = s_.in(k), out = s_.out(k);
-      const bool relu = k + 1 < L;
       small_.push_back(small_layer(s_, k));
       if (small_.back()) continue;
-      T* W = weights() + l_.w[k];
-      fwd_[k] = make_matmul(md(B, in, false, kType<T>), input(k), md(in, out, false, kType<T>), W, weights() + l_.b[k],
-                            md(B, out, false, kType<T>), act_[k + 1].data(), relu);
+      fwd_[k] = matmul::make_cpu_plan(forward_gemm(s_, k));
       if (!s_.train()) continue;
-      // dW [in, out] = a^T [in, B] . dz [B, out] (f32); da [B, in] = dz [B, out] . W^T [out, in].
-      wgrad_[k] = make_matmul(md(in, B, true, kType<T>), input(k), md(B, out, false, kType<T>), dact_[k + 1].data(),
-                              nullptr, md(in, out), grads_.as<float>() + l_.w[k], false);
-      if (k > 0)
-        dgrad_[k] = make_matmul(md(B, out, false, kType<T>), dact_[k + 1].data(), md(out, in, true, kType<T>), W,
-                                nullptr, md(B, in, false, kType<T>), dact_[k].data(), false);
+      wgrad_[k] = matmul::make_cpu_plan(weight_grad_gemm(s_, k));
+      if (k > 0) dgrad_[k] = matmul::make_cpu_plan(data_grad_gemm(s_, k));
     }
   }
 
@@ -202,7 +139,7 @@ class CpuModel final : public ModelCase {
   }
 
   Check verify() override {
-    // Into the same storage: the primitives' memories point at it.
+    // Into the same storage: the plans run on it.
     copy_into(params_, st_.params), copy_into(m_, st_.m), copy_into(v_, st_.v);
     step_ = 0;
     for (std::size_t k = 1; k < act_.size(); ++k) act_[k].poison();
@@ -225,13 +162,13 @@ class CpuModel final : public ModelCase {
     for (bool b : small_) small += b;
     what = std::to_string(s_.layers()) + " dense layers: ";
     if (small == static_cast<int>(small_.size())) what += "hand-written single-thread loops (every layer < 64K MACs)";
-    else if (small == 0) what += "oneDNN matmul (bias + ReLU post-op fwd, strided transposes bwd)";
-    else what += "oneDNN matmul, " + std::to_string(small) + " small layer(s) hand-written";
+    else if (small == 0) what += "matmul plans, oneDNN (bias + ReLU post-op fwd, strided transposes bwd)";
+    else what += "matmul plans, oneDNN, " + std::to_string(small) + " small layer(s) hand-written";
     if constexpr (kBf16) {
       what = "bf16 autocast (f32 master weights cast to bf16 each step, f32 accumulation), " + what;
       for (std::size_t k = 0; k < small_.size(); ++k)
         if (!small_[k]) {
-          what += " [" + fwd_[k].impl + "]";
+          what += " [" + fwd_[k]->label() + "]";
           break;
         }
     }
@@ -270,23 +207,19 @@ class CpuModel final : public ModelCase {
 
   void forward() {
     const std::int64_t B = s_.batch;
-    bool waited = true;
     for (std::size_t k = 0; k < s_.layers(); ++k) {
       trace::op("addmm");
-      if (small_[k]) {
-        if (!waited) cpu::stream().wait(), waited = true;
-        small_forward<T>(input(k), weights() + l_.w[k], weights() + l_.b[k], act_[k + 1].as<T>(), B, s_.in(k), s_.out(k),
-                         k + 1 < s_.layers(), acc_.data());
-      } else {
-        fwd_[k].execute();
-        waited = false;
-      }
+      T* W = weights() + l_.w[k];
+      T* b = weights() + l_.b[k];
+      if (small_[k]) small_forward<T>(input(k), W, b, act_[k + 1].as<T>(), B, s_.in(k), s_.out(k), k + 1 < s_.layers(), acc_.data());
+      else fwd_[k]->run({input(k), W, b, nullptr, act_[k + 1].data(), nullptr});
     }
-    if (!waited) cpu::stream().wait();
   }
 
-  // Mean softmax cross-entropy of the logits; dlogits = (softmax - onehot) / batch, in f32 (bf16
-  // logits widened, dlogits rounded once at the end).
+  // Mean softmax cross-entropy of the logits and dlogits = (softmax - onehot) / batch, fused in one
+  // pass over each row, in f32 (bf16 logits widened, dlogits rounded once at the end). Kept rather
+  // than the loss family's fwd and bwd plans: at mlp_tiny's batch 10 those two calls took the f32
+  // train step from 6.5 to 9-10 us.
   double loss_and_dlogits() {
     const std::int64_t B = s_.batch, C = s_.classes();
     const T* z = act_.back().as<T>();
@@ -363,9 +296,8 @@ class CpuModel final : public ModelCase {
         small_weight_grad<T>(input(k), dz, grads_.as<float>() + l_.w[k], B, in, out);
         if (k > 0) small_data_grad<T>(dz, W, dact_[k].as<T>(), B, in, out);
       } else {
-        wgrad_[k].execute();
-        if (k > 0) dgrad_[k].execute();
-        cpu::stream().wait();
+        wgrad_[k]->run({input(k), nullptr, nullptr, dz, grads_.as<float>() + l_.w[k], nullptr});
+        if (k > 0) dgrad_[k]->run({nullptr, W, nullptr, dz, dact_[k].data(), nullptr});
       }
       if (k > 0) trace::op("relu_bwd"), relu_backward_bias_grad(k - 1);
     }
@@ -387,7 +319,7 @@ class CpuModel final : public ModelCase {
   std::vector<HostBuffer> act_;   // [k]: layer k's output (post-ReLU for hidden layers, logits last); [0] unused
   std::vector<HostBuffer> dact_;  // [k]: gradient of act_[k] (dlogits last; da, then dz in place, for hidden)
   std::vector<bool> small_;
-  std::vector<Matmul> fwd_, wgrad_, dgrad_;
+  std::vector<std::unique_ptr<matmul::Plan>> fwd_, wgrad_, dgrad_;  // per layer, null where hand-written
   std::int64_t step_ = 0;
   double loss_ = 0;
 };
@@ -402,23 +334,14 @@ std::unique_ptr<ModelCase> make_cpu(const Problem& p) {
 std::string cpu_bf16_reason(const Problem& p) {
   if (p.dtype != DType::bf16) return "";
   const Shape s = shape_of(p);
-  const std::int64_t B = s.batch;
-  const dt b = dt::bf16;
-  try {
-    // The primitives CpuModel<bf16> creates for its oneDNN layers, descriptors only.
-    for (std::size_t k = 0; k < s.layers(); ++k) {
-      if (small_layer(s, k)) continue;
-      const std::int64_t in = s.in(k), out = s.out(k);
-      matmul_pd(md(B, in, false, b), md(in, out, false, b), bias_md_of(md(B, out, false, b), b), md(B, out, false, b),
-                k + 1 < s.layers());
-      if (!s.train()) continue;
-      matmul_pd(md(in, B, true, b), md(B, out, false, b), memory::desc(), md(in, out), false);
-      if (k > 0) matmul_pd(md(B, out, false, b), md(out, in, true, b), memory::desc(), md(B, in, false, b), false);
-    }
-  } catch (const Error& e) {
-    if (e.kind() == ErrorKind::unsupported)
-      return "oneDNN has no bf16 matmul for this CPU (ISA " + cpu::isa_name() + ")";
-    throw;
+  // The GEMMs CpuModel<bf16> plans for its oneDNN layers, descriptors only.
+  for (std::size_t k = 0; k < s.layers(); ++k) {
+    if (small_layer(s, k)) continue;
+    std::vector<matmul::Shape> gemms{forward_gemm(s, k)};
+    if (s.train()) gemms.push_back(weight_grad_gemm(s, k));
+    if (s.train() && k > 0) gemms.push_back(data_grad_gemm(s, k));
+    for (const matmul::Shape& g : gemms)
+      if (const std::string why = matmul::cpu_unsupported_reason(g); !why.empty()) return why;
   }
   return "";
 }

@@ -228,6 +228,29 @@ Shape shape_of(const Problem& p) {
   return s;
 }
 
+namespace {
+matmul::Shape layer_gemm(const Shape& s, std::size_t k, matmul::Op op, Direction dir) {
+  matmul::Shape g;
+  g.op = op, g.dir = dir, g.dtype = s.dtype;
+  g.M = s.batch, g.K = s.in(k), g.N = s.out(k);
+  return g;
+}
+}  // namespace
+
+matmul::Shape forward_gemm(const Shape& s, std::size_t k) {
+  matmul::Shape g = layer_gemm(s, k, matmul::Op::addmm, Direction::fwd);
+  g.relu = k + 1 < s.layers();
+  return g;
+}
+
+matmul::Shape weight_grad_gemm(const Shape& s, std::size_t k) {
+  matmul::Shape g = layer_gemm(s, k, matmul::Op::mm, Direction::bwd_weight);
+  g.f32_out = s.bf16();
+  return g;
+}
+
+matmul::Shape data_grad_gemm(const Shape& s, std::size_t k) { return layer_gemm(s, k, matmul::Op::mm, Direction::bwd_data); }
+
 ParamLayout param_layout(const std::vector<std::int64_t>& widths) {
   ParamLayout l;
   auto place = [&](std::int64_t n) { return place_aligned(l.total, l.parameters, n); };

@@ -17,6 +17,7 @@
 #include "hotops/op.h"
 #include "hotops/op_family.h"
 #include "kernels/adamw/adamw.h"
+#include "kernels/matmul/matmul.h"
 
 namespace hotops::models {
 
@@ -122,6 +123,15 @@ struct ParamLayout {
   std::int64_t parameters = 0;    // the model's parameter count, padding excluded
 };
 ParamLayout param_layout(const std::vector<std::int64_t>& widths);
+
+// The GEMMs of dense layer k (a [B, in] . W [in, out] + b, W stored [in, out] row-major: matmul's B
+// as stored) as the matmul family's shapes, M = the batch, K = in, N = out:
+//   forward_gemm      y = a . W + b (addmm fwd), the ReLU after the bias on every layer but the last;
+//   weight_grad_gemm  dW = a^T . dz (mm bwd_weight), written f32 (bf16: for the f32 master weights);
+//   data_grad_gemm    da = dz . W^T (mm bwd_data).
+matmul::Shape forward_gemm(const Shape& s, std::size_t k);
+matmul::Shape weight_grad_gemm(const Shape& s, std::size_t k);
+matmul::Shape data_grad_gemm(const Shape& s, std::size_t k);
 
 // Places a tensor of n floats at the end of a flat parameter buffer, on a kAlignFloats boundary:
 // returns its offset and grows `total` (padding included) and `parameters` (padding excluded).
