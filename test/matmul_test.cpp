@@ -181,6 +181,75 @@ TEST(MatmulPlan, F32OutputOfBf16) {
   }
 }
 
+// A residual (a model's skip connection folded into its GEMM) is added to what the GEMM computes,
+// after alpha and the bias, in fwd and bwd_data; the residual itself is left as it was.
+TEST(MatmulPlan, AddsAResidualAfterAlphaAndTheBias) {
+  for (const Direction d : {Direction::fwd, Direction::bwd_data})
+    for (const double alpha : {1.0, 0.5}) {
+      Shape s;
+      s.op = d == Direction::fwd ? Op::addmm : Op::mm;
+      s.dir = d;
+      s.M = 6, s.N = 5, s.K = 7;
+      s.alpha = alpha, s.beta = 2;
+      s.residual = true;
+      auto plan = make_plan(s, Backend::cpu);
+      const Inputs in = make_inputs(s, 1);
+      Outputs out = make_outputs(s);
+      HostBuffer c(s.dtype, primary_count(s));
+      c.fill_uniform(3, 1);
+      const HostBuffer c0 = c;
+      Args a;
+      a.a = in.a.count() ? in.a.data() : nullptr;
+      a.b = in.b.count() ? in.b.data() : nullptr;
+      a.bias = in.bias.count() ? in.bias.data() : nullptr;
+      a.dout = in.dout.count() ? in.dout.data() : nullptr;
+      a.out = out.primary.data();
+      a.c = c.data();
+      out.primary.poison();
+      plan->run(a);
+      for (std::size_t i = 0; i < primary_count(s); ++i) {
+        ASSERT_NEAR(out.primary.get(i), reference_primary(s, in, i) + c0.get(i), 1e-4)
+            << direction_name(d) << " alpha " << alpha << " at " << i;
+        ASSERT_EQ(c.get(i), c0.get(i));
+      }
+      a.c = a.out;
+      EXPECT_THROW(plan->run(a), Error) << "the output as its own residual";
+    }
+}
+
+// An f32 output from bf16 operands (a bf16 model's weight gradient): every direction of mm, within
+// f32 accumulation's error of the reference on the same (bf16) inputs.
+TEST(MatmulPlan, WritesAnF32OutputFromBf16Operands) {
+  for (const Direction d : {Direction::fwd, Direction::bwd_data, Direction::bwd_weight}) {
+    Shape s;
+    s.op = Op::mm;
+    s.dir = d;
+    s.dtype = DType::bf16;
+    s.M = 6, s.N = 5, s.K = 7;
+    s.f32_out = true;
+    std::unique_ptr<Plan> plan;
+    try {
+      plan = make_plan(s, Backend::cpu);
+    } catch (const Error& e) {
+      GTEST_SKIP() << e.what();  // no bf16 matmul on this CPU
+    }
+    const Inputs in = make_inputs(s, 1);
+    HostBuffer out(DType::f32, primary_count(s));
+    out.poison();
+    Args a;
+    a.a = in.a.count() ? in.a.data() : nullptr;
+    a.b = in.b.count() ? in.b.data() : nullptr;
+    a.dout = in.dout.count() ? in.dout.data() : nullptr;
+    a.out = out.data();
+    plan->run(a);
+    for (std::size_t i = 0; i < primary_count(s); ++i)
+      ASSERT_NEAR(out.get(i), reference_primary(s, in, i), 1e-4) << direction_name(d) << " at " << i;
+  }
+  Shape addmm;
+  addmm.op = Op::addmm, addmm.dtype = DType::bf16, addmm.f32_out = true;
+  EXPECT_THROW(make_plan(addmm, Backend::cpu), Error) << "an f32 output beside a bf16 bias";
+}
+
 TEST(MatmulShapes, NamedShapesComeWithBatchesAndPositiveDims) {
   for (const NamedShape& ns : named_shapes()) {
     EXPECT_FALSE(ns.name.empty());

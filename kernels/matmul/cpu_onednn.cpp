@@ -1,5 +1,6 @@
 // matmul on the CPU: oneDNN's matmul primitive on the row-major operands as PyTorch holds them
-// (transposes are strided views, not copies); addmm's dbias is a second, GEMV-shaped matmul.
+// (transposes are strided views, not copies); addmm's dbias is a second, GEMV-shaped matmul; a
+// residual is a binary add post-op.
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "hotops/dtype.h"
@@ -26,11 +27,13 @@ memory::desc view(const Shape& s, std::int64_t rows, std::int64_t cols, bool tra
   return transposed ? md(s, cols, rows, true) : md(s, rows, cols);
 }
 
-// Post-ops: times `factor` (where not 1), then a ReLU (where asked).
-dnnl::primitive_attr scaled(double factor, bool relu = false) {
+// Post-ops: times `factor` (where not 1), then (with `residual`, a tensor of dst's layout) the
+// residual added, then a ReLU (where asked).
+dnnl::primitive_attr scaled(double factor, const memory::desc& residual = memory::desc(), bool relu = false) {
   dnnl::primitive_attr attr;
   dnnl::post_ops po;
   if (factor != 1.0) po.append_eltwise(1.0f, dnnl::algorithm::eltwise_linear, static_cast<float>(factor), 0.0f);
+  if (!residual.is_zero()) po.append_binary(dnnl::algorithm::binary_add, residual);
   if (relu) po.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
   if (po.len() > 0) attr.set_post_ops(po);
   return attr;
@@ -53,10 +56,11 @@ Descriptors descriptors(const Shape& s) {
   // where beta != alpha.
   const bool bias = s.op == Op::addmm && s.dir == Direction::fwd;
   const memory::desc bias_md = bias ? cpu::md({1, 1, s.N}, s.dtype, tag::abc) : memory::desc();
+  HOTOPS_CHECK(!s.residual || s.dir != Direction::bwd_weight, "matmul: a residual is added in fwd or bwd_data only");
+  const memory::desc dst_md = md(s.batch_count, p.rows, p.cols, cpu::dnnl_type(out_dtype(s)), false);
   const auto g = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(view(s, p.rows, p.depth, p.x_t), view(s, p.depth, p.cols, p.y_t),
-                                                      bias_md,
-                                                      md(s.batch_count, p.rows, p.cols, cpu::dnnl_type(out_dtype(s)), false)));
-  d.gemm = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(g, scaled(s.alpha, s.relu), eng));
+                                                      bias_md, dst_md));
+  d.gemm = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(g, scaled(s.alpha, s.residual ? dst_md : memory::desc(), s.relu), eng));
   if (s.op == Op::addmm && s.dir == Direction::bwd_weight) {
     // dbias[1,N] = beta * ones[1,M] . dOut[M,N]: a GEMV through oneDNN's matmul, which is
     // jit-compiled for every shape (oneDNN 2.6's reduction falls back to its reference code
@@ -82,6 +86,8 @@ class CpuMatmul final : public Plan {
       if (bias_scale_ != 1.0) scaled_bias_ = HostBuffer(s_.dtype, static_cast<std::size_t>(s_.N));
     }
     args.push_back({DNNL_ARG_DST, pd.dst_desc()});
+    // The residual is the last post-op: after the output scaling where alpha != 1.
+    if (s_.residual) args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(s_.alpha != 1.0 ? 1 : 0) | DNNL_ARG_SRC_1, pd.dst_desc()});
     gemm_ = cpu::Primitive(dnnl::matmul(pd), args);
     if (d_.has_dbias) {
       ones_ = HostBuffer(s_.dtype, static_cast<std::size_t>(s_.M));
@@ -96,15 +102,21 @@ class CpuMatmul final : public Plan {
   void run(const Args& a) override {
     const void* x = operand(a, d_.product.x);
     const void* y = operand(a, d_.product.y);
-    if (has_bias_)
+    if (s_.residual) {
+      HOTOPS_CHECK(a.c && a.c != a.out, "matmul: a residual GEMM needs its C, apart from its output");
+      if (has_bias_) gemm_.run({x, y, bias(a.bias), a.out, a.c});
+      else gemm_.run({x, y, a.out, a.c});
+    } else if (has_bias_) {
       gemm_.run({x, y, bias(a.bias), a.out});
-    else
+    } else {
       gemm_.run({x, y, a.out});
+    }
     if (d_.has_dbias) dbias_.run({ones_.data(), a.dout, a.dbias});
   }
 
   std::string label() const override {
     std::string l = "oneDNN matmul " + std::string(d_.gemm.impl_info_str());
+    if (s_.residual) l += ", residual as binary add post-op";
     if (d_.has_dbias) l += " + dbias as ones.dOut " + std::string(d_.dbias.impl_info_str());
     return cpu::with_threads(l);
   }

@@ -1,6 +1,7 @@
 // matmul on CUDA: one gpu::LtGemm per direction, on PyTorch's row-major operands seen as
 // column-major transposes (C^T = B^T A^T, no copies). addmm's bias is the BIAS epilogue and its
-// gradient the BGRADA epilogue; bmm is the strided-batched form of the same call.
+// gradient the BGRADA epilogue; a residual is C with beta 1; bmm is the strided-batched form of the
+// same call.
 // The algorithm is chosen once at setup (the heuristic's first, or the fastest timed with
 // Shape::autotune) and named in the label.
 #include <cuda_bf16.h>
@@ -35,7 +36,10 @@ CudaGemm cuda_gemm(const Shape& s) {
   d.relu = g.bias && s.relu;  // RELU_BIAS: the ReLU after the bias, in the epilogue
   g.bias_grad = s.op == Op::addmm && s.dir == Direction::bwd_weight && s.beta == 1.0 && g.a == Operand::dout &&
                 d.opa == CUBLAS_OP_N;
-  d.autotune = s.autotune;  // D is never read: beta 0
+  HOTOPS_CHECK(!s.residual || s.dir != Direction::bwd_weight, "matmul: a residual is added in fwd or bwd_data only");
+  // A residual is cublasLt's C with beta 1 (C distinct from D, so that autotune may write D).
+  d.beta = s.residual ? 1.f : 0.f;
+  d.autotune = s.autotune;
   return g;
 }
 
@@ -89,7 +93,8 @@ class CudaMatmul final : public Plan {
       gemm_->set_vector(vector);
       bound_vector_ = vector;
     }
-    gemm_->run(operand(t, g_.a), operand(t, g_.b), t.out);  // beta 0: D is not read
+    if (s_.residual) HOTOPS_CHECK(t.c && t.c != t.out, "matmul: a residual GEMM needs its C, apart from its output");
+    gemm_->run(operand(t, g_.a), operand(t, g_.b), t.out, s_.residual ? t.c : nullptr);  // beta 0 without it
     if (has_dbias_ && !fused_dbias_) {
       const std::int64_t rows = s_.batch_count * s_.M, cols = s_.N;
       const int threads = 256;
@@ -138,12 +143,18 @@ class CudaMatmul final : public Plan {
     const Inputs in = make_inputs(s_, 1);
     const gpu::DeviceBuffer a(operand(in, g_.a)), b(operand(in, g_.b));
     const gpu::DeviceBuffer out(primary_count(s_) * dtype_size(out_dtype(s_)));
+    gpu::DeviceBuffer c;
+    if (s_.residual) {
+      HostBuffer r(out_dtype(s_), primary_count(s_));
+      r.fill_uniform(1, 4);
+      c = gpu::DeviceBuffer(r);
+    }
     if (g_.bias) {
       HostBuffer v(s_.dtype, static_cast<std::size_t>(s_.N));
       v.fill_uniform(1, 3);
       vector_.upload(v);
     }
-    gemm_->tune(a.get(), b.get(), out.get(), nullptr);
+    gemm_->tune(a.get(), b.get(), out.get(), s_.residual ? c.get() : nullptr);
     gpu::synchronize();
   }
 
@@ -154,6 +165,8 @@ class CudaMatmul final : public Plan {
     if (fused_dbias_) label_ += ", bgrad epilogue";
     if (has_dbias_ && !fused_dbias_) label_ += " + hotops column_sum for dbias";
     if (g_.bias && s_.beta != 1.0) label_ += " (beta folded into bias)";
+    if (s_.residual) label_ += ", residual as C";
+    if (s_.f32_out && s_.dtype != DType::f32) label_ += ", f32 output";
     if (s_.batch_count > 1) label_ += ", strided batch " + std::to_string(s_.batch_count);
   }
 

@@ -187,7 +187,7 @@ Product product(const Shape& s) {
   HOTOPS_CHECK(s.batch_count > 0 && s.M > 0 && s.N > 0 && s.K > 0, "matmul: every dimension must be positive");
   HOTOPS_CHECK(s.op != Op::addmm || s.batch_count == 1, "matmul: addmm has one batch (a Linear layer's rows are M)");
   HOTOPS_CHECK(!s.relu || (s.op == Op::addmm && s.dir == Direction::fwd), "matmul: a ReLU follows addmm fwd's bias only");
-  HOTOPS_CHECK(!s.f32_out || (s.op == Op::mm && s.dtype == DType::bf16), "matmul: an f32 output is for bf16 mm only");
+  HOTOPS_CHECK(!s.f32_out || s.op == Op::mm, "matmul: an f32 output is for mm only");
   Product p;
   switch (s.dir) {
     case Direction::fwd:  // out = op(A) . op(B)

@@ -33,11 +33,15 @@ struct Shape {
   // addmm fwd: a ReLU after the bias, in the same GEMM (a hidden dense layer's activation: cublasLt's
   // bias + ReLU epilogue, oneDNN's ReLU post-op).
   bool relu = false;
-  // bf16 mm: the output written in f32 (a weight gradient for f32 master weights), A and B still bf16.
+  // mm: the output written in f32 (a weight gradient for f32 master weights), A and B in the dtype.
   bool f32_out = false;
   // CUDA: choose the cublasLt algorithm by timing candidates at setup (on the plan's own scratch
   // operands), instead of taking the heuristic's first.
   bool autotune = false;
+  // fwd and bwd_data: out += C, C (Args::c) in out's layout and dtype, added unscaled after alpha and
+  // the bias; the residual a model folds into its GEMM (cublasLt's beta = 1 C, oneDNN's binary add
+  // post-op). No named problem sets it.
+  bool residual = false;
 };
 
 Shape shape_of(const Problem& p);
@@ -53,6 +57,7 @@ struct Args {
   const void* dout = nullptr;  // dOut     bwd_data, bwd_weight
   void* out = nullptr;         // out (fwd), dA (bwd_data) or dB (bwd_weight)
   void* dbias = nullptr;       // dbias[N] addmm bwd_weight
+  const void* c = nullptr;     // residual: added to out (fwd, bwd_data), out's layout; not out itself
 };
 
 // Inputs, seeded from the problem name so every backend sees the same numbers.
