@@ -1,6 +1,7 @@
-// model_bert on CUDA: cublasLt dense GEMMs, one cublasGemmBatchedEx per attention GEMM, hand-written
-// softmax, GELU, LayerNorm, column-sum and loss kernels; how each is set up and fused:
-// docs/models.md, "How each model step runs".
+// model_bert on CUDA: cublasLt dense GEMMs (the matmul family's plans), one
+// cublasGemmBatchedEx per attention GEMM, the softmax and layernorm families' plans, hand-written GELU,
+// LayerNorm backward, column-sum and loss kernels; how each is set up and fused: docs/models.md,
+// "How each model step runs".
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -58,10 +59,6 @@ __device__ inline float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-__device__ inline float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 
 __device__ inline float gelu(float z) { return 0.5f * z * (1.f + erff(z * 0.70710678118654752f)); }
 __device__ inline float gelu_grad(float z) {
@@ -105,41 +102,6 @@ __global__ void __launch_bounds__(kThreads) gelu_bwd(Q* __restrict__ df, const Q
 __global__ void to_bf16(const float4* __restrict__ p, Bf16x4* __restrict__ w, std::int64_t n4) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     w[i] = stored4<Bf16x4>(p[i]);
-}
-
-// y = LN(x) over rows of h (<= kMaxHidden), a warp per row; mean and rstd kept for the backward.
-template <class T>
-__global__ void __launch_bounds__(kThreads) ln_fwd(const T* __restrict__ x, const float* __restrict__ g,
-                                                  const float* __restrict__ b, T* __restrict__ y, float* __restrict__ mean,
-                                                  float* __restrict__ rstd, std::int64_t rows, int h, float eps) {
-  const std::int64_t r = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (r >= rows) return;
-  const T* xr = x + r * h;
-  float v[kMaxHidden / 32];
-  float s = 0.f;
-#pragma unroll
-  for (int k = 0; k < kMaxHidden / 32; ++k) {
-    const int c = lane + 32 * k;
-    v[k] = c < h ? f32_of(xr[c]) : 0.f;
-    s += v[k];
-  }
-  const float m = warp_sum(s) / static_cast<float>(h);
-  float q = 0.f;
-#pragma unroll
-  for (int k = 0; k < kMaxHidden / 32; ++k) {
-    const int c = lane + 32 * k;
-    const float d = c < h ? v[k] - m : 0.f;
-    q += d * d;
-  }
-  const float rs = rsqrtf(warp_sum(q) / static_cast<float>(h) + eps);
-  if (lane == 0) mean[r] = m, rstd[r] = rs;
-  T* yr = y + r * h;
-#pragma unroll
-  for (int k = 0; k < kMaxHidden / 32; ++k) {
-    const int c = lane + 32 * k;
-    if (c < h) yr[c] = stored<T>((v[k] - m) * rs * g[c] + b[c]);
-  }
 }
 
 // LayerNorm backward, a warp per row (rows strided over the grid's warps): dx = rstd (dy g - mean(dy g)
@@ -291,25 +253,6 @@ cublasHandle_t cublas() {
 // The cuBLAS type of a storage type, and its name for messages.
 template <class T> constexpr cudaDataType_t cuda_type() { return std::is_same_v<T, bf16> ? CUDA_R_16BF : CUDA_R_32F; }
 
-// D (m x n, ld ldd) = op(A) . op(B) (+ bias over rows) (+ C, same layout and type as D), column-major,
-// gpu::LtGemm with CUBLAS_COMPUTE_32F: A and B of type `ab`, C and D (and the bias) of type `cd`; the
-// algorithm chosen at setup by timing (GemmDesc::autotune: the heuristic's first 8 and split-K
-// variants of the first). At batch 32 on the H100, timed alone, 4 split-K slices were 4.5-4.9% faster
-// for the two GEMMs of m = 768, k = 3072 (FFN 2 and W1's data gradient: 96 output tiles of the
-// heuristic's kernel leave a third of the 132 SMs idle), and the heuristic's fourth algorithm 6% for
-// Wo's data gradient.
-std::unique_ptr<gpu::BoundGemm> gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n,
-                                     std::int64_t k, cudaDataType_t ab, const void* A, std::int64_t lda, const void* B,
-                                     std::int64_t ldb, cudaDataType_t cd, void* D, std::int64_t ldd,
-                                     const void* bias = nullptr, const void* C = nullptr) {
-  gpu::GemmDesc d;
-  d.opa = opa, d.opb = opb, d.m = m, d.n = n, d.k = k, d.lda = lda, d.ldb = ldb, d.ldd = ldd;
-  d.ab = ab, d.cd = cd, d.bias = bias, d.beta = C ? 1.f : 0.f;
-  d.autotune = true;  // no D here is read: beta 0, or C another buffer
-  HOTOPS_CHECK(!C || C != D, "model_bert: a GEMM's residual C must not be its output");
-  return std::make_unique<gpu::BoundGemm>(d, "model_bert", A, B, D, C);
-}
-
 // One GEMM per (sample, head), column-major, all in one cublasGemmBatchedEx (CUBLAS_COMPUTE_32F, every
 // operand of the activations' type T): the operands of pair (b, h) start at base + b * per_sample +
 // h * per_head (per operand, in elements), pointer arrays on the device.
@@ -379,26 +322,18 @@ class CudaLayer final : public LayerCase {
     s1_ = act(T_ * H), h1_ = act(T_ * H), z_ = act(T_ * F), f_ = act(T_ * F), s2_ = act(T_ * H), y_ = act(a.pre_ln ? 1 : T_ * H);
     mean1_ = buf(T_), rstd1_ = buf(T_), mean2_ = buf(T_), rstd2_ = buf(T_);
     const float scale = static_cast<float>(1 / std::sqrt(static_cast<double>(D)));
-    const T* W = gemm_weights();
-    const T* u1 = a.pre_ln ? u1_.as<T>() : x_.as<T>();
-    const T* u2 = h1_.as<T>();  // bert: LN1's output; vit: LN2's
-    const T* resid = a.pre_ln ? s1_.as<T>() : h1_.as<T>();
     const T* q = qkv_.as<T>();
     const Operand<T> Qo{q, S * 3 * H, D, 3 * H}, Ko{q + H, S * 3 * H, D, 3 * H}, Vo{q + 2 * H, S * 3 * H, D, 3 * H};
     const Operand<T> Po{prob_.as<T>(), NH * S * S, S * S, S}, Co{ctx_.as<T>(), S * H, D, H};
     const int Si = static_cast<int>(S), Di = static_cast<int>(D);
-    constexpr cudaDataType_t t = cuda_type<T>();
-    // Dense y[T, out] = a[T, in] . W[in, out] (+ b) (+ C): column-major y' = W' . a'.
-    auto dense = [&](const T* in_act, std::int64_t in, std::size_t w, std::size_t b, std::int64_t out, T* dst, const T* C) {
-      return gemm(N, N, out, T_, in, t, W + w, out, in_act, in, t, dst, out, W + b, C);
-    };
-    qkv_gemm_ = dense(u1, H, l_.wqkv, l_.bqkv, 3 * H, qkv_.as<T>(), nullptr);
+    qkv_gemm_ = matmul::make_cuda_plan(dense_layer(s_, H, 3 * H, false));
     scores_ = std::make_unique<BatchedGemm<T>>(Tr, N, Si, Si, Di, scale, Ko, Qo, Po, B, NH);
     context_ = std::make_unique<BatchedGemm<T>>(N, N, Di, Si, Si, 1.f, Vo, Po, Co, B, NH);
-    out_gemm_ = dense(ctx_.as<T>(), H, l_.wo, l_.bo, H, s1_.as<T>(), x_.as<T>());  // s1 = x + attn
-    ffn1_ = dense(u2, H, l_.w1, l_.b1, F, z_.as<T>(), nullptr);
-    ffn2_ = dense(f_.as<T>(), F, l_.w2, l_.b2, H, s2_.as<T>(), resid);             // s2 = resid + ffn
+    out_gemm_ = matmul::make_cuda_plan(dense_layer(s_, H, H, true));  // s1 = x + attn
+    ffn1_ = matmul::make_cuda_plan(dense_layer(s_, H, F, false));
+    ffn2_ = matmul::make_cuda_plan(dense_layer(s_, F, H, true));     // s2 = resid + ffn
     softmax_ = softmax::make_cuda_plan(attention_softmax(s_, Direction::fwd));
+    layernorm_ = layernorm::make_cuda_plan(token_layernorm(s_, Direction::fwd));
     if (s_.train()) {
       grads_ = buf(static_cast<std::int64_t>(l_.total)), m_ = buf(static_cast<std::int64_t>(l_.total)), v_ = buf(static_cast<std::int64_t>(l_.total));
       HOTOPS_CHECK_CUDA(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), gpu::stream()));
@@ -409,21 +344,17 @@ class CudaLayer final : public LayerCase {
       // The column sums' partials: LayerNorm's [blocks, 3H], colsum's [splits, 3H] (the QKV bias; the
       // FFN's second for vit), the GELU backward's [splits, F].
       partial_ = buf(std::max({kLnBwdBlocks * 3 * H, ((T_ + kColRows - 1) / kColRows) * 3 * H, ((T_ + kGeluRows - 1) / kGeluRows) * F}));
-      float* G = grads_.as<float>();
-      const T* ds2 = a.pre_ln ? dy_.as<T>() : ds2_.as<T>();
-      auto wgrad = [&](const T* in_act, std::int64_t in, const T* dz, std::int64_t out, std::size_t w) {  // f32 out
-        return gemm(N, Tr, out, in, T_, t, dz, out, in_act, in, CUDA_R_32F, G + w, out);  // dW' = dz' . a
+      // The dense layers' gradients: weight (x^T . dz, f32 out) and data (dz . W^T).
+      auto wgrad = [&](std::int64_t in, std::int64_t out) {
+        return matmul::make_cuda_plan(dense_grad(s_, Direction::bwd_weight, in, out, false));
       };
-      auto dgrad = [&](const T* dz, std::int64_t out, std::size_t w, std::int64_t in, T* dst, const T* C) {
-        return gemm(Tr, N, in, T_, out, t, W + w, out, dz, out, t, dst, in, nullptr, C);  // da' = W'^T . dz'
+      auto dgrad = [&](std::int64_t in, std::int64_t out, bool residual) {
+        return matmul::make_cuda_plan(dense_grad(s_, Direction::bwd_data, in, out, residual));
       };
-      w2_w_ = wgrad(f_.as<T>(), F, ds2, H, l_.w2);
-      w2_d_ = dgrad(ds2, H, l_.w2, F, df_.as<T>(), nullptr);
-      w1_w_ = wgrad(u2, H, df_.as<T>(), F, l_.w1);
-      // bert: du2 + ds2 (LN1's output feeds both the FFN and the residual), through C
-      w1_d_ = dgrad(df_.as<T>(), F, l_.w1, H, du2_.as<T>(), a.pre_ln ? nullptr : ds2);
-      wo_w_ = wgrad(ctx_.as<T>(), H, ds1_.as<T>(), H, l_.wo);
-      wo_d_ = dgrad(ds1_.as<T>(), H, l_.wo, H, dctx_.as<T>(), nullptr);
+      w2_w_ = wgrad(F, H), w2_d_ = dgrad(F, H, false);
+      w1_w_ = wgrad(H, F);
+      w1_d_ = dgrad(H, F, !a.pre_ln);  // bert: du2 + ds2 (LN1's output feeds both the FFN and the residual), through C
+      wo_w_ = wgrad(H, H), wo_d_ = dgrad(H, H, false);
       const Operand<T> dCo{dctx_.as<T>(), S * H, D, H}, dPo{dp_.as<T>(), NH * S * S, S * S, S};
       T* dq = dqkv_.as<T>();
       const Operand<T> dQo{dq, S * 3 * H, D, 3 * H}, dKo{dq + H, S * 3 * H, D, 3 * H}, dVo{dq + 2 * H, S * 3 * H, D, 3 * H};
@@ -432,8 +363,8 @@ class CudaLayer final : public LayerCase {
       dq_gemm_ = std::make_unique<BatchedGemm<T>>(N, N, Di, Si, Si, scale, Ko, dPo, dQo, B, NH);
       dk_gemm_ = std::make_unique<BatchedGemm<T>>(N, Tr, Di, Si, Si, scale, Qo, dPo, dKo, B, NH);
       softmax_bwd_ = softmax::make_cuda_plan(attention_softmax(s_, Direction::bwd));
-      qkv_w_ = wgrad(u1, H, dq, 3 * H, l_.wqkv);
-      if (a.pre_ln) qkv_d_ = dgrad(dq, 3 * H, l_.wqkv, H, du1_.as<T>(), nullptr);
+      qkv_w_ = wgrad(H, 3 * H);
+      if (a.pre_ln) qkv_d_ = dgrad(H, 3 * H, false);
       restart_optimizer();
     }
     if (s_.variant == Variant::e2e) host_out_ = HostBuffer(s_.dtype, static_cast<std::size_t>(T_ * H));
@@ -493,7 +424,7 @@ class CudaLayer final : public LayerCase {
     const std::string gemm = kBf16 ? "bf16 (f32 accumulate, tensor cores)" : "f32";
     std::string l = std::string(s_.arch.pre_ln ? "pre-LN" : "post-LN") + " encoder layer: cublasLt " + gemm +
                     " dense GEMMs (bias epilogue, residual as C, algorithms timed at setup), cublasGemmBatchedEx " + gemm +
-                    " attention GEMMs on strided heads, hotops softmax, GELU, LayerNorm kernels";
+                    " attention GEMMs on strided heads, hotops softmax, LayerNorm, GELU kernels";
     if (kBf16) l += ", bf16 activations, f32 master weights cast to bf16 each step";
     if (s_.train()) l += " + MSE, their backwards, column sums, AdamW 1 launch";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the inputs, launches, D2H, sync";
@@ -525,13 +456,32 @@ class CudaLayer final : public LayerCase {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(state_.get(), 0, sizeof(StepState), gpu::stream()));
   }
 
-  void layernorm(const T* x, std::size_t g, std::size_t b, T* y, float* mean, float* rstd) {
-    const std::int64_t T_ = s_.tokens();
-    const float* P = params_.as<float>();
-    ln_fwd<T><<<grid_for(T_ * 32, kThreads, 1 << 30), kThreads, 0, gpu::stream()>>>(x, P + g, P + b, y, mean, rstd, T_,
-                                                                                    static_cast<int>(s_.arch.hidden),
-                                                                                    static_cast<float>(s_.arch.ln_eps));
-    HOTOPS_CHECK_LAUNCH();
+  // A dense layer's tensors: x . W + b (+ c) into y, W and b at their offsets in the GEMMs' weights.
+  matmul::Args dense(const void* x, std::size_t w, std::size_t b, gpu::DeviceBuffer& y, const void* c) const {
+    const T* W = gemm_weights();
+    matmul::Args m;
+    m.a = x, m.b = W + w, m.bias = W + b, m.out = y.get(), m.c = c;
+    return m;
+  }
+  // A dense layer's weight gradient x^T . dz into the f32 gradients at `w`.
+  matmul::Args weight_grad(const void* x, const void* dz, std::size_t w) const {
+    matmul::Args m;
+    m.a = x, m.dout = dz, m.out = grads_.as<float>() + w;
+    return m;
+  }
+  // A dense layer's data gradient dz . W^T (+ c) into dx, W at `w` in the GEMMs' weights.
+  matmul::Args data_grad(const void* dz, std::size_t w, gpu::DeviceBuffer& dx, const void* c) const {
+    matmul::Args m;
+    m.b = gemm_weights() + w, m.dout = dz, m.out = dx.get(), m.c = c;
+    return m;
+  }
+  // A LayerNorm's tensors: LN(x) with gamma and beta at their offsets in the f32 parameters.
+  layernorm::Args ln(const gpu::DeviceBuffer& x, std::size_t g, std::size_t b, gpu::DeviceBuffer& y, gpu::DeviceBuffer& mean,
+                     gpu::DeviceBuffer& rstd) const {
+    const float* P = params_.as<const float>();
+    layernorm::Args n;
+    n.x = x.get(), n.gamma = P + g, n.beta = P + b, n.y = y.get(), n.mean = mean.get(), n.rstd = rstd.get();
+    return n;
   }
 
   // LayerNorm's backward into dx (when given), its gamma and beta gradients, and the column sums of dx
@@ -586,9 +536,11 @@ class CudaLayer final : public LayerCase {
       HOTOPS_CHECK_LAUNCH();
     }
     // forward
-    if (a.pre_ln) trace::op("layernorm"), layernorm(x_.as<T>(), l_.ln1g, l_.ln1b, u1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>());
+    const void* u1 = a.pre_ln ? u1_.get() : x_.get();
+    const void* resid = a.pre_ln ? s1_.get() : h1_.get();  // the FFN block's skip connection
+    if (a.pre_ln) trace::op("layernorm"), layernorm_->run(ln(x_, l_.ln1g, l_.ln1b, u1_, mean1_, rstd1_));
     trace::op("addmm");
-    qkv_gemm_->run();
+    qkv_gemm_->run(dense(u1, l_.wqkv, l_.bqkv, qkv_, nullptr));
     trace::op("bmm");
     scores_->run();
     trace::op("softmax");
@@ -596,18 +548,18 @@ class CudaLayer final : public LayerCase {
     trace::op("bmm");
     context_->run();
     trace::op("addmm");
-    out_gemm_->run();  // s1 = x + ctx . Wo + bo
+    out_gemm_->run(dense(ctx_.get(), l_.wo, l_.bo, s1_, x_.get()));  // s1 = x + ctx . Wo + bo
     trace::op("layernorm");
-    if (a.pre_ln) layernorm(s1_.as<T>(), l_.ln2g, l_.ln2b, h1_.as<T>(), mean2_.as<float>(), rstd2_.as<float>());
-    else layernorm(s1_.as<T>(), l_.ln1g, l_.ln1b, h1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>());
+    if (a.pre_ln) layernorm_->run(ln(s1_, l_.ln2g, l_.ln2b, h1_, mean2_, rstd2_));  // h1: the FFN's input
+    else layernorm_->run(ln(s1_, l_.ln1g, l_.ln1b, h1_, mean1_, rstd1_));
     trace::op("addmm");
-    ffn1_->run();
+    ffn1_->run(dense(h1_.get(), l_.w1, l_.b1, z_, nullptr));
     trace::op("gelu");
     gelu_fwd<Q><<<grid_for(T_ * F / 4), kThreads, 0, gpu::stream()>>>(z_.as<const Q>(), f_.as<Q>(), T_ * F / 4);
     HOTOPS_CHECK_LAUNCH();
     trace::op("addmm");
-    ffn2_->run();  // s2 = resid + f . W2 + b2
-    if (!a.pre_ln) trace::op("layernorm"), layernorm(s2_.as<T>(), l_.ln2g, l_.ln2b, y_.as<T>(), mean2_.as<float>(), rstd2_.as<float>());
+    ffn2_->run(dense(f_.get(), l_.w2, l_.b2, s2_, resid));  // s2 = resid + f . W2 + b2
+    if (!a.pre_ln) trace::op("layernorm"), layernorm_->run(ln(s2_, l_.ln2g, l_.ln2b, y_, mean2_, rstd2_));
     if (!s_.train()) return;
     // loss
     trace::op("mse_loss");
@@ -629,13 +581,13 @@ class CudaLayer final : public LayerCase {
       colsum(ds2, H, l_.b2);
     }
     trace::op("mm");
-    w2_w_->run();
-    w2_d_->run();
+    w2_w_->run(weight_grad(f_.get(), ds2, l_.w2));
+    w2_d_->run(data_grad(ds2, l_.w2, df_, nullptr));
     trace::op("gelu_bwd");
     gelu_back(l_.b1);
     trace::op("mm");
-    w1_w_->run();
-    w1_d_->run();  // bert: du2 = df . W1^T + ds2
+    w1_w_->run(weight_grad(h1_.get(), df_.get(), l_.w1));
+    w1_d_->run(data_grad(df_.get(), l_.w1, du2_, a.pre_ln ? nullptr : ds2));  // bert: du2 = df . W1^T + ds2
     trace::op("layernorm_bwd");
     if (a.pre_ln)
       layernorm_back(du2_.as<T>(), s1_.as<T>(), mean2_.as<float>(), rstd2_.as<float>(), l_.ln2g, l_.ln2b, ds1_.as<T>(), ds2, &l_.bo);
@@ -643,8 +595,8 @@ class CudaLayer final : public LayerCase {
       layernorm_back(du2_.as<T>(), s1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, ds1_.as<T>(), nullptr,
                      &l_.bo);
     trace::op("mm");
-    wo_w_->run();
-    wo_d_->run();
+    wo_w_->run(weight_grad(ctx_.get(), ds1_.get(), l_.wo));
+    wo_d_->run(data_grad(ds1_.get(), l_.wo, dctx_, nullptr));
     trace::op("bmm");
     dp_gemm_->run();
     dv_gemm_->run();
@@ -656,9 +608,9 @@ class CudaLayer final : public LayerCase {
     trace::op("sum");
     colsum(dqkv_.as<T>(), 3 * H, l_.bqkv);
     trace::op("mm");
-    qkv_w_->run();
+    qkv_w_->run(weight_grad(u1, dqkv_.get(), l_.wqkv));
     if (a.pre_ln) {
-      qkv_d_->run();
+      qkv_d_->run(data_grad(dqkv_.get(), l_.wqkv, du1_, nullptr));
       trace::op("layernorm_bwd");
       layernorm_back(du1_.as<T>(), x_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, nullptr, nullptr, nullptr);
     }
@@ -674,9 +626,10 @@ class CudaLayer final : public LayerCase {
   gpu::DeviceBuffer params_, weights_, grads_, m_, v_, x_, target_, loss_, loss_partial_, state_, partial_;
   gpu::DeviceBuffer u1_, qkv_, prob_, ctx_, s1_, h1_, z_, f_, s2_, y_, mean1_, rstd1_, mean2_, rstd2_;
   gpu::DeviceBuffer dy_, ds2_, df_, du2_, ds1_, dctx_, dqkv_, dp_, du1_;
-  std::unique_ptr<gpu::BoundGemm> qkv_gemm_, out_gemm_, ffn1_, ffn2_, w2_w_, w2_d_, w1_w_, w1_d_, wo_w_, wo_d_, qkv_w_, qkv_d_;
+  std::unique_ptr<matmul::Plan> qkv_gemm_, out_gemm_, ffn1_, ffn2_, w2_w_, w2_d_, w1_w_, w1_d_, wo_w_, wo_d_, qkv_w_, qkv_d_;
   std::unique_ptr<BatchedGemm<T>> scores_, context_, dp_gemm_, dv_gemm_, dq_gemm_, dk_gemm_;
   std::unique_ptr<softmax::Plan> softmax_, softmax_bwd_;
+  std::unique_ptr<layernorm::Plan> layernorm_;
   HostBuffer host_out_;
   float loss_host_ = 0;
 };

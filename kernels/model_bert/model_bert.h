@@ -14,6 +14,8 @@
 #include "hotops/buffer.h"
 #include "hotops/op.h"
 #include "kernels/adamw/adamw.h"
+#include "kernels/layernorm/layernorm.h"
+#include "kernels/matmul/matmul.h"
 #include "kernels/models/models.h"
 #include "kernels/softmax/softmax.h"
 
@@ -52,6 +54,20 @@ Shape shape_of(const Problem& p);
 // The attention's softmax of a step (fwd) or its gradient (bwd): batch x heads x seq rows of seq
 // scores, in the step's dtype; the softmax family's plan runs it.
 softmax::Shape attention_softmax(const Shape& s, Direction d);
+
+// A dense layer of a step, y[tokens, out] = x[tokens, in] . W[in, out] + b, with W and b where the
+// flat layout keeps them (W row-major [in, out], so not transposed), in the step's dtype; with
+// `residual`, a skip connection added to y through the GEMM (the matmul family's Shape::residual).
+// The matmul family's plan runs it (addmm fwd), its algorithm timed at setup on CUDA.
+matmul::Shape dense_layer(const Shape& s, std::int64_t in, std::int64_t out, bool residual);
+// Its gradients, without the bias's (each step sums that in a fused kernel of its own): dx = dy . W^T
+// (bwd_data; with `residual`, a gradient added through the GEMM) or dW = x^T . dy (bwd_weight, stored
+// f32 in either dtype, beside the f32 master parameters): the matmul family's mm plans.
+matmul::Shape dense_grad(const Shape& s, Direction d, std::int64_t in, std::int64_t out, bool residual);
+
+// LayerNorm over the hidden width of each of a step's tokens, in the step's dtype (gamma and beta
+// f32); the layernorm family's plan runs it.
+layernorm::Shape token_layernorm(const Shape& s, Direction d);
 
 using models::kAlignFloats;
 struct ParamLayout {
