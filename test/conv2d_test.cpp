@@ -2,9 +2,14 @@
 // verification that can fail.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "hotops/check.h"
+#include "hotops/gpu.h"
 #include "kernels/conv2d/conv2d.h"
 
 namespace hotops::conv2d {
@@ -225,6 +230,46 @@ TEST(Conv2dPlan, OneDnnLayoutsRoundTrip) {
   const Check c = verify(s, in, out);
   EXPECT_TRUE(c.ok) << c.message;
 }
+
+#ifdef HOTOPS_HAVE_CUDA
+// A model step's CUDA plans: Find's fastest taken as timed, bf16 with tensor-op math only, run on a
+// workspace of the caller's (shared by all three passes) and on the buffers each run is given.
+TEST(Conv2dCudaPlan, FindsFastestTensorOpsAndRunsOnASharedWorkspace) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+    std::vector<std::unique_ptr<Plan>> plans;
+    std::vector<Shape> shapes;
+    std::size_t ws = 0;
+    for (Direction d : {Direction::fwd, Direction::bwd_data, Direction::bwd_weight}) {
+      Shape s;
+      s.dir = d, s.dtype = DType::bf16, s.layout = layout;
+      s.N = 4, s.C = 16, s.H = 8, s.W = 8, s.K = 32, s.R = s.S = 3, s.pad_h = s.pad_w = 1;
+      s.retime = false, s.tensor_ops_only = true;
+      plans.push_back(make_cuda_plan(s));
+      shapes.push_back(s);
+      const std::string label = plans.back()->label();
+      EXPECT_NE(label.find("not re-timed"), std::string::npos) << label;
+      EXPECT_NE(label.find("tensor ops"), std::string::npos) << label;
+      EXPECT_EQ(label.find("FMA"), std::string::npos) << label;
+      ws = std::max(ws, cuda_choice(*plans.back()).workspace);
+    }
+    gpu::DeviceBuffer shared(std::max<std::size_t>(ws, 1));
+    for (auto& p : plans) use_cuda_workspace(*p, shared.get(), ws);
+    for (std::size_t i = 0; i < plans.size(); ++i) {
+      const Shape& s = shapes[i];
+      const Inputs in = make_inputs(s, 7);
+      Outputs out = make_outputs(s);
+      const gpu::DeviceBuffer x(in.x), w(in.w), dy(in.dy);
+      gpu::DeviceBuffer o(out.primary.bytes());
+      plans[i]->run(Args{x.get(), w.get(), nullptr, dy.get(), o.get(), nullptr});
+      o.download(out.primary);
+      const Check c = verify(s, in, out);
+      EXPECT_TRUE(c.ok) << direction_name(s.dir) << " " << c.message;
+    }
+  }
+}
+#endif
 
 TEST(Conv2dFamily, BenchmarkListCoversBothLayoutsAndTheResNetTarget) {
   const auto problems = family().benchmark_problems({});

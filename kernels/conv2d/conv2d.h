@@ -31,6 +31,13 @@ struct Shape {
   // convolution alone. Off: they are in the user's layout, and a run also reorders them where
   // oneDNN's layouts differ. The bias and db are plain [K] either way; CUDA always takes the user's.
   bool onednn_layouts = false;
+  // CUDA only: how the plan chooses its algorithm (cuda_cudnn.cu). `retime`: Find's first usable
+  // results are timed again and the fastest kept (the benchmark); off, Find's fastest is taken as
+  // Find timed it (model_cnn's steps: gpu::ConvPick says why). `tensor_ops_only` (bf16): only the
+  // results that ran with tensor-op math, for a caller whose label promises tensor-op convolutions;
+  // off, bf16 takes Find's result with whatever math it ran.
+  bool retime = true;
+  bool tensor_ops_only = false;
 
   // Output size, as PyTorch computes it.
   std::int64_t P() const { return (H + 2 * pad_h - dil_h * (R - 1) - 1) / stride_h + 1; }
@@ -99,6 +106,21 @@ using Plan = hotops::Plan<Args>;
 std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // oneDNN
 std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // cuDNN, the algorithm searched when it is built
 std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+
+// What a CUDA plan's search chose: the cudnnConvolution*Algo_t of its pass, the workspace it keeps
+// and the time cudnnFind measured for it (ms), for a caller that names the algorithm or chooses
+// between two ways of computing one gradient (model_cnn: backward data, or a forward convolution
+// with the flipped filter). Throws hotops::Error for a plan that is not a CUDA conv2d plan.
+struct CudaChoice {
+  int algo = -1;
+  std::size_t workspace = 0;
+  float find_ms = 0;
+};
+CudaChoice cuda_choice(const Plan& p);
+// Runs a CUDA plan on the caller's workspace (at least cuda_choice(p).workspace bytes, kept alive while
+// the plan runs) instead of its own, which it frees: plans that never run at once can share one
+// (model_cnn's layers share the largest their passes need, as a framework's caching allocator does).
+void use_cuda_workspace(Plan& p, void* workspace, std::size_t bytes);
 
 // oneDNN's layouts of a CPU pass (Shape::onednn_layouts): each tensor's size in bytes in the layout
 // the pass's primitive chose (it may pad channels), and the reorders between it and the user's.

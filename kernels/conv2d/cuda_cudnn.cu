@@ -3,12 +3,14 @@
 // cudnnAddTensor (fwd) and its gradient by cudnnConvolutionBackwardBias (bwd_weight).
 //
 // The algorithm is chosen once, when the plan is built, by gpu::find_conv_algo (cudnnFind*AlgorithmEx
-// on seeded tensors of the problem's sizes, its usable results re-timed: ConvPick::retimed): this is PyTorch's
+// on seeded tensors of the problem's sizes, its usable results re-timed: ConvPick::retimed, unless
+// Shape::retime is off, as in model_cnn's steps): this is PyTorch's
 // torch.backends.cudnn.benchmark = True. PyTorch's default (benchmark = False) takes cuDNN's
 // heuristic first choice (cudnnGet*Algorithm_v7) instead, which can be slower. Then only the chosen
 // algorithm's workspace is kept. Math: f32 is CUDNN_FMA_MATH (no tensor cores, really
 // f32, as PyTorch with allow_tf32 = False), tf32 and bf16 are CUDNN_TENSOR_OP_MATH (bf16 data,
-// f32 compute type). The label names the algorithm, its workspace and the math it ran with.
+// f32 compute type; Shape::tensor_ops_only keeps only Find's results that ran with it). The label
+// names the algorithm, its workspace and the math it ran with.
 //
 // Where cudnnAddTensor or cudnnConvolutionBackwardBias answers that it cannot do a case (both are
 // deprecated in cuDNN 9; bf16 support is not documented), a hotops kernel does that part instead,
@@ -117,12 +119,18 @@ class CudaConv2d final : public Plan {
     call_ = gpu::ConvCall{s_.dir, x_desc_.h, w_desc_.h, y_desc_.h, conv_.h, nullptr, nullptr, nullptr, nullptr};
     gpu::ConvCall search = call_;
     search.x = x.get(), search.w = wt.get(), search.y = dy.get(), search.out = out_d.get();
-    choice_ = gpu::find_conv_algo(search, s_.dtype == DType::f32 ? gpu::ConvMath::fma : gpu::ConvMath::any,
-                                  gpu::ConvPick::retimed, std::string("conv2d ") + dtype_name(s_.dtype));
+    const gpu::ConvMath math = s_.dtype == DType::f32 ? gpu::ConvMath::fma
+                               : s_.tensor_ops_only    ? gpu::ConvMath::tensor_ops
+                                                       : gpu::ConvMath::any;
+    choice_ = gpu::find_conv_algo(search, math, s_.retime ? gpu::ConvPick::retimed : gpu::ConvPick::find_fastest,
+                                  std::string("conv2d ") + dtype_name(s_.dtype));
     workspace_ = gpu::DeviceBuffer(choice_.workspace);
-    label_ = std::string("cuDNN ") + direction_name(s_.dir) + " " + gpu::conv_algo_name(s_.dir, choice_.algo) +
-             " (cudnnFind: " + ms(choice_.find_ms) + "; fastest of " + std::to_string(choice_.retimed) +
-             " re-timed: " + ms(choice_.retimed_ms) + "), ws " + mib(choice_.workspace) + ", " + math_name(choice_.math);
+    ws_ = workspace_.get(), ws_bytes_ = workspace_.bytes();
+    const std::string how = s_.retime ? "cudnnFind: " + ms(choice_.find_ms) + "; fastest of " + std::to_string(choice_.retimed) +
+                                               " re-timed: " + ms(choice_.retimed_ms)
+                                         : "cudnnFind's fastest: " + ms(choice_.find_ms) + ", not re-timed";
+    label_ = std::string("cuDNN ") + direction_name(s_.dir) + " " + gpu::conv_algo_name(s_.dir, choice_.algo) + " (" + how +
+             "), ws " + mib(choice_.workspace) + ", " + math_name(choice_.math);
     if (s_.bias && s_.dir != Direction::bwd_data) probe_bias(Args{x.get(), wt.get(), b.get(), dy.get(), out_d.get(), db.get()});
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
   }
@@ -130,11 +138,19 @@ class CudaConv2d final : public Plan {
   void run(const Args& a) override {
     gpu::ConvCall call = call_;
     call.x = a.x, call.w = a.w, call.y = a.dy, call.out = a.out;
-    HOTOPS_CHECK_CUDNN(gpu::convolve(call, choice_.algo, workspace_.get(), workspace_.bytes()));
+    HOTOPS_CHECK_CUDNN(gpu::convolve(call, choice_.algo, ws_, ws_bytes_));
     if (s_.bias && s_.dir != Direction::bwd_data) bias_step(a);
   }
 
   std::string label() const override { return label_; }
+
+  CudaChoice choice() const { return CudaChoice{choice_.algo, choice_.workspace, choice_.find_ms}; }
+
+  void use_workspace(void* ws, std::size_t bytes) {
+    HOTOPS_CHECK(bytes >= choice_.workspace && (ws || !bytes), "conv2d: a caller's workspace smaller than the algorithm's");
+    workspace_ = gpu::DeviceBuffer();
+    ws_ = ws, ws_bytes_ = bytes;
+  }
 
  private:
   // The bias step through cuDNN: y += b (fwd) or db = sum dy (bwd_weight).
@@ -193,7 +209,9 @@ class CudaConv2d final : public Plan {
   TensorDesc x_desc_, y_desc_, b_desc_;
   FilterDesc w_desc_;
   ConvDesc conv_;
-  gpu::DeviceBuffer workspace_;
+  gpu::DeviceBuffer workspace_;  // the plan's own, unless the caller's (use_cuda_workspace)
+  void* ws_ = nullptr;           // the workspace a run passes to cuDNN
+  std::size_t ws_bytes_ = 0;
   gpu::ConvCall call_;
   gpu::ConvAlgo choice_;
   bool own_bias_kernel_ = false;
@@ -203,5 +221,17 @@ class CudaConv2d final : public Plan {
 }  // namespace
 
 std::unique_ptr<Plan> make_cuda_plan(const Shape& s) { return std::make_unique<CudaConv2d>(s); }
+
+CudaChoice cuda_choice(const Plan& p) {
+  const auto* cuda = dynamic_cast<const CudaConv2d*>(&p);
+  HOTOPS_CHECK(cuda, "conv2d: cuda_choice of a plan that is not a CUDA conv2d plan");
+  return cuda->choice();
+}
+
+void use_cuda_workspace(Plan& p, void* workspace, std::size_t bytes) {
+  auto* cuda = dynamic_cast<CudaConv2d*>(&p);
+  HOTOPS_CHECK(cuda, "conv2d: use_cuda_workspace on a plan that is not a CUDA conv2d plan");
+  cuda->use_workspace(workspace, bytes);
+}
 
 }  // namespace hotops::conv2d
