@@ -278,6 +278,21 @@ double op_element(const HostBuffer& x, const gpu::MatrixLayout& l, cublasOperati
 // What the CUDA plan asks cublasLt for (matmul::cuda_gemm, laid out by gpu::gemm_layouts), evaluated
 // on the host with cublasLt's meaning of each field, must be the reference's result: a wrong operand,
 // transpose, leading dimension, batch stride, alpha or epilogue shows here without a GPU.
+// A mixed-precision weight gradient: bf16 operands, f32 output, partial sums reduced in f32; the
+// defaults keep one dtype and cublasLt's own reduction.
+TEST(MatmulCudaGemm, F32OutputAndReductionInComputeType) {
+  Shape s;
+  s.dir = Direction::bwd_weight, s.dtype = DType::bf16, s.M = 8, s.N = 4, s.K = 6;
+  EXPECT_EQ(cuda_gemm(s).desc.cd, CUDA_R_16BF);
+  EXPECT_FALSE(cuda_gemm(s).desc.reduce_in_compute);
+  s.f32_out = true, s.reduce_in_compute = true;
+  const CudaGemm g = cuda_gemm(s);
+  EXPECT_EQ(g.desc.ab, CUDA_R_16BF);
+  EXPECT_EQ(g.desc.cd, CUDA_R_32F);
+  EXPECT_TRUE(g.desc.reduce_in_compute);
+  EXPECT_EQ(make_outputs(s).primary.dtype(), DType::f32);
+}
+
 TEST(MatmulCudaGemm, ColumnMajorViewOfEachDirectionIsTheReference) {
   std::vector<Problem> problems;
   for (const Direction d : {Direction::fwd, Direction::bwd_data, Direction::bwd_weight}) {

@@ -21,6 +21,7 @@ CudaGemm cuda_gemm(const Shape& s) {
   gpu::GemmDesc& d = g.desc;
   d.ab = d.cd = s.dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;  // tf32: f32 storage
   if (s.f32_out) d.cd = CUDA_R_32F;
+  d.reduce_in_compute = s.reduce_in_compute;
   d.compute = s.dtype == DType::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   d.alpha = static_cast<float>(s.alpha);
   d.batch = s.batch_count;  // packed: each matrix right after the previous
@@ -66,6 +67,8 @@ __global__ void scale_vector(const T* __restrict__ in, T* __restrict__ out, std:
 class CudaMatmul final : public Plan {
  public:
   explicit CudaMatmul(const Shape& s) : s_(s), g_(cuda_gemm(s)) {
+    HOTOPS_CHECK(!s_.f32_out || (s_.dtype == DType::bf16 && !(s_.op == Op::addmm && s_.dir == Direction::bwd_weight)),
+                 "matmul: f32_out takes bf16 operands and no dbias");
     const std::string what = name();
     has_dbias_ = s_.op == Op::addmm && s_.dir == Direction::bwd_weight;
     // The epilogue is set up on a vector of the plan's own (beta times the caller's bias, where

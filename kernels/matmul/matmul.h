@@ -42,6 +42,9 @@ struct Shape {
   // the bias; the residual a model folds into its GEMM (cublasLt's beta = 1 C, oneDNN's binary add
   // post-op). No named problem sets it.
   bool residual = false;
+  // CUDA: split-K partial sums reduced in f32 only, never rounded to a bf16 output
+  // (gpu::GemmDesc::reduce_in_compute), for a mixed-precision model's GEMMs.
+  bool reduce_in_compute = false;
 };
 
 Shape shape_of(const Problem& p);
