@@ -15,6 +15,8 @@
 #include "hotops/cudnn_util.h"
 #include "hotops/cuda_util.h"
 #include "hotops/trace.h"
+#include "kernels/conv2d/conv2d.h"
+#include "kernels/matmul/matmul.h"
 #include "kernels/model_cnn/model_cnn.h"
 #include "kernels/models/cuda_step.cuh"
 
@@ -22,9 +24,6 @@ namespace hotops::model_cnn {
 namespace {
 
 using gpu::cudnn;
-using gpu::ConvDesc;
-using gpu::FilterDesc;
-using gpu::TensorDesc;
 using models::StepState;
 using pointwise::DropoutKey;
 
@@ -580,36 +579,14 @@ int dim(std::int64_t v) {
   return static_cast<int>(v);
 }
 
-struct ConvPlan {
-  TensorDesc x, y;
-  FilterDesc w;
-  ConvDesc conv, conv_filter, conv_data;  // forward, backward filter, backward data: each with its algorithm's math type
-  cudnnConvolutionFwdAlgo_t fwd{};
-  cudnnConvolutionBwdDataAlgo_t data{};
-  cudnnConvolutionBwdFilterAlgo_t filter{};
-  std::size_t ws = 0;
-  // The data gradient as a forward conv of dz (y's descriptor) with the flipped filter into x's.
+// One conv layer's conv2d plans (each with its algorithm and workspace, chosen when it is built).
+struct ConvPlans {
+  std::unique_ptr<conv2d::Plan> fwd, filter;  // forward; weight gradient (train)
+  std::unique_ptr<conv2d::Plan> data;         // train, layers after the first: the input gradient
+  // The input gradient as a forward conv of dz with the flipped filter (`data` is then that conv).
   bool flip = false;
-  FilterDesc wf;
-  ConvDesc flip_conv;
-  cudnnConvolutionFwdAlgo_t flip_fwd{};
   gpu::DeviceBuffer wf_buf;  // [C][3][3][K] (or [C][K][3][3]), the activations' type
 };
-
-// D (m x n, ld ldd) = op(A) . op(B) (+ bias over rows), column-major, through gpu::LtGemm (the
-// heuristic's first algorithm, chosen at setup): A, B of type ab, D (and the bias) of type cd, f32
-// accumulation (CUBLAS_COMPUTE_32F: no TF32 for f32; tensor cores for bf16).
-std::unique_ptr<gpu::BoundGemm> gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n,
-                                     std::int64_t k, const void* A, std::int64_t lda, const void* B, std::int64_t ldb,
-                                     void* D, std::int64_t ldd, cudaDataType_t ab, cudaDataType_t cd, const void* bias = nullptr) {
-  gpu::GemmDesc d;
-  d.opa = opa, d.opb = opb, d.m = m, d.n = n, d.k = k, d.lda = lda, d.ldb = ldb, d.ldd = ldd, d.bias = bias;
-  d.ab = ab, d.cd = cd;
-  d.reduce_in_compute = cd != CUDA_R_32F;  // bf16 outputs: no split-K partials rounded to bf16
-  return std::make_unique<gpu::BoundGemm>(d, "model_cnn", A, B, D);
-}
-
-constexpr cublasOperation_t N = CUBLAS_OP_N, T = CUBLAS_OP_T;
 
 gpu::DeviceBuffer floats(std::int64_t n) { return gpu::DeviceBuffer(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(float)); }
 
@@ -628,9 +605,6 @@ struct LayerBufs {
 template <class Act>
 class CudaCnn final : public ModelCase {
   static constexpr bool kBf16 = std::is_same_v<Act, bf16>;
-  static constexpr cudaDataType_t kCuda = kBf16 ? CUDA_R_16BF : CUDA_R_32F;
-  static constexpr cudnnDataType_t kCudnn = kBf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
-  static constexpr cudnnMathType_t kMath = kBf16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
   static gpu::DeviceBuffer acts(std::int64_t n) { return gpu::DeviceBuffer(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(Act)); }
 
  public:
@@ -778,9 +752,9 @@ class CudaCnn final : public ModelCase {
 
   std::string label() const override {
     std::string l = std::string(kBf16 ? "bf16 autocast (f32 master weights, cast each step); " : "") + "cuDNN " + (nchw_ ? "NCHW" : "NHWC") +
-                    (kBf16 ? " bf16 tensor-op convolutions, f32 compute (" : " f32 FMA-math convolutions (") + algos_ + "; ws " +
-                    std::to_string(ws_bytes_ >> 20) + " MiB); hotops fused BN/ReLU/max-pool/dropout kernels" +
-                    (kBf16 ? " (bf16 storage, f32 math and sums)" : "") + "; cublasLt " + (kBf16 ? "bf16, f32 accumulation" : "f32") + " dense";
+                    (kBf16 ? " bf16 tensor-op convolutions, f32 compute (" : " f32 FMA-math convolutions (") + "conv2d plans: " + algos_ +
+                    "; ws " + std::to_string(ws_bytes_ >> 20) + " MiB); hotops fused BN/ReLU/max-pool/dropout kernels" +
+                    (kBf16 ? " (bf16 storage, f32 math and sums)" : "") + "; matmul plans (cublasLt " + (kBf16 ? "bf16, f32 accumulation" : "f32") + ") dense";
     if (s_.train()) l += "; softmax_xent, flat AdamW";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the images (and labels), launches, D2H, sync";
     if (s_.variant == Variant::graph) l += "; graph: pageable H2D of images and labels, 1 CUDA graph, D2H loss, sync";
@@ -804,87 +778,73 @@ class CudaCnn final : public ModelCase {
   Act* d_input(std::size_t i) const { return dbuf_[i % 2].as<Act>(); }
   Act* d_output(std::size_t i) const { return i + 1 == s_.convs.size() ? dflat_.as<Act>() : d_input(i + 1); }
 
+  // The shape of one conv2d pass of conv layer i: the layer's 3x3 stride-1 convolution over the
+  // step's batch, in the step's layout and dtype, no bias (the affine adds it). The algorithm is
+  // Find's fastest as Find timed it (gpu::ConvPick::find_fastest says why not re-timed); f32 FMA math
+  // only (no TF32), bf16 tensor-op math only, as the label says. (bf16 once took either, and Find often
+  // chose cuDNN's DEFAULT_MATH kernels, e.g. convolve_common_engine_float and wgrad_alg0_engine:
+  // near-ties in Find's single timings. Excluding them left the step's speed within its
+  // process-to-process spread, docs/models.md.)
+  conv2d::Shape conv_shape(const ConvLayer& c, Direction dir) const {
+    conv2d::Shape cs;
+    cs.dir = dir, cs.dtype = s_.dtype, cs.layout = nchw_ ? conv2d::Layout::nchw : conv2d::Layout::nhwc;
+    cs.N = s_.batch, cs.C = c.C, cs.H = c.H, cs.W = c.W, cs.K = c.K, cs.R = cs.S = 3, cs.pad_h = cs.pad_w = c.pad;
+    cs.retime = false, cs.tensor_ops_only = kBf16;
+    return cs;
+  }
+
   void plan_convs() {
-    const std::int64_t B = s_.batch;
     std::size_t ws = 0;
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
       const ConvLayer& c = s_.convs[i];
-      ConvPlan& cp = *plans_.emplace_back(std::make_unique<ConvPlan>());
-      const cudnnTensorFormat_t fmt = nchw_ ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC;
-      // The compute type is f32 in both dtypes (bf16: bf16 x, w, y with f32 accumulation).
-      HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(cp.x.h, fmt, kCudnn, dim(B), dim(c.C), dim(c.H), dim(c.W)));
-      HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(cp.y.h, fmt, kCudnn, dim(B), dim(c.K), dim(c.P), dim(c.Q)));
-      HOTOPS_CHECK_CUDNN(cudnnSetFilter4dDescriptor(cp.w.h, kCudnn, fmt, dim(c.K), dim(c.C), 3, 3));
-      for (cudnnConvolutionDescriptor_t d : {cp.conv.h, cp.conv_filter.h, cp.conv_data.h})
-        gpu::set_conv2d(d, dim(c.pad), dim(c.pad), 1, 1, 1, 1, kMath);
-      const Act* x = input_of(i);
-      if (wcopy_) launch_filter_layout(i, false);
-      const Act* w = weights(i);
-      const gpu::ConvAlgo fwd = find_algo({Direction::fwd, cp.x.h, cp.w.h, cp.y.h, cp.conv.h, x, w, nullptr, layers_[i].z.get()}, i, "forward");
-      cp.fwd = static_cast<cudnnConvolutionFwdAlgo_t>(fwd.algo);
-      cp.ws = fwd.workspace;
+      ConvPlans& cp = *plans_.emplace_back(std::make_unique<ConvPlans>());
+      cp.fwd = conv2d::make_cuda_plan(conv_shape(c, Direction::fwd));
+      const conv2d::CudaChoice fwd = conv2d::cuda_choice(*cp.fwd);
+      ws = std::max(ws, fwd.workspace);
       algos_ += std::string(i ? ", " : "") + "fwd " + std::to_string(fwd.algo);
       if (s_.train()) {
-        void* dw = wcopy_ ? dwk_.get() : static_cast<void*>(grads_.as<float>() + l_.conv[i].w);
-        const gpu::ConvAlgo filter = find_algo({Direction::bwd_weight, cp.x.h, cp.w.h, cp.y.h, cp.conv_filter.h, x, nullptr, dz_.get(), dw}, i, "backward filter");
-        cp.filter = static_cast<cudnnConvolutionBwdFilterAlgo_t>(filter.algo);
-        cp.ws = std::max(cp.ws, filter.workspace);
+        cp.filter = conv2d::make_cuda_plan(conv_shape(c, Direction::bwd_weight));
+        const conv2d::CudaChoice filter = conv2d::cuda_choice(*cp.filter);
+        ws = std::max(ws, filter.workspace);
         algos_ += " filter " + std::to_string(filter.algo);
-        if (i > 0) plan_data_gradient(i, cp);
+        if (i > 0) ws = std::max(ws, plan_data_gradient(i, cp));
       }
-      ws = std::max(ws, cp.ws);
     }
-    workspace_ = gpu::DeviceBuffer(std::max<std::size_t>(ws, 1));
+    // One workspace for all passes (they run one after another on the stream), as large as the
+    // hungriest chosen algorithm asks.
     ws_bytes_ = ws;
+    workspace_ = gpu::DeviceBuffer(std::max<std::size_t>(ws, 1));
+    for (const auto& cp : plans_)
+      for (conv2d::Plan* p : {cp->fwd.get(), cp->filter.get(), cp->data.get()})
+        if (p) conv2d::use_cuda_workspace(*p, workspace_.get(), ws_bytes_);
   }
 
   // Conv layer i's input gradient: cuDNN's backward data, or the forward conv of dz with the flipped
   // filter (see flip_filter), whichever Find timed faster (or the one cuda_data_grad_path() forces).
-  void plan_data_gradient(std::size_t i, ConvPlan& cp) {
+  // Returns the workspace of the one kept.
+  std::size_t plan_data_gradient(std::size_t i, ConvPlans& cp) {
     const ConvLayer& c = s_.convs[i];
-    const Act* w = weights(i);
     const DataGradPath path = cuda_data_grad_path();
-    gpu::ConvAlgo data, flip;
-    if (path != DataGradPath::forward_flip)
-      data = find_algo({Direction::bwd_data, cp.x.h, cp.w.h, cp.y.h, cp.conv_data.h, nullptr, w, dz_.get(), d_input(i)}, i, "backward data");
+    std::unique_ptr<conv2d::Plan> data, flip;
+    if (path != DataGradPath::forward_flip) data = conv2d::make_cuda_plan(conv_shape(c, Direction::bwd_data));
     if (path != DataGradPath::backward_data) {
-      const std::int64_t B = s_.batch, fpad = 2 - c.pad;
-      HOTOPS_CHECK_CUDNN(cudnnSetFilter4dDescriptor(cp.wf.h, kCudnn, nchw_ ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC, dim(c.C), dim(c.K), 3, 3));
-      gpu::set_conv2d(cp.flip_conv.h, dim(fpad), dim(fpad), 1, 1, 1, 1, kMath);
-      int n = 0, ch = 0, h = 0, wd = 0;
-      HOTOPS_CHECK_CUDNN(cudnnGetConvolution2dForwardOutputDim(cp.flip_conv.h, cp.y.h, cp.wf.h, &n, &ch, &h, &wd));
-      HOTOPS_CHECK(n == B && ch == c.C && h == c.H && wd == c.W, "model_cnn: the flipped-filter conv does not give the input's shape");
-      cp.wf_buf = acts(c.C * 9 * c.K);
-      launch_flip(params_.as<float>() + l_.conv[i].w, cp, c);
-      // dz (y's shape) convolved with the flipped filter into dx (x's shape).
-      flip = find_algo({Direction::fwd, cp.y.h, cp.wf.h, cp.x.h, cp.flip_conv.h, dz_.get(), cp.wf_buf.get(), nullptr, d_input(i)}, i,
-                       "data gradient as a forward conv with the flipped filter");
+      // dz (the output's shape) convolved with the flipped filter [C][3][3][K] into dx (the input's
+      // shape): K input channels, C output channels, padding 2 - pad.
+      conv2d::Shape fs = conv_shape(c, Direction::fwd);
+      fs.C = c.K, fs.H = c.P, fs.W = c.Q, fs.K = c.C, fs.pad_h = fs.pad_w = 2 - c.pad;
+      HOTOPS_CHECK(fs.P() == c.H && fs.Q() == c.W, "model_cnn: the flipped-filter conv does not give the input's shape");
+      flip = conv2d::make_cuda_plan(fs);
     }
-    cp.flip = path == DataGradPath::forward_flip || (path == DataGradPath::timed && flip.find_ms < data.find_ms);
-    if (cp.flip) {
-      cp.flip_fwd = static_cast<cudnnConvolutionFwdAlgo_t>(flip.algo);
-      cp.ws = std::max(cp.ws, flip.workspace);
-      algos_ += " data fwd-flip " + std::to_string(flip.algo);
-    } else {
-      cp.wf_buf = gpu::DeviceBuffer();
-      cp.data = static_cast<cudnnConvolutionBwdDataAlgo_t>(data.algo);
-      cp.ws = std::max(cp.ws, data.workspace);
-      algos_ += " data " + std::to_string(data.algo);
-    }
+    cp.flip = path == DataGradPath::forward_flip ||
+              (path == DataGradPath::timed && conv2d::cuda_choice(*flip).find_ms < conv2d::cuda_choice(*data).find_ms);
+    cp.data = std::move(cp.flip ? flip : data);
+    const conv2d::CudaChoice kept = conv2d::cuda_choice(*cp.data);
+    if (cp.flip) cp.wf_buf = acts(c.C * 9 * c.K);
+    algos_ += (cp.flip ? " data fwd-flip " : " data ") + std::to_string(kept.algo);
+    return kept.workspace;
   }
 
-  // Find's fastest algorithm for one pass of conv layer i (gpu::find_conv_algo; ConvPick::find_fastest
-  // says why not re-timed): f32 FMA math only (no TF32); bf16 tensor-op math only, as the label says.
-  // (bf16 once took either, and Find often chose cuDNN's DEFAULT_MATH kernels, e.g.
-  // convolve_common_engine_float and wgrad_alg0_engine: near-ties in Find's single timings. Excluding
-  // them left the step's speed within its process-to-process spread, docs/models.md.) The pass's
-  // descriptor takes the chosen algorithm's math type.
-  gpu::ConvAlgo find_algo(const gpu::ConvCall& call, std::size_t i, const char* what) const {
-    return gpu::find_conv_algo(call, kBf16 ? gpu::ConvMath::tensor_ops : gpu::ConvMath::fma, gpu::ConvPick::find_fastest,
-                               std::string("model_cnn ") + dtype_name(s_.dtype) + " conv layer " + std::to_string(i) + ", " + what);
-  }
-
-  void launch_flip(const float* w, const ConvPlan& cp, const ConvLayer& c) const {
+  void launch_flip(const float* w, const ConvPlans& cp, const ConvLayer& c) const {
     flip_filter<<<grid_for(c.K * 9 * c.C, 512), kThreads, 0, gpu::stream()>>>(w, cp.wf_buf.as<Act>(), dim(c.K), dim(c.C), nchw_);
     HOTOPS_CHECK_LAUNCH();
   }
@@ -925,23 +885,31 @@ class CudaCnn final : public ModelCase {
     HOTOPS_CHECK_LAUNCH();
   }
 
+  // A dense layer's GEMM as a matmul plan over the batch's rows, in the step's dtype (cublasLt, the
+  // heuristic's first algorithm, f32 accumulation: no TF32 for f32, tensor cores for bf16). bf16:
+  // outputs of the step's type have their split-K partials reduced in f32, and weight gradients are
+  // written f32 (the flat master gradients) from the f32 accumulators.
+  std::unique_ptr<matmul::Plan> dense_plan(matmul::Op op, Direction dir, std::int64_t in, std::int64_t out) const {
+    matmul::Shape ms;
+    ms.op = op, ms.dir = dir, ms.dtype = s_.dtype, ms.M = s_.batch, ms.K = in, ms.N = out;
+    ms.f32_out = kBf16 && dir == Direction::bwd_weight;
+    ms.reduce_in_compute = kBf16 && !ms.f32_out;
+    return matmul::make_cuda_plan(ms);
+  }
+
   void plan_gemms() {
     const Arch& a = s_.arch;
-    const std::int64_t B = s_.batch, F = flat_width(a), Hd = a.hidden, C = a.classes;
-    const Act* flat = layers_.back().out.template as<const Act>();
-    const cudaDataType_t f32 = CUDA_R_32F;
-    // h = flat . W1; logits = hd . W2 + b2 (activations in the step's type)
-    gemms_fwd_.push_back(gemm(N, N, Hd, B, F, dense_param(l_.dense1.w), Hd, flat, F, hidden_.z.get(), Hd, kCuda, kCuda));
-    gemms_fwd_.push_back(gemm(N, N, C, B, Hd, dense_param(l_.dense2.w), C, hidden_.out.get(), Hd, logits_.get(), C, kCuda, kCuda,
-                              dense_param(l_.dense2.b)));
+    const std::int64_t F = flat_width(a), Hd = a.hidden, C = a.classes;
+    // h = flat . W1; logits = hd . W2 + b2 (the bias epilogue)
+    dense1_fwd_ = dense_plan(matmul::Op::mm, Direction::fwd, F, Hd);
+    dense2_fwd_ = dense_plan(matmul::Op::addmm, Direction::fwd, Hd, C);
     if (!s_.train()) return;
-    float* G = grads_.as<float>();
-    // dW2 = hd^T dlogits; dhd = dlogits W2^T (weight gradients written f32 from the f32 accumulators)
-    gemm_dw2_ = gemm(N, T, C, Hd, B, dlogits_.get(), C, hidden_.out.get(), Hd, G + l_.dense2.w, C, kCuda, f32);
-    gemm_dhd_ = gemm(T, N, Hd, B, C, dense_param(l_.dense2.w), C, dlogits_.get(), C, dhd_.get(), Hd, kCuda, kCuda);
-    // dW1 = flat^T dh; dflat = dh W1^T
-    gemm_dw1_ = gemm(N, T, Hd, F, B, dh_.get(), Hd, flat, F, G + l_.dense1.w, Hd, kCuda, f32);
-    gemm_dflat_ = gemm(T, N, F, B, Hd, dense_param(l_.dense1.w), Hd, dh_.get(), Hd, dflat_.get(), F, kCuda, kCuda);
+    // dW2 = hd^T dlogits, dhd = dlogits W2^T; dW1 = flat^T dh, dflat = dh W1^T (db2 comes from
+    // softmax_xent, db1 from the hidden layer's batch norm or bias backward)
+    dense2_dw_ = dense_plan(matmul::Op::mm, Direction::bwd_weight, Hd, C);
+    dense2_dx_ = dense_plan(matmul::Op::mm, Direction::bwd_data, Hd, C);
+    dense1_dw_ = dense_plan(matmul::Op::mm, Direction::bwd_weight, F, Hd);
+    dense1_dx_ = dense_plan(matmul::Op::mm, Direction::bwd_data, F, Hd);
   }
 
   void set_period(std::int64_t p) {
@@ -1009,7 +977,6 @@ class CudaCnn final : public ModelCase {
     const Arch& a = s_.arch;
     const std::int64_t B = s_.batch, Hd = a.hidden, C = a.classes;
     const bool bn = a.bn;
-    const float one = 1.f, zero = 0.f;
     float* P = params_.as<float>();
     std::size_t stage = 0;
     std::vector<std::size_t> stage_of;
@@ -1024,10 +991,9 @@ class CudaCnn final : public ModelCase {
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
       const ConvLayer& c = s_.convs[i];
       const LayerBufs& lb = layers_[i];
-      const ConvPlan& cp = *plans_[i];
+      const ConvPlans& cp = *plans_[i];
       trace::op("conv2d");
-      HOTOPS_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, cp.x.h, input_of(i), cp.w.h, weights(i), cp.conv.h, cp.fwd,
-                                                 workspace_.get(), ws_bytes_, &zero, cp.y.h, lb.z.get()));
+      cp.fwd->run({input_of(i), weights(i), nullptr, nullptr, lb.z.get(), nullptr});
       trace::op(bn ? "batchnorm" : "bias");
       affine(lb, l_.conv[i], c.K, B * c.P * c.Q, &c);
       stage_of.push_back(stage);
@@ -1050,13 +1016,14 @@ class CudaCnn final : public ModelCase {
       }
     }
     trace::op("mm");
-    gemms_fwd_[0]->run();
+    const Act* flat = layers_.back().out.template as<const Act>();
+    dense1_fwd_->run({flat, dense_param(l_.dense1.w), nullptr, nullptr, hidden_.z.get(), nullptr});
     trace::op(bn ? "batchnorm" : "bias");
     affine(hidden_, l_.dense1, Hd, B, nullptr);
     trace::op("bn_relu_dropout");
     launch_act(hidden_.z.template as<const Act>(), hidden_, Hd, hidden_.out.template as<Act>(), B * Hd, drop(keys_.size() - 1));
     trace::op("addmm");
-    gemms_fwd_[1]->run();
+    dense2_fwd_->run({hidden_.out.get(), dense_param(l_.dense2.w), dense_param(l_.dense2.b), nullptr, logits_.get(), nullptr});
     if (!s_.train()) return;
 
     float* G = grads_.as<float>();
@@ -1065,8 +1032,8 @@ class CudaCnn final : public ModelCase {
                                                             G + l_.dense2.b, loss_.as<float>(), dim(B), dim(C), hyper(), state_.as<StepState>());
     HOTOPS_CHECK_LAUNCH();
     trace::op("mm");
-    gemm_dw2_->run();
-    gemm_dhd_->run();
+    dense2_dw_->run({hidden_.out.get(), nullptr, nullptr, dlogits_.get(), G + l_.dense2.w, nullptr});
+    dense2_dx_->run({nullptr, dense_param(l_.dense2.w), nullptr, dlogits_.get(), dhd_.get(), nullptr});
     {  // hidden: dropout, ReLU, batch norm (or bias) backward -> dh
       trace::op("bn_relu_dropout_bwd");
       const LayerBufs& lb = hidden_;
@@ -1087,12 +1054,12 @@ class CudaCnn final : public ModelCase {
       HOTOPS_CHECK_LAUNCH();
     }
     trace::op("mm");
-    gemm_dw1_->run();
-    gemm_dflat_->run();
+    dense1_dw_->run({flat, nullptr, nullptr, dh_.get(), G + l_.dense1.w, nullptr});
+    dense1_dx_->run({nullptr, dense_param(l_.dense1.w), nullptr, dh_.get(), dflat_.get(), nullptr});
     for (std::size_t i = s_.convs.size(); i-- > 0;) {
       const ConvLayer& c = s_.convs[i];
       const LayerBufs& lb = layers_[i];
-      const ConvPlan& cp = *plans_[i];
+      const ConvPlans& cp = *plans_[i];
       const Act* dout = d_output(i);
       const Act* z = lb.z.template as<const Act>();
       Act* dz = dz_.as<Act>();
@@ -1149,18 +1116,14 @@ class CudaCnn final : public ModelCase {
       }
       HOTOPS_CHECK_LAUNCH();
       trace::op("conv2d_bwd_weight");
-      HOTOPS_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, cp.x.h, input_of(i), cp.y.h, dz_.get(), cp.conv_filter.h, cp.filter,
-                                                        workspace_.get(), ws_bytes_, &zero, cp.w.h,
-                                                        wcopy_ ? dwk_.get() : static_cast<void*>(G + l_.conv[i].w)));
+      cp.filter->run({input_of(i), nullptr, nullptr, dz_.get(), wcopy_ ? dwk_.get() : static_cast<void*>(G + l_.conv[i].w), nullptr});
       if (wcopy_) launch_filter_layout(i, true);
       if (i > 0) trace::op("conv2d_bwd_data");
-      if (i > 0 && cp.flip) {
+      if (i > 0 && cp.flip) {  // dz convolved with the flipped filter, into dx
         launch_flip(P + l_.conv[i].w, cp, c);
-        HOTOPS_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, cp.y.h, dz_.get(), cp.wf.h, cp.wf_buf.get(), cp.flip_conv.h, cp.flip_fwd,
-                                                   workspace_.get(), ws_bytes_, &zero, cp.x.h, d_input(i)));
+        cp.data->run({dz_.get(), cp.wf_buf.get(), nullptr, nullptr, d_input(i), nullptr});
       } else if (i > 0) {
-        HOTOPS_CHECK_CUDNN(cudnnConvolutionBackwardData(cudnn(), &one, cp.w.h, weights(i), cp.y.h, dz_.get(), cp.conv_data.h, cp.data,
-                                                        workspace_.get(), ws_bytes_, &zero, cp.x.h, d_input(i)));
+        cp.data->run({nullptr, weights(i), nullptr, dz_.get(), d_input(i), nullptr});
       }
     }
     trace::op("adamw");
@@ -1202,10 +1165,10 @@ class CudaCnn final : public ModelCase {
   std::vector<gpu::DeviceBuffer> wk_;  // wcopy_: each conv layer's weights (KCRS for NCHW; Act)
   gpu::DeviceBuffer dwk_;             // wcopy_: a conv layer's weight gradient (KCRS for NCHW; Act)
   gpu::DeviceBuffer low_;             // bf16: the step's copy of the dense parameters [dense1.W, total)
-  std::vector<std::unique_ptr<ConvPlan>> plans_;
-  std::vector<std::unique_ptr<gpu::BoundGemm>> gemms_fwd_;
-  std::unique_ptr<gpu::BoundGemm> gemm_dw2_, gemm_dhd_, gemm_dw1_, gemm_dflat_;
-  std::size_t ws_bytes_ = 0;
+  std::vector<std::unique_ptr<ConvPlans>> plans_;
+  std::unique_ptr<matmul::Plan> dense1_fwd_, dense2_fwd_;                          // the dense layers' forward
+  std::unique_ptr<matmul::Plan> dense2_dw_, dense2_dx_, dense1_dw_, dense1_dx_;  // train: their gradients
+  std::size_t ws_bytes_ = 0;  // the conv2d plans' shared workspace: the largest their algorithms need
   std::string algos_;
   HostBuffer logits_host_;
   float loss_host_ = 0;
