@@ -275,9 +275,6 @@ double op_element(const HostBuffer& x, const gpu::MatrixLayout& l, cublasOperati
   return x.get(static_cast<std::size_t>(item * l.stride + c * l.ld + r));
 }
 
-// What the CUDA plan asks cublasLt for (matmul::cuda_gemm, laid out by gpu::gemm_layouts), evaluated
-// on the host with cublasLt's meaning of each field, must be the reference's result: a wrong operand,
-// transpose, leading dimension, batch stride, alpha or epilogue shows here without a GPU.
 // A mixed-precision weight gradient: bf16 operands, f32 output, partial sums reduced in f32; the
 // defaults keep one dtype and cublasLt's own reduction.
 TEST(MatmulCudaGemm, F32OutputAndReductionInComputeType) {
@@ -293,6 +290,9 @@ TEST(MatmulCudaGemm, F32OutputAndReductionInComputeType) {
   EXPECT_EQ(make_outputs(s).primary.dtype(), DType::f32);
 }
 
+// What the CUDA plan asks cublasLt for (matmul::cuda_gemm, laid out by gpu::gemm_layouts), evaluated
+// on the host with cublasLt's meaning of each field, must be the reference's result: a wrong operand,
+// transpose, leading dimension, batch stride, alpha or epilogue shows here without a GPU.
 TEST(MatmulCudaGemm, ColumnMajorViewOfEachDirectionIsTheReference) {
   std::vector<Problem> problems;
   for (const Direction d : {Direction::fwd, Direction::bwd_data, Direction::bwd_weight}) {

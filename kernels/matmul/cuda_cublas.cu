@@ -67,8 +67,6 @@ __global__ void scale_vector(const T* __restrict__ in, T* __restrict__ out, std:
 class CudaMatmul final : public Plan {
  public:
   explicit CudaMatmul(const Shape& s) : s_(s), g_(cuda_gemm(s)) {
-    HOTOPS_CHECK(!s_.f32_out || (s_.dtype == DType::bf16 && !(s_.op == Op::addmm && s_.dir == Direction::bwd_weight)),
-                 "matmul: f32_out takes bf16 operands and no dbias");
     const std::string what = name();
     has_dbias_ = s_.op == Op::addmm && s_.dir == Direction::bwd_weight;
     // The epilogue is set up on a vector of the plan's own (beta times the caller's bias, where
