@@ -6,6 +6,7 @@
 // (queued on gpu::stream()). A model step holds the plans of its ops and calls them on its own
 // buffers; the op benchmark calls the same plan on the buffers of a PlanCase.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -43,6 +44,17 @@ std::unique_ptr<P> plan_on_backend(Backend b, const Shape& s, std::unique_ptr<P>
   if (!cuda) throw Error("no CUDA backend in this build", ErrorKind::unsupported);
   return cuda(s);
 }
+
+// Declares, in a family's header, its `Plan` (a hotops::Plan of its `Args`) and the plan factories
+// of its `Shape`: make_cpu_plan and make_cuda_plan (the family defines them; the CUDA one only where
+// CUDA is built) and make_plan, the one for a backend.
+#define HOTOPS_PLAN_FACTORIES(Shape, Args)                                                      \
+  std::unique_ptr<::hotops::Plan<Args>> make_cpu_plan(const Shape& s);                          \
+  std::unique_ptr<::hotops::Plan<Args>> make_cuda_plan(const Shape& s);                         \
+  inline std::unique_ptr<::hotops::Plan<Args>> make_plan(const Shape& s, ::hotops::Backend b) { \
+    return ::hotops::plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan)); \
+  }                                                                                             \
+  using Plan = ::hotops::Plan<Args>
 
 // Test only: a bug planted between every PlanCase and its plan, so that tests can show that each
 // family's verification catches it (bench: HOTOPS_TEST_MUTATION=<name>). Off (empty) by default.
@@ -181,5 +193,29 @@ template <class Op>
 std::unique_ptr<Case> make_plan_case(const Problem& p) {
   return std::make_unique<PlanCase<Op>>(p);
 }
+
+// The Op of a family whose host tensors are its `Inputs` and `Outputs` (a struct of them, or one
+// HostBuffer): Io holds one of each, seeded and allocated by the family's make_inputs(shape, seed)
+// and make_outputs(shape) (make_output where `Outputs` is one HostBuffer); the plan is its
+// make_plan(shape, backend) and the check its verify(shape, in, out). Those functions are the
+// family's own, found in the namespace of its `Shape`. A family's Op derives from this, adds
+// shape() and bind(), and defines again any member where its op differs.
+template <class ShapeT, class ArgsT, class Inputs, class Outputs>
+struct OpOf {
+  using Shape = ShapeT;
+  using Args = ArgsT;
+  struct Io {
+    Inputs in;
+    Outputs out;
+  };
+  static Io io(const Shape& s, std::uint64_t seed) {
+    if constexpr (std::is_same_v<Outputs, HostBuffer>)
+      return {make_inputs(s, seed), make_output(s)};
+    else
+      return {make_inputs(s, seed), make_outputs(s)};
+  }
+  static std::unique_ptr<Plan<Args>> plan(const Shape& s, Backend b) { return make_plan(s, b); }
+  static Check check(const Shape& s, const Io& io) { return verify(s, io.in, io.out); }
+};
 
 }  // namespace hotops

@@ -413,10 +413,6 @@ Check check_step(const DeviceStep& after, std::int64_t steps) {
   return c;
 }
 
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
-  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
-}
-
 std::string describe(const Shape& s) {
   const double n = static_cast<double>(s.total());
   char buf[64];

@@ -164,10 +164,7 @@ struct Args {
   std::uint16_t* p16 = nullptr; // bf16 dtype only: the parameters rounded to bf16, written
   DeviceStep* step = nullptr;   // the step count, advanced by every run (start: first_step(hyper))
 };
-using Plan = hotops::Plan<Args>;
-std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // cpu_step
-std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // cuda_step, advancing the step count itself
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: cpu_step; CUDA: cuda_step, advancing the step count itself
 
 #ifdef HOTOPS_HAVE_CUDA
 constexpr unsigned kCudaThreads = 256;

@@ -20,15 +20,8 @@ constexpr DType kDtypes[] = {DType::f32, DType::bf16};
 
 // The op as the benchmark runs it: a PlanCase over the problem's inputs and outputs. The running
 // statistics of fwd are in-out tensors: each verification starts them from the inputs' values.
-struct Op {
-  using Shape = batchnorm::Shape;
-  using Args = batchnorm::Args;
-  struct Io {
-    Inputs in;
-    Outputs out;
-  };
+struct Op : OpOf<Shape, Args, Inputs, Outputs> {
   static Shape shape(const Problem& p) { return shape_of(p); }
-  static Io io(const Shape& s, std::uint64_t seed) { return {make_inputs(s, seed), make_outputs(s)}; }
   static Args bind(const Shape& s, Io& io, Binder& b) {
     // Tensors the direction only reads but Args names writable (e.g. bwd's saved statistics).
     auto read = [&](const HostBuffer& h) { return const_cast<float*>(static_cast<const float*>(b.in(h))); };
@@ -59,8 +52,6 @@ struct Op {
     }
     return a;
   }
-  static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
-  static Check check(const Shape& s, const Io& io) { return verify(s, io.in, io.out); }
 };
 
 // One (backend, impl) pair: the CPU, the hand-written CUDA kernel, cuDNN.
@@ -165,10 +156,6 @@ class BatchnormFamily final : public OpFamily {
 // The CUDA benchmark is hotops' kernels; `impl:cudnn` names cuDNN's version of the same problem.
 std::unique_ptr<Plan> make_cuda_plan(const Shape& s) { return s.cudnn ? make_cudnn_plan(s) : make_kernels_plan(s); }
 #endif
-
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
-  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
-}
 
 const char* layout_name(Layout l) {
   switch (l) {

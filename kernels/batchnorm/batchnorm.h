@@ -109,14 +109,11 @@ struct Args {
   float* dgamma = nullptr;        // bwd
   float* dbeta = nullptr;         // bwd
 };
-using Plan = hotops::Plan<Args>;
-std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // oneDNN
-std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // hotops' kernels, or cuDNN where s.cudnn
+HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: oneDNN; CUDA: hotops' kernels, or cuDNN where s.cudnn
 #ifdef HOTOPS_HAVE_CUDA
 std::unique_ptr<Plan> make_kernels_plan(const Shape& s);  // hotops' kernels
 std::unique_ptr<Plan> make_cudnn_plan(const Shape& s);    // cuDNN
 #endif
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
 
 std::string onednn_unsupported_reason(const Problem& p);
 

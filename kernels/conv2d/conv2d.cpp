@@ -167,10 +167,6 @@ class Conv2dFamily final : public OpFamily {
 
 }  // namespace
 
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
-  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
-}
-
 Shape shape_of(const Problem& p) {
   Shape s;
   s.dir = p.dir;

@@ -102,10 +102,7 @@ struct Args {
   void* out = nullptr;       // y [N,K,P,Q] (fwd), dx [N,C,H,W] (bwd_data) or dw [K,C,R,S] (bwd_weight)
   void* db = nullptr;        // bwd_weight with bias: [K]
 };
-using Plan = hotops::Plan<Args>;
-std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // oneDNN
-std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // cuDNN, the algorithm searched when it is built
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: oneDNN; CUDA: cuDNN, the algorithm searched when it is built
 
 // What a CUDA plan's search chose: the cudnnConvolution*Algo_t of its pass, the workspace it keeps
 // and the time cudnnFind measured for it (ms), for a caller that names the algorithm or chooses

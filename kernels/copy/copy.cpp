@@ -288,10 +288,6 @@ Shape shape_of(const Problem& p) {
   return s;
 }
 
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
-  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
-}
-
 HostBuffer make_source(const Shape& s, std::uint64_t seed) {
   HostBuffer src(s.src, s.count);
   src.fill_uniform(seed, 1);

@@ -88,10 +88,8 @@ struct Args {
   const void* src = nullptr;
   void* dst = nullptr;
 };
-using Plan = hotops::Plan<Args>;
-std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // memcpy, and s.impl for layouts and conversions
-std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // cudaMemcpyAsync and hotops' kernels
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+// CPU: memcpy, and s.impl for layouts and conversions; CUDA: cudaMemcpyAsync and hotops' kernels
+HOTOPS_PLAN_FACTORIES(Shape, Args);
 
 #ifdef HOTOPS_HAVE_CUDA
 // `bytes` of pinned (page-locked, cudaHostAlloc) host memory, which the GPU's copy engines read and

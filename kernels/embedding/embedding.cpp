@@ -46,18 +46,14 @@ HostBuffer bytes_of(const std::vector<I>& v) {
 
 // The op as the benchmark runs it: a PlanCase over the problem's inputs and output. bwd's grouping
 // of the indices by row is built here, with the inputs, outside the timed runs.
-struct Op {
-  using Shape = embedding::Shape;
-  using Args = embedding::Args;
-  struct Io {
-    Inputs in;
-    HostBuffer out;
+struct Op : OpOf<Shape, Args, Inputs, HostBuffer> {
+  struct Io : OpOf::Io {
     HostBuffer idx;          // fwd: in.idx's bytes
     HostBuffer offset, pos;  // bwd: group_by_row(in.idx)'s
   };
   static Shape shape(const Problem& p) { return shape_of(p); }
   static Io io(const Shape& s, std::uint64_t seed) {
-    Io io{make_inputs(s, seed), make_output(s), {}, {}, {}};
+    Io io{OpOf::io(s, seed), {}, {}, {}};
     if (s.dir == Direction::fwd) {
       io.idx = bytes_of(io.in.idx);
     } else {
@@ -81,8 +77,6 @@ struct Op {
     }
     return a;
   }
-  static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
-  static Check check(const Shape& s, const Io& io) { return verify(s, io.in, io.out); }
 };
 
 class EmbeddingFamily final : public OpFamily {
@@ -136,10 +130,6 @@ class EmbeddingFamily final : public OpFamily {
 };
 
 }  // namespace
-
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
-  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
-}
 
 Shape shape_of(const Problem& p) {
   Shape s = fwd_bwd_shape<Shape>(p, "embedding");

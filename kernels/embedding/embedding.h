@@ -65,10 +65,7 @@ struct Args {
   const void* dout = nullptr;            // bwd: [n, dim], the dtype
   void* dW = nullptr;                    // bwd: [vocab, dim] f32, every element written
 };
-using Plan = hotops::Plan<Args>;
-std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // hand-written OpenMP loops
-std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // hotops' kernels
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: hand-written OpenMP loops; CUDA: hotops' kernels
 
 const Family& family();
 

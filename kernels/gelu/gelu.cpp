@@ -74,20 +74,11 @@ const CpuImplChoice& cpu_impl_choice(DType t) {
 CpuImpl other(CpuImpl i) { return i == CpuImpl::onednn ? CpuImpl::hotops : CpuImpl::onednn; }
 
 // The op as the benchmark runs it: a PlanCase over the problem's inputs and output.
-struct Op {
-  using Shape = gelu::Shape;
-  using Args = gelu::Args;
-  struct Io {
-    Inputs in;
-    HostBuffer out;
-  };
+struct Op : OpOf<Shape, Args, Inputs, HostBuffer> {
   static Shape shape(const Problem& p) { return shape_of(p); }
-  static Io io(const Shape& s, std::uint64_t seed) { return {make_inputs(s, seed), make_output(s)}; }
   static Args bind(const Shape& s, Io& io, Binder& b) {
     return {b.in(io.in.x), s.dir == Direction::bwd ? b.in(io.in.dy) : nullptr, b.out(io.out)};
   }
-  static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
-  static Check check(const Shape& s, const Io& io) { return verify(s, io.in, io.out); }
 };
 
 // The hand-written loop runs on any x86-64 (its baseline clone); oneDNN answers for itself.
@@ -172,10 +163,6 @@ CpuImpl cpu_impl_of(const Shape& s) { return s.impl.value_or(default_cpu_impl(s.
 
 std::unique_ptr<Plan> make_cpu_plan(const Shape& s) {
   return cpu_impl_of(s) == CpuImpl::onednn ? make_cpu_onednn_plan(s) : make_cpu_hotops_plan(s);
-}
-
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
-  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
 }
 
 CpuImpl cpu_impl_of(const Problem& p) {

@@ -72,10 +72,7 @@ struct Args {
   const void* dy = nullptr;  // bwd: the gradient of y
   void* out = nullptr;       // y (fwd) or dx (bwd)
 };
-using Plan = hotops::Plan<Args>;
-std::unique_ptr<Plan> make_cpu_plan(const Shape& s);  // the shape's CPU implementation
-std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // hotops' kernel
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: the shape's CPU implementation; CUDA: hotops' kernel
 
 std::unique_ptr<Plan> make_cpu_onednn_plan(const Shape& s);
 std::string onednn_unsupported_reason(const Problem& p);

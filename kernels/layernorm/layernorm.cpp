@@ -52,15 +52,8 @@ void expand(const std::string& shape, std::int64_t batch, std::int64_t tokens, s
 }
 
 // The op as the benchmark runs it: a PlanCase over the problem's inputs and outputs.
-struct Op {
-  using Shape = layernorm::Shape;
-  using Args = layernorm::Args;
-  struct Io {
-    Inputs in;
-    Outputs out;
-  };
+struct Op : OpOf<Shape, Args, Inputs, Outputs> {
   static Shape shape(const Problem& p) { return shape_of(p); }
-  static Io io(const Shape& s, std::uint64_t seed) { return {make_inputs(s, seed), make_outputs(s)}; }
   static Args bind(const Shape& s, Io& io, Binder& b) {
     Args a;
     a.x = b.in(io.in.x);
@@ -80,8 +73,6 @@ struct Op {
     a.dbeta = b.out(io.out.dbeta);
     return a;
   }
-  static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
-  static Check check(const Shape& s, const Io& io) { return verify(s, io.in, io.out); }
 };
 
 class LayernormFamily final : public OpFamily {
@@ -144,10 +135,6 @@ class LayernormFamily final : public OpFamily {
 };
 
 }  // namespace
-
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
-  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
-}
 
 Shape shape_of(const Problem& p) {
   Shape s;

@@ -85,10 +85,7 @@ struct Args {
   void* dgamma = nullptr;            // bwd: [H] f32
   void* dbeta = nullptr;             // bwd: [H] f32
 };
-using Plan = hotops::Plan<Args>;
-std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // oneDNN
-std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // hotops' kernels
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: oneDNN; CUDA: hotops' kernels
 
 std::string onednn_unsupported_reason(const Problem& p);
 const Family& family();

@@ -63,19 +63,14 @@ constexpr double kFlopsPerLogit = 4;
 
 // The op as the benchmark runs it: a PlanCase over the problem's inputs and outputs. The int64
 // targets and the scalar dloss travel as buffers of their bytes, uploaded like any input on CUDA.
-struct Op {
-  using Shape = loss::Shape;
-  using Args = loss::Args;
-  struct Io {
-    Inputs in;
-    Outputs out;
+struct Op : OpOf<Shape, Args, Inputs, Outputs> {
+  struct Io : OpOf::Io {
     HostBuffer target;  // in.target's bytes
     HostBuffer dloss;   // bwd: in.dloss, one f32
   };
   static Shape shape(const Problem& p) { return shape_of(p); }
   static Io io(const Shape& s, std::uint64_t seed) {
-    Io io{make_inputs(s, seed), make_outputs(s), HostBuffer(DType::f32, 2 * static_cast<std::size_t>(s.rows)),
-          HostBuffer(DType::f32, 1)};
+    Io io{OpOf::io(s, seed), HostBuffer(DType::f32, 2 * static_cast<std::size_t>(s.rows)), HostBuffer(DType::f32, 1)};
     std::memcpy(io.target.data(), io.in.target.data(), io.in.target.size() * sizeof(std::int64_t));
     io.dloss.set(0, io.in.dloss);
     return io;
@@ -94,8 +89,6 @@ struct Op {
     }
     return a;
   }
-  static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
-  static Check check(const Shape& s, const Io& io) { return verify(s, io.in, io.out); }
 };
 
 class LossFamily final : public OpFamily {
@@ -153,10 +146,6 @@ bool guard_written(const HostBuffer& b, std::size_t n, const char* what, Check& 
 }
 
 }  // namespace
-
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
-  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
-}
 
 Shape shape_of(const Problem& p) {
   Shape s = fwd_bwd_shape<Shape>(p, "cross_entropy");

@@ -78,10 +78,7 @@ struct Args {
   const void* dloss = nullptr;           // bwd: f32 scalar, the upstream gradient
   void* dlogits = nullptr;               // bwd: [rows, classes], the dtype
 };
-using Plan = hotops::Plan<Args>;
-std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // hand-written OpenMP loop
-std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // hotops' kernels
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: hand-written OpenMP loop; CUDA: hotops' kernels
 
 const Family& family();
 

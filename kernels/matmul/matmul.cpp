@@ -11,15 +11,8 @@ namespace hotops::matmul {
 namespace {
 
 // The op as the benchmark runs it: a PlanCase over the problem's inputs and outputs.
-struct MatmulOp {
-  using Shape = matmul::Shape;
-  using Args = matmul::Args;
-  struct Io {
-    Inputs in;
-    Outputs out;
-  };
+struct MatmulOp : OpOf<Shape, Args, Inputs, Outputs> {
   static Shape shape(const Problem& p) { return shape_of(p); }
-  static Io io(const Shape& s, std::uint64_t seed) { return {make_inputs(s, seed), make_outputs(s)}; }
   static Args bind(const Shape&, Io& io, Binder& b) {
     Args a;
     auto in = [&](const HostBuffer& h) { return h.count() ? b.in(h) : nullptr; };
@@ -31,8 +24,6 @@ struct MatmulOp {
     if (io.out.dbias.count()) a.dbias = b.out(io.out.dbias);
     return a;
   }
-  static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
-  static Check check(const Shape& s, const Io& io) { return verify(s, io.in, io.out); }
 };
 
 const char* op_name(Op op) { return op == Op::mm ? "mm" : op == Op::addmm ? "addmm" : "bmm"; }
@@ -170,10 +161,6 @@ Shape shape_of(const Problem& p) {
   s.trans_a = p.has("trans_a") && p.get("trans_a") == "1";
   s.trans_b = p.has("trans_b") && p.get("trans_b") == "1";
   return s;
-}
-
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
-  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
 }
 
 DType out_dtype(const Shape& s) { return s.f32_out ? DType::f32 : s.dtype; }

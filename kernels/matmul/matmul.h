@@ -117,10 +117,7 @@ struct NamedShape {
 };
 const std::vector<NamedShape>& named_shapes();
 
-using Plan = hotops::Plan<Args>;
-std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // oneDNN matmul
-std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // cublasLt (gpu::LtGemm)
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: oneDNN matmul; CUDA: cublasLt (gpu::LtGemm)
 
 // Why the CPU cannot run `p` ("" when it can): a dtype it has no matmul for, or oneDNN's answer.
 std::string cpu_unsupported_reason(const Problem& p);

@@ -52,15 +52,8 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
 // The op as the benchmark runs it: a PlanCase over the problem's inputs and output. A backward reads
 // what its forward saved (oneDNN's workspace on the CPU, y on CUDA): the forward plan runs once here,
 // at setup, on this problem's x.
-struct Op {
-  using Shape = maxpool::Shape;
-  using Args = maxpool::Args;
-  struct Io {
-    Inputs in;
-    HostBuffer out;
-  };
+struct Op : OpOf<Shape, Args, Inputs, HostBuffer> {
   static Shape shape(const Problem& p) { return shape_of(p); }
-  static Io io(const Shape& s, std::uint64_t seed) { return {make_inputs(s, seed), make_output(s)}; }
   static Args bind(const Shape& s, Io& io, Binder& b) {
     const bool cpu = b.backend() == Backend::cpu;
     Args a;
@@ -81,8 +74,6 @@ struct Op {
     a.out = b.out(io.out);
     return a;
   }
-  static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
-  static Check check(const Shape& s, const Io& io) { return verify(s, io.in, io.out); }
 };
 
 class MaxpoolFamily final : public OpFamily {
@@ -133,10 +124,6 @@ class MaxpoolFamily final : public OpFamily {
 };
 
 }  // namespace
-
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
-  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
-}
 
 Shape shape_of(const Problem& p) {
   Shape s = fwd_bwd_shape<Shape>(p, "maxpool");

@@ -74,10 +74,7 @@ struct Args {
   // reads it. Unused on CUDA.
   void* workspace = nullptr;
 };
-using Plan = hotops::Plan<Args>;
-std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // oneDNN
-std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // cuDNN
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: oneDNN; CUDA: cuDNN
 std::size_t cpu_workspace_bytes(const Shape& s);
 
 std::string onednn_unsupported_reason(const Problem& p);

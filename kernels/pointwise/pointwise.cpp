@@ -73,19 +73,15 @@ void expand_both(const std::vector<Arg>& args, std::vector<Problem>& out) {
 // The op as the benchmark runs it: a PlanCase over the problem's inputs and outputs. The dropout
 // fwd mask starts as all kMaskPoison (an in-out tensor reset to it before the check), so that a
 // byte the op fails to write, or writes outside the tensor, shows.
-struct PointwiseOp {
-  using Shape = pointwise::Shape;
-  using Args = pointwise::Args;
-  struct Io {
-    Inputs in;
-    HostBuffer out;
+struct PointwiseOp : OpOf<Shape, Args, Inputs, HostBuffer> {
+  struct Io : OpOf::Io {
     HostBuffer unwritten_mask;  // dropout fwd: every byte kMaskPoison
     HostBuffer mask;            // dropout fwd: the mask the op draws
   };
   static bool writes_mask(const Shape& s) { return s.op == Op::dropout && s.dir == Direction::fwd; }
   static Shape shape(const Problem& p) { return shape_of(p); }
   static Io io(const Shape& s, std::uint64_t seed) {
-    Io io{make_inputs(s, seed), make_output(s), {}, {}};
+    Io io{OpOf::io(s, seed), {}, {}};
     if (writes_mask(s)) io.unwritten_mask = make_mask(s), io.mask = make_mask(s);
     return io;
   }
@@ -100,7 +96,6 @@ struct PointwiseOp {
     a.seed = io.in.seed;
     return a;
   }
-  static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
   static Check check(const Shape& s, const Io& io) {
     return verify(s, io.in, io.out, writes_mask(s) ? io.mask.as<std::uint8_t>() : nullptr);
   }
@@ -158,10 +153,6 @@ class PointwiseFamily final : public OpFamily {
 
 std::unique_ptr<Plan> make_cpu_plan(const Shape& s) {
   return s.op == Op::relu ? make_cpu_relu_plan(s) : make_cpu_dropout_plan(s);
-}
-
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
-  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
 }
 
 Shape shape_of(const Problem& p) {

@@ -127,10 +127,7 @@ struct Args {
   std::uint8_t* mask_out = nullptr;       // dropout fwd: the mask it draws
   std::uint64_t seed = 0;                 // dropout fwd: the mask's seed (dropout_key(seed, p))
 };
-using Plan = hotops::Plan<Args>;
-std::unique_ptr<Plan> make_cpu_plan(const Shape& s);
-std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // hotops' kernels
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: the op's own (below); CUDA: hotops' kernels
 
 std::unique_ptr<Plan> make_cpu_relu_plan(const Shape& s);  // oneDNN eltwise_relu (cpu_onednn.cpp)
 std::string relu_onednn_unsupported_reason(const Problem& p);

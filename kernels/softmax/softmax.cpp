@@ -17,21 +17,12 @@ namespace hotops::softmax {
 namespace {
 
 // The op as the benchmark runs it: a PlanCase over the problem's inputs and output.
-struct Op {
-  using Shape = softmax::Shape;
-  using Args = softmax::Args;
-  struct Io {
-    Inputs in;
-    HostBuffer out;
-  };
+struct Op : OpOf<Shape, Args, Inputs, HostBuffer> {
   static Shape shape(const Problem& p) { return shape_of(p); }
-  static Io io(const Shape& s, std::uint64_t seed) { return {make_inputs(s, seed), make_output(s)}; }
   static Args bind(const Shape& s, Io& io, Binder& b) {
     if (s.dir == Direction::fwd) return {b.in(io.in.x), nullptr, nullptr, b.out(io.out)};
     return {nullptr, b.in(io.in.y), b.in(io.in.dy), b.out(io.out)};
   }
-  static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
-  static Check check(const Shape& s, const Io& io) { return verify(s, io.in, io.out); }
 };
 
 // A softmax of a real model: rows_per_sample rows of cols per sample, at its default batch.
@@ -103,10 +94,6 @@ class SoftmaxFamily final : public OpFamily {
 };
 
 }  // namespace
-
-std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
-  return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
-}
 
 Shape shape_of(const Problem& p) {
   Shape s = fwd_bwd_shape<Shape>(p, "softmax");
