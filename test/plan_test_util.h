@@ -1,0 +1,25 @@
+// What the op families' plan tests share: one plan run on two sets of caller-owned tensors in turn.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "hotops/verify.h"
+
+namespace hotops::plan_test {
+
+// Runs `plan` on the tensors of set 0, then of set 1 (`args_of(k)`: set k's Args, its outputs
+// poisoned), and expects each set's outputs to pass against its own inputs (`check(k, k)`) and set
+// 0's to fail against set 1's inputs (`check(1, 0)`): a plan that kept the first pointers would write
+// the second result into the first. `what` names the case in a failure.
+template <class P, class ArgsOf, class CheckOf>
+void expect_each_run_on_its_own_tensors(P& plan, ArgsOf args_of, CheckOf check, const std::string& what) {
+  for (int k = 0; k < 2; ++k) plan.run(args_of(k));
+  for (int k = 0; k < 2; ++k) {
+    const Check c = check(k, k);
+    EXPECT_TRUE(c.ok) << what << " " << k << ": " << c.message;
+  }
+  EXPECT_FALSE(check(1, 0).ok) << what;
+}
+
+}  // namespace hotops::plan_test
