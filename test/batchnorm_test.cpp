@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "kernels/batchnorm/batchnorm.h"
+#include "test/plan_test_util.h"
 
 namespace hotops::batchnorm {
 namespace {
@@ -235,14 +236,11 @@ TEST(Batchnorm, PlanRunsOnTheTensorsItIsGivenEachRun) {
     Shape s;
     s.dir = d, s.layout = Layout::nhwc, s.N = 2, s.C = 6, s.H = 5, s.W = 3;
     auto plan = make_plan(s, Backend::cpu);
-    Inputs ia = make_inputs(s, 1), ib = make_inputs(s, 2);
-    Outputs oa = make_outputs(s), ob = make_outputs(s);
-    plan->run(host_args(s, ia, oa));
-    plan->run(host_args(s, ib, ob));
-    const Check ca = verify(s, ia, oa), cb = verify(s, ib, ob);
-    EXPECT_TRUE(ca.ok) << direction_name(d) << ": " << ca.message;
-    EXPECT_TRUE(cb.ok) << direction_name(d) << ": " << cb.message;
-    EXPECT_FALSE(verify(s, ib, oa).ok) << direction_name(d);
+    Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
+    Outputs out[2] = {make_outputs(s), make_outputs(s)};
+    const auto args_of = [&](int k) { return host_args(s, in[k], out[k]); };
+    const auto check = [&](int i, int o) { return verify(s, in[i], out[o]); };
+    plan_test::expect_each_run_on_its_own_tensors(*plan, args_of, check, direction_name(d));
   }
 }
 

@@ -11,6 +11,7 @@
 #include "hotops/check.h"
 #include "hotops/gpu.h"
 #include "kernels/conv2d/conv2d.h"
+#include "test/plan_test_util.h"
 
 namespace hotops::conv2d {
 namespace {
@@ -192,18 +193,15 @@ TEST(Conv2dPlan, RunsOnTheBuffersItIsGivenEachRun) {
       const Problem p = problem(d);
       if (!family().unsupported_reason(p).empty()) GTEST_SKIP() << family().unsupported_reason(p);
       auto plan = make_plan(s, Backend::cpu);
-      const auto args = [](const Inputs& in, Outputs& out) {
-        return Args{in.x.data(), in.w.data(), in.b.data(), in.dy.data(), out.primary.data(), out.db.data()};
+      const Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
+      Outputs out[2] = {make_outputs(s), make_outputs(s)};
+      const auto args_of = [&](int k) {
+        out[k].primary.poison(), out[k].db.poison();
+        return Args{in[k].x.data(), in[k].w.data(), in[k].b.data(), in[k].dy.data(), out[k].primary.data(),
+                    out[k].db.data()};
       };
-      const Inputs a = make_inputs(s, 1), b = make_inputs(s, 2);
-      Outputs oa = make_outputs(s), ob = make_outputs(s);
-      oa.primary.poison(), ob.primary.poison(), oa.db.poison(), ob.db.poison();
-      plan->run(args(a, oa));
-      plan->run(args(b, ob));
-      const Check ca = verify(s, a, oa), cb = verify(s, b, ob);
-      EXPECT_TRUE(ca.ok) << direction_name(d) << " " << ca.message;
-      EXPECT_TRUE(cb.ok) << direction_name(d) << " " << cb.message;
-      EXPECT_FALSE(verify(s, b, oa).ok) << direction_name(d);
+      const auto check = [&](int i, int o) { return verify(s, in[i], out[o]); };
+      plan_test::expect_each_run_on_its_own_tensors(*plan, args_of, check, direction_name(d));
     }
 }
 
