@@ -293,7 +293,7 @@ class CpuLayer final : public LayerCase {
 
   void forward() {
     const Arch& a = s_.arch;
-    const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn, S = a.seq, rows = s_.batch * a.heads * S;
+    const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn;
     float* P = params_.as<float>();
     if (a.pre_ln) trace::op("layernorm"), add_layernorm(x_.as<T>(), nullptr, nullptr, P + l_.ln1g, P + l_.ln1b, u1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>());
     trace::op("addmm");
@@ -354,7 +354,7 @@ class CpuLayer final : public LayerCase {
 
   void backward() {
     const Arch& a = s_.arch;
-    const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn, S = a.seq, rows = s_.batch * a.heads * S;
+    const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn;
     float* P = params_.as<float>();
     float* G = grads_.as<float>();
     const T* ds2 = dy_.as<T>();
