@@ -1,8 +1,11 @@
-// model_bert on the CPU: every GEMM a oneDNN matmul primitive created at setup (the dense layers with
-// their bias; the attention's per-head GEMMs as 4-D [batch, heads, rows, cols] matmuls on strided views
-// of the QKV, context and gradient buffers, so no head split or merge copies), the softmax family's
-// plans (oneDNN softmax forward and backward, in place), the rest OpenMP loops: bias-free GELU
-// forward/backward (erf), residual + LayerNorm forward/backward, column sums for the bias and LayerNorm gradients, the MSE loss, one AdamW pass.
+// model_bert on the CPU: every GEMM a oneDNN matmul primitive created at setup (the dense layers'
+// GEMMs the matmul family's plans: forward with their bias and the residual as a binary add post-op,
+// the data gradients, and the weight gradients f32 out;
+// the attention's per-head GEMMs as 4-D [batch, heads, rows, cols] matmuls on strided views of the
+// QKV, context and gradient buffers, so no head split or merge copies), the softmax and layernorm
+// families' plans (oneDNN softmax forward and backward, in place; oneDNN layer_normalization forward),
+// the rest OpenMP loops: bias-free GELU forward/backward (erf), LayerNorm backward fused with the
+// gradients' sums, column sums for the bias gradients, the MSE loss, one AdamW pass.
 // The loops are templates over the activations' storage (float, or bf16 as its uint16 bits) and
 // compute in f32; bf16's matmuls take bf16 operands (a per-step bf16 copy of the f32 master
 // parameters) and write bf16 activations or f32 weight gradients.
@@ -100,15 +103,11 @@ class CpuLayer final : public LayerCase {
     if (kBf16) weights_ = HostBuffer(DType::bf16, l_.total);
     auto buf = [](std::int64_t n) { return HostBuffer(DType::f32, static_cast<std::size_t>(n)); };
     auto act = [this](std::int64_t n) { return HostBuffer(s_.dtype, static_cast<std::size_t>(n)); };
-    u1_ = act(a.pre_ln ? T_ * H : 1), qkv_ = act(T_ * 3 * H), prob_ = act(B * NH * S * S), ctx_ = act(T_ * H), attn_ = act(T_ * H);
-    s1_ = act(T_ * H), h1_ = act(T_ * H), z_ = act(T_ * F), f_ = act(T_ * F), o_ = act(T_ * H), s2_ = act(T_ * H), y_ = act(T_ * H);
+    u1_ = act(a.pre_ln ? T_ * H : 1), qkv_ = act(T_ * 3 * H), prob_ = act(B * NH * S * S), ctx_ = act(T_ * H);
+    s1_ = act(T_ * H), h1_ = act(T_ * H), z_ = act(T_ * F), f_ = act(T_ * F), s2_ = act(T_ * H), y_ = act(T_ * H);
     mean1_ = buf(T_), rstd1_ = buf(T_), mean2_ = buf(T_), rstd2_ = buf(T_);
     const float scale = static_cast<float>(1 / std::sqrt(static_cast<double>(D)));
     constexpr dt t = dnnl_type<T>();
-    const T* W = gemm_weights();
-    float* G = grads_.as<float>();
-    const T* u1 = a.pre_ln ? u1_.as<T>() : x_.as<T>();
-    const T* u2 = h1_.as<T>();  // the FFN's input: bert LN1's output, vit LN2's (both kept in h1_)
     const T* q = qkv_.as<T>();
     // The attention's views of qkv [T, 3H] and ctx [T, H] per (sample, head).
     const memory::desc q_v = view4(B, NH, S, D, S * 3 * H, D, 3 * H, 1, t);    // Q, K or V [S, D]
@@ -116,40 +115,32 @@ class CpuLayer final : public LayerCase {
     const memory::desc ctx_v = view4(B, NH, S, D, S * H, D, H, 1, t);
     const memory::desc p_v = view4(B, NH, S, S, NH * S * S, S * S, S, 1, t);
     const memory::desc pt_v = view4(B, NH, S, S, NH * S * S, S * S, 1, S, t);  // P^T
-    auto amd = [t](std::int64_t rows, std::int64_t cols, bool transposed = false) { return md(rows, cols, transposed, t); };
-    fwd_.push_back(make_matmul(amd(T_, H), u1, amd(H, 3 * H), W + l_.wqkv, W + l_.bqkv, amd(T_, 3 * H), qkv_.as<T>()));
-    fwd_.push_back(make_matmul(q_v, q, kt_v, q + H, nullptr, p_v, prob_.as<T>(), scale));
-    fwd_.push_back(make_matmul(p_v, prob_.as<T>(), q_v, q + 2 * H, nullptr, ctx_v, ctx_.as<T>()));
-    fwd_.push_back(make_matmul(amd(T_, H), ctx_.as<T>(), amd(H, H), W + l_.wo, W + l_.bo, amd(T_, H), attn_.as<T>()));
-    fwd_.push_back(make_matmul(amd(T_, H), u2, amd(H, F), W + l_.w1, W + l_.b1, amd(T_, F), z_.as<T>()));
-    fwd_.push_back(make_matmul(amd(T_, F), f_.as<T>(), amd(F, H), W + l_.w2, W + l_.b2, amd(T_, H), o_.as<T>()));
+    qkv_gemm_ = matmul::make_cpu_plan(dense_layer(s_, H, 3 * H, false));
+    out_gemm_ = matmul::make_cpu_plan(dense_layer(s_, H, H, true));  // s1 = x + attn
+    ffn1_ = matmul::make_cpu_plan(dense_layer(s_, H, F, false));
+    ffn2_ = matmul::make_cpu_plan(dense_layer(s_, F, H, true));     // s2 = resid + ffn
+    scores_ = make_matmul(q_v, q, kt_v, q + H, nullptr, p_v, prob_.as<T>(), scale);
+    context_ = make_matmul(p_v, prob_.as<T>(), q_v, q + 2 * H, nullptr, ctx_v, ctx_.as<T>());
     softmax_ = softmax::make_cpu_plan(attention_softmax(s_, Direction::fwd));
+    layernorm_ = layernorm::make_cpu_plan(token_layernorm(s_, Direction::fwd));
     if (!s_.train()) return;
     softmax_bwd_ = softmax::make_cpu_plan(attention_softmax(s_, Direction::bwd));
     dy_ = act(T_ * H), df_ = act(T_ * F), du2_ = act(T_ * H), ds1_ = act(T_ * H), dctx_ = act(T_ * H), dqkv_ = act(T_ * 3 * H);
     dp_ = act(B * NH * S * S), du1_ = act(a.pre_ln ? T_ * H : 1);
-    // backward, in order of use; w: weight gradient a^T . dz (f32 out), d: data gradient dz . W^T
-    auto wgrad = [&](const T* in, std::int64_t k_in, const T* dz, std::int64_t k_out, std::size_t at) {
-      return make_matmul(amd(k_in, T_, true), in, amd(T_, k_out), dz, nullptr, md(k_in, k_out), G + at);
-    };
-    auto dgrad = [&](const T* dz, std::int64_t k_out, std::size_t at, std::int64_t k_in, T* out) {
-      return make_matmul(amd(T_, k_out), dz, amd(k_out, k_in, true), W + at, nullptr, amd(T_, k_in), out);
-    };
-    const T* ds2 = a.pre_ln ? dy_.as<T>() : s2grad();
-    bwd_.push_back(wgrad(f_.as<T>(), F, ds2, H, l_.w2));
-    bwd_.push_back(dgrad(ds2, H, l_.w2, F, df_.as<T>()));
-    bwd_.push_back(wgrad(u2, H, df_.as<T>(), F, l_.w1));
-    bwd_.push_back(dgrad(df_.as<T>(), F, l_.w1, H, du2_.as<T>()));
-    bwd_.push_back(wgrad(ctx_.as<T>(), H, ds1_.as<T>(), H, l_.wo));
-    bwd_.push_back(dgrad(ds1_.as<T>(), H, l_.wo, H, dctx_.as<T>()));
+    if (!a.pre_ln) s2grad();
+    // The dense layers' gradients: weight (x^T . dz, f32 out) and data (dz . W^T).
+    auto wgrad = [&](std::int64_t in, std::int64_t out) { return matmul::make_cpu_plan(dense_grad(s_, Direction::bwd_weight, in, out, false)); };
+    auto dgrad = [&](std::int64_t in, std::int64_t out) { return matmul::make_cpu_plan(dense_grad(s_, Direction::bwd_data, in, out, false)); };
+    w2_w_ = wgrad(F, H), w2_d_ = dgrad(F, H);
+    w1_w_ = wgrad(H, F), w1_d_ = dgrad(H, F);
+    wo_w_ = wgrad(H, H), wo_d_ = dgrad(H, H);
+    qkv_w_ = wgrad(H, 3 * H);
+    if (a.pre_ln) qkv_d_ = dgrad(H, 3 * H);
     T* dq = dqkv_.as<T>();
-    bwd_.push_back(make_matmul(ctx_v, dctx_.as<T>(), kt_v, q + 2 * H, nullptr, p_v, dp_.as<T>()));  // dP
-    bwd_.push_back(make_matmul(pt_v, prob_.as<T>(), ctx_v, dctx_.as<T>(), nullptr, q_v, dq + 2 * H));  // dV
-    attn_bwd_ = bwd_.size();
-    bwd_.push_back(make_matmul(p_v, dp_.as<T>(), q_v, q + H, nullptr, q_v, dq, scale));            // dQ
-    bwd_.push_back(make_matmul(pt_v, dp_.as<T>(), q_v, q, nullptr, q_v, dq + H, scale));           // dK
-    bwd_.push_back(wgrad(u1, H, dq, 3 * H, l_.wqkv));
-    if (a.pre_ln) bwd_.push_back(dgrad(dq, 3 * H, l_.wqkv, H, du1_.as<T>()));
+    dp_gemm_ = make_matmul(ctx_v, dctx_.as<T>(), kt_v, q + 2 * H, nullptr, p_v, dp_.as<T>());
+    dv_gemm_ = make_matmul(pt_v, prob_.as<T>(), ctx_v, dctx_.as<T>(), nullptr, q_v, dq + 2 * H);
+    dq_gemm_ = make_matmul(p_v, dp_.as<T>(), q_v, q + H, nullptr, q_v, dq, scale);
+    dk_gemm_ = make_matmul(pt_v, dp_.as<T>(), q_v, q, nullptr, q_v, dq + H, scale);
   }
 
   void run() override {
@@ -183,7 +174,7 @@ class CpuLayer final : public LayerCase {
 
   std::string label() const override {
     return std::string(s_.arch.pre_ln ? "pre-LN" : "post-LN") + " encoder layer: oneDNN " + (kBf16 ? "bf16 " : "") +
-           "matmul (dense + 4-D strided attention GEMMs), oneDNN softmax, OpenMP GELU, LayerNorm" +
+           "matmul (dense with residual post-op + 4-D strided attention GEMMs), oneDNN softmax, LayerNorm, OpenMP GELU" +
            (kBf16 ? ", bf16 activations, f32 master weights cast to bf16 each step" : "") +
            (s_.train() ? ", MSE, backward loops, AdamW 1 flat pass" : "") + ", " +
            std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
@@ -212,31 +203,6 @@ class CpuLayer final : public LayerCase {
     const auto n = static_cast<std::int64_t>(l_.total);
 #pragma omp parallel for simd num_threads(team()) schedule(static)
     for (std::int64_t i = 0; i < n; ++i) w[i] = vec::f32_to_bf16(p[i]);
-  }
-
-  // y = LN(a + b) rows of H (b may be null); keeps the sum in `sum` when given, mean and rstd per row.
-  void add_layernorm(const T* a, const T* b, T* sum, const float* g, const float* beta, T* y, float* mean, float* rstd) {
-    const std::int64_t T_ = s_.tokens(), H = s_.arch.hidden;
-    const double eps = s_.arch.ln_eps;
-#pragma omp parallel for num_threads(team()) schedule(static)
-    for (std::int64_t r = 0; r < T_; ++r) {
-      const T* ar = a + r * H;
-      T* sr = sum ? sum + r * H : nullptr;
-      double m = 0;
-      for (std::int64_t c = 0; c < H; ++c) {
-        const float v = b ? ld(st<T>(ld(ar[c]) + ld(b[r * H + c]))) : ld(ar[c]);  // the sum as stored
-        if (sr) sr[c] = st<T>(v);
-        m += v;
-      }
-      const T* in = sr ? sr : ar;
-      m /= static_cast<double>(H);
-      double var = 0;
-      for (std::int64_t c = 0; c < H; ++c) var += (ld(in[c]) - m) * (ld(in[c]) - m);
-      const float rs = static_cast<float>(1 / std::sqrt(var / static_cast<double>(H) + eps));
-      const auto mf = static_cast<float>(m);
-      mean[r] = mf, rstd[r] = rs;
-      for (std::int64_t c = 0; c < H; ++c) y[r * H + c] = st<T>((ld(in[c]) - mf) * rs * g[c] + beta[c]);
-    }
   }
 
   // dx = LN backward of (dy1 + dy2) (+ dres); dgamma, dbeta column sums. x is LN's input.
@@ -293,47 +259,62 @@ class CpuLayer final : public LayerCase {
 
   void forward() {
     const Arch& a = s_.arch;
-    const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn;
-    float* P = params_.as<float>();
-    if (a.pre_ln) trace::op("layernorm"), add_layernorm(x_.as<T>(), nullptr, nullptr, P + l_.ln1g, P + l_.ln1b, u1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>());
+    const std::int64_t T_ = s_.tokens(), F = a.ffn;
+    const T* W = gemm_weights();
+    const void* u1 = a.pre_ln ? u1_.data() : x_.data();
+    const void* resid = a.pre_ln ? s1_.data() : h1_.data();  // the FFN block's skip connection
+    if (a.pre_ln) trace::op("layernorm"), layernorm_->run(ln(x_, l_.ln1g, l_.ln1b, u1_, mean1_, rstd1_));
     trace::op("addmm");
-    fwd_[0].execute();
+    qkv_gemm_->run(dense(u1, W, l_.wqkv, l_.bqkv, qkv_, nullptr));
     trace::op("bmm");
-    fwd_[1].execute();
+    scores_.execute();
     cpu::stream().wait();
     trace::op("softmax");
     softmax_->run({prob_.data(), nullptr, nullptr, prob_.data()});  // in place
     trace::op("bmm");
-    fwd_[2].execute();
-    trace::op("addmm");
-    fwd_[3].execute();
+    context_.execute();
     cpu::stream().wait();
+    trace::op("addmm");
+    out_gemm_->run(dense(ctx_.data(), W, l_.wo, l_.bo, s1_, x_.data()));  // s1 = x + attn
     trace::op("layernorm");
-    if (a.pre_ln)  // s1 = x + attn (the FFN block's residual), h1 = LN2(s1) the FFN's input
-      add_layernorm(x_.as<T>(), attn_.as<T>(), s1_.as<T>(), P + l_.ln2g, P + l_.ln2b, h1_.as<T>(), mean2_.as<float>(), rstd2_.as<float>());
-    else
-      add_layernorm(x_.as<T>(), attn_.as<T>(), s1_.as<T>(), P + l_.ln1g, P + l_.ln1b, h1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>());
+    if (a.pre_ln) layernorm_->run(ln(s1_, l_.ln2g, l_.ln2b, h1_, mean2_, rstd2_));  // h1: the FFN's input
+    else layernorm_->run(ln(s1_, l_.ln1g, l_.ln1b, h1_, mean1_, rstd1_));
     trace::op("addmm");
-    fwd_[4].execute();
-    cpu::stream().wait();
+    ffn1_->run(dense(h1_.data(), W, l_.w1, l_.b1, z_, nullptr));
     trace::op("gelu");
     const T* z = z_.as<T>();
     T* f = f_.as<T>();
 #pragma omp parallel for num_threads(team()) schedule(static)
     for (std::int64_t i = 0; i < T_ * F; ++i) f[i] = st<T>(gelu(ld(z[i])));
     trace::op("addmm");
-    fwd_[5].execute();
-    cpu::stream().wait();
-    trace::op(a.pre_ln ? "add" : "layernorm");
-    const T* resid = a.pre_ln ? s1_.as<T>() : h1_.as<T>();
-    const T* o = o_.as<T>();
-    T* s2 = s2_.as<T>();
-    if (a.pre_ln) {
-#pragma omp parallel for num_threads(team()) schedule(static)
-      for (std::int64_t i = 0; i < T_ * H; ++i) s2[i] = st<T>(ld(resid[i]) + ld(o[i]));
-    } else {
-      add_layernorm(resid, o, s2, P + l_.ln2g, P + l_.ln2b, y_.as<T>(), mean2_.as<float>(), rstd2_.as<float>());
-    }
+    ffn2_->run(dense(f_.data(), W, l_.w2, l_.b2, s2_, resid));  // s2 = resid + ffn
+    if (!a.pre_ln) trace::op("layernorm"), layernorm_->run(ln(s2_, l_.ln2g, l_.ln2b, y_, mean2_, rstd2_));
+  }
+
+  // A dense layer's tensors: x . W + b (+ c) into y, W and b at their offsets in the GEMMs' weights.
+  static matmul::Args dense(const void* x, const T* W, std::size_t w, std::size_t b, HostBuffer& y, const void* c) {
+    matmul::Args m;
+    m.a = x, m.b = W + w, m.bias = W + b, m.out = y.data(), m.c = c;
+    return m;
+  }
+  // A dense layer's weight gradient x^T . dz into the f32 gradients at `w`.
+  matmul::Args weight_grad(const void* x, const void* dz, std::size_t w) {
+    matmul::Args m;
+    m.a = x, m.dout = dz, m.out = grads_.as<float>() + w;
+    return m;
+  }
+  // A dense layer's data gradient dz . W^T into dx, W at `w` in the GEMMs' weights.
+  matmul::Args data_grad(const void* dz, std::size_t w, HostBuffer& dx) {
+    matmul::Args m;
+    m.b = gemm_weights() + w, m.dout = dz, m.out = dx.data();
+    return m;
+  }
+  // A LayerNorm's tensors: LN(x) with gamma and beta at their offsets in the f32 parameters.
+  layernorm::Args ln(const HostBuffer& x, std::size_t g, std::size_t b, HostBuffer& y, HostBuffer& mean, HostBuffer& rstd) {
+    const float* P = params_.as<float>();
+    layernorm::Args n;
+    n.x = x.data(), n.gamma = P + g, n.beta = P + b, n.y = y.data(), n.mean = mean.data(), n.rstd = rstd.data();
+    return n;
   }
 
   double loss_and_dy() {
@@ -367,9 +348,8 @@ class CpuLayer final : public LayerCase {
     trace::op("sum");
     colsum(ds2, H, G + l_.b2);
     trace::op("mm");
-    bwd_[0].execute();
-    bwd_[1].execute();
-    cpu::stream().wait();
+    w2_w_->run(weight_grad(f_.data(), ds2, l_.w2));
+    w2_d_->run(data_grad(ds2, l_.w2, df_));
     trace::op("gelu_bwd");
     T* df = df_.as<T>();
     const T* z = z_.as<T>();
@@ -378,9 +358,8 @@ class CpuLayer final : public LayerCase {
     trace::op("sum");
     colsum(df, F, G + l_.b1);
     trace::op("mm");
-    bwd_[2].execute();
-    bwd_[3].execute();
-    cpu::stream().wait();
+    w1_w_->run(weight_grad(h1_.data(), df, l_.w1));
+    w1_d_->run(data_grad(df, l_.w1, du2_));
     trace::op("layernorm_bwd");
     if (a.pre_ln)  // ds1 = LN2'(du2) + dy
       layernorm_back(du2_.as<T>(), nullptr, s1_.as<T>(), mean2_.as<float>(), rstd2_.as<float>(), P + l_.ln2g, G + l_.ln2g,
@@ -390,14 +369,22 @@ class CpuLayer final : public LayerCase {
                      G + l_.ln1b, ds1_.as<T>(), nullptr);
     trace::op("sum");
     colsum(ds1_.as<T>(), H, G + l_.bo);
-    // The output projection's two GEMMs, then the context's two batched ones (dP, dV).
-    for (std::size_t k = 4; k < attn_bwd_; ++k) trace::op(k < 6 ? "mm" : "bmm"), bwd_[k].execute();
+    trace::op("mm");
+    wo_w_->run(weight_grad(ctx_.data(), ds1_.data(), l_.wo));
+    wo_d_->run(data_grad(ds1_.data(), l_.wo, dctx_));
+    trace::op("bmm");
+    dp_gemm_.execute();
+    dv_gemm_.execute();
     cpu::stream().wait();
     trace::op("softmax_bwd");
     softmax_bwd_->run({nullptr, prob_.data(), dp_.data(), dp_.data()});  // in place over dP
-    // The scores' two batched GEMMs (dQ, dK), then the QKV projection's.
-    for (std::size_t k = attn_bwd_; k < bwd_.size(); ++k) trace::op(k < attn_bwd_ + 2 ? "bmm" : "mm"), bwd_[k].execute();
+    trace::op("bmm");
+    dq_gemm_.execute();
+    dk_gemm_.execute();
     cpu::stream().wait();
+    trace::op("mm");
+    qkv_w_->run(weight_grad(a.pre_ln ? u1_.data() : x_.data(), dqkv_.data(), l_.wqkv));
+    if (a.pre_ln) qkv_d_->run(data_grad(dqkv_.data(), l_.wqkv, du1_));
     trace::op("sum");
     colsum(dqkv_.as<T>(), 3 * H, G + l_.bqkv);
     if (a.pre_ln)
@@ -416,11 +403,13 @@ class CpuLayer final : public LayerCase {
   State seeded_;
   int threads_;
   HostBuffer x_, target_, params_, weights_, grads_, m_, v_;
-  HostBuffer u1_, qkv_, prob_, ctx_, attn_, s1_, h1_, z_, f_, o_, s2_, y_, mean1_, rstd1_, mean2_, rstd2_;
+  HostBuffer u1_, qkv_, prob_, ctx_, s1_, h1_, z_, f_, s2_, y_, mean1_, rstd1_, mean2_, rstd2_;
   HostBuffer dy_, ds2_, df_, du2_, ds1_, dctx_, dqkv_, dp_, du1_;
-  std::vector<Matmul> fwd_, bwd_;
+  std::unique_ptr<matmul::Plan> qkv_gemm_, out_gemm_, ffn1_, ffn2_;
+  std::unique_ptr<matmul::Plan> w2_w_, w2_d_, w1_w_, w1_d_, wo_w_, wo_d_, qkv_w_, qkv_d_;
+  Matmul scores_, context_, dp_gemm_, dv_gemm_, dq_gemm_, dk_gemm_;
   std::unique_ptr<softmax::Plan> softmax_, softmax_bwd_;
-  std::size_t attn_bwd_ = 0;
+  std::unique_ptr<layernorm::Plan> layernorm_;
   std::int64_t step_ = 0;
   double loss_ = 0;
 };

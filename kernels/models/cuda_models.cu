@@ -1,5 +1,5 @@
-// models on CUDA: cublasLt GEMMs with bias/ReLU epilogues and three hand-written kernels; the step op
-// by op, with its launch count:
+// models on CUDA: the matmul family's plans (cublasLt GEMMs with bias/ReLU epilogues) and three
+// hand-written kernels that fuse what no family's plan does; the step op by op, with its launch count:
 // docs/models.md, "How each model step runs".
 #include <cuda_bf16.h>
 
@@ -7,10 +7,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "hotops/cublaslt_gemm.h"
 #include "hotops/cuda_util.h"
 #include "hotops/trace.h"
+#include "kernels/matmul/matmul.h"
 #include "kernels/models/cuda_step.cuh"
 #include "kernels/models/models.h"
 
@@ -64,7 +66,8 @@ __global__ void __launch_bounds__(kTileCols* kTileRowGroups) relu_backward_bias_
   }
 }
 
-// y = act(y + b) over [rows, cols] row-major: the forward's epilogue where cublasLt has none.
+// y = act(y + b) over [rows, cols] row-major, the bias add and the ReLU in one pass: the forward's
+// epilogue where cublasLt has none.
 template <class T>
 __global__ void bias_act(T* __restrict__ y, const T* __restrict__ b, std::int64_t rows, int cols, bool relu) {
   const std::int64_t n = rows * cols;
@@ -75,64 +78,25 @@ __global__ void bias_act(T* __restrict__ y, const T* __restrict__ b, std::int64_
   }
 }
 
-cudaDataType_t cuda_type(DType t) { return t == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
+// A dense layer's forward, y = act(a . W + b): the matmul plan with cublasLt's bias (+ ReLU)
+// epilogue, or, where cublasLt has no kernel with that epilogue for the shape, the plain GEMM's plan
+// and bias_act after it (the label counts those).
+struct DenseForward {
+  std::unique_ptr<matmul::Plan> gemm;
+  bool unfused_bias = false;
 
-// D (m x n) = op(A) . op(B), column-major, packed (every leading dimension is the row count), with
-// an optional bias (+ ReLU) epilogue; gpu::LtGemm, the heuristic's first algorithm chosen at setup.
-// A and B (and the bias) are of type `ab`, D of type `d` (f32 accumulation either way). Where
-// cublasLt has no kernel with the epilogue for a shape, a plain GEMM and bias_act do it (the label
-// counts those).
-class Gemm {
- public:
-  Gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n, std::int64_t k, const void* A,
-       const void* B, void* D, const void* bias = nullptr, bool relu = false, DType ab = DType::f32,
-       DType d = DType::f32)
-      : a_(A), b_(B), d_(D), bias_(bias), relu_(relu), m_(m), n_(n), d_type_(d) {
-    HOTOPS_CHECK(!bias || ab == d, "models: a bias epilogue takes A, B and D of one type");
-    gpu::GemmDesc desc;
-    desc.opa = opa, desc.opb = opb, desc.m = m, desc.n = n, desc.k = k;
-    desc.ab = cuda_type(ab), desc.cd = cuda_type(d), desc.bias = bias, desc.relu = bias && relu;
-    if (bias) {
-      try {
-        g_ = std::make_unique<gpu::LtGemm>(desc, "models");
-        fused_ = true;
-        return;
-      } catch (const Error& e) {
-        if (e.kind() != ErrorKind::unsupported) throw;
-      }
-      desc.bias = nullptr, desc.relu = false;
+  explicit DenseForward(const matmul::Shape& g) {
+    try {
+      gemm = matmul::make_cuda_plan(g);
+      return;
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::unsupported) throw;
     }
-    g_ = std::make_unique<gpu::LtGemm>(desc, "models");
+    matmul::Shape plain = g;
+    plain.op = matmul::Op::mm, plain.relu = false;
+    gemm = matmul::make_cuda_plan(plain);
+    unfused_bias = true;
   }
-
-  void run() const {
-    g_->run(a_, b_, d_);
-    if (bias_ && !fused_) {
-      const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((m_ * n_ + 255) / 256, 4096));
-      if (d_type_ == DType::bf16)
-        bias_act<<<blocks, 256, 0, gpu::stream()>>>(static_cast<__nv_bfloat16*>(d_),
-                                                    static_cast<const __nv_bfloat16*>(bias_), n_, static_cast<int>(m_), relu_);
-      else
-        bias_act<<<blocks, 256, 0, gpu::stream()>>>(static_cast<float*>(d_), static_cast<const float*>(bias_), n_,
-                                                    static_cast<int>(m_), relu_);
-      HOTOPS_CHECK_LAUNCH();
-    }
-  }
-
-  int launches() const { return bias_ && !fused_ ? 2 : 1; }
-  int algo_id() const { return g_->algo_id(); }
-  bool unfused_bias() const { return bias_ && !fused_; }
-
- private:
-  std::unique_ptr<gpu::LtGemm> g_;
-  const void* a_;
-  const void* b_;
-  void* d_;
-  const void* bias_;
-  bool relu_;
-  bool fused_ = false;
-  std::int64_t m_, n_;
-  DType d_type_;
 };
 
 class CudaModel final : public ModelCase {
@@ -174,22 +138,11 @@ class CudaModel final : public ModelCase {
     }
     if (s_.variant == Variant::e2e && !s_.train()) logits_host_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * s_.classes()));
 
-    // Row-major [r, c] is column-major [c, r]: see the file comment of kernels/matmul/cuda_cublas.cu.
-    const DType t = s_.dtype;
     for (std::size_t k = 0; k < L; ++k) {
-      const std::int64_t in = s_.in(k), out = s_.out(k);
-      const void* W = weight(l_.w[k]);
-      // y^T [out, B] = W^T [out, in] . a^T [in, B]
-      fwd_.push_back(std::make_unique<Gemm>(CUBLAS_OP_N, CUBLAS_OP_N, out, B, in, W, input(k), act_[k + 1].get(),
-                                            weight(l_.b[k]), k + 1 < L, t, t));
+      fwd_.emplace_back(forward_gemm(s_, k));
       if (!s_.train()) continue;
-      // dW^T [out, in] = dz^T [out, B] . a [B, in], written f32
-      wgrad_.push_back(std::make_unique<Gemm>(CUBLAS_OP_N, CUBLAS_OP_T, out, in, B, dact_[k + 1].get(), input(k),
-                                              grads_.as<float>() + l_.w[k], nullptr, false, t, DType::f32));
-      // da^T [in, B] = W [in, out] . dz^T [out, B]
-      dgrad_.push_back(k == 0 ? nullptr
-                              : std::make_unique<Gemm>(CUBLAS_OP_T, CUBLAS_OP_N, in, B, out, W, dact_[k + 1].get(),
-                                                       dact_[k].get(), nullptr, false, t, t));
+      wgrad_.push_back(matmul::make_cuda_plan(weight_grad_gemm(s_, k)));
+      dgrad_.push_back(k == 0 ? nullptr : matmul::make_cuda_plan(data_grad_gemm(s_, k)));
     }
     if (s_.variant == Variant::graph) {
       // Everything the step touches that is created lazily (the cublasLt handle, its workspace)
@@ -256,19 +209,22 @@ class CudaModel final : public ModelCase {
 
   std::string label() const override {
     int launches = 0, unfused = 0;
-    std::string algos;
-    for (const auto* list : {&fwd_, &wgrad_, &dgrad_})
-      for (const auto& g : *list)
-        if (g) {
-          launches += g->launches();
-          unfused += g->unfused_bias();
-          algos += (algos.empty() ? "" : ",") + std::to_string(g->algo_id());
-        }
+    std::vector<std::string> gemms;  // each distinct matmul plan label once, in step order
+    auto count = [&](const matmul::Plan* g) {
+      if (!g) return;
+      ++launches;
+      if (std::find(gemms.begin(), gemms.end(), g->label()) == gemms.end()) gemms.push_back(g->label());
+    };
+    for (const DenseForward& f : fwd_) count(f.gemm.get()), launches += f.unfused_bias, unfused += f.unfused_bias;
+    for (const auto* list : {&wgrad_, &dgrad_})
+      for (const auto& g : *list) count(g.get());
     if (s_.train()) launches += 1 + static_cast<int>(s_.layers()) - 1 + 1;  // loss, ReLU backward, AdamW
     if (s_.bf16()) launches += 1;                                            // cast_params
+    std::string list;
+    for (const std::string& g : gemms) list += (list.empty() ? "" : "; ") + g;
     std::string l = std::string(s_.bf16() ? "bf16 autocast (f32 master weights, hotops cast_params each step), " : "") +
-                    std::to_string(s_.layers()) + " dense layers: cublasLt " +
-                    (s_.bf16() ? "bf16, f32 accumulation" : "f32") + " (algos " + algos + "), " +
+                    std::to_string(s_.layers()) + " dense layers: matmul plans, " +
+                    (s_.bf16() ? "bf16, f32 accumulation" : "f32") + " [" + list + "], " +
                     (unfused ? std::to_string(unfused) + " bias epilogue(s) as hotops bias_act" : "bias/ReLU epilogues");
     if (s_.train()) l += " + hotops softmax_xent, relu_backward_bias_grad, AdamW 1 launch";
     l += ", " + std::to_string(launches) + " launches a step";
@@ -320,11 +276,25 @@ class CudaModel final : public ModelCase {
     device_step_on<__nv_bfloat16>();
   }
 
+  // y = act(y + b) after a plain GEMM, where cublasLt has no bias epilogue for layer k.
+  template <class T>
+  void bias_act_after(std::size_t k) {
+    const std::int64_t rows = s_.batch, cols = s_.out(k);
+    const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((rows * cols + 255) / 256, 4096));
+    bias_act<<<blocks, 256, 0, gpu::stream()>>>(act_[k + 1].as<T>(), static_cast<const T*>(weight(l_.b[k])), rows,
+                                                static_cast<int>(cols), k + 1 < s_.layers());
+    HOTOPS_CHECK_LAUNCH();
+  }
+
   template <class T>
   void device_step_on() {
     const std::size_t L = s_.layers();
     const std::int64_t B = s_.batch;
-    for (const auto& g : fwd_) trace::op("addmm"), g->run();
+    for (std::size_t k = 0; k < L; ++k) {
+      trace::op("addmm");
+      fwd_[k].gemm->run({input(k), weight(l_.w[k]), weight(l_.b[k]), nullptr, act_[k + 1].get(), nullptr});
+      if (fwd_[k].unfused_bias) bias_act_after<T>(k);
+    }
     if (!s_.train()) return;
     const int C = static_cast<int>(s_.classes());
     trace::op("cross_entropy");
@@ -335,9 +305,9 @@ class CudaModel final : public ModelCase {
     HOTOPS_CHECK_LAUNCH();
     for (std::size_t k = L; k-- > 0;) {
       trace::op("mm");
-      wgrad_[k]->run();
+      wgrad_[k]->run({input(k), nullptr, nullptr, dact_[k + 1].get(), grads_.as<float>() + l_.w[k], nullptr});
       if (k == 0) break;
-      dgrad_[k]->run();
+      dgrad_[k]->run({nullptr, weight(l_.w[k]), nullptr, dact_[k + 1].get(), dact_[k].get(), nullptr});
       trace::op("relu_bwd");
       const int cols = static_cast<int>(s_.out(k - 1));
       const dim3 grid(static_cast<unsigned>((cols + kTileCols - 1) / kTileCols), static_cast<unsigned>(splits()));
@@ -357,7 +327,8 @@ class CudaModel final : public ModelCase {
   gpu::DeviceBuffer params_, grads_, m_, v_, x_, labels_, loss_, state_, partial_, tickets_;
   gpu::DeviceBuffer low_;  // bf16: the step's bf16 copy of params_ (same layout)
   std::vector<gpu::DeviceBuffer> act_, dact_;
-  std::vector<std::unique_ptr<Gemm>> fwd_, wgrad_, dgrad_;
+  std::vector<DenseForward> fwd_;                            // per layer
+  std::vector<std::unique_ptr<matmul::Plan>> wgrad_, dgrad_;  // per layer (dgrad_: null for the first)
   HostBuffer logits_host_;
   float loss_host_ = 0;
   gpu::StepGraph graph_;  // graph:1
