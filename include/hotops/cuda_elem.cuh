@@ -1,5 +1,5 @@
-// Device-side element helpers shared by hotops' hand-written CUDA kernels: f32 <-> storage
-// conversions (bf16 rounded to nearest even) and VEC elements moved in one aligned access.
+// Device-side helpers shared by hotops' hand-written CUDA kernels: f32 <-> storage conversions (bf16
+// rounded to nearest even), VEC elements moved in one aligned access, and warp-wide reductions.
 #pragma once
 #include <cstdint>
 
@@ -47,6 +47,19 @@ __device__ __forceinline__ void store(T* p, const float (&in)[VEC]) {
 #pragma unroll
   for (int i = 0; i < VEC; ++i) pk.v[i] = from_float<T>(in[i]);
   *reinterpret_cast<Pack<T, VEC>*>(p) = pk;
+}
+
+// The sum and the max over the 32 lanes of a warp, every lane getting the result (a butterfly of
+// __shfl_xor_sync; lane 0 adds in the same order as a __shfl_down_sync tree).
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
 }
 
 }  // namespace hotops::gpu

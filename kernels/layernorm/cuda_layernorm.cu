@@ -34,11 +34,7 @@ using gpu::Pack;
 using gpu::store;
 using gpu::to_float;
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+using gpu::warp_sum;
 
 template <class T>
 struct Params {

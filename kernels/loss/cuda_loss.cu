@@ -53,11 +53,7 @@ __device__ inline MaxSum warp_merge(MaxSum v) {
   return v;
 }
 
-__device__ inline float warp_sum(float v) {
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+using gpu::warp_sum;
 
 struct FwdArgs {
   const void* x;

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "hotops/cublaslt_gemm.h"
+#include "hotops/cuda_elem.cuh"
 #include "hotops/cuda_util.h"
 #include "hotops/trace.h"
 #include "kernels/model_bert/model_bert.h"
@@ -55,10 +56,7 @@ template <> __device__ inline Bf16x4 stored4<Bf16x4>(float4 v) {
   return Bf16x4{__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
 }
 
-__device__ inline float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+using gpu::warp_sum;
 
 __device__ inline float gelu(float z) { return 0.5f * z * (1.f + erff(z * 0.70710678118654752f)); }
 __device__ inline float gelu_grad(float z) {

@@ -27,7 +27,7 @@ using models::kLossThreads;
 using models::kMaxClasses;
 using models::softmax_xent;
 using models::StepState;
-using models::warp_sum;
+using gpu::warp_sum;
 constexpr unsigned kWarpsPerBlock = 8;
 
 // x[t, b, :] = embed[tokens[b, t], :] over n = t * B + b (T: x's storage, float or __nv_bfloat16,

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "hotops/cuda_elem.cuh"
 #include "kernels/adamw/adamw.h"
 
 namespace hotops::models {
@@ -26,10 +27,7 @@ template <class T> __device__ inline T narrow(float v);
 template <> __device__ inline float narrow<float>(float v) { return v; }
 template <> __device__ inline __nv_bfloat16 narrow<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
-__device__ inline float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-  return v;
-}
+using gpu::warp_sum;
 
 // One block. Row r of the batch: softmax of the logits, loss_r = log(sum exp) - (z_y - max),
 // dlogits_r = (softmax - onehot(y)) / B. Then the mean loss, the last layer's bias gradient (the

@@ -27,16 +27,8 @@ constexpr unsigned kBlockThreads = 512;
 using gpu::Elem;
 using gpu::Pack;
 
-__device__ inline float warp_max(float v) {
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ inline float warp_sum(float v) {
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+using gpu::warp_max;
+using gpu::warp_sum;
 
 struct KernelArgs {
   const void* a;  // x (fwd) or y (bwd)
