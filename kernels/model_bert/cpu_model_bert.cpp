@@ -2,10 +2,10 @@
 // GEMMs the matmul family's plans: forward with their bias and the residual as a binary add post-op,
 // the data gradients, and the weight gradients f32 out;
 // the attention's per-head GEMMs as 4-D [batch, heads, rows, cols] matmuls on strided views of the
-// QKV, context and gradient buffers, so no head split or merge copies), the softmax and layernorm
-// families' plans (oneDNN softmax forward and backward, in place; oneDNN layer_normalization forward),
-// the rest OpenMP loops: bias-free GELU forward/backward (erf), LayerNorm backward fused with the
-// gradients' sums, column sums for the bias gradients, the MSE loss, one AdamW pass.
+// QKV, context and gradient buffers, so no head split or merge copies), the softmax, layernorm and
+// gelu families' plans (oneDNN softmax forward and backward, in place; oneDNN layer_normalization
+// forward; the GELU forward), the rest OpenMP loops: the GELU backward (erf), LayerNorm backward
+// fused with the gradients' sums, column sums for the bias gradients, the MSE loss, one AdamW pass.
 // The loops are templates over the activations' storage (float, or bf16 as its uint16 bits) and
 // compute in f32; bf16's matmuls take bf16 operands (a per-step bf16 copy of the f32 master
 // parameters) and write bf16 activations or f32 weight gradients.
@@ -79,7 +79,6 @@ memory::desc view4(std::int64_t B, std::int64_t NH, std::int64_t rows, std::int6
   return memory::desc({B, NH, rows, cols}, type, dims{sb, sh, sr, sc});
 }
 
-float gelu(float z) { return 0.5f * z * (1.f + std::erf(z * 0.70710678118654752f)); }
 float gelu_grad(float z) {
   return 0.5f * (1.f + std::erf(z * 0.70710678118654752f)) + z * 0.39894228040143268f * std::exp(-0.5f * z * z);
 }
@@ -122,6 +121,7 @@ class CpuLayer final : public LayerCase {
     scores_ = make_matmul(q_v, q, kt_v, q + H, nullptr, p_v, prob_.as<T>(), scale);
     context_ = make_matmul(p_v, prob_.as<T>(), q_v, q + 2 * H, nullptr, ctx_v, ctx_.as<T>());
     softmax_ = softmax::make_cpu_plan(attention_softmax(s_, Direction::fwd));
+    gelu_ = gelu::make_cpu_plan(ffn_gelu(s_));
     layernorm_ = layernorm::make_cpu_plan(token_layernorm(s_, Direction::fwd));
     if (!s_.train()) return;
     softmax_bwd_ = softmax::make_cpu_plan(attention_softmax(s_, Direction::bwd));
@@ -174,7 +174,7 @@ class CpuLayer final : public LayerCase {
 
   std::string label() const override {
     return std::string(s_.arch.pre_ln ? "pre-LN" : "post-LN") + " encoder layer: oneDNN " + (kBf16 ? "bf16 " : "") +
-           "matmul (dense with residual post-op + 4-D strided attention GEMMs), oneDNN softmax, LayerNorm, OpenMP GELU" +
+           "matmul (dense with residual post-op + 4-D strided attention GEMMs), oneDNN softmax, LayerNorm, " + gelu_->label() + ", OpenMP GELU backward" +
            (kBf16 ? ", bf16 activations, f32 master weights cast to bf16 each step" : "") +
            (s_.train() ? ", MSE, backward loops, AdamW 1 flat pass" : "") + ", " +
            std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
@@ -259,7 +259,6 @@ class CpuLayer final : public LayerCase {
 
   void forward() {
     const Arch& a = s_.arch;
-    const std::int64_t T_ = s_.tokens(), F = a.ffn;
     const T* W = gemm_weights();
     const void* u1 = a.pre_ln ? u1_.data() : x_.data();
     const void* resid = a.pre_ln ? s1_.data() : h1_.data();  // the FFN block's skip connection
@@ -282,10 +281,7 @@ class CpuLayer final : public LayerCase {
     trace::op("addmm");
     ffn1_->run(dense(h1_.data(), W, l_.w1, l_.b1, z_, nullptr));
     trace::op("gelu");
-    const T* z = z_.as<T>();
-    T* f = f_.as<T>();
-#pragma omp parallel for num_threads(team()) schedule(static)
-    for (std::int64_t i = 0; i < T_ * F; ++i) f[i] = st<T>(gelu(ld(z[i])));
+    gelu_->run({z_.data(), nullptr, f_.data()});
     trace::op("addmm");
     ffn2_->run(dense(f_.data(), W, l_.w2, l_.b2, s2_, resid));  // s2 = resid + ffn
     if (!a.pre_ln) trace::op("layernorm"), layernorm_->run(ln(s2_, l_.ln2g, l_.ln2b, y_, mean2_, rstd2_));
@@ -409,6 +405,7 @@ class CpuLayer final : public LayerCase {
   std::unique_ptr<matmul::Plan> w2_w_, w2_d_, w1_w_, w1_d_, wo_w_, wo_d_, qkv_w_, qkv_d_;
   Matmul scores_, context_, dp_gemm_, dv_gemm_, dq_gemm_, dk_gemm_;
   std::unique_ptr<softmax::Plan> softmax_, softmax_bwd_;
+  std::unique_ptr<gelu::Plan> gelu_;
   std::unique_ptr<layernorm::Plan> layernorm_;
   std::int64_t step_ = 0;
   double loss_ = 0;

@@ -1,6 +1,6 @@
 // model_bert on CUDA: cublasLt dense GEMMs (the matmul family's plans), one
-// cublasGemmBatchedEx per attention GEMM, the softmax and layernorm families' plans, hand-written GELU,
-// LayerNorm backward, column-sum and loss kernels; how each is set up and fused: docs/models.md,
+// cublasGemmBatchedEx per attention GEMM, the softmax, layernorm and gelu families' plans, hand-written
+// GELU backward, LayerNorm backward, column-sum and loss kernels; how each is set up and fused: docs/models.md,
 // "How each model step runs".
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -58,18 +58,8 @@ template <> __device__ inline Bf16x4 stored4<Bf16x4>(float4 v) {
 
 using gpu::warp_sum;
 
-__device__ inline float gelu(float z) { return 0.5f * z * (1.f + erff(z * 0.70710678118654752f)); }
 __device__ inline float gelu_grad(float z) {
   return 0.5f * (1.f + erff(z * 0.70710678118654752f)) + z * 0.39894228040143268f * __expf(-0.5f * z * z);
-}
-
-// f = gelu(z) (z has the bias from the GEMM's epilogue), n4 vectors of 4.
-template <class Q>
-__global__ void gelu_fwd(const Q* __restrict__ z, Q* __restrict__ f, std::int64_t n4) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const float4 v = f32_of(z[i]);
-    f[i] = stored4<Q>(make_float4(gelu(v.x), gelu(v.y), gelu(v.z), gelu(v.w)));
-  }
 }
 
 // df *= gelu'(z) in place over [rows, n4 vectors of 4], with the column sums of the stored result (the
@@ -331,6 +321,7 @@ class CudaLayer final : public LayerCase {
     ffn1_ = matmul::make_cuda_plan(dense_layer(s_, H, F, false));
     ffn2_ = matmul::make_cuda_plan(dense_layer(s_, F, H, true));     // s2 = resid + ffn
     softmax_ = softmax::make_cuda_plan(attention_softmax(s_, Direction::fwd));
+    gelu_ = gelu::make_cuda_plan(ffn_gelu(s_));
     layernorm_ = layernorm::make_cuda_plan(token_layernorm(s_, Direction::fwd));
     if (s_.train()) {
       grads_ = buf(static_cast<std::int64_t>(l_.total)), m_ = buf(static_cast<std::int64_t>(l_.total)), v_ = buf(static_cast<std::int64_t>(l_.total));
@@ -526,7 +517,7 @@ class CudaLayer final : public LayerCase {
 
   void device_step() {
     const Arch& a = s_.arch;
-    const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn;
+    const std::int64_t T_ = s_.tokens(), H = a.hidden;
     if constexpr (kBf16) {  // this step's bf16 copy of the parameters
       trace::op("cast");
       const auto n4 = static_cast<std::int64_t>(l_.total / 4);
@@ -553,8 +544,7 @@ class CudaLayer final : public LayerCase {
     trace::op("addmm");
     ffn1_->run(dense(h1_.get(), l_.w1, l_.b1, z_, nullptr));
     trace::op("gelu");
-    gelu_fwd<Q><<<grid_for(T_ * F / 4), kThreads, 0, gpu::stream()>>>(z_.as<const Q>(), f_.as<Q>(), T_ * F / 4);
-    HOTOPS_CHECK_LAUNCH();
+    gelu_->run({z_.get(), nullptr, f_.get()});
     trace::op("addmm");
     ffn2_->run(dense(f_.get(), l_.w2, l_.b2, s2_, resid));  // s2 = resid + f . W2 + b2
     if (!a.pre_ln) trace::op("layernorm"), layernorm_->run(ln(s2_, l_.ln2g, l_.ln2b, y_, mean2_, rstd2_));
@@ -627,6 +617,7 @@ class CudaLayer final : public LayerCase {
   std::unique_ptr<matmul::Plan> qkv_gemm_, out_gemm_, ffn1_, ffn2_, w2_w_, w2_d_, w1_w_, w1_d_, wo_w_, wo_d_, qkv_w_, qkv_d_;
   std::unique_ptr<BatchedGemm<T>> scores_, context_, dp_gemm_, dv_gemm_, dq_gemm_, dk_gemm_;
   std::unique_ptr<softmax::Plan> softmax_, softmax_bwd_;
+  std::unique_ptr<gelu::Plan> gelu_;
   std::unique_ptr<layernorm::Plan> layernorm_;
   HostBuffer host_out_;
   float loss_host_ = 0;

@@ -123,6 +123,15 @@ matmul::Shape dense_grad(const Shape& s, Direction d, std::int64_t in, std::int6
   return m;
 }
 
+gelu::Shape ffn_gelu(const Shape& s) {
+  gelu::Shape g;
+  g.dir = Direction::fwd;
+  g.dtype = s.dtype;
+  g.approx = gelu::Approx::none;
+  g.elements = s.tokens() * s.arch.ffn;
+  return g;
+}
+
 layernorm::Shape token_layernorm(const Shape& s, Direction d) {
   layernorm::Shape ln;
   ln.dir = d;

@@ -14,6 +14,7 @@
 #include "hotops/buffer.h"
 #include "hotops/op.h"
 #include "kernels/adamw/adamw.h"
+#include "kernels/gelu/gelu.h"
 #include "kernels/layernorm/layernorm.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/models/models.h"
@@ -64,6 +65,9 @@ matmul::Shape dense_layer(const Shape& s, std::int64_t in, std::int64_t out, boo
 // (bwd_data; with `residual`, a gradient added through the GEMM) or dW = x^T . dy (bwd_weight, stored
 // f32 in either dtype, beside the f32 master parameters): the matmul family's mm plans.
 matmul::Shape dense_grad(const Shape& s, Direction d, std::int64_t in, std::int64_t out, bool residual);
+
+// The FFN's GELU (erf) over [tokens, ffn] in the step's dtype, forward: the gelu family's plan runs it.
+gelu::Shape ffn_gelu(const Shape& s);
 
 // LayerNorm over the hidden width of each of a step's tokens, in the step's dtype (gamma and beta
 // f32); the layernorm family's plan runs it.
