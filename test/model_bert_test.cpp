@@ -175,6 +175,26 @@ void check_bf16_bounds(const std::string& op, Direction d) {
   std::printf("  transposed Wo: %.3g (%s)\n", slip2.max_err, slip2.message.c_str());
 }
 
+// Every way of running one step starts from the same numbers (step_seed: the name less its
+// variant) and shares one reference: verifying the plain step and its threads:1 twin computes it
+// once; another start (another batch) computes its own.
+TEST(ModelBertVerify, VariantsOfAStepShareOneReference) {
+  const Problem plain = problem("bert_layer", Backend::cpu, Direction::infer, 1);
+  Problem one_thread = plain;
+  one_thread.args.push_back({"threads", "1"});
+  EXPECT_EQ(models::step_seed(plain), models::step_seed(one_thread));
+  Problem cuda = plain;
+  cuda.backend = Backend::cuda;
+  EXPECT_EQ(models::step_seed(plain), models::step_seed(cuda));
+  const std::size_t before = models::shared_reference_computations();
+  EXPECT_TRUE(family().make(plain)->verify().ok);
+  EXPECT_EQ(models::shared_reference_computations(), before + 1);
+  EXPECT_TRUE(family().make(one_thread)->verify().ok);
+  EXPECT_EQ(models::shared_reference_computations(), before + 1) << "the threads:1 step computed the reference again";
+  EXPECT_TRUE(family().make(problem("bert_layer", Backend::cpu, Direction::infer, 2))->verify().ok);
+  EXPECT_EQ(models::shared_reference_computations(), before + 2);
+}
+
 TEST(ModelBertVerify, Bf16BoundsBertTrain) { check_bf16_bounds("bert_layer", Direction::train); }
 TEST(ModelBertVerify, Bf16BoundsBertInfer) { check_bf16_bounds("bert_layer", Direction::infer); }
 TEST(ModelBertVerify, Bf16BoundsVitTrain) { check_bf16_bounds("vit_layer", Direction::train); }

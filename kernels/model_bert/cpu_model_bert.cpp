@@ -90,7 +90,7 @@ class CpuLayer final : public LayerCase {
 
  public:
   explicit CpuLayer(const Problem& p)
-      : s_(shape_of(p)), l_(param_layout(s_.arch)), seeded_(make_state(s_, l_, p.seed())),
+      : s_(shape_of(p)), l_(param_layout(s_.arch)), seeded_(make_state(s_, l_, models::step_seed(p))),
         threads_(s_.variant == Variant::threads ? s_.threads : 0) {
     cpu::ThreadScope scope(threads_);
     const Arch& a = s_.arch;

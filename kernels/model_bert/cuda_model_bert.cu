@@ -293,7 +293,7 @@ class CudaLayer final : public LayerCase {
   static constexpr bool kBf16 = std::is_same_v<T, bf16>;
 
  public:
-  explicit CudaLayer(const Problem& p) : s_(shape_of(p)), l_(param_layout(s_.arch)), seeded_(make_state(s_, l_, p.seed())) {
+  explicit CudaLayer(const Problem& p) : s_(shape_of(p)), l_(param_layout(s_.arch)), seeded_(make_state(s_, l_, models::step_seed(p))) {
     const Arch& a = s_.arch;
     const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn, S = a.seq, NH = a.heads, D = a.head_dim(), B = s_.batch;
     HOTOPS_CHECK(D * NH == H, "model_bert: hidden must be heads x head_dim");

@@ -269,10 +269,18 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, c
   const std::vector<double> p0 = as_doubles(start.params);
   // One reference per distinct sample (each a mean over its own elements); the batch's loss and
   // gradients are their means weighted by how often each sample occurs in the batch.
-  std::vector<Reference> refs;
-  for (std::int64_t q = 0; q < period; ++q)
-    refs.push_back(reference(a, l, p0, as_doubles(start.x, per * static_cast<std::size_t>(q), per),
-                             as_doubles(start.target, per * static_cast<std::size_t>(q), per), 1, s.train()));
+  // Computed once for every way of running the step (shared_reference).
+  const auto shared = models::shared_reference<std::vector<Reference>>(
+      models::reference_key(a.name, s.dtype, s.dir, s.batch, {start.params.data(), start.x.data(), start.target.data()},
+                            {start.params.bytes(), start.x.bytes(), start.target.bytes()}),
+      [&] {
+        std::vector<Reference> r;
+        for (std::int64_t q = 0; q < period; ++q)
+          r.push_back(reference(a, l, p0, as_doubles(start.x, per * static_cast<std::size_t>(q), per),
+                                as_doubles(start.target, per * static_cast<std::size_t>(q), per), 1, s.train()));
+        return r;
+      });
+  const std::vector<Reference>& refs = *shared;
   if (!s.train()) {
     std::vector<double> yo = as_doubles(out.y), yr(yo.size());
     for (std::size_t i = 0; i < yr.size(); ++i) yr[i] = refs[(i / per) % static_cast<std::size_t>(period)].y[i % per];

@@ -44,7 +44,7 @@ float round_bf16(float v) { return bf16_to_float(float_to_bf16(v)); }
 class CpuBilstm final : public ModelCase {
  public:
   explicit CpuBilstm(const Problem& p)
-      : s_(shape_of(p)), c_(s_.cfg), l_(layout_of(c_)), st_(make_state(s_, l_, p.seed())),
+      : s_(shape_of(p)), c_(s_.cfg), l_(layout_of(c_)), st_(make_state(s_, l_, models::step_seed(p))),
         threads_(s_.variant == Variant::threads ? s_.threads : 0) {
     cpu::ThreadScope scope(threads_);
     const lstm::Shape ls = lstm_shape(s_);

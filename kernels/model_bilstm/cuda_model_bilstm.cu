@@ -179,7 +179,7 @@ unsigned blocks_for(std::int64_t work, unsigned threads, std::int64_t cap = 4096
 class CudaBilstm final : public ModelCase {
  public:
   explicit CudaBilstm(const Problem& p)
-      : s_(shape_of(p)), c_(s_.cfg), l_(layout_of(c_)), st_(make_state(s_, l_, p.seed())), es_(s_.bf16() ? 2 : 4) {
+      : s_(shape_of(p)), c_(s_.cfg), l_(layout_of(c_)), st_(make_state(s_, l_, models::step_seed(p))), es_(s_.bf16() ? 2 : 4) {
     HOTOPS_CHECK(c_.C <= kMaxClasses, "model_bilstm: the CUDA loss kernel takes at most 16 classes");
     const std::int64_t Tn = c_.T, B = s_.batch, E = c_.E, H = c_.H, C = c_.C, N = Tn * B;
     HOTOPS_CHECK(N * std::max(E, 2 * H) < (std::int64_t{1} << 31), "model_bilstm: batch too large");

@@ -210,7 +210,14 @@ double peak(const std::vector<double>& v) {
 Check verify_outcome(const Shape& s, const Layout& l, const State& start, const Outcome& out) {
   const Config& c = s.cfg;
   const std::vector<double> p0 = as_doubles(start.params);
-  const Reference ref = reference(c, l, p0, start.tokens, start.labels, s.batch, s.train());
+  // Computed once for every way of running the step (shared_reference).
+  const auto shared = models::shared_reference<Reference>(
+      models::reference_key(c.name, s.dtype, s.dir, s.batch,
+                            {start.params.data(), start.tokens.data(), start.labels.data()},
+                            {start.params.bytes(), start.tokens.size() * sizeof(start.tokens[0]),
+                             start.labels.size() * sizeof(start.labels[0])}),
+      [&] { return reference(c, l, p0, start.tokens, start.labels, s.batch, s.train()); });
+  const Reference& ref = *shared;
   const double growth = std::max(1.0, std::sqrt(static_cast<double>(c.T) / 25.0));
   const bool b16 = s.bf16();
   const double tol = tolerance(b16 ? DType::bf16 : DType::f32) * growth;

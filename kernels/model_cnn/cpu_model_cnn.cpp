@@ -62,8 +62,8 @@ struct ConvPrims {
 class CpuCnn final : public ModelCase {
  public:
   explicit CpuCnn(const Problem& p)
-      : s_(shape_of(p)), l_(param_layout(s_.arch)), seeded_(make_state(s_, l_, p.seed())),
-        keys_(dropout_keys(s_.arch, p.seed())), threads_(s_.variant == Variant::threads ? s_.threads : 0) {
+      : s_(shape_of(p)), l_(param_layout(s_.arch)), seeded_(make_state(s_, l_, models::step_seed(p))),
+        keys_(dropout_keys(s_.arch, models::step_seed(p))), threads_(s_.variant == Variant::threads ? s_.threads : 0) {
     cpu::ThreadScope scope(threads_);
     const Arch& a = s_.arch;
     const std::int64_t B = s_.batch;

@@ -609,7 +609,7 @@ class CudaCnn final : public ModelCase {
 
  public:
   explicit CudaCnn(const Problem& p)
-      : s_(shape_of(p)), l_(param_layout(s_.arch)), seeded_(make_state(s_, l_, p.seed())), keys_(dropout_keys(s_.arch, p.seed())) {
+      : s_(shape_of(p)), l_(param_layout(s_.arch)), seeded_(make_state(s_, l_, models::step_seed(p))), keys_(dropout_keys(s_.arch, models::step_seed(p))) {
     const Arch& a = s_.arch;
     const std::int64_t B = s_.batch, F = flat_width(a), Hd = a.hidden, C = a.classes;
     HOTOPS_CHECK(C <= models::kMaxClasses, "model_cnn: the CUDA loss takes at most 16 classes");

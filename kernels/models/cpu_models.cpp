@@ -96,7 +96,7 @@ class CpuModel final : public ModelCase {
 
  public:
   explicit CpuModel(const Problem& p)
-      : s_(shape_of(p)), l_(param_layout(s_.widths)), st_(make_state(s_, l_, p.seed())),
+      : s_(shape_of(p)), l_(param_layout(s_.widths)), st_(make_state(s_, l_, step_seed(p))),
         threads_(s_.variant == Variant::threads ? s_.threads : 0) {
     cpu::ThreadScope scope(threads_);  // primitives are created for the thread count they run with
     const std::size_t L = s_.layers();

@@ -101,7 +101,7 @@ struct DenseForward {
 
 class CudaModel final : public ModelCase {
  public:
-  explicit CudaModel(const Problem& p) : s_(shape_of(p)), l_(param_layout(s_.widths)), st_(make_state(s_, l_, p.seed())) {
+  explicit CudaModel(const Problem& p) : s_(shape_of(p)), l_(param_layout(s_.widths)), st_(make_state(s_, l_, step_seed(p))) {
     const std::size_t L = s_.layers();
     const std::int64_t B = s_.batch;
     HOTOPS_CHECK(s_.classes() <= kMaxClasses, "models: the CUDA loss kernel takes at most 16 classes");

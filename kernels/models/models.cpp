@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 
 #include "hotops/check.h"
@@ -186,6 +187,34 @@ Check adamw_first_step(const std::vector<double>& p0, const std::vector<double>&
     change[i] = params.get(i) - p0[i];
   }
   return within("AdamW step (p - p0)", change, ref_change, h.lr, 1e-3);
+}
+
+std::uint64_t step_seed(const Problem& p) {
+  Problem q = p;
+  q.args.erase(std::remove_if(q.args.begin(), q.args.end(),
+                              [](const Arg& a) { return a.key == "threads" || a.key == "e2e" || a.key == "graph"; }),
+               q.args.end());
+  return q.seed();
+}
+
+std::string reference_key(const std::string& model, DType dtype, Direction dir, std::int64_t batch,
+                          std::initializer_list<const void*> data, std::initializer_list<std::size_t> bytes) {
+  HOTOPS_CHECK(data.size() == bytes.size(), "reference_key: one size per buffer");
+  std::string key = model + "/" + dtype_name(dtype) + "/" + direction_name(dir) + "/batch:" + std::to_string(batch);
+  auto n = bytes.begin();
+  for (const void* d : data) {
+    std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the bytes, 8 at a time
+    const auto* b = static_cast<const unsigned char*>(d);
+    std::size_t i = 0;
+    for (; i + 8 <= *n; i += 8) {
+      std::uint64_t w;
+      std::memcpy(&w, b + i, 8);
+      h = (h ^ w) * 1099511628211ull;
+    }
+    for (; i < *n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+    key += "/" + std::to_string(*n++) + ":" + std::to_string(h);
+  }
+  return key;
 }
 
 StepArgs step_args(const Problem& p, const std::string& family, bool has_graph, bool allow_bf16) {

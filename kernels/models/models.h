@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <iterator>
 #include <memory>
 #include <string>
@@ -59,6 +60,11 @@ struct StepArgs {
   int threads = 0;  // threads:T only
 };
 StepArgs step_args(const Problem& p, const std::string& family, bool has_graph, bool allow_bf16 = false);
+// The seed of a step's inputs and parameters: the problem's name less its backend and its variant
+// arg (threads:T, e2e:1, graph:1), so that every way of running one step computes on the same
+// numbers and can share one reference (shared_reference, below).
+std::uint64_t step_seed(const Problem& p);
+
 // Copies what a model family's Shape takes from its StepArgs as is (all but the model's name).
 template <class Shape>
 void copy_step_args(const StepArgs& a, Shape& s) {
@@ -183,6 +189,39 @@ struct Outcome {
 };
 // Compares one run from the seeded start (step 1) with the reference (see models.cpp for the bounds).
 Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, const Outcome& out);
+
+// The reference of a step, computed once per process and shared by the ways of running it (CPU
+// threads:T, CUDA plain, e2e:1 and graph:1: they start from the same numbers, step_seed, and are
+// listed one after another): `make` runs only when `key` (what the reference is a function of) is not
+// the key of the last one computed, which is kept until the next (one reference at a time: BERT's at
+// batch 32 is about 1 GB). A reference that depends on the implementation's own
+// results (ReLU ties decided as it decided) must not go through here.
+// How many references shared_reference has computed in this process (for the tests).
+inline std::size_t& shared_reference_computations() {
+  static std::size_t n = 0;
+  return n;
+}
+template <class R, class Make>
+std::shared_ptr<const R> shared_reference(const std::string& key, Make make) {
+  struct Entry {
+    std::string key;
+    std::shared_ptr<const R> ref;
+  };
+  static std::vector<Entry> recent;  // the last kKept, newest last
+  constexpr std::size_t kKept = 1;
+  for (const Entry& e : recent)
+    if (e.key == key) return e.ref;
+  ++shared_reference_computations();
+  auto ref = std::make_shared<const R>(make());
+  if (recent.size() == kKept) recent.erase(recent.begin());
+  recent.push_back({key, ref});
+  return ref;
+}
+// The key of a step's reference: its model, dtype, direction and batch, and a hash of the contents of
+// the start it runs from (parameters, batch, ...), so that a caller that verifies from a start of its
+// own never gets another start's reference.
+std::string reference_key(const std::string& model, DType dtype, Direction dir, std::int64_t batch,
+                          std::initializer_list<const void*> data, std::initializer_list<std::size_t> bytes);
 
 // The cases' common extra: the loss of the last train step (synchronises on CUDA).
 class ModelCase : public Case {
