@@ -175,7 +175,7 @@ class CudaMatmul final : public Plan {
   CudaGemm g_;
   std::unique_ptr<gpu::LtGemm> gemm_;
   gpu::DeviceBuffer vector_;            // the epilogue's at setup; beta * bias where beta != 1
-  const void* bound_vector_ = nullptr;  // the epilogue's vector now set in gemm_
+  const void* bound_vector_ = nullptr;  // the vector the epilogue points at
   bool has_dbias_ = false;
   bool fused_dbias_ = false;
   std::string label_;
