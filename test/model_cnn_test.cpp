@@ -196,6 +196,22 @@ void expect_learns(Backend be, const std::string& arch, int steps, DType t = DTy
   model_test::expect_loss_falls<ModelCase>(*family().make(p), steps, 0.7, p.name());
 }
 
+// The ways of running one inference step share its reference (computed once in the process); a
+// train step computes its own, since its reference decides the ReLU near-ties as the run did.
+TEST(ModelCnnVerify, InferVariantsShareOneReference) {
+  const Problem plain = problem("keras_test", Backend::cpu, Direction::infer, 3);
+  Problem one_thread = plain;
+  one_thread.args.push_back({"threads", "1"});
+  const std::size_t before = models::shared_reference_computations();
+  EXPECT_TRUE(family().make(plain)->verify().ok);
+  EXPECT_TRUE(family().make(one_thread)->verify().ok);
+  EXPECT_EQ(models::shared_reference_computations(), before + 1);
+  Problem train = one_thread;
+  train.dir = Direction::train;
+  EXPECT_TRUE(family().make(train)->verify().ok);
+  EXPECT_EQ(models::shared_reference_computations(), before + 1);
+}
+
 TEST(ModelCnnTraining, LossFallsCpu) {
   expect_learns(Backend::cpu, "keras_test", 40);
   expect_learns(Backend::cpu, "vgg_test", 60);

@@ -324,7 +324,20 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<poi
     for (const HostBuffer& h : out.relu) hints.conv.push_back(h.as<float>());
     hints.hidden = out.hidden.count() ? out.hidden.as<float>() : nullptr;
   }
-  const Reference ref = reference(s, l, keys, p0, stats0, x, labels, count, s.train(), s.train() ? &hints : nullptr);
+  // Inference: computed once for every way of running the step (shared_reference). Training: each
+  // run's own, since the reference decides its ReLU near-ties as the run's activations did.
+  const auto compute = [&] {
+    return reference(s, l, keys, p0, stats0, x, labels, count, s.train(), s.train() ? &hints : nullptr);
+  };
+  const auto shared =
+      s.train() ? std::make_shared<const Reference>(compute())
+                : models::shared_reference<Reference>(
+                      models::reference_key(a.name, s.dtype, s.dir, s.batch,
+                                            {start.params.data(), start.stats.data(), start.x.data(), keys.data()},
+                                            {start.params.bytes(), start.stats.bytes(), start.x.bytes(),
+                                             keys.size() * sizeof(keys[0])}),
+                      compute);
+  const Reference& ref = *shared;
   if (!s.train()) {
     const std::vector<double> logits = as_doubles(out.logits);
     std::vector<double> r(logits.size());
