@@ -262,7 +262,7 @@ TEST(LstmLayout, PositionsSayWherePackPutsEachElement) {
       s.fma_math = t == DType::bf16;
       std::unique_ptr<Layout> layout;
       try {
-        layout = make_cuda_layout(s);
+        layout = make_layout(s, Backend::cuda);
       } catch (const Error& e) {
         if (e.kind() == ErrorKind::unsupported) continue;
         throw;

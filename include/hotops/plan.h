@@ -38,8 +38,9 @@ class Plan {
 // The plan for `s` on backend `b`, from the family's CPU and CUDA plan factories; `cuda` is
 // HOTOPS_CUDA_FACTORY(the CUDA factory) (a CUDA problem in a build without CUDA: unsupported).
 template <class P, class Shape>
-std::unique_ptr<P> plan_on_backend(Backend b, const Shape& s, std::unique_ptr<P> (*cpu)(const Shape&),
-                                   std::unique_ptr<P> (*cuda)(const Shape&)) {
+std::unique_ptr<P> plan_on_backend(
+    Backend b, const Shape& s, std::unique_ptr<P> (*cpu)(const Shape&),
+    typename std::common_type<std::unique_ptr<P> (*)(const Shape&)>::type cuda) {  // not deduced: may be nullptr
   if (b == Backend::cpu) return cpu(s);
   if (!cuda) throw Error("no CUDA backend in this build", ErrorKind::unsupported);
   return cuda(s);
