@@ -192,7 +192,6 @@ bool wants_cudnn(const Problem& p) {
   return true;
 }
 
-std::uint64_t input_seed(const Problem& p) { return seed_without_impl(p); }
 
 Inputs make_inputs(const Shape& s, std::uint64_t seed) {
   const auto C = static_cast<std::size_t>(s.C);

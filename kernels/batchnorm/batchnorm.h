@@ -39,9 +39,6 @@ Shape shape_of(const Problem& p);
 // Which CUDA implementation a problem names: the hand-written kernel (no `impl` arg) or cuDNN.
 bool wants_cudnn(const Problem& p);
 
-// The seed of a problem's inputs: that of its name without the `impl` arg, so that the hand-written
-// kernel, cuDNN and oneDNN all compute on the same numbers.
-std::uint64_t input_seed(const Problem& p);
 
 // Inputs, seeded; which buffers exist depends on the direction.
 struct Inputs {

@@ -226,7 +226,6 @@ CpuImpl default_cpu_impl(Kind k) {
 
 CpuImpl cpu_impl(const Problem& p) { return shape_of(p).impl; }
 
-std::uint64_t input_seed(const Problem& p) { return seed_without_impl(p); }
 
 const char* kind_name(Kind k) {
   switch (k) {

@@ -50,9 +50,6 @@ bool has_cpu_impls(Kind k);  // the layouts and the conversions
 CpuImpl default_cpu_impl(Kind k);
 CpuImpl cpu_impl(const Problem& p);  // shape_of(p).impl; throws hotops::Error on an unknown or misplaced `impl`
 
-// The seed of a problem's source: that of its name without the `impl` arg, so that oneDNN, hotops'
-// transpose and the CUDA kernel all copy the same numbers.
-std::uint64_t input_seed(const Problem& p);
 
 // hotops' CPU dtype conversion: dst = src converted (s.kind), rounding to nearest even, in blocks
 // that `threads` OpenMP threads share.

@@ -279,15 +279,20 @@ class CpuLstm final : public Plan {
  public:
   explicit CpuLstm(const Shape& s) : s_(s), d_(descriptors(s)), sp_(spaces_of(s, d_)) {
     const Descs& m = d_.m;
-    std::vector<std::pair<int, memory::desc>> fwd_args = {{DNNL_ARG_SRC_LAYER, m.src_layer},
-                                                          {DNNL_ARG_SRC_ITER, m.src_iter},
-                                                          {DNNL_ARG_SRC_ITER_C, m.src_iter_c},
-                                                          {DNNL_ARG_WEIGHTS_LAYER, d_.fwd.weights_layer_desc()},
-                                                          {DNNL_ARG_WEIGHTS_ITER, d_.fwd.weights_iter_desc()},
-                                                          {DNNL_ARG_BIAS, m.bias},
-                                                          {DNNL_ARG_DST_LAYER, m.dst_layer},
-                                                          {DNNL_ARG_DST_ITER, m.dst_iter},
-                                                          {DNNL_ARG_DST_ITER_C, m.dst_iter_c}};
+    // What both primitives take, first and in this order (run() passes the buffers so), the weights
+    // in the formats of `pd`.
+    auto layer_args = [&m](const auto& pd) {
+      return std::vector<std::pair<int, memory::desc>>{{DNNL_ARG_SRC_LAYER, m.src_layer},
+                                                      {DNNL_ARG_SRC_ITER, m.src_iter},
+                                                      {DNNL_ARG_SRC_ITER_C, m.src_iter_c},
+                                                      {DNNL_ARG_WEIGHTS_LAYER, pd.weights_layer_desc()},
+                                                      {DNNL_ARG_WEIGHTS_ITER, pd.weights_iter_desc()},
+                                                      {DNNL_ARG_BIAS, m.bias},
+                                                      {DNNL_ARG_DST_LAYER, m.dst_layer},
+                                                      {DNNL_ARG_DST_ITER, m.dst_iter},
+                                                      {DNNL_ARG_DST_ITER_C, m.dst_iter_c}};
+    };
+    std::vector<std::pair<int, memory::desc>> fwd_args = layer_args(d_.fwd);
     if (s_.dir == Direction::fwd) {
       fwd_ = cpu::Primitive(dnnl::lstm_forward(d_.fwd), fwd_args);
       return;
@@ -295,25 +300,18 @@ class CpuLstm final : public Plan {
     workspace_ = memory(d_.fwd.workspace_desc(), cpu::engine());
     fwd_args.emplace_back(DNNL_ARG_WORKSPACE, d_.fwd.workspace_desc());
     fwd_ = cpu::Primitive(dnnl::lstm_forward(d_.fwd), fwd_args);
-    bwd_ = cpu::Primitive(dnnl::lstm_backward(d_.bwd), {{DNNL_ARG_SRC_LAYER, m.src_layer},
-                                                        {DNNL_ARG_SRC_ITER, m.src_iter},
-                                                        {DNNL_ARG_SRC_ITER_C, m.src_iter_c},
-                                                        {DNNL_ARG_WEIGHTS_LAYER, d_.bwd.weights_layer_desc()},
-                                                        {DNNL_ARG_WEIGHTS_ITER, d_.bwd.weights_iter_desc()},
-                                                        {DNNL_ARG_BIAS, m.bias},
-                                                        {DNNL_ARG_DST_LAYER, m.dst_layer},
-                                                        {DNNL_ARG_DST_ITER, m.dst_iter},
-                                                        {DNNL_ARG_DST_ITER_C, m.dst_iter_c},
-                                                        {DNNL_ARG_WORKSPACE, d_.fwd.workspace_desc()},
-                                                        {DNNL_ARG_DIFF_DST_LAYER, m.d_dst_layer},
-                                                        {DNNL_ARG_DIFF_DST_ITER, m.d_dst_iter},
-                                                        {DNNL_ARG_DIFF_DST_ITER_C, m.d_dst_iter_c},
-                                                        {DNNL_ARG_DIFF_SRC_LAYER, m.d_src_layer},
-                                                        {DNNL_ARG_DIFF_SRC_ITER, m.d_src_iter},
-                                                        {DNNL_ARG_DIFF_SRC_ITER_C, m.d_src_iter_c},
-                                                        {DNNL_ARG_DIFF_WEIGHTS_LAYER, m.d_w_layer},
-                                                        {DNNL_ARG_DIFF_WEIGHTS_ITER, m.d_w_iter},
-                                                        {DNNL_ARG_DIFF_BIAS, m.d_bias}});
+    std::vector<std::pair<int, memory::desc>> bwd_args = layer_args(d_.bwd);
+    bwd_args.insert(bwd_args.end(), {{DNNL_ARG_WORKSPACE, d_.fwd.workspace_desc()},
+                                     {DNNL_ARG_DIFF_DST_LAYER, m.d_dst_layer},
+                                     {DNNL_ARG_DIFF_DST_ITER, m.d_dst_iter},
+                                     {DNNL_ARG_DIFF_DST_ITER_C, m.d_dst_iter_c},
+                                     {DNNL_ARG_DIFF_SRC_LAYER, m.d_src_layer},
+                                     {DNNL_ARG_DIFF_SRC_ITER, m.d_src_iter},
+                                     {DNNL_ARG_DIFF_SRC_ITER_C, m.d_src_iter_c},
+                                     {DNNL_ARG_DIFF_WEIGHTS_LAYER, m.d_w_layer},
+                                     {DNNL_ARG_DIFF_WEIGHTS_ITER, m.d_w_iter},
+                                     {DNNL_ARG_DIFF_BIAS, m.d_bias}});
+    bwd_ = cpu::Primitive(dnnl::lstm_backward(d_.bwd), bwd_args);
   }
 
   void forward(const Args& a) override {

@@ -48,28 +48,17 @@ std::string cpu_unsupported_reason(const Problem& p) {
   return cpu_impl_of(p) == CpuImpl::onednn ? onednn_unsupported_reason(p) : hotops_unsupported_reason(p);
 }
 
-// The op as the benchmark runs it: a PlanCase over the seeded inputs and the direction's outputs.
-// The inputs' seed leaves out `impl` (input_seed), so both CPU implementations compute on the same
-// numbers: the Op's shape carries it, in place of the problem's own seed.
-struct Op {
-  struct Shape {
-    lstm_cell::Shape s;
-    std::uint64_t seed = 0;
-  };
-  using Args = lstm_cell::Args;
-  struct Io {
-    Inputs in;
-    Outputs out;
-  };
-  static Shape shape(const Problem& p) { return {shape_of(p), input_seed(p)}; }
-  static Io io(const Shape& sh, std::uint64_t) { return {make_inputs(sh.s, sh.seed), make_outputs(sh.s)}; }
-  static Args bind(const Shape& sh, Io& io, Binder& bd) {
+// The op as the benchmark runs it: a PlanCase over the seeded inputs and the direction's outputs
+// (both CPU implementations compute on the same numbers: PlanCase's seed leaves out `impl`).
+struct Op : OpOf<Shape, Args, Inputs, Outputs> {
+  static Shape shape(const Problem& p) { return shape_of(p); }
+  static Args bind(const Shape& s, Io& io, Binder& bd) {
     Args a;
     a.xh = bd.in(io.in.xh);
     a.W = bd.in(io.in.W);
     a.b = bd.in(io.in.b);
     a.c = bd.in(io.in.c);
-    if (sh.s.dir == Direction::fwd) {
+    if (s.dir == Direction::fwd) {
       a.h_new = bd.out(io.out.h);
       a.c_new = bd.out(io.out.c);
       return a;
@@ -82,8 +71,6 @@ struct Op {
     a.db = bd.out(io.out.db);
     return a;
   }
-  static std::unique_ptr<hotops::Plan<Args>> plan(const Shape& sh, Backend b) { return make_plan(sh.s, b); }
-  static Check check(const Shape& sh, const Io& io) { return verify(sh.s, io.in, io.out); }
 };
 
 std::vector<Arg> args_of(const std::string& name, std::int64_t batch, std::int64_t input, std::int64_t hidden) {
@@ -180,7 +167,6 @@ CpuImpl cpu_impl_of(const Problem& p) {
   throw Error("lstm_cell: unknown impl '" + v + "' (hotops or onednn) in " + p.name());
 }
 
-std::uint64_t input_seed(const Problem& p) { return seed_without_impl(p); }
 
 Shape shape_of(const Problem& p) {
   HOTOPS_CHECK(p.dir == Direction::fwd || p.dir == Direction::bwd, "lstm_cell has fwd and bwd only: " + p.name());

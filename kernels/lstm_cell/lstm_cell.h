@@ -103,7 +103,6 @@ constexpr double kPointwiseFlopsFwd = 13;
 constexpr double kPointwiseFlopsBwd = 26;
 
 CpuImpl cpu_impl_of(const Problem& p);
-std::uint64_t input_seed(const Problem& p);
 
 // The tensors of one step, in the layouts above, on the plan's backend (host or device memory).
 struct Args {
