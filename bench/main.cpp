@@ -163,8 +163,9 @@ int main(int argc, char** argv) {
     try {
       hotops::set_test_mutation(mutation);
     } catch (const hotops::Error&) {
-      return refuse(std::string("hotops: unknown HOTOPS_TEST_MUTATION='") + mutation +
-                    "' (test only; one of shift_output, zero_input, swap_inputs)");
+      std::string known;
+      for (const std::string& k : hotops::test_mutation_names()) known += (known.empty() ? "" : ", ") + k;
+      return refuse(std::string("hotops: unknown HOTOPS_TEST_MUTATION='") + mutation + "' (test only; one of " + known + ")");
     }
   }
 
