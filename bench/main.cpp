@@ -165,7 +165,8 @@ int main(int argc, char** argv) {
     } catch (const hotops::Error&) {
       std::string known;
       for (const std::string& k : hotops::test_mutation_names()) known += (known.empty() ? "" : ", ") + k;
-      return refuse(std::string("hotops: unknown HOTOPS_TEST_MUTATION='") + mutation + "' (test only; one of " + known + ")");
+      return refuse(std::string("hotops: unknown HOTOPS_TEST_MUTATION='") + mutation + "' (test only; one of " + known +
+                    ")");
     }
   }
 
