@@ -11,6 +11,8 @@ void Check::merge(const Check& other, const std::string& what) {
   checked += other.checked;
   if (other.max_err > max_err || std::isnan(other.max_err)) max_err = other.max_err;
   tol = std::max(tol, other.tol);
+  if (other.rms_err > rms_err || std::isnan(other.rms_err)) rms_err = other.rms_err;
+  rms_tol = std::max(rms_tol, other.rms_tol);
   if (!other.ok) {
     message += (ok ? "" : "; ") + what + ": " + other.message;
     ok = false;
@@ -34,9 +36,10 @@ std::vector<std::size_t> sample_indices(std::size_t n, std::size_t limit, std::u
 }
 
 Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx,
-              const std::function<double(std::size_t)>& ref, double tol) {
+              const std::function<double(std::size_t)>& ref, double tol, double rms_tol) {
   Check c;
   c.tol = tol;
+  c.rms_tol = rms_tol;
   c.checked = idx.size();
   std::vector<double> r(idx.size());
   const auto n = static_cast<std::int64_t>(idx.size());
@@ -48,7 +51,7 @@ Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx,
     std::snprintf(buf, sizeof buf, "non-finite %s %g at index %zu (output %.6g, reference %.6g)", what, value, idx[j],
                   out.get(idx[j]), r[j]);
     c.ok = false;
-    c.max_err = std::nan("");
+    c.max_err = c.rms_err = std::nan("");
     c.message = buf;
     return c;
   };
@@ -67,15 +70,24 @@ Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx,
   const double rms = amax * std::sqrt(sumsq / static_cast<double>(std::max<std::size_t>(1, r.size())));
   const double scale = rms > 0 ? rms : 1.0;
   std::size_t worst = 0;
+  double esq = 0;
   for (std::size_t j = 0; j < idx.size(); ++j) {
     const double o = out.get(idx[j]);
     const double e = std::fabs(o - r[j]) / scale;
+    esq += e * e;
     if (e > c.max_err) c.max_err = e, worst = j;
   }
+  c.rms_err = std::sqrt(esq / static_cast<double>(std::max<std::size_t>(1, idx.size())));
   if (c.max_err > tol) {
     char buf[200];
     std::snprintf(buf, sizeof buf, "max|out-ref|/rms(ref) = %.3g > tol %.3g at index %zu (out %.6g, ref %.6g)",
                   c.max_err, tol, idx[worst], out.get(idx[worst]), r[worst]);
+    c.ok = false;
+    c.message = buf;
+  } else if (rms_tol > 0 && c.rms_err > rms_tol) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "rms(out-ref)/rms(ref) = %.3g > tol %.3g over %zu elements (the largest error %.3g is within %.3g)",
+                  c.rms_err, rms_tol, idx.size(), c.max_err, tol);
     c.ok = false;
     c.message = buf;
   }

@@ -158,6 +158,26 @@ TEST(LstmCellVerify, PassesTheReferenceAndCatchesPlantedErrors) {
   }
 }
 
+TEST(LstmCellVerify, AnErrorSpreadOverAnOutputFailsTheRmsBound) {
+  // Every element of h' off by half the dtype's per-element bound (a wrong term, not rounding): it
+  // fails the rms bound; a tenth of it passes.
+  Shape s = tiny(Direction::fwd, 3, 5, 7);
+  s.dtype = DType::bf16;
+  const Inputs in = make_inputs(s, 42);
+  const Outputs good = reference_outputs(s, in);
+  double sumsq = 0;
+  for (std::size_t k = 0; k < good.h.count(); ++k) sumsq += good.h.get(k) * good.h.get(k);
+  const double rms = std::sqrt(sumsq / static_cast<double>(good.h.count())), tol = tolerance(s.dtype);
+  for (double part : {0.5, 0.05}) {
+    Outputs o = make_outputs(s);
+    o.c = good.c;
+    o.h = HostBuffer(DType::f32, good.h.count());  // f32: the error is what the test plants, not bf16's rounding
+    for (std::size_t k = 0; k < o.h.count(); ++k) o.h.set(k, good.h.get(k) + (k % 2 ? part : -part) * tol * rms);
+    const Check c = verify(s, in, o);
+    EXPECT_EQ(c.ok, part < 0.1) << part << ": " << c.message;
+  }
+}
+
 TEST(LstmCellVerify, SwappedGatesFail) {
   // W's f and i rows exchanged: a gate-order slip every backend could make.
   const Shape s = tiny(Direction::fwd, 4, 3, 5);

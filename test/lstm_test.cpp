@@ -280,6 +280,30 @@ TEST(LstmLayout, PositionsSayWherePackPutsEachElement) {
     }
 }
 
+TEST(LstmVerify, AnErrorSpreadOverAnOutputFailsTheRmsBound) {
+  // Every element of one output off by half the per-element bound (a wrong term, not rounding): the
+  // per-element bound alone lets it through, the rms bound does not; a tenth of it passes both.
+  for (Direction dir : {Direction::fwd, Direction::bwd}) {
+    Shape s = tiny(true, dir);
+    s.dtype = DType::bf16;
+    const Inputs in = make_inputs(s, 11);
+    const RefInputs d = to_double(in);
+    ReferenceCache cache;
+    const Bounds b = bounds_of(s);
+    for (double part : {0.5, 0.05}) {
+      Outputs o = outputs_of(s, d);
+      HostBuffer& victim = dir == Direction::fwd ? o.y : o.dw_hh;
+      double sumsq = 0;
+      for (std::size_t k = 0; k < victim.count(); ++k) sumsq += victim.get(k) * victim.get(k);
+      const double rms = std::sqrt(sumsq / static_cast<double>(victim.count()));
+      for (std::size_t k = 0; k < victim.count(); ++k) victim.set(k, victim.get(k) + (k % 2 ? part : -part) * b.max * rms);
+      const Check c = verify(s, in, o, cache);
+      EXPECT_EQ(c.ok, part < 0.1) << part << ": " << c.message;
+      if (part > 0.1) EXPECT_NE(c.message.find("rms(out-ref)/rms(ref)"), std::string::npos) << c.message;
+    }
+  }
+}
+
 TEST(LstmVerify, ToleranceGrowsAsSqrtTBeyond25Steps) {
   Shape s;
   s.T = 25;

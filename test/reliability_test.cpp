@@ -117,6 +117,26 @@ TEST(Verification, MergedCheckKeepsTheFailure) {
   EXPECT_NE(all.message.find("dx: non-finite output"), std::string::npos) << all.message;
 }
 
+TEST(Verification, AnRmsBoundFailsAnErrorSpreadOverEveryElement) {
+  // Every element off by half the per-element bound (a wrong term, not rounding): the per-element
+  // bound alone passes it; with an rms bound of a quarter of it, it fails, naming both.
+  Fixture f(DType::f32);
+  double sumsq = 0;
+  for (double r : f.ref) sumsq += r * r;
+  const double rms = std::sqrt(sumsq / static_cast<double>(f.ref.size())), tol = 0.04;
+  for (std::size_t i = 0; i < f.out.count(); ++i) f.out.set(i, f.ref[i] + (i % 2 ? 0.5 : -0.5) * tol * rms);
+  const auto idx = sample_indices(f.out.count(), 64, 1);
+  const auto ref = [&f](std::size_t i) { return f.ref[i]; };
+  EXPECT_TRUE(compare(f.out, idx, ref, tol).ok);
+  const Check c = compare(f.out, idx, ref, tol, tol / 4);
+  EXPECT_FALSE(c.ok);
+  EXPECT_NEAR(c.rms_err, 0.5 * tol, 1e-4);
+  EXPECT_NE(c.message.find("rms(out-ref)/rms(ref)"), std::string::npos) << c.message;
+  // The same error at a tenth of the size is within both bounds.
+  for (std::size_t i = 0; i < f.out.count(); ++i) f.out.set(i, f.ref[i] + (i % 2 ? 0.05 : -0.05) * tol * rms);
+  EXPECT_TRUE(compare(f.out, idx, ref, tol, tol / 4).ok);
+}
+
 // ---- seeds -------------------------------------------------------------------------------------
 
 struct SeedGuard {

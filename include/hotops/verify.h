@@ -15,6 +15,8 @@ struct Check {
   bool ok = true;
   double max_err = 0;      // max |out - ref| / rms(ref) over the checked elements
   double tol = 0;
+  double rms_err = 0;      // rms(out - ref) / rms(ref) over the checked elements
+  double rms_tol = 0;      // its bound; 0: not bounded
   std::size_t checked = 0;
   std::string message;
 
@@ -26,7 +28,10 @@ struct Check {
 std::vector<std::size_t> sample_indices(std::size_t n, std::size_t limit, std::uint64_t seed);
 
 // Compares out[i] with ref(i) for i in idx; ref is computed in double by the caller's reference.
+// Fails when max |out - ref| / rms(ref) > tol, or, with rms_tol > 0, when rms(out - ref) / rms(ref)
+// > rms_tol: rounding errors spread with an rms well below their maximum, so a bound on the rms
+// catches a wrong term whose every element stays under the per-element bound.
 Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx,
-              const std::function<double(std::size_t)>& ref, double tol);
+              const std::function<double(std::size_t)>& ref, double tol, double rms_tol = 0);
 
 }  // namespace hotops

@@ -166,10 +166,10 @@ class LstmFamily final : public OpFamily {
 };
 
 // Compares one output with its reference vector at sampled indices.
-Check compare_all(const HostBuffer& out, const std::vector<double>& ref, double tol, std::uint64_t seed) {
+Check compare_all(const HostBuffer& out, const std::vector<double>& ref, const Bounds& b, std::uint64_t seed) {
   HOTOPS_CHECK(out.count() == ref.size(), "lstm: output and reference sizes differ");
-  return compare(out, sample_indices(out.count(), std::size_t(1) << 16, seed),
-                 [&](std::size_t i) { return ref[i]; }, tol);
+  return compare(out, sample_indices(out.count(), std::size_t(1) << 16, seed), [&](std::size_t i) { return ref[i]; },
+                 b.max, b.rms);
 }
 
 }  // namespace
@@ -236,6 +236,11 @@ double tolerance_of(const Shape& s) {
   return tolerance(s.dtype) * steps * bwd16;
 }
 
+Bounds bounds_of(const Shape& s) {
+  const double bwd16 = s.dtype == DType::bf16 && s.dir != Direction::fwd ? 2.0 : 1.0;
+  return {tolerance_of(s), tolerance(s.dtype) * bwd16 / 4};
+}
+
 Check verify(const Shape& s, const Inputs& in, const Outputs& out, ReferenceCache& cache) {
   if (!cache.have) {
     const RefInputs d = to_double(in);
@@ -243,7 +248,7 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out, ReferenceCach
     if (s.dir != Direction::fwd) cache.b = reference_backward(s, d, cache.f);
     cache.have = true;
   }
-  const double tol = tolerance_of(s);
+  const Bounds tol = bounds_of(s);
   Check all;
   if (s.dir == Direction::fwd) {
     all.merge(compare_all(out.y, cache.f.y, tol, 1), "y");

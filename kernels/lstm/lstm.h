@@ -76,6 +76,17 @@ Backward reference_backward(const Shape& s, const RefInputs& in, const Forward& 
 // the worst case they add up as a random walk over the steps.
 double tolerance_of(const Shape& s);
 
+// The bounds of verify: `max` on max|out - ref| / rms(ref) (tolerance_of), and `rms` on
+// rms(out - ref) / rms(ref). Rounding errors spread with an rms several times below their largest
+// element (oneDNN's bf16 LSTMs: 0.002 to 0.007 against a largest 0.03, at T = 3 to 200, the rms not
+// growing with T), so the rms bound is the dtype's tolerance (twice that for a bf16 backward) over 4,
+// whatever T: it fails a wrong term spread over every element, which stays under the per-element
+// bound up to 0.23 of rms(ref) at T = 200.
+struct Bounds {
+  double max = 0, rms = 0;
+};
+Bounds bounds_of(const Shape& s);
+
 // Verifies a backend's outputs against the reference (computed once over the whole problem and
 // cached in `cache`); every output is compared at up to 1 << 16 sampled elements.
 struct ReferenceCache {
