@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "kernels/matmul/matmul.h"
+#include "test/plan_test_util.h"
 #ifdef HOTOPS_HAVE_CUDA
+#include "hotops/gpu.h"
 #include "kernels/matmul/cuda_gemm.h"
 #endif
 
@@ -250,6 +252,128 @@ TEST(MatmulPlan, WritesAnF32OutputFromBf16Operands) {
   EXPECT_THROW(make_plan(addmm, Backend::cpu), Error) << "an f32 output beside a bf16 bias";
 }
 
+// Attention's six GEMMs on strided heads (2 samples of 9 tokens, 3 heads of 4), in the step's order.
+std::vector<Shape> attention_gemms(DType t) {
+  std::vector<Shape> v;
+  for (const AttentionGemm g : {AttentionGemm::scores, AttentionGemm::context})
+    for (const Direction d : {Direction::fwd, Direction::bwd_data, Direction::bwd_weight})
+      v.push_back(attention_gemm(g, d, t, 2, 9, 3, 4));
+  return v;
+}
+
+// The tensors of one direction, on the host buffers of `in` and `out`.
+Args args_of(const Inputs& in, Outputs& out) {
+  Args a;
+  a.a = in.a.count() ? in.a.data() : nullptr;
+  a.b = in.b.count() ? in.b.data() : nullptr;
+  a.dout = in.dout.count() ? in.dout.data() : nullptr;
+  a.out = out.primary.data();
+  return a;
+}
+
+// Whether every element of `out` outside the output's view is still NaN (poisoned before the run):
+// a GEMM on a head writes its view only, as dQ, dK and dV share one [tokens, 3 hidden] buffer.
+std::size_t written_outside_the_view(const Shape& s, const HostBuffer& out) {
+  std::vector<bool> in_view(out.count());
+  for (std::size_t i = 0; i < primary_count(s); ++i) in_view[primary_at(s, i)] = true;
+  std::size_t n = 0;
+  for (std::size_t j = 0; j < out.count(); ++j) n += !in_view[j] && !std::isnan(out.get(j));
+  return n;
+}
+
+std::string what(const Shape& s) {
+  return std::string(dtype_name(s.dtype)) + " " + direction_name(s.dir) + (s.trans_b ? " scores" : " context");
+}
+
+TEST(MatmulStrided, AttentionViewsAreTheHeadsOfTheFusedBuffers) {
+  const Shape sc = attention_gemm(AttentionGemm::scores, Direction::fwd, DType::f32, 2, 9, 3, 4);
+  EXPECT_EQ(sc.batch_count, 6);
+  EXPECT_TRUE(sc.trans_b);
+  EXPECT_DOUBLE_EQ(sc.alpha, 0.5);  // 1 / sqrt(head_dim)
+  EXPECT_EQ(sc.views.a.ld, 36);     // a token's Q | K | V
+  EXPECT_EQ(operand_count(sc, Operand::a), 2u * 9 * 36);
+  // The element (sample 1, head 2, token 3, column 1) of Q, and of the probabilities (row 3, column 5).
+  const Shape pv = attention_gemm(AttentionGemm::context, Direction::bwd_data, DType::f32, 2, 9, 3, 4);
+  EXPECT_EQ(primary_at(pv, ((1 * 3 + 2) * 9 + 3) * 9 + 5), static_cast<std::size_t>(1 * 3 * 81 + 2 * 81 + 3 * 9 + 5));
+  const Shape dq = attention_gemm(AttentionGemm::scores, Direction::bwd_data, DType::f32, 2, 9, 3, 4);
+  EXPECT_EQ(primary_at(dq, ((1 * 3 + 2) * 9 + 3) * 4 + 1), static_cast<std::size_t>(1 * 9 * 36 + 2 * 4 + 3 * 36 + 1));
+  // The benchmark's name asks for the same GEMM.
+  const Problem p{"bmm", Backend::cpu, DType::f32, Direction::fwd,
+                  {{"batch", "2"}, {"heads", "3"}, {"M", "9"}, {"N", "9"}, {"K", "4"}, {"view", "qkv.scores"}}};
+  const Shape named = shape_of(p);
+  EXPECT_EQ(named.views.b.per_sample, sc.views.b.per_sample);
+  EXPECT_EQ(named.alpha, sc.alpha);
+  Problem bad = p;
+  bad.args.back().value = "qkv.context";  // M != K
+  EXPECT_THROW(shape_of(bad), Error);
+}
+
+TEST(MatmulStrided, AttentionGemmsMatchTheReferenceAndWriteOnlyTheirView) {
+  for (const DType t : {DType::f32, DType::bf16})
+    for (const Shape& s : attention_gemms(t)) {
+      if (const std::string why = cpu_unsupported_reason(s); !why.empty()) {
+        EXPECT_EQ(t, DType::bf16) << what(s) << ": " << why;  // bf16 needs AVX-512; f32 runs on every CPU
+        continue;
+      }
+      const Inputs in = make_inputs(s, 3);
+      Outputs out = make_outputs(s);
+      out.primary.poison();
+      make_plan(s, Backend::cpu)->run(args_of(in, out));
+      const Check c = verify(s, in, out);
+      EXPECT_TRUE(c.ok) << what(s) << ": " << c.message;
+      EXPECT_EQ(c.checked, primary_count(s)) << what(s);
+      EXPECT_EQ(written_outside_the_view(s, out.primary), 0u) << what(s);
+    }
+}
+
+TEST(MatmulStrided, RunsOnTheTensorsItIsGivenEachRun) {
+  for (const Shape& s : attention_gemms(DType::f32)) {
+    auto plan = make_plan(s, Backend::cpu);
+    Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
+    Outputs out[2] = {make_outputs(s), make_outputs(s)};
+    for (Outputs& o : out) o.primary.poison();
+    plan_test::expect_each_run_on_its_own_tensors(
+        *plan, [&](int k) { return args_of(in[k], out[k]); }, [&](int i, int o) { return verify(s, in[i], out[o]); },
+        what(s));
+  }
+}
+
+#ifdef HOTOPS_HAVE_CUDA
+// The CUDA plan on device copies of each set's tensors: the reference's result, each run on the
+// tensors it is given (its pointer arrays rewritten when they change), its view only written.
+TEST(MatmulStridedCuda, AttentionGemmsMatchTheReferenceOnTheTensorsOfEachRun) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  for (const DType t : {DType::f32, DType::tf32, DType::bf16})
+    for (const Shape& s : attention_gemms(t)) {
+      auto plan = make_plan(s, Backend::cuda);
+      Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
+      Outputs out[2] = {make_outputs(s), make_outputs(s)};
+      std::vector<gpu::DeviceBuffer> a, b, dout, o;
+      for (int k = 0; k < 2; ++k) {
+        auto up = [](const HostBuffer& h) { return h.count() ? gpu::DeviceBuffer(h) : gpu::DeviceBuffer(); };
+        a.push_back(up(in[k].a)), b.push_back(up(in[k].b)), dout.push_back(up(in[k].dout));
+        out[k].primary.poison();
+        o.push_back(gpu::DeviceBuffer(out[k].primary));
+      }
+      auto device_args = [&](int k) {
+        Args x;
+        x.a = a[k].get(), x.b = b[k].get(), x.dout = dout[k].get(), x.out = o[k].get();
+        return x;
+      };
+      plan_test::expect_each_run_on_its_own_tensors(
+          *plan, device_args,
+          [&](int i, int k) {
+            o[k].download(out[k].primary);
+            return verify(s, in[i], out[k]);
+          },
+          what(s));
+      EXPECT_EQ(written_outside_the_view(s, out[0].primary), 0u) << what(s);
+      EXPECT_NE(plan->label().find("cublasGemmBatchedEx"), std::string::npos) << plan->label();
+    }
+}
+#endif
+
 TEST(MatmulShapes, NamedShapesComeWithBatchesAndPositiveDims) {
   for (const NamedShape& ns : named_shapes()) {
     EXPECT_FALSE(ns.name.empty());
@@ -273,6 +397,25 @@ double op_element(const HostBuffer& x, const gpu::MatrixLayout& l, cublasOperati
                   std::int64_t r, std::int64_t c) {
   if (op != CUBLAS_OP_N) std::swap(r, c);
   return x.get(static_cast<std::size_t>(item * l.stride + c * l.ld + r));
+}
+
+// How many elements of D = alpha op(A) op(B) + bias(i), evaluated on the host from cuBLAS' fields
+// in `d` (op_a(item, r, c): op(A)[r, c], op_b likewise), differ from the reference's D[i, j] of item
+// `item` (want(item, i, j)); the first three are reported.
+template <class OpA, class OpB, class Bias, class Want>
+int mismatches(const gpu::GemmDesc& d, OpA op_a, OpB op_b, Bias bias, Want want, const std::string& what) {
+  int bad = 0;
+  for (std::int64_t item = 0; item < d.batch; ++item)
+    for (std::int64_t j = 0; j < d.n; ++j)
+      for (std::int64_t i = 0; i < d.m; ++i) {
+        double acc = 0;
+        for (std::int64_t q = 0; q < d.k; ++q) acc += op_a(item, i, q) * op_b(item, q, j);
+        const double got = d.alpha * acc + bias(i);
+        const double ref = want(item, i, j);
+        if (std::fabs(got - ref) > 1e-5 * (1 + std::fabs(ref)) && ++bad <= 3)
+          ADD_FAILURE() << what << " at item " << item << " (" << i << ", " << j << "): " << got << " vs " << ref;
+      }
+  return bad;
 }
 
 // A mixed-precision weight gradient: bf16 operands, f32 output, partial sums reduced in f32; the
@@ -322,19 +465,14 @@ TEST(MatmulCudaGemm, ColumnMajorViewOfEachDirectionIsTheReference) {
     ASSERT_TRUE(fits(l.d, d.batch, want.primary.count())) << p.name();
     EXPECT_EQ(d.batch * d.m * d.n, static_cast<std::int64_t>(want.primary.count())) << p.name();  // D covers the output
 
-    int bad = 0;
-    for (std::int64_t item = 0; item < d.batch; ++item)
-      for (std::int64_t j = 0; j < d.n; ++j)
-        for (std::int64_t i = 0; i < d.m; ++i) {
-          double acc = 0;
-          for (std::int64_t q = 0; q < d.k; ++q)
-            acc += op_element(a, l.a, d.opa, item, i, q) * op_element(b, l.b, d.opb, item, q, j);
-          double got = d.alpha * acc;
-          if (g.bias) got += s.beta * in.bias.get(static_cast<std::size_t>(i));  // the plan folds beta into the bias
-          const double ref = want.primary.get(static_cast<std::size_t>(item * l.d.stride + j * l.d.ld + i));
-          if (std::fabs(got - ref) > 1e-5 * (1 + std::fabs(ref)) && ++bad <= 3)
-            ADD_FAILURE() << p.name() << " at item " << item << " (" << i << ", " << j << "): " << got << " vs " << ref;
-        }
+    const int bad = mismatches(
+        d, [&](std::int64_t item, std::int64_t r, std::int64_t c) { return op_element(a, l.a, d.opa, item, r, c); },
+        [&](std::int64_t item, std::int64_t r, std::int64_t c) { return op_element(b, l.b, d.opb, item, r, c); },
+        [&](std::int64_t i) { return g.bias ? s.beta * in.bias.get(static_cast<std::size_t>(i)) : 0.0; },  // beta folded in
+        [&](std::int64_t item, std::int64_t i, std::int64_t j) {
+          return want.primary.get(static_cast<std::size_t>(item * l.d.stride + j * l.d.ld + i));
+        },
+        p.name());
     EXPECT_EQ(bad, 0) << p.name();
 
     EXPECT_EQ(g.bias, s.op == Op::addmm && s.dir == Direction::fwd) << p.name();
@@ -349,6 +487,37 @@ TEST(MatmulCudaGemm, ColumnMajorViewOfEachDirectionIsTheReference) {
         EXPECT_NEAR(sum, want.dbias.get(static_cast<std::size_t>(i)), 1e-5 * (1 + std::fabs(sum))) << p.name() << " dbias " << i;
       }
     }
+  }
+}
+
+// What the CUDA plan asks cublasGemmBatchedEx for on strided heads (matmul::strided_gemm), evaluated
+// on the host with cuBLAS' meaning of each field (column-major, ld, each item's pointer at its
+// views' offsets), must be the reference's result, written where the output's view holds it.
+TEST(MatmulCudaGemm, StridedHeadsOfEachDirectionAreTheReference) {
+  for (const Shape& s : attention_gemms(DType::f32)) {
+    const Inputs in = make_inputs(s, 5);
+    Outputs want = make_outputs(s);
+    reference(s, in, want);
+    const StridedGemm g = strided_gemm(s);
+    const gpu::GemmDesc& d = g.gemm.desc;
+    const HostBuffer& a = operand(in, g.gemm.a);
+    const HostBuffer& b = operand(in, g.gemm.b);
+    ASSERT_EQ(d.batch * d.m * d.n, static_cast<std::int64_t>(primary_count(s))) << what(s);
+    // op(X)[r, c] of item i: X column-major with leading dimension v.ld from the item's offset.
+    auto element = [&](const HostBuffer& x, const View& v, cublasOperation_t op, std::int64_t i, std::int64_t r,
+                       std::int64_t c) {
+      if (op != CUBLAS_OP_N) std::swap(r, c);
+      return x.get(static_cast<std::size_t>(item_offset(v, g.heads, i) + c * v.ld + r));
+    };
+    const int bad = mismatches(
+        d, [&](std::int64_t item, std::int64_t r, std::int64_t c) { return element(a, g.a, d.opa, item, r, c); },
+        [&](std::int64_t item, std::int64_t r, std::int64_t c) { return element(b, g.b, d.opb, item, r, c); },
+        [](std::int64_t) { return 0.0; },
+        [&](std::int64_t item, std::int64_t i, std::int64_t j) {
+          return want.primary.get(static_cast<std::size_t>(item_offset(g.d, g.heads, item) + j * g.d.ld + i));
+        },
+        what(s));
+    EXPECT_EQ(bad, 0) << what(s);
   }
 }
 

@@ -1,6 +1,6 @@
 // matmul on the CPU: oneDNN's matmul primitive on the row-major operands as PyTorch holds them
 // (transposes are strided views, not copies); addmm's dbias is a second, GEMV-shaped matmul; a
-// residual is a binary add post-op.
+// residual is a binary add post-op; a bmm over strided views (attention's heads) is one 4-D matmul.
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "hotops/dtype.h"
@@ -27,6 +27,23 @@ memory::desc view(const Shape& s, std::int64_t rows, std::int64_t cols, bool tra
   return transposed ? md(s, cols, rows, true) : md(s, rows, cols);
 }
 
+// A strided operand's [samples, heads, rows, cols] view (a transformer layer's heads, read and
+// written in place), read as stored or as the transpose of what is stored.
+memory::desc heads_view(const Shape& s, const View& v, std::int64_t rows, std::int64_t cols, bool transposed) {
+  const memory::dim heads = s.views.heads;
+  const memory::dims strides = transposed ? memory::dims{v.per_sample, v.per_head, 1, v.ld}
+                                          : memory::dims{v.per_sample, v.per_head, v.ld, 1};
+  return memory::desc({s.batch_count / heads, heads, rows, cols}, cpu::dnnl_type(s.dtype), strides);
+}
+
+// The View of a direction's input, and of its output (dA in A's, dB in B's, out in dOut's).
+const View& view_of(const Shape& s, Operand o) {
+  return o == Operand::a ? s.views.a : o == Operand::b ? s.views.b : s.views.out;
+}
+const View& output_view(const Shape& s) {
+  return s.dir == Direction::bwd_data ? s.views.a : s.dir == Direction::bwd_weight ? s.views.b : s.views.out;
+}
+
 // Post-ops: times `factor` (where not 1), then (with `residual`, a tensor of dst's layout) the
 // residual added, then a ReLU (where asked).
 dnnl::primitive_attr scaled(double factor, const memory::desc& residual = memory::desc(), bool relu = false) {
@@ -48,7 +65,21 @@ struct Descriptors {
   bool has_dbias = false;
 };
 
+// bmm over strided views: one 4-D matmul, alpha as oneDNN's output scale.
+Descriptors strided_descriptors(const Shape& s) {
+  Descriptors d;
+  const Product& p = d.product = product(s);
+  const auto g = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(heads_view(s, view_of(s, p.x), p.rows, p.depth, p.x_t),
+                                                      heads_view(s, view_of(s, p.y), p.depth, p.cols, p.y_t),
+                                                      memory::desc(), heads_view(s, output_view(s), p.rows, p.cols, false)));
+  dnnl::primitive_attr attr;
+  if (s.alpha != 1.0) attr.set_output_scales(0, {static_cast<float>(s.alpha)});
+  d.gemm = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(g, attr, cpu::engine()));
+  return d;
+}
+
 Descriptors descriptors(const Shape& s) {
+  if (s.strided()) return strided_descriptors(s);
   dnnl::engine& eng = cpu::engine();
   Descriptors d;
   const Product& p = d.product = product(s);
@@ -117,6 +148,7 @@ class CpuMatmul final : public Plan {
   std::string label() const override {
     std::string l = "oneDNN matmul " + std::string(d_.gemm.impl_info_str());
     if (s_.residual) l += ", residual as binary add post-op";
+    if (s_.strided()) l += ", 4-D on strided heads";
     if (d_.has_dbias) l += " + dbias as ones.dOut " + std::string(d_.dbias.impl_info_str());
     return cpu::with_threads(l);
   }

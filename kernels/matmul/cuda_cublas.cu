@@ -1,7 +1,7 @@
 // matmul on CUDA: one gpu::LtGemm per direction, on PyTorch's row-major operands seen as
 // column-major transposes (C^T = B^T A^T, no copies). addmm's bias is the BIAS epilogue and its
 // gradient the BGRADA epilogue; a residual is C with beta 1; bmm is the strided-batched form of the
-// same call.
+// same call, and on strided views (attention's heads) a cublasGemmBatchedEx over pointer arrays.
 // The algorithm is chosen once at setup (the heuristic's first, or the fastest timed with
 // Shape::autotune) and named in the label.
 #include <cuda_bf16.h>
@@ -41,6 +41,17 @@ CudaGemm cuda_gemm(const Shape& s) {
   // A residual is cublasLt's C with beta 1 (C distinct from D, so that autotune may write D).
   d.beta = s.residual ? 1.f : 0.f;
   d.autotune = s.autotune;
+  return g;
+}
+
+StridedGemm strided_gemm(const Shape& s) {
+  HOTOPS_CHECK(s.strided(), "matmul: a strided GEMM needs the shape's views");
+  StridedGemm g;
+  g.gemm = cuda_gemm(s);
+  const auto view = [&](Operand o) { return o == Operand::a ? s.views.a : o == Operand::b ? s.views.b : s.views.out; };
+  g.a = view(g.gemm.a), g.b = view(g.gemm.b);
+  g.d = s.dir == Direction::bwd_data ? s.views.a : s.dir == Direction::bwd_weight ? s.views.b : s.views.out;
+  g.heads = s.views.heads;
   return g;
 }
 
@@ -181,8 +192,89 @@ class CudaMatmul final : public Plan {
   std::string label_;
 };
 
+// The family's cuBLAS handle (bmm over strided views), bound to gpu::stream() and the shared
+// workspace; CUBLAS_DEFAULT_MATH: TF32 only where the compute type asks for it.
+cublasHandle_t cublas() {
+  static cublasHandle_t h = [] {
+    cublasHandle_t c = nullptr;
+    HOTOPS_CHECK_CUBLAS(cublasCreate(&c));
+    HOTOPS_CHECK_CUBLAS(cublasSetStream(c, gpu::stream()));
+    HOTOPS_CHECK_CUBLAS(cublasSetWorkspace(c, gpu::cublas_workspace(), gpu::kCublasWorkspaceBytes));
+    HOTOPS_CHECK_CUBLAS(cublasSetMathMode(c, CUBLAS_DEFAULT_MATH));
+    return c;
+  }();
+  return h;
+}
+
+// The batch items' pointers into the caller's tensors: pointers[i] (cublas' A), [count + i] (B) and
+// [2 count + i] (D), item i at its views' offsets; `bytes` per element.
+__global__ void item_pointers(const char* a, const char* b, char* d, View va, View vb, View vd, std::int64_t heads,
+                              std::int64_t count, std::int64_t bytes, const void** pointers) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= count) return;
+  const auto at = [&](const View& v) { return (i / heads * v.per_sample + i % heads * v.per_head) * bytes; };
+  pointers[i] = a + at(va);
+  pointers[count + i] = b + at(vb);
+  pointers[2 * count + i] = d + at(vd);
+}
+
+// bmm over strided views (attention's heads, read and written in place): one cublasGemmBatchedEx
+// (CUBLAS_COMPUTE_32F, or its TF32 mode for tf32; beta 0) over device arrays of each item's
+// pointers. item_pointers writes the arrays, on the stream, when a run's tensors are not the last
+// run's; a caller that passes the same tensors each step (a model) runs the GEMM alone.
+class CudaStridedBmm final : public Plan {
+ public:
+  explicit CudaStridedBmm(const Shape& s)
+      : s_(s), g_(strided_gemm(s)), pointers_(3 * static_cast<std::size_t>(s.batch_count) * sizeof(void*)) {
+    const gpu::GemmDesc& d = g_.gemm.desc;
+    HOTOPS_CHECK(d.m <= kMaxInt && d.n <= kMaxInt && d.k <= kMaxInt && s.batch_count <= kMaxInt && g_.a.ld <= kMaxInt &&
+                     g_.b.ld <= kMaxInt && g_.d.ld <= kMaxInt,
+                 "matmul: a strided bmm's sizes must fit cuBLAS' int");
+    cublas();
+    label_ = std::string("cublasGemmBatchedEx ") + (s.dtype == DType::tf32 ? "TF32" : dtype_name(s.dtype)) +
+             " (f32 accumulate), pointer arrays over " + std::to_string(s.batch_count) + " strided heads";
+  }
+
+  void run(const Args& t) override {
+    const void* a = operand(t, g_.gemm.a);
+    const void* b = operand(t, g_.gemm.b);
+    HOTOPS_CHECK(a && b && t.out, "matmul: a strided bmm needs its two inputs and its output");
+    const std::int64_t count = s_.batch_count;
+    const void** p = pointers_.as<const void*>();
+    if (a != bound_[0] || b != bound_[1] || t.out != bound_[2]) {
+      const unsigned threads = 256;
+      const auto blocks = static_cast<unsigned>((count + threads - 1) / threads);
+      item_pointers<<<blocks, threads, 0, gpu::stream()>>>(static_cast<const char*>(a), static_cast<const char*>(b),
+                                                           static_cast<char*>(t.out), g_.a, g_.b, g_.d, g_.heads, count,
+                                                           static_cast<std::int64_t>(dtype_size(s_.dtype)), p);
+      HOTOPS_CHECK_LAUNCH();
+      bound_[0] = a, bound_[1] = b, bound_[2] = t.out;
+    }
+    const gpu::GemmDesc& d = g_.gemm.desc;
+    const float zero = 0.f;
+    HOTOPS_CHECK_CUBLAS(cublasGemmBatchedEx(cublas(), d.opa, d.opb, static_cast<int>(d.m), static_cast<int>(d.n),
+                                            static_cast<int>(d.k), &d.alpha, p, d.ab, static_cast<int>(g_.a.ld), p + count,
+                                            d.ab, static_cast<int>(g_.b.ld), &zero, const_cast<void* const*>(p + 2 * count),
+                                            d.cd, static_cast<int>(g_.d.ld), static_cast<int>(count), d.compute,
+                                            CUBLAS_GEMM_DEFAULT));
+  }
+
+  std::string label() const override { return label_; }
+
+ private:
+  static constexpr std::int64_t kMaxInt = 2147483647;
+  Shape s_;
+  StridedGemm g_;
+  gpu::DeviceBuffer pointers_;                         // A's, B's and D's, count each
+  const void* bound_[3] = {nullptr, nullptr, nullptr};  // the tensors the arrays point into
+  std::string label_;
+};
+
 }  // namespace
 
-std::unique_ptr<Plan> make_cuda_plan(const Shape& s) { return std::make_unique<CudaMatmul>(s); }
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s) {
+  if (s.strided()) return std::make_unique<CudaStridedBmm>(s);
+  return std::make_unique<CudaMatmul>(s);
+}
 
 }  // namespace hotops::matmul

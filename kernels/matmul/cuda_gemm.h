@@ -1,5 +1,6 @@
-// The cublasLt GEMM each matmul direction runs on CUDA, as host-side data, so that the mapping of
-// PyTorch's row-major operands onto cublasLt's column-major ones can be checked without a GPU.
+// The cublasLt GEMM (on strided views, the cublasGemmBatchedEx) each matmul direction runs on CUDA,
+// as host-side data, so that the mapping of PyTorch's row-major operands onto cuBLAS' column-major
+// ones can be checked without a GPU.
 #pragma once
 #include "hotops/cublaslt_gemm.h"
 #include "kernels/matmul/matmul.h"
@@ -16,5 +17,19 @@ struct CudaGemm {
   bool bias_grad = false;  // addmm bwd_weight with beta 1, dOut as cublasLt's A: BGRADA sums it over k (M), exactly dbias
 };
 CudaGemm cuda_gemm(const Shape& s);
+
+// A bmm over strided views (Shape::views) is one cublasGemmBatchedEx over arrays of each batch
+// item's pointers: cuda_gemm's operands, transposes, m, n, k and alpha, each matrix's leading
+// dimension its View's ld. Item i = sample * heads + head of cublas' A, B and D starts at
+// item_offset(a, heads, i) (b, d) elements from the pointer the caller gives for that tensor.
+struct StridedGemm {
+  CudaGemm gemm;
+  View a, b, d;  // cublas' A (the tensor gemm.a), B (gemm.b), D (the output)
+  std::int64_t heads = 1;
+};
+StridedGemm strided_gemm(const Shape& s);
+inline std::int64_t item_offset(const View& v, std::int64_t heads, std::int64_t item) {
+  return item / heads * v.per_sample + item % heads * v.per_head;
+}
 
 }  // namespace hotops::matmul

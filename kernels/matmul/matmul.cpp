@@ -1,7 +1,10 @@
 // The matmul family: problem names, work, inputs, verification, and the problem lists.
 #include "kernels/matmul/matmul.h"
 
+#include <cmath>
 #include <functional>
+#include <tuple>
+#include <unordered_map>
 #include <utility>
 
 #include "hotops/check.h"
@@ -25,6 +28,9 @@ struct MatmulOp : OpOf<Shape, Args, Inputs, Outputs> {
     return a;
   }
 };
+
+// The arg that names a bmm on attention's strided views (NamedShape::view).
+constexpr const char* kViewArg = "view";
 
 const char* op_name(Op op) { return op == Op::mm ? "mm" : op == Op::addmm ? "addmm" : "bmm"; }
 
@@ -78,6 +84,10 @@ class MatmulFamily final : public OpFamily {
             for (const Arg& a : dims(b * ns.rows_per_sample, ns.N, ns.K)) args.push_back(a);
           }
           expand(op, args, out);
+          if (op != Op::bmm || ns.view.empty()) continue;
+          // The same GEMM on the heads of the model's buffers, as its attention runs it.
+          args.push_back({kViewArg, ns.view});
+          expand(op, args, out);
         }
       }
     }
@@ -96,6 +106,13 @@ class MatmulFamily final : public OpFamily {
         }(), out);
       std::vector<Arg> a{{"shape", "test"}, {"batch", "2"}, {"heads", "3"}};
       for (const Arg& d : dims(s[0], s[1], s[2])) a.push_back(d);
+      expand(Op::bmm, a, out);
+    }
+    // Attention's GEMMs on strided heads: 2 samples of 7 tokens, 3 heads of 5.
+    for (const auto& [view, n, k] : {std::tuple{"qkv.scores", 7, 5}, std::tuple{"qkv.context", 5, 7}}) {
+      std::vector<Arg> a{{"shape", "test"}, {"batch", "2"}, {"heads", "3"}};
+      for (const Arg& d : dims(7, n, k)) a.push_back(d);
+      a.push_back({kViewArg, view});
       expand(Op::bmm, a, out);
     }
     std::vector<Arg> ab{{"shape", "test"}};
@@ -145,9 +162,77 @@ class MatmulFamily final : public OpFamily {
   }
 };
 
+// The attention GEMM of a bmm on attention's strided views (its arg `view`).
+AttentionGemm attention_of(const std::string& view) {
+  if (view == "qkv.scores") return AttentionGemm::scores;
+  if (view == "qkv.context") return AttentionGemm::context;
+  throw Error("matmul: unknown view '" + view + "' (qkv.scores or qkv.context)");
+}
+
+// The attention GEMM that a bmm problem with a view names: seq and head_dim from its M, N, K.
+Shape attention_shape_of(const Problem& p) {
+  const AttentionGemm g = attention_of(p.get(kViewArg));
+  const std::int64_t M = p.get_int("M"), N = p.get_int("N"), K = p.get_int("K");
+  const bool scores = g == AttentionGemm::scores;
+  HOTOPS_CHECK(p.op == "bmm" && (scores ? M == N : M == K),
+               "matmul: an attention view is a bmm of [seq, seq] scores (qkv.scores: M = N) or context (qkv.context: M = K)");
+  return attention_gemm(g, p.dir, p.dtype, p.has("batch") ? p.get_int("batch") : 1, M, p.get_int("heads"), scores ? K : N);
+}
+
 }  // namespace
 
+Shape attention_gemm(AttentionGemm g, Direction d, DType t, std::int64_t samples, std::int64_t seq, std::int64_t heads,
+                     std::int64_t head_dim) {
+  const std::int64_t hidden = heads * head_dim;
+  const View qkv{seq * 3 * hidden, head_dim, 3 * hidden};  // Q, K or V of a head: [seq, head_dim]
+  const View probs{heads * seq * seq, seq * seq, seq};      // [seq, seq]
+  const View context{seq * hidden, head_dim, hidden};       // [seq, head_dim]
+  Shape s;
+  s.op = Op::bmm;
+  s.dir = d;
+  s.dtype = t;
+  s.batch_count = samples * heads;
+  s.M = seq;
+  s.views.heads = heads;
+  if (g == AttentionGemm::scores) {  // Q [seq, head_dim] . (K [seq, head_dim])^T
+    s.N = seq, s.K = head_dim;
+    s.trans_b = true;
+    s.alpha = 1 / std::sqrt(static_cast<double>(head_dim));
+    s.views.a = qkv, s.views.b = qkv, s.views.out = probs;
+  } else {  // P [seq, seq] . V [seq, head_dim]
+    s.N = head_dim, s.K = seq;
+    s.views.a = probs, s.views.b = qkv, s.views.out = context;
+  }
+  return s;
+}
+
+Args attention_args(AttentionGemm g, Direction d, DType t, std::int64_t hidden, const AttentionTensors& x) {
+  const auto head = [&](void* qkv, std::int64_t which) {  // Q (0), K (1) or V (2) of a [tokens, 3 hidden] buffer
+    return qkv ? static_cast<char*>(qkv) + which * hidden * static_cast<std::int64_t>(dtype_size(t)) : nullptr;
+  };
+  const bool scores = g == AttentionGemm::scores;
+  Args a;
+  switch (d) {
+    case Direction::fwd:  // P = Q . K^T, or C = P . V
+      a.a = scores ? head(x.qkv, 0) : x.prob;
+      a.b = head(x.qkv, scores ? 1 : 2);
+      a.out = scores ? x.prob : x.ctx;
+      break;
+    case Direction::bwd_data:  // dQ = dS . K, or dP = dC . V^T
+      a.dout = scores ? x.dprob : x.dctx;
+      a.b = head(x.qkv, scores ? 1 : 2);
+      a.out = scores ? head(x.dqkv, 0) : x.dprob;
+      break;
+    default:  // dK = dS^T . Q, or dV = P^T . dC
+      a.a = scores ? head(x.qkv, 0) : x.prob;
+      a.dout = scores ? x.dprob : x.dctx;
+      a.out = head(x.dqkv, scores ? 1 : 2);
+  }
+  return a;
+}
+
 Shape shape_of(const Problem& p) {
+  if (p.has(kViewArg)) return attention_shape_of(p);
   Shape s;
   s.op = p.op == "mm" ? Op::mm : p.op == "addmm" ? Op::addmm : Op::bmm;
   s.dir = p.dir;
@@ -175,6 +260,8 @@ Product product(const Shape& s) {
   HOTOPS_CHECK(s.op != Op::addmm || s.batch_count == 1, "matmul: addmm has one batch (a Linear layer's rows are M)");
   HOTOPS_CHECK(!s.relu || (s.op == Op::addmm && s.dir == Direction::fwd), "matmul: a ReLU follows addmm fwd's bias only");
   HOTOPS_CHECK(!s.f32_out || s.op == Op::mm, "matmul: an f32 output is for mm only");
+  HOTOPS_CHECK(!s.strided() || (s.op == Op::bmm && !s.residual && s.batch_count % s.views.heads == 0),
+               "matmul: strided views are for a plain bmm of samples x heads");
   Product p;
   switch (s.dir) {
     case Direction::fwd:  // out = op(A) . op(B)
@@ -194,14 +281,12 @@ Product product(const Shape& s) {
 }
 
 Inputs make_inputs(const Shape& s, std::uint64_t seed) {
-  const auto B = static_cast<std::size_t>(s.batch_count), M = static_cast<std::size_t>(s.M),
-             N = static_cast<std::size_t>(s.N), K = static_cast<std::size_t>(s.K);
   Inputs in;
   const bool fwd = s.dir == Direction::fwd;
-  if (fwd || s.dir == Direction::bwd_weight) in.a = HostBuffer(s.dtype, B * M * K);
-  if (fwd || s.dir == Direction::bwd_data) in.b = HostBuffer(s.dtype, B * K * N);
-  if (fwd && s.op == Op::addmm) in.bias = HostBuffer(s.dtype, N);
-  if (!fwd) in.dout = HostBuffer(s.dtype, B * M * N);
+  if (fwd || s.dir == Direction::bwd_weight) in.a = HostBuffer(s.dtype, operand_count(s, Operand::a));
+  if (fwd || s.dir == Direction::bwd_data) in.b = HostBuffer(s.dtype, operand_count(s, Operand::b));
+  if (fwd && s.op == Op::addmm) in.bias = HostBuffer(s.dtype, static_cast<std::size_t>(s.N));
+  if (!fwd) in.dout = HostBuffer(s.dtype, operand_count(s, Operand::dout));
   in.a.fill_uniform(seed, 1);
   in.b.fill_uniform(seed, 2);
   in.bias.fill_uniform(seed, 3);
@@ -211,7 +296,8 @@ Inputs make_inputs(const Shape& s, std::uint64_t seed) {
 
 Outputs make_outputs(const Shape& s) {
   Outputs o;
-  o.primary = HostBuffer(out_dtype(s), primary_count(s));
+  const Operand stored_as = s.dir == Direction::bwd_data ? Operand::a : s.dir == Direction::bwd_weight ? Operand::b : Operand::dout;
+  o.primary = HostBuffer(out_dtype(s), s.strided() ? operand_count(s, stored_as) : primary_count(s));
   if (s.op == Op::addmm && s.dir == Direction::bwd_weight) o.dbias = HostBuffer(s.dtype, static_cast<std::size_t>(s.N));
   return o;
 }
@@ -220,8 +306,19 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
   // Each sampled element costs one dot product of length K (or M, N): 4096 of them is a few ms.
   const std::size_t limit = 4096;
   const double tol = tolerance(s.dtype);
-  Check c = compare(out.primary, sample_indices(out.primary.count(), limit, 7),
-                    [&](std::size_t i) { return reference_primary(s, in, i); }, tol);
+  Check c;
+  if (!s.strided()) {
+    c = compare(out.primary, sample_indices(out.primary.count(), limit, 7),
+                [&](std::size_t i) { return reference_primary(s, in, i); }, tol);
+  } else {  // the sampled elements where the view holds them
+    std::unordered_map<std::size_t, std::size_t> element_of;
+    std::vector<std::size_t> at;
+    for (const std::size_t i : sample_indices(primary_count(s), limit, 7)) {
+      at.push_back(primary_at(s, i));
+      element_of[at.back()] = i;
+    }
+    c = compare(out.primary, at, [&](std::size_t j) { return reference_primary(s, in, element_of.at(j)); }, tol);
+  }
   if (out.dbias.count() > 0) {
     Check d = compare(out.dbias, sample_indices(out.dbias.count(), limit, 11),
                       [&](std::size_t n) { return reference_dbias(s, in, n); }, tol);

@@ -23,6 +23,19 @@ enum class Op { mm, addmm, bmm };
 // transposed (trans_a: A as [b,k,m]; trans_b: B as [b,n,k], a PyTorch Linear's weight) has its
 // gradient written in the same layout. A Linear layer y = x W^T + bias (W [N, K]) is addmm with
 // trans_b: fwd gives y, bwd_data dx, bwd_weight dW and dbias.
+// Where the matrices of a batched operand lie in its buffer: matrix (sample, head), batch item
+// sample * heads + head, starts at sample * per_sample + head * per_head elements, its rows (as
+// stored) ld elements apart, each row contiguous.
+struct View {
+  std::int64_t per_sample = 0, per_head = 0, ld = 0;
+};
+// bmm over strided views: batch_count = samples x heads, and each operand a View (A and dA share
+// a's, B and dB b's, out and dOut out's). heads 0: every operand packed.
+struct Views {
+  std::int64_t heads = 0;
+  View a, b, out;
+};
+
 struct Shape {
   Op op = Op::mm;
   Direction dir = Direction::fwd;
@@ -45,6 +58,9 @@ struct Shape {
   // CUDA: split-K partial sums reduced in f32 only, never rounded to a bf16 output
   // (gpu::GemmDesc::reduce_in_compute), for a mixed-precision model's GEMMs.
   bool reduce_in_compute = false;
+  // bmm: operands as strided views (the heads of multi-head attention's fused buffers); see Views.
+  Views views;
+  bool strided() const { return views.heads > 0; }
 };
 
 Shape shape_of(const Problem& p);
@@ -63,6 +79,29 @@ struct Args {
   const void* c = nullptr;     // residual: added to out (fwd, bwd_data), out's layout; not out itself
 };
 
+// Multi-head attention's batched GEMMs on the heads of its buffers, as a transformer layer holds
+// them: qkv [samples, seq, 3, heads, head_dim] (Q | K | V per token), the probabilities packed
+// [samples, heads, seq, seq], the context [samples, seq, heads, head_dim]. Each GEMM is a bmm over
+// strided views, its tensors pointed at the first element of their view (K at qkv + hidden, V at
+// qkv + 2 hidden, their gradients likewise in dqkv):
+//   scores   P = Q . K^T / sqrt(head_dim)  fwd;  bwd_data: dQ = dS . K / sqrt(head_dim);
+//                                                bwd_weight: dK = dS^T . Q / sqrt(head_dim)
+//   context  C = P . V                     fwd;  bwd_data: dP = dC . V^T;  bwd_weight: dV = P^T . dC
+enum class AttentionGemm { scores, context };
+Shape attention_gemm(AttentionGemm g, Direction d, DType t, std::int64_t samples, std::int64_t seq, std::int64_t heads,
+                     std::int64_t head_dim);
+// A transformer layer's attention buffers, whole (null where a direction does not use one).
+struct AttentionTensors {
+  void* qkv = nullptr;   // [tokens, 3 hidden]
+  void* prob = nullptr;  // [samples, heads, seq, seq]
+  void* ctx = nullptr;   // [tokens, hidden]
+  void* dqkv = nullptr;  // their gradients, laid out alike (dprob: dP, or dS = softmax's backward of it)
+  void* dprob = nullptr;
+  void* dctx = nullptr;
+};
+// The tensors of attention_gemm(g, d, t, ...): the first element of each view in the layer's buffers.
+Args attention_args(AttentionGemm g, Direction d, DType t, std::int64_t hidden, const AttentionTensors& x);
+
 // Inputs, seeded from the problem name so every backend sees the same numbers.
 struct Inputs {
   HostBuffer a;     // [B,M,K]  fwd, bwd_weight ([B,K,M] with trans_a)
@@ -80,7 +119,7 @@ const void* operand(const Args& a, Operand o);
 // D[b][r][c] = alpha * sum_q X[b][r][q] * Y[b][q][c], where X ([rows, depth]) and Y ([depth, cols])
 // are inputs read as stored or as the transpose of what is stored (x_t, y_t). An output stored
 // transposed (dA with trans_a, dB with trans_b) is computed as D^T = Y^T X^T. Every operand of a
-// batch is packed: each matrix right after the previous.
+// batch is packed (each matrix right after the previous), or where the shape is strided, in its View.
 struct Product {
   Operand x = Operand::a, y = Operand::b;
   bool x_t = false, y_t = false;
@@ -95,8 +134,14 @@ struct Outputs {
 };
 Outputs make_outputs(const Shape& s);
 std::size_t primary_count(const Shape& s);
+// Strided views: where element `i` of the primary output (counted densely: item, row, column as
+// stored) lies in its buffer; packed: i.
+std::size_t primary_at(const Shape& s, std::size_t i);
+// The elements an operand's buffer holds: its matrices, packed or as its View lays them out.
+std::size_t operand_count(const Shape& s, Operand o);
 
-// Reference, double accumulation: one element of the primary output / of dbias.
+// Reference, double accumulation: element i of the primary output (counted densely, as
+// primary_at) / of dbias.
 double reference_primary(const Shape& s, const Inputs& in, std::size_t idx);
 double reference_dbias(const Shape& s, const Inputs& in, std::size_t n);
 // Every element, for the tests.
@@ -114,6 +159,7 @@ struct NamedShape {
   std::int64_t M, N, K;                 // M is used when there is no batch axis, or for bmm
   std::vector<std::int64_t> batches;    // default batch sizes
   bool cuda_only = false;               // too slow to be worth a CPU run in every sweep
+  std::string view = "";                // bmm: also run on attention's views: "qkv.scores", "qkv.context" ("": not)
 };
 const std::vector<NamedShape>& named_shapes();
 

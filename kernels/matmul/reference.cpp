@@ -1,4 +1,5 @@
 // The matmul reference: plain loops, double accumulation. The oracle every backend is checked against.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/matmul/matmul.h"
@@ -15,15 +16,64 @@ std::size_t primary_count(const Shape& s) {
 
 namespace {
 
-// Where A[b,m,k] and B[b,k,n] are stored, in either layout.
+// An operand's matrices as stored ([rows, cols] each) and the view they lie in: the shape's, or
+// packed (one after another).
+struct Stored {
+  std::int64_t rows, cols, heads;
+  View view;
+  std::size_t at(std::int64_t item, std::int64_t row, std::int64_t col) const {
+    return static_cast<std::size_t>(item / heads * view.per_sample + item % heads * view.per_head + row * view.ld + col);
+  }
+};
+
+Stored stored(const Shape& s, Operand o) {
+  Stored st{s.M, s.N, 1, {}};  // dOut (and out)
+  if (o == Operand::a) st.rows = s.trans_a ? s.K : s.M, st.cols = s.trans_a ? s.M : s.K;
+  if (o == Operand::b) st.rows = s.trans_b ? s.N : s.K, st.cols = s.trans_b ? s.K : s.N;
+  if (!s.strided()) {
+    st.view = {st.rows * st.cols, 0, st.cols};
+    return st;
+  }
+  st.heads = s.views.heads;
+  st.view = o == Operand::a ? s.views.a : o == Operand::b ? s.views.b : s.views.out;
+  return st;
+}
+
+// The operand whose layout the primary output has: dA A's, dB B's, out dOut's.
+Operand primary_layout(const Shape& s) {
+  return s.dir == Direction::bwd_data ? Operand::a : s.dir == Direction::bwd_weight ? Operand::b : Operand::dout;
+}
+
+// Where A[b,m,k], B[b,k,n] and dOut[b,m,n] are stored, in either layout.
 std::size_t at_a(const Shape& s, std::int64_t b, std::int64_t m, std::int64_t k) {
-  return static_cast<std::size_t>(s.trans_a ? (b * s.K + k) * s.M + m : (b * s.M + m) * s.K + k);
+  const Stored st = stored(s, Operand::a);
+  return s.trans_a ? st.at(b, k, m) : st.at(b, m, k);
 }
 std::size_t at_b(const Shape& s, std::int64_t b, std::int64_t k, std::int64_t n) {
-  return static_cast<std::size_t>(s.trans_b ? (b * s.N + n) * s.K + k : (b * s.K + k) * s.N + n);
+  const Stored st = stored(s, Operand::b);
+  return s.trans_b ? st.at(b, n, k) : st.at(b, k, n);
+}
+std::size_t at_dout(const Shape& s, std::int64_t b, std::int64_t m, std::int64_t n) {
+  return stored(s, Operand::dout).at(b, m, n);
 }
 
 }  // namespace
+
+std::size_t operand_count(const Shape& s, Operand o) {
+  const Stored st = stored(s, o);
+  if (!s.strided()) return static_cast<std::size_t>(s.batch_count * st.rows * st.cols);
+  const std::int64_t samples = s.batch_count / st.heads;
+  const View& v = st.view;
+  const std::int64_t last = (samples - 1) * v.per_sample + (st.heads - 1) * v.per_head + (st.rows - 1) * v.ld + st.cols;
+  return static_cast<std::size_t>(std::max(last, samples * v.per_sample));
+}
+
+std::size_t primary_at(const Shape& s, std::size_t i) {
+  if (!s.strided()) return i;
+  const Stored st = stored(s, primary_layout(s));
+  const auto e = static_cast<std::int64_t>(i);
+  return st.at(e / (st.rows * st.cols), e / st.cols % st.rows, e % st.cols);
+}
 
 double reference_primary(const Shape& s, const Inputs& in, std::size_t idx) {
   const auto i = static_cast<std::int64_t>(idx);
@@ -34,14 +84,14 @@ double reference_primary(const Shape& s, const Inputs& in, std::size_t idx) {
       const std::int64_t b = s.trans_a ? i / (K * M) : i / (M * K);
       const std::int64_t m = s.trans_a ? i % M : (i / K) % M, k = s.trans_a ? (i / M) % K : i % K;
       for (std::int64_t n = 0; n < N; ++n)
-        acc += in.dout.get(static_cast<std::size_t>((b * M + m) * N + n)) * in.b.get(at_b(s, b, k, n));
+        acc += in.dout.get(at_dout(s, b, m, n)) * in.b.get(at_b(s, b, k, n));
       return s.alpha * acc;
     }
     case Direction::bwd_weight: {  // dB[b,k,n] = alpha * sum_m A[b,m,k] dOut[b,m,n], stored as B is
       const std::int64_t b = i / (K * N);
       const std::int64_t k = s.trans_b ? i % K : (i / N) % K, n = s.trans_b ? (i / K) % N : i % N;
       for (std::int64_t m = 0; m < M; ++m)
-        acc += in.a.get(at_a(s, b, m, k)) * in.dout.get(static_cast<std::size_t>((b * M + m) * N + n));
+        acc += in.a.get(at_a(s, b, m, k)) * in.dout.get(at_dout(s, b, m, n));
       return s.alpha * acc;
     }
     default: {  // out[b,m,n] = alpha * sum_k A[b,m,k] B[b,k,n] + beta * bias[n], then ReLU with relu
@@ -62,7 +112,7 @@ double reference_dbias(const Shape& s, const Inputs& in, std::size_t n) {
 }
 
 void reference(const Shape& s, const Inputs& in, Outputs& out) {
-  for (std::size_t i = 0; i < out.primary.count(); ++i) out.primary.set(i, reference_primary(s, in, i));
+  for (std::size_t i = 0; i < primary_count(s); ++i) out.primary.set(primary_at(s, i), reference_primary(s, in, i));
   for (std::size_t n = 0; n < out.dbias.count(); ++n) out.dbias.set(n, reference_dbias(s, in, n));
 }
 

@@ -3,7 +3,9 @@
 // mm/addmm problems are x[batch * rows_per_sample, K] . W[K, N] (+ bias[N]): the Linear layer of a
 // model at a given batch. bmm problems are [batch * heads] independent [M, K] . [K, N] products.
 // DeepBench lists its training GEMMs as M x N x K with N the minibatch; here the same product is run
-// as x[batch = N, K] . W[K, M], so the batch axis keeps its name across the suite.
+// as x[batch = N, K] . W[K, M], so the batch axis keeps its name across the suite. The attention
+// shapes run twice: on packed operands, and (arg view) on the heads of a transformer layer's fused
+// QKV, probability and context buffers, as the encoder layer runs them (matmul.h, attention_gemm).
 #include "kernels/matmul/matmul.h"
 
 namespace hotops::matmul {
@@ -23,12 +25,12 @@ const std::vector<NamedShape>& named_shapes() {
       {"bert.qkv", linear, 128, 0, 0, 2304, 768, V{32}},
       {"bert.ffn_up", linear, 128, 0, 0, 3072, 768, V{1, 8, 32}},
       {"bert.ffn_down", linear, 128, 0, 0, 768, 3072, V{32}},
-      {"bert.attn_scores", attention, 0, 12, 128, 128, 64, V{1, 32}},   // Q.K^T
-      {"bert.attn_context", attention, 0, 12, 128, 64, 128, V{32}},     // softmax(QK^T).V
+      {"bert.attn_scores", attention, 0, 12, 128, 128, 64, V{1, 32}, false, "qkv.scores"},   // Q.K^T
+      {"bert.attn_context", attention, 0, 12, 128, 64, 128, V{32}, false, "qkv.context"},   // softmax(QK^T).V
       // ViT-B/16 at 224x224: 197 tokens, same widths as BERT-base.
       {"vit.mlp_up", linear, 197, 0, 0, 3072, 768, V{32}},
-      {"vit.attn_scores", attention, 0, 12, 197, 197, 64, V{32}},
-      {"vit.attn_context", attention, 0, 12, 197, 64, 197, V{32}},
+      {"vit.attn_scores", attention, 0, 12, 197, 197, 64, V{32}, false, "qkv.scores"},
+      {"vit.attn_context", attention, 0, 12, 197, 64, 197, V{32}, false, "qkv.context"},
       // DeepBench training GEMMs (M x N x K, N = batch).
       {"deepbench.1760", linear, 1, 0, 0, 1760, 1760, V{16, 128}},
       {"deepbench.2560", linear, 1, 0, 0, 2560, 2560, V{7000}},

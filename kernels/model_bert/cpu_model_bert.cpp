@@ -1,6 +1,6 @@
-// model_bert on the CPU: every GEMM a oneDNN matmul primitive created at setup (the dense layers'
-// GEMMs the matmul family's plans: forward with their bias and the residual as a binary add post-op,
-// the data gradients, and the weight gradients f32 out;
+// model_bert on the CPU: every GEMM a oneDNN matmul primitive created at setup, the matmul family's
+// plans (the dense layers': forward with their bias and the residual as a binary add post-op, the
+// data gradients, and the weight gradients f32 out;
 // the attention's per-head GEMMs as 4-D [batch, heads, rows, cols] matmuls on strided views of the
 // QKV, context and gradient buffers, so no head split or merge copies), the softmax, layernorm and
 // gelu families' plans (oneDNN softmax forward and backward, in place; oneDNN layer_normalization
@@ -15,7 +15,6 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
-#include <unordered_map>
 
 #include "hotops/check.h"
 #include "hotops/cpu.h"
@@ -38,45 +37,9 @@ inline float ld(bf16 v) { return vec::bf16_to_f32(v); }
 template <class T> T st(float v);
 template <> inline float st<float>(float v) { return v; }
 template <> inline bf16 st<bf16>(float v) { return vec::f32_to_bf16(v); }
-template <class T> constexpr dt dnnl_type() { return std::is_same_v<T, bf16> ? dt::bf16 : dt::f32; }
 
 memory::desc md(std::int64_t rows, std::int64_t cols, bool transposed = false, dt type = dt::f32) {
   return transposed ? memory::desc({rows, cols}, type, dims{1, rows}) : memory::desc({rows, cols}, type, dims{cols, 1});
-}
-
-struct Matmul {
-  dnnl::matmul prim;
-  memory src, wei, bias, dst;
-  void execute() {
-    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
-    if (bias) args.insert({DNNL_ARG_BIAS, bias});
-    prim.execute(cpu::stream(), args);
-  }
-};
-
-// dst = scale * src . wei (+ bias, of the weights' type): 2-D or 4-D descriptors.
-Matmul make_matmul(const memory::desc& src, const void* s, const memory::desc& wei, const void* w, const void* bias,
-                   const memory::desc& dst, void* d, float scale = 1.f) {
-  dnnl::engine& eng = cpu::engine();
-  dnnl::primitive_attr attr;
-  if (scale != 1.f) attr.set_output_scales(0, {scale});
-  const memory::dim n = dst.dims().back();
-  const memory::desc bias_md = bias ? memory::desc({1, n}, wei.data_type(), dims{n, 1}) : memory::desc();
-  const auto desc = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(src, wei, bias_md, dst));
-  const auto pd = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(desc, attr, eng));
-  Matmul m;
-  m.prim = HOTOPS_CHECK_DNNL(dnnl::matmul(pd));
-  m.src = memory(src, eng, const_cast<void*>(s));
-  m.wei = memory(wei, eng, const_cast<void*>(w));
-  if (bias) m.bias = memory(bias_md, eng, const_cast<void*>(bias));
-  m.dst = memory(dst, eng, d);
-  return m;
-}
-
-// A [batch, heads, rows, cols] view: element (b, h, r, c) at b * sb + h * sh + r * sr + c * sc.
-memory::desc view4(std::int64_t B, std::int64_t NH, std::int64_t rows, std::int64_t cols, std::int64_t sb, std::int64_t sh,
-                   std::int64_t sr, std::int64_t sc, dt type) {
-  return memory::desc({B, NH, rows, cols}, type, dims{sb, sh, sr, sc});
 }
 
 float gelu_grad(float z) {
@@ -105,21 +68,16 @@ class CpuLayer final : public LayerCase {
     u1_ = act(a.pre_ln ? T_ * H : 1), qkv_ = act(T_ * 3 * H), prob_ = act(B * NH * S * S), ctx_ = act(T_ * H);
     s1_ = act(T_ * H), h1_ = act(T_ * H), z_ = act(T_ * F), f_ = act(T_ * F), s2_ = act(T_ * H), y_ = act(T_ * H);
     mean1_ = buf(T_), rstd1_ = buf(T_), mean2_ = buf(T_), rstd2_ = buf(T_);
-    const float scale = static_cast<float>(1 / std::sqrt(static_cast<double>(D)));
-    constexpr dt t = dnnl_type<T>();
-    const T* q = qkv_.as<T>();
-    // The attention's views of qkv [T, 3H] and ctx [T, H] per (sample, head).
-    const memory::desc q_v = view4(B, NH, S, D, S * 3 * H, D, 3 * H, 1, t);    // Q, K or V [S, D]
-    const memory::desc kt_v = view4(B, NH, D, S, S * 3 * H, D, 1, 3 * H, t);   // K^T or V^T [D, S]
-    const memory::desc ctx_v = view4(B, NH, S, D, S * H, D, H, 1, t);
-    const memory::desc p_v = view4(B, NH, S, S, NH * S * S, S * S, S, 1, t);
-    const memory::desc pt_v = view4(B, NH, S, S, NH * S * S, S * S, 1, S, t);  // P^T
+    // The attention's GEMMs on the heads of qkv, prob and ctx (and of their gradients).
+    auto attention = [&](matmul::AttentionGemm g, Direction d) {
+      return matmul::make_cpu_plan(matmul::attention_gemm(g, d, s_.dtype, B, S, NH, D));
+    };
     qkv_gemm_ = matmul::make_cpu_plan(dense_layer(s_, H, 3 * H, false));
     out_gemm_ = matmul::make_cpu_plan(dense_layer(s_, H, H, true));  // s1 = x + attn
     ffn1_ = matmul::make_cpu_plan(dense_layer(s_, H, F, false));
     ffn2_ = matmul::make_cpu_plan(dense_layer(s_, F, H, true));     // s2 = resid + ffn
-    scores_ = make_matmul(q_v, q, kt_v, q + H, nullptr, p_v, prob_.as<T>(), scale);
-    context_ = make_matmul(p_v, prob_.as<T>(), q_v, q + 2 * H, nullptr, ctx_v, ctx_.as<T>());
+    scores_ = attention(matmul::AttentionGemm::scores, Direction::fwd);
+    context_ = attention(matmul::AttentionGemm::context, Direction::fwd);
     softmax_ = softmax::make_cpu_plan(attention_softmax(s_, Direction::fwd));
     gelu_ = gelu::make_cpu_plan(ffn_gelu(s_));
     layernorm_ = layernorm::make_cpu_plan(token_layernorm(s_, Direction::fwd));
@@ -136,11 +94,10 @@ class CpuLayer final : public LayerCase {
     wo_w_ = wgrad(H, H), wo_d_ = dgrad(H, H);
     qkv_w_ = wgrad(H, 3 * H);
     if (a.pre_ln) qkv_d_ = dgrad(H, 3 * H);
-    T* dq = dqkv_.as<T>();
-    dp_gemm_ = make_matmul(ctx_v, dctx_.as<T>(), kt_v, q + 2 * H, nullptr, p_v, dp_.as<T>());
-    dv_gemm_ = make_matmul(pt_v, prob_.as<T>(), ctx_v, dctx_.as<T>(), nullptr, q_v, dq + 2 * H);
-    dq_gemm_ = make_matmul(p_v, dp_.as<T>(), q_v, q + H, nullptr, q_v, dq, scale);
-    dk_gemm_ = make_matmul(pt_v, dp_.as<T>(), q_v, q, nullptr, q_v, dq + H, scale);
+    dp_gemm_ = attention(matmul::AttentionGemm::context, Direction::bwd_data);
+    dv_gemm_ = attention(matmul::AttentionGemm::context, Direction::bwd_weight);
+    dq_gemm_ = attention(matmul::AttentionGemm::scores, Direction::bwd_data);
+    dk_gemm_ = attention(matmul::AttentionGemm::scores, Direction::bwd_weight);
   }
 
   void run() override {
@@ -266,13 +223,11 @@ class CpuLayer final : public LayerCase {
     trace::op("addmm");
     qkv_gemm_->run(dense(u1, W, l_.wqkv, l_.bqkv, qkv_, nullptr));
     trace::op("bmm");
-    scores_.execute();
-    cpu::stream().wait();
+    scores_->run(heads(matmul::AttentionGemm::scores, Direction::fwd));
     trace::op("softmax");
     softmax_->run({prob_.data(), nullptr, nullptr, prob_.data()});  // in place
     trace::op("bmm");
-    context_.execute();
-    cpu::stream().wait();
+    context_->run(heads(matmul::AttentionGemm::context, Direction::fwd));
     trace::op("addmm");
     out_gemm_->run(dense(ctx_.data(), W, l_.wo, l_.bo, s1_, x_.data()));  // s1 = x + attn
     trace::op("layernorm");
@@ -304,6 +259,12 @@ class CpuLayer final : public LayerCase {
     matmul::Args m;
     m.b = gemm_weights() + w, m.dout = dz, m.out = dx.data();
     return m;
+  }
+  // An attention GEMM's tensors: the heads of the layer's QKV, probability and context buffers and
+  // of their gradients.
+  matmul::Args heads(matmul::AttentionGemm g, Direction d) {
+    return matmul::attention_args(g, d, s_.dtype, s_.arch.hidden,
+                                  {qkv_.data(), prob_.data(), ctx_.data(), dqkv_.data(), dp_.data(), dctx_.data()});
   }
   // A LayerNorm's tensors: LN(x) with gamma and beta at their offsets in the f32 parameters.
   layernorm::Args ln(const HostBuffer& x, std::size_t g, std::size_t b, HostBuffer& y, HostBuffer& mean, HostBuffer& rstd) {
@@ -369,15 +330,13 @@ class CpuLayer final : public LayerCase {
     wo_w_->run(weight_grad(ctx_.data(), ds1_.data(), l_.wo));
     wo_d_->run(data_grad(ds1_.data(), l_.wo, dctx_));
     trace::op("bmm");
-    dp_gemm_.execute();
-    dv_gemm_.execute();
-    cpu::stream().wait();
+    dp_gemm_->run(heads(matmul::AttentionGemm::context, Direction::bwd_data));
+    dv_gemm_->run(heads(matmul::AttentionGemm::context, Direction::bwd_weight));
     trace::op("softmax_bwd");
     softmax_bwd_->run({nullptr, prob_.data(), dp_.data(), dp_.data()});  // in place over dP
     trace::op("bmm");
-    dq_gemm_.execute();
-    dk_gemm_.execute();
-    cpu::stream().wait();
+    dq_gemm_->run(heads(matmul::AttentionGemm::scores, Direction::bwd_data));
+    dk_gemm_->run(heads(matmul::AttentionGemm::scores, Direction::bwd_weight));
     trace::op("mm");
     qkv_w_->run(weight_grad(a.pre_ln ? u1_.data() : x_.data(), dqkv_.data(), l_.wqkv));
     if (a.pre_ln) qkv_d_->run(data_grad(dqkv_.data(), l_.wqkv, du1_));
@@ -403,7 +362,7 @@ class CpuLayer final : public LayerCase {
   HostBuffer dy_, ds2_, df_, du2_, ds1_, dctx_, dqkv_, dp_, du1_;
   std::unique_ptr<matmul::Plan> qkv_gemm_, out_gemm_, ffn1_, ffn2_;
   std::unique_ptr<matmul::Plan> w2_w_, w2_d_, w1_w_, w1_d_, wo_w_, wo_d_, qkv_w_, qkv_d_;
-  Matmul scores_, context_, dp_gemm_, dv_gemm_, dq_gemm_, dk_gemm_;
+  std::unique_ptr<matmul::Plan> scores_, context_, dp_gemm_, dv_gemm_, dq_gemm_, dk_gemm_;  // attention's, on heads
   std::unique_ptr<softmax::Plan> softmax_, softmax_bwd_;
   std::unique_ptr<gelu::Plan> gelu_;
   std::unique_ptr<layernorm::Plan> layernorm_;

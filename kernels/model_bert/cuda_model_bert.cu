@@ -1,8 +1,7 @@
-// model_bert on CUDA: cublasLt dense GEMMs (the matmul family's plans), one
-// cublasGemmBatchedEx per attention GEMM, the softmax, layernorm and gelu families' plans, hand-written
+// model_bert on CUDA: the matmul family's plans for the GEMMs (cublasLt dense GEMMs, one
+// cublasGemmBatchedEx per attention GEMM on strided heads), the softmax, layernorm and gelu families' plans, hand-written
 // GELU backward, LayerNorm backward, column-sum and loss kernels; how each is set up and fused: docs/models.md,
 // "How each model step runs".
-#include <cublas_v2.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -225,67 +224,6 @@ unsigned grid_for(std::int64_t n, unsigned threads = kThreads, std::int64_t cap 
   return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>((n + threads - 1) / threads, cap)));
 }
 
-// The family's cuBLAS handle (batched GEMMs), bound to gpu::stream() and the shared workspace.
-cublasHandle_t cublas() {
-  static cublasHandle_t h = [] {
-    cublasHandle_t c = nullptr;
-    HOTOPS_CHECK_CUBLAS(cublasCreate(&c));
-    HOTOPS_CHECK_CUBLAS(cublasSetStream(c, gpu::stream()));
-    HOTOPS_CHECK_CUBLAS(cublasSetWorkspace(c, gpu::cublas_workspace(), gpu::kCublasWorkspaceBytes));
-    HOTOPS_CHECK_CUBLAS(cublasSetMathMode(c, CUBLAS_DEFAULT_MATH));  // with CUBLAS_COMPUTE_32F: no TF32
-    return c;
-  }();
-  return h;
-}
-
-// The cuBLAS type of a storage type, and its name for messages.
-template <class T> constexpr cudaDataType_t cuda_type() { return std::is_same_v<T, bf16> ? CUDA_R_16BF : CUDA_R_32F; }
-
-// One GEMM per (sample, head), column-major, all in one cublasGemmBatchedEx (CUBLAS_COMPUTE_32F, every
-// operand of the activations' type T): the operands of pair (b, h) start at base + b * per_sample +
-// h * per_head (per operand, in elements), pointer arrays on the device.
-template <class T>
-struct Operand {
-  const T* base;
-  std::int64_t per_sample, per_head, ld;
-};
-template <class T>
-class BatchedGemm {
- public:
-  BatchedGemm(cublasOperation_t opa, cublasOperation_t opb, int m, int n, int k, float alpha, Operand<T> A, Operand<T> B,
-              Operand<T> C, std::int64_t samples, std::int64_t heads)
-      : opa_(opa), opb_(opb), m_(m), n_(n), k_(k), alpha_(alpha), lda_(static_cast<int>(A.ld)), ldb_(static_cast<int>(B.ld)),
-        ldc_(static_cast<int>(C.ld)), count_(static_cast<int>(samples * heads)) {
-    std::vector<const T*> host(static_cast<std::size_t>(3 * count_));
-    for (std::int64_t b = 0; b < samples; ++b)
-      for (std::int64_t h = 0; h < heads; ++h) {
-        const auto i = static_cast<std::size_t>(b * heads + h);
-        host[i] = A.base + b * A.per_sample + h * A.per_head;
-        host[static_cast<std::size_t>(count_) + i] = B.base + b * B.per_sample + h * B.per_head;
-        host[2 * static_cast<std::size_t>(count_) + i] = C.base + b * C.per_sample + h * C.per_head;
-      }
-    ptrs_ = gpu::DeviceBuffer(host.size() * sizeof(T*));
-    gpu::copy(ptrs_.get(), host.data(), ptrs_.bytes(), cudaMemcpyHostToDevice);
-  }
-  void run() const {
-    const float zero = 0.f;
-    const void* const* p = ptrs_.as<const void*>();
-    constexpr cudaDataType_t t = cuda_type<T>();
-    HOTOPS_CHECK_CUBLAS(cublasGemmBatchedEx(cublas(), opa_, opb_, m_, n_, k_, &alpha_, p, t, lda_, p + count_, t, ldb_, &zero,
-                                            const_cast<void* const*>(p + 2 * count_), t, ldc_, count_, CUBLAS_COMPUTE_32F,
-                                            CUBLAS_GEMM_DEFAULT));
-  }
-
- private:
-  cublasOperation_t opa_, opb_;
-  int m_, n_, k_;
-  float alpha_;
-  int lda_, ldb_, ldc_, count_;
-  gpu::DeviceBuffer ptrs_;
-};
-
-constexpr cublasOperation_t N = CUBLAS_OP_N, Tr = CUBLAS_OP_T;
-
 // T: the activations' storage, float (f32) or bf16 (bf16's mixed precision, model_bert.h).
 template <class T>
 class CudaLayer final : public LayerCase {
@@ -300,7 +238,6 @@ class CudaLayer final : public LayerCase {
     HOTOPS_CHECK(H <= kMaxHidden && H % 4 == 0 && F % 4 == 0, "model_bert: the CUDA kernels take hidden <= 1024, a multiple of 4");
     gpu::cublaslt();
     gpu::cublas_workspace();
-    cublas();
     auto buf = [](std::int64_t n) { return gpu::DeviceBuffer(static_cast<std::size_t>(n) * sizeof(float)); };  // f32
     auto act = [](std::int64_t n) { return gpu::DeviceBuffer(static_cast<std::size_t>(n) * sizeof(T)); };    // activations
     params_ = gpu::DeviceBuffer(seeded_.params);
@@ -309,14 +246,13 @@ class CudaLayer final : public LayerCase {
     u1_ = act(a.pre_ln ? T_ * H : 1), qkv_ = act(T_ * 3 * H), prob_ = act(B * NH * S * S), ctx_ = act(T_ * H);
     s1_ = act(T_ * H), h1_ = act(T_ * H), z_ = act(T_ * F), f_ = act(T_ * F), s2_ = act(T_ * H), y_ = act(a.pre_ln ? 1 : T_ * H);
     mean1_ = buf(T_), rstd1_ = buf(T_), mean2_ = buf(T_), rstd2_ = buf(T_);
-    const float scale = static_cast<float>(1 / std::sqrt(static_cast<double>(D)));
-    const T* q = qkv_.as<T>();
-    const Operand<T> Qo{q, S * 3 * H, D, 3 * H}, Ko{q + H, S * 3 * H, D, 3 * H}, Vo{q + 2 * H, S * 3 * H, D, 3 * H};
-    const Operand<T> Po{prob_.as<T>(), NH * S * S, S * S, S}, Co{ctx_.as<T>(), S * H, D, H};
-    const int Si = static_cast<int>(S), Di = static_cast<int>(D);
+    // The attention's GEMMs on the heads of qkv, prob and ctx (and of their gradients).
+    auto attention = [&](matmul::AttentionGemm g, Direction d) {
+      return matmul::make_cuda_plan(matmul::attention_gemm(g, d, s_.dtype, B, S, NH, D));
+    };
     qkv_gemm_ = matmul::make_cuda_plan(dense_layer(s_, H, 3 * H, false));
-    scores_ = std::make_unique<BatchedGemm<T>>(Tr, N, Si, Si, Di, scale, Ko, Qo, Po, B, NH);
-    context_ = std::make_unique<BatchedGemm<T>>(N, N, Di, Si, Si, 1.f, Vo, Po, Co, B, NH);
+    scores_ = attention(matmul::AttentionGemm::scores, Direction::fwd);
+    context_ = attention(matmul::AttentionGemm::context, Direction::fwd);
     out_gemm_ = matmul::make_cuda_plan(dense_layer(s_, H, H, true));  // s1 = x + attn
     ffn1_ = matmul::make_cuda_plan(dense_layer(s_, H, F, false));
     ffn2_ = matmul::make_cuda_plan(dense_layer(s_, F, H, true));     // s2 = resid + ffn
@@ -344,13 +280,10 @@ class CudaLayer final : public LayerCase {
       w1_w_ = wgrad(H, F);
       w1_d_ = dgrad(H, F, !a.pre_ln);  // bert: du2 + ds2 (LN1's output feeds both the FFN and the residual), through C
       wo_w_ = wgrad(H, H), wo_d_ = dgrad(H, H, false);
-      const Operand<T> dCo{dctx_.as<T>(), S * H, D, H}, dPo{dp_.as<T>(), NH * S * S, S * S, S};
-      T* dq = dqkv_.as<T>();
-      const Operand<T> dQo{dq, S * 3 * H, D, 3 * H}, dKo{dq + H, S * 3 * H, D, 3 * H}, dVo{dq + 2 * H, S * 3 * H, D, 3 * H};
-      dp_gemm_ = std::make_unique<BatchedGemm<T>>(Tr, N, Si, Si, Di, 1.f, Vo, dCo, dPo, B, NH);
-      dv_gemm_ = std::make_unique<BatchedGemm<T>>(N, Tr, Di, Si, Si, 1.f, dCo, Po, dVo, B, NH);
-      dq_gemm_ = std::make_unique<BatchedGemm<T>>(N, N, Di, Si, Si, scale, Ko, dPo, dQo, B, NH);
-      dk_gemm_ = std::make_unique<BatchedGemm<T>>(N, Tr, Di, Si, Si, scale, Qo, dPo, dKo, B, NH);
+      dp_gemm_ = attention(matmul::AttentionGemm::context, Direction::bwd_data);
+      dv_gemm_ = attention(matmul::AttentionGemm::context, Direction::bwd_weight);
+      dq_gemm_ = attention(matmul::AttentionGemm::scores, Direction::bwd_data);
+      dk_gemm_ = attention(matmul::AttentionGemm::scores, Direction::bwd_weight);
       softmax_bwd_ = softmax::make_cuda_plan(attention_softmax(s_, Direction::bwd));
       qkv_w_ = wgrad(H, 3 * H);
       if (a.pre_ln) qkv_d_ = dgrad(H, 3 * H, false);
@@ -464,6 +397,12 @@ class CudaLayer final : public LayerCase {
     m.b = gemm_weights() + w, m.dout = dz, m.out = dx.get(), m.c = c;
     return m;
   }
+  // An attention GEMM's tensors: the heads of the layer's QKV, probability and context buffers and
+  // of their gradients.
+  matmul::Args heads(matmul::AttentionGemm g, Direction d) const {
+    return matmul::attention_args(g, d, s_.dtype, s_.arch.hidden,
+                                  {qkv_.get(), prob_.get(), ctx_.get(), dqkv_.get(), dp_.get(), dctx_.get()});
+  }
   // A LayerNorm's tensors: LN(x) with gamma and beta at their offsets in the f32 parameters.
   layernorm::Args ln(const gpu::DeviceBuffer& x, std::size_t g, std::size_t b, gpu::DeviceBuffer& y, gpu::DeviceBuffer& mean,
                      gpu::DeviceBuffer& rstd) const {
@@ -531,11 +470,11 @@ class CudaLayer final : public LayerCase {
     trace::op("addmm");
     qkv_gemm_->run(dense(u1, l_.wqkv, l_.bqkv, qkv_, nullptr));
     trace::op("bmm");
-    scores_->run();
+    scores_->run(heads(matmul::AttentionGemm::scores, Direction::fwd));
     trace::op("softmax");
     softmax_->run({prob_.get(), nullptr, nullptr, prob_.get()});  // in place
     trace::op("bmm");
-    context_->run();
+    context_->run(heads(matmul::AttentionGemm::context, Direction::fwd));
     trace::op("addmm");
     out_gemm_->run(dense(ctx_.get(), l_.wo, l_.bo, s1_, x_.get()));  // s1 = x + ctx . Wo + bo
     trace::op("layernorm");
@@ -586,13 +525,13 @@ class CudaLayer final : public LayerCase {
     wo_w_->run(weight_grad(ctx_.get(), ds1_.get(), l_.wo));
     wo_d_->run(data_grad(ds1_.get(), l_.wo, dctx_, nullptr));
     trace::op("bmm");
-    dp_gemm_->run();
-    dv_gemm_->run();
+    dp_gemm_->run(heads(matmul::AttentionGemm::context, Direction::bwd_data));
+    dv_gemm_->run(heads(matmul::AttentionGemm::context, Direction::bwd_weight));
     trace::op("softmax_bwd");
     softmax_bwd_->run({nullptr, prob_.get(), dp_.get(), dp_.get()});  // in place over dP
     trace::op("bmm");
-    dq_gemm_->run();
-    dk_gemm_->run();
+    dq_gemm_->run(heads(matmul::AttentionGemm::scores, Direction::bwd_data));
+    dk_gemm_->run(heads(matmul::AttentionGemm::scores, Direction::bwd_weight));
     trace::op("sum");
     colsum(dqkv_.as<T>(), 3 * H, l_.bqkv);
     trace::op("mm");
@@ -615,7 +554,7 @@ class CudaLayer final : public LayerCase {
   gpu::DeviceBuffer u1_, qkv_, prob_, ctx_, s1_, h1_, z_, f_, s2_, y_, mean1_, rstd1_, mean2_, rstd2_;
   gpu::DeviceBuffer dy_, ds2_, df_, du2_, ds1_, dctx_, dqkv_, dp_, du1_;
   std::unique_ptr<matmul::Plan> qkv_gemm_, out_gemm_, ffn1_, ffn2_, w2_w_, w2_d_, w1_w_, w1_d_, wo_w_, wo_d_, qkv_w_, qkv_d_;
-  std::unique_ptr<BatchedGemm<T>> scores_, context_, dp_gemm_, dv_gemm_, dq_gemm_, dk_gemm_;
+  std::unique_ptr<matmul::Plan> scores_, context_, dp_gemm_, dv_gemm_, dq_gemm_, dk_gemm_;  // attention's, on heads
   std::unique_ptr<softmax::Plan> softmax_, softmax_bwd_;
   std::unique_ptr<gelu::Plan> gelu_;
   std::unique_ptr<layernorm::Plan> layernorm_;
