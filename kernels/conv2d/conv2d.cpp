@@ -194,8 +194,9 @@ Inputs make_inputs(const Shape& s, std::uint64_t seed) {
   Inputs in;
   const bool fwd = s.dir == Direction::fwd;
   if (fwd || s.dir == Direction::bwd_weight) in.x = HostBuffer(s.dtype, n(s.N * s.C * s.H * s.W));
-  if (fwd || s.dir == Direction::bwd_data) in.w = HostBuffer(s.dtype, n(s.K * s.C * s.R * s.S));
-  if (fwd && s.bias) in.b = HostBuffer(s.dtype, n(s.K));
+  const DType param = s.f32_params ? DType::f32 : s.dtype;  // of w, b, dw and db
+  if (fwd || s.dir == Direction::bwd_data) in.w = HostBuffer(param, n(s.K * s.C * s.R * s.S));
+  if (fwd && s.bias) in.b = HostBuffer(param, n(s.K));
   if (!fwd) in.dy = HostBuffer(s.dtype, n(s.N * s.K * s.P() * s.Q()));
   in.x.fill_uniform(seed, 1);
   in.w.fill_uniform(seed, 2);
@@ -209,10 +210,12 @@ Outputs make_outputs(const Shape& s) {
   Outputs o;
   switch (s.dir) {
     case Direction::bwd_data: o.primary = HostBuffer(s.dtype, n(s.N * s.C * s.H * s.W)); break;
-    case Direction::bwd_weight:
-      o.primary = HostBuffer(s.dtype, n(s.K * s.C * s.R * s.S));
-      if (s.bias) o.db = HostBuffer(s.dtype, n(s.K));
+    case Direction::bwd_weight: {
+      const DType param = s.f32_params ? DType::f32 : s.dtype;
+      o.primary = HostBuffer(param, n(s.K * s.C * s.R * s.S));
+      if (s.bias) o.db = HostBuffer(param, n(s.K));
       break;
+    }
     default: o.primary = HostBuffer(s.dtype, n(s.N * s.K * s.P() * s.Q()));
   }
   return o;
