@@ -1,5 +1,5 @@
-// model_cnn on the CPU: oneDNN convolution, batch norm, pooling and matmul primitives, OpenMP loops for
-// the rest; the step, the inference folding and the bf16 form:
+// model_cnn on the CPU: oneDNN convolutions through conv2d plans, oneDNN batch norm, pooling and
+// matmul primitives, OpenMP loops for the rest; the step, the inference folding and the bf16 form:
 // docs/models.md, "How each model step runs".
 #include <omp.h>
 
@@ -755,12 +755,12 @@ class CpuCnn final : public ModelCase {
 
 std::string cpu_unsupported_reason(const Problem& p) {
   if (p.dtype != DType::bf16) return "";
-  try {  // oneDNN's bf16 convolution and matmul on this CPU, descriptors only (the ISA decides, not the shape)
+  try {  // oneDNN's bf16 convolution (a small conv2d plan) and matmul on this CPU (the ISA decides, not the shape)
     dnnl::engine& eng = cpu::engine();
-    const memory::desc act = nhwc(2, 16, 8, 8, dt::bf16), w({16, 16, 3, 3}, dt::bf16, tag::any);
-    const auto cd = HOTOPS_CHECK_DNNL(dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, act,
-                                                                      w, memory::desc(), act, {1, 1}, {1, 1}, {1, 1}));
-    HOTOPS_CHECK_DNNL(dnnl::convolution_forward::primitive_desc(cd, eng));
+    conv2d::Shape cs;
+    cs.dtype = DType::bf16, cs.layout = conv2d::Layout::nhwc, cs.x_pick = cs.y_pick = conv2d::Shape::Pick::nhwc;
+    cs.N = 2, cs.C = cs.K = 16, cs.H = cs.W = 8, cs.R = cs.S = 3, cs.pad_h = cs.pad_w = 1;
+    conv2d::make_cpu_plan(cs);
     const auto md = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(mat(2, 16, false, dt::bf16), mat(16, 16, false, dt::bf16), mat(2, 16, false, dt::bf16)));
     HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(md, eng));
   } catch (const Error& e) {
