@@ -251,11 +251,14 @@ TEST(Conv2dPlan, ModelLayerOptionsMatchTheReference) {
         const auto tag = layout == Layout::nchw ? dnnl::memory::format_tag::nchw : dnnl::memory::format_tag::nhwc;
         EXPECT_TRUE(onednn_desc(*plan, Tensor::x) == cpu::md({s.N, s.C, s.H, s.W}, t, tag)) << what;
         EXPECT_TRUE(onednn_desc(*plan, Tensor::y) == cpu::md({s.N, s.K, s.P(), s.Q()}, t, tag)) << what;
-        if (d == Direction::fwd) EXPECT_NE(plan->label().find("ReLU post-op"), std::string::npos) << plan->label();
+        if (d == Direction::fwd) {
+          EXPECT_NE(plan->label().find("ReLU post-op"), std::string::npos) << plan->label();
+        }
         const Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
         Outputs out[2] = {make_outputs(s), make_outputs(s)};
-        if (t == DType::bf16 && d != Direction::bwd_data)  // dw f32, y bf16
+        if (t == DType::bf16 && d != Direction::bwd_data) {  // dw f32, y bf16
           EXPECT_EQ(out[0].primary.dtype() == DType::f32, d == Direction::bwd_weight) << what;
+        }
         const auto args_of = [&](int k) {
           out[k].primary.poison(), out[k].db.poison();
           return Args{in[k].x.data(), in[k].w.data(), in[k].b.data(), in[k].dy.data(), out[k].primary.data(),
@@ -344,6 +347,28 @@ TEST(Conv2dFamily, BenchmarkListCoversBothLayoutsAndTheResNetTarget) {
   }
   EXPECT_TRUE(target);
   EXPECT_TRUE(nhwc);
+}
+
+// The convnets' fused conv + ReLU: listed fwd, NHWC, on the CPU only, after the layer's plain entries;
+// the name carries relu:1 and the shape the post-op.
+TEST(Conv2dFamily, ReluEntriesAreCpuForwardsOfTheConvnetLayers) {
+  std::vector<std::string> relu;
+  for (const Problem& p : family().benchmark_problems({})) {
+    if (!p.has("relu")) continue;
+    relu.push_back(p.name());
+    EXPECT_EQ(p.backend, Backend::cpu) << p.name();
+    EXPECT_EQ(p.dir, Direction::fwd) << p.name();
+    EXPECT_EQ(p.get("layout"), "nhwc") << p.name();
+    EXPECT_TRUE(shape_of(p).relu) << p.name();
+  }
+  EXPECT_EQ(relu.size(), 6u);
+  EXPECT_NE(std::find(relu.begin(), relu.end(),
+                      "conv2d/cpu/f32/fwd/shape:cifar10_vgg.conv2/batch:32/C:32/H:32/W:32/K:32/R:3/S:3/stride:1/pad:0/"
+                      "dilation:1/bias:1/layout:nhwc/relu:1"),
+            relu.end());
+  Problem p = problem(Direction::bwd_data);
+  p.args.push_back({"relu", "1"});
+  EXPECT_THROW(shape_of(p), Error);
 }
 
 }  // namespace

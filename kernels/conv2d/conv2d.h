@@ -106,6 +106,8 @@ struct NamedShape {
   std::int64_t C, H, W, K, R, S, stride, pad;
   bool bias;
   std::vector<std::int64_t> batches;  // default batch sizes
+  // Also listed fwd with its ReLU fused (relu:1, NHWC, CPU): a convnet step's conv + bias + ReLU.
+  bool relu = false;
 };
 const std::vector<NamedShape>& named_shapes();
 
