@@ -9,8 +9,10 @@
 #include <vector>
 
 #include "hotops/check.h"
+#include "hotops/cpu.h"
 #include "hotops/gpu.h"
 #include "kernels/conv2d/conv2d.h"
+#include "kernels/conv2d/cpu_onednn.h"
 #include "test/plan_test_util.h"
 
 namespace hotops::conv2d {
@@ -229,6 +231,71 @@ TEST(Conv2dPlan, OneDnnLayoutsRoundTrip) {
   EXPECT_TRUE(c.ok) << c.message;
 }
 
+// A model's layer on the CPU (model_cnn's training step): the bias and a ReLU post-op, x and y fixed
+// in the user's layout (the primitive takes them as they are), f32 master weights under bf16 (the run
+// casts w; dw and db are written f32). Run on two sets of caller-owned buffers in turn; each result
+// is that of its own inputs, and the layouts the plan reports are the fixed ones.
+TEST(Conv2dPlan, ModelLayerOptionsMatchTheReference) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (Layout layout : {Layout::nchw, Layout::nhwc})
+      for (Direction d : {Direction::fwd, Direction::bwd_data, Direction::bwd_weight}) {
+        Shape s;
+        s.dir = d, s.dtype = t, s.layout = layout, s.bias = s.relu = s.f32_params = true;
+        s.x_pick = s.y_pick = layout == Layout::nchw ? Shape::Pick::nchw : Shape::Pick::nhwc;
+        s.N = 2, s.C = 16, s.H = 9, s.W = 7, s.K = 32, s.R = s.S = 3, s.pad_h = s.pad_w = 1;
+        Problem p = problem(d);
+        p.dtype = t;
+        if (!family().unsupported_reason(p).empty()) continue;
+        const std::string what = std::string(dtype_name(t)) + " " + direction_name(d);
+        auto plan = make_plan(s, Backend::cpu);
+        const auto tag = layout == Layout::nchw ? dnnl::memory::format_tag::nchw : dnnl::memory::format_tag::nhwc;
+        EXPECT_TRUE(onednn_desc(*plan, Tensor::x) == cpu::md({s.N, s.C, s.H, s.W}, t, tag)) << what;
+        EXPECT_TRUE(onednn_desc(*plan, Tensor::y) == cpu::md({s.N, s.K, s.P(), s.Q()}, t, tag)) << what;
+        if (d == Direction::fwd) {
+          EXPECT_NE(plan->label().find("ReLU post-op"), std::string::npos) << plan->label();
+        }
+        const Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
+        Outputs out[2] = {make_outputs(s), make_outputs(s)};
+        if (t == DType::bf16 && d != Direction::bwd_data) {  // dw f32, y bf16
+          EXPECT_EQ(out[0].primary.dtype() == DType::f32, d == Direction::bwd_weight) << what;
+        }
+        const auto args_of = [&](int k) {
+          out[k].primary.poison(), out[k].db.poison();
+          return Args{in[k].x.data(), in[k].w.data(), in[k].b.data(), in[k].dy.data(), out[k].primary.data(),
+                      out[k].db.data()};
+        };
+        const auto check = [&](int i, int o) { return verify(s, in[i], out[o]); };
+        plan_test::expect_each_run_on_its_own_tensors(*plan, args_of, check, what);
+      }
+}
+
+// A model's layer in inference: forward_inference with the bias and a ReLU, x and y in the layouts
+// oneDNN picked (the caller reorders them), the weights in the user's layout and dtype f32, reordered
+// (and for bf16 cast) by each run.
+TEST(Conv2dPlan, InferenceInOneDnnLayoutsReordersTheUsersWeights) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    Shape s;
+    s.dtype = t, s.layout = Layout::nhwc, s.bias = s.relu = s.f32_params = true;
+    s.inference = s.onednn_layouts = s.w_from_user = true;
+    s.N = 2, s.C = 16, s.H = 8, s.W = 8, s.K = 16, s.R = s.S = 3, s.pad_h = s.pad_w = 1;
+    Problem p = problem(Direction::fwd);
+    p.dtype = t;
+    if (!family().unsupported_reason(p).empty()) continue;
+    auto plan = make_plan(s, Backend::cpu);
+    EXPECT_NE(plan->label().find("weights reordered in the run"), std::string::npos) << plan->label();
+    const Inputs in = make_inputs(s, 3);
+    HostBuffer x(t, onednn_desc(*plan, Tensor::x).get_size() / dtype_size(t));
+    HostBuffer y(t, onednn_desc(*plan, Tensor::y).get_size() / dtype_size(t));
+    EXPECT_EQ(onednn_bytes(s, Tensor::y), y.bytes());
+    to_onednn_layout(s, Tensor::x, in.x.data(), x.data());
+    Outputs out = make_outputs(s);
+    plan->run(Args{x.data(), in.w.data(), in.b.data(), nullptr, y.data(), nullptr});
+    to_user_layout(s, Tensor::y, y.data(), out.primary.data());
+    const Check c = verify(s, in, out);
+    EXPECT_TRUE(c.ok) << dtype_name(t) << " " << c.message;
+  }
+}
+
 #ifdef HOTOPS_HAVE_CUDA
 // A model step's CUDA plans: Find's fastest taken as timed, bf16 with tensor-op math only, run on a
 // workspace of the caller's (shared by all three passes) and on the buffers each run is given.
@@ -280,6 +347,28 @@ TEST(Conv2dFamily, BenchmarkListCoversBothLayoutsAndTheResNetTarget) {
   }
   EXPECT_TRUE(target);
   EXPECT_TRUE(nhwc);
+}
+
+// The convnets' fused conv + ReLU: listed fwd, NHWC, on the CPU only, after the layer's plain entries;
+// the name carries relu:1 and the shape the post-op.
+TEST(Conv2dFamily, ReluEntriesAreCpuForwardsOfTheConvnetLayers) {
+  std::vector<std::string> relu;
+  for (const Problem& p : family().benchmark_problems({})) {
+    if (!p.has("relu")) continue;
+    relu.push_back(p.name());
+    EXPECT_EQ(p.backend, Backend::cpu) << p.name();
+    EXPECT_EQ(p.dir, Direction::fwd) << p.name();
+    EXPECT_EQ(p.get("layout"), "nhwc") << p.name();
+    EXPECT_TRUE(shape_of(p).relu) << p.name();
+  }
+  EXPECT_EQ(relu.size(), 6u);
+  EXPECT_NE(std::find(relu.begin(), relu.end(),
+                      "conv2d/cpu/f32/fwd/shape:cifar10_vgg.conv2/batch:32/C:32/H:32/W:32/K:32/R:3/S:3/stride:1/pad:0/"
+                      "dilation:1/bias:1/layout:nhwc/relu:1"),
+            relu.end());
+  Problem p = problem(Direction::bwd_data);
+  p.args.push_back({"relu", "1"});
+  EXPECT_THROW(shape_of(p), Error);
 }
 
 }  // namespace

@@ -46,6 +46,16 @@ void expand(const std::string& shape, const Geometry& g, std::vector<Problem>& o
         for (Layout l : {Layout::nchw, Layout::nhwc}) out.push_back(Problem{"conv2d", be, t, d, args_of(shape, g, l)});
 }
 
+// The layer's forward with its ReLU fused (relu:1), NHWC, in each CPU dtype: what a convnet's CPU
+// step runs (model_cnn); the CUDA plan has no fused ReLU.
+void expand_relu(const std::string& shape, const Geometry& g, std::vector<Problem>& out) {
+  for (DType t : dtypes_of(Backend::cpu)) {
+    std::vector<Arg> args = args_of(shape, g, Layout::nhwc);
+    args.push_back({"relu", "1"});
+    out.push_back(Problem{"conv2d", Backend::cpu, t, Direction::fwd, args});
+  }
+}
+
 // "3" -> (3, 3); "2x1" -> (2, 1).
 std::pair<std::int64_t, std::int64_t> pair_arg(const Problem& p, const std::string& key) {
   const std::string& v = p.get(key);
@@ -123,6 +133,7 @@ class Conv2dFamily final : public OpFamily {
       const Geometry g{b, ns.C, ns.H, ns.W, ns.K, ns.R, ns.S, std::to_string(ns.stride), std::to_string(ns.pad), "1",
                        ns.bias};
       expand(ns.name, g, out);
+      if (ns.relu) expand_relu(ns.name, g, out);
     });
   }
 
@@ -140,6 +151,8 @@ class Conv2dFamily final : public OpFamily {
     };
     std::vector<Problem> out;
     for (const Geometry& g : shapes) expand("test", g, out);
+    expand_relu("test", shapes[0], out);
+    expand_relu("test", shapes[6], out);
     return out;
   }
 
@@ -182,6 +195,9 @@ Shape shape_of(const Problem& p) {
   std::tie(s.pad_h, s.pad_w) = pair_arg(p, "pad");
   std::tie(s.dil_h, s.dil_w) = pair_arg(p, "dilation");
   s.bias = p.get_int("bias") != 0;
+  s.relu = p.has("relu") && p.get_int("relu") != 0;
+  HOTOPS_CHECK(!s.relu || (p.dir == Direction::fwd && p.backend == Backend::cpu),
+               "conv2d: relu:1 is a CPU forward's only in " + p.name());
   HOTOPS_CHECK(std::min({s.N, s.C, s.H, s.W, s.K, s.R, s.S, s.stride_h, s.stride_w, s.dil_h, s.dil_w}) >= 1 &&
                    std::min(s.pad_h, s.pad_w) >= 0,
                "conv2d: sizes, strides and dilations must be >= 1 and pads >= 0 in " + p.name());
@@ -194,8 +210,9 @@ Inputs make_inputs(const Shape& s, std::uint64_t seed) {
   Inputs in;
   const bool fwd = s.dir == Direction::fwd;
   if (fwd || s.dir == Direction::bwd_weight) in.x = HostBuffer(s.dtype, n(s.N * s.C * s.H * s.W));
-  if (fwd || s.dir == Direction::bwd_data) in.w = HostBuffer(s.dtype, n(s.K * s.C * s.R * s.S));
-  if (fwd && s.bias) in.b = HostBuffer(s.dtype, n(s.K));
+  const DType param = s.f32_params ? DType::f32 : s.dtype;  // of w, b, dw and db
+  if (fwd || s.dir == Direction::bwd_data) in.w = HostBuffer(param, n(s.K * s.C * s.R * s.S));
+  if (fwd && s.bias) in.b = HostBuffer(param, n(s.K));
   if (!fwd) in.dy = HostBuffer(s.dtype, n(s.N * s.K * s.P() * s.Q()));
   in.x.fill_uniform(seed, 1);
   in.w.fill_uniform(seed, 2);
@@ -209,10 +226,12 @@ Outputs make_outputs(const Shape& s) {
   Outputs o;
   switch (s.dir) {
     case Direction::bwd_data: o.primary = HostBuffer(s.dtype, n(s.N * s.C * s.H * s.W)); break;
-    case Direction::bwd_weight:
-      o.primary = HostBuffer(s.dtype, n(s.K * s.C * s.R * s.S));
-      if (s.bias) o.db = HostBuffer(s.dtype, n(s.K));
+    case Direction::bwd_weight: {
+      const DType param = s.f32_params ? DType::f32 : s.dtype;
+      o.primary = HostBuffer(param, n(s.K * s.C * s.R * s.S));
+      if (s.bias) o.db = HostBuffer(param, n(s.K));
       break;
+    }
     default: o.primary = HostBuffer(s.dtype, n(s.N * s.K * s.P() * s.Q()));
   }
   return o;

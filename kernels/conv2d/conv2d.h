@@ -31,6 +31,23 @@ struct Shape {
   // convolution alone. Off: they are in the user's layout, and a run also reorders them where
   // oneDNN's layouts differ. The bias and db are plain [K] either way; CUDA always takes the user's.
   bool onednn_layouts = false;
+  // CPU only, for a model's layers (the defaults are what the benchmark runs):
+  // `relu`: fwd with a ReLU post-op, y = max(conv + b, 0). The backward passes build their forward
+  // hint with it too, as a training step's backward primitives come from its forward.
+  bool relu = false;
+  // `inference`: fwd is oneDNN's forward_inference (else forward_training).
+  bool inference = false;
+  // `f32_params` (bf16): the user's w, b, dw and db are f32 (a model's master parameters): the
+  // primitive takes b and writes dw and db in f32, and w is reordered (cast) into its bf16 layout.
+  bool f32_params = false;
+  // Where the primitive takes x (dx) and y (dy): in a layout oneDNN picks (onednn: the caller's
+  // buffers in it with onednn_layouts, else in `layout`, reordered by the run), or fixed in NCHW or
+  // NHWC, taken from the caller's buffers as they are (the weights stay in `layout`'s order).
+  enum class Pick { onednn, nchw, nhwc };
+  Pick x_pick = Pick::onednn, y_pick = Pick::onednn;
+  // `w_from_user` (with onednn_layouts): w (or dw) stays in the user's layout, and the run reorders
+  // it into (or out of) the primitive's, e.g. bf16 weights cast from f32 master weights each step.
+  bool w_from_user = false;
   // CUDA only: how the plan chooses its algorithm (cuda_cudnn.cu). `retime`: Find's first usable
   // results are timed again and the fastest kept (the benchmark); off, Find's fastest is taken as
   // Find timed it (model_cnn's steps: gpu::ConvPick says why). `tensor_ops_only` (bf16): only the
@@ -89,6 +106,8 @@ struct NamedShape {
   std::int64_t C, H, W, K, R, S, stride, pad;
   bool bias;
   std::vector<std::int64_t> batches;  // default batch sizes
+  // Also listed fwd with its ReLU fused (relu:1, NHWC, CPU): a convnet step's conv + bias + ReLU.
+  bool relu = false;
 };
 const std::vector<NamedShape>& named_shapes();
 

@@ -3,6 +3,9 @@
 // With Shape::onednn_layouts (the benchmark) the plan runs on tensors already in those layouts: the
 // reorders from and to the user's NCHW/NHWC buffers are the caller's, outside the run (conv2d.h).
 // Without it, a run reorders the user's tensors in and the output back where the layouts differ.
+// A model's layers add what their steps need (conv2d.h): a ReLU post-op, forward_inference, f32
+// master parameters for bf16, activations fixed in NCHW or NHWC, and weights reordered by the run
+// beside activations in oneDNN's layouts; cpu_onednn.h gives the layouts the plan's primitive took.
 #include <algorithm>
 #include <cstring>
 #include <unordered_map>
@@ -13,6 +16,7 @@
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "kernels/conv2d/conv2d.h"
+#include "kernels/conv2d/cpu_onednn.h"
 
 namespace hotops::conv2d {
 namespace {
@@ -20,19 +24,26 @@ namespace {
 using dnnl::memory;
 using tag = memory::format_tag;
 
-// The user's tensors: activations NCHW or NHWC, weights OIHW or OHWI.
-memory::desc user_act(const Shape& s, std::int64_t c, std::int64_t h, std::int64_t w) {
-  return cpu::md({s.N, c, h, w}, s.dtype, s.layout == Layout::nchw ? tag::nchw : tag::nhwc);
+// The user's tensors: activations NCHW or NHWC (`layout`, or the layout an activation is fixed in),
+// weights OIHW or OHWI; w, b, dw and db f32 with f32_params.
+memory::desc user_act(const Shape& s, Shape::Pick pick, std::int64_t c, std::int64_t h, std::int64_t w) {
+  const bool nchw = pick == Shape::Pick::onednn ? s.layout == Layout::nchw : pick == Shape::Pick::nchw;
+  return cpu::md({s.N, c, h, w}, s.dtype, nchw ? tag::nchw : tag::nhwc);
 }
-memory::desc user_x(const Shape& s) { return user_act(s, s.C, s.H, s.W); }
-memory::desc user_y(const Shape& s) { return user_act(s, s.K, s.P(), s.Q()); }
+memory::desc user_x(const Shape& s) { return user_act(s, s.x_pick, s.C, s.H, s.W); }
+memory::desc user_y(const Shape& s) { return user_act(s, s.y_pick, s.K, s.P(), s.Q()); }
+DType param_type(const Shape& s) { return s.f32_params ? DType::f32 : s.dtype; }
 memory::desc user_w(const Shape& s) {
-  return cpu::md({s.K, s.C, s.R, s.S}, s.dtype, s.layout == Layout::nchw ? tag::oihw : tag::ohwi);
+  return cpu::md({s.K, s.C, s.R, s.S}, param_type(s), s.layout == Layout::nchw ? tag::oihw : tag::ohwi);
 }
-memory::desc user_b(const Shape& s) { return cpu::md({s.K}, s.dtype, tag::x); }
+memory::desc user_b(const Shape& s) { return cpu::md({s.K}, param_type(s), tag::x); }
 
-// The same shapes with format_tag::any: the primitive chooses.
-memory::desc any(const memory::desc& d) { return memory::desc(d.dims(), d.data_type(), tag::any); }
+// The same shape with format_tag::any (the primitive chooses), in type `t`.
+memory::desc any(const memory::desc& d, DType t) { return memory::desc(d.dims(), cpu::dnnl_type(t), tag::any); }
+// An activation as the primitive is asked for it: in its fixed layout, or any.
+memory::desc asked(const memory::desc& user, Shape::Pick pick) {
+  return pick == Shape::Pick::onednn ? memory::desc(user.dims(), user.data_type(), tag::any) : user;
+}
 
 // The layout oneDNN chose, by name where it is one of the usual ones.
 std::string format_name(const memory::desc& d) {
@@ -61,20 +72,30 @@ Descriptors descriptors(const Shape& s) {
   const memory::dims pad_l{s.pad_h, s.pad_w};
   const memory::dims pad_r{std::max<std::int64_t>(0, (s.P() - 1) * s.stride_h + (s.R - 1) * s.dil_h + 1 - s.H - s.pad_h),
                            std::max<std::int64_t>(0, (s.Q() - 1) * s.stride_w + (s.S - 1) * s.dil_w + 1 - s.W - s.pad_w)};
-  const memory::desc x = any(user_x(s)), w = any(user_w(s)), y = any(user_y(s));
+  // w in the activations' type; dw (and b, db) in the parameters'.
+  const memory::desc x = asked(user_x(s), s.x_pick), y = asked(user_y(s), s.y_pick);
+  const memory::desc w = any(user_w(s), s.dtype), dw = any(user_w(s), param_type(s));
   const memory::desc b = s.bias ? user_b(s) : memory::desc();
   const auto alg = dnnl::algorithm::convolution_direct;
+  const bool infer = s.inference && s.dir == Direction::fwd;
   Descriptors d;
-  const auto fd = HOTOPS_CHECK_DNNL(dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, x, w, b,
-                                                                    y, strides, dilates, pad_l, pad_r));
-  d.fwd = HOTOPS_CHECK_DNNL(dnnl::convolution_forward::primitive_desc(fd, eng));
+  const auto fd = HOTOPS_CHECK_DNNL(dnnl::convolution_forward::desc(
+      infer ? dnnl::prop_kind::forward_inference : dnnl::prop_kind::forward_training, alg, x, w, b, y, strides,
+      dilates, pad_l, pad_r));
+  dnnl::primitive_attr attr;
+  if (s.relu) {
+    dnnl::post_ops po;
+    po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    attr.set_post_ops(po);
+  }
+  d.fwd = HOTOPS_CHECK_DNNL(dnnl::convolution_forward::primitive_desc(fd, attr, eng));
   if (s.dir == Direction::bwd_data) {
     const auto bd = HOTOPS_CHECK_DNNL(
         dnnl::convolution_backward_data::desc(alg, x, w, y, strides, dilates, pad_l, pad_r));
     d.bwd_data = HOTOPS_CHECK_DNNL(dnnl::convolution_backward_data::primitive_desc(bd, eng, d.fwd));
   } else if (s.dir == Direction::bwd_weight) {
     const auto bd = HOTOPS_CHECK_DNNL(
-        dnnl::convolution_backward_weights::desc(alg, x, w, b, y, strides, dilates, pad_l, pad_r));
+        dnnl::convolution_backward_weights::desc(alg, x, dw, b, y, strides, dilates, pad_l, pad_r));
     d.bwd_weights = HOTOPS_CHECK_DNNL(dnnl::convolution_backward_weights::primitive_desc(bd, eng, d.fwd));
   }
   return d;
@@ -137,7 +158,8 @@ class CpuConv2d final : public Plan {
     for (Operand& o : ops_) {
       const memory::desc chosen = o.plain ? user_b(s_) : chosen_desc(s_, d_, o.tensor);
       args.emplace_back(o.arg, chosen);
-      if (o.plain || s_.onednn_layouts || user_desc(s_, o.tensor) == chosen) continue;
+      const bool given = s_.onednn_layouts && !(s_.w_from_user && o.tensor == Tensor::w);  // in oneDNN's layout
+      if (o.plain || given || user_desc(s_, o.tensor) == chosen) continue;
       const memory::desc user = user_desc(s_, o.tensor);
       o.staged = memory(chosen, eng);
       const memory::desc& from = o.output ? chosen : user;
@@ -204,12 +226,16 @@ class CpuConv2d final : public Plan {
   }
 
   std::string label() const override {
-    const std::string reorders = s_.onednn_layouts ? "user-layout reorders not timed"
-                                 : reorders_      ? "user-layout reorders in the run"
-                                                  : "no reorders";
-    return "oneDNN convolution " + impl_ + " (" + formats_ + "; " + reorders + "), " + std::to_string(cpu::threads()) +
-           " threads";
+    const std::string reorders = s_.onednn_layouts && reorders_ ? "weights reordered in the run, activations not"
+                                 : s_.onednn_layouts           ? "user-layout reorders not timed"
+                                 : reorders_                   ? "user-layout reorders in the run"
+                                                               : "no reorders";
+    return "oneDNN convolution " + impl_ + (s_.relu ? " + ReLU post-op" : "") + " (" + formats_ + "; " + reorders +
+           "), " + std::to_string(cpu::threads()) + " threads";
   }
+
+  memory::desc desc(Tensor t) const { return chosen_desc(s_, d_, t); }
+  const std::string& impl() const { return impl_; }
 
  private:
   Shape s_;
@@ -229,6 +255,17 @@ std::string cpu_unsupported_reason(const Problem& p) {
 }
 
 std::unique_ptr<Plan> make_cpu_plan(const Shape& s) { return std::make_unique<CpuConv2d>(s); }
+
+namespace {
+const CpuConv2d& cpu_plan(const Plan& p) {
+  const auto* c = dynamic_cast<const CpuConv2d*>(&p);
+  HOTOPS_CHECK(c != nullptr, "conv2d: not a CPU conv2d plan");
+  return *c;
+}
+}  // namespace
+
+memory::desc onednn_desc(const Plan& p, Tensor t) { return cpu_plan(p).desc(t); }
+std::string onednn_impl(const Plan& p) { return cpu_plan(p).impl(); }
 
 std::size_t onednn_bytes(const Shape& s, Tensor t) { return chosen_desc(s, descriptors(s), t).get_size(); }
 

@@ -2,6 +2,8 @@
 // against; each call computes one output element, so large problems are verified on a sample.
 #include "kernels/conv2d/conv2d.h"
 
+#include <algorithm>
+
 namespace hotops::conv2d {
 namespace {
 
@@ -86,7 +88,8 @@ double reference_primary(const Shape& s, const RefData& d, std::size_t idx) {
             acc += static_cast<double>(d.x[s.x_at(y.n, c, h, w)]) * d.w[s.w_at(y.c, c, r, t)];
         }
       }
-      return acc + (s.bias ? d.b[static_cast<std::size_t>(y.c)] : 0.0);
+      acc += s.bias ? d.b[static_cast<std::size_t>(y.c)] : 0.0;
+      return s.relu ? std::max(acc, 0.0) : acc;
     }
   }
 }

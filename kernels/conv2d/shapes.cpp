@@ -23,12 +23,12 @@ const std::vector<NamedShape>& named_shapes() {
       {"resnet50.res5_3x3",           512,   7,   7, 512,  3,  3,  1,  1, false, V{32, 1}},
       // Max Woolf's Keras benchmarks: the CIFAR-10 VGG-like CNN on 32x32 images (second and third
       // conv layers).
-      {"cifar10_vgg.conv2",            32,  32,  32,  32,  3,  3,  1,  0, true,  V{32}},
-      {"cifar10_vgg.conv3",            32,  15,  15,  64,  3,  3,  1,  1, true,  V{32}},
+      {"cifar10_vgg.conv2",            32,  32,  32,  32,  3,  3,  1,  0, true,  V{32}, true},
+      {"cifar10_vgg.conv3",            32,  15,  15,  64,  3,  3,  1,  1, true,  V{32}, true},
       // The TensorFlow 2 comparison: the Keras CNN on 256x256x3 images (first and second conv
       // layers; batch 64 there).
       {"keras_cnn.conv1",               3, 256, 256,  32,  3,  3,  1,  1, true,  V{32}},
-      {"keras_cnn.conv2",              32,  85,  85,  64,  3,  3,  1,  1, true,  V{32}},
+      {"keras_cnn.conv2",              32,  85,  85,  64,  3,  3,  1,  1, true,  V{32}, true},
       // DeepBench training rows: DeepSpeech's first conv (spectrogram 161 x 700, a 5x20 filter) and
       // a GoogLeNet inception 5x5 branch.
       {"deepbench.deepspeech_conv1",    1, 161, 700,  32,  5, 20,  2,  0, false, V{16}},

@@ -1,5 +1,5 @@
-// model_cnn on the CPU: oneDNN convolution, batch norm, pooling and matmul primitives, OpenMP loops for
-// the rest; the step, the inference folding and the bf16 form:
+// model_cnn on the CPU: oneDNN convolutions through conv2d plans, oneDNN batch norm, pooling and
+// matmul primitives, OpenMP loops for the rest; the step, the inference folding and the bf16 form:
 // docs/models.md, "How each model step runs".
 #include <omp.h>
 
@@ -7,12 +7,14 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "hotops/trace.h"
+#include "kernels/conv2d/cpu_onednn.h"
 #include "kernels/model_cnn/cpu_conv_pool.h"
 #include "kernels/model_cnn/model_cnn.h"
 
@@ -50,8 +52,13 @@ struct Step {
 
 // Everything of one conv layer.
 struct ConvPrims {
-  Step fwd, bn_fwd, pool_fwd, bn_bwd, pool_bwd, bwd_weights, bwd_data;
-  Step w_to_fwd, w_to_bwd_data, dw_to_user;  // weight reorders
+  // The conv2d plans (conv_shape): forward; weight and bias gradient (train); input gradient (train,
+  // layers after the first).
+  std::unique_ptr<conv2d::Plan> fwd, filter, data;
+  const float* w = nullptr;  // the forward's weights: the f32 OHWI parameters, or (f32 infer) w_packed
+  memory in, conv_in;        // the layer's input; the forward's (infer: in_to_conv's copy where they differ)
+  memory w_packed;           // f32 infer: the weights in the forward's layout, reordered once at setup
+  Step bn_fwd, pool_fwd, bn_bwd, pool_bwd;
   Step in_to_conv;                            // infer: the layer's input to the conv's layout (when they differ)
   Step p_to_nhwc;                             // infer, own layouts: the last pooled output to NHWC
   memory z, a, p, bn_ws, pool_ws, mean, var;  // activations and saved state (a: post-ReLU)
@@ -84,7 +91,6 @@ class CpuCnn final : public ModelCase {
 
     dnnl::engine& eng = cpu::engine();
     const auto fwd_kind = s_.train() ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
-    const auto alg = dnnl::algorithm::convolution_direct;
     const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift |
                        dnnl::normalization_flags::fuse_norm_relu;
     float* P = infer_params();
@@ -111,43 +117,12 @@ class CpuCnn final : public ModelCase {
         continue;
       }
       const memory::desc src = nhwc(B, c.C, c.H, c.W, at), dst_user = nhwc(B, c.K, c.P, c.Q, at);
-      // infer: each layer in the layout its primitives pick (see the file comment); a first conv with
-      // a pool after it reads the images in nchw.
       const bool own_layout = !s_.train(), last = i + 1 == s_.convs.size();
-      const memory::desc conv_src = !own_layout ? src : i == 0 && c.pool ? memory::desc({B, c.C, c.H, c.W}, at, tag::nchw)
-                                                                       : memory::desc({B, c.C, c.H, c.W}, at, tag::any);
-      const memory::desc conv_dst = own_layout ? memory::desc({B, c.K, c.P, c.Q}, at, tag::any) : dst_user;
-      const memory::desc w_any({c.K, c.C, 3, 3}, at, tag::any), w_user({c.K, c.C, 3, 3}, dt::f32, tag::ohwi);
-      const memory::desc dw_any({c.K, c.C, 3, 3}, dt::f32, tag::any);  // the weight gradient: f32 in both dtypes
-      const memory::dims strides{1, 1}, pad{c.pad, c.pad};
-      // Batch norm in train mode takes the conv without its bias; everything else adds the bias.
-      const bool bias = !(s_.train() && a.bn);
-      dnnl::post_ops po;
-      if (!(s_.train() && a.bn)) po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
-      dnnl::primitive_attr attr;
-      attr.set_post_ops(po);
-      const auto fd = HOTOPS_CHECK_DNNL(dnnl::convolution_forward::desc(fwd_kind, alg, conv_src, w_any, bias ? vec(c.K) : memory::desc(),
-                                                                        conv_dst, strides, pad, pad));
-      const auto fpd = HOTOPS_CHECK_DNNL(dnnl::convolution_forward::primitive_desc(fd, attr, eng));
-      const memory::desc dst = fpd.dst_desc();  // dst_user, or the conv's own layout (infer)
-      memory conv_in = in;
-      if (own_layout && fpd.src_desc() != in.get_desc()) {  // the images, or the previous layer's output
-        conv_in = memory(fpd.src_desc(), eng);
-        cp.in_to_conv = {HOTOPS_CHECK_DNNL(dnnl::reorder(in, conv_in)), {{DNNL_ARG_FROM, in}, {DNNL_ARG_TO, conv_in}}};
-      }
-      if (own_layout && fpd.dst_desc() != dst_user) own_layouts_ = true;
-      conv_impl_ += std::string(conv_impl_.empty() ? "" : ", ") + fpd.impl_info_str();
-      memory w_user_mem(w_user, eng, P + ly.w), w_fwd(fpd.weights_desc(), eng);
-      cp.w_to_fwd = {HOTOPS_CHECK_DNNL(dnnl::reorder(w_user_mem, w_fwd)), {{DNNL_ARG_FROM, w_user_mem}, {DNNL_ARG_TO, w_fwd}}};
-      if (!s_.train() && !s_.bf16()) {  // the weights are fixed: reorder once here (bf16 casts in the step)
-        cp.w_to_fwd.run();
-        HOTOPS_CHECK_DNNL(cpu::stream().wait());
-      }
+      plan_conv(i, cp, in, P);
+      const memory::desc dst = conv2d::onednn_desc(*cp.fwd, conv2d::Tensor::y);  // dst_user, or the conv's own layout (infer)
+      if (own_layout && dst != dst_user) own_layouts_ = true;
       const bool bn_train = s_.train() && a.bn;
-      memory out = memory(dst, eng);
-      (bn_train ? cp.z : cp.a) = out;
-      cp.fwd = {HOTOPS_CHECK_DNNL(dnnl::convolution_forward(fpd)), {{DNNL_ARG_SRC, conv_in}, {DNNL_ARG_WEIGHTS, w_fwd}, {DNNL_ARG_DST, out}}};
-      if (bias) cp.fwd.args[DNNL_ARG_BIAS] = memory(vec(c.K), eng, P + ly.b);
+      (bn_train ? cp.z : cp.a) = memory(dst, eng);
       dnnl::batch_normalization_forward::primitive_desc bpd;
       if (bn_train) {
         // The forward normalizes with the batch statistics batch_stats() computed (use_global_stats:
@@ -210,22 +185,6 @@ class CpuCnn final : public ModelCase {
                         {DNNL_ARG_SHIFT, memory(vec(c.K), eng, P + ly.beta)}, {DNNL_ARG_WORKSPACE, cp.bn_ws},
                         {DNNL_ARG_DIFF_SRC, cp.dz}, {DNNL_ARG_DIFF_SCALE, memory(vec(c.K), eng, G + ly.gamma)},
                         {DNNL_ARG_DIFF_SHIFT, memory(vec(c.K), eng, G + ly.beta)}}};
-        }
-        const auto wd = HOTOPS_CHECK_DNNL(dnnl::convolution_backward_weights::desc(alg, src, dw_any, a.bn ? memory::desc() : vec(c.K), dst,
-                                                                                   strides, pad, pad));
-        const auto wpd = HOTOPS_CHECK_DNNL(dnnl::convolution_backward_weights::primitive_desc(wd, eng, fpd));
-        memory dw(wpd.diff_weights_desc(), eng), dw_user(w_user, eng, G + ly.w);
-        cp.bwd_weights = {HOTOPS_CHECK_DNNL(dnnl::convolution_backward_weights(wpd)),
-                          {{DNNL_ARG_SRC, in}, {DNNL_ARG_DIFF_DST, cp.dz}, {DNNL_ARG_DIFF_WEIGHTS, dw}}};
-        if (!a.bn) cp.bwd_weights.args[DNNL_ARG_DIFF_BIAS] = memory(vec(c.K), eng, G + ly.b);
-        cp.dw_to_user = {HOTOPS_CHECK_DNNL(dnnl::reorder(dw, dw_user)), {{DNNL_ARG_FROM, dw}, {DNNL_ARG_TO, dw_user}}};
-        if (i > 0) {
-          const auto dd = HOTOPS_CHECK_DNNL(dnnl::convolution_backward_data::desc(alg, src, w_any, dst, strides, pad, pad));
-          const auto dpd = HOTOPS_CHECK_DNNL(dnnl::convolution_backward_data::primitive_desc(dd, eng, fpd));
-          memory w_bwd(dpd.weights_desc(), eng);
-          cp.w_to_bwd_data = {HOTOPS_CHECK_DNNL(dnnl::reorder(w_user_mem, w_bwd)), {{DNNL_ARG_FROM, w_user_mem}, {DNNL_ARG_TO, w_bwd}}};
-          cp.bwd_data = {HOTOPS_CHECK_DNNL(dnnl::convolution_backward_data(dpd)),
-                         {{DNNL_ARG_DIFF_DST, cp.dz}, {DNNL_ARG_WEIGHTS, w_bwd}, {DNNL_ARG_DIFF_SRC, d_in}}};
         }
       }
       in = next;
@@ -300,6 +259,52 @@ class CpuCnn final : public ModelCase {
     if (!low) std::memcpy(h.data(), m.get_data_handle(), h.bytes());
     for (std::size_t i = 0; low && i < n; ++i) h.as<float>()[i] = bf16_to_float(static_cast<const bf16*>(m.get_data_handle())[i]);
     return h;
+  }
+
+  // The shape of conv layer i's conv2d pass `dir`: a 3x3 stride-1 convolution over the batch, with
+  // the f32 OHWI parameters as weights (bf16 casts them in each run). train: NHWC activations, and
+  // the bias and a ReLU post-op unless batch norm follows (the backward passes' forward hint has them
+  // too); infer: forward_inference with both, each activation in the layout oneDNN picks except a
+  // first conv with a pool after it, which reads the images NCHW; f32 takes the weights reordered once
+  // at setup, bf16 casts them in each run.
+  conv2d::Shape conv_shape(std::size_t i, Direction dir) const {
+    const ConvLayer& c = s_.convs[i];
+    const bool bn_train = s_.train() && s_.arch.bn;
+    conv2d::Shape cs;
+    cs.dir = dir, cs.dtype = s_.dtype, cs.layout = conv2d::Layout::nhwc;
+    cs.N = s_.batch, cs.C = c.C, cs.H = c.H, cs.W = c.W, cs.K = c.K, cs.R = cs.S = 3, cs.pad_h = cs.pad_w = c.pad;
+    cs.bias = cs.relu = !bn_train;
+    cs.f32_params = true;
+    if (s_.train()) {
+      cs.x_pick = cs.y_pick = conv2d::Shape::Pick::nhwc;
+    } else {
+      cs.inference = cs.onednn_layouts = true;
+      cs.w_from_user = s_.bf16();
+      if (i == 0 && c.pool) cs.x_pick = conv2d::Shape::Pick::nchw;
+    }
+    return cs;
+  }
+
+  // Conv layer i's conv2d plans and the forward's input and weights; `in` is the layer's input.
+  void plan_conv(std::size_t i, ConvPrims& cp, const memory& in, const float* P) {
+    const conv2d::Shape fs = conv_shape(i, Direction::fwd);
+    cp.fwd = conv2d::make_cpu_plan(fs);
+    conv_impl_ += std::string(conv_impl_.empty() ? "" : ", ") + conv2d::onednn_impl(*cp.fwd);
+    cp.in = cp.conv_in = in;
+    const memory::desc src = conv2d::onednn_desc(*cp.fwd, conv2d::Tensor::x);
+    if (!s_.train() && src != in.get_desc()) {  // the images, or the previous layer's output
+      cp.conv_in = memory(src, cpu::engine());
+      cp.in_to_conv = {HOTOPS_CHECK_DNNL(dnnl::reorder(in, cp.conv_in)), {{DNNL_ARG_FROM, in}, {DNNL_ARG_TO, cp.conv_in}}};
+    }
+    cp.w = P + l_.conv[i].w;
+    if (!s_.train() && !s_.bf16()) {  // the weights are fixed: reorder once here (bf16 casts in the step)
+      cp.w_packed = memory(conv2d::onednn_desc(*cp.fwd, conv2d::Tensor::w), cpu::engine());
+      conv2d::to_onednn_layout(fs, conv2d::Tensor::w, cp.w, cp.w_packed.get_data_handle());
+      cp.w = static_cast<const float*>(cp.w_packed.get_data_handle());
+    }
+    if (!s_.train()) return;
+    cp.filter = conv2d::make_cpu_plan(conv_shape(i, Direction::bwd_weight));
+    if (i > 0) cp.data = conv2d::make_cpu_plan(conv_shape(i, Direction::bwd_data));
   }
 
   // The parameters the forward reads: the flat buffer, or (infer with batch norm) its folded copy.
@@ -449,9 +454,9 @@ class CpuCnn final : public ModelCase {
       }
       trace::op("reorder");
       if (cp.in_to_conv.prim) cp.in_to_conv.run();
-      if (s_.train() || s_.bf16()) cp.w_to_fwd.run();
-      trace::op("conv2d");
-      cp.fwd.run();
+      trace::op("conv2d");  // bf16 and train: with the weights' reorder from the parameters
+      const float* b = s_.train() && s_.arch.bn ? nullptr : infer_params() + l_.conv[i].b;
+      cp.fwd->run({cp.conv_in.get_data_handle(), cp.w, b, nullptr, (bn_train ? cp.z : cp.a).get_data_handle(), nullptr});
       if (bn_train) {
         trace::op("batchnorm");
         HOTOPS_CHECK_DNNL(cpu::stream().wait());
@@ -557,13 +562,12 @@ class CpuCnn final : public ModelCase {
           relu_backward(static_cast<const float*>(cp.a.get_data_handle()), static_cast<const float*>(cp.da.get_data_handle()),
                         static_cast<float*>(cp.dz.get_data_handle()), B * c.out_count());
       }
-      trace::op("conv2d_bwd_weight");
-      cp.bwd_weights.run();
-      cp.dw_to_user.run();
+      trace::op("conv2d_bwd_weight");  // with dw's reorder into the gradients
+      const Layer& ly = l_.conv[i];
+      cp.filter->run({cp.in.get_data_handle(), nullptr, nullptr, cp.dz.get_data_handle(), G + ly.w, a.bn ? nullptr : G + ly.b});
       if (i > 0) {
-        trace::op("conv2d_bwd_data");
-        cp.w_to_bwd_data.run();
-        cp.bwd_data.run();
+        trace::op("conv2d_bwd_data");  // with the weights' reorder from the parameters
+        cp.data->run({nullptr, cp.w, nullptr, cp.dz.get_data_handle(), d_in_[i].get_data_handle(), nullptr});
       }
     }
     HOTOPS_CHECK_DNNL(cpu::stream().wait());
@@ -751,12 +755,12 @@ class CpuCnn final : public ModelCase {
 
 std::string cpu_unsupported_reason(const Problem& p) {
   if (p.dtype != DType::bf16) return "";
-  try {  // oneDNN's bf16 convolution and matmul on this CPU, descriptors only (the ISA decides, not the shape)
+  try {  // oneDNN's bf16 convolution (a small conv2d plan) and matmul on this CPU (the ISA decides, not the shape)
     dnnl::engine& eng = cpu::engine();
-    const memory::desc act = nhwc(2, 16, 8, 8, dt::bf16), w({16, 16, 3, 3}, dt::bf16, tag::any);
-    const auto cd = HOTOPS_CHECK_DNNL(dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, act,
-                                                                      w, memory::desc(), act, {1, 1}, {1, 1}, {1, 1}));
-    HOTOPS_CHECK_DNNL(dnnl::convolution_forward::primitive_desc(cd, eng));
+    conv2d::Shape cs;
+    cs.dtype = DType::bf16, cs.layout = conv2d::Layout::nhwc, cs.x_pick = cs.y_pick = conv2d::Shape::Pick::nhwc;
+    cs.N = 2, cs.C = cs.K = 16, cs.H = cs.W = 8, cs.R = cs.S = 3, cs.pad_h = cs.pad_w = 1;
+    conv2d::make_cpu_plan(cs);
     const auto md = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(mat(2, 16, false, dt::bf16), mat(16, 16, false, dt::bf16), mat(2, 16, false, dt::bf16)));
     HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(md, eng));
   } catch (const Error& e) {
