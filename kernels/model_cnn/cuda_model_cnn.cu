@@ -15,6 +15,8 @@
 #include "hotops/cudnn_util.h"
 #include "hotops/cuda_util.h"
 #include "hotops/trace.h"
+#include "kernels/batchnorm/cuda_fused.cuh"
+#include "kernels/batchnorm/relu_maxpool.h"
 #include "kernels/conv2d/conv2d.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/model_cnn/model_cnn.h"
@@ -27,142 +29,16 @@ using gpu::cudnn;
 using models::StepState;
 using pointwise::DropoutKey;
 
-constexpr unsigned kThreads = 256;
-constexpr int kMaxReduceBlocks = 1024;  // 8 a SM on an H100: the stats passes read the largest tensors
-constexpr int kMaxChannels = 1024;  // channels (or hidden units) of a batch norm: C / 4 divides kThreads
-
 // ---- kernels ------------------------------------------------------------------------------------
 
-__device__ inline float4 operator+(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
-__device__ inline float lane(const float4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
-__device__ inline float& lane(float4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
-
+// The batchnorm family's fused-kernel helpers and per-channel stages (kernels/batchnorm/cuda_fused.cuh);
+// its batchnorm_relu_maxpool plan runs the NHWC conv layers that a pool follows.
+using namespace batchnorm::cuda_fused;  // NOLINT(build/namespaces): the kernels' helpers
 using models::cast_params;
 using models::narrow;
 using models::widen;
 using bf16 = __nv_bfloat16;
-
-// Vector i of 4 consecutive activations of storage T (float, or bf16 widened exactly), and back
-// (bf16 rounded to nearest even). The NHWC kernels read and write through these.
-__device__ inline float4 load4(const float* p, std::int64_t i) { return reinterpret_cast<const float4*>(p)[i]; }
-__device__ inline float4 load4(const bf16* p, std::int64_t i) {
-  const uint2 u = reinterpret_cast<const uint2*>(p)[i];
-  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
-  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
-  return make_float4(a.x, a.y, b.x, b.y);
-}
-__device__ inline void store4(float* p, std::int64_t i, float4 v) { reinterpret_cast<float4*>(p)[i] = v; }
-__device__ inline void store4(bf16* p, std::int64_t i, float4 v) {
-  const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
-  uint2 u;
-  u.x = *reinterpret_cast<const unsigned*>(&a);
-  u.y = *reinterpret_cast<const unsigned*>(&b);
-  reinterpret_cast<uint2*>(p)[i] = u;
-}
-
-__device__ inline bool keep(const DropoutKey& k, std::int64_t e, std::int64_t b, int period) {
-  return pointwise::dropout_keep(k, static_cast<std::uint32_t>(e), static_cast<std::uint32_t>(b % period));
-}
-
-// The per-block reduction of the row x channel kernels: s1, s2 of this thread's 4 channels (lane c4,
-// row slot r0) summed over the block's row slots in order into partial[block][2C] (deterministic).
-__device__ void block_sums(float4 s1, float4 s2, int C, int c4, int r0, int rpi, float* __restrict__ partial) {
-  __shared__ float sm[2][kThreads * 4];
-  if (r0 < rpi) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) sm[0][r0 * C + 4 * c4 + j] = lane(s1, j), sm[1][r0 * C + 4 * c4 + j] = lane(s2, j);
-  }
-  __syncthreads();
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float a = 0.f, b = 0.f;
-    for (int r = 0; r < rpi; ++r) a += sm[0][r * C + c], b += sm[1][r * C + c];
-    partial[static_cast<std::int64_t>(blockIdx.x) * 2 * C + c] = a;
-    partial[static_cast<std::int64_t>(blockIdx.x) * 2 * C + C + c] = b;
-  }
-}
-
-// Per-channel sums of z - K and (z - K)^2 over rows [rows, C], K = z's first row (keeps the f32 sums
-// small where the mean is large).
-template <class T>
-__global__ void __launch_bounds__(kThreads) bn_stats(const T* __restrict__ z, std::int64_t rows, int C, float* __restrict__ partial) {
-  const int tpr = C / 4, rpi = blockDim.x / tpr, c4 = threadIdx.x % tpr, r0 = threadIdx.x / tpr;
-  float4 s1 = make_float4(0, 0, 0, 0), s2 = s1;
-  if (r0 < rpi) {
-    const float4 K = load4(z, c4);
-    for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * rpi + r0; r < rows; r += static_cast<std::int64_t>(gridDim.x) * rpi) {
-      const float4 v = load4(z, r * tpr + c4);
-      const float4 d = make_float4(v.x - K.x, v.y - K.y, v.z - K.z, v.w - K.w);
-      s1 = s1 + d;
-      s2 = s2 + make_float4(d.x * d.x, d.y * d.y, d.z * d.z, d.w * d.w);
-    }
-  }
-  block_sums(s1, s2, C, c4, r0, rpi, partial);
-}
-
-// The finalize kernels' sums: block (32 channels x 32 slots), grid ceil(C / 32); slot y adds the
-// blocks' partial sums b = y, y + 32, ... in double, then slot 0 adds the 32 slots in order
-// (deterministic). True for the thread (slot 0) that owns channel c, with *s1, *s2 its sums.
-__device__ bool channel_sums(const float* __restrict__ partial, int blocks, int C, int* c_out, double* s1, double* s2) {
-  __shared__ double sh[2][32][33];
-  const int c = blockIdx.x * 32 + threadIdx.x;
-  double a = 0, b = 0;
-  if (c < C)
-    for (int k = threadIdx.y; k < blocks; k += 32) a += partial[static_cast<std::int64_t>(k) * 2 * C + c], b += partial[static_cast<std::int64_t>(k) * 2 * C + C + c];
-  sh[0][threadIdx.y][threadIdx.x] = a, sh[1][threadIdx.y][threadIdx.x] = b;
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= C) return false;
-  a = 0, b = 0;
-  for (int y = 0; y < 32; ++y) a += sh[0][y][threadIdx.x], b += sh[1][y][threadIdx.x];
-  *c_out = c, *s1 = a, *s2 = b;
-  return true;
-}
-const dim3 kFinalizeBlock(32, 32);
-unsigned finalize_grid(std::int64_t C) { return static_cast<unsigned>((C + 31) / 32); }
-
-// Per channel: the batch statistics in double from the blocks' sums; the affine of the forward
-// (y = z * scale + shift, z without the bias: batch norm removes it); mean and rstd for the backward;
-// the running statistics (of z + bias, the variance unbiased). K: the shift of the sums (z's first
-// element of the channel).
-template <class T>
-__global__ void __launch_bounds__(1024) bn_finalize(const float* __restrict__ partial, int blocks, int C, double M, const T* __restrict__ K,
-                                                    std::int64_t k_stride, const float* __restrict__ gamma, const float* __restrict__ beta,
-                                                    const float* __restrict__ bias, float* __restrict__ run_mean, float* __restrict__ run_var,
-                                                    float* __restrict__ scale, float* __restrict__ shift, float* __restrict__ mean,
-                                                    float* __restrict__ rstd) {
-  int c = 0;
-  double s1 = 0, s2 = 0;
-  if (!channel_sums(partial, blocks, C, &c, &s1, &s2)) return;
-  const double d = s1 / M, var = fmax(s2 / M - d * d, 0.0), m = static_cast<double>(widen(K[c * k_stride])) + d;
-  const double rs = 1 / sqrt(var + kBnEps);
-  const double sc = gamma[c] * rs;
-  scale[c] = static_cast<float>(sc);
-  shift[c] = static_cast<float>(beta[c] - m * sc);
-  mean[c] = static_cast<float>(m);
-  rstd[c] = static_cast<float>(rs);
-  run_mean[c] = static_cast<float>((1 - kBnMomentum) * run_mean[c] + kBnMomentum * (m + bias[c]));
-  run_var[c] = static_cast<float>((1 - kBnMomentum) * run_var[c] + kBnMomentum * var * M / (M - 1));
-}
-
-// The affine without batch statistics: batch norm with the running ones (infer), or the bias alone.
-__global__ void affine_prep(int C, const float* __restrict__ bias, const float* __restrict__ gamma, const float* __restrict__ beta,
-                            const float* __restrict__ run_mean, const float* __restrict__ run_var, float* __restrict__ scale,
-                            float* __restrict__ shift) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  if (!gamma) {
-    scale[c] = 1.f, shift[c] = bias[c];
-    return;
-  }
-  const float sc = gamma[c] / sqrtf(run_var[c] + static_cast<float>(kBnEps));
-  scale[c] = sc;
-  shift[c] = (bias[c] - run_mean[c]) * sc + beta[c];
-}
-
-struct Drop {
-  DropoutKey key;
-  const int* period;  // device: the mask period (the batch, or the verification period)
-  bool on;
-};
+namespace relu_maxpool = batchnorm::relu_maxpool;
 
 // a = relu(z * scale + shift) over n4 vectors of rows of C (C4 = C / 4 vectors); with dropout (per4
 // vectors per sample) a *= keep ? scale : 0.
@@ -184,77 +60,7 @@ __global__ void act(const T* __restrict__ z, const float4* __restrict__ scale, c
   }
 }
 
-struct PoolGeom {
-  int P, Q, C, PH, PW, k;
-};
 
-// Thread per pooled vector (n, ph, pw, c4): the first maximum of relu(z * scale + shift) over the k x k
-// window, its index (r * k + t) as a byte, then dropout.
-template <class T>
-__global__ void act_pool(const T* __restrict__ z, const float4* __restrict__ scale, const float4* __restrict__ shift, T* __restrict__ p,
-                         uchar4* __restrict__ arg, std::int64_t n4, PoolGeom g, Drop drop) {
-  const int period = drop.on ? *drop.period : 1;
-  const int C4 = g.C / 4;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const int c4 = static_cast<int>(i % C4);
-    std::int64_t rest = i / C4;
-    const int pw = static_cast<int>(rest % g.PW);
-    rest /= g.PW;
-    const int ph = static_cast<int>(rest % g.PH);
-    const std::int64_t n = rest / g.PH;
-    const float4 s = scale[c4], t = shift[c4];
-    float4 best = make_float4(-1.f, -1.f, -1.f, -1.f);
-    unsigned char at[4] = {0, 0, 0, 0};
-    for (int r = 0; r < g.k; ++r)
-      for (int q = 0; q < g.k; ++q) {
-        const float4 v = load4(z, ((n * g.P + ph * g.k + r) * g.Q + pw * g.k + q) * C4 + c4);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float y = fmaxf(lane(v, j) * lane(s, j) + lane(t, j), 0.f);
-          if (y > lane(best, j)) lane(best, j) = y, at[j] = static_cast<unsigned char>(r * g.k + q);
-        }
-      }
-    if (drop.on) {
-      const std::int64_t e = ((static_cast<std::int64_t>(ph) * g.PW + pw) * g.C) + 4 * c4;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) lane(best, j) *= keep(drop.key, e + j, n, period) ? drop.key.scale : 0.f;
-    }
-    store4(p, i, best);
-    arg[i] = make_uchar4(at[0], at[1], at[2], at[3]);
-  }
-}
-
-// Batch-norm (or bias) backward, stage 1, for a pooled layer: rows are the pooled pixels. dy at a
-// window's argmax is the pooled gradient through dropout and the ReLU (recomputed from z); s1 = sum dy,
-// s2 = sum dy * xhat (batch norm only).
-template <class T>
-__global__ void __launch_bounds__(kThreads) reduce_pool(const T* __restrict__ dp, const uchar4* __restrict__ arg, const T* __restrict__ z,
-                                                        const float* __restrict__ scale, const float* __restrict__ shift,
-                                                        const float* __restrict__ mean, const float* __restrict__ rstd, std::int64_t rows,
-                                                        PoolGeom g, Drop drop, float* __restrict__ partial) {
-  const int C = g.C, tpr = C / 4, rpi = blockDim.x / tpr, c4 = threadIdx.x % tpr, r0 = threadIdx.x / tpr;
-  const int period = drop.on ? *drop.period : 1;
-  float4 s1 = make_float4(0, 0, 0, 0), s2 = s1;
-  if (r0 < rpi)
-    for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * rpi + r0; r < rows; r += static_cast<std::int64_t>(gridDim.x) * rpi) {
-      const int pw = static_cast<int>(r % g.PW), ph = static_cast<int>((r / g.PW) % g.PH);
-      const std::int64_t n = r / (static_cast<std::int64_t>(g.PW) * g.PH);
-      const float4 d = load4(dp, r * tpr + c4);
-      const uchar4 a = arg[r * tpr + c4];
-      const unsigned char at[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int c = 4 * c4 + j;
-        float gj = lane(d, j);
-        if (drop.on) gj *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + c, n, period) ? drop.key.scale : 0.f;
-        const float zv = widen(z[((n * g.P + ph * g.k + at[j] / g.k) * g.Q + pw * g.k + at[j] % g.k) * C + c]);
-        const float dy = zv * scale[c] + shift[c] > 0.f ? gj : 0.f;
-        lane(s1, j) += dy;
-        if (mean) lane(s2, j) += dy * (zv - mean[c]) * rstd[c];
-      }
-    }
-  block_sums(s1, s2, C, c4, r0, rpi, partial);
-}
 
 // Stage 1 for an unpooled layer (rows x C, every element): dy = relu'(z) * da (through dropout when on,
 // per4 vectors per sample).
@@ -285,75 +91,7 @@ __global__ void __launch_bounds__(kThreads) reduce_dense(const T* __restrict__ d
   block_sums(s1, s2, C, c4, r0, rpi, partial);
 }
 
-// Stage 2, per channel (channel_sums): batch norm writes dgamma, dbeta and a zero bias gradient, and
-// the coefficients of dz = A dy + b0 + c0 xhat; without batch norm, the bias gradient and A = 1.
-__global__ void __launch_bounds__(1024) finalize_bwd(const float* __restrict__ partial, int blocks, int C, double M, const float* __restrict__ gamma,
-                                                     const float* __restrict__ rstd, float* __restrict__ dgamma, float* __restrict__ dbeta,
-                                                     float* __restrict__ dbias, float* __restrict__ coef) {
-  int c = 0;
-  double s1 = 0, s2 = 0;
-  if (!channel_sums(partial, blocks, C, &c, &s1, &s2)) return;
-  if (!gamma) {
-    dbias[c] = static_cast<float>(s1);
-    coef[c] = 1.f, coef[C + c] = 0.f, coef[2 * C + c] = 0.f;
-    return;
-  }
-  dgamma[c] = static_cast<float>(s2);
-  dbeta[c] = static_cast<float>(s1);
-  dbias[c] = 0.f;
-  const double a = gamma[c] * static_cast<double>(rstd[c]);
-  coef[c] = static_cast<float>(a);
-  coef[C + c] = static_cast<float>(-a * s1 / M);
-  coef[2 * C + c] = static_cast<float>(-a * s2 / M);
-}
 
-// dz over every pixel of z (n, h, w, c4): dy is the pooled gradient where this pixel is its window's
-// argmax (through dropout and the ReLU), else 0; dz = A dy + b0 + c0 xhat (batch norm) or dy.
-template <class T>
-__global__ void dz_pool(const T* __restrict__ dp, const uchar4* __restrict__ arg, const T* __restrict__ z, const float4* __restrict__ scale,
-                        const float4* __restrict__ shift, const float* __restrict__ coef, const float4* __restrict__ mean,
-                        const float4* __restrict__ rstd, T* __restrict__ dz, std::int64_t n4, PoolGeom g, Drop drop) {
-  const int period = drop.on ? *drop.period : 1;
-  const int C = g.C, C4 = C / 4;
-  const float4* A = reinterpret_cast<const float4*>(coef);
-  const float4* B0 = reinterpret_cast<const float4*>(coef + C);
-  const float4* C0 = reinterpret_cast<const float4*>(coef + 2 * C);
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const int c4 = static_cast<int>(i % C4);
-    std::int64_t rest = i / C4;
-    const int w = static_cast<int>(rest % g.Q);
-    rest /= g.Q;
-    const int h = static_cast<int>(rest % g.P);
-    const std::int64_t n = rest / g.P;
-    const int ph = h / g.k, pw = w / g.k;
-    const float4 v = load4(z, i);
-    float4 dy = make_float4(0, 0, 0, 0);
-    if (ph < g.PH && pw < g.PW) {
-      const std::int64_t pi = ((n * g.PH + ph) * g.PW + pw) * C4 + c4;
-      const uchar4 a = arg[pi];
-      const unsigned char at[4] = {a.x, a.y, a.z, a.w};
-      const unsigned char mine = static_cast<unsigned char>((h % g.k) * g.k + w % g.k);
-      if (at[0] == mine || at[1] == mine || at[2] == mine || at[3] == mine) {
-        const float4 d = load4(dp, pi), s = scale[c4], t = shift[c4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (at[j] != mine || !(lane(v, j) * lane(s, j) + lane(t, j) > 0.f)) continue;
-          float gj = lane(d, j);
-          if (drop.on) gj *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + 4 * c4 + j, n, period) ? drop.key.scale : 0.f;
-          lane(dy, j) = gj;
-        }
-      }
-    }
-    const float4 a = A[c4];
-    float4 out = make_float4(a.x * dy.x, a.y * dy.y, a.z * dy.z, a.w * dy.w);
-    if (mean) {
-      const float4 b0 = B0[c4], c0 = C0[c4], m = mean[c4], rs = rstd[c4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) lane(out, j) += lane(b0, j) + lane(c0, j) * (lane(v, j) - lane(m, j)) * lane(rs, j);
-    }
-    store4(dz, i, out);
-  }
-}
 
 // dz for an unpooled layer: dy = relu'(z) da (through dropout when on); dz = A dy + b0 + c0 xhat or dy.
 template <class T>
@@ -545,13 +283,6 @@ __global__ void dz_nchw(const T* __restrict__ d, const unsigned char* __restrict
   }
 }
 
-unsigned grid_for(std::int64_t n, std::int64_t cap = 8192) {
-  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>((n + kThreads - 1) / kThreads, cap)));
-}
-int reduce_blocks(std::int64_t rows, int C) {
-  const std::int64_t rpi = kThreads / (C / 4);
-  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>((rows + rpi - 1) / rpi, kMaxReduceBlocks)));
-}
 
 // NCHW: blocks a channel for reduce_nchw (about 2048 blocks in all, at most one a sample).
 int reduce_blocks_nchw(std::int64_t B, std::int64_t C) {
@@ -674,6 +405,7 @@ class CudaCnn final : public ModelCase {
     if (s_.train()) hint_ = floats(B * std::max(max_out, Hd));
     plan_convs();
     plan_gemms();
+    plan_pools();
     // One step outside any capture first (lazy library state), then back to the seeded start.
     device_step();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
@@ -946,18 +678,16 @@ class CudaCnn final : public ModelCase {
             static_cast<const Act*>(nullptr), nullptr, lb.z.template as<const Act>(), nullptr, nullptr, nullptr, nullptr, s_.batch, geom(*conv), Drop{}, false, partial_.as<float>());
       } else {
         blocks = reduce_blocks(rows, static_cast<int>(C));
-        bn_stats<<<blocks, kThreads, 0, st>>>(lb.z.template as<const Act>(), rows, static_cast<int>(C), partial_.as<float>());
+        batchnorm::cuda_fused::launch_bn_stats(lb.z.template as<const Act>(), rows, static_cast<int>(C), blocks, partial_.as<float>());
       }
       HOTOPS_CHECK_LAUNCH();
-      bn_finalize<<<finalize_grid(C), kFinalizeBlock, 0, st>>>(partial_.as<const float>(), blocks, static_cast<int>(C), static_cast<double>(rows),
-                                                               lb.z.template as<const Act>(), k_stride, P + ly.gamma, P + ly.beta, P + ly.b, S + ly.mean,
-                                                               S + ly.var, lb.scale(), lb.shift(C), lb.mean(C), lb.rstd(C));
+      batchnorm::cuda_fused::launch_bn_finalize(partial_.as<const float>(), blocks, static_cast<int>(C), static_cast<double>(rows),
+                                                lb.z.template as<const Act>(), k_stride, P + ly.gamma, P + ly.beta, P + ly.b, S + ly.mean,
+                                                S + ly.var, lb.scale(), lb.shift(C), lb.mean(C), lb.rstd(C), kBnEps, kBnMomentum);
     } else {
-      affine_prep<<<static_cast<unsigned>((C + 255) / 256), 256, 0, st>>>(static_cast<int>(C), P + ly.b, bn ? P + ly.gamma : nullptr,
-                                                                           bn ? P + ly.beta : nullptr, bn ? S + ly.mean : nullptr,
-                                                                           bn ? S + ly.var : nullptr, lb.scale(), lb.shift(C));
+      batchnorm::cuda_fused::launch_affine_prep(static_cast<int>(C), P + ly.b, bn ? P + ly.gamma : nullptr, bn ? P + ly.beta : nullptr,
+                                                bn ? S + ly.mean : nullptr, bn ? S + ly.var : nullptr, lb.scale(), lb.shift(C), kBnEps);
     }
-    HOTOPS_CHECK_LAUNCH();
   }
 
   // The backward's stage 2 and dz coefficients, from partial_'s sums.
@@ -965,11 +695,55 @@ class CudaCnn final : public ModelCase {
     float* P = params_.as<float>();
     float* G = grads_.as<float>();
     const bool bn = s_.arch.bn;
-    finalize_bwd<<<finalize_grid(C), kFinalizeBlock, 0, gpu::stream()>>>(partial_.as<const float>(), blocks, static_cast<int>(C),
-                                                                         static_cast<double>(rows), bn ? P + ly.gamma : nullptr, lb.rstd(C),
-                                                                         bn ? G + ly.gamma : nullptr, bn ? G + ly.beta : nullptr, G + ly.b,
-                                                                         lb.coef(C));
-    HOTOPS_CHECK_LAUNCH();
+    batchnorm::cuda_fused::launch_finalize_bwd(partial_.as<const float>(), blocks, static_cast<int>(C), static_cast<double>(rows),
+                                               bn ? P + ly.gamma : nullptr, lb.rstd(C), bn ? G + ly.gamma : nullptr, bn ? G + ly.beta : nullptr,
+                                               G + ly.b, lb.coef(C));
+  }
+
+  // The NHWC conv layers that a pool follows run batchnorm_relu_maxpool's plans (batch norm, or the
+  // bias alone, with ReLU, max-pool and dropout), built here once: fwd (infer) and, to train, bwd.
+  void plan_pools() {
+    std::size_t stage = 0;
+    for (std::size_t i = 0; i < s_.convs.size(); ++i) {
+      const ConvLayer& c = s_.convs[i];
+      std::unique_ptr<relu_maxpool::Plan> fwd, bwd;
+      if (c.pool && !nchw_) {
+        relu_maxpool::Shape ps;
+        ps.dir = s_.train() ? Direction::fwd : Direction::infer;
+        ps.dtype = s_.dtype, ps.N = s_.batch, ps.C = c.K, ps.H = c.P, ps.W = c.Q, ps.k = c.pool;
+        ps.dropout = c.dropout, ps.key = keys_[stage], ps.bn = s_.arch.bn, ps.eps = kBnEps, ps.momentum = kBnMomentum;
+        fwd = relu_maxpool::make_cuda_plan(ps);
+        if (s_.train()) ps.dir = Direction::bwd, bwd = relu_maxpool::make_cuda_plan(ps);
+      }
+      if (c.pool) ++stage;
+      pool_fwd_.push_back(std::move(fwd));
+      pool_bwd_.push_back(std::move(bwd));
+    }
+  }
+
+  // Conv layer i's batchnorm_relu_maxpool tensors: the forward's (dout null), or the backward's from
+  // dout, the gradient of its pooled output.
+  relu_maxpool::Args pool_args(std::size_t i, const Act* dout) const {
+    const LayerBufs& lb = layers_[i];
+    const Layer& ly = l_.conv[i];
+    const std::int64_t K = s_.convs[i].K;
+    float* P = params_.as<float>();
+    relu_maxpool::Args a;
+    a.z = lb.z.get();
+    a.period = period_.as<const int>();
+    a.arg = lb.arg.as<std::uint8_t>();
+    a.scale = lb.scale(), a.shift = lb.shift(K), a.mean = lb.mean(K), a.rstd = lb.rstd(K);
+    if (s_.arch.bn) a.gamma = P + ly.gamma;
+    if (dout) {
+      float* G = grads_.as<float>();
+      a.dout = dout, a.dz = dz_.get(), a.dbias = G + ly.b;
+      if (s_.arch.bn) a.dgamma = G + ly.gamma, a.dbeta = G + ly.beta;
+      return a;
+    }
+    float* S = stats_.as<float>();
+    a.bias = P + ly.b, a.out = lb.out.get();
+    if (s_.arch.bn) a.beta = P + ly.beta, a.running_mean = S + ly.mean, a.running_var = S + ly.var;
+    return a;
   }
 
   void device_step() {
@@ -994,6 +768,12 @@ class CudaCnn final : public ModelCase {
       const ConvPlans& cp = *plans_[i];
       trace::op("conv2d");
       cp.fwd->run({input_of(i), weights(i), nullptr, nullptr, lb.z.get(), nullptr});
+      if (pool_fwd_[i]) {
+        trace::op("bn_relu_maxpool_dropout");
+        stage_of.push_back(stage++);
+        pool_fwd_[i]->run(pool_args(i, nullptr));
+        continue;
+      }
       trace::op(bn ? "batchnorm" : "bias");
       affine(lb, l_.conv[i], c.K, B * c.P * c.Q, &c);
       stage_of.push_back(stage);
@@ -1002,13 +782,6 @@ class CudaCnn final : public ModelCase {
         const std::int64_t n = B * c.pooled_count();
         act_pool_nchw<<<grid_for(n), kThreads, 0, st>>>(lb.z.template as<const Act>(), lb.scale(), lb.shift(c.K), lb.out.template as<Act>(),
                                                         lb.arg.as<unsigned char>(), n, geom(c), drop(stage), i + 1 == s_.convs.size());
-        HOTOPS_CHECK_LAUNCH();
-        ++stage;
-      } else if (c.pool) {
-        const std::int64_t n4 = B * c.pooled_count() / 4;
-        act_pool<<<grid_for(n4), kThreads, 0, st>>>(lb.z.template as<const Act>(), reinterpret_cast<const float4*>(lb.scale()),
-                                                    reinterpret_cast<const float4*>(lb.shift(c.K)), lb.out.template as<Act>(), lb.arg.as<uchar4>(), n4,
-                                                    geom(c), drop(stage));
         HOTOPS_CHECK_LAUNCH();
         ++stage;
       } else {
@@ -1091,17 +864,7 @@ class CudaCnn final : public ModelCase {
           dz_nchw<false><<<grid_for(n), kThreads, 0, st>>>(dout, nullptr, z, lb.scale(), lb.shift(K), lb.coef(K), m, rs,
                                                            dz, n, geom(c), d, false);
       } else if (c.pool) {
-        const std::int64_t rows = B * c.PH * c.PW;
-        const int blocks = reduce_blocks(rows, static_cast<int>(K));
-        const Drop d = drop(stage_of[i]);
-        reduce_pool<<<blocks, kThreads, 0, st>>>(dout, lb.arg.as<const uchar4>(), z, lb.scale(),
-                                                 lb.shift(K), bn ? lb.mean(K) : nullptr, bn ? lb.rstd(K) : nullptr, rows, geom(c), d,
-                                                 partial_.as<float>());
-        HOTOPS_CHECK_LAUNCH();
-        finalize(lb, l_.conv[i], K, B * c.P * c.Q, blocks);
-        dz_pool<<<grid_for(n4), kThreads, 0, st>>>(dout, lb.arg.as<const uchar4>(), z,
-                                                   reinterpret_cast<const float4*>(lb.scale()), reinterpret_cast<const float4*>(lb.shift(K)),
-                                                   lb.coef(K), mean, rstd, dz, n4, geom(c), d);
+        pool_bwd_[i]->run(pool_args(i, dout));
       } else {
         const std::int64_t rows = B * c.P * c.Q;
         const int blocks = reduce_blocks(rows, static_cast<int>(K));
@@ -1168,6 +931,7 @@ class CudaCnn final : public ModelCase {
   std::vector<std::unique_ptr<ConvPlans>> plans_;
   std::unique_ptr<matmul::Plan> dense1_fwd_, dense2_fwd_;                          // the dense layers' forward
   std::unique_ptr<matmul::Plan> dense2_dw_, dense2_dx_, dense1_dw_, dense1_dx_;  // train: their gradients
+  std::vector<std::unique_ptr<relu_maxpool::Plan>> pool_fwd_, pool_bwd_;  // per conv layer, where plan_pools makes one
   std::size_t ws_bytes_ = 0;  // the conv2d plans' shared workspace: the largest their algorithms need
   std::string algos_;
   HostBuffer logits_host_;
