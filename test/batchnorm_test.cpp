@@ -265,9 +265,10 @@ TEST(Batchnorm, TrainingOnOneValuePerChannelIsUnsupported) {
 namespace relu_maxpool {
 namespace {
 
-Shape fused(Direction d, DType t, bool bn = true) {
+// layout: z's; NCHW pools into `pooled`.
+Shape fused(Direction d, DType t, bool bn = true, Layout layout = Layout::nhwc, Layout pooled = Layout::nhwc) {
   Shape s;
-  s.dir = d, s.dtype = t, s.bn = bn;
+  s.dir = d, s.dtype = t, s.bn = bn, s.layout = layout, s.pooled_layout = layout == Layout::nhwc ? layout : pooled;
   s.N = 3, s.C = 8, s.H = 7, s.W = 8, s.k = 3;  // crops a row
   if (d != Direction::infer) s.dropout = 0.25, s.key = pointwise::dropout_key(5, 0.25);
   return s;
@@ -281,27 +282,32 @@ Outputs reference_outputs(const Shape& s, const Inputs& in) {
     for (std::size_t c = 0; c < b.count() && c < v.size(); ++c) b.set(c, v[c]);
   };
   if (s.dir == Direction::bwd) {
-    for (std::int64_t i = 0; i < s.count(); ++i) o.dz.set(static_cast<std::size_t>(i), r.dz(i));
+    for (std::int64_t i = 0; i < s.count(); ++i) o.dz.set(static_cast<std::size_t>(s.z_index(i)), r.dz(i));
     fill(o.dgamma, r.dgamma), fill(o.dbeta, r.dbeta), fill(o.dbias, r.dbias);
     return o;
   }
   for (std::int64_t j = 0; j < s.pooled(); ++j) {
-    o.out.set(static_cast<std::size_t>(j), r.out(j));
+    o.out.set(static_cast<std::size_t>(s.pooled_index(j)), r.out(j));
     std::uint8_t at = 0;
     for (std::int64_t q = s.k * s.k; q-- > 0;)
       if (r.pre(r.window_start(j) + ((q / s.k) * s.W + q % s.k) * s.C) == r.pooled(j)) at = static_cast<std::uint8_t>(q);
-    o.arg.as<std::uint8_t>()[j] = at;
+    o.arg.as<std::uint8_t>()[s.pooled_index(j)] = at;
   }
   fill(o.scale, r.scale), fill(o.shift, r.shift), fill(o.mean, r.mean), fill(o.rstd, r.rstd);
   fill(o.running_mean, r.running_mean), fill(o.running_var, r.running_var);
   return o;
 }
 
-class ReluMaxpoolVerify : public testing::TestWithParam<std::tuple<Direction, DType, bool>> {};
+// Direction, dtype, batch norm, and the layouts: NHWC, NCHW, NCHW pooled into NHWC.
+class ReluMaxpoolVerify : public testing::TestWithParam<std::tuple<Direction, DType, bool, int>> {};
+
+Shape fused_layouts(Direction d, DType t, bool bn, int layouts) {
+  return fused(d, t, bn, layouts == 0 ? Layout::nhwc : Layout::nchw, layouts == 2 ? Layout::nhwc : Layout::nchw);
+}
 
 TEST_P(ReluMaxpoolVerify, AcceptsTheReferenceAndRejectsPlantedErrors) {
-  const auto [d, t, bn] = GetParam();
-  const Shape s = fused(d, t, bn);
+  const auto [d, t, bn, layouts] = GetParam();
+  const Shape s = fused_layouts(d, t, bn, layouts);
   const Inputs in = make_inputs(s, 11);
   const Outputs good = reference_outputs(s, in);
   const Check ok = verify(s, in, good);
@@ -347,7 +353,7 @@ TEST_P(ReluMaxpoolVerify, AcceptsTheReferenceAndRejectsPlantedErrors) {
 
 INSTANTIATE_TEST_SUITE_P(AllDirections, ReluMaxpoolVerify,
                          testing::Combine(testing::Values(Direction::fwd, Direction::infer, Direction::bwd),
-                                          testing::Values(DType::f32, DType::bf16), testing::Bool()));
+                                          testing::Values(DType::f32, DType::bf16), testing::Bool(), testing::Values(0, 1, 2)));
 
 // The CPU plan's tensors of one direction on host buffers (fwd's running statistics start from the
 // inputs' values and are updated in place).
@@ -378,19 +384,21 @@ Args host_args(const Shape& s, Inputs& in, Outputs& out) {
   return a;
 }
 
-// One CPU plan per direction (with and without batch norm), run on two sets of caller-owned tensors
-// in turn: each set's outputs are those of its own inputs.
+// One CPU plan per direction (with and without batch norm, in each layout), run on two sets of
+// caller-owned tensors in turn: each set's outputs are those of its own inputs.
 TEST(BatchnormReluMaxpool, PlanRunsOnTheTensorsItIsGivenEachRun) {
-  for (bool bn : {true, false})
-    for (Direction d : {Direction::fwd, Direction::infer, Direction::bwd}) {
-      const Shape s = fused(d, DType::f32, bn);
-      auto plan = make_plan(s, Backend::cpu);
-      Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
-      Outputs out[2] = {make_outputs(s), make_outputs(s)};
-      const auto args_of = [&](int k) { return host_args(s, in[k], out[k]); };
-      const auto check = [&](int i, int o) { return verify(s, in[i], out[o]); };
-      plan_test::expect_each_run_on_its_own_tensors(*plan, args_of, check, std::string(direction_name(d)) + (bn ? " bn" : " bias"));
-    }
+  for (int layouts : {0, 1, 2})
+    for (bool bn : {true, false})
+      for (Direction d : {Direction::fwd, Direction::infer, Direction::bwd}) {
+        const Shape s = fused_layouts(d, DType::f32, bn, layouts);
+        auto plan = make_plan(s, Backend::cpu);
+        Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
+        Outputs out[2] = {make_outputs(s), make_outputs(s)};
+        const auto args_of = [&](int k) { return host_args(s, in[k], out[k]); };
+        const auto check = [&](int i, int o) { return verify(s, in[i], out[o]); };
+        const std::string what = std::string(direction_name(d)) + (bn ? " bn" : " bias") + " layouts " + std::to_string(layouts);
+        plan_test::expect_each_run_on_its_own_tensors(*plan, args_of, check, what);
+      }
 }
 
 TEST(BatchnormReluMaxpool, NamesFollowTheScheme) {
@@ -398,6 +406,14 @@ TEST(BatchnormReluMaxpool, NamesFollowTheScheme) {
   for (const Problem& p : benchmark_problems({}))
     if (p.name() == "batchnorm_relu_maxpool/cuda/bf16/bwd/shape:keras_cnn.bn0/layout:nhwc/batch:32/C:32/H:256/W:256/pool:3/dropout:0.25")
       found = true;
+  EXPECT_TRUE(found);
+  found = false;
+  for (const Problem& p : benchmark_problems({}))
+    if (p.name() == "batchnorm_relu_maxpool/cuda/f32/fwd/shape:keras_cnn.bn3/layout:nchw/batch:32/C:128/H:42/W:42/pool:2/dropout:0.25/pooled:nhwc") {
+      found = true;
+      EXPECT_EQ(shape_of(p).layout, Layout::nchw);
+      EXPECT_EQ(shape_of(p).pooled_layout, Layout::nhwc);
+    }
   EXPECT_TRUE(found);
   Problem p = benchmark_problems({}).front();
   Problem q = p;
@@ -411,6 +427,23 @@ TEST(BatchnormReluMaxpool, CudaTakesTheKernelsWidths) {
   EXPECT_NE(cuda_unsupported_reason(s), "");
   s.C = 128;
   EXPECT_EQ(cuda_unsupported_reason(s), "");
+  s.C = 12, s.layout = Layout::nchw;  // the NCHW kernels take any width
+  EXPECT_EQ(cuda_unsupported_reason(s), "");
+}
+
+// The storage of NHWC-order elements in each layout, and back.
+TEST(BatchnormReluMaxpool, IndexesEachLayout) {
+  Shape s;
+  s.N = 2, s.C = 3, s.H = 5, s.W = 4, s.k = 2;
+  s.layout = Layout::nchw, s.pooled_layout = Layout::nhwc;
+  const std::int64_t n = 1, h = 3, w = 2, c = 2, i = ((n * s.H + h) * s.W + w) * s.C + c;
+  EXPECT_EQ(s.z_index(i), ((n * s.C + c) * s.H + h) * s.W + w);
+  EXPECT_EQ(s.pooled_index(7), 7);
+  s.pooled_layout = Layout::nchw;
+  const std::int64_t j = ((n * s.PH() + 1) * s.PW() + 0) * s.C + c;
+  EXPECT_EQ(s.pooled_index(j), ((n * s.C + c) * s.PH() + 1) * s.PW() + 0);
+  for (std::int64_t k = 0; k < s.count(); ++k) EXPECT_EQ(s.z_order(s.z_index(k)), k);
+  for (std::int64_t k = 0; k < s.pooled(); ++k) EXPECT_EQ(s.pooled_order(s.pooled_index(k)), k);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// batchnorm_relu_maxpool on the CPU: OpenMP loops over NHWC rows, channels innermost. The batch
+// batchnorm_relu_maxpool on the CPU: OpenMP loops over the rows (n, h, w), channels innermost (NHWC
+// contiguous, NCHW strided by a plane). The batch
 // statistics are per-thread double sums shifted by each channel's first value, added in thread
 // order; the activations are f32 math over f32 or bf16 storage.
 #include <omp.h>
@@ -46,7 +47,8 @@ void row_sums(std::int64_t rows, std::int64_t C, std::vector<double>& s1, std::v
 template <class T>
 class CpuReluMaxpool final : public Plan {
  public:
-  explicit CpuReluMaxpool(const Shape& s) : s_(s) {}
+  explicit CpuReluMaxpool(const Shape& s)
+      : s_(s), cs_(s.layout == Layout::nchw ? s.H * s.W : 1), pcs_(s.pooled_layout == Layout::nchw ? s.PH() * s.PW() : 1) {}
 
   void run(const Args& a) override {
     if (s_.dir == Direction::bwd) return backward(a);
@@ -60,6 +62,17 @@ class CpuReluMaxpool final : public Plan {
     if (!s_.drops()) return 1.f;
     const auto hi = static_cast<std::uint32_t>(n % *a.period);
     return pointwise::dropout_keep(s_.key, static_cast<std::uint32_t>(e), hi) ? s_.key.scale : 0.f;
+  }
+
+  // The storage index of z's row r = (n, h, w) (its channel 0; channel c at + c cs_), and of the
+  // pooled row r = (n, ph, pw) (channel c at + c pcs_).
+  std::int64_t z_row(std::int64_t r) const {
+    const std::int64_t plane = s_.H * s_.W;
+    return cs_ == 1 ? r * s_.C : r / plane * s_.C * plane + r % plane;
+  }
+  std::int64_t pooled_row(std::int64_t r) const {
+    const std::int64_t plane = s_.PH() * s_.PW();
+    return pcs_ == 1 ? r * s_.C : r / plane * s_.C * plane + r % plane;
   }
 
   // scale and shift (and fwd's statistics and running update), per channel.
@@ -80,14 +93,15 @@ class CpuReluMaxpool final : public Plan {
     const T* z = static_cast<const T*>(a.z);
     const std::int64_t rows = s_.N * s_.H * s_.W;
     std::vector<float> k0(static_cast<std::size_t>(C));
-    for (std::int64_t c = 0; c < C; ++c) k0[static_cast<std::size_t>(c)] = load(z[c]);
+    const std::int64_t cs = cs_;
+    for (std::int64_t c = 0; c < C; ++c) k0[static_cast<std::size_t>(c)] = load(z[c * cs]);
     std::vector<double> s1, s2;
     row_sums(rows, C, s1, s2, [&](std::int64_t r, double* __restrict x1, double* __restrict x2) {
-      const T* __restrict zr = z + r * C;
+      const T* __restrict zr = z + z_row(r);
       const float* __restrict k = k0.data();
 #pragma omp simd
       for (std::int64_t c = 0; c < C; ++c) {
-        const double d = static_cast<double>(load(zr[c])) - k[c];
+        const double d = static_cast<double>(load(zr[c * cs])) - k[c];
         x1[c] += d, x2[c] += d * d;
       }
     });
@@ -113,18 +127,19 @@ class CpuReluMaxpool final : public Plan {
     const std::int64_t C = s_.C, k = s_.k, PH = s_.PH(), PW = s_.PW(), rows = s_.N * PH * PW;
 #pragma omp parallel for schedule(static)
     for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t pw = r % PW, ph = (r / PW) % PH, n = r / (PW * PH);
+      const std::int64_t pw = r % PW, ph = (r / PW) % PH, n = r / (PW * PH), o = pooled_row(r);
+      const T* win = z + z_row((n * s_.H + ph * k) * s_.W + pw * k);
       for (std::int64_t c = 0; c < C; ++c) {
         const float s = a.scale[c], t = a.shift[c];
         float best = -1.f;
         std::uint8_t at = 0;
         for (std::int64_t i = 0; i < k; ++i)
           for (std::int64_t j = 0; j < k; ++j) {
-            const float y = std::max(load(z[((n * s_.H + ph * k + i) * s_.W + pw * k + j) * C + c]) * s + t, 0.f);
+            const float y = std::max(load(win[z_row(i * s_.W + j) + c * cs_]) * s + t, 0.f);
             if (y > best) best = y, at = static_cast<std::uint8_t>(i * k + j);
           }
-        out[r * C + c] = store<T>(best * drop(a, n, (ph * PW + pw) * C + c));
-        a.arg[r * C + c] = at;
+        out[o + c * pcs_] = store<T>(best * drop(a, n, (ph * PW + pw) * C + c));
+        a.arg[o + c * pcs_] = at;
       }
     }
   }
@@ -133,7 +148,7 @@ class CpuReluMaxpool final : public Plan {
   float dy(const Args& a, std::int64_t n, std::int64_t h, std::int64_t w, std::int64_t c, float zv) const {
     const std::int64_t k = s_.k, ph = h / k, pw = w / k;
     if (ph >= s_.PH() || pw >= s_.PW() || !(zv * a.scale[c] + a.shift[c] > 0.f)) return 0.f;
-    const std::int64_t j = ((n * s_.PH() + ph) * s_.PW() + pw) * s_.C + c;
+    const std::int64_t j = pooled_row((n * s_.PH() + ph) * s_.PW() + pw) + c * pcs_;
     if (a.arg[j] != (h % k) * k + w % k) return 0.f;
     return load(static_cast<const T*>(a.dout)[j]) * drop(a, n, (ph * s_.PW() + pw) * s_.C + c);
   }
@@ -146,9 +161,10 @@ class CpuReluMaxpool final : public Plan {
     std::vector<double> s1, s2;
     row_sums(s_.N * PH * PW, C, s1, s2, [&](std::int64_t r, double* x1, double* x2) {
       const std::int64_t pw = r % PW, ph = (r / PW) % PH, n = r / (PW * PH);
+      const std::int64_t o = pooled_row(r);
       for (std::int64_t c = 0; c < C; ++c) {
-        const std::int64_t q = a.arg[r * C + c], h = ph * k + q / k, w = pw * k + q % k;
-        const float zv = load(z[((n * s_.H + h) * s_.W + w) * C + c]);
+        const std::int64_t q = a.arg[o + c * pcs_], h = ph * k + q / k, w = pw * k + q % k;
+        const float zv = load(z[z_row((n * s_.H + h) * s_.W + w) + c * cs_]);
         const float d = dy(a, n, h, w, c, zv);
         x1[c] += d;
         if (s_.bn) x2[c] += static_cast<double>(d * (zv - a.mean[c]) * a.rstd[c]);
@@ -170,18 +186,19 @@ class CpuReluMaxpool final : public Plan {
     const std::int64_t rows = s_.N * s_.H * s_.W;
 #pragma omp parallel for schedule(static)
     for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t w = r % s_.W, h = (r / s_.W) % s_.H, n = r / (s_.W * s_.H);
+      const std::int64_t w = r % s_.W, h = (r / s_.W) % s_.H, n = r / (s_.W * s_.H), zr = z_row(r);
       for (std::int64_t c = 0; c < C; ++c) {
         const auto i = static_cast<std::size_t>(c);
-        const float zv = load(z[r * C + c]);
+        const float zv = load(z[zr + c * cs_]);
         float o = A[i] * dy(a, n, h, w, c, zv);
         if (s_.bn) o += B0[i] + C0[i] * (zv - a.mean[c]) * a.rstd[c];
-        dz[r * C + c] = store<T>(o);
+        dz[zr + c * cs_] = store<T>(o);
       }
     }
   }
 
   Shape s_;
+  std::int64_t cs_, pcs_;  // the distance between channels of z and of the pooled tensors
 };
 
 }  // namespace

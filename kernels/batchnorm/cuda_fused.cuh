@@ -1,4 +1,4 @@
-// The batchnorm family's fused convnet kernels on CUDA (cuda_relu_maxpool.cu): the device helpers
+// The batchnorm family's fused convnet kernels on CUDA (cuda_relu_maxpool.cu, cuda_fused_nchw.cu): the device helpers
 // they share with the kernels a model composes around them (NHWC rows of C channels, 4 a thread;
 // per-block channel sums), and the launchers of their per-channel stages (batch statistics, the
 // affine, the backward's coefficients) for a model's layers that the fused ops do not cover.
@@ -22,9 +22,12 @@ __device__ inline float4 operator+(float4 a, float4 b) { return make_float4(a.x 
 __device__ inline float lane(const float4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 __device__ inline float& lane(float4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 
-// Storage -> f32: f32 as is, bf16 widened exactly.
+// Storage -> f32: f32 as is, bf16 widened exactly; and back, bf16 rounded to nearest even.
 __device__ inline float as_float(float v) { return v; }
 __device__ inline float as_float(bf16 v) { return __bfloat162float(v); }
+template <class T> __device__ inline T from_float(float v);
+template <> __device__ inline float from_float<float>(float v) { return v; }
+template <> __device__ inline bf16 from_float<bf16>(float v) { return __float2bfloat16_rn(v); }
 
 // Vector i of 4 consecutive activations of storage T (float, or bf16 widened exactly), and back
 // (bf16 rounded to nearest even). The NHWC kernels read and write through these.
@@ -104,5 +107,34 @@ void launch_affine_prep(int C, const float* bias, const float* gamma, const floa
 // + c0 xhat; without it, dbias and A = 1.
 void launch_finalize_bwd(const float* partial, int blocks, int C, double M, const float* gamma, const float* rstd, float* dgamma,
                          float* dbeta, float* dbias, float* coef);
+
+// ---- NCHW layers (cuda_fused_nchw.cu): z [B, C, P, Q]; a pool's output and gradient NCHW, or NHWC
+// (the flatten's order) where the launcher's *_nhwc flag says so.
+
+// The blocks a channel of reduce_nchw (about 2048 blocks in all, at most one a sample).
+int reduce_blocks_nchw(std::int64_t B, std::int64_t C);
+// a = relu(z * scale + shift) over n elements, `plane` a channel (O: a's storage).
+template <class T, class O>
+void launch_act_nchw(const T* z, const float* scale, const float* shift, O* a, std::int64_t n, int C, int plane);
+// Thread per pooled element (n of them): the window's first maximum of relu(z * scale + shift), its
+// index (r * k + t) into arg, then dropout, into p.
+template <class T>
+void launch_act_pool_nchw(const T* z, const float* scale, const float* shift, T* p, unsigned char* arg, std::int64_t n, PoolGeom g, Drop drop,
+                          bool out_nhwc);
+// The per-channel sums into partial[blocks][2C], grid (C, blocks) over the B samples:
+//   stats:  s1 = sum (z - K), s2 = sum (z - K)^2, K = the channel's first element of z;
+//   dense:  dy = relu'(z) d, d NCHW as z; s1 = sum dy, s2 = sum dy xhat (mean non-null: batch norm);
+//   pooled: over the pooled pixels; dy at a window's argmax is d (NHWC where d_nhwc) through dropout
+//           and the ReLU.
+enum class Sum { stats, dense, pooled };
+template <class T>
+void launch_reduce_nchw(Sum m, const T* d, const unsigned char* arg, const T* z, const float* scale, const float* shift, const float* mean,
+                        const float* rstd, std::int64_t B, PoolGeom g, Drop drop, bool d_nhwc, int blocks, float* partial);
+// dz over the n elements of z: dy through the pool (pooled: d the pooled gradient, NHWC where d_nhwc)
+// or not (d as z), the ReLU and dropout; dz = A dy + b0 + c0 xhat (coef = {A, b0, c0}; mean non-null)
+// or A dy.
+template <class T>
+void launch_dz_nchw(bool pooled, const T* d, const unsigned char* arg, const T* z, const float* scale, const float* shift, const float* coef,
+                    const float* mean, const float* rstd, T* dz, std::int64_t n, PoolGeom g, Drop drop, bool d_nhwc);
 
 }  // namespace hotops::batchnorm::cuda_fused

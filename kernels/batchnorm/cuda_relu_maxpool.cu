@@ -3,7 +3,9 @@
 // the affine and the running update in double), act_pool (affine, ReLU, the window's first maximum
 // and its index, dropout); infer: affine_prep, act_pool. bwd: reduce_pool (the sums of dy and
 // dy xhat over the windows' maxima), finalize_bwd (dgamma, dbeta and dz's coefficients), dz_pool.
-// Every sum is in a fixed order: the results do not change from run to run.
+// NCHW z takes the scalar kernels of cuda_fused_nchw.cu in their places (reduce_nchw for the sums,
+// act_pool_nchw, dz_nchw) around the same per-channel stages. Every sum is in a fixed order: the
+// results do not change from run to run.
 #include <cuda_bf16.h>
 
 #include <memory>
@@ -298,10 +300,15 @@ class CudaReluMaxpool final : public Plan {
     if (s_.dir == Direction::bwd) return backward(a);
     forward(a);
   }
-  std::string label() const override { return "hotops fused kernels (bn_stats, bn_finalize, act_pool; reduce_pool, finalize_bwd, dz_pool)"; }
+  std::string label() const override {
+    if (nchw()) return "hotops fused NCHW kernels (reduce_nchw, bn_finalize, act_pool_nchw; reduce_nchw, finalize_bwd, dz_nchw)";
+    return "hotops fused kernels (bn_stats, bn_finalize, act_pool; reduce_pool, finalize_bwd, dz_pool)";
+  }
 
  private:
   Drop drop(const Args& a) const { return Drop{s_.key, a.period, s_.drops()}; }
+  bool nchw() const { return s_.layout == Layout::nchw; }
+  bool pooled_nhwc() const { return s_.pooled_layout == Layout::nhwc; }
 
   void forward(const Args& a) {
     cudaStream_t st = gpu::stream();
@@ -309,14 +316,20 @@ class CudaReluMaxpool final : public Plan {
     const T* z = static_cast<const T*>(a.z);
     if (s_.bn && s_.dir == Direction::fwd) {
       const std::int64_t rows = s_.N * s_.H * s_.W;
-      const int blocks = reduce_blocks(rows, C);
-      launch_bn_stats(z, rows, C, blocks, partial_.as<float>());
-      launch_bn_finalize(partial_.as<const float>(), blocks, C, static_cast<double>(rows), z, 1, a.gamma, a.beta, a.bias, a.running_mean,
-                         a.running_var, a.scale, a.shift, a.mean, a.rstd, s_.eps, s_.momentum);
+      const int blocks = nchw() ? reduce_blocks_nchw(s_.N, C) : reduce_blocks(rows, C);
+      if (nchw())
+        launch_reduce_nchw<T>(Sum::stats, nullptr, nullptr, z, nullptr, nullptr, nullptr, nullptr, s_.N, geom_, Drop{}, false, blocks,
+                              partial_.as<float>());
+      else
+        launch_bn_stats(z, rows, C, blocks, partial_.as<float>());
+      launch_bn_finalize(partial_.as<const float>(), blocks, C, static_cast<double>(rows), z, nchw() ? s_.H * s_.W : 1, a.gamma, a.beta,
+                         a.bias, a.running_mean, a.running_var, a.scale, a.shift, a.mean, a.rstd, s_.eps, s_.momentum);
     } else {
       launch_affine_prep(C, a.bias, s_.bn ? a.gamma : nullptr, s_.bn ? a.beta : nullptr, s_.bn ? a.running_mean : nullptr,
                          s_.bn ? a.running_var : nullptr, a.scale, a.shift, s_.eps);
     }
+    if (nchw())
+      return launch_act_pool_nchw(z, a.scale, a.shift, static_cast<T*>(a.out), a.arg, s_.pooled(), geom_, drop(a), pooled_nhwc());
     const std::int64_t n4 = s_.pooled() / 4;
     act_pool<<<grid_for(n4), kThreads, 0, st>>>(z, reinterpret_cast<const float4*>(a.scale), reinterpret_cast<const float4*>(a.shift),
                                                 static_cast<T*>(a.out), reinterpret_cast<uchar4*>(a.arg), n4, geom_, drop(a));
@@ -330,6 +343,7 @@ class CudaReluMaxpool final : public Plan {
     const T* dout = static_cast<const T*>(a.dout);
     const uchar4* arg = reinterpret_cast<const uchar4*>(a.arg);
     const Drop d = drop(a);
+    if (nchw()) return backward_nchw(a, d);
     const std::int64_t rows = s_.N * s_.PH() * s_.PW();
     const int blocks = reduce_blocks(rows, C);
     reduce_pool<<<blocks, kThreads, 0, st>>>(dout, arg, z, a.scale, a.shift, s_.bn ? a.mean : nullptr, s_.bn ? a.rstd : nullptr, rows, geom_,
@@ -342,6 +356,20 @@ class CudaReluMaxpool final : public Plan {
                                                coef_.as<const float>(), s_.bn ? reinterpret_cast<const float4*>(a.mean) : nullptr,
                                                s_.bn ? reinterpret_cast<const float4*>(a.rstd) : nullptr, static_cast<T*>(a.dz), n4, geom_, d);
     HOTOPS_CHECK_LAUNCH();
+  }
+
+  // NCHW: the sums over the channel's windows' maxima, the per-channel stage, dz over z.
+  void backward_nchw(const Args& a, const Drop& d) {
+    const int C = dim(s_.C), blocks = reduce_blocks_nchw(s_.N, C);
+    const T* z = static_cast<const T*>(a.z);
+    const T* dout = static_cast<const T*>(a.dout);
+    const float* mean = s_.bn ? a.mean : nullptr;
+    const float* rstd = s_.bn ? a.rstd : nullptr;
+    launch_reduce_nchw(Sum::pooled, dout, a.arg, z, a.scale, a.shift, mean, rstd, s_.N, geom_, d, pooled_nhwc(), blocks, partial_.as<float>());
+    launch_finalize_bwd(partial_.as<const float>(), blocks, C, static_cast<double>(s_.N * s_.H * s_.W), s_.bn ? a.gamma : nullptr, a.rstd,
+                        s_.bn ? a.dgamma : nullptr, s_.bn ? a.dbeta : nullptr, a.dbias, coef_.as<float>());
+    launch_dz_nchw(true, dout, a.arg, z, a.scale, a.shift, coef_.as<const float>(), mean, rstd, static_cast<T*>(a.dz), s_.count(), geom_, d,
+                   pooled_nhwc());
   }
 
   Shape s_;

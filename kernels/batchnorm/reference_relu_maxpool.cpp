@@ -33,7 +33,7 @@ Reference::Reference(const Shape& s, const Inputs& in) : s_(s), in_(in) {
     // The saved statistics and the argmax bytes are inputs, used as they are.
     auto xhat = [&](std::int64_t i) {
       const auto c = static_cast<std::size_t>(i % s.C);
-      return (in.z.get(static_cast<std::size_t>(i)) - in.mean.get(c)) * in.rstd.get(c);
+      return (z(i) - in.mean.get(c)) * in.rstd.get(c);
     };
     dbeta = channel_sums(s.count(), s.C, of_z, [&](std::int64_t i) { return dy(i); });
     dgamma = channel_sums(s.count(), s.C, of_z, [&](std::int64_t i) { return s.bn ? dy(i) * xhat(i) : 0.0; });
@@ -53,10 +53,10 @@ Reference::Reference(const Shape& s, const Inputs& in) : s_(s), in_(in) {
   scale.assign(C, 1.0), shift.assign(C, 0.0);
   if (s.bn && s.dir == Direction::fwd) {
     // Two passes: the mean, then the mean squared deviation (no cancellation).
-    mean = channel_sums(s.count(), s.C, of_z, [&](std::int64_t i) { return in.z.get(static_cast<std::size_t>(i)); });
+    mean = channel_sums(s.count(), s.C, of_z, [&](std::int64_t i) { return z(i); });
     for (double& m : mean) m /= M;
     std::vector<double> var = channel_sums(s.count(), s.C, of_z, [&](std::int64_t i) {
-      const double d = in.z.get(static_cast<std::size_t>(i)) - mean[static_cast<std::size_t>(i % s.C)];
+      const double d = z(i) - mean[static_cast<std::size_t>(i % s.C)];
       return d * d;
     });
     rstd.resize(C), running_mean.resize(C), running_var.resize(C);
@@ -86,7 +86,7 @@ std::int64_t Reference::window_start(std::int64_t j) const {
 
 double Reference::pre(std::int64_t i) const {
   const auto c = static_cast<std::size_t>(i % s_.C);
-  return std::max(in_.z.get(static_cast<std::size_t>(i)) * scale[c] + shift[c], 0.0);
+  return std::max(z(i) * scale[c] + shift[c], 0.0);
 }
 
 double Reference::pooled(std::int64_t j) const {
@@ -110,17 +110,20 @@ double Reference::dy(std::int64_t i) const {
   const std::int64_t ph = h / s_.k, pw = w / s_.k;
   if (ph >= s_.PH() || pw >= s_.PW()) return 0;
   const std::int64_t j = ((n * s_.PH() + ph) * s_.PW() + pw) * s_.C + c;
-  if (in_.arg.as<std::uint8_t>()[j] != (h % s_.k) * s_.k + w % s_.k) return 0;
+  const auto js = static_cast<std::size_t>(s_.pooled_index(j));
+  if (in_.arg.as<std::uint8_t>()[js] != (h % s_.k) * s_.k + w % s_.k) return 0;
   const auto cc = static_cast<std::size_t>(c);
-  if (!(in_.z.get(static_cast<std::size_t>(i)) * in_.scale.get(cc) + in_.shift.get(cc) > 0)) return 0;
-  return in_.dout.get(static_cast<std::size_t>(j)) * keep(j);
+  if (!(z(i) * in_.scale.get(cc) + in_.shift.get(cc) > 0)) return 0;
+  return in_.dout.get(js) * keep(j);
 }
 
 double Reference::dz(std::int64_t i) const {
   const auto c = static_cast<std::size_t>(i % s_.C);
   const double g = a_[c] * dy(i);
   if (!s_.bn) return g;
-  return g + b0_[c] + c0_[c] * (in_.z.get(static_cast<std::size_t>(i)) - in_.mean.get(c)) * in_.rstd.get(c);
+  return g + b0_[c] + c0_[c] * (z(i) - in_.mean.get(c)) * in_.rstd.get(c);
 }
+
+double Reference::z(std::int64_t i) const { return in_.z.get(static_cast<std::size_t>(s_.z_index(i))); }
 
 }  // namespace hotops::batchnorm::relu_maxpool

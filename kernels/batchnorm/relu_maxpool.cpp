@@ -1,7 +1,8 @@
 // batchnorm_relu_maxpool: problem names, shapes, inputs, work and verification.
 //
-// Names: batchnorm_relu_maxpool/<cpu|cuda>/<f32|bf16>/<fwd|infer|bwd>/shape:<model.layer>/layout:nhwc/
-// batch:N/C:C/H:H/W:W/pool:k/dropout:p, H and W those of z (the conv's output).
+// Names: batchnorm_relu_maxpool/<cpu|cuda>/<f32|bf16>/<fwd|infer|bwd>/shape:<model.layer>/layout:<nhwc|nchw>/
+// batch:N/C:C/H:H/W:W/pool:k/dropout:p, H and W those of z (the conv's output); layout:nchw names end
+// /pooled:<nchw|nhwc>, the pooled tensors' layout.
 #include "kernels/batchnorm/relu_maxpool.h"
 
 #include <algorithm>
@@ -64,10 +65,14 @@ struct Op {
   }
 };
 
-std::vector<Arg> dims(const std::string& shape, std::int64_t batch, std::int64_t C, std::int64_t H, std::int64_t W,
-                      std::int64_t k, const char* dropout) {
-  return {{"shape", shape}, {"layout", "nhwc"},         {"batch", std::to_string(batch)}, {"C", std::to_string(C)},
-          {"H", std::to_string(H)}, {"W", std::to_string(W)}, {"pool", std::to_string(k)}, {"dropout", dropout}};
+// pooled: with layout nchw, the pooled tensors' layout.
+std::vector<Arg> dims(const std::string& shape, Layout layout, std::int64_t batch, std::int64_t C, std::int64_t H, std::int64_t W,
+                      std::int64_t k, const char* dropout, Layout pooled = Layout::nchw) {
+  std::vector<Arg> a{{"shape", shape},          {"layout", layout_name(layout)}, {"batch", std::to_string(batch)},
+                     {"C", std::to_string(C)},  {"H", std::to_string(H)},        {"W", std::to_string(W)},
+                     {"pool", std::to_string(k)}, {"dropout", dropout}};
+  if (layout == Layout::nchw) a.push_back({"pooled", layout_name(pooled)});
+  return a;
 }
 
 void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
@@ -78,25 +83,35 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
 
 // The keras_cnn layers whose conv is followed by batch norm, ReLU, a pool and dropout (model_cnn's
 // keras_cnn: its first conv, pool 3; the last conv of its second and third stages, pool 2), at the
-// batchnorm family's keras_cnn shapes of the same size (z's C, H, W).
+// batchnorm family's keras_cnn shapes of the same size (z's C, H, W). NCHW (the f32 CUDA step's
+// layout) pools the last layer into NHWC, the order the flatten reads.
 struct Layer {
   const char* name;
   std::int64_t C, H, W, k;
   const char* dropout;
+  Layout nchw_pooled;
 };
 constexpr Layer kLayers[] = {
-    {"keras_cnn.bn0", 32, 256, 256, 3, "0.25"},
-    {"keras_cnn.bn1", 64, 85, 85, 2, "0.25"},
-    {"keras_cnn.bn3", 128, 42, 42, 2, "0.25"},
+    {"keras_cnn.bn0", 32, 256, 256, 3, "0.25", Layout::nchw},
+    {"keras_cnn.bn1", 64, 85, 85, 2, "0.25", Layout::nchw},
+    {"keras_cnn.bn3", 128, 42, 42, 2, "0.25", Layout::nhwc},
 };
+
+Layout layout_arg(const Problem& p, const std::string& key) {
+  const std::string& l = p.get(key);
+  if (l == "nhwc") return Layout::nhwc;
+  if (l == "nchw") return Layout::nchw;
+  throw Error(std::string(kOp) + " takes " + key + " nhwc or nchw, not '" + l + "': " + p.name());
+}
 
 }  // namespace
 
 Shape shape_of(const Problem& p) {
   HOTOPS_CHECK(p.op == kOp, std::string("not a ") + kOp + " problem: " + p.name());
   HOTOPS_CHECK(p.dtype == DType::f32 || p.dtype == DType::bf16, std::string(kOp) + " has f32 and bf16 only: " + p.name());
-  HOTOPS_CHECK(p.get("layout") == "nhwc", std::string(kOp) + " has layout nhwc only: " + p.name());
   Shape s;
+  s.layout = layout_arg(p, "layout");
+  s.pooled_layout = s.layout == Layout::nchw ? layout_arg(p, "pooled") : Layout::nhwc;
   s.dir = p.dir;
   s.dtype = p.dtype;
   s.N = p.get_int("batch"), s.C = p.get_int("C"), s.H = p.get_int("H"), s.W = p.get_int("W"), s.k = p.get_int("pool");
@@ -113,10 +128,10 @@ Shape shape_of(const Problem& p) {
 Inputs make_inputs(const Shape& s, std::uint64_t seed) {
   const auto C = static_cast<std::size_t>(s.C);
   // z, gamma, beta and the running statistics as the batchnorm op seeds them (each channel its own
-  // mean and spread), from its NHWC inputs of the same size.
+  // mean and spread), from its inputs of the same size and layout.
   batchnorm::Shape b;
   b.dir = s.dir == Direction::bwd ? Direction::fwd : s.dir;
-  b.dtype = s.dtype, b.layout = Layout::nhwc, b.N = s.N, b.C = s.C, b.H = s.H, b.W = s.W;
+  b.dtype = s.dtype, b.layout = s.layout, b.N = s.N, b.C = s.C, b.H = s.H, b.W = s.W;
   batchnorm::Inputs bi = batchnorm::make_inputs(b, seed);
   Inputs in;
   in.z = std::move(bi.x);
@@ -144,7 +159,7 @@ Inputs make_inputs(const Shape& s, std::uint64_t seed) {
   // No ReLU near-ties: an element whose z scale + shift is within 1e-5 of its terms' size (where f32
   // with or without a fused multiply-add could round to either side of zero) moves off the tie.
   for (std::int64_t i = 0; i < s.count(); ++i) {
-    const auto c = static_cast<std::size_t>(i % s.C), k = static_cast<std::size_t>(i);
+    const auto c = static_cast<std::size_t>(i % s.C), k = static_cast<std::size_t>(s.z_index(i));
     for (int tries = 0; tries < 8; ++tries) {
       const double zs = in.z.get(k) * in.scale.get(c), y = zs + in.shift.get(c);
       if (std::fabs(y) > 1e-5 * (std::fabs(zs) + std::fabs(in.shift.get(c)))) break;
@@ -160,7 +175,7 @@ Inputs make_inputs(const Shape& s, std::uint64_t seed) {
     double best = -1;
     for (std::int64_t q = 0; q < s.k * s.k; ++q) {
       const double y = r.pre(at + ((q / s.k) * s.W + q % s.k) * s.C);
-      if (y > best) best = y, arg[j] = static_cast<std::uint8_t>(q);
+      if (y > best) best = y, arg[s.pooled_index(j)] = static_cast<std::uint8_t>(q);
     }
   }
   in.dout = HostBuffer(s.dtype, static_cast<std::size_t>(s.pooled()));
@@ -193,13 +208,12 @@ Check check_arg(const Shape& s, const Reference& ref, const HostBuffer& arg, dou
   const auto* a = arg.as<std::uint8_t>();
   const std::vector<std::size_t> idx = sample_indices(static_cast<std::size_t>(s.pooled()), std::size_t(1) << 18, 5);
   double sumsq = 0;
-  for (std::size_t j : idx) sumsq += ref.pooled(static_cast<std::int64_t>(j)) * ref.pooled(static_cast<std::int64_t>(j));
+  for (std::size_t j : idx) sumsq += std::pow(ref.pooled(s.pooled_order(static_cast<std::int64_t>(j))), 2);
   const double rms = std::max(std::sqrt(sumsq / static_cast<double>(idx.size())), 1e-30);
   Check c;
   c.tol = tol, c.checked = idx.size();
   for (std::size_t j : idx) {
-    const auto jj = static_cast<std::int64_t>(j);
-    const std::int64_t q = a[j];
+    const std::int64_t jj = s.pooled_order(static_cast<std::int64_t>(j)), q = a[j];
     const double e = q < s.k * s.k ? std::fabs(ref.pre(ref.window_start(jj) + ((q / s.k) * s.W + q % s.k) * s.C) - ref.pooled(jj)) / rms
                                    : std::numeric_limits<double>::infinity();
     if (!(e <= tol)) {
@@ -229,7 +243,7 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
   };
   Check all;
   if (s.dir == Direction::bwd) {
-    all.merge(compare(out.dz, sample_indices(out.dz.count(), limit, 7), [&](std::size_t i) { return ref.dz(static_cast<std::int64_t>(i)); }, tol),
+    all.merge(compare(out.dz, sample_indices(out.dz.count(), limit, 7), [&](std::size_t i) { return ref.dz(s.z_order(static_cast<std::int64_t>(i))); }, tol),
               "dz");
     all.merge(per_channel(out.dbias, ref.dbias, stat_tol), "dbias");
     if (s.bn) {
@@ -238,7 +252,7 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
     }
     return all;
   }
-  all.merge(compare(out.out, sample_indices(out.out.count(), limit, 7), [&](std::size_t j) { return ref.out(static_cast<std::int64_t>(j)); }, tol),
+  all.merge(compare(out.out, sample_indices(out.out.count(), limit, 7), [&](std::size_t j) { return ref.out(s.pooled_order(static_cast<std::int64_t>(j))); }, tol),
             "y");
   all.merge(check_arg(s, ref, out.arg, tol), "arg");
   const double affine_tol = s.dir == Direction::fwd ? 4 * stat_tol : tolerance(DType::f32);
@@ -255,19 +269,23 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
 
 std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) {
   std::vector<Problem> out;
-  for (const Layer& l : kLayers)
-    for (std::int64_t b : batches.empty() ? std::vector<std::int64_t>{32} : batches)
-      expand(dims(l.name, b, l.C, l.H, l.W, l.k, l.dropout), out);
+  for (Layout layout : {Layout::nhwc, Layout::nchw})
+    for (const Layer& l : kLayers)
+      for (std::int64_t b : batches.empty() ? std::vector<std::int64_t>{32} : batches)
+        expand(dims(l.name, layout, b, l.C, l.H, l.W, l.k, l.dropout, l.nchw_pooled), out);
   return out;
 }
 
 std::vector<Problem> test_problems() {
   // A pool of 3 that crops a row and a column, no dropout; a pool of 2 over odd sizes with
-  // dropout; a wide layer whose channels fill the CUDA kernels' rows differently.
+  // dropout; a wide layer whose channels fill the CUDA kernels' rows differently. NCHW: the pools
+  // into either pooled layout, and channels that are no multiple of 4.
   std::vector<Problem> out;
-  expand(dims("test", 3, 8, 11, 10, 3, "0"), out);
-  expand(dims("test", 4, 16, 9, 7, 2, "0.25"), out);
-  expand(dims("test", 2, 128, 6, 6, 2, "0.5"), out);
+  expand(dims("test", Layout::nhwc, 3, 8, 11, 10, 3, "0"), out);
+  expand(dims("test", Layout::nhwc, 4, 16, 9, 7, 2, "0.25"), out);
+  expand(dims("test", Layout::nhwc, 2, 128, 6, 6, 2, "0.5"), out);
+  expand(dims("test", Layout::nchw, 3, 8, 11, 10, 3, "0.25", Layout::nchw), out);
+  expand(dims("test", Layout::nchw, 4, 6, 9, 7, 2, "0.25", Layout::nhwc), out);
   return out;
 }
 
@@ -298,10 +316,12 @@ Work work(const Problem& p) {
 }
 
 std::string cuda_unsupported_reason(const Shape& s) {
-  // The kernels give each thread 4 channels and a block's 256 threads whole rows of them.
-  if (s.C % 4 != 0 || s.C > 1024 || 256 % (s.C / 4) != 0)
-    return std::string(kOp) + " on CUDA takes C = 4 x a power of two up to 1024, not " + std::to_string(s.C);
   if (s.k > 15) return std::string(kOp) + " on CUDA takes pools up to 15, not " + std::to_string(s.k);
+  // The NCHW kernels take a channel a block (or an element a thread); the NHWC ones give each thread
+  // 4 channels and a block's 256 threads whole rows of them.
+  if (s.layout == Layout::nchw) return "";
+  if (s.C % 4 != 0 || s.C > 1024 || 256 % (s.C / 4) != 0)
+    return std::string(kOp) + " on CUDA takes C = 4 x a power of two up to 1024 (NHWC), not " + std::to_string(s.C);
   return "";
 }
 

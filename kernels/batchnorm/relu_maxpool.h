@@ -1,5 +1,5 @@
-// batchnorm_relu_maxpool: the batchnorm family's fused op of a convnet layer (Keras' convnets, NHWC):
-// y = relu(BN(z)), max-pooled over k x k windows with stride k (the rows and columns a window does
+// batchnorm_relu_maxpool: the batchnorm family's fused op of a convnet layer (Keras' convnets, NHWC or
+// NCHW): y = relu(BN(z)), max-pooled over k x k windows with stride k (the rows and columns a window does
 // not fill are cropped), then dropout; and its backward to dz, dgamma, dbeta. fwd normalises with
 // the batch statistics (Keras' training mode) and updates the running ones; infer uses the running
 // ones. The formulas: docs/ops.md, "batchnorm_relu_maxpool".
@@ -12,6 +12,7 @@
 #include "hotops/buffer.h"
 #include "hotops/op.h"
 #include "hotops/plan.h"
+#include "kernels/batchnorm/batchnorm.h"
 #include "kernels/pointwise/pointwise.h"
 
 namespace hotops::batchnorm::relu_maxpool {
@@ -22,19 +23,39 @@ constexpr double kKerasMomentum = 0.01;  // the weight of the batch statistics (
 struct Shape {
   Direction dir = Direction::fwd;  // fwd (training), infer or bwd
   DType dtype = DType::f32;        // z, the pooled output and their gradients; the rest f32
-  std::int64_t N = 1, C = 4, H = 1, W = 1;  // z: [N, H, W, C]
+  std::int64_t N = 1, C = 4, H = 1, W = 1;  // z: N samples of C channels of H x W
   std::int64_t k = 2;              // the pool's window and stride
   double dropout = 0;              // fwd and bwd: the rate after the pool (0: none); infer: none
   pointwise::DropoutKey key;       // the dropout mask's key
   // false: the affine is the conv's bias alone (a layer without batch normalization)
   bool bn = true;
   double eps = kKerasEps, momentum = kKerasMomentum;
+  // z's (and dz's) storage: nhwc, or nchw (each channel's H x W plane contiguous). The pooled output,
+  // its gradient and argmax bytes: pooled_layout, the same as z's or, from nchw z, nhwc (the order a
+  // flatten after the last pool reads).
+  Layout layout = Layout::nhwc, pooled_layout = Layout::nhwc;
 
   std::int64_t PH() const { return H / k; }
   std::int64_t PW() const { return W / k; }
   std::int64_t count() const { return N * H * W * C; }
   std::int64_t pooled() const { return N * PH() * PW() * C; }
   bool drops() const { return dir != Direction::infer && dropout > 0; }
+
+  // Storage index of z's element i and of pooled element j, each counted in NHWC order (n, h, w, c);
+  // and back, from a storage index to the NHWC-order one.
+  std::int64_t z_index(std::int64_t i) const { return reorder(i, layout, H, W, true); }
+  std::int64_t pooled_index(std::int64_t j) const { return reorder(j, pooled_layout, PH(), PW(), true); }
+  std::int64_t z_order(std::int64_t i) const { return reorder(i, layout, H, W, false); }
+  std::int64_t pooled_order(std::int64_t j) const { return reorder(j, pooled_layout, PH(), PW(), false); }
+
+ private:
+  // NHWC-order index -> storage index in layout l (to_storage), or back, over planes of h x w.
+  std::int64_t reorder(std::int64_t i, Layout l, std::int64_t h, std::int64_t w, bool to_storage) const {
+    if (l != Layout::nchw) return i;
+    const std::int64_t plane = h * w;
+    if (to_storage) return (i / (plane * C) * C + i % C) * plane + (i / C) % plane;  // (n, c, hw)
+    return (i / (plane * C) * plane + i % plane) * C + (i / plane) % C;              // (n, hw, c)
+  }
 };
 
 Shape shape_of(const Problem& p);
@@ -60,6 +81,7 @@ struct Outputs {
 Outputs make_outputs(const Shape& s);
 
 // The reference, double: per-channel passes at construction, then any output element is O(1).
+// Element indices count in NHWC order whatever the storage (Shape::z_index, pooled_index).
 class Reference {
  public:
   Reference(const Shape& s, const Inputs& in);
@@ -72,6 +94,7 @@ class Reference {
   std::vector<double> dgamma, dbeta, dbias;                                 // bwd
 
  private:
+  double z(std::int64_t i) const;     // z's element i
   double keep(std::int64_t j) const;  // pooled element j's dropout factor
   double dy(std::int64_t i) const;    // bwd: the gradient reaching z's element i through pool and ReLU
   const Shape& s_;
@@ -81,8 +104,8 @@ class Reference {
 
 Check verify(const Shape& s, const Inputs& in, const Outputs& out);
 
-// The tensors of one run. z, out, dout and dz are the shape's dtype; arg one byte a pooled element;
-// the rest [C] f32. A direction leaves the tensors it does not use null.
+// The tensors of one run, in the shape's layouts. z, out, dout and dz are the shape's dtype; arg one
+// byte a pooled element; the rest [C] f32. A direction leaves the tensors it does not use null.
 struct Args {
   const void* z = nullptr;            // all
   const float* gamma = nullptr;       // bn: fwd, infer, bwd
@@ -105,7 +128,7 @@ struct Args {
 };
 HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: OpenMP loops; CUDA: hotops' fused kernels
 
-// Whether `s` is one the CUDA kernels take (C / 4 divides their 256 threads, k <= 15): "" or why not.
+// Whether `s` is one the CUDA kernels take (k <= 15; NHWC: C / 4 divides their 256 threads): "" or why not.
 std::string cuda_unsupported_reason(const Shape& s);
 
 // The family's problems of this op (benchmark and test), and its work.

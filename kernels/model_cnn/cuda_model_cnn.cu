@@ -31,8 +31,9 @@ using pointwise::DropoutKey;
 
 // ---- kernels ------------------------------------------------------------------------------------
 
-// The batchnorm family's fused-kernel helpers and per-channel stages (kernels/batchnorm/cuda_fused.cuh);
-// its batchnorm_relu_maxpool plan runs the NHWC conv layers that a pool follows.
+// The batchnorm family's fused-kernel helpers and per-channel stages, NHWC and NCHW
+// (kernels/batchnorm/cuda_fused.cuh); its batchnorm_relu_maxpool plan runs the conv layers that a
+// pool follows.
 using namespace batchnorm::cuda_fused;  // NOLINT(build/namespaces): the kernels' helpers
 using models::cast_params;
 using models::narrow;
@@ -136,8 +137,6 @@ __global__ void flip_filter(const float* __restrict__ w, Out* __restrict__ wf, i
   }
 }
 
-// ---- NCHW kernels: scalar, as a channel's P x Q plane is contiguous and P Q need not divide by 4 ----
-
 // The model's parameters keep KRSC; the NCHW convolutions take KCRS: w (KRSC) -> out (KCRS), or back
 // (the weight gradient) with to_krsc; with !kcrs the layout stays (KRSC both sides). In -> Out casts:
 // bf16's per-step copy of the f32 weights, and its bf16 weight gradient into the f32 gradients.
@@ -150,143 +149,6 @@ __global__ void filter_layout(const In* __restrict__ in, Out* __restrict__ out, 
     if (to_krsc) out[krsc] = narrow<Out>(widen(in[i]));
     else out[i] = narrow<Out>(widen(in[krsc]));
   }
-}
-
-// The index of pooled element (n, c, ph, pw): NCHW, or NHWC where the pooled tensor is the flatten's.
-__device__ inline std::int64_t pooled_at(const PoolGeom& g, std::int64_t n, int c, int ph, int pw, bool nhwc) {
-  return nhwc ? ((n * g.PH + ph) * g.PW + pw) * g.C + c : ((n * g.C + c) * g.PH + ph) * static_cast<std::int64_t>(g.PW) + pw;
-}
-
-// a = relu(z * scale + shift) over NCHW z, `plane` pixels a channel (no dropout: it follows pools only).
-template <class T, class O>
-__global__ void act_nchw(const T* __restrict__ z, const float* __restrict__ scale, const float* __restrict__ shift, O* __restrict__ a,
-                         std::int64_t n, int C, int plane) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const int c = static_cast<int>((i / plane) % C);
-    a[i] = narrow<O>(fmaxf(widen(z[i]) * scale[c] + shift[c], 0.f));
-  }
-}
-
-// act_pool for NCHW z, thread per pooled element in NCHW order; the output and its argmax byte at
-// pooled_at(out_nhwc).
-template <class T>
-__global__ void act_pool_nchw(const T* __restrict__ z, const float* __restrict__ scale, const float* __restrict__ shift, T* __restrict__ p,
-                              unsigned char* __restrict__ arg, std::int64_t n, PoolGeom g, Drop drop, bool out_nhwc) {
-  const int period = drop.on ? *drop.period : 1;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const int pw = static_cast<int>(i % g.PW);
-    std::int64_t rest = i / g.PW;
-    const int ph = static_cast<int>(rest % g.PH);
-    rest /= g.PH;
-    const int c = static_cast<int>(rest % g.C);
-    const std::int64_t nn = rest / g.C;
-    const float s = scale[c], t = shift[c];
-    const T* win = z + ((nn * g.C + c) * g.P + ph * g.k) * static_cast<std::int64_t>(g.Q) + pw * g.k;
-    float best = -1.f;
-    unsigned char at = 0;
-    for (int r = 0; r < g.k; ++r)
-      for (int q = 0; q < g.k; ++q) {
-        const float y = fmaxf(widen(win[r * g.Q + q]) * s + t, 0.f);
-        if (y > best) best = y, at = static_cast<unsigned char>(r * g.k + q);
-      }
-    if (drop.on) best *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * g.C + c, nn, period) ? drop.key.scale : 0.f;
-    const std::int64_t o = pooled_at(g, nn, c, ph, pw, out_nhwc);
-    p[o] = narrow<T>(best);
-    arg[o] = at;
-  }
-}
-
-// The per-channel sums of an NCHW layer, block (c, j) of grid (C, blocks) over the samples j, j +
-// blocks, ... into partial[j][2C] (as block_sums):
-//   stats:  s1 = sum (z - K), s2 = sum (z - K)^2, K = the channel's first element of z;
-//   dense:  dy = relu'(z) d, d NCHW as z; s1 = sum dy, s2 = sum dy xhat (batch norm);
-//   pooled: over the pooled pixels; dy at a window's argmax is d (at pooled_at(d_nhwc)) through
-//           dropout and the ReLU.
-// Each thread's sum, then warp shuffles, then the warps in order: deterministic.
-enum class Sum { stats, dense, pooled };
-template <Sum M, class T>
-__global__ void __launch_bounds__(kThreads) reduce_nchw(const T* __restrict__ d, const unsigned char* __restrict__ arg, const T* __restrict__ z,
-                                                        const float* __restrict__ scale, const float* __restrict__ shift,
-                                                        const float* __restrict__ mean, const float* __restrict__ rstd, std::int64_t B, PoolGeom g,
-                                                        Drop drop, bool d_nhwc, float* __restrict__ partial) {
-  const int c = blockIdx.x, C = g.C, j = blockIdx.y, nb = gridDim.y, zplane = g.P * g.Q;
-  const int plane = M == Sum::pooled ? g.PH * g.PW : zplane;
-  const int period = drop.on ? *drop.period : 1;
-  const float s = M == Sum::stats ? 0.f : scale[c], t = M == Sum::stats ? 0.f : shift[c];
-  const float m = mean ? mean[c] : 0.f, rs = rstd ? rstd[c] : 0.f;
-  const float K = M == Sum::stats ? widen(z[static_cast<std::int64_t>(c) * zplane]) : 0.f;
-  float s1 = 0.f, s2 = 0.f;
-  for (std::int64_t n = j; n < B; n += nb) {
-    const T* zc = z + (n * C + c) * zplane;
-    for (int e = threadIdx.x; e < plane; e += blockDim.x) {
-      if (M == Sum::stats) {
-        const float v = widen(zc[e]) - K;
-        s1 += v, s2 += v * v;
-        continue;
-      }
-      float gj, zv;
-      if (M == Sum::dense) {
-        zv = widen(zc[e]), gj = widen(d[(n * C + c) * zplane + e]);
-      } else {
-        const int ph = e / g.PW, pw = e % g.PW;
-        const std::int64_t pi = pooled_at(g, n, c, ph, pw, d_nhwc);
-        const int a = arg[pi];
-        gj = widen(d[pi]);
-        if (drop.on) gj *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + c, n, period) ? drop.key.scale : 0.f;
-        zv = widen(zc[(ph * g.k + a / g.k) * g.Q + pw * g.k + a % g.k]);
-      }
-      const float dy = zv * s + t > 0.f ? gj : 0.f;
-      s1 += dy;
-      if (mean) s2 += dy * (zv - m) * rs;
-    }
-  }
-  for (int o = 16; o > 0; o >>= 1) s1 += __shfl_down_sync(0xffffffffu, s1, o), s2 += __shfl_down_sync(0xffffffffu, s2, o);
-  __shared__ float w1[kThreads / 32], w2[kThreads / 32];
-  if (threadIdx.x % 32 == 0) w1[threadIdx.x / 32] = s1, w2[threadIdx.x / 32] = s2;
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  float a = 0.f, b = 0.f;
-  for (unsigned w = 0; w < blockDim.x / 32; ++w) a += w1[w], b += w2[w];
-  partial[static_cast<std::int64_t>(j) * 2 * C + c] = a;
-  partial[static_cast<std::int64_t>(j) * 2 * C + C + c] = b;
-}
-
-// dz over NCHW z, as dz_pool (Pooled: d is the pooled gradient at pooled_at(d_nhwc)) or dz_dense (d NCHW
-// as z; no dropout).
-template <bool Pooled, class T>
-__global__ void dz_nchw(const T* __restrict__ d, const unsigned char* __restrict__ arg, const T* __restrict__ z, const float* __restrict__ scale,
-                        const float* __restrict__ shift, const float* __restrict__ coef, const float* __restrict__ mean, const float* __restrict__ rstd,
-                        T* __restrict__ dz, std::int64_t n, PoolGeom g, Drop drop, bool d_nhwc) {
-  const int period = drop.on ? *drop.period : 1;
-  const int C = g.C, plane = g.P * g.Q;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const int c = static_cast<int>((i / plane) % C);
-    const float v = widen(z[i]);
-    const bool live = v * scale[c] + shift[c] > 0.f;
-    float dy = 0.f;
-    if (Pooled) {
-      const int e = static_cast<int>(i % plane), h = e / g.Q, w = e % g.Q, ph = h / g.k, pw = w / g.k;
-      if (live && ph < g.PH && pw < g.PW) {
-        const std::int64_t nn = i / (static_cast<std::int64_t>(plane) * C);
-        const std::int64_t pi = pooled_at(g, nn, c, ph, pw, d_nhwc);
-        if (arg[pi] == (h % g.k) * g.k + w % g.k) {
-          dy = widen(d[pi]);
-          if (drop.on) dy *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + c, nn, period) ? drop.key.scale : 0.f;
-        }
-      }
-    } else if (live) {
-      dy = widen(d[i]);
-    }
-    float out = coef[c] * dy;
-    if (mean) out += coef[C + c] + coef[2 * C + c] * (v - mean[c]) * rstd[c];
-    dz[i] = narrow<T>(out);
-  }
-}
-
-
-// NCHW: blocks a channel for reduce_nchw (about 2048 blocks in all, at most one a sample).
-int reduce_blocks_nchw(std::int64_t B, std::int64_t C) {
-  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>({B, 2048 / C, kMaxReduceBlocks})));
 }
 
 // The layout of a case's activations (CudaLayout). `measured`, on the H100 (docs/models.md has the
@@ -613,8 +475,7 @@ class CudaCnn final : public ModelCase {
   void launch_conv_act(const Act* z, const LayerBufs& lb, const ConvLayer& c, O* out) const {
     const std::int64_t n = s_.batch * c.out_count();
     if (!nchw_) return launch_act(z, lb, c.K, out, n, Drop{});
-    act_nchw<<<grid_for(n), kThreads, 0, gpu::stream()>>>(z, lb.scale(), lb.shift(c.K), out, n, dim(c.K), dim(c.P * c.Q));
-    HOTOPS_CHECK_LAUNCH();
+    launch_act_nchw(z, lb.scale(), lb.shift(c.K), out, n, dim(c.K), dim(c.P * c.Q));
   }
 
   // A dense layer's GEMM as a matmul plan over the batch's rows, in the step's dtype (cublasLt, the
@@ -674,8 +535,8 @@ class CudaCnn final : public ModelCase {
       if (conv && nchw_) {
         blocks = reduce_blocks_nchw(s_.batch, C);
         k_stride = conv->P * conv->Q;
-        reduce_nchw<Sum::stats><<<dim3(static_cast<unsigned>(C), static_cast<unsigned>(blocks)), kThreads, 0, st>>>(
-            static_cast<const Act*>(nullptr), nullptr, lb.z.template as<const Act>(), nullptr, nullptr, nullptr, nullptr, s_.batch, geom(*conv), Drop{}, false, partial_.as<float>());
+        launch_reduce_nchw(Sum::stats, static_cast<const Act*>(nullptr), nullptr, lb.z.template as<const Act>(), nullptr, nullptr, nullptr,
+                           nullptr, s_.batch, geom(*conv), Drop{}, false, blocks, partial_.as<float>());
       } else {
         blocks = reduce_blocks(rows, static_cast<int>(C));
         batchnorm::cuda_fused::launch_bn_stats(lb.z.template as<const Act>(), rows, static_cast<int>(C), blocks, partial_.as<float>());
@@ -700,15 +561,18 @@ class CudaCnn final : public ModelCase {
                                                G + ly.b, lb.coef(C));
   }
 
-  // The NHWC conv layers that a pool follows run batchnorm_relu_maxpool's plans (batch norm, or the
-  // bias alone, with ReLU, max-pool and dropout), built here once: fwd (infer) and, to train, bwd.
+  // The conv layers that a pool follows run batchnorm_relu_maxpool's plans (batch norm, or the bias
+  // alone, with ReLU, max-pool and dropout) in the step's layout, built here once: fwd (infer) and, to
+  // train, bwd. NCHW pools the last layer into NHWC, the order the flatten reads.
   void plan_pools() {
     std::size_t stage = 0;
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
       const ConvLayer& c = s_.convs[i];
       std::unique_ptr<relu_maxpool::Plan> fwd, bwd;
-      if (c.pool && !nchw_) {
+      if (c.pool) {
         relu_maxpool::Shape ps;
+        ps.layout = nchw_ ? batchnorm::Layout::nchw : batchnorm::Layout::nhwc;
+        ps.pooled_layout = i + 1 == s_.convs.size() ? batchnorm::Layout::nhwc : ps.layout;
         ps.dir = s_.train() ? Direction::fwd : Direction::infer;
         ps.dtype = s_.dtype, ps.N = s_.batch, ps.C = c.K, ps.H = c.P, ps.W = c.Q, ps.k = c.pool;
         ps.dropout = c.dropout, ps.key = keys_[stage], ps.bn = s_.arch.bn, ps.eps = kBnEps, ps.momentum = kBnMomentum;
@@ -752,8 +616,6 @@ class CudaCnn final : public ModelCase {
     const std::int64_t B = s_.batch, Hd = a.hidden, C = a.classes;
     const bool bn = a.bn;
     float* P = params_.as<float>();
-    std::size_t stage = 0;
-    std::vector<std::size_t> stage_of;
     if constexpr (kBf16) {  // autocast's casts: the dense layers' parameters here, the conv weights just below
       const auto n4 = static_cast<std::int64_t>((l_.total - l_.dense1.w) / 4);
       trace::op("cast");
@@ -770,23 +632,13 @@ class CudaCnn final : public ModelCase {
       cp.fwd->run({input_of(i), weights(i), nullptr, nullptr, lb.z.get(), nullptr});
       if (pool_fwd_[i]) {
         trace::op("bn_relu_maxpool_dropout");
-        stage_of.push_back(stage++);
         pool_fwd_[i]->run(pool_args(i, nullptr));
         continue;
       }
       trace::op(bn ? "batchnorm" : "bias");
       affine(lb, l_.conv[i], c.K, B * c.P * c.Q, &c);
-      stage_of.push_back(stage);
-      trace::op(c.pool ? "bn_relu_maxpool_dropout" : "bn_relu");  // the affine applied, fused with what follows it
-      if (c.pool && nchw_) {
-        const std::int64_t n = B * c.pooled_count();
-        act_pool_nchw<<<grid_for(n), kThreads, 0, st>>>(lb.z.template as<const Act>(), lb.scale(), lb.shift(c.K), lb.out.template as<Act>(),
-                                                        lb.arg.as<unsigned char>(), n, geom(c), drop(stage), i + 1 == s_.convs.size());
-        HOTOPS_CHECK_LAUNCH();
-        ++stage;
-      } else {
-        launch_conv_act(lb.z.template as<const Act>(), lb, c, lb.out.template as<Act>());
-      }
+      trace::op("bn_relu");  // the affine applied, fused with the ReLU
+      launch_conv_act(lb.z.template as<const Act>(), lb, c, lb.out.template as<Act>());
     }
     trace::op("mm");
     const Act* flat = layers_.back().out.template as<const Act>();
@@ -841,30 +693,15 @@ class CudaCnn final : public ModelCase {
       const float4* rstd = bn ? reinterpret_cast<const float4*>(lb.rstd(K)) : nullptr;
       const std::int64_t n4 = B * c.out_count() / 4;
       trace::op(c.pool ? "bn_relu_maxpool_dropout_bwd" : "bn_relu_bwd");
-      if (nchw_) {
+      if (c.pool) {
+        pool_bwd_[i]->run(pool_args(i, dout));
+      } else if (nchw_) {
         const int blocks = reduce_blocks_nchw(B, K);
-        const dim3 grid(static_cast<unsigned>(K), static_cast<unsigned>(blocks));
-        const Drop d = c.pool ? drop(stage_of[i]) : Drop{};
-        const bool last = i + 1 == s_.convs.size();
         const float* m = bn ? lb.mean(K) : nullptr;
         const float* rs = bn ? lb.rstd(K) : nullptr;
-        const std::int64_t n = B * c.out_count();
-        if (c.pool)
-          reduce_nchw<Sum::pooled><<<grid, kThreads, 0, st>>>(dout, lb.arg.as<const unsigned char>(), z, lb.scale(), lb.shift(K),
-                                                              m, rs, B, geom(c), d, last, partial_.as<float>());
-        else
-          reduce_nchw<Sum::dense><<<grid, kThreads, 0, st>>>(dout, nullptr, z, lb.scale(), lb.shift(K), m, rs, B, geom(c), d,
-                                                             false, partial_.as<float>());
-        HOTOPS_CHECK_LAUNCH();
+        launch_reduce_nchw(Sum::dense, dout, nullptr, z, lb.scale(), lb.shift(K), m, rs, B, geom(c), Drop{}, false, blocks, partial_.as<float>());
         finalize(lb, l_.conv[i], K, B * c.P * c.Q, blocks);
-        if (c.pool)
-          dz_nchw<true><<<grid_for(n), kThreads, 0, st>>>(dout, lb.arg.as<const unsigned char>(), z, lb.scale(), lb.shift(K),
-                                                          lb.coef(K), m, rs, dz, n, geom(c), d, last);
-        else
-          dz_nchw<false><<<grid_for(n), kThreads, 0, st>>>(dout, nullptr, z, lb.scale(), lb.shift(K), lb.coef(K), m, rs,
-                                                           dz, n, geom(c), d, false);
-      } else if (c.pool) {
-        pool_bwd_[i]->run(pool_args(i, dout));
+        launch_dz_nchw(false, dout, nullptr, z, lb.scale(), lb.shift(K), lb.coef(K), m, rs, dz, B * c.out_count(), geom(c), Drop{}, false);
       } else {
         const std::int64_t rows = B * c.P * c.Q;
         const int blocks = reduce_blocks(rows, static_cast<int>(K));
