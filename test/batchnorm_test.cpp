@@ -291,18 +291,24 @@ Outputs reference_outputs(const Shape& s, const Inputs& in) {
     std::uint8_t at = 0;
     for (std::int64_t q = s.k * s.k; q-- > 0;)
       if (r.pre(r.window_start(j) + ((q / s.k) * s.W + q % s.k) * s.C) == r.pooled(j)) at = static_cast<std::uint8_t>(q);
-    o.arg.as<std::uint8_t>()[s.pooled_index(j)] = at;
+    if (s.pool) o.arg.as<std::uint8_t>()[s.pooled_index(j)] = at;
   }
   fill(o.scale, r.scale), fill(o.shift, r.shift), fill(o.mean, r.mean), fill(o.rstd, r.rstd);
   fill(o.running_mean, r.running_mean), fill(o.running_var, r.running_var);
   return o;
 }
 
-// Direction, dtype, batch norm, and the layouts: NHWC, NCHW, NCHW pooled into NHWC.
+// Direction, dtype, batch norm, and the op and layouts: batchnorm_relu_maxpool in NHWC, NCHW, NCHW
+// pooled into NHWC (0, 1, 2); batchnorm_relu in NC, NHWC, NCHW (3, 4, 5; NCHW without dropout).
 class ReluMaxpoolVerify : public testing::TestWithParam<std::tuple<Direction, DType, bool, int>> {};
 
 Shape fused_layouts(Direction d, DType t, bool bn, int layouts) {
-  return fused(d, t, bn, layouts == 0 ? Layout::nhwc : Layout::nchw, layouts == 2 ? Layout::nhwc : Layout::nchw);
+  if (layouts < 3) return fused(d, t, bn, layouts == 0 ? Layout::nhwc : Layout::nchw, layouts == 2 ? Layout::nhwc : Layout::nchw);
+  Shape s = fused(d, t, bn, layouts == 3 ? Layout::nc : layouts == 4 ? Layout::nhwc : Layout::nchw);
+  s.pool = false, s.k = 1, s.pooled_layout = s.layout;
+  if (s.layout == Layout::nc) s.N = 9, s.C = 12, s.H = s.W = 1;
+  if (s.layout == Layout::nchw) s.dropout = 0;
+  return s;
 }
 
 TEST_P(ReluMaxpoolVerify, AcceptsTheReferenceAndRejectsPlantedErrors) {
@@ -338,8 +344,10 @@ TEST_P(ReluMaxpoolVerify, AcceptsTheReferenceAndRejectsPlantedErrors) {
     return;
   }
   Outputs bad = good;  // an argmax byte past the window
-  bad.arg.as<std::uint8_t>()[4] = static_cast<std::uint8_t>(s.k * s.k);
-  EXPECT_FALSE(verify(s, in, bad).ok);
+  if (s.pool) {
+    bad.arg.as<std::uint8_t>()[4] = static_cast<std::uint8_t>(s.k * s.k);
+    EXPECT_FALSE(verify(s, in, bad).ok);
+  }
   bad = good;  // the shift of one channel off by 1%
   bad.shift.set(1, bad.shift.get(1) * 1.01 + 0.01);
   EXPECT_FALSE(verify(s, in, bad).ok);
@@ -353,7 +361,7 @@ TEST_P(ReluMaxpoolVerify, AcceptsTheReferenceAndRejectsPlantedErrors) {
 
 INSTANTIATE_TEST_SUITE_P(AllDirections, ReluMaxpoolVerify,
                          testing::Combine(testing::Values(Direction::fwd, Direction::infer, Direction::bwd),
-                                          testing::Values(DType::f32, DType::bf16), testing::Bool(), testing::Values(0, 1, 2)));
+                                          testing::Values(DType::f32, DType::bf16), testing::Bool(), testing::Range(0, 6)));
 
 // The CPU plan's tensors of one direction on host buffers (fwd's running statistics start from the
 // inputs' values and are updated in place).
@@ -363,14 +371,14 @@ Args host_args(const Shape& s, Inputs& in, Outputs& out) {
   a.gamma = in.gamma.as<float>();
   a.period = in.period.as<int>();
   if (s.dir == Direction::bwd) {
-    a.dout = in.dout.data(), a.arg = in.arg.as<std::uint8_t>();
+    a.dout = in.dout.data(), a.arg = s.pool ? in.arg.as<std::uint8_t>() : nullptr;
     a.scale = in.scale.as<float>(), a.shift = in.shift.as<float>(), a.mean = in.mean.as<float>(), a.rstd = in.rstd.as<float>();
     a.dz = out.dz.data(), a.dgamma = out.dgamma.as<float>(), a.dbeta = out.dbeta.as<float>(), a.dbias = out.dbias.as<float>();
     for (HostBuffer* h : {&out.dz, &out.dgamma, &out.dbeta, &out.dbias}) h->poison();
     return a;
   }
   a.beta = in.beta.as<float>(), a.bias = in.bias.as<float>();
-  a.out = out.out.data(), a.arg = out.arg.as<std::uint8_t>();
+  a.out = out.out.data(), a.arg = s.pool ? out.arg.as<std::uint8_t>() : nullptr;
   a.scale = out.scale.as<float>(), a.shift = out.shift.as<float>();
   for (HostBuffer* h : {&out.out, &out.arg, &out.scale, &out.shift}) h->poison();
   if (s.dir == Direction::infer) {
@@ -387,7 +395,7 @@ Args host_args(const Shape& s, Inputs& in, Outputs& out) {
 // One CPU plan per direction (with and without batch norm, in each layout), run on two sets of
 // caller-owned tensors in turn: each set's outputs are those of its own inputs.
 TEST(BatchnormReluMaxpool, PlanRunsOnTheTensorsItIsGivenEachRun) {
-  for (int layouts : {0, 1, 2})
+  for (int layouts = 0; layouts < 6; ++layouts)
     for (bool bn : {true, false})
       for (Direction d : {Direction::fwd, Direction::infer, Direction::bwd}) {
         const Shape s = fused_layouts(d, DType::f32, bn, layouts);
@@ -406,6 +414,14 @@ TEST(BatchnormReluMaxpool, NamesFollowTheScheme) {
   for (const Problem& p : benchmark_problems({}))
     if (p.name() == "batchnorm_relu_maxpool/cuda/bf16/bwd/shape:keras_cnn.bn0/layout:nhwc/batch:32/C:32/H:256/W:256/pool:3/dropout:0.25")
       found = true;
+  EXPECT_TRUE(found);
+  found = false;
+  for (const Problem& p : benchmark_problems({}))
+    if (p.name() == "batchnorm_relu/cpu/bf16/bwd/shape:keras_cnn.dense_bn/layout:nc/batch:1024/C:1024/dropout:0.5") {
+      found = true;
+      EXPECT_FALSE(shape_of(p).pool);
+      EXPECT_EQ(shape_of(p).H * shape_of(p).W, 1);
+    }
   EXPECT_TRUE(found);
   found = false;
   for (const Problem& p : benchmark_problems({}))

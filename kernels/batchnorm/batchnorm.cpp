@@ -88,8 +88,8 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
       }
 }
 
-// The family's ops: batchnorm, and batchnorm_relu_maxpool (relu_maxpool.h).
-bool is_relu_maxpool(const Problem& p) { return p.op == relu_maxpool::kOp; }
+// The family's ops: batchnorm, and batchnorm_relu_maxpool and batchnorm_relu (relu_maxpool.h).
+bool is_relu_maxpool(const Problem& p) { return relu_maxpool::is_op(p); }
 
 std::unique_ptr<Case> make_case(const Problem& p) {
   return is_relu_maxpool(p) ? relu_maxpool::make_case(p) : make_plan_case<Op>(p);

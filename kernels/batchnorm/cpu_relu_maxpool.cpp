@@ -1,7 +1,7 @@
-// batchnorm_relu_maxpool on the CPU: OpenMP loops over the rows (n, h, w), channels innermost (NHWC
-// contiguous, NCHW strided by a plane). The batch
-// statistics are per-thread double sums shifted by each channel's first value, added in thread
-// order; the activations are f32 math over f32 or bf16 storage.
+// batchnorm_relu_maxpool and batchnorm_relu on the CPU: OpenMP loops over the rows (n, h, w),
+// channels innermost (NHWC contiguous, NCHW strided by a plane). The batch statistics are per-thread
+// double sums shifted by each channel's first value, added in thread order; the activations are f32
+// math over f32 or bf16 storage.
 #include <omp.h>
 
 #include <algorithm>
@@ -120,7 +120,7 @@ class CpuReluMaxpool final : public Plan {
   }
 
   // Each pooled row (n, ph, pw): the first maximum of relu(z scale + shift) over the window, its
-  // index, then dropout.
+  // index, then dropout (without the pool, k = 1: relu(z scale + shift), then dropout).
   void pool(const Args& a) const {
     const T* z = static_cast<const T*>(a.z);
     T* out = static_cast<T*>(a.out);
@@ -139,7 +139,7 @@ class CpuReluMaxpool final : public Plan {
             if (y > best) best = y, at = static_cast<std::uint8_t>(i * k + j);
           }
         out[o + c * pcs_] = store<T>(best * drop(a, n, (ph * PW + pw) * C + c));
-        a.arg[o + c * pcs_] = at;
+        if (s_.pool) a.arg[o + c * pcs_] = at;
       }
     }
   }
@@ -149,7 +149,7 @@ class CpuReluMaxpool final : public Plan {
     const std::int64_t k = s_.k, ph = h / k, pw = w / k;
     if (ph >= s_.PH() || pw >= s_.PW() || !(zv * a.scale[c] + a.shift[c] > 0.f)) return 0.f;
     const std::int64_t j = pooled_row((n * s_.PH() + ph) * s_.PW() + pw) + c * pcs_;
-    if (a.arg[j] != (h % k) * k + w % k) return 0.f;
+    if (s_.pool && a.arg[j] != (h % k) * k + w % k) return 0.f;
     return load(static_cast<const T*>(a.dout)[j]) * drop(a, n, (ph * s_.PW() + pw) * s_.C + c);
   }
 
@@ -163,7 +163,7 @@ class CpuReluMaxpool final : public Plan {
       const std::int64_t pw = r % PW, ph = (r / PW) % PH, n = r / (PW * PH);
       const std::int64_t o = pooled_row(r);
       for (std::int64_t c = 0; c < C; ++c) {
-        const std::int64_t q = a.arg[o + c * pcs_], h = ph * k + q / k, w = pw * k + q % k;
+        const std::int64_t q = s_.pool ? a.arg[o + c * pcs_] : 0, h = ph * k + q / k, w = pw * k + q % k;
         const float zv = load(z[z_row((n * s_.H + h) * s_.W + w) + c * cs_]);
         const float d = dy(a, n, h, w, c, zv);
         x1[c] += d;

@@ -99,6 +99,10 @@ template <class T>
 void launch_bn_finalize(const float* partial, int blocks, int C, double M, const T* K, std::int64_t k_stride, const float* gamma,
                         const float* beta, const float* bias, float* run_mean, float* run_var, float* scale, float* shift, float* mean,
                         float* rstd, double eps, double momentum);
+// a = relu(z * scale + shift) over n4 vectors of rows of C (C4 = C / 4 vectors); with dropout (per4
+// vectors a sample) a *= keep ? scale : 0. O: a's storage.
+template <class T, class O>
+void launch_act(const T* z, const float* scale, const float* shift, O* a, std::int64_t n4, int C4, Drop drop, std::int64_t per4);
 // The affine from the running statistics (infer), or the bias alone (gamma null).
 void launch_affine_prep(int C, const float* bias, const float* gamma, const float* beta, const float* run_mean, const float* run_var,
                         float* scale, float* shift, double eps);

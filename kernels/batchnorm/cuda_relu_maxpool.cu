@@ -1,5 +1,6 @@
-// batchnorm_relu_maxpool on CUDA: hotops' fused kernels of a convnet layer in NHWC, each thread 4
-// channels of a row. fwd (training): bn_stats (per-block channel sums), bn_finalize (the statistics,
+// batchnorm_relu_maxpool and batchnorm_relu on CUDA: hotops' fused kernels of a convnet (or dense)
+// layer in NHWC, each thread 4 channels of a row. batchnorm_relu runs act, reduce_dense and dz_dense
+// where the pooled op runs act_pool, reduce_pool and dz_pool. fwd (training): bn_stats (per-block channel sums), bn_finalize (the statistics,
 // the affine and the running update in double), act_pool (affine, ReLU, the window's first maximum
 // and its index, dropout); infer: affine_prep, act_pool. bwd: reduce_pool (the sums of dy and
 // dy xhat over the windows' maxima), finalize_bwd (dgamma, dbeta and dz's coefficients), dz_pool.
@@ -235,6 +236,84 @@ __global__ void dz_pool(const T* __restrict__ dp, const uchar4* __restrict__ arg
   }
 }
 
+// a = relu(z * scale + shift) over n4 vectors of rows of C (C4 = C / 4 vectors); with dropout (per4
+// vectors per sample) a *= keep ? scale : 0.
+// T: z's storage, O: a's (the verification's hints are f32 whatever T is).
+template <class T, class O>
+__global__ void act(const T* __restrict__ z, const float4* __restrict__ scale, const float4* __restrict__ shift, O* __restrict__ a,
+                    std::int64_t n4, int C4, Drop drop, std::int64_t per4) {
+  const int period = drop.on ? *drop.period : 1;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const int c4 = static_cast<int>(i % C4);
+    const float4 v = load4(z, i), s = scale[c4], t = shift[c4];
+    float4 y = make_float4(fmaxf(v.x * s.x + t.x, 0.f), fmaxf(v.y * s.y + t.y, 0.f), fmaxf(v.z * s.z + t.z, 0.f), fmaxf(v.w * s.w + t.w, 0.f));
+    if (drop.on) {
+      const std::int64_t b = i / per4, e = (i % per4) * 4;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) lane(y, j) *= keep(drop.key, e + j, b, period) ? drop.key.scale : 0.f;
+    }
+    store4(a, i, y);
+  }
+}
+
+// Stage 1 for an unpooled layer (rows x C, every element): dy = relu'(z) * da (through dropout when on,
+// per4 vectors per sample).
+template <class T>
+__global__ void __launch_bounds__(kThreads) reduce_dense(const T* __restrict__ da, const T* __restrict__ z, const float4* __restrict__ scale,
+                                                         const float4* __restrict__ shift, const float4* __restrict__ mean,
+                                                         const float4* __restrict__ rstd, std::int64_t rows, int C, Drop drop,
+                                                         std::int64_t per4, float* __restrict__ partial) {
+  const int tpr = C / 4, rpi = blockDim.x / tpr, c4 = threadIdx.x % tpr, r0 = threadIdx.x / tpr;
+  const int period = drop.on ? *drop.period : 1;
+  float4 s1 = make_float4(0, 0, 0, 0), s2 = s1;
+  if (r0 < rpi) {
+    const float4 s = scale[c4], t = shift[c4];
+    const float4 m = mean ? mean[c4] : s1, rs = rstd ? rstd[c4] : s1;
+    for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * rpi + r0; r < rows; r += static_cast<std::int64_t>(gridDim.x) * rpi) {
+      const std::int64_t i = r * tpr + c4;
+      const float4 v = load4(z, i), d = load4(da, i);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float gj = lane(d, j);
+        if (drop.on) gj *= keep(drop.key, (i % per4) * 4 + j, i / per4, period) ? drop.key.scale : 0.f;
+        const float dy = lane(v, j) * lane(s, j) + lane(t, j) > 0.f ? gj : 0.f;
+        lane(s1, j) += dy;
+        lane(s2, j) += dy * (lane(v, j) - lane(m, j)) * lane(rs, j);
+      }
+    }
+  }
+  block_sums(s1, s2, C, c4, r0, rpi, partial);
+}
+
+// dz for an unpooled layer: dy = relu'(z) da (through dropout when on); dz = A dy + b0 + c0 xhat or dy.
+template <class T>
+__global__ void dz_dense(const T* __restrict__ da, const T* __restrict__ z, const float4* __restrict__ scale, const float4* __restrict__ shift,
+                         const float* __restrict__ coef, const float4* __restrict__ mean, const float4* __restrict__ rstd,
+                         T* __restrict__ dz, std::int64_t n4, int C, Drop drop, std::int64_t per4) {
+  const int period = drop.on ? *drop.period : 1;
+  const int C4 = C / 4;
+  const float4* A = reinterpret_cast<const float4*>(coef);
+  const float4* B0 = reinterpret_cast<const float4*>(coef + C);
+  const float4* C0 = reinterpret_cast<const float4*>(coef + 2 * C);
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const int c4 = static_cast<int>(i % C4);
+    const float4 v = load4(z, i), d = load4(da, i), s = scale[c4], t = shift[c4], a = A[c4];
+    float4 out;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float gj = lane(d, j);
+      if (drop.on) gj *= keep(drop.key, (i % per4) * 4 + j, i / per4, period) ? drop.key.scale : 0.f;
+      lane(out, j) = lane(a, j) * (lane(v, j) * lane(s, j) + lane(t, j) > 0.f ? gj : 0.f);
+    }
+    if (mean) {
+      const float4 b0 = B0[c4], c0 = C0[c4], m = mean[c4], rs = rstd[c4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) lane(out, j) += lane(b0, j) + lane(c0, j) * (lane(v, j) - lane(m, j)) * lane(rs, j);
+    }
+    store4(dz, i, out);
+  }
+}
+
 }  // namespace
 
 template <class T>
@@ -265,6 +344,16 @@ void launch_finalize_bwd(const float* partial, int blocks, int C, double M, cons
   HOTOPS_CHECK_LAUNCH();
 }
 
+template <class T, class O>
+void launch_act(const T* z, const float* scale, const float* shift, O* a, std::int64_t n4, int C4, Drop drop, std::int64_t per4) {
+  act<<<grid_for(n4), kThreads, 0, gpu::stream()>>>(z, reinterpret_cast<const float4*>(scale), reinterpret_cast<const float4*>(shift), a, n4, C4,
+                                                    drop, per4);
+  HOTOPS_CHECK_LAUNCH();
+}
+
+template void launch_act<float, float>(const float*, const float*, const float*, float*, std::int64_t, int, Drop, std::int64_t);
+template void launch_act<bf16, bf16>(const bf16*, const float*, const float*, bf16*, std::int64_t, int, Drop, std::int64_t);
+template void launch_act<bf16, float>(const bf16*, const float*, const float*, float*, std::int64_t, int, Drop, std::int64_t);
 template void launch_bn_stats<float>(const float*, std::int64_t, int, int, float*);
 template void launch_bn_stats<bf16>(const bf16*, std::int64_t, int, int, float*);
 template void launch_bn_finalize<float>(const float*, int, int, double, const float*, std::int64_t, const float*, const float*,
@@ -301,7 +390,9 @@ class CudaReluMaxpool final : public Plan {
     forward(a);
   }
   std::string label() const override {
-    if (nchw()) return "hotops fused NCHW kernels (reduce_nchw, bn_finalize, act_pool_nchw; reduce_nchw, finalize_bwd, dz_nchw)";
+    if (nchw() && s_.pool) return "hotops fused NCHW kernels (reduce_nchw, bn_finalize, act_pool_nchw; reduce_nchw, finalize_bwd, dz_nchw)";
+    if (nchw()) return "hotops fused NCHW kernels (reduce_nchw, bn_finalize, act_nchw; reduce_nchw, finalize_bwd, dz_nchw)";
+    if (!s_.pool) return "hotops fused kernels (bn_stats, bn_finalize, act; reduce_dense, finalize_bwd, dz_dense)";
     return "hotops fused kernels (bn_stats, bn_finalize, act_pool; reduce_pool, finalize_bwd, dz_pool)";
   }
 
@@ -310,67 +401,94 @@ class CudaReluMaxpool final : public Plan {
   bool nchw() const { return s_.layout == Layout::nchw; }
   bool pooled_nhwc() const { return s_.pooled_layout == Layout::nhwc; }
 
-  void forward(const Args& a) {
-    cudaStream_t st = gpu::stream();
+  // scale and shift: from the batch statistics (which also update the running ones), or affine_prep.
+  void affine(const Args& a) {
     const int C = dim(s_.C);
     const T* z = static_cast<const T*>(a.z);
-    if (s_.bn && s_.dir == Direction::fwd) {
-      const std::int64_t rows = s_.N * s_.H * s_.W;
-      const int blocks = nchw() ? reduce_blocks_nchw(s_.N, C) : reduce_blocks(rows, C);
-      if (nchw())
-        launch_reduce_nchw<T>(Sum::stats, nullptr, nullptr, z, nullptr, nullptr, nullptr, nullptr, s_.N, geom_, Drop{}, false, blocks,
-                              partial_.as<float>());
-      else
-        launch_bn_stats(z, rows, C, blocks, partial_.as<float>());
-      launch_bn_finalize(partial_.as<const float>(), blocks, C, static_cast<double>(rows), z, nchw() ? s_.H * s_.W : 1, a.gamma, a.beta,
-                         a.bias, a.running_mean, a.running_var, a.scale, a.shift, a.mean, a.rstd, s_.eps, s_.momentum);
-    } else {
-      launch_affine_prep(C, a.bias, s_.bn ? a.gamma : nullptr, s_.bn ? a.beta : nullptr, s_.bn ? a.running_mean : nullptr,
-                         s_.bn ? a.running_var : nullptr, a.scale, a.shift, s_.eps);
-    }
+    if (!s_.bn || s_.dir != Direction::fwd)
+      return launch_affine_prep(C, a.bias, s_.bn ? a.gamma : nullptr, s_.bn ? a.beta : nullptr, s_.bn ? a.running_mean : nullptr,
+                                s_.bn ? a.running_var : nullptr, a.scale, a.shift, s_.eps);
+    const std::int64_t rows = s_.N * s_.H * s_.W;
+    const int blocks = nchw() ? reduce_blocks_nchw(s_.N, C) : reduce_blocks(rows, C);
     if (nchw())
-      return launch_act_pool_nchw(z, a.scale, a.shift, static_cast<T*>(a.out), a.arg, s_.pooled(), geom_, drop(a), pooled_nhwc());
+      launch_reduce_nchw<T>(Sum::stats, nullptr, nullptr, z, nullptr, nullptr, nullptr, nullptr, s_.N, geom_, Drop{}, false, blocks,
+                            partial_.as<float>());
+    else
+      launch_bn_stats(z, rows, C, blocks, partial_.as<float>());
+    launch_bn_finalize(partial_.as<const float>(), blocks, C, static_cast<double>(rows), z, nchw() ? s_.H * s_.W : 1, a.gamma, a.beta, a.bias,
+                       a.running_mean, a.running_var, a.scale, a.shift, a.mean, a.rstd, s_.eps, s_.momentum);
+  }
+
+  void forward(const Args& a) {
+    affine(a);
+    const T* z = static_cast<const T*>(a.z);
+    T* out = static_cast<T*>(a.out);
+    const int C = dim(s_.C);
+    if (nchw() && s_.pool) return launch_act_pool_nchw(z, a.scale, a.shift, out, a.arg, s_.pooled(), geom_, drop(a), pooled_nhwc());
+    if (nchw()) return launch_act_nchw(z, a.scale, a.shift, out, s_.count(), C, dim(s_.H * s_.W));
+    if (!s_.pool) return launch_act(z, a.scale, a.shift, out, s_.count() / 4, C / 4, drop(a), per4());
     const std::int64_t n4 = s_.pooled() / 4;
-    act_pool<<<grid_for(n4), kThreads, 0, st>>>(z, reinterpret_cast<const float4*>(a.scale), reinterpret_cast<const float4*>(a.shift),
-                                                static_cast<T*>(a.out), reinterpret_cast<uchar4*>(a.arg), n4, geom_, drop(a));
+    act_pool<<<grid_for(n4), kThreads, 0, gpu::stream()>>>(z, reinterpret_cast<const float4*>(a.scale), reinterpret_cast<const float4*>(a.shift),
+                                                           out, reinterpret_cast<uchar4*>(a.arg), n4, geom_, drop(a));
     HOTOPS_CHECK_LAUNCH();
   }
 
+  // Stage 1, the per-channel sums of dy and dy xhat into partial_ (returns its blocks); stage 2,
+  // finalize_bwd; stage 3, dz over z.
   void backward(const Args& a) {
-    cudaStream_t st = gpu::stream();
+    const Drop d = drop(a);
+    const int blocks = nchw() ? sums_nchw(a, d) : sums(a, d);
+    launch_finalize_bwd(partial_.as<const float>(), blocks, dim(s_.C), static_cast<double>(s_.N * s_.H * s_.W), s_.bn ? a.gamma : nullptr,
+                        a.rstd, s_.bn ? a.dgamma : nullptr, s_.bn ? a.dbeta : nullptr, a.dbias, coef_.as<float>());
+    if (nchw()) return dz_nchw(a, d);
+    const T* z = static_cast<const T*>(a.z);
+    const T* dout = static_cast<const T*>(a.dout);
+    const auto* scale = reinterpret_cast<const float4*>(a.scale);
+    const auto* shift = reinterpret_cast<const float4*>(a.shift);
+    const float4* mean = s_.bn ? reinterpret_cast<const float4*>(a.mean) : nullptr;
+    const float4* rstd = s_.bn ? reinterpret_cast<const float4*>(a.rstd) : nullptr;
+    const std::int64_t n4 = s_.count() / 4;
+    if (s_.pool)
+      dz_pool<<<grid_for(n4), kThreads, 0, gpu::stream()>>>(dout, reinterpret_cast<const uchar4*>(a.arg), z, scale, shift, coef_.as<const float>(),
+                                                            mean, rstd, static_cast<T*>(a.dz), n4, geom_, d);
+    else
+      dz_dense<<<grid_for(n4), kThreads, 0, gpu::stream()>>>(dout, z, scale, shift, coef_.as<const float>(), mean, rstd, static_cast<T*>(a.dz), n4,
+                                                             dim(s_.C), d, per4());
+    HOTOPS_CHECK_LAUNCH();
+  }
+
+  // NHWC stage 1: over the pooled rows (each window's argmax), or every row of z.
+  int sums(const Args& a, const Drop& d) {
     const int C = dim(s_.C);
     const T* z = static_cast<const T*>(a.z);
     const T* dout = static_cast<const T*>(a.dout);
-    const uchar4* arg = reinterpret_cast<const uchar4*>(a.arg);
-    const Drop d = drop(a);
-    if (nchw()) return backward_nchw(a, d);
     const std::int64_t rows = s_.N * s_.PH() * s_.PW();
     const int blocks = reduce_blocks(rows, C);
-    reduce_pool<<<blocks, kThreads, 0, st>>>(dout, arg, z, a.scale, a.shift, s_.bn ? a.mean : nullptr, s_.bn ? a.rstd : nullptr, rows, geom_,
-                                             d, partial_.as<float>());
+    if (s_.pool)
+      reduce_pool<<<blocks, kThreads, 0, gpu::stream()>>>(dout, reinterpret_cast<const uchar4*>(a.arg), z, a.scale, a.shift, s_.bn ? a.mean : nullptr,
+                                                          s_.bn ? a.rstd : nullptr, rows, geom_, d, partial_.as<float>());
+    else
+      reduce_dense<<<blocks, kThreads, 0, gpu::stream()>>>(dout, z, reinterpret_cast<const float4*>(a.scale), reinterpret_cast<const float4*>(a.shift),
+                                                           s_.bn ? reinterpret_cast<const float4*>(a.mean) : nullptr,
+                                                           s_.bn ? reinterpret_cast<const float4*>(a.rstd) : nullptr, rows, C, d, per4(),
+                                                           partial_.as<float>());
     HOTOPS_CHECK_LAUNCH();
-    launch_finalize_bwd(partial_.as<const float>(), blocks, C, static_cast<double>(s_.N * s_.H * s_.W), s_.bn ? a.gamma : nullptr, a.rstd,
-                        s_.bn ? a.dgamma : nullptr, s_.bn ? a.dbeta : nullptr, a.dbias, coef_.as<float>());
-    const std::int64_t n4 = s_.count() / 4;
-    dz_pool<<<grid_for(n4), kThreads, 0, st>>>(dout, arg, z, reinterpret_cast<const float4*>(a.scale), reinterpret_cast<const float4*>(a.shift),
-                                               coef_.as<const float>(), s_.bn ? reinterpret_cast<const float4*>(a.mean) : nullptr,
-                                               s_.bn ? reinterpret_cast<const float4*>(a.rstd) : nullptr, static_cast<T*>(a.dz), n4, geom_, d);
-    HOTOPS_CHECK_LAUNCH();
+    return blocks;
   }
 
-  // NCHW: the sums over the channel's windows' maxima, the per-channel stage, dz over z.
-  void backward_nchw(const Args& a, const Drop& d) {
-    const int C = dim(s_.C), blocks = reduce_blocks_nchw(s_.N, C);
-    const T* z = static_cast<const T*>(a.z);
-    const T* dout = static_cast<const T*>(a.dout);
-    const float* mean = s_.bn ? a.mean : nullptr;
-    const float* rstd = s_.bn ? a.rstd : nullptr;
-    launch_reduce_nchw(Sum::pooled, dout, a.arg, z, a.scale, a.shift, mean, rstd, s_.N, geom_, d, pooled_nhwc(), blocks, partial_.as<float>());
-    launch_finalize_bwd(partial_.as<const float>(), blocks, C, static_cast<double>(s_.N * s_.H * s_.W), s_.bn ? a.gamma : nullptr, a.rstd,
-                        s_.bn ? a.dgamma : nullptr, s_.bn ? a.dbeta : nullptr, a.dbias, coef_.as<float>());
-    launch_dz_nchw(true, dout, a.arg, z, a.scale, a.shift, coef_.as<const float>(), mean, rstd, static_cast<T*>(a.dz), s_.count(), geom_, d,
-                   pooled_nhwc());
+  // NCHW stage 1 (a block a channel and sample stride) and stage 3.
+  int sums_nchw(const Args& a, const Drop& d) {
+    const int blocks = reduce_blocks_nchw(s_.N, dim(s_.C));
+    launch_reduce_nchw(s_.pool ? Sum::pooled : Sum::dense, static_cast<const T*>(a.dout), a.arg, static_cast<const T*>(a.z), a.scale, a.shift,
+                       s_.bn ? a.mean : nullptr, s_.bn ? a.rstd : nullptr, s_.N, geom_, d, pooled_nhwc(), blocks, partial_.as<float>());
+    return blocks;
   }
+  void dz_nchw(const Args& a, const Drop& d) {
+    launch_dz_nchw(s_.pool, static_cast<const T*>(a.dout), a.arg, static_cast<const T*>(a.z), a.scale, a.shift, coef_.as<const float>(),
+                   s_.bn ? a.mean : nullptr, s_.bn ? a.rstd : nullptr, static_cast<T*>(a.dz), s_.count(), geom_, d, pooled_nhwc());
+  }
+
+  std::int64_t per4() const { return s_.H * s_.W * s_.C / 4; }  // NHWC: the 4-vectors of a sample
 
   Shape s_;
   PoolGeom geom_;

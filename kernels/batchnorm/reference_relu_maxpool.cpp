@@ -111,7 +111,7 @@ double Reference::dy(std::int64_t i) const {
   if (ph >= s_.PH() || pw >= s_.PW()) return 0;
   const std::int64_t j = ((n * s_.PH() + ph) * s_.PW() + pw) * s_.C + c;
   const auto js = static_cast<std::size_t>(s_.pooled_index(j));
-  if (in_.arg.as<std::uint8_t>()[js] != (h % s_.k) * s_.k + w % s_.k) return 0;
+  if (s_.pool && in_.arg.as<std::uint8_t>()[js] != (h % s_.k) * s_.k + w % s_.k) return 0;
   const auto cc = static_cast<std::size_t>(c);
   if (!(z(i) * in_.scale.get(cc) + in_.shift.get(cc) > 0)) return 0;
   return in_.dout.get(js) * keep(j);

@@ -2,7 +2,9 @@
 //
 // Names: batchnorm_relu_maxpool/<cpu|cuda>/<f32|bf16>/<fwd|infer|bwd>/shape:<model.layer>/layout:<nhwc|nchw>/
 // batch:N/C:C/H:H/W:W/pool:k/dropout:p, H and W those of z (the conv's output); layout:nchw names end
-// /pooled:<nchw|nhwc>, the pooled tensors' layout.
+// /pooled:<nchw|nhwc>, the pooled tensors' layout. batchnorm_relu/<cpu|cuda>/<f32|bf16>/<fwd|infer|bwd>/
+// shape:<model.layer>/layout:<nc|nhwc|nchw>/batch:N/C:C[/H:H/W:W]/dropout:p (nc: a dense layer's
+// [N, C]; nchw: no dropout).
 #include "kernels/batchnorm/relu_maxpool.h"
 
 #include <algorithm>
@@ -43,7 +45,7 @@ struct Op {
     if (s.drops()) a.period = static_cast<const int*>(b.indices(in.period));
     if (s.dir == Direction::bwd) {
       a.dout = b.in(in.dout);
-      a.arg = static_cast<std::uint8_t*>(const_cast<void*>(b.indices(in.arg)));
+      if (s.pool) a.arg = static_cast<std::uint8_t*>(const_cast<void*>(b.indices(in.arg)));
       a.scale = read(in.scale), a.shift = read(in.shift), a.mean = read(in.mean), a.rstd = read(in.rstd);
       a.dz = b.out(out.dz);
       a.dgamma = write(out.dgamma), a.dbeta = write(out.dbeta), a.dbias = write(out.dbias);
@@ -52,7 +54,7 @@ struct Op {
     a.beta = static_cast<const float*>(b.in(in.beta));
     a.bias = static_cast<const float*>(b.in(in.bias));
     a.out = b.out(out.out);
-    a.arg = static_cast<std::uint8_t*>(b.out(out.arg));
+    if (s.pool) a.arg = static_cast<std::uint8_t*>(b.out(out.arg));
     a.scale = write(out.scale), a.shift = write(out.shift);
     if (s.dir == Direction::infer) {
       a.running_mean = read(in.running_mean), a.running_var = read(in.running_var);
@@ -75,10 +77,19 @@ std::vector<Arg> dims(const std::string& shape, Layout layout, std::int64_t batc
   return a;
 }
 
-void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
+// batchnorm_relu's: nc has no H and W.
+std::vector<Arg> relu_dims(const std::string& shape, Layout layout, std::int64_t batch, std::int64_t C, std::int64_t H, std::int64_t W,
+                           const char* dropout) {
+  std::vector<Arg> a{{"shape", shape}, {"layout", layout_name(layout)}, {"batch", std::to_string(batch)}, {"C", std::to_string(C)}};
+  if (layout != Layout::nc) a.push_back({"H", std::to_string(H)}), a.push_back({"W", std::to_string(W)});
+  a.push_back({"dropout", dropout});
+  return a;
+}
+
+void expand(const std::vector<Arg>& args, std::vector<Problem>& out, const char* op = kOp) {
   for (Backend b : {Backend::cpu, Backend::cuda})
     for (DType t : {DType::f32, DType::bf16})
-      for (Direction d : {Direction::fwd, Direction::infer, Direction::bwd}) out.push_back(Problem{kOp, b, t, d, args});
+      for (Direction d : {Direction::fwd, Direction::infer, Direction::bwd}) out.push_back(Problem{op, b, t, d, args});
 }
 
 // The keras_cnn layers whose conv is followed by batch norm, ReLU, a pool and dropout (model_cnn's
@@ -97,27 +108,53 @@ constexpr Layer kLayers[] = {
     {"keras_cnn.bn3", 128, 42, 42, 2, "0.25", Layout::nhwc},
 };
 
+// The keras_cnn layers whose batch norm and ReLU no pool follows, batchnorm_relu's: the dense layer's
+// (dropout 0.5; the batchnorm family's batches), and the convs that another conv follows (conv2d_1 and
+// conv2d_3, the batchnorm family's keras_cnn.bn1 and bn3) in NHWC and NCHW.
+struct ReluLayer {
+  const char* name;
+  Layout layout;
+  std::int64_t C, H, W;
+  const char* dropout;
+  std::vector<std::int64_t> batches;
+};
+const std::vector<ReluLayer>& relu_layers() {
+  static const std::vector<ReluLayer> layers = {
+      {"keras_cnn.dense_bn", Layout::nc, 1024, 1, 1, "0.5", {32, 1024}},
+      {"keras_cnn.bn1", Layout::nhwc, 64, 85, 85, "0", {32}},
+      {"keras_cnn.bn3", Layout::nhwc, 128, 42, 42, "0", {32}},
+      {"keras_cnn.bn1", Layout::nchw, 64, 85, 85, "0", {32}},
+      {"keras_cnn.bn3", Layout::nchw, 128, 42, 42, "0", {32}},
+  };
+  return layers;
+}
+
 Layout layout_arg(const Problem& p, const std::string& key) {
   const std::string& l = p.get(key);
   if (l == "nhwc") return Layout::nhwc;
   if (l == "nchw") return Layout::nchw;
-  throw Error(std::string(kOp) + " takes " + key + " nhwc or nchw, not '" + l + "': " + p.name());
+  if (l == "nc" && p.op == kReluOp && key == "layout") return Layout::nc;
+  throw Error(p.op + " takes " + key + " nhwc or nchw" + (p.op == kReluOp ? " or nc" : "") + ", not '" + l + "': " + p.name());
 }
 
 }  // namespace
 
 Shape shape_of(const Problem& p) {
-  HOTOPS_CHECK(p.op == kOp, std::string("not a ") + kOp + " problem: " + p.name());
-  HOTOPS_CHECK(p.dtype == DType::f32 || p.dtype == DType::bf16, std::string(kOp) + " has f32 and bf16 only: " + p.name());
+  HOTOPS_CHECK(is_op(p), std::string("not a ") + kOp + " or " + kReluOp + " problem: " + p.name());
+  HOTOPS_CHECK(p.dtype == DType::f32 || p.dtype == DType::bf16, p.op + " has f32 and bf16 only: " + p.name());
   Shape s;
+  s.pool = p.op == kOp;
   s.layout = layout_arg(p, "layout");
-  s.pooled_layout = s.layout == Layout::nchw ? layout_arg(p, "pooled") : Layout::nhwc;
+  s.pooled_layout = s.pool && s.layout == Layout::nchw ? layout_arg(p, "pooled") : s.layout;
   s.dir = p.dir;
   s.dtype = p.dtype;
-  s.N = p.get_int("batch"), s.C = p.get_int("C"), s.H = p.get_int("H"), s.W = p.get_int("W"), s.k = p.get_int("pool");
+  s.N = p.get_int("batch"), s.C = p.get_int("C");
+  if (s.layout != Layout::nc) s.H = p.get_int("H"), s.W = p.get_int("W");
+  s.k = s.pool ? p.get_int("pool") : 1;
   s.dropout = std::stod(p.get("dropout"));
-  HOTOPS_CHECK(s.N > 0 && s.C > 0 && s.k > 0 && s.PH() > 0 && s.PW() > 0, std::string(kOp) + ": bad dimensions in " + p.name());
-  HOTOPS_CHECK(s.dropout >= 0 && s.dropout < 1, std::string(kOp) + " needs 0 <= dropout < 1: " + p.name());
+  HOTOPS_CHECK(s.pool || s.layout != Layout::nchw || s.dropout == 0, std::string(kReluOp) + " takes no dropout in NCHW: " + p.name());
+  HOTOPS_CHECK(s.N > 0 && s.C > 0 && s.k > 0 && s.PH() > 0 && s.PW() > 0, p.op + ": bad dimensions in " + p.name());
+  HOTOPS_CHECK(s.dropout >= 0 && s.dropout < 1, p.op + " needs 0 <= dropout < 1: " + p.name());
   // Every backend of the same problem draws the same mask.
   Problem q = p;
   q.backend = Backend::cpu;
@@ -166,6 +203,9 @@ Inputs make_inputs(const Shape& s, std::uint64_t seed) {
       in.z.set(k, in.z.get(k) + 0.01 / in.scale.get(c));
     }
   }
+  in.dout = HostBuffer(s.dtype, static_cast<std::size_t>(s.pooled()));
+  in.dout.fill_uniform(seed, 10);
+  if (!s.pool) return in;
   // The argmax bytes fwd would write: the first maximum of relu(z scale + shift) in the window.
   in.arg = bytes(s.pooled());
   auto* arg = in.arg.as<std::uint8_t>();
@@ -178,8 +218,6 @@ Inputs make_inputs(const Shape& s, std::uint64_t seed) {
       if (y > best) best = y, arg[s.pooled_index(j)] = static_cast<std::uint8_t>(q);
     }
   }
-  in.dout = HostBuffer(s.dtype, static_cast<std::size_t>(s.pooled()));
-  in.dout.fill_uniform(seed, 10);
   return in;
 }
 
@@ -192,7 +230,7 @@ Outputs make_outputs(const Shape& s) {
     return o;
   }
   o.out = HostBuffer(s.dtype, static_cast<std::size_t>(s.pooled()));
-  o.arg = bytes(s.pooled());
+  if (s.pool) o.arg = bytes(s.pooled());
   for (HostBuffer* h : {&o.scale, &o.shift}) *h = HostBuffer(DType::f32, C);
   if (s.dir == Direction::fwd)
     for (HostBuffer* h : {&o.mean, &o.rstd, &o.running_mean, &o.running_var}) *h = HostBuffer(DType::f32, C);
@@ -254,7 +292,7 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
   }
   all.merge(compare(out.out, sample_indices(out.out.count(), limit, 7), [&](std::size_t j) { return ref.out(s.pooled_order(static_cast<std::int64_t>(j))); }, tol),
             "y");
-  all.merge(check_arg(s, ref, out.arg, tol), "arg");
+  if (s.pool) all.merge(check_arg(s, ref, out.arg, tol), "arg");
   const double affine_tol = s.dir == Direction::fwd ? 4 * stat_tol : tolerance(DType::f32);
   all.merge(per_channel(out.scale, ref.scale, affine_tol), "scale");
   all.merge(per_channel(out.shift, ref.shift, affine_tol), "shift");
@@ -273,6 +311,8 @@ std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches
     for (const Layer& l : kLayers)
       for (std::int64_t b : batches.empty() ? std::vector<std::int64_t>{32} : batches)
         expand(dims(l.name, layout, b, l.C, l.H, l.W, l.k, l.dropout, l.nchw_pooled), out);
+  for (const ReluLayer& l : relu_layers())
+    for (std::int64_t b : batches.empty() ? l.batches : batches) expand(relu_dims(l.name, l.layout, b, l.C, l.H, l.W, l.dropout), out, kReluOp);
   return out;
 }
 
@@ -286,42 +326,48 @@ std::vector<Problem> test_problems() {
   expand(dims("test", Layout::nhwc, 2, 128, 6, 6, 2, "0.5"), out);
   expand(dims("test", Layout::nchw, 3, 8, 11, 10, 3, "0.25", Layout::nchw), out);
   expand(dims("test", Layout::nchw, 4, 6, 9, 7, 2, "0.25", Layout::nhwc), out);
+  // batchnorm_relu: a dense layer with dropout, NHWC with dropout over each sample's elements, NCHW.
+  expand(relu_dims("test", Layout::nc, 7, 32, 1, 1, "0.5"), out, kReluOp);
+  expand(relu_dims("test", Layout::nhwc, 3, 8, 5, 3, "0.25"), out, kReluOp);
+  expand(relu_dims("test", Layout::nchw, 3, 6, 5, 3, "0"), out, kReluOp);
   return out;
 }
 
 // FLOPs per element of z: fwd 7 (sum, sum of squares: 3; z scale + shift: 2; the ReLU and the
 // window's compare: 2); infer 4; bwd 8 (the masked dy's two sums: 3 where it reaches; dz = A dy +
-// b0 + c0 (z - mean) rstd: 5). Dropout's 2 per pooled element. Bytes: each tensor once at its size.
+// b0 + c0 (z - mean) rstd: 5); without the pool, fwd and infer 1 fewer (no compare). Dropout's 2 per
+// pooled element. Bytes: each tensor once at its size (the argmax bytes only with the pool).
 Work work(const Problem& p) {
   const Shape s = shape_of(p);
   const double n = static_cast<double>(s.count()), m = static_cast<double>(s.pooled());
   const double e = static_cast<double>(dtype_size(s.dtype)), c4 = 4.0 * static_cast<double>(s.C);
-  const double drop = s.drops() ? 2 * m : 0;
+  const double drop = s.drops() ? 2 * m : 0, cmp = s.pool ? n : 0, pm = (e + (s.pool ? 1 : 0)) * m;
   Work w;
   switch (s.dir) {
     case Direction::infer:
-      w.flops = 4 * n;
-      w.bytes = e * n + (e + 1) * m + 7 * c4;  // z; out, arg; gamma, beta, bias, running stats, scale, shift
+      w.flops = 3 * n + cmp;
+      w.bytes = e * n + pm + 7 * c4;  // z; out, arg; gamma, beta, bias, running stats, scale, shift
       break;
     case Direction::bwd:
       w.flops = 8 * n + drop;
-      w.bytes = 2 * e * n + (e + 1) * m + 8 * c4;  // z, dz; dout, arg; gamma, saved four, three gradients
+      w.bytes = 2 * e * n + pm + 8 * c4;  // z, dz; dout, arg; gamma, saved four, three gradients
       break;
     default:
-      w.flops = 7 * n + drop;
-      w.bytes = e * n + (e + 1) * m + 11 * c4;  // z; out, arg; gamma, beta, bias, running in/out, four saved
+      w.flops = 6 * n + cmp + drop;
+      w.bytes = e * n + pm + 11 * c4;  // z; out, arg; gamma, beta, bias, running in/out, four saved
   }
   w.items = static_cast<double>(s.N);
   return w;
 }
 
 std::string cuda_unsupported_reason(const Shape& s) {
-  if (s.k > 15) return std::string(kOp) + " on CUDA takes pools up to 15, not " + std::to_string(s.k);
+  const std::string op = s.pool ? kOp : kReluOp;
+  if (s.k > 15) return op + " on CUDA takes pools up to 15, not " + std::to_string(s.k);
   // The NCHW kernels take a channel a block (or an element a thread); the NHWC ones give each thread
   // 4 channels and a block's 256 threads whole rows of them.
   if (s.layout == Layout::nchw) return "";
   if (s.C % 4 != 0 || s.C > 1024 || 256 % (s.C / 4) != 0)
-    return std::string(kOp) + " on CUDA takes C = 4 x a power of two up to 1024 (NHWC), not " + std::to_string(s.C);
+    return op + " on CUDA takes C = 4 x a power of two up to 1024 (NHWC), not " + std::to_string(s.C);
   return "";
 }
 

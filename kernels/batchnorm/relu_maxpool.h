@@ -2,7 +2,9 @@
 // NCHW): y = relu(BN(z)), max-pooled over k x k windows with stride k (the rows and columns a window does
 // not fill are cropped), then dropout; and its backward to dz, dgamma, dbeta. fwd normalises with
 // the batch statistics (Keras' training mode) and updates the running ones; infer uses the running
-// ones. The formulas: docs/ops.md, "batchnorm_relu_maxpool".
+// ones. batchnorm_relu is the same op without the pool (Shape::pool false: a dense layer's, or a conv's
+// that another conv follows), its dropout over each sample's elements. The formulas: docs/ops.md,
+// "batchnorm_relu_maxpool" and "batchnorm_relu".
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -24,6 +26,7 @@ struct Shape {
   Direction dir = Direction::fwd;  // fwd (training), infer or bwd
   DType dtype = DType::f32;        // z, the pooled output and their gradients; the rest f32
   std::int64_t N = 1, C = 4, H = 1, W = 1;  // z: N samples of C channels of H x W
+  bool pool = true;                // false: batchnorm_relu (k = 1, no argmax bytes)
   std::int64_t k = 2;              // the pool's window and stride
   double dropout = 0;              // fwd and bwd: the rate after the pool (0: none); infer: none
   pointwise::DropoutKey key;       // the dropout mask's key
@@ -67,13 +70,13 @@ struct Inputs {
   HostBuffer running_mean, running_var;  // fwd (initial values, updated), infer
   HostBuffer period;                     // fwd, bwd: one int32, the dropout mask's sample period
   HostBuffer dout;                       // bwd: the gradient of the pooled output
-  HostBuffer arg;                        // bwd: the argmax byte of each pooled element, as fwd wrote it
+  HostBuffer arg;                        // bwd, pool: the argmax byte of each pooled element, as fwd wrote it
   HostBuffer scale, shift, mean, rstd;   // bwd: [C] f32, as fwd saved them
 };
 Inputs make_inputs(const Shape& s, std::uint64_t seed);
 
 struct Outputs {
-  HostBuffer out, arg;                   // fwd, infer: pooled [N, PH, PW, C] and its argmax bytes
+  HostBuffer out, arg;                   // fwd, infer: pooled [N, PH, PW, C] and its argmax bytes (pool)
   HostBuffer scale, shift, mean, rstd;   // fwd, infer: the affine (y = z scale + shift); fwd: the statistics
   HostBuffer running_mean, running_var;  // fwd: the updated running statistics
   HostBuffer dz, dgamma, dbeta, dbias;   // bwd
@@ -115,7 +118,7 @@ struct Args {
   float* running_var = nullptr;       // bn: fwd updated in place (the unbiased batch variance); infer read
   const int* period = nullptr;        // dropout: sample n draws the mask of sample n % *period
   void* out = nullptr;                // fwd, infer
-  std::uint8_t* arg = nullptr;        // fwd, infer written (r * k + t in the window); bwd read
+  std::uint8_t* arg = nullptr;        // pool: fwd, infer written (r * k + t in the window); bwd read
   float* scale = nullptr;             // fwd, infer written; bwd read
   float* shift = nullptr;             // fwd, infer written; bwd read
   float* mean = nullptr;              // bn: fwd written (of z), bwd read
@@ -138,5 +141,8 @@ Work work(const Problem& p);
 std::unique_ptr<Case> make_case(const Problem& p);
 
 constexpr const char* kOp = "batchnorm_relu_maxpool";
+constexpr const char* kReluOp = "batchnorm_relu";  // the op without the pool
+// Whether p is one of the two ops.
+inline bool is_op(const Problem& p) { return p.op == kOp || p.op == kReluOp; }
 
 }  // namespace hotops::batchnorm::relu_maxpool

@@ -1,6 +1,6 @@
-// model_cnn on CUDA: cuDNN convolutions, cublasLt dense GEMMs and hand-written kernels that fuse batch
-// norm, ReLU, max-pool and dropout; the passes, layouts and bf16 form:
-// docs/models.md, "How each model step runs".
+// model_cnn on CUDA: cuDNN convolutions (conv2d plans), cublasLt dense GEMMs (matmul plans) and the
+// batchnorm family's fused batch norm + ReLU (+ max-pool) + dropout plans; the passes, layouts and
+// bf16 form: docs/models.md, "How each model step runs".
 #include <cudnn.h>
 
 #include <algorithm>
@@ -31,97 +31,14 @@ using pointwise::DropoutKey;
 
 // ---- kernels ------------------------------------------------------------------------------------
 
-// The batchnorm family's fused-kernel helpers and per-channel stages, NHWC and NCHW
-// (kernels/batchnorm/cuda_fused.cuh); its batchnorm_relu_maxpool plan runs the conv layers that a
-// pool follows.
+// The batchnorm family's kernel helpers and launchers (kernels/batchnorm/cuda_fused.cuh): grid_for,
+// kThreads, and the activations the verification recomputes (launch_act, launch_act_nchw).
 using namespace batchnorm::cuda_fused;  // NOLINT(build/namespaces): the kernels' helpers
 using models::cast_params;
 using models::narrow;
 using models::widen;
 using bf16 = __nv_bfloat16;
 namespace relu_maxpool = batchnorm::relu_maxpool;
-
-// a = relu(z * scale + shift) over n4 vectors of rows of C (C4 = C / 4 vectors); with dropout (per4
-// vectors per sample) a *= keep ? scale : 0.
-// T: z's storage, O: a's (the verification's hints are f32 whatever T is).
-template <class T, class O>
-__global__ void act(const T* __restrict__ z, const float4* __restrict__ scale, const float4* __restrict__ shift, O* __restrict__ a,
-                    std::int64_t n4, int C4, Drop drop, std::int64_t per4) {
-  const int period = drop.on ? *drop.period : 1;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const int c4 = static_cast<int>(i % C4);
-    const float4 v = load4(z, i), s = scale[c4], t = shift[c4];
-    float4 y = make_float4(fmaxf(v.x * s.x + t.x, 0.f), fmaxf(v.y * s.y + t.y, 0.f), fmaxf(v.z * s.z + t.z, 0.f), fmaxf(v.w * s.w + t.w, 0.f));
-    if (drop.on) {
-      const std::int64_t b = i / per4, e = (i % per4) * 4;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) lane(y, j) *= keep(drop.key, e + j, b, period) ? drop.key.scale : 0.f;
-    }
-    store4(a, i, y);
-  }
-}
-
-
-
-// Stage 1 for an unpooled layer (rows x C, every element): dy = relu'(z) * da (through dropout when on,
-// per4 vectors per sample).
-template <class T>
-__global__ void __launch_bounds__(kThreads) reduce_dense(const T* __restrict__ da, const T* __restrict__ z, const float4* __restrict__ scale,
-                                                         const float4* __restrict__ shift, const float4* __restrict__ mean,
-                                                         const float4* __restrict__ rstd, std::int64_t rows, int C, Drop drop,
-                                                         std::int64_t per4, float* __restrict__ partial) {
-  const int tpr = C / 4, rpi = blockDim.x / tpr, c4 = threadIdx.x % tpr, r0 = threadIdx.x / tpr;
-  const int period = drop.on ? *drop.period : 1;
-  float4 s1 = make_float4(0, 0, 0, 0), s2 = s1;
-  if (r0 < rpi) {
-    const float4 s = scale[c4], t = shift[c4];
-    const float4 m = mean ? mean[c4] : s1, rs = rstd ? rstd[c4] : s1;
-    for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * rpi + r0; r < rows; r += static_cast<std::int64_t>(gridDim.x) * rpi) {
-      const std::int64_t i = r * tpr + c4;
-      const float4 v = load4(z, i), d = load4(da, i);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float gj = lane(d, j);
-        if (drop.on) gj *= keep(drop.key, (i % per4) * 4 + j, i / per4, period) ? drop.key.scale : 0.f;
-        const float dy = lane(v, j) * lane(s, j) + lane(t, j) > 0.f ? gj : 0.f;
-        lane(s1, j) += dy;
-        lane(s2, j) += dy * (lane(v, j) - lane(m, j)) * lane(rs, j);
-      }
-    }
-  }
-  block_sums(s1, s2, C, c4, r0, rpi, partial);
-}
-
-
-
-// dz for an unpooled layer: dy = relu'(z) da (through dropout when on); dz = A dy + b0 + c0 xhat or dy.
-template <class T>
-__global__ void dz_dense(const T* __restrict__ da, const T* __restrict__ z, const float4* __restrict__ scale, const float4* __restrict__ shift,
-                         const float* __restrict__ coef, const float4* __restrict__ mean, const float4* __restrict__ rstd,
-                         T* __restrict__ dz, std::int64_t n4, int C, Drop drop, std::int64_t per4) {
-  const int period = drop.on ? *drop.period : 1;
-  const int C4 = C / 4;
-  const float4* A = reinterpret_cast<const float4*>(coef);
-  const float4* B0 = reinterpret_cast<const float4*>(coef + C);
-  const float4* C0 = reinterpret_cast<const float4*>(coef + 2 * C);
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const int c4 = static_cast<int>(i % C4);
-    const float4 v = load4(z, i), d = load4(da, i), s = scale[c4], t = shift[c4], a = A[c4];
-    float4 out;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float gj = lane(d, j);
-      if (drop.on) gj *= keep(drop.key, (i % per4) * 4 + j, i / per4, period) ? drop.key.scale : 0.f;
-      lane(out, j) = lane(a, j) * (lane(v, j) * lane(s, j) + lane(t, j) > 0.f ? gj : 0.f);
-    }
-    if (mean) {
-      const float4 b0 = B0[c4], c0 = C0[c4], m = mean[c4], rs = rstd[c4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) lane(out, j) += lane(b0, j) + lane(c0, j) * (lane(v, j) - lane(m, j)) * lane(rs, j);
-    }
-    store4(dz, i, out);
-  }
-}
 
 // The data gradient of a 3x3 stride-1 conv as a forward conv: dx = conv(dz, Wf, pad 2 - pad) with
 // Wf[c][r][s][k] = W[k][2-r][2-s][c] (K and C swapped; KRSC, or KCRS as Wf[c][k][r][s] for NCHW).
@@ -186,12 +103,11 @@ gpu::DeviceBuffer floats(std::int64_t n) { return gpu::DeviceBuffer(static_cast<
 // One conv layer's (or the hidden layer's) device buffers.
 struct LayerBufs {
   gpu::DeviceBuffer z, out, arg;  // z: conv output; out: p (pooled) or a; arg: the pool's argmax bytes
-  gpu::DeviceBuffer affine;       // scale [C], shift [C], mean [C], rstd [C], coef [3C]
+  gpu::DeviceBuffer affine;       // scale [C], shift [C], mean [C], rstd [C]
   float* scale() const { return affine.as<float>(); }
   float* shift(std::int64_t C) const { return affine.as<float>() + C; }
   float* mean(std::int64_t C) const { return affine.as<float>() + 2 * C; }
   float* rstd(std::int64_t C) const { return affine.as<float>() + 3 * C; }
-  float* coef(std::int64_t C) const { return affine.as<float>() + 4 * C; }
 };
 
 // Act: the activations' storage, float, or bf16 (mixed precision: model_cnn.h).
@@ -224,28 +140,26 @@ class CudaCnn final : public ModelCase {
     stats_ = gpu::DeviceBuffer(seeded_.stats);
     period_ = gpu::DeviceBuffer(sizeof(int));
     set_period(B);
-    std::int64_t max_rows_c = Hd * 2, max_out = 0, max_in = 1, max_filter = 1;
+    std::int64_t max_out = 0, max_in = 1, max_filter = 1;
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
       const ConvLayer& c = s_.convs[i];
       LayerBufs& lb = layers_.emplace_back();
       lb.z = acts(B * c.out_count());
       lb.out = acts(B * (c.pool ? c.pooled_count() : c.out_count()));
       if (c.pool) lb.arg = gpu::DeviceBuffer(static_cast<std::size_t>(B * c.pooled_count()));
-      lb.affine = floats(7 * c.K);
+      lb.affine = floats(4 * c.K);
       if (wcopy_) wk_.push_back(acts(c.K * 9 * c.C));
       max_filter = std::max(max_filter, c.K * 9 * c.C);
-      max_rows_c = std::max(max_rows_c, 2 * c.K);
       max_out = std::max(max_out, c.out_count());
       if (i > 0) max_in = std::max(max_in, c.in_count());
     }
     LayerBufs& hb = hidden_;
     hb.z = acts(B * Hd);
     hb.out = acts(B * Hd);
-    hb.affine = floats(7 * Hd);
+    hb.affine = floats(4 * Hd);
     logits_ = acts(B * C);
     if (kBf16) low_ = acts(static_cast<std::int64_t>(l_.total - l_.dense1.w));
     loss_ = floats(1);
-    partial_ = floats(static_cast<std::int64_t>(kMaxReduceBlocks) * max_rows_c);
     if (s_.train()) {
       grads_ = gpu::DeviceBuffer(l_.total * sizeof(float));
       HOTOPS_CHECK_CUDA(cudaMemset(grads_.get(), 0, grads_.bytes()));
@@ -267,7 +181,7 @@ class CudaCnn final : public ModelCase {
     if (s_.train()) hint_ = floats(B * std::max(max_out, Hd));
     plan_convs();
     plan_gemms();
-    plan_pools();
+    plan_layers();
     // One step outside any capture first (lazy library state), then back to the seeded start.
     device_step();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
@@ -510,97 +424,55 @@ class CudaCnn final : public ModelCase {
     gpu::copy(period_.get(), &v, sizeof v, cudaMemcpyHostToDevice);
   }
 
-  Drop drop(std::size_t k) const { return Drop{keys_[k], period_.as<const int>(), s_.train()}; }
-
-  // y = relu(z * scale + shift) (+ dropout) over [rows, C].
+  // relu(z * scale + shift) over [rows, C] (the verification's recomputed activations).
   template <class O>
   void launch_act(const Act* z, const LayerBufs& lb, std::int64_t C, O* out, std::int64_t n, Drop d) const {
-    const std::int64_t n4 = n / 4;
-    act<<<grid_for(n4), kThreads, 0, gpu::stream()>>>(z, reinterpret_cast<const float4*>(lb.scale()),
-                                                      reinterpret_cast<const float4*>(lb.shift(C)), out, n4,
-                                                      static_cast<int>(C / 4), d, C / 4);
-    HOTOPS_CHECK_LAUNCH();
+    batchnorm::cuda_fused::launch_act(z, lb.scale(), lb.shift(C), out, n / 4, static_cast<int>(C / 4), d, C / 4);
   }
 
-  // The per-channel affine of a layer: batch statistics (train with batch norm), running ones, or the bias.
-  // conv: the conv layer (its layout's batch statistics), or null for the hidden layer ([rows, C]).
-  void affine(const LayerBufs& lb, const Layer& ly, std::int64_t C, std::int64_t rows, const ConvLayer* conv) {
-    cudaStream_t st = gpu::stream();
-    float* P = params_.as<float>();
-    float* S = stats_.as<float>();
-    const bool bn = s_.arch.bn;
-    if (bn && s_.train()) {
-      int blocks = 0;
-      std::int64_t k_stride = 1;
-      if (conv && nchw_) {
-        blocks = reduce_blocks_nchw(s_.batch, C);
-        k_stride = conv->P * conv->Q;
-        launch_reduce_nchw(Sum::stats, static_cast<const Act*>(nullptr), nullptr, lb.z.template as<const Act>(), nullptr, nullptr, nullptr,
-                           nullptr, s_.batch, geom(*conv), Drop{}, false, blocks, partial_.as<float>());
-      } else {
-        blocks = reduce_blocks(rows, static_cast<int>(C));
-        batchnorm::cuda_fused::launch_bn_stats(lb.z.template as<const Act>(), rows, static_cast<int>(C), blocks, partial_.as<float>());
-      }
-      HOTOPS_CHECK_LAUNCH();
-      batchnorm::cuda_fused::launch_bn_finalize(partial_.as<const float>(), blocks, static_cast<int>(C), static_cast<double>(rows),
-                                                lb.z.template as<const Act>(), k_stride, P + ly.gamma, P + ly.beta, P + ly.b, S + ly.mean,
-                                                S + ly.var, lb.scale(), lb.shift(C), lb.mean(C), lb.rstd(C), kBnEps, kBnMomentum);
-    } else {
-      batchnorm::cuda_fused::launch_affine_prep(static_cast<int>(C), P + ly.b, bn ? P + ly.gamma : nullptr, bn ? P + ly.beta : nullptr,
-                                                bn ? S + ly.mean : nullptr, bn ? S + ly.var : nullptr, lb.scale(), lb.shift(C), kBnEps);
-    }
-  }
-
-  // The backward's stage 2 and dz coefficients, from partial_'s sums.
-  void finalize(const LayerBufs& lb, const Layer& ly, std::int64_t C, std::int64_t rows, int blocks) {
-    float* P = params_.as<float>();
-    float* G = grads_.as<float>();
-    const bool bn = s_.arch.bn;
-    batchnorm::cuda_fused::launch_finalize_bwd(partial_.as<const float>(), blocks, static_cast<int>(C), static_cast<double>(rows),
-                                               bn ? P + ly.gamma : nullptr, lb.rstd(C), bn ? G + ly.gamma : nullptr, bn ? G + ly.beta : nullptr,
-                                               G + ly.b, lb.coef(C));
-  }
-
-  // The conv layers that a pool follows run batchnorm_relu_maxpool's plans (batch norm, or the bias
-  // alone, with ReLU, max-pool and dropout) in the step's layout, built here once: fwd (infer) and, to
-  // train, bwd. NCHW pools the last layer into NHWC, the order the flatten reads.
-  void plan_pools() {
+  // Each conv layer's batch norm (or bias) and ReLU runs a batchnorm family plan in the step's layout:
+  // batchnorm_relu_maxpool (with max-pool and dropout) where a pool follows the conv, else
+  // batchnorm_relu; the hidden layer's, batchnorm_relu over [batch, hidden] with its dropout. Built
+  // here once: fwd (infer) and, to train, bwd. NCHW pools the last conv into NHWC, the order the
+  // flatten reads.
+  void plan_layers() {
     std::size_t stage = 0;
-    for (std::size_t i = 0; i < s_.convs.size(); ++i) {
-      const ConvLayer& c = s_.convs[i];
-      std::unique_ptr<relu_maxpool::Plan> fwd, bwd;
-      if (c.pool) {
-        relu_maxpool::Shape ps;
-        ps.layout = nchw_ ? batchnorm::Layout::nchw : batchnorm::Layout::nhwc;
-        ps.pooled_layout = i + 1 == s_.convs.size() ? batchnorm::Layout::nhwc : ps.layout;
-        ps.dir = s_.train() ? Direction::fwd : Direction::infer;
-        ps.dtype = s_.dtype, ps.N = s_.batch, ps.C = c.K, ps.H = c.P, ps.W = c.Q, ps.k = c.pool;
-        ps.dropout = c.dropout, ps.key = keys_[stage], ps.bn = s_.arch.bn, ps.eps = kBnEps, ps.momentum = kBnMomentum;
-        fwd = relu_maxpool::make_cuda_plan(ps);
-        if (s_.train()) ps.dir = Direction::bwd, bwd = relu_maxpool::make_cuda_plan(ps);
+    const batchnorm::Layout layout = nchw_ ? batchnorm::Layout::nchw : batchnorm::Layout::nhwc;
+    for (std::size_t i = 0; i <= s_.convs.size(); ++i) {
+      relu_maxpool::Shape ps;
+      ps.dir = s_.train() ? Direction::fwd : Direction::infer;
+      ps.dtype = s_.dtype, ps.N = s_.batch, ps.bn = s_.arch.bn, ps.eps = kBnEps, ps.momentum = kBnMomentum;
+      if (i == s_.convs.size()) {  // the hidden layer
+        ps.pool = false, ps.k = 1, ps.layout = ps.pooled_layout = batchnorm::Layout::nc, ps.C = s_.arch.hidden;
+        ps.dropout = s_.arch.hidden_dropout, ps.key = keys_.back();
+      } else {
+        const ConvLayer& c = s_.convs[i];
+        ps.pool = c.pool > 0, ps.k = c.pool ? c.pool : 1, ps.C = c.K, ps.H = c.P, ps.W = c.Q, ps.layout = layout;
+        ps.pooled_layout = c.pool && i + 1 == s_.convs.size() ? batchnorm::Layout::nhwc : layout;
+        if (c.pool) ps.dropout = c.dropout, ps.key = keys_[stage++];
       }
-      if (c.pool) ++stage;
-      pool_fwd_.push_back(std::move(fwd));
-      pool_bwd_.push_back(std::move(bwd));
+      fused_fwd_.push_back(relu_maxpool::make_cuda_plan(ps));
+      if (s_.train()) ps.dir = Direction::bwd, fused_bwd_.push_back(relu_maxpool::make_cuda_plan(ps));
     }
   }
 
-  // Conv layer i's batchnorm_relu_maxpool tensors: the forward's (dout null), or the backward's from
-  // dout, the gradient of its pooled output.
-  relu_maxpool::Args pool_args(std::size_t i, const Act* dout) const {
-    const LayerBufs& lb = layers_[i];
-    const Layer& ly = l_.conv[i];
-    const std::int64_t K = s_.convs[i].K;
+  // Layer i's plan tensors (a conv layer, or the hidden one at i = convs.size()): the forward's (dout
+  // null), or the backward's from dout, the gradient of its output, into dz.
+  relu_maxpool::Args layer_args(std::size_t i, const Act* dout, Act* dz) const {
+    const bool hidden = i == s_.convs.size();
+    const LayerBufs& lb = hidden ? hidden_ : layers_[i];
+    const Layer& ly = hidden ? l_.dense1 : l_.conv[i];
+    const std::int64_t K = hidden ? s_.arch.hidden : s_.convs[i].K;
     float* P = params_.as<float>();
     relu_maxpool::Args a;
     a.z = lb.z.get();
     a.period = period_.as<const int>();
-    a.arg = lb.arg.as<std::uint8_t>();
+    if (!hidden && s_.convs[i].pool) a.arg = lb.arg.as<std::uint8_t>();
     a.scale = lb.scale(), a.shift = lb.shift(K), a.mean = lb.mean(K), a.rstd = lb.rstd(K);
     if (s_.arch.bn) a.gamma = P + ly.gamma;
     if (dout) {
       float* G = grads_.as<float>();
-      a.dout = dout, a.dz = dz_.get(), a.dbias = G + ly.b;
+      a.dout = dout, a.dz = dz, a.dbias = G + ly.b;
       if (s_.arch.bn) a.dgamma = G + ly.gamma, a.dbeta = G + ly.beta;
       return a;
     }
@@ -613,8 +485,7 @@ class CudaCnn final : public ModelCase {
   void device_step() {
     cudaStream_t st = gpu::stream();
     const Arch& a = s_.arch;
-    const std::int64_t B = s_.batch, Hd = a.hidden, C = a.classes;
-    const bool bn = a.bn;
+    const std::int64_t B = s_.batch, C = a.classes;
     float* P = params_.as<float>();
     if constexpr (kBf16) {  // autocast's casts: the dense layers' parameters here, the conv weights just below
       const auto n4 = static_cast<std::int64_t>((l_.total - l_.dense1.w) / 4);
@@ -630,23 +501,14 @@ class CudaCnn final : public ModelCase {
       const ConvPlans& cp = *plans_[i];
       trace::op("conv2d");
       cp.fwd->run({input_of(i), weights(i), nullptr, nullptr, lb.z.get(), nullptr});
-      if (pool_fwd_[i]) {
-        trace::op("bn_relu_maxpool_dropout");
-        pool_fwd_[i]->run(pool_args(i, nullptr));
-        continue;
-      }
-      trace::op(bn ? "batchnorm" : "bias");
-      affine(lb, l_.conv[i], c.K, B * c.P * c.Q, &c);
-      trace::op("bn_relu");  // the affine applied, fused with the ReLU
-      launch_conv_act(lb.z.template as<const Act>(), lb, c, lb.out.template as<Act>());
+      trace::op(c.pool ? "bn_relu_maxpool_dropout" : "bn_relu");
+      fused_fwd_[i]->run(layer_args(i, nullptr, nullptr));
     }
     trace::op("mm");
     const Act* flat = layers_.back().out.template as<const Act>();
     dense1_fwd_->run({flat, dense_param(l_.dense1.w), nullptr, nullptr, hidden_.z.get(), nullptr});
-    trace::op(bn ? "batchnorm" : "bias");
-    affine(hidden_, l_.dense1, Hd, B, nullptr);
     trace::op("bn_relu_dropout");
-    launch_act(hidden_.z.template as<const Act>(), hidden_, Hd, hidden_.out.template as<Act>(), B * Hd, drop(keys_.size() - 1));
+    fused_fwd_.back()->run(layer_args(s_.convs.size(), nullptr, nullptr));
     trace::op("addmm");
     dense2_fwd_->run({hidden_.out.get(), dense_param(l_.dense2.w), dense_param(l_.dense2.b), nullptr, logits_.get(), nullptr});
     if (!s_.train()) return;
@@ -659,62 +521,16 @@ class CudaCnn final : public ModelCase {
     trace::op("mm");
     dense2_dw_->run({hidden_.out.get(), nullptr, nullptr, dlogits_.get(), G + l_.dense2.w, nullptr});
     dense2_dx_->run({nullptr, dense_param(l_.dense2.w), nullptr, dlogits_.get(), dhd_.get(), nullptr});
-    {  // hidden: dropout, ReLU, batch norm (or bias) backward -> dh
-      trace::op("bn_relu_dropout_bwd");
-      const LayerBufs& lb = hidden_;
-      const int blocks = reduce_blocks(B, static_cast<int>(Hd));
-      const Drop d = drop(keys_.size() - 1);
-      reduce_dense<<<blocks, kThreads, 0, st>>>(dhd_.as<const Act>(), lb.z.template as<const Act>(), reinterpret_cast<const float4*>(lb.scale()),
-                                                reinterpret_cast<const float4*>(lb.shift(Hd)), bn ? reinterpret_cast<const float4*>(lb.mean(Hd)) : nullptr,
-                                                bn ? reinterpret_cast<const float4*>(lb.rstd(Hd)) : nullptr, B, static_cast<int>(Hd), d, Hd / 4,
-                                                partial_.as<float>());
-      HOTOPS_CHECK_LAUNCH();
-      finalize(lb, l_.dense1, Hd, B, blocks);
-      const std::int64_t n4 = B * Hd / 4;
-      dz_dense<<<grid_for(n4), kThreads, 0, st>>>(dhd_.as<const Act>(), lb.z.template as<const Act>(), reinterpret_cast<const float4*>(lb.scale()),
-                                                  reinterpret_cast<const float4*>(lb.shift(Hd)), lb.coef(Hd),
-                                                  bn ? reinterpret_cast<const float4*>(lb.mean(Hd)) : nullptr,
-                                                  bn ? reinterpret_cast<const float4*>(lb.rstd(Hd)) : nullptr, dh_.as<Act>(), n4, static_cast<int>(Hd), d,
-                                                  Hd / 4);
-      HOTOPS_CHECK_LAUNCH();
-    }
+    trace::op("bn_relu_dropout_bwd");  // hidden: dropout, ReLU, batch norm (or bias) backward -> dh
+    fused_bwd_.back()->run(layer_args(s_.convs.size(), dhd_.as<const Act>(), dh_.as<Act>()));
     trace::op("mm");
     dense1_dw_->run({flat, nullptr, nullptr, dh_.get(), G + l_.dense1.w, nullptr});
     dense1_dx_->run({nullptr, dense_param(l_.dense1.w), nullptr, dh_.get(), dflat_.get(), nullptr});
     for (std::size_t i = s_.convs.size(); i-- > 0;) {
       const ConvLayer& c = s_.convs[i];
-      const LayerBufs& lb = layers_[i];
       const ConvPlans& cp = *plans_[i];
-      const Act* dout = d_output(i);
-      const Act* z = lb.z.template as<const Act>();
-      Act* dz = dz_.as<Act>();
-      const std::int64_t K = c.K;
-      const float4* mean = bn ? reinterpret_cast<const float4*>(lb.mean(K)) : nullptr;
-      const float4* rstd = bn ? reinterpret_cast<const float4*>(lb.rstd(K)) : nullptr;
-      const std::int64_t n4 = B * c.out_count() / 4;
       trace::op(c.pool ? "bn_relu_maxpool_dropout_bwd" : "bn_relu_bwd");
-      if (c.pool) {
-        pool_bwd_[i]->run(pool_args(i, dout));
-      } else if (nchw_) {
-        const int blocks = reduce_blocks_nchw(B, K);
-        const float* m = bn ? lb.mean(K) : nullptr;
-        const float* rs = bn ? lb.rstd(K) : nullptr;
-        launch_reduce_nchw(Sum::dense, dout, nullptr, z, lb.scale(), lb.shift(K), m, rs, B, geom(c), Drop{}, false, blocks, partial_.as<float>());
-        finalize(lb, l_.conv[i], K, B * c.P * c.Q, blocks);
-        launch_dz_nchw(false, dout, nullptr, z, lb.scale(), lb.shift(K), lb.coef(K), m, rs, dz, B * c.out_count(), geom(c), Drop{}, false);
-      } else {
-        const std::int64_t rows = B * c.P * c.Q;
-        const int blocks = reduce_blocks(rows, static_cast<int>(K));
-        reduce_dense<<<blocks, kThreads, 0, st>>>(dout, z,
-                                                  reinterpret_cast<const float4*>(lb.scale()), reinterpret_cast<const float4*>(lb.shift(K)), mean,
-                                                  rstd, rows, static_cast<int>(K), Drop{}, 1, partial_.as<float>());
-        HOTOPS_CHECK_LAUNCH();
-        finalize(lb, l_.conv[i], K, rows, blocks);
-        dz_dense<<<grid_for(n4), kThreads, 0, st>>>(dout, z,
-                                                    reinterpret_cast<const float4*>(lb.scale()), reinterpret_cast<const float4*>(lb.shift(K)),
-                                                    lb.coef(K), mean, rstd, dz, n4, static_cast<int>(K), Drop{}, 1);
-      }
-      HOTOPS_CHECK_LAUNCH();
+      fused_bwd_[i]->run(layer_args(i, d_output(i), dz_.as<Act>()));
       trace::op("conv2d_bwd_weight");
       cp.filter->run({input_of(i), nullptr, nullptr, dz_.get(), wcopy_ ? dwk_.get() : static_cast<void*>(G + l_.conv[i].w), nullptr});
       if (wcopy_) launch_filter_layout(i, true);
@@ -729,10 +545,6 @@ class CudaCnn final : public ModelCase {
     trace::op("adamw");
     adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(), static_cast<std::int64_t>(l_.total),
                      state_.as<StepState>(), nullptr, st, 4096);
-  }
-
-  static PoolGeom geom(const ConvLayer& c) {
-    return PoolGeom{dim(c.P), dim(c.Q), dim(c.K), dim(c.PH), dim(c.PW), dim(c.pool)};
   }
 
   void restore(const State& st, std::int64_t period) {
@@ -756,7 +568,7 @@ class CudaCnn final : public ModelCase {
   std::vector<DropoutKey> keys_;
   HostBuffer host_x_;  // the batch in pageable host memory, for the e2e and graph variants
   std::vector<std::int32_t> host_labels_;
-  gpu::DeviceBuffer x_, labels_, params_, stats_, grads_, m_, v_, state_, period_, loss_, logits_, partial_;
+  gpu::DeviceBuffer x_, labels_, params_, stats_, grads_, m_, v_, state_, period_, loss_, logits_;
   gpu::DeviceBuffer dz_, dbuf_[2], dflat_, dlogits_, dhd_, dh_, hint_, workspace_;
   std::vector<LayerBufs> layers_;
   LayerBufs hidden_;
@@ -768,7 +580,8 @@ class CudaCnn final : public ModelCase {
   std::vector<std::unique_ptr<ConvPlans>> plans_;
   std::unique_ptr<matmul::Plan> dense1_fwd_, dense2_fwd_;                          // the dense layers' forward
   std::unique_ptr<matmul::Plan> dense2_dw_, dense2_dx_, dense1_dw_, dense1_dx_;  // train: their gradients
-  std::vector<std::unique_ptr<relu_maxpool::Plan>> pool_fwd_, pool_bwd_;  // per conv layer, where plan_pools makes one
+  // The batchnorm family's plans of each conv layer, then the hidden layer's (plan_layers); bwd: train.
+  std::vector<std::unique_ptr<relu_maxpool::Plan>> fused_fwd_, fused_bwd_;
   std::size_t ws_bytes_ = 0;  // the conv2d plans' shared workspace: the largest their algorithms need
   std::string algos_;
   HostBuffer logits_host_;
