@@ -431,6 +431,15 @@ TEST(BatchnormReluMaxpool, NamesFollowTheScheme) {
       EXPECT_EQ(shape_of(p).pooled_layout, Layout::nhwc);
     }
   EXPECT_TRUE(found);
+  int vgg = 0;  // vgg_cifar's layers: the bias without batch norm
+  for (const Problem& p : benchmark_problems({}))
+    if (p.name() == "batchnorm_relu_maxpool/cuda/f32/fwd/shape:vgg_cifar.conv3/layout:nchw/batch:128/C:64/H:13/W:13/pool:2/dropout:0.25/pooled:nhwc/bn:0" ||
+        p.name() == "batchnorm_relu/cpu/f32/bwd/shape:vgg_cifar.dense/layout:nc/batch:128/C:512/dropout:0.5/bn:0")
+    {
+      ++vgg;
+      EXPECT_FALSE(shape_of(p).bn);
+    }
+  EXPECT_EQ(vgg, 2);
   Problem p = benchmark_problems({}).front();
   Problem q = p;
   q.backend = p.backend == Backend::cpu ? Backend::cuda : Backend::cpu;

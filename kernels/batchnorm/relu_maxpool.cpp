@@ -4,7 +4,7 @@
 // batch:N/C:C/H:H/W:W/pool:k/dropout:p, H and W those of z (the conv's output); layout:nchw names end
 // /pooled:<nchw|nhwc>, the pooled tensors' layout. batchnorm_relu/<cpu|cuda>/<f32|bf16>/<fwd|infer|bwd>/
 // shape:<model.layer>/layout:<nc|nhwc|nchw>/batch:N/C:C[/H:H/W:W]/dropout:p (nc: a dense layer's
-// [N, C]; nchw: no dropout).
+// [N, C]; nchw: no dropout). Either ends /bn:0 for a layer without batch norm (the bias alone).
 #include "kernels/batchnorm/relu_maxpool.h"
 
 #include <algorithm>
@@ -94,29 +94,36 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out, const char*
 
 // The keras_cnn layers whose conv is followed by batch norm, ReLU, a pool and dropout (model_cnn's
 // keras_cnn: its first conv, pool 3; the last conv of its second and third stages, pool 2), at the
-// batchnorm family's keras_cnn shapes of the same size (z's C, H, W). NCHW (the f32 CUDA step's
-// layout) pools the last layer into NHWC, the order the flatten reads.
+// batchnorm family's keras_cnn shapes of the same size (z's C, H, W); and vgg_cifar's, the bias
+// without batch norm (`bn:0`; the last conv of each stage, pool 2, at its study's batch 128). NCHW
+// (the f32 CUDA step's layout) pools the last layer into NHWC, the order the flatten reads.
 struct Layer {
   const char* name;
   std::int64_t C, H, W, k;
   const char* dropout;
   Layout nchw_pooled;
+  std::int64_t batch = 32;
+  bool bn = true;
 };
 constexpr Layer kLayers[] = {
     {"keras_cnn.bn0", 32, 256, 256, 3, "0.25", Layout::nchw},
     {"keras_cnn.bn1", 64, 85, 85, 2, "0.25", Layout::nchw},
     {"keras_cnn.bn3", 128, 42, 42, 2, "0.25", Layout::nhwc},
+    {"vgg_cifar.conv1", 32, 30, 30, 2, "0.25", Layout::nchw, 128, false},
+    {"vgg_cifar.conv3", 64, 13, 13, 2, "0.25", Layout::nhwc, 128, false},
 };
 
 // The keras_cnn layers whose batch norm and ReLU no pool follows, batchnorm_relu's: the dense layer's
 // (dropout 0.5; the batchnorm family's batches), and the convs that another conv follows (conv2d_1 and
-// conv2d_3, the batchnorm family's keras_cnn.bn1 and bn3) in NHWC and NCHW.
+// conv2d_3, the batchnorm family's keras_cnn.bn1 and bn3) in NHWC and NCHW; and vgg_cifar's, the
+// bias without batch norm (`bn:0`): its dense layer (dropout 0.5) and the first conv of each stage.
 struct ReluLayer {
   const char* name;
   Layout layout;
   std::int64_t C, H, W;
   const char* dropout;
   std::vector<std::int64_t> batches;
+  bool bn = true;
 };
 const std::vector<ReluLayer>& relu_layers() {
   static const std::vector<ReluLayer> layers = {
@@ -125,8 +132,19 @@ const std::vector<ReluLayer>& relu_layers() {
       {"keras_cnn.bn3", Layout::nhwc, 128, 42, 42, "0", {32}},
       {"keras_cnn.bn1", Layout::nchw, 64, 85, 85, "0", {32}},
       {"keras_cnn.bn3", Layout::nchw, 128, 42, 42, "0", {32}},
+      {"vgg_cifar.dense", Layout::nc, 512, 1, 1, "0.5", {128}, false},
+      {"vgg_cifar.conv0", Layout::nhwc, 32, 32, 32, "0", {128}, false},
+      {"vgg_cifar.conv2", Layout::nhwc, 64, 15, 15, "0", {128}, false},
+      {"vgg_cifar.conv0", Layout::nchw, 32, 32, 32, "0", {128}, false},
+      {"vgg_cifar.conv2", Layout::nchw, 64, 15, 15, "0", {128}, false},
   };
   return layers;
+}
+
+// A layer without batch norm: `bn:0` after the rest.
+std::vector<Arg> with_bn(std::vector<Arg> a, bool bn) {
+  if (!bn) a.push_back({"bn", "0"});
+  return a;
 }
 
 Layout layout_arg(const Problem& p, const std::string& key) {
@@ -152,6 +170,10 @@ Shape shape_of(const Problem& p) {
   if (s.layout != Layout::nc) s.H = p.get_int("H"), s.W = p.get_int("W");
   s.k = s.pool ? p.get_int("pool") : 1;
   s.dropout = std::stod(p.get("dropout"));
+  if (p.has("bn")) {
+    HOTOPS_CHECK(p.get("bn") == "0", p.op + " takes bn:0 (the bias alone) or no bn arg (batch norm): " + p.name());
+    s.bn = false;
+  }
   HOTOPS_CHECK(s.pool || s.layout != Layout::nchw || s.dropout == 0, std::string(kReluOp) + " takes no dropout in NCHW: " + p.name());
   HOTOPS_CHECK(s.N > 0 && s.C > 0 && s.k > 0 && s.PH() > 0 && s.PW() > 0, p.op + ": bad dimensions in " + p.name());
   HOTOPS_CHECK(s.dropout >= 0 && s.dropout < 1, p.op + " needs 0 <= dropout < 1: " + p.name());
@@ -309,10 +331,11 @@ std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches
   std::vector<Problem> out;
   for (Layout layout : {Layout::nhwc, Layout::nchw})
     for (const Layer& l : kLayers)
-      for (std::int64_t b : batches.empty() ? std::vector<std::int64_t>{32} : batches)
-        expand(dims(l.name, layout, b, l.C, l.H, l.W, l.k, l.dropout, l.nchw_pooled), out);
+      for (std::int64_t b : batches.empty() ? std::vector<std::int64_t>{l.batch} : batches)
+        expand(with_bn(dims(l.name, layout, b, l.C, l.H, l.W, l.k, l.dropout, l.nchw_pooled), l.bn), out);
   for (const ReluLayer& l : relu_layers())
-    for (std::int64_t b : batches.empty() ? l.batches : batches) expand(relu_dims(l.name, l.layout, b, l.C, l.H, l.W, l.dropout), out, kReluOp);
+    for (std::int64_t b : batches.empty() ? l.batches : batches)
+      expand(with_bn(relu_dims(l.name, l.layout, b, l.C, l.H, l.W, l.dropout), l.bn), out, kReluOp);
   return out;
 }
 
@@ -330,18 +353,23 @@ std::vector<Problem> test_problems() {
   expand(relu_dims("test", Layout::nc, 7, 32, 1, 1, "0.5"), out, kReluOp);
   expand(relu_dims("test", Layout::nhwc, 3, 8, 5, 3, "0.25"), out, kReluOp);
   expand(relu_dims("test", Layout::nchw, 3, 6, 5, 3, "0"), out, kReluOp);
+  // Without batch norm (the conv's bias alone), each op.
+  expand(with_bn(dims("test", Layout::nchw, 3, 8, 7, 9, 2, "0.25", Layout::nhwc), false), out);
+  expand(with_bn(relu_dims("test", Layout::nhwc, 2, 8, 4, 3, "0.25"), false), out, kReluOp);
   return out;
 }
 
 // FLOPs per element of z: fwd 7 (sum, sum of squares: 3; z scale + shift: 2; the ReLU and the
 // window's compare: 2); infer 4; bwd 8 (the masked dy's two sums: 3 where it reaches; dz = A dy +
-// b0 + c0 (z - mean) rstd: 5); without the pool, fwd and infer 1 fewer (no compare). Dropout's 2 per
+// b0 + c0 (z - mean) rstd: 5); without the pool, fwd and infer 1 fewer (no compare); without batch
+// norm, fwd 3 fewer (no sums). Dropout's 2 per
 // pooled element. Bytes: each tensor once at its size (the argmax bytes only with the pool).
 Work work(const Problem& p) {
   const Shape s = shape_of(p);
   const double n = static_cast<double>(s.count()), m = static_cast<double>(s.pooled());
   const double e = static_cast<double>(dtype_size(s.dtype)), c4 = 4.0 * static_cast<double>(s.C);
   const double drop = s.drops() ? 2 * m : 0, cmp = s.pool ? n : 0, pm = (e + (s.pool ? 1 : 0)) * m;
+  const double stats = s.bn ? 3 * n : 0;  // fwd's sums
   Work w;
   switch (s.dir) {
     case Direction::infer:
@@ -353,7 +381,7 @@ Work work(const Problem& p) {
       w.bytes = 2 * e * n + pm + 8 * c4;  // z, dz; dout, arg; gamma, saved four, three gradients
       break;
     default:
-      w.flops = 6 * n + cmp + drop;
+      w.flops = 3 * n + stats + cmp + drop;
       w.bytes = e * n + pm + 11 * c4;  // z; out, arg; gamma, beta, bias, running in/out, four saved
   }
   w.items = static_cast<double>(s.N);
