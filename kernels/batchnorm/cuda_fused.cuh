@@ -1,7 +1,7 @@
-// The batchnorm family's fused convnet kernels on CUDA (cuda_relu_maxpool.cu, cuda_fused_nchw.cu): the device helpers
-// they share with the kernels a model composes around them (NHWC rows of C channels, 4 a thread;
-// per-block channel sums), and the launchers of their per-channel stages (batch statistics, the
-// affine, the backward's coefficients) for a model's layers that the fused ops do not cover.
+// The batchnorm family's fused convnet kernels on CUDA (cuda_relu_maxpool.cu, cuda_fused_nchw.cu):
+// the device helpers they share (NHWC rows of C channels, 4 a thread; per-block channel sums), and
+// the launchers of their stages: the per-channel ones (batch statistics, the affine, the backward's
+// coefficients), the NCHW kernels, and the activation a model recomputes to check its step.
 #pragma once
 #include <cuda_bf16.h>
 
