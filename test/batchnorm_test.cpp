@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "kernels/batchnorm/batchnorm.h"
+#include "kernels/batchnorm/relu_maxpool.h"
 #include "test/plan_test_util.h"
 
 namespace hotops::batchnorm {
@@ -259,4 +260,217 @@ TEST(Batchnorm, TrainingOnOneValuePerChannelIsUnsupported) {
 }
 
 }  // namespace
+
+// ---- batchnorm_relu_maxpool ----
+namespace relu_maxpool {
+namespace {
+
+// layout: z's; NCHW pools into `pooled`.
+Shape fused(Direction d, DType t, bool bn = true, Layout layout = Layout::nhwc, Layout pooled = Layout::nhwc) {
+  Shape s;
+  s.dir = d, s.dtype = t, s.bn = bn, s.layout = layout, s.pooled_layout = layout == Layout::nhwc ? layout : pooled;
+  s.N = 3, s.C = 8, s.H = 7, s.W = 8, s.k = 3;  // crops a row
+  if (d != Direction::infer) s.dropout = 0.25, s.key = pointwise::dropout_key(5, 0.25);
+  return s;
+}
+
+// Outputs filled by the reference itself, rounded to their types.
+Outputs reference_outputs(const Shape& s, const Inputs& in) {
+  Outputs o = make_outputs(s);
+  const Reference r(s, in);
+  auto fill = [](HostBuffer& b, const std::vector<double>& v) {
+    for (std::size_t c = 0; c < b.count() && c < v.size(); ++c) b.set(c, v[c]);
+  };
+  if (s.dir == Direction::bwd) {
+    for (std::int64_t i = 0; i < s.count(); ++i) o.dz.set(static_cast<std::size_t>(s.z_index(i)), r.dz(i));
+    fill(o.dgamma, r.dgamma), fill(o.dbeta, r.dbeta), fill(o.dbias, r.dbias);
+    return o;
+  }
+  for (std::int64_t j = 0; j < s.pooled(); ++j) {
+    o.out.set(static_cast<std::size_t>(s.pooled_index(j)), r.out(j));
+    std::uint8_t at = 0;
+    for (std::int64_t q = s.k * s.k; q-- > 0;)
+      if (r.pre(r.window_start(j) + ((q / s.k) * s.W + q % s.k) * s.C) == r.pooled(j)) at = static_cast<std::uint8_t>(q);
+    if (s.pool) o.arg.as<std::uint8_t>()[s.pooled_index(j)] = at;
+  }
+  fill(o.scale, r.scale), fill(o.shift, r.shift), fill(o.mean, r.mean), fill(o.rstd, r.rstd);
+  fill(o.running_mean, r.running_mean), fill(o.running_var, r.running_var);
+  return o;
+}
+
+// Direction, dtype, batch norm, and the op and layouts: batchnorm_relu_maxpool in NHWC, NCHW, NCHW
+// pooled into NHWC (0, 1, 2); batchnorm_relu in NC, NHWC, NCHW (3, 4, 5; NCHW without dropout).
+class ReluMaxpoolVerify : public testing::TestWithParam<std::tuple<Direction, DType, bool, int>> {};
+
+Shape fused_layouts(Direction d, DType t, bool bn, int layouts) {
+  if (layouts < 3) return fused(d, t, bn, layouts == 0 ? Layout::nhwc : Layout::nchw, layouts == 2 ? Layout::nhwc : Layout::nchw);
+  Shape s = fused(d, t, bn, layouts == 3 ? Layout::nc : layouts == 4 ? Layout::nhwc : Layout::nchw);
+  s.pool = false, s.k = 1, s.pooled_layout = s.layout;
+  if (s.layout == Layout::nc) s.N = 9, s.C = 12, s.H = s.W = 1;
+  if (s.layout == Layout::nchw) s.dropout = 0;
+  return s;
+}
+
+TEST_P(ReluMaxpoolVerify, AcceptsTheReferenceAndRejectsPlantedErrors) {
+  const auto [d, t, bn, layouts] = GetParam();
+  const Shape s = fused_layouts(d, t, bn, layouts);
+  const Inputs in = make_inputs(s, 11);
+  const Outputs good = reference_outputs(s, in);
+  const Check ok = verify(s, in, good);
+  EXPECT_TRUE(ok.ok) << ok.message;
+  HostBuffer Outputs::*main = d == Direction::bwd ? &Outputs::dz : &Outputs::out;
+  {  // one element off by half the largest
+    Outputs bad = good;
+    HostBuffer& b = bad.*main;
+    double amax = 0;
+    for (std::size_t i = 0; i < b.count(); ++i) amax = std::max(amax, std::fabs(b.get(i)));
+    b.set(5, b.get(5) + 0.5 * amax);
+    EXPECT_FALSE(verify(s, in, bad).ok);
+  }
+  {  // an element never written
+    Outputs bad = good;
+    (bad.*main).set(3, std::numeric_limits<double>::quiet_NaN());
+    EXPECT_FALSE(verify(s, in, bad).ok);
+  }
+  if (d == Direction::bwd) {
+    Outputs bad = good;  // the bias gradient of one channel off
+    bad.dbias.set(2, bad.dbias.get(2) + (bn ? 0.5 : 0.5 * std::fabs(bad.dbias.get(2)) + 0.5));
+    EXPECT_FALSE(verify(s, in, bad).ok);
+    if (bn) {
+      bad = good;
+      bad.dgamma.set(1, bad.dgamma.get(1) + 0.5);
+      EXPECT_FALSE(verify(s, in, bad).ok);
+    }
+    return;
+  }
+  Outputs bad = good;  // an argmax byte past the window
+  if (s.pool) {
+    bad.arg.as<std::uint8_t>()[4] = static_cast<std::uint8_t>(s.k * s.k);
+    EXPECT_FALSE(verify(s, in, bad).ok);
+  }
+  bad = good;  // the shift of one channel off by 1%
+  bad.shift.set(1, bad.shift.get(1) * 1.01 + 0.01);
+  EXPECT_FALSE(verify(s, in, bad).ok);
+  if (d == Direction::fwd && bn) {
+    bad = good;  // the running mean without the conv's bias
+    for (std::size_t c = 0; c < bad.running_mean.count(); ++c)
+      bad.running_mean.set(c, good.running_mean.get(c) - s.momentum * in.bias.get(c));
+    EXPECT_FALSE(verify(s, in, bad).ok);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDirections, ReluMaxpoolVerify,
+                         testing::Combine(testing::Values(Direction::fwd, Direction::infer, Direction::bwd),
+                                          testing::Values(DType::f32, DType::bf16), testing::Bool(), testing::Range(0, 6)));
+
+// The CPU plan's tensors of one direction on host buffers (fwd's running statistics start from the
+// inputs' values and are updated in place).
+Args host_args(const Shape& s, Inputs& in, Outputs& out) {
+  Args a;
+  a.z = in.z.data();
+  a.gamma = in.gamma.as<float>();
+  a.period = in.period.as<int>();
+  if (s.dir == Direction::bwd) {
+    a.dout = in.dout.data(), a.arg = s.pool ? in.arg.as<std::uint8_t>() : nullptr;
+    a.scale = in.scale.as<float>(), a.shift = in.shift.as<float>(), a.mean = in.mean.as<float>(), a.rstd = in.rstd.as<float>();
+    a.dz = out.dz.data(), a.dgamma = out.dgamma.as<float>(), a.dbeta = out.dbeta.as<float>(), a.dbias = out.dbias.as<float>();
+    for (HostBuffer* h : {&out.dz, &out.dgamma, &out.dbeta, &out.dbias}) h->poison();
+    return a;
+  }
+  a.beta = in.beta.as<float>(), a.bias = in.bias.as<float>();
+  a.out = out.out.data(), a.arg = s.pool ? out.arg.as<std::uint8_t>() : nullptr;
+  a.scale = out.scale.as<float>(), a.shift = out.shift.as<float>();
+  for (HostBuffer* h : {&out.out, &out.arg, &out.scale, &out.shift}) h->poison();
+  if (s.dir == Direction::infer) {
+    a.running_mean = in.running_mean.as<float>(), a.running_var = in.running_var.as<float>();
+    return a;
+  }
+  out.running_mean = in.running_mean, out.running_var = in.running_var;
+  a.running_mean = out.running_mean.as<float>(), a.running_var = out.running_var.as<float>();
+  a.mean = out.mean.as<float>(), a.rstd = out.rstd.as<float>();
+  out.mean.poison(), out.rstd.poison();
+  return a;
+}
+
+// One CPU plan per direction (with and without batch norm, in each layout), run on two sets of
+// caller-owned tensors in turn: each set's outputs are those of its own inputs.
+TEST(BatchnormReluMaxpool, PlanRunsOnTheTensorsItIsGivenEachRun) {
+  for (int layouts = 0; layouts < 6; ++layouts)
+    for (bool bn : {true, false})
+      for (Direction d : {Direction::fwd, Direction::infer, Direction::bwd}) {
+        const Shape s = fused_layouts(d, DType::f32, bn, layouts);
+        auto plan = make_plan(s, Backend::cpu);
+        Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
+        Outputs out[2] = {make_outputs(s), make_outputs(s)};
+        const auto args_of = [&](int k) { return host_args(s, in[k], out[k]); };
+        const auto check = [&](int i, int o) { return verify(s, in[i], out[o]); };
+        const std::string what = std::string(direction_name(d)) + (bn ? " bn" : " bias") + " layouts " + std::to_string(layouts);
+        plan_test::expect_each_run_on_its_own_tensors(*plan, args_of, check, what);
+      }
+}
+
+TEST(BatchnormReluMaxpool, NamesFollowTheScheme) {
+  bool found = false;
+  for (const Problem& p : benchmark_problems({}))
+    if (p.name() == "batchnorm_relu_maxpool/cuda/bf16/bwd/shape:keras_cnn.bn0/layout:nhwc/batch:32/C:32/H:256/W:256/pool:3/dropout:0.25")
+      found = true;
+  EXPECT_TRUE(found);
+  found = false;
+  for (const Problem& p : benchmark_problems({}))
+    if (p.name() == "batchnorm_relu/cpu/bf16/bwd/shape:keras_cnn.dense_bn/layout:nc/batch:1024/C:1024/dropout:0.5") {
+      found = true;
+      EXPECT_FALSE(shape_of(p).pool);
+      EXPECT_EQ(shape_of(p).H * shape_of(p).W, 1);
+    }
+  EXPECT_TRUE(found);
+  found = false;
+  for (const Problem& p : benchmark_problems({}))
+    if (p.name() == "batchnorm_relu_maxpool/cuda/f32/fwd/shape:keras_cnn.bn3/layout:nchw/batch:32/C:128/H:42/W:42/pool:2/dropout:0.25/pooled:nhwc") {
+      found = true;
+      EXPECT_EQ(shape_of(p).layout, Layout::nchw);
+      EXPECT_EQ(shape_of(p).pooled_layout, Layout::nhwc);
+    }
+  EXPECT_TRUE(found);
+  int vgg = 0;  // vgg_cifar's layers: the bias without batch norm
+  for (const Problem& p : benchmark_problems({}))
+    if (p.name() == "batchnorm_relu_maxpool/cuda/f32/fwd/shape:vgg_cifar.conv3/layout:nchw/batch:128/C:64/H:13/W:13/pool:2/dropout:0.25/pooled:nhwc/bn:0" ||
+        p.name() == "batchnorm_relu/cpu/f32/bwd/shape:vgg_cifar.dense/layout:nc/batch:128/C:512/dropout:0.5/bn:0")
+    {
+      ++vgg;
+      EXPECT_FALSE(shape_of(p).bn);
+    }
+  EXPECT_EQ(vgg, 2);
+  Problem p = benchmark_problems({}).front();
+  Problem q = p;
+  q.backend = p.backend == Backend::cpu ? Backend::cuda : Backend::cpu;
+  EXPECT_EQ(shape_of(p).key.k0, shape_of(q).key.k0);  // every backend draws the same mask
+}
+
+TEST(BatchnormReluMaxpool, CudaTakesTheKernelsWidths) {
+  Shape s;
+  s.C = 12;
+  EXPECT_NE(cuda_unsupported_reason(s), "");
+  s.C = 128;
+  EXPECT_EQ(cuda_unsupported_reason(s), "");
+  s.C = 12, s.layout = Layout::nchw;  // the NCHW kernels take any width
+  EXPECT_EQ(cuda_unsupported_reason(s), "");
+}
+
+// The storage of NHWC-order elements in each layout, and back.
+TEST(BatchnormReluMaxpool, IndexesEachLayout) {
+  Shape s;
+  s.N = 2, s.C = 3, s.H = 5, s.W = 4, s.k = 2;
+  s.layout = Layout::nchw, s.pooled_layout = Layout::nhwc;
+  const std::int64_t n = 1, h = 3, w = 2, c = 2, i = ((n * s.H + h) * s.W + w) * s.C + c;
+  EXPECT_EQ(s.z_index(i), ((n * s.C + c) * s.H + h) * s.W + w);
+  EXPECT_EQ(s.pooled_index(7), 7);
+  s.pooled_layout = Layout::nchw;
+  const std::int64_t j = ((n * s.PH() + 1) * s.PW() + 0) * s.C + c;
+  EXPECT_EQ(s.pooled_index(j), ((n * s.C + c) * s.PH() + 1) * s.PW() + 0);
+  for (std::int64_t k = 0; k < s.count(); ++k) EXPECT_EQ(s.z_order(s.z_index(k)), k);
+  for (std::int64_t k = 0; k < s.pooled(); ++k) EXPECT_EQ(s.pooled_order(s.pooled_index(k)), k);
+}
+
+}  // namespace
+}  // namespace relu_maxpool
 }  // namespace hotops::batchnorm

@@ -6,6 +6,7 @@
 
 #include "hotops/check.h"
 #include "hotops/op_family.h"
+#include "kernels/batchnorm/relu_maxpool.h"
 
 namespace hotops::batchnorm {
 namespace {
@@ -87,10 +88,18 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
       }
 }
 
+// The family's ops: batchnorm, and batchnorm_relu_maxpool and batchnorm_relu (relu_maxpool.h).
+bool is_relu_maxpool(const Problem& p) { return relu_maxpool::is_op(p); }
+
+std::unique_ptr<Case> make_case(const Problem& p) {
+  return is_relu_maxpool(p) ? relu_maxpool::make_case(p) : make_plan_case<Op>(p);
+}
+
+std::string cpu_unsupported_reason(const Problem& p) { return is_relu_maxpool(p) ? "" : onednn_unsupported_reason(p); }
+
 class BatchnormFamily final : public OpFamily {
  public:
-  BatchnormFamily()
-      : OpFamily("batchnorm", onednn_unsupported_reason, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
+  BatchnormFamily() : OpFamily("batchnorm", cpu_unsupported_reason, make_case, HOTOPS_CUDA_FACTORY(make_case)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     std::vector<Problem> out;
@@ -98,6 +107,7 @@ class BatchnormFamily final : public OpFamily {
       for (Layout l : ns.layouts)
         for (std::int64_t b : batches.empty() ? ns.batches : batches)
           expand(dims(ns.name, l, b, ns.C, ns.H, ns.W), out);
+    for (Problem& p : relu_maxpool::benchmark_problems(batches)) out.push_back(std::move(p));
     return out;
   }
 
@@ -111,6 +121,7 @@ class BatchnormFamily final : public OpFamily {
     expand(dims("test", Layout::nhwc, 4, 16, 32, 32), out);
     expand(dims("test", Layout::nc, 7, 24, 1, 1), out);
     expand(dims("test", Layout::nc, 300, 1000, 1, 1), out);
+    for (Problem& p : relu_maxpool::test_problems()) out.push_back(std::move(p));
     return out;
   }
 
@@ -119,6 +130,7 @@ class BatchnormFamily final : public OpFamily {
   // bwd 8 (sum dy: 1; sum dy*(x - mean): 3; dx = k1*dy + k2*x + k3: 4).
   // Bytes: each tensor once at the dtype's size, plus the f32 per-channel vectors.
   Work work(const Problem& p) const override {
+    if (is_relu_maxpool(p)) return relu_maxpool::work(p);
     const Shape s = shape_of(p);
     const double n = static_cast<double>(s.count()), e = static_cast<double>(dtype_size(s.dtype));
     const double c4 = 4.0 * static_cast<double>(s.C);  // one f32 per-channel vector
@@ -141,6 +153,12 @@ class BatchnormFamily final : public OpFamily {
   }
 
   std::string unsupported_reason(const Problem& p) const override {
+    if (is_relu_maxpool(p)) {
+      const relu_maxpool::Shape s = relu_maxpool::shape_of(p);
+      if (s.dir == Direction::fwd && s.bn && s.N * s.H * s.W < 2)
+        return "training batchnorm needs more than one value per channel (the unbiased variance divides by n - 1)";
+      return OpFamily::unsupported_reason(p);
+    }
     const Shape s = shape_of(p);
     if (s.dtype != DType::f32 && s.dtype != DType::bf16)
       return std::string("batchnorm is benchmarked in f32 and bf16, not ") + dtype_name(s.dtype);

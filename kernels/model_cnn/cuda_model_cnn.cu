@@ -1,6 +1,6 @@
-// model_cnn on CUDA: cuDNN convolutions, cublasLt dense GEMMs and hand-written kernels that fuse batch
-// norm, ReLU, max-pool and dropout; the passes, layouts and bf16 form:
-// docs/models.md, "How each model step runs".
+// model_cnn on CUDA: cuDNN convolutions (conv2d plans), cublasLt dense GEMMs (matmul plans) and the
+// batchnorm family's fused batch norm + ReLU (+ max-pool) + dropout plans; the passes, layouts and
+// bf16 form: docs/models.md, "How each model step runs".
 #include <cudnn.h>
 
 #include <algorithm>
@@ -15,6 +15,8 @@
 #include "hotops/cudnn_util.h"
 #include "hotops/cuda_util.h"
 #include "hotops/trace.h"
+#include "kernels/batchnorm/cuda_fused.cuh"
+#include "kernels/batchnorm/relu_maxpool.h"
 #include "kernels/conv2d/conv2d.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/model_cnn/model_cnn.h"
@@ -27,362 +29,16 @@ using gpu::cudnn;
 using models::StepState;
 using pointwise::DropoutKey;
 
-constexpr unsigned kThreads = 256;
-constexpr int kMaxReduceBlocks = 1024;  // 8 a SM on an H100: the stats passes read the largest tensors
-constexpr int kMaxChannels = 1024;  // channels (or hidden units) of a batch norm: C / 4 divides kThreads
-
 // ---- kernels ------------------------------------------------------------------------------------
 
-__device__ inline float4 operator+(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
-__device__ inline float lane(const float4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
-__device__ inline float& lane(float4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
-
+// The batchnorm family's kernel helpers and launchers (kernels/batchnorm/cuda_fused.cuh): grid_for,
+// kThreads, and the activations the verification recomputes (launch_act, launch_act_nchw).
+using namespace batchnorm::cuda_fused;  // NOLINT(build/namespaces): the kernels' helpers
 using models::cast_params;
 using models::narrow;
 using models::widen;
 using bf16 = __nv_bfloat16;
-
-// Vector i of 4 consecutive activations of storage T (float, or bf16 widened exactly), and back
-// (bf16 rounded to nearest even). The NHWC kernels read and write through these.
-__device__ inline float4 load4(const float* p, std::int64_t i) { return reinterpret_cast<const float4*>(p)[i]; }
-__device__ inline float4 load4(const bf16* p, std::int64_t i) {
-  const uint2 u = reinterpret_cast<const uint2*>(p)[i];
-  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
-  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
-  return make_float4(a.x, a.y, b.x, b.y);
-}
-__device__ inline void store4(float* p, std::int64_t i, float4 v) { reinterpret_cast<float4*>(p)[i] = v; }
-__device__ inline void store4(bf16* p, std::int64_t i, float4 v) {
-  const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
-  uint2 u;
-  u.x = *reinterpret_cast<const unsigned*>(&a);
-  u.y = *reinterpret_cast<const unsigned*>(&b);
-  reinterpret_cast<uint2*>(p)[i] = u;
-}
-
-__device__ inline bool keep(const DropoutKey& k, std::int64_t e, std::int64_t b, int period) {
-  return pointwise::dropout_keep(k, static_cast<std::uint32_t>(e), static_cast<std::uint32_t>(b % period));
-}
-
-// The per-block reduction of the row x channel kernels: s1, s2 of this thread's 4 channels (lane c4,
-// row slot r0) summed over the block's row slots in order into partial[block][2C] (deterministic).
-__device__ void block_sums(float4 s1, float4 s2, int C, int c4, int r0, int rpi, float* __restrict__ partial) {
-  __shared__ float sm[2][kThreads * 4];
-  if (r0 < rpi) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) sm[0][r0 * C + 4 * c4 + j] = lane(s1, j), sm[1][r0 * C + 4 * c4 + j] = lane(s2, j);
-  }
-  __syncthreads();
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float a = 0.f, b = 0.f;
-    for (int r = 0; r < rpi; ++r) a += sm[0][r * C + c], b += sm[1][r * C + c];
-    partial[static_cast<std::int64_t>(blockIdx.x) * 2 * C + c] = a;
-    partial[static_cast<std::int64_t>(blockIdx.x) * 2 * C + C + c] = b;
-  }
-}
-
-// Per-channel sums of z - K and (z - K)^2 over rows [rows, C], K = z's first row (keeps the f32 sums
-// small where the mean is large).
-template <class T>
-__global__ void __launch_bounds__(kThreads) bn_stats(const T* __restrict__ z, std::int64_t rows, int C, float* __restrict__ partial) {
-  const int tpr = C / 4, rpi = blockDim.x / tpr, c4 = threadIdx.x % tpr, r0 = threadIdx.x / tpr;
-  float4 s1 = make_float4(0, 0, 0, 0), s2 = s1;
-  if (r0 < rpi) {
-    const float4 K = load4(z, c4);
-    for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * rpi + r0; r < rows; r += static_cast<std::int64_t>(gridDim.x) * rpi) {
-      const float4 v = load4(z, r * tpr + c4);
-      const float4 d = make_float4(v.x - K.x, v.y - K.y, v.z - K.z, v.w - K.w);
-      s1 = s1 + d;
-      s2 = s2 + make_float4(d.x * d.x, d.y * d.y, d.z * d.z, d.w * d.w);
-    }
-  }
-  block_sums(s1, s2, C, c4, r0, rpi, partial);
-}
-
-// The finalize kernels' sums: block (32 channels x 32 slots), grid ceil(C / 32); slot y adds the
-// blocks' partial sums b = y, y + 32, ... in double, then slot 0 adds the 32 slots in order
-// (deterministic). True for the thread (slot 0) that owns channel c, with *s1, *s2 its sums.
-__device__ bool channel_sums(const float* __restrict__ partial, int blocks, int C, int* c_out, double* s1, double* s2) {
-  __shared__ double sh[2][32][33];
-  const int c = blockIdx.x * 32 + threadIdx.x;
-  double a = 0, b = 0;
-  if (c < C)
-    for (int k = threadIdx.y; k < blocks; k += 32) a += partial[static_cast<std::int64_t>(k) * 2 * C + c], b += partial[static_cast<std::int64_t>(k) * 2 * C + C + c];
-  sh[0][threadIdx.y][threadIdx.x] = a, sh[1][threadIdx.y][threadIdx.x] = b;
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= C) return false;
-  a = 0, b = 0;
-  for (int y = 0; y < 32; ++y) a += sh[0][y][threadIdx.x], b += sh[1][y][threadIdx.x];
-  *c_out = c, *s1 = a, *s2 = b;
-  return true;
-}
-const dim3 kFinalizeBlock(32, 32);
-unsigned finalize_grid(std::int64_t C) { return static_cast<unsigned>((C + 31) / 32); }
-
-// Per channel: the batch statistics in double from the blocks' sums; the affine of the forward
-// (y = z * scale + shift, z without the bias: batch norm removes it); mean and rstd for the backward;
-// the running statistics (of z + bias, the variance unbiased). K: the shift of the sums (z's first
-// element of the channel).
-template <class T>
-__global__ void __launch_bounds__(1024) bn_finalize(const float* __restrict__ partial, int blocks, int C, double M, const T* __restrict__ K,
-                                                    std::int64_t k_stride, const float* __restrict__ gamma, const float* __restrict__ beta,
-                                                    const float* __restrict__ bias, float* __restrict__ run_mean, float* __restrict__ run_var,
-                                                    float* __restrict__ scale, float* __restrict__ shift, float* __restrict__ mean,
-                                                    float* __restrict__ rstd) {
-  int c = 0;
-  double s1 = 0, s2 = 0;
-  if (!channel_sums(partial, blocks, C, &c, &s1, &s2)) return;
-  const double d = s1 / M, var = fmax(s2 / M - d * d, 0.0), m = static_cast<double>(widen(K[c * k_stride])) + d;
-  const double rs = 1 / sqrt(var + kBnEps);
-  const double sc = gamma[c] * rs;
-  scale[c] = static_cast<float>(sc);
-  shift[c] = static_cast<float>(beta[c] - m * sc);
-  mean[c] = static_cast<float>(m);
-  rstd[c] = static_cast<float>(rs);
-  run_mean[c] = static_cast<float>((1 - kBnMomentum) * run_mean[c] + kBnMomentum * (m + bias[c]));
-  run_var[c] = static_cast<float>((1 - kBnMomentum) * run_var[c] + kBnMomentum * var * M / (M - 1));
-}
-
-// The affine without batch statistics: batch norm with the running ones (infer), or the bias alone.
-__global__ void affine_prep(int C, const float* __restrict__ bias, const float* __restrict__ gamma, const float* __restrict__ beta,
-                            const float* __restrict__ run_mean, const float* __restrict__ run_var, float* __restrict__ scale,
-                            float* __restrict__ shift) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  if (!gamma) {
-    scale[c] = 1.f, shift[c] = bias[c];
-    return;
-  }
-  const float sc = gamma[c] / sqrtf(run_var[c] + static_cast<float>(kBnEps));
-  scale[c] = sc;
-  shift[c] = (bias[c] - run_mean[c]) * sc + beta[c];
-}
-
-struct Drop {
-  DropoutKey key;
-  const int* period;  // device: the mask period (the batch, or the verification period)
-  bool on;
-};
-
-// a = relu(z * scale + shift) over n4 vectors of rows of C (C4 = C / 4 vectors); with dropout (per4
-// vectors per sample) a *= keep ? scale : 0.
-// T: z's storage, O: a's (the verification's hints are f32 whatever T is).
-template <class T, class O>
-__global__ void act(const T* __restrict__ z, const float4* __restrict__ scale, const float4* __restrict__ shift, O* __restrict__ a,
-                    std::int64_t n4, int C4, Drop drop, std::int64_t per4) {
-  const int period = drop.on ? *drop.period : 1;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const int c4 = static_cast<int>(i % C4);
-    const float4 v = load4(z, i), s = scale[c4], t = shift[c4];
-    float4 y = make_float4(fmaxf(v.x * s.x + t.x, 0.f), fmaxf(v.y * s.y + t.y, 0.f), fmaxf(v.z * s.z + t.z, 0.f), fmaxf(v.w * s.w + t.w, 0.f));
-    if (drop.on) {
-      const std::int64_t b = i / per4, e = (i % per4) * 4;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) lane(y, j) *= keep(drop.key, e + j, b, period) ? drop.key.scale : 0.f;
-    }
-    store4(a, i, y);
-  }
-}
-
-struct PoolGeom {
-  int P, Q, C, PH, PW, k;
-};
-
-// Thread per pooled vector (n, ph, pw, c4): the first maximum of relu(z * scale + shift) over the k x k
-// window, its index (r * k + t) as a byte, then dropout.
-template <class T>
-__global__ void act_pool(const T* __restrict__ z, const float4* __restrict__ scale, const float4* __restrict__ shift, T* __restrict__ p,
-                         uchar4* __restrict__ arg, std::int64_t n4, PoolGeom g, Drop drop) {
-  const int period = drop.on ? *drop.period : 1;
-  const int C4 = g.C / 4;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const int c4 = static_cast<int>(i % C4);
-    std::int64_t rest = i / C4;
-    const int pw = static_cast<int>(rest % g.PW);
-    rest /= g.PW;
-    const int ph = static_cast<int>(rest % g.PH);
-    const std::int64_t n = rest / g.PH;
-    const float4 s = scale[c4], t = shift[c4];
-    float4 best = make_float4(-1.f, -1.f, -1.f, -1.f);
-    unsigned char at[4] = {0, 0, 0, 0};
-    for (int r = 0; r < g.k; ++r)
-      for (int q = 0; q < g.k; ++q) {
-        const float4 v = load4(z, ((n * g.P + ph * g.k + r) * g.Q + pw * g.k + q) * C4 + c4);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float y = fmaxf(lane(v, j) * lane(s, j) + lane(t, j), 0.f);
-          if (y > lane(best, j)) lane(best, j) = y, at[j] = static_cast<unsigned char>(r * g.k + q);
-        }
-      }
-    if (drop.on) {
-      const std::int64_t e = ((static_cast<std::int64_t>(ph) * g.PW + pw) * g.C) + 4 * c4;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) lane(best, j) *= keep(drop.key, e + j, n, period) ? drop.key.scale : 0.f;
-    }
-    store4(p, i, best);
-    arg[i] = make_uchar4(at[0], at[1], at[2], at[3]);
-  }
-}
-
-// Batch-norm (or bias) backward, stage 1, for a pooled layer: rows are the pooled pixels. dy at a
-// window's argmax is the pooled gradient through dropout and the ReLU (recomputed from z); s1 = sum dy,
-// s2 = sum dy * xhat (batch norm only).
-template <class T>
-__global__ void __launch_bounds__(kThreads) reduce_pool(const T* __restrict__ dp, const uchar4* __restrict__ arg, const T* __restrict__ z,
-                                                        const float* __restrict__ scale, const float* __restrict__ shift,
-                                                        const float* __restrict__ mean, const float* __restrict__ rstd, std::int64_t rows,
-                                                        PoolGeom g, Drop drop, float* __restrict__ partial) {
-  const int C = g.C, tpr = C / 4, rpi = blockDim.x / tpr, c4 = threadIdx.x % tpr, r0 = threadIdx.x / tpr;
-  const int period = drop.on ? *drop.period : 1;
-  float4 s1 = make_float4(0, 0, 0, 0), s2 = s1;
-  if (r0 < rpi)
-    for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * rpi + r0; r < rows; r += static_cast<std::int64_t>(gridDim.x) * rpi) {
-      const int pw = static_cast<int>(r % g.PW), ph = static_cast<int>((r / g.PW) % g.PH);
-      const std::int64_t n = r / (static_cast<std::int64_t>(g.PW) * g.PH);
-      const float4 d = load4(dp, r * tpr + c4);
-      const uchar4 a = arg[r * tpr + c4];
-      const unsigned char at[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int c = 4 * c4 + j;
-        float gj = lane(d, j);
-        if (drop.on) gj *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + c, n, period) ? drop.key.scale : 0.f;
-        const float zv = widen(z[((n * g.P + ph * g.k + at[j] / g.k) * g.Q + pw * g.k + at[j] % g.k) * C + c]);
-        const float dy = zv * scale[c] + shift[c] > 0.f ? gj : 0.f;
-        lane(s1, j) += dy;
-        if (mean) lane(s2, j) += dy * (zv - mean[c]) * rstd[c];
-      }
-    }
-  block_sums(s1, s2, C, c4, r0, rpi, partial);
-}
-
-// Stage 1 for an unpooled layer (rows x C, every element): dy = relu'(z) * da (through dropout when on,
-// per4 vectors per sample).
-template <class T>
-__global__ void __launch_bounds__(kThreads) reduce_dense(const T* __restrict__ da, const T* __restrict__ z, const float4* __restrict__ scale,
-                                                         const float4* __restrict__ shift, const float4* __restrict__ mean,
-                                                         const float4* __restrict__ rstd, std::int64_t rows, int C, Drop drop,
-                                                         std::int64_t per4, float* __restrict__ partial) {
-  const int tpr = C / 4, rpi = blockDim.x / tpr, c4 = threadIdx.x % tpr, r0 = threadIdx.x / tpr;
-  const int period = drop.on ? *drop.period : 1;
-  float4 s1 = make_float4(0, 0, 0, 0), s2 = s1;
-  if (r0 < rpi) {
-    const float4 s = scale[c4], t = shift[c4];
-    const float4 m = mean ? mean[c4] : s1, rs = rstd ? rstd[c4] : s1;
-    for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * rpi + r0; r < rows; r += static_cast<std::int64_t>(gridDim.x) * rpi) {
-      const std::int64_t i = r * tpr + c4;
-      const float4 v = load4(z, i), d = load4(da, i);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float gj = lane(d, j);
-        if (drop.on) gj *= keep(drop.key, (i % per4) * 4 + j, i / per4, period) ? drop.key.scale : 0.f;
-        const float dy = lane(v, j) * lane(s, j) + lane(t, j) > 0.f ? gj : 0.f;
-        lane(s1, j) += dy;
-        lane(s2, j) += dy * (lane(v, j) - lane(m, j)) * lane(rs, j);
-      }
-    }
-  }
-  block_sums(s1, s2, C, c4, r0, rpi, partial);
-}
-
-// Stage 2, per channel (channel_sums): batch norm writes dgamma, dbeta and a zero bias gradient, and
-// the coefficients of dz = A dy + b0 + c0 xhat; without batch norm, the bias gradient and A = 1.
-__global__ void __launch_bounds__(1024) finalize_bwd(const float* __restrict__ partial, int blocks, int C, double M, const float* __restrict__ gamma,
-                                                     const float* __restrict__ rstd, float* __restrict__ dgamma, float* __restrict__ dbeta,
-                                                     float* __restrict__ dbias, float* __restrict__ coef) {
-  int c = 0;
-  double s1 = 0, s2 = 0;
-  if (!channel_sums(partial, blocks, C, &c, &s1, &s2)) return;
-  if (!gamma) {
-    dbias[c] = static_cast<float>(s1);
-    coef[c] = 1.f, coef[C + c] = 0.f, coef[2 * C + c] = 0.f;
-    return;
-  }
-  dgamma[c] = static_cast<float>(s2);
-  dbeta[c] = static_cast<float>(s1);
-  dbias[c] = 0.f;
-  const double a = gamma[c] * static_cast<double>(rstd[c]);
-  coef[c] = static_cast<float>(a);
-  coef[C + c] = static_cast<float>(-a * s1 / M);
-  coef[2 * C + c] = static_cast<float>(-a * s2 / M);
-}
-
-// dz over every pixel of z (n, h, w, c4): dy is the pooled gradient where this pixel is its window's
-// argmax (through dropout and the ReLU), else 0; dz = A dy + b0 + c0 xhat (batch norm) or dy.
-template <class T>
-__global__ void dz_pool(const T* __restrict__ dp, const uchar4* __restrict__ arg, const T* __restrict__ z, const float4* __restrict__ scale,
-                        const float4* __restrict__ shift, const float* __restrict__ coef, const float4* __restrict__ mean,
-                        const float4* __restrict__ rstd, T* __restrict__ dz, std::int64_t n4, PoolGeom g, Drop drop) {
-  const int period = drop.on ? *drop.period : 1;
-  const int C = g.C, C4 = C / 4;
-  const float4* A = reinterpret_cast<const float4*>(coef);
-  const float4* B0 = reinterpret_cast<const float4*>(coef + C);
-  const float4* C0 = reinterpret_cast<const float4*>(coef + 2 * C);
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const int c4 = static_cast<int>(i % C4);
-    std::int64_t rest = i / C4;
-    const int w = static_cast<int>(rest % g.Q);
-    rest /= g.Q;
-    const int h = static_cast<int>(rest % g.P);
-    const std::int64_t n = rest / g.P;
-    const int ph = h / g.k, pw = w / g.k;
-    const float4 v = load4(z, i);
-    float4 dy = make_float4(0, 0, 0, 0);
-    if (ph < g.PH && pw < g.PW) {
-      const std::int64_t pi = ((n * g.PH + ph) * g.PW + pw) * C4 + c4;
-      const uchar4 a = arg[pi];
-      const unsigned char at[4] = {a.x, a.y, a.z, a.w};
-      const unsigned char mine = static_cast<unsigned char>((h % g.k) * g.k + w % g.k);
-      if (at[0] == mine || at[1] == mine || at[2] == mine || at[3] == mine) {
-        const float4 d = load4(dp, pi), s = scale[c4], t = shift[c4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (at[j] != mine || !(lane(v, j) * lane(s, j) + lane(t, j) > 0.f)) continue;
-          float gj = lane(d, j);
-          if (drop.on) gj *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + 4 * c4 + j, n, period) ? drop.key.scale : 0.f;
-          lane(dy, j) = gj;
-        }
-      }
-    }
-    const float4 a = A[c4];
-    float4 out = make_float4(a.x * dy.x, a.y * dy.y, a.z * dy.z, a.w * dy.w);
-    if (mean) {
-      const float4 b0 = B0[c4], c0 = C0[c4], m = mean[c4], rs = rstd[c4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) lane(out, j) += lane(b0, j) + lane(c0, j) * (lane(v, j) - lane(m, j)) * lane(rs, j);
-    }
-    store4(dz, i, out);
-  }
-}
-
-// dz for an unpooled layer: dy = relu'(z) da (through dropout when on); dz = A dy + b0 + c0 xhat or dy.
-template <class T>
-__global__ void dz_dense(const T* __restrict__ da, const T* __restrict__ z, const float4* __restrict__ scale, const float4* __restrict__ shift,
-                         const float* __restrict__ coef, const float4* __restrict__ mean, const float4* __restrict__ rstd,
-                         T* __restrict__ dz, std::int64_t n4, int C, Drop drop, std::int64_t per4) {
-  const int period = drop.on ? *drop.period : 1;
-  const int C4 = C / 4;
-  const float4* A = reinterpret_cast<const float4*>(coef);
-  const float4* B0 = reinterpret_cast<const float4*>(coef + C);
-  const float4* C0 = reinterpret_cast<const float4*>(coef + 2 * C);
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const int c4 = static_cast<int>(i % C4);
-    const float4 v = load4(z, i), d = load4(da, i), s = scale[c4], t = shift[c4], a = A[c4];
-    float4 out;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float gj = lane(d, j);
-      if (drop.on) gj *= keep(drop.key, (i % per4) * 4 + j, i / per4, period) ? drop.key.scale : 0.f;
-      lane(out, j) = lane(a, j) * (lane(v, j) * lane(s, j) + lane(t, j) > 0.f ? gj : 0.f);
-    }
-    if (mean) {
-      const float4 b0 = B0[c4], c0 = C0[c4], m = mean[c4], rs = rstd[c4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) lane(out, j) += lane(b0, j) + lane(c0, j) * (lane(v, j) - lane(m, j)) * lane(rs, j);
-    }
-    store4(dz, i, out);
-  }
-}
+namespace relu_maxpool = batchnorm::relu_maxpool;
 
 // The data gradient of a 3x3 stride-1 conv as a forward conv: dx = conv(dz, Wf, pad 2 - pad) with
 // Wf[c][r][s][k] = W[k][2-r][2-s][c] (K and C swapped; KRSC, or KCRS as Wf[c][k][r][s] for NCHW).
@@ -398,8 +54,6 @@ __global__ void flip_filter(const float* __restrict__ w, Out* __restrict__ wf, i
   }
 }
 
-// ---- NCHW kernels: scalar, as a channel's P x Q plane is contiguous and P Q need not divide by 4 ----
-
 // The model's parameters keep KRSC; the NCHW convolutions take KCRS: w (KRSC) -> out (KCRS), or back
 // (the weight gradient) with to_krsc; with !kcrs the layout stays (KRSC both sides). In -> Out casts:
 // bf16's per-step copy of the f32 weights, and its bf16 weight gradient into the f32 gradients.
@@ -412,150 +66,6 @@ __global__ void filter_layout(const In* __restrict__ in, Out* __restrict__ out, 
     if (to_krsc) out[krsc] = narrow<Out>(widen(in[i]));
     else out[i] = narrow<Out>(widen(in[krsc]));
   }
-}
-
-// The index of pooled element (n, c, ph, pw): NCHW, or NHWC where the pooled tensor is the flatten's.
-__device__ inline std::int64_t pooled_at(const PoolGeom& g, std::int64_t n, int c, int ph, int pw, bool nhwc) {
-  return nhwc ? ((n * g.PH + ph) * g.PW + pw) * g.C + c : ((n * g.C + c) * g.PH + ph) * static_cast<std::int64_t>(g.PW) + pw;
-}
-
-// a = relu(z * scale + shift) over NCHW z, `plane` pixels a channel (no dropout: it follows pools only).
-template <class T, class O>
-__global__ void act_nchw(const T* __restrict__ z, const float* __restrict__ scale, const float* __restrict__ shift, O* __restrict__ a,
-                         std::int64_t n, int C, int plane) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const int c = static_cast<int>((i / plane) % C);
-    a[i] = narrow<O>(fmaxf(widen(z[i]) * scale[c] + shift[c], 0.f));
-  }
-}
-
-// act_pool for NCHW z, thread per pooled element in NCHW order; the output and its argmax byte at
-// pooled_at(out_nhwc).
-template <class T>
-__global__ void act_pool_nchw(const T* __restrict__ z, const float* __restrict__ scale, const float* __restrict__ shift, T* __restrict__ p,
-                              unsigned char* __restrict__ arg, std::int64_t n, PoolGeom g, Drop drop, bool out_nhwc) {
-  const int period = drop.on ? *drop.period : 1;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const int pw = static_cast<int>(i % g.PW);
-    std::int64_t rest = i / g.PW;
-    const int ph = static_cast<int>(rest % g.PH);
-    rest /= g.PH;
-    const int c = static_cast<int>(rest % g.C);
-    const std::int64_t nn = rest / g.C;
-    const float s = scale[c], t = shift[c];
-    const T* win = z + ((nn * g.C + c) * g.P + ph * g.k) * static_cast<std::int64_t>(g.Q) + pw * g.k;
-    float best = -1.f;
-    unsigned char at = 0;
-    for (int r = 0; r < g.k; ++r)
-      for (int q = 0; q < g.k; ++q) {
-        const float y = fmaxf(widen(win[r * g.Q + q]) * s + t, 0.f);
-        if (y > best) best = y, at = static_cast<unsigned char>(r * g.k + q);
-      }
-    if (drop.on) best *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * g.C + c, nn, period) ? drop.key.scale : 0.f;
-    const std::int64_t o = pooled_at(g, nn, c, ph, pw, out_nhwc);
-    p[o] = narrow<T>(best);
-    arg[o] = at;
-  }
-}
-
-// The per-channel sums of an NCHW layer, block (c, j) of grid (C, blocks) over the samples j, j +
-// blocks, ... into partial[j][2C] (as block_sums):
-//   stats:  s1 = sum (z - K), s2 = sum (z - K)^2, K = the channel's first element of z;
-//   dense:  dy = relu'(z) d, d NCHW as z; s1 = sum dy, s2 = sum dy xhat (batch norm);
-//   pooled: over the pooled pixels; dy at a window's argmax is d (at pooled_at(d_nhwc)) through
-//           dropout and the ReLU.
-// Each thread's sum, then warp shuffles, then the warps in order: deterministic.
-enum class Sum { stats, dense, pooled };
-template <Sum M, class T>
-__global__ void __launch_bounds__(kThreads) reduce_nchw(const T* __restrict__ d, const unsigned char* __restrict__ arg, const T* __restrict__ z,
-                                                        const float* __restrict__ scale, const float* __restrict__ shift,
-                                                        const float* __restrict__ mean, const float* __restrict__ rstd, std::int64_t B, PoolGeom g,
-                                                        Drop drop, bool d_nhwc, float* __restrict__ partial) {
-  const int c = blockIdx.x, C = g.C, j = blockIdx.y, nb = gridDim.y, zplane = g.P * g.Q;
-  const int plane = M == Sum::pooled ? g.PH * g.PW : zplane;
-  const int period = drop.on ? *drop.period : 1;
-  const float s = M == Sum::stats ? 0.f : scale[c], t = M == Sum::stats ? 0.f : shift[c];
-  const float m = mean ? mean[c] : 0.f, rs = rstd ? rstd[c] : 0.f;
-  const float K = M == Sum::stats ? widen(z[static_cast<std::int64_t>(c) * zplane]) : 0.f;
-  float s1 = 0.f, s2 = 0.f;
-  for (std::int64_t n = j; n < B; n += nb) {
-    const T* zc = z + (n * C + c) * zplane;
-    for (int e = threadIdx.x; e < plane; e += blockDim.x) {
-      if (M == Sum::stats) {
-        const float v = widen(zc[e]) - K;
-        s1 += v, s2 += v * v;
-        continue;
-      }
-      float gj, zv;
-      if (M == Sum::dense) {
-        zv = widen(zc[e]), gj = widen(d[(n * C + c) * zplane + e]);
-      } else {
-        const int ph = e / g.PW, pw = e % g.PW;
-        const std::int64_t pi = pooled_at(g, n, c, ph, pw, d_nhwc);
-        const int a = arg[pi];
-        gj = widen(d[pi]);
-        if (drop.on) gj *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + c, n, period) ? drop.key.scale : 0.f;
-        zv = widen(zc[(ph * g.k + a / g.k) * g.Q + pw * g.k + a % g.k]);
-      }
-      const float dy = zv * s + t > 0.f ? gj : 0.f;
-      s1 += dy;
-      if (mean) s2 += dy * (zv - m) * rs;
-    }
-  }
-  for (int o = 16; o > 0; o >>= 1) s1 += __shfl_down_sync(0xffffffffu, s1, o), s2 += __shfl_down_sync(0xffffffffu, s2, o);
-  __shared__ float w1[kThreads / 32], w2[kThreads / 32];
-  if (threadIdx.x % 32 == 0) w1[threadIdx.x / 32] = s1, w2[threadIdx.x / 32] = s2;
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  float a = 0.f, b = 0.f;
-  for (unsigned w = 0; w < blockDim.x / 32; ++w) a += w1[w], b += w2[w];
-  partial[static_cast<std::int64_t>(j) * 2 * C + c] = a;
-  partial[static_cast<std::int64_t>(j) * 2 * C + C + c] = b;
-}
-
-// dz over NCHW z, as dz_pool (Pooled: d is the pooled gradient at pooled_at(d_nhwc)) or dz_dense (d NCHW
-// as z; no dropout).
-template <bool Pooled, class T>
-__global__ void dz_nchw(const T* __restrict__ d, const unsigned char* __restrict__ arg, const T* __restrict__ z, const float* __restrict__ scale,
-                        const float* __restrict__ shift, const float* __restrict__ coef, const float* __restrict__ mean, const float* __restrict__ rstd,
-                        T* __restrict__ dz, std::int64_t n, PoolGeom g, Drop drop, bool d_nhwc) {
-  const int period = drop.on ? *drop.period : 1;
-  const int C = g.C, plane = g.P * g.Q;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const int c = static_cast<int>((i / plane) % C);
-    const float v = widen(z[i]);
-    const bool live = v * scale[c] + shift[c] > 0.f;
-    float dy = 0.f;
-    if (Pooled) {
-      const int e = static_cast<int>(i % plane), h = e / g.Q, w = e % g.Q, ph = h / g.k, pw = w / g.k;
-      if (live && ph < g.PH && pw < g.PW) {
-        const std::int64_t nn = i / (static_cast<std::int64_t>(plane) * C);
-        const std::int64_t pi = pooled_at(g, nn, c, ph, pw, d_nhwc);
-        if (arg[pi] == (h % g.k) * g.k + w % g.k) {
-          dy = widen(d[pi]);
-          if (drop.on) dy *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + c, nn, period) ? drop.key.scale : 0.f;
-        }
-      }
-    } else if (live) {
-      dy = widen(d[i]);
-    }
-    float out = coef[c] * dy;
-    if (mean) out += coef[C + c] + coef[2 * C + c] * (v - mean[c]) * rstd[c];
-    dz[i] = narrow<T>(out);
-  }
-}
-
-unsigned grid_for(std::int64_t n, std::int64_t cap = 8192) {
-  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>((n + kThreads - 1) / kThreads, cap)));
-}
-int reduce_blocks(std::int64_t rows, int C) {
-  const std::int64_t rpi = kThreads / (C / 4);
-  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>((rows + rpi - 1) / rpi, kMaxReduceBlocks)));
-}
-
-// NCHW: blocks a channel for reduce_nchw (about 2048 blocks in all, at most one a sample).
-int reduce_blocks_nchw(std::int64_t B, std::int64_t C) {
-  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>({B, 2048 / C, kMaxReduceBlocks})));
 }
 
 // The layout of a case's activations (CudaLayout). `measured`, on the H100 (docs/models.md has the
@@ -593,12 +103,11 @@ gpu::DeviceBuffer floats(std::int64_t n) { return gpu::DeviceBuffer(static_cast<
 // One conv layer's (or the hidden layer's) device buffers.
 struct LayerBufs {
   gpu::DeviceBuffer z, out, arg;  // z: conv output; out: p (pooled) or a; arg: the pool's argmax bytes
-  gpu::DeviceBuffer affine;       // scale [C], shift [C], mean [C], rstd [C], coef [3C]
+  gpu::DeviceBuffer affine;       // scale [C], shift [C], mean [C], rstd [C]
   float* scale() const { return affine.as<float>(); }
   float* shift(std::int64_t C) const { return affine.as<float>() + C; }
   float* mean(std::int64_t C) const { return affine.as<float>() + 2 * C; }
   float* rstd(std::int64_t C) const { return affine.as<float>() + 3 * C; }
-  float* coef(std::int64_t C) const { return affine.as<float>() + 4 * C; }
 };
 
 // Act: the activations' storage, float, or bf16 (mixed precision: model_cnn.h).
@@ -631,28 +140,26 @@ class CudaCnn final : public ModelCase {
     stats_ = gpu::DeviceBuffer(seeded_.stats);
     period_ = gpu::DeviceBuffer(sizeof(int));
     set_period(B);
-    std::int64_t max_rows_c = Hd * 2, max_out = 0, max_in = 1, max_filter = 1;
+    std::int64_t max_out = 0, max_in = 1, max_filter = 1;
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
       const ConvLayer& c = s_.convs[i];
       LayerBufs& lb = layers_.emplace_back();
       lb.z = acts(B * c.out_count());
       lb.out = acts(B * (c.pool ? c.pooled_count() : c.out_count()));
       if (c.pool) lb.arg = gpu::DeviceBuffer(static_cast<std::size_t>(B * c.pooled_count()));
-      lb.affine = floats(7 * c.K);
+      lb.affine = floats(4 * c.K);
       if (wcopy_) wk_.push_back(acts(c.K * 9 * c.C));
       max_filter = std::max(max_filter, c.K * 9 * c.C);
-      max_rows_c = std::max(max_rows_c, 2 * c.K);
       max_out = std::max(max_out, c.out_count());
       if (i > 0) max_in = std::max(max_in, c.in_count());
     }
     LayerBufs& hb = hidden_;
     hb.z = acts(B * Hd);
     hb.out = acts(B * Hd);
-    hb.affine = floats(7 * Hd);
+    hb.affine = floats(4 * Hd);
     logits_ = acts(B * C);
     if (kBf16) low_ = acts(static_cast<std::int64_t>(l_.total - l_.dense1.w));
     loss_ = floats(1);
-    partial_ = floats(static_cast<std::int64_t>(kMaxReduceBlocks) * max_rows_c);
     if (s_.train()) {
       grads_ = gpu::DeviceBuffer(l_.total * sizeof(float));
       HOTOPS_CHECK_CUDA(cudaMemset(grads_.get(), 0, grads_.bytes()));
@@ -674,6 +181,7 @@ class CudaCnn final : public ModelCase {
     if (s_.train()) hint_ = floats(B * std::max(max_out, Hd));
     plan_convs();
     plan_gemms();
+    plan_layers();
     // One step outside any capture first (lazy library state), then back to the seeded start.
     device_step();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
@@ -881,8 +389,7 @@ class CudaCnn final : public ModelCase {
   void launch_conv_act(const Act* z, const LayerBufs& lb, const ConvLayer& c, O* out) const {
     const std::int64_t n = s_.batch * c.out_count();
     if (!nchw_) return launch_act(z, lb, c.K, out, n, Drop{});
-    act_nchw<<<grid_for(n), kThreads, 0, gpu::stream()>>>(z, lb.scale(), lb.shift(c.K), out, n, dim(c.K), dim(c.P * c.Q));
-    HOTOPS_CHECK_LAUNCH();
+    launch_act_nchw(z, lb.scale(), lb.shift(c.K), out, n, dim(c.K), dim(c.P * c.Q));
   }
 
   // A dense layer's GEMM as a matmul plan over the batch's rows, in the step's dtype (cublasLt, the
@@ -917,69 +424,69 @@ class CudaCnn final : public ModelCase {
     gpu::copy(period_.get(), &v, sizeof v, cudaMemcpyHostToDevice);
   }
 
-  Drop drop(std::size_t k) const { return Drop{keys_[k], period_.as<const int>(), s_.train()}; }
-
-  // y = relu(z * scale + shift) (+ dropout) over [rows, C].
+  // relu(z * scale + shift) over [rows, C] (the verification's recomputed activations).
   template <class O>
   void launch_act(const Act* z, const LayerBufs& lb, std::int64_t C, O* out, std::int64_t n, Drop d) const {
-    const std::int64_t n4 = n / 4;
-    act<<<grid_for(n4), kThreads, 0, gpu::stream()>>>(z, reinterpret_cast<const float4*>(lb.scale()),
-                                                      reinterpret_cast<const float4*>(lb.shift(C)), out, n4,
-                                                      static_cast<int>(C / 4), d, C / 4);
-    HOTOPS_CHECK_LAUNCH();
+    batchnorm::cuda_fused::launch_act(z, lb.scale(), lb.shift(C), out, n / 4, static_cast<int>(C / 4), d, C / 4);
   }
 
-  // The per-channel affine of a layer: batch statistics (train with batch norm), running ones, or the bias.
-  // conv: the conv layer (its layout's batch statistics), or null for the hidden layer ([rows, C]).
-  void affine(const LayerBufs& lb, const Layer& ly, std::int64_t C, std::int64_t rows, const ConvLayer* conv) {
-    cudaStream_t st = gpu::stream();
-    float* P = params_.as<float>();
-    float* S = stats_.as<float>();
-    const bool bn = s_.arch.bn;
-    if (bn && s_.train()) {
-      int blocks = 0;
-      std::int64_t k_stride = 1;
-      if (conv && nchw_) {
-        blocks = reduce_blocks_nchw(s_.batch, C);
-        k_stride = conv->P * conv->Q;
-        reduce_nchw<Sum::stats><<<dim3(static_cast<unsigned>(C), static_cast<unsigned>(blocks)), kThreads, 0, st>>>(
-            static_cast<const Act*>(nullptr), nullptr, lb.z.template as<const Act>(), nullptr, nullptr, nullptr, nullptr, s_.batch, geom(*conv), Drop{}, false, partial_.as<float>());
+  // Each conv layer's batch norm (or bias) and ReLU runs a batchnorm family plan in the step's layout:
+  // batchnorm_relu_maxpool (with max-pool and dropout) where a pool follows the conv, else
+  // batchnorm_relu; the hidden layer's, batchnorm_relu over [batch, hidden] with its dropout. Built
+  // here once: fwd (infer) and, to train, bwd. NCHW pools the last conv into NHWC, the order the
+  // flatten reads.
+  void plan_layers() {
+    std::size_t stage = 0;
+    const batchnorm::Layout layout = nchw_ ? batchnorm::Layout::nchw : batchnorm::Layout::nhwc;
+    for (std::size_t i = 0; i <= s_.convs.size(); ++i) {
+      relu_maxpool::Shape ps;
+      ps.dir = s_.train() ? Direction::fwd : Direction::infer;
+      ps.dtype = s_.dtype, ps.N = s_.batch, ps.bn = s_.arch.bn, ps.eps = kBnEps, ps.momentum = kBnMomentum;
+      if (i == s_.convs.size()) {  // the hidden layer
+        ps.pool = false, ps.k = 1, ps.layout = ps.pooled_layout = batchnorm::Layout::nc, ps.C = s_.arch.hidden;
+        ps.dropout = s_.arch.hidden_dropout, ps.key = keys_.back();
       } else {
-        blocks = reduce_blocks(rows, static_cast<int>(C));
-        bn_stats<<<blocks, kThreads, 0, st>>>(lb.z.template as<const Act>(), rows, static_cast<int>(C), partial_.as<float>());
+        const ConvLayer& c = s_.convs[i];
+        ps.pool = c.pool > 0, ps.k = c.pool ? c.pool : 1, ps.C = c.K, ps.H = c.P, ps.W = c.Q, ps.layout = layout;
+        ps.pooled_layout = c.pool && i + 1 == s_.convs.size() ? batchnorm::Layout::nhwc : layout;
+        if (c.pool) ps.dropout = c.dropout, ps.key = keys_[stage++];
       }
-      HOTOPS_CHECK_LAUNCH();
-      bn_finalize<<<finalize_grid(C), kFinalizeBlock, 0, st>>>(partial_.as<const float>(), blocks, static_cast<int>(C), static_cast<double>(rows),
-                                                               lb.z.template as<const Act>(), k_stride, P + ly.gamma, P + ly.beta, P + ly.b, S + ly.mean,
-                                                               S + ly.var, lb.scale(), lb.shift(C), lb.mean(C), lb.rstd(C));
-    } else {
-      affine_prep<<<static_cast<unsigned>((C + 255) / 256), 256, 0, st>>>(static_cast<int>(C), P + ly.b, bn ? P + ly.gamma : nullptr,
-                                                                           bn ? P + ly.beta : nullptr, bn ? S + ly.mean : nullptr,
-                                                                           bn ? S + ly.var : nullptr, lb.scale(), lb.shift(C));
+      fused_fwd_.push_back(relu_maxpool::make_cuda_plan(ps));
+      if (s_.train()) ps.dir = Direction::bwd, fused_bwd_.push_back(relu_maxpool::make_cuda_plan(ps));
     }
-    HOTOPS_CHECK_LAUNCH();
   }
 
-  // The backward's stage 2 and dz coefficients, from partial_'s sums.
-  void finalize(const LayerBufs& lb, const Layer& ly, std::int64_t C, std::int64_t rows, int blocks) {
+  // Layer i's plan tensors (a conv layer, or the hidden one at i = convs.size()): the forward's (dout
+  // null), or the backward's from dout, the gradient of its output, into dz.
+  relu_maxpool::Args layer_args(std::size_t i, const Act* dout, Act* dz) const {
+    const bool hidden = i == s_.convs.size();
+    const LayerBufs& lb = hidden ? hidden_ : layers_[i];
+    const Layer& ly = hidden ? l_.dense1 : l_.conv[i];
+    const std::int64_t K = hidden ? s_.arch.hidden : s_.convs[i].K;
     float* P = params_.as<float>();
-    float* G = grads_.as<float>();
-    const bool bn = s_.arch.bn;
-    finalize_bwd<<<finalize_grid(C), kFinalizeBlock, 0, gpu::stream()>>>(partial_.as<const float>(), blocks, static_cast<int>(C),
-                                                                         static_cast<double>(rows), bn ? P + ly.gamma : nullptr, lb.rstd(C),
-                                                                         bn ? G + ly.gamma : nullptr, bn ? G + ly.beta : nullptr, G + ly.b,
-                                                                         lb.coef(C));
-    HOTOPS_CHECK_LAUNCH();
+    relu_maxpool::Args a;
+    a.z = lb.z.get();
+    a.period = period_.as<const int>();
+    if (!hidden && s_.convs[i].pool) a.arg = lb.arg.as<std::uint8_t>();
+    a.scale = lb.scale(), a.shift = lb.shift(K), a.mean = lb.mean(K), a.rstd = lb.rstd(K);
+    if (s_.arch.bn) a.gamma = P + ly.gamma;
+    if (dout) {
+      float* G = grads_.as<float>();
+      a.dout = dout, a.dz = dz, a.dbias = G + ly.b;
+      if (s_.arch.bn) a.dgamma = G + ly.gamma, a.dbeta = G + ly.beta;
+      return a;
+    }
+    float* S = stats_.as<float>();
+    a.bias = P + ly.b, a.out = lb.out.get();
+    if (s_.arch.bn) a.beta = P + ly.beta, a.running_mean = S + ly.mean, a.running_var = S + ly.var;
+    return a;
   }
 
   void device_step() {
     cudaStream_t st = gpu::stream();
     const Arch& a = s_.arch;
-    const std::int64_t B = s_.batch, Hd = a.hidden, C = a.classes;
-    const bool bn = a.bn;
+    const std::int64_t B = s_.batch, C = a.classes;
     float* P = params_.as<float>();
-    std::size_t stage = 0;
-    std::vector<std::size_t> stage_of;
     if constexpr (kBf16) {  // autocast's casts: the dense layers' parameters here, the conv weights just below
       const auto n4 = static_cast<std::int64_t>((l_.total - l_.dense1.w) / 4);
       trace::op("cast");
@@ -994,34 +501,14 @@ class CudaCnn final : public ModelCase {
       const ConvPlans& cp = *plans_[i];
       trace::op("conv2d");
       cp.fwd->run({input_of(i), weights(i), nullptr, nullptr, lb.z.get(), nullptr});
-      trace::op(bn ? "batchnorm" : "bias");
-      affine(lb, l_.conv[i], c.K, B * c.P * c.Q, &c);
-      stage_of.push_back(stage);
-      trace::op(c.pool ? "bn_relu_maxpool_dropout" : "bn_relu");  // the affine applied, fused with what follows it
-      if (c.pool && nchw_) {
-        const std::int64_t n = B * c.pooled_count();
-        act_pool_nchw<<<grid_for(n), kThreads, 0, st>>>(lb.z.template as<const Act>(), lb.scale(), lb.shift(c.K), lb.out.template as<Act>(),
-                                                        lb.arg.as<unsigned char>(), n, geom(c), drop(stage), i + 1 == s_.convs.size());
-        HOTOPS_CHECK_LAUNCH();
-        ++stage;
-      } else if (c.pool) {
-        const std::int64_t n4 = B * c.pooled_count() / 4;
-        act_pool<<<grid_for(n4), kThreads, 0, st>>>(lb.z.template as<const Act>(), reinterpret_cast<const float4*>(lb.scale()),
-                                                    reinterpret_cast<const float4*>(lb.shift(c.K)), lb.out.template as<Act>(), lb.arg.as<uchar4>(), n4,
-                                                    geom(c), drop(stage));
-        HOTOPS_CHECK_LAUNCH();
-        ++stage;
-      } else {
-        launch_conv_act(lb.z.template as<const Act>(), lb, c, lb.out.template as<Act>());
-      }
+      trace::op(c.pool ? "bn_relu_maxpool_dropout" : "bn_relu");
+      fused_fwd_[i]->run(layer_args(i, nullptr, nullptr));
     }
     trace::op("mm");
     const Act* flat = layers_.back().out.template as<const Act>();
     dense1_fwd_->run({flat, dense_param(l_.dense1.w), nullptr, nullptr, hidden_.z.get(), nullptr});
-    trace::op(bn ? "batchnorm" : "bias");
-    affine(hidden_, l_.dense1, Hd, B, nullptr);
     trace::op("bn_relu_dropout");
-    launch_act(hidden_.z.template as<const Act>(), hidden_, Hd, hidden_.out.template as<Act>(), B * Hd, drop(keys_.size() - 1));
+    fused_fwd_.back()->run(layer_args(s_.convs.size(), nullptr, nullptr));
     trace::op("addmm");
     dense2_fwd_->run({hidden_.out.get(), dense_param(l_.dense2.w), dense_param(l_.dense2.b), nullptr, logits_.get(), nullptr});
     if (!s_.train()) return;
@@ -1034,87 +521,16 @@ class CudaCnn final : public ModelCase {
     trace::op("mm");
     dense2_dw_->run({hidden_.out.get(), nullptr, nullptr, dlogits_.get(), G + l_.dense2.w, nullptr});
     dense2_dx_->run({nullptr, dense_param(l_.dense2.w), nullptr, dlogits_.get(), dhd_.get(), nullptr});
-    {  // hidden: dropout, ReLU, batch norm (or bias) backward -> dh
-      trace::op("bn_relu_dropout_bwd");
-      const LayerBufs& lb = hidden_;
-      const int blocks = reduce_blocks(B, static_cast<int>(Hd));
-      const Drop d = drop(keys_.size() - 1);
-      reduce_dense<<<blocks, kThreads, 0, st>>>(dhd_.as<const Act>(), lb.z.template as<const Act>(), reinterpret_cast<const float4*>(lb.scale()),
-                                                reinterpret_cast<const float4*>(lb.shift(Hd)), bn ? reinterpret_cast<const float4*>(lb.mean(Hd)) : nullptr,
-                                                bn ? reinterpret_cast<const float4*>(lb.rstd(Hd)) : nullptr, B, static_cast<int>(Hd), d, Hd / 4,
-                                                partial_.as<float>());
-      HOTOPS_CHECK_LAUNCH();
-      finalize(lb, l_.dense1, Hd, B, blocks);
-      const std::int64_t n4 = B * Hd / 4;
-      dz_dense<<<grid_for(n4), kThreads, 0, st>>>(dhd_.as<const Act>(), lb.z.template as<const Act>(), reinterpret_cast<const float4*>(lb.scale()),
-                                                  reinterpret_cast<const float4*>(lb.shift(Hd)), lb.coef(Hd),
-                                                  bn ? reinterpret_cast<const float4*>(lb.mean(Hd)) : nullptr,
-                                                  bn ? reinterpret_cast<const float4*>(lb.rstd(Hd)) : nullptr, dh_.as<Act>(), n4, static_cast<int>(Hd), d,
-                                                  Hd / 4);
-      HOTOPS_CHECK_LAUNCH();
-    }
+    trace::op("bn_relu_dropout_bwd");  // hidden: dropout, ReLU, batch norm (or bias) backward -> dh
+    fused_bwd_.back()->run(layer_args(s_.convs.size(), dhd_.as<const Act>(), dh_.as<Act>()));
     trace::op("mm");
     dense1_dw_->run({flat, nullptr, nullptr, dh_.get(), G + l_.dense1.w, nullptr});
     dense1_dx_->run({nullptr, dense_param(l_.dense1.w), nullptr, dh_.get(), dflat_.get(), nullptr});
     for (std::size_t i = s_.convs.size(); i-- > 0;) {
       const ConvLayer& c = s_.convs[i];
-      const LayerBufs& lb = layers_[i];
       const ConvPlans& cp = *plans_[i];
-      const Act* dout = d_output(i);
-      const Act* z = lb.z.template as<const Act>();
-      Act* dz = dz_.as<Act>();
-      const std::int64_t K = c.K;
-      const float4* mean = bn ? reinterpret_cast<const float4*>(lb.mean(K)) : nullptr;
-      const float4* rstd = bn ? reinterpret_cast<const float4*>(lb.rstd(K)) : nullptr;
-      const std::int64_t n4 = B * c.out_count() / 4;
       trace::op(c.pool ? "bn_relu_maxpool_dropout_bwd" : "bn_relu_bwd");
-      if (nchw_) {
-        const int blocks = reduce_blocks_nchw(B, K);
-        const dim3 grid(static_cast<unsigned>(K), static_cast<unsigned>(blocks));
-        const Drop d = c.pool ? drop(stage_of[i]) : Drop{};
-        const bool last = i + 1 == s_.convs.size();
-        const float* m = bn ? lb.mean(K) : nullptr;
-        const float* rs = bn ? lb.rstd(K) : nullptr;
-        const std::int64_t n = B * c.out_count();
-        if (c.pool)
-          reduce_nchw<Sum::pooled><<<grid, kThreads, 0, st>>>(dout, lb.arg.as<const unsigned char>(), z, lb.scale(), lb.shift(K),
-                                                              m, rs, B, geom(c), d, last, partial_.as<float>());
-        else
-          reduce_nchw<Sum::dense><<<grid, kThreads, 0, st>>>(dout, nullptr, z, lb.scale(), lb.shift(K), m, rs, B, geom(c), d,
-                                                             false, partial_.as<float>());
-        HOTOPS_CHECK_LAUNCH();
-        finalize(lb, l_.conv[i], K, B * c.P * c.Q, blocks);
-        if (c.pool)
-          dz_nchw<true><<<grid_for(n), kThreads, 0, st>>>(dout, lb.arg.as<const unsigned char>(), z, lb.scale(), lb.shift(K),
-                                                          lb.coef(K), m, rs, dz, n, geom(c), d, last);
-        else
-          dz_nchw<false><<<grid_for(n), kThreads, 0, st>>>(dout, nullptr, z, lb.scale(), lb.shift(K), lb.coef(K), m, rs,
-                                                           dz, n, geom(c), d, false);
-      } else if (c.pool) {
-        const std::int64_t rows = B * c.PH * c.PW;
-        const int blocks = reduce_blocks(rows, static_cast<int>(K));
-        const Drop d = drop(stage_of[i]);
-        reduce_pool<<<blocks, kThreads, 0, st>>>(dout, lb.arg.as<const uchar4>(), z, lb.scale(),
-                                                 lb.shift(K), bn ? lb.mean(K) : nullptr, bn ? lb.rstd(K) : nullptr, rows, geom(c), d,
-                                                 partial_.as<float>());
-        HOTOPS_CHECK_LAUNCH();
-        finalize(lb, l_.conv[i], K, B * c.P * c.Q, blocks);
-        dz_pool<<<grid_for(n4), kThreads, 0, st>>>(dout, lb.arg.as<const uchar4>(), z,
-                                                   reinterpret_cast<const float4*>(lb.scale()), reinterpret_cast<const float4*>(lb.shift(K)),
-                                                   lb.coef(K), mean, rstd, dz, n4, geom(c), d);
-      } else {
-        const std::int64_t rows = B * c.P * c.Q;
-        const int blocks = reduce_blocks(rows, static_cast<int>(K));
-        reduce_dense<<<blocks, kThreads, 0, st>>>(dout, z,
-                                                  reinterpret_cast<const float4*>(lb.scale()), reinterpret_cast<const float4*>(lb.shift(K)), mean,
-                                                  rstd, rows, static_cast<int>(K), Drop{}, 1, partial_.as<float>());
-        HOTOPS_CHECK_LAUNCH();
-        finalize(lb, l_.conv[i], K, rows, blocks);
-        dz_dense<<<grid_for(n4), kThreads, 0, st>>>(dout, z,
-                                                    reinterpret_cast<const float4*>(lb.scale()), reinterpret_cast<const float4*>(lb.shift(K)),
-                                                    lb.coef(K), mean, rstd, dz, n4, static_cast<int>(K), Drop{}, 1);
-      }
-      HOTOPS_CHECK_LAUNCH();
+      fused_bwd_[i]->run(layer_args(i, d_output(i), dz_.as<Act>()));
       trace::op("conv2d_bwd_weight");
       cp.filter->run({input_of(i), nullptr, nullptr, dz_.get(), wcopy_ ? dwk_.get() : static_cast<void*>(G + l_.conv[i].w), nullptr});
       if (wcopy_) launch_filter_layout(i, true);
@@ -1129,10 +545,6 @@ class CudaCnn final : public ModelCase {
     trace::op("adamw");
     adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(), static_cast<std::int64_t>(l_.total),
                      state_.as<StepState>(), nullptr, st, 4096);
-  }
-
-  static PoolGeom geom(const ConvLayer& c) {
-    return PoolGeom{dim(c.P), dim(c.Q), dim(c.K), dim(c.PH), dim(c.PW), dim(c.pool)};
   }
 
   void restore(const State& st, std::int64_t period) {
@@ -1156,7 +568,7 @@ class CudaCnn final : public ModelCase {
   std::vector<DropoutKey> keys_;
   HostBuffer host_x_;  // the batch in pageable host memory, for the e2e and graph variants
   std::vector<std::int32_t> host_labels_;
-  gpu::DeviceBuffer x_, labels_, params_, stats_, grads_, m_, v_, state_, period_, loss_, logits_, partial_;
+  gpu::DeviceBuffer x_, labels_, params_, stats_, grads_, m_, v_, state_, period_, loss_, logits_;
   gpu::DeviceBuffer dz_, dbuf_[2], dflat_, dlogits_, dhd_, dh_, hint_, workspace_;
   std::vector<LayerBufs> layers_;
   LayerBufs hidden_;
@@ -1168,6 +580,8 @@ class CudaCnn final : public ModelCase {
   std::vector<std::unique_ptr<ConvPlans>> plans_;
   std::unique_ptr<matmul::Plan> dense1_fwd_, dense2_fwd_;                          // the dense layers' forward
   std::unique_ptr<matmul::Plan> dense2_dw_, dense2_dx_, dense1_dw_, dense1_dx_;  // train: their gradients
+  // The batchnorm family's plans of each conv layer, then the hidden layer's (plan_layers); bwd: train.
+  std::vector<std::unique_ptr<relu_maxpool::Plan>> fused_fwd_, fused_bwd_;
   std::size_t ws_bytes_ = 0;  // the conv2d plans' shared workspace: the largest their algorithms need
   std::string algos_;
   HostBuffer logits_host_;

@@ -1,0 +1,211 @@
+// batchnorm_relu_maxpool and batchnorm_relu on the CPU: OpenMP loops over the rows (n, h, w),
+// channels innermost (NHWC contiguous, NCHW strided by a plane). The batch statistics are per-thread
+// double sums shifted by each channel's first value, added in thread order; the activations are f32
+// math over f32 or bf16 storage.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "hotops/dtype.h"
+#include "kernels/batchnorm/relu_maxpool.h"
+
+namespace hotops::batchnorm::relu_maxpool {
+namespace {
+
+using bf16 = std::uint16_t;
+inline float load(float v) { return v; }
+inline float load(bf16 v) { return bf16_to_float(v); }
+template <class T>
+T store(float v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else return float_to_bf16(v);
+}
+
+// Per-channel sums s1, s2 of f(row, c, &a, &b) over `rows` rows, per thread in double, then added in
+// thread order (deterministic for a thread count).
+template <class F>
+void row_sums(std::int64_t rows, std::int64_t C, std::vector<double>& s1, std::vector<double>& s2, F f) {
+  const int nt = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(std::max<std::int64_t>(rows, 1))));
+  std::vector<double> part(static_cast<std::size_t>(2 * C * nt), 0.0);
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num();
+    double* __restrict a = part.data() + 2 * C * t;
+    double* __restrict b = a + C;
+    for (std::int64_t r = rows * t / nt; r < rows * (t + 1) / nt; ++r) f(r, a, b);
+  }
+  s1.assign(static_cast<std::size_t>(C), 0.0), s2.assign(static_cast<std::size_t>(C), 0.0);
+  for (std::int64_t c = 0; c < C; ++c)
+    for (int t = 0; t < nt; ++t)
+      s1[static_cast<std::size_t>(c)] += part[static_cast<std::size_t>(2 * C * t + c)],
+          s2[static_cast<std::size_t>(c)] += part[static_cast<std::size_t>(2 * C * t + C + c)];
+}
+
+template <class T>
+class CpuReluMaxpool final : public Plan {
+ public:
+  explicit CpuReluMaxpool(const Shape& s)
+      : s_(s), cs_(s.layout == Layout::nchw ? s.H * s.W : 1), pcs_(s.pooled_layout == Layout::nchw ? s.PH() * s.PW() : 1) {}
+
+  void run(const Args& a) override {
+    if (s_.dir == Direction::bwd) return backward(a);
+    affine(a);
+    pool(a);
+  }
+  std::string label() const override { return "hotops OpenMP loops (double batch statistics, f32 math)"; }
+
+ private:
+  float drop(const Args& a, std::int64_t n, std::int64_t e) const {
+    if (!s_.drops()) return 1.f;
+    const auto hi = static_cast<std::uint32_t>(n % *a.period);
+    return pointwise::dropout_keep(s_.key, static_cast<std::uint32_t>(e), hi) ? s_.key.scale : 0.f;
+  }
+
+  // The storage index of z's row r = (n, h, w) (its channel 0; channel c at + c cs_), and of the
+  // pooled row r = (n, ph, pw) (channel c at + c pcs_).
+  std::int64_t z_row(std::int64_t r) const {
+    const std::int64_t plane = s_.H * s_.W;
+    return cs_ == 1 ? r * s_.C : r / plane * s_.C * plane + r % plane;
+  }
+  std::int64_t pooled_row(std::int64_t r) const {
+    const std::int64_t plane = s_.PH() * s_.PW();
+    return pcs_ == 1 ? r * s_.C : r / plane * s_.C * plane + r % plane;
+  }
+
+  // scale and shift (and fwd's statistics and running update), per channel.
+  void affine(const Args& a) const {
+    const std::int64_t C = s_.C;
+    if (!s_.bn) {
+      for (std::int64_t c = 0; c < C; ++c) a.scale[c] = 1.f, a.shift[c] = a.bias[c];
+      return;
+    }
+    if (s_.dir == Direction::infer) {
+      for (std::int64_t c = 0; c < C; ++c) {
+        const float sc = a.gamma[c] / std::sqrt(a.running_var[c] + static_cast<float>(s_.eps));
+        a.scale[c] = sc;
+        a.shift[c] = (a.bias[c] - a.running_mean[c]) * sc + a.beta[c];
+      }
+      return;
+    }
+    const T* z = static_cast<const T*>(a.z);
+    const std::int64_t rows = s_.N * s_.H * s_.W;
+    std::vector<float> k0(static_cast<std::size_t>(C));
+    const std::int64_t cs = cs_;
+    for (std::int64_t c = 0; c < C; ++c) k0[static_cast<std::size_t>(c)] = load(z[c * cs]);
+    std::vector<double> s1, s2;
+    row_sums(rows, C, s1, s2, [&](std::int64_t r, double* __restrict x1, double* __restrict x2) {
+      const T* __restrict zr = z + z_row(r);
+      const float* __restrict k = k0.data();
+#pragma omp simd
+      for (std::int64_t c = 0; c < C; ++c) {
+        const double d = static_cast<double>(load(zr[c * cs])) - k[c];
+        x1[c] += d, x2[c] += d * d;
+      }
+    });
+    const double M = static_cast<double>(rows);
+    for (std::int64_t c = 0; c < C; ++c) {
+      const auto k = static_cast<std::size_t>(c);
+      const double d = s1[k] / M, var = std::max(s2[k] / M - d * d, 0.0), m = k0[k] + d;
+      const double rs = 1 / std::sqrt(var + s_.eps), sc = a.gamma[c] * rs;
+      a.scale[c] = static_cast<float>(sc);
+      a.shift[c] = static_cast<float>(a.beta[c] - m * sc);
+      a.mean[c] = static_cast<float>(m);
+      a.rstd[c] = static_cast<float>(rs);
+      a.running_mean[c] = static_cast<float>((1 - s_.momentum) * a.running_mean[c] + s_.momentum * (m + a.bias[c]));
+      a.running_var[c] = static_cast<float>((1 - s_.momentum) * a.running_var[c] + s_.momentum * var * M / (M - 1));
+    }
+  }
+
+  // Each pooled row (n, ph, pw): the first maximum of relu(z scale + shift) over the window, its
+  // index, then dropout (without the pool, k = 1: relu(z scale + shift), then dropout).
+  void pool(const Args& a) const {
+    const T* z = static_cast<const T*>(a.z);
+    T* out = static_cast<T*>(a.out);
+    const std::int64_t C = s_.C, k = s_.k, PH = s_.PH(), PW = s_.PW(), rows = s_.N * PH * PW;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t pw = r % PW, ph = (r / PW) % PH, n = r / (PW * PH), o = pooled_row(r);
+      const T* win = z + z_row((n * s_.H + ph * k) * s_.W + pw * k);
+      for (std::int64_t c = 0; c < C; ++c) {
+        const float s = a.scale[c], t = a.shift[c];
+        float best = -1.f;
+        std::uint8_t at = 0;
+        for (std::int64_t i = 0; i < k; ++i)
+          for (std::int64_t j = 0; j < k; ++j) {
+            const float y = std::max(load(win[z_row(i * s_.W + j) + c * cs_]) * s + t, 0.f);
+            if (y > best) best = y, at = static_cast<std::uint8_t>(i * k + j);
+          }
+        out[o + c * pcs_] = store<T>(best * drop(a, n, (ph * PW + pw) * C + c));
+        if (s_.pool) a.arg[o + c * pcs_] = at;
+      }
+    }
+  }
+
+  // The gradient reaching z's element (n, h, w, c) through dropout, the pool and the ReLU.
+  float dy(const Args& a, std::int64_t n, std::int64_t h, std::int64_t w, std::int64_t c, float zv) const {
+    const std::int64_t k = s_.k, ph = h / k, pw = w / k;
+    if (ph >= s_.PH() || pw >= s_.PW() || !(zv * a.scale[c] + a.shift[c] > 0.f)) return 0.f;
+    const std::int64_t j = pooled_row((n * s_.PH() + ph) * s_.PW() + pw) + c * pcs_;
+    if (s_.pool && a.arg[j] != (h % k) * k + w % k) return 0.f;
+    return load(static_cast<const T*>(a.dout)[j]) * drop(a, n, (ph * s_.PW() + pw) * s_.C + c);
+  }
+
+  // Stage 1, the sums of dy and dy xhat over the pooled rows (each window's argmax); stage 2 the
+  // per-channel gradients and dz = A dy + b0 + c0 xhat (or dy); stage 3 dz over every element.
+  void backward(const Args& a) const {
+    const T* z = static_cast<const T*>(a.z);
+    const std::int64_t C = s_.C, k = s_.k, PH = s_.PH(), PW = s_.PW();
+    std::vector<double> s1, s2;
+    row_sums(s_.N * PH * PW, C, s1, s2, [&](std::int64_t r, double* x1, double* x2) {
+      const std::int64_t pw = r % PW, ph = (r / PW) % PH, n = r / (PW * PH);
+      const std::int64_t o = pooled_row(r);
+      for (std::int64_t c = 0; c < C; ++c) {
+        const std::int64_t q = s_.pool ? a.arg[o + c * pcs_] : 0, h = ph * k + q / k, w = pw * k + q % k;
+        const float zv = load(z[z_row((n * s_.H + h) * s_.W + w) + c * cs_]);
+        const float d = dy(a, n, h, w, c, zv);
+        x1[c] += d;
+        if (s_.bn) x2[c] += static_cast<double>(d * (zv - a.mean[c]) * a.rstd[c]);
+      }
+    });
+    const double M = static_cast<double>(s_.N * s_.H * s_.W);
+    std::vector<float> A(static_cast<std::size_t>(C), 1.f), B0(A.size(), 0.f), C0(A.size(), 0.f);
+    for (std::int64_t c = 0; c < C; ++c) {
+      const auto i = static_cast<std::size_t>(c);
+      if (!s_.bn) {
+        a.dbias[c] = static_cast<float>(s1[i]);
+        continue;
+      }
+      a.dgamma[c] = static_cast<float>(s2[i]), a.dbeta[c] = static_cast<float>(s1[i]), a.dbias[c] = 0.f;
+      const double g = a.gamma[c] * static_cast<double>(a.rstd[c]);
+      A[i] = static_cast<float>(g), B0[i] = static_cast<float>(-g * s1[i] / M), C0[i] = static_cast<float>(-g * s2[i] / M);
+    }
+    T* dz = static_cast<T*>(a.dz);
+    const std::int64_t rows = s_.N * s_.H * s_.W;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t w = r % s_.W, h = (r / s_.W) % s_.H, n = r / (s_.W * s_.H), zr = z_row(r);
+      for (std::int64_t c = 0; c < C; ++c) {
+        const auto i = static_cast<std::size_t>(c);
+        const float zv = load(z[zr + c * cs_]);
+        float o = A[i] * dy(a, n, h, w, c, zv);
+        if (s_.bn) o += B0[i] + C0[i] * (zv - a.mean[c]) * a.rstd[c];
+        dz[zr + c * cs_] = store<T>(o);
+      }
+    }
+  }
+
+  Shape s_;
+  std::int64_t cs_, pcs_;  // the distance between channels of z and of the pooled tensors
+};
+
+}  // namespace
+
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s) {
+  if (s.dtype == DType::bf16) return std::make_unique<CpuReluMaxpool<bf16>>(s);
+  return std::make_unique<CpuReluMaxpool<float>>(s);
+}
+
+}  // namespace hotops::batchnorm::relu_maxpool
