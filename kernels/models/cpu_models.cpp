@@ -1,9 +1,10 @@
 // models on the CPU: each dense layer's GEMMs are the matmul family's plans (oneDNN: the forward
 // addmm with the bias and a ReLU post-op, the weight and data gradients on transposed views through
 // strides), or, for a layer below kSmallLayerMacs multiply-adds, hand-written single-thread loops:
-// there a primitive's fixed cost per call is most of the time. The loss with its gradient (one
-// fused pass), ReLU backward with the bias gradient and the AdamW step are OpenMP loops (one thread
-// below a grain of work, where forking costs more than it saves).
+// there a primitive's fixed cost per call is most of the time. ReLU backward with the bias gradient
+// is the pointwise family's relu_dbias plan. The loss with its gradient (one fused pass) and the
+// AdamW step are OpenMP loops (one thread below a grain of work, where forking costs more than it
+// saves).
 // bf16 (models.h): the same code on bf16 storage (the class and loops are templates on the storage
 // type), a flat cast of the f32 parameters to a bf16 copy first in each step, oneDNN bf16 matmuls
 // (f32 accumulation; the weight gradients written f32), the hand-written loops widening to f32.
@@ -123,6 +124,8 @@ class CpuModel final : public ModelCase {
       wgrad_[k] = matmul::make_cpu_plan(weight_grad_gemm(s_, k));
       if (k > 0) dgrad_[k] = matmul::make_cpu_plan(data_grad_gemm(s_, k));
     }
+    if (s_.train())
+      for (std::size_t k = 0; k + 1 < L; ++k) relu_dbias_.push_back(pointwise::make_cpu_plan(relu_dbias_shape(s_, k)));
   }
 
   void run() override {
@@ -172,7 +175,7 @@ class CpuModel final : public ModelCase {
           break;
         }
     }
-    if (s_.train()) what += "; OpenMP softmax-CE, ReLU bwd + bias grad, AdamW 1 flat pass";
+    if (s_.train()) what += "; OpenMP softmax-CE, relu_dbias plans (ReLU bwd + bias grad), AdamW 1 flat pass";
     return what + ", " + std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
   }
 
@@ -253,25 +256,12 @@ class CpuModel final : public ModelCase {
     return total / static_cast<double>(B);
   }
 
-  // dz = da * (a > 0) in place, and db = colsum(dz) (f32); threads over blocks of columns.
-  void relu_backward_bias_grad(std::size_t k) {
-    const std::int64_t B = s_.batch, n = s_.out(k);
-    T* dz = dact_[k + 1].as<T>();
-    const T* a = act_[k + 1].as<T>();
-    float* db = grads_.as<float>() + l_.b[k];
-    constexpr std::int64_t kCols = 16;
-#pragma omp parallel for num_threads(team(B * n)) schedule(static)
-    for (std::int64_t c0 = 0; c0 < n; c0 += kCols) {
-      const std::int64_t c1 = std::min(n, c0 + kCols);
-      float acc[kCols] = {};
-      for (std::int64_t r = 0; r < B; ++r)
-        for (std::int64_t c = c0; c < c1; ++c) {
-          const float d = load(a[r * n + c]) > 0.f ? load(dz[r * n + c]) : 0.f;
-          dz[r * n + c] = store<T>(d);
-          acc[c - c0] += d;
-        }
-      for (std::int64_t c = c0; c < c1; ++c) db[c] = acc[c - c0];
-    }
+  // dz = da * (a > 0) in place over hidden layer k's output, and its bias gradient db = colsum(dz).
+  void relu_dbias(std::size_t k) {
+    pointwise::Args r;
+    r.x = act_[k + 1].data(), r.dy = dact_[k + 1].data(), r.out = dact_[k + 1].data();
+    r.db = grads_.as<float>() + l_.b[k];
+    relu_dbias_[k]->run(r);
   }
 
   void bias_grad(std::size_t k) {  // the last layer's: no ReLU
@@ -299,7 +289,7 @@ class CpuModel final : public ModelCase {
         wgrad_[k]->run({input(k), nullptr, nullptr, dz, grads_.as<float>() + l_.w[k], nullptr});
         if (k > 0) dgrad_[k]->run({nullptr, W, nullptr, dz, dact_[k].data(), nullptr});
       }
-      if (k > 0) trace::op("relu_bwd"), relu_backward_bias_grad(k - 1);
+      if (k > 0) trace::op("relu_bwd"), relu_dbias(k - 1);
     }
   }
 
@@ -320,6 +310,7 @@ class CpuModel final : public ModelCase {
   std::vector<HostBuffer> dact_;  // [k]: gradient of act_[k] (dlogits last; da, then dz in place, for hidden)
   std::vector<bool> small_;
   std::vector<std::unique_ptr<matmul::Plan>> fwd_, wgrad_, dgrad_;  // per layer, null where hand-written
+  std::vector<std::unique_ptr<pointwise::Plan>> relu_dbias_;         // per hidden layer
   std::int64_t step_ = 0;
   double loss_ = 0;
 };

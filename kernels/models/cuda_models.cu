@@ -1,5 +1,6 @@
-// models on CUDA: the matmul family's plans (cublasLt GEMMs with bias/ReLU epilogues) and three
-// hand-written kernels that fuse what no family's plan does; the step op by op, with its launch count:
+// models on CUDA: the matmul family's plans (cublasLt GEMMs with bias/ReLU epilogues), the pointwise
+// family's relu_dbias plan (ReLU backward with the bias gradient), and the hand-written kernels that
+// fuse what no family's plan does; the step op by op, with its launch count:
 // docs/models.md, "How each model step runs".
 #include <cuda_bf16.h>
 
@@ -18,53 +19,6 @@
 
 namespace hotops::models {
 namespace {
-
-constexpr int kTileCols = 32;      // relu_backward_bias_grad: a block's columns (one warp across them)
-constexpr int kTileRowGroups = 8;  // ... and its rows in flight (blockDim.y)
-constexpr int kRowsPerSplit = 64;  // rows of the batch per block
-
-// dz = da * (a > 0) in place over a [rows, cols] row-major tile of kTileCols columns and
-// kRowsPerSplit rows per block (grid: column tiles x row splits); db = colsum(dz) in two stages,
-// deterministic: each block writes its partial sums, the last block of a column tile to finish (a
-// ticket per tile, which it resets for the next launch) adds them in split order.
-// T: the activations' storage (float or __nv_bfloat16); the sums in f32.
-template <class T>
-__global__ void __launch_bounds__(kTileCols* kTileRowGroups) relu_backward_bias_grad(
-    T* __restrict__ dz, const T* __restrict__ a, float* __restrict__ db, float* __restrict__ partial,
-    unsigned* __restrict__ tickets, int rows, int cols) {
-  const int col = blockIdx.x * kTileCols + threadIdx.x;
-  const int r0 = blockIdx.y * kRowsPerSplit, r1 = min(rows, r0 + kRowsPerSplit);
-  float acc = 0.f;
-  if (col < cols)
-    for (int r = r0 + threadIdx.y; r < r1; r += kTileRowGroups) {
-      const std::int64_t i = static_cast<std::int64_t>(r) * cols + col;
-      const float d = widen(a[i]) > 0.f ? widen(dz[i]) : 0.f;
-      dz[i] = narrow<T>(d);
-      acc += d;
-    }
-  __shared__ float sums[kTileRowGroups][kTileCols + 1];
-  __shared__ bool last;
-  sums[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < cols) {
-    float s = 0.f;
-    for (int g = 0; g < kTileRowGroups; ++g) s += sums[g][threadIdx.x];
-    partial[static_cast<std::int64_t>(blockIdx.y) * cols + col] = s;
-    __threadfence();
-  }
-  __syncthreads();
-  if (threadIdx.x == 0 && threadIdx.y == 0) {
-    last = atomicAdd(&tickets[blockIdx.x], 1u) == gridDim.y - 1;
-    if (last) tickets[blockIdx.x] = 0;
-  }
-  __syncthreads();
-  if (last && threadIdx.y == 0 && col < cols) {
-    __threadfence();
-    float s = 0.f;
-    for (unsigned y = 0; y < gridDim.y; ++y) s += static_cast<volatile const float*>(partial)[static_cast<std::int64_t>(y) * cols + col];
-    db[col] = s;
-  }
-}
 
 // y = act(y + b) over [rows, cols] row-major, the bias add and the ReLU in one pass: the forward's
 // epilogue where cublasLt has none.
@@ -126,14 +80,6 @@ class CudaModel final : public ModelCase {
       HOTOPS_CHECK_CUDA(cudaMemsetAsync(grads_.get(), 0, pbytes, gpu::stream()));  // the padding stays zero
       loss_ = gpu::DeviceBuffer(sizeof(float));
       state_ = gpu::DeviceBuffer(sizeof(StepState));
-      std::int64_t partial = 1, tiles = 1;
-      for (std::size_t k = 0; k + 1 < L; ++k) {
-        partial = std::max(partial, splits() * s_.out(k));
-        tiles = std::max(tiles, (s_.out(k) + kTileCols - 1) / kTileCols);
-      }
-      partial_ = gpu::DeviceBuffer(static_cast<std::size_t>(partial) * sizeof(float));
-      tickets_ = gpu::DeviceBuffer(static_cast<std::size_t>(tiles) * sizeof(unsigned));
-      HOTOPS_CHECK_CUDA(cudaMemsetAsync(tickets_.get(), 0, tickets_.bytes(), gpu::stream()));
       restart_optimizer();
     }
     if (s_.variant == Variant::e2e && !s_.train()) logits_host_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * s_.classes()));
@@ -143,6 +89,7 @@ class CudaModel final : public ModelCase {
       if (!s_.train()) continue;
       wgrad_.push_back(matmul::make_cuda_plan(weight_grad_gemm(s_, k)));
       dgrad_.push_back(k == 0 ? nullptr : matmul::make_cuda_plan(data_grad_gemm(s_, k)));
+      if (k + 1 < L) relu_dbias_.push_back(pointwise::make_cuda_plan(relu_dbias_shape(s_, k)));
     }
     if (s_.variant == Variant::graph) {
       // Everything the step touches that is created lazily (the cublasLt handle, its workspace)
@@ -226,7 +173,7 @@ class CudaModel final : public ModelCase {
                     std::to_string(s_.layers()) + " dense layers: matmul plans, " +
                     (s_.bf16() ? "bf16, f32 accumulation" : "f32") + " [" + list + "], " +
                     (unfused ? std::to_string(unfused) + " bias epilogue(s) as hotops bias_act" : "bias/ReLU epilogues");
-    if (s_.train()) l += " + hotops softmax_xent, relu_backward_bias_grad, AdamW 1 launch";
+    if (s_.train()) l += " + hotops softmax_xent, relu_dbias plans, AdamW 1 launch";
     l += ", " + std::to_string(launches) + " launches a step";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the batch, launches, D2H, sync";
     if (s_.variant == Variant::graph) l += "; graph: pageable H2D of the batch, 1 CUDA graph, D2H loss, sync";
@@ -252,7 +199,6 @@ class CudaModel final : public ModelCase {
     return params_.as<float>() + offset;
   }
   const void* input(std::size_t k) const { return k == 0 ? x_.get() : act_[k].get(); }
-  std::int64_t splits() const { return (s_.batch + kRowsPerSplit - 1) / kRowsPerSplit; }
 
   static void poison(float* at, std::int64_t n) {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(at, 0xFF, static_cast<std::size_t>(n) * sizeof(float), gpu::stream()));
@@ -309,12 +255,9 @@ class CudaModel final : public ModelCase {
       if (k == 0) break;
       dgrad_[k]->run({nullptr, weight(l_.w[k]), nullptr, dact_[k + 1].get(), dact_[k].get(), nullptr});
       trace::op("relu_bwd");
-      const int cols = static_cast<int>(s_.out(k - 1));
-      const dim3 grid(static_cast<unsigned>((cols + kTileCols - 1) / kTileCols), static_cast<unsigned>(splits()));
-      relu_backward_bias_grad<<<grid, dim3(kTileCols, kTileRowGroups), 0, gpu::stream()>>>(
-          dact_[k].as<T>(), act_[k].as<const T>(), grads_.as<float>() + l_.b[k - 1], partial_.as<float>(),
-          tickets_.as<unsigned>(), static_cast<int>(B), cols);
-      HOTOPS_CHECK_LAUNCH();
+      pointwise::Args r;
+      r.x = act_[k].get(), r.dy = dact_[k].get(), r.out = dact_[k].get(), r.db = grads_.as<float>() + l_.b[k - 1];
+      relu_dbias_[k - 1]->run(r);
     }
     trace::op("adamw");
     adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
@@ -324,11 +267,12 @@ class CudaModel final : public ModelCase {
   Shape s_;
   ParamLayout l_;
   State st_;  // the seeded start, and the batch in pageable host memory for the e2e variants
-  gpu::DeviceBuffer params_, grads_, m_, v_, x_, labels_, loss_, state_, partial_, tickets_;
+  gpu::DeviceBuffer params_, grads_, m_, v_, x_, labels_, loss_, state_;
   gpu::DeviceBuffer low_;  // bf16: the step's bf16 copy of params_ (same layout)
   std::vector<gpu::DeviceBuffer> act_, dact_;
   std::vector<DenseForward> fwd_;                            // per layer
   std::vector<std::unique_ptr<matmul::Plan>> wgrad_, dgrad_;  // per layer (dgrad_: null for the first)
+  std::vector<std::unique_ptr<pointwise::Plan>> relu_dbias_;  // per hidden layer
   HostBuffer logits_host_;
   float loss_host_ = 0;
   gpu::StepGraph graph_;  // graph:1

@@ -280,6 +280,16 @@ matmul::Shape weight_grad_gemm(const Shape& s, std::size_t k) {
 
 matmul::Shape data_grad_gemm(const Shape& s, std::size_t k) { return layer_gemm(s, k, matmul::Op::mm, Direction::bwd_data); }
 
+pointwise::Shape relu_dbias_shape(const Shape& s, std::size_t k) {
+  pointwise::Shape r;
+  r.op = pointwise::Op::relu_dbias;
+  r.dir = Direction::bwd;
+  r.dtype = s.dtype;
+  r.cols = s.out(k);
+  r.elements = s.batch * r.cols;
+  return r;
+}
+
 ParamLayout param_layout(const std::vector<std::int64_t>& widths) {
   ParamLayout l;
   auto place = [&](std::int64_t n) { return place_aligned(l.total, l.parameters, n); };

@@ -19,6 +19,7 @@
 #include "hotops/op_family.h"
 #include "kernels/adamw/adamw.h"
 #include "kernels/matmul/matmul.h"
+#include "kernels/pointwise/pointwise.h"
 
 namespace hotops::models {
 
@@ -138,6 +139,9 @@ ParamLayout param_layout(const std::vector<std::int64_t>& widths);
 matmul::Shape forward_gemm(const Shape& s, std::size_t k);
 matmul::Shape weight_grad_gemm(const Shape& s, std::size_t k);
 matmul::Shape data_grad_gemm(const Shape& s, std::size_t k);
+// The ReLU backward of hidden layer k with its bias gradient (pointwise relu_dbias over [batch, out]):
+// dz = da * (a > 0) in place, db_k = colsum(dz).
+pointwise::Shape relu_dbias_shape(const Shape& s, std::size_t k);
 
 // Places a tensor of n floats at the end of a flat parameter buffer, on a kAlignFloats boundary:
 // returns its offset and grows `total` (padding included) and `parameters` (padding excluded).
