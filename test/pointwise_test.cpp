@@ -352,15 +352,7 @@ void expect_dbias_plan_runs_in_place(Backend backend) {
     }
 }
 
-TEST(ReluDbias, CpuPlanRunsInPlaceOnTheTensorsItIsGiven) { expect_dbias_plan_runs_in_place(Backend::cpu); }
-
-#ifdef HOTOPS_HAVE_CUDA
-TEST(ReluDbias, CudaPlanRunsInPlaceOnTheTensorsItIsGiven) {
-  std::string why;
-  if (!gpu::available(&why)) GTEST_SKIP() << why;
-  expect_dbias_plan_runs_in_place(Backend::cuda);
-}
-#endif
+HOTOPS_PLAN_TESTS(ReluDbias, PlanRunsInPlaceOnTheTensorsItIsGiven, expect_dbias_plan_runs_in_place)
 
 }  // namespace
 }  // namespace hotops::pointwise

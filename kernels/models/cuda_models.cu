@@ -1,6 +1,7 @@
-// models on CUDA: the matmul family's plans (cublasLt GEMMs with bias/ReLU epilogues), the pointwise
-// family's relu_dbias plan (ReLU backward with the bias gradient), and the hand-written kernels that
-// fuse what no family's plan does; the step op by op, with its launch count:
+// models on CUDA: the matmul family's plans (cublasLt GEMMs with bias/ReLU epilogues), the loss
+// family's cross_entropy_dbias plan (the head's loss, dlogits and bias gradient), the pointwise
+// family's relu_dbias plan (ReLU backward with the bias gradient), AdamW advancing its own step
+// count, and bias_act where cublasLt has no epilogue; the step op by op, with its launch count:
 // docs/models.md, "How each model step runs".
 #include <cuda_bf16.h>
 
@@ -58,7 +59,7 @@ class CudaModel final : public ModelCase {
   explicit CudaModel(const Problem& p) : s_(shape_of(p)), l_(param_layout(s_.widths)), st_(make_state(s_, l_, step_seed(p))) {
     const std::size_t L = s_.layers();
     const std::int64_t B = s_.batch;
-    HOTOPS_CHECK(s_.classes() <= kMaxClasses, "models: the CUDA loss kernel takes at most 16 classes");
+    HOTOPS_CHECK(s_.classes() <= kMaxClasses, "models: the CUDA loss plan takes at most 16 classes");
     HOTOPS_CHECK(B < (std::int64_t{1} << 31) / kMaxClasses, "models: batch too large");
     const std::size_t pbytes = l_.total * sizeof(float);
     const std::size_t e = dtype_size(s_.dtype);  // bytes of a stored activation
@@ -91,6 +92,7 @@ class CudaModel final : public ModelCase {
       dgrad_.push_back(k == 0 ? nullptr : matmul::make_cuda_plan(data_grad_gemm(s_, k)));
       if (k + 1 < L) relu_dbias_.push_back(pointwise::make_cuda_plan(relu_dbias_shape(s_, k)));
     }
+    if (s_.train()) xent_ = loss::make_cuda_plan(loss::dbias_shape(s_.dtype, B, s_.classes()));
     if (s_.variant == Variant::graph) {
       // Everything the step touches that is created lazily (the cublasLt handle, its workspace)
       // must exist before the capture: allocation is not allowed while the stream is capturing.
@@ -173,7 +175,7 @@ class CudaModel final : public ModelCase {
                     std::to_string(s_.layers()) + " dense layers: matmul plans, " +
                     (s_.bf16() ? "bf16, f32 accumulation" : "f32") + " [" + list + "], " +
                     (unfused ? std::to_string(unfused) + " bias epilogue(s) as hotops bias_act" : "bias/ReLU epilogues");
-    if (s_.train()) l += " + hotops softmax_xent, relu_dbias plans, AdamW 1 launch";
+    if (s_.train()) l += " + cross_entropy_dbias and relu_dbias plans, AdamW 1 launch (it advances the step)";
     l += ", " + std::to_string(launches) + " launches a step";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the batch, launches, D2H, sync";
     if (s_.variant == Variant::graph) l += "; graph: pageable H2D of the batch, 1 CUDA graph, D2H loss, sync";
@@ -208,7 +210,7 @@ class CudaModel final : public ModelCase {
   void restart_optimizer() {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(m_.get(), 0, m_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(v_.get(), 0, v_.bytes(), gpu::stream()));
-    HOTOPS_CHECK_CUDA(cudaMemsetAsync(state_.get(), 0, sizeof(StepState), gpu::stream()));
+    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(state_.get(), &first_step_, sizeof(StepState), cudaMemcpyHostToDevice, gpu::stream()));
   }
 
   // The step on storage T (float, or __nv_bfloat16 after the cast of the parameters).
@@ -235,20 +237,17 @@ class CudaModel final : public ModelCase {
   template <class T>
   void device_step_on() {
     const std::size_t L = s_.layers();
-    const std::int64_t B = s_.batch;
     for (std::size_t k = 0; k < L; ++k) {
       trace::op("addmm");
       fwd_[k].gemm->run({input(k), weight(l_.w[k]), weight(l_.b[k]), nullptr, act_[k + 1].get(), nullptr});
       if (fwd_[k].unfused_bias) bias_act_after<T>(k);
     }
     if (!s_.train()) return;
-    const int C = static_cast<int>(s_.classes());
     trace::op("cross_entropy");
-    softmax_xent<<<1, kLossThreads, 0, gpu::stream()>>>(act_[L].as<const T>(), labels_.as<const std::int32_t>(),
-                                                        dact_[L].as<T>(), grads_.as<float>() + l_.b[L - 1],
-                                                        loss_.as<float>(), static_cast<int>(B), C, hyper(),
-                                                        state_.as<StepState>());
-    HOTOPS_CHECK_LAUNCH();
+    loss::Args xa;
+    xa.logits = act_[L].get(), xa.labels = labels_.as<const std::int32_t>(), xa.dlogits = dact_[L].get();
+    xa.loss = loss_.get(), xa.db = grads_.as<float>() + l_.b[L - 1];
+    xent_->run(xa);
     for (std::size_t k = L; k-- > 0;) {
       trace::op("mm");
       wgrad_[k]->run({input(k), nullptr, nullptr, dact_[k + 1].get(), grads_.as<float>() + l_.w[k], nullptr});
@@ -261,7 +260,7 @@ class CudaModel final : public ModelCase {
     }
     trace::op("adamw");
     adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-                     static_cast<std::int64_t>(l_.total), state_.as<StepState>(), nullptr, gpu::stream());
+                     static_cast<std::int64_t>(l_.total), state_.as<StepState>(), &hyper_, gpu::stream());
   }
 
   Shape s_;
@@ -273,6 +272,9 @@ class CudaModel final : public ModelCase {
   std::vector<DenseForward> fwd_;                            // per layer
   std::vector<std::unique_ptr<matmul::Plan>> wgrad_, dgrad_;  // per layer (dgrad_: null for the first)
   std::vector<std::unique_ptr<pointwise::Plan>> relu_dbias_;  // per hidden layer
+  std::unique_ptr<loss::Plan> xent_;                          // train: the head's loss and gradients
+  adamw::Hyper hyper_ = hyper();                              // AdamW's, as it advances the step count
+  StepState first_step_ = adamw::first_step(hyper());         // the optimizer's state before its first step
   HostBuffer logits_host_;
   float loss_host_ = 0;
   gpu::StepGraph graph_;  // graph:1

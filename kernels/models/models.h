@@ -18,6 +18,7 @@
 #include "hotops/op.h"
 #include "hotops/op_family.h"
 #include "kernels/adamw/adamw.h"
+#include "kernels/loss/loss.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/pointwise/pointwise.h"
 
