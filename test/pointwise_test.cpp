@@ -1,10 +1,12 @@
-// The pointwise family (relu, dropout, relu_dbias): reference values, the dropout mask's statistics
-// and its agreement across the CPU loop, the CUDA kernel's code (run on the host) and the reference,
-// verification that fails on planted errors, and relu_dbias's plans run in place on given tensors.
+// The pointwise family (relu, dropout, relu_dbias, relu_bias): reference values, the dropout mask's
+// statistics and its agreement across the CPU loop, the CUDA kernel's code (run on the host) and the
+// reference, verification that fails on planted errors, and the dense layers' plans run in place on
+// given tensors.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "hotops/check.h"
 #include "hotops/elementwise.h"
@@ -203,11 +205,11 @@ TEST(PointwiseShapes, NamesParseAndWorkCountsBytes) {
   EXPECT_DOUBLE_EQ(family().work(r).bytes, 10 * 4 * 3.0);
   EXPECT_DOUBLE_EQ(family().work(r).flops, 10);
   // Both ops and p values in the benchmark list; the same inputs and mask on both backends.
-  int relu = 0, dropout = 0, relu_dbias = 0;
-  for (const Problem& q : family().benchmark_problems({}))
-    (q.op == "relu" ? relu : q.op == "dropout" ? dropout : relu_dbias)++;
-  EXPECT_EQ(dropout, 2 * relu);
-  EXPECT_EQ(relu_dbias, 4 * 2 * 2);  // four model layers, both backends and dtypes, bwd only
+  std::map<std::string, int> count;
+  for (const Problem& q : family().benchmark_problems({})) count[q.op]++;
+  EXPECT_EQ(count["dropout"], 2 * count["relu"]);
+  EXPECT_EQ(count["relu_dbias"], 4 * 2 * 2);  // four model layers, both backends and dtypes, bwd only
+  EXPECT_EQ(count["relu_bias"], 4 * 2 * 2);   // the same layers, fwd only
   Problem c = p;
   c.backend = Backend::cpu;
   EXPECT_EQ(dropout_key(c).k0, dropout_key(p).k0);
@@ -353,6 +355,74 @@ void expect_dbias_plan_runs_in_place(Backend backend) {
 }
 
 HOTOPS_PLAN_TESTS(ReluDbias, PlanRunsInPlaceOnTheTensorsItIsGiven, expect_dbias_plan_runs_in_place)
+
+// ---- relu_bias ----
+
+Problem bias_problem(DType t, std::int64_t rows, std::int64_t cols) {
+  return Problem{"relu_bias", Backend::cpu, t, Direction::fwd, elementwise::model_args("test", rows, {cols})};
+}
+
+TEST(ReluBias, ReferenceAndVerify) {
+  // Two rows of two: y = max(x + b, 0); without the ReLU, x + b.
+  Shape s = shape_of(bias_problem(DType::f32, 2, 2));
+  Inputs in = make_inputs(s, 1);
+  const double xs[] = {1, -1, -0.5, 0.25}, bs[] = {-2, 0.5};
+  for (std::size_t i = 0; i < 4; ++i) in.x.set(i, xs[i]);
+  for (std::size_t c = 0; c < 2; ++c) in.b.set(c, bs[c]);
+  const double relu[] = {0, 0, 0, 0.75}, plain[] = {-1, -0.5, -2.5, 0.75};
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(reference(s, in, i), relu[i]) << i;
+  s.relu = false;
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(reference(s, in, i), plain[i]) << i;
+  for (DType t : {DType::f32, DType::bf16}) {
+    const Shape u = shape_of(bias_problem(t, 130, 70));
+    const Inputs v = make_inputs(u, 3);
+    const HostBuffer y = reference_output(u, v).out;
+    ASSERT_TRUE(verify(u, v, y).ok) << verify(u, v, y).message;
+    // The bias of the next column (an index off by one), in one element where it shows.
+    HostBuffer bad = y;
+    std::size_t at = 70 * 9 + 4;
+    while (std::max(v.x.get(at) + v.b.get(4), 0.0) == std::max(v.x.get(at) + v.b.get(5), 0.0)) ++at;
+    bad.set(at, std::max(v.x.get(at) + v.b.get(at % 70 + 1), 0.0));
+    EXPECT_FALSE(verify(u, v, bad).ok) << dtype_name(t) << " column";
+    bad = y;
+    bad.set(130 * 70, 0.0);
+    EXPECT_FALSE(verify(u, v, bad).ok) << dtype_name(t) << " guard";
+  }
+}
+
+// One relu_bias plan on `backend` run in place (out == x, as a model step runs it) on two sets of
+// tensors in turn, with and without the ReLU: each y is that of its own x and b.
+void expect_bias_plan_runs_in_place(Backend backend) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (bool relu : {true, false}) {
+      Shape s = shape_of(bias_problem(t, 130, 70));
+      s.relu = relu;
+      auto plan = make_plan(s, backend);
+      Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
+      HostBuffer out[2] = {in[0].x, in[1].x};
+      for (HostBuffer& o : out)  // x in place; its guard poisoned, as verify expects of an output's
+        for (std::size_t i = static_cast<std::size_t>(s.elements); i < o.count(); ++i) o.set(i, std::nan(""));
+      gpu::DeviceBuffer y_d[2], b_d[2];
+      const auto args_of = [&](int k) {
+        Args a;
+        if (backend == Backend::cpu) {
+          a.x = a.out = out[k].data(), a.b = in[k].b.data();
+          return a;
+        }
+        y_d[k] = gpu::DeviceBuffer(out[k]), b_d[k] = gpu::DeviceBuffer(in[k].b);
+        a.x = a.out = y_d[k].get(), a.b = b_d[k].get();
+        return a;
+      };
+      const auto check = [&](int i, int o) {
+        if (backend == Backend::cuda) y_d[o].download(out[o]);
+        return verify(s, in[i], out[o]);
+      };
+      plan_test::expect_each_run_on_its_own_tensors(*plan, args_of, check,
+                                                    std::string(dtype_name(t)) + (relu ? " relu" : " no relu"));
+    }
+}
+
+HOTOPS_PLAN_TESTS(ReluBias, PlanRunsInPlaceOnTheTensorsItIsGiven, expect_bias_plan_runs_in_place)
 
 }  // namespace
 }  // namespace hotops::pointwise

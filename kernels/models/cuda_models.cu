@@ -1,8 +1,8 @@
 // models on CUDA: the matmul family's plans (cublasLt GEMMs with bias/ReLU epilogues), the loss
 // family's cross_entropy_dbias plan (the head's loss, dlogits and bias gradient), the pointwise
-// family's relu_dbias plan (ReLU backward with the bias gradient), AdamW advancing its own step
-// count, and bias_act where cublasLt has no epilogue; the step op by op, with its launch count:
-// docs/models.md, "How each model step runs".
+// family's relu_dbias plan (ReLU backward with the bias gradient) and relu_bias plan (where cublasLt
+// has no bias epilogue), and AdamW advancing its own step count. The step op by op, with its launch
+// count: docs/models.md, "How each model step runs".
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -21,26 +21,15 @@
 namespace hotops::models {
 namespace {
 
-// y = act(y + b) over [rows, cols] row-major, the bias add and the ReLU in one pass: the forward's
-// epilogue where cublasLt has none.
-template <class T>
-__global__ void bias_act(T* __restrict__ y, const T* __restrict__ b, std::int64_t rows, int cols, bool relu) {
-  const std::int64_t n = rows * cols;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const float v = widen(y[i]) + widen(b[i % cols]);
-    y[i] = narrow<T>(relu ? fmaxf(v, 0.f) : v);
-  }
-}
-
 // A dense layer's forward, y = act(a . W + b): the matmul plan with cublasLt's bias (+ ReLU)
 // epilogue, or, where cublasLt has no kernel with that epilogue for the shape, the plain GEMM's plan
-// and bias_act after it (the label counts those).
+// and the pointwise relu_bias plan after it (the label counts those).
 struct DenseForward {
   std::unique_ptr<matmul::Plan> gemm;
-  bool unfused_bias = false;
+  std::unique_ptr<pointwise::Plan> bias;  // null where the GEMM's epilogue adds the bias
 
-  explicit DenseForward(const matmul::Shape& g) {
+  DenseForward(const Shape& s, std::size_t k) {
+    const matmul::Shape g = forward_gemm(s, k);
     try {
       gemm = matmul::make_cuda_plan(g);
       return;
@@ -50,7 +39,7 @@ struct DenseForward {
     matmul::Shape plain = g;
     plain.op = matmul::Op::mm, plain.relu = false;
     gemm = matmul::make_cuda_plan(plain);
-    unfused_bias = true;
+    bias = pointwise::make_cuda_plan(relu_bias_shape(s, k));
   }
 };
 
@@ -86,7 +75,7 @@ class CudaModel final : public ModelCase {
     if (s_.variant == Variant::e2e && !s_.train()) logits_host_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * s_.classes()));
 
     for (std::size_t k = 0; k < L; ++k) {
-      fwd_.emplace_back(forward_gemm(s_, k));
+      fwd_.emplace_back(s_, k);
       if (!s_.train()) continue;
       wgrad_.push_back(matmul::make_cuda_plan(weight_grad_gemm(s_, k)));
       dgrad_.push_back(k == 0 ? nullptr : matmul::make_cuda_plan(data_grad_gemm(s_, k)));
@@ -164,7 +153,7 @@ class CudaModel final : public ModelCase {
       ++launches;
       if (std::find(gemms.begin(), gemms.end(), g->label()) == gemms.end()) gemms.push_back(g->label());
     };
-    for (const DenseForward& f : fwd_) count(f.gemm.get()), launches += f.unfused_bias, unfused += f.unfused_bias;
+    for (const DenseForward& f : fwd_) count(f.gemm.get()), launches += f.bias != nullptr, unfused += f.bias != nullptr;
     for (const auto* list : {&wgrad_, &dgrad_})
       for (const auto& g : *list) count(g.get());
     if (s_.train()) launches += 1 + static_cast<int>(s_.layers()) - 1 + 1;  // loss, ReLU backward, AdamW
@@ -174,7 +163,7 @@ class CudaModel final : public ModelCase {
     std::string l = std::string(s_.bf16() ? "bf16 autocast (f32 master weights, hotops cast_params each step), " : "") +
                     std::to_string(s_.layers()) + " dense layers: matmul plans, " +
                     (s_.bf16() ? "bf16, f32 accumulation" : "f32") + " [" + list + "], " +
-                    (unfused ? std::to_string(unfused) + " bias epilogue(s) as hotops bias_act" : "bias/ReLU epilogues");
+                    (unfused ? std::to_string(unfused) + " bias epilogue(s) as relu_bias plans" : "bias/ReLU epilogues");
     if (s_.train()) l += " + cross_entropy_dbias and relu_dbias plans, AdamW 1 launch (it advances the step)";
     l += ", " + std::to_string(launches) + " launches a step";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the batch, launches, D2H, sync";
@@ -213,34 +202,31 @@ class CudaModel final : public ModelCase {
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(state_.get(), &first_step_, sizeof(StepState), cudaMemcpyHostToDevice, gpu::stream()));
   }
 
-  // The step on storage T (float, or __nv_bfloat16 after the cast of the parameters).
+  // The step: f32, or bf16 after the cast of the parameters (the plans know the storage).
   void device_step() {
-    if (!s_.bf16()) return device_step_on<float>();
+    if (!s_.bf16()) return layers_step();
     const auto n4 = static_cast<std::int64_t>(l_.total / 4);
     const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n4 + 255) / 256, 1024));
     trace::op("cast");
     cast_params<<<blocks, 256, 0, gpu::stream()>>>(params_.as<const float4>(), low_.as<__nv_bfloat162>(), n4);
     HOTOPS_CHECK_LAUNCH();
-    device_step_on<__nv_bfloat16>();
+    layers_step();
   }
 
-  // y = act(y + b) after a plain GEMM, where cublasLt has no bias epilogue for layer k.
-  template <class T>
-  void bias_act_after(std::size_t k) {
-    const std::int64_t rows = s_.batch, cols = s_.out(k);
-    const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((rows * cols + 255) / 256, 4096));
-    bias_act<<<blocks, 256, 0, gpu::stream()>>>(act_[k + 1].as<T>(), static_cast<const T*>(weight(l_.b[k])), rows,
-                                                static_cast<int>(cols), k + 1 < s_.layers());
-    HOTOPS_CHECK_LAUNCH();
+  // y = act(y + b) in place after a plain GEMM, where cublasLt has no bias epilogue for layer k.
+  void bias_after(std::size_t k) {
+    pointwise::Args a;
+    a.x = a.out = act_[k + 1].get(), a.b = weight(l_.b[k]);
+    fwd_[k].bias->run(a);
   }
 
-  template <class T>
-  void device_step_on() {
+  // The layers' forward and, for train, the loss, the backward and the optimizer.
+  void layers_step() {
     const std::size_t L = s_.layers();
     for (std::size_t k = 0; k < L; ++k) {
       trace::op("addmm");
       fwd_[k].gemm->run({input(k), weight(l_.w[k]), weight(l_.b[k]), nullptr, act_[k + 1].get(), nullptr});
-      if (fwd_[k].unfused_bias) bias_act_after<T>(k);
+      if (fwd_[k].bias) bias_after(k);
     }
     if (!s_.train()) return;
     trace::op("cross_entropy");

@@ -1,6 +1,7 @@
-// relu_dbias on the CPU, hand-written: dx = x > 0 ? dy : 0 and db = colsum(dx) in one pass. OpenMP
-// threads take blocks of 16 columns, each running down the rows with 16 f32 accumulators, so a
-// column's sum is one chain in row order whatever the thread count; one thread below a grain of
+// relu_dbias and relu_bias on the CPU, hand-written. relu_dbias: dx = x > 0 ? dy : 0 and db =
+// colsum(dx) in one pass; OpenMP threads take blocks of 16 columns, each running down the rows with
+// 16 f32 accumulators, so a column's sum is one chain in row order whatever the thread count.
+// relu_bias: y = max(x + b, 0) row by row, OpenMP over rows. Both on one thread below a grain of
 // work, where forking costs more than it saves.
 #include <omp.h>
 
@@ -66,8 +67,40 @@ class CpuReluDbias final : public Plan {
   Shape s_;
 };
 
+// y = act(x + b) over the shape's [rows, cols] tensor of `a`.
+template <DType D>
+void relu_bias(const Shape& s, const Args& a) {
+  using T = typename vec::Elem<D>::T;
+  const T* x = static_cast<const T*>(a.x) + s.offset;
+  T* y = static_cast<T*>(a.out) + s.offset;
+  const T* b = static_cast<const T*>(a.b);
+  const std::int64_t n = s.cols, rows = s.rows();
+#pragma omp parallel for num_threads(rows * n >= kParallelGrain ? cpu::threads() : 1) schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < n; ++c) {
+      const float v = vec::Elem<D>::load(x[r * n + c]) + vec::Elem<D>::load(b[c]);
+      y[r * n + c] = vec::Elem<D>::store(s.relu ? std::max(v, 0.f) : v);
+    }
+}
+
+class CpuReluBias final : public Plan {
+ public:
+  explicit CpuReluBias(const Shape& s) : s_(s) {}
+
+  void run(const Args& a) override {
+    if (s_.dtype == DType::bf16) relu_bias<DType::bf16>(s_, a);
+    else relu_bias<DType::f32>(s_, a);
+  }
+
+  std::string label() const override { return cpu::with_threads("hotops relu_bias loop (OpenMP over rows)"); }
+
+ private:
+  Shape s_;
+};
+
 }  // namespace
 
 std::unique_ptr<Plan> make_cpu_relu_dbias_plan(const Shape& s) { return std::make_unique<CpuReluDbias>(s); }
+std::unique_ptr<Plan> make_cpu_relu_bias_plan(const Shape& s) { return std::make_unique<CpuReluBias>(s); }
 
 }  // namespace hotops::pointwise

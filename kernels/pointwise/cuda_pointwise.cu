@@ -295,6 +295,7 @@ class CudaPointwise final : public Plan {
 
 std::unique_ptr<Plan> make_cuda_plan(const Shape& s) {
   if (s.op == Op::relu_dbias) return make_cuda_relu_dbias_plan(s);
+  if (s.op == Op::relu_bias) return make_cuda_relu_bias_plan(s);
   return std::make_unique<CudaPointwise>(s);
 }
 

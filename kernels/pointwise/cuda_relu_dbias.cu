@@ -4,8 +4,10 @@
 // partial sums, and the last block of a column tile to finish (a ticket per tile, which it resets
 // for the next launch) adds them in row-split order. The partial sums and the tickets are the
 // plan's workspace, made when it is built; the launch needs nothing else, so it can be captured.
+// relu_bias: y = act(x + b) in one grid-stride pass, 256 threads a block, at most 4096 blocks.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <string>
 
 #include "hotops/cuda_elem.cuh"
@@ -98,8 +100,53 @@ class CudaReluDbias final : public Plan {
   gpu::DeviceBuffer partial_, tickets_;
 };
 
+// y = act(x + b) over [rows, cols] row-major, the bias add and the ReLU in one pass. kInPlace: y is
+// x, read and written through y alone.
+template <class T, bool kInPlace>
+__global__ void relu_bias_kernel(const T* __restrict__ x, T* __restrict__ y, const T* __restrict__ b, std::int64_t rows,
+                                 int cols, bool relu) {
+  const std::int64_t n = rows * cols;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const float v = gpu::to_float(kInPlace ? y[i] : x[i]) + gpu::to_float(b[i % cols]);
+    y[i] = gpu::from_float<T>(relu ? fmaxf(v, 0.f) : v);
+  }
+}
+
+class CudaReluBias final : public Plan {
+ public:
+  explicit CudaReluBias(const Shape& s)
+      : s_(s), blocks_(static_cast<unsigned>(std::min<std::int64_t>((s.elements + 255) / 256, 4096))) {
+    HOTOPS_CHECK(s.cols < (std::int64_t{1} << 31), "relu_bias: cols must fit an int");
+  }
+
+  void run(const Args& a) override {
+    if (s_.dtype == DType::bf16) launch<__nv_bfloat16>(a);
+    else launch<float>(a);
+  }
+
+  std::string label() const override {
+    return std::string("hotops relu_bias_kernel<") + dtype_name(s_.dtype) + ">" + (s_.relu ? "" : " (no ReLU)") +
+           ", grid-stride, grid " + std::to_string(blocks_) + "x256";
+  }
+
+ private:
+  template <class T>
+  void launch(const Args& a) {
+    const std::size_t off = static_cast<std::size_t>(s_.offset);
+    const auto kernel = a.out == a.x ? relu_bias_kernel<T, true> : relu_bias_kernel<T, false>;
+    kernel<<<blocks_, 256, 0, gpu::stream()>>>(static_cast<const T*>(a.x) + off, static_cast<T*>(a.out) + off,
+                                               static_cast<const T*>(a.b), s_.rows(), static_cast<int>(s_.cols), s_.relu);
+    HOTOPS_CHECK_LAUNCH();
+  }
+
+  Shape s_;
+  unsigned blocks_;
+};
+
 }  // namespace
 
 std::unique_ptr<Plan> make_cuda_relu_dbias_plan(const Shape& s) { return std::make_unique<CudaReluDbias>(s); }
+std::unique_ptr<Plan> make_cuda_relu_bias_plan(const Shape& s) { return std::make_unique<CudaReluBias>(s); }
 
 }  // namespace hotops::pointwise

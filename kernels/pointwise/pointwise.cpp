@@ -4,12 +4,13 @@
 // the activations of real models, .../shape:flat/elements:N for the bandwidth sweep; dropout adds
 // p:<probability>. Both ops are elementwise, so only the element count matters to them; dims are
 // there to say which tensor of which model it is. relu_dbias/<backend>/<dtype>/bwd/shape:<model.layer>/
-// batch:B/dims:BxN: a dense layer's [B, N] activations, N the bias's length.
+// batch:B/dims:BxN: a dense layer's [B, N] activations, N the bias's length; relu_bias the same, fwd.
 #include "kernels/pointwise/pointwise.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 
 #include "hotops/check.h"
 #include "hotops/elementwise.h"
@@ -38,8 +39,9 @@ const std::vector<NamedShape>& named_shapes() {
   return shapes;
 }
 
-// relu_dbias: the hidden layers of the dense models (kernels/models), at the batch their studies ran.
-const std::vector<NamedShape>& dbias_shapes() {
+// relu_dbias and relu_bias: the hidden layers of the dense models (kernels/models), at the batch
+// their studies ran.
+const std::vector<NamedShape>& dense_shapes() {
   static const std::vector<NamedShape> shapes = {
       // The PyTorch tiny-MLP notebook (13 -> 32 -> 16 -> 2), batch 10: its two hidden layers.
       {"mlp_tiny.hidden1", {32}, 10},
@@ -60,15 +62,18 @@ constexpr const char* kDropoutP[] = {"0.5", "0.1"};
 constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd};
 constexpr DType kDTypes[] = {DType::f32, DType::bf16};
 
-const char* op_name(Op o) { return o == Op::relu ? "relu" : o == Op::dropout ? "dropout" : "relu_dbias"; }
+const char* op_name(Op o) {
+  constexpr const char* kNames[] = {"relu", "dropout", "relu_dbias", "relu_bias"};
+  return kNames[static_cast<int>(o)];
+}
 
 // Expands one shape into every backend x dtype x direction problem of op `o` (dropout: x p;
-// relu_dbias: bwd only).
+// relu_dbias: bwd only; relu_bias: fwd only).
 void expand(Op o, const std::vector<Arg>& args, std::vector<Problem>& out) {
   for (Backend be : kAllBackends)
     for (DType t : kDTypes)
       for (Direction d : kDirections) {
-        if (o == Op::relu_dbias && d != Direction::bwd) continue;
+        if ((o == Op::relu_dbias && d != Direction::bwd) || (o == Op::relu_bias && d != Direction::fwd)) continue;
         Problem p{op_name(o), be, t, d, args};
         if (o != Op::dropout) {
           out.push_back(std::move(p));
@@ -86,7 +91,10 @@ void expand_both(const std::vector<Arg>& args, std::vector<Problem>& out) {
   expand(Op::relu, args, out);
   expand(Op::dropout, args, out);
 }
-void expand_dbias(const std::vector<Arg>& args, std::vector<Problem>& out) { expand(Op::relu_dbias, args, out); }
+void expand_dense(const std::vector<Arg>& args, std::vector<Problem>& out) {
+  expand(Op::relu_dbias, args, out);
+  expand(Op::relu_bias, args, out);
+}
 
 // The op as the benchmark runs it: a PlanCase over the problem's inputs and outputs. The dropout
 // fwd mask starts as all kMaskPoison (an in-out tensor reset to it before the check), so that a
@@ -114,6 +122,7 @@ struct PointwiseOp : OpOf<Shape, Args, Inputs, HostBuffer> {
     a.out = b.out(io.out);
     if (writes_mask(s)) a.mask_out = static_cast<std::uint8_t*>(b.inout(io.unwritten_mask, io.mask));
     if (s.op == Op::relu_dbias) a.db = static_cast<float*>(b.out(io.db));
+    if (s.op == Op::relu_bias) a.b = b.in(io.in.b);
     a.seed = io.in.seed;
     return a;
   }
@@ -124,7 +133,7 @@ struct PointwiseOp : OpOf<Shape, Args, Inputs, HostBuffer> {
   }
 };
 
-// relu: oneDNN answers for itself; the dropout and relu_dbias loops run on any x86-64.
+// relu: oneDNN answers for itself; the other loops run on any x86-64.
 std::string cpu_unsupported_reason(const Problem& p) {
   return shape_of(p).op == Op::relu ? relu_onednn_unsupported_reason(p) : "";
 }
@@ -137,7 +146,7 @@ class PointwiseFamily final : public OpFamily {
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     std::vector<Problem> out = elementwise::benchmark_problems(named_shapes(), kFlatElements, batches, expand_both);
-    for (Problem& p : elementwise::benchmark_problems(dbias_shapes(), std::vector<std::int64_t>{}, batches, expand_dbias))
+    for (Problem& p : elementwise::benchmark_problems(dense_shapes(), std::vector<std::int64_t>{}, batches, expand_dense))
       out.push_back(std::move(p));
     return out;
   }
@@ -152,21 +161,22 @@ class PointwiseFamily final : public OpFamily {
     expand_both(flat_args(1027, 3), out);
     expand_both(model_args("test", 2, {3, 37}), out);
     expand_both(flat_args(100003), out);
-    // relu_dbias: one element; a row and column tile in part; two CUDA column tiles and row splits,
-    // the tensor off a 16-byte boundary; three of each, the last partial.
-    expand_dbias(model_args("test", 1, {1}), out);
-    expand_dbias(model_args("test", 2, {3, 37}), out);
+    // relu_dbias, relu_bias: one element; a row and column tile in part; two CUDA column tiles and
+    // row splits, the tensor off a 16-byte boundary; three of each, the last partial.
+    expand_dense(model_args("test", 1, {1}), out);
+    expand_dense(model_args("test", 2, {3, 37}), out);
     std::vector<Arg> offset = model_args("test", 100, {33});
     offset.push_back({"offset", "3"});
-    expand_dbias(offset, out);
-    expand_dbias(model_args("test", 130, {70}), out);
+    expand_dense(offset, out);
+    expand_dense(model_args("test", 130, {70}), out);
     return out;
   }
 
   // FLOPs: relu one compare (or select) per element; dropout two per element (the mask test and
-  // the scaling multiply), the family's fixed convention; relu_dbias two (the select, the sum's add).
+  // the scaling multiply), the family's fixed convention; relu_dbias two (the select, the sum's add),
+  // relu_bias two (the add, the max).
   // Bytes, each tensor once: relu fwd x + y, bwd x + dy + dx; dropout fwd x + y + the uint8 mask
-  // it writes, bwd dy + mask + dx; relu_dbias x + dy + dx and the f32 db.
+  // it writes, bwd dy + mask + dx; relu_dbias x + dy + dx and the f32 db; relu_bias x + y and b.
   Work work(const Problem& p) const override {
     const Shape s = shape_of(p);
     const double n = static_cast<double>(s.elements), e = static_cast<double>(dtype_size(s.dtype));
@@ -177,6 +187,9 @@ class PointwiseFamily final : public OpFamily {
     } else if (s.op == Op::relu_dbias) {
       w.flops = 2 * n;
       w.bytes = n * e * 3 + static_cast<double>(s.cols) * 4;
+    } else if (s.op == Op::relu_bias) {
+      w.flops = 2 * n;
+      w.bytes = n * e * 2 + static_cast<double>(s.cols) * e;
     } else {
       w.flops = 2 * n;
       w.bytes = n * (2 * e + 1);
@@ -190,22 +203,25 @@ class PointwiseFamily final : public OpFamily {
 
 std::unique_ptr<Plan> make_cpu_plan(const Shape& s) {
   if (s.op == Op::relu_dbias) return make_cpu_relu_dbias_plan(s);
+  if (s.op == Op::relu_bias) return make_cpu_relu_bias_plan(s);
   return s.op == Op::relu ? make_cpu_relu_plan(s) : make_cpu_dropout_plan(s);
 }
 
 Shape shape_of(const Problem& p) {
-  HOTOPS_CHECK(p.op == "relu" || p.op == "dropout" || p.op == "relu_dbias",
-               "pointwise has relu, dropout and relu_dbias only: " + p.name());
   Shape s = fwd_bwd_shape<Shape>(p, p.op);
-  s.op = p.op == "relu" ? Op::relu : p.op == "dropout" ? Op::dropout : Op::relu_dbias;
+  const std::string names[] = {"relu", "dropout", "relu_dbias", "relu_bias"};
+  const auto* name = std::find(std::begin(names), std::end(names), p.op);
+  HOTOPS_CHECK(name != std::end(names), "pointwise has relu, dropout, relu_dbias and relu_bias only: " + p.name());
+  s.op = static_cast<Op>(name - std::begin(names));
   const elementwise::Extent e = elementwise::extent_of(p);
   s.elements = e.elements;
   s.offset = e.offset;
-  if (s.op == Op::relu_dbias) {
-    HOTOPS_CHECK(s.dir == Direction::bwd && p.has("dims"), "relu_dbias is bwd over named dims: " + p.name());
+  if (s.op == Op::relu_dbias || s.op == Op::relu_bias) {
+    const Direction dir = s.op == Op::relu_dbias ? Direction::bwd : Direction::fwd;
+    HOTOPS_CHECK(s.dir == dir && p.has("dims"), p.op + " is " + direction_name(dir) + " over named dims: " + p.name());
     const std::string& dims = p.get("dims");
     s.cols = std::stoll(dims.substr(dims.rfind('x') + 1));
-    HOTOPS_CHECK(s.cols > 0 && s.elements % s.cols == 0, "bad relu_dbias dims: " + p.name());
+    HOTOPS_CHECK(s.cols > 0 && s.elements % s.cols == 0, "bad " + p.op + " dims: " + p.name());
   }
   if (s.op == Op::dropout) {
     s.p = std::stod(p.get("p"));
@@ -241,6 +257,10 @@ Inputs make_inputs(const Shape& s, std::uint64_t seed) {
   if (bwd) {
     in.dy = HostBuffer(s.dtype, buffer_count(s));
     in.dy.fill_uniform(seed, 1);
+  }
+  if (s.op == Op::relu_bias) {
+    in.b = HostBuffer(s.dtype, static_cast<std::size_t>(s.cols) + kGuard);
+    in.b.fill_uniform(seed, 2);
   }
   if (s.op == Op::dropout) {
     in.seed = dropout_seed(seed);

@@ -5,10 +5,12 @@
 //            bwd  dx[i] = dy[i] * mask[i] / (1 - p)
 //   relu_dbias  bwd  relu bwd over [rows, cols] row-major, and db[c] = sum over rows of dx[r, c] (f32):
 //            a dense layer's ReLU and bias gradient in one pass (x may be the ReLU's output)
-// relu: oneDNN's eltwise primitive on the CPU, a hand-written CUDA kernel. dropout and relu_dbias:
-// hand-written on both. The dropout mask is a pure function of (seed, element index) through the counter-based hash
-// below, one piece of code for the host and the device, so every backend and the reference draw the
-// same mask.
+//   relu_bias   fwd  y[r, c] = max(x[r, c] + b[c], 0) over [rows, cols]: a dense layer's bias and ReLU
+//            where no GEMM epilogue adds them (in place allowed)
+// relu: oneDNN's eltwise primitive on the CPU, a hand-written CUDA kernel; the others hand-written
+// on both. The dropout mask is a pure function of (seed, element index) through the counter-based
+// hash below, one piece of code for the host and the device, so every backend and the reference
+// draw the same mask.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -28,12 +30,13 @@
 
 namespace hotops::pointwise {
 
-enum class Op { relu, dropout, relu_dbias };
+enum class Op { relu, dropout, relu_dbias, relu_bias };
 
 // One problem: `elements` values stored `offset` elements into their buffers (test problems use an
 // offset to put the tensors off a 16-byte boundary), followed by kGuard elements that must stay
-// untouched. The mask has the same layout, one byte per element. relu_dbias: the elements are
-// [rows, cols] row-major, cols the last of the name's dims; db is cols f32 followed by kGuard.
+// untouched. The mask has the same layout, one byte per element. relu_dbias and relu_bias: the
+// elements are [rows, cols] row-major, cols the last of the name's dims; db (cols f32) and b (cols
+// in the dtype) are followed by kGuard.
 struct Shape {
   Op op = Op::relu;
   Direction dir = Direction::fwd;
@@ -41,7 +44,8 @@ struct Shape {
   std::int64_t elements = 1;
   std::int64_t offset = 0;
   double p = 0;           // dropout: the probability of zeroing an element
-  std::int64_t cols = 1;  // relu_dbias: the bias's length
+  std::int64_t cols = 1;  // relu_dbias, relu_bias: the bias's length
+  bool relu = true;       // relu_bias: false adds the bias alone (a layer with no activation; no entry)
   std::int64_t rows() const { return elements / cols; }
 };
 constexpr std::size_t kGuard = 8;
@@ -97,6 +101,7 @@ struct Inputs {
   HostBuffer x;              // relu and relu_dbias, dropout fwd
   HostBuffer dy;             // bwd
   HostBuffer mask;           // dropout bwd (see make_mask)
+  HostBuffer b;              // relu_bias: cols + kGuard, uniform in [-1, 1)
   std::uint64_t seed = 0;    // dropout: the mask's seed
   DropoutKey key;            // dropout: dropout_key(seed, p)
 };
@@ -138,16 +143,19 @@ struct Args {
   std::uint8_t* mask_out = nullptr;       // dropout fwd: the mask it draws
   std::uint64_t seed = 0;                 // dropout fwd: the mask's seed (dropout_key(seed, p))
   float* db = nullptr;                    // relu_dbias: [cols] f32 (a buffer of its own, no offset)
+  const void* b = nullptr;                // relu_bias: [cols] in the dtype (a buffer of its own, no offset)
 };
-// relu_dbias may run in place: out == dy.
+// relu_dbias may run in place (out == dy), relu_bias too (out == x).
 HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: the op's own (below); CUDA: hotops' kernels
 
 std::unique_ptr<Plan> make_cpu_relu_plan(const Shape& s);  // oneDNN eltwise_relu (cpu_onednn.cpp)
 std::string relu_onednn_unsupported_reason(const Problem& p);
 std::unique_ptr<Plan> make_cpu_dropout_plan(const Shape& s);  // hotops' loop (cpu_dropout.cpp)
 std::unique_ptr<Plan> make_cpu_relu_dbias_plan(const Shape& s);  // hotops' loop (cpu_relu_dbias.cpp)
+std::unique_ptr<Plan> make_cpu_relu_bias_plan(const Shape& s);  // hotops' loop (cpu_relu_dbias.cpp)
 #ifdef HOTOPS_HAVE_CUDA
-std::unique_ptr<Plan> make_cuda_relu_dbias_plan(const Shape& s);  // hotops' kernel (cuda_relu_dbias.cu)
+std::unique_ptr<Plan> make_cuda_relu_dbias_plan(const Shape& s);  // hotops' kernels (cuda_relu_dbias.cu)
+std::unique_ptr<Plan> make_cuda_relu_bias_plan(const Shape& s);
 #endif
 // The CPU dropout loop on one span of the tensor (element `first` onwards), for the tests.
 void cpu_dropout_span(const Shape& s, const DropoutKey& k, std::uint64_t first, const void* in, const std::uint8_t* mask_in,
