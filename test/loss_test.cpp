@@ -1,9 +1,11 @@
 // The cross_entropy reference on hand-computed values, and verification that fails where it must:
-// a wrong target index, a gradient without the / rows, a wrong loss, a written guard element.
+// a wrong target index, a gradient without the / rows, a wrong loss, a written guard element; the
+// same for cross_entropy_dbias and its bias gradient, and its plans run on given tensors.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include "hotops/gpu.h"
 #include "kernels/loss/loss.h"
 #include "test/plan_test_util.h"
 
@@ -133,8 +135,10 @@ INSTANTIATE_TEST_SUITE_P(CrossEntropy, CrossEntropyVerify,
 
 TEST(CrossEntropyFamily, NamesAndWork) {
   const Family& f = family();
-  const auto problems = f.benchmark_problems({8});
+  std::vector<Problem> problems, dbias;
+  for (const Problem& q : f.benchmark_problems({8})) (q.op == "cross_entropy" ? problems : dbias).push_back(q);
   ASSERT_EQ(problems.size(), 6u * 8);
+  ASSERT_EQ(dbias.size(), 4u * 4);  // four heads, both backends and dtypes, bwd only
   const Problem& p = problems.back();
   EXPECT_EQ(p.name(), "cross_entropy/cuda/bf16/bwd/shape:bert.mlm/batch:8/rows:1024/classes:30522");
   const Work w = f.work(p);
@@ -142,8 +146,109 @@ TEST(CrossEntropyFamily, NamesAndWork) {
   EXPECT_DOUBLE_EQ(w.bytes, n * 2 * 2 + 1024.0 * (8 + 4) + 4);
   EXPECT_DOUBLE_EQ(w.flops, n * 4);
   EXPECT_DOUBLE_EQ(w.items, 8);
-  EXPECT_EQ(f.benchmark_problems({}).size(), 7u * 8);  // mlp_tiny at two batches
+  EXPECT_EQ(f.benchmark_problems({}).size(), 7u * 8 + 5u * 4);  // mlp_tiny at two batches in each op
+  const Problem& d = dbias.back();
+  EXPECT_EQ(d.name(), "cross_entropy_dbias/cuda/bf16/bwd/shape:bilstm_imdb/batch:8/rows:8/classes:2");
+  EXPECT_DOUBLE_EQ(f.work(d).bytes, 16 * 2 * 2 + 8 * 4 + 4 + 2 * 4);
+  EXPECT_DOUBLE_EQ(f.work(d).flops, 16 * 9);
+  EXPECT_THROW(shape_of(Problem{"cross_entropy_dbias", Backend::cpu, DType::f32, Direction::fwd, d.args}), Error);
 }
+
+// ---- cross_entropy_dbias ----
+
+Problem dbias_problem(DType t, std::int64_t rows, std::int64_t classes) {
+  Problem p = test_problem(t, Direction::bwd, rows, classes);
+  p.op = "cross_entropy_dbias";
+  return p;
+}
+
+// The outputs from the reference: the loss, dlogits (rounded to the dtype) and db, the column sums of
+// those rounded dlogits; the guards poisoned.
+Outputs dbias_reference(const Shape& s, const Inputs& in) {
+  Outputs out = make_outputs(s);
+  poison(out);
+  const auto rows = static_cast<std::size_t>(s.rows), classes = static_cast<std::size_t>(s.classes);
+  std::vector<double> lse(rows), x(classes), d(classes), db(classes, 0.0);
+  out.loss.set(0, reference_fwd(s, in, lse.data()));
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t j = 0; j < classes; ++j) x[j] = in.logits.get(r * classes + j);
+    reference_bwd(x.data(), classes, in.target[r], lse[r], 1.0 / static_cast<double>(rows), d.data());
+    for (std::size_t j = 0; j < classes; ++j) out.dlogits.set(r * classes + j, d[j]);
+    for (std::size_t j = 0; j < classes; ++j) db[j] += out.dlogits.get(r * classes + j);
+  }
+  for (std::size_t j = 0; j < classes; ++j) out.db.set(j, db[j]);
+  return out;
+}
+
+TEST(CrossEntropyDbias, VerifyAcceptsTheReferenceAndFailsPlantedErrors) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    const Shape s = shape_of(dbias_problem(t, 1100, 3));
+    const Inputs in = make_inputs(s, 5);
+    const Outputs ref = dbias_reference(s, in);
+    const Check ok = verify(s, in, ref);
+    ASSERT_TRUE(ok.ok) << dtype_name(t) << ": " << ok.message;
+    // db without the last row's term.
+    Outputs bad = ref;
+    bad.db.set(1, ref.db.get(1) - ref.dlogits.get(1099 * 3 + 1));
+    EXPECT_FALSE(verify(s, in, bad).ok) << dtype_name(t) << " dropped row";
+    // dlogits of one row with the one-hot on the wrong class.
+    bad = ref;
+    const auto y = static_cast<std::size_t>(in.target[7]), w = (y + 1) % 3;
+    bad.dlogits.set(7 * 3 + y, ref.dlogits.get(7 * 3 + y) + 1.0 / 1100);
+    bad.dlogits.set(7 * 3 + w, ref.dlogits.get(7 * 3 + w) - 1.0 / 1100);
+    EXPECT_FALSE(verify(s, in, bad).ok) << dtype_name(t) << " target";
+    // The loss summed without its last row.
+    bad = ref;
+    bad.loss.set(0, ref.loss.get(0) * 1100 / 1099);
+    EXPECT_FALSE(verify(s, in, bad).ok) << dtype_name(t) << " loss";
+    // A guard element of db written.
+    bad = ref;
+    bad.db.set(3, 0.0);
+    EXPECT_FALSE(verify(s, in, bad).ok) << dtype_name(t) << " db guard";
+  }
+}
+
+// One plan on `backend` run on two sets of caller-owned tensors in turn: each loss, dlogits and db is
+// that of its own inputs. Rows past the CUDA block's 512 threads.
+void expect_dbias_plan_runs_on_given_tensors(Backend backend) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    const Shape s = shape_of(dbias_problem(t, 1100, 10));
+    auto plan = make_plan(s, backend);
+    Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
+    Outputs out[2] = {make_outputs(s), make_outputs(s)};
+    HostBuffer labels[2];  // int32, held in a buffer's bytes
+    for (int k = 0; k < 2; ++k) {
+      labels[k] = HostBuffer(DType::f32, in[k].target.size());
+      for (std::size_t r = 0; r < in[k].target.size(); ++r) labels[k].as<std::int32_t>()[r] = static_cast<std::int32_t>(in[k].target[r]);
+    }
+    struct Device {
+      gpu::DeviceBuffer logits, labels, loss, dlogits, db;
+    } dev[2];
+    const auto args_of = [&](int k) {
+      poison(out[k]);
+      Args a;
+      if (backend == Backend::cpu) {
+        a.logits = in[k].logits.data(), a.labels = labels[k].as<std::int32_t>();
+        a.loss = out[k].loss.data(), a.dlogits = out[k].dlogits.data(), a.db = out[k].db.as<float>();
+        return a;
+      }
+      Device& d = dev[k];
+      d.logits = gpu::DeviceBuffer(in[k].logits);
+      d.labels = gpu::DeviceBuffer(labels[k]);
+      d.loss = gpu::DeviceBuffer(out[k].loss), d.dlogits = gpu::DeviceBuffer(out[k].dlogits), d.db = gpu::DeviceBuffer(out[k].db);
+      a.logits = d.logits.get(), a.labels = d.labels.as<const std::int32_t>();
+      a.loss = d.loss.get(), a.dlogits = d.dlogits.get(), a.db = d.db.as<float>();
+      return a;
+    };
+    const auto check = [&](int i, int o) {
+      if (backend == Backend::cuda) dev[o].loss.download(out[o].loss), dev[o].dlogits.download(out[o].dlogits), dev[o].db.download(out[o].db);
+      return verify(s, in[i], out[o]);
+    };
+    plan_test::expect_each_run_on_its_own_tensors(*plan, args_of, check, dtype_name(t));
+  }
+}
+
+HOTOPS_PLAN_TESTS(CrossEntropyDbias, PlanRunsOnTheTensorsItIsGiven, expect_dbias_plan_runs_on_given_tensors)
 
 // One CPU plan per direction, run on two sets of caller-owned tensors in turn: each result is that of
 // its own inputs (a plan that kept the first pointers would write the second result into the first).

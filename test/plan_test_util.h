@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "hotops/gpu.h"
 #include "hotops/verify.h"
 
 namespace hotops::plan_test {
@@ -23,3 +24,19 @@ void expect_each_run_on_its_own_tensors(P& plan, ArgsOf args_of, CheckOf check, 
 }
 
 }  // namespace hotops::plan_test
+
+// Two tests of a plan, Suite.Cpu<Name> and Suite.Cuda<Name> (the latter only in a CUDA build, skipped
+// with the reason where no GPU can run it), each calling `check(backend)`.
+#ifdef HOTOPS_HAVE_CUDA
+#define HOTOPS_CUDA_PLAN_TEST(Suite, Name, check)    \
+  TEST(Suite, Cuda##Name) {                          \
+    std::string why;                                 \
+    if (!::hotops::gpu::available(&why)) GTEST_SKIP() << why; \
+    check(::hotops::Backend::cuda);                  \
+  }
+#else
+#define HOTOPS_CUDA_PLAN_TEST(Suite, Name, check)
+#endif
+#define HOTOPS_PLAN_TESTS(Suite, Name, check)                              \
+  TEST(Suite, Cpu##Name) { check(::hotops::Backend::cpu); }                \
+  HOTOPS_CUDA_PLAN_TEST(Suite, Name, check)

@@ -1,13 +1,18 @@
-// The pointwise family (relu, dropout): reference values, the dropout mask's statistics and its
-// agreement across the CPU loop, the CUDA kernel's code (run on the host) and the reference, and
-// verification that fails on planted errors.
+// The pointwise family (relu, dropout, relu_dbias, relu_bias): reference values, the dropout mask's
+// statistics and its agreement across the CPU loop, the CUDA kernel's code (run on the host) and the
+// reference, verification that fails on planted errors, and the dense layers' plans run in place on
+// given tensors.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "hotops/check.h"
+#include "hotops/elementwise.h"
+#include "hotops/gpu.h"
 #include "kernels/pointwise/pointwise.h"
+#include "test/plan_test_util.h"
 
 namespace hotops::pointwise {
 namespace {
@@ -200,9 +205,11 @@ TEST(PointwiseShapes, NamesParseAndWorkCountsBytes) {
   EXPECT_DOUBLE_EQ(family().work(r).bytes, 10 * 4 * 3.0);
   EXPECT_DOUBLE_EQ(family().work(r).flops, 10);
   // Both ops and p values in the benchmark list; the same inputs and mask on both backends.
-  int relu = 0, dropout = 0;
-  for (const Problem& q : family().benchmark_problems({})) (q.op == "relu" ? relu : dropout)++;
-  EXPECT_EQ(dropout, 2 * relu);
+  std::map<std::string, int> count;
+  for (const Problem& q : family().benchmark_problems({})) count[q.op]++;
+  EXPECT_EQ(count["dropout"], 2 * count["relu"]);
+  EXPECT_EQ(count["relu_dbias"], 4 * 2 * 2);  // four model layers, both backends and dtypes, bwd only
+  EXPECT_EQ(count["relu_bias"], 4 * 2 * 2);   // the same layers, fwd only
   Problem c = p;
   c.backend = Backend::cpu;
   EXPECT_EQ(dropout_key(c).k0, dropout_key(p).k0);
@@ -237,6 +244,185 @@ TEST(PointwiseCudaKernelOnHost, MatchesTheReference) {
           }
 }
 #endif
+
+// ---- relu_dbias ----
+
+Problem dbias_problem(DType t, std::int64_t rows, std::int64_t cols) {
+  return Problem{"relu_dbias", Backend::cpu, t, Direction::bwd, elementwise::model_args("test", rows, {cols})};
+}
+
+// dx and db from the reference, the guards left poisoned; db rounded to f32 as the op writes it.
+struct DbiasExpected {
+  HostBuffer out, db;
+};
+DbiasExpected dbias_reference(const Shape& s, const Inputs& in) {
+  DbiasExpected e{reference_output(s, in).out, make_dbias(s)};
+  e.db.poison();
+  std::vector<double> db, terms;
+  reference_dbias(s, in, db, terms);
+  for (std::size_t c = 0; c < db.size(); ++c) e.db.set(c, db[c]);
+  return e;
+}
+
+TEST(ReluDbias, ShapeAndReference) {
+  const Problem p{"relu_dbias", Backend::cuda, DType::bf16, Direction::bwd,
+                  {{"shape", "mlp_mnist.hidden"}, {"batch", "128"}, {"dims", "128x512"}}};
+  const Shape s = shape_of(p);
+  EXPECT_EQ(s.rows(), 128);
+  EXPECT_EQ(s.cols, 512);
+  EXPECT_DOUBLE_EQ(family().work(p).bytes, 128 * 512 * 2 * 3.0 + 512 * 4);
+  EXPECT_THROW(shape_of(Problem{"relu_dbias", Backend::cpu, DType::f32, Direction::fwd,
+                                elementwise::model_args("test", 2, {3})}),
+               Error);
+  // Two rows of three: db is the column sums of threshold_backward.
+  const Shape t = shape_of(dbias_problem(DType::f32, 2, 3));
+  Inputs in = make_inputs(t, 1);
+  const double xs[] = {1, -1, 0.5, 0, 2, 3}, dys[] = {0.25, 9, -0.5, 9, 1.5, 2};
+  for (std::size_t i = 0; i < 6; ++i) in.x.set(i, xs[i]), in.dy.set(i, dys[i]);
+  std::vector<double> db, terms;
+  reference_dbias(t, in, db, terms);
+  EXPECT_EQ(db, (std::vector<double>{0.25, 1.5, 1.5}));
+  EXPECT_EQ(terms, (std::vector<double>{0.25, 1.5, 2.5}));
+}
+
+TEST(ReluDbias, VerifyAcceptsTheReferenceAndFailsPlantedErrors) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    const Shape s = shape_of(dbias_problem(t, 130, 70));
+    const Inputs in = make_inputs(s, 3);
+    const DbiasExpected e = dbias_reference(s, in);
+    ASSERT_TRUE(verify(s, in, e.out).ok) << verify(s, in, e.out).message;
+    ASSERT_TRUE(verify_dbias(s, in, e.db).ok) << verify_dbias(s, in, e.db).message;
+    // A column summed without its last row's term (a row split dropped, a loop bound off by one).
+    std::size_t c = 5;
+    const auto last = static_cast<std::size_t>(129 * 70);
+    while (e.out.get(last + c) == 0) ++c;
+    DbiasExpected bad = e;
+    bad.db.set(c, e.db.get(c) - e.out.get(last + c));
+    EXPECT_FALSE(verify_dbias(s, in, bad.db).ok) << dtype_name(t) << " dropped row";
+    // Every db as the sum of dy, the ReLU's mask not applied.
+    bad = e;
+    for (std::size_t j = 0; j < 70; ++j) {
+      double sum = 0;
+      for (std::size_t r = 0; r < 130; ++r) sum += in.dy.get(r * 70 + j);
+      bad.db.set(j, sum);
+    }
+    EXPECT_FALSE(verify_dbias(s, in, bad.db).ok) << dtype_name(t) << " unmasked";
+    // A db element left unwritten, and one written past the end.
+    bad = e;
+    bad.db.set(69, std::nan(""));
+    EXPECT_FALSE(verify_dbias(s, in, bad.db).ok) << dtype_name(t) << " unwritten";
+    bad = e;
+    bad.db.set(70, 0.0);
+    EXPECT_FALSE(verify_dbias(s, in, bad.db).ok) << dtype_name(t) << " guard";
+  }
+}
+
+// One relu_dbias plan on `backend` run in place (out == dy, as a model step runs it) on two sets of
+// tensors in turn: each dx and db is that of its own inputs. On CUDA the second run also shows that
+// the kernel left its tickets ready for the next launch. Shapes: one CUDA tile, three column tiles
+// by three row splits.
+void expect_dbias_plan_runs_in_place(Backend backend) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{10, 32}, {130, 70}}) {
+      const Shape s = shape_of(dbias_problem(t, rows, cols));
+      auto plan = make_plan(s, backend);
+      Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
+      HostBuffer out[2] = {in[0].dy, in[1].dy}, db[2] = {make_dbias(s), make_dbias(s)};
+      for (HostBuffer& o : out)  // dy in place; its guard poisoned, as verify expects of an output's
+        for (std::size_t i = static_cast<std::size_t>(s.elements); i < o.count(); ++i) o.set(i, std::nan(""));
+      gpu::DeviceBuffer dx_d[2], x_d[2], db_d[2];
+      const auto args_of = [&](int k) {
+        db[k].poison();
+        Args a;
+        if (backend == Backend::cpu) {
+          a.x = in[k].x.data(), a.dy = a.out = out[k].data(), a.db = db[k].as<float>();
+          return a;
+        }
+        x_d[k] = gpu::DeviceBuffer(in[k].x), dx_d[k] = gpu::DeviceBuffer(out[k]), db_d[k] = gpu::DeviceBuffer(db[k]);
+        a.x = x_d[k].get(), a.dy = a.out = dx_d[k].get(), a.db = db_d[k].as<float>();
+        return a;
+      };
+      const auto check = [&](int i, int o) {
+        if (backend == Backend::cuda) dx_d[o].download(out[o]), db_d[o].download(db[o]);
+        Check c = verify(s, in[i], out[o]);
+        c.merge(verify_dbias(s, in[i], db[o]), "db");
+        return c;
+      };
+      plan_test::expect_each_run_on_its_own_tensors(*plan, args_of, check,
+                                                    std::string(dtype_name(t)) + " " + std::to_string(rows) + "x" +
+                                                        std::to_string(cols));
+    }
+}
+
+HOTOPS_PLAN_TESTS(ReluDbias, PlanRunsInPlaceOnTheTensorsItIsGiven, expect_dbias_plan_runs_in_place)
+
+// ---- relu_bias ----
+
+Problem bias_problem(DType t, std::int64_t rows, std::int64_t cols) {
+  return Problem{"relu_bias", Backend::cpu, t, Direction::fwd, elementwise::model_args("test", rows, {cols})};
+}
+
+TEST(ReluBias, ReferenceAndVerify) {
+  // Two rows of two: y = max(x + b, 0); without the ReLU, x + b.
+  Shape s = shape_of(bias_problem(DType::f32, 2, 2));
+  Inputs in = make_inputs(s, 1);
+  const double xs[] = {1, -1, -0.5, 0.25}, bs[] = {-2, 0.5};
+  for (std::size_t i = 0; i < 4; ++i) in.x.set(i, xs[i]);
+  for (std::size_t c = 0; c < 2; ++c) in.b.set(c, bs[c]);
+  const double relu[] = {0, 0, 0, 0.75}, plain[] = {-1, -0.5, -2.5, 0.75};
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(reference(s, in, i), relu[i]) << i;
+  s.relu = false;
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(reference(s, in, i), plain[i]) << i;
+  for (DType t : {DType::f32, DType::bf16}) {
+    const Shape u = shape_of(bias_problem(t, 130, 70));
+    const Inputs v = make_inputs(u, 3);
+    const HostBuffer y = reference_output(u, v).out;
+    ASSERT_TRUE(verify(u, v, y).ok) << verify(u, v, y).message;
+    // The bias of the next column (an index off by one), in one element where it shows.
+    HostBuffer bad = y;
+    std::size_t at = 70 * 9 + 4;
+    while (std::max(v.x.get(at) + v.b.get(4), 0.0) == std::max(v.x.get(at) + v.b.get(5), 0.0)) ++at;
+    bad.set(at, std::max(v.x.get(at) + v.b.get(at % 70 + 1), 0.0));
+    EXPECT_FALSE(verify(u, v, bad).ok) << dtype_name(t) << " column";
+    bad = y;
+    bad.set(130 * 70, 0.0);
+    EXPECT_FALSE(verify(u, v, bad).ok) << dtype_name(t) << " guard";
+  }
+}
+
+// One relu_bias plan on `backend` run in place (out == x, as a model step runs it) on two sets of
+// tensors in turn, with and without the ReLU: each y is that of its own x and b.
+void expect_bias_plan_runs_in_place(Backend backend) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (bool relu : {true, false}) {
+      Shape s = shape_of(bias_problem(t, 130, 70));
+      s.relu = relu;
+      auto plan = make_plan(s, backend);
+      Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
+      HostBuffer out[2] = {in[0].x, in[1].x};
+      for (HostBuffer& o : out)  // x in place; its guard poisoned, as verify expects of an output's
+        for (std::size_t i = static_cast<std::size_t>(s.elements); i < o.count(); ++i) o.set(i, std::nan(""));
+      gpu::DeviceBuffer y_d[2], b_d[2];
+      const auto args_of = [&](int k) {
+        Args a;
+        if (backend == Backend::cpu) {
+          a.x = a.out = out[k].data(), a.b = in[k].b.data();
+          return a;
+        }
+        y_d[k] = gpu::DeviceBuffer(out[k]), b_d[k] = gpu::DeviceBuffer(in[k].b);
+        a.x = a.out = y_d[k].get(), a.b = b_d[k].get();
+        return a;
+      };
+      const auto check = [&](int i, int o) {
+        if (backend == Backend::cuda) y_d[o].download(out[o]);
+        return verify(s, in[i], out[o]);
+      };
+      plan_test::expect_each_run_on_its_own_tensors(*plan, args_of, check,
+                                                    std::string(dtype_name(t)) + (relu ? " relu" : " no relu"));
+    }
+}
+
+HOTOPS_PLAN_TESTS(ReluBias, PlanRunsInPlaceOnTheTensorsItIsGiven, expect_bias_plan_runs_in_place)
 
 }  // namespace
 }  // namespace hotops::pointwise

@@ -196,6 +196,9 @@ class CpuCrossEntropy final : public Plan {
 
 }  // namespace
 
-std::unique_ptr<Plan> make_cpu_plan(const Shape& s) { return std::make_unique<CpuCrossEntropy>(s); }
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s) {
+  if (s.kind == Kind::cross_entropy_dbias) return make_cpu_dbias_plan(s);
+  return std::make_unique<CpuCrossEntropy>(s);
+}
 
 }  // namespace hotops::loss

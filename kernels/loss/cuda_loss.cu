@@ -240,6 +240,9 @@ class CudaCrossEntropy final : public Plan {
 
 }  // namespace
 
-std::unique_ptr<Plan> make_cuda_plan(const Shape& s) { return std::make_unique<CudaCrossEntropy>(s); }
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s) {
+  if (s.kind == Kind::cross_entropy_dbias) return make_cuda_dbias_plan(s);
+  return std::make_unique<CudaCrossEntropy>(s);
+}
 
 }  // namespace hotops::loss

@@ -2,7 +2,8 @@
 //
 // Names: cross_entropy/<backend>/<dtype>/<fwd|bwd>/shape:<model>/batch:B/rows:R/classes:C, with
 // R = B x the rows of one sample (1 for a classifier, 128 tokens for BERT's MLM head); test
-// problems are cross_entropy/.../shape:test/rows:R/classes:C (no batch).
+// problems are cross_entropy/.../shape:test/rows:R/classes:C (no batch). cross_entropy_dbias: the same
+// args, bwd only.
 #include "kernels/loss/loss.h"
 
 #include <algorithm>
@@ -39,6 +40,17 @@ const std::vector<NamedShape>& named_shapes() {
   return shapes;
 }
 
+// cross_entropy_dbias: the heads that the dense models and the BiLSTM train with their bias gradient.
+const std::vector<NamedShape>& dbias_shapes() {
+  static const std::vector<NamedShape> shapes = {
+      {"mlp_tiny", 1, 2, {10, 4096}},   // the PyTorch tiny-MLP notebook's batch, and the sweep's largest
+      {"mlp_mnist", 1, 10, {128}},      // Keras' mnist_mlp.py
+      {"classifierdl", 1, 2, {1024}},   // Spark NLP ClassifierDL
+      {"bilstm_imdb", 1, 2, {64}},      // the Keras IMDB BiLSTM's sentiment head
+  };
+  return shapes;
+}
+
 constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd};
 constexpr DType kDTypes[] = {DType::f32, DType::bf16};
 
@@ -46,6 +58,16 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
   for (Backend be : kAllBackends)
     for (DType t : kDTypes)
       for (Direction d : kDirections) out.push_back(Problem{"cross_entropy", be, t, d, args});
+}
+void expand_dbias(const std::vector<Arg>& args, std::vector<Problem>& out) {
+  for (Backend be : kAllBackends)
+    for (DType t : kDTypes) out.push_back(Problem{"cross_entropy_dbias", be, t, Direction::bwd, args});
+}
+std::vector<Arg> head_args(const NamedShape& ns, std::int64_t b) {
+  return {{"shape", ns.name},
+          {"batch", std::to_string(b)},
+          {"rows", std::to_string(b * ns.rows_per_sample)},
+          {"classes", std::to_string(ns.classes)}};
 }
 
 // 64-bit mix (splitmix64's finaliser): the targets are a pure function of (seed, row).
@@ -62,22 +84,33 @@ std::uint64_t mix(std::uint64_t z) {
 constexpr double kFlopsPerLogit = 4;
 
 // The op as the benchmark runs it: a PlanCase over the problem's inputs and outputs. The int64
-// targets and the scalar dloss travel as buffers of their bytes, uploaded like any input on CUDA.
+// targets (cross_entropy_dbias: as int32) and the scalar dloss travel as buffers of their bytes,
+// uploaded like any input on CUDA.
 struct Op : OpOf<Shape, Args, Inputs, Outputs> {
   struct Io : OpOf::Io {
     HostBuffer target;  // in.target's bytes
     HostBuffer dloss;   // bwd: in.dloss, one f32
+    HostBuffer labels;  // cross_entropy_dbias: in.target as int32
   };
   static Shape shape(const Problem& p) { return shape_of(p); }
   static Io io(const Shape& s, std::uint64_t seed) {
-    Io io{OpOf::io(s, seed), HostBuffer(DType::f32, 2 * static_cast<std::size_t>(s.rows)), HostBuffer(DType::f32, 1)};
+    const auto rows = static_cast<std::size_t>(s.rows);
+    Io io{OpOf::io(s, seed), HostBuffer(DType::f32, 2 * rows), HostBuffer(DType::f32, 1), HostBuffer(DType::f32, rows)};
     std::memcpy(io.target.data(), io.in.target.data(), io.in.target.size() * sizeof(std::int64_t));
+    for (std::size_t r = 0; r < rows; ++r) io.labels.as<std::int32_t>()[r] = static_cast<std::int32_t>(io.in.target[r]);
     io.dloss.set(0, io.in.dloss);
     return io;
   }
   static Args bind(const Shape& s, Io& io, Binder& b) {
     Args a;
     a.logits = b.in(io.in.logits);
+    if (s.kind == Kind::cross_entropy_dbias) {
+      a.labels = static_cast<const std::int32_t*>(b.indices(io.labels));
+      a.loss = b.out(io.out.loss);
+      a.dlogits = b.out(io.out.dlogits);
+      a.db = static_cast<float*>(b.out(io.out.db));
+      return a;
+    }
     a.target = static_cast<const std::int64_t*>(b.indices(io.target));
     if (s.dir == Direction::fwd) {
       a.loss = b.out(io.out.loss);
@@ -97,13 +130,13 @@ class LossFamily final : public OpFamily {
   LossFamily() : OpFamily("loss", nullptr, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    return per_shape_and_batch(named_shapes(), batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {
-      expand({{"shape", ns.name},
-              {"batch", std::to_string(b)},
-              {"rows", std::to_string(b * ns.rows_per_sample)},
-              {"classes", std::to_string(ns.classes)}},
-             out);
-    });
+    std::vector<Problem> out = per_shape_and_batch(
+        named_shapes(), batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& o) { expand(head_args(ns, b), o); });
+    for (Problem& p : per_shape_and_batch(dbias_shapes(), batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& o) {
+           expand_dbias(head_args(ns, b), o);
+         }))
+      out.push_back(std::move(p));
+    return out;
   }
 
   std::vector<Problem> test_problems() const override {
@@ -114,6 +147,11 @@ class LossFamily final : public OpFamily {
     std::vector<Problem> out;
     for (const auto& rc : kShapes)
       expand({{"shape", "test"}, {"rows", std::to_string(rc[0])}, {"classes", std::to_string(rc[1])}}, out);
+    // cross_entropy_dbias: one class; two; odd; the most CUDA takes; more rows than the CUDA block's
+    // 512 threads (several rows a thread, the last round partial).
+    constexpr std::int64_t kDbiasShapes[][2] = {{3, 1}, {7, 2}, {5, 5}, {9, 16}, {1100, 3}};
+    for (const auto& rc : kDbiasShapes)
+      expand_dbias({{"shape", "test"}, {"rows", std::to_string(rc[0])}, {"classes", std::to_string(rc[1])}}, out);
     return out;
   }
 
@@ -126,6 +164,12 @@ class LossFamily final : public OpFamily {
     // fwd: logits and int64 targets read, the f32 loss and f32 lse per row written;
     // bwd: logits, targets, lse and dloss read, dlogits written.
     w.bytes = s.dir == Direction::fwd ? n * e + rows * 8 + 4 + rows * 4 : n * e + rows * 8 + rows * 4 + 4 + n * e;
+    if (s.kind == Kind::cross_entropy_dbias) {
+      // fwd's 4 a logit, 4 for the gradient and 1 for db's sum; logits and int32 labels read, the
+      // loss, dlogits and the f32 db written.
+      w.flops = n * (2 * kFlopsPerLogit + 1);
+      w.bytes = n * e + rows * 4 + 4 + n * e + static_cast<double>(s.classes) * 4;
+    }
     w.items = p.batch() ? static_cast<double>(*p.batch()) : 1.0;
     return w;
   }
@@ -148,7 +192,13 @@ bool guard_written(const HostBuffer& b, std::size_t n, const char* what, Check& 
 }  // namespace
 
 Shape shape_of(const Problem& p) {
-  Shape s = fwd_bwd_shape<Shape>(p, "cross_entropy");
+  HOTOPS_CHECK(p.op == "cross_entropy" || p.op == "cross_entropy_dbias",
+               "loss has cross_entropy and cross_entropy_dbias only: " + p.name());
+  Shape s = fwd_bwd_shape<Shape>(p, p.op);
+  if (p.op == "cross_entropy_dbias") {
+    HOTOPS_CHECK(s.dir == Direction::bwd, "cross_entropy_dbias is bwd only: " + p.name());
+    s.kind = Kind::cross_entropy_dbias;
+  }
   s.rows = p.get_int("rows");
   s.classes = p.get_int("classes");
   HOTOPS_CHECK(s.rows > 0 && s.classes > 0, "bad cross_entropy shape: " + p.name());
@@ -165,7 +215,7 @@ Inputs make_inputs(const Shape& s, std::uint64_t seed) {
   const std::uint64_t key = mix(seed ^ 0x7a26e75ull);
   for (std::size_t r = 0; r < in.target.size(); ++r)
     in.target[r] = static_cast<std::int64_t>(mix(key + r) % static_cast<std::uint64_t>(s.classes));
-  if (s.dir == Direction::bwd) {
+  if (s.dir == Direction::bwd && s.kind == Kind::cross_entropy) {
     std::vector<double> lse(static_cast<std::size_t>(s.rows));
     reference_fwd(s, in, lse.data());
     in.lse = HostBuffer(DType::f32, lse.size() + kGuard);
@@ -176,7 +226,11 @@ Inputs make_inputs(const Shape& s, std::uint64_t seed) {
 
 Outputs make_outputs(const Shape& s) {
   Outputs out;
-  if (s.dir == Direction::fwd) {
+  if (s.kind == Kind::cross_entropy_dbias) {
+    out.loss = HostBuffer(DType::f32, 1 + kGuard);
+    out.dlogits = HostBuffer(s.dtype, s.elements() + kGuard);
+    out.db = HostBuffer(DType::f32, static_cast<std::size_t>(s.classes) + kGuard);
+  } else if (s.dir == Direction::fwd) {
     out.loss = HostBuffer(DType::f32, 1 + kGuard);
     out.lse = HostBuffer(DType::f32, static_cast<std::size_t>(s.rows) + kGuard);
   } else {
@@ -186,7 +240,7 @@ Outputs make_outputs(const Shape& s) {
 }
 
 void poison(Outputs& out) {
-  for (HostBuffer* b : {&out.loss, &out.lse, &out.dlogits})
+  for (HostBuffer* b : {&out.loss, &out.lse, &out.dlogits, &out.db})
     if (b->count()) b->poison();
 }
 
@@ -211,40 +265,39 @@ void poison(Outputs& out) {
 //        bf16: the output rounds to nearest even, 2^-9 = 1.95e-3 relative, plus the f32 part: 4e-3.
 // A wrong target index moves two outputs by about |dloss| / rows = M (over 250 times the bf16 bound),
 // a missing / rows scales every output by rows, and a wrong row's lse moves the loss by O(1).
+//   cross_entropy_dbias: the loss as fwd's (the CUDA block's f32 sum over rows chains rows/512 + 21
+//        adds, 29 u at 4096 rows, within k); dlogits as bwd's, from the double lse, with dloss 1: the
+//        kernels compute exp(x - max) / sum instead of exp(x - lse), 2 roundings more, within the
+//        per-element check's 50 u below; db against the column sums of the op's own dlogits (what it
+//        adds: checked against the reference above), f32 sums in chains of at most rows adds (CPU: down
+//        the rows; CUDA: rows/512 per thread, then a 5-level warp tree and 16 warps):
+//        |db - sum| <= gamma_rows sum |dlogits| with gamma_n = n u / (1 - n u); k = rows u and 1%.
+//        A dropped row moves db by one dlogits element, about 1/rows of sum |dlogits| / classes.
 double fwd_error_bound() { return 1e-5; }
 double bwd_error_bound(DType t) { return t == DType::bf16 ? 4e-3 : 1e-5; }
+double dbias_error_bound(const Shape& s) { return 1.01 * static_cast<double>(s.rows) * 0x1p-24; }
 
-Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
+namespace {
+
+// The mean loss against the reference (every row's lse into `lse`).
+Check check_loss(const Shape& s, const Inputs& in, const HostBuffer& loss_out, std::vector<double>& lse) {
   const auto rows = static_cast<std::size_t>(s.rows), classes = static_cast<std::size_t>(s.classes);
-  if (s.dir == Direction::fwd) {
-    std::vector<double> lse(rows);
-    const double loss = reference_fwd(s, in, lse.data());
-    double mag = 0, lse_max = 0, lse_sumsq = 0;
-    for (std::size_t r = 0; r < rows; ++r) {
-      mag += std::fabs(lse[r]) + std::fabs(in.logits.get(r * classes + static_cast<std::size_t>(in.target[r])));
-      lse_max = std::max(lse_max, std::fabs(lse[r]));
-      lse_sumsq += lse[r] * lse[r];
-    }
-    mag /= static_cast<double>(rows);
-    Check c = compare(out.loss, {0}, [&](std::size_t) { return loss; },
-                      fwd_error_bound() * mag / (loss != 0 ? std::fabs(loss) : 1.0));
-    if (!c.ok) {
-      c.message = "loss: " + c.message;
-      return c;
-    }
-    std::vector<std::size_t> all(rows);
-    for (std::size_t r = 0; r < rows; ++r) all[r] = r;
-    const double lse_rms = std::sqrt(lse_sumsq / static_cast<double>(rows));
-    c.merge(compare(out.lse, all, [&](std::size_t r) { return lse[r]; },
-                    fwd_error_bound() * lse_max / (lse_rms > 0 ? lse_rms : 1.0)),
-            "lse");
-    if (!c.ok) return c;
-    if (guard_written(out.loss, 1, "loss", c) || guard_written(out.lse, rows, "lse", c)) return c;
-    return c;
-  }
+  lse.resize(rows);
+  const double loss = reference_fwd(s, in, lse.data());
+  double mag = 0;
+  for (std::size_t r = 0; r < rows; ++r)
+    mag += std::fabs(lse[r]) + std::fabs(in.logits.get(r * classes + static_cast<std::size_t>(in.target[r])));
+  mag /= static_cast<double>(rows);
+  Check c = compare(loss_out, {0}, [&](std::size_t) { return loss; },
+                    fwd_error_bound() * mag / (loss != 0 ? std::fabs(loss) : 1.0));
+  if (!c.ok) c.message = "loss: " + c.message;
+  return c;
+}
 
-  // bwd: whole rows, so that the reference is exact for every checked element: all rows up to ~2^18
-  // elements, else a sample of rows (sample_indices keeps the first and last).
+// dlogits = dloss (exp(x - lse) - onehot) / rows on whole rows (all up to ~2^18 elements, else a
+// sample of rows that keeps the first and last), each row's lse from `lse`.
+Check check_dlogits(const Shape& s, const Inputs& in, const HostBuffer& dlogits, const std::vector<double>& lse) {
+  const auto rows = static_cast<std::size_t>(s.rows), classes = static_cast<std::size_t>(s.classes);
   const std::size_t row_limit = std::max<std::size_t>(16, (std::size_t(1) << 18) / classes);
   const std::vector<std::size_t> sampled = sample_indices(rows, row_limit, 17);
   std::vector<std::int64_t> pos(rows, -1);
@@ -266,16 +319,16 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
       const std::size_t r = sampled[static_cast<std::size_t>(k)], base = r * classes;
       double* d = ref.data() + static_cast<std::size_t>(k) * classes;
       for (std::size_t j = 0; j < classes; ++j) x[j] = in.logits.get(base + j);
-      reference_bwd(x.data(), classes, in.target[r], in.lse.get(r), scale, d);
+      reference_bwd(x.data(), classes, in.target[r], lse[r], scale, d);
       for (std::size_t j = 0; j < classes; ++j) sumsq += d[j] * d[j];
     }
   }
   const double rms = std::sqrt(sumsq / static_cast<double>(idx.size()));
   const double mag = std::fabs(scale);
-  Check c = compare(
-      out.dlogits, idx,
-      [&](std::size_t i) { return ref[static_cast<std::size_t>(pos[i / classes]) * classes + i % classes]; },
-      bwd_error_bound(s.dtype) * mag / (rms > 0 ? rms : 1.0));
+  const auto ref_at = [&](std::size_t i) {
+    return ref[static_cast<std::size_t>(pos[i / classes]) * classes + i % classes];
+  };
+  Check c = compare(dlogits, idx, ref_at, bwd_error_bound(s.dtype) * mag / (rms > 0 ? rms : 1.0));
   if (!c.ok) return c;
   // Each element against its own size too. The bound above is relative to the largest output
   // (|dloss| / rows): at 30,522 classes a non-target gradient is about 1/C of that, so a kernel that
@@ -284,9 +337,8 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
   // keeps 8 significant bits); the target element, where p_t - 1 cancels, by 25 u of |dloss| / rows
   // at most, which the floor allows.
   const double rel = s.dtype == DType::bf16 ? 4e-3 : 3e-6, floor = 30 * 0x1p-24 * mag;
-  for (std::size_t n = 0; n < idx.size(); ++n) {
-    const std::size_t i = idx[n];
-    const double r = ref[static_cast<std::size_t>(pos[i / classes]) * classes + i % classes], o = out.dlogits.get(i);
+  for (std::size_t i : idx) {
+    const double r = ref_at(i), o = dlogits.get(i);
     if (std::fabs(o - r) <= rel * std::fabs(r) + floor) continue;
     char buf[200];
     std::snprintf(buf, sizeof buf, "dlogits: element %zu (row %zu, class %zu) is %.9g, the reference %.9g: beyond %g of it", i,
@@ -295,8 +347,72 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
     c.message = buf;
     return c;
   }
-  guard_written(out.dlogits, s.elements(), "dlogits", c);
+  guard_written(dlogits, s.elements(), "dlogits", c);
   return c;
+}
+
+// cross_entropy_dbias's db against the column sums of its dlogits (see the bounds above).
+Check check_dbias(const Shape& s, const Outputs& out) {
+  const auto rows = static_cast<std::size_t>(s.rows), classes = static_cast<std::size_t>(s.classes);
+  Check c;
+  c.tol = dbias_error_bound(s);
+  for (std::size_t j = 0; j < classes; ++j) {
+    double sum = 0, terms = 0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      const double d = out.dlogits.get(r * classes + j);
+      sum += d, terms += std::fabs(d);
+    }
+    const double o = out.db.get(j), err = std::fabs(o - sum);
+    if (terms > 0) c.max_err = std::max(c.max_err, err / terms);
+    if (err <= c.tol * terms) continue;
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "db: element %zu is %.9g, its dlogits' column sums to %.9g: beyond %g of their magnitudes' sum %g",
+                  j, o, sum, c.tol, terms);
+    c.ok = false;
+    c.message = buf;
+    return c;
+  }
+  c.checked = classes;
+  guard_written(out.db, classes, "db", c);
+  return c;
+}
+
+}  // namespace
+
+Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
+  const auto rows = static_cast<std::size_t>(s.rows);
+  std::vector<double> lse;
+  if (s.kind == Kind::cross_entropy_dbias) {
+    Check c = check_loss(s, in, out.loss, lse);
+    if (!c.ok || guard_written(out.loss, 1, "loss", c)) return c;
+    for (const Check& part : {check_dlogits(s, in, out.dlogits, lse), check_dbias(s, out)}) {
+      if (!part.ok) return part;  // its message names the output
+      c.checked += part.checked;
+    }
+    return c;
+  }
+  if (s.dir == Direction::fwd) {
+    Check c = check_loss(s, in, out.loss, lse);
+    if (!c.ok) return c;
+    double lse_max = 0, lse_sumsq = 0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      lse_max = std::max(lse_max, std::fabs(lse[r]));
+      lse_sumsq += lse[r] * lse[r];
+    }
+    std::vector<std::size_t> all(rows);
+    for (std::size_t r = 0; r < rows; ++r) all[r] = r;
+    const double lse_rms = std::sqrt(lse_sumsq / static_cast<double>(rows));
+    c.merge(compare(out.lse, all, [&](std::size_t r) { return lse[r]; },
+                    fwd_error_bound() * lse_max / (lse_rms > 0 ? lse_rms : 1.0)),
+            "lse");
+    if (!c.ok) return c;
+    if (guard_written(out.loss, 1, "loss", c) || guard_written(out.lse, rows, "lse", c)) return c;
+    return c;
+  }
+  // bwd: from the lse the forward saved (f32).
+  lse.resize(rows);
+  for (std::size_t r = 0; r < rows; ++r) lse[r] = in.lse.get(r);
+  return check_dlogits(s, in, out.dlogits, lse);
 }
 
 HOTOPS_DEFINE_FAMILY(LossFamily);

@@ -1,4 +1,5 @@
-// model_bilstm on CUDA: cuDNN 9's RNN API for the BiLSTM, cublasLt for the dense head, CUB's radix sort
+// model_bilstm on CUDA: cuDNN 9's RNN API for the BiLSTM, cublasLt for the dense head, the loss family's
+// cross_entropy_dbias plan for its loss, CUB's radix sort
 // for the embedding gradient; the step op by op, and its bf16 form:
 // docs/models.md, "How each model step runs".
 #include <cub/device/device_radix_sort.cuh>
@@ -23,9 +24,7 @@ namespace {
 using models::cast_params;
 using models::narrow;
 using models::widen;
-using models::kLossThreads;
 using models::kMaxClasses;
-using models::softmax_xent;
 using models::StepState;
 using gpu::warp_sum;
 constexpr unsigned kWarpsPerBlock = 8;
@@ -257,6 +256,7 @@ class CudaBilstm final : public ModelCase {
         dgrad_.push_back(gemm(CUBLAS_OP_T, CUBLAS_OP_N, H, B, C, param(dense_w_) + d * H * C,
                                                 dlogits_.as<float>(), dhT_.as<float>() + d * B * H, 0.f));
       }
+      xent_ = loss::make_cuda_plan(loss::dbias_shape(s_.dtype, B, C));
       restart_optimizer();
     }
     // Zero initial states (h0, c0 null), cT not kept; dy zero, dcT null (zero), dh0 and dc0 not asked for.
@@ -340,7 +340,7 @@ class CudaBilstm final : public ModelCase {
                     (s_.train() ? "Forward TRAINING + BackwardData_v8 + BackwardWeights_v8" : "Forward INFERENCE") +
                     ", FMA math, double bias (kernels/lstm's plan); hotops gather; cublasLt f32 dense head (2 GEMMs";
     if (s_.train())
-      l += " fwd, 4 bwd); hotops softmax_xent, CUB stable radix sort + warp-per-token embedding grad, AdamW 1 launch";
+      l += " fwd, 4 bwd); cross_entropy_dbias plan, CUB stable radix sort + warp-per-token embedding grad, AdamW 1 launch";
     else
       l += ")";
     if (s_.variant == Variant::plain && !capturable_) l += "; not graph-capturable (capture failed at setup): launched one by one";
@@ -357,7 +357,7 @@ class CudaBilstm final : public ModelCase {
                     ", bf16 data, f32 math precision, FMA math (no tensor ops, as PyTorch's with TF32 off), double "
                     "bias (kernels/lstm's plan); hotops gather to bf16; hotops bf16 dense head (f32 accumulation, bf16 logits)";
     if (s_.train())
-      l += "; hotops softmax_xent (f32 math, bf16 dlogits), hotops bf16 dense bwd (dW f32, dhT bf16), bf16 dweights "
+      l += "; cross_entropy_dbias plan (f32 math, bf16 dlogits), hotops bf16 dense bwd (dW f32, dhT bf16), bf16 dweights "
            "widened, CUB stable radix sort + warp-per-token embedding grad (f32 sums), AdamW 1 launch";
     if (s_.variant == Variant::plain && !capturable_) l += "; not graph-capturable (capture failed at setup): launched one by one";
     if (replays())
@@ -408,7 +408,7 @@ class CudaBilstm final : public ModelCase {
   void restart_optimizer() {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(m_.get(), 0, m_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(v_.get(), 0, v_.bytes(), gpu::stream()));
-    HOTOPS_CHECK_CUDA(cudaMemsetAsync(state_.get(), 0, sizeof(StepState), gpu::stream()));
+    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(state_.get(), &first_step_, sizeof(StepState), cudaMemcpyHostToDevice, gpu::stream()));
   }
 
   // The algorithm the LSTM plan runs: its label names it ("cuDNN RNN <algo> LSTM ...").
@@ -489,10 +489,10 @@ class CudaBilstm final : public ModelCase {
     if (!s_.train()) return;
 
     trace::op("cross_entropy");
-    softmax_xent<T><<<1, kLossThreads, 0, st>>>(logits_.as<const T>(), labels_.as<const std::int32_t>(), dlogits_.as<T>(),
-                                                grads_.as<float>() + dense_b_, loss_.as<float>(), dim(B), dim(C),
-                                                models::hyper(), state_.as<StepState>());
-    HOTOPS_CHECK_LAUNCH();
+    loss::Args xa;
+    xa.logits = logits_.get(), xa.labels = labels_.as<const std::int32_t>(), xa.dlogits = dlogits_.get();
+    xa.loss = loss_.get(), xa.db = grads_.as<float>() + dense_b_;
+    xent_->run(xa);
     trace::op("mm");
     if constexpr (kBf16) {
       dense_bwd_bf16<<<blocks_for(2 * H * C + B * 2 * H, 256, 1024), 256, 0, st>>>(
@@ -530,7 +530,7 @@ class CudaBilstm final : public ModelCase {
 
     trace::op("adamw");
     adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-                     static_cast<std::int64_t>(total_), state_.as<StepState>(), nullptr, st);
+                     static_cast<std::int64_t>(total_), state_.as<StepState>(), &hyper_, st);
   }
 
   Shape s_;
@@ -549,6 +549,9 @@ class CudaBilstm final : public ModelCase {
   gpu::DeviceBuffer loss_, state_, dlogits_, dhT_, dy_, dx_, keys_in_, keys_out_, pos_in_, pos_out_, sort_temp_;
   gpu::DeviceBuffer low_, dw_low_;  // bf16: the step's copy of the weights, cuDNN's bf16 dweights
   std::vector<std::unique_ptr<gpu::BoundGemm>> fwd_, wgrad_, dgrad_;
+  std::unique_ptr<loss::Plan> xent_;                          // train: the head's loss and gradients
+  adamw::Hyper hyper_ = models::hyper();                      // AdamW's, as it advances the step count
+  StepState first_step_ = adamw::first_step(models::hyper());  // the optimizer's state before its first step
   HostBuffer logits_host_;
   float loss_host_ = 0;
   bool capturable_ = false;

@@ -1,9 +1,10 @@
 // models on the CPU: each dense layer's GEMMs are the matmul family's plans (oneDNN: the forward
 // addmm with the bias and a ReLU post-op, the weight and data gradients on transposed views through
 // strides), or, for a layer below kSmallLayerMacs multiply-adds, hand-written single-thread loops:
-// there a primitive's fixed cost per call is most of the time. The loss with its gradient (one
-// fused pass), ReLU backward with the bias gradient and the AdamW step are OpenMP loops (one thread
-// below a grain of work, where forking costs more than it saves).
+// there a primitive's fixed cost per call is most of the time. The loss with its gradient and the
+// last bias's is the loss family's cross_entropy_dbias plan, ReLU backward with the bias gradient the
+// pointwise family's relu_dbias plan; the AdamW step is an OpenMP loop (one thread below a grain of
+// work, where forking costs more than it saves).
 // bf16 (models.h): the same code on bf16 storage (the class and loops are templates on the storage
 // type), a flat cast of the f32 parameters to a bf16 copy first in each step, oneDNN bf16 matmuls
 // (f32 accumulation; the weight gradients written f32), the hand-written loops widening to f32.
@@ -123,6 +124,10 @@ class CpuModel final : public ModelCase {
       wgrad_[k] = matmul::make_cpu_plan(weight_grad_gemm(s_, k));
       if (k > 0) dgrad_[k] = matmul::make_cpu_plan(data_grad_gemm(s_, k));
     }
+    if (s_.train()) {
+      xent_ = loss::make_cpu_plan(loss::dbias_shape(s_.dtype, B, s_.classes()));
+      for (std::size_t k = 0; k + 1 < L; ++k) relu_dbias_.push_back(pointwise::make_cpu_plan(relu_dbias_shape(s_, k)));
+    }
   }
 
   void run() override {
@@ -132,7 +137,7 @@ class CpuModel final : public ModelCase {
     forward();
     if (!s_.train()) return;
     trace::op("cross_entropy");
-    loss_ = loss_and_dlogits();
+    loss_ = loss_and_gradients();
     backward();
     trace::op("adamw");
     adamw_step();
@@ -172,7 +177,7 @@ class CpuModel final : public ModelCase {
           break;
         }
     }
-    if (s_.train()) what += "; OpenMP softmax-CE, ReLU bwd + bias grad, AdamW 1 flat pass";
+    if (s_.train()) what += "; cross_entropy_dbias and relu_dbias plans, AdamW 1 flat pass";
     return what + ", " + std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
   }
 
@@ -216,77 +221,27 @@ class CpuModel final : public ModelCase {
     }
   }
 
-  // Mean softmax cross-entropy of the logits and dlogits = (softmax - onehot) / batch, fused in one
-  // pass over each row, in f32 (bf16 logits widened, dlogits rounded once at the end). Kept rather
-  // than the loss family's fwd and bwd plans: at mlp_tiny's batch 10 those two calls took the f32
-  // train step from 6.5 to 9-10 us.
-  double loss_and_dlogits() {
-    const std::int64_t B = s_.batch, C = s_.classes();
-    const T* z = act_.back().as<T>();
-    T* dz = dact_.back().as<T>();
-    const std::int32_t* y = st_.labels.data();
-    const float inv_b = 1.f / static_cast<float>(B);
-    double total = 0;
-#pragma omp parallel for num_threads(team(B * C * 8)) reduction(+ : total) schedule(static)
-    for (std::int64_t r = 0; r < B; ++r) {
-      const T* zr = z + r * C;
-      T* dr = dz + r * C;
-      if constexpr (!kBf16) {
-        const float mx = *std::max_element(zr, zr + C);
-        float sum = 0.f;
-        for (std::int64_t c = 0; c < C; ++c) sum += (dr[c] = std::exp(zr[c] - mx));
-        const float inv = 1.f / sum;
-        for (std::int64_t c = 0; c < C; ++c) dr[c] = dr[c] * inv * inv_b;
-        dr[y[r]] -= inv_b;
-        total += static_cast<double>(std::log(sum) - (zr[y[r]] - mx));
-      } else {
-        float mx = load(zr[0]);
-        for (std::int64_t c = 1; c < C; ++c) mx = std::max(mx, load(zr[c]));
-        float sum = 0.f;
-        for (std::int64_t c = 0; c < C; ++c) sum += std::exp(load(zr[c]) - mx);
-        const float inv = 1.f / sum;
-        for (std::int64_t c = 0; c < C; ++c)
-          dr[c] = store<T>(std::exp(load(zr[c]) - mx) * inv * inv_b - (c == y[r] ? inv_b : 0.f));
-        total += static_cast<double>(std::log(sum) - (load(zr[y[r]]) - mx));
-      }
-    }
-    return total / static_cast<double>(B);
+  // The mean softmax cross-entropy, dlogits = (softmax - onehot) / batch and the last layer's bias
+  // gradient, in one plan: the loss family's two cross_entropy plans (fwd, bwd) took mlp_tiny's f32
+  // train step at batch 10 from 6.5 to 9-10 us.
+  double loss_and_gradients() {
+    loss::Args a;
+    a.logits = act_.back().data(), a.labels = st_.labels.data(), a.dlogits = dact_.back().data();
+    a.loss = &loss_out_, a.db = grads_.as<float>() + l_.b[s_.layers() - 1];
+    xent_->run(a);
+    return loss_out_;
   }
 
-  // dz = da * (a > 0) in place, and db = colsum(dz) (f32); threads over blocks of columns.
-  void relu_backward_bias_grad(std::size_t k) {
-    const std::int64_t B = s_.batch, n = s_.out(k);
-    T* dz = dact_[k + 1].as<T>();
-    const T* a = act_[k + 1].as<T>();
-    float* db = grads_.as<float>() + l_.b[k];
-    constexpr std::int64_t kCols = 16;
-#pragma omp parallel for num_threads(team(B * n)) schedule(static)
-    for (std::int64_t c0 = 0; c0 < n; c0 += kCols) {
-      const std::int64_t c1 = std::min(n, c0 + kCols);
-      float acc[kCols] = {};
-      for (std::int64_t r = 0; r < B; ++r)
-        for (std::int64_t c = c0; c < c1; ++c) {
-          const float d = load(a[r * n + c]) > 0.f ? load(dz[r * n + c]) : 0.f;
-          dz[r * n + c] = store<T>(d);
-          acc[c - c0] += d;
-        }
-      for (std::int64_t c = c0; c < c1; ++c) db[c] = acc[c - c0];
-    }
-  }
-
-  void bias_grad(std::size_t k) {  // the last layer's: no ReLU
-    const std::int64_t B = s_.batch, n = s_.out(k);
-    const T* dz = dact_[k + 1].as<T>();
-    float* db = grads_.as<float>() + l_.b[k];
-    std::fill_n(db, n, 0.f);
-    for (std::int64_t r = 0; r < B; ++r)
-      for (std::int64_t c = 0; c < n; ++c) db[c] += load(dz[r * n + c]);
+  // dz = da * (a > 0) in place over hidden layer k's output, and its bias gradient db = colsum(dz).
+  void relu_dbias(std::size_t k) {
+    pointwise::Args r;
+    r.x = act_[k + 1].data(), r.dy = dact_[k + 1].data(), r.out = dact_[k + 1].data();
+    r.db = grads_.as<float>() + l_.b[k];
+    relu_dbias_[k]->run(r);
   }
 
   void backward() {
     const std::int64_t B = s_.batch;
-    trace::op("sum");
-    bias_grad(s_.layers() - 1);
     for (std::size_t k = s_.layers(); k-- > 0;) {
       const std::int64_t in = s_.in(k), out = s_.out(k);
       T* dz = dact_[k + 1].as<T>();
@@ -299,7 +254,7 @@ class CpuModel final : public ModelCase {
         wgrad_[k]->run({input(k), nullptr, nullptr, dz, grads_.as<float>() + l_.w[k], nullptr});
         if (k > 0) dgrad_[k]->run({nullptr, W, nullptr, dz, dact_[k].data(), nullptr});
       }
-      if (k > 0) trace::op("relu_bwd"), relu_backward_bias_grad(k - 1);
+      if (k > 0) trace::op("relu_bwd"), relu_dbias(k - 1);
     }
   }
 
@@ -320,6 +275,9 @@ class CpuModel final : public ModelCase {
   std::vector<HostBuffer> dact_;  // [k]: gradient of act_[k] (dlogits last; da, then dz in place, for hidden)
   std::vector<bool> small_;
   std::vector<std::unique_ptr<matmul::Plan>> fwd_, wgrad_, dgrad_;  // per layer, null where hand-written
+  std::vector<std::unique_ptr<pointwise::Plan>> relu_dbias_;         // per hidden layer
+  std::unique_ptr<loss::Plan> xent_;                                 // train: the head's loss and gradients
+  float loss_out_ = 0;                                               // where xent_ writes the loss
   std::int64_t step_ = 0;
   double loss_ = 0;
 };

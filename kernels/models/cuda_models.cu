@@ -1,6 +1,8 @@
-// models on CUDA: the matmul family's plans (cublasLt GEMMs with bias/ReLU epilogues) and three
-// hand-written kernels that fuse what no family's plan does; the step op by op, with its launch count:
-// docs/models.md, "How each model step runs".
+// models on CUDA: the matmul family's plans (cublasLt GEMMs with bias/ReLU epilogues), the loss
+// family's cross_entropy_dbias plan (the head's loss, dlogits and bias gradient), the pointwise
+// family's relu_dbias plan (ReLU backward with the bias gradient) and relu_bias plan (where cublasLt
+// has no bias epilogue), and AdamW advancing its own step count. The step op by op, with its launch
+// count: docs/models.md, "How each model step runs".
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -19,73 +21,15 @@
 namespace hotops::models {
 namespace {
 
-constexpr int kTileCols = 32;      // relu_backward_bias_grad: a block's columns (one warp across them)
-constexpr int kTileRowGroups = 8;  // ... and its rows in flight (blockDim.y)
-constexpr int kRowsPerSplit = 64;  // rows of the batch per block
-
-// dz = da * (a > 0) in place over a [rows, cols] row-major tile of kTileCols columns and
-// kRowsPerSplit rows per block (grid: column tiles x row splits); db = colsum(dz) in two stages,
-// deterministic: each block writes its partial sums, the last block of a column tile to finish (a
-// ticket per tile, which it resets for the next launch) adds them in split order.
-// T: the activations' storage (float or __nv_bfloat16); the sums in f32.
-template <class T>
-__global__ void __launch_bounds__(kTileCols* kTileRowGroups) relu_backward_bias_grad(
-    T* __restrict__ dz, const T* __restrict__ a, float* __restrict__ db, float* __restrict__ partial,
-    unsigned* __restrict__ tickets, int rows, int cols) {
-  const int col = blockIdx.x * kTileCols + threadIdx.x;
-  const int r0 = blockIdx.y * kRowsPerSplit, r1 = min(rows, r0 + kRowsPerSplit);
-  float acc = 0.f;
-  if (col < cols)
-    for (int r = r0 + threadIdx.y; r < r1; r += kTileRowGroups) {
-      const std::int64_t i = static_cast<std::int64_t>(r) * cols + col;
-      const float d = widen(a[i]) > 0.f ? widen(dz[i]) : 0.f;
-      dz[i] = narrow<T>(d);
-      acc += d;
-    }
-  __shared__ float sums[kTileRowGroups][kTileCols + 1];
-  __shared__ bool last;
-  sums[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < cols) {
-    float s = 0.f;
-    for (int g = 0; g < kTileRowGroups; ++g) s += sums[g][threadIdx.x];
-    partial[static_cast<std::int64_t>(blockIdx.y) * cols + col] = s;
-    __threadfence();
-  }
-  __syncthreads();
-  if (threadIdx.x == 0 && threadIdx.y == 0) {
-    last = atomicAdd(&tickets[blockIdx.x], 1u) == gridDim.y - 1;
-    if (last) tickets[blockIdx.x] = 0;
-  }
-  __syncthreads();
-  if (last && threadIdx.y == 0 && col < cols) {
-    __threadfence();
-    float s = 0.f;
-    for (unsigned y = 0; y < gridDim.y; ++y) s += static_cast<volatile const float*>(partial)[static_cast<std::int64_t>(y) * cols + col];
-    db[col] = s;
-  }
-}
-
-// y = act(y + b) over [rows, cols] row-major, the bias add and the ReLU in one pass: the forward's
-// epilogue where cublasLt has none.
-template <class T>
-__global__ void bias_act(T* __restrict__ y, const T* __restrict__ b, std::int64_t rows, int cols, bool relu) {
-  const std::int64_t n = rows * cols;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const float v = widen(y[i]) + widen(b[i % cols]);
-    y[i] = narrow<T>(relu ? fmaxf(v, 0.f) : v);
-  }
-}
-
 // A dense layer's forward, y = act(a . W + b): the matmul plan with cublasLt's bias (+ ReLU)
 // epilogue, or, where cublasLt has no kernel with that epilogue for the shape, the plain GEMM's plan
-// and bias_act after it (the label counts those).
+// and the pointwise relu_bias plan after it (the label counts those).
 struct DenseForward {
   std::unique_ptr<matmul::Plan> gemm;
-  bool unfused_bias = false;
+  std::unique_ptr<pointwise::Plan> bias;  // null where the GEMM's epilogue adds the bias
 
-  explicit DenseForward(const matmul::Shape& g) {
+  DenseForward(const Shape& s, std::size_t k) {
+    const matmul::Shape g = forward_gemm(s, k);
     try {
       gemm = matmul::make_cuda_plan(g);
       return;
@@ -95,7 +39,7 @@ struct DenseForward {
     matmul::Shape plain = g;
     plain.op = matmul::Op::mm, plain.relu = false;
     gemm = matmul::make_cuda_plan(plain);
-    unfused_bias = true;
+    bias = pointwise::make_cuda_plan(relu_bias_shape(s, k));
   }
 };
 
@@ -104,7 +48,7 @@ class CudaModel final : public ModelCase {
   explicit CudaModel(const Problem& p) : s_(shape_of(p)), l_(param_layout(s_.widths)), st_(make_state(s_, l_, step_seed(p))) {
     const std::size_t L = s_.layers();
     const std::int64_t B = s_.batch;
-    HOTOPS_CHECK(s_.classes() <= kMaxClasses, "models: the CUDA loss kernel takes at most 16 classes");
+    HOTOPS_CHECK(s_.classes() <= kMaxClasses, "models: the CUDA loss plan takes at most 16 classes");
     HOTOPS_CHECK(B < (std::int64_t{1} << 31) / kMaxClasses, "models: batch too large");
     const std::size_t pbytes = l_.total * sizeof(float);
     const std::size_t e = dtype_size(s_.dtype);  // bytes of a stored activation
@@ -126,24 +70,18 @@ class CudaModel final : public ModelCase {
       HOTOPS_CHECK_CUDA(cudaMemsetAsync(grads_.get(), 0, pbytes, gpu::stream()));  // the padding stays zero
       loss_ = gpu::DeviceBuffer(sizeof(float));
       state_ = gpu::DeviceBuffer(sizeof(StepState));
-      std::int64_t partial = 1, tiles = 1;
-      for (std::size_t k = 0; k + 1 < L; ++k) {
-        partial = std::max(partial, splits() * s_.out(k));
-        tiles = std::max(tiles, (s_.out(k) + kTileCols - 1) / kTileCols);
-      }
-      partial_ = gpu::DeviceBuffer(static_cast<std::size_t>(partial) * sizeof(float));
-      tickets_ = gpu::DeviceBuffer(static_cast<std::size_t>(tiles) * sizeof(unsigned));
-      HOTOPS_CHECK_CUDA(cudaMemsetAsync(tickets_.get(), 0, tickets_.bytes(), gpu::stream()));
       restart_optimizer();
     }
     if (s_.variant == Variant::e2e && !s_.train()) logits_host_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * s_.classes()));
 
     for (std::size_t k = 0; k < L; ++k) {
-      fwd_.emplace_back(forward_gemm(s_, k));
+      fwd_.emplace_back(s_, k);
       if (!s_.train()) continue;
       wgrad_.push_back(matmul::make_cuda_plan(weight_grad_gemm(s_, k)));
       dgrad_.push_back(k == 0 ? nullptr : matmul::make_cuda_plan(data_grad_gemm(s_, k)));
+      if (k + 1 < L) relu_dbias_.push_back(pointwise::make_cuda_plan(relu_dbias_shape(s_, k)));
     }
+    if (s_.train()) xent_ = loss::make_cuda_plan(loss::dbias_shape(s_.dtype, B, s_.classes()));
     if (s_.variant == Variant::graph) {
       // Everything the step touches that is created lazily (the cublasLt handle, its workspace)
       // must exist before the capture: allocation is not allowed while the stream is capturing.
@@ -215,7 +153,7 @@ class CudaModel final : public ModelCase {
       ++launches;
       if (std::find(gemms.begin(), gemms.end(), g->label()) == gemms.end()) gemms.push_back(g->label());
     };
-    for (const DenseForward& f : fwd_) count(f.gemm.get()), launches += f.unfused_bias, unfused += f.unfused_bias;
+    for (const DenseForward& f : fwd_) count(f.gemm.get()), launches += f.bias != nullptr, unfused += f.bias != nullptr;
     for (const auto* list : {&wgrad_, &dgrad_})
       for (const auto& g : *list) count(g.get());
     if (s_.train()) launches += 1 + static_cast<int>(s_.layers()) - 1 + 1;  // loss, ReLU backward, AdamW
@@ -225,8 +163,8 @@ class CudaModel final : public ModelCase {
     std::string l = std::string(s_.bf16() ? "bf16 autocast (f32 master weights, hotops cast_params each step), " : "") +
                     std::to_string(s_.layers()) + " dense layers: matmul plans, " +
                     (s_.bf16() ? "bf16, f32 accumulation" : "f32") + " [" + list + "], " +
-                    (unfused ? std::to_string(unfused) + " bias epilogue(s) as hotops bias_act" : "bias/ReLU epilogues");
-    if (s_.train()) l += " + hotops softmax_xent, relu_backward_bias_grad, AdamW 1 launch";
+                    (unfused ? std::to_string(unfused) + " bias epilogue(s) as relu_bias plans" : "bias/ReLU epilogues");
+    if (s_.train()) l += " + cross_entropy_dbias and relu_dbias plans, AdamW 1 launch (it advances the step)";
     l += ", " + std::to_string(launches) + " launches a step";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the batch, launches, D2H, sync";
     if (s_.variant == Variant::graph) l += "; graph: pageable H2D of the batch, 1 CUDA graph, D2H loss, sync";
@@ -252,7 +190,6 @@ class CudaModel final : public ModelCase {
     return params_.as<float>() + offset;
   }
   const void* input(std::size_t k) const { return k == 0 ? x_.get() : act_[k].get(); }
-  std::int64_t splits() const { return (s_.batch + kRowsPerSplit - 1) / kRowsPerSplit; }
 
   static void poison(float* at, std::int64_t n) {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(at, 0xFF, static_cast<std::size_t>(n) * sizeof(float), gpu::stream()));
@@ -262,73 +199,68 @@ class CudaModel final : public ModelCase {
   void restart_optimizer() {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(m_.get(), 0, m_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(v_.get(), 0, v_.bytes(), gpu::stream()));
-    HOTOPS_CHECK_CUDA(cudaMemsetAsync(state_.get(), 0, sizeof(StepState), gpu::stream()));
+    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(state_.get(), &first_step_, sizeof(StepState), cudaMemcpyHostToDevice, gpu::stream()));
   }
 
-  // The step on storage T (float, or __nv_bfloat16 after the cast of the parameters).
+  // The step: f32, or bf16 after the cast of the parameters (the plans know the storage).
   void device_step() {
-    if (!s_.bf16()) return device_step_on<float>();
+    if (!s_.bf16()) return layers_step();
     const auto n4 = static_cast<std::int64_t>(l_.total / 4);
     const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n4 + 255) / 256, 1024));
     trace::op("cast");
     cast_params<<<blocks, 256, 0, gpu::stream()>>>(params_.as<const float4>(), low_.as<__nv_bfloat162>(), n4);
     HOTOPS_CHECK_LAUNCH();
-    device_step_on<__nv_bfloat16>();
+    layers_step();
   }
 
-  // y = act(y + b) after a plain GEMM, where cublasLt has no bias epilogue for layer k.
-  template <class T>
-  void bias_act_after(std::size_t k) {
-    const std::int64_t rows = s_.batch, cols = s_.out(k);
-    const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((rows * cols + 255) / 256, 4096));
-    bias_act<<<blocks, 256, 0, gpu::stream()>>>(act_[k + 1].as<T>(), static_cast<const T*>(weight(l_.b[k])), rows,
-                                                static_cast<int>(cols), k + 1 < s_.layers());
-    HOTOPS_CHECK_LAUNCH();
+  // y = act(y + b) in place after a plain GEMM, where cublasLt has no bias epilogue for layer k.
+  void bias_after(std::size_t k) {
+    pointwise::Args a;
+    a.x = a.out = act_[k + 1].get(), a.b = weight(l_.b[k]);
+    fwd_[k].bias->run(a);
   }
 
-  template <class T>
-  void device_step_on() {
+  // The layers' forward and, for train, the loss, the backward and the optimizer.
+  void layers_step() {
     const std::size_t L = s_.layers();
-    const std::int64_t B = s_.batch;
     for (std::size_t k = 0; k < L; ++k) {
       trace::op("addmm");
       fwd_[k].gemm->run({input(k), weight(l_.w[k]), weight(l_.b[k]), nullptr, act_[k + 1].get(), nullptr});
-      if (fwd_[k].unfused_bias) bias_act_after<T>(k);
+      if (fwd_[k].bias) bias_after(k);
     }
     if (!s_.train()) return;
-    const int C = static_cast<int>(s_.classes());
     trace::op("cross_entropy");
-    softmax_xent<<<1, kLossThreads, 0, gpu::stream()>>>(act_[L].as<const T>(), labels_.as<const std::int32_t>(),
-                                                        dact_[L].as<T>(), grads_.as<float>() + l_.b[L - 1],
-                                                        loss_.as<float>(), static_cast<int>(B), C, hyper(),
-                                                        state_.as<StepState>());
-    HOTOPS_CHECK_LAUNCH();
+    loss::Args xa;
+    xa.logits = act_[L].get(), xa.labels = labels_.as<const std::int32_t>(), xa.dlogits = dact_[L].get();
+    xa.loss = loss_.get(), xa.db = grads_.as<float>() + l_.b[L - 1];
+    xent_->run(xa);
     for (std::size_t k = L; k-- > 0;) {
       trace::op("mm");
       wgrad_[k]->run({input(k), nullptr, nullptr, dact_[k + 1].get(), grads_.as<float>() + l_.w[k], nullptr});
       if (k == 0) break;
       dgrad_[k]->run({nullptr, weight(l_.w[k]), nullptr, dact_[k + 1].get(), dact_[k].get(), nullptr});
       trace::op("relu_bwd");
-      const int cols = static_cast<int>(s_.out(k - 1));
-      const dim3 grid(static_cast<unsigned>((cols + kTileCols - 1) / kTileCols), static_cast<unsigned>(splits()));
-      relu_backward_bias_grad<<<grid, dim3(kTileCols, kTileRowGroups), 0, gpu::stream()>>>(
-          dact_[k].as<T>(), act_[k].as<const T>(), grads_.as<float>() + l_.b[k - 1], partial_.as<float>(),
-          tickets_.as<unsigned>(), static_cast<int>(B), cols);
-      HOTOPS_CHECK_LAUNCH();
+      pointwise::Args r;
+      r.x = act_[k].get(), r.dy = dact_[k].get(), r.out = dact_[k].get(), r.db = grads_.as<float>() + l_.b[k - 1];
+      relu_dbias_[k - 1]->run(r);
     }
     trace::op("adamw");
     adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-                     static_cast<std::int64_t>(l_.total), state_.as<StepState>(), nullptr, gpu::stream());
+                     static_cast<std::int64_t>(l_.total), state_.as<StepState>(), &hyper_, gpu::stream());
   }
 
   Shape s_;
   ParamLayout l_;
   State st_;  // the seeded start, and the batch in pageable host memory for the e2e variants
-  gpu::DeviceBuffer params_, grads_, m_, v_, x_, labels_, loss_, state_, partial_, tickets_;
+  gpu::DeviceBuffer params_, grads_, m_, v_, x_, labels_, loss_, state_;
   gpu::DeviceBuffer low_;  // bf16: the step's bf16 copy of params_ (same layout)
   std::vector<gpu::DeviceBuffer> act_, dact_;
   std::vector<DenseForward> fwd_;                            // per layer
   std::vector<std::unique_ptr<matmul::Plan>> wgrad_, dgrad_;  // per layer (dgrad_: null for the first)
+  std::vector<std::unique_ptr<pointwise::Plan>> relu_dbias_;  // per hidden layer
+  std::unique_ptr<loss::Plan> xent_;                          // train: the head's loss and gradients
+  adamw::Hyper hyper_ = hyper();                              // AdamW's, as it advances the step count
+  StepState first_step_ = adamw::first_step(hyper());         // the optimizer's state before its first step
   HostBuffer logits_host_;
   float loss_host_ = 0;
   gpu::StepGraph graph_;  // graph:1

@@ -280,6 +280,26 @@ matmul::Shape weight_grad_gemm(const Shape& s, std::size_t k) {
 
 matmul::Shape data_grad_gemm(const Shape& s, std::size_t k) { return layer_gemm(s, k, matmul::Op::mm, Direction::bwd_data); }
 
+namespace {
+pointwise::Shape dense_pointwise(const Shape& s, std::size_t k, pointwise::Op op, Direction dir) {
+  pointwise::Shape r;
+  r.op = op, r.dir = dir, r.dtype = s.dtype;
+  r.cols = s.out(k);
+  r.elements = s.batch * r.cols;
+  return r;
+}
+}  // namespace
+
+pointwise::Shape relu_dbias_shape(const Shape& s, std::size_t k) {
+  return dense_pointwise(s, k, pointwise::Op::relu_dbias, Direction::bwd);
+}
+
+pointwise::Shape relu_bias_shape(const Shape& s, std::size_t k) {
+  pointwise::Shape r = dense_pointwise(s, k, pointwise::Op::relu_bias, Direction::fwd);
+  r.relu = k + 1 < s.layers();
+  return r;
+}
+
 ParamLayout param_layout(const std::vector<std::int64_t>& widths) {
   ParamLayout l;
   auto place = [&](std::int64_t n) { return place_aligned(l.total, l.parameters, n); };

@@ -18,7 +18,9 @@
 #include "hotops/op.h"
 #include "hotops/op_family.h"
 #include "kernels/adamw/adamw.h"
+#include "kernels/loss/loss.h"
 #include "kernels/matmul/matmul.h"
+#include "kernels/pointwise/pointwise.h"
 
 namespace hotops::models {
 
@@ -138,6 +140,12 @@ ParamLayout param_layout(const std::vector<std::int64_t>& widths);
 matmul::Shape forward_gemm(const Shape& s, std::size_t k);
 matmul::Shape weight_grad_gemm(const Shape& s, std::size_t k);
 matmul::Shape data_grad_gemm(const Shape& s, std::size_t k);
+// The ReLU backward of hidden layer k with its bias gradient (pointwise relu_dbias over [batch, out]):
+// dz = da * (a > 0) in place, db_k = colsum(dz).
+pointwise::Shape relu_dbias_shape(const Shape& s, std::size_t k);
+// Layer k's bias (and ReLU on every layer but the last) after a GEMM without that epilogue
+// (pointwise relu_bias over [batch, out], in place).
+pointwise::Shape relu_bias_shape(const Shape& s, std::size_t k);
 
 // Places a tensor of n floats at the end of a flat parameter buffer, on a kAlignFloats boundary:
 // returns its offset and grows `total` (padding included) and `parameters` (padding excluded).

@@ -293,7 +293,11 @@ class CudaPointwise final : public Plan {
 
 }  // namespace
 
-std::unique_ptr<Plan> make_cuda_plan(const Shape& s) { return std::make_unique<CudaPointwise>(s); }
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s) {
+  if (s.op == Op::relu_dbias) return make_cuda_relu_dbias_plan(s);
+  if (s.op == Op::relu_bias) return make_cuda_relu_bias_plan(s);
+  return std::make_unique<CudaPointwise>(s);
+}
 
 void run_cuda_kernel_on_host(const Shape& s, const DropoutKey& k, const void* x, const void* dy,
                              const std::uint8_t* mask_in, void* out, std::uint8_t* mask_out, unsigned blocks) {

@@ -3,10 +3,14 @@
 //            bwd  dx[i] = x[i] > 0 ? dy[i] : 0           (PyTorch's threshold_backward on the input)
 //   dropout  fwd  y[i]  = x[i] * keep(i) / (1 - p), and mask[i] = keep(i) as one uint8 for bwd
 //            bwd  dx[i] = dy[i] * mask[i] / (1 - p)
-// relu: oneDNN's eltwise primitive on the CPU, a hand-written CUDA kernel. dropout: hand-written on
-// both. The dropout mask is a pure function of (seed, element index) through the counter-based hash
-// below, one piece of code for the host and the device, so every backend and the reference draw the
-// same mask.
+//   relu_dbias  bwd  relu bwd over [rows, cols] row-major, and db[c] = sum over rows of dx[r, c] (f32):
+//            a dense layer's ReLU and bias gradient in one pass (x may be the ReLU's output)
+//   relu_bias   fwd  y[r, c] = max(x[r, c] + b[c], 0) over [rows, cols]: a dense layer's bias and ReLU
+//            where no GEMM epilogue adds them (in place allowed)
+// relu: oneDNN's eltwise primitive on the CPU, a hand-written CUDA kernel; the others hand-written
+// on both. The dropout mask is a pure function of (seed, element index) through the counter-based
+// hash below, one piece of code for the host and the device, so every backend and the reference
+// draw the same mask.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -26,18 +30,23 @@
 
 namespace hotops::pointwise {
 
-enum class Op { relu, dropout };
+enum class Op { relu, dropout, relu_dbias, relu_bias };
 
 // One problem: `elements` values stored `offset` elements into their buffers (test problems use an
 // offset to put the tensors off a 16-byte boundary), followed by kGuard elements that must stay
-// untouched. The mask has the same layout, one byte per element.
+// untouched. The mask has the same layout, one byte per element. relu_dbias and relu_bias: the
+// elements are [rows, cols] row-major, cols the last of the name's dims; db (cols f32) and b (cols
+// in the dtype) are followed by kGuard.
 struct Shape {
   Op op = Op::relu;
   Direction dir = Direction::fwd;
   DType dtype = DType::f32;
   std::int64_t elements = 1;
   std::int64_t offset = 0;
-  double p = 0;  // dropout: the probability of zeroing an element
+  double p = 0;           // dropout: the probability of zeroing an element
+  std::int64_t cols = 1;  // relu_dbias, relu_bias: the bias's length
+  bool relu = true;       // relu_bias: false adds the bias alone (a layer with no activation; no entry)
+  std::int64_t rows() const { return elements / cols; }
 };
 constexpr std::size_t kGuard = 8;
 
@@ -89,14 +98,16 @@ DropoutKey dropout_key(const Problem& p);
 // [-1, 1); the dropout bwd mask is drawn from the problem's key (element i of the tensor is
 // mask[offset + i]; the guard bytes are 1).
 struct Inputs {
-  HostBuffer x;              // relu fwd and bwd, dropout fwd
+  HostBuffer x;              // relu and relu_dbias, dropout fwd
   HostBuffer dy;             // bwd
   HostBuffer mask;           // dropout bwd (see make_mask)
+  HostBuffer b;              // relu_bias: cols + kGuard, uniform in [-1, 1)
   std::uint64_t seed = 0;    // dropout: the mask's seed
   DropoutKey key;            // dropout: dropout_key(seed, p)
 };
 Inputs make_inputs(const Shape& s, std::uint64_t seed);
 HostBuffer make_output(const Shape& s);  // y (fwd) or dx (bwd), same layout as the inputs
+HostBuffer make_dbias(const Shape& s);   // relu_dbias: db, cols + kGuard f32
 constexpr std::uint8_t kMaskPoison = 0xff;  // what an unwritten mask byte holds
 // A mask: buffer_count(s) bytes (held in 4-byte elements, the last rounded up), every byte
 // kMaskPoison; its bytes are as<std::uint8_t>().
@@ -113,6 +124,11 @@ bool reference_keep(const Shape& s, const Inputs& in, std::size_t i);
 // the reference, sampled when large with both ends always in, and that the guard elements around
 // the tensor are still poisoned (never written).
 Check verify(const Shape& s, const Inputs& in, const HostBuffer& out, const std::uint8_t* mask = nullptr);
+// relu_dbias: db[c] in double, and the sum of its terms' magnitudes (what its rounding grows with).
+void reference_dbias(const Shape& s, const Inputs& in, std::vector<double>& db, std::vector<double>& db_abs);
+double dbias_error_bound(const Shape& s);  // k of |db - ref| <= k sum |terms| (see pointwise.cpp)
+// relu_dbias: every db element against reference_dbias, and its guard still poisoned.
+Check verify_dbias(const Shape& s, const Inputs& in, const HostBuffer& db);
 
 // ---- Implementations ----
 
@@ -126,12 +142,21 @@ struct Args {
   void* out = nullptr;                    // y (fwd) or dx (bwd)
   std::uint8_t* mask_out = nullptr;       // dropout fwd: the mask it draws
   std::uint64_t seed = 0;                 // dropout fwd: the mask's seed (dropout_key(seed, p))
+  float* db = nullptr;                    // relu_dbias: [cols] f32 (a buffer of its own, no offset)
+  const void* b = nullptr;                // relu_bias: [cols] in the dtype (a buffer of its own, no offset)
 };
+// relu_dbias may run in place (out == dy), relu_bias too (out == x).
 HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: the op's own (below); CUDA: hotops' kernels
 
 std::unique_ptr<Plan> make_cpu_relu_plan(const Shape& s);  // oneDNN eltwise_relu (cpu_onednn.cpp)
 std::string relu_onednn_unsupported_reason(const Problem& p);
 std::unique_ptr<Plan> make_cpu_dropout_plan(const Shape& s);  // hotops' loop (cpu_dropout.cpp)
+std::unique_ptr<Plan> make_cpu_relu_dbias_plan(const Shape& s);  // hotops' loop (cpu_relu_dbias.cpp)
+std::unique_ptr<Plan> make_cpu_relu_bias_plan(const Shape& s);  // hotops' loop (cpu_relu_dbias.cpp)
+#ifdef HOTOPS_HAVE_CUDA
+std::unique_ptr<Plan> make_cuda_relu_dbias_plan(const Shape& s);  // hotops' kernels (cuda_relu_dbias.cu)
+std::unique_ptr<Plan> make_cuda_relu_bias_plan(const Shape& s);
+#endif
 // The CPU dropout loop on one span of the tensor (element `first` onwards), for the tests.
 void cpu_dropout_span(const Shape& s, const DropoutKey& k, std::uint64_t first, const void* in, const std::uint8_t* mask_in,
                       void* out, std::uint8_t* mask_out, std::int64_t n);

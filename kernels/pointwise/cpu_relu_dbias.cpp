@@ -1,0 +1,106 @@
+// relu_dbias and relu_bias on the CPU, hand-written. relu_dbias: dx = x > 0 ? dy : 0 and db =
+// colsum(dx) in one pass; OpenMP threads take blocks of 16 columns, each running down the rows with
+// 16 f32 accumulators, so a column's sum is one chain in row order whatever the thread count.
+// relu_bias: y = max(x + b, 0) row by row, OpenMP over rows. Both on one thread below a grain of
+// work, where forking costs more than it saves.
+#include <omp.h>
+
+#include <algorithm>
+#include <string>
+
+#include "hotops/cpu.h"
+#include "hotops/cpu_vector.h"
+#include "kernels/pointwise/pointwise.h"
+
+namespace hotops::pointwise {
+namespace {
+
+// Below this many elements the loop runs on one thread.
+constexpr std::int64_t kParallelGrain = 1 << 15;
+constexpr std::int64_t kCols = 16;  // columns per thread's block
+
+// kInPlace: dx is dy, read and written through one pointer, so that the compiler sees the loop's
+// only possible overlap (x with dx) as the one it checks for at run time and still vectorises.
+template <DType D, bool kInPlace>
+void relu_dbias(const void* x_v, const void* dy_v, void* dx_v, float* db, std::int64_t rows, std::int64_t n) {
+  using E = vec::Elem<D>;
+  using T = typename E::T;
+  const T* x = static_cast<const T*>(x_v);
+  const T* dy = static_cast<const T*>(dy_v);
+  T* dx = static_cast<T*>(dx_v);
+  const int team = rows * n >= kParallelGrain ? cpu::threads() : 1;
+#pragma omp parallel for num_threads(team) schedule(static)
+  for (std::int64_t c0 = 0; c0 < n; c0 += kCols) {
+    const std::int64_t c1 = std::min(n, c0 + kCols);
+    float acc[kCols] = {};
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = c0; c < c1; ++c) {
+        const float d = E::load(x[r * n + c]) > 0.f ? E::load((kInPlace ? dx : dy)[r * n + c]) : 0.f;
+        dx[r * n + c] = E::store(d);
+        acc[c - c0] += d;
+      }
+    for (std::int64_t c = c0; c < c1; ++c) db[c] = acc[c - c0];
+  }
+}
+
+class CpuReluDbias final : public Plan {
+ public:
+  explicit CpuReluDbias(const Shape& s) : s_(s) {}
+
+  void run(const Args& a) override {
+    const std::size_t eoff = static_cast<std::size_t>(s_.offset) * dtype_size(s_.dtype);
+    const auto* x = static_cast<const std::byte*>(a.x) + eoff;
+    const auto* dy = static_cast<const std::byte*>(a.dy) + eoff;
+    auto* dx = static_cast<std::byte*>(a.out) + eoff;
+    const bool in_place = dx == dy;
+    if (s_.dtype == DType::bf16)
+      (in_place ? relu_dbias<DType::bf16, true> : relu_dbias<DType::bf16, false>)(x, dy, dx, a.db, s_.rows(), s_.cols);
+    else
+      (in_place ? relu_dbias<DType::f32, true> : relu_dbias<DType::f32, false>)(x, dy, dx, a.db, s_.rows(), s_.cols);
+  }
+
+  std::string label() const override {
+    return cpu::with_threads("hotops relu_dbias loop (OpenMP over 16-column blocks, f32 sums)");
+  }
+
+ private:
+  Shape s_;
+};
+
+// y = act(x + b) over the shape's [rows, cols] tensor of `a`.
+template <DType D>
+void relu_bias(const Shape& s, const Args& a) {
+  using T = typename vec::Elem<D>::T;
+  const T* x = static_cast<const T*>(a.x) + s.offset;
+  T* y = static_cast<T*>(a.out) + s.offset;
+  const T* b = static_cast<const T*>(a.b);
+  const std::int64_t n = s.cols, rows = s.rows();
+#pragma omp parallel for num_threads(rows * n >= kParallelGrain ? cpu::threads() : 1) schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < n; ++c) {
+      const float v = vec::Elem<D>::load(x[r * n + c]) + vec::Elem<D>::load(b[c]);
+      y[r * n + c] = vec::Elem<D>::store(s.relu ? std::max(v, 0.f) : v);
+    }
+}
+
+class CpuReluBias final : public Plan {
+ public:
+  explicit CpuReluBias(const Shape& s) : s_(s) {}
+
+  void run(const Args& a) override {
+    if (s_.dtype == DType::bf16) relu_bias<DType::bf16>(s_, a);
+    else relu_bias<DType::f32>(s_, a);
+  }
+
+  std::string label() const override { return cpu::with_threads("hotops relu_bias loop (OpenMP over rows)"); }
+
+ private:
+  Shape s_;
+};
+
+}  // namespace
+
+std::unique_ptr<Plan> make_cpu_relu_dbias_plan(const Shape& s) { return std::make_unique<CpuReluDbias>(s); }
+std::unique_ptr<Plan> make_cpu_relu_bias_plan(const Shape& s) { return std::make_unique<CpuReluBias>(s); }
+
+}  // namespace hotops::pointwise
