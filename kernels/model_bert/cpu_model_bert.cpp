@@ -4,8 +4,9 @@
 // the attention's per-head GEMMs as 4-D [batch, heads, rows, cols] matmuls on strided views of the
 // QKV, context and gradient buffers, so no head split or merge copies), the softmax, layernorm and
 // gelu families' plans (oneDNN softmax forward and backward, in place; oneDNN layer_normalization
-// forward; the GELU forward), the rest OpenMP loops: the GELU backward (erf), LayerNorm backward
-// fused with the gradients' sums, column sums for the bias gradients, the MSE loss, one AdamW pass.
+// forward; the GELU forward, and its backward with the FFN's first bias gradient: gelu_dbias), the
+// rest OpenMP loops: LayerNorm backward fused with the gradients' sums, column sums for the other bias
+// gradients, the MSE loss, one AdamW pass.
 // The loops are templates over the activations' storage (float, or bf16 as its uint16 bits) and
 // compute in f32; bf16's matmuls take bf16 operands (a per-step bf16 copy of the f32 master
 // parameters) and write bf16 activations or f32 weight gradients.
@@ -19,6 +20,7 @@
 
 #include "hotops/check.h"
 #include "hotops/cpu.h"
+#include "hotops/cpu_colsum.h"
 #include "hotops/cpu_vector.h"
 #include "hotops/trace.h"
 #include "kernels/model_bert/model_bert.h"
@@ -79,10 +81,6 @@ memory::desc view4(std::int64_t B, std::int64_t NH, std::int64_t rows, std::int6
   return memory::desc({B, NH, rows, cols}, type, dims{sb, sh, sr, sc});
 }
 
-float gelu_grad(float z) {
-  return 0.5f * (1.f + std::erf(z * 0.70710678118654752f)) + z * 0.39894228040143268f * std::exp(-0.5f * z * z);
-}
-
 // T: the activations' storage, float (f32) or bf16 (bf16's mixed precision, model_bert.h).
 template <class T>
 class CpuLayer final : public LayerCase {
@@ -125,6 +123,7 @@ class CpuLayer final : public LayerCase {
     layernorm_ = layernorm::make_cpu_plan(token_layernorm(s_, Direction::fwd));
     if (!s_.train()) return;
     softmax_bwd_ = softmax::make_cpu_plan(attention_softmax(s_, Direction::bwd));
+    gelu_bwd_ = gelu::dbias::make_cpu_plan(ffn_gelu_bwd(s_));
     dy_ = act(T_ * H), df_ = act(T_ * F), du2_ = act(T_ * H), ds1_ = act(T_ * H), dctx_ = act(T_ * H), dqkv_ = act(T_ * 3 * H);
     dp_ = act(B * NH * S * S), du1_ = act(a.pre_ln ? T_ * H : 1);
     if (!a.pre_ln) s2grad();
@@ -174,7 +173,8 @@ class CpuLayer final : public LayerCase {
 
   std::string label() const override {
     return std::string(s_.arch.pre_ln ? "pre-LN" : "post-LN") + " encoder layer: oneDNN " + (kBf16 ? "bf16 " : "") +
-           "matmul (dense with residual post-op + 4-D strided attention GEMMs), oneDNN softmax, LayerNorm, " + gelu_->label() + ", OpenMP GELU backward" +
+           "matmul (dense with residual post-op + 4-D strided attention GEMMs), oneDNN softmax, LayerNorm, " + gelu_->label() +
+           (s_.train() ? ", " + gelu_bwd_->label() : "") +
            (kBf16 ? ", bf16 activations, f32 master weights cast to bf16 each step" : "") +
            (s_.train() ? ", MSE, backward loops, AdamW 1 flat pass" : "") + ", " +
            std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
@@ -244,18 +244,7 @@ class CpuLayer final : public LayerCase {
     }
   }
 
-  void colsum(const T* x, std::int64_t cols, float* out) {
-    const std::int64_t T_ = s_.tokens();
-    constexpr std::int64_t kCols = 64;
-#pragma omp parallel for num_threads(team()) schedule(static)
-    for (std::int64_t c0 = 0; c0 < cols; c0 += kCols) {
-      const std::int64_t c1 = std::min(cols, c0 + kCols);
-      float acc[kCols] = {};
-      for (std::int64_t r = 0; r < T_; ++r)
-        for (std::int64_t c = c0; c < c1; ++c) acc[c - c0] += ld(x[r * cols + c]);
-      for (std::int64_t c = c0; c < c1; ++c) out[c] = acc[c - c0];
-    }
-  }
+  void colsum(const T* x, std::int64_t cols, float* out) { cpu::column_sums(x, s_.tokens(), cols, out, team()); }
 
   void forward() {
     const Arch& a = s_.arch;
@@ -331,7 +320,7 @@ class CpuLayer final : public LayerCase {
 
   void backward() {
     const Arch& a = s_.arch;
-    const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn;
+    const std::int64_t H = a.hidden;
     float* P = params_.as<float>();
     float* G = grads_.as<float>();
     const T* ds2 = dy_.as<T>();
@@ -348,11 +337,7 @@ class CpuLayer final : public LayerCase {
     w2_d_->run(data_grad(ds2, l_.w2, df_));
     trace::op("gelu_bwd");
     T* df = df_.as<T>();
-    const T* z = z_.as<T>();
-#pragma omp parallel for num_threads(team()) schedule(static)
-    for (std::int64_t i = 0; i < T_ * F; ++i) df[i] = st<T>(ld(df[i]) * gelu_grad(ld(z[i])));
-    trace::op("sum");
-    colsum(df, F, G + l_.b1);
+    gelu_bwd_->run({z_.data(), df, df, G + l_.b1});  // in place over df, with the FFN's first bias gradient
     trace::op("mm");
     w1_w_->run(weight_grad(h1_.data(), df, l_.w1));
     w1_d_->run(data_grad(df, l_.w1, du2_));
@@ -406,6 +391,7 @@ class CpuLayer final : public LayerCase {
   Matmul scores_, context_, dp_gemm_, dv_gemm_, dq_gemm_, dk_gemm_;
   std::unique_ptr<softmax::Plan> softmax_, softmax_bwd_;
   std::unique_ptr<gelu::Plan> gelu_;
+  std::unique_ptr<gelu::dbias::Plan> gelu_bwd_;
   std::unique_ptr<layernorm::Plan> layernorm_;
   std::int64_t step_ = 0;
   double loss_ = 0;

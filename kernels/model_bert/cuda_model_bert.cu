@@ -1,7 +1,7 @@
 // model_bert on CUDA: cublasLt dense GEMMs (the matmul family's plans), one
-// cublasGemmBatchedEx per attention GEMM, the softmax, layernorm and gelu families' plans, hand-written
-// GELU backward, LayerNorm backward, column-sum and loss kernels; how each is set up and fused: docs/models.md,
-// "How each model step runs".
+// cublasGemmBatchedEx per attention GEMM, the softmax, layernorm and gelu families' plans (the GELU
+// backward with its bias gradient: gelu_dbias), hand-written LayerNorm backward, column-sum and loss
+// kernels; how each is set up and fused: docs/models.md, "How each model step runs".
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "hotops/cublaslt_gemm.h"
+#include "hotops/cuda_colsum.cuh"
 #include "hotops/cuda_elem.cuh"
 #include "hotops/cuda_util.h"
 #include "hotops/trace.h"
@@ -25,66 +26,23 @@ constexpr int kMaxHidden = 1024;   // LayerNorm rows up to 1024 (32 per lane)
 constexpr unsigned kThreads = 256;
 constexpr int kLnBwdBlocks = 128;
 constexpr int kColRows = 64;       // rows per block of the column sums' first stage
-constexpr int kGeluRows = 32;      // rows per block of the GELU backward (and its column sums)
 constexpr int kLossBlocks = 256;
 
 using StepState = adamw::DeviceStep;
 
 using bf16 = __nv_bfloat16;
 
-// Storage <-> f32: f32 as is; bf16 rounded to nearest even. Four at a time: float4, or 4 bf16 in 8 bytes.
+// Storage <-> f32: f32 as is; bf16 rounded to nearest even (four at a time: hotops/cuda_elem.cuh).
 __device__ inline float f32_of(float v) { return v; }
 __device__ inline float f32_of(bf16 v) { return __bfloat162float(v); }
 template <class T> __device__ inline T stored(float v);
 template <> __device__ inline float stored<float>(float v) { return v; }
 template <> __device__ inline bf16 stored<bf16>(float v) { return __float2bfloat16_rn(v); }
 
-struct alignas(8) Bf16x4 {
-  __nv_bfloat162 lo, hi;
-};
-template <class T> struct Quad;
-template <> struct Quad<float> { using type = float4; };
-template <> struct Quad<bf16> { using type = Bf16x4; };
-__device__ inline float4 f32_of(float4 v) { return v; }
-__device__ inline float4 f32_of(Bf16x4 v) {
-  const float2 a = __bfloat1622float2(v.lo), b = __bfloat1622float2(v.hi);
-  return make_float4(a.x, a.y, b.x, b.y);
-}
-template <class Q> __device__ inline Q stored4(float4 v);
-template <> __device__ inline float4 stored4<float4>(float4 v) { return v; }
-template <> __device__ inline Bf16x4 stored4<Bf16x4>(float4 v) {
-  return Bf16x4{__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
-}
-
+using gpu::Bf16x4;
+using gpu::ColOut;
+using gpu::stored4;
 using gpu::warp_sum;
-
-__device__ inline float gelu_grad(float z) {
-  return 0.5f * (1.f + erff(z * 0.70710678118654752f)) + z * 0.39894228040143268f * __expf(-0.5f * z * z);
-}
-
-// df *= gelu'(z) in place over [rows, n4 vectors of 4], with the column sums of the stored result (the
-// FFN's first bias gradient): block (x, y) takes vector columns x * blockDim + thread over rows
-// [y * kGeluRows, ...) and writes partial[y][4 columns].
-template <class Q>
-__global__ void __launch_bounds__(kThreads) gelu_bwd(Q* __restrict__ df, const Q* __restrict__ z, std::int64_t rows, int n4,
-                                                    float4* __restrict__ partial) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= n4) return;
-  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kGeluRows, r1 = min(rows, r0 + kGeluRows);
-  float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-  for (std::int64_t r = r0; r < r1; ++r) {
-    const std::int64_t i = r * n4 + c;
-    const float4 v = f32_of(z[i]);
-    float4 d = f32_of(df[i]);
-    d.x *= gelu_grad(v.x), d.y *= gelu_grad(v.y), d.z *= gelu_grad(v.z), d.w *= gelu_grad(v.w);
-    const Q q = stored4<Q>(d);
-    df[i] = q;
-    const float4 back = f32_of(q);  // the sum of what the GEMMs read
-    s.x += back.x, s.y += back.y, s.z += back.z, s.w += back.w;
-  }
-  partial[static_cast<std::int64_t>(blockIdx.y) * n4 + c] = s;
-}
 
 // The bf16 copy of the f32 master parameters, n4 vectors of 4 (the flat layout's padding included).
 __global__ void to_bf16(const float4* __restrict__ p, Bf16x4* __restrict__ w, std::int64_t n4) {
@@ -160,29 +118,6 @@ __global__ void col_partial(const T* __restrict__ x, float* __restrict__ partial
   float s = 0.f;
   for (std::int64_t r = r0; r < r1; ++r) s += f32_of(x[r * n + c]);
   partial[static_cast<std::int64_t>(blockIdx.y) * n + c] = s;
-}
-
-// The destinations of col_finish's columns, in segments of `width`: column c goes to
-// out[c / width][c % width] (LayerNorm's gamma | beta | the next bias); a null one is skipped.
-struct ColOut {
-  int width;
-  float* out[3];
-};
-
-// Stage 2: each column's sum over the splits. A block takes 32 columns; its 8 warps take every 8th
-// split, and their sums are added in warp order (deterministic).
-__global__ void __launch_bounds__(kThreads) col_finish(const float* __restrict__ partial, int splits, int n, ColOut o) {
-  constexpr int kGroups = kThreads / 32;
-  __shared__ float acc[kGroups][32];
-  const int lane = threadIdx.x % 32, group = threadIdx.x / 32, c = blockIdx.x * 32 + lane;
-  float s = 0.f;
-  if (c < n)
-    for (int k = group; k < splits; k += kGroups) s += partial[static_cast<std::int64_t>(k) * n + c];
-  acc[group][lane] = s;
-  __syncthreads();
-  if (group != 0 || c >= n) return;
-  for (int g = 1; g < kGroups; ++g) s += acc[g][lane];
-  if (float* dst = o.out[c / o.width]) dst[c % o.width] = s;
 }
 
 // MSE, stage 1: dy = 2 (y - t) / n, per-block sums of (y - t)^2.
@@ -289,7 +224,6 @@ constexpr cublasOperation_t N = CUBLAS_OP_N, Tr = CUBLAS_OP_T;
 // T: the activations' storage, float (f32) or bf16 (bf16's mixed precision, model_bert.h).
 template <class T>
 class CudaLayer final : public LayerCase {
-  using Q = typename Quad<T>::type;
   static constexpr bool kBf16 = std::is_same_v<T, bf16>;
 
  public:
@@ -331,8 +265,9 @@ class CudaLayer final : public LayerCase {
       dctx_ = act(T_ * H), dqkv_ = act(T_ * 3 * H), dp_ = act(B * NH * S * S), du1_ = act(a.pre_ln ? T_ * H : 1);
       loss_ = buf(1), loss_partial_ = buf(kLossBlocks), state_ = gpu::DeviceBuffer(sizeof(StepState));
       // The column sums' partials: LayerNorm's [blocks, 3H], colsum's [splits, 3H] (the QKV bias; the
-      // FFN's second for vit), the GELU backward's [splits, F].
-      partial_ = buf(std::max({kLnBwdBlocks * 3 * H, ((T_ + kColRows - 1) / kColRows) * 3 * H, ((T_ + kGeluRows - 1) / kGeluRows) * F}));
+      // FFN's second for vit).
+      partial_ = buf(std::max(kLnBwdBlocks * 3 * H, ((T_ + kColRows - 1) / kColRows) * 3 * H));
+      gelu_bwd_ = gelu::dbias::make_cuda_plan(ffn_gelu_bwd(s_));
       // The dense layers' gradients: weight (x^T . dz, f32 out) and data (dz . W^T).
       auto wgrad = [&](std::int64_t in, std::int64_t out) {
         return matmul::make_cuda_plan(dense_grad(s_, Direction::bwd_weight, in, out, false));
@@ -484,7 +419,7 @@ class CudaLayer final : public LayerCase {
                                                             s_.tokens(), H);
     HOTOPS_CHECK_LAUNCH();
     const ColOut o{H, {G + g, G + b, bias ? G + *bias : nullptr}};
-    col_finish<<<grid_for(3 * H, 32), kThreads, 0, gpu::stream()>>>(partial_.as<float>(), kLnBwdBlocks, 3 * H, o);
+    gpu::col_finish<kThreads><<<grid_for(3 * H, 32), kThreads, 0, gpu::stream()>>>(partial_.as<float>(), kLnBwdBlocks, 3 * H, o);
     HOTOPS_CHECK_LAUNCH();
   }
 
@@ -496,22 +431,12 @@ class CudaLayer final : public LayerCase {
     finish(splits, n, at);
   }
 
-  // df *= gelu'(z), and its column sums into the bias gradient at `at`.
-  void gelu_back(std::size_t at) {
-    const std::int64_t T_ = s_.tokens(), n4 = s_.arch.ffn / 4;
-    const auto splits = static_cast<unsigned>((T_ + kGeluRows - 1) / kGeluRows);
-    gelu_bwd<Q><<<dim3(grid_for(n4), splits), kThreads, 0, gpu::stream()>>>(df_.as<Q>(), z_.as<const Q>(), T_, static_cast<int>(n4),
-                                                                             partial_.as<float4>());
-    HOTOPS_CHECK_LAUNCH();
-    finish(splits, s_.arch.ffn, at);
-  }
-
   // The column sums' second stage: partial_[splits, n] into the gradient at `at`.
   void finish(unsigned splits, std::int64_t n, std::size_t at) {
     HOTOPS_CHECK(static_cast<std::int64_t>(splits) * n <= static_cast<std::int64_t>(partial_.bytes() / sizeof(float)),
                  "model_bert: column-sum partials larger than their buffer");
     const ColOut o{static_cast<int>(n), {grads_.as<float>() + at, nullptr, nullptr}};
-    col_finish<<<grid_for(n, 32), kThreads, 0, gpu::stream()>>>(partial_.as<float>(), static_cast<int>(splits), static_cast<int>(n), o);
+    gpu::col_finish<kThreads><<<grid_for(n, 32), kThreads, 0, gpu::stream()>>>(partial_.as<float>(), static_cast<int>(splits), static_cast<int>(n), o);
     HOTOPS_CHECK_LAUNCH();
   }
 
@@ -572,7 +497,7 @@ class CudaLayer final : public LayerCase {
     w2_w_->run(weight_grad(f_.get(), ds2, l_.w2));
     w2_d_->run(data_grad(ds2, l_.w2, df_, nullptr));
     trace::op("gelu_bwd");
-    gelu_back(l_.b1);
+    gelu_bwd_->run({z_.get(), df_.get(), df_.get(), grads_.as<float>() + l_.b1});  // in place over df
     trace::op("mm");
     w1_w_->run(weight_grad(h1_.get(), df_.get(), l_.w1));
     w1_d_->run(data_grad(df_.get(), l_.w1, du2_, a.pre_ln ? nullptr : ds2));  // bert: du2 = df . W1^T + ds2
@@ -618,6 +543,7 @@ class CudaLayer final : public LayerCase {
   std::unique_ptr<BatchedGemm<T>> scores_, context_, dp_gemm_, dv_gemm_, dq_gemm_, dk_gemm_;
   std::unique_ptr<softmax::Plan> softmax_, softmax_bwd_;
   std::unique_ptr<gelu::Plan> gelu_;
+  std::unique_ptr<gelu::dbias::Plan> gelu_bwd_;
   std::unique_ptr<layernorm::Plan> layernorm_;
   HostBuffer host_out_;
   float loss_host_ = 0;

@@ -132,6 +132,13 @@ gelu::Shape ffn_gelu(const Shape& s) {
   return g;
 }
 
+gelu::dbias::Shape ffn_gelu_bwd(const Shape& s) {
+  gelu::dbias::Shape g;
+  g.dtype = s.dtype;
+  g.rows = s.tokens(), g.cols = s.arch.ffn;
+  return g;
+}
+
 layernorm::Shape token_layernorm(const Shape& s, Direction d) {
   layernorm::Shape ln;
   ln.dir = d;

@@ -15,6 +15,7 @@
 #include "hotops/op.h"
 #include "kernels/adamw/adamw.h"
 #include "kernels/gelu/gelu.h"
+#include "kernels/gelu/gelu_dbias.h"
 #include "kernels/layernorm/layernorm.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/models/models.h"
@@ -68,6 +69,9 @@ matmul::Shape dense_grad(const Shape& s, Direction d, std::int64_t in, std::int6
 
 // The FFN's GELU (erf) over [tokens, ffn] in the step's dtype, forward: the gelu family's plan runs it.
 gelu::Shape ffn_gelu(const Shape& s);
+// Its backward fused with the FFN's first bias gradient, over [tokens, ffn]: the gelu_dbias op's plan
+// runs it (in place over the gradient).
+gelu::dbias::Shape ffn_gelu_bwd(const Shape& s);
 
 // LayerNorm over the hidden width of each of a step's tokens, in the step's dtype (gamma and beta
 // f32); the layernorm family's plan runs it.
