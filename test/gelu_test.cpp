@@ -433,19 +433,12 @@ TEST(GeluDbias, VerifyCatchesAMissingRowAWrongSumAndAWrongElement) {
     Outputs out = make_outputs(s);
     make_plan(s, Backend::cpu)->run(args_of(in, out));
     ASSERT_TRUE(verify(s, in, out).ok) << verify(s, in, out).message;
-    const auto cols = static_cast<std::size_t>(s.cols);
-    std::size_t largest = 0;  // the row of column 5's largest |dx|
-    for (std::size_t r = 0; r < static_cast<std::size_t>(s.rows); ++r)
-      if (std::fabs(out.dx.get(r * cols + 5)) > std::fabs(out.dx.get(largest * cols + 5))) largest = r;
+    const auto rows = static_cast<std::size_t>(s.rows), cols = static_cast<std::size_t>(s.cols);
     Outputs missing = out;
-    missing.dbias.set(5, out.dbias.get(5) - out.dx.get(largest * cols + 5));
+    missing.dbias = plan_test::without_largest(out.dx, out.dbias, rows, cols, 5);
     EXPECT_FALSE(verify(s, in, missing).ok) << dtype_name(t);
     Outputs of_dy = out;
-    for (std::size_t c = 0; c < cols; ++c) {
-      double sum = 0;
-      for (std::size_t r = 0; r < static_cast<std::size_t>(s.rows); ++r) sum += in.dy.get(r * cols + c);
-      of_dy.dbias.set(c, sum);
-    }
+    of_dy.dbias = plan_test::column_sums_of(in.dy, rows, cols);
     EXPECT_FALSE(verify(s, in, of_dy).ok) << dtype_name(t);
     Outputs wrong = out;
     wrong.dx.set(7, out.dx.get(7) * 1.1 + 0.05);

@@ -8,9 +8,13 @@
 
 namespace hotops::cpu {
 
-// The f32 value of an element stored as float, or as bf16 in its 16 bits.
+// The f32 value of an element stored as float, or as bf16 in its 16 bits; and the element that stores
+// an f32 value (bf16 rounded to nearest even).
 inline float f32_value(float v) { return v; }
 inline float f32_value(std::uint16_t v) { return vec::bf16_to_f32(v); }
+template <class T> T stored(float v);
+template <> inline float stored<float>(float v) { return v; }
+template <> inline std::uint16_t stored<std::uint16_t>(float v) { return vec::f32_to_bf16(v); }
 
 // out[c] = sum over r of x[r * cols + c], on `threads` threads.
 template <class T>

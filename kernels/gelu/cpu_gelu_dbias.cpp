@@ -7,17 +7,13 @@
 
 #include "hotops/cpu.h"
 #include "hotops/cpu_colsum.h"
-#include "hotops/cpu_vector.h"
 #include "kernels/gelu/gelu_dbias.h"
 
 namespace hotops::gelu::dbias {
 namespace {
 
 using bf16 = std::uint16_t;  // bf16's bits
-
-template <class T> T stored(float v);
-template <> inline float stored<float>(float v) { return v; }
-template <> inline bf16 stored<bf16>(float v) { return vec::f32_to_bf16(v); }
+using cpu::stored;
 
 float gelu_grad(float z) {
   return 0.5f * (1.f + std::erf(z * 0.70710678118654752f)) + z * 0.39894228040143268f * std::exp(-0.5f * z * z);

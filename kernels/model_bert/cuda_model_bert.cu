@@ -1,7 +1,7 @@
 // model_bert on CUDA: cublasLt dense GEMMs (the matmul family's plans), one
 // cublasGemmBatchedEx per attention GEMM, the softmax, layernorm and gelu families' plans (the GELU
-// backward with its bias gradient: gelu_dbias), hand-written LayerNorm backward, column-sum and loss
-// kernels; how each is set up and fused: docs/models.md, "How each model step runs".
+// backward with its bias gradient: gelu_dbias; the LayerNorm backward with its residual and bias
+// gradients: layernorm_dbias), hand-written column-sum and loss kernels; how each is set up and fused: docs/models.md, "How each model step runs".
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -22,9 +22,7 @@
 namespace hotops::model_bert {
 namespace {
 
-constexpr int kMaxHidden = 1024;   // LayerNorm rows up to 1024 (32 per lane)
 constexpr unsigned kThreads = 256;
-constexpr int kLnBwdBlocks = 128;
 constexpr int kColRows = 64;       // rows per block of the column sums' first stage
 constexpr int kLossBlocks = 256;
 
@@ -48,65 +46,6 @@ using gpu::warp_sum;
 __global__ void to_bf16(const float4* __restrict__ p, Bf16x4* __restrict__ w, std::int64_t n4) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     w[i] = stored4<Bf16x4>(p[i]);
-}
-
-// LayerNorm backward, a warp per row (rows strided over the grid's warps): dx = rstd (dy g - mean(dy g)
-// - xhat mean(dy g xhat)) (+ dres), when dx is given; each block's sums of dy xhat, dy and (with dx)
-// the stored dx per column into partial[block][3h] (warps added in order: deterministic). The third
-// is the next dense layer's bias gradient, so its output needs no column-sum pass of its own; each
-// warp keeps it in shared memory (in registers, beside the other two, the kernel took 1.7x as long).
-template <class T>
-__global__ void __launch_bounds__(kThreads) ln_bwd(const T* __restrict__ dy, const T* __restrict__ x,
-                                                  const float* __restrict__ mean, const float* __restrict__ rstd,
-                                                  const float* __restrict__ g, T* __restrict__ dx,
-                                                  const T* __restrict__ dres, float* __restrict__ partial,
-                                                  std::int64_t rows, int h) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  float pg[kMaxHidden / 32], pb[kMaxHidden / 32];
-#pragma unroll
-  for (int k = 0; k < kMaxHidden / 32; ++k) pg[k] = pb[k] = 0.f;
-  __shared__ float px[kThreads / 32][kMaxHidden];
-  for (int c = lane; c < h; c += 32) px[warp][c] = 0.f;
-  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * warps + warp; r < rows; r += static_cast<std::int64_t>(gridDim.x) * warps) {
-    const float m = mean[r], rs = rstd[r];
-    float d[kMaxHidden / 32], xh[kMaxHidden / 32];
-    float m1 = 0.f, m2 = 0.f;
-#pragma unroll
-    for (int k = 0; k < kMaxHidden / 32; ++k) {
-      const int c = lane + 32 * k;
-      if (c < h) {
-        d[k] = f32_of(dy[r * h + c]);
-        xh[k] = (f32_of(x[r * h + c]) - m) * rs;
-        pg[k] += d[k] * xh[k], pb[k] += d[k];
-        const float dg = d[k] * g[c];
-        m1 += dg, m2 += dg * xh[k];
-      }
-    }
-    if (!dx) continue;
-    m1 = warp_sum(m1) / static_cast<float>(h), m2 = warp_sum(m2) / static_cast<float>(h);
-#pragma unroll
-    for (int k = 0; k < kMaxHidden / 32; ++k) {
-      const int c = lane + 32 * k;
-      if (c < h) {
-        const T v = stored<T>(rs * (d[k] * g[c] - m1 - xh[k] * m2) + (dres ? f32_of(dres[r * h + c]) : 0.f));
-        dx[r * h + c] = v;
-        px[warp][c] += f32_of(v);  // the sum of what the next layer reads
-      }
-    }
-  }
-  __shared__ float acc[3 * kMaxHidden];
-  for (int c = threadIdx.x; c < 3 * h; c += blockDim.x) acc[c] = 0.f;
-  for (int w = 0; w < warps; ++w) {
-    __syncthreads();
-    if (warp == w)
-#pragma unroll
-      for (int k = 0; k < kMaxHidden / 32; ++k) {
-        const int c = lane + 32 * k;
-        if (c < h) acc[c] += pg[k], acc[h + c] += pb[k], acc[2 * h + c] += px[w][c];
-      }
-  }
-  __syncthreads();
-  for (int c = threadIdx.x; c < 3 * h; c += blockDim.x) partial[static_cast<std::int64_t>(blockIdx.x) * 3 * h + c] = acc[c];
 }
 
 // Column sums, stage 1: partial[split][c] = sum of rows [split * kColRows, ...) of x [rows, n].
@@ -231,7 +170,8 @@ class CudaLayer final : public LayerCase {
     const Arch& a = s_.arch;
     const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn, S = a.seq, NH = a.heads, D = a.head_dim(), B = s_.batch;
     HOTOPS_CHECK(D * NH == H, "model_bert: hidden must be heads x head_dim");
-    HOTOPS_CHECK(H <= kMaxHidden && H % 4 == 0 && F % 4 == 0, "model_bert: the CUDA kernels take hidden <= 1024, a multiple of 4");
+    HOTOPS_CHECK(H <= layernorm::dbias::kCudaMaxHidden && H % 4 == 0 && F % 4 == 0,
+                 "model_bert: the CUDA kernels take hidden <= 1024, a multiple of 4");
     gpu::cublaslt();
     gpu::cublas_workspace();
     cublas();
@@ -264,10 +204,10 @@ class CudaLayer final : public LayerCase {
       dy_ = act(T_ * H), ds2_ = act(a.pre_ln ? 1 : T_ * H), df_ = act(T_ * F), du2_ = act(T_ * H), ds1_ = act(T_ * H);
       dctx_ = act(T_ * H), dqkv_ = act(T_ * 3 * H), dp_ = act(B * NH * S * S), du1_ = act(a.pre_ln ? T_ * H : 1);
       loss_ = buf(1), loss_partial_ = buf(kLossBlocks), state_ = gpu::DeviceBuffer(sizeof(StepState));
-      // The column sums' partials: LayerNorm's [blocks, 3H], colsum's [splits, 3H] (the QKV bias; the
-      // FFN's second for vit).
-      partial_ = buf(std::max(kLnBwdBlocks * 3 * H, ((T_ + kColRows - 1) / kColRows) * 3 * H));
+      // The column sums' partials, colsum's [splits, 3H] (the QKV bias; the FFN's second for vit).
+      partial_ = buf(((T_ + kColRows - 1) / kColRows) * 3 * H);
       gelu_bwd_ = gelu::dbias::make_cuda_plan(ffn_gelu_bwd(s_));
+      layernorm_bwd_ = layernorm::dbias::make_cuda_plan(token_layernorm_bwd(s_));
       // The dense layers' gradients: weight (x^T . dz, f32 out) and data (dz . W^T).
       auto wgrad = [&](std::int64_t in, std::int64_t out) {
         return matmul::make_cuda_plan(dense_grad(s_, Direction::bwd_weight, in, out, false));
@@ -408,19 +348,16 @@ class CudaLayer final : public LayerCase {
     return n;
   }
 
-  // LayerNorm's backward into dx (when given), its gamma and beta gradients, and the column sums of dx
-  // into the bias gradient at `bias` (when given: the dense layer that produced x reads dx next).
+  // LayerNorm's backward (the layernorm_dbias plan) into dx = LN'(dy) (+ dres) when given, its gamma
+  // and beta gradients at `g` and `b`, and the column sums of dx into the bias gradient at `bias`
+  // (when given: the dense layer that produced x reads dx next).
   void layernorm_back(const T* dy, const T* x, const float* mean, const float* rstd, std::size_t g, std::size_t b, T* dx,
                       const T* dres, const std::size_t* bias) {
-    const int H = static_cast<int>(s_.arch.hidden);
     float* G = grads_.as<float>();
-    HOTOPS_CHECK(!bias || dx, "model_bert: a bias gradient from LayerNorm's backward needs its dx");
-    ln_bwd<T><<<kLnBwdBlocks, kThreads, 0, gpu::stream()>>>(dy, x, mean, rstd, params_.as<float>() + g, dx, dres, partial_.as<float>(),
-                                                            s_.tokens(), H);
-    HOTOPS_CHECK_LAUNCH();
-    const ColOut o{H, {G + g, G + b, bias ? G + *bias : nullptr}};
-    gpu::col_finish<kThreads><<<grid_for(3 * H, 32), kThreads, 0, gpu::stream()>>>(partial_.as<float>(), kLnBwdBlocks, 3 * H, o);
-    HOTOPS_CHECK_LAUNCH();
+    layernorm::dbias::Args n;
+    n.x = x, n.dy = dy, n.gamma = params_.as<float>() + g, n.saved_mean = mean, n.saved_rstd = rstd;
+    n.dres = dres, n.dx = dx, n.dgamma = G + g, n.dbeta = G + b, n.dbias = bias ? G + *bias : nullptr;
+    layernorm_bwd_->run(n);
   }
 
   void colsum(const T* x, std::int64_t n, std::size_t at) {
@@ -545,6 +482,7 @@ class CudaLayer final : public LayerCase {
   std::unique_ptr<gelu::Plan> gelu_;
   std::unique_ptr<gelu::dbias::Plan> gelu_bwd_;
   std::unique_ptr<layernorm::Plan> layernorm_;
+  std::unique_ptr<layernorm::dbias::Plan> layernorm_bwd_;
   HostBuffer host_out_;
   float loss_host_ = 0;
 };

@@ -148,6 +148,14 @@ layernorm::Shape token_layernorm(const Shape& s, Direction d) {
   return ln;
 }
 
+layernorm::dbias::Shape token_layernorm_bwd(const Shape& s) {
+  layernorm::dbias::Shape ln;
+  ln.dtype = s.dtype;
+  ln.batch = s.batch, ln.tokens = s.arch.seq, ln.hidden = s.arch.hidden;
+  ln.eps = s.arch.ln_eps;
+  return ln;
+}
+
 Shape shape_of(const Problem& p) {
   const models::StepArgs a = step_args(p);
   Shape s;

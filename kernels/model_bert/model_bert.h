@@ -17,6 +17,7 @@
 #include "kernels/gelu/gelu.h"
 #include "kernels/gelu/gelu_dbias.h"
 #include "kernels/layernorm/layernorm.h"
+#include "kernels/layernorm/layernorm_dbias.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/models/models.h"
 #include "kernels/softmax/softmax.h"
@@ -76,6 +77,9 @@ gelu::dbias::Shape ffn_gelu_bwd(const Shape& s);
 // LayerNorm over the hidden width of each of a step's tokens, in the step's dtype (gamma and beta
 // f32); the layernorm family's plan runs it.
 layernorm::Shape token_layernorm(const Shape& s, Direction d);
+// Its backward with the residual gradient and the next dense layer's bias gradient (each where the
+// step passes it): the layernorm_dbias op's plan runs it.
+layernorm::dbias::Shape token_layernorm_bwd(const Shape& s);
 
 using models::kAlignFloats;
 struct ParamLayout {
