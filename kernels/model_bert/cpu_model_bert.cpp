@@ -5,8 +5,9 @@
 // QKV, context and gradient buffers, so no head split or merge copies), the softmax, layernorm and
 // gelu families' plans (oneDNN softmax forward and backward, in place; oneDNN layer_normalization
 // forward; the GELU forward, and its backward with the FFN's first bias gradient: gelu_dbias; the
-// LayerNorm backward with its residual and bias gradients: layernorm_dbias), the rest OpenMP loops:
-// column sums for the other bias gradients, the MSE loss, one AdamW pass.
+// LayerNorm backward with its residual and bias gradients: layernorm_dbias; the MSE loss and its
+// gradient: the loss family's mse), the rest OpenMP loops: column sums for the other bias gradients,
+// one AdamW pass.
 // The loops are templates over the activations' storage (float, or bf16 as its uint16 bits) and
 // compute in f32; bf16's matmuls take bf16 operands (a per-step bf16 copy of the f32 master
 // parameters) and write bf16 activations or f32 weight gradients.
@@ -123,6 +124,7 @@ class CpuLayer final : public LayerCase {
     softmax_bwd_ = softmax::make_cpu_plan(attention_softmax(s_, Direction::bwd));
     gelu_bwd_ = gelu::dbias::make_cpu_plan(ffn_gelu_bwd(s_));
     layernorm_bwd_ = layernorm::dbias::make_cpu_plan(token_layernorm_bwd(s_));
+    mse_ = loss::mse::make_cpu_plan(output_mse(s_));
     dy_ = act(T_ * H), df_ = act(T_ * F), du2_ = act(T_ * H), ds1_ = act(T_ * H), dctx_ = act(T_ * H), dqkv_ = act(T_ * 3 * H);
     dp_ = act(B * NH * S * S), du1_ = act(a.pre_ln ? T_ * H : 1);
     if (!a.pre_ln) s2grad();
@@ -150,7 +152,7 @@ class CpuLayer final : public LayerCase {
     forward();
     if (!s_.train()) return;
     trace::op("mse_loss");
-    loss_ = loss_and_dy();
+    mse_->run({out()->data(), target_.data(), &loss_, dy_.data()});
     backward();
     trace::op("adamw");
     adamw_step();
@@ -167,7 +169,7 @@ class CpuLayer final : public LayerCase {
     run();
     Outcome o;
     if (!s_.train()) o.y = *out();
-    else o.loss = static_cast<float>(loss_), o.grads = grads_, o.params = params_;
+    else o.loss = loss_, o.grads = grads_, o.params = params_;
     Check c = verify_outcome(s_, l_, start, o);
     copy_into(x_, seeded_.x), copy_into(target_, seeded_.target);  // the timed runs take the seeded batch
     return c;
@@ -178,7 +180,7 @@ class CpuLayer final : public LayerCase {
            "matmul (dense with residual post-op + 4-D strided attention GEMMs), oneDNN softmax, LayerNorm, " + gelu_->label() +
            (s_.train() ? ", " + gelu_bwd_->label() + ", " + layernorm_bwd_->label() : "") +
            (kBf16 ? ", bf16 activations, f32 master weights cast to bf16 each step" : "") +
-           (s_.train() ? ", MSE, backward loops, AdamW 1 flat pass" : "") + ", " +
+           (s_.train() ? ", " + mse_->label() + ", backward loops, AdamW 1 flat pass" : "") + ", " +
            std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
   }
 
@@ -277,22 +279,6 @@ class CpuLayer final : public LayerCase {
     return n;
   }
 
-  double loss_and_dy() {
-    const std::int64_t n = s_.tokens() * s_.arch.hidden;
-    const T* y = out()->template as<T>();
-    const T* t = target_.as<T>();
-    T* dy = dy_.as<T>();
-    const float k = 2.f / static_cast<float>(n);
-    double total = 0;
-#pragma omp parallel for num_threads(team()) reduction(+ : total) schedule(static)
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float e = ld(y[i]) - ld(t[i]);
-      dy[i] = st<T>(k * e);
-      total += static_cast<double>(e) * e;
-    }
-    return total / static_cast<double>(n);
-  }
-
   void backward() {
     const Arch& a = s_.arch;
     const std::int64_t H = a.hidden;
@@ -363,8 +349,9 @@ class CpuLayer final : public LayerCase {
   std::unique_ptr<gelu::dbias::Plan> gelu_bwd_;
   std::unique_ptr<layernorm::Plan> layernorm_;
   std::unique_ptr<layernorm::dbias::Plan> layernorm_bwd_;
+  std::unique_ptr<loss::mse::Plan> mse_;
   std::int64_t step_ = 0;
-  double loss_ = 0;
+  float loss_ = 0;
 };
 
 }  // namespace

@@ -1,7 +1,8 @@
 // model_bert on CUDA: cublasLt dense GEMMs (the matmul family's plans), one
 // cublasGemmBatchedEx per attention GEMM, the softmax, layernorm and gelu families' plans (the GELU
 // backward with its bias gradient: gelu_dbias; the LayerNorm backward with its residual and bias
-// gradients: layernorm_dbias), hand-written column-sum and loss kernels; how each is set up and fused: docs/models.md, "How each model step runs".
+// gradients: layernorm_dbias; the MSE loss and its gradient: the loss family's mse), hand-written
+// column-sum kernels; how each is set up and fused: docs/models.md, "How each model step runs".
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -24,23 +25,14 @@ namespace {
 
 constexpr unsigned kThreads = 256;
 constexpr int kColRows = 64;       // rows per block of the column sums' first stage
-constexpr int kLossBlocks = 256;
 
 using StepState = adamw::DeviceStep;
 
 using bf16 = __nv_bfloat16;
 
-// Storage <-> f32: f32 as is; bf16 rounded to nearest even (four at a time: hotops/cuda_elem.cuh).
-__device__ inline float f32_of(float v) { return v; }
-__device__ inline float f32_of(bf16 v) { return __bfloat162float(v); }
-template <class T> __device__ inline T stored(float v);
-template <> __device__ inline float stored<float>(float v) { return v; }
-template <> __device__ inline bf16 stored<bf16>(float v) { return __float2bfloat16_rn(v); }
-
 using gpu::Bf16x4;
 using gpu::ColOut;
 using gpu::stored4;
-using gpu::warp_sum;
 
 // The bf16 copy of the f32 master parameters, n4 vectors of 4 (the flat layout's padding included).
 __global__ void to_bf16(const float4* __restrict__ p, Bf16x4* __restrict__ w, std::int64_t n4) {
@@ -55,44 +47,8 @@ __global__ void col_partial(const T* __restrict__ x, float* __restrict__ partial
   if (c >= n) return;
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kColRows, r1 = min(rows, r0 + kColRows);
   float s = 0.f;
-  for (std::int64_t r = r0; r < r1; ++r) s += f32_of(x[r * n + c]);
+  for (std::int64_t r = r0; r < r1; ++r) s += gpu::to_float(x[r * n + c]);
   partial[static_cast<std::int64_t>(blockIdx.y) * n + c] = s;
-}
-
-// MSE, stage 1: dy = 2 (y - t) / n, per-block sums of (y - t)^2.
-template <class T>
-__global__ void __launch_bounds__(kThreads) mse(const T* __restrict__ y, const T* __restrict__ t, T* __restrict__ dy,
-                                               float* __restrict__ partial, std::int64_t n) {
-  const float k = 2.f / static_cast<float>(n);
-  float s = 0.f;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const float e = f32_of(y[i]) - f32_of(t[i]);
-    dy[i] = stored<T>(k * e);
-    s += e * e;
-  }
-  __shared__ float w[kThreads / 32];
-  s = warp_sum(s);
-  if (threadIdx.x % 32 == 0) w[threadIdx.x / 32] = s;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float b = 0.f;
-    for (unsigned i = 0; i < blockDim.x / 32; ++i) b += w[i];
-    partial[blockIdx.x] = b;
-  }
-}
-
-// Stage 2 (one warp): the mean, and the optimizer's step advanced with its scalars.
-__global__ void mse_finish(const float* __restrict__ partial, int blocks, std::int64_t n, float* __restrict__ loss,
-                           adamw::Hyper h, StepState* state) {
-  float s = 0.f;
-  for (int i = threadIdx.x; i < blocks; i += 32) s += partial[i];
-  s = warp_sum(s);
-  if (threadIdx.x == 0) {
-    *loss = s / static_cast<float>(n);
-    const std::int64_t t = state->step + 1;
-    state->step = t;
-    state->s = adamw::scalars_for(h, t);
-  }
 }
 
 unsigned grid_for(std::int64_t n, unsigned threads = kThreads, std::int64_t cap = 4096) {
@@ -203,11 +159,12 @@ class CudaLayer final : public LayerCase {
       target_ = gpu::DeviceBuffer(seeded_.target);
       dy_ = act(T_ * H), ds2_ = act(a.pre_ln ? 1 : T_ * H), df_ = act(T_ * F), du2_ = act(T_ * H), ds1_ = act(T_ * H);
       dctx_ = act(T_ * H), dqkv_ = act(T_ * 3 * H), dp_ = act(B * NH * S * S), du1_ = act(a.pre_ln ? T_ * H : 1);
-      loss_ = buf(1), loss_partial_ = buf(kLossBlocks), state_ = gpu::DeviceBuffer(sizeof(StepState));
+      loss_ = buf(1), state_ = gpu::DeviceBuffer(sizeof(StepState));
       // The column sums' partials, colsum's [splits, 3H] (the QKV bias; the FFN's second for vit).
       partial_ = buf(((T_ + kColRows - 1) / kColRows) * 3 * H);
       gelu_bwd_ = gelu::dbias::make_cuda_plan(ffn_gelu_bwd(s_));
       layernorm_bwd_ = layernorm::dbias::make_cuda_plan(token_layernorm_bwd(s_));
+      mse_ = loss::mse::make_cuda_plan(output_mse(s_));
       // The dense layers' gradients: weight (x^T . dz, f32 out) and data (dz . W^T).
       auto wgrad = [&](std::int64_t in, std::int64_t out) {
         return matmul::make_cuda_plan(dense_grad(s_, Direction::bwd_weight, in, out, false));
@@ -314,10 +271,11 @@ class CudaLayer final : public LayerCase {
     else return params_.as<const float>();
   }
 
+  // m = v = 0, and the step count at its start: the AdamW launch advances it (adamw.h, DeviceStep).
   void restart_optimizer() {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(m_.get(), 0, m_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(v_.get(), 0, v_.bytes(), gpu::stream()));
-    HOTOPS_CHECK_CUDA(cudaMemsetAsync(state_.get(), 0, sizeof(StepState), gpu::stream()));
+    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(state_.get(), &first_step_, sizeof(StepState), cudaMemcpyHostToDevice, gpu::stream()));
   }
 
   // A dense layer's tensors: x . W + b (+ c) into y, W and b at their offsets in the GEMMs' weights.
@@ -413,12 +371,7 @@ class CudaLayer final : public LayerCase {
     if (!s_.train()) return;
     // loss
     trace::op("mse_loss");
-    mse<T><<<kLossBlocks, kThreads, 0, gpu::stream()>>>(out().template as<const T>(), target_.as<const T>(), dy_.as<T>(),
-                                                        loss_partial_.as<float>(), T_ * H);
-    HOTOPS_CHECK_LAUNCH();
-    mse_finish<<<1, 32, 0, gpu::stream()>>>(loss_partial_.as<const float>(), kLossBlocks, T_ * H, loss_.as<float>(), hyper(),
-                                            state_.as<StepState>());
-    HOTOPS_CHECK_LAUNCH();
+    mse_->run({out().get(), target_.get(), loss_.as<float>(), dy_.get()});
     // backward
     const T* ds2 = dy_.as<T>();
     if (!a.pre_ln) {
@@ -467,13 +420,15 @@ class CudaLayer final : public LayerCase {
     // optimizer
     trace::op("adamw");
     adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-                     static_cast<std::int64_t>(l_.total), state_.as<StepState>(), nullptr, gpu::stream());
+                     static_cast<std::int64_t>(l_.total), state_.as<StepState>(), &hyper_, gpu::stream());
   }
 
   Shape s_;
   ParamLayout l_;
   State seeded_;
-  gpu::DeviceBuffer params_, weights_, grads_, m_, v_, x_, target_, loss_, loss_partial_, state_, partial_;
+  const adamw::Hyper hyper_ = hyper();
+  const StepState first_step_ = adamw::first_step(hyper_);  // restart_optimizer's copy source
+  gpu::DeviceBuffer params_, weights_, grads_, m_, v_, x_, target_, loss_, state_, partial_;
   gpu::DeviceBuffer u1_, qkv_, prob_, ctx_, s1_, h1_, z_, f_, s2_, y_, mean1_, rstd1_, mean2_, rstd2_;
   gpu::DeviceBuffer dy_, ds2_, df_, du2_, ds1_, dctx_, dqkv_, dp_, du1_;
   std::unique_ptr<matmul::Plan> qkv_gemm_, out_gemm_, ffn1_, ffn2_, w2_w_, w2_d_, w1_w_, w1_d_, wo_w_, wo_d_, qkv_w_, qkv_d_;
@@ -483,6 +438,7 @@ class CudaLayer final : public LayerCase {
   std::unique_ptr<gelu::dbias::Plan> gelu_bwd_;
   std::unique_ptr<layernorm::Plan> layernorm_;
   std::unique_ptr<layernorm::dbias::Plan> layernorm_bwd_;
+  std::unique_ptr<loss::mse::Plan> mse_;
   HostBuffer host_out_;
   float loss_host_ = 0;
 };

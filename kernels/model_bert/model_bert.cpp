@@ -156,6 +156,13 @@ layernorm::dbias::Shape token_layernorm_bwd(const Shape& s) {
   return ln;
 }
 
+loss::mse::Shape output_mse(const Shape& s) {
+  loss::mse::Shape m;
+  m.dtype = s.dtype;
+  m.batch = s.batch, m.tokens = s.arch.seq, m.hidden = s.arch.hidden;
+  return m;
+}
+
 Shape shape_of(const Problem& p) {
   const models::StepArgs a = step_args(p);
   Shape s;

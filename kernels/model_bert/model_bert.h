@@ -18,6 +18,7 @@
 #include "kernels/gelu/gelu_dbias.h"
 #include "kernels/layernorm/layernorm.h"
 #include "kernels/layernorm/layernorm_dbias.h"
+#include "kernels/loss/mse.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/models/models.h"
 #include "kernels/softmax/softmax.h"
@@ -80,6 +81,9 @@ layernorm::Shape token_layernorm(const Shape& s, Direction d);
 // Its backward with the residual gradient and the next dense layer's bias gradient (each where the
 // step passes it): the layernorm_dbias op's plan runs it.
 layernorm::dbias::Shape token_layernorm_bwd(const Shape& s);
+
+// The train step's loss over its output [tokens, hidden] in the step's dtype: the mse op's plan runs it.
+loss::mse::Shape output_mse(const Shape& s);
 
 using models::kAlignFloats;
 struct ParamLayout {
