@@ -94,4 +94,23 @@ Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx,
   return c;
 }
 
+Check compare_each(const HostBuffer& out, const std::vector<std::size_t>& idx,
+                   const std::function<double(std::size_t, double& bound)>& ref, const char* what) {
+  Check c;
+  for (std::size_t i : idx) {
+    double bound = 0;
+    const double want = ref(i, bound), err = std::fabs(out.get(i) - want);
+    ++c.checked;
+    c.max_err = std::max(c.max_err, err / bound);
+    if (!(err <= bound) && c.ok) {  // NaN fails too
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "%s[%zu] = %.9g, reference %.9g: off by %.3g, bound %.3g", what, i, out.get(i), want, err,
+                    bound);
+      c.ok = false, c.message = buf;
+    }
+  }
+  c.tol = 1;
+  return c;
+}
+
 }  // namespace hotops

@@ -1,12 +1,16 @@
 // The gelu reference on known values, verification that fails where it must, and the CUDA kernel's
-// own code run on the host (its head / vector / tail indexing) where the build has CUDA.
+// own code run on the host (its head / vector / tail indexing) where the build has CUDA; gelu_dbias's
+// plans and the failures its verification must catch.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 
 #include "hotops/check.h"
+#include "hotops/gpu.h"
 #include "kernels/gelu/gelu.h"
+#include "kernels/gelu/gelu_dbias.h"
+#include "test/plan_test_util.h"
 
 namespace hotops::gelu {
 namespace {
@@ -370,3 +374,102 @@ TEST(GeluCudaKernelOnHost, UnequallyAlignedTensors) {
 
 }  // namespace
 }  // namespace hotops::gelu
+
+namespace hotops::gelu::dbias {
+namespace {
+
+Shape dbias_shape(DType t, std::int64_t rows, std::int64_t cols) {
+  Shape s;
+  s.dtype = t, s.rows = rows, s.cols = cols;
+  return s;
+}
+
+Args args_of(const Inputs& in, Outputs& out) {
+  return {in.x.data(), in.dy.data(), out.dx.data(), out.dbias.as<float>()};
+}
+
+// The name a benchmark gives, and the shape it reads back: rows are the dims but the last.
+TEST(GeluDbias, NameAndShape) {
+  const Problem p{"gelu_dbias", Backend::cuda, DType::bf16, Direction::bwd,
+                  {{"shape", "bert.ffn"}, {"batch", "32"}, {"dims", "32x128x3072"}, {"approx", "none"}}};
+  EXPECT_EQ(p.name(), "gelu_dbias/cuda/bf16/bwd/shape:bert.ffn/batch:32/dims:32x128x3072/approx:none");
+  const Shape s = shape_of(p);
+  EXPECT_EQ(s.rows, 32 * 128);
+  EXPECT_EQ(s.cols, 3072);
+  EXPECT_EQ(family().work(p).bytes, 3.0 * 2 * 32 * 128 * 3072 + 4.0 * 3072);
+}
+
+// The CPU plan, built once, run on two sets of caller-owned tensors in turn, out of place and in
+// place (dx over dy, as the model runs it).
+TEST(GeluDbias, PlanRunsOnTheTensorsItIsGivenEachRun) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    const Shape s = dbias_shape(t, 70, 36);
+    const auto plan = make_plan(s, Backend::cpu);
+    Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
+    Outputs out[2] = {make_outputs(s), make_outputs(s)};
+    const auto check = [&](int i, int o) { return verify(s, in[i], out[o]); };
+    const auto set = [&](int k) {
+      out[k].dx.poison(), out[k].dbias.poison();
+      return args_of(in[k], out[k]);
+    };
+    plan_test::expect_each_run_on_its_own_tensors(*plan, set, check, dtype_name(t));
+    for (int k = 0; k < 2; ++k) {  // in place: dy's buffer becomes dx
+      Inputs copy = make_inputs(s, static_cast<std::uint64_t>(k + 1));
+      out[k].dbias.poison();
+      plan->run({copy.x.data(), copy.dy.data(), copy.dy.data(), out[k].dbias.as<float>()});
+      out[k].dx = copy.dy;
+      const Check c = verify(s, in[k], out[k]);
+      EXPECT_TRUE(c.ok) << dtype_name(t) << " in place " << k << ": " << c.message;
+    }
+  }
+}
+
+// A correct result passes; one row left out of a column's sum, a sum of dy instead of dx, and one
+// wrong dx element each fail.
+TEST(GeluDbias, VerifyCatchesAMissingRowAWrongSumAndAWrongElement) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    const Shape s = dbias_shape(t, 97, 24);
+    const Inputs in = make_inputs(s, 5);
+    Outputs out = make_outputs(s);
+    make_plan(s, Backend::cpu)->run(args_of(in, out));
+    ASSERT_TRUE(verify(s, in, out).ok) << verify(s, in, out).message;
+    const auto rows = static_cast<std::size_t>(s.rows), cols = static_cast<std::size_t>(s.cols);
+    Outputs missing = out;
+    missing.dbias = plan_test::without_largest(out.dx, out.dbias, rows, cols, 5);
+    EXPECT_FALSE(verify(s, in, missing).ok) << dtype_name(t);
+    Outputs of_dy = out;
+    of_dy.dbias = plan_test::column_sums_of(in.dy, rows, cols);
+    EXPECT_FALSE(verify(s, in, of_dy).ok) << dtype_name(t);
+    Outputs wrong = out;
+    wrong.dx.set(7, out.dx.get(7) * 1.1 + 0.05);
+    EXPECT_FALSE(verify(s, in, wrong).ok) << dtype_name(t);
+  }
+}
+
+#ifdef HOTOPS_HAVE_CUDA
+// The CUDA plan out of place and in place (dx over dy: the model's kernel), on a shape with a partial
+// last block of rows and more than one block of columns: both pass, and give the same bits.
+TEST(GeluDbiasCuda, InPlaceAndOutOfPlaceMatchTheReferenceAndEachOther) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  for (DType t : {DType::f32, DType::bf16}) {
+    const Shape s = dbias_shape(t, 70, 1100);
+    const auto plan = make_plan(s, Backend::cuda);
+    const Inputs in = make_inputs(s, 3);
+    gpu::DeviceBuffer x(in.x), dy(in.dy), dx(in.dy.bytes()), db0(4 * s.cols), db1(4 * s.cols);
+    plan->run({x.get(), dy.get(), dx.get(), db0.as<float>()});
+    Outputs apart = make_outputs(s), in_place = make_outputs(s);
+    dx.download(apart.dx), db0.download(apart.dbias);
+    plan->run({x.get(), dy.get(), dy.get(), db1.as<float>()});
+    dy.download(in_place.dx), db1.download(in_place.dbias);
+    const Check a = verify(s, in, apart), b = verify(s, in, in_place);
+    EXPECT_TRUE(a.ok) << dtype_name(t) << " out of place: " << a.message;
+    EXPECT_TRUE(b.ok) << dtype_name(t) << " in place: " << b.message;
+    EXPECT_EQ(0, std::memcmp(apart.dx.data(), in_place.dx.data(), apart.dx.bytes())) << dtype_name(t);
+    EXPECT_EQ(0, std::memcmp(apart.dbias.data(), in_place.dbias.data(), apart.dbias.bytes())) << dtype_name(t);
+  }
+}
+#endif
+
+}  // namespace
+}  // namespace hotops::gelu::dbias

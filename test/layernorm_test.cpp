@@ -1,10 +1,14 @@
 // layernorm: the reference against hand-computed values, and verification that accepts the
-// reference's own outputs (f32 and bf16) and rejects planted errors in every output.
+// reference's own outputs (f32 and bf16) and rejects planted errors in every output; layernorm_dbias's
+// plans and the failures its verification must catch.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
+#include "hotops/gpu.h"
 #include "kernels/layernorm/layernorm.h"
+#include "kernels/layernorm/layernorm_dbias.h"
 #include "test/plan_test_util.h"
 
 namespace hotops::layernorm {
@@ -162,3 +166,133 @@ TEST(Layernorm, PlanRunsOnTheTensorsItIsGivenEachRun) {
 
 }  // namespace
 }  // namespace hotops::layernorm
+
+namespace hotops::layernorm::dbias {
+namespace {
+
+Shape dbias_shape(DType t, std::int64_t batch, std::int64_t tokens, std::int64_t hidden, bool dres) {
+  Shape s;
+  s.dtype = t, s.batch = batch, s.tokens = tokens, s.hidden = hidden, s.dres = dres;
+  return s;
+}
+
+Args args_of(const Inputs& in, Outputs& out, bool dres) {
+  Args a;
+  a.x = in.ln.x.data(), a.dy = in.ln.dy.data(), a.gamma = in.ln.gamma.as<float>();
+  a.saved_mean = in.ln.mean.as<float>(), a.saved_rstd = in.ln.rstd.as<float>();
+  a.dres = dres ? in.dres.data() : nullptr;
+  a.dx = out.dx.data(), a.dgamma = out.dgamma.as<float>(), a.dbeta = out.dbeta.as<float>(), a.dbias = out.dbias.as<float>();
+  return a;
+}
+
+// The name a benchmark gives, and the shape and work it reads back.
+TEST(LayernormDbias, NameShapeAndWork) {
+  const Problem p{"layernorm_dbias", Backend::cuda, DType::bf16, Direction::bwd,
+                  {{"shape", "vit_b16.layer"}, {"batch", "32"}, {"tokens", "197"}, {"hidden", "768"}, {"eps", "1e-05"}, {"dres", "yes"}}};
+  EXPECT_EQ(p.name(), "layernorm_dbias/cuda/bf16/bwd/shape:vit_b16.layer/batch:32/tokens:197/hidden:768/eps:1e-05/dres:yes");
+  const Shape s = shape_of(p);
+  EXPECT_EQ(s.rows(), 32 * 197);
+  EXPECT_EQ(s.hidden, 768);
+  EXPECT_TRUE(s.dres);
+  const double n = 32.0 * 197 * 768;
+  EXPECT_EQ(family().work(p).bytes, 4 * 2 * n + 4 * 4.0 * 768 + 2 * 4.0 * 32 * 197);
+}
+
+// The CPU plan, built once, run on two sets of caller-owned tensors in turn, with and without dres.
+TEST(LayernormDbias, PlanRunsOnTheTensorsItIsGivenEachRun) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (bool dres : {false, true}) {
+      const Shape s = dbias_shape(t, 3, 23, 40, dres);
+      const auto plan = make_plan(s, Backend::cpu);
+      Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
+      Outputs out[2] = {make_outputs(s), make_outputs(s)};
+      const auto check = [&](int i, int o) { return verify(s, in[i], out[o]); };
+      const auto set = [&](int k) {
+        out[k].dx.poison(), out[k].dgamma.poison(), out[k].dbeta.poison(), out[k].dbias.poison();
+        return args_of(in[k], out[k], dres);
+      };
+      plan_test::expect_each_run_on_its_own_tensors(*plan, set, check, std::string(dtype_name(t)) + (dres ? " dres" : ""));
+    }
+}
+
+// Without dx (a pre-LN layer's first LayerNorm) the plan writes dgamma and dbeta alone, the same bits
+// as with it, and leaves dx's buffer and dbias alone.
+TEST(LayernormDbias, WithoutDxOnlyDgammaAndDbeta) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    const Shape s = dbias_shape(t, 2, 19, 33, false);
+    const auto plan = make_plan(s, Backend::cpu);
+    const Inputs in = make_inputs(s, 4);
+    Outputs full = make_outputs(s), alone = make_outputs(s);
+    plan->run(args_of(in, full, false));
+    alone.dbias.poison();
+    Args a = args_of(in, alone, false);
+    a.dx = nullptr, a.dbias = nullptr;
+    plan->run(a);
+    EXPECT_EQ(0, std::memcmp(full.dgamma.data(), alone.dgamma.data(), full.dgamma.bytes())) << dtype_name(t);
+    EXPECT_EQ(0, std::memcmp(full.dbeta.data(), alone.dbeta.data(), full.dbeta.bytes())) << dtype_name(t);
+    EXPECT_TRUE(std::isnan(alone.dbias.get(0))) << dtype_name(t);
+    a.dbias = alone.dbias.as<float>();  // dbias sums dx: refused without it
+    EXPECT_THROW(plan->run(a), Error) << dtype_name(t);
+  }
+}
+
+// A correct result passes; a dbias with one row left out of a column, a dbias of dy, dx without
+// dres, and one wrong dx element each fail.
+TEST(LayernormDbias, VerifyCatchesAMissingRowAWrongSumAMissingDresAndAWrongElement) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    const Shape s = dbias_shape(t, 1, 97, 24, true);
+    const Inputs in = make_inputs(s, 5);
+    Outputs out = make_outputs(s);
+    make_plan(s, Backend::cpu)->run(args_of(in, out, true));
+    ASSERT_TRUE(verify(s, in, out).ok) << verify(s, in, out).message;
+    const auto cols = static_cast<std::size_t>(s.hidden), rows = static_cast<std::size_t>(s.rows());
+    Outputs missing = out;
+    missing.dbias = plan_test::without_largest(out.dx, out.dbias, rows, cols, 5);
+    EXPECT_FALSE(verify(s, in, missing).ok) << dtype_name(t);
+    Outputs of_dy = out;
+    of_dy.dbias = plan_test::column_sums_of(in.ln.dy, rows, cols);
+    EXPECT_FALSE(verify(s, in, of_dy).ok) << dtype_name(t);
+    Outputs no_dres = make_outputs(s);
+    make_plan(s, Backend::cpu)->run(args_of(in, no_dres, false));
+    EXPECT_FALSE(verify(s, in, no_dres).ok) << dtype_name(t);
+    Outputs wrong = out;
+    wrong.dx.set(7, out.dx.get(7) + 0.5);  // beyond bf16's bound, 4e-2 of rms(dx)
+    EXPECT_FALSE(verify(s, in, wrong).ok) << dtype_name(t);
+  }
+}
+
+#ifdef HOTOPS_HAVE_CUDA
+// The CUDA plan with and without dres, on more rows than its warps (1067 rows: warps take several,
+// blocks unequal shares), then without dx: dgamma and dbeta the same bits as with it.
+TEST(LayernormDbiasCuda, MatchesTheReferenceWithAndWithoutDresAndDx) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  for (DType t : {DType::f32, DType::bf16})
+    for (bool dres : {false, true}) {
+      const Shape s = dbias_shape(t, 11, 97, 768, dres);
+      const auto plan = make_plan(s, Backend::cuda);
+      const Inputs in = make_inputs(s, 3);
+      gpu::DeviceBuffer x(in.ln.x), dy(in.ln.dy), gamma(in.ln.gamma), mean(in.ln.mean), rstd(in.ln.rstd);
+      gpu::DeviceBuffer res = dres ? gpu::DeviceBuffer(in.dres) : gpu::DeviceBuffer(1);
+      gpu::DeviceBuffer dx(in.ln.dy.bytes()), dg(4 * s.hidden), db(4 * s.hidden), dbias(4 * s.hidden);
+      Args a;
+      a.x = x.get(), a.dy = dy.get(), a.gamma = gamma.as<float>(), a.saved_mean = mean.as<float>(), a.saved_rstd = rstd.as<float>();
+      a.dres = dres ? res.get() : nullptr;
+      a.dx = dx.get(), a.dgamma = dg.as<float>(), a.dbeta = db.as<float>(), a.dbias = dbias.as<float>();
+      plan->run(a);
+      Outputs out = make_outputs(s);
+      dx.download(out.dx), dg.download(out.dgamma), db.download(out.dbeta), dbias.download(out.dbias);
+      const Check c = verify(s, in, out);
+      EXPECT_TRUE(c.ok) << dtype_name(t) << (dres ? " dres: " : ": ") << c.message;
+      a.dx = nullptr, a.dbias = nullptr;
+      plan->run(a);
+      Outputs alone = make_outputs(s);
+      dg.download(alone.dgamma), db.download(alone.dbeta);
+      EXPECT_EQ(0, std::memcmp(out.dgamma.data(), alone.dgamma.data(), out.dgamma.bytes())) << dtype_name(t);
+      EXPECT_EQ(0, std::memcmp(out.dbeta.data(), alone.dbeta.data(), out.dbeta.bytes())) << dtype_name(t);
+    }
+}
+#endif
+
+}  // namespace
+}  // namespace hotops::layernorm::dbias

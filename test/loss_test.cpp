@@ -1,12 +1,14 @@
 // The cross_entropy reference on hand-computed values, and verification that fails where it must:
 // a wrong target index, a gradient without the / rows, a wrong loss, a written guard element; the
-// same for cross_entropy_dbias and its bias gradient, and its plans run on given tensors.
+// same for cross_entropy_dbias and its bias gradient, and its plans run on given tensors; the mse
+// reference, its plans and the failures its verification must catch.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "hotops/gpu.h"
 #include "kernels/loss/loss.h"
+#include "kernels/loss/mse.h"
 #include "test/plan_test_util.h"
 
 namespace hotops::loss {
@@ -280,3 +282,102 @@ TEST(CrossEntropy, PlanRunsOnTheTensorsItIsGivenEachRun) {
 
 }  // namespace
 }  // namespace hotops::loss
+
+namespace hotops::loss::mse {
+namespace {
+
+Shape mse_shape(DType t, std::int64_t batch, std::int64_t tokens, std::int64_t hidden) {
+  Shape s;
+  s.dtype = t, s.batch = batch, s.tokens = tokens, s.hidden = hidden;
+  return s;
+}
+
+Args args_of(const Inputs& in, Outputs& out) { return {in.y.data(), in.target.data(), out.loss.as<float>(), out.dy.data()}; }
+
+// The name a benchmark gives, and the shape and work it reads back.
+TEST(Mse, NameShapeAndWork) {
+  const Problem p{"mse", Backend::cuda, DType::bf16, Direction::bwd,
+                  {{"shape", "bert.layer"}, {"batch", "32"}, {"tokens", "128"}, {"hidden", "768"}}};
+  EXPECT_EQ(p.name(), "mse/cuda/bf16/bwd/shape:bert.layer/batch:32/tokens:128/hidden:768");
+  const Shape s = shape_of(p);
+  EXPECT_EQ(s.count(), 32 * 128 * 768);
+  EXPECT_EQ(family().work(p).bytes, 3.0 * 2 * 32 * 128 * 768 + 4);
+}
+
+// y = {1, 0.5, -1}, t = {0, 0.5, 1}: errors {1, 0, -2}, loss 5/3, dy = 2 e / 3.
+TEST(Mse, ReferenceMatchesHandComputedValues) {
+  const Shape s = mse_shape(DType::f32, 1, 1, 3);
+  Inputs in = make_inputs(s, 1);
+  const double y[] = {1, 0.5, -1}, t[] = {0, 0.5, 1};
+  for (std::size_t i = 0; i < 3; ++i) in.y.set(i, y[i]), in.target.set(i, t[i]);
+  EXPECT_DOUBLE_EQ(reference_loss(in), 5.0 / 3);
+  EXPECT_DOUBLE_EQ(reference_dy(in, 0), 2.0 / 3);
+  EXPECT_DOUBLE_EQ(reference_dy(in, 1), 0.0);
+  EXPECT_DOUBLE_EQ(reference_dy(in, 2), -4.0 / 3);
+}
+
+// The CPU plan, built once, run on two sets of caller-owned tensors in turn.
+TEST(Mse, PlanRunsOnTheTensorsItIsGivenEachRun) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    const Shape s = mse_shape(t, 2, 7, 33);
+    const auto plan = make_plan(s, Backend::cpu);
+    Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
+    Outputs out[2] = {make_outputs(s), make_outputs(s)};
+    const auto set = [&](int k) {
+      out[k].loss.poison(), out[k].dy.poison();
+      return args_of(in[k], out[k]);
+    };
+    const auto check = [&](int i, int o) { return verify(s, in[i], out[o]); };
+    plan_test::expect_each_run_on_its_own_tensors(*plan, set, check, dtype_name(t));
+  }
+}
+
+// A correct result passes; a loss without 1/256 of its terms (a block of CUDA's left out), a dy
+// without the / n (the sum's gradient), a dy of the wrong sign and one wrong dy element each fail.
+TEST(Mse, VerifyCatchesAMissingBlockAMissingMeanAWrongSignAndAWrongElement) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    const Shape s = mse_shape(t, 3, 97, 256);
+    const Inputs in = make_inputs(s, 5);
+    Outputs out = make_outputs(s);
+    make_plan(s, Backend::cpu)->run(args_of(in, out));
+    ASSERT_TRUE(verify(s, in, out).ok) << verify(s, in, out).message;
+    const auto n = static_cast<std::size_t>(s.count());
+    Outputs missing = out;
+    double part = 0;
+    for (std::size_t i = 0; i < n; i += 256) part += std::pow(in.y.get(i) - in.target.get(i), 2);
+    missing.loss.set(0, out.loss.get(0) - part / static_cast<double>(n));
+    EXPECT_FALSE(verify(s, in, missing).ok) << dtype_name(t);
+    Outputs sum = out, sign = out;
+    for (std::size_t i = 0; i < n; ++i) sum.dy.set(i, out.dy.get(i) * static_cast<double>(n)), sign.dy.set(i, -out.dy.get(i));
+    Outputs wrong = out;
+    wrong.dy.set(7, out.dy.get(7) * 1.05 + 1e-6);
+    EXPECT_FALSE(verify(s, in, wrong).ok) << dtype_name(t);
+    EXPECT_FALSE(verify(s, in, sum).ok) << dtype_name(t) << ": dy without / n";
+    EXPECT_FALSE(verify(s, in, sign).ok) << dtype_name(t) << ": dy of the wrong sign";
+  }
+}
+
+#ifdef HOTOPS_HAVE_CUDA
+// The CUDA plan over more elements than its 256 x 256 threads (74,496: each thread takes one or two),
+// and over 15 (most blocks idle): both pass.
+TEST(MseCuda, MatchesTheReference) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  for (DType t : {DType::f32, DType::bf16})
+    for (std::int64_t tokens : {97, 1}) {
+      const Shape s = tokens == 1 ? mse_shape(t, 1, 3, 5) : mse_shape(t, 3, tokens, 256);
+      const auto plan = make_plan(s, Backend::cuda);
+      const Inputs in = make_inputs(s, 3);
+      gpu::DeviceBuffer y(in.y), target(in.target), loss(sizeof(float)), dy(in.y.bytes());
+      loss.poison(), dy.poison();
+      plan->run({y.get(), target.get(), loss.as<float>(), dy.get()});
+      Outputs out = make_outputs(s);
+      loss.download(out.loss), dy.download(out.dy);
+      const Check c = verify(s, in, out);
+      EXPECT_TRUE(c.ok) << dtype_name(t) << " " << s.count() << " elements: " << c.message;
+    }
+}
+#endif
+
+}  // namespace
+}  // namespace hotops::loss::mse

@@ -2,8 +2,11 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstddef>
 #include <string>
 
+#include "hotops/buffer.h"
 #include "hotops/gpu.h"
 #include "hotops/verify.h"
 
@@ -21,6 +24,27 @@ void expect_each_run_on_its_own_tensors(P& plan, ArgsOf args_of, CheckOf check, 
     EXPECT_TRUE(c.ok) << what << " " << k << ": " << c.message;
   }
   EXPECT_FALSE(check(1, 0).ok) << what;
+}
+
+// Wrong column sums of a row-major [rows, cols] tensor t, the planted bugs a bias gradient's check
+// must catch: `sums` with column `col`'s largest |t| left out of it; and the column sums of `other`
+// (the op's input in place of its output).
+inline HostBuffer without_largest(const HostBuffer& t, const HostBuffer& sums, std::size_t rows, std::size_t cols, std::size_t col) {
+  std::size_t largest = 0;
+  for (std::size_t r = 0; r < rows; ++r)
+    if (std::fabs(t.get(r * cols + col)) > std::fabs(t.get(largest * cols + col))) largest = r;
+  HostBuffer out = sums;
+  out.set(col, sums.get(col) - t.get(largest * cols + col));
+  return out;
+}
+inline HostBuffer column_sums_of(const HostBuffer& other, std::size_t rows, std::size_t cols) {
+  HostBuffer out(DType::f32, cols);
+  for (std::size_t c = 0; c < cols; ++c) {
+    double sum = 0;
+    for (std::size_t r = 0; r < rows; ++r) sum += other.get(r * cols + c);
+    out.set(c, sum);
+  }
+  return out;
 }
 
 }  // namespace hotops::plan_test

@@ -34,4 +34,11 @@ std::vector<std::size_t> sample_indices(std::size_t n, std::size_t limit, std::u
 Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx,
               const std::function<double(std::size_t)>& ref, double tol, double rms_tol = 0);
 
+// Compares out[i] with a reference of its own bound for i in idx: ref(i, bound) returns the reference
+// and sets the bound on |out[i] - ref| (e.g. a column sum's, from the sizes of its terms). A failure
+// names the first element `what`[i] beyond its bound (NaN included); max_err is the worst error over
+// its bound, so tol is 1.
+Check compare_each(const HostBuffer& out, const std::vector<std::size_t>& idx,
+                   const std::function<double(std::size_t, double& bound)>& ref, const char* what);
+
 }  // namespace hotops

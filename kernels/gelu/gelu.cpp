@@ -1,4 +1,5 @@
-// The gelu family: problem names and shapes, work, inputs, verification and its bounds.
+// The gelu family (gelu, and gelu_dbias: gelu_dbias.h): problem names and shapes, work, inputs,
+// verification and its bounds.
 //
 // Names: gelu/<backend>/<dtype>/<fwd|bwd>/shape:<model.layer>/batch:B/dims:BxCxHxW/approx:<none|tanh>
 // for the activations of real models, gelu/.../shape:flat/elements:N/approx:... for the bandwidth
@@ -13,6 +14,7 @@
 #include "hotops/check.h"
 #include "hotops/elementwise.h"
 #include "hotops/op_family.h"
+#include "kernels/gelu/gelu_dbias.h"
 
 namespace hotops::gelu {
 namespace {
@@ -81,9 +83,21 @@ struct Op : OpOf<Shape, Args, Inputs, HostBuffer> {
   }
 };
 
-// The hand-written loop runs on any x86-64 (its baseline clone); oneDNN answers for itself.
+// The hand-written loops run on any x86-64 (gelu's on its baseline clone); oneDNN answers for itself.
 std::string cpu_unsupported_reason(const Problem& p) {
-  return cpu_impl_of(p) == CpuImpl::onednn ? onednn_unsupported_reason(p) : "";
+  return p.op == "gelu" && cpu_impl_of(p) == CpuImpl::onednn ? onednn_unsupported_reason(p) : "";
+}
+
+std::unique_ptr<Case> make_case(const Problem& p) {
+  return p.op == "gelu_dbias" ? dbias::make_case(p) : make_plan_case<Op>(p);
+}
+
+// The named shapes whose gelu is followed by a dense layer with a bias: gelu_dbias's problems.
+std::vector<NamedShape> ffn_shapes() {
+  std::vector<NamedShape> out;
+  for (const NamedShape& ns : named_shapes())
+    if (ns.name == "bert.ffn" || ns.name == "vit.mlp") out.push_back(ns);
+  return out;
 }
 
 // Expands one shape (its args less `approx`) into every backend x dtype x direction x approx problem,
@@ -120,10 +134,13 @@ double flops_per_element(Direction d, Approx a) {
 class GeluFamily final : public OpFamily {
  public:
   GeluFamily()
-      : OpFamily("gelu", cpu_unsupported_reason, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
+      : OpFamily("gelu", cpu_unsupported_reason, make_case, HOTOPS_CUDA_FACTORY(make_case)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    return elementwise::benchmark_problems(named_shapes(), kFlatElements, batches, expand);
+    std::vector<Problem> out = elementwise::benchmark_problems(named_shapes(), kFlatElements, batches, expand);
+    const std::vector<Problem> fused = elementwise::benchmark_problems(ffn_shapes(), std::vector<std::int64_t>{}, batches, dbias::expand);
+    out.insert(out.end(), fused.begin(), fused.end());
+    return out;
   }
 
   std::vector<Problem> test_problems() const override {
@@ -137,10 +154,15 @@ class GeluFamily final : public OpFamily {
     // Large enough for the CPU loop to stream its output past the caches (cpu::kStreamMinBytes in
     // every dtype), off a 16-byte boundary.
     expand(flat_args((1 << 24) + 5, 3), out);
+    // gelu_dbias: rows over several 32-row blocks with a partial last one; 275 vectors of 4 columns,
+    // more than one block of threads.
+    dbias::expand(model_args("test", 3, {37, 20}), out);
+    dbias::expand(model_args("test", 1, {70, 1100}), out);
     return out;
   }
 
   Work work(const Problem& p) const override {
+    if (p.op == "gelu_dbias") return dbias::work(p);
     const Shape s = shape_of(p);
     const double n = static_cast<double>(s.elements), e = static_cast<double>(dtype_size(s.dtype));
     Work w;

@@ -1,6 +1,7 @@
 // The gelu family: PyTorch's gelu (fwd) and gelu_backward (bwd: dx from x and dy), exact (erf) or
 // tanh-approximated, on the CPU (oneDNN's eltwise primitives and a hand-written loop, `impl:`) and
-// a hand-written CUDA kernel.
+// a hand-written CUDA kernel. The family's second op, gelu_dbias (GELU backward fused with the bias
+// gradient of the dense layer before it), is in gelu_dbias.h.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -1,4 +1,5 @@
-// The layernorm family: problem names, work, inputs, verification, and the problem lists.
+// The layernorm family (layernorm, and layernorm_dbias: layernorm_dbias.h): problem names, work,
+// inputs, verification, and the problem lists.
 #include "kernels/layernorm/layernorm.h"
 
 #include <algorithm>
@@ -8,14 +9,20 @@
 #include "hotops/check.h"
 #include "hotops/op_family.h"
 #include "hotops/plan.h"
+#include "kernels/layernorm/layernorm_dbias.h"
 
 namespace hotops::layernorm {
-namespace {
 
 // A sum of n terms accumulated in f32 has a relative error of about 2^-24 * sqrt(n) (a random walk
 // of roundings): 16 times that.
 double accumulation_bound(std::int64_t n) { return 16 * std::ldexp(1.0, -24) * std::sqrt(static_cast<double>(n)); }
 double sum_tolerance(std::int64_t n) { return std::max(tolerance(DType::f32), accumulation_bound(n)); }
+// y and dx: the dtype's rounding of the output, plus the f32 row sums (over H values) that the
+// statistics (fwd) or the two dx coefficients (bwd) come from, amplified by |xhat| (< 1.8 for these
+// inputs) and the |mean|/std of a row: 4 times the sum bound.
+double out_tolerance(const Shape& s) { return std::max(tolerance(s.dtype), 4 * accumulation_bound(s.hidden)); }
+
+namespace {
 
 constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd};
 constexpr DType kDtypes[] = {DType::f32, DType::bf16};
@@ -39,17 +46,28 @@ std::string eps_text(double eps) {
   return buf;
 }
 
+std::vector<Arg> args_of(const std::string& shape, std::int64_t batch, std::int64_t tokens, std::int64_t hidden) {
+  return {{"shape", shape},
+          {"batch", std::to_string(batch)},
+          {"tokens", std::to_string(tokens)},
+          {"hidden", std::to_string(hidden)},
+          {"eps", eps_text(kEps)}};
+}
+
 void expand(const std::string& shape, std::int64_t batch, std::int64_t tokens, std::int64_t hidden,
             std::vector<Problem>& out) {
-  const std::vector<Arg> args{{"shape", shape},
-                              {"batch", std::to_string(batch)},
-                              {"tokens", std::to_string(tokens)},
-                              {"hidden", std::to_string(hidden)},
-                              {"eps", eps_text(kEps)}};
+  const std::vector<Arg> args = args_of(shape, batch, tokens, hidden);
   for (Backend b : kAllBackends)
     for (DType t : kDtypes)
       for (Direction d : kDirections) out.push_back(Problem{"layernorm", b, t, d, args});
 }
+
+// oneDNN answers for the layernorm op; layernorm_dbias's loop runs on any CPU.
+std::string cpu_unsupported_reason(const Problem& p) {
+  return p.op == "layernorm_dbias" ? "" : onednn_unsupported_reason(p);
+}
+
+std::unique_ptr<Case> make_case(const Problem& p);
 
 // The op as the benchmark runs it: a PlanCase over the problem's inputs and outputs.
 struct Op : OpOf<Shape, Args, Inputs, Outputs> {
@@ -78,7 +96,7 @@ struct Op : OpOf<Shape, Args, Inputs, Outputs> {
 class LayernormFamily final : public OpFamily {
  public:
   LayernormFamily()
-      : OpFamily("layernorm", onednn_unsupported_reason, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
+      : OpFamily("layernorm", cpu_unsupported_reason, make_case, HOTOPS_CUDA_FACTORY(make_case)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     std::vector<Problem> out;
@@ -86,6 +104,14 @@ class LayernormFamily final : public OpFamily {
       const std::vector<std::int64_t> bs =
           batches.empty() ? std::vector<std::int64_t>(std::begin(kDefaultBatches), std::end(kDefaultBatches)) : batches;
       for (std::int64_t b : bs) expand(ns.name, b, ns.tokens, ns.hidden, out);
+    }
+    // layernorm_dbias as the models run it: BERT's (post-LN) without a residual gradient, ViT's
+    // (pre-LN: the second LayerNorm's skip connection) with one.
+    for (const NamedShape& ns : kShapes) {
+      const std::vector<std::int64_t> bs =
+          batches.empty() ? std::vector<std::int64_t>(std::begin(kDefaultBatches), std::end(kDefaultBatches)) : batches;
+      for (std::int64_t b : bs)
+        dbias::expand(args_of(ns.name, b, ns.tokens, ns.hidden), std::string(ns.name) == "vit_b16.layer", out);
     }
     return out;
   }
@@ -100,6 +126,13 @@ class LayernormFamily final : public OpFamily {
     expand("test", 2, 3, 768, out);
     expand("test", 5, 97, 256, out);
     expand("test", 1, 3, 1031, out);
+    // layernorm_dbias, with and without dres: a row below a warp; more rows (1067) than the CUDA
+    // kernel's warps, so that warps take several rows and blocks unequal shares; the models' 768.
+    for (bool dres : {false, true}) {
+      dbias::expand(args_of("test", 3, 7, 5), dres, out);
+      dbias::expand(args_of("test", 11, 97, 256), dres, out);
+    }
+    dbias::expand(args_of("test", 2, 3, 768), true, out);
     return out;
   }
 
@@ -109,6 +142,7 @@ class LayernormFamily final : public OpFamily {
   // Bytes: each tensor once: x, y (fwd) or x, dy, dx (bwd) at the dtype's size; gamma, beta (fwd) or
   // gamma, dgamma, dbeta (bwd) as f32 [H]; mean and rstd as f32 [rows], written (fwd) or read (bwd).
   Work work(const Problem& p) const override {
+    if (p.op == "layernorm_dbias") return dbias::work(p);
     const Shape s = shape_of(p);
     const double n = static_cast<double>(s.count()), e = static_cast<double>(dtype_size(s.dtype));
     const double h4 = 4.0 * static_cast<double>(s.hidden), r4 = 4.0 * static_cast<double>(s.rows());
@@ -125,6 +159,11 @@ class LayernormFamily final : public OpFamily {
   }
 
   std::string unsupported_reason(const Problem& p) const override {
+    if (p.op == "layernorm_dbias") {
+      if (p.backend == Backend::cuda && dbias::shape_of(p).hidden > dbias::kCudaMaxHidden)
+        return "layernorm_dbias on CUDA takes hidden <= " + std::to_string(dbias::kCudaMaxHidden) + " (a row in a warp's registers)";
+      return OpFamily::unsupported_reason(p);
+    }
     const Shape s = shape_of(p);
     if (s.dtype != DType::f32 && s.dtype != DType::bf16)
       return std::string("layernorm is benchmarked in f32 and bf16, not ") + dtype_name(s.dtype);
@@ -133,6 +172,10 @@ class LayernormFamily final : public OpFamily {
     return OpFamily::unsupported_reason(p);
   }
 };
+
+std::unique_ptr<Case> make_case(const Problem& p) {
+  return p.op == "layernorm_dbias" ? dbias::make_case(p) : make_plan_case<Op>(p);
+}
 
 }  // namespace
 
@@ -209,11 +252,9 @@ Outputs make_outputs(const Shape& s) {
 Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
   const Reference ref(s, in);
   const std::size_t limit = std::size_t(1) << 18;
-  // y and dx: the dtype's rounding of the output, plus the f32 row sums (over H values) that the
-  // statistics (fwd) or the two dx coefficients (bwd) come from, amplified by |xhat| (< 1.8 for
-  // these inputs) and the |mean|/std of a row: 4 times the sum bound. mean and rstd are f32 row
-  // sums over H; dgamma and dbeta are f32 column sums over the rows.
-  const double tol = std::max(tolerance(s.dtype), 4 * accumulation_bound(s.hidden));
+  // y and dx: out_tolerance. mean and rstd are f32 row sums over H; dgamma and dbeta are f32 column
+  // sums over the rows.
+  const double tol = out_tolerance(s);
   auto vec = [&](const HostBuffer& b, const std::vector<double>& r, double t) {
     return compare(b, sample_indices(b.count(), limit, 11), [&](std::size_t i) { return r[i]; }, t);
   };

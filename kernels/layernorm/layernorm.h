@@ -9,7 +9,9 @@
 //        dgamma = sum over rows of dy * xhat, dbeta = sum over rows of dy.
 // x, y, dy and dx are in the problem's dtype (f32 or bf16); gamma, beta, dgamma, dbeta, mean and rstd
 // are f32 in both dtypes (as with PyTorch autocast, where LayerNorm's parameters stay f32), and every
-// statistic and sum is accumulated in f32 or wider.
+// statistic and sum is accumulated in f32 or wider. The family's second op, layernorm_dbias (the
+// backward fused with a residual gradient and the next dense layer's bias gradient), is in
+// layernorm_dbias.h.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -67,6 +69,12 @@ class Reference {
 
 // Verifies every output of the direction (out sampled when large) against the reference.
 Check verify(const Shape& s, const Inputs& in, const Outputs& out);
+// Its bounds (layernorm.cpp derives them), as compare() takes them: y or dx, and a sum of n f32 terms
+// (mean and rstd over H, dgamma and dbeta over the rows); accumulation_bound(n): the relative error
+// of n terms added in f32.
+double out_tolerance(const Shape& s);
+double sum_tolerance(std::int64_t n);
+double accumulation_bound(std::int64_t n);
 
 // The tensors of one layernorm, each [rows, H] row-major in the shape's dtype or f32 as named.
 //   fwd reads x, gamma, beta and writes y, mean, rstd;

@@ -1,4 +1,5 @@
-// The loss family: problem names and shapes, work, inputs, verification and its bounds.
+// The loss family (cross_entropy, and mse: mse.h): problem names and shapes, work, inputs,
+// verification and its bounds.
 //
 // Names: cross_entropy/<backend>/<dtype>/<fwd|bwd>/shape:<model>/batch:B/rows:R/classes:C, with
 // R = B x the rows of one sample (1 for a classifier, 128 tokens for BERT's MLM head); test
@@ -14,6 +15,7 @@
 
 #include "hotops/check.h"
 #include "hotops/op_family.h"
+#include "kernels/loss/mse.h"
 
 namespace hotops::loss {
 namespace {
@@ -124,10 +126,30 @@ struct Op : OpOf<Shape, Args, Inputs, Outputs> {
   }
 };
 
+std::unique_ptr<Case> make_case(const Problem& p) { return p.op == "mse" ? mse::make_case(p) : make_plan_case<Op>(p); }
+
+// The encoder layers' outputs, [batch x tokens, hidden], that their train steps' MSE loss reads: mse's
+// problems, at the models' batches.
+struct ModelOutput {
+  const char* name;
+  std::int64_t tokens, hidden;
+  std::vector<std::int64_t> batches;
+};
+const std::vector<ModelOutput>& model_outputs() {
+  static const std::vector<ModelOutput> shapes = {
+      {"bert.layer", 128, 768, {8, 32}},     // model.bert_layer
+      {"vit_b16.layer", 197, 768, {8, 32}},  // model.vit_layer
+  };
+  return shapes;
+}
+std::vector<Arg> mse_args(const std::string& shape, std::int64_t batch, std::int64_t tokens, std::int64_t hidden) {
+  return {{"shape", shape}, {"batch", std::to_string(batch)}, {"tokens", std::to_string(tokens)}, {"hidden", std::to_string(hidden)}};
+}
+
 class LossFamily final : public OpFamily {
  public:
-  // The hand-written CPU loop runs everywhere: nothing to probe.
-  LossFamily() : OpFamily("loss", nullptr, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
+  // The hand-written CPU loops run everywhere: nothing to probe.
+  LossFamily() : OpFamily("loss", nullptr, make_case, HOTOPS_CUDA_FACTORY(make_case)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     std::vector<Problem> out = per_shape_and_batch(
@@ -136,6 +158,10 @@ class LossFamily final : public OpFamily {
            expand_dbias(head_args(ns, b), o);
          }))
       out.push_back(std::move(p));
+    const std::vector<Problem> m = per_shape_and_batch(model_outputs(), batches, [](const ModelOutput& mo, std::int64_t b, std::vector<Problem>& o) {
+      mse::expand(mse_args(mo.name, b, mo.tokens, mo.hidden), o);
+    });
+    out.insert(out.end(), m.begin(), m.end());
     return out;
   }
 
@@ -152,10 +178,15 @@ class LossFamily final : public OpFamily {
     constexpr std::int64_t kDbiasShapes[][2] = {{3, 1}, {7, 2}, {5, 5}, {9, 16}, {1100, 3}};
     for (const auto& rc : kDbiasShapes)
       expand_dbias({{"shape", "test"}, {"rows", std::to_string(rc[0])}, {"classes", std::to_string(rc[1])}}, out);
+    // mse: 15 elements (below a warp; most of CUDA's blocks idle), and 74,496 (over 256 x 256: each
+    // CUDA thread takes two elements or one).
+    mse::expand(mse_args("test", 1, 3, 5), out);
+    mse::expand(mse_args("test", 3, 97, 256), out);
     return out;
   }
 
   Work work(const Problem& p) const override {
+    if (p.op == "mse") return mse::work(p);
     const Shape s = shape_of(p);
     const double n = static_cast<double>(s.elements()), rows = static_cast<double>(s.rows);
     const double e = static_cast<double>(dtype_size(s.dtype));

@@ -4,13 +4,13 @@
 // the attention's per-head GEMMs as 4-D [batch, heads, rows, cols] matmuls on strided views of the
 // QKV, context and gradient buffers, so no head split or merge copies), the softmax, layernorm and
 // gelu families' plans (oneDNN softmax forward and backward, in place; oneDNN layer_normalization
-// forward; the GELU forward), the rest OpenMP loops: the GELU backward (erf), LayerNorm backward
-// fused with the gradients' sums, column sums for the bias gradients, the MSE loss, one AdamW pass.
+// forward; the GELU forward, and its backward with the FFN's first bias gradient: gelu_dbias; the
+// LayerNorm backward with its residual and bias gradients: layernorm_dbias; the MSE loss and its
+// gradient: the loss family's mse), the rest OpenMP loops: column sums for the other bias gradients,
+// one AdamW pass.
 // The loops are templates over the activations' storage (float, or bf16 as its uint16 bits) and
 // compute in f32; bf16's matmuls take bf16 operands (a per-step bf16 copy of the f32 master
 // parameters) and write bf16 activations or f32 weight gradients.
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -18,6 +18,7 @@
 
 #include "hotops/check.h"
 #include "hotops/cpu.h"
+#include "hotops/cpu_colsum.h"
 #include "hotops/cpu_vector.h"
 #include "hotops/trace.h"
 #include "kernels/model_bert/model_bert.h"
@@ -40,10 +41,6 @@ template <> inline bf16 st<bf16>(float v) { return vec::f32_to_bf16(v); }
 
 memory::desc md(std::int64_t rows, std::int64_t cols, bool transposed = false, dt type = dt::f32) {
   return transposed ? memory::desc({rows, cols}, type, dims{1, rows}) : memory::desc({rows, cols}, type, dims{cols, 1});
-}
-
-float gelu_grad(float z) {
-  return 0.5f * (1.f + std::erf(z * 0.70710678118654752f)) + z * 0.39894228040143268f * std::exp(-0.5f * z * z);
 }
 
 // T: the activations' storage, float (f32) or bf16 (bf16's mixed precision, model_bert.h).
@@ -83,17 +80,23 @@ class CpuLayer final : public LayerCase {
     layernorm_ = layernorm::make_cpu_plan(token_layernorm(s_, Direction::fwd));
     if (!s_.train()) return;
     softmax_bwd_ = softmax::make_cpu_plan(attention_softmax(s_, Direction::bwd));
+    gelu_bwd_ = gelu::dbias::make_cpu_plan(ffn_gelu_bwd(s_));
+    layernorm_bwd_ = layernorm::dbias::make_cpu_plan(token_layernorm_bwd(s_));
+    mse_ = loss::mse::make_cpu_plan(output_mse(s_));
     dy_ = act(T_ * H), df_ = act(T_ * F), du2_ = act(T_ * H), ds1_ = act(T_ * H), dctx_ = act(T_ * H), dqkv_ = act(T_ * 3 * H);
     dp_ = act(B * NH * S * S), du1_ = act(a.pre_ln ? T_ * H : 1);
     if (!a.pre_ln) s2grad();
     // The dense layers' gradients: weight (x^T . dz, f32 out) and data (dz . W^T).
     auto wgrad = [&](std::int64_t in, std::int64_t out) { return matmul::make_cpu_plan(dense_grad(s_, Direction::bwd_weight, in, out, false)); };
-    auto dgrad = [&](std::int64_t in, std::int64_t out) { return matmul::make_cpu_plan(dense_grad(s_, Direction::bwd_data, in, out, false)); };
-    w2_w_ = wgrad(F, H), w2_d_ = dgrad(F, H);
-    w1_w_ = wgrad(H, F), w1_d_ = dgrad(H, F);
-    wo_w_ = wgrad(H, H), wo_d_ = dgrad(H, H);
+    auto dgrad = [&](std::int64_t in, std::int64_t out, bool residual) {
+      return matmul::make_cpu_plan(dense_grad(s_, Direction::bwd_data, in, out, residual));
+    };
+    w2_w_ = wgrad(F, H), w2_d_ = dgrad(F, H, false);
+    w1_w_ = wgrad(H, F);
+    w1_d_ = dgrad(H, F, !a.pre_ln);  // bert: du2 + ds2 (LN1's output feeds both the FFN and the residual), a binary add post-op
+    wo_w_ = wgrad(H, H), wo_d_ = dgrad(H, H, false);
     qkv_w_ = wgrad(H, 3 * H);
-    if (a.pre_ln) qkv_d_ = dgrad(H, 3 * H);
+    if (a.pre_ln) qkv_d_ = dgrad(H, 3 * H, false);
     dp_gemm_ = attention(matmul::AttentionGemm::context, Direction::bwd_data);
     dv_gemm_ = attention(matmul::AttentionGemm::context, Direction::bwd_weight);
     dq_gemm_ = attention(matmul::AttentionGemm::scores, Direction::bwd_data);
@@ -106,7 +109,7 @@ class CpuLayer final : public LayerCase {
     forward();
     if (!s_.train()) return;
     trace::op("mse_loss");
-    loss_ = loss_and_dy();
+    mse_->run({out()->data(), target_.data(), &loss_, dy_.data()});
     backward();
     trace::op("adamw");
     adamw_step();
@@ -123,7 +126,7 @@ class CpuLayer final : public LayerCase {
     run();
     Outcome o;
     if (!s_.train()) o.y = *out();
-    else o.loss = static_cast<float>(loss_), o.grads = grads_, o.params = params_;
+    else o.loss = loss_, o.grads = grads_, o.params = params_;
     Check c = verify_outcome(s_, l_, start, o);
     copy_into(x_, seeded_.x), copy_into(target_, seeded_.target);  // the timed runs take the seeded batch
     return c;
@@ -131,9 +134,10 @@ class CpuLayer final : public LayerCase {
 
   std::string label() const override {
     return std::string(s_.arch.pre_ln ? "pre-LN" : "post-LN") + " encoder layer: oneDNN " + (kBf16 ? "bf16 " : "") +
-           "matmul (dense with residual post-op + 4-D strided attention GEMMs), oneDNN softmax, LayerNorm, " + gelu_->label() + ", OpenMP GELU backward" +
+           "matmul (dense with residual post-op + 4-D strided attention GEMMs), oneDNN softmax, LayerNorm, " + gelu_->label() +
+           (s_.train() ? ", " + gelu_bwd_->label() + ", " + layernorm_bwd_->label() : "") +
            (kBf16 ? ", bf16 activations, f32 master weights cast to bf16 each step" : "") +
-           (s_.train() ? ", MSE, backward loops, AdamW 1 flat pass" : "") + ", " +
+           (s_.train() ? ", " + mse_->label() + ", backward loops, AdamW 1 flat pass" : "") + ", " +
            std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
   }
 
@@ -162,57 +166,19 @@ class CpuLayer final : public LayerCase {
     for (std::int64_t i = 0; i < n; ++i) w[i] = vec::f32_to_bf16(p[i]);
   }
 
-  // dx = LN backward of (dy1 + dy2) (+ dres); dgamma, dbeta column sums. x is LN's input.
-  void layernorm_back(const T* dy1, const T* dy2, const T* x, const float* mean, const float* rstd, const float* g, float* dg,
-                      float* db, T* dx, const T* dres) {
-    const std::int64_t T_ = s_.tokens(), H = s_.arch.hidden;
-    const int nt = team();
-    std::vector<float> part(static_cast<std::size_t>(nt * 2 * H), 0.f);
-#pragma omp parallel num_threads(nt)
-    {
-      float* pg = part.data() + static_cast<std::size_t>(omp_get_thread_num() * 2 * H);
-      float* pb = pg + H;
-      std::vector<float> d(static_cast<std::size_t>(H));
-#pragma omp for schedule(static)
-      for (std::int64_t r = 0; r < T_; ++r) {
-        const float m = mean[r], rs = rstd[r];
-        float m1 = 0, m2 = 0;
-        for (std::int64_t c = 0; c < H; ++c) {
-          const std::int64_t i = r * H + c;
-          const float dv = dy2 ? ld(dy1[i]) + ld(dy2[i]) : ld(dy1[i]);
-          const float xh = (ld(x[i]) - m) * rs;
-          d[static_cast<std::size_t>(c)] = dv;
-          pg[c] += dv * xh, pb[c] += dv;
-          m1 += dv * g[c], m2 += dv * g[c] * xh;
-        }
-        m1 /= static_cast<float>(H), m2 /= static_cast<float>(H);
-        if (dx)
-          for (std::int64_t c = 0; c < H; ++c) {
-            const std::int64_t i = r * H + c;
-            const float xh = (ld(x[i]) - m) * rs;
-            dx[i] = st<T>(rs * (d[static_cast<std::size_t>(c)] * g[c] - m1 - xh * m2) + (dres ? ld(dres[i]) : 0.f));
-          }
-      }
-    }
-    for (std::int64_t c = 0; c < 2 * H; ++c) {
-      float sum = 0;
-      for (int t = 0; t < nt; ++t) sum += part[static_cast<std::size_t>(t * 2 * H + c)];
-      (c < H ? dg[c] : db[c - H]) = sum;
-    }
+  // LayerNorm's backward (the layernorm_dbias plan) into dx = LN'(dy) (+ dres) when given, its gamma
+  // and beta gradients at `g` and `b`, and the column sums of dx into the bias gradient at `bias`
+  // (when given: the dense layer that produced x reads dx next). x is LN's input.
+  void layernorm_back(const T* dy, const T* x, const HostBuffer& mean, const HostBuffer& rstd, std::size_t g, std::size_t b,
+                      T* dx, const T* dres, const std::size_t* bias) {
+    float* G = grads_.as<float>();
+    layernorm::dbias::Args n;
+    n.x = x, n.dy = dy, n.gamma = params_.as<float>() + g, n.saved_mean = mean.as<float>(), n.saved_rstd = rstd.as<float>();
+    n.dres = dres, n.dx = dx, n.dgamma = G + g, n.dbeta = G + b, n.dbias = bias ? G + *bias : nullptr;
+    layernorm_bwd_->run(n);
   }
 
-  void colsum(const T* x, std::int64_t cols, float* out) {
-    const std::int64_t T_ = s_.tokens();
-    constexpr std::int64_t kCols = 64;
-#pragma omp parallel for num_threads(team()) schedule(static)
-    for (std::int64_t c0 = 0; c0 < cols; c0 += kCols) {
-      const std::int64_t c1 = std::min(cols, c0 + kCols);
-      float acc[kCols] = {};
-      for (std::int64_t r = 0; r < T_; ++r)
-        for (std::int64_t c = c0; c < c1; ++c) acc[c - c0] += ld(x[r * cols + c]);
-      for (std::int64_t c = c0; c < c1; ++c) out[c] = acc[c - c0];
-    }
-  }
+  void colsum(const T* x, std::int64_t cols, float* out) { cpu::column_sums(x, s_.tokens(), cols, out, team()); }
 
   void forward() {
     const Arch& a = s_.arch;
@@ -254,10 +220,10 @@ class CpuLayer final : public LayerCase {
     m.a = x, m.dout = dz, m.out = grads_.as<float>() + w;
     return m;
   }
-  // A dense layer's data gradient dz . W^T into dx, W at `w` in the GEMMs' weights.
-  matmul::Args data_grad(const void* dz, std::size_t w, HostBuffer& dx) {
+  // A dense layer's data gradient dz . W^T (+ c) into dx, W at `w` in the GEMMs' weights.
+  matmul::Args data_grad(const void* dz, std::size_t w, HostBuffer& dx, const void* c = nullptr) {
     matmul::Args m;
-    m.b = gemm_weights() + w, m.dout = dz, m.out = dx.data();
+    m.b = gemm_weights() + w, m.dout = dz, m.out = dx.data(), m.c = c;
     return m;
   }
   // An attention GEMM's tensors: the heads of the layer's QKV, probability and context buffers and
@@ -274,58 +240,33 @@ class CpuLayer final : public LayerCase {
     return n;
   }
 
-  double loss_and_dy() {
-    const std::int64_t n = s_.tokens() * s_.arch.hidden;
-    const T* y = out()->template as<T>();
-    const T* t = target_.as<T>();
-    T* dy = dy_.as<T>();
-    const float k = 2.f / static_cast<float>(n);
-    double total = 0;
-#pragma omp parallel for num_threads(team()) reduction(+ : total) schedule(static)
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float e = ld(y[i]) - ld(t[i]);
-      dy[i] = st<T>(k * e);
-      total += static_cast<double>(e) * e;
-    }
-    return total / static_cast<double>(n);
-  }
-
   void backward() {
     const Arch& a = s_.arch;
-    const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn;
-    float* P = params_.as<float>();
+    const std::int64_t H = a.hidden;
     float* G = grads_.as<float>();
     const T* ds2 = dy_.as<T>();
     if (!a.pre_ln) {
       trace::op("layernorm_bwd");
-      layernorm_back(dy_.as<T>(), nullptr, s2_.as<T>(), mean2_.as<float>(), rstd2_.as<float>(), P + l_.ln2g, G + l_.ln2g,
-                     G + l_.ln2b, ds2_.as<T>(), nullptr);
+      layernorm_back(dy_.as<T>(), s2_.as<T>(), mean2_, rstd2_, l_.ln2g, l_.ln2b, ds2_.as<T>(), nullptr, &l_.b2);
       ds2 = ds2_.as<T>();
+    } else {
+      trace::op("sum");
+      colsum(ds2, H, G + l_.b2);
     }
-    trace::op("sum");
-    colsum(ds2, H, G + l_.b2);
     trace::op("mm");
     w2_w_->run(weight_grad(f_.data(), ds2, l_.w2));
     w2_d_->run(data_grad(ds2, l_.w2, df_));
     trace::op("gelu_bwd");
     T* df = df_.as<T>();
-    const T* z = z_.as<T>();
-#pragma omp parallel for num_threads(team()) schedule(static)
-    for (std::int64_t i = 0; i < T_ * F; ++i) df[i] = st<T>(ld(df[i]) * gelu_grad(ld(z[i])));
-    trace::op("sum");
-    colsum(df, F, G + l_.b1);
+    gelu_bwd_->run({z_.data(), df, df, G + l_.b1});  // in place over df, with the FFN's first bias gradient
     trace::op("mm");
     w1_w_->run(weight_grad(h1_.data(), df, l_.w1));
-    w1_d_->run(data_grad(df, l_.w1, du2_));
+    w1_d_->run(data_grad(df, l_.w1, du2_, a.pre_ln ? nullptr : ds2));  // bert: du2 = df . W1^T + ds2
     trace::op("layernorm_bwd");
     if (a.pre_ln)  // ds1 = LN2'(du2) + dy
-      layernorm_back(du2_.as<T>(), nullptr, s1_.as<T>(), mean2_.as<float>(), rstd2_.as<float>(), P + l_.ln2g, G + l_.ln2g,
-                     G + l_.ln2b, ds1_.as<T>(), ds2);
-    else  // ds1 = LN1'(du2 + ds2)
-      layernorm_back(du2_.as<T>(), ds2, s1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), P + l_.ln1g, G + l_.ln1g,
-                     G + l_.ln1b, ds1_.as<T>(), nullptr);
-    trace::op("sum");
-    colsum(ds1_.as<T>(), H, G + l_.bo);
+      layernorm_back(du2_.as<T>(), s1_.as<T>(), mean2_, rstd2_, l_.ln2g, l_.ln2b, ds1_.as<T>(), ds2, &l_.bo);
+    else  // ds1 = LN1'(du2)
+      layernorm_back(du2_.as<T>(), s1_.as<T>(), mean1_, rstd1_, l_.ln1g, l_.ln1b, ds1_.as<T>(), nullptr, &l_.bo);
     trace::op("mm");
     wo_w_->run(weight_grad(ctx_.data(), ds1_.data(), l_.wo));
     wo_d_->run(data_grad(ds1_.data(), l_.wo, dctx_));
@@ -343,8 +284,7 @@ class CpuLayer final : public LayerCase {
     trace::op("sum");
     colsum(dqkv_.as<T>(), 3 * H, G + l_.bqkv);
     if (a.pre_ln)
-      trace::op("layernorm_bwd"), layernorm_back(du1_.as<T>(), nullptr, x_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), P + l_.ln1g, G + l_.ln1g,
-                     G + l_.ln1b, nullptr, nullptr);
+      trace::op("layernorm_bwd"), layernorm_back(du1_.as<T>(), x_.as<T>(), mean1_, rstd1_, l_.ln1g, l_.ln1b, nullptr, nullptr, nullptr);
   }
 
   void adamw_step() {
@@ -365,9 +305,12 @@ class CpuLayer final : public LayerCase {
   std::unique_ptr<matmul::Plan> scores_, context_, dp_gemm_, dv_gemm_, dq_gemm_, dk_gemm_;  // attention's, on heads
   std::unique_ptr<softmax::Plan> softmax_, softmax_bwd_;
   std::unique_ptr<gelu::Plan> gelu_;
+  std::unique_ptr<gelu::dbias::Plan> gelu_bwd_;
   std::unique_ptr<layernorm::Plan> layernorm_;
+  std::unique_ptr<layernorm::dbias::Plan> layernorm_bwd_;
+  std::unique_ptr<loss::mse::Plan> mse_;
   std::int64_t step_ = 0;
-  double loss_ = 0;
+  float loss_ = 0;
 };
 
 }  // namespace

@@ -1,7 +1,8 @@
 // model_bert on CUDA: the matmul family's plans for the GEMMs (cublasLt dense GEMMs, one
-// cublasGemmBatchedEx per attention GEMM on strided heads), the softmax, layernorm and gelu families' plans, hand-written
-// GELU backward, LayerNorm backward, column-sum and loss kernels; how each is set up and fused: docs/models.md,
-// "How each model step runs".
+// cublasGemmBatchedEx per attention GEMM on strided heads), the softmax, layernorm and gelu families'
+// plans (the GELU backward with its bias gradient: gelu_dbias; the LayerNorm backward with its
+// residual and bias gradients: layernorm_dbias; the MSE loss and its gradient: the loss family's mse),
+// hand-written column-sum kernels; how each is set up and fused: docs/models.md, "How each model step runs".
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <type_traits>
 
 #include "hotops/cublaslt_gemm.h"
+#include "hotops/cuda_colsum.cuh"
 #include "hotops/cuda_elem.cuh"
 #include "hotops/cuda_util.h"
 #include "hotops/trace.h"
@@ -20,134 +22,21 @@
 namespace hotops::model_bert {
 namespace {
 
-constexpr int kMaxHidden = 1024;   // LayerNorm rows up to 1024 (32 per lane)
 constexpr unsigned kThreads = 256;
-constexpr int kLnBwdBlocks = 128;
 constexpr int kColRows = 64;       // rows per block of the column sums' first stage
-constexpr int kGeluRows = 32;      // rows per block of the GELU backward (and its column sums)
-constexpr int kLossBlocks = 256;
 
 using StepState = adamw::DeviceStep;
 
 using bf16 = __nv_bfloat16;
 
-// Storage <-> f32: f32 as is; bf16 rounded to nearest even. Four at a time: float4, or 4 bf16 in 8 bytes.
-__device__ inline float f32_of(float v) { return v; }
-__device__ inline float f32_of(bf16 v) { return __bfloat162float(v); }
-template <class T> __device__ inline T stored(float v);
-template <> __device__ inline float stored<float>(float v) { return v; }
-template <> __device__ inline bf16 stored<bf16>(float v) { return __float2bfloat16_rn(v); }
-
-struct alignas(8) Bf16x4 {
-  __nv_bfloat162 lo, hi;
-};
-template <class T> struct Quad;
-template <> struct Quad<float> { using type = float4; };
-template <> struct Quad<bf16> { using type = Bf16x4; };
-__device__ inline float4 f32_of(float4 v) { return v; }
-__device__ inline float4 f32_of(Bf16x4 v) {
-  const float2 a = __bfloat1622float2(v.lo), b = __bfloat1622float2(v.hi);
-  return make_float4(a.x, a.y, b.x, b.y);
-}
-template <class Q> __device__ inline Q stored4(float4 v);
-template <> __device__ inline float4 stored4<float4>(float4 v) { return v; }
-template <> __device__ inline Bf16x4 stored4<Bf16x4>(float4 v) {
-  return Bf16x4{__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
-}
-
-using gpu::warp_sum;
-
-__device__ inline float gelu_grad(float z) {
-  return 0.5f * (1.f + erff(z * 0.70710678118654752f)) + z * 0.39894228040143268f * __expf(-0.5f * z * z);
-}
-
-// df *= gelu'(z) in place over [rows, n4 vectors of 4], with the column sums of the stored result (the
-// FFN's first bias gradient): block (x, y) takes vector columns x * blockDim + thread over rows
-// [y * kGeluRows, ...) and writes partial[y][4 columns].
-template <class Q>
-__global__ void __launch_bounds__(kThreads) gelu_bwd(Q* __restrict__ df, const Q* __restrict__ z, std::int64_t rows, int n4,
-                                                    float4* __restrict__ partial) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= n4) return;
-  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kGeluRows, r1 = min(rows, r0 + kGeluRows);
-  float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-  for (std::int64_t r = r0; r < r1; ++r) {
-    const std::int64_t i = r * n4 + c;
-    const float4 v = f32_of(z[i]);
-    float4 d = f32_of(df[i]);
-    d.x *= gelu_grad(v.x), d.y *= gelu_grad(v.y), d.z *= gelu_grad(v.z), d.w *= gelu_grad(v.w);
-    const Q q = stored4<Q>(d);
-    df[i] = q;
-    const float4 back = f32_of(q);  // the sum of what the GEMMs read
-    s.x += back.x, s.y += back.y, s.z += back.z, s.w += back.w;
-  }
-  partial[static_cast<std::int64_t>(blockIdx.y) * n4 + c] = s;
-}
+using gpu::Bf16x4;
+using gpu::ColOut;
+using gpu::stored4;
 
 // The bf16 copy of the f32 master parameters, n4 vectors of 4 (the flat layout's padding included).
 __global__ void to_bf16(const float4* __restrict__ p, Bf16x4* __restrict__ w, std::int64_t n4) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     w[i] = stored4<Bf16x4>(p[i]);
-}
-
-// LayerNorm backward, a warp per row (rows strided over the grid's warps): dx = rstd (dy g - mean(dy g)
-// - xhat mean(dy g xhat)) (+ dres), when dx is given; each block's sums of dy xhat, dy and (with dx)
-// the stored dx per column into partial[block][3h] (warps added in order: deterministic). The third
-// is the next dense layer's bias gradient, so its output needs no column-sum pass of its own; each
-// warp keeps it in shared memory (in registers, beside the other two, the kernel took 1.7x as long).
-template <class T>
-__global__ void __launch_bounds__(kThreads) ln_bwd(const T* __restrict__ dy, const T* __restrict__ x,
-                                                  const float* __restrict__ mean, const float* __restrict__ rstd,
-                                                  const float* __restrict__ g, T* __restrict__ dx,
-                                                  const T* __restrict__ dres, float* __restrict__ partial,
-                                                  std::int64_t rows, int h) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  float pg[kMaxHidden / 32], pb[kMaxHidden / 32];
-#pragma unroll
-  for (int k = 0; k < kMaxHidden / 32; ++k) pg[k] = pb[k] = 0.f;
-  __shared__ float px[kThreads / 32][kMaxHidden];
-  for (int c = lane; c < h; c += 32) px[warp][c] = 0.f;
-  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * warps + warp; r < rows; r += static_cast<std::int64_t>(gridDim.x) * warps) {
-    const float m = mean[r], rs = rstd[r];
-    float d[kMaxHidden / 32], xh[kMaxHidden / 32];
-    float m1 = 0.f, m2 = 0.f;
-#pragma unroll
-    for (int k = 0; k < kMaxHidden / 32; ++k) {
-      const int c = lane + 32 * k;
-      if (c < h) {
-        d[k] = f32_of(dy[r * h + c]);
-        xh[k] = (f32_of(x[r * h + c]) - m) * rs;
-        pg[k] += d[k] * xh[k], pb[k] += d[k];
-        const float dg = d[k] * g[c];
-        m1 += dg, m2 += dg * xh[k];
-      }
-    }
-    if (!dx) continue;
-    m1 = warp_sum(m1) / static_cast<float>(h), m2 = warp_sum(m2) / static_cast<float>(h);
-#pragma unroll
-    for (int k = 0; k < kMaxHidden / 32; ++k) {
-      const int c = lane + 32 * k;
-      if (c < h) {
-        const T v = stored<T>(rs * (d[k] * g[c] - m1 - xh[k] * m2) + (dres ? f32_of(dres[r * h + c]) : 0.f));
-        dx[r * h + c] = v;
-        px[warp][c] += f32_of(v);  // the sum of what the next layer reads
-      }
-    }
-  }
-  __shared__ float acc[3 * kMaxHidden];
-  for (int c = threadIdx.x; c < 3 * h; c += blockDim.x) acc[c] = 0.f;
-  for (int w = 0; w < warps; ++w) {
-    __syncthreads();
-    if (warp == w)
-#pragma unroll
-      for (int k = 0; k < kMaxHidden / 32; ++k) {
-        const int c = lane + 32 * k;
-        if (c < h) acc[c] += pg[k], acc[h + c] += pb[k], acc[2 * h + c] += px[w][c];
-      }
-  }
-  __syncthreads();
-  for (int c = threadIdx.x; c < 3 * h; c += blockDim.x) partial[static_cast<std::int64_t>(blockIdx.x) * 3 * h + c] = acc[c];
 }
 
 // Column sums, stage 1: partial[split][c] = sum of rows [split * kColRows, ...) of x [rows, n].
@@ -157,67 +46,8 @@ __global__ void col_partial(const T* __restrict__ x, float* __restrict__ partial
   if (c >= n) return;
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kColRows, r1 = min(rows, r0 + kColRows);
   float s = 0.f;
-  for (std::int64_t r = r0; r < r1; ++r) s += f32_of(x[r * n + c]);
+  for (std::int64_t r = r0; r < r1; ++r) s += gpu::to_float(x[r * n + c]);
   partial[static_cast<std::int64_t>(blockIdx.y) * n + c] = s;
-}
-
-// The destinations of col_finish's columns, in segments of `width`: column c goes to
-// out[c / width][c % width] (LayerNorm's gamma | beta | the next bias); a null one is skipped.
-struct ColOut {
-  int width;
-  float* out[3];
-};
-
-// Stage 2: each column's sum over the splits. A block takes 32 columns; its 8 warps take every 8th
-// split, and their sums are added in warp order (deterministic).
-__global__ void __launch_bounds__(kThreads) col_finish(const float* __restrict__ partial, int splits, int n, ColOut o) {
-  constexpr int kGroups = kThreads / 32;
-  __shared__ float acc[kGroups][32];
-  const int lane = threadIdx.x % 32, group = threadIdx.x / 32, c = blockIdx.x * 32 + lane;
-  float s = 0.f;
-  if (c < n)
-    for (int k = group; k < splits; k += kGroups) s += partial[static_cast<std::int64_t>(k) * n + c];
-  acc[group][lane] = s;
-  __syncthreads();
-  if (group != 0 || c >= n) return;
-  for (int g = 1; g < kGroups; ++g) s += acc[g][lane];
-  if (float* dst = o.out[c / o.width]) dst[c % o.width] = s;
-}
-
-// MSE, stage 1: dy = 2 (y - t) / n, per-block sums of (y - t)^2.
-template <class T>
-__global__ void __launch_bounds__(kThreads) mse(const T* __restrict__ y, const T* __restrict__ t, T* __restrict__ dy,
-                                               float* __restrict__ partial, std::int64_t n) {
-  const float k = 2.f / static_cast<float>(n);
-  float s = 0.f;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const float e = f32_of(y[i]) - f32_of(t[i]);
-    dy[i] = stored<T>(k * e);
-    s += e * e;
-  }
-  __shared__ float w[kThreads / 32];
-  s = warp_sum(s);
-  if (threadIdx.x % 32 == 0) w[threadIdx.x / 32] = s;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float b = 0.f;
-    for (unsigned i = 0; i < blockDim.x / 32; ++i) b += w[i];
-    partial[blockIdx.x] = b;
-  }
-}
-
-// Stage 2 (one warp): the mean, and the optimizer's step advanced with its scalars.
-__global__ void mse_finish(const float* __restrict__ partial, int blocks, std::int64_t n, float* __restrict__ loss,
-                           adamw::Hyper h, StepState* state) {
-  float s = 0.f;
-  for (int i = threadIdx.x; i < blocks; i += 32) s += partial[i];
-  s = warp_sum(s);
-  if (threadIdx.x == 0) {
-    *loss = s / static_cast<float>(n);
-    const std::int64_t t = state->step + 1;
-    state->step = t;
-    state->s = adamw::scalars_for(h, t);
-  }
 }
 
 unsigned grid_for(std::int64_t n, unsigned threads = kThreads, std::int64_t cap = 4096) {
@@ -227,7 +57,6 @@ unsigned grid_for(std::int64_t n, unsigned threads = kThreads, std::int64_t cap 
 // T: the activations' storage, float (f32) or bf16 (bf16's mixed precision, model_bert.h).
 template <class T>
 class CudaLayer final : public LayerCase {
-  using Q = typename Quad<T>::type;
   static constexpr bool kBf16 = std::is_same_v<T, bf16>;
 
  public:
@@ -235,7 +64,8 @@ class CudaLayer final : public LayerCase {
     const Arch& a = s_.arch;
     const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn, S = a.seq, NH = a.heads, D = a.head_dim(), B = s_.batch;
     HOTOPS_CHECK(D * NH == H, "model_bert: hidden must be heads x head_dim");
-    HOTOPS_CHECK(H <= kMaxHidden && H % 4 == 0 && F % 4 == 0, "model_bert: the CUDA kernels take hidden <= 1024, a multiple of 4");
+    HOTOPS_CHECK(H <= layernorm::dbias::kCudaMaxHidden && H % 4 == 0 && F % 4 == 0,
+                 "model_bert: the CUDA kernels take hidden <= 1024, a multiple of 4");
     gpu::cublaslt();
     gpu::cublas_workspace();
     auto buf = [](std::int64_t n) { return gpu::DeviceBuffer(static_cast<std::size_t>(n) * sizeof(float)); };  // f32
@@ -265,10 +95,12 @@ class CudaLayer final : public LayerCase {
       target_ = gpu::DeviceBuffer(seeded_.target);
       dy_ = act(T_ * H), ds2_ = act(a.pre_ln ? 1 : T_ * H), df_ = act(T_ * F), du2_ = act(T_ * H), ds1_ = act(T_ * H);
       dctx_ = act(T_ * H), dqkv_ = act(T_ * 3 * H), dp_ = act(B * NH * S * S), du1_ = act(a.pre_ln ? T_ * H : 1);
-      loss_ = buf(1), loss_partial_ = buf(kLossBlocks), state_ = gpu::DeviceBuffer(sizeof(StepState));
-      // The column sums' partials: LayerNorm's [blocks, 3H], colsum's [splits, 3H] (the QKV bias; the
-      // FFN's second for vit), the GELU backward's [splits, F].
-      partial_ = buf(std::max({kLnBwdBlocks * 3 * H, ((T_ + kColRows - 1) / kColRows) * 3 * H, ((T_ + kGeluRows - 1) / kGeluRows) * F}));
+      loss_ = buf(1), state_ = gpu::DeviceBuffer(sizeof(StepState));
+      // The column sums' partials, colsum's [splits, 3H] (the QKV bias; the FFN's second for vit).
+      partial_ = buf(((T_ + kColRows - 1) / kColRows) * 3 * H);
+      gelu_bwd_ = gelu::dbias::make_cuda_plan(ffn_gelu_bwd(s_));
+      layernorm_bwd_ = layernorm::dbias::make_cuda_plan(token_layernorm_bwd(s_));
+      mse_ = loss::mse::make_cuda_plan(output_mse(s_));
       // The dense layers' gradients: weight (x^T . dz, f32 out) and data (dz . W^T).
       auto wgrad = [&](std::int64_t in, std::int64_t out) {
         return matmul::make_cuda_plan(dense_grad(s_, Direction::bwd_weight, in, out, false));
@@ -372,10 +204,11 @@ class CudaLayer final : public LayerCase {
     else return params_.as<const float>();
   }
 
+  // m = v = 0, and the step count at its start: the AdamW launch advances it (adamw.h, DeviceStep).
   void restart_optimizer() {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(m_.get(), 0, m_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(v_.get(), 0, v_.bytes(), gpu::stream()));
-    HOTOPS_CHECK_CUDA(cudaMemsetAsync(state_.get(), 0, sizeof(StepState), gpu::stream()));
+    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(state_.get(), &first_step_, sizeof(StepState), cudaMemcpyHostToDevice, gpu::stream()));
   }
 
   // A dense layer's tensors: x . W + b (+ c) into y, W and b at their offsets in the GEMMs' weights.
@@ -412,19 +245,16 @@ class CudaLayer final : public LayerCase {
     return n;
   }
 
-  // LayerNorm's backward into dx (when given), its gamma and beta gradients, and the column sums of dx
-  // into the bias gradient at `bias` (when given: the dense layer that produced x reads dx next).
+  // LayerNorm's backward (the layernorm_dbias plan) into dx = LN'(dy) (+ dres) when given, its gamma
+  // and beta gradients at `g` and `b`, and the column sums of dx into the bias gradient at `bias`
+  // (when given: the dense layer that produced x reads dx next).
   void layernorm_back(const T* dy, const T* x, const float* mean, const float* rstd, std::size_t g, std::size_t b, T* dx,
                       const T* dres, const std::size_t* bias) {
-    const int H = static_cast<int>(s_.arch.hidden);
     float* G = grads_.as<float>();
-    HOTOPS_CHECK(!bias || dx, "model_bert: a bias gradient from LayerNorm's backward needs its dx");
-    ln_bwd<T><<<kLnBwdBlocks, kThreads, 0, gpu::stream()>>>(dy, x, mean, rstd, params_.as<float>() + g, dx, dres, partial_.as<float>(),
-                                                            s_.tokens(), H);
-    HOTOPS_CHECK_LAUNCH();
-    const ColOut o{H, {G + g, G + b, bias ? G + *bias : nullptr}};
-    col_finish<<<grid_for(3 * H, 32), kThreads, 0, gpu::stream()>>>(partial_.as<float>(), kLnBwdBlocks, 3 * H, o);
-    HOTOPS_CHECK_LAUNCH();
+    layernorm::dbias::Args n;
+    n.x = x, n.dy = dy, n.gamma = params_.as<float>() + g, n.saved_mean = mean, n.saved_rstd = rstd;
+    n.dres = dres, n.dx = dx, n.dgamma = G + g, n.dbeta = G + b, n.dbias = bias ? G + *bias : nullptr;
+    layernorm_bwd_->run(n);
   }
 
   void colsum(const T* x, std::int64_t n, std::size_t at) {
@@ -435,22 +265,12 @@ class CudaLayer final : public LayerCase {
     finish(splits, n, at);
   }
 
-  // df *= gelu'(z), and its column sums into the bias gradient at `at`.
-  void gelu_back(std::size_t at) {
-    const std::int64_t T_ = s_.tokens(), n4 = s_.arch.ffn / 4;
-    const auto splits = static_cast<unsigned>((T_ + kGeluRows - 1) / kGeluRows);
-    gelu_bwd<Q><<<dim3(grid_for(n4), splits), kThreads, 0, gpu::stream()>>>(df_.as<Q>(), z_.as<const Q>(), T_, static_cast<int>(n4),
-                                                                             partial_.as<float4>());
-    HOTOPS_CHECK_LAUNCH();
-    finish(splits, s_.arch.ffn, at);
-  }
-
   // The column sums' second stage: partial_[splits, n] into the gradient at `at`.
   void finish(unsigned splits, std::int64_t n, std::size_t at) {
     HOTOPS_CHECK(static_cast<std::int64_t>(splits) * n <= static_cast<std::int64_t>(partial_.bytes() / sizeof(float)),
                  "model_bert: column-sum partials larger than their buffer");
     const ColOut o{static_cast<int>(n), {grads_.as<float>() + at, nullptr, nullptr}};
-    col_finish<<<grid_for(n, 32), kThreads, 0, gpu::stream()>>>(partial_.as<float>(), static_cast<int>(splits), static_cast<int>(n), o);
+    gpu::col_finish<kThreads><<<grid_for(n, 32), kThreads, 0, gpu::stream()>>>(partial_.as<float>(), static_cast<int>(splits), static_cast<int>(n), o);
     HOTOPS_CHECK_LAUNCH();
   }
 
@@ -490,12 +310,7 @@ class CudaLayer final : public LayerCase {
     if (!s_.train()) return;
     // loss
     trace::op("mse_loss");
-    mse<T><<<kLossBlocks, kThreads, 0, gpu::stream()>>>(out().template as<const T>(), target_.as<const T>(), dy_.as<T>(),
-                                                        loss_partial_.as<float>(), T_ * H);
-    HOTOPS_CHECK_LAUNCH();
-    mse_finish<<<1, 32, 0, gpu::stream()>>>(loss_partial_.as<const float>(), kLossBlocks, T_ * H, loss_.as<float>(), hyper(),
-                                            state_.as<StepState>());
-    HOTOPS_CHECK_LAUNCH();
+    mse_->run({out().get(), target_.get(), loss_.as<float>(), dy_.get()});
     // backward
     const T* ds2 = dy_.as<T>();
     if (!a.pre_ln) {
@@ -511,7 +326,7 @@ class CudaLayer final : public LayerCase {
     w2_w_->run(weight_grad(f_.get(), ds2, l_.w2));
     w2_d_->run(data_grad(ds2, l_.w2, df_, nullptr));
     trace::op("gelu_bwd");
-    gelu_back(l_.b1);
+    gelu_bwd_->run({z_.get(), df_.get(), df_.get(), grads_.as<float>() + l_.b1});  // in place over df
     trace::op("mm");
     w1_w_->run(weight_grad(h1_.get(), df_.get(), l_.w1));
     w1_d_->run(data_grad(df_.get(), l_.w1, du2_, a.pre_ln ? nullptr : ds2));  // bert: du2 = df . W1^T + ds2
@@ -544,20 +359,25 @@ class CudaLayer final : public LayerCase {
     // optimizer
     trace::op("adamw");
     adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-                     static_cast<std::int64_t>(l_.total), state_.as<StepState>(), nullptr, gpu::stream());
+                     static_cast<std::int64_t>(l_.total), state_.as<StepState>(), &hyper_, gpu::stream());
   }
 
   Shape s_;
   ParamLayout l_;
   State seeded_;
-  gpu::DeviceBuffer params_, weights_, grads_, m_, v_, x_, target_, loss_, loss_partial_, state_, partial_;
+  const adamw::Hyper hyper_ = hyper();
+  const StepState first_step_ = adamw::first_step(hyper_);  // restart_optimizer's copy source
+  gpu::DeviceBuffer params_, weights_, grads_, m_, v_, x_, target_, loss_, state_, partial_;
   gpu::DeviceBuffer u1_, qkv_, prob_, ctx_, s1_, h1_, z_, f_, s2_, y_, mean1_, rstd1_, mean2_, rstd2_;
   gpu::DeviceBuffer dy_, ds2_, df_, du2_, ds1_, dctx_, dqkv_, dp_, du1_;
   std::unique_ptr<matmul::Plan> qkv_gemm_, out_gemm_, ffn1_, ffn2_, w2_w_, w2_d_, w1_w_, w1_d_, wo_w_, wo_d_, qkv_w_, qkv_d_;
   std::unique_ptr<matmul::Plan> scores_, context_, dp_gemm_, dv_gemm_, dq_gemm_, dk_gemm_;  // attention's, on heads
   std::unique_ptr<softmax::Plan> softmax_, softmax_bwd_;
   std::unique_ptr<gelu::Plan> gelu_;
+  std::unique_ptr<gelu::dbias::Plan> gelu_bwd_;
   std::unique_ptr<layernorm::Plan> layernorm_;
+  std::unique_ptr<layernorm::dbias::Plan> layernorm_bwd_;
+  std::unique_ptr<loss::mse::Plan> mse_;
   HostBuffer host_out_;
   float loss_host_ = 0;
 };

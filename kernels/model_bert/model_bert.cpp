@@ -132,6 +132,13 @@ gelu::Shape ffn_gelu(const Shape& s) {
   return g;
 }
 
+gelu::dbias::Shape ffn_gelu_bwd(const Shape& s) {
+  gelu::dbias::Shape g;
+  g.dtype = s.dtype;
+  g.rows = s.tokens(), g.cols = s.arch.ffn;
+  return g;
+}
+
 layernorm::Shape token_layernorm(const Shape& s, Direction d) {
   layernorm::Shape ln;
   ln.dir = d;
@@ -139,6 +146,21 @@ layernorm::Shape token_layernorm(const Shape& s, Direction d) {
   ln.batch = s.batch, ln.tokens = s.arch.seq, ln.hidden = s.arch.hidden;
   ln.eps = s.arch.ln_eps;
   return ln;
+}
+
+layernorm::dbias::Shape token_layernorm_bwd(const Shape& s) {
+  layernorm::dbias::Shape ln;
+  ln.dtype = s.dtype;
+  ln.batch = s.batch, ln.tokens = s.arch.seq, ln.hidden = s.arch.hidden;
+  ln.eps = s.arch.ln_eps;
+  return ln;
+}
+
+loss::mse::Shape output_mse(const Shape& s) {
+  loss::mse::Shape m;
+  m.dtype = s.dtype;
+  m.batch = s.batch, m.tokens = s.arch.seq, m.hidden = s.arch.hidden;
+  return m;
 }
 
 Shape shape_of(const Problem& p) {

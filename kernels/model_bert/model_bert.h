@@ -15,7 +15,10 @@
 #include "hotops/op.h"
 #include "kernels/adamw/adamw.h"
 #include "kernels/gelu/gelu.h"
+#include "kernels/gelu/gelu_dbias.h"
 #include "kernels/layernorm/layernorm.h"
+#include "kernels/layernorm/layernorm_dbias.h"
+#include "kernels/loss/mse.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/models/models.h"
 #include "kernels/softmax/softmax.h"
@@ -68,10 +71,19 @@ matmul::Shape dense_grad(const Shape& s, Direction d, std::int64_t in, std::int6
 
 // The FFN's GELU (erf) over [tokens, ffn] in the step's dtype, forward: the gelu family's plan runs it.
 gelu::Shape ffn_gelu(const Shape& s);
+// Its backward fused with the FFN's first bias gradient, over [tokens, ffn]: the gelu_dbias op's plan
+// runs it (in place over the gradient).
+gelu::dbias::Shape ffn_gelu_bwd(const Shape& s);
 
 // LayerNorm over the hidden width of each of a step's tokens, in the step's dtype (gamma and beta
 // f32); the layernorm family's plan runs it.
 layernorm::Shape token_layernorm(const Shape& s, Direction d);
+// Its backward with the residual gradient and the next dense layer's bias gradient (each where the
+// step passes it): the layernorm_dbias op's plan runs it.
+layernorm::dbias::Shape token_layernorm_bwd(const Shape& s);
+
+// The train step's loss over its output [tokens, hidden] in the step's dtype: the mse op's plan runs it.
+loss::mse::Shape output_mse(const Shape& s);
 
 using models::kAlignFloats;
 struct ParamLayout {

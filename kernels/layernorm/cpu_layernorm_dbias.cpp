@@ -1,0 +1,101 @@
+// layernorm_dbias on the CPU: one OpenMP loop over rows, f32 math on the stored values, each thread
+// adding its rows' dy * xhat and dy into partial dgamma / dbeta that are then added in thread order;
+// then the column sums of the stored dx (hotops/cpu_colsum.h). Storage float, or bf16 as its bits.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hotops/check.h"
+#include "hotops/cpu.h"
+#include "hotops/cpu_colsum.h"
+#include "kernels/layernorm/layernorm_dbias.h"
+
+namespace hotops::layernorm::dbias {
+namespace {
+
+using bf16 = std::uint16_t;  // bf16's bits
+using cpu::stored;
+
+template <class T>
+class CpuLayernormDbias final : public Plan {
+ public:
+  explicit CpuLayernormDbias(const Shape& s) : s_(s) { scratch(cpu::threads()); }
+
+  void run(const Args& a) override {
+    HOTOPS_CHECK(!a.dbias || a.dx, "layernorm_dbias: dbias is the column sums of dx, which needs dx");
+    const int nt = cpu::threads();
+    rows(a, scratch(nt), nt);
+    if (a.dbias) cpu::column_sums(static_cast<const T*>(a.dx), s_.rows(), s_.hidden, a.dbias, nt);
+  }
+
+  std::string label() const override {
+    return "hotops OpenMP LayerNorm backward (+ dres), per-thread dgamma/dbeta, then column sums of dx";
+  }
+
+ private:
+  // Per thread: its partial dgamma and dbeta, and one row's gradient (3H floats); allocated for
+  // `threads` once.
+  float* scratch(int threads) {
+    const auto n = static_cast<std::size_t>(threads) * 3 * static_cast<std::size_t>(s_.hidden);
+    if (scratch_.size() < n) scratch_.resize(n);
+    return scratch_.data();
+  }
+
+  // dx = LN backward of dy (+ dres); dgamma and dbeta from the threads' partials.
+  void rows(const Args& a, float* part, int nt) {
+    const std::int64_t R = s_.rows(), H = s_.hidden;
+    const T* dy = static_cast<const T*>(a.dy);
+    const T* x = static_cast<const T*>(a.x);
+    const T* dres = static_cast<const T*>(a.dres);
+    T* dx = static_cast<T*>(a.dx);
+    const float *mean = a.saved_mean, *rstd = a.saved_rstd, *g = a.gamma;
+#pragma omp parallel num_threads(nt)
+    {
+      float* pg = part + static_cast<std::size_t>(omp_get_thread_num() * 3 * H);
+      float* pb = pg + H;
+      float* d = pb + H;
+      std::fill(pg, pg + 2 * H, 0.f);
+#pragma omp for schedule(static)
+      for (std::int64_t r = 0; r < R; ++r) {
+        const float m = mean[r], rs = rstd[r];
+        float m1 = 0, m2 = 0;
+        for (std::int64_t c = 0; c < H; ++c) {
+          const std::int64_t i = r * H + c;
+          const float dv = cpu::f32_value(dy[i]);
+          const float xh = (cpu::f32_value(x[i]) - m) * rs;
+          d[c] = dv;
+          pg[c] += dv * xh, pb[c] += dv;
+          m1 += dv * g[c], m2 += dv * g[c] * xh;
+        }
+        m1 /= static_cast<float>(H), m2 /= static_cast<float>(H);
+        if (dx)
+          for (std::int64_t c = 0; c < H; ++c) {
+            const std::int64_t i = r * H + c;
+            const float xh = (cpu::f32_value(x[i]) - m) * rs;
+            dx[i] = stored<T>(rs * (d[c] * g[c] - m1 - xh * m2) + (dres ? cpu::f32_value(dres[i]) : 0.f));
+          }
+      }
+    }
+    for (std::int64_t c = 0; c < 2 * H; ++c) {
+      float sum = 0;
+      for (int t = 0; t < nt; ++t) sum += part[static_cast<std::size_t>(t * 3 * H + c)];
+      (c < H ? a.dgamma[c] : a.dbeta[c - H]) = sum;
+    }
+  }
+
+  Shape s_;
+  std::vector<float> scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s) {
+  if (s.dtype == DType::bf16) return std::make_unique<CpuLayernormDbias<bf16>>(s);
+  return std::make_unique<CpuLayernormDbias<float>>(s);
+}
+
+}  // namespace hotops::layernorm::dbias

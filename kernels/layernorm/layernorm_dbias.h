@@ -1,0 +1,83 @@
+// layernorm_dbias: LayerNorm's backward fused with the residual gradient that joins its result and
+// with the column sums of that result (the bias gradient of the dense layer that reads it next), as
+// the encoder layers of BERT and ViT run it (bwd only). Over [rows, H], from x, dy, gamma and the
+// statistics the forward saved (mean, rstd), with xhat = (x - mean) * rstd and g = gamma * dy:
+//   dx[r, c]  = rstd * (g - sum(g) / H - xhat * sum(g * xhat) / H) + dres[r, c], stored in the dtype
+//               (dres optional: the gradient of a skip connection around the LayerNorm);
+//   dgamma[c] = sum over r of dy * xhat, dbeta[c] = sum over r of dy (f32);
+//   dbias[c]  = sum over r of the stored dx[r, c] (f32, optional: the sum of what the next GEMMs read).
+// dx is optional too (the first LayerNorm of a pre-LN layer: only dgamma and dbeta). A second gradient
+// that reaches the LayerNorm's output is added before it by its producer, the data-gradient GEMM's
+// residual (matmul's `c`), on both backends: the op takes one dy.
+// CPU: an OpenMP loop over rows with per-thread dgamma / dbeta partials, then the column sums of dx
+// (hotops/cpu_colsum.h). CUDA: one kernel, a warp per row, that writes dx and each block's partial
+// sums of the three columns (dgamma | dbeta | dbias), then col_finish (hotops/cuda_colsum.cuh).
+// Names: layernorm_dbias/<backend>/<f32|bf16>/bwd/shape:<model.layer>/batch:B/tokens:T/hidden:H/
+// eps:E/dres:<yes|no>.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hotops/buffer.h"
+#include "hotops/op.h"
+#include "hotops/plan.h"
+#include "kernels/layernorm/layernorm.h"
+
+namespace hotops::layernorm::dbias {
+
+constexpr std::int64_t kCudaMaxHidden = 1024;  // the CUDA kernel keeps a row in a warp's registers
+
+struct Shape {
+  DType dtype = DType::f32;
+  std::int64_t batch = 1, tokens = 1, hidden = 1;  // CUDA: hidden <= kCudaMaxHidden
+  double eps = 1e-5;    // of the forward whose statistics the inputs hold
+  bool dres = false;    // whether the benchmark passes dres (the plan takes it or not on each run)
+
+  std::int64_t rows() const { return batch * tokens; }
+  std::int64_t count() const { return rows() * hidden; }
+  layernorm::Shape backward() const;  // the layernorm op's bwd of the same tensors
+};
+Shape shape_of(const Problem& p);
+
+// The layernorm op's bwd inputs (x, dy, gamma, the saved mean and rstd), and dres uniform in
+// [-1, 1) in the dtype where the shape has it.
+struct Inputs {
+  layernorm::Inputs ln;
+  HostBuffer dres;
+};
+Inputs make_inputs(const Shape& s, std::uint64_t seed);
+struct Outputs {
+  HostBuffer dx;                    // [rows, H], the dtype
+  HostBuffer dgamma, dbeta, dbias;  // [H] f32
+};
+Outputs make_outputs(const Shape& s);
+
+// dx, dgamma and dbeta as the layernorm op checks its bwd (dx with dres added); dbias, a sample of
+// columns, each within a bound scaled by that column's sums of |dx| and of dx's terms
+// (layernorm_dbias.cpp derives it).
+Check verify(const Shape& s, const Inputs& in, const Outputs& out);
+
+// The tensors, host memory on the CPU, device memory on CUDA.
+struct Args {
+  const void* x = nullptr;            // [rows, H], dtype: the LayerNorm's input
+  const void* dy = nullptr;           // [rows, H], dtype: the gradient of its output
+  const float* gamma = nullptr;       // [H]
+  const float* saved_mean = nullptr;  // [rows]
+  const float* saved_rstd = nullptr;  // [rows]
+  const void* dres = nullptr;         // [rows, H], dtype, or null: added to dx
+  void* dx = nullptr;                 // [rows, H], dtype, or null (then no dbias)
+  float* dgamma = nullptr;            // [H]
+  float* dbeta = nullptr;             // [H]
+  float* dbias = nullptr;             // [H], or null: the column sums of dx
+};
+HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: OpenMP loop; CUDA: hotops' kernels
+
+// The family's part for this op: its problems (the layernorm op's args and dres), its work and its
+// benchmark case.
+void expand(const std::vector<Arg>& args, bool dres, std::vector<Problem>& out);
+Work work(const Problem& p);
+std::unique_ptr<Case> make_case(const Problem& p);
+
+}  // namespace hotops::layernorm::dbias
