@@ -137,10 +137,13 @@ INSTANTIATE_TEST_SUITE_P(CrossEntropy, CrossEntropyVerify,
 
 TEST(CrossEntropyFamily, NamesAndWork) {
   const Family& f = family();
-  std::vector<Problem> problems, dbias;
-  for (const Problem& q : f.benchmark_problems({8})) (q.op == "cross_entropy" ? problems : dbias).push_back(q);
+  std::vector<Problem> problems, dbias, mse;
+  for (const Problem& q : f.benchmark_problems({8}))
+    (q.op == "cross_entropy" ? problems : q.op == "cross_entropy_dbias" ? dbias : mse).push_back(q);
   ASSERT_EQ(problems.size(), 6u * 8);
   ASSERT_EQ(dbias.size(), 4u * 4);  // four heads, both backends and dtypes, bwd only
+  ASSERT_EQ(mse.size(), 2u * 4);    // two encoder outputs, both backends and dtypes, bwd only
+  for (const Problem& q : mse) EXPECT_EQ(q.op, "mse");
   const Problem& p = problems.back();
   EXPECT_EQ(p.name(), "cross_entropy/cuda/bf16/bwd/shape:bert.mlm/batch:8/rows:1024/classes:30522");
   const Work w = f.work(p);
@@ -148,7 +151,8 @@ TEST(CrossEntropyFamily, NamesAndWork) {
   EXPECT_DOUBLE_EQ(w.bytes, n * 2 * 2 + 1024.0 * (8 + 4) + 4);
   EXPECT_DOUBLE_EQ(w.flops, n * 4);
   EXPECT_DOUBLE_EQ(w.items, 8);
-  EXPECT_EQ(f.benchmark_problems({}).size(), 7u * 8 + 5u * 4);  // mlp_tiny at two batches in each op
+  // mlp_tiny at two batches in each cross-entropy op; mse: two outputs at batches 8 and 32
+  EXPECT_EQ(f.benchmark_problems({}).size(), 7u * 8 + 5u * 4 + 2u * 2 * 4);
   const Problem& d = dbias.back();
   EXPECT_EQ(d.name(), "cross_entropy_dbias/cuda/bf16/bwd/shape:bilstm_imdb/batch:8/rows:8/classes:2");
   EXPECT_DOUBLE_EQ(f.work(d).bytes, 16 * 2 * 2 + 8 * 4 + 4 + 2 * 4);
