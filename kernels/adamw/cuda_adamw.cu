@@ -102,9 +102,9 @@ __global__ void __launch_bounds__(kCudaThreads) adamw_kernel(float* __restrict__
                                                              DeviceStep* __restrict__ state, Hyper h) {
   StepScalars s;
   if constexpr (kAdvance) {
-    // Thread 0 reads the scalars for its block (one read of the shared state a block: every thread
-    // reading it, all of a large grid's loads queued on the same addresses, took a 670K-parameter
-    // step 20 us), before the block takes its ticket.
+    // Thread 0 reads the scalars for its block, before the block takes its ticket: one read of the
+    // shared state a block (every thread reading it queued a large grid's loads on the same
+    // addresses: mlp_mnist's bf16 train step, 670K parameters, took 15 us longer on the H200).
     __shared__ StepScalars block_s;
     if (threadIdx.x == 0) {
       const volatile StepScalars* next = &state->s;
