@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "hotops/gpu.h"
+#include "kernels/adamw/adamw.h"
 #include "kernels/loss/loss.h"
 #include "kernels/loss/mse.h"
 #include "test/plan_test_util.h"
@@ -255,6 +256,45 @@ void expect_dbias_plan_runs_on_given_tensors(Backend backend) {
 }
 
 HOTOPS_PLAN_TESTS(CrossEntropyDbias, PlanRunsOnTheTensorsItIsGiven, expect_dbias_plan_runs_on_given_tensors)
+
+#ifdef HOTOPS_HAVE_CUDA
+// Given a step state, the CUDA plan advances it once a run, to that step's AdamW scalars, as a model's
+// train step asks before its AdamW launch; without one it leaves it alone; and its outputs are the same.
+TEST(CrossEntropyDbiasCuda, AdvancesTheStepCountItIsGiven) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  const Shape s = shape_of(dbias_problem(DType::f32, 40, 3));
+  auto plan = make_plan(s, Backend::cuda);
+  const Inputs in = make_inputs(s, 5);
+  HostBuffer labels(DType::f32, in.target.size());  // int32, held in a buffer's bytes
+  for (std::size_t r = 0; r < in.target.size(); ++r) labels.as<std::int32_t>()[r] = static_cast<std::int32_t>(in.target[r]);
+  Outputs out = make_outputs(s);
+  poison(out);
+  gpu::DeviceBuffer logits(in.logits), dlabels(labels), loss(out.loss), dlogits(out.dlogits), db(out.db);
+  const adamw::Hyper h;
+  const adamw::DeviceStep start = adamw::first_step(h);
+  gpu::DeviceBuffer state(sizeof start);
+  HOTOPS_CHECK_CUDA(cudaMemcpy(state.get(), &start, sizeof start, cudaMemcpyHostToDevice));
+  Args a;
+  a.logits = logits.get(), a.labels = dlabels.as<const std::int32_t>(), a.loss = loss.get(), a.dlogits = dlogits.get();
+  a.db = db.as<float>();
+  a.advance = state.as<adamw::DeviceStep>(), a.hyper = &h;
+  plan->run(a);
+  plan->run(a);
+  EXPECT_TRUE(adamw::check_device_step(state.as<const adamw::DeviceStep>(), 2).ok);
+  adamw::DeviceStep after{};
+  HOTOPS_CHECK_CUDA(cudaMemcpy(&after, state.get(), sizeof after, cudaMemcpyDeviceToHost));
+  const adamw::StepScalars want = adamw::scalars_for(h, 2);
+  EXPECT_EQ(after.s.step_size, want.step_size);
+  EXPECT_EQ(after.s.inv_sqrt_bc2, want.inv_sqrt_bc2);
+  loss.download(out.loss), dlogits.download(out.dlogits), db.download(out.db);
+  const Check c = verify(s, in, out);
+  EXPECT_TRUE(c.ok) << c.message;
+  a.advance = nullptr, a.hyper = nullptr;
+  plan->run(a);
+  EXPECT_TRUE(adamw::check_device_step(state.as<const adamw::DeviceStep>(), 2).ok);
+}
+#endif
 
 // One CPU plan per direction, run on two sets of caller-owned tensors in turn: each result is that of
 // its own inputs (a plan that kept the first pointers would write the second result into the first).

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "hotops/cuda_util.h"
+#include "kernels/adamw/adamw.h"
 #include "kernels/loss/cross_entropy_dbias.cuh"
 #include "kernels/loss/loss.h"
 
@@ -16,8 +17,14 @@ template <class T>
 __global__ void __launch_bounds__(kDbiasThreads) cross_entropy_dbias(const T* __restrict__ logits,
                                                                      const std::int32_t* __restrict__ labels,
                                                                      T* __restrict__ dlogits, float* __restrict__ dbias,
-                                                                     float* __restrict__ loss, int B, int C) {
+                                                                     float* __restrict__ loss, int B, int C,
+                                                                     adamw::DeviceStep* advance, adamw::Hyper h) {
   cross_entropy_dbias_block(logits, labels, dlogits, dbias, loss, B, C);
+  if (advance != nullptr && threadIdx.x == 0) {
+    const std::int64_t t = advance->step + 1;
+    advance->step = t;
+    advance->s = adamw::scalars_for(h, t);
+  }
 }
 
 class CudaCrossEntropyDbias final : public Plan {
@@ -32,12 +39,16 @@ class CudaCrossEntropyDbias final : public Plan {
   void run(const Args& a) override {
     const int B = static_cast<int>(s_.rows), C = static_cast<int>(s_.classes);
     float* loss = static_cast<float*>(a.loss);
+    HOTOPS_CHECK((a.advance == nullptr) == (a.hyper == nullptr), "cross_entropy_dbias: a step to advance needs its hyper-parameters");
+    const adamw::Hyper h = a.hyper ? *a.hyper : adamw::Hyper{};
     if (s_.dtype == DType::bf16)
       cross_entropy_dbias<<<1, kDbiasThreads, 0, gpu::stream()>>>(static_cast<const __nv_bfloat16*>(a.logits), a.labels,
-                                                                 static_cast<__nv_bfloat16*>(a.dlogits), a.db, loss, B, C);
+                                                                 static_cast<__nv_bfloat16*>(a.dlogits), a.db, loss, B, C,
+                                                                 a.advance, h);
     else
       cross_entropy_dbias<<<1, kDbiasThreads, 0, gpu::stream()>>>(static_cast<const float*>(a.logits), a.labels,
-                                                                 static_cast<float*>(a.dlogits), a.db, loss, B, C);
+                                                                 static_cast<float*>(a.dlogits), a.db, loss, B, C, a.advance,
+                                                                 h);
     HOTOPS_CHECK_LAUNCH();
   }
 

@@ -21,6 +21,11 @@
 #include "hotops/op.h"
 #include "hotops/plan.h"
 
+namespace hotops::adamw {
+struct DeviceStep;
+struct Hyper;
+}  // namespace hotops::adamw
+
 namespace hotops::loss {
 
 enum class Kind { cross_entropy, cross_entropy_dbias };
@@ -95,6 +100,12 @@ struct Args {
   void* dlogits = nullptr;               // bwd: [rows, classes], the dtype
   const std::int32_t* labels = nullptr;  // cross_entropy_dbias: [rows] int32, each in [0, classes)
   float* db = nullptr;                   // cross_entropy_dbias: [classes] f32 (and loss, dlogits)
+  // cross_entropy_dbias on CUDA: an AdamW step count to advance in the same launch (step + 1 and that
+  // step's scalars for `hyper`), for the optimizer launch that follows in a model's train step. The
+  // loss runs once a step in one block, so the advance costs nothing there; an AdamW launch that
+  // advances it itself takes a ticket from each of its blocks. Null: none. The CPU plan ignores it.
+  adamw::DeviceStep* advance = nullptr;
+  const adamw::Hyper* hyper = nullptr;
 };
 HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: hand-written OpenMP loop; CUDA: hotops' kernels
 // cross_entropy_dbias's own (cpu_cross_entropy_dbias.cpp, cuda_cross_entropy_dbias.cu; the CUDA one

@@ -492,6 +492,7 @@ class CudaBilstm final : public ModelCase {
     loss::Args xa;
     xa.logits = logits_.get(), xa.labels = labels_.as<const std::int32_t>(), xa.dlogits = dlogits_.get();
     xa.loss = loss_.get(), xa.db = grads_.as<float>() + dense_b_;
+    xa.advance = state_.as<StepState>(), xa.hyper = &hyper_;
     xent_->run(xa);
     trace::op("mm");
     if constexpr (kBf16) {
@@ -530,7 +531,7 @@ class CudaBilstm final : public ModelCase {
 
     trace::op("adamw");
     adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-                     static_cast<std::int64_t>(total_), state_.as<StepState>(), &hyper_, st);
+                     static_cast<std::int64_t>(total_), state_.as<StepState>(), nullptr, st);
   }
 
   Shape s_;
@@ -550,7 +551,7 @@ class CudaBilstm final : public ModelCase {
   gpu::DeviceBuffer low_, dw_low_;  // bf16: the step's copy of the weights, cuDNN's bf16 dweights
   std::vector<std::unique_ptr<gpu::BoundGemm>> fwd_, wgrad_, dgrad_;
   std::unique_ptr<loss::Plan> xent_;                          // train: the head's loss and gradients
-  adamw::Hyper hyper_ = models::hyper();                      // AdamW's, as it advances the step count
+  adamw::Hyper hyper_ = models::hyper();                      // AdamW's, as the loss plan advances the step count
   StepState first_step_ = adamw::first_step(models::hyper());  // the optimizer's state before its first step
   HostBuffer logits_host_;
   float loss_host_ = 0;

@@ -18,6 +18,7 @@
 #include "kernels/batchnorm/cuda_fused.cuh"
 #include "kernels/batchnorm/relu_maxpool.h"
 #include "kernels/conv2d/conv2d.h"
+#include "kernels/loss/loss.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/model_cnn/model_cnn.h"
 #include "kernels/models/cuda_step.cuh"
@@ -173,6 +174,7 @@ class CudaCnn final : public ModelCase {
       dbuf_[1] = acts(B * max_in);
       dflat_ = acts(B * F);
       dlogits_ = acts(B * C);
+      xent_ = loss::make_cuda_plan(loss::dbias_shape(s_.dtype, B, C));
       dhd_ = acts(B * Hd);
       dh_ = acts(B * Hd);
     } else {
@@ -263,7 +265,7 @@ class CudaCnn final : public ModelCase {
                     (kBf16 ? " bf16 tensor-op convolutions, f32 compute (" : " f32 FMA-math convolutions (") + "conv2d plans: " + algos_ +
                     "; ws " + std::to_string(ws_bytes_ >> 20) + " MiB); hotops fused BN/ReLU/max-pool/dropout kernels" +
                     (kBf16 ? " (bf16 storage, f32 math and sums)" : "") + "; matmul plans (cublasLt " + (kBf16 ? "bf16, f32 accumulation" : "f32") + ") dense";
-    if (s_.train()) l += "; softmax_xent, flat AdamW";
+    if (s_.train()) l += "; cross_entropy_dbias plan (it advances the step count), flat AdamW";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the images (and labels), launches, D2H, sync";
     if (s_.variant == Variant::graph) l += "; graph: pageable H2D of images and labels, 1 CUDA graph, D2H loss, sync";
     if (s_.variant == Variant::plain && !capturable_) l += "; not graph-capturable (capture failed at setup): launched one by one";
@@ -412,7 +414,7 @@ class CudaCnn final : public ModelCase {
     dense2_fwd_ = dense_plan(matmul::Op::addmm, Direction::fwd, Hd, C);
     if (!s_.train()) return;
     // dW2 = hd^T dlogits, dhd = dlogits W2^T; dW1 = flat^T dh, dflat = dh W1^T (db2 comes from
-    // softmax_xent, db1 from the hidden layer's batch norm or bias backward)
+    // the loss plan, db1 from the hidden layer's batch norm or bias backward)
     dense2_dw_ = dense_plan(matmul::Op::mm, Direction::bwd_weight, Hd, C);
     dense2_dx_ = dense_plan(matmul::Op::mm, Direction::bwd_data, Hd, C);
     dense1_dw_ = dense_plan(matmul::Op::mm, Direction::bwd_weight, F, Hd);
@@ -484,8 +486,6 @@ class CudaCnn final : public ModelCase {
 
   void device_step() {
     cudaStream_t st = gpu::stream();
-    const Arch& a = s_.arch;
-    const std::int64_t B = s_.batch, C = a.classes;
     float* P = params_.as<float>();
     if constexpr (kBf16) {  // autocast's casts: the dense layers' parameters here, the conv weights just below
       const auto n4 = static_cast<std::int64_t>((l_.total - l_.dense1.w) / 4);
@@ -515,9 +515,11 @@ class CudaCnn final : public ModelCase {
 
     float* G = grads_.as<float>();
     trace::op("cross_entropy");
-    models::softmax_xent<<<1, models::kLossThreads, 0, st>>>(logits_.as<const Act>(), labels_.as<const std::int32_t>(), dlogits_.as<Act>(),
-                                                            G + l_.dense2.b, loss_.as<float>(), dim(B), dim(C), hyper(), state_.as<StepState>());
-    HOTOPS_CHECK_LAUNCH();
+    loss::Args xa;
+    xa.logits = logits_.get(), xa.labels = labels_.as<const std::int32_t>(), xa.dlogits = dlogits_.get();
+    xa.loss = loss_.get(), xa.db = G + l_.dense2.b;
+    xa.advance = state_.as<StepState>(), xa.hyper = &hyper_;
+    xent_->run(xa);
     trace::op("mm");
     dense2_dw_->run({hidden_.out.get(), nullptr, nullptr, dlogits_.get(), G + l_.dense2.w, nullptr});
     dense2_dx_->run({nullptr, dense_param(l_.dense2.w), nullptr, dlogits_.get(), dhd_.get(), nullptr});
@@ -570,6 +572,8 @@ class CudaCnn final : public ModelCase {
   std::vector<std::int32_t> host_labels_;
   gpu::DeviceBuffer x_, labels_, params_, stats_, grads_, m_, v_, state_, period_, loss_, logits_;
   gpu::DeviceBuffer dz_, dbuf_[2], dflat_, dlogits_, dhd_, dh_, hint_, workspace_;
+  std::unique_ptr<loss::Plan> xent_;        // train: the head's loss and gradients, advancing the step count
+  const adamw::Hyper hyper_ = models::hyper();  // AdamW's, as the loss plan advances the step count
   std::vector<LayerBufs> layers_;
   LayerBufs hidden_;
   bool nchw_ = false;                 // the activations' layout (CudaLayout)

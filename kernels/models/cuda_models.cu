@@ -1,8 +1,8 @@
 // models on CUDA: the matmul family's plans (cublasLt GEMMs with bias/ReLU epilogues), the loss
 // family's cross_entropy_dbias plan (the head's loss, dlogits and bias gradient), the pointwise
 // family's relu_dbias plan (ReLU backward with the bias gradient) and relu_bias plan (where cublasLt
-// has no bias epilogue), and AdamW advancing its own step count. The step op by op, with its launch
-// count: docs/models.md, "How each model step runs".
+// has no bias epilogue; the loss plan also advances the optimizer's step count), and AdamW. The step op
+// by op, with its launch count: docs/models.md, "How each model step runs".
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -164,7 +164,7 @@ class CudaModel final : public ModelCase {
                     std::to_string(s_.layers()) + " dense layers: matmul plans, " +
                     (s_.bf16() ? "bf16, f32 accumulation" : "f32") + " [" + list + "], " +
                     (unfused ? std::to_string(unfused) + " bias epilogue(s) as relu_bias plans" : "bias/ReLU epilogues");
-    if (s_.train()) l += " + cross_entropy_dbias and relu_dbias plans, AdamW 1 launch (it advances the step)";
+    if (s_.train()) l += " + cross_entropy_dbias and relu_dbias plans, AdamW 1 launch (the loss plan advances the step)";
     l += ", " + std::to_string(launches) + " launches a step";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the batch, launches, D2H, sync";
     if (s_.variant == Variant::graph) l += "; graph: pageable H2D of the batch, 1 CUDA graph, D2H loss, sync";
@@ -233,6 +233,7 @@ class CudaModel final : public ModelCase {
     loss::Args xa;
     xa.logits = act_[L].get(), xa.labels = labels_.as<const std::int32_t>(), xa.dlogits = dact_[L].get();
     xa.loss = loss_.get(), xa.db = grads_.as<float>() + l_.b[L - 1];
+    xa.advance = state_.as<StepState>(), xa.hyper = &hyper_;
     xent_->run(xa);
     for (std::size_t k = L; k-- > 0;) {
       trace::op("mm");
@@ -246,7 +247,7 @@ class CudaModel final : public ModelCase {
     }
     trace::op("adamw");
     adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-                     static_cast<std::int64_t>(l_.total), state_.as<StepState>(), &hyper_, gpu::stream());
+                     static_cast<std::int64_t>(l_.total), state_.as<StepState>(), nullptr, gpu::stream());
   }
 
   Shape s_;
@@ -259,7 +260,7 @@ class CudaModel final : public ModelCase {
   std::vector<std::unique_ptr<matmul::Plan>> wgrad_, dgrad_;  // per layer (dgrad_: null for the first)
   std::vector<std::unique_ptr<pointwise::Plan>> relu_dbias_;  // per hidden layer
   std::unique_ptr<loss::Plan> xent_;                          // train: the head's loss and gradients
-  adamw::Hyper hyper_ = hyper();                              // AdamW's, as it advances the step count
+  adamw::Hyper hyper_ = hyper();                              // AdamW's, as the loss plan advances the step count
   StepState first_step_ = adamw::first_step(hyper());         // the optimizer's state before its first step
   HostBuffer logits_host_;
   float loss_host_ = 0;
