@@ -408,7 +408,7 @@ class CudaBilstm final : public ModelCase {
   void restart_optimizer() {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(m_.get(), 0, m_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(v_.get(), 0, v_.bytes(), gpu::stream()));
-    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(state_.get(), &first_step_, sizeof(StepState), cudaMemcpyHostToDevice, gpu::stream()));
+    HOTOPS_CHECK_CUDA(cudaMemsetAsync(state_.get(), 0, sizeof(StepState), gpu::stream()));  // no step taken: the loss plan advances it
   }
 
   // The algorithm the LSTM plan runs: its label names it ("cuDNN RNN <algo> LSTM ...").
@@ -552,7 +552,6 @@ class CudaBilstm final : public ModelCase {
   std::vector<std::unique_ptr<gpu::BoundGemm>> fwd_, wgrad_, dgrad_;
   std::unique_ptr<loss::Plan> xent_;                          // train: the head's loss and gradients
   adamw::Hyper hyper_ = models::hyper();                      // AdamW's, as the loss plan advances the step count
-  StepState first_step_ = adamw::first_step(models::hyper());  // the optimizer's state before its first step
   HostBuffer logits_host_;
   float loss_host_ = 0;
   bool capturable_ = false;

@@ -199,7 +199,7 @@ class CudaModel final : public ModelCase {
   void restart_optimizer() {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(m_.get(), 0, m_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(v_.get(), 0, v_.bytes(), gpu::stream()));
-    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(state_.get(), &first_step_, sizeof(StepState), cudaMemcpyHostToDevice, gpu::stream()));
+    HOTOPS_CHECK_CUDA(cudaMemsetAsync(state_.get(), 0, sizeof(StepState), gpu::stream()));  // no step taken: the loss plan advances it
   }
 
   // The step: f32, or bf16 after the cast of the parameters (the plans know the storage).
@@ -261,7 +261,6 @@ class CudaModel final : public ModelCase {
   std::vector<std::unique_ptr<pointwise::Plan>> relu_dbias_;  // per hidden layer
   std::unique_ptr<loss::Plan> xent_;                          // train: the head's loss and gradients
   adamw::Hyper hyper_ = hyper();                              // AdamW's, as the loss plan advances the step count
-  StepState first_step_ = adamw::first_step(hyper());         // the optimizer's state before its first step
   HostBuffer logits_host_;
   float loss_host_ = 0;
   gpu::StepGraph graph_;  // graph:1
