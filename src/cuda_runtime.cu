@@ -280,6 +280,12 @@ void DeviceBuffer::poison() {
   HOTOPS_CHECK_CUDA(cudaStreamSynchronize(stream()));
 }
 
+void hold(double seconds) {
+  static DeviceBuffer probe(2 * sizeof(unsigned long long));
+  hold_kernel<<<1, 1, 0, stream()>>>(static_cast<unsigned long long>(seconds * 1e9), probe.as<unsigned long long>());
+  HOTOPS_CHECK_LAUNCH();
+}
+
 // ---- the sampler ------------------------------------------------------------------------------
 
 struct Timer::Impl {

@@ -182,15 +182,14 @@ class CudaBilstm final : public ModelCase {
     HOTOPS_CHECK(c_.C <= kMaxClasses, "model_bilstm: the CUDA loss kernel takes at most 16 classes");
     const std::int64_t Tn = c_.T, B = s_.batch, E = c_.E, H = c_.H, C = c_.C, N = Tn * B;
     HOTOPS_CHECK(N * std::max(E, 2 * H) < (std::int64_t{1} << 31), "model_bilstm: batch too large");
-    // The BiLSTM as kernels/lstm's problem, with the model's mixed precision (bf16 data, FMA math,
-    // f32 compute): the plan's cuDNN descriptors and algorithm, and where its weight space keeps
-    // PyTorch's tensors (the f32 masters mirror the space element for element).
+    // The BiLSTM as kernels/lstm's problem (bf16: bf16 data on tensor ops with f32 compute, the
+    // lstm entries' math): the plan's cuDNN descriptors and algorithm, and where its weight space
+    // keeps PyTorch's tensors (the f32 masters mirror the space element for element).
     lstm::Shape ls;
     ls.dir = s_.train() ? Direction::bwd : Direction::fwd;
     ls.dtype = s_.dtype;
     ls.T = Tn, ls.B = B, ls.I = E, ls.H = H;
     ls.bidirectional = true;
-    ls.fma_math = true;
     rnn_ = lstm::make_cuda_plan(ls);
     {
       const std::unique_ptr<lstm::Layout> layout = lstm::make_cuda_layout(ls);
@@ -354,7 +353,7 @@ class CudaBilstm final : public ModelCase {
                                 "step); cuDNN RNN ") +
                     rnn_algo() + " bidirectional LSTM " +
                     (s_.train() ? "Forward TRAINING + BackwardData_v8 + BackwardWeights_v8" : "Forward INFERENCE") +
-                    ", bf16 data, f32 math precision, FMA math (no tensor ops, as PyTorch's with TF32 off), double "
+                    ", bf16 data on tensor ops, f32 math precision (bf16 products are exact in f32), double "
                     "bias (kernels/lstm's plan); hotops gather to bf16; hotops bf16 dense head (f32 accumulation, bf16 logits)";
     if (s_.train())
       l += "; cross_entropy_dbias plan (f32 math, bf16 dlogits), hotops bf16 dense bwd (dW f32, dhT bf16), bf16 dweights "
