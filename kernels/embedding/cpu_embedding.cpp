@@ -4,9 +4,10 @@
 //   bwd: one pass over the vocabulary rows, each summed in f32 in an L1-resident row buffer in the
 //        CSR's fixed position order (rows no index hits are zeros) and written once; streamed
 //        (non-temporal) when dW is larger than the caches. The caller builds the CSR at setup.
-//   bwd, time_major: no CSR: thread k of n zeroes the rows r with r % n == k, then walks every index
-//        in order and adds the dout rows of its own rows' indices, so each row's sum runs in index
-//        order whatever the thread count.
+//   time_major: fwd writes out's rows in order (each from its index's table row); bwd has no CSR:
+//        thread k of n zeroes the dW rows r with r % n == k, then walks dout's rows in order and adds
+//        those whose index is one of its rows, so each row's sum runs in dout's row order whatever
+//        the thread count.
 #include <omp.h>
 
 #include <cstring>
@@ -53,7 +54,7 @@ class CpuEmbedding final : public Plan {
   std::string label() const override {
     const char* what = s_.dir == Direction::fwd
                            ? (s_.f32_table ? "row gather (f32 rows rounded to bf16)" : "row gather (memcpy per index)")
-                       : s_.time_major ? "dW rows owned by thread (row mod threads), each summed in index order"
+                       : s_.time_major ? "dW rows owned by thread (row mod threads), each summed in dout's row order"
                                        : "dW per vocab row from a setup-time CSR, f32 sums in fixed order";
     return std::string("hotops OpenMP ") + what + (s_.time_major ? ", time-major rows" : "") +
            (stream_ ? ", streaming stores" : "") + ", " + std::to_string(cpu::threads()) + " threads";
@@ -70,8 +71,9 @@ class CpuEmbedding final : public Plan {
 #pragma omp parallel num_threads(cpu::threads())
     {
 #pragma omp for schedule(static)
-      for (std::int64_t i = 0; i < n; ++i) {
-        std::byte* dst = out + static_cast<std::size_t>(s_.row_of(i)) * row_bytes;
+      for (std::int64_t r = 0; r < n; ++r) {  // out's rows in order
+        const std::int64_t i = s_.index_of(r);
+        std::byte* dst = out + static_cast<std::size_t>(r) * row_bytes;
         if (s_.f32_table) {  // bf16 rows of the f32 table
           const float* src = reinterpret_cast<const float*>(w) + static_cast<std::size_t>(idx[i]) * s_.dim;
           auto* d = reinterpret_cast<std::uint16_t*>(dst);
@@ -128,11 +130,11 @@ class CpuEmbedding final : public Plan {
     {
       const int k = omp_get_thread_num(), team = omp_get_num_threads();
       for (std::int64_t r = k; r < vocab; r += team) std::fill_n(dw + r * dim, dim, 0.f);
-      for (std::int64_t i = 0; i < n; ++i) {
-        const std::int64_t r = idx[i];
+      for (std::int64_t q = 0; q < n; ++q) {  // dout's rows in order
+        const std::int64_t r = idx[s_.index_of(q)];
         if (r % team != k) continue;
         float* acc = dw + r * dim;
-        const std::byte* g = dout + static_cast<std::size_t>(s_.row_of(i)) * row_bytes;
+        const std::byte* g = dout + static_cast<std::size_t>(q) * row_bytes;
         if (f32) {
           const float* x = reinterpret_cast<const float*>(g);
 #pragma omp simd

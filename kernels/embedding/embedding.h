@@ -7,8 +7,9 @@
 // An RNN's embedding (Shape::time_major, `layout:tnc`): the indices are a batch of sequences [batch,
 // T], as a data loader hands them, and out (bwd: dout) is time-major [T, batch, dim], as the RNN
 // reads its input; the bwd groups the indices by row inside the run, as a training step must for a
-// new batch each step (CUDA: a stable device radix sort of the indices; CPU: each thread owns a set
-// of rows and walks the indices), every row summed in index order. A mixed-precision model's lookup
+// new batch each step (CUDA: a stable device radix sort of the indices, each row summed in index
+// order; CPU: each thread owns a set of rows and walks dout's rows in order, each row summed in that
+// order). A mixed-precision model's lookup
 // (Shape::f32_table, `table:f32`): fwd reads an f32 table and stores bf16 rows.
 #pragma once
 #include <cstddef>
@@ -33,6 +34,8 @@ struct Shape {
   std::int64_t n() const { return batch * T; }
   // The row of out (dout) that index i gathers into (scatters from).
   std::int64_t row_of(std::int64_t i) const { return time_major ? (i % T) * batch + i / T : i; }
+  // The index that gathers into (scatters from) row r: the inverse of row_of.
+  std::int64_t index_of(std::int64_t r) const { return time_major ? (r % batch) * T + r / batch : r; }
   DType table_dtype() const { return f32_table ? DType::f32 : dtype; }
 };
 

@@ -4,20 +4,9 @@
 
 namespace hotops::embedding {
 
-namespace {
-
-// The index whose row lands in row r of out (dout): the inverse of Shape::row_of.
-std::size_t index_of_row(const Shape& s, std::size_t r) {
-  if (!s.time_major) return r;
-  const auto B = static_cast<std::size_t>(s.batch), T = static_cast<std::size_t>(s.T);
-  return (r % B) * T + r / B;  // r = t * batch + b
-}
-
-}  // namespace
-
 double reference_fwd(const Shape& s, const Inputs& in, std::size_t out_index) {
   const auto dim = static_cast<std::size_t>(s.dim);
-  const auto row = static_cast<std::size_t>(in.idx[index_of_row(s, out_index / dim)]);
+  const auto row = static_cast<std::size_t>(in.idx[static_cast<std::size_t>(s.index_of(static_cast<std::int64_t>(out_index / dim)))]);
   const double v = in.W.get(row * dim + out_index % dim);
   return s.f32_table ? bf16_to_float(float_to_bf16(static_cast<float>(v))) : v;
 }
