@@ -178,16 +178,19 @@ class CpuMatmul final : public Plan {
 std::string cpu_unsupported_reason(const Problem& p) {
   if (p.dtype != DType::f32 && p.dtype != DType::bf16)
     return std::string("the CPU backend has no ") + dtype_name(p.dtype) + " matmul";
+  if (shape_of(p).blocked()) return "";  // hotops' loop: any CPU
   return cpu::onednn_unsupported_reason([&] { descriptors(shape_of(p)); }, std::string(dtype_name(p.dtype)) + " " + p.op);
 }
 
 std::string cpu_unsupported_reason(const Shape& s) {
+  if (s.blocked()) return "";
   return cpu::onednn_unsupported_reason([&] { descriptors(s); }, std::string(dtype_name(s.dtype)) + " matmul");
 }
 
 std::unique_ptr<Plan> make_cpu_plan(const Shape& s) {
   HOTOPS_CHECK(s.dtype == DType::f32 || s.dtype == DType::bf16,
                std::string("the CPU backend has no ") + dtype_name(s.dtype) + " matmul");
+  if (s.blocked()) return make_cpu_blocks_plan(s);
   return std::make_unique<CpuMatmul>(s);
 }
 

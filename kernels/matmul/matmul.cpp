@@ -31,6 +31,9 @@ struct MatmulOp : OpOf<Shape, Args, Inputs, Outputs> {
 
 // The arg that names a bmm on attention's strided views (NamedShape::view).
 constexpr const char* kViewArg = "view";
+// The args of an A in blocks (Shape::a_blocks) and of an f32 output (Shape::f32_out).
+constexpr const char* kBlocksArg = "a_blocks";
+constexpr const char* kOutArg = "out";
 
 const char* op_name(Op op) { return op == Op::mm ? "mm" : op == Op::addmm ? "addmm" : "bmm"; }
 
@@ -55,6 +58,30 @@ std::vector<Arg> dims(std::int64_t M, std::int64_t N, std::int64_t K) {
   return {{"M", std::to_string(M)}, {"N", std::to_string(N)}, {"K", std::to_string(K)}};
 }
 
+// An A in blocks, as a model step runs it: addmm fwd, mm bwd_data and bwd_weight, f32 and bf16; in
+// bf16 the weight gradient in f32 (master weights) and the data gradient in bf16 or f32 (`out:f32`,
+// for a consumer that takes f32 gradients). With `all` (tests), every op, direction and output.
+void expand_blocks(std::vector<Arg> args, std::int64_t blocks, std::vector<Problem>& out, bool all) {
+  args.push_back({kBlocksArg, std::to_string(blocks)});
+  std::vector<Arg> f32_out = args;
+  f32_out.push_back({kOutArg, "f32"});
+  for (Backend be : kAllBackends) {
+    if (all) {
+      for (Op op : {Op::mm, Op::addmm})
+        for (DType t : {DType::f32, DType::bf16})
+          for (Direction d : kDirections) out.push_back(Problem{op_name(op), be, t, d, args});
+      for (Direction d : kDirections) out.push_back(Problem{"mm", be, DType::bf16, d, f32_out});
+      continue;
+    }
+    for (DType t : {DType::f32, DType::bf16}) out.push_back(Problem{"addmm", be, t, Direction::fwd, args});
+    out.push_back(Problem{"mm", be, DType::f32, Direction::bwd_data, args});
+    out.push_back(Problem{"mm", be, DType::bf16, Direction::bwd_data, args});
+    out.push_back(Problem{"mm", be, DType::bf16, Direction::bwd_data, f32_out});
+    out.push_back(Problem{"mm", be, DType::f32, Direction::bwd_weight, args});
+    out.push_back(Problem{"mm", be, DType::bf16, Direction::bwd_weight, f32_out});
+  }
+}
+
 class MatmulFamily final : public OpFamily {
  public:
   MatmulFamily()
@@ -69,6 +96,15 @@ class MatmulFamily final : public OpFamily {
         for (Op o : ns.ops) wanted |= o == op;
         if (!wanted) continue;
         const bool has_batch = op == Op::bmm ? ns.heads > 0 : ns.rows_per_sample > 0;
+        if (ns.a_blocks > 1) {  // its own directions, all ops at once
+          if (op != Op::mm) continue;
+          for (std::int64_t b : batches.empty() ? ns.batches : batches) {
+            std::vector<Arg> args{{"shape", ns.name}, {"batch", std::to_string(b)}};
+            for (const Arg& a : dims(b * ns.rows_per_sample, ns.N, ns.K)) args.push_back(a);
+            expand_blocks(args, ns.a_blocks, out, false);
+          }
+          continue;
+        }
         if (!has_batch) {
           std::vector<Arg> args{{"shape", ns.name}};
           for (const Arg& a : dims(ns.M, ns.N, ns.K)) args.push_back(a);
@@ -129,6 +165,13 @@ class MatmulFamily final : public OpFamily {
       for (const Arg& d : dims(33, 65, 17)) a.push_back(d);
       a.insert(a.end(), flags.begin(), flags.end());
       expand(op, a, out);
+    }
+    // A in blocks: the tiny BiLSTM's head (3 samples, 2 x 7 features, 2 classes), three blocks and
+    // more rows than a warp, and the widest N.
+    for (const auto& [m, n, k, blocks] : {std::tuple{3, 2, 14, 2}, std::tuple{37, 3, 12, 3}, std::tuple{5, 16, 64, 2}}) {
+      std::vector<Arg> a{{"shape", "test"}};
+      for (const Arg& d : dims(m, n, k)) a.push_back(d);
+      expand_blocks(a, blocks, out, true);
     }
     return out;
   }
@@ -245,6 +288,11 @@ Shape shape_of(const Problem& p) {
   if (p.has("beta")) s.beta = std::stod(p.get("beta"));
   s.trans_a = p.has("trans_a") && p.get("trans_a") == "1";
   s.trans_b = p.has("trans_b") && p.get("trans_b") == "1";
+  if (p.has(kBlocksArg)) s.a_blocks = p.get_int(kBlocksArg);
+  if (p.has(kOutArg)) {
+    HOTOPS_CHECK(p.get(kOutArg) == "f32", "matmul: out is f32 or absent: " + p.name());
+    s.f32_out = true;
+  }
   return s;
 }
 
@@ -262,6 +310,13 @@ Product product(const Shape& s) {
   HOTOPS_CHECK(!s.f32_out || s.op == Op::mm, "matmul: an f32 output is for mm only");
   HOTOPS_CHECK(!s.strided() || (s.op == Op::bmm && !s.residual && s.batch_count % s.views.heads == 0),
                "matmul: strided views are for a plain bmm of samples x heads");
+  HOTOPS_CHECK(s.a_blocks >= 1, "matmul: a_blocks must be positive");
+  if (s.blocked()) {
+    HOTOPS_CHECK(s.op != Op::bmm && !s.trans_a && !s.trans_b && !s.residual && !s.relu && s.K % s.a_blocks == 0,
+                 "matmul: an A in blocks is for a plain mm or addmm, its K a multiple of a_blocks");
+    HOTOPS_CHECK(s.N <= kBlocksMaxN, "matmul: an A in blocks takes N up to " + std::to_string(kBlocksMaxN));
+    if (s.dtype == DType::tf32) throw Error("matmul: an A in blocks runs hotops' kernels: f32 or bf16", ErrorKind::unsupported);
+  }
   Product p;
   switch (s.dir) {
     case Direction::fwd:  // out = op(A) . op(B)
