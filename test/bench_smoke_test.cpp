@@ -474,9 +474,10 @@ TEST(BenchSmoke, BatchFlagReplacesTheBatchAxis) {
 void expect_breakdowns(const std::string& direction) {
   const std::string out = temp_path("breakdown_" + direction);
   // Every CUDA variant; on the CPU all threads and the largest sweep entry (the one-thread steps of
-  // the convnets take seconds each and break down no differently).
+  // the convnets take seconds each and break down no differently), and of the ConvNeXt block (named
+  // by its stage) stage 3 alone.
   const Result r = run("--benchmark_filter='^model[.][^/]+/(cuda/[^/]+/" + direction + "/|cpu/[^/]+/" + direction +
-                       "/batch:10/(threads:8/)?real_time)' --hotops_batch=10 --hotops_roofline=0 --hotops_verify=0 "
+                       "/(shape:convnext[.]s3/)?batch:10/(threads:8/)?real_time)' --hotops_batch=10 --hotops_roofline=0 --hotops_verify=0 "
                        "--benchmark_min_time=0.01 --benchmark_out=" + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("breakdown"), std::string::npos) << "the console leaves the breakdown to the JSON";
