@@ -27,6 +27,9 @@ constexpr NamedShape kNamedShapes[] = {
     {"imdb_bilstm.embed", 200, 20000, 128, 64},
     // BERT-base word embeddings: WordPiece vocabulary 30522 x hidden 768, sequence 128, batch 32.
     {"bert.word_embed", 128, 30522, 768, 32},
+    // Keras' imdb_fasttext.py: 20000-word vocabulary, 50-wide embeddings, reviews cut to 400 tokens,
+    // batch 32 (12800 indices): model.fasttext_imdb's embedding.
+    {"fasttext_imdb.embed", 400, 20000, 50, 32},
 };
 
 constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd};
