@@ -237,7 +237,8 @@ void setup_on_ranks(Live& live, const Family& f, const Problem& p, const Options
       Check chk;
       collective_step(p, "the verification", [&] { chk = live.c->verify(); });
       if (g_group) g_group->progress();
-      live.error = agree(chk.ok ? "" : "verification failed: " + chk.message, gpus);
+      const std::string failed = agree(chk.ok ? "" : chk.message, gpus);  // "rank r: ..." of the first rank that failed
+      live.error = failed.empty() ? "" : "verification failed: " + failed;
       if (!live.error.empty()) {
         live.c.reset();
         return;
