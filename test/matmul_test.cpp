@@ -1,11 +1,15 @@
-// The matmul reference on hand-computed values, verification that can fail, and the CUDA GEMM's
-// column-major view of each direction (checked on the host).
+// The matmul reference on hand-computed values, verification that can fail, the bias_grad op, and the
+// CUDA GEMM's column-major view of each direction (checked on the host).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "kernels/matmul/bias_grad.h"
 #include "kernels/matmul/matmul.h"
 #include "test/plan_test_util.h"
 #ifdef HOTOPS_HAVE_CUDA
@@ -382,6 +386,104 @@ TEST(MatmulShapes, NamedShapesComeWithBatchesAndPositiveDims) {
     if (ns.rows_per_sample > 0 || ns.heads > 0) EXPECT_FALSE(ns.batches.empty()) << ns.name;
     else EXPECT_GT(ns.M, 0) << ns.name;
   }
+}
+
+// bias_grad: the column sums of dy, on hand-computed values, with the sum of their magnitudes.
+TEST(BiasGrad, ReferenceOnHandValues) {
+  bias_grad::Shape s;
+  s.rows = 3, s.cols = 2;
+  bias_grad::Inputs in = bias_grad::make_inputs(s, 1);
+  const double dy[] = {1, 2, 3, 4, 5, -6};
+  for (int i = 0; i < 6; ++i) in.dy.set(i, dy[i]);
+  double mag = 0;
+  EXPECT_DOUBLE_EQ(bias_grad::reference(s, in, 0, &mag), 9);
+  EXPECT_DOUBLE_EQ(mag, 9);
+  EXPECT_DOUBLE_EQ(bias_grad::reference(s, in, 1, &mag), 0);
+  EXPECT_DOUBLE_EQ(mag, 12);
+}
+
+bias_grad::Shape bias_shape(DType t, std::int64_t rows, std::int64_t cols) {
+  bias_grad::Shape s;
+  s.dtype = t, s.rows = rows, s.cols = cols;
+  return s;
+}
+
+// A correct result passes; a row left out of one column's sum (its largest term), the column sums of
+// another tensor, and one NaN each fail.
+TEST(BiasGrad, VerifyCatchesAMissingRowAnotherTensorAndNaN) {
+  for (const DType t : {DType::f32, DType::bf16})
+    for (const std::int64_t rows : {130, 4096}) {
+      const bias_grad::Shape s = bias_shape(t, rows, 47);
+      const bias_grad::Inputs in = bias_grad::make_inputs(s, 5);
+      HostBuffer db = bias_grad::make_output(s);
+      db.poison();
+      bias_grad::make_plan(s, Backend::cpu)->run({in.dy.data(), db.as<float>()});
+      const Check ok = bias_grad::verify(s, in, db);
+      ASSERT_TRUE(ok.ok) << ok.message;
+      const auto R = static_cast<std::size_t>(s.rows), C = static_cast<std::size_t>(s.cols);
+      for (const std::size_t col : {std::size_t{0}, std::size_t{46}})
+        EXPECT_FALSE(bias_grad::verify(s, in, plan_test::without_largest(in.dy, db, R, C, col)).ok) << dtype_name(t) << " " << col;
+      const bias_grad::Inputs other = bias_grad::make_inputs(s, 6);
+      EXPECT_FALSE(bias_grad::verify(s, in, plan_test::column_sums_of(other.dy, R, C)).ok) << dtype_name(t);
+      HostBuffer nan = db;
+      nan.set(13, std::nan(""));
+      EXPECT_FALSE(bias_grad::verify(s, in, nan).ok) << dtype_name(t);
+    }
+}
+
+// The plan, built once, run on two sets of caller-owned tensors in turn (on CUDA their device
+// copies), on a shape with a partial last chain of 64 rows and more than one block of columns.
+void expect_bias_grad_plan_runs_on_its_tensors(Backend be) {
+  for (const DType t : {DType::f32, DType::bf16}) {
+    const bias_grad::Shape s = bias_shape(t, 200, 1100);
+    const auto plan = bias_grad::make_plan(s, be);
+    const bias_grad::Inputs in[2] = {bias_grad::make_inputs(s, 1), bias_grad::make_inputs(s, 2)};
+    HostBuffer db[2] = {bias_grad::make_output(s), bias_grad::make_output(s)};
+#ifdef HOTOPS_HAVE_CUDA
+    std::vector<gpu::DeviceBuffer> dev;
+    if (be == Backend::cuda)
+      for (int k = 0; k < 2; ++k) dev.emplace_back(in[k].dy), dev.emplace_back(db[k].bytes());
+#endif
+    const auto set = [&](int k) -> bias_grad::Args {
+      db[k].poison();
+#ifdef HOTOPS_HAVE_CUDA
+      if (be == Backend::cuda) {
+        dev[2 * k + 1].poison();
+        return {dev[2 * k].get(), dev[2 * k + 1].as<float>()};
+      }
+#endif
+      return {in[k].dy.data(), db[k].as<float>()};
+    };
+    const auto check = [&](int i, int o) {
+#ifdef HOTOPS_HAVE_CUDA
+      if (be == Backend::cuda) gpu::synchronize(), dev[2 * o + 1].download(db[o]);
+#endif
+      return bias_grad::verify(s, in[i], db[o]);
+    };
+    plan_test::expect_each_run_on_its_own_tensors(*plan, set, check, dtype_name(t));
+  }
+}
+HOTOPS_PLAN_TESTS(BiasGrad, PlanRunsOnTheTensorsItIsGivenEachRun, expect_bias_grad_plan_runs_on_its_tensors)
+
+// The named entries: the models' bias gradients at their batches, in the matmul shapes' names, and
+// their work (an add per element; dy read, db written in f32).
+TEST(BiasGrad, NamedEntriesAndWork) {
+  std::vector<std::string> names;
+  for (const Problem& p : family().benchmark_problems({})) names.push_back(p.name());
+  for (const char* n : {"bias_grad/cuda/bf16/bwd/shape:bert.qkv/batch:32/M:4096/N:2304",
+                        "bias_grad/cpu/f32/bwd/shape:bert.qkv/batch:8/M:1024/N:2304",
+                        "bias_grad/cuda/f32/bwd/shape:vit.qkv/batch:32/M:6304/N:2304",
+                        "bias_grad/cpu/bf16/bwd/shape:vit.mlp_down/batch:8/M:1576/N:768"})
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+  EXPECT_EQ(std::count_if(names.begin(), names.end(), [](const std::string& n) { return n.rfind("bias_grad/", 0) == 0; }),
+            3 * 2 * 2 * 2);  // 3 shapes x 2 batches x 2 backends x 2 dtypes
+  const Problem p{"bias_grad", Backend::cuda, DType::bf16, Direction::bwd, {{"shape", "bert.qkv"}, {"batch", "32"}, {"M", "4096"}, {"N", "2304"}}};
+  const Work w = family().work(p);
+  EXPECT_DOUBLE_EQ(w.flops, 4096.0 * 2304);
+  EXPECT_DOUBLE_EQ(w.bytes, 2.0 * 4096 * 2304 + 4.0 * 2304);
+  EXPECT_DOUBLE_EQ(w.items, 32);
+  EXPECT_EQ(family().unsupported_reason(Problem{"bias_grad", Backend::cpu, DType::bf16, Direction::bwd, p.args}), "");
+  EXPECT_THROW(bias_grad::shape_of(Problem{"bias_grad", Backend::cpu, DType::f16, Direction::bwd, p.args}), Error);
 }
 
 #ifdef HOTOPS_HAVE_CUDA

@@ -1,5 +1,6 @@
 // The matmul family: mm (A·B), addmm (beta·bias + alpha·A·B, PyTorch semantics) and bmm (batched),
-// forward and both backward directions, on oneDNN (CPU) and cuBLASLt (CUDA).
+// forward and both backward directions, on oneDNN (CPU) and cuBLASLt (CUDA); and a dense layer's
+// bias gradient on its own, bias_grad (bias_grad.h).
 #pragma once
 #include <cstdint>
 #include <memory>
