@@ -1,7 +1,8 @@
 // matmul on the CPU below kCpuLoopMacs multiply-adds: hand-written single-thread loops (a dense
 // layer of a tiny MLP), where a oneDNN primitive's fixed cost per call is most of the time. Rows of
-// the product outermost, the inner loops over the contiguous output axis so that they vectorise; f32
-// math on the stored values (bf16 widened exactly), f32 accumulation, one rounding into the output.
+// the product outermost, the inner loops over the contiguous output axis so that they vectorise
+// (compiled per x86-64 level: HOTOPS_CPU_CLONES); f32 math on the stored values (bf16 widened
+// exactly), f32 accumulation, one rounding into the output.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -29,7 +30,7 @@ template <> HOTOPS_VECTOR_INLINE bf16 store<bf16>(float f) { return vec::f32_to_
 // y[M, N] = alpha * a[M, K] . W[K, N] (+ beta * bias[N]) (then max(., 0) with relu). An f32 output
 // accumulates in y itself; a bf16 one in `acc`, a row of N floats.
 template <class T, class O>
-void forward(const T* a, const T* W, const T* bias, O* y, std::int64_t M, std::int64_t K, std::int64_t N, float alpha,
+HOTOPS_VECTOR_INLINE void forward(const T* a, const T* W, const T* bias, O* y, std::int64_t M, std::int64_t K, std::int64_t N, float alpha,
              float beta, bool relu, float* acc) {
   for (std::int64_t r = 0; r < M; ++r) {
     float* yr;
@@ -54,7 +55,7 @@ void forward(const T* a, const T* W, const T* bias, O* y, std::int64_t M, std::i
 // dW[K, N] = alpha * a[M, K]^T . dz[M, N], accumulated in `acc` (K x N floats: dW itself where it
 // is f32).
 template <class T, class O>
-void weight_grad(const T* a, const T* dz, O* dW, std::int64_t M, std::int64_t K, std::int64_t N, float alpha, float* acc) {
+HOTOPS_VECTOR_INLINE void weight_grad(const T* a, const T* dz, O* dW, std::int64_t M, std::int64_t K, std::int64_t N, float alpha, float* acc) {
   float* sum;
   if constexpr (std::is_same_v<O, float>) sum = dW;
   else sum = acc;
@@ -70,18 +71,45 @@ void weight_grad(const T* a, const T* dz, O* dW, std::int64_t M, std::int64_t K,
     for (std::int64_t j = 0; j < K * N; ++j) dW[j] = store<O>(sum[j]);
 }
 
-// da[M, K] = alpha * dz[M, N] . W[K, N]^T
+// da[M, K] = alpha * dz[M, N] . W[K, N]^T: a dot product per element over rows of dz and W (both
+// contiguous), summed in kLanes interleaved partial sums so that the loop vectorises (a single serial
+// f32 sum would not), then those sums in order, then the tail.
+constexpr std::int64_t kLanes = 8;
 template <class T, class O>
-void data_grad(const T* dz, const T* W, O* da, std::int64_t M, std::int64_t K, std::int64_t N, float alpha) {
+HOTOPS_VECTOR_INLINE void data_grad(const T* dz, const T* W, O* da, std::int64_t M, std::int64_t K, std::int64_t N, float alpha) {
+  const std::int64_t body = N / kLanes * kLanes;
   for (std::int64_t r = 0; r < M; ++r)
     for (std::int64_t i = 0; i < K; ++i) {
       const T* Wi = W + i * N;
       const T* dzr = dz + r * N;
+      float lane[kLanes] = {};
+      for (std::int64_t o = 0; o < body; o += kLanes)
+        for (std::int64_t j = 0; j < kLanes; ++j) lane[j] += load(dzr[o + j]) * load(Wi[o + j]);
       float s = 0.f;
-      for (std::int64_t o = 0; o < N; ++o) s += load(dzr[o]) * load(Wi[o]);
+      for (std::int64_t j = 0; j < kLanes; ++j) s += lane[j];
+      for (std::int64_t o = body; o < N; ++o) s += load(dzr[o]) * load(Wi[o]);
       da[r * K + i] = store<O>(alpha * s);
     }
 }
+
+// The loops of each (operands, output) storage pair the plans run, one function per x86-64 level.
+#define HOTOPS_MATMUL_LOOPS(T, O)                                                                                   \
+  HOTOPS_CPU_CLONES void forward_loop(const T* a, const T* W, const T* bias, O* y, std::int64_t M, std::int64_t K,  \
+                                      std::int64_t N, float alpha, float beta, bool relu, float* acc) {             \
+    forward<T, O>(a, W, bias, y, M, K, N, alpha, beta, relu, acc);                                                 \
+  }                                                                                                                 \
+  HOTOPS_CPU_CLONES void weight_grad_loop(const T* a, const T* dz, O* dW, std::int64_t M, std::int64_t K,          \
+                                          std::int64_t N, float alpha, float* acc) {                                \
+    weight_grad<T, O>(a, dz, dW, M, K, N, alpha, acc);                                                             \
+  }                                                                                                                 \
+  HOTOPS_CPU_CLONES void data_grad_loop(const T* dz, const T* W, O* da, std::int64_t M, std::int64_t K,            \
+                                        std::int64_t N, float alpha) {                                              \
+    data_grad<T, O>(dz, W, da, M, K, N, alpha);                                                                    \
+  }
+HOTOPS_MATMUL_LOOPS(float, float)
+HOTOPS_MATMUL_LOOPS(bf16, bf16)
+HOTOPS_MATMUL_LOOPS(bf16, float)
+#undef HOTOPS_MATMUL_LOOPS
 
 // T: the operands' storage; O: the output's (f32 with f32_out).
 template <class T, class O>
@@ -99,12 +127,14 @@ class CpuLoopMatmul final : public Plan {
     const std::int64_t M = s_.M, K = s_.K, N = s_.N;
     switch (s_.dir) {
       case Direction::fwd:
-        forward(in(t.a), in(t.b), s_.op == Op::addmm ? in(t.bias) : nullptr, static_cast<O*>(t.out), M, K, N, alpha_, beta_,
-                s_.relu, acc_.data());
+        forward_loop(in(t.a), in(t.b), s_.op == Op::addmm ? in(t.bias) : nullptr, static_cast<O*>(t.out), M, K, N, alpha_,
+                     beta_, s_.relu, acc_.data());
         break;
-      case Direction::bwd_data: data_grad(in(t.dout), in(t.b), static_cast<O*>(t.out), M, K, N, alpha_); break;
+      case Direction::bwd_data:
+        data_grad_loop(in(t.dout), in(t.b), static_cast<O*>(t.out), M, K, N, alpha_);
+        break;
       default:
-        weight_grad(in(t.a), in(t.dout), static_cast<O*>(t.out), M, K, N, alpha_, acc_.data());
+        weight_grad_loop(in(t.a), in(t.dout), static_cast<O*>(t.out), M, K, N, alpha_, acc_.data());
         if (has_dbias()) {  // dbias[N] = beta * the column sums of dOut, in the dtype
           cpu::column_sums(in(t.dout), M, N, dbias_acc_.data(), 1);
           T* db = static_cast<T*>(t.dbias);
@@ -115,7 +145,8 @@ class CpuLoopMatmul final : public Plan {
 
   std::string label() const override {
     std::string l = std::string("hotops single-thread loops (below ") + std::to_string(kCpuLoopMacs / 1024) +
-                    "K multiply-adds, where oneDNN's fixed cost per call dominates), f32 accumulation";
+                    "K multiply-adds, where oneDNN's fixed cost per call dominates), " + vec::clone_name() +
+                    ", f32 accumulation";
     if (s_.relu) l += ", bias + ReLU";
     if (!std::is_same_v<O, T>) l += ", f32 output";
     if (has_dbias()) l += " + dbias column sums";
