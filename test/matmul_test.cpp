@@ -1,12 +1,16 @@
-// The matmul reference on hand-computed values, verification that can fail, and the CUDA GEMM's
-// column-major view of each direction (checked on the host).
+// The matmul reference on hand-computed values, verification that can fail, the CPU plan's loops for
+// the smallest problems, the bias_grad op, and the CUDA GEMM's column-major view of each direction
+// (checked on the host).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "kernels/matmul/bias_grad.h"
 #include "kernels/matmul/matmul.h"
 #include "test/plan_test_util.h"
 #ifdef HOTOPS_HAVE_CUDA
@@ -140,12 +144,16 @@ TEST(MatmulPlan, RunsALinearLayerOnTheBuffersItIsGivenEachRun) {
 }
 
 // A model's hidden dense layer: the ReLU after the bias in the same GEMM (negative outputs clamped
-// to zero, the others the plain addmm).
-TEST(MatmulPlan, ReluAfterTheBias) {
+// to zero, the others the plain addmm), on the CPU plan's loops and on oneDNN.
+class MatmulPlanBothCpuPaths : public testing::TestWithParam<std::int64_t> {};  // the M of a shape
+INSTANTIATE_TEST_SUITE_P(LoopsAndOneDnn, MatmulPlanBothCpuPaths, testing::Values(9, 2000));
+
+TEST_P(MatmulPlanBothCpuPaths, ReluAfterTheBias) {
   Shape s;
   s.op = Op::addmm;
-  s.M = 9, s.N = 12, s.K = 5;
+  s.M = GetParam(), s.N = 12, s.K = 5;
   s.relu = true;
+  EXPECT_EQ(cpu_runs_loops(s), s.M * 60 < kCpuLoopMacs);
   const Inputs in = make_inputs(s, 3);
   Outputs out = make_outputs(s);
   out.primary.poison();
@@ -169,10 +177,10 @@ TEST(MatmulPlan, ReluAfterTheBias) {
 
 // A model's bf16 weight gradient for its f32 master weights: written in f32 (more exact than bf16's
 // rounding would allow), from bf16 A and dOut.
-TEST(MatmulPlan, F32OutputOfBf16) {
+TEST_P(MatmulPlanBothCpuPaths, F32OutputOfBf16) {
   Shape w;
   w.op = Op::mm, w.dir = Direction::bwd_weight, w.dtype = DType::bf16;
-  w.M = 64, w.N = 7, w.K = 6;
+  w.M = GetParam(), w.N = 7, w.K = 6;
   w.f32_out = true;
   if (const std::string why = cpu_unsupported_reason(w); !why.empty()) GTEST_SKIP() << why;
   const Inputs win = make_inputs(w, 4);
@@ -182,7 +190,7 @@ TEST(MatmulPlan, F32OutputOfBf16) {
   make_plan(w, Backend::cpu)->run({win.a.data(), nullptr, nullptr, win.dout.data(), wout.primary.data(), nullptr});
   for (std::size_t i = 0; i < wout.primary.count(); ++i) {
     const double ref = reference_primary(w, win, i);
-    // f32 accumulation of 64 exact bf16 products: far inside bf16's rounding of the result (2^-9).
+    // f32 accumulation of M exact bf16 products: far inside bf16's rounding of the result (2^-9).
     EXPECT_NEAR(wout.primary.get(i), ref, 1e-5 * (1 + std::fabs(ref))) << i;
   }
 }
@@ -220,13 +228,13 @@ TEST(MatmulPlan, AddsAResidualAfterAlphaAndTheBias) {
 
 // An f32 output from bf16 operands (a bf16 model's weight gradient): every direction of mm, within
 // f32 accumulation's error of the reference on the same (bf16) inputs.
-TEST(MatmulPlan, WritesAnF32OutputFromBf16Operands) {
+TEST_P(MatmulPlanBothCpuPaths, WritesAnF32OutputFromBf16Operands) {
   for (const Direction d : {Direction::fwd, Direction::bwd_data, Direction::bwd_weight}) {
     Shape s;
     s.op = Op::mm;
     s.dir = d;
     s.dtype = DType::bf16;
-    s.M = 6, s.N = 5, s.K = 7;
+    s.M = GetParam(), s.N = 5, s.K = 7;
     s.f32_out = true;
     std::unique_ptr<Plan> plan;
     try {
@@ -244,7 +252,7 @@ TEST(MatmulPlan, WritesAnF32OutputFromBf16Operands) {
     a.out = out.data();
     plan->run(a);
     for (std::size_t i = 0; i < primary_count(s); ++i)
-      ASSERT_NEAR(out.get(i), reference_primary(s, in, i), 1e-4) << direction_name(d) << " at " << i;
+      ASSERT_NEAR(out.get(i), reference_primary(s, in, i), 1e-4 * (1 + s.M / 100)) << direction_name(d) << " at " << i;
   }
   Shape addmm;
   addmm.op = Op::addmm, addmm.dtype = DType::bf16, addmm.f32_out = true;
@@ -498,6 +506,165 @@ TEST(MatmulShapes, NamedShapesComeWithBatchesAndPositiveDims) {
     if (ns.rows_per_sample > 0 || ns.heads > 0) EXPECT_FALSE(ns.batches.empty()) << ns.name;
     else EXPECT_GT(ns.M, 0) << ns.name;
   }
+}
+
+// The CPU plan takes its hand-written loops below kCpuLoopMacs multiply-adds, on packed operands as
+// stored, and says so in its label; oneDNN from the threshold on, and for what the loops do not take.
+TEST(MatmulCpuLoops, TakeTheProblemsBelowTheThresholdAndSaySo) {
+  const auto linear = [](Op op, Direction d, std::int64_t M, std::int64_t N, std::int64_t K) {
+    Shape s;
+    s.op = op, s.dir = d, s.M = M, s.N = N, s.K = K;
+    return s;
+  };
+  const auto loops = [](const Shape& s) {
+    return make_plan(s, Backend::cpu)->label().rfind("hotops single-thread loops", 0) == 0;
+  };
+  for (const Direction d : {Direction::fwd, Direction::bwd_data, Direction::bwd_weight}) {
+    EXPECT_TRUE(loops(linear(Op::addmm, d, 10, 32, 13))) << "mlp_tiny.fc1 at batch 10";
+    EXPECT_TRUE(loops(linear(Op::mm, d, 65535, 1, 1)));
+    EXPECT_FALSE(loops(linear(Op::mm, d, 65536, 1, 1)));
+    EXPECT_FALSE(loops(linear(Op::addmm, d, 4096, 32, 13))) << "mlp_tiny.fc1 at batch 4096";
+  }
+  Shape t = linear(Op::addmm, Direction::fwd, 10, 32, 13);
+  t.trans_b = true;
+  EXPECT_FALSE(cpu_runs_loops(t)) << "a transposed operand";
+  Shape r = linear(Op::addmm, Direction::fwd, 10, 32, 13);
+  r.residual = true;
+  EXPECT_FALSE(cpu_runs_loops(r)) << "a residual";
+  Shape b = linear(Op::bmm, Direction::fwd, 10, 32, 13);
+  b.batch_count = 2;
+  EXPECT_FALSE(cpu_runs_loops(b)) << "a batch of matrices";
+  Shape bf = linear(Op::mm, Direction::fwd, 10, 32, 13);
+  bf.dtype = DType::bf16;
+  EXPECT_EQ(cpu_unsupported_reason(bf), "") << "the loops need no oneDNN bf16";
+}
+
+// The loops in every direction of mm and addmm (alpha and beta, the ReLU, an f32 output of bf16),
+// at mlp_tiny's first layer and at a size of many vectors with a tail: each within the matmul bound
+// of the reference, and addmm bwd_weight's dbias too.
+TEST(MatmulCpuLoops, EveryDirectionMatchesTheReference) {
+  for (const DType t : {DType::f32, DType::bf16})
+    for (const Op op : {Op::mm, Op::addmm})
+      for (const Direction d : {Direction::fwd, Direction::bwd_data, Direction::bwd_weight})
+        for (const auto& [M, N, K] : {std::tuple{10, 32, 13}, std::tuple{33, 65, 17}})
+          for (const int variant : {0, 1}) {
+            Shape s;
+            s.op = op, s.dir = d, s.dtype = t, s.M = M, s.N = N, s.K = K;
+            if (variant == 1) {  // addmm: alpha, beta and (fwd) the ReLU; mm: (bf16) the f32 output
+              if (op == Op::addmm) s.alpha = 0.5, s.beta = 2, s.relu = d == Direction::fwd;
+              else if (t == DType::bf16) s.f32_out = true;
+              else continue;
+            }
+            ASSERT_TRUE(cpu_runs_loops(s));
+            const Inputs in = make_inputs(s, 7);
+            Outputs out = make_outputs(s);
+            out.primary.poison(), out.dbias.poison();
+            Args a = args_of(in, out);
+            a.bias = in.bias.count() ? in.bias.data() : nullptr;
+            a.dbias = out.dbias.count() ? out.dbias.data() : nullptr;
+            make_plan(s, Backend::cpu)->run(a);
+            const Check c = verify(s, in, out);
+            EXPECT_TRUE(c.ok) << dtype_name(t) << " " << (op == Op::mm ? "mm " : "addmm ") << direction_name(d) << " " << M
+                              << " variant " << variant << ": " << c.message;
+          }
+}
+
+// bias_grad: the column sums of dy, on hand-computed values, with the sum of their magnitudes.
+TEST(BiasGrad, ReferenceOnHandValues) {
+  bias_grad::Shape s;
+  s.rows = 3, s.cols = 2;
+  bias_grad::Inputs in = bias_grad::make_inputs(s, 1);
+  const double dy[] = {1, 2, 3, 4, 5, -6};
+  for (int i = 0; i < 6; ++i) in.dy.set(i, dy[i]);
+  double mag = 0;
+  EXPECT_DOUBLE_EQ(bias_grad::reference(s, in, 0, &mag), 9);
+  EXPECT_DOUBLE_EQ(mag, 9);
+  EXPECT_DOUBLE_EQ(bias_grad::reference(s, in, 1, &mag), 0);
+  EXPECT_DOUBLE_EQ(mag, 12);
+}
+
+bias_grad::Shape bias_shape(DType t, std::int64_t rows, std::int64_t cols) {
+  bias_grad::Shape s;
+  s.dtype = t, s.rows = rows, s.cols = cols;
+  return s;
+}
+
+// A correct result passes; a row left out of one column's sum (its largest term), the column sums of
+// another tensor, and one NaN each fail.
+TEST(BiasGrad, VerifyCatchesAMissingRowAnotherTensorAndNaN) {
+  for (const DType t : {DType::f32, DType::bf16})
+    for (const std::int64_t rows : {130, 4096}) {
+      const bias_grad::Shape s = bias_shape(t, rows, 47);
+      const bias_grad::Inputs in = bias_grad::make_inputs(s, 5);
+      HostBuffer db = bias_grad::make_output(s);
+      db.poison();
+      bias_grad::make_plan(s, Backend::cpu)->run({in.dy.data(), db.as<float>()});
+      const Check ok = bias_grad::verify(s, in, db);
+      ASSERT_TRUE(ok.ok) << ok.message;
+      const auto R = static_cast<std::size_t>(s.rows), C = static_cast<std::size_t>(s.cols);
+      for (const std::size_t col : {std::size_t{0}, std::size_t{46}})
+        EXPECT_FALSE(bias_grad::verify(s, in, plan_test::without_largest(in.dy, db, R, C, col)).ok) << dtype_name(t) << " " << col;
+      const bias_grad::Inputs other = bias_grad::make_inputs(s, 6);
+      EXPECT_FALSE(bias_grad::verify(s, in, plan_test::column_sums_of(other.dy, R, C)).ok) << dtype_name(t);
+      HostBuffer nan = db;
+      nan.set(13, std::nan(""));
+      EXPECT_FALSE(bias_grad::verify(s, in, nan).ok) << dtype_name(t);
+    }
+}
+
+// The plan, built once, run on two sets of caller-owned tensors in turn (on CUDA their device
+// copies), on a shape with a partial last chain of 64 rows and more than one block of columns.
+void expect_bias_grad_plan_runs_on_its_tensors(Backend be) {
+  for (const DType t : {DType::f32, DType::bf16}) {
+    const bias_grad::Shape s = bias_shape(t, 200, 1100);
+    const auto plan = bias_grad::make_plan(s, be);
+    const bias_grad::Inputs in[2] = {bias_grad::make_inputs(s, 1), bias_grad::make_inputs(s, 2)};
+    HostBuffer db[2] = {bias_grad::make_output(s), bias_grad::make_output(s)};
+#ifdef HOTOPS_HAVE_CUDA
+    std::vector<gpu::DeviceBuffer> dev;
+    if (be == Backend::cuda)
+      for (int k = 0; k < 2; ++k) dev.emplace_back(in[k].dy), dev.emplace_back(db[k].bytes());
+#endif
+    const auto set = [&](int k) -> bias_grad::Args {
+      db[k].poison();
+#ifdef HOTOPS_HAVE_CUDA
+      if (be == Backend::cuda) {
+        dev[2 * k + 1].poison();
+        return {dev[2 * k].get(), dev[2 * k + 1].as<float>()};
+      }
+#endif
+      return {in[k].dy.data(), db[k].as<float>()};
+    };
+    const auto check = [&](int i, int o) {
+#ifdef HOTOPS_HAVE_CUDA
+      if (be == Backend::cuda) gpu::synchronize(), dev[2 * o + 1].download(db[o]);
+#endif
+      return bias_grad::verify(s, in[i], db[o]);
+    };
+    plan_test::expect_each_run_on_its_own_tensors(*plan, set, check, dtype_name(t));
+  }
+}
+HOTOPS_PLAN_TESTS(BiasGrad, PlanRunsOnTheTensorsItIsGivenEachRun, expect_bias_grad_plan_runs_on_its_tensors)
+
+// The named entries: the models' bias gradients at their batches, in the matmul shapes' names, and
+// their work (an add per element; dy read, db written in f32).
+TEST(BiasGrad, NamedEntriesAndWork) {
+  std::vector<std::string> names;
+  for (const Problem& p : family().benchmark_problems({})) names.push_back(p.name());
+  for (const char* n : {"bias_grad/cuda/bf16/bwd/shape:bert.qkv/batch:32/M:4096/N:2304",
+                        "bias_grad/cpu/f32/bwd/shape:bert.qkv/batch:8/M:1024/N:2304",
+                        "bias_grad/cuda/f32/bwd/shape:vit.qkv/batch:32/M:6304/N:2304",
+                        "bias_grad/cpu/bf16/bwd/shape:vit.mlp_down/batch:8/M:1576/N:768"})
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+  EXPECT_EQ(std::count_if(names.begin(), names.end(), [](const std::string& n) { return n.rfind("bias_grad/", 0) == 0; }),
+            3 * 2 * 2 * 2);  // 3 shapes x 2 batches x 2 backends x 2 dtypes
+  const Problem p{"bias_grad", Backend::cuda, DType::bf16, Direction::bwd, {{"shape", "bert.qkv"}, {"batch", "32"}, {"M", "4096"}, {"N", "2304"}}};
+  const Work w = family().work(p);
+  EXPECT_DOUBLE_EQ(w.flops, 4096.0 * 2304);
+  EXPECT_DOUBLE_EQ(w.bytes, 2.0 * 4096 * 2304 + 4.0 * 2304);
+  EXPECT_DOUBLE_EQ(w.items, 32);
+  EXPECT_EQ(family().unsupported_reason(Problem{"bias_grad", Backend::cpu, DType::bf16, Direction::bwd, p.args}), "");
+  EXPECT_THROW(bias_grad::shape_of(Problem{"bias_grad", Backend::cpu, DType::f16, Direction::bwd, p.args}), Error);
 }
 
 #ifdef HOTOPS_HAVE_CUDA

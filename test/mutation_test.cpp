@@ -63,6 +63,8 @@ const std::vector<Mutant>& mutants() {
       {"mm", "f32/bwd_data/shape:test/M:37/N:3/K:12/a_blocks:3", "shift_output"},
       {"mm", "bf16/bwd_weight/shape:test/M:37/N:3/K:12/a_blocks:3/out:f32", "zero_input"},
       {"bmm", "f32/bwd_data/shape:test/batch:2/heads:3/M:33/N:65/K:17", "zero_input"},
+      {"bias_grad", "f32/bwd/shape:test/M:130/N:47", "shift_output"},
+      {"bias_grad", "bf16/bwd/shape:test/M:200/N:1100", "zero_input"},
       {"conv2d", "f32/fwd/shape:test/batch:2/C:3/H:7/W:9/K:4/R:3/S:3/stride:1/pad:1/dilation:1/bias:1/layout:nchw", "shift_output"},
       {"conv2d", "f32/fwd/shape:test/batch:2/C:3/H:7/W:9/K:4/R:3/S:3/stride:1/pad:1/dilation:1/bias:1/layout:nchw", "zero_input"},
       {"conv2d", "f32/bwd_weight/shape:test/batch:2/C:3/H:7/W:9/K:4/R:3/S:3/stride:1/pad:1/dilation:1/bias:1/layout:nchw", "shift_output"},

@@ -1,4 +1,5 @@
-// The matmul family: problem names, work, inputs, verification, and the problem lists.
+// The matmul family (mm, addmm, bmm, and bias_grad: bias_grad.h): problem names, work, inputs,
+// verification, and the problem lists.
 #include "kernels/matmul/matmul.h"
 
 #include <cmath>
@@ -9,6 +10,7 @@
 
 #include "hotops/check.h"
 #include "hotops/op_family.h"
+#include "kernels/matmul/bias_grad.h"
 
 namespace hotops::matmul {
 namespace {
@@ -82,13 +84,66 @@ void expand_blocks(std::vector<Arg> args, std::int64_t blocks, std::vector<Probl
   }
 }
 
+bool is_bias_grad(const Problem& p) { return p.op == "bias_grad"; }
+
+std::unique_ptr<Case> make_case(const Problem& p) {
+  return is_bias_grad(p) ? bias_grad::make_case(p) : make_plan_case<MatmulOp>(p);
+}
+
+// bias_grad's CPU loop runs every problem; the GEMMs ask oneDNN.
+std::string cpu_reason(const Problem& p) { return is_bias_grad(p) ? "" : cpu_unsupported_reason(p); }
+
 class MatmulFamily final : public OpFamily {
  public:
-  MatmulFamily()
-      : OpFamily("matmul", cpu_unsupported_reason, make_plan_case<MatmulOp>,
-                 HOTOPS_CUDA_FACTORY(make_plan_case<MatmulOp>)) {}
+  MatmulFamily() : OpFamily("matmul", cpu_reason, make_case, HOTOPS_CUDA_FACTORY(make_case)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
+    std::vector<Problem> out = gemm_problems(batches);
+    const std::vector<Problem> bias = bias_grad::benchmark_problems(batches);
+    out.insert(out.end(), bias.begin(), bias.end());
+    return out;
+  }
+
+  std::vector<Problem> test_problems() const override {
+    std::vector<Problem> out = gemm_test_problems();
+    const std::vector<Problem> bias = bias_grad::test_problems();
+    out.insert(out.end(), bias.begin(), bias.end());
+    return out;
+  }
+
+  Work work(const Problem& p) const override {
+    if (is_bias_grad(p)) return bias_grad::work(p);
+    const Shape s = shape_of(p);
+    const double B = static_cast<double>(s.batch_count), M = static_cast<double>(s.M),
+                 N = static_cast<double>(s.N), K = static_cast<double>(s.K);
+    const double e = static_cast<double>(dtype_size(s.dtype));
+    const bool bias = s.op == Op::addmm;
+    Work w;
+    w.flops = 2 * B * M * N * K;
+    switch (s.dir) {
+      case Direction::bwd_data: w.bytes = e * B * (M * N + K * N + M * K); break;
+      case Direction::bwd_weight:
+        w.bytes = e * B * (M * K + M * N + K * N) + (bias ? e * N : 0);
+        if (bias) w.flops += B * M * N;  // the dbias reduction
+        break;
+      default:
+        w.bytes = e * B * (M * K + K * N + M * N) + (bias ? e * N : 0);
+        if (bias) w.flops += B * M * N;  // the bias add
+    }
+    w.items = p.batch() ? static_cast<double>(*p.batch()) : 1.0;
+    return w;
+  }
+
+  std::string unsupported_reason(const Problem& p) const override {
+    if (!is_bias_grad(p)) {
+      const Shape s = shape_of(p);
+      if (s.op == Op::addmm && s.alpha == 0) return "addmm with alpha = 0 is not benchmarked";
+    }
+    return OpFamily::unsupported_reason(p);
+  }
+
+ private:
+  static std::vector<Problem> gemm_problems(const std::vector<std::int64_t>& batches) {
     std::vector<Problem> out;
     for (Op op : {Op::mm, Op::addmm, Op::bmm}) {
       for (const NamedShape& ns : named_shapes()) {
@@ -130,7 +185,7 @@ class MatmulFamily final : public OpFamily {
     return out;
   }
 
-  std::vector<Problem> test_problems() const override {
+  static std::vector<Problem> gemm_test_problems() {
     // Degenerate, odd and tile-crossing sizes; bmm with several batches; addmm with alpha, beta != 1.
     const std::int64_t sizes[][3] = {{1, 1, 1}, {7, 13, 5}, {33, 65, 17}, {64, 128, 96}, {130, 47, 260}};
     std::vector<Problem> out;
@@ -174,34 +229,6 @@ class MatmulFamily final : public OpFamily {
       expand_blocks(a, blocks, out, true);
     }
     return out;
-  }
-
-  Work work(const Problem& p) const override {
-    const Shape s = shape_of(p);
-    const double B = static_cast<double>(s.batch_count), M = static_cast<double>(s.M),
-                 N = static_cast<double>(s.N), K = static_cast<double>(s.K);
-    const double e = static_cast<double>(dtype_size(s.dtype));
-    const bool bias = s.op == Op::addmm;
-    Work w;
-    w.flops = 2 * B * M * N * K;
-    switch (s.dir) {
-      case Direction::bwd_data: w.bytes = e * B * (M * N + K * N + M * K); break;
-      case Direction::bwd_weight:
-        w.bytes = e * B * (M * K + M * N + K * N) + (bias ? e * N : 0);
-        if (bias) w.flops += B * M * N;  // the dbias reduction
-        break;
-      default:
-        w.bytes = e * B * (M * K + K * N + M * N) + (bias ? e * N : 0);
-        if (bias) w.flops += B * M * N;  // the bias add
-    }
-    w.items = p.batch() ? static_cast<double>(*p.batch()) : 1.0;
-    return w;
-  }
-
-  std::string unsupported_reason(const Problem& p) const override {
-    const Shape s = shape_of(p);
-    if (s.op == Op::addmm && s.alpha == 0) return "addmm with alpha = 0 is not benchmarked";
-    return OpFamily::unsupported_reason(p);
   }
 };
 

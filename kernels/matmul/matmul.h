@@ -1,5 +1,6 @@
 // The matmul family: mm (A·B), addmm (beta·bias + alpha·A·B, PyTorch semantics) and bmm (batched),
-// forward and both backward directions, on oneDNN (CPU) and cuBLASLt (CUDA).
+// forward and both backward directions, on oneDNN (CPU; hand-written loops for the smallest) and
+// cuBLASLt (CUDA); and a dense layer's bias gradient on its own, bias_grad (bias_grad.h).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -175,14 +176,22 @@ struct NamedShape {
 };
 const std::vector<NamedShape>& named_shapes();
 
-HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: oneDNN matmul; CUDA: cublasLt (gpu::LtGemm); a_blocks: hotops'
+HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: oneDNN matmul, or the loops below; CUDA: cublasLt (gpu::LtGemm); a_blocks: hotops'
 // The plans of a_blocks shapes (cpu_blocks.cpp, cuda_blocks.cu).
 std::unique_ptr<Plan> make_cpu_blocks_plan(const Shape& s);
 #ifdef HOTOPS_HAVE_CUDA
 std::unique_ptr<Plan> make_cuda_blocks_plan(const Shape& s);
 #endif
 
-// Why the CPU cannot run `p` ("" when it can): a dtype it has no matmul for, or oneDNN's answer.
+// The CPU plan of an mm or addmm below this many multiply-adds (M x N x K), on packed operands as
+// stored (no transposes, no residual), is hand-written single-thread loops (cpu_loops.cpp): there a
+// oneDNN primitive's fixed cost per call is most of the time (a tiny MLP's layers).
+constexpr std::int64_t kCpuLoopMacs = 64 * 1024;
+bool cpu_runs_loops(const Shape& s);
+std::unique_ptr<Plan> make_cpu_loop_plan(const Shape& s);  // make_cpu_plan's choice where cpu_runs_loops
+
+// Why the CPU cannot run `p` ("" when it can): a dtype it has no matmul for, or oneDNN's answer
+// (none asked where the loops run it).
 std::string cpu_unsupported_reason(const Problem& p);
 // The same for a plan's shape (a model's layer), from the descriptors alone: no primitive is made.
 std::string cpu_unsupported_reason(const Shape& s);
