@@ -105,8 +105,11 @@ LtGemm::LtGemm(const GemmDesc& d, const std::string& what, bool* found) : alpha_
   algo_ = results[0].algo;
   if (!d.autotune) return;
   for (int i = 0; i < count; ++i) candidates_.push_back(results[i].algo);
-  // Split-K variants of the first, where cublasLt accepts them for this GEMM within the workspace.
+  // Split-K variants of the first, where cublasLt accepts them for this GEMM within the workspace
+  // and each slice keeps at least 128 of k (a tiny k split into slices crashed cublasLt's kernel:
+  // an illegal address at a model's k = 5).
   for (const std::int32_t slices : {2, 3, 4, 6, 8}) {
+    if (d.k < 128 * static_cast<std::int64_t>(slices)) break;
     cublasLtMatmulAlgo_t a = algo_;
     const std::uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     cublasLtMatmulHeuristicResult_t check{};
