@@ -62,6 +62,8 @@ TEST(ModelCnnLayout, ParameterCountsMatchTheStudies) {
   EXPECT_EQ(flat_width(arch_named("keras_cnn")), 56448);
   EXPECT_EQ(param_layout(arch_named("vgg_cifar")).parameters, 1250858);  // Keras' cifar10_cnn.py
   EXPECT_EQ(flat_width(arch_named("vgg_cifar")), 2304);
+  EXPECT_EQ(param_layout(arch_named("cnn_mnist")).parameters, 1199882);  // Keras' mnist_cnn.py
+  EXPECT_EQ(flat_width(arch_named("cnn_mnist")), 9216);
   const std::vector<ConvLayer> c = conv_layers(arch_named("keras_cnn"));
   ASSERT_EQ(c.size(), 5u);
   EXPECT_EQ(c[0].PH, 85);
@@ -247,7 +249,7 @@ TEST(ModelCnnCuda, BothDataGradientPathsAndLayoutsVerify) {
     set_cuda_layout(layout);
     for (DataGradPath path : {DataGradPath::backward_data, DataGradPath::forward_flip}) {
       set_cuda_data_grad_path(path);
-      for (const char* arch : {"keras_test", "vgg_test"})
+      for (const char* arch : {"keras_test", "vgg_test", "mnist_test"})
         for (Direction dir : {Direction::train, Direction::infer})
           for (DType t : {DType::f32, DType::bf16}) {
             const auto c = family().make(problem(arch, Backend::cuda, dir, 6, t));

@@ -27,6 +27,10 @@ const std::vector<NamedShape>& named_shapes() {
       // conv layers).
       {"cifar10_vgg.conv2",            32,  32,  32,  32,  3,  3,  1,  0, true,  V{32}, true},
       {"cifar10_vgg.conv3",            32,  15,  15,  64,  3,  3,  1,  1, true,  V{32}, true},
+      // Keras' mnist_cnn.py (Max Woolf's benchmarks): its two valid 3x3 convolutions with ReLU on
+      // 28x28x1 digits, batch 128 in the script.
+      {"cnn_mnist.conv1",               1,  28,  28,  32,  3,  3,  1,  0, true,  V{128}, true},
+      {"cnn_mnist.conv2",              32,  26,  26,  64,  3,  3,  1,  0, true,  V{128}, true},
       // The TensorFlow 2 comparison: the Keras CNN on 256x256x3 images (first and second conv
       // layers; batch 64 there).
       {"keras_cnn.conv1",               3, 256, 256,  32,  3,  3,  1,  1, true,  V{32}},

@@ -47,6 +47,7 @@ class CnnFamily final : public models::ModelFamily {
     models::expand_step_problems("keras_test", 3, {1}, true, out, /*with_bf16=*/true);
     models::expand_step_problems("keras_test", 6, {}, true, out, /*with_bf16=*/true);
     models::expand_step_problems("vgg_test", 5, {2}, true, out, /*with_bf16=*/true);
+    models::expand_step_problems("mnist_test", 4, {}, true, out, /*with_bf16=*/true);
     return out;
   }
 
@@ -91,8 +92,13 @@ const std::vector<Arch>& archs() {
       {"vgg_cifar", 32, 32, 3, false,
        {{{{32, true}, {32, false}}, 2, 0.25}, {{{64, true}, {64, false}}, 2, 0.25}},
        512, 0.5, 10, {32, 128, 512}, true},
-      // The tests' tiny versions: odd and unequal H and W, pools that crop a row or a column.
+      // Keras' mnist_cnn.py (Max Woolf's benchmarks): two valid 3x3 convolutions, one pool, batch 128
+      // in the script.
+      {"cnn_mnist", 28, 28, 1, false, {{{{32, false}, {64, false}}, 2, 0.25}}, 128, 0.5, 10, {32, 128, 512}, true},
+      // The tests' tiny versions: odd and unequal H and W, pools that crop a row or a column; one input
+      // channel and one stage (mnist_test).
       {"keras_test", 20, 17, 3, true, {{{{4, true}}, 3, 0.25}, {{{8, true}, {8, true}}, 2, 0.25}}, 16, 0.5, 3, {}, true},
+      {"mnist_test", 13, 12, 1, false, {{{{4, false}, {8, false}}, 2, 0.25}}, 16, 0.5, 5, {}, true},
       {"vgg_test", 16, 14, 3, false, {{{{4, true}, {4, false}}, 2, 0.25}, {{{8, true}, {8, false}}, 2, 0.25}}, 16, 0.5, 5, {}, true},
   };
   return all;
