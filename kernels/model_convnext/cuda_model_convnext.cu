@@ -5,7 +5,7 @@
 // kernels (GELU; gelu_dbias), pointwise scale_residual (forward; backward in place with the second
 // Linear's bias gradient), the loss family's mse and one AdamW launch. bf16: bf16 activations, the
 // GEMMs and the convolution read a per-step bf16 copy of the f32 master parameters, and the
-// convolution's bf16 weight gradient is widened into the f32 gradients by a hotops kernel.
+// convolution's bf16 weight gradient is widened into the f32 gradients by the copy family's plan.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -17,33 +17,16 @@
 #include "hotops/cuda_elem.cuh"
 #include "hotops/cuda_util.h"
 #include "hotops/trace.h"
+#include "kernels/copy/copy.h"
 #include "kernels/model_convnext/model_convnext.h"
 
 namespace hotops::model_convnext {
 namespace {
 
-constexpr unsigned kThreads = 256;
 
 using StepState = adamw::DeviceStep;
 using bf16 = __nv_bfloat16;
 
-// The bf16 copy of the f32 master parameters, n4 vectors of 4 (the flat layout's padding included).
-__global__ void to_bf16(const float4* __restrict__ p, gpu::Bf16x4* __restrict__ w, std::int64_t n4) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    w[i] = gpu::stored4<gpu::Bf16x4>(p[i]);
-}
-
-// The convolution's bf16 weight gradient into the f32 gradients.
-__global__ void widen(const bf16* __restrict__ g, float* __restrict__ out, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    out[i] = __bfloat162float(g[i]);
-}
-
-unsigned grid_for(std::int64_t n, std::int64_t cap = 1024) {
-  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>((n + kThreads - 1) / kThreads, cap)));
-}
 
 // T: the activations' storage, float (f32) or bf16.
 template <class T>
@@ -60,7 +43,12 @@ class CudaBlock final : public BlockCase {
     auto f32 = [](std::int64_t n) { return gpu::DeviceBuffer(static_cast<std::size_t>(n) * sizeof(float)); };
     auto act = [](std::int64_t n) { return gpu::DeviceBuffer(static_cast<std::size_t>(n) * sizeof(T)); };
     params_ = gpu::DeviceBuffer(seeded_.params);
-    if (kBf16) weights_ = gpu::DeviceBuffer(l_.total * sizeof(bf16));
+    if (kBf16) {
+      weights_ = gpu::DeviceBuffer(l_.total * sizeof(bf16));
+      copy::Shape cs;
+      cs.kind = copy::Kind::f32_to_bf16, cs.src = DType::f32, cs.dst = DType::bf16, cs.count = static_cast<std::int64_t>(l_.total);
+      cast_ = copy::make_cuda_plan(cs);
+    }
     x_ = gpu::DeviceBuffer(seeded_.x);
     u_ = act(R * C), h_ = act(R * C), z_ = act(R * F), f_ = act(R * F), o_ = act(R * C), y_ = act(R * C);
     mean_ = f32(R), rstd_ = f32(R);
@@ -76,7 +64,12 @@ class CudaBlock final : public BlockCase {
       HOTOPS_CHECK_CUDA(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), gpu::stream()));
       target_ = gpu::DeviceBuffer(seeded_.target);
       dy_ = act(R * C), df_ = act(R * F), dh_ = act(R * C), du_ = act(R * C);
-      if (kBf16) dw_low_ = act(C * kKernel * kKernel);
+      if (kBf16) {
+        dw_low_ = act(C * kKernel * kKernel);
+        copy::Shape cs;
+        cs.kind = copy::Kind::bf16_to_f32, cs.src = DType::bf16, cs.dst = DType::f32, cs.count = C * kKernel * kKernel;
+        widen_ = copy::make_cuda_plan(cs);
+      }
       loss_ = f32(1), state_ = gpu::DeviceBuffer(sizeof(StepState));
       mse_ = loss::mse::make_cuda_plan(output_mse(s_));
       scale_bwd_ = pointwise::scale_residual::make_cuda_plan(layer_scale(s_, Direction::bwd));
@@ -206,9 +199,7 @@ class CudaBlock final : public BlockCase {
     const cudaStream_t st = gpu::stream();
     if constexpr (kBf16) {  // this step's bf16 copy of the parameters
       trace::op("cast");
-      const auto n4 = static_cast<std::int64_t>(l_.total / 4);
-      to_bf16<<<grid_for(n4), kThreads, 0, st>>>(params_.as<const float4>(), weights_.as<gpu::Bf16x4>(), n4);
-      HOTOPS_CHECK_LAUNCH();
+      cast_->run({params_.get(), weights_.get()});
     }
     // forward
     trace::op("conv2d");
@@ -257,9 +248,7 @@ class CudaBlock final : public BlockCase {
     cw.x = x_.get(), cw.dy = du_.get(), cw.out = kBf16 ? dw_low_.get() : static_cast<void*>(G(l_.dw_w));
     conv_w_->run(cw);
     if constexpr (kBf16) {
-      const std::int64_t n_w = s_.arch.C * kKernel * kKernel;
-      widen<<<grid_for(n_w), kThreads, 0, st>>>(dw_low_.as<const bf16>(), G(l_.dw_w), n_w);
-      HOTOPS_CHECK_LAUNCH();
+      widen_->run({dw_low_.get(), G(l_.dw_w)});
     }
     // optimizer
     trace::op("adamw");
@@ -273,6 +262,7 @@ class CudaBlock final : public BlockCase {
   const adamw::Hyper hyper_ = hyper();
   const StepState first_step_ = adamw::first_step(hyper_);  // restart_optimizer's copy source
   gpu::DeviceBuffer params_, weights_, grads_, m_, v_, x_, target_, loss_, state_;
+  std::unique_ptr<copy::Plan> cast_, widen_;  // bf16: the parameters' copy, the conv's weight gradient widened
   gpu::DeviceBuffer u_, h_, z_, f_, o_, y_, mean_, rstd_, dy_, df_, dh_, du_, dw_low_;
   std::unique_ptr<conv2d::Plan> conv_, conv_w_;
   std::unique_ptr<layernorm::Plan> norm_;
