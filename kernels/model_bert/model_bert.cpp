@@ -235,11 +235,8 @@ State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
 State verification_state(const Shape& s, const State& seeded) {
   State st = seeded;
   const std::size_t per = static_cast<std::size_t>(s.arch.seq * s.arch.hidden) * dtype_size(s.dtype);  // bytes
-  for (std::int64_t b = kVerifyPeriod; b < s.batch; ++b) {
-    const std::size_t from = static_cast<std::size_t>(b % kVerifyPeriod) * per, to = static_cast<std::size_t>(b) * per;
-    std::memcpy(static_cast<std::byte*>(st.x.data()) + to, static_cast<const std::byte*>(seeded.x.data()) + from, per);
-    std::memcpy(static_cast<std::byte*>(st.target.data()) + to, static_cast<const std::byte*>(seeded.target.data()) + from, per);
-  }
+  models::repeat_samples(st.x, per, kVerifyPeriod, s.batch);
+  models::repeat_samples(st.target, per, kVerifyPeriod, s.batch);
   return st;
 }
 

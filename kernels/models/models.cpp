@@ -171,6 +171,13 @@ std::vector<double> as_doubles(const HostBuffer& b, std::size_t from, std::size_
   return d;
 }
 
+void repeat_samples(HostBuffer& t, std::size_t sample_bytes, std::int64_t period, std::int64_t batch) {
+  auto* base = static_cast<std::byte*>(t.data());
+  for (std::int64_t b = period; b < batch; ++b)
+    std::memcpy(base + static_cast<std::size_t>(b) * sample_bytes, base + static_cast<std::size_t>(b % period) * sample_bytes,
+                sample_bytes);
+}
+
 std::vector<double> slice(const std::vector<double>& v, std::size_t at, std::size_t n) {
   return std::vector<double>(v.begin() + static_cast<std::ptrdiff_t>(at), v.begin() + static_cast<std::ptrdiff_t>(at + n));
 }

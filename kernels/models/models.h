@@ -100,6 +100,9 @@ Check rms_within(const std::string& what, const std::vector<double>& out, const 
                  double tol);
 // Elements [from, from + n) of a buffer as doubles (n = 0: to the end), and a slice of a vector.
 std::vector<double> as_doubles(const HostBuffer& b, std::size_t from = 0, std::size_t n = 0);
+// A verification batch that repeats with `period`: sample b (each `sample_bytes` of t) becomes a copy
+// of sample b % period, for every b from period to batch - 1.
+void repeat_samples(HostBuffer& t, std::size_t sample_bytes, std::int64_t period, std::int64_t batch);
 std::vector<double> slice(const std::vector<double>& v, std::size_t at, std::size_t n);
 Check adamw_first_step(const std::vector<double>& p0, const std::vector<double>& g, const HostBuffer& m0,
                        const HostBuffer& v0, const HostBuffer& params, std::size_t count);
