@@ -270,26 +270,14 @@ State verification_state(const Shape& s, const State& seeded) {
 // errors cancel: modelled at batch 1, a missing attention output bias (a small one: nn.Linear's init
 // gives it 2% of the activations' rms) makes y's rms error 0.037 (3.7x its bound) and LN2 beta's
 // gradient's 0.27 (13x); a transposed Wo makes y's 0.053..0.070 and Wqkv's gradient's 1.4 (70x).
-struct Bounds {
-  double y, loss, grad;
-  double y_rms = 0, grad_rms = 0;  // bf16 only: rms(out - ref) / rms(ref)
-};
-Bounds bounds(DType t) {
+models::StepBounds bounds(DType t) {
   if (t == DType::bf16) return {5e-2, 1e-3, 3e-1, 1e-2, 2e-2};
   return {1e-4, 1e-4, 1e-3};
 }
 
-// within(), and for bf16 rms_within() too.
-Check close(bool bf16, const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double tol,
-            double rms_tol) {
-  Check c = within(what, out, ref, std::max(rms(ref), 1e-30), tol);
-  if (bf16) c.merge(models::rms_within(what, out, ref, std::max(rms(ref), 1e-30), rms_tol), what + " (rms)");
-  return c;
-}
-
 Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, const Outcome& out) {
   const Arch& a = s.arch;
-  const Bounds bound = bounds(s.dtype);
+  const models::StepBounds bound = bounds(s.dtype);
   const std::int64_t period = std::min(s.batch, kVerifyPeriod);
   const std::size_t per = static_cast<std::size_t>(a.seq * a.hidden);
   const std::vector<double> p0 = as_doubles(start.params);
@@ -306,31 +294,7 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, c
                                 as_doubles(start.target, per * static_cast<std::size_t>(q), per), 1, s.train()));
         return r;
       });
-  const std::vector<Reference>& refs = *shared;
-  if (!s.train()) {
-    std::vector<double> yo = as_doubles(out.y), yr(yo.size());
-    for (std::size_t i = 0; i < yr.size(); ++i) yr[i] = refs[(i / per) % static_cast<std::size_t>(period)].y[i % per];
-    return close(s.bf16(), "y", yo, yr, bound.y, bound.y_rms);
-  }
-  double loss = 0;
-  std::vector<double> grad(l.total, 0.0);
-  for (std::int64_t b = 0; b < s.batch; ++b) {
-    const Reference& r1 = refs[static_cast<std::size_t>(b % period)];
-    const double w = 1.0 / static_cast<double>(s.batch);
-    loss += w * r1.loss;
-    for (std::size_t i = 0; i < grad.size(); ++i) grad[i] += w * r1.grad[i];
-  }
-  Check c;
-  c = within("loss", {static_cast<double>(out.loss)}, {loss}, std::max(std::fabs(loss), 1e-30), bound.loss);
-  const std::vector<double> g = as_doubles(out.grads);
-  for (std::size_t k = 0; k < l.tensors.size(); ++k) {
-    const auto [at, n] = l.tensors[k];
-    const std::vector<double> o(g.begin() + static_cast<std::ptrdiff_t>(at), g.begin() + static_cast<std::ptrdiff_t>(at + n));
-    const std::vector<double> r(grad.begin() + static_cast<std::ptrdiff_t>(at), grad.begin() + static_cast<std::ptrdiff_t>(at + n));
-    c.merge(close(s.bf16(), "d" + l.names[k], o, r, bound.grad, bound.grad_rms), "d" + l.names[k]);
-  }
-  c.merge(models::adamw_first_step(p0, g, start.m, start.v, out.params, l.total), "step");
-  return c;
+  return models::verify_periodic_step(*shared, period, s.batch, per, s.train(), s.bf16(), bound, l, p0, start, out);
 }
 
 HOTOPS_DEFINE_FAMILY(BertFamily);

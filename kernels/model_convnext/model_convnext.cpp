@@ -278,27 +278,14 @@ State verification_state(const Shape& s, const State& seeded) {
 //   gradients rms 2e-2, max 0.3; loss relative 1e-3. The tests model a correct bf16 step (the reference
 //   with Rounding::bf16) and show that it passes with margin, and that slips a bf16 step could make
 //   (a missing bias, a transposed weight) fail.
-struct Bounds {
-  double y, loss, grad;
-  double y_rms = 0, grad_rms = 0;  // bf16 only: rms(out - ref) / rms(ref)
-};
-Bounds bounds(DType t) {
+models::StepBounds bounds(DType t) {
   if (t == DType::bf16) return {5e-2, 1e-3, 3e-1, 1e-2, 2e-2};
   return {1e-4, 1e-4, 1e-3};
 }
 
-namespace {
-Check close(bool bf16, const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double tol,
-            double rms_tol) {
-  Check c = within(what, out, ref, std::max(rms(ref), 1e-30), tol);
-  if (bf16) c.merge(models::rms_within(what, out, ref, std::max(rms(ref), 1e-30), rms_tol), what + " (rms)");
-  return c;
-}
-}  // namespace
-
 Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, const Outcome& out) {
   const Arch& a = s.arch;
-  const Bounds bound = bounds(s.dtype);
+  const models::StepBounds bound = bounds(s.dtype);
   const std::int64_t period = std::min(s.batch, kVerifyPeriod);
   const std::size_t per = static_cast<std::size_t>(a.positions() * a.C);
   const std::vector<double> p0 = as_doubles(start.params);
@@ -315,29 +302,7 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, c
                                 as_doubles(start.target, per * static_cast<std::size_t>(q), per), 1, s.train()));
         return r;
       });
-  const std::vector<Reference>& refs = *shared;
-  if (!s.train()) {
-    std::vector<double> yo = as_doubles(out.y), yr(yo.size());
-    for (std::size_t i = 0; i < yr.size(); ++i) yr[i] = refs[(i / per) % static_cast<std::size_t>(period)].y[i % per];
-    return close(s.bf16(), "y", yo, yr, bound.y, bound.y_rms);
-  }
-  double loss = 0;
-  std::vector<double> grad(l.total, 0.0);
-  const double w = 1.0 / static_cast<double>(s.batch);
-  for (std::int64_t b = 0; b < s.batch; ++b) {
-    const Reference& r1 = refs[static_cast<std::size_t>(b % period)];
-    loss += w * r1.loss;
-    for (std::size_t i = 0; i < grad.size(); ++i) grad[i] += w * r1.grad[i];
-  }
-  Check c = within("loss", {static_cast<double>(out.loss)}, {loss}, std::max(std::fabs(loss), 1e-30), bound.loss);
-  const std::vector<double> g = as_doubles(out.grads);
-  for (std::size_t k = 0; k < l.tensors.size(); ++k) {
-    const auto [at, n] = l.tensors[k];
-    c.merge(close(s.bf16(), "d" + l.names[k], models::slice(g, at, n), models::slice(grad, at, n), bound.grad, bound.grad_rms),
-            "d" + l.names[k]);
-  }
-  c.merge(models::adamw_first_step(p0, g, start.m, start.v, out.params, l.total), "step");
-  return c;
+  return models::verify_periodic_step(*shared, period, s.batch, per, s.train(), s.bf16(), bound, l, p0, start, out);
 }
 
 HOTOPS_DEFINE_FAMILY(ConvnextFamily);

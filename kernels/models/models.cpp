@@ -171,6 +171,13 @@ std::vector<double> as_doubles(const HostBuffer& b, std::size_t from, std::size_
   return d;
 }
 
+Check close_to(bool bf16, const std::string& what, const std::vector<double>& out, const std::vector<double>& ref,
+               double tol, double rms_tol) {
+  Check c = within(what, out, ref, std::max(rms(ref), 1e-30), tol);
+  if (bf16) c.merge(rms_within(what, out, ref, std::max(rms(ref), 1e-30), rms_tol), what + " (rms)");
+  return c;
+}
+
 void repeat_samples(HostBuffer& t, std::size_t sample_bytes, std::int64_t period, std::int64_t batch) {
   auto* base = static_cast<std::byte*>(t.data());
   for (std::int64_t b = period; b < batch; ++b)

@@ -107,6 +107,48 @@ std::vector<double> slice(const std::vector<double>& v, std::size_t at, std::siz
 Check adamw_first_step(const std::vector<double>& p0, const std::vector<double>& g, const HostBuffer& m0,
                        const HostBuffer& v0, const HostBuffer& params, std::size_t count);
 
+// A step's bounds, against rms(ref): the output and every gradient tensor by their largest error
+// and, for bf16, their rms error too (the loss relative to itself).
+struct StepBounds {
+  double y, loss, grad;
+  double y_rms = 0, grad_rms = 0;  // bf16 only: rms(out - ref) / rms(ref)
+};
+// within(), and for bf16 rms_within() too.
+Check close_to(bool bf16, const std::string& what, const std::vector<double>& out, const std::vector<double>& ref,
+               double tol, double rms_tol);
+
+// The check of one step of a batch that repeats with `period` (sample b is sample b % period), from
+// one reference per distinct sample (R: y, loss, grad): infer, the output sample by sample (`per`
+// elements each); train, the loss and each gradient tensor against the references' means weighted by
+// how often each sample occurs in the batch, and AdamW's first step from the gradients computed.
+template <class R, class Layout, class Start, class Out>
+Check verify_periodic_step(const std::vector<R>& refs, std::int64_t period, std::int64_t batch, std::size_t per, bool train,
+                           bool bf16, const StepBounds& bound, const Layout& l, const std::vector<double>& p0,
+                           const Start& start, const Out& out) {
+  if (!train) {
+    std::vector<double> yo = as_doubles(out.y), yr(yo.size());
+    for (std::size_t i = 0; i < yr.size(); ++i) yr[i] = refs[(i / per) % static_cast<std::size_t>(period)].y[i % per];
+    return close_to(bf16, "y", yo, yr, bound.y, bound.y_rms);
+  }
+  double loss = 0;
+  std::vector<double> grad(l.total, 0.0);
+  const double w = 1.0 / static_cast<double>(batch);
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const R& r1 = refs[static_cast<std::size_t>(b % period)];
+    loss += w * r1.loss;
+    for (std::size_t i = 0; i < grad.size(); ++i) grad[i] += w * r1.grad[i];
+  }
+  Check c = within("loss", {static_cast<double>(out.loss)}, {loss}, std::max(std::fabs(loss), 1e-30), bound.loss);
+  const std::vector<double> g = as_doubles(out.grads);
+  for (std::size_t k = 0; k < l.tensors.size(); ++k) {
+    const auto [at, n] = l.tensors[k];
+    c.merge(close_to(bf16, "d" + l.names[k], slice(g, at, n), slice(grad, at, n), bound.grad, bound.grad_rms),
+            "d" + l.names[k]);
+  }
+  c.merge(adamw_first_step(p0, g, start.m, start.v, out.params, l.total), "step");
+  return c;
+}
+
 struct Shape {
   std::string model;
   std::vector<std::int64_t> widths;
