@@ -142,7 +142,7 @@ TEST(CrossEntropyFamily, NamesAndWork) {
   std::vector<Problem> problems, dbias, mse, bce;
   for (const Problem& q : f.benchmark_problems({8}))
     (q.op == "cross_entropy" ? problems : q.op == "cross_entropy_dbias" ? dbias : q.op == "bce_logits" ? bce : mse).push_back(q);
-  ASSERT_EQ(problems.size(), 6u * 8);
+  ASSERT_EQ(problems.size(), 7u * 8);  // seven heads, both backends, dtypes and directions
   ASSERT_EQ(dbias.size(), 4u * 4);  // four heads, both backends and dtypes, bwd only
   ASSERT_EQ(mse.size(), 2u * 4);    // two encoder outputs, both backends and dtypes, bwd only
   ASSERT_EQ(bce.size(), 1u * 8);    // one binary head, both backends, dtypes and directions
@@ -154,9 +154,9 @@ TEST(CrossEntropyFamily, NamesAndWork) {
   EXPECT_DOUBLE_EQ(w.bytes, n * 2 * 2 + 1024.0 * (8 + 4) + 4);
   EXPECT_DOUBLE_EQ(w.flops, n * 4);
   EXPECT_DOUBLE_EQ(w.items, 8);
-  // mlp_tiny at two batches in each cross-entropy op; mse: two outputs at batches 8 and 32; bce_logits:
-  // fasttext_imdb at batches 32 and 4096
-  EXPECT_EQ(f.benchmark_problems({}).size(), 7u * 8 + 5u * 4 + 2u * 2 * 4 + 2u * 8);
+  // mlp_tiny at two batches in each cross-entropy op, lstm_textgen at three in cross_entropy; mse: two
+  // outputs at batches 8 and 32; bce_logits: fasttext_imdb at batches 32 and 4096
+  EXPECT_EQ(f.benchmark_problems({}).size(), 10u * 8 + 5u * 4 + 2u * 2 * 4 + 2u * 8);
   const Problem& d = dbias.back();
   EXPECT_EQ(d.name(), "cross_entropy_dbias/cuda/bf16/bwd/shape:bilstm_imdb/batch:8/rows:8/classes:2");
   EXPECT_DOUBLE_EQ(f.work(d).bytes, 16 * 2 * 2 + 8 * 4 + 4 + 2 * 4);

@@ -1,5 +1,6 @@
-// The model_bilstm family: the reference's gradients against finite differences, verification
-// failing on planted errors, the names and work, and the model learning its task.
+// The model_bilstm family (the BiLSTM and the character LSTM): the reference's gradients against
+// finite differences, verification failing on planted errors, the names and work, and the models
+// learning their tasks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -89,9 +90,10 @@ TEST(ModelBilstmWork, FlopsBytesItems) {
   EXPECT_DOUBLE_EQ(train.bytes, 24 * P + 8.0 * 64 * 200 + 4.0 * 64);  // int64 tokens, int32 labels
 }
 
-// Central differences of the reference's own loss on the tiny configuration, every parameter.
-TEST(ModelBilstmReference, GradientsMatchFiniteDifferences) {
-  const Shape s = shape_of(model_problem("bilstm_test", Backend::cpu, Direction::train, 3));
+// Central differences of the reference's own loss on a tiny configuration, every parameter.
+void expect_gradients_match_finite_differences(const std::string& config) {
+  SCOPED_TRACE(config);
+  const Shape s = shape_of(model_problem(config, Backend::cpu, Direction::train, 3));
   const Layout l = layout_of(s.cfg);
   const State st = make_state(s, l, 11);
   const std::vector<double> p0 = as_doubles(st.params);
@@ -112,10 +114,13 @@ TEST(ModelBilstmReference, GradientsMatchFiniteDifferences) {
   }
   EXPECT_GT(biggest, 1e-2);
   EXPECT_LT(worst, 1e-7) << "largest |fd| " << biggest;
+  if (s.cfg.one_hot) return;
   // 15 tokens of a vocabulary of 50: some rows have a gradient, most do not.
   EXPECT_GT(embed_nonzero, 0u);
   EXPECT_LT(embed_nonzero, static_cast<std::size_t>(15 * s.cfg.E) + 1);
 }
+
+TEST(ModelBilstmReference, GradientsMatchFiniteDifferences) { expect_gradients_match_finite_differences("bilstm_test"); }
 
 TEST(ModelBilstmTask, LabelsAreNotConstant) {
   const Shape s = shape_of(model_problem("bilstm_imdb", Backend::cpu, Direction::train, 256));
@@ -295,6 +300,212 @@ TEST(ModelBilstmTraining, LossFallsCudaBf16) {
 TEST(ModelBilstmTraining, LossFallsCpuBf16) {
   expect_learns(Backend::cpu, "bilstm_test", 32, 150, DType::bf16);
   expect_learns(Backend::cpu, "bilstm_imdb", 8, 10, DType::bf16);
+}
+
+// The character LSTM (Keras' lstm_text_generation.py): one direction, one-hot input, 57 classes.
+
+TEST(ModelTextgenLayout, ParameterCountsAndAlignment) {
+  const Config& c = config_named("lstm_textgen");
+  EXPECT_TRUE(c.one_hot && c.D == 1 && !c.fused_loss());
+  const Layout l = layout_of(c);
+  // No embedding; W_ih 512 x 57, W_hh 512 x 128, b_ih, b_hh 512; dense 128 x 57 + 57: 103,097 (Keras'
+  // 95,232 + 7,353 with one LSTM bias, and PyTorch's second bias).
+  EXPECT_EQ(l.parameters, 512 * 57 + 512 * 128 + 2 * 512 + 128 * 57 + 57);
+  EXPECT_EQ(l.parameters, 95232 + 7353 + 512);
+  EXPECT_EQ(l.embed, l.w_ih);
+  for (std::size_t at : {l.w_ih, l.w_hh, l.b_ih, l.b_hh, l.dense_w, l.dense_b, l.total}) EXPECT_EQ(at % kAlignFloats, 0u);
+  std::vector<std::string> names;
+  for (const Tensor& t : gradient_tensors(c, l)) names.push_back(t.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"dW_ih", "dW_hh", "db_ih", "db_hh", "dW_dense", "db_dense"}));
+}
+
+TEST(ModelTextgenNames, VariantsAndJoinAcrossBackends) {
+  std::vector<std::string> names;
+  for (const Problem& p : family().benchmark_problems({})) names.push_back(p.name());
+  const auto has = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) != names.end(); };
+  for (const char* be : {"cpu", "cuda"})
+    for (const char* t : {"f32", "bf16"})
+      for (const char* d : {"infer", "train"})
+        for (int b : {32, 128, 512}) {
+          const std::string n = std::string("model.lstm_textgen/") + be + "/" + t + "/" + d + "/batch:" + std::to_string(b);
+          EXPECT_TRUE(has(n)) << n;
+        }
+  for (const char* n : {"model.lstm_textgen/cpu/f32/train/batch:128/threads:4", "model.lstm_textgen/cpu/bf16/infer/batch:32/threads:8",
+                        "model.lstm_textgen/cuda/f32/infer/batch:128/e2e:1", "model.lstm_textgen/cuda/bf16/train/batch:512/e2e:1",
+                        "model.lstm_textgen/cuda/f32/train/batch:128/graph:1", "model.lstm_textgen/cuda/bf16/train/batch:32/graph:1"})
+    EXPECT_TRUE(has(n)) << n;
+  EXPECT_FALSE(has("model.lstm_textgen/cuda/f32/infer/batch:128/graph:1"));
+  EXPECT_FALSE(has("model.textgen_test/cpu/f32/train/batch:3"));  // the tests' configuration is not benchmarked
+  std::vector<std::string> tests;
+  for (const Problem& p : family().test_problems()) tests.push_back(p.name());
+  EXPECT_NE(std::find(tests.begin(), tests.end(), "model.textgen_test/cpu/f32/train/batch:3"), tests.end());
+  EXPECT_NE(std::find(tests.begin(), tests.end(), "model.textgen_test/cuda/bf16/train/batch:3/graph:1"), tests.end());
+}
+
+// The step's ops are the op families' benchmarked problems: the lstm family's textgen, the head's
+// GEMMs, cross_entropy and bias_grad at 57 classes.
+TEST(ModelTextgenOps, TheStepsOpsAreBenchmarkedEntries) {
+  std::vector<std::string> listed;
+  for (const Family* f : families())
+    for (const Problem& p : f->benchmark_problems({})) listed.push_back(p.name());
+  const auto has = [&](const std::string& name) { return std::find(listed.begin(), listed.end(), name) != listed.end(); };
+  const std::string head = "shape:lstm_textgen.dense/batch:128/M:128/N:57/K:128";
+  for (const char* be : {"cpu", "cuda"}) {
+    const std::string b = be;
+    for (const char* t : {"f32", "bf16"}) EXPECT_TRUE(has("addmm/" + b + "/" + t + "/fwd/" + head)) << t;
+    EXPECT_TRUE(has("mm/" + b + "/f32/bwd_data/" + head));
+    EXPECT_TRUE(has("mm/" + b + "/bf16/bwd_data/" + head));
+    EXPECT_TRUE(has("mm/" + b + "/bf16/bwd_data/" + head + "/out:f32"));
+    EXPECT_TRUE(has("mm/" + b + "/f32/bwd_weight/" + head));
+    EXPECT_TRUE(has("mm/" + b + "/bf16/bwd_weight/" + head + "/out:f32"));
+    for (const char* t : {"f32", "bf16"}) {
+      EXPECT_TRUE(has("bias_grad/" + b + "/" + t + "/bwd/shape:lstm_textgen.dense/batch:128/M:128/N:57")) << t;
+      for (const char* d : {"fwd", "bwd"})
+        EXPECT_TRUE(has("cross_entropy/" + b + "/" + t + "/" + d + "/shape:lstm_textgen/batch:128/rows:128/classes:57")) << t << d;
+    }
+  }
+  // The LSTM as kernels/lstm's textgen (T 40, input 57, hidden 128, one direction).
+  bool lstm_listed = false;
+  for (const std::string& n : listed) lstm_listed |= n.rfind("lstm/", 0) == 0 && n.find("shape:textgen") != std::string::npos;
+  EXPECT_TRUE(lstm_listed);
+  // And the shapes the step builds are those the names parse into.
+  Shape s = shape_of(model_problem("lstm_textgen", Backend::cuda, Direction::train, 128));
+  s.dtype = DType::bf16;
+  const matmul::Shape h = head_shape(s, Direction::bwd_weight);
+  EXPECT_TRUE(h.a_blocks == 1 && h.M == 128 && h.N == 57 && h.K == 128 && h.f32_out);
+  const loss::Shape x = loss_shape(s, Direction::bwd);
+  EXPECT_TRUE(x.kind == loss::Kind::cross_entropy && x.rows == 128 && x.classes == 57 && x.dtype == DType::bf16);
+  const matmul::bias_grad::Shape bg = bias_grad_shape(s);
+  EXPECT_TRUE(bg.rows == 128 && bg.cols == 57 && bg.dtype == DType::bf16);
+}
+
+TEST(ModelTextgenWork, FlopsBytesItems) {
+  const Work infer = family().work(model_problem("lstm_textgen", Backend::cpu, Direction::infer, 128));
+  const double lstm = 2.0 * 40 * 1 * 128 * 512 * (57 + 128), dense = 2.0 * 128 * 128 * 57;
+  const double P = static_cast<double>(layout_of(config_named("lstm_textgen")).parameters);
+  EXPECT_DOUBLE_EQ(infer.flops, lstm + dense);
+  EXPECT_DOUBLE_EQ(infer.items, 128);
+  EXPECT_DOUBLE_EQ(infer.bytes, 4 * P + 4.0 * 40 * 128 * 57 + 4.0 * 128 * 57);  // f32 one-hot batch, f32 logits
+  const Work train = family().work(model_problem("lstm_textgen", Backend::cuda, Direction::train, 128, nullptr, 0, DType::bf16));
+  EXPECT_DOUBLE_EQ(train.flops, 3 * (lstm + dense) + 14 * P);
+  EXPECT_DOUBLE_EQ(train.bytes, 24 * P + 2.0 * 40 * 128 * 57 + 8.0 * 128);  // bf16 one-hot batch, int64 targets
+}
+
+TEST(ModelTextgenTask, OneHotBatchAndLabels) {
+  const Shape s = shape_of(model_problem("lstm_textgen", Backend::cpu, Direction::train, 256));
+  const State st = make_state(s, layout_of(s.cfg), 3);
+  ASSERT_EQ(st.x.count(), static_cast<std::size_t>(40 * 256 * 57));
+  double sum = 0;
+  for (std::size_t i = 0; i < st.x.count(); ++i) sum += st.x.get(i);
+  EXPECT_DOUBLE_EQ(sum, 40.0 * 256);
+  for (std::int64_t t : {0, 17, 39})
+    for (std::int64_t b : {0, 100, 255})
+      EXPECT_EQ(st.x.get(static_cast<std::size_t>((t * 256 + b) * 57 + st.tokens[static_cast<std::size_t>(b * 40 + t)])), 1.0);
+  std::vector<int> seen(57, 0);
+  for (std::size_t b = 0; b < st.labels.size(); ++b) {
+    ASSERT_TRUE(st.labels[b] >= 0 && st.labels[b] < 57);
+    EXPECT_EQ(st.targets[b], st.labels[b]);
+    ++seen[static_cast<std::size_t>(st.labels[b])];
+  }
+  EXPECT_GT(std::count_if(seen.begin(), seen.end(), [](int n) { return n > 0; }), 20);  // many classes
+}
+
+TEST(ModelTextgenReference, GradientsMatchFiniteDifferences) { expect_gradients_match_finite_differences("textgen_test"); }
+
+// An outcome made from the reference itself passes; each planted error fails.
+TEST(ModelTextgenVerify, PlantedErrorsFail) {
+  const Shape s = shape_of(model_problem("textgen_test", Backend::cpu, Direction::train, 4));
+  const Layout l = layout_of(s.cfg);
+  const State st = make_state(s, l, 42);
+  const std::vector<double> p0 = as_doubles(st.params);
+  const Reference ref = reference(s.cfg, l, p0, st.tokens, st.labels, s.batch, true);
+  auto outcome = [&](std::int64_t step) {
+    Outcome o;
+    o.loss = static_cast<float>(ref.loss);
+    model_test::correct_step(ref.grad, [&](std::size_t i) { return p0[i]; }, l.total, step, o.grads, o.params);
+    return o;
+  };
+  EXPECT_TRUE(verify_outcome(s, l, st, outcome(1)).ok) << verify_outcome(s, l, st, outcome(1)).message;
+  Outcome wrong_loss = outcome(1);
+  wrong_loss.loss *= 1.001f;
+  EXPECT_FALSE(verify_outcome(s, l, st, wrong_loss).ok);
+  // The dense bias gradient of one class taken from its neighbour (a bias_grad column off by one).
+  Outcome wrong_db = outcome(1);
+  wrong_db.grads.set(l.dense_b + 17, wrong_db.grads.get(l.dense_b + 18));
+  EXPECT_FALSE(verify_outcome(s, l, st, wrong_db).ok);
+  Outcome wrong_wih = outcome(1);  // a one-hot column of W_ih's gradient dropped
+  for (std::int64_t r = 0; r < 4 * s.cfg.H; ++r) wrong_wih.grads.set(l.w_ih + static_cast<std::size_t>(r * s.cfg.E + st.tokens[0]), 0);
+  EXPECT_FALSE(verify_outcome(s, l, st, wrong_wih).ok);
+  EXPECT_FALSE(verify_outcome(s, l, st, outcome(2)).ok);  // the step count off by one
+
+  const Shape si = shape_of(model_problem("textgen_test", Backend::cpu, Direction::infer, 4));
+  Outcome logits;
+  logits.logits = HostBuffer(DType::f32, ref.logits.size());
+  for (std::size_t i = 0; i < ref.logits.size(); ++i) logits.logits.set(i, ref.logits[i]);
+  EXPECT_TRUE(verify_outcome(si, l, st, logits).ok);
+  logits.logits.set(3, logits.logits.get(3) + 0.01);
+  EXPECT_FALSE(verify_outcome(si, l, st, logits).ok);
+}
+
+// bf16: a correct bf16 step (the reference rounding what the step stores bf16) passes; the dense bias
+// left out of the logits and a transposed W_hh gradient block fail.
+TEST(ModelTextgenVerify, Bf16BoundsCatchSlips) {
+  for (const char* config : {"textgen_test", "lstm_textgen"}) {
+    SCOPED_TRACE(config);
+    const std::int64_t batch = 4;
+    const Shape s = shape_of(model_problem(config, Backend::cuda, Direction::train, batch, nullptr, 0, DType::bf16));
+    const Shape si = shape_of(model_problem(config, Backend::cuda, Direction::infer, batch, nullptr, 0, DType::bf16));
+    const Layout l = layout_of(s.cfg);
+    const State st = make_state(s, l, 42);
+    const std::vector<double> p0 = as_doubles(st.params);
+    const Reference bf = reference(s.cfg, l, p0, st.tokens, st.labels, s.batch, true, /*bf16_rounding=*/true);
+    auto outcome = [&](const std::vector<double>& logits, const std::vector<double>& grad) {
+      Outcome o;
+      o.loss = static_cast<float>(bf.loss);
+      o.logits = HostBuffer(DType::bf16, logits.size());
+      for (std::size_t i = 0; i < logits.size(); ++i) o.logits.set(i, logits[i]);
+      model_test::correct_step(grad, [&](std::size_t i) { return p0[i]; }, l.total, 1, o.grads, o.params);
+      return o;
+    };
+    const Check good = verify_outcome(s, l, st, outcome(bf.logits, bf.grad));
+    EXPECT_TRUE(good.ok) << good.message;
+    std::vector<double> no_bias = bf.logits;
+    const std::int64_t C = s.cfg.C, H = s.cfg.H;
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t c = 0; c < C; ++c) no_bias[static_cast<std::size_t>(b * C + c)] -= p0[l.dense_b + static_cast<std::size_t>(c)];
+    Outcome nb;
+    nb.logits = outcome(no_bias, bf.grad).logits;
+    EXPECT_FALSE(verify_outcome(si, l, st, nb).ok);
+    std::vector<double> transposed = bf.grad;
+    for (std::int64_t r = 0; r < H; ++r)
+      for (std::int64_t k = 0; k < H; ++k)
+        transposed[l.w_hh + static_cast<std::size_t>(r * H + k)] = bf.grad[l.w_hh + static_cast<std::size_t>(k * H + r)];
+    EXPECT_FALSE(verify_outcome(s, l, st, outcome(bf.logits, transposed)).ok);
+  }
+}
+
+TEST(ModelTextgenTraining, LossFallsCpu) {
+  expect_learns(Backend::cpu, "textgen_test", 8, 150);
+  expect_learns(Backend::cpu, "lstm_textgen", 8, 30);
+}
+
+TEST(ModelTextgenTraining, LossFallsCpuBf16) {
+  expect_learns(Backend::cpu, "textgen_test", 8, 150, DType::bf16);
+  expect_learns(Backend::cpu, "lstm_textgen", 8, 30, DType::bf16);
+}
+
+TEST(ModelTextgenTraining, LossFallsCuda) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  expect_learns(Backend::cuda, "textgen_test", 8, 150);
+  expect_learns(Backend::cuda, "lstm_textgen", 128, 30);
+}
+
+TEST(ModelTextgenTraining, LossFallsCudaBf16) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  expect_learns(Backend::cuda, "textgen_test", 8, 150, DType::bf16);
+  expect_learns(Backend::cuda, "lstm_textgen", 128, 30, DType::bf16);
 }
 
 }  // namespace

@@ -39,6 +39,7 @@ const std::vector<NamedShape>& named_shapes() {
       {"classifierdl", 1, 2, {1024}},       // Spark NLP ClassifierDL, binary sentiment
       {"keras_cnn", 1, 4, {64}},            // Max Woolf's Keras CNN benchmark, 4 classes
       {"imagenet", 1, 1000, {256}},         // an ImageNet classifier (ResNet-50, ViT-B/16)
+      {"lstm_textgen", 1, 57, {32, 128, 512}},  // Keras' lstm_text_generation.py: the next of 57 characters
       {"bert.mlm", 128, 30522, {8}},        // BERT-base masked-LM head: every token of 128, vocab 30522
   };
   return shapes;

@@ -53,6 +53,9 @@ const std::vector<NamedShape>& named_shapes() {
       // is the layer's output gradient, which no LayerNorm backward precedes).
       {"vit.qkv", 197, 2304, V{8, 32}},
       {"vit.mlp_down", 197, 768, V{8, 32}},
+      // Keras' lstm_text_generation.py (model.lstm_textgen): the Dense(57) head's bias, whose
+      // 57 classes are past cross_entropy_dbias's CUDA kernel.
+      {"lstm_textgen.dense", 1, 57, V{32, 128, 512}},
   };
   return shapes;
 }

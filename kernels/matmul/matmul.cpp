@@ -60,11 +60,11 @@ std::vector<Arg> dims(std::int64_t M, std::int64_t N, std::int64_t K) {
   return {{"M", std::to_string(M)}, {"N", std::to_string(N)}, {"K", std::to_string(K)}};
 }
 
-// An A in blocks, as a model step runs it: addmm fwd, mm bwd_data and bwd_weight, f32 and bf16; in
+// An A in blocks (or, blocks 1, a plain A), as a model step runs it: addmm fwd, mm bwd_data and bwd_weight, f32 and bf16; in
 // bf16 the weight gradient in f32 (master weights) and the data gradient in bf16 or f32 (`out:f32`,
 // for a consumer that takes f32 gradients). With `all` (tests), every op, direction and output.
 void expand_blocks(std::vector<Arg> args, std::int64_t blocks, std::vector<Problem>& out, bool all) {
-  args.push_back({kBlocksArg, std::to_string(blocks)});
+  if (blocks > 1) args.push_back({kBlocksArg, std::to_string(blocks)});
   std::vector<Arg> f32_out = args;
   f32_out.push_back({kOutArg, "f32"});
   for (Backend be : kAllBackends) {
@@ -151,7 +151,7 @@ class MatmulFamily final : public OpFamily {
         for (Op o : ns.ops) wanted |= o == op;
         if (!wanted) continue;
         const bool has_batch = op == Op::bmm ? ns.heads > 0 : ns.rows_per_sample > 0;
-        if (ns.a_blocks > 1) {  // its own directions, all ops at once
+        if (ns.a_blocks > 1 || ns.step_only) {  // its own directions, all ops at once
           if (op != Op::mm) continue;
           for (std::int64_t b : batches.empty() ? ns.batches : batches) {
             std::vector<Arg> args{{"shape", ns.name}, {"batch", std::to_string(b)}};

@@ -173,6 +173,7 @@ struct NamedShape {
   bool cuda_only = false;               // too slow to be worth a CPU run in every sweep
   std::string view = "";                // bmm: also run on attention's views: "qkv.scores", "qkv.context" ("": not)
   std::int64_t a_blocks = 1;            // > 1: only as Shape::a_blocks, in the directions a model step runs
+  bool step_only = false;               // only in the ops and directions a model step runs (as a_blocks > 1)
 };
 const std::vector<NamedShape>& named_shapes();
 

@@ -39,6 +39,9 @@ const std::vector<NamedShape>& named_shapes() {
       // hidden states, [2, batch, 128] read as [batch, 256], into 2 classes; its forward with the
       // bias (addmm) and both gradients (mm; the bias gradient comes with the loss).
       {"imdb_bilstm.dense", linear, 1, 0, 0, 2, 256, V{32, 64, 256}, false, "", 2},
+      // Keras' lstm_text_generation.py (model.lstm_textgen): Dense(57) over the LSTM(128)'s last
+      // hidden state, as the model step runs it (addmm fwd, mm's gradients; bias_grad's bias).
+      {"lstm_textgen.dense", linear, 1, 0, 0, 57, 128, V{32, 128, 512}, false, "", 1, true},
       // Square sizes, no batch axis: where the libraries reach their peak.
       {"square", linear, 0, 0, 2048, 2048, 2048, V{}},
       {"square", linear, 0, 0, 4096, 4096, 4096, V{}},

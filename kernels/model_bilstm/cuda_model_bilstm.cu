@@ -1,6 +1,7 @@
 // model_bilstm on CUDA: the op families' plans (embedding with its device sort, cuDNN's RNN through
-// kernels/lstm, matmul's small dense head, the cross_entropy_dbias loss, copy's bf16 widening,
-// AdamW); the step op by op, and its bf16 form: docs/models.md, "How each model step runs".
+// kernels/lstm, matmul's small dense head, the loss family's cross_entropy_dbias or cross_entropy
+// with matmul's bias_grad, copy's bf16 widening, AdamW); the step op by op, and its bf16 form:
+// docs/models.md, "How each model step runs".
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -32,29 +33,30 @@ class CudaBilstm final : public ModelCase {
  public:
   explicit CudaBilstm(const Problem& p)
       : s_(shape_of(p)), c_(s_.cfg), l_(layout_of(c_)), st_(make_state(s_, l_, models::step_seed(p))), es_(s_.bf16() ? 2 : 4) {
-    HOTOPS_CHECK(c_.C <= kMaxClasses, "model_bilstm: the CUDA loss kernel takes at most 16 classes");
-    const std::int64_t Tn = c_.T, B = s_.batch, E = c_.E, H = c_.H, C = c_.C, N = Tn * B;
-    HOTOPS_CHECK(N * std::max(E, 2 * H) < (std::int64_t{1} << 31), "model_bilstm: batch too large");
-    // The BiLSTM as kernels/lstm's problem (bf16: bf16 data on tensor ops with f32 compute, the
+    HOTOPS_CHECK(!c_.fused_loss() || c_.C <= kMaxClasses, "model_bilstm: the CUDA loss kernel takes at most 16 classes");
+    const std::int64_t Tn = c_.T, B = s_.batch, E = c_.E, H = c_.H, C = c_.C, D = c_.D, N = Tn * B;
+    HOTOPS_CHECK(N * std::max(E, D * H) < (std::int64_t{1} << 31), "model_bilstm: batch too large");
+    // The LSTM as kernels/lstm's problem (bf16: bf16 data on tensor ops with f32 compute, the
     // lstm entries' math): the plan's cuDNN descriptors and algorithm, and where its weight space
     // keeps PyTorch's tensors (the f32 masters mirror the space element for element).
     lstm::Shape ls;
     ls.dir = s_.train() ? Direction::bwd : Direction::fwd;
     ls.dtype = s_.dtype;
     ls.T = Tn, ls.B = B, ls.I = E, ls.H = H;
-    ls.bidirectional = true;
+    ls.bidirectional = D == 2;
     rnn_ = lstm::make_cuda_plan(ls);
     {
       const std::unique_ptr<lstm::Layout> layout = lstm::make_cuda_layout(ls);
       w_bytes_ = layout->weight_bytes();
       positions_ = layout->positions();
     }
-    // The device layout: embed | cuDNN weight space (its elements, as f32 masters for bf16) | dense W | dense b.
+    // The device layout: embed (not one_hot) | cuDNN weight space (its elements, as f32 masters for
+    // bf16) | dense W | dense b.
     w_elems_ = w_bytes_ / es_;
     embed_ = 0;
-    lstm_ = aligned(static_cast<std::size_t>(c_.V * E));
+    lstm_ = aligned(static_cast<std::size_t>(c_.embed_count()));
     dense_w_ = lstm_ + aligned(w_elems_);
-    dense_b_ = dense_w_ + aligned(static_cast<std::size_t>(2 * H * C));
+    dense_b_ = dense_w_ + aligned(static_cast<std::size_t>(D * H * C));
     total_ = dense_b_ + aligned(static_cast<std::size_t>(C));
     params_ = gpu::DeviceBuffer(total_ * sizeof(float));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(params_.get(), 0, params_.bytes(), gpu::stream()));
@@ -64,17 +66,20 @@ class CudaBilstm final : public ModelCase {
     }
     params_.upload(to_device(st_.params));
 
-    tokens_ = gpu::DeviceBuffer(st_.tokens.size() * sizeof(std::int64_t));
-    labels_ = gpu::DeviceBuffer(st_.labels.size() * sizeof(std::int32_t));
-    upload_batch();
+    // The batch: the tokens, or (one_hot) x itself; the labels as the loss plan takes them.
+    if (!c_.one_hot) tokens_ = gpu::DeviceBuffer(st_.tokens.size() * sizeof(std::int64_t));
+    labels_ = gpu::DeviceBuffer(c_.fused_loss() ? st_.labels.size() * sizeof(std::int32_t) : st_.targets.size() * sizeof(std::int64_t));
     x_ = gpu::DeviceBuffer(static_cast<std::size_t>(N * E) * es_);
-    y_ = gpu::DeviceBuffer(static_cast<std::size_t>(N * 2 * H) * es_);
-    hT_ = gpu::DeviceBuffer(static_cast<std::size_t>(2 * B * H) * es_);
+    upload_batch();
+    y_ = gpu::DeviceBuffer(static_cast<std::size_t>(N * D * H) * es_);
+    hT_ = gpu::DeviceBuffer(static_cast<std::size_t>(D * B * H) * es_);
     logits_ = gpu::DeviceBuffer(static_cast<std::size_t>(B * C) * es_);
-    // The lookup (x in the LSTM's dtype from the f32 table) and the dense head over hT [2, B, H], on
+    // The lookup (x in the LSTM's dtype from the f32 table) and the dense head over hT [D, B, H], on
     // the f32 masters or their bf16 copy.
-    lookup_ = embedding::make_cuda_plan(embedding_shape(s_, Direction::fwd, s_.dtype));
-    lookup_args_.idx = tokens_.as<const std::int64_t>(), lookup_args_.W = param(embed_), lookup_args_.out = x_.get();
+    if (!c_.one_hot) {
+      lookup_ = embedding::make_cuda_plan(embedding_shape(s_, Direction::fwd, s_.dtype));
+      lookup_args_.idx = tokens_.as<const std::int64_t>(), lookup_args_.W = param(embed_), lookup_args_.out = x_.get();
+    }
     head_ = matmul::make_cuda_plan(head_shape(s_, Direction::fwd));
     const void* W = s_.bf16() ? static_cast<const void*>(low(dense_w_)) : param(dense_w_);
     head_args_.a = hT_.get(), head_args_.b = W;
@@ -109,10 +114,31 @@ class CudaBilstm final : public ModelCase {
         widen_ = copy::make_cuda_plan(cs);
         widen_args_ = {dw_low_.get(), grads_.as<float>() + lstm_};
       }
-      lookup_bwd_ = embedding::make_cuda_plan(embedding_shape(s_, Direction::bwd, s_.dtype));
-      lookup_bwd_args_.idx = tokens_.as<const std::int64_t>(), lookup_bwd_args_.dout = dx_.get();
-      lookup_bwd_args_.dW = grads_.as<float>() + embed_;
-      xent_ = loss::make_cuda_plan(loss::dbias_shape(s_.dtype, B, C));
+      if (!c_.one_hot) {
+        lookup_bwd_ = embedding::make_cuda_plan(embedding_shape(s_, Direction::bwd, s_.dtype));
+        lookup_bwd_args_.idx = tokens_.as<const std::int64_t>(), lookup_bwd_args_.dout = dx_.get();
+        lookup_bwd_args_.dW = grads_.as<float>() + embed_;
+      }
+      // The loss: one cross_entropy_dbias launch that also advances AdamW's step count, or
+      // cross_entropy fwd (loss, lse) and bwd (dlogits), bias_grad, and AdamW advancing it itself.
+      xent_args_.logits = logits_.get(), xent_args_.loss = loss_.get();
+      if (c_.fused_loss()) {
+        xent_ = loss::make_cuda_plan(loss::dbias_shape(s_.dtype, B, C));
+        xent_args_.labels = labels_.as<const std::int32_t>(), xent_args_.dlogits = dlogits_.get();
+        xent_args_.db = grads_.as<float>() + dense_b_;
+        xent_args_.advance = state_.as<StepState>(), xent_args_.hyper = &hyper_;
+      } else {
+        xent_ = loss::make_cuda_plan(loss_shape(s_, Direction::fwd));
+        xent_bwd_ = loss::make_cuda_plan(loss_shape(s_, Direction::bwd));
+        bias_ = matmul::bias_grad::make_cuda_plan(bias_grad_shape(s_));
+        lse_ = gpu::DeviceBuffer(static_cast<std::size_t>(B) * sizeof(float));
+        one_ = gpu::DeviceBuffer(sizeof(float));
+        HOTOPS_CHECK_CUDA(cudaMemcpyAsync(one_.get(), &kOne, sizeof(float), cudaMemcpyHostToDevice, gpu::stream()));
+        xent_args_.target = labels_.as<const std::int64_t>(), xent_args_.lse = lse_.get();
+        xent_bwd_args_.logits = logits_.get(), xent_bwd_args_.target = labels_.as<const std::int64_t>();
+        xent_bwd_args_.saved_lse = lse_.get(), xent_bwd_args_.dloss = one_.get(), xent_bwd_args_.dlogits = dlogits_.get();
+        bias_args_.dy = dlogits_.get(), bias_args_.db = grads_.as<float>() + dense_b_;
+      }
       restart_optimizer();
     }
     // Zero initial states (h0, c0 null), cT not kept; dy zero, dcT null (zero), dh0 and dc0 not asked for.
@@ -164,9 +190,9 @@ class CudaBilstm final : public ModelCase {
     if (s_.train()) {
       restart_optimizer();
       // Poison the tensors, keep the padding zero.
-      poison(grads_.as<float>() + embed_, c_.V * c_.E);
+      poison(grads_.as<float>() + embed_, c_.embed_count());
       poison(grads_.as<float>() + lstm_, static_cast<std::int64_t>(w_elems_));
-      poison(grads_.as<float>() + dense_w_, 2 * c_.H * c_.C);
+      poison(grads_.as<float>() + dense_w_, c_.D * c_.H * c_.C);
       poison(grads_.as<float>() + dense_b_, c_.C);
     }
     run();
@@ -190,11 +216,11 @@ class CudaBilstm final : public ModelCase {
 
   std::string label() const override {
     if (s_.bf16()) return label_bf16();
-    std::string l = std::string("cuDNN RNN ") + rnn_algo() + " bidirectional LSTM " +
+    std::string l = std::string("cuDNN RNN ") + rnn_algo() + directions() + " LSTM " +
                     (s_.train() ? "Forward TRAINING + BackwardData_v8 + BackwardWeights_v8" : "Forward INFERENCE") +
-                    ", FMA math, double bias (kernels/lstm's plan); embedding plan (" + lookup_->label() +
-                    "); dense head plans (" + head_->label() + ")";
-    if (s_.train()) l += "; cross_entropy_dbias plan, embedding bwd plan (" + lookup_bwd_->label() + "), AdamW 1 launch";
+                    ", FMA math, double bias (kernels/lstm's plan); " + input_label() + "; dense head plans (" +
+                    head_->label() + ")";
+    if (s_.train()) l += "; " + loss_label("") + backward_label();
     if (s_.variant == Variant::plain && !capturable_) l += "; not graph-capturable (capture failed at setup): launched one by one";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the tokens (and labels), launches, D2H, sync";
     if (s_.variant == Variant::graph) l += "; graph: pageable H2D of tokens and labels, 1 CUDA graph, D2H loss, sync";
@@ -204,14 +230,11 @@ class CudaBilstm final : public ModelCase {
   std::string label_bf16() const {
     std::string l = std::string("bf16 autocast (f32 master weights, hotops cast_params of the LSTM and dense weights each "
                                 "step); cuDNN RNN ") +
-                    rnn_algo() + " bidirectional LSTM " +
+                    rnn_algo() + directions() + " LSTM " +
                     (s_.train() ? "Forward TRAINING + BackwardData_v8 + BackwardWeights_v8" : "Forward INFERENCE") +
                     ", bf16 data on tensor ops, f32 math precision (bf16 products are exact in f32), double "
-                    "bias (kernels/lstm's plan); embedding plan (" + lookup_->label() + "); dense head plans (" +
-                    head_->label() + ")";
-    if (s_.train())
-      l += "; cross_entropy_dbias plan (f32 math, bf16 dlogits), bf16 dweights widened (copy plan), embedding bwd plan (" +
-           lookup_bwd_->label() + "), AdamW 1 launch";
+                    "bias (kernels/lstm's plan); " + input_label() + "; dense head plans (" + head_->label() + ")";
+    if (s_.train()) l += "; " + loss_label(" (f32 math, bf16 dlogits)") + ", bf16 dweights widened (copy plan)" + backward_label();
     if (s_.variant == Variant::plain && !capturable_) l += "; not graph-capturable (capture failed at setup): launched one by one";
     if (replays())
       l += "; replayed as the CUDA graph captured at setup (cuDNN's bf16 RNN calls cost 5-14 ms of host time a step: "
@@ -219,6 +242,16 @@ class CudaBilstm final : public ModelCase {
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the tokens (and labels), launches one by one (cuDNN's bf16 RNN calls are host-bound), D2H, sync";
     if (s_.variant == Variant::graph) l += "; graph: pageable H2D of tokens and labels, 1 CUDA graph, D2H loss, sync";
     return l;
+  }
+
+  std::string directions() const { return c_.D == 2 ? " bidirectional" : ""; }
+  std::string input_label() const { return lookup_ ? "embedding plan (" + lookup_->label() + ")" : "one-hot input"; }
+  std::string loss_label(const std::string& math) const {
+    return c_.fused_loss() ? "cross_entropy_dbias plan" + math
+                           : "cross_entropy fwd and bwd plans" + math + ", bias_grad plan (" + bias_->label() + ")";
+  }
+  std::string backward_label() const {
+    return (lookup_bwd_ ? ", embedding bwd plan (" + lookup_bwd_->label() + ")" : std::string()) + ", AdamW 1 launch";
   }
 
   // The harness may capture a plain f32 step into its graphs; a plain bf16 step already is one.
@@ -253,15 +286,23 @@ class CudaBilstm final : public ModelCase {
   }
 
   void upload_batch() {
-    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(tokens_.get(), st_.tokens.data(), tokens_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
-    if (s_.train())
-      HOTOPS_CHECK_CUDA(cudaMemcpyAsync(labels_.get(), st_.labels.data(), labels_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
+    if (c_.one_hot)
+      HOTOPS_CHECK_CUDA(cudaMemcpyAsync(x_.get(), st_.x.data(), x_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
+    else
+      HOTOPS_CHECK_CUDA(cudaMemcpyAsync(tokens_.get(), st_.tokens.data(), tokens_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
+    if (!s_.train()) return;
+    const void* labels = c_.fused_loss() ? static_cast<const void*>(st_.labels.data()) : static_cast<const void*>(st_.targets.data());
+    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(labels_.get(), labels, labels_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
   }
 
   void restart_optimizer() {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(m_.get(), 0, m_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(v_.get(), 0, v_.bytes(), gpu::stream()));
-    HOTOPS_CHECK_CUDA(cudaMemsetAsync(state_.get(), 0, sizeof(StepState), gpu::stream()));  // no step taken: the loss plan advances it
+    // No step taken: the loss plan advances the count (zeroed), or AdamW's launch does (first_step).
+    if (c_.fused_loss())
+      HOTOPS_CHECK_CUDA(cudaMemsetAsync(state_.get(), 0, sizeof(StepState), gpu::stream()));
+    else
+      HOTOPS_CHECK_CUDA(cudaMemcpyAsync(state_.get(), &first_, sizeof(StepState), cudaMemcpyHostToDevice, gpu::stream()));
   }
 
   // The algorithm the LSTM plan runs: its label names it ("cuDNN RNN <algo> LSTM ...").
@@ -279,8 +320,8 @@ class CudaBilstm final : public ModelCase {
       if (to_dev) std::copy_n(can + c_at, n, dev + d_at);
       else std::copy_n(dev + d_at, n, can + c_at);
     };
-    move(l_.embed, embed_, static_cast<std::size_t>(c_.V * c_.E));
-    move(l_.dense_w, dense_w_, static_cast<std::size_t>(2 * c_.H * c_.C));
+    move(l_.embed, embed_, static_cast<std::size_t>(c_.embed_count()));
+    move(l_.dense_w, dense_w_, static_cast<std::size_t>(c_.D * c_.H * c_.C));
     move(l_.dense_b, dense_b_, static_cast<std::size_t>(c_.C));
     const std::pair<std::size_t, const std::vector<std::size_t>*> tensors[] = {
         {l_.w_ih, &positions_.w_ih}, {l_.w_hh, &positions_.w_hh}, {l_.b_ih, &positions_.b_ih}, {l_.b_hh, &positions_.b_hh}};
@@ -313,8 +354,10 @@ class CudaBilstm final : public ModelCase {
   // The step on the LSTM's dtype (bf16 after the cast of the weights), through the plans.
   void device_step_on() {
     cudaStream_t st = gpu::stream();
-    trace::op("embedding");
-    lookup_->run(lookup_args_);
+    if (lookup_) {
+      trace::op("embedding");
+      lookup_->run(lookup_args_);
+    }
     trace::op("lstm");
     if (s_.train()) rnn_->forward(lstm_args_);
     else rnn_->run(lstm_args_);
@@ -322,12 +365,13 @@ class CudaBilstm final : public ModelCase {
     head_->run(head_args_);
     if (!s_.train()) return;
 
-    trace::op("cross_entropy");
-    loss::Args xa;
-    xa.logits = logits_.get(), xa.labels = labels_.as<const std::int32_t>(), xa.dlogits = dlogits_.get();
-    xa.loss = loss_.get(), xa.db = grads_.as<float>() + dense_b_;
-    xa.advance = state_.as<StepState>(), xa.hyper = &hyper_;
-    xent_->run(xa);
+    trace::op("cross_entropy");  // loss and dlogits (fused_loss: and the dense bias gradient)
+    xent_->run(xent_args_);
+    if (xent_bwd_) {
+      xent_bwd_->run(xent_bwd_args_);
+      trace::op("bias_grad");
+      bias_->run(bias_args_);
+    }
     trace::op("mm");
     head_wgrad_->run(head_wgrad_args_);
     head_dgrad_->run(head_dgrad_args_);
@@ -339,12 +383,14 @@ class CudaBilstm final : public ModelCase {
       widen_->run(widen_args_);
     }
 
-    trace::op("embedding_bwd");  // the batch's tokens sorted on the device, then every row of dE
-    lookup_bwd_->run(lookup_bwd_args_);
+    if (lookup_bwd_) {
+      trace::op("embedding_bwd");  // the batch's tokens sorted on the device, then every row of dE
+      lookup_bwd_->run(lookup_bwd_args_);
+    }
 
-    trace::op("adamw");
+    trace::op("adamw");  // the step count advanced by the loss plan (fused_loss) or by this launch
     adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-                     static_cast<std::int64_t>(total_), state_.as<StepState>(), nullptr, st);
+                     static_cast<std::int64_t>(total_), state_.as<StepState>(), c_.fused_loss() ? nullptr : &hyper_, st);
   }
 
   Shape s_;
@@ -354,21 +400,27 @@ class CudaBilstm final : public ModelCase {
   std::size_t es_;  // the LSTM's data element size: 4 (f32) or 2 (bf16)
   std::size_t embed_ = 0, lstm_ = 0, dense_w_ = 0, dense_b_ = 0, total_ = 0;  // the device layout, floats
   std::size_t w_elems_ = 0;  // cuDNN's weight space, in elements
-  std::unique_ptr<lstm::Plan> rnn_;  // the BiLSTM on cuDNN's weight space (the masters' LSTM region)
+  std::unique_ptr<lstm::Plan> rnn_;  // the LSTM on cuDNN's weight space (the masters' LSTM region)
   lstm::Args lstm_args_;
   lstm::Layout::Positions positions_;  // PyTorch's LSTM tensors in that space, for the conversions
   std::size_t w_bytes_ = 0;
-  gpu::DeviceBuffer params_, grads_, m_, v_, tokens_, labels_, x_, y_, hT_, logits_;
+  gpu::DeviceBuffer params_, grads_, m_, v_, tokens_, labels_, x_, y_, hT_, logits_;  // labels_: int32, or int64 targets
   gpu::DeviceBuffer loss_, state_, dlogits_, dhT_, dy_, dx_;
   gpu::DeviceBuffer low_, dw_low_;  // bf16: the step's copy of the weights, cuDNN's bf16 dweights
-  std::unique_ptr<embedding::Plan> lookup_, lookup_bwd_;            // the gather; train: its gradient
+  std::unique_ptr<embedding::Plan> lookup_, lookup_bwd_;            // the gather; train: its gradient (not one_hot)
   std::unique_ptr<matmul::Plan> head_, head_wgrad_, head_dgrad_;   // the dense head; train: dW, dhT
   std::unique_ptr<copy::Plan> widen_;                              // bf16 train: cuDNN's dweights to f32
   embedding::Args lookup_args_, lookup_bwd_args_;
   matmul::Args head_args_, head_wgrad_args_, head_dgrad_args_;
   copy::Args widen_args_;
-  std::unique_ptr<loss::Plan> xent_;                          // train: the head's loss and gradients
-  adamw::Hyper hyper_ = models::hyper();                      // AdamW's, as the loss plan advances the step count
+  std::unique_ptr<loss::Plan> xent_, xent_bwd_;               // train: the head's loss and gradients (xent_bwd_: not fused_loss)
+  std::unique_ptr<matmul::bias_grad::Plan> bias_;             // train, not fused_loss: the dense bias gradient
+  loss::Args xent_args_, xent_bwd_args_;
+  matmul::bias_grad::Args bias_args_;
+  gpu::DeviceBuffer lse_, one_;                               // not fused_loss: the saved lse, dloss = 1
+  static constexpr float kOne = 1.f;
+  adamw::Hyper hyper_ = models::hyper();                      // AdamW's, as the loss plan or the AdamW launch advances the step count
+  StepState first_ = adamw::first_step(models::hyper());      // not fused_loss: the count before the first step
   HostBuffer logits_host_;
   float loss_host_ = 0;
   bool capturable_ = false;

@@ -1,4 +1,5 @@
-// The model_bilstm family: names, work, the learnable task and verification.
+// The model_bilstm family (the BiLSTM and the character LSTM): names, work, the learnable tasks and
+// verification.
 //
 // Names, as the models family's: model.<config>/<cpu|cuda>/<f32|bf16>/<infer|train>/batch:B, then at most
 // one variant arg: threads:T (CPU, T OpenMP threads), e2e:1 (CUDA, host time of the step with the
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 
 #include "hotops/check.h"
@@ -35,15 +37,19 @@ class BilstmFamily final : public models::ModelFamily {
     std::vector<Problem> out;
     models::expand_step_problems("bilstm_test", 3, {1}, true, out, /*with_bf16=*/true);
     models::expand_step_problems("bilstm_test", 8, {}, true, out, /*with_bf16=*/true);
+    // The character LSTM's (one direction, one-hot input, 19 classes: past cross_entropy_dbias's 16).
+    models::expand_step_problems("textgen_test", 3, {1}, true, out, /*with_bf16=*/true);
     return out;
   }
 
-  // FLOPs: the LSTM's GEMMs, 2 directions x T x 2 x B x 4H x (E + H), and the dense layer's
-  // 2 x B x 2H x C; the cell's pointwise math, the gather and the loss are not counted. train: 3x
-  // that (forward, data and weight gradients) plus AdamW's 14 per parameter.
-  // Bytes, the fewest a step must move: infer reads the tokens, the B x T embedding rows they pick,
-  // the LSTM and dense parameters, and writes the logits; train reads the tokens and labels, reads
-  // and writes every parameter and AdamW's m and v (6 x 4 bytes per parameter, as the dense models).
+  // FLOPs: the LSTM's GEMMs, D directions x T x 2 x B x 4H x (E + H), and the dense layer's
+  // 2 x B x DH x C; the cell's pointwise math, the gather and the loss are not counted (nor the
+  // one-hot input's zeros: the LSTM multiplies them as a dense tensor). train: 3x that (forward,
+  // data and weight gradients) plus AdamW's 14 per parameter.
+  // Bytes, the fewest a step must move: infer reads the tokens and the B x T embedding rows they pick
+  // (one_hot: the one-hot batch in the dtype), the LSTM and dense parameters, and writes the logits;
+  // train reads that batch and the labels (int32; int64 targets for cross_entropy), reads and writes
+  // every parameter and AdamW's m and v (6 x 4 bytes per parameter, as the dense models).
   // bf16 keeps the f32 parameters (its per-step bf16 copy is not counted, as the dense models'); its
   // logits are 2 bytes.
   Work work(const Problem& p) const override {
@@ -52,14 +58,15 @@ class BilstmFamily final : public models::ModelFamily {
     const Layout l = layout_of(c);
     const double B = static_cast<double>(s.batch), T = static_cast<double>(c.T), E = static_cast<double>(c.E),
                  H = static_cast<double>(c.H), C = static_cast<double>(c.C), P = static_cast<double>(l.parameters);
-    const double fwd = 2 * T * 2 * B * 4 * H * (E + H) + 2 * B * 2 * H * C;
-    const double tokens = 8 * B * T;  // int64
+    const double D = static_cast<double>(c.D), es = s.bf16() ? 2 : 4;
+    const double fwd = 2 * T * D * B * 4 * H * (E + H) + 2 * B * D * H * C;
+    const double batch = c.one_hot ? es * T * B * E : 8 * B * T;  // the one-hot tensor, or int64 tokens
+    const double labels = (c.fused_loss() ? 4 : 8) * B;
     if (!s.train()) {
-      const double rows = std::min(B * T, static_cast<double>(c.V)) * E;
-      const double logit_bytes = s.bf16() ? 2 : 4;
-      return {fwd, 4 * (P - static_cast<double>(c.V) * E + rows) + tokens + logit_bytes * B * C, B};
+      const double rows = c.one_hot ? 0 : std::min(B * T, static_cast<double>(c.V)) * E;
+      return {fwd, 4 * (P - static_cast<double>(c.embed_count()) + rows) + batch + es * B * C, B};
     }
-    return {3 * fwd + kAdamwFlopsPerParam * P, 6 * 4 * P + tokens + 4 * B, B};
+    return {3 * fwd + kAdamwFlopsPerParam * P, 6 * 4 * P + batch + labels, B};
   }
 
 };
@@ -75,12 +82,18 @@ using models::slice;
 const std::vector<Config>& configs() {
   // Keras' imdb_bidirectional_lstm.py (max_features 20000, maxlen 200 in Max Woolf's run,
   // embedding 128), batch 64 in the script, swept 32 and 256; LSTM width as kernels/lstm's imdb.bilstm.
+  // Keras' lstm_text_generation.py: 40 one-hot characters of a 57-symbol alphabet, LSTM(128), Dense(57)
+  // softmax, batch 128 in the script, swept 32 and 512; the LSTM as kernels/lstm's textgen.
   static const std::vector<Config> all = {
       {"bilstm_imdb", 20000, 128, 128, 200, 2, {32, 64, 256}},
       {"bilstm_test", 50, 5, 7, 5, 2, {}},
+      {"lstm_textgen", 57, 57, 128, 40, 57, {32, 128, 512}, 1, true},
+      {"textgen_test", 19, 19, 7, 5, 19, {}, 1, true},
   };
   return all;
 }
+
+bool Config::fused_loss() const { return C <= loss::kDbiasMaxClasses; }
 
 const Config& config_named(const std::string& name) { return models::entry_named(configs(), name, "model_bilstm: unknown model "); }
 
@@ -107,25 +120,44 @@ matmul::Shape head_shape(const Shape& s, Direction d, DType dh) {
   m.op = d == Direction::fwd ? matmul::Op::addmm : matmul::Op::mm;
   m.dir = d;
   m.dtype = s.dtype;
-  m.M = s.batch, m.N = s.cfg.C, m.K = 2 * s.cfg.H;
-  m.a_blocks = 2;  // hT [2, B, H]: the directions' final states, concatenated where they lie
+  m.M = s.batch, m.N = s.cfg.C, m.K = s.cfg.D * s.cfg.H;
+  m.a_blocks = s.cfg.D;  // hT [D, B, H]: the directions' final states, concatenated where they lie
   // bf16: the weight gradient f32 (master weights); dhT f32 where the LSTM's backward takes it so.
   m.f32_out = s.bf16() && (d == Direction::bwd_weight || (d == Direction::bwd_data && dh == DType::f32));
   return m;
 }
 
+loss::Shape loss_shape(const Shape& s, Direction d) {
+  loss::Shape x;
+  x.kind = loss::Kind::cross_entropy, x.dir = d, x.dtype = s.dtype, x.rows = s.batch, x.classes = s.cfg.C;
+  return x;
+}
+
+matmul::bias_grad::Shape bias_grad_shape(const Shape& s) { return {s.dtype, s.batch, s.cfg.C}; }
+
 Layout layout_of(const Config& c) {
   Layout l;
   auto place = [&](std::int64_t n) { return models::place_aligned(l.total, l.parameters, n); };
-  const std::int64_t G = 4 * c.H;
-  l.embed = place(c.V * c.E);
-  l.w_ih = place(2 * G * c.E);
-  l.w_hh = place(2 * G * c.H);
-  l.b_ih = place(2 * G);
-  l.b_hh = place(2 * G);
-  l.dense_w = place(2 * c.H * c.C);
+  const std::int64_t G = c.D * 4 * c.H;
+  l.embed = place(c.embed_count());
+  l.w_ih = place(G * c.E);
+  l.w_hh = place(G * c.H);
+  l.b_ih = place(G);
+  l.b_hh = place(G);
+  l.dense_w = place(c.D * c.H * c.C);
   l.dense_b = place(c.C);
   return l;
+}
+
+std::vector<Tensor> gradient_tensors(const Config& c, const Layout& l) {
+  const std::int64_t G = c.D * 4 * c.H;
+  std::vector<Tensor> all;
+  if (!c.one_hot) all.push_back({"dEmbedding", l.embed, c.embed_count()});
+  for (const Tensor& t : {Tensor{"dW_ih", l.w_ih, G * c.E}, Tensor{"dW_hh", l.w_hh, G * c.H}, Tensor{"db_ih", l.b_ih, G},
+                          Tensor{"db_hh", l.b_hh, G}, Tensor{"dW_dense", l.dense_w, c.D * c.H * c.C},
+                          Tensor{"db_dense", l.dense_b, c.C}})
+    all.push_back(t);
+  return all;
 }
 
 State make_state(const Shape& s, const Layout& l, std::uint64_t seed) {
@@ -137,28 +169,44 @@ State make_state(const Shape& s, const Layout& l, std::uint64_t seed) {
   st.tokens.resize(N);
   for (std::size_t i = 0; i < N; ++i)
     st.tokens[i] = std::min<std::int64_t>(c.V - 1, static_cast<std::int64_t>(u.get(i) * static_cast<double>(c.V)));
-  // The "positive" tenth of the vocabulary: fixed, so that every batch and seed poses the same task.
+  // Fixed, so that every batch and seed poses the same task: two classes, the "positive" tenth of
+  // the vocabulary; more, the next character as a function of the last.
   HostBuffer pick(DType::f32, static_cast<std::size_t>(c.V));
   pick.fill_uniform(0xb1157ull, 2, 0.f, 1.f);
+  const auto token = [&](std::int64_t b, std::int64_t t) { return st.tokens[static_cast<std::size_t>(b * c.T + t)]; };
   const std::int64_t threshold = c.T / 10;
   st.labels.resize(static_cast<std::size_t>(s.batch));
   for (std::int64_t b = 0; b < s.batch; ++b) {
-    std::int64_t hits = 0;
-    for (std::int64_t t = 0; t < c.T; ++t) hits += pick.get(static_cast<std::size_t>(st.tokens[static_cast<std::size_t>(b * c.T + t)])) < 0.1;
-    st.labels[static_cast<std::size_t>(b)] = hits > threshold ? 1 : 0;
+    std::int32_t label = 0;
+    if (c.C == 2) {
+      std::int64_t hits = 0;
+      for (std::int64_t t = 0; t < c.T; ++t) hits += pick.get(static_cast<std::size_t>(token(b, t))) < 0.1;
+      label = hits > threshold ? 1 : 0;
+    } else {
+      const double u = pick.get(static_cast<std::size_t>(token(b, c.T - 1)));
+      label = static_cast<std::int32_t>(std::min<std::int64_t>(c.C - 1, static_cast<std::int64_t>(u * static_cast<double>(c.C))));
+    }
+    st.labels[static_cast<std::size_t>(b)] = label;
+  }
+  st.targets.assign(st.labels.begin(), st.labels.end());
+  if (c.one_hot) {
+    st.x = HostBuffer(s.dtype, static_cast<std::size_t>(c.T * s.batch * c.E));
+    std::memset(st.x.data(), 0, st.x.bytes());
+    for (std::int64_t t = 0; t < c.T; ++t)
+      for (std::int64_t b = 0; b < s.batch; ++b) st.x.set(static_cast<std::size_t>((t * s.batch + b) * c.E + token(b, t)), 1.0);
   }
   st.params = HostBuffer(DType::f32, l.total);
   std::fill_n(st.params.as<float>(), l.total, 0.f);
-  const std::int64_t G = 4 * c.H;
+  const std::int64_t G = c.D * 4 * c.H;
   const float k_lstm = static_cast<float>(1 / std::sqrt(static_cast<double>(c.H)));
-  const float k_dense = static_cast<float>(1 / std::sqrt(static_cast<double>(2 * c.H)));
+  const float k_dense = static_cast<float>(1 / std::sqrt(static_cast<double>(c.D * c.H)));
   struct Part {
     std::size_t at;
     std::int64_t n;
     float bound;
   };
-  const Part parts[] = {{l.embed, c.V * c.E, 1.f},      {l.w_ih, 2 * G * c.E, k_lstm},     {l.w_hh, 2 * G * c.H, k_lstm},
-                        {l.b_ih, 2 * G, k_lstm},        {l.b_hh, 2 * G, k_lstm},           {l.dense_w, 2 * c.H * c.C, k_dense},
+  const Part parts[] = {{l.embed, c.embed_count(), 1.f},  {l.w_ih, G * c.E, k_lstm},     {l.w_hh, G * c.H, k_lstm},
+                        {l.b_ih, G, k_lstm},               {l.b_hh, G, k_lstm},           {l.dense_w, c.D * c.H * c.C, k_dense},
                         {l.dense_b, c.C, k_dense}};
   std::uint64_t stream = 100;
   for (const Part& part : parts) {
@@ -188,7 +236,7 @@ State make_state(const Shape& s, const Layout& l, std::uint64_t seed) {
 // in quadrature, ~u of the gates' rms), carried through c as a random walk over the steps: max|hT -
 // ref| / rms <= tolerance(bf16) = 4e-2 up to T = 25, times sqrt(T / 25) beyond (0.113 at T 200), the
 // bound cuDNN's bf16 imdb.bilstm passes in that family. The dense head passes hT's relative error to
-// the logits unchanged (a sum over 2H of independent errors scales as the sum), plus u for its bf16 W
+// the logits unchanged (a sum over D H of independent errors scales as the sum), plus u for its bf16 W
 // and u for the logits' own rounding: small beside it. So:
 // - logits: max|out - ref| / rms(ref) <= tolerance(bf16) x growth, and rms(out - ref) / rms(ref) <=
 //   1e-2 x growth (a few roundings of ~u in quadrature, ~5e-3 x growth; rounding averages out in the
@@ -249,18 +297,13 @@ Check verify_outcome(const Shape& s, const Layout& l, const State& start, const 
                   : within("loss", {static_cast<double>(out.loss)}, {ref.loss}, std::max(std::fabs(ref.loss), 1e-30), tol);
   if (b16) all.merge(close(true, "logits", as_doubles(out.logits), ref.logits, rms(ref.logits), tol, tol_rms), "logits");
   const std::vector<double> g = as_doubles(out.grads);
-  const std::int64_t G = 4 * c.H;
-  const std::pair<const char*, std::pair<std::size_t, std::int64_t>> tensors[] = {
-      {"dEmbedding", {l.embed, c.V * c.E}}, {"dW_ih", {l.w_ih, 2 * G * c.E}}, {"dW_hh", {l.w_hh, 2 * G * c.H}},
-      {"db_ih", {l.b_ih, 2 * G}},           {"db_hh", {l.b_hh, 2 * G}},       {"dW_dense", {l.dense_w, 2 * c.H * c.C}},
-      {"db_dense", {l.dense_b, c.C}}};
-  for (const auto& [what, where] : tensors) {
-    const std::size_t n = static_cast<std::size_t>(where.second);
-    const std::vector<double> r = slice(ref.grad, where.first, n);
+  for (const Tensor& t : gradient_tensors(c, l)) {
+    const std::size_t n = static_cast<std::size_t>(t.count);
+    const std::vector<double> r = slice(ref.grad, t.at, n);
     if (b16) {
-      all.merge(close(true, what, slice(g, where.first, n), r, peak(r), 2 * tol, 2 * tol_rms), what);
+      all.merge(close(true, t.name, slice(g, t.at, n), r, peak(r), 2 * tol, 2 * tol_rms), t.name);
     } else {
-      all.merge(within(what, slice(g, where.first, n), r, std::max(rms(r), 1e-30), 1e-3 * growth), what);
+      all.merge(within(t.name, slice(g, t.at, n), r, std::max(rms(r), 1e-30), 1e-3 * growth), t.name);
     }
   }
   all.merge(models::adamw_first_step(p0, g, start.m, start.v, out.params, l.total), "step");

@@ -1,6 +1,6 @@
-// The model_bilstm reference in double: the embedding gather, kernels/lstm's BiLSTM reference
-// (forward and backpropagation through time), the dense head, softmax cross-entropy, and the
-// embedding gradient as a scatter-add of dx over the tokens.
+// The model_bilstm reference in double: the embedding gather (or the one-hot input), kernels/lstm's
+// LSTM reference (forward and backpropagation through time, one or two directions), the dense head,
+// softmax cross-entropy, and the embedding gradient as a scatter-add of dx over the tokens.
 #include <algorithm>
 #include <cmath>
 
@@ -19,7 +19,7 @@ void round_bf16(std::vector<double>& v) {
 Reference reference(const Config& c, const Layout& l, const std::vector<double>& params_in,
                     const std::vector<std::int64_t>& tokens, const std::vector<std::int32_t>& labels, std::int64_t batch,
                     bool backward, bool bf16_rounding) {
-  const std::int64_t B = batch, T = c.T, E = c.E, H = c.H, C = c.C, G = 4 * H;
+  const std::int64_t B = batch, T = c.T, E = c.E, H = c.H, C = c.C, D = c.D, G = D * 4 * H;
   std::vector<double> rounded;
   if (bf16_rounding) rounded = params_in, round_bf16(rounded);
   const std::vector<double>& params = bf16_rounding ? rounded : params_in;
@@ -28,29 +28,32 @@ Reference reference(const Config& c, const Layout& l, const std::vector<double>&
   };
   lstm::Shape ls;
   ls.dir = Direction::bwd;
-  ls.T = T, ls.B = B, ls.I = E, ls.H = H, ls.bidirectional = true;
+  ls.T = T, ls.B = B, ls.I = E, ls.H = H, ls.bidirectional = D == 2;
   const auto part = [&](std::size_t at, std::int64_t n) {
     return std::vector<double>(params.begin() + static_cast<std::ptrdiff_t>(at),
                                params.begin() + static_cast<std::ptrdiff_t>(at + static_cast<std::size_t>(n)));
   };
   lstm::RefInputs in;
-  in.x.assign(static_cast<std::size_t>(T * B * E), 0);  // [T, B, E]: row (t, b) is embed[tokens[b, t]]
+  in.x.assign(static_cast<std::size_t>(T * B * E), 0);  // [T, B, E]: row (t, b) is embed[tokens[b, t]], or one-hot
   for (std::int64_t t = 0; t < T; ++t)
     for (std::int64_t b = 0; b < B; ++b) {
       const std::int64_t v = tokens[static_cast<std::size_t>(b * T + t)];
-      std::copy_n(params.begin() + static_cast<std::ptrdiff_t>(l.embed + static_cast<std::size_t>(v * E)), E,
-                  in.x.begin() + (t * B + b) * E);
+      if (c.one_hot)
+        in.x[static_cast<std::size_t>((t * B + b) * E + v)] = 1;
+      else
+        std::copy_n(params.begin() + static_cast<std::ptrdiff_t>(l.embed + static_cast<std::size_t>(v * E)), E,
+                    in.x.begin() + (t * B + b) * E);
     }
-  in.h0.assign(static_cast<std::size_t>(2 * B * H), 0);
+  in.h0.assign(static_cast<std::size_t>(D * B * H), 0);
   in.c0 = in.h0;
-  in.w_ih = part(l.w_ih, 2 * G * E);
-  in.w_hh = part(l.w_hh, 2 * G * H);
-  in.b_ih = part(l.b_ih, 2 * G);
-  in.b_hh = part(l.b_hh, 2 * G);
+  in.w_ih = part(l.w_ih, G * E);
+  in.w_hh = part(l.w_hh, G * H);
+  in.b_ih = part(l.b_ih, G);
+  in.b_hh = part(l.b_hh, G);
   lstm::Forward f = lstm::reference_forward(ls, in);
   round(f.hT);
 
-  // logits[b] = [hT[0, b], hT[1, b]] . W + bias
+  // logits[b] = [hT[0, b], .., hT[D - 1, b]] . W + bias
   Reference ref;
   ref.logits.assign(static_cast<std::size_t>(B * C), 0);
   const auto W = [&](std::int64_t row, std::int64_t col) { return params[l.dense_w + static_cast<std::size_t>(row * C + col)]; };
@@ -58,7 +61,7 @@ Reference reference(const Config& c, const Layout& l, const std::vector<double>&
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t o = 0; o < C; ++o) {
       double z = params[l.dense_b + static_cast<std::size_t>(o)];
-      for (std::int64_t k = 0; k < 2 * H; ++k) z += feat(b, k) * W(k, o);
+      for (std::int64_t k = 0; k < D * H; ++k) z += feat(b, k) * W(k, o);
       ref.logits[static_cast<std::size_t>(b * C + o)] = z;
     }
   round(ref.logits);
@@ -80,22 +83,22 @@ Reference reference(const Config& c, const Layout& l, const std::vector<double>&
   ref.loss = loss / static_cast<double>(B);
   round(dz);
 
-  // The dense layer: dW = feat^T . dz, db = colsum(dz), dfeat = dz . W^T (into dhT [2, B, H]).
+  // The dense layer: dW = feat^T . dz, db = colsum(dz), dfeat = dz . W^T (into dhT [D, B, H]).
   ref.grad.assign(l.total, 0.0);
-  in.dy.assign(static_cast<std::size_t>(T * B * 2 * H), 0);
-  in.dhT.assign(static_cast<std::size_t>(2 * B * H), 0);
+  in.dy.assign(static_cast<std::size_t>(T * B * D * H), 0);
+  in.dhT.assign(static_cast<std::size_t>(D * B * H), 0);
   in.dcT = in.dhT;
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t o = 0; o < C; ++o) {
       const double d = dz[static_cast<std::size_t>(b * C + o)];
       ref.grad[l.dense_b + static_cast<std::size_t>(o)] += d;
-      for (std::int64_t k = 0; k < 2 * H; ++k) {
+      for (std::int64_t k = 0; k < D * H; ++k) {
         ref.grad[l.dense_w + static_cast<std::size_t>(k * C + o)] += feat(b, k) * d;
         in.dhT[static_cast<std::size_t>(((k / H) * B + b) * H + k % H)] += d * W(k, o);
       }
     }
 
-  // The BiLSTM through time, then the embedding: dE[tokens[b, t]] += dx[t, b].
+  // The LSTM through time, then the embedding: dE[tokens[b, t]] += dx[t, b].
   round(in.dhT);
   lstm::Backward r = lstm::reference_backward(ls, in, f);
   round(r.dx), round(r.dw_ih), round(r.dw_hh), round(r.db);
@@ -103,6 +106,7 @@ Reference reference(const Config& c, const Layout& l, const std::vector<double>&
   std::copy(r.dw_hh.begin(), r.dw_hh.end(), ref.grad.begin() + static_cast<std::ptrdiff_t>(l.w_hh));
   std::copy(r.db.begin(), r.db.end(), ref.grad.begin() + static_cast<std::ptrdiff_t>(l.b_ih));
   std::copy(r.db.begin(), r.db.end(), ref.grad.begin() + static_cast<std::ptrdiff_t>(l.b_hh));
+  if (c.one_hot) return ref;
   for (std::int64_t t = 0; t < T; ++t)
     for (std::int64_t b = 0; b < B; ++b) {
       const std::int64_t v = tokens[static_cast<std::size_t>(b * T + t)];
