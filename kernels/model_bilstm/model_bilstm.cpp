@@ -183,8 +183,8 @@ State make_state(const Shape& s, const Layout& l, std::uint64_t seed) {
       for (std::int64_t t = 0; t < c.T; ++t) hits += pick.get(static_cast<std::size_t>(token(b, t))) < 0.1;
       label = hits > threshold ? 1 : 0;
     } else {
-      const double u = pick.get(static_cast<std::size_t>(token(b, c.T - 1)));
-      label = static_cast<std::int32_t>(std::min<std::int64_t>(c.C - 1, static_cast<std::int64_t>(u * static_cast<double>(c.C))));
+      const double next = pick.get(static_cast<std::size_t>(token(b, c.T - 1)));
+      label = static_cast<std::int32_t>(std::min<std::int64_t>(c.C - 1, static_cast<std::int64_t>(next * static_cast<double>(c.C))));
     }
     st.labels[static_cast<std::size_t>(b)] = label;
   }
