@@ -24,6 +24,9 @@ T store(float v) {
   else return float_to_bf16(v);
 }
 
+// relu(z scale + shift): the forward's value of an element, and what cpu_activation gives.
+inline float activation(float z, float scale, float shift) { return std::max(z * scale + shift, 0.f); }
+
 // Per-channel sums s1, s2 of f(row, c, &a, &b) over `rows` rows, per thread in double, then added in
 // thread order (deterministic for a thread count).
 template <class F>
@@ -135,7 +138,7 @@ class CpuReluMaxpool final : public Plan {
         std::uint8_t at = 0;
         for (std::int64_t i = 0; i < k; ++i)
           for (std::int64_t j = 0; j < k; ++j) {
-            const float y = std::max(load(win[z_row(i * s_.W + j) + c * cs_]) * s + t, 0.f);
+            const float y = activation(load(win[z_row(i * s_.W + j) + c * cs_]), s, t);
             if (y > best) best = y, at = static_cast<std::uint8_t>(i * k + j);
           }
         out[o + c * pcs_] = store<T>(best * drop(a, n, (ph * PW + pw) * C + c));
@@ -147,7 +150,7 @@ class CpuReluMaxpool final : public Plan {
   // The gradient reaching z's element (n, h, w, c) through dropout, the pool and the ReLU.
   float dy(const Args& a, std::int64_t n, std::int64_t h, std::int64_t w, std::int64_t c, float zv) const {
     const std::int64_t k = s_.k, ph = h / k, pw = w / k;
-    if (ph >= s_.PH() || pw >= s_.PW() || !(zv * a.scale[c] + a.shift[c] > 0.f)) return 0.f;
+    if (ph >= s_.PH() || pw >= s_.PW() || !(activation(zv, a.scale[c], a.shift[c]) > 0.f)) return 0.f;
     const std::int64_t j = pooled_row((n * s_.PH() + ph) * s_.PW() + pw) + c * pcs_;
     if (s_.pool && a.arg[j] != (h % k) * k + w % k) return 0.f;
     return load(static_cast<const T*>(a.dout)[j]) * drop(a, n, (ph * s_.PW() + pw) * s_.C + c);
@@ -202,6 +205,19 @@ class CpuReluMaxpool final : public Plan {
 };
 
 }  // namespace
+
+void cpu_activation(const Shape& s, const void* z, const float* scale, const float* shift, float* out) {
+  const std::int64_t n = s.count(), C = s.C, plane = s.layout == Layout::nchw ? s.H * s.W : 1;
+  auto act = [&](auto* zt) {
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t c = (i / plane) % C;
+      out[i] = activation(load(zt[i]), scale[c], shift[c]);
+    }
+  };
+  if (s.dtype == DType::bf16) act(static_cast<const bf16*>(z));
+  else act(static_cast<const float*>(z));
+}
 
 std::unique_ptr<Plan> make_cpu_plan(const Shape& s) {
   if (s.dtype == DType::bf16) return std::make_unique<CpuReluMaxpool<bf16>>(s);
