@@ -1,5 +1,5 @@
 // batchnorm_relu_maxpool and batchnorm_relu on the CPU: OpenMP loops over the rows (n, h, w),
-// channels innermost (NHWC contiguous, NCHW strided by a plane). The batch statistics are per-thread
+// channels innermost (NHWC and nc: contiguous, vectorized over the channels; NCHW strided by a plane). The batch statistics are per-thread
 // double sums shifted by each channel's first value, added in thread order; the activations are f32
 // math over f32 or bf16 storage.
 #include <omp.h>
@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "hotops/cpu_vector.h"
 #include "hotops/dtype.h"
 #include "kernels/batchnorm/relu_maxpool.h"
 
@@ -26,6 +27,130 @@ T store(float v) {
 
 // relu(z scale + shift): the forward's value of an element, and what cpu_activation gives.
 inline float activation(float z, float scale, float shift) { return std::max(z * scale + shift, 0.f); }
+
+// The contiguous-row loops (NHWC, nc), each over one row's C channels, compiled three times
+// (HOTOPS_CPU_CLONES: AVX-512, AVX2, baseline) for f32 (D f32) and bf16 storage.
+namespace kernel {
+
+using vec::Elem;
+
+// The batch statistics' sums of a row of z, shifted by k0.
+template <DType D>
+HOTOPS_VECTOR_INLINE void stats(const void* zv, const float* __restrict k0, double* __restrict x1, double* __restrict x2,
+                                std::int64_t C) {
+  const auto* __restrict z = static_cast<const typename Elem<D>::T*>(zv);
+  for (std::int64_t c = 0; c < C; ++c) {
+    const double d = static_cast<double>(Elem<D>::load(z[c])) - k0[c];
+    x1[c] += d, x2[c] += d * d;
+  }
+}
+
+// One pooled row: the first maximum of relu(z scale + shift) over the k x k window whose corner row
+// is zv (rows `stride` elements apart), its index into at, then dropout (keep: the mask's key, e0
+// the row's first element in its sample, hi the sample's mask word) into out.
+template <DType D>
+HOTOPS_VECTOR_INLINE void pool(const void* zv, std::int64_t k, std::int64_t stride, std::int64_t C, const float* __restrict sc,
+                               const float* __restrict sh, const pointwise::DropoutKey* key, std::uint32_t e0, std::uint32_t hi,
+                               void* outv, std::uint8_t* __restrict at, float* __restrict best) {
+  using T = typename Elem<D>::T;
+  const T* z = static_cast<const T*>(zv);
+  T* __restrict out = static_cast<T*>(outv);
+  for (std::int64_t c = 0; c < C; ++c) best[c] = -1.f, at[c] = 0;
+  for (std::int64_t i = 0; i < k; ++i)
+    for (std::int64_t j = 0; j < k; ++j) {
+      const T* __restrict zr = z + i * stride + j * C;
+      const auto q = static_cast<std::uint8_t>(i * k + j);
+      for (std::int64_t c = 0; c < C; ++c) {
+        const float y = std::max(Elem<D>::load(zr[c]) * sc[c] + sh[c], 0.f);
+        const bool more = y > best[c];
+        best[c] = more ? y : best[c];
+        at[c] = more ? q : at[c];
+      }
+    }
+  if (key) {
+    const pointwise::DropoutKey kk = *key;
+    for (std::int64_t c = 0; c < C; ++c)
+      out[c] = Elem<D>::store(best[c] * vec::if_set(pointwise::dropout_keep(kk, e0 + static_cast<std::uint32_t>(c), hi), kk.scale, 0.f));
+  } else {
+    for (std::int64_t c = 0; c < C; ++c) out[c] = Elem<D>::store(best[c]);
+  }
+}
+
+// The backward's first stage on one pooled row: the gradient reaching each channel's argmax (the
+// window's corner row zv, rows `stride` apart; arg null: k = 1), through dropout and the ReLU, into
+// g, and the sums of it and of it times xhat (bn).
+template <DType D>
+HOTOPS_VECTOR_INLINE void grad(const void* zv, const std::uint8_t* __restrict arg, std::int64_t k, std::int64_t stride,
+                               std::int64_t C, const float* __restrict sc, const float* __restrict sh, const float* __restrict mean,
+                               const float* __restrict rstd, const void* doutv, const pointwise::DropoutKey* key, std::uint32_t e0,
+                               std::uint32_t hi, float* __restrict g, double* __restrict x1, double* __restrict x2) {
+  using T = typename Elem<D>::T;
+  const T* z = static_cast<const T*>(zv);
+  const T* __restrict dout = static_cast<const T*>(doutv);
+  const pointwise::DropoutKey kk = key ? *key : pointwise::DropoutKey{};
+  for (std::int64_t c = 0; c < C; ++c) {
+    const std::int64_t q = arg ? arg[c] : 0;
+    const float zv1 = Elem<D>::load(z[(q / k) * stride + (q % k) * C + c]);
+    float d = std::max(zv1 * sc[c] + sh[c], 0.f) > 0.f ? Elem<D>::load(dout[c]) : 0.f;
+    if (key) d *= vec::if_set(pointwise::dropout_keep(kk, e0 + static_cast<std::uint32_t>(c), hi), kk.scale, 0.f);
+    g[c] = d;
+    x1[c] += d;
+    if (mean) x2[c] += static_cast<double>(d * (zv1 - mean[c]) * rstd[c]);
+  }
+}
+
+// The backward's last stage on one row of z: dz = A dy + b0 + c0 xhat (bn: mean non-null), dy the
+// row's pooled gradient g where the element is its window's argmax q (arg null: every element), else 0.
+template <DType D>
+HOTOPS_VECTOR_INLINE void dz_row(const void* zv, const float* __restrict g, const std::uint8_t* __restrict arg, std::uint8_t q,
+                                 std::int64_t C, const float* __restrict A, const float* __restrict B0, const float* __restrict C0,
+                                 const float* __restrict mean, const float* __restrict rstd, void* dzv) {
+  using T = typename Elem<D>::T;
+  const T* __restrict z = static_cast<const T*>(zv);
+  T* __restrict dz = static_cast<T*>(dzv);
+  for (std::int64_t c = 0; c < C; ++c) {
+    const float d = g && (!arg || arg[c] == q) ? g[c] : 0.f;
+    float v = A[c] * d;
+    if (mean) v += B0[c] + C0[c] * (Elem<D>::load(z[c]) - mean[c]) * rstd[c];
+    dz[c] = Elem<D>::store(v);
+  }
+}
+
+#define RELU_MAXPOOL_CLONES(SUFFIX, D)                                                                                     \
+  HOTOPS_CPU_CLONES void stats_##SUFFIX(const void* z, const float* k0, double* x1, double* x2, std::int64_t C) {          \
+    stats<D>(z, k0, x1, x2, C);                                                                                            \
+  }                                                                                                                        \
+  HOTOPS_CPU_CLONES void pool_##SUFFIX(const void* z, std::int64_t k, std::int64_t stride, std::int64_t C, const float* sc, \
+                                       const float* sh, const pointwise::DropoutKey* key, std::uint32_t e0, std::uint32_t hi, \
+                                       void* out, std::uint8_t* at, float* best) {                                         \
+    pool<D>(z, k, stride, C, sc, sh, key, e0, hi, out, at, best);                                                          \
+  }                                                                                                                        \
+  HOTOPS_CPU_CLONES void grad_##SUFFIX(const void* z, const std::uint8_t* arg, std::int64_t k, std::int64_t stride,         \
+                                       std::int64_t C, const float* sc, const float* sh, const float* mean, const float* rstd, \
+                                       const void* dout, const pointwise::DropoutKey* key, std::uint32_t e0, std::uint32_t hi, \
+                                       float* g, double* x1, double* x2) {                                                 \
+    grad<D>(z, arg, k, stride, C, sc, sh, mean, rstd, dout, key, e0, hi, g, x1, x2);                                       \
+  }                                                                                                                        \
+  HOTOPS_CPU_CLONES void dz_##SUFFIX(const void* z, const float* g, const std::uint8_t* arg, std::uint8_t q, std::int64_t C, \
+                                     const float* A, const float* B0, const float* C0, const float* mean, const float* rstd,  \
+                                     void* dz) {                                                                           \
+    dz_row<D>(z, g, arg, q, C, A, B0, C0, mean, rstd, dz);                                                                 \
+  }
+RELU_MAXPOOL_CLONES(f32, DType::f32)
+RELU_MAXPOOL_CLONES(bf16, DType::bf16)
+#undef RELU_MAXPOOL_CLONES
+
+// The clones of storage type T.
+template <class T>
+struct Rows {
+  static constexpr bool low = !std::is_same_v<T, float>;
+  static constexpr auto stats = low ? stats_bf16 : stats_f32;
+  static constexpr auto pool = low ? pool_bf16 : pool_f32;
+  static constexpr auto grad = low ? grad_bf16 : grad_f32;
+  static constexpr auto dz = low ? dz_bf16 : dz_f32;
+};
+
+}  // namespace kernel
 
 // Per-channel sums s1, s2 of f(row, c, &a, &b) over `rows` rows, per thread in double, then added in
 // thread order (deterministic for a thread count).
@@ -51,11 +176,14 @@ template <class T>
 class CpuReluMaxpool final : public Plan {
  public:
   explicit CpuReluMaxpool(const Shape& s)
-      : s_(s), cs_(s.layout == Layout::nchw ? s.H * s.W : 1), pcs_(s.pooled_layout == Layout::nchw ? s.PH() * s.PW() : 1) {}
+      : s_(s), cs_(s.layout == Layout::nchw ? s.H * s.W : 1), pcs_(s.pooled_layout == Layout::nchw ? s.PH() * s.PW() : 1) {
+    if (s_.dir == Direction::bwd && rows_contiguous()) dy_.assign(static_cast<std::size_t>(s_.pooled()), 0.f);
+  }
 
   void run(const Args& a) override {
-    if (s_.dir == Direction::bwd) return backward(a);
+    if (s_.dir == Direction::bwd) return rows_contiguous() ? backward_rows(a) : backward(a);
     affine(a);
+    if (rows_contiguous()) return pool_rows(a);
     pool(a);
   }
   std::string label() const override { return "hotops OpenMP loops (double batch statistics, f32 math)"; }
@@ -99,6 +227,9 @@ class CpuReluMaxpool final : public Plan {
     const std::int64_t cs = cs_;
     for (std::int64_t c = 0; c < C; ++c) k0[static_cast<std::size_t>(c)] = load(z[c * cs]);
     std::vector<double> s1, s2;
+    if (rows_contiguous())
+      row_sums(rows, C, s1, s2, [&](std::int64_t r, double* x1, double* x2) { kernel::Rows<T>::stats(z + r * C, k0.data(), x1, x2, C); });
+    else
     row_sums(rows, C, s1, s2, [&](std::int64_t r, double* __restrict x1, double* __restrict x2) {
       const T* __restrict zr = z + z_row(r);
       const float* __restrict k = k0.data();
@@ -119,6 +250,93 @@ class CpuReluMaxpool final : public Plan {
       a.rstd[c] = static_cast<float>(rs);
       a.running_mean[c] = static_cast<float>((1 - s_.momentum) * a.running_mean[c] + s_.momentum * (m + a.bias[c]));
       a.running_var[c] = static_cast<float>((1 - s_.momentum) * a.running_var[c] + s_.momentum * var * M / (M - 1));
+    }
+  }
+
+  // NHWC and nc (z and the pooled tensors): each row's channels contiguous, the loops vectorized over them.
+  bool rows_contiguous() const { return cs_ == 1 && pcs_ == 1; }
+
+  // The dropout factor of pooled element c of the pooled row at e0 = (ph PW + pw) C of sample n.
+  static float keep(const pointwise::DropoutKey& key, std::int64_t e0, std::int64_t c, std::uint32_t hi) {
+    return pointwise::dropout_keep(key, static_cast<std::uint32_t>(e0 + c), hi) ? key.scale : 0.f;
+  }
+
+  // pool() on contiguous rows: per pooled row, the window's rows of z in turn, each channel's running
+  // first maximum and its index in per-thread arrays, then dropout and the stores.
+  void pool_rows(const Args& a) const {
+    const T* z = static_cast<const T*>(a.z);
+    T* out = static_cast<T*>(a.out);
+    const std::int64_t C = s_.C, k = s_.k, H = s_.H, W = s_.W, PH = s_.PH(), PW = s_.PW(), rows = s_.N * PH * PW;
+    const std::int64_t period = s_.drops() ? *a.period : 1;
+    const pointwise::DropoutKey* key = s_.drops() ? &s_.key : nullptr;
+#pragma omp parallel
+    {
+      std::vector<float> best(static_cast<std::size_t>(C));
+      std::vector<std::uint8_t> at(static_cast<std::size_t>(C));
+#pragma omp for schedule(static)
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t pw = r % PW, ph = (r / PW) % PH, n = r / (PW * PH);
+        std::uint8_t* arg = s_.pool ? a.arg + r * C : at.data();
+        kernel::Rows<T>::pool(z + ((n * H + ph * k) * W + pw * k) * C, k, W * C, C, a.scale, a.shift, key,
+                              static_cast<std::uint32_t>((ph * PW + pw) * C), static_cast<std::uint32_t>(n % period), out + r * C, arg,
+                              best.data());
+      }
+    }
+  }
+
+  // backward() on contiguous rows. Stage 1 over the pooled rows: the gradient reaching each window's
+  // argmax (dout, dropout, the ReLU there), kept in dy_, and its sums; stage 2 the per-channel
+  // coefficients; stage 3 over z's rows: dz = A dy + b0 + c0 xhat, dy from dy_ where the element is
+  // its window's argmax, else 0.
+  void backward_rows(const Args& a) {
+    const T* z = static_cast<const T*>(a.z);
+    const T* dout = static_cast<const T*>(a.dout);
+    const std::int64_t C = s_.C, k = s_.k, H = s_.H, W = s_.W, PH = s_.PH(), PW = s_.PW();
+    const bool drops = s_.drops(), bn = s_.bn, pool = s_.pool;
+    const std::int64_t period = drops ? *a.period : 1;
+    const pointwise::DropoutKey key = s_.key;
+    const float* __restrict sc = a.scale;
+    const float* __restrict sh = a.shift;
+    const float* __restrict mean = a.mean;
+    const float* __restrict rstd = a.rstd;
+    const std::uint8_t* arg = a.arg;
+    float* gd = dy_.data();
+    std::vector<double> s1, s2;
+    const pointwise::DropoutKey* kp = drops ? &key : nullptr;
+    const float* mb = bn ? mean : nullptr;
+    row_sums(s_.N * PH * PW, C, s1, s2, [&](std::int64_t r, double* x1, double* x2) {
+      const std::int64_t pw = r % PW, ph = (r / PW) % PH, n = r / (PW * PH);
+      kernel::Rows<T>::grad(z + ((n * H + ph * k) * W + pw * k) * C, pool ? arg + r * C : nullptr, k, W * C, C, sc, sh, mb, rstd,
+                            dout + r * C, kp, static_cast<std::uint32_t>((ph * PW + pw) * C), static_cast<std::uint32_t>(n % period),
+                            gd + r * C, x1, x2);
+    });
+    std::vector<float> A(static_cast<std::size_t>(C), 1.f), B0(A.size(), 0.f), C0(A.size(), 0.f);
+    coefficients(a, s1, s2, A, B0, C0);
+    T* dz = static_cast<T*>(a.dz);
+    const std::int64_t rows = s_.N * H * W;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t w = r % W, h = (r / W) % H, n = r / (W * H), ph = h / k, pw = w / k;
+      const bool inside = ph < PH && pw < PW;
+      const std::int64_t pr = ((n * PH + ph) * PW + pw) * C;
+      kernel::Rows<T>::dz(z + r * C, inside ? gd + pr : nullptr, pool && inside ? arg + pr : nullptr,
+                          static_cast<std::uint8_t>((h % k) * k + w % k), C, A.data(), B0.data(), C0.data(), mb, rstd, dz + r * C);
+    }
+  }
+
+  // The per-channel gradients from the sums of dy (s1) and dy xhat (s2), and dz's coefficients.
+  void coefficients(const Args& a, const std::vector<double>& s1, const std::vector<double>& s2, std::vector<float>& A,
+                    std::vector<float>& B0, std::vector<float>& C0) const {
+    const double M = static_cast<double>(s_.N * s_.H * s_.W);
+    for (std::int64_t c = 0; c < s_.C; ++c) {
+      const auto i = static_cast<std::size_t>(c);
+      if (!s_.bn) {
+        a.dbias[c] = static_cast<float>(s1[i]);
+        continue;
+      }
+      a.dgamma[c] = static_cast<float>(s2[i]), a.dbeta[c] = static_cast<float>(s1[i]), a.dbias[c] = 0.f;
+      const double g = a.gamma[c] * static_cast<double>(a.rstd[c]);
+      A[i] = static_cast<float>(g), B0[i] = static_cast<float>(-g * s1[i] / M), C0[i] = static_cast<float>(-g * s2[i] / M);
     }
   }
 
@@ -173,18 +391,8 @@ class CpuReluMaxpool final : public Plan {
         if (s_.bn) x2[c] += static_cast<double>(d * (zv - a.mean[c]) * a.rstd[c]);
       }
     });
-    const double M = static_cast<double>(s_.N * s_.H * s_.W);
     std::vector<float> A(static_cast<std::size_t>(C), 1.f), B0(A.size(), 0.f), C0(A.size(), 0.f);
-    for (std::int64_t c = 0; c < C; ++c) {
-      const auto i = static_cast<std::size_t>(c);
-      if (!s_.bn) {
-        a.dbias[c] = static_cast<float>(s1[i]);
-        continue;
-      }
-      a.dgamma[c] = static_cast<float>(s2[i]), a.dbeta[c] = static_cast<float>(s1[i]), a.dbias[c] = 0.f;
-      const double g = a.gamma[c] * static_cast<double>(a.rstd[c]);
-      A[i] = static_cast<float>(g), B0[i] = static_cast<float>(-g * s1[i] / M), C0[i] = static_cast<float>(-g * s2[i] / M);
-    }
+    coefficients(a, s1, s2, A, B0, C0);
     T* dz = static_cast<T*>(a.dz);
     const std::int64_t rows = s_.N * s_.H * s_.W;
 #pragma omp parallel for schedule(static)
@@ -202,6 +410,7 @@ class CpuReluMaxpool final : public Plan {
 
   Shape s_;
   std::int64_t cs_, pcs_;  // the distance between channels of z and of the pooled tensors
+  std::vector<float> dy_;  // bwd on contiguous rows: the gradient reaching each window's argmax
 };
 
 }  // namespace

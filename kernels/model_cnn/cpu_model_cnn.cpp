@@ -19,6 +19,7 @@
 #include "kernels/batchnorm/relu_maxpool.h"
 #include "kernels/conv2d/cpu_onednn.h"
 #include "kernels/matmul/matmul.h"
+#include "kernels/maxpool/cpu_onednn.h"
 #include "kernels/model_cnn/cpu_conv_pool.h"
 #include "kernels/model_cnn/model_cnn.h"
 
@@ -28,7 +29,6 @@ namespace {
 using dnnl::memory;
 using dt = memory::data_type;
 using tag = memory::format_tag;
-using cpu::Args;
 
 memory::desc nhwc(std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W, dt t = dt::f32) {
   return memory::desc({N, C, H, W}, t, tag::nhwc);
@@ -42,12 +42,6 @@ template <class T> inline T store(float v);
 template <> inline float store<float>(float v) { return v; }
 template <> inline bf16 store<bf16>(float v) { return float_to_bf16(v); }
 
-struct Step {
-  dnnl::primitive prim;
-  Args args;
-  void run() { HOTOPS_CHECK_DNNL(prim.execute(cpu::stream(), args)); }
-};
-
 namespace rmp = batchnorm::relu_maxpool;
 
 // Everything of one conv layer.
@@ -56,7 +50,7 @@ struct ConvPrims {
   // after the first).
   std::unique_ptr<conv2d::Plan> fwd, filter, data;
   const float* w = nullptr;  // the forward's weights: the f32 OHWI parameters, or (f32 infer) w_packed
-  memory in, conv_in;        // the layer's input; the forward's (infer: in_to_conv's copy where they differ)
+  memory in;                 // the layer's input (infer: in the layout the layer before wrote it)
   memory w_packed;           // f32 infer: the weights in the forward's layout, reordered once at setup
   // train: batch norm (or the bias) + ReLU (+ max-pool + dropout) of z, forward and backward: the
   // batchnorm family's plans (act_shape), and what the forward saves for the backward.
@@ -64,14 +58,12 @@ struct ConvPrims {
   rmp::Shape act;
   std::vector<float> scale, shift, mean, rstd;  // [K]
   std::vector<std::uint8_t> arg;                // pooled: each pooled element's argmax in its window
-  // infer: oneDNN's pooling on the conv's output, the reorders between the layers' layouts
-  Step pool_fwd;
-  Step in_to_conv;  // infer: the layer's input to the conv's layout (when they differ)
-  Step p_to_nhwc;   // infer, own layouts: the last pooled output to NHWC
+  // infer: the maxpool plan on the conv's output (forward_inference, in the conv's layout; the last
+  // pool writes NHWC for the flatten)
+  std::unique_ptr<maxpool::Plan> pool;
   // train: z the conv's output, the layer's output a (unpooled) or p (pooled); infer: a the conv's
   // output (bias and ReLU fused), p the pooled one
   memory z, a, p;
-  memory p_blocked;  // infer, own layouts: the last pool's own output
 };
 
 class CpuCnn final : public ModelCase {
@@ -141,20 +133,13 @@ class CpuCnn final : public ModelCase {
       cp.a = memory(dst, eng);
       in = cp.a;
       if (!c.pool) continue;
-      const memory::dims pk{c.pool, c.pool}, pz{0, 0};
+      maxpool::Shape ps;
+      ps.dir = Direction::fwd, ps.dtype = s_.dtype, ps.layout = maxpool::Layout::nhwc, ps.inference = true;
+      ps.N = B, ps.C = c.K, ps.H = c.P, ps.W = c.Q, ps.k = ps.s = c.pool;
+      // NHWC where the flatten reads it, else the layout the pool picks (the next conv reorders where its differs).
       const bool last = i + 1 == s_.convs.size();
-      const memory::desc pdst = nhwc(B, c.K, c.PH, c.PW, at);
-      const auto pd = HOTOPS_CHECK_DNNL(dnnl::pooling_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::pooling_max, dst,
-                                                                    memory::desc({B, c.K, c.PH, c.PW}, at, tag::any), pk, pk, pz, pz));
-      const auto ppd = HOTOPS_CHECK_DNNL(dnnl::pooling_forward::primitive_desc(pd, eng));
-      // NHWC where the flatten reads it, else the pool's own layout.
-      cp.p = memory(!last ? ppd.dst_desc() : pdst, eng);
-      memory pooled = cp.p;
-      if (ppd.dst_desc() != cp.p.get_desc()) {
-        cp.p_blocked = pooled = memory(ppd.dst_desc(), eng);
-        cp.p_to_nhwc = {HOTOPS_CHECK_DNNL(dnnl::reorder(cp.p_blocked, cp.p)), {{DNNL_ARG_FROM, cp.p_blocked}, {DNNL_ARG_TO, cp.p}}};
-      }
-      cp.pool_fwd = {HOTOPS_CHECK_DNNL(dnnl::pooling_forward(ppd)), {{DNNL_ARG_SRC, cp.a}, {DNNL_ARG_DST, pooled}}};
+      cp.pool = maxpool::make_cpu_plan(ps, dst, last ? nhwc(B, c.K, c.PH, c.PW, at) : memory::desc({B, c.K, c.PH, c.PW}, at, tag::any));
+      cp.p = memory(maxpool::onednn_y_desc(*cp.pool), eng);
       in = cp.p;
     }
     HOTOPS_CHECK(s_.convs.back().pool > 0, "model_cnn: the last conv layer must be pooled (the flatten reads the pooled output, NHWC)");
@@ -217,7 +202,7 @@ class CpuCnn final : public ModelCase {
       l += std::string(", ") + (s_.arch.bn ? "batch norm" : "bias") + " + ReLU (+ max-pool + dropout): " + conv_.back().act_fwd->label() +
            "; dense: " + dense1_->label() + "; hotops loops for the last layer, loss, AdamW; NHWC; ";
     else
-      l += ", pooling max, dense: " + dense1_->label() + "; hotops loops for the last layer" +
+      l += ", pooling max: " + conv_.back().pool->label() + "; dense: " + dense1_->label() + "; hotops loops for the last layer" +
            (own_layouts_ ? "; the conv and pool layers in the layouts oneDNN picked, NHWC at the flatten; " : "; NHWC; ");
     l += std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
     if (!s_.train() && s_.arch.bn) l += "; batch norms folded into the weights at setup";
@@ -297,14 +282,11 @@ class CpuCnn final : public ModelCase {
   // Conv layer i's conv2d plans and the forward's input and weights; `in` is the layer's input.
   void plan_conv(std::size_t i, ConvPrims& cp, const memory& in, const float* P) {
     const conv2d::Shape fs = conv_shape(i, Direction::fwd);
-    cp.fwd = conv2d::make_cpu_plan(fs);
+    // infer: x as the layer before wrote it (the images, or the previous pool's or conv's own layout),
+    // reordered by the plan's run where the conv picked another
+    cp.fwd = s_.train() ? conv2d::make_cpu_plan(fs) : conv2d::make_cpu_plan(fs, in.get_desc());
     conv_impl_ += std::string(conv_impl_.empty() ? "" : ", ") + conv2d::onednn_impl(*cp.fwd);
-    cp.in = cp.conv_in = in;
-    const memory::desc src = conv2d::onednn_desc(*cp.fwd, conv2d::Tensor::x);
-    if (!s_.train() && src != in.get_desc()) {  // the images, or the previous layer's output
-      cp.conv_in = memory(src, cpu::engine());
-      cp.in_to_conv = {HOTOPS_CHECK_DNNL(dnnl::reorder(in, cp.conv_in)), {{DNNL_ARG_FROM, in}, {DNNL_ARG_TO, cp.conv_in}}};
-    }
+    cp.in = in;
     cp.w = P + l_.conv[i].w;
     if (!s_.train() && !s_.bf16()) {  // the weights are fixed: reorder once here (bf16 casts in the step)
       cp.w_packed = memory(conv2d::onednn_desc(*cp.fwd, conv2d::Tensor::w), cpu::engine());
@@ -434,15 +416,9 @@ class CpuCnn final : public ModelCase {
         cp.act_fwd->run(act_args(i, Direction::fwd));
         continue;
       }
-      trace::op("reorder");
-      if (cp.in_to_conv.prim) cp.in_to_conv.run();
       trace::op("conv2d");  // bf16: with the weights' reorder from the parameters
-      cp.fwd->run({cp.conv_in.get_data_handle(), cp.w, infer_params() + l_.conv[i].b, nullptr, cp.a.get_data_handle(), nullptr});
-      if (c.pool) {
-        trace::op("maxpool");
-        cp.pool_fwd.run();
-        if (cp.p_to_nhwc.prim) cp.p_to_nhwc.run();
-      }
+      cp.fwd->run({cp.in.get_data_handle(), cp.w, infer_params() + l_.conv[i].b, nullptr, cp.a.get_data_handle(), nullptr});
+      if (c.pool) trace::op("maxpool"), cp.pool->run({cp.a.get_data_handle(), nullptr, nullptr, cp.p.get_data_handle(), nullptr});
     }
     HOTOPS_CHECK_DNNL(cpu::stream().wait());
     if (s_.bf16()) trace::op("cast"), cast_dense1_weights();
