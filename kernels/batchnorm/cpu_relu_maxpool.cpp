@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "hotops/check.h"
 #include "hotops/cpu_vector.h"
 #include "hotops/dtype.h"
 #include "kernels/batchnorm/relu_maxpool.h"
@@ -88,15 +89,29 @@ HOTOPS_VECTOR_INLINE void grad(const void* zv, const std::uint8_t* __restrict ar
   const T* z = static_cast<const T*>(zv);
   const T* __restrict dout = static_cast<const T*>(doutv);
   const pointwise::DropoutKey kk = key ? *key : pointwise::DropoutKey{};
-  for (std::int64_t c = 0; c < C; ++c) {
-    const std::int64_t q = arg ? arg[c] : 0;
-    const float zv1 = Elem<D>::load(z[(q / k) * stride + (q % k) * C + c]);
-    float d = std::max(zv1 * sc[c] + sh[c], 0.f) > 0.f ? Elem<D>::load(dout[c]) : 0.f;
-    if (key) d *= vec::if_set(pointwise::dropout_keep(kk, e0 + static_cast<std::uint32_t>(c), hi), kk.scale, 0.f);
-    g[c] = d;
-    x1[c] += d;
-    if (mean) x2[c] += static_cast<double>(d * (zv1 - mean[c]) * rstd[c]);
-  }
+  // Where each window element lies from the corner (arg's values index it); the channel adds c.
+  std::int64_t at[256];
+  for (std::int64_t q = 0; q < k * k && arg; ++q) at[q] = (q / k) * stride + (q % k) * C;
+  // The loops unswitched on the window (arg), dropout (key) and batch norm (mean), so that each is
+  // one straight vector loop.
+  const auto loop = [&](auto pooled, auto drops, auto bn) {
+    for (std::int64_t c = 0; c < C; ++c) {
+      float zv1;
+      if constexpr (decltype(pooled)::value) zv1 = Elem<D>::load(z[at[arg[c]] + c]);
+      else zv1 = Elem<D>::load(z[c]);
+      float d = std::max(zv1 * sc[c] + sh[c], 0.f) > 0.f ? Elem<D>::load(dout[c]) : 0.f;
+      if constexpr (decltype(drops)::value)
+        d *= vec::if_set(pointwise::dropout_keep(kk, e0 + static_cast<std::uint32_t>(c), hi), kk.scale, 0.f);
+      g[c] = d;
+      x1[c] += d;
+      if constexpr (decltype(bn)::value) x2[c] += static_cast<double>(d * (zv1 - mean[c]) * rstd[c]);
+    }
+  };
+  using Y = std::true_type;
+  using N = std::false_type;
+  const auto with_bn = [&](auto pooled, auto drops) { mean ? loop(pooled, drops, Y{}) : loop(pooled, drops, N{}); };
+  const auto with_drops = [&](auto pooled) { key ? with_bn(pooled, Y{}) : with_bn(pooled, N{}); };
+  arg ? with_drops(Y{}) : with_drops(N{});
 }
 
 // The backward's last stage on one row of z: dz = A dy + b0 + c0 xhat (bn: mean non-null), dy the
@@ -108,12 +123,22 @@ HOTOPS_VECTOR_INLINE void dz_row(const void* zv, const float* __restrict g, cons
   using T = typename Elem<D>::T;
   const T* __restrict z = static_cast<const T*>(zv);
   T* __restrict dz = static_cast<T*>(dzv);
-  for (std::int64_t c = 0; c < C; ++c) {
-    const float d = g && (!arg || arg[c] == q) ? g[c] : 0.f;
-    float v = A[c] * d;
-    if (mean) v += B0[c] + C0[c] * (Elem<D>::load(z[c]) - mean[c]) * rstd[c];
-    dz[c] = Elem<D>::store(v);
-  }
+  // Unswitched: where dy comes from (none: outside every window; g at every element; g at the argmax)
+  // and whether batch norm adds its terms.
+  const auto loop = [&](auto from, auto bn) {
+    for (std::int64_t c = 0; c < C; ++c) {
+      float d = 0.f;
+      if constexpr (decltype(from)::value == 1) d = g[c];
+      if constexpr (decltype(from)::value == 2) d = arg[c] == q ? g[c] : 0.f;
+      float v = A[c] * d;
+      if constexpr (decltype(bn)::value) v += B0[c] + C0[c] * (Elem<D>::load(z[c]) - mean[c]) * rstd[c];
+      dz[c] = Elem<D>::store(v);
+    }
+  };
+  const auto with_bn = [&](auto from) { mean ? loop(from, std::true_type{}) : loop(from, std::false_type{}); };
+  if (!g) with_bn(std::integral_constant<int, 0>{});
+  else if (!arg) with_bn(std::integral_constant<int, 1>{});
+  else with_bn(std::integral_constant<int, 2>{});
 }
 
 #define RELU_MAXPOOL_CLONES(SUFFIX, D)                                                                                     \
@@ -177,6 +202,7 @@ class CpuReluMaxpool final : public Plan {
  public:
   explicit CpuReluMaxpool(const Shape& s)
       : s_(s), cs_(s.layout == Layout::nchw ? s.H * s.W : 1), pcs_(s.pooled_layout == Layout::nchw ? s.PH() * s.PW() : 1) {
+    HOTOPS_CHECK(s_.k * s_.k <= 256, std::string(s_.pool ? kOp : kReluOp) + ": a window's argmax is one byte: pools up to 16");
     if (s_.dir == Direction::bwd && rows_contiguous()) dy_.assign(static_cast<std::size_t>(s_.pooled()), 0.f);
   }
 
