@@ -4,12 +4,14 @@
 #include "bench/git_revision.h"
 #include "bench/roofline.h"
 #include "bench/runner.h"
+#include "hotops/comm.h"
 #include "hotops/cpu.h"
 #include "hotops/gpu.h"
+#include "hotops/ranks.h"
 
 namespace hotops::bench {
 
-void add_context(const Options& o) {
+void add_context(const Options& o, const std::vector<std::string>& rank_gpus) {
   using benchmark::AddCustomContext;
   AddCustomContext("hotops_version", HOTOPS_VERSION);
   AddCustomContext("hotops_git_revision", git_revision());
@@ -34,6 +36,12 @@ void add_context(const Options& o) {
     if (c.bytes_per_second > 0) AddCustomContext(prefix + "_copy_GBps", std::to_string(c.bytes_per_second / 1e9));
     for (const auto& [t, f] : c.flops) AddCustomContext(prefix + "_" + dtype_name(t) + "_gemm_TFLOPs", std::to_string(f / 1e12));
   }
+  if (comm::built()) AddCustomContext("nccl_version", comm::nccl_version());
+  // A run over several GPUs: how many, and each rank's machine and GPU.
+  const ranks::Layout& l = ranks::layout();
+  AddCustomContext("gpus_in_run", std::to_string(l.world));
+  if (l.world > 1) AddCustomContext("gpus_in_run_from", l.source);
+  for (std::size_t r = 0; r < rank_gpus.size(); ++r) AddCustomContext("rank_" + std::to_string(r) + "_gpu", rank_gpus[r]);
   std::string why;
   if (!gpu::available(&why)) {
     AddCustomContext("gpu", "none: " + why);

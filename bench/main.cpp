@@ -17,10 +17,18 @@
 #include <utility>
 #include <vector>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench/git_revision.h"
 #include "bench/roofline.h"
 #include "bench/runner.h"
 #include "hotops/buffer.h"
+#include "hotops/check.h"
+#include "hotops/comm.h"
 #include "hotops/gpu.h"
+#include "hotops/ranks.h"
 #include "hotops/plan.h"
 #include "hotops/cpu.h"
 
@@ -137,9 +145,88 @@ class Display final : public benchmark::BenchmarkReporter {
   bool scale_units_;
 };
 
+// What a run over several GPUs needs before anything runs: NCCL and the GPUs. "" when all is
+// there, else the line that refuses the run.
+std::string check_gpus_for(const hotops::ranks::Layout& l) {
+  const std::string run = "hotops: a run over " + std::to_string(l.world) + " GPUs (" + l.source + ")";
+  std::string why;
+  if (!hotops::comm::built(&why)) return run + " needs NCCL, and " + why;
+  if (!hotops::gpu::available(&why)) return run + " needs them, and here: " + why;
+  const int here = hotops::gpu::device_count();
+  if (l.spawn && here < l.local_world)
+    return "hotops: --hotops_gpus=" + std::to_string(l.local_world) + " but this machine has " + std::to_string(here) +
+           " CUDA device" + (here == 1 ? "" : "s");
+  return "";
+}
+
+// Binds this process to its GPU (after spawning: the copies start from a process without a CUDA
+// context). Throws with the line to print.
+void use_own_device(const hotops::ranks::Layout& l) {
+  try {
+    hotops::gpu::use_device(l.local_rank, l.local_world);
+  } catch (const hotops::Error& e) {
+    throw hotops::ranks::LaunchError("hotops: rank " + std::to_string(l.rank) + ": " + e.what());
+  }
+}
+
+// The rendezvous of a run over several GPUs (rank 0 spawning this machine's other ranks where
+// --hotops_gpus asks), then its NCCL world communicator. Throws with the line to print.
+std::unique_ptr<hotops::ranks::Group> join_the_run(const hotops::ranks::Layout& l,
+                                                   const std::vector<std::string>& command_line, double timeout_s,
+                                                   double stall_s) {
+  using namespace hotops::ranks;
+  Group::Hello hello;
+  hello.signature = std::string("hotops ") + HOTOPS_VERSION + " " + hotops::bench::git_revision();
+  for (std::size_t i = 1; i < command_line.size(); ++i) hello.signature += " " + command_line[i];
+  char host[256] = "";
+  ::gethostname(host, sizeof host - 1);
+  const auto describe = [&] { hello.about = std::string(host) + ": " + hotops::gpu::device_description(); };
+  std::vector<pid_t> children;
+  std::unique_ptr<Group> g;
+  std::string id;
+  try {
+    if (l.rank == 0) {
+      Listener listener(l.root);
+      if (l.spawn) children = spawn_local(l, command_line, listener.address());
+      use_own_device(l);
+      describe();
+      id = hotops::comm::unique_id();
+      g = Group::accept(listener, l, hello, id, timeout_s, [&]() -> std::string {
+        for (pid_t c : children) {
+          int status = 0;
+          if (::waitpid(c, &status, WNOHANG) == c)
+            return "a rank this process started (pid " + std::to_string(c) + ") ended before joining (" +
+                   (WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status)) : std::string("killed by a signal")) +
+                   "; its message is above)";
+        }
+        return "";
+      });
+    } else {
+      if (l.spawn) children = spawn_local(l, command_line, l.root);
+      use_own_device(l);
+      describe();
+      g = Group::join(l, hello, timeout_s, &id);
+    }
+  } catch (...) {
+    for (pid_t c : children) ::kill(c, SIGTERM);
+    throw;
+  }
+  g->adopt(children);
+  g->start_watchdog(stall_s);
+  g->busy("making the NCCL communicator of the run's " + std::to_string(l.world) + " GPUs");
+  try {
+    hotops::comm::init_world(id, l.rank, l.world);
+  } catch (const std::exception& e) {
+    g->fatal(std::string("making the NCCL communicator failed: ") + e.what());
+  }
+  g->idle();
+  return g;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::vector<std::string> command_line(argv, argv + argc);  // as given: the spawned ranks get it too
   hotops::Options options;
   hotops::BenchmarkFlags gb;
   try {
@@ -150,6 +237,23 @@ int main(int argc, char** argv) {
   }
   if (gb.help || options.help) std::fputs(hotops::flags_help(), stdout);
   if (options.help) return 0;
+
+  // Where this process stands in a run over several GPUs (docs/scaling.md): alone by default.
+  hotops::ranks::Layout layout;
+  double rendezvous_timeout = 0, stall_timeout = 0;
+  try {
+    const auto env = [](const char* name) -> const char* { return std::getenv(name); };
+    layout = hotops::ranks::layout_from(options.gpus, env);
+    rendezvous_timeout = hotops::ranks::seconds_from_env("HOTOPS_RENDEZVOUS_TIMEOUT_S", 300, env);
+    stall_timeout = hotops::ranks::seconds_from_env("HOTOPS_STALL_TIMEOUT_S", 300, env);
+  } catch (const hotops::ranks::LaunchError& e) {
+    return refuse(e.what());
+  }
+  if (layout.world > 1) {
+    const std::string refused = check_gpus_for(layout);
+    if (!refused.empty()) return refuse(refused);
+  }
+  hotops::ranks::set_layout(layout);
 
   // Test only: HOTOPS_TEST_FAULT=<kind> adds a benchmark that fails that way (bench/test_fault.h).
   const char* fault_env = std::getenv("HOTOPS_TEST_FAULT");
@@ -222,6 +326,25 @@ int main(int argc, char** argv) {
     return refuse("hotops: none of the " + std::to_string(count) + " benchmarks matching --benchmark_filter=" + filter +
                   " can run here: " + reasons);
   }
+  // A run over several GPUs: every rank joins here; all but rank 0 then run what it commands.
+  std::unique_ptr<hotops::ranks::Group> group;
+  if (layout.world > 1 && gb.list_tests && layout.rank != 0) return 0;  // rank 0 lists them
+  if (layout.world > 1 && !gb.list_tests) {
+    try {
+      group = join_the_run(layout, command_line, rendezvous_timeout, stall_timeout);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      return 1;
+    }
+    hotops::bench::set_group(group.get());
+    if (layout.rank != 0) {
+      const int rc = hotops::bench::run_worker(options);
+      const std::string problems = group->reap(120);
+      if (!problems.empty()) std::fprintf(stderr, "hotops: rank %d: the ranks it started: %s\n", layout.rank, problems.c_str());
+      return rc != 0 || !problems.empty() ? 1 : 0;
+    }
+  }
+
   // Why the GPU is unusable (no driver, no device, no CUDA build) is one line about the CUDA part.
   std::string no_gpu;
   hotops::gpu::available(&no_gpu);
@@ -240,12 +363,23 @@ int main(int argc, char** argv) {
     if (std::find(backends.begin(), backends.end(), hotops::Backend::cuda) != backends.end())
       hotops::bench::end_gpu_part_if_lost("the roofline measurement");
   }
-  hotops::bench::add_context(options);
+  hotops::bench::add_context(options, group ? group->about() : std::vector<std::string>{});
   if (!gb.list_tests) warn_if_busy();
   Display display(!unit_chosen);
   const std::size_t ran = benchmark::RunSpecifiedBenchmarks(&display);
   benchmark::Shutdown();
+  bool ranks_failed = false;
+  if (group) {
+    try {
+      hotops::bench::end_workers();
+    } catch (const std::exception& e) {
+      group->fatal(std::string("destroying the communicators failed: ") + e.what());
+    }
+    const std::string problems = group->reap(120);
+    if (!problems.empty()) std::fprintf(stderr, "hotops: the ranks this process started: %s\n", problems.c_str());
+    ranks_failed = !problems.empty();
+  }
   if (ran == 0) return 2;  // cannot happen after the check above, unless the two regex engines disagree
   if (!gb.list_tests && !gb.out.empty() && !output_complete(gb.out, gb.out_format)) return 1;
-  return hotops::bench::gpu_context_lost() ? 1 : 0;
+  return hotops::bench::gpu_context_lost() || ranks_failed ? 1 : 0;
 }

@@ -22,9 +22,11 @@
 #include "bench/test_fault.h"
 #include "hotops/buffer.h"
 #include "hotops/check.h"
+#include "hotops/comm.h"
 #include "hotops/cpu.h"
 #include "hotops/gpu.h"
 #include "hotops/op.h"
+#include "hotops/ranks.h"
 #include "hotops/trace.h"
 
 namespace hotops::bench {
@@ -124,15 +126,33 @@ void check_gpu_context(const std::string& name, std::string& error) {
   if (!lost.empty()) error += " [" + lost + "]";
 }
 
-Live& live_for(const Problem& p, const Family& f, const Options& o) {
+// The one live case of this process.
+Live& the_live() {
   static Live live;
-  const std::string name = p.name();
-  if (live.name == name) return live;
+  return live;
+}
+
+void reset(Live& live, const std::string& name) {
   live.timer.reset();
   live.c.reset();
   live.breakdown.reset();
   live.error.clear();
   live.name = name;
+}
+
+gpu::TimerOptions timer_options(const Options& o) {
+  gpu::TimerOptions to;
+  to.cold_l2 = o.cold_l2;
+  to.throttle_threshold = o.throttle_threshold;
+  to.runs_per_sample = o.runs_per_sample;
+  return to;
+}
+
+Live& live_for(const Problem& p, const Family& f, const Options& o) {
+  Live& live = the_live();
+  const std::string name = p.name();
+  if (live.name == name) return live;
+  reset(live, name);
   const auto t0 = std::chrono::steady_clock::now();
   try {
     begin_case_memory();  // the case's host buffers are accounted together from here
@@ -141,13 +161,8 @@ Live& live_for(const Problem& p, const Family& f, const Options& o) {
       const Check chk = live.c->verify();
       if (!chk.ok) live.error = "verification failed: " + chk.message;
     }
-    if (live.error.empty() && p.backend == Backend::cuda && !live.c->host_timed()) {
-      gpu::TimerOptions to;
-      to.cold_l2 = o.cold_l2;
-      to.throttle_threshold = o.throttle_threshold;
-      to.runs_per_sample = o.runs_per_sample;
-      live.timer = std::make_unique<gpu::Timer>(*live.c, to);
-    }
+    if (live.error.empty() && p.backend == Backend::cuda && !live.c->host_timed())
+      live.timer = std::make_unique<gpu::Timer>(*live.c, timer_options(o));
   } catch (const std::exception& e) {
     live.error = describe(e, p.backend);
     if (p.backend == Backend::cuda) check_gpu_context(name, live.error);
@@ -162,6 +177,99 @@ Live& live_for(const Problem& p, const Family& f, const Options& o) {
   return live;
 }
 
+// ---- entries run by several ranks together (gpus:G) ------------------------------------------
+// Rank 0 runs Google Benchmark; before each of its calls of such an entry it sends the other ranks
+// one command: the entry, whether to set it up afresh (rank 0's decision, so that every rank sets
+// up exactly when rank 0 does) and the iteration count Google Benchmark chose. Every rank then
+// goes through the same steps: the communicator, the case (an error here is the entry's, agreed
+// by all), the verification (one collective; a failure on any rank is the entry's error), the
+// timer and the samples (collectives; an exception there ends the run, as the other ranks would
+// wait for this one forever). Ranks G and above take part in the communicator and the first
+// agreement only.
+
+ranks::Group* g_group = nullptr;
+
+bool on_ranks(const Problem& p) { return p.has("gpus"); }
+
+std::string encode_command(bool fresh, std::int64_t iterations, const std::string& name) {
+  return std::string("run ") + (fresh ? "1 " : "0 ") + std::to_string(iterations) + " " + name;
+}
+
+// A step with collectives in it: an exception ends the run on every rank (with a group), or is
+// the entry's error (a process alone).
+template <class Body>
+void collective_step(const Problem& p, const char* step, Body body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    const std::string why = std::string(step) + " of " + p.name() + " failed: " + describe(e, Backend::cuda);
+    if (g_group) {
+      g_group->fatal(why + " (the other ranks cannot go on without this one)");
+      std::_Exit(1);  // fatal returns only under a test hook
+    }
+    throw Error(why);
+  }
+}
+
+// Sets `live` up for `p` on this rank, every rank of the world together (see above).
+void setup_on_ranks(Live& live, const Family& f, const Problem& p, const Options& o) {
+  reset(live, p.name());
+  const int gpus = static_cast<int>(p.get_int("gpus"));
+  const int rank = ranks::layout().rank, world = g_group ? g_group->world() : 1;
+  auto agree = [&](const std::string& mine, int members) { return g_group ? g_group->agree(mine, members) : mine; };
+  try {
+    collective_step(p, "making the communicator", [&] { comm::prepare(gpus); });
+    std::string error;
+    if (rank < gpus) {
+      try {
+        begin_case_memory();
+        live.c = f.make(p);
+      } catch (const std::exception& e) {
+        error = describe(e, Backend::cuda);
+      }
+    }
+    live.error = agree(error, world);
+    if (!live.error.empty() || rank >= gpus) {
+      live.c.reset();
+      return;
+    }
+    if (o.verify) {
+      Check chk;
+      collective_step(p, "the verification", [&] { chk = live.c->verify(); });
+      if (g_group) g_group->progress();
+      const std::string failed = agree(chk.ok ? "" : chk.message, gpus);  // "rank r: ..." of the first rank that failed
+      live.error = failed.empty() ? "" : "verification failed: " + failed;
+      if (!live.error.empty()) {
+        live.c.reset();
+        return;
+      }
+    }
+    gpu::TimerOptions to = timer_options(o);
+    if (g_group) to.agree_max = [gpus](double x) { return g_group->agree_max(x, gpus); };
+    collective_step(p, "the warm-up", [&] { live.timer = std::make_unique<gpu::Timer>(*live.c, to); });
+  } catch (const std::exception& e) {
+    if (g_group) {  // an agreement failed: a rank is gone
+      g_group->fatal(std::string("setting up ") + p.name() + ": " + e.what());
+      std::_Exit(1);
+    }
+    live.error = e.what();  // a process alone
+    live.timer.reset();
+    live.c.reset();
+  }
+}
+
+// The samples the timed loop takes for `iterations` iterations of `runs` executions per sample, on
+// the ranks other than 0 (rank 0's loop is Google Benchmark's).
+void follow_samples(Live& live, const Problem& p, std::int64_t iterations) {
+  collective_step(p, "timing", [&] {
+    const int runs = live.timer->launches_per_sample();
+    for (std::int64_t i = 0; i < iterations; i += runs) {
+      live.timer->sample();
+      g_group->progress();
+    }
+  });
+}
+
 void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, const Options& o) {
   if (p.backend == Backend::cuda) {
     GpuState& g = gpu_state();
@@ -171,7 +279,30 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
     }
     g.started.insert(p.name());
   }
-  Live& live = live_for(p, f, o);
+  struct Idle {  // the run is busy with this entry until the function returns
+    ~Idle() {
+      if (g_group) g_group->idle();
+    }
+  } idle_at_return;
+  Live* chosen = nullptr;
+  if (on_ranks(p)) {
+    Live& live = the_live();
+    const bool fresh = live.name != p.name();
+    if (g_group) {
+      g_group->busy(p.name());
+      try {
+        g_group->send_command(encode_command(fresh, static_cast<std::int64_t>(state.max_iterations), p.name()));
+      } catch (const std::exception& e) {
+        g_group->fatal(std::string("telling the other ranks to run ") + p.name() + ": " + e.what());
+        std::_Exit(1);
+      }
+    }
+    if (fresh) setup_on_ranks(live, f, p, o);
+    chosen = &live;
+  } else {
+    chosen = &live_for(p, f, o);
+  }
+  Live& live = *chosen;
   if (!live.error.empty()) {
     state.SkipWithError(live.error.c_str());
     return;
@@ -221,7 +352,10 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
       double per_run = 0;
       int left = 0;
       for (auto _ : state) {
-        if (left == 0) per_run = live.timer->sample(), left = runs, samples.seconds.push_back(per_run);
+        if (left == 0) {
+          per_run = live.timer->sample(), left = runs, samples.seconds.push_back(per_run);
+          if (g_group) g_group->progress();
+        }
         --left;
         state.SetIterationTime(per_run);
         elapsed += per_run;
@@ -232,6 +366,10 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
     }
   } catch (const std::exception& e) {
     live.error = describe(e, p.backend);
+    if (on_ranks(p) && g_group) {
+      g_group->fatal("timing " + p.name() + " failed: " + live.error + " (the other ranks cannot go on without this one)");
+      std::_Exit(1);
+    }
     if (p.backend == Backend::cuda) check_gpu_context(p.name(), live.error);
     state.SkipWithError(live.error.c_str());
     return;
@@ -250,14 +388,19 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
     }
   }
   if (w.flops > 0) state.counters["FLOP/s"] = benchmark::Counter(w.flops * iters, benchmark::Counter::kIsRate);
+  if (w.bus_bytes > 0) {  // collectives: nccl-tests' algorithm and bus bandwidths, in bytes per second
+    state.counters["algbw"] = benchmark::Counter(w.bytes * iters, benchmark::Counter::kIsRate);
+    state.counters["busbw"] = benchmark::Counter(w.bus_bytes * iters, benchmark::Counter::kIsRate);
+  }
   state.SetBytesProcessed(static_cast<std::int64_t>(w.bytes * iters));
   state.SetItemsProcessed(static_cast<std::int64_t>(w.items * iters));
   // Model steps also report samples/s (DESIGN.md): their items are the samples of the batch.
   if (is_model_step(p)) state.counters["samples/s"] = benchmark::Counter(w.items * iters, benchmark::Counter::kIsRate);
   // Fractions of the roofline measured at start-up: of the copy bandwidth, and of the GEMM rate of
   // this dtype for ops that compute.
+  // (A collective moves its bytes over the links between GPUs: the copy bandwidth is not its ceiling.)
   const auto ceiling = roofline().ceilings.find(p.backend);
-  if (ceiling != roofline().ceilings.end() && elapsed > 0) {
+  if (ceiling != roofline().ceilings.end() && elapsed > 0 && w.bus_bytes == 0) {
     const Ceilings& c = ceiling->second;
     if (c.bytes_per_second > 0) state.counters["bw_fraction"] = w.bytes * iters / elapsed / c.bytes_per_second;
     const auto peak = c.flops.find(p.dtype);
@@ -297,6 +440,67 @@ std::vector<Backend> backends_of(const std::vector<Problem>& problems) {
   for (const Problem& p : problems)
     if (std::find(out.begin(), out.end(), p.backend) == out.end()) out.push_back(p.backend);
   return out;
+}
+
+void set_group(ranks::Group* g) { g_group = g; }
+
+void end_workers() {
+  if (!g_group) return;
+  g_group->ending();
+  g_group->send_command("exit");
+  g_group->busy("the end of the run (destroying the communicators)");
+  reset(the_live(), "");
+  comm::finish();
+  g_group->idle();
+}
+
+int run_worker(const Options& o) {
+  ranks::Group& g = *g_group;
+  std::map<std::string, std::pair<const Family*, Problem>> by_name;
+  for (const Family* f : families())
+    for (const Problem& p : f->benchmark_problems(o.batches))
+      if (on_ranks(p)) by_name.emplace(p.name(), std::make_pair(f, p));
+  Live& live = the_live();
+  for (;;) {
+    std::string command;
+    try {
+      command = g.next_command();
+    } catch (const ranks::ChannelError& e) {
+      g.fatal(e.what());
+      return 1;
+    }
+    if (command == "exit") break;
+    // "run <fresh> <iterations> <name>"
+    char fresh = 0;
+    long long iterations = 0;
+    int consumed = 0;
+    if (std::sscanf(command.c_str(), "run %c %lld %n", &fresh, &iterations, &consumed) != 2 || consumed == 0) {
+      g.fatal("rank 0 sent a command this rank does not understand: '" + command + "'");
+      return 1;
+    }
+    const std::string name = command.substr(static_cast<std::size_t>(consumed));
+    const auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      g.fatal("rank 0 asked for " + name + ", which this rank does not have (another build or other flags?)");
+      return 1;
+    }
+    g.busy(name);
+    const auto& [family, problem] = it->second;
+    if (fresh == '1') setup_on_ranks(live, *family, problem, o);
+    if (live.error.empty() && live.timer) follow_samples(live, problem, iterations);
+    g.idle();
+  }
+  g.ending();
+  g.busy("the end of the run (destroying the communicators)");
+  reset(live, "");
+  try {
+    comm::finish();
+  } catch (const std::exception& e) {
+    g.fatal(std::string("destroying the communicators failed: ") + e.what());
+    return 1;
+  }
+  g.idle();
+  return 0;
 }
 
 void expect_cuda_benchmarks(std::size_t n) { gpu_state().expected = n; }

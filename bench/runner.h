@@ -8,6 +8,7 @@
 
 #include "hotops/flags.h"
 #include "hotops/problem.h"
+#include "hotops/ranks.h"
 
 namespace hotops::bench {
 
@@ -50,7 +51,16 @@ std::string end_gpu_part_if_lost(const std::string& where);
 // Whether a GPU fault lost the CUDA context during the run (the remaining CUDA entries were skipped).
 bool gpu_context_lost();
 
-// Adds the JSON context keys of DESIGN.md (versions, CPU, GPU, flags).
-void add_context(const Options& options);
+// Adds the JSON context keys of DESIGN.md (versions, CPU, GPU, flags); in a run over several GPUs
+// also every rank's GPU (`rank_gpus`, by rank: the rendezvous' descriptions).
+void add_context(const Options& options, const std::vector<std::string>& rank_gpus = {});
+
+// ---- a run over several GPUs, one process each (docs/scaling.md) ----
+// The ranks' group, once the rendezvous made it (nullptr: a process alone).
+void set_group(ranks::Group* g);
+// Every rank but 0: runs the multi-GPU entries as rank 0 commands until it ends the run; returns
+// the exit code. Rank 0 runs Google Benchmark and, at the end, end_workers().
+int run_worker(const Options& o);
+void end_workers();
 
 }  // namespace hotops::bench

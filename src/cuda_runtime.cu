@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -146,17 +147,52 @@ bool available(std::string* why) {
   return reason.empty();
 }
 
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+void use_device(int local_rank, int local_world) {
+  const int n = device_count();
+  std::string why;
+  if (!available(&why)) throw Error(why);
+  int device = local_rank;
+  if (n == 1 && local_rank > 0) device = 0;  // the launcher shows each process its own GPU
+  if (device >= n)
+    throw Error("local rank " + std::to_string(local_rank) + " needs CUDA device " + std::to_string(device) +
+                " but this process sees " + std::to_string(n) + " (CUDA_VISIBLE_DEVICES" +
+                (local_world > n ? ", or fewer ranks on this machine: " + std::to_string(local_world) + " started" : "") +
+                ")");
+  HOTOPS_CHECK_CUDA(cudaSetDevice(device));
+}
+
+std::string device_description() {
+  int device = 0;
+  HOTOPS_CHECK_CUDA(cudaGetDevice(&device));
+  cudaDeviceProp p{};
+  HOTOPS_CHECK_CUDA(cudaGetDeviceProperties(&p, device));
+  char bus[32] = "";
+  HOTOPS_CHECK_CUDA(cudaDeviceGetPCIBusId(bus, sizeof bus, device));
+  return std::string(p.name) + " (bus " + bus + ")";
+}
+
 Info info() {
   Info i;
   cudaDeviceProp p{};
-  HOTOPS_CHECK_CUDA(cudaGetDeviceProperties(&p, 0));
+  int device = 0;
+  HOTOPS_CHECK_CUDA(cudaGetDevice(&device));
+  HOTOPS_CHECK_CUDA(cudaGetDeviceProperties(&p, device));
   i.name = p.name;
   i.sm_count = p.multiProcessorCount;
   i.memory_bytes = p.totalGlobalMem;
   i.l2_bytes = static_cast<std::size_t>(p.l2CacheSize);
   int clk = 0, mclk = 0;
-  cudaDeviceGetAttribute(&clk, cudaDevAttrClockRate, 0);
-  cudaDeviceGetAttribute(&mclk, cudaDevAttrMemoryClockRate, 0);
+  cudaDeviceGetAttribute(&clk, cudaDevAttrClockRate, device);
+  cudaDeviceGetAttribute(&mclk, cudaDevAttrMemoryClockRate, device);
   i.sm_clock_mhz = clk / 1000;
   i.mem_clock_mhz = mclk / 1000;
   int drv = 0, rt = 0;
@@ -280,6 +316,12 @@ void DeviceBuffer::poison() {
   HOTOPS_CHECK_CUDA(cudaStreamSynchronize(stream()));
 }
 
+void hold(double seconds) {
+  static DeviceBuffer probe(2 * sizeof(unsigned long long));
+  hold_kernel<<<1, 1, 0, stream()>>>(static_cast<unsigned long long>(seconds * 1e9), probe.as<unsigned long long>());
+  HOTOPS_CHECK_LAUNCH();
+}
+
 // ---- the sampler ------------------------------------------------------------------------------
 
 struct Timer::Impl {
@@ -295,10 +337,15 @@ struct Timer::Impl {
   long samples = 0, discarded = 0;
   explicit Impl(Case& cs) : c(cs) {}
 
+  std::function<double(double)> agree_max;  // several ranks: the largest value over them
+  // Holds the stream, then lines the ranks up (Case::align) so that the interval that follows
+  // starts when every rank's GPU is there.
   void hold(cudaStream_t s) {
     hold_kernel<<<1, 1, 0, s>>>(static_cast<unsigned long long>(hold_seconds * 1e9), probe.as<unsigned long long>());
     HOTOPS_CHECK_LAUNCH();
+    c.align();
   }
+  double agreed(double x) const { return agree_max ? agree_max(x) : x; }
   double probed_clock_mhz() const {
     unsigned long long v[2];
     HOTOPS_CHECK_CUDA(cudaMemcpy(v, probe.get(), sizeof v, cudaMemcpyDeviceToHost));
@@ -306,9 +353,35 @@ struct Timer::Impl {
   }
 };
 
+namespace {
+// A graph of `runs` back-to-back runs of the case, instantiated and uploaded.
+cudaGraphExec_t capture_runs(Case& c, int runs) {
+  cudaStream_t s = stream();
+  cudaGraph_t g;
+  HOTOPS_CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  try {
+    for (int i = 0; i < runs; ++i) c.run();
+  } catch (...) {
+    cudaStreamEndCapture(s, &g);
+    throw;
+  }
+  HOTOPS_CHECK_CUDA(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t exec;
+  HOTOPS_CHECK_CUDA(cudaGraphInstantiate(&exec, g, 0));
+  HOTOPS_CHECK_CUDA(cudaGraphDestroy(g));
+  HOTOPS_CHECK_CUDA(cudaGraphUpload(exec, s));
+  return exec;
+}
+constexpr double kMaxEnqueueHoldSeconds = 20e-3;  // a run that blocks the host is not held past this
+}  // namespace
+
 Timer::Timer(Case& c, const TimerOptions& o) : impl_(new Impl(c)) {
   Impl& t = *impl_;
   t.cold = o.cold_l2;
+  t.agree_max = o.agree_max;
+  // Ranks that time together also enqueue the aligning collective inside the hold.
+  const double hold_base = o.agree_max ? 50e-6 : 20e-6;
+  t.hold_seconds = hold_base;
   t.min_clock_mhz = o.throttle_threshold * info().sm_clock_mhz;
   cudaStream_t s = stream();
   HOTOPS_CHECK_CUDA(cudaEventCreate(&t.start));
@@ -317,39 +390,46 @@ Timer::Timer(Case& c, const TimerOptions& o) : impl_(new Impl(c)) {
   // Warm-up: module loading, lazy library init, first-touch of the workspace.
   for (int i = 0; i < 2; ++i) c.run();
   synchronize();
+
+  // What the host takes to enqueue one run. A run launched eagerly is held at least this long;
+  // otherwise the GPU would wait for the host between launches and the wait would count as device
+  // time (cuDNN's legacy convolution calls choose their engine on the host at every call: hundreds
+  // of microseconds for a convnet step, longer than the step's device time).
+  const auto h0 = std::chrono::steady_clock::now();
+  c.run();
+  const double enqueue = std::chrono::duration<double>(std::chrono::steady_clock::now() - h0).count();
+  synchronize();
+  const double eager_hold = hold_base + std::min(1.5 * enqueue, kMaxEnqueueHoldSeconds);
+
+  // A capturable case is always timed as a graph, so a sample holds no launch gap whatever the
+  // run's length; a graph of one run also sizes the samples, so that sizing sees device time only.
+  if (c.capturable()) t.graph = capture_runs(c, 1);
   if (o.cold_l2) {
     t.flush = DeviceBuffer(2 * info().l2_bytes);
+    t.hold_seconds = t.graph ? hold_base : eager_hold;
     return;  // one run per sample
   }
-  // One timed run (behind a hold) tells how many runs fill the target sample time.
+  t.hold_seconds = t.graph ? hold_base : eager_hold;
   t.hold(s);
   HOTOPS_CHECK_CUDA(cudaEventRecord(t.start, s));
-  c.run();
+  if (t.graph) HOTOPS_CHECK_CUDA(cudaGraphLaunch(t.graph, s));
+  else c.run();
   HOTOPS_CHECK_CUDA(cudaEventRecord(t.stop, s));
   HOTOPS_CHECK_CUDA(cudaEventSynchronize(t.stop));
   float ms = 0;
   HOTOPS_CHECK_CUDA(cudaEventElapsedTime(&ms, t.start, t.stop));
-  const double one = std::max(1e-7, ms * 1e-3);
+  const double one = t.agreed(std::max(1e-7, ms * 1e-3));  // every rank sizes its samples alike
   launches_ = o.runs_per_sample > 0
                   ? o.runs_per_sample
                   : static_cast<int>(std::clamp(std::ceil(o.target_sample_seconds / one), 1.0, double(kMaxRunsPerSample)));
 
-  if (c.capturable() && launches_ > 1) {
-    cudaGraph_t g;
-    HOTOPS_CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    try {
-      for (int i = 0; i < launches_; ++i) c.run();
-    } catch (...) {
-      cudaStreamEndCapture(s, &g);
-      throw;
-    }
-    HOTOPS_CHECK_CUDA(cudaStreamEndCapture(s, &g));
-    HOTOPS_CHECK_CUDA(cudaGraphInstantiate(&t.graph, g, 0));
-    HOTOPS_CHECK_CUDA(cudaGraphDestroy(g));
-    HOTOPS_CHECK_CUDA(cudaGraphUpload(t.graph, s));
-  } else {
+  if (t.graph && launches_ > 1) {
+    HOTOPS_CHECK_CUDA(cudaGraphExecDestroy(t.graph));
+    t.graph = nullptr;
+    t.graph = capture_runs(c, launches_);
+  } else if (!t.graph) {
     // Launched one by one: the hold must outlast the host's enqueueing of every run.
-    t.hold_seconds = 20e-6 + launches_ * 10e-6;
+    t.hold_seconds = hold_base + std::min(launches_ * std::max(10e-6, 1.5 * enqueue), kMaxEnqueueHoldSeconds);
   }
 }
 
@@ -420,15 +500,17 @@ double Timer::sample() {
     HOTOPS_CHECK_CUDA(cudaEventElapsedTime(&ms, t.start, t.stop));
     const double mhz = t.probed_clock_mhz();
     // A throttled GPU (power or temperature) runs slower than its clocks promise: like nvbench,
-    // discard the sample and let the GPU recover, a bounded number of times.
-    if (mhz < t.min_clock_mhz && attempt < kMaxThrottleRetries) {
+    // discard the sample and let the GPU recover, a bounded number of times. Ranks that time
+    // together discard together, when any of them was throttled.
+    const bool throttled = t.agreed(mhz < t.min_clock_mhz ? 1 : 0) > 0;
+    if (throttled && attempt < kMaxThrottleRetries) {
       ++t.discarded;
       std::this_thread::sleep_for(std::chrono::milliseconds(kThrottleRecoveryMs));
       continue;
     }
     t.clock_sum += mhz;
     ++t.samples;
-    return ms * 1e-3 / launches_;
+    return t.agreed(ms * 1e-3) / launches_;  // several ranks: the slowest one's time
   }
 }
 

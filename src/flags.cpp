@@ -196,6 +196,8 @@ const char* flags_help() {
          "                         back to back in a CUDA graph; 1 times each execution on its own\n"
          "  --hotops_shuffle_layout=0|1  place each GPU buffer at a random offset, drawn again at\n"
          "                         every setup of a case (default 1)\n"
+         "  --hotops_gpus=G        run on G GPUs of this machine, one process per GPU (it starts the other\n"
+         "                         G-1), for the multi-GPU entries (gpus:G); docs/scaling.md\n"
          "  --hotops_threads=N     CPU threads for oneDNN and hotops' loops (default: all cores)\n"
          "  --hotops_seed=N        seed of every random input (default 20261122)\n"
          "  --hotops_help          this text\n";
@@ -249,6 +251,9 @@ Options parse_flags(int& argc, char** argv) {
     } else if (flag == "hotops_runs_per_sample") {
       need_value();
       o.runs_per_sample = static_cast<int>(parse_int(flag, v, 0, 10000, "a count from 0 (automatic) to 10000"));
+    } else if (flag == "hotops_gpus") {
+      need_value();
+      o.gpus = static_cast<int>(parse_int(flag, v, 1, 1024, "a GPU count from 1 to 1024"));
     } else if (flag == "hotops_threads") {
       need_value();
       o.threads = static_cast<int>(parse_int(flag, v, 1, 4096, "a thread count from 1 to 4096"));

@@ -11,6 +11,9 @@ bool available(std::string* why) {
 }
 
 Info info() { throw Error("no CUDA backend in this build", ErrorKind::unsupported); }
+int device_count() { return 0; }
+void use_device(int, int) { throw Error("this build of hotops has no CUDA backend", ErrorKind::unsupported); }
+std::string device_description() { return "none"; }
 
 struct Timer::Impl {};
 Timer::Timer(Case&, const TimerOptions&) : impl_(nullptr) {

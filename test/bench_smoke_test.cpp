@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -473,9 +474,10 @@ TEST(BenchSmoke, BatchFlagReplacesTheBatchAxis) {
 void expect_breakdowns(const std::string& direction) {
   const std::string out = temp_path("breakdown_" + direction);
   // Every CUDA variant; on the CPU all threads and the largest sweep entry (the one-thread steps of
-  // the convnets take seconds each and break down no differently).
+  // the convnets take seconds each and break down no differently), and of the ConvNeXt block (named
+  // by its stage) stage 3 alone.
   const Result r = run("--benchmark_filter='^model[.][^/]+/(cuda/[^/]+/" + direction + "/|cpu/[^/]+/" + direction +
-                       "/batch:10/(threads:8/)?real_time)' --hotops_batch=10 --hotops_roofline=0 --hotops_verify=0 "
+                       "/(shape:convnext[.]s3/)?batch:10/(threads:8/)?real_time)' --hotops_batch=10 --hotops_roofline=0 --hotops_verify=0 "
                        "--benchmark_min_time=0.01 --benchmark_out=" + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("breakdown"), std::string::npos) << "the console leaves the breakdown to the JSON";
@@ -549,5 +551,84 @@ TEST(BenchSmoke, AnOutputFileWrittenOnlyInPartIsAnError) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("is incomplete"), std::string::npos) << r.output;
 }
+
+// ---- runs over several GPUs (bench --hotops_gpus=G; docs/scaling.md) ----
+
+// Launch input that cannot work is one line and exit 2, before anything runs or is spawned.
+TEST(BenchSmoke, MultiGpuLaunchInputIsOneLineAndExitTwo) {
+  const std::string filter = " --hotops_roofline=0 --benchmark_filter=mlp_tiny.fc1/batch:10/";
+  for (const auto& [args, env, says] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"--hotops_gpus=0", "", "bad value '0' for --hotops_gpus"},
+           {"--hotops_gpus=1024", "", "hotops: "},  // no such machine: no GPU, or too few, or no NCCL
+           {"", "HOTOPS_RANK=1", "HOTOPS_WORLD_SIZE is not"},
+           {"", "OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2", "needs rank 0's address"},
+           {"", "HOTOPS_RANK=1 HOTOPS_WORLD_SIZE=2 HOTOPS_ROOT_ADDR=127.0.0.1:1 HOTOPS_STALL_TIMEOUT_S=x", "HOTOPS_STALL_TIMEOUT_S"}}) {
+    const Result r = run(args + filter, env);
+    EXPECT_EQ(r.exit_code, 2) << args << " " << env << ": " << r.output;
+    EXPECT_NE(r.output.find(says), std::string::npos) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << args << " " << env << ": " << r.output;
+  }
+}
+
+// Without a run over several GPUs, a multi-GPU entry says why it does not run, and the rest runs.
+TEST(BenchSmoke, MultiGpuEntriesSayWhyWithoutTheirGpus) {
+  const Result r = run("--hotops_roofline=0 --benchmark_min_time=0.01 "
+                       "--benchmark_filter='allreduce/cuda/f32/fwd/bytes:8/gpus:2/inplace:0|mm/cpu/f32/fwd/shape:mlp_tiny.fc1/batch:10/'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("mm/cpu/f32/fwd/shape:mlp_tiny.fc1/batch:10/"), std::string::npos) << r.output;
+  const bool no_gpu = r.output.find("the CUDA benchmarks are not run (1 selected)") != std::string::npos;
+  const bool no_nccl = r.output.find("has no NCCL") != std::string::npos;
+  if (!no_gpu && !no_nccl)
+    EXPECT_NE(r.output.find("1 benchmarks not run: needs 2 GPUs in the run; start bench with --hotops_gpus=2"), std::string::npos)
+        << r.output;
+}
+
+// bench --hotops_gpus=G on a machine with G GPUs: every collective of 1 MiB over them, exact and
+// with nccl-tests' bandwidths; every rank's GPU in the context; a planted bug fails the entries it
+// reaches. Skipped, with bench's own line, where the machine has fewer GPUs or no NCCL.
+void expect_collectives_on(int gpus) {
+  const std::string g = std::to_string(gpus), out = temp_path("gpus" + g);
+  const std::string filter = "'^(allreduce|reduce_scatter|allgather|broadcast)/cuda/(f32|bf16)/fwd/bytes:1048576/gpus:" + g + "/'";
+  const Result r = run("--hotops_gpus=" + g + " --hotops_roofline=0 --benchmark_min_time=0.02 --benchmark_filter=" + filter +
+                       " --benchmark_out=" + out);
+  if (r.exit_code == 2 && (r.output.find("needs them") != std::string::npos || r.output.find("CUDA device") != std::string::npos ||
+                           r.output.find("needs NCCL") != std::string::npos))
+    GTEST_SKIP() << "needs " << gpus << " GPUs and NCCL: " << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream f(out);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["context"].value("gpus_in_run", ""), g);
+  for (int rank = 0; rank < gpus; ++rank)
+    EXPECT_TRUE(j["context"].contains("rank_" + std::to_string(rank) + "_gpu")) << "context lacks rank " << rank << "'s GPU";
+  EXPECT_FALSE(j["context"].value("nccl_version", "").empty());
+  int entries = 0;
+  for (const auto& b : j["benchmarks"]) {
+    const std::string name = b["name"];
+    ++entries;
+    EXPECT_FALSE(b.value("error_occurred", false)) << name << ": " << b.value("error_message", "");
+    const double algbw = b.value("algbw", 0.0), busbw = b.value("busbw", 0.0);
+    EXPECT_GT(algbw, 0) << name;
+    const double n = gpus;
+    const double factor = name.rfind("allreduce", 0) == 0 ? 2 * (n - 1) / n : name.rfind("broadcast", 0) == 0 ? 1 : (n - 1) / n;
+    EXPECT_NEAR(busbw / algbw, factor, 1e-9) << name;
+    EXPECT_NEAR(algbw * b.value("real_time", 0.0) * 1e-6, 1048576.0, 1048576.0 * 1e-6) << name << ": algbw = bytes / time";
+    EXPECT_NE(b.value("label", "").find("NCCL"), std::string::npos) << name;
+    EXPECT_GT(b.value("samples", 0), 0) << name;
+  }
+  EXPECT_EQ(entries, 16) << "4 collectives x 2 dtypes x in place or not";
+  std::remove(out.c_str());
+
+  // The input of every rank zeroed: each entry it reaches is an error naming a rank's wrong element.
+  const Result bad = run("--hotops_gpus=" + g + " --hotops_roofline=0 --benchmark_min_time=0.02 --benchmark_format=json "
+                         "--benchmark_filter='^allreduce/cuda/f32/fwd/bytes:1048576/gpus:" + g + "/inplace:0'",
+                         "HOTOPS_TEST_MUTATION=zero_input");
+  ASSERT_EQ(bad.exit_code, 0) << bad.output;
+  EXPECT_NE(bad.output.find("\"error_occurred\": true"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("verification failed: rank 0: "), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("are not exact"), std::string::npos) << bad.output;
+}
+
+TEST(BenchSmoke, CudaCollectivesOnTwoGpus) { expect_collectives_on(2); }
+TEST(BenchSmoke, CudaCollectivesOnFourGpus) { expect_collectives_on(4); }
 
 }  // namespace

@@ -148,6 +148,87 @@ TEST(Conv2dReference, NhwcIsNchwTransposed) {
   }
 }
 
+// A grouped convolution is the dense one with a block-diagonal filter: output channel k sees only
+// its group's input channels. The grouped reference (every direction, both layouts, depthwise and two
+// groups of several channels, with a stride) against the dense reference on that filter.
+TEST(Conv2dReference, GroupedIsDenseWithABlockDiagonalFilter) {
+  struct G {
+    std::int64_t C, K, groups, stride;
+  };
+  for (const G& g : {G{4, 4, 4, 1}, G{6, 4, 2, 2}, G{3, 6, 3, 1}})
+    for (Layout layout : {Layout::nchw, Layout::nhwc})
+      for (Direction d : {Direction::fwd, Direction::bwd_data, Direction::bwd_weight}) {
+        Shape grouped;
+        grouped.dir = d, grouped.layout = layout, grouped.bias = true;
+        grouped.N = 2, grouped.C = g.C, grouped.H = 6, grouped.W = 5, grouped.K = g.K, grouped.R = 3, grouped.S = 2;
+        grouped.stride_h = g.stride, grouped.pad_h = grouped.pad_w = 1, grouped.groups = g.groups;
+        Shape dense = grouped;
+        dense.groups = 1;
+        const Inputs gi = make_inputs(grouped, 8);
+        Inputs di = make_inputs(dense, 9);
+        di.x = gi.x, di.b = gi.b, di.dy = gi.dy;
+        const std::int64_t Kg = grouped.Kg(), Cg = grouped.Cg();
+        for (std::int64_t k = 0; k < g.K; ++k)  // the dense filter: grouped's in k's group, 0 elsewhere
+          for (std::int64_t c = 0; c < g.C; ++c)
+            for (std::int64_t r = 0; r < 3; ++r)
+              for (std::int64_t t = 0; t < 2; ++t)
+                if (di.w.count())
+                  di.w.set(dense.w_at(k, c, r, t),
+                           c / Cg == k / Kg ? gi.w.get(grouped.w_at(k, c % Cg, r, t)) : 0.0);
+        Outputs go = make_outputs(grouped), dout = make_outputs(dense);
+        reference(grouped, gi, go);
+        reference(dense, di, dout);
+        const std::string what = std::string(direction_name(d)) + " groups " + std::to_string(g.groups);
+        if (d == Direction::bwd_weight) {  // grouped's dw is the dense dw's in-group part
+          ASSERT_EQ(go.primary.count(), static_cast<std::size_t>(g.K * Cg * 6)) << what;
+          for (std::int64_t k = 0; k < g.K; ++k)
+            for (std::int64_t c = 0; c < Cg; ++c)
+              for (std::int64_t r = 0; r < 3; ++r)
+                for (std::int64_t t = 0; t < 2; ++t)
+                  ASSERT_DOUBLE_EQ(go.primary.get(grouped.w_at(k, c, r, t)),
+                                   dout.primary.get(dense.w_at(k, k / Kg * Cg + c, r, t)))
+                      << what << " " << k << "," << c << "," << r << "," << t;
+          for (std::size_t k = 0; k < go.db.count(); ++k) EXPECT_DOUBLE_EQ(go.db.get(k), dout.db.get(k)) << what;
+        } else {
+          ASSERT_EQ(go.primary.count(), dout.primary.count()) << what;
+          for (std::size_t i = 0; i < go.primary.count(); ++i)
+            ASSERT_DOUBLE_EQ(go.primary.get(i), dout.primary.get(i)) << what << " " << i;
+        }
+      }
+}
+
+// groups: parsed, checked to divide C and K, absent from the name at 1; the filter and the FLOPs
+// shrink by the groups.
+TEST(Conv2dShape, GroupsArg) {
+  Problem p = problem(Direction::fwd, "nchw", false);
+  p.args = {{"shape", "convnext.s1_dwconv"}, {"batch", "8"}, {"C", "96"}, {"H", "56"}, {"W", "56"}, {"K", "96"},
+            {"R", "7"}, {"S", "7"}, {"stride", "1"}, {"pad", "3"}, {"dilation", "1"}, {"groups", "96"},
+            {"bias", "1"}, {"layout", "nhwc"}};
+  const Shape s = shape_of(p);
+  EXPECT_EQ(s.groups, 96);
+  EXPECT_EQ(s.Cg(), 1);
+  EXPECT_EQ(s.P(), 56);
+  EXPECT_EQ(make_inputs(s, 1).w.count(), 96u * 49);
+  const Work w = family().work(p);
+  EXPECT_DOUBLE_EQ(w.flops, 2.0 * 8 * 96 * 49 * 56 * 56 + 8.0 * 96 * 56 * 56);
+  EXPECT_DOUBLE_EQ(w.bytes, 4.0 * (2 * 8 * 96 * 56 * 56 + 96 * 49 + 96));
+  EXPECT_EQ(shape_of(problem(Direction::fwd)).groups, 1);
+  p.args[11].value = "5";  // divides neither 96 nor 96
+  EXPECT_THROW(shape_of(p), Error);
+  p.args[11].value = "0";
+  EXPECT_THROW(shape_of(p), Error);
+
+  bool convnext = false;
+  for (const Problem& q : family().benchmark_problems({})) {
+    if (!q.has("groups")) continue;
+    EXPECT_NE(q.get("groups"), "1") << q.name();
+    convnext |= q.name() ==
+                "conv2d/cuda/bf16/bwd_weight/shape:convnext.s3_dwconv/batch:32/C:384/H:14/W:14/K:384/R:7/S:7/stride:1/"
+                "pad:3/dilation:1/groups:384/bias:1/layout:nhwc";
+  }
+  EXPECT_TRUE(convnext);
+}
+
 TEST(Conv2dVerify, CatchesAWrongElementNaNAndAWrongBiasGradient) {
   for (Direction d : {Direction::fwd, Direction::bwd_data, Direction::bwd_weight}) {
     const Shape s = shape_of(problem(d));
@@ -185,15 +266,19 @@ TEST(Conv2dCpu, LabelNamesOneDnnAndCaseVerifies) {
 
 // A model's use of the CPU plan: a Shape filled by hand, tensors in the user's layout (the run reorders
 // them where oneDNN's layouts differ), run on two sets of caller-owned buffers in turn; each result is
-// that of its own inputs. Every direction, with a stride and a bias, in both layouts.
+// that of its own inputs. Every direction, with a stride and a bias, in both layouts; dense, in 4
+// groups, and in 16 groups of one input channel (depthwise with two outputs a channel), f32 and bf16.
 TEST(Conv2dPlan, RunsOnTheBuffersItIsGivenEachRun) {
+  for (std::int64_t groups : {1, 4, 16})
+  for (DType t : {DType::f32, DType::bf16})
   for (Layout layout : {Layout::nchw, Layout::nhwc})
     for (Direction d : {Direction::fwd, Direction::bwd_data, Direction::bwd_weight}) {
       Shape s;
-      s.dir = d, s.layout = layout, s.bias = true;
+      s.dir = d, s.dtype = t, s.layout = layout, s.bias = true, s.groups = groups;
       s.N = 2, s.C = 16, s.H = 9, s.W = 7, s.K = 32, s.R = 3, s.S = 3, s.stride_h = 2, s.pad_h = s.pad_w = 1;
-      const Problem p = problem(d);
-      if (!family().unsupported_reason(p).empty()) GTEST_SKIP() << family().unsupported_reason(p);
+      Problem p = problem(d);
+      p.dtype = t;
+      if (!family().unsupported_reason(p).empty()) continue;
       auto plan = make_plan(s, Backend::cpu);
       const Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
       Outputs out[2] = {make_outputs(s), make_outputs(s)};
@@ -203,7 +288,8 @@ TEST(Conv2dPlan, RunsOnTheBuffersItIsGivenEachRun) {
                     out[k].db.data()};
       };
       const auto check = [&](int i, int o) { return verify(s, in[i], out[o]); };
-      plan_test::expect_each_run_on_its_own_tensors(*plan, args_of, check, direction_name(d));
+      plan_test::expect_each_run_on_its_own_tensors(
+          *plan, args_of, check, std::string(dtype_name(t)) + " " + direction_name(d) + " groups " + std::to_string(groups));
     }
 }
 
@@ -361,6 +447,42 @@ TEST(Conv2dCudaPlan, FindsFastestTensorOpsAndRunsOnASharedWorkspace) {
       EXPECT_TRUE(c.ok) << direction_name(s.dir) << " " << c.message;
     }
   }
+}
+
+// The CUDA plan of a depthwise 7x7 (cudnnSetConvolutionGroupCount), every direction and dtype, both
+// layouts, run on two sets of device buffers in turn: each result is that of its own inputs.
+TEST(Conv2dCudaPlan, DepthwiseRunsOnTheBuffersItIsGivenEachRun) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  for (DType t : {DType::f32, DType::tf32, DType::bf16})
+    for (Layout layout : {Layout::nchw, Layout::nhwc})
+      for (Direction d : {Direction::fwd, Direction::bwd_data, Direction::bwd_weight}) {
+        Shape s;
+        s.dir = d, s.dtype = t, s.layout = layout, s.bias = true, s.groups = 24;
+        s.N = 2, s.C = 24, s.H = 14, s.W = 14, s.K = 24, s.R = s.S = 7, s.pad_h = s.pad_w = 3;
+        const std::string what = std::string(dtype_name(t)) + " " + direction_name(d);
+        auto plan = make_cuda_plan(s);
+        const Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
+        Outputs out[2] = {make_outputs(s), make_outputs(s)};
+        struct Device {  // one set's tensors on the device (null where the pass has none)
+          gpu::DeviceBuffer x, w, b, dy, out, db;
+        };
+        const auto up = [](const HostBuffer& h) { return h.count() ? gpu::DeviceBuffer(h) : gpu::DeviceBuffer(); };
+        Device dev[2];
+        for (int k = 0; k < 2; ++k)
+          dev[k] = Device{up(in[k].x), up(in[k].w), up(in[k].b), up(in[k].dy), up(out[k].primary), up(out[k].db)};
+        const auto args_of = [&](int k) {
+          dev[k].out.poison();
+          if (dev[k].db.get()) dev[k].db.poison();
+          return Args{dev[k].x.get(), dev[k].w.get(), dev[k].b.get(), dev[k].dy.get(), dev[k].out.get(), dev[k].db.get()};
+        };
+        const auto check = [&](int i, int k) {
+          dev[k].out.download(out[k].primary);
+          if (dev[k].db.get()) dev[k].db.download(out[k].db);
+          return verify(s, in[i], out[k]);
+        };
+        plan_test::expect_each_run_on_its_own_tensors(*plan, args_of, check, what);
+      }
 }
 #endif
 

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <utility>
 
 #include "kernels/embedding/embedding.h"
 #include "test/plan_test_util.h"
@@ -10,11 +12,13 @@
 namespace hotops::embedding {
 namespace {
 
-Problem test_problem(DType t, Direction d, std::int64_t vocab, std::int64_t dim) {
-  return Problem{"embedding", Backend::cpu, t, d,
-                 {{"shape", "test"}, {"N", "3"}, {"T", "7"}, {"vocab", std::to_string(vocab)},
-                  {"dim", std::to_string(dim)}}};
+Problem test_problem(DType t, Direction d, std::int64_t vocab, std::int64_t dim, std::vector<Arg> more = {}) {
+  std::vector<Arg> args{{"shape", "test"}, {"N", "3"}, {"T", "7"}, {"vocab", std::to_string(vocab)}, {"dim", std::to_string(dim)}};
+  args.insert(args.end(), more.begin(), more.end());
+  return Problem{"embedding", Backend::cpu, t, d, args};
 }
+
+const std::vector<Arg> kTimeMajor{{"layout", "tnc"}};
 
 TEST(EmbeddingReference, GroupByRowKeepsPositionOrder) {
   const Csr g = group_by_row({2, 0, 2, 3, 2, 0}, 5);
@@ -41,6 +45,26 @@ TEST(EmbeddingReference, KnownValues) {
   EXPECT_EQ(ref, (std::vector<double>{30, 40, 0, 0, 60, 80}));
 }
 
+TEST(EmbeddingReference, TimeMajorKnownValues) {
+  // 2 sequences of 3 tokens, vocab 3, dim 1: idx [b, t] = {{2, 0, 1}, {1, 1, 0}}; out row t * 2 + b.
+  Shape s;
+  s.batch = 2, s.T = 3, s.vocab = 3, s.dim = 1, s.time_major = true;
+  Inputs in;
+  in.idx = {2, 0, 1, 1, 1, 0};
+  in.W = HostBuffer(DType::f32, 3);
+  for (std::size_t i = 0; i < 3; ++i) in.W.set(i, 10.0 * static_cast<double>(i));
+  const double want[] = {20, 10, 0, 10, 10, 0};  // (t 0: b 0, b 1), (t 1: ...), (t 2: ...)
+  for (std::size_t r = 0; r < 6; ++r) EXPECT_EQ(reference_fwd(s, in, r), want[r]) << r;
+  // dout row r = r + 1: dW row 0 = rows (t 1, b 0) + (t 2, b 1) = 3 + 6; row 1 = (2, 0) + (0, 1) + (1, 1) = 5 + 2 + 4.
+  in.dout = HostBuffer(DType::f32, 6);
+  for (std::size_t r = 0; r < 6; ++r) in.dout.set(r, static_cast<double>(r + 1));
+  EXPECT_EQ(reference_bwd(s, in, {0, 1, 2}), (std::vector<double>{9, 11, 1}));
+  // An f32 table's rows as bf16: rounded to nearest even.
+  s.f32_table = true, s.dtype = DType::bf16;
+  in.W.set(2, 1.0 + 3.0 / 512);  // between the bf16 neighbours 1 + 2/256 and 1 + 1/256, rounds up
+  EXPECT_EQ(reference_fwd(s, in, 0), 1.0 + 2.0 / 256);
+}
+
 // The right answer for every element: fwd by gathering, bwd by the reference over every row.
 HostBuffer reference_output(const Shape& s, const Inputs& in) {
   HostBuffer out = make_output(s);
@@ -55,11 +79,14 @@ HostBuffer reference_output(const Shape& s, const Inputs& in) {
   return out;
 }
 
-class EmbeddingVerify : public testing::TestWithParam<std::tuple<DType, Direction>> {};
+class EmbeddingVerify : public testing::TestWithParam<std::tuple<DType, Direction, int>> {};
 
 TEST_P(EmbeddingVerify, PassesTheReferenceAndFailsAPlantedError) {
-  const auto [t, d] = GetParam();
-  const Shape s = shape_of(test_problem(t, d, 5, 6));
+  const auto [t, d, variant] = GetParam();  // variant 1: time-major; 2: time-major from an f32 table (bf16 fwd)
+  if (variant == 2 && (t != DType::bf16 || d != Direction::fwd)) GTEST_SKIP() << "table:f32 is a bf16 fwd";
+  std::vector<Arg> more = variant > 0 ? kTimeMajor : std::vector<Arg>{};
+  if (variant == 2) more.push_back({"table", "f32"});
+  const Shape s = shape_of(test_problem(t, d, 5, 6, more));
   const Inputs in = make_inputs(s, 13);
   HostBuffer out = reference_output(s, in);
   const Check ok = verify(s, in, out);
@@ -68,16 +95,36 @@ TEST_P(EmbeddingVerify, PassesTheReferenceAndFailsAPlantedError) {
   HostBuffer bad = out;
   const auto dim = static_cast<std::size_t>(s.dim);
   if (d == Direction::fwd) {
-    // Output row 4 gathered from the row after its index.
+    // Index 4's output row gathered from the row after its index.
     const auto wrong = static_cast<std::size_t>((in.idx[4] + 1) % s.vocab);
-    for (std::size_t j = 0; j < dim; ++j) bad.set(4 * dim + j, in.W.get(wrong * dim + j));
+    const auto row = static_cast<std::size_t>(s.row_of(4));
+    for (std::size_t j = 0; j < dim; ++j) bad.set(row * dim + j, in.W.get(wrong * dim + j));
   } else {
-    // dout row 0 added to the row after its index instead.
-    const auto right = static_cast<std::size_t>(in.idx[0]), wrong = (right + 1) % static_cast<std::size_t>(s.vocab);
+    // Index 1's dout row added to the row after its index instead.
+    const auto right = static_cast<std::size_t>(in.idx[1]), wrong = (right + 1) % static_cast<std::size_t>(s.vocab);
+    const auto from = static_cast<std::size_t>(s.row_of(1)) * dim;
     for (std::size_t j = 0; j < dim; ++j) {
-      bad.set(right * dim + j, out.get(right * dim + j) - in.dout.get(j));
-      bad.set(wrong * dim + j, out.get(wrong * dim + j) + in.dout.get(j));
+      bad.set(right * dim + j, out.get(right * dim + j) - in.dout.get(from + j));
+      bad.set(wrong * dim + j, out.get(wrong * dim + j) + in.dout.get(from + j));
     }
+  }
+  if (variant > 0) {
+    // Batch-major rows where time-major ones are due: the gathered rows in index order, or dout read so.
+    Shape batch_major = s;
+    batch_major.time_major = false;
+    EXPECT_FALSE(verify(s, in, reference_output(batch_major, in)).ok);
+  }
+  if (variant == 2) {
+    // The f32 rows truncated to bf16 instead of rounded to nearest.
+    HostBuffer truncated = out;
+    for (std::int64_t i = 0; i < s.n(); ++i)
+      for (std::size_t j = 0; j < dim; ++j) {
+        const float v = static_cast<float>(in.W.get(static_cast<std::size_t>(in.idx[static_cast<std::size_t>(i)]) * dim + j));
+        std::uint32_t bits;
+        std::memcpy(&bits, &v, sizeof bits);
+        truncated.set(static_cast<std::size_t>(s.row_of(i)) * dim + j, bf16_to_float(static_cast<std::uint16_t>(bits >> 16)));
+      }
+    EXPECT_FALSE(verify(s, in, truncated).ok);
   }
   EXPECT_FALSE(verify(s, in, bad).ok);
   HostBuffer poisoned = out;
@@ -87,13 +134,14 @@ TEST_P(EmbeddingVerify, PassesTheReferenceAndFailsAPlantedError) {
 
 INSTANTIATE_TEST_SUITE_P(All, EmbeddingVerify,
                          testing::Combine(testing::Values(DType::f32, DType::bf16),
-                                          testing::Values(Direction::fwd, Direction::bwd)));
+                                          testing::Values(Direction::fwd, Direction::bwd), testing::Values(0, 1, 2)));
 
 // One CPU plan per direction, run on two sets of caller-owned tensors in turn: each result is that of
 // its own inputs (a plan that kept the first pointers would write the second result into the first).
 TEST(Embedding, PlanRunsOnTheTensorsItIsGivenEachRun) {
-  for (Direction d : {Direction::fwd, Direction::bwd}) {
-    const Shape s = shape_of(test_problem(DType::f32, d, 11, 6));
+  for (const auto& [d, more] : {std::pair{Direction::fwd, std::vector<Arg>{}}, std::pair{Direction::bwd, std::vector<Arg>{}},
+                                std::pair{Direction::fwd, kTimeMajor}, std::pair{Direction::bwd, kTimeMajor}}) {
+    const Shape s = shape_of(test_problem(DType::f32, d, 11, 6, more));
     auto plan = make_plan(s, Backend::cpu);
     Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
     HostBuffer out[2] = {make_output(s), make_output(s)};
@@ -105,6 +153,10 @@ TEST(Embedding, PlanRunsOnTheTensorsItIsGivenEachRun) {
         a.idx = in[k].idx.data();
         a.W = in[k].W.data();
         a.out = out[k].data();
+      } else if (s.time_major) {  // the plan groups the indices itself
+        a.idx = in[k].idx.data();
+        a.dout = in[k].dout.data();
+        a.dW = out[k].data();
       } else {
         csr[k] = group_by_row(in[k].idx, s.vocab);
         a.offset = csr[k].offset.data();
@@ -115,7 +167,8 @@ TEST(Embedding, PlanRunsOnTheTensorsItIsGivenEachRun) {
       return a;
     };
     const auto check = [&](int i, int o) { return verify(s, in[i], out[o]); };
-    plan_test::expect_each_run_on_its_own_tensors(*plan, args_of, check, direction_name(d));
+    plan_test::expect_each_run_on_its_own_tensors(*plan, args_of, check,
+                                                  std::string(direction_name(d)) + (s.time_major ? " tnc" : ""));
   }
 }
 

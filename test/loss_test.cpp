@@ -8,6 +8,7 @@
 
 #include "hotops/gpu.h"
 #include "kernels/adamw/adamw.h"
+#include "kernels/loss/bce.h"
 #include "kernels/loss/loss.h"
 #include "kernels/loss/mse.h"
 #include "test/plan_test_util.h"
@@ -138,12 +139,13 @@ INSTANTIATE_TEST_SUITE_P(CrossEntropy, CrossEntropyVerify,
 
 TEST(CrossEntropyFamily, NamesAndWork) {
   const Family& f = family();
-  std::vector<Problem> problems, dbias, mse;
+  std::vector<Problem> problems, dbias, mse, bce;
   for (const Problem& q : f.benchmark_problems({8}))
-    (q.op == "cross_entropy" ? problems : q.op == "cross_entropy_dbias" ? dbias : mse).push_back(q);
+    (q.op == "cross_entropy" ? problems : q.op == "cross_entropy_dbias" ? dbias : q.op == "bce_logits" ? bce : mse).push_back(q);
   ASSERT_EQ(problems.size(), 6u * 8);
   ASSERT_EQ(dbias.size(), 4u * 4);  // four heads, both backends and dtypes, bwd only
   ASSERT_EQ(mse.size(), 2u * 4);    // two encoder outputs, both backends and dtypes, bwd only
+  ASSERT_EQ(bce.size(), 1u * 8);    // one binary head, both backends, dtypes and directions
   for (const Problem& q : mse) EXPECT_EQ(q.op, "mse");
   const Problem& p = problems.back();
   EXPECT_EQ(p.name(), "cross_entropy/cuda/bf16/bwd/shape:bert.mlm/batch:8/rows:1024/classes:30522");
@@ -152,8 +154,9 @@ TEST(CrossEntropyFamily, NamesAndWork) {
   EXPECT_DOUBLE_EQ(w.bytes, n * 2 * 2 + 1024.0 * (8 + 4) + 4);
   EXPECT_DOUBLE_EQ(w.flops, n * 4);
   EXPECT_DOUBLE_EQ(w.items, 8);
-  // mlp_tiny at two batches in each cross-entropy op; mse: two outputs at batches 8 and 32
-  EXPECT_EQ(f.benchmark_problems({}).size(), 7u * 8 + 5u * 4 + 2u * 2 * 4);
+  // mlp_tiny at two batches in each cross-entropy op; mse: two outputs at batches 8 and 32; bce_logits:
+  // fasttext_imdb at batches 32 and 4096
+  EXPECT_EQ(f.benchmark_problems({}).size(), 7u * 8 + 5u * 4 + 2u * 2 * 4 + 2u * 8);
   const Problem& d = dbias.back();
   EXPECT_EQ(d.name(), "cross_entropy_dbias/cuda/bf16/bwd/shape:bilstm_imdb/batch:8/rows:8/classes:2");
   EXPECT_DOUBLE_EQ(f.work(d).bytes, 16 * 2 * 2 + 8 * 4 + 4 + 2 * 4);
@@ -425,3 +428,122 @@ TEST(MseCuda, MatchesTheReference) {
 
 }  // namespace
 }  // namespace hotops::loss::mse
+
+namespace hotops::loss::bce {
+namespace {
+
+Shape bce_shape(Direction d, DType t, std::int64_t batch, std::int64_t outputs) {
+  Shape s;
+  s.dir = d, s.dtype = t, s.batch = batch, s.outputs = outputs;
+  return s;
+}
+
+TEST(BceLogits, NameShapeAndWork) {
+  const Problem p{"bce_logits", Backend::cuda, DType::bf16, Direction::bwd,
+                  {{"shape", "fasttext_imdb"}, {"batch", "32"}, {"outputs", "1"}}};
+  EXPECT_EQ(p.name(), "bce_logits/cuda/bf16/bwd/shape:fasttext_imdb/batch:32/outputs:1");
+  const Shape s = shape_of(p);
+  EXPECT_EQ(s.count(), 32);
+  const Work w = family().work(p);
+  EXPECT_DOUBLE_EQ(w.bytes, 32.0 * (2 + 4 + 2));
+  EXPECT_DOUBLE_EQ(w.flops, 32.0 * 5);
+  EXPECT_DOUBLE_EQ(w.items, 32);
+  Problem fwd = p;
+  fwd.dir = Direction::fwd, fwd.dtype = DType::f32;
+  EXPECT_DOUBLE_EQ(family().work(fwd).bytes, 32.0 * (4 + 4) + 4);
+  Problem bad = p;
+  bad.dir = Direction::bwd_data;
+  EXPECT_THROW(shape_of(bad), Error);
+}
+
+// The stable form equals the textbook −[y log σ(z) + (1 − y) log(1 − σ(z))] where that is accurate,
+// stays finite where it is not (|z| = 100), and its gradient is (σ(z) − y) / n.
+TEST(BceLogits, ReferenceMatchesHandComputedValues) {
+  EXPECT_DOUBLE_EQ(reference_term(0, 0.5), std::log(2.0));
+  for (double z : {-3.0, -0.25, 0.5, 2.0})
+    for (double y : {0.0, 0.3, 1.0}) {
+      const double sig = 1 / (1 + std::exp(-z));
+      EXPECT_NEAR(reference_term(z, y), -(y * std::log(sig) + (1 - y) * std::log(1 - sig)), 1e-12) << z << " " << y;
+    }
+  EXPECT_DOUBLE_EQ(reference_term(100, 0), 100);
+  EXPECT_DOUBLE_EQ(reference_term(-100, 1), 100);
+  EXPECT_NEAR(reference_term(100, 1), 0, 1e-40);
+  const Shape s = bce_shape(Direction::bwd, DType::f32, 2, 1);
+  Inputs in = make_inputs(s, 1);
+  in.logits.set(0, 0), in.target.set(0, 1);  // (0.5 − 1) / 2
+  in.logits.set(1, 2), in.target.set(1, 0);  // σ(2) / 2
+  EXPECT_DOUBLE_EQ(reference_dlogits(in, 0), -0.25);
+  EXPECT_DOUBLE_EQ(reference_dlogits(in, 1), 0.5 / (1 + std::exp(-2.0)));
+  EXPECT_DOUBLE_EQ(reference_loss(in), (std::log(2.0) + reference_term(2, 0)) / 2);
+}
+
+// A correct result passes; a loss without one term, a loss or gradient without the / n, a gradient of
+// the wrong sign and one wrong gradient element each fail.
+TEST(BceLogits, VerifyCatchesAMissingTermAMissingMeanAWrongSignAndAWrongElement) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (std::int64_t batch : {32, 4096}) {
+      const std::string what = std::string(dtype_name(t)) + " batch " + std::to_string(batch);
+      const Shape f = bce_shape(Direction::fwd, t, batch, 1);
+      const Inputs in = make_inputs(f, 5);
+      Outputs out = make_outputs(f);
+      make_plan(f, Backend::cpu)->run({in.logits.data(), in.target.as<float>(), out.loss.as<float>(), nullptr});
+      ASSERT_TRUE(verify(f, in, out).ok) << what << ": " << verify(f, in, out).message;
+      const auto n = static_cast<double>(batch);
+      Outputs missing = out, sum = out;
+      missing.loss.set(0, out.loss.get(0) - reference_term(in.logits.get(3), in.target.get(3)) / n);
+      sum.loss.set(0, out.loss.get(0) * n);
+      EXPECT_FALSE(verify(f, in, missing).ok) << what;
+      EXPECT_FALSE(verify(f, in, sum).ok) << what;
+
+      const Shape b = bce_shape(Direction::bwd, t, batch, 1);
+      Outputs grad = make_outputs(b);
+      make_plan(b, Backend::cpu)->run({in.logits.data(), in.target.as<float>(), nullptr, grad.dlogits.data()});
+      ASSERT_TRUE(verify(b, in, grad).ok) << what << ": " << verify(b, in, grad).message;
+      Outputs unscaled = grad, sign = grad, wrong = grad;
+      for (std::size_t i = 0; i < grad.dlogits.count(); ++i)
+        unscaled.dlogits.set(i, grad.dlogits.get(i) * n), sign.dlogits.set(i, -grad.dlogits.get(i));
+      wrong.dlogits.set(7, grad.dlogits.get(7) * 1.02);
+      EXPECT_FALSE(verify(b, in, unscaled).ok) << what;
+      EXPECT_FALSE(verify(b, in, sign).ok) << what;
+      EXPECT_FALSE(verify(b, in, wrong).ok) << what;
+    }
+}
+
+// The plan, built once, run on two sets of caller-owned tensors in turn (device memory on CUDA): each
+// result is that of its own inputs. Both directions and dtypes; 1000 elements (4 CUDA blocks).
+void expect_plan_runs_on_given_tensors(Backend backend) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (Direction d : {Direction::fwd, Direction::bwd}) {
+      const Shape s = bce_shape(d, t, 500, 2);
+      const auto plan = make_plan(s, backend);
+      const Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
+      Outputs out[2] = {make_outputs(s), make_outputs(s)};
+      struct Device {
+        gpu::DeviceBuffer logits, target, out;
+      } dev[2];
+      HostBuffer& (*primary)(Outputs&) = [](Outputs& o) -> HostBuffer& { return o.loss.count() ? o.loss : o.dlogits; };
+      const auto args_of = [&](int k) {
+        primary(out[k]).poison();
+        Args a{in[k].logits.data(), in[k].target.as<float>(), out[k].loss.as<float>(), out[k].dlogits.data()};
+        if (backend == Backend::cpu) return a;
+        dev[k].logits = gpu::DeviceBuffer(in[k].logits), dev[k].target = gpu::DeviceBuffer(in[k].target);
+        dev[k].out = gpu::DeviceBuffer(primary(out[k]));
+        a.logits = dev[k].logits.get(), a.target = dev[k].target.as<float>();
+        if (d == Direction::fwd)
+          a.loss = dev[k].out.as<float>();
+        else
+          a.dlogits = dev[k].out.get();
+        return a;
+      };
+      const auto check = [&](int i, int o) {
+        if (backend == Backend::cuda) dev[o].out.download(primary(out[o]));
+        return verify(s, in[i], out[o]);
+      };
+      plan_test::expect_each_run_on_its_own_tensors(*plan, args_of, check, std::string(dtype_name(t)) + " " + direction_name(d));
+    }
+}
+
+HOTOPS_PLAN_TESTS(BceLogits, PlanRunsOnTheTensorsItIsGiven, expect_plan_runs_on_given_tensors)
+
+}  // namespace
+}  // namespace hotops::loss::bce

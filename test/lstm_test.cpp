@@ -259,7 +259,6 @@ TEST(LstmLayout, PositionsSayWherePackPutsEachElement) {
     for (bool bi : {false, true}) {
       Shape s = tiny(bi);
       s.dtype = t;
-      s.fma_math = t == DType::bf16;
       std::unique_ptr<Layout> layout;
       try {
         layout = make_layout(s, Backend::cuda);

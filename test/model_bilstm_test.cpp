@@ -45,6 +45,39 @@ TEST(ModelBilstmNames, VariantsAndJoinAcrossBackends) {
   EXPECT_THROW(shape_of(model_problem("bilstm_big", Backend::cpu, Direction::train, 4)), Error);
 }
 
+// The step's ops are the op families' benchmarked problems: the names the model's shapes give are
+// entries of the embedding and matmul families.
+TEST(ModelBilstmOps, TheStepsOpsAreBenchmarkedEntries) {
+  std::vector<std::string> listed;
+  for (const Family* f : families())
+    for (const Problem& p : f->benchmark_problems({})) listed.push_back(p.name());
+  const auto has = [&](const std::string& name) { return std::find(listed.begin(), listed.end(), name) != listed.end(); };
+  const std::string embed = "shape:imdb_bilstm.embed/batch:64/T:200/vocab:20000/dim:128/layout:tnc";
+  const std::string head = "shape:imdb_bilstm.dense/batch:64/M:64/N:2/K:256/a_blocks:2";
+  for (const char* be : {"cpu", "cuda"}) {
+    const std::string b = be;
+    EXPECT_TRUE(has("embedding/" + b + "/f32/fwd/" + embed));
+    EXPECT_TRUE(has("embedding/" + b + "/bf16/fwd/" + embed + "/table:f32"));
+    EXPECT_TRUE(has("embedding/" + b + "/f32/bwd/" + embed));
+    EXPECT_TRUE(has("embedding/" + b + "/bf16/bwd/" + embed));
+    for (const char* t : {"f32", "bf16"}) EXPECT_TRUE(has("addmm/" + b + "/" + t + "/fwd/" + head)) << t;
+    EXPECT_TRUE(has("mm/" + b + "/f32/bwd_data/" + head));
+    EXPECT_TRUE(has("mm/" + b + "/bf16/bwd_data/" + head));
+    EXPECT_TRUE(has("mm/" + b + "/bf16/bwd_data/" + head + "/out:f32"));
+    EXPECT_TRUE(has("mm/" + b + "/f32/bwd_weight/" + head));
+    EXPECT_TRUE(has("mm/" + b + "/bf16/bwd_weight/" + head + "/out:f32"));
+  }
+  // And the shapes the step builds are those the names parse into.
+  Shape s = shape_of(model_problem("bilstm_imdb", Backend::cuda, Direction::train, 64));
+  s.dtype = DType::bf16;
+  const embedding::Shape e = embedding_shape(s, Direction::fwd, DType::bf16);
+  EXPECT_TRUE(e.time_major && e.f32_table && e.batch == 64 && e.T == 200 && e.vocab == 20000 && e.dim == 128);
+  const matmul::Shape h = head_shape(s, Direction::bwd_data, DType::bf16);
+  EXPECT_TRUE(h.a_blocks == 2 && h.M == 64 && h.N == 2 && h.K == 256 && !h.f32_out);
+  EXPECT_TRUE(head_shape(s, Direction::bwd_data, DType::f32).f32_out);
+  EXPECT_TRUE(head_shape(s, Direction::bwd_weight).f32_out);
+}
+
 TEST(ModelBilstmWork, FlopsBytesItems) {
   const Work infer = family().work(model_problem("bilstm_imdb", Backend::cpu, Direction::infer, 64));
   const double lstm = 2.0 * 200 * 2 * 64 * 512 * (128 + 128), dense = 2.0 * 64 * 256 * 2;
@@ -53,7 +86,7 @@ TEST(ModelBilstmWork, FlopsBytesItems) {
   const Work train = family().work(model_problem("bilstm_imdb", Backend::cuda, Direction::train, 64));
   const double P = static_cast<double>(layout_of(config_named("bilstm_imdb")).parameters);
   EXPECT_DOUBLE_EQ(train.flops, 3 * (lstm + dense) + 14 * P);
-  EXPECT_DOUBLE_EQ(train.bytes, 24 * P + 4.0 * 64 * 200 + 4.0 * 64);
+  EXPECT_DOUBLE_EQ(train.bytes, 24 * P + 8.0 * 64 * 200 + 4.0 * 64);  // int64 tokens, int32 labels
 }
 
 // Central differences of the reference's own loss on the tiny configuration, every parameter.
@@ -90,7 +123,7 @@ TEST(ModelBilstmTask, LabelsAreNotConstant) {
   const long ones = std::count(st.labels.begin(), st.labels.end(), 1);
   EXPECT_GT(ones, 256 / 5);
   EXPECT_LT(ones, 256 - 256 / 5);
-  for (std::int32_t t : st.tokens) ASSERT_TRUE(t >= 0 && t < 20000);
+  for (std::int64_t t : st.tokens) ASSERT_TRUE(t >= 0 && t < 20000);
 }
 
 // An outcome made from the reference itself passes; each planted error fails.

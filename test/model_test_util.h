@@ -2,6 +2,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -54,6 +55,29 @@ void correct_step(const std::vector<double>& grad, P0 p0, std::size_t n, std::in
     adamw::reference_step(adamw::Hyper{}, step, grads.get(i), e);
     params.set(i, e.p);
   }
+}
+
+// Central differences of `loss(params)` at p0 (step h), every parameter, against `grad`: the largest
+// |difference - grad[i]| and the largest |difference|.
+struct FiniteDifferences {
+  double worst = 0, biggest = 0;
+};
+template <class Loss>
+FiniteDifferences finite_differences(const std::vector<double>& p0, const std::vector<double>& grad, Loss loss,
+                                     double h = 1e-6) {
+  FiniteDifferences fd;
+  std::vector<double> p = p0;
+  for (std::size_t i = 0; i < p0.size(); ++i) {
+    p[i] = p0[i] + h;
+    const double up = loss(p);
+    p[i] = p0[i] - h;
+    const double down = loss(p);
+    p[i] = p0[i];
+    const double d = (up - down) / (2 * h);
+    fd.worst = std::max(fd.worst, std::fabs(d - grad[i]));
+    fd.biggest = std::max(fd.biggest, std::fabs(d));
+  }
+  return fd;
 }
 
 }  // namespace hotops::model_test

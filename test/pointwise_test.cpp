@@ -1,4 +1,4 @@
-// The pointwise family (relu, dropout, relu_dbias, relu_bias): reference values, the dropout mask's
+// The pointwise family (relu, dropout, relu_dbias, relu_bias, scale_residual): reference values, the dropout mask's
 // statistics and its agreement across the CPU loop, the CUDA kernel's code (run on the host) and the
 // reference, verification that fails on planted errors, and the dense layers' plans run in place on
 // given tensors.
@@ -12,6 +12,7 @@
 #include "hotops/elementwise.h"
 #include "hotops/gpu.h"
 #include "kernels/pointwise/pointwise.h"
+#include "kernels/pointwise/scale_residual.h"
 #include "test/plan_test_util.h"
 
 namespace hotops::pointwise {
@@ -423,6 +424,154 @@ void expect_bias_plan_runs_in_place(Backend backend) {
 }
 
 HOTOPS_PLAN_TESTS(ReluBias, PlanRunsInPlaceOnTheTensorsItIsGiven, expect_bias_plan_runs_in_place)
+
+// ---- scale_residual ----
+
+namespace sr = scale_residual;
+
+Problem scale_problem(DType t, Direction d, std::int64_t rows, std::int64_t cols) {
+  return Problem{"scale_residual", Backend::cpu, t, d, elementwise::model_args("test", rows, {cols})};
+}
+
+// Every output from the reference (dgamma and dbias summed in double).
+sr::Outputs scale_reference(const sr::Shape& s, const sr::Inputs& in) {
+  sr::Outputs o = sr::make_outputs(s);
+  const auto cols = static_cast<std::size_t>(s.cols);
+  for (std::size_t i = 0; i < static_cast<std::size_t>(s.count()); ++i) o.out.set(i, sr::reference(s, in, i));
+  if (s.dir == Direction::fwd) return o;
+  for (std::size_t c = 0; c < cols; ++c) {
+    double g = 0, b = 0;
+    for (std::size_t r = 0; r < static_cast<std::size_t>(s.rows); ++r)
+      g += in.dy.get(r * cols + c) * in.z.get(r * cols + c), b += o.out.get(r * cols + c);
+    o.dgamma.set(c, g), o.dbias.set(c, b);
+  }
+  return o;
+}
+
+TEST(ScaleResidual, ShapeReferenceAndWork) {
+  const Problem p{"scale_residual", Backend::cuda, DType::bf16, Direction::bwd,
+                  elementwise::model_args("convnext.s1", 8, {56, 56, 96})};
+  EXPECT_EQ(p.name(), "scale_residual/cuda/bf16/bwd/shape:convnext.s1/batch:8/dims:8x56x56x96");
+  const sr::Shape s = sr::shape_of(p);
+  EXPECT_EQ(s.rows, 8 * 56 * 56);
+  EXPECT_EQ(s.cols, 96);
+  const Work w = family().work(p);
+  EXPECT_DOUBLE_EQ(w.flops, 4.0 * s.count());
+  EXPECT_DOUBLE_EQ(w.bytes, 3 * 2.0 * s.count() + 3 * 4 * 96);
+  // One row of two: y = x + gamma z, dz = gamma dy.
+  sr::Shape f = sr::shape_of(scale_problem(DType::f32, Direction::fwd, 1, 2));
+  sr::Inputs in = sr::make_inputs(f, 1);
+  in.x.set(0, 1), in.x.set(1, -2), in.z.set(0, 0.5), in.z.set(1, 4), in.gamma.set(0, 2), in.gamma.set(1, 0.25);
+  EXPECT_EQ(sr::reference(f, in, 0), 2);
+  EXPECT_EQ(sr::reference(f, in, 1), -1);
+  // Both ops' problems in the benchmark list: 2 stages x 2 batches x 2 backends x 2 dtypes x 2 directions.
+  int count = 0;
+  for (const Problem& q : family().benchmark_problems({}))
+    if (q.op == "scale_residual") ++count;
+  EXPECT_EQ(count, 2 * 2 * 2 * 2 * 2);
+  EXPECT_THROW(sr::shape_of(Problem{"scale_residual", Backend::cpu, DType::f16, Direction::fwd,
+                                    elementwise::model_args("test", 1, {4})}),
+               Error);
+}
+
+TEST(ScaleResidual, VerifyAcceptsTheReferenceAndFailsPlantedErrors) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    const std::string what = dtype_name(t);
+    const sr::Shape f = sr::shape_of(scale_problem(t, Direction::fwd, 130, 70));
+    const sr::Inputs fin = sr::make_inputs(f, 3);
+    const sr::Outputs fy = scale_reference(f, fin);
+    ASSERT_TRUE(sr::verify(f, fin, fy).ok) << sr::verify(f, fin, fy).message;
+    // The next channel's gamma in one element; the residual left out of another.
+    sr::Outputs bad = fy;
+    const std::size_t at = 70 * 9 + 4;
+    bad.out.set(at, fin.x.get(at) + fin.gamma.get(5) * fin.z.get(at));
+    EXPECT_FALSE(sr::verify(f, fin, bad).ok) << what << " column";
+    bad = fy;
+    bad.out.set(at, fin.gamma.get(4) * fin.z.get(at));
+    EXPECT_FALSE(sr::verify(f, fin, bad).ok) << what << " no residual";
+
+    const sr::Shape b = sr::shape_of(scale_problem(t, Direction::bwd, 130, 70));
+    const sr::Inputs bin = sr::make_inputs(b, 3);
+    const sr::Outputs e = scale_reference(b, bin);
+    ASSERT_TRUE(sr::verify(b, bin, e).ok) << sr::verify(b, bin, e).message;
+    bad = e;
+    bad.out.set(at, bin.dy.get(at));  // gamma not applied
+    EXPECT_FALSE(sr::verify(b, bin, bad).ok) << what << " dz";
+    bad = e;
+    bad.dgamma.set(6, e.dgamma.get(6) - bin.dy.get(129 * 70 + 6) * bin.z.get(129 * 70 + 6));  // the last row dropped
+    EXPECT_FALSE(sr::verify(b, bin, bad).ok) << what << " dgamma";
+    bad = e;
+    bad.dbias = plan_test::without_largest(e.out, e.dbias, 130, 70, 11);  // dz's largest term dropped
+    EXPECT_FALSE(sr::verify(b, bin, bad).ok) << what << " dbias dropped row";
+    bad = e;
+    bad.dbias = plan_test::column_sums_of(bin.dy, 130, 70);  // the sums of dy, not of dz
+    EXPECT_FALSE(sr::verify(b, bin, bad).ok) << what << " dbias of dy";
+    bad = e;
+    bad.dgamma.set(69, std::nan(""));
+    EXPECT_FALSE(sr::verify(b, bin, bad).ok) << what << " dgamma unwritten";
+  }
+}
+
+// One scale_residual plan on `backend` run on two sets of tensors in turn: fwd out of place, bwd in
+// place over dy (as the ConvNeXt block runs it), with and without dbias. Shapes: one element; three
+// column tiles by three row splits; more rows than one CPU chunk.
+void expect_scale_plan_runs(Backend backend) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (Direction d : {Direction::fwd, Direction::bwd})
+      for (auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {130, 70}, {600, 8}}) {
+        const sr::Shape s = sr::shape_of(scale_problem(t, d, rows, cols));
+        auto plan = sr::make_plan(s, backend);
+        const bool bwd = d == Direction::bwd;
+        sr::Inputs in[2] = {sr::make_inputs(s, 1), sr::make_inputs(s, 2)};
+        sr::Outputs out[2] = {sr::make_outputs(s), sr::make_outputs(s)};
+        gpu::DeviceBuffer x_d[2], z_d[2], g_d[2], o_d[2], dg_d[2], db_d[2];
+        const auto args_of = [&](int k) {
+          out[k].out = bwd ? in[k].dy : HostBuffer(s.dtype, static_cast<std::size_t>(s.count()));
+          if (!bwd) out[k].out.poison();
+          if (bwd) out[k].dgamma.poison(), out[k].dbias.poison();
+          sr::Args a;
+          if (backend == Backend::cpu) {
+            a.x = in[k].x.data(), a.z = in[k].z.data(), a.gamma = in[k].gamma.as<float>(), a.out = out[k].out.data();
+            if (bwd) a.dy = a.out, a.dgamma = out[k].dgamma.as<float>(), a.dbias = k ? out[k].dbias.as<float>() : nullptr;
+            return a;
+          }
+          if (!bwd) x_d[k] = gpu::DeviceBuffer(in[k].x);
+          z_d[k] = gpu::DeviceBuffer(in[k].z), g_d[k] = gpu::DeviceBuffer(in[k].gamma), o_d[k] = gpu::DeviceBuffer(out[k].out);
+          a.x = x_d[k].get(), a.z = z_d[k].get(), a.gamma = g_d[k].as<float>(), a.out = o_d[k].get();
+          if (bwd) {
+            dg_d[k] = gpu::DeviceBuffer(out[k].dgamma), db_d[k] = gpu::DeviceBuffer(out[k].dbias);
+            a.dy = a.out, a.dgamma = dg_d[k].as<float>(), a.dbias = k ? db_d[k].as<float>() : nullptr;
+          }
+          return a;
+        };
+        const auto check = [&](int i, int o) {
+          if (backend == Backend::cuda) {
+            o_d[o].download(out[o].out);
+            if (bwd) dg_d[o].download(out[o].dgamma), db_d[o].download(out[o].dbias);
+          }
+          sr::Outputs got = out[o];
+          if (bwd && o == 0) {  // run without dbias: it must stay unwritten; then check the rest
+            for (std::size_t c = 0; c < got.dbias.count(); ++c)
+              if (!std::isnan(got.dbias.get(c))) {
+                Check written;
+                written.ok = false, written.message = "dbias written without being asked";
+                return written;
+              }
+            for (std::size_t c = 0; c < got.dbias.count(); ++c) {  // the sums of the stored dz
+              double sum = 0;
+              for (std::int64_t r = 0; r < rows; ++r) sum += got.out.get(static_cast<std::size_t>(r * cols) + c);
+              got.dbias.set(c, sum);
+            }
+          }
+          return sr::verify(s, in[i], got);
+        };
+        plan_test::expect_each_run_on_its_own_tensors(*plan, args_of, check,
+                                                      std::string(dtype_name(t)) + " " + direction_name(d) + " " +
+                                                          std::to_string(rows) + "x" + std::to_string(cols));
+      }
+}
+
+HOTOPS_PLAN_TESTS(ScaleResidual, PlanRunsOnTheTensorsItIsGiven, expect_scale_plan_runs)
 
 }  // namespace
 }  // namespace hotops::pointwise

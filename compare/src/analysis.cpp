@@ -336,6 +336,113 @@ Speedup speedup(const Run& cpu_run, const Run& cuda_run, const Prices& prices, d
   return s;
 }
 
+const ScalingCell* ScalingRow::cell(int gpus) const {
+  for (const ScalingCell& c : cells)
+    if (c.gpus == gpus) return &c;
+  return nullptr;
+}
+
+Scaling scaling(const Run& run, double min_speedup) {
+  Scaling out;
+  out.min_speedup = min_speedup;
+  struct Found {
+    std::string title;
+    bool collective;
+    long long at;
+    int gpus;
+  };
+  // A name's place in the table: its group (the name less gpus and the size or batch), row, column.
+  const auto place = [](const Name& n) -> std::optional<Found> {
+    if (!n.hotops) return std::nullopt;
+    Found f{n.op + "/" + n.backend + "/" + n.dtype + "/" + n.direction, false, 0, 0};
+    for (const auto& [k, v] : n.args) f.collective |= k == "bytes";
+    for (const auto& [k, v] : n.args) {
+      const bool axis = f.collective ? k == "bytes" : k == "batch";
+      if (k == "gpus" || axis) {
+        if (!all_digits(v)) return std::nullopt;
+        if (k == "gpus") f.gpus = static_cast<int>(std::min(std::stoll(v), 1LL << 20));
+        else f.at = std::stoll(v);
+        continue;
+      }
+      f.title += "/" + k + ":" + v;
+    }
+    return f;
+  };
+  std::vector<std::string> order;
+  std::map<std::string, ScalingGroup> groups;
+  std::map<std::string, std::map<long long, ScalingRow>> rows;
+  const auto add = [&](const Found& f, const Entry& e) {
+    if (!e.has_time()) {
+      out.unmeasured.push_back(&e);
+      return;
+    }
+    ScalingCell c;
+    c.gpus = f.gpus;
+    c.entry = &e;
+    const auto v = f.collective ? e.counter("busbw") : e.counter("samples/s");
+    c.value = v ? *v : e.counter("items_per_second").value_or(kNaN);
+    if (!std::isfinite(c.value)) return;
+    ScalingRow& r = rows[f.title][f.at];
+    r.at = f.at;
+    r.cells.push_back(c);
+  };
+  for (const Entry& e : run.entries) {
+    const auto f = place(e.name);
+    if (!f || f->gpus == 0) continue;
+    if (!groups.count(f->title)) {
+      order.push_back(f->title);
+      groups[f->title].title = f->title;
+      groups[f->title].collective = f->collective;
+    }
+    add(*f, e);
+  }
+  if (groups.empty())
+    throw InputError(run.source + ": no entry runs over several GPUs (a gpus:G arg; bench --hotops_gpus=G writes them)");
+  // One GPU without a gpus arg: the model step's own entry, the baseline of its data-parallel ones.
+  for (const Entry& e : run.entries) {
+    auto f = place(e.name);
+    if (!f || f->gpus != 0 || f->collective || !groups.count(f->title) || !e.has_time()) continue;
+    f->gpus = 1;
+    add(*f, e);
+  }
+  for (const std::string& title : order) {
+    ScalingGroup g = std::move(groups[title]);
+    std::set<int> counts;
+    for (auto& [at, r] : rows[title]) {
+      std::sort(r.cells.begin(), r.cells.end(), [](const ScalingCell& a, const ScalingCell& b) { return a.gpus < b.gpus; });
+      r.cells.erase(std::unique(r.cells.begin(), r.cells.end(), [](const ScalingCell& a, const ScalingCell& b) { return a.gpus == b.gpus; }),
+                    r.cells.end());
+      const ScalingCell* one = r.cell(1);
+      for (ScalingCell& c : r.cells) {
+        counts.insert(c.gpus);
+        if (g.collective || !one || !(one->value > 0)) continue;
+        c.speedup = c.value / one->value;
+        c.efficiency = *c.speedup / c.gpus;
+      }
+      g.rows.push_back(r);
+    }
+    if (g.rows.empty()) continue;  // only failed entries: listed among the unmeasured
+    g.gpus.assign(counts.begin(), counts.end());
+    if (!g.collective)
+      for (int n : g.gpus) {
+        if (n <= 1) continue;
+        std::optional<long long> from;
+        bool seen = false;
+        // Walk down from the largest batch while G GPUs keep their lead over one.
+        for (std::size_t i = g.rows.size(); i-- > 0;) {
+          const ScalingCell* c = g.rows[i].cell(n);
+          if (!c || !c->speedup) continue;
+          seen = true;
+          if (!(*c->speedup >= min_speedup)) break;
+          from = g.rows[i].at;
+        }
+        if (seen) g.crossover[n] = from;
+      }
+    out.groups.push_back(std::move(g));
+  }
+  return out;
+}
+
 Gate gate(const Run& base, const Run& next, const GateOptions& o) {
   Gate g;
   g.diff = diff(base, next);

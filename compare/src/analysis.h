@@ -144,6 +144,45 @@ struct Breakdown {
 // Throws InputError when the run has no model entry with a breakdown.
 Breakdown breakdown(const Run& run);
 
+// ---- scaling --------------------------------------------------------------------------------
+// Entries over several GPUs (a `gpus:G` arg) by GPU count. Collectives (a `bytes` arg): busbw by
+// GPU count at each size. Model steps (a `batch` arg, per GPU): samples/s of the whole run by GPU
+// count at each per-GPU batch, against one GPU (the same name with gpus:1, or without a gpus arg):
+// the speed-up, the efficiency speed-up / G, and the crossover.
+struct ScalingCell {
+  int gpus = 0;
+  const Entry* entry = nullptr;
+  double value = 0;                    // busbw (bytes/s) or samples/s
+  std::optional<double> speedup;       // models: value / one GPU's value at this batch
+  std::optional<double> efficiency;    // models: speedup / gpus
+};
+
+struct ScalingRow {
+  long long at = 0;                    // bytes (collectives) or the per-GPU batch (models); 0: neither
+  std::vector<ScalingCell> cells;      // by GPU count; only those measured
+  const ScalingCell* cell(int gpus) const;
+};
+
+struct ScalingGroup {
+  std::string title;                   // the name less its gpus arg and its size or batch
+  bool collective = false;
+  std::vector<int> gpus;               // every GPU count of the group, increasing
+  std::vector<ScalingRow> rows;        // by increasing size or batch
+  // Models: for each G > 1, the smallest per-GPU batch from which G GPUs are at least
+  // min_speedup x one GPU at that batch and at every larger batch measured on both; nullopt when
+  // they are not at the largest.
+  std::map<int, std::optional<long long>> crossover;
+};
+
+struct Scaling {
+  std::vector<ScalingGroup> groups;    // in the run's order of first appearance
+  double min_speedup = 1.5;
+  std::vector<const Entry*> unmeasured;  // gpus entries without a time (failed or skipped), with why
+};
+
+// Throws InputError when the run has no entry with a gpus arg.
+Scaling scaling(const Run& run, double min_speedup = 1.5);
+
 // ---- gate -----------------------------------------------------------------------------------
 struct GateOptions {
   double max_slowdown_pct = 5;

@@ -1,4 +1,5 @@
-// hotops-compare: diffs, CPU/GPU speed-ups, per-op breakdowns of model steps and a regression gate over Google Benchmark JSON.
+// hotops-compare: diffs, CPU/GPU speed-ups, per-op breakdowns of model steps, multi-GPU scaling and a regression gate
+// over Google Benchmark JSON.
 // Exit codes: 0 done (gate passed), 1 gate failed, 2 bad input or usage.
 #include <CLI/CLI.hpp>
 #include <unistd.h>
@@ -63,6 +64,14 @@ int main(int argc, char** argv) {
   b->add_option("--format", format, "console, md, csv or json");
   b->add_option("--filter", filter, "REGEX: only the entries whose names match (e.g. bert_layer/.*/batch:32/)");
 
+  double min_speedup = 1.5;
+  auto* sc = app.add_subcommand("scaling", "entries over several GPUs by GPU count: collectives' busbw per size; model "
+                                           "steps' samples/s, efficiency and multi-GPU crossover per per-GPU batch");
+  sc->add_option("RUN", run_path, "a run with gpus:G entries (bench --hotops_gpus=G)")->required();
+  sc->add_option("--format", format, "console, md, csv or json");
+  sc->add_option("--filter", filter, "REGEX: only the entries whose names match (e.g. allreduce/.*/inplace:1)");
+  sc->add_option("--min-speedup", min_speedup, "X: the crossover is where G GPUs give at least X times one GPU's samples/s (default 1.5)");
+
   auto* e = app.add_subcommand("export", "write a run for a CI tracker");
   e->add_option("RUN", run_path, "run (JSON)")->required();
   e->add_option("--format", tracker, "github-action-benchmark (customSmallerIsBetter) or bencher (BMF)")->required();
@@ -115,6 +124,13 @@ int main(int argc, char** argv) {
         throw InputError("no problem is measured on both backends (" + std::to_string(result.cpu_only) + " only on cpu, " +
                          std::to_string(result.cuda_only) + " only on cuda)");
       print_speedup(std::cout, result, style);
+      return 0;
+    }
+    if (sc->parsed()) {
+      if (!(min_speedup > 0 && min_speedup < 1e6)) throw InputError("--min-speedup must be a ratio > 0");
+      Run run = read_run(run_path);
+      keep_matching(run, filter);
+      print_scaling(std::cout, scaling(run, min_speedup), style);
       return 0;
     }
     if (b->parsed()) {

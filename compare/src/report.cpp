@@ -628,6 +628,108 @@ void print_breakdown(std::ostream& out, const Breakdown& b, const Style& s) {
   }
 }
 
+std::string format_bytes(long long bytes) {
+  static const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (u < 4 && bytes >= 1024 && bytes % 1024 == 0) bytes /= 1024, ++u;
+  return std::to_string(bytes) + " " + units[u];
+}
+
+void print_scaling(std::ostream& out, const Scaling& sc, const Style& s) {
+  const auto gbps = [](double v) { return std::isfinite(v) ? fmt("%.1f", v / 1e9) : std::string("-"); };
+  const auto rate = [](double v) { return std::isfinite(v) ? fmt("%.4g", v) : std::string("-"); };
+  const auto crossover = [](const std::optional<long long>& c) { return c ? std::to_string(*c) : std::string("none"); };
+  if (s.format == Format::json) {
+    json groups = json::array();
+    for (const ScalingGroup& g : sc.groups) {
+      json rows = json::array();
+      for (const ScalingRow& r : g.rows) {
+        json cells = json::array();
+        for (const ScalingCell& c : r.cells) {
+          json x{{"gpus", c.gpus}, {"name", c.entry->name.full}};
+          if (g.collective) {
+            x["busbw_GBps"] = jnum(c.value / 1e9);
+            x["algbw_GBps"] = jnum(c.entry->counter("algbw").value_or(NAN) / 1e9);
+          } else {
+            x["samples_per_second"] = jnum(c.value);
+            x["speedup"] = jnum(c.speedup);
+            x["efficiency"] = jnum(c.efficiency);
+          }
+          cells.push_back(x);
+        }
+        rows.push_back({{g.collective ? "bytes" : "batch_per_gpu", r.at}, {"cells", cells}});
+      }
+      json x{{"group", g.title}, {"kind", g.collective ? "collective" : "model"}, {"gpus", g.gpus}, {"rows", rows}};
+      if (!g.collective) {
+        json c = json::object();
+        for (const auto& [n, b] : g.crossover) c[std::to_string(n)] = b ? json(*b) : json(nullptr);
+        x["crossover_batch_per_gpu"] = c;
+      }
+      groups.push_back(x);
+    }
+    json unmeasured = json::array();
+    for (const Entry* e : sc.unmeasured) unmeasured.push_back({{"name", e->name.full}, {"message", no_time_message(*e)}});
+    out << json{{"min_speedup", sc.min_speedup}, {"groups", groups}, {"unmeasured", unmeasured}}.dump(2) << '\n';
+    return;
+  }
+  if (s.format == Format::csv) {
+    render_csv_line(out, {"group", "kind", "bytes_or_batch_per_gpu", "gpus", "busbw_GBps", "samples_per_second", "speedup",
+                          "efficiency", "name"});
+    for (const ScalingGroup& g : sc.groups)
+      for (const ScalingRow& r : g.rows)
+        for (const ScalingCell& c : r.cells)
+          render_csv_line(out, {g.title, g.collective ? "collective" : "model", std::to_string(r.at), std::to_string(c.gpus),
+                                g.collective ? num(c.value / 1e9) : "", g.collective ? "" : num(c.value), num(c.speedup),
+                                num(c.efficiency), c.entry->name.full});
+    return;
+  }
+  const bool md = s.format == Format::md;
+  out << (md ? "### hotops-compare scaling: what more GPUs buy\n"
+             : "what more GPUs buy: collectives' bus bandwidth (GB/s, nccl-tests' busbw) by GPU count at each size; "
+               "model steps' samples/s by GPU count at each per-GPU batch, with the efficiency samples/s(G) / "
+               "(G x samples/s(1))\n");
+  for (const ScalingGroup& g : sc.groups) {
+    out << (md ? "\n#### " : "\n") << g.title << (g.collective ? " - busbw (GB/s)" : " - samples/s (efficiency)") << "\n";
+    if (md) out << '\n';
+    Table t;
+    t.head = {g.collective ? "size" : "batch/GPU"};
+    for (int n : g.gpus) t.head.push_back(std::to_string(n) + (n == 1 ? " GPU" : " GPUs"));
+    t.right.assign(t.head.size(), true);
+    for (const ScalingRow& r : g.rows) {
+      std::vector<std::string> cells{g.collective ? format_bytes(r.at) : std::to_string(r.at)};
+      std::vector<Colour> colours{plain};
+      for (int n : g.gpus) {
+        const ScalingCell* c = r.cell(n);
+        if (!c) {
+          cells.push_back(""), colours.push_back(plain);
+        } else if (g.collective) {
+          cells.push_back(gbps(c->value)), colours.push_back(plain);
+        } else {
+          const bool scaled = c->efficiency && n > 1;
+          cells.push_back(rate(c->value) + (scaled ? fmt(" (%.2f)", *c->efficiency) : ""));
+          colours.push_back(!scaled || !c->speedup ? plain : *c->speedup >= sc.min_speedup ? green : red);
+        }
+      }
+      t.add(cells, colours);
+    }
+    if (md) render_md(out, t);
+    else render_console(out, t, s.colour);
+    if (!g.crossover.empty()) {
+      std::string line;
+      for (const auto& [n, b] : g.crossover) line += (line.empty() ? "" : "; ") + std::to_string(n) + " GPUs: " + crossover(b);
+      out << (md ? "\n" : "") << "crossover (the smallest batch/GPU from which G GPUs give at least " << fmt("%.3g", sc.min_speedup)
+          << "x one GPU's samples/s, at every larger batch too): " << line << "\n";
+    }
+  }
+  if (!sc.unmeasured.empty()) {
+    Table t;
+    t.head = {"entry", "why"};
+    t.right = {false, false};
+    for (const Entry* e : sc.unmeasured) t.add({e->name.full, no_time_message(*e)});
+    render_section(out, s, "Entries without a time", "entries without a time", t);
+  }
+}
+
 int export_run(std::ostream& out, const Run& run, Tracker t) {
   int left_out = 0;
   if (t == Tracker::github_action_benchmark) {

@@ -29,6 +29,10 @@ void print_diff(std::ostream& out, const Diff& d, const Run& base, const Run& ne
 void print_speedup(std::ostream& out, const Speedup& sp, const Style& s);
 void print_gate(std::ostream& out, const Gate& g, const GateOptions& o, const Style& s);
 void print_breakdown(std::ostream& out, const Breakdown& b, const Style& s);
+void print_scaling(std::ostream& out, const Scaling& sc, const Style& s);
+
+// "256 MiB": a byte count in the largest binary unit that divides it (B, KiB, MiB, GiB, TiB).
+std::string format_bytes(long long bytes);
 
 enum class Tracker { github_action_benchmark, bencher };
 Tracker parse_tracker(const std::string& s);  // throws InputError

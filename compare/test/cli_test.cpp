@@ -370,4 +370,25 @@ TEST(Cli, BreakdownBadInputIsOneLineAndExit2) {
   }
 }
 
+TEST(Cli, ScalingOfCollectivesByGpuCount) {
+  const Result r = run("scaling " + fx("scaling_collectives.json"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("allreduce/cuda/f32/fwd/inplace:1 - busbw (GB/s)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1 GiB"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("358.9"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 2's allreduce result are not exact"), std::string::npos) << "the failed entry says why";
+  const Result j = run("scaling " + fx("scaling_collectives.json") + " --format json --filter inplace:1");
+  ASSERT_EQ(j.code, 0) << j.err;
+  EXPECT_EQ(nlohmann::json::parse(j.out)["groups"].size(), 1u);
+}
+
+TEST(Cli, ScalingWithoutMultiGpuEntriesIsBadInput) {
+  for (const std::string& args : {"scaling " + fx("gb17_base.json"), "scaling " + fx("scaling_collectives.json") + " --filter nothing",
+                                   "scaling " + fx("scaling_collectives.json") + " --min-speedup 0"}) {
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_EQ(lines(r.err), 1) << args << ": " << r.err;
+  }
+}
+
 }  // namespace

@@ -4,6 +4,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <string>
@@ -79,13 +81,26 @@ float time_ms(Body body) {
   return ms;
 }
 
+// Queues a kernel on stream() that spins for `seconds` of device time: work the host enqueues
+// behind it while it spins then runs back to back, without waiting for the host's launches.
+void hold(double seconds);
+
 // How fast one call is, as setup-time autotuners measure it (conv2d's re-timing of cuDNN Find's
 // candidates, LtGemm::tune): 3 batches of 3 back-to-back `launch()` calls, each batch between CUDA
-// events; the best batch's mean, in ms per call. The caller makes the warm-up call.
+// events behind a hold that outlasts the host's enqueueing of the batch (a tiny GEMM's launch
+// takes longer on the host than on the GPU, and cuDNN's legacy calls choose their engine on the
+// host at each call: without the hold the timing would compare host costs); the best batch's
+// mean, in ms per call. The caller makes the warm-up call.
 template <class Launch>
 float best_batch_ms(Launch launch) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int k = 0; k < 3; ++k) launch();
+  const double enqueue = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  HOTOPS_CHECK_CUDA(cudaStreamSynchronize(stream()));
+  const double held = 20e-6 + std::min(1.5 * enqueue, 20e-3);
   float best = -1;
   for (int batch = 0; batch < 3; ++batch) {
+    hold(held);
     const float t = time_ms([&] {
       for (int k = 0; k < 3; ++k) launch();
     });

@@ -17,6 +17,7 @@ struct Options {
   std::uint64_t seed = 20261122;      // --hotops_seed=N: every random input derives from it
   bool roofline = true;               // --hotops_roofline=0|1: measure the ceilings, report fractions
   bool shuffle_layout = true;         // --hotops_shuffle_layout=0|1: device buffers at random offsets
+  int gpus = 0;                       // --hotops_gpus=G: one process per GPU on G GPUs (0: not given)
   bool help = false;                  // --hotops_help
 };
 

@@ -1,6 +1,7 @@
 // The GPU runtime seen from code that needs no CUDA headers: availability, device facts, timing.
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,10 +26,23 @@ struct Info {
   int mem_clock_mhz = 0;
   std::string driver_version, runtime_version, cublas_version, cudnn_version;
 };
-Info info();  // requires available()
+Info info();  // of the device in use; requires available()
+
+// The CUDA devices this process sees (0 without a driver or a CUDA build).
+int device_count();
+// Binds this process to its GPU before any other CUDA work: in a multi-GPU run the process of local
+// rank r (of local_world on its machine) uses device r, or device 0 where a launcher shows each
+// process one device (CUDA_VISIBLE_DEVICES per rank). Throws an Error naming what is missing.
+void use_device(int local_rank, int local_world);
+// The device in use as a line for the output's context: "NVIDIA H100 80GB HBM3 (bus 0000:18:00.0)".
+std::string device_description();
 
 struct TimerOptions {
   bool cold_l2 = false;              // flush L2 before each execution (one execution per sample)
+  // A case run by several ranks together (a collective): the largest of a value over the ranks,
+  // so that every rank makes the same choices (runs per sample, discarding a throttled sample) and
+  // a sample is the slowest rank's time. Empty for a case of one process.
+  std::function<double(double)> agree_max;
   double throttle_threshold = 0.9;   // discard samples taken below this fraction of the max SM clock
   double target_sample_seconds = 0.5e-3;
   int runs_per_sample = 0;           // 0: enough for target_sample_seconds; 1: each execution alone
@@ -39,7 +53,8 @@ constexpr int kThrottleRecoveryMs = 50;
 
 // Device time of a CUDA case, per execution, one sample at a time (CUDA events; see docs/timing.md).
 // Warm L2: the sample is a CUDA graph of `launches` back-to-back runs, queued behind a short hold
-// kernel so that neither launch latency nor event-record latency enters the interval. The hold
+// kernel so that neither launch latency nor event-record latency enters the interval; a case of
+// several ranks then aligns them (Case::align) before the interval starts. The hold
 // kernel also measures the SM clock; a sample taken below the throttle threshold is discarded.
 // Cold L2 (--hotops_cold_l2): L2 is flushed before each run and each sample is one run.
 class Timer {

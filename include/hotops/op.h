@@ -28,6 +28,10 @@ class Case {
   // variants that include what a user's program pays (transfers, launches), whose run() returns only
   // when the work is complete (it synchronises).
   virtual bool host_timed() const { return false; }
+  // CUDA cases run by several ranks together (collectives): enqueues on gpu::stream() what brings
+  // the ranks' GPUs together before a timed sample (a barrier between them), so that the sample
+  // does not time one rank waiting for another to arrive. Nothing for a case of one process.
+  virtual void align() {}
 };
 
 // One op family (e.g. matmul: mm, addmm, bmm): its problems, their work, their implementations.

@@ -33,6 +33,8 @@ class Plan {
   // CUDA: whether run() includes what a user's program pays (transfers, launches) and returns
   // only when the work is complete; it is then timed by the host's clock (see Case::host_timed).
   virtual bool host_timed() const { return false; }
+  // CUDA plans run by several ranks together: see Case::align.
+  virtual void align() {}
 };
 
 // The plan for `s` on backend `b`, from the family's CPU and CUDA plan factories; `cuda` is
@@ -180,6 +182,7 @@ class PlanCase final : public Case {
   std::string label() const override { return plan_->label(); }
   bool capturable() const override { return plan_->capturable(); }
   bool host_timed() const override { return plan_->host_timed(); }
+  void align() override { plan_->align(); }
 
  private:
   typename Op::Shape shape_;

@@ -44,11 +44,14 @@ struct Problem {
 };
 
 // What one execution must do: the standard FLOP count, the fewest bytes it must move (each input
-// read once, each output written once), and the samples of the batch it processes.
+// read once, each output written once), and the samples of the batch it processes. Collectives:
+// `bytes` is nccl-tests' size (algbw = bytes / time) and `bus_bytes` that size times the
+// collective's bus factor (busbw = bus_bytes / time); 0 elsewhere.
 struct Work {
   double flops = 0;
   double bytes = 0;
   double items = 1;
+  double bus_bytes = 0;
 };
 
 }  // namespace hotops

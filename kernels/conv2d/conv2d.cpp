@@ -27,15 +27,18 @@ struct Geometry {
   std::int64_t N, C, H, W, K, R, S;
   std::string stride, pad, dilation;
   bool bias;
+  std::int64_t groups = 1;
 };
 
 std::vector<Arg> args_of(const std::string& shape, const Geometry& g, Layout l) {
   const auto str = [](std::int64_t v) { return std::to_string(v); };
-  return {{"shape", shape},   {"batch", str(g.N)},      {"C", str(g.C)},
-          {"H", str(g.H)},    {"W", str(g.W)},          {"K", str(g.K)},
-          {"R", str(g.R)},    {"S", str(g.S)},          {"stride", g.stride},
-          {"pad", g.pad},     {"dilation", g.dilation}, {"bias", g.bias ? "1" : "0"},
-          {"layout", layout_name(l)}};
+  std::vector<Arg> args = {{"shape", shape}, {"batch", str(g.N)}, {"C", str(g.C)},     {"H", str(g.H)},
+                           {"W", str(g.W)},  {"K", str(g.K)},     {"R", str(g.R)},     {"S", str(g.S)},
+                           {"stride", g.stride}, {"pad", g.pad},  {"dilation", g.dilation}};
+  if (g.groups != 1) args.push_back({"groups", str(g.groups)});  // groups:1 is the default, unnamed
+  args.push_back({"bias", g.bias ? "1" : "0"});
+  args.push_back({"layout", layout_name(l)});
+  return args;
 }
 
 // Expands one layer into every backend x dtype x direction x layout problem.
@@ -131,7 +134,7 @@ class Conv2dFamily final : public OpFamily {
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     return per_shape_and_batch(named_shapes(), batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {
       const Geometry g{b, ns.C, ns.H, ns.W, ns.K, ns.R, ns.S, std::to_string(ns.stride), std::to_string(ns.pad), "1",
-                       ns.bias};
+                       ns.bias, ns.groups};
       expand(ns.name, g, out);
       if (ns.relu) expand_relu(ns.name, g, out);
     });
@@ -139,7 +142,9 @@ class Conv2dFamily final : public OpFamily {
 
   std::vector<Problem> test_problems() const override {
     // Odd sizes, non-square filters, strides that skip input rows, padding wider than the filter
-    // reach, dilation, a degenerate 1x1x1, and one large enough that verification samples.
+    // reach, dilation, a degenerate 1x1x1, and one large enough that verification samples. Grouped:
+    // depthwise 3x3 on odd channels, two groups of 2 input and 3 output channels with a stride, and
+    // ConvNeXt's depthwise 7x7 (padding 3) on 16 channels.
     const Geometry shapes[] = {
         {2, 3, 7, 9, 4, 3, 3, "1", "1", "1", true},
         {1, 5, 11, 6, 7, 3, 2, "2x1", "1x0", "1", false},
@@ -148,6 +153,9 @@ class Conv2dFamily final : public OpFamily {
         {2, 4, 13, 12, 6, 5, 5, "3", "2", "1x2", true},
         {1, 1, 1, 1, 1, 1, 1, "1", "0", "1", true},
         {2, 32, 28, 28, 32, 3, 3, "1", "1", "1", true},
+        {2, 5, 7, 9, 5, 3, 3, "1", "1", "1", true, 5},
+        {2, 4, 9, 8, 6, 3, 3, "2", "1", "1", false, 2},
+        {2, 16, 10, 10, 16, 7, 7, "1", "3", "1", true, 16},
     };
     std::vector<Problem> out;
     for (const Geometry& g : shapes) expand("test", g, out);
@@ -159,10 +167,10 @@ class Conv2dFamily final : public OpFamily {
   Work work(const Problem& p) const override {
     const Shape s = shape_of(p);
     const auto d = [](std::int64_t v) { return static_cast<double>(v); };
-    const double x = d(s.N * s.C * s.H * s.W), w = d(s.K * s.C * s.R * s.S), y = d(s.N * s.K * s.P() * s.Q());
+    const double x = d(s.N * s.C * s.H * s.W), w = d(s.K * s.Cg() * s.R * s.S), y = d(s.N * s.K * s.P() * s.Q());
     const double e = static_cast<double>(dtype_size(s.dtype));
     Work wk;
-    wk.flops = 2 * d(s.N) * d(s.K) * d(s.C) * d(s.R) * d(s.S) * d(s.P()) * d(s.Q());
+    wk.flops = 2 * d(s.N) * d(s.K) * d(s.Cg()) * d(s.R) * d(s.S) * d(s.P()) * d(s.Q());
     switch (s.dir) {
       case Direction::bwd_data: wk.bytes = e * (y + w + x); break;  // dy, w -> dx
       case Direction::bwd_weight:                                   // x, dy -> dw (, db)
@@ -194,6 +202,7 @@ Shape shape_of(const Problem& p) {
   std::tie(s.stride_h, s.stride_w) = pair_arg(p, "stride");
   std::tie(s.pad_h, s.pad_w) = pair_arg(p, "pad");
   std::tie(s.dil_h, s.dil_w) = pair_arg(p, "dilation");
+  s.groups = p.has("groups") ? p.get_int("groups") : 1;
   s.bias = p.get_int("bias") != 0;
   s.relu = p.has("relu") && p.get_int("relu") != 0;
   HOTOPS_CHECK(!s.relu || (p.dir == Direction::fwd && p.backend == Backend::cpu),
@@ -202,6 +211,8 @@ Shape shape_of(const Problem& p) {
                    std::min(s.pad_h, s.pad_w) >= 0,
                "conv2d: sizes, strides and dilations must be >= 1 and pads >= 0 in " + p.name());
   HOTOPS_CHECK(s.P() >= 1 && s.Q() >= 1, "conv2d: the filter does not fit the padded input in " + p.name());
+  HOTOPS_CHECK(s.groups >= 1 && s.C % s.groups == 0 && s.K % s.groups == 0,
+               "conv2d: groups must divide C and K in " + p.name());
   return s;
 }
 
@@ -211,7 +222,7 @@ Inputs make_inputs(const Shape& s, std::uint64_t seed) {
   const bool fwd = s.dir == Direction::fwd;
   if (fwd || s.dir == Direction::bwd_weight) in.x = HostBuffer(s.dtype, n(s.N * s.C * s.H * s.W));
   const DType param = s.f32_params ? DType::f32 : s.dtype;  // of w, b, dw and db
-  if (fwd || s.dir == Direction::bwd_data) in.w = HostBuffer(param, n(s.K * s.C * s.R * s.S));
+  if (fwd || s.dir == Direction::bwd_data) in.w = HostBuffer(param, n(s.K * s.Cg() * s.R * s.S));
   if (fwd && s.bias) in.b = HostBuffer(param, n(s.K));
   if (!fwd) in.dy = HostBuffer(s.dtype, n(s.N * s.K * s.P() * s.Q()));
   in.x.fill_uniform(seed, 1);
@@ -228,7 +239,7 @@ Outputs make_outputs(const Shape& s) {
     case Direction::bwd_data: o.primary = HostBuffer(s.dtype, n(s.N * s.C * s.H * s.W)); break;
     case Direction::bwd_weight: {
       const DType param = s.f32_params ? DType::f32 : s.dtype;
-      o.primary = HostBuffer(param, n(s.K * s.C * s.R * s.S));
+      o.primary = HostBuffer(param, n(s.K * s.Cg() * s.R * s.S));
       if (s.bias) o.db = HostBuffer(param, n(s.K));
       break;
     }
@@ -238,12 +249,13 @@ Outputs make_outputs(const Shape& s) {
 }
 
 Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
-  // Each sampled element is a sum of C*R*S (fwd), K*R*S (bwd_data) or N*P*Q (bwd_weight, db)
-  // products; sample as many as fit ~2e8 of them (well under a second), between 256 and 2048.
+  // Each sampled element is a sum of Cg*R*S (fwd), Kg*R*S (bwd_data) or N*P*Q (bwd_weight, db)
+  // products (Cg, Kg: a group's channels); sample as many as fit ~2e8 of them (well under a second),
+  // between 256 and 2048.
   const RefData d = ref_data(in);
   const auto terms_of = [](std::int64_t v) { return static_cast<double>(v); };
-  const double terms = s.dir == Direction::fwd        ? terms_of(s.C * s.R * s.S)
-                       : s.dir == Direction::bwd_data ? terms_of(s.K * s.R * s.S)
+  const double terms = s.dir == Direction::fwd        ? terms_of(s.Cg() * s.R * s.S)
+                       : s.dir == Direction::bwd_data ? terms_of(s.Kg() * s.R * s.S)
                                                       : terms_of(s.N * s.P() * s.Q());
   const auto limit = static_cast<std::size_t>(std::clamp(2e8 / terms, 256.0, 2048.0));
   // tolerance(dtype) covers the dtype's rounding and f32 sums of up to ~16k terms. A weight

@@ -1,5 +1,6 @@
-// The conv2d family: PyTorch's nn.Conv2d (cross-correlation, groups = 1) forward, backward-data
-// and backward-weight (with the bias gradient), in NCHW or NHWC, on oneDNN (CPU) and cuDNN (CUDA).
+// The conv2d family: PyTorch's nn.Conv2d (cross-correlation, any groups: depthwise at groups = C)
+// forward, backward-data and backward-weight (with the bias gradient), in NCHW or NHWC, on oneDNN
+// (CPU) and cuDNN (CUDA).
 // Names, the three directions' formulas and what the timed run contains: docs/ops.md, "conv2d".
 #pragma once
 #include <cstdint>
@@ -25,6 +26,10 @@ struct Shape {
   std::int64_t N = 1, C = 1, H = 1, W = 1;  // the input: batch, channels, rows, columns
   std::int64_t K = 1, R = 1, S = 1;         // output channels, filter rows and columns
   std::int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;  // as PyTorch's
+  // PyTorch's groups: C and K split into `groups` equal parts, output channel k seeing only the input
+  // channels of its part (k / (K / groups)); the filter is [K, C / groups, R, S]. groups = C = K is a
+  // depthwise convolution (ConvNeXt's 7x7).
+  std::int64_t groups = 1;
   bool bias = false;  // fwd adds b; bwd_weight also computes db
   // CPU only: x, w, dy and the pass's output (y, dx or dw) are in the layouts oneDNN chose for this
   // pass (onednn_bytes, to_onednn_layout), as a framework keeps them between layers, so a run is the
@@ -59,8 +64,11 @@ struct Shape {
   // Output size, as PyTorch computes it.
   std::int64_t P() const { return (H + 2 * pad_h - dil_h * (R - 1) - 1) / stride_h + 1; }
   std::int64_t Q() const { return (W + 2 * pad_w - dil_w * (S - 1) - 1) / stride_w + 1; }
+  // The input and output channels of one group.
+  std::int64_t Cg() const { return C / groups; }
+  std::int64_t Kg() const { return K / groups; }
 
-  // Element offsets in the user's buffers.
+  // Element offsets in the user's buffers; w_at's c is the channel within k's group (< Cg()).
   std::size_t x_at(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) const;
   std::size_t w_at(std::int64_t k, std::int64_t c, std::int64_t r, std::int64_t s) const;
   std::size_t y_at(std::int64_t n, std::int64_t k, std::int64_t p, std::int64_t q) const;
@@ -73,7 +81,7 @@ Shape shape_of(const Problem& p);
 // Inputs in the user's layout, seeded from the problem name (every backend sees the same numbers).
 struct Inputs {
   HostBuffer x;   // [N,C,H,W] or [N,H,W,C]   fwd, bwd_weight
-  HostBuffer w;   // [K,C,R,S] or [K,R,S,C]   fwd, bwd_data
+  HostBuffer w;   // [K,Cg,R,S] or [K,R,S,Cg] fwd, bwd_data (Cg = C / groups)
   HostBuffer b;   // [K]                      fwd with bias
   HostBuffer dy;  // [N,K,P,Q] or [N,P,Q,K]   bwd_data, bwd_weight
 };
@@ -108,6 +116,7 @@ struct NamedShape {
   std::vector<std::int64_t> batches;  // default batch sizes
   // Also listed fwd with its ReLU fused (relu:1, NHWC, CPU): a convnet step's conv + bias + ReLU.
   bool relu = false;
+  std::int64_t groups = 1;  // named `groups:` where not 1
 };
 const std::vector<NamedShape>& named_shapes();
 
@@ -115,10 +124,10 @@ const std::vector<NamedShape>& named_shapes();
 // with onednn_layouts). On the CPU host memory, on CUDA device memory.
 struct Args {
   const void* x = nullptr;   // fwd, bwd_weight: the input [N,C,H,W]
-  const void* w = nullptr;   // fwd, bwd_data: the filter [K,C,R,S]
+  const void* w = nullptr;   // fwd, bwd_data: the filter [K,C/groups,R,S]
   const void* b = nullptr;   // fwd with bias: [K]
   const void* dy = nullptr;  // bwd_data, bwd_weight: the output's gradient [N,K,P,Q]
-  void* out = nullptr;       // y [N,K,P,Q] (fwd), dx [N,C,H,W] (bwd_data) or dw [K,C,R,S] (bwd_weight)
+  void* out = nullptr;       // y [N,K,P,Q] (fwd), dx [N,C,H,W] (bwd_data) or dw [K,C/groups,R,S] (bwd_weight)
   void* db = nullptr;        // bwd_weight with bias: [K]
 };
 HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: oneDNN; CUDA: cuDNN, the algorithm searched when it is built

@@ -25,7 +25,9 @@ using dnnl::memory;
 using tag = memory::format_tag;
 
 // The user's tensors: activations NCHW or NHWC (`layout`, or the layout an activation is fixed in),
-// weights OIHW or OHWI; w, b, dw and db f32 with f32_params.
+// weights OIHW or OHWI; w, b, dw and db f32 with f32_params. Grouped weights are oneDNN's 5-D
+// [groups, K / groups, C / groups, R, S] (GOIHW or GOHWI): the same bytes as PyTorch's [K, C / groups,
+// R, S], the output channels of one group together.
 memory::desc user_act(const Shape& s, Shape::Pick pick, std::int64_t c, std::int64_t h, std::int64_t w) {
   const bool nchw = pick == Shape::Pick::onednn ? s.layout == Layout::nchw : pick == Shape::Pick::nchw;
   return cpu::md({s.N, c, h, w}, s.dtype, nchw ? tag::nchw : tag::nhwc);
@@ -34,7 +36,9 @@ memory::desc user_x(const Shape& s) { return user_act(s, s.x_pick, s.C, s.H, s.W
 memory::desc user_y(const Shape& s) { return user_act(s, s.y_pick, s.K, s.P(), s.Q()); }
 DType param_type(const Shape& s) { return s.f32_params ? DType::f32 : s.dtype; }
 memory::desc user_w(const Shape& s) {
-  return cpu::md({s.K, s.C, s.R, s.S}, param_type(s), s.layout == Layout::nchw ? tag::oihw : tag::ohwi);
+  const bool nchw = s.layout == Layout::nchw;
+  if (s.groups == 1) return cpu::md({s.K, s.C, s.R, s.S}, param_type(s), nchw ? tag::oihw : tag::ohwi);
+  return cpu::md({s.groups, s.Kg(), s.Cg(), s.R, s.S}, param_type(s), nchw ? tag::goihw : tag::gohwi);
 }
 memory::desc user_b(const Shape& s) { return cpu::md({s.K}, param_type(s), tag::x); }
 
@@ -49,8 +53,9 @@ memory::desc asked(const memory::desc& user, Shape::Pick pick) {
 std::string format_name(const memory::desc& d) {
   for (tag t : {tag::nchw, tag::nhwc, tag::nChw8c, tag::nChw16c, tag::oihw, tag::ohwi, tag::OIhw8i8o, tag::OIhw8o8i,
                 tag::OIhw16i16o, tag::OIhw16o16i, tag::Ohwi8o, tag::Ohwi16o, tag::OIhw8i16o2i, tag::OIhw16i16o2i,
-                tag::OIhw8o16i2o, tag::OIhw16o16i2o})
-    if (memory::desc(d.dims(), d.data_type(), t) == d) return dnnl_fmt_tag2str(static_cast<dnnl_format_tag_t>(t));
+                tag::OIhw8o16i2o, tag::OIhw16o16i2o, tag::goihw, tag::gohwi, tag::Goihw8g, tag::Goihw16g})
+    if (memory::desc(d.dims(), d.data_type(), t, /*allow_empty=*/true) == d)  // empty where the ranks differ
+      return dnnl_fmt_tag2str(static_cast<dnnl_format_tag_t>(t));
   return "blocked";
 }
 

@@ -1,6 +1,8 @@
 // conv2d on CUDA: cuDNN 9's legacy convolution API, one call per direction on the user's NCHW or
 // NHWC tensors (cudnnConvolutionForward / BackwardData / BackwardFilter), with the bias added by
-// cudnnAddTensor (fwd) and its gradient by cudnnConvolutionBackwardBias (bwd_weight).
+// cudnnAddTensor (fwd) and its gradient by cudnnConvolutionBackwardBias (bwd_weight). A grouped
+// convolution is the same calls with the filter [K, C / groups, R, S] and the descriptor's
+// cudnnSetConvolutionGroupCount: cuDNN's Find then ranks its grouped (and depthwise) algorithms.
 //
 // The algorithm is chosen once, when the plan is built, by gpu::find_conv_algo (cudnnFind*AlgorithmEx
 // on seeded tensors of the problem's sizes, its usable results re-timed: ConvPick::retimed, unless
@@ -102,13 +104,14 @@ class CudaConv2d final : public Plan {
     const cudnnTensorFormat_t fmt = tensor_format(s_.layout);
     HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(x_desc_.h, fmt, dt, dim(s_.N), dim(s_.C), dim(s_.H), dim(s_.W)));
     HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(y_desc_.h, fmt, dt, dim(s_.N), dim(s_.K), dim(s_.P()), dim(s_.Q())));
-    HOTOPS_CHECK_CUDNN(cudnnSetFilter4dDescriptor(w_desc_.h, dt, fmt, dim(s_.K), dim(s_.C), dim(s_.R), dim(s_.S)));
+    HOTOPS_CHECK_CUDNN(cudnnSetFilter4dDescriptor(w_desc_.h, dt, fmt, dim(s_.K), dim(s_.Cg()), dim(s_.R), dim(s_.S)));
     HOTOPS_CHECK_CUDNN(cudnnSetTensor4dDescriptor(b_desc_.h, CUDNN_TENSOR_NCHW, dt, 1, dim(s_.K), 1, 1));
     gpu::set_conv2d(conv_.h, dim(s_.pad_h), dim(s_.pad_w), dim(s_.stride_h), dim(s_.stride_w), dim(s_.dil_h),
                     dim(s_.dil_w), s_.dtype == DType::f32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH);
+    HOTOPS_CHECK_CUDNN(cudnnSetConvolutionGroupCount(conv_.h, dim(s_.groups)));
     int n = 0, k = 0, h = 0, w = 0;
     HOTOPS_CHECK_CUDNN(cudnnGetConvolution2dForwardOutputDim(conv_.h, x_desc_.h, w_desc_.h, &n, &k, &h, &w));
-    HOTOPS_CHECK(h == s_.P() && w == s_.Q(), "conv2d: cuDNN's output size differs from PyTorch's");
+    HOTOPS_CHECK(k == s_.K && h == s_.P() && w == s_.Q(), "conv2d: cuDNN's output size differs from PyTorch's");
 
     // The search times each algorithm on tensors of this problem's sizes and values: seeded inputs
     // and outputs of its own, freed once the algorithm is chosen (the runs get the caller's).

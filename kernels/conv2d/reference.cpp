@@ -29,8 +29,9 @@ std::size_t Shape::x_at(std::int64_t n, std::int64_t c, std::int64_t h, std::int
                                                          : ((n * H + h) * W + w) * C + c);
 }
 std::size_t Shape::w_at(std::int64_t k, std::int64_t c, std::int64_t r, std::int64_t s) const {
-  return static_cast<std::size_t>(layout == Layout::nchw ? ((k * C + c) * R + r) * S + s
-                                                         : ((k * R + r) * S + s) * C + c);
+  const std::int64_t cg = Cg();
+  return static_cast<std::size_t>(layout == Layout::nchw ? ((k * cg + c) * R + r) * S + s
+                                                         : ((k * R + r) * S + s) * cg + c);
 }
 std::size_t Shape::y_at(std::int64_t n, std::int64_t k, std::int64_t p, std::int64_t q) const {
   const std::int64_t P_ = P(), Q_ = Q();
@@ -45,25 +46,28 @@ double reference_primary(const Shape& s, const RefData& d, std::size_t idx) {
   const std::int64_t P = s.P(), Q = s.Q();
   double acc = 0;
   switch (s.dir) {
-    case Direction::bwd_data: {  // dx[n,c,h,w]: every (k, r, s) whose tap lands on (h, w)
+    case Direction::bwd_data: {  // dx[n,c,h,w]: every (k of c's group, r, s) whose tap lands on (h, w)
       const Coord x = coord(s.layout, i, s.C, s.H, s.W);
+      const std::int64_t g = x.c / s.Cg(), cg = x.c % s.Cg();
       for (std::int64_t r = 0; r < s.R; ++r) {
         const std::int64_t ph = x.h + s.pad_h - r * s.dil_h;  // = p * stride_h
         if (ph < 0 || ph % s.stride_h != 0 || ph / s.stride_h >= P) continue;
         for (std::int64_t t = 0; t < s.S; ++t) {
           const std::int64_t qw = x.w + s.pad_w - t * s.dil_w;
           if (qw < 0 || qw % s.stride_w != 0 || qw / s.stride_w >= Q) continue;
-          for (std::int64_t k = 0; k < s.K; ++k)
+          for (std::int64_t k = g * s.Kg(); k < (g + 1) * s.Kg(); ++k)
             acc += static_cast<double>(d.dy[s.y_at(x.n, k, ph / s.stride_h, qw / s.stride_w)]) *
-                   d.w[s.w_at(k, x.c, r, t)];
+                   d.w[s.w_at(k, cg, r, t)];
         }
       }
       return acc;
     }
-    case Direction::bwd_weight: {  // dw[k,c,r,s]: offset i in OIHW or OHWI
-      std::int64_t k, c, r, t;
-      if (s.layout == Layout::nchw) k = i / (s.C * s.R * s.S), c = (i / (s.R * s.S)) % s.C, r = (i / s.S) % s.R, t = i % s.S;
-      else k = i / (s.R * s.S * s.C), r = (i / (s.S * s.C)) % s.R, t = (i / s.C) % s.S, c = i % s.C;
+    case Direction::bwd_weight: {  // dw[k,c,r,s]: offset i in OIHW or OHWI, c within k's group
+      const std::int64_t Cg = s.Cg();
+      std::int64_t k, cg, r, t;
+      if (s.layout == Layout::nchw) k = i / (Cg * s.R * s.S), cg = (i / (s.R * s.S)) % Cg, r = (i / s.S) % s.R, t = i % s.S;
+      else k = i / (s.R * s.S * Cg), r = (i / (s.S * Cg)) % s.R, t = (i / Cg) % s.S, cg = i % Cg;
+      const std::int64_t c = k / s.Kg() * Cg + cg;  // the input channel
       for (std::int64_t n = 0; n < s.N; ++n)
         for (std::int64_t p = 0; p < P; ++p) {
           const std::int64_t h = p * s.stride_h - s.pad_h + r * s.dil_h;
@@ -78,14 +82,15 @@ double reference_primary(const Shape& s, const RefData& d, std::size_t idx) {
     }
     default: {  // y[n,k,p,q]
       const Coord y = coord(s.layout, i, s.K, P, Q);  // (n, k, p, q)
+      const std::int64_t c0 = y.c / s.Kg() * s.Cg();  // the first input channel of k's group
       for (std::int64_t r = 0; r < s.R; ++r) {
         const std::int64_t h = y.h * s.stride_h - s.pad_h + r * s.dil_h;
         if (h < 0 || h >= s.H) continue;
         for (std::int64_t t = 0; t < s.S; ++t) {
           const std::int64_t w = y.w * s.stride_w - s.pad_w + t * s.dil_w;
           if (w < 0 || w >= s.W) continue;
-          for (std::int64_t c = 0; c < s.C; ++c)
-            acc += static_cast<double>(d.x[s.x_at(y.n, c, h, w)]) * d.w[s.w_at(y.c, c, r, t)];
+          for (std::int64_t c = 0; c < s.Cg(); ++c)
+            acc += static_cast<double>(d.x[s.x_at(y.n, c0 + c, h, w)]) * d.w[s.w_at(y.c, c, r, t)];
         }
       }
       acc += s.bias ? d.b[static_cast<std::size_t>(y.c)] : 0.0;

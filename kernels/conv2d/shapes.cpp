@@ -4,7 +4,9 @@
 // bias (a BatchNorm follows). The CIFAR-10 VGG-like net (Keras' cifar10_cnn) and the 256x256
 // Keras CNN of the TensorFlow 2 comparison use Conv2D with a bias. DeepBench's rows are from its
 // training set (code/kernels/conv_problems.h: w, h, c, n, k, s, r, pad, stride), at DeepBench's own
-// batch sizes.
+// batch sizes. ConvNeXt-T's blocks open with a depthwise 7x7 convolution (padding 3, groups =
+// channels, with a bias), named here at its stage 1 (96 channels at 56x56 for a 224x224 image) and
+// stage 3 (384 channels at 14x14).
 #include "kernels/conv2d/conv2d.h"
 
 namespace hotops::conv2d {
@@ -33,6 +35,9 @@ const std::vector<NamedShape>& named_shapes() {
       // a GoogLeNet inception 5x5 branch.
       {"deepbench.deepspeech_conv1",    1, 161, 700,  32,  5, 20,  2,  0, false, V{16}},
       {"deepbench.inception_5x5",     192,  28,  28,  32,  5,  5,  1,  2, false, V{16}},
+      //  name                          C    H    W    K    R   S  stride pad bias  batches   relu  groups
+      {"convnext.s1_dwconv",           96,  56,  56,  96,  7,  7,  1,  3, true,  V{8, 32}, false,  96},
+      {"convnext.s3_dwconv",          384,  14,  14, 384,  7,  7,  1,  3, true,  V{8, 32}, false, 384},
   };
   return shapes;
 }

@@ -1,8 +1,13 @@
 // embedding on the CPU: hand-written OpenMP loops.
-//   fwd: one row copy (memcpy) per index, indices split statically over the threads.
+//   fwd: one row copy (memcpy) per index, indices split statically over the threads; an f32 table's
+//        rows rounded to bf16 element by element (f32_table).
 //   bwd: one pass over the vocabulary rows, each summed in f32 in an L1-resident row buffer in the
 //        CSR's fixed position order (rows no index hits are zeros) and written once; streamed
 //        (non-temporal) when dW is larger than the caches. The caller builds the CSR at setup.
+//   time_major: fwd writes out's rows in order (each from its index's table row); bwd has no CSR:
+//        thread k of n zeroes the dW rows r with r % n == k, then walks dout's rows in order and adds
+//        those whose index is one of its rows, so each row's sum runs in dout's row order whatever
+//        the thread count.
 #include <omp.h>
 
 #include <cstring>
@@ -36,18 +41,22 @@ class CpuEmbedding final : public Plan {
     const auto rows = static_cast<std::size_t>(s_.dir == Direction::fwd ? s_.n() : s_.vocab);
     const std::size_t out_bytes =
         rows * static_cast<std::size_t>(s_.dim) * (s_.dir == Direction::fwd ? dtype_size(s_.dtype) : sizeof(float));
-    stream_ = out_bytes >= cpu::kStreamMinBytes;
+    // Streaming stores write whole runs of rows; a time-major gather's consecutive rows are not.
+    stream_ = out_bytes >= cpu::kStreamMinBytes && !s_.time_major;
   }
 
   void run(const Args& a) override {
     if (s_.dir == Direction::fwd) forward(a);
+    else if (s_.time_major) backward_by_owner(a);
     else backward(a);
   }
 
   std::string label() const override {
-    return std::string("hotops OpenMP ") +
-           (s_.dir == Direction::fwd ? "row gather (memcpy per index)"
-                                     : "dW per vocab row from a setup-time CSR, f32 sums in fixed order") +
+    const char* what = s_.dir == Direction::fwd
+                           ? (s_.f32_table ? "row gather (f32 rows rounded to bf16)" : "row gather (memcpy per index)")
+                       : s_.time_major ? "dW rows owned by thread (row mod threads), each summed in dout's row order"
+                                       : "dW per vocab row from a setup-time CSR, f32 sums in fixed order";
+    return std::string("hotops OpenMP ") + what + (s_.time_major ? ", time-major rows" : "") +
            (stream_ ? ", streaming stores" : "") + ", " + std::to_string(cpu::threads()) + " threads";
   }
 
@@ -62,9 +71,16 @@ class CpuEmbedding final : public Plan {
 #pragma omp parallel num_threads(cpu::threads())
     {
 #pragma omp for schedule(static)
-      for (std::int64_t i = 0; i < n; ++i) {
+      for (std::int64_t r = 0; r < n; ++r) {  // out's rows in order
+        const std::int64_t i = s_.index_of(r);
+        std::byte* dst = out + static_cast<std::size_t>(r) * row_bytes;
+        if (s_.f32_table) {  // bf16 rows of the f32 table
+          const float* src = reinterpret_cast<const float*>(w) + static_cast<std::size_t>(idx[i]) * s_.dim;
+          auto* d = reinterpret_cast<std::uint16_t*>(dst);
+          for (std::int64_t j = 0; j < s_.dim; ++j) d[j] = float_to_bf16(src[j]);
+          continue;
+        }
         const std::byte* src = w + static_cast<std::size_t>(idx[i]) * row_bytes;
-        std::byte* dst = out + static_cast<std::size_t>(i) * row_bytes;
         if (stream) cpu::stream_copy(dst, src, row_bytes);
         else std::memcpy(dst, src, row_bytes);
       }
@@ -100,6 +116,34 @@ class CpuEmbedding final : public Plan {
         else std::memcpy(dst, acc.data(), dim * sizeof(float));
       }
       if (stream) cpu::stream_fence();
+    }
+  }
+
+  void backward_by_owner(const Args& a) {
+    const std::int64_t dim = s_.dim, vocab = s_.vocab, n = s_.n();
+    const std::size_t row_bytes = static_cast<std::size_t>(dim) * dtype_size(s_.dtype);
+    const auto* dout = static_cast<const std::byte*>(a.dout);
+    auto* dw = static_cast<float*>(a.dW);
+    const std::int64_t* idx = a.idx;
+    const bool f32 = s_.dtype == DType::f32;
+#pragma omp parallel num_threads(cpu::threads())
+    {
+      const int k = omp_get_thread_num(), team = omp_get_num_threads();
+      for (std::int64_t r = k; r < vocab; r += team) std::fill_n(dw + r * dim, dim, 0.f);
+      for (std::int64_t q = 0; q < n; ++q) {  // dout's rows in order
+        const std::int64_t r = idx[s_.index_of(q)];
+        if (r % team != k) continue;
+        float* acc = dw + r * dim;
+        const std::byte* g = dout + static_cast<std::size_t>(q) * row_bytes;
+        if (f32) {
+          const float* x = reinterpret_cast<const float*>(g);
+#pragma omp simd
+          for (std::int64_t j = 0; j < dim; ++j) acc[j] += x[j];
+        } else {
+          const auto* x = reinterpret_cast<const std::uint16_t*>(g);
+          for (std::int64_t j = 0; j < dim; ++j) acc[j] += bf16_to_float(x[j]);
+        }
+      }
     }
   }
 

@@ -6,10 +6,19 @@
 //        or two 16-byte stores of dW; V = 1 for dims that are not a multiple of V). The thread sums
 //        the row's dout pieces in f32 in the CSR's position order (which the caller builds at setup),
 //        so the result is deterministic, and writes dW once: zeros where no index hits the row.
+//   time_major: fwd as above, each index's row written to its time-major place; an f32 table's rows
+//        rounded to bf16 (f32_table) 4 elements a thread. bwd groups the indices by row in the run:
+//        CUB's stable radix sort of (index, its dout row) by index over the bits the vocabulary needs,
+//        one kernel turning the sorted indices into the CSR's row offsets, then the sum above (rows
+//        in index order). The plan holds the sort's buffers and the dout row of each index (fixed
+//        by the shape), made at setup.
+#include <cub/device/device_radix_sort.cuh>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "hotops/cuda_elem.cuh"
 #include "hotops/cuda_util.h"
@@ -20,13 +29,52 @@ namespace {
 
 constexpr unsigned kThreads = 256;
 
+// The index whose row lands in row r of out: r itself, or with time-major rows (batch > 0: r = t *
+// batch + b) index b * T + t.
+__device__ inline std::int64_t index_of_row(std::int64_t r, std::int64_t batch, std::int64_t T) {
+  return batch > 0 ? (r % batch) * T + r / batch : r;
+}
+
 template <class P>  // P: the piece, uint4, unsigned or unsigned short
 __global__ void __launch_bounds__(kThreads) gather_rows(const P* __restrict__ w, const std::int64_t* __restrict__ idx,
-                                                        P* __restrict__ out, std::int64_t n, std::int64_t pieces) {
+                                                        P* __restrict__ out, std::int64_t n, std::int64_t pieces,
+                                                        std::int64_t batch, std::int64_t T) {
   const std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (t >= n * pieces) return;
-  const std::int64_t i = t / pieces, k = t - i * pieces;
-  out[t] = w[idx[i] * pieces + k];
+  const std::int64_t r = t / pieces, k = t - r * pieces;
+  out[t] = w[idx[index_of_row(r, batch, T)] * pieces + k];
+}
+
+// bf16 rows of an f32 table: V (4 or 1) elements a thread, rounded to nearest even.
+template <int V>
+__global__ void __launch_bounds__(kThreads) gather_rows_bf16(const float* __restrict__ w, const std::int64_t* __restrict__ idx,
+                                                             __nv_bfloat16* __restrict__ out, std::int64_t n,
+                                                             std::int64_t dim, std::int64_t batch, std::int64_t T) {
+  const std::int64_t groups = dim / V;
+  const std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (t >= n * groups) return;
+  const std::int64_t r = t / groups, g = t - r * groups;
+  const std::int64_t from = idx[index_of_row(r, batch, T)] * groups + g;
+  if constexpr (V == 4) {
+    const float4 v = reinterpret_cast<const float4*>(w)[from];
+    __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(out) + 2 * t;
+    o[0] = __floats2bfloat162_rn(v.x, v.y);
+    o[1] = __floats2bfloat162_rn(v.z, v.w);
+  } else {
+    out[t] = __float2bfloat16_rn(w[from]);
+  }
+}
+
+// offset[r] = the first position in the sorted indices whose index is >= r, for r in [0, vocab]:
+// thread i (of n + 1) writes the rows in (sorted[i - 1], sorted[i]] (0 before the first, vocab after
+// the last).
+__global__ void __launch_bounds__(kThreads) row_offsets(const std::uint64_t* __restrict__ sorted, std::int32_t* __restrict__ off,
+                                                        std::int64_t n, std::int64_t vocab) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i > n) return;
+  const std::int64_t lo = i == 0 ? 0 : static_cast<std::int64_t>(sorted[i - 1]) + 1;
+  const std::int64_t hi = i == n ? vocab : static_cast<std::int64_t>(sorted[i]);
+  for (std::int64_t r = lo; r <= hi; ++r) off[r] = static_cast<std::int32_t>(i);
 }
 
 using gpu::Pack;
@@ -68,35 +116,57 @@ class CudaEmbedding final : public Plan {
   explicit CudaEmbedding(const Shape& s) : s_(s) {
     const std::size_t row_bytes = static_cast<std::size_t>(s_.dim) * dtype_size(s_.dtype);
     if (s_.dir == Direction::fwd) {
-      piece_ = row_bytes % 16 == 0 ? 16 : row_bytes % 4 == 0 ? 4 : 2;
+      piece_ = s_.f32_table ? (s_.dim % 4 == 0 ? 4 : 1) : row_bytes % 16 == 0 ? 16 : row_bytes % 4 == 0 ? 4 : 2;
     } else {
       const int v = s_.dtype == DType::f32 ? 4 : 8;
       vec_ = s_.dim % v == 0 ? v : 1;
+      if (s_.time_major) make_grouping();
     }
   }
 
   void run(const Args& a) override {
     const cudaStream_t st = gpu::stream();
+    const std::int64_t batch = s_.time_major ? s_.batch : 0;  // 0: rows in index order
     if (s_.dir == Direction::fwd) {
+      const std::int64_t* idx = a.idx;
+      if (s_.f32_table) {
+        const unsigned blocks = blocks_for(s_.n() * (s_.dim / static_cast<std::int64_t>(piece_)));
+        const auto* w = static_cast<const float*>(a.W);
+        auto* out = static_cast<__nv_bfloat16*>(a.out);
+        if (piece_ == 4) gather_rows_bf16<4><<<blocks, kThreads, 0, st>>>(w, idx, out, s_.n(), s_.dim, batch, s_.T);
+        else gather_rows_bf16<1><<<blocks, kThreads, 0, st>>>(w, idx, out, s_.n(), s_.dim, batch, s_.T);
+        HOTOPS_CHECK_LAUNCH();
+        return;
+      }
       const std::int64_t pieces =
           static_cast<std::int64_t>(static_cast<std::size_t>(s_.dim) * dtype_size(s_.dtype) / piece_);
       const unsigned blocks = blocks_for(s_.n() * pieces);
-      const std::int64_t* idx = a.idx;
       if (piece_ == 16)
         gather_rows<<<blocks, kThreads, 0, st>>>(static_cast<const uint4*>(a.W), idx, static_cast<uint4*>(a.out), s_.n(),
-                                                 pieces);
+                                                 pieces, batch, s_.T);
       else if (piece_ == 4)
         gather_rows<<<blocks, kThreads, 0, st>>>(static_cast<const unsigned*>(a.W), idx, static_cast<unsigned*>(a.out),
-                                                 s_.n(), pieces);
+                                                 s_.n(), pieces, batch, s_.T);
       else
         gather_rows<<<blocks, kThreads, 0, st>>>(static_cast<const unsigned short*>(a.W), idx,
-                                                 static_cast<unsigned short*>(a.out), s_.n(), pieces);
+                                                 static_cast<unsigned short*>(a.out), s_.n(), pieces, batch, s_.T);
       HOTOPS_CHECK_LAUNCH();
       return;
     }
-    const unsigned blocks = blocks_for(s_.vocab * (s_.dim / vec_));
     const std::int32_t* off = a.offset;
     const std::int32_t* pos = a.pos;
+    if (s_.time_major) {  // the grouping of this run's indices, on the device
+      std::size_t temp_bytes = sort_temp_.bytes();
+      HOTOPS_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(
+          sort_temp_.get(), temp_bytes, reinterpret_cast<const std::uint64_t*>(a.idx), sorted_.as<std::uint64_t>(),
+          rows_.as<const std::int32_t>(), sorted_rows_.as<std::int32_t>(), static_cast<int>(s_.n()), 0, key_bits_, st));
+      row_offsets<<<blocks_for(s_.n() + 1), kThreads, 0, st>>>(sorted_.as<const std::uint64_t>(), offsets_.as<std::int32_t>(),
+                                                               s_.n(), s_.vocab);
+      HOTOPS_CHECK_LAUNCH();
+      off = offsets_.as<const std::int32_t>();
+      pos = sorted_rows_.as<const std::int32_t>();
+    }
+    const unsigned blocks = blocks_for(s_.vocab * (s_.dim / vec_));
     auto* dw = static_cast<float*>(a.dW);
     if (s_.dtype == DType::f32) {
       const auto* d = static_cast<const float*>(a.dout);
@@ -111,15 +181,43 @@ class CudaEmbedding final : public Plan {
   }
 
   std::string label() const override {
-    if (s_.dir == Direction::fwd) return "hotops CUDA row gather, " + std::to_string(piece_) + "-byte pieces";
-    return "hotops CUDA dW per vocab row from a setup-time CSR, f32 sums in fixed order, " + std::to_string(vec_) +
-           " columns per thread";
+    const std::string rows = s_.time_major ? ", time-major rows" : "";
+    if (s_.dir == Direction::fwd) {
+      if (s_.f32_table) return "hotops CUDA row gather, f32 rows rounded to bf16, " + std::to_string(piece_) + " per thread" + rows;
+      return "hotops CUDA row gather, " + std::to_string(piece_) + "-byte pieces" + rows;
+    }
+    return std::string("hotops CUDA dW per vocab row from ") +
+           (s_.time_major ? "the run's CUB stable radix sort of the indices + row offsets" : "a setup-time CSR") +
+           ", f32 sums in fixed order, " + std::to_string(vec_) + " columns per thread" + rows;
   }
 
  private:
+  // time_major bwd: the sort's buffers, its scratch, and each index's dout row (fixed by the shape).
+  void make_grouping() {
+    const std::int64_t n = s_.n();
+    HOTOPS_CHECK(n < (std::int64_t{1} << 31), "embedding: a time-major bwd sorts at most 2^31 indices");
+    while ((std::int64_t{1} << key_bits_) < s_.vocab) ++key_bits_;
+    HostBuffer rows(DType::f32, static_cast<std::size_t>(n));  // int32 row numbers in f32-sized slots
+    auto* r = reinterpret_cast<std::int32_t*>(rows.data());
+    for (std::int64_t i = 0; i < n; ++i) r[i] = static_cast<std::int32_t>(s_.row_of(i));
+    rows_ = gpu::DeviceBuffer(rows);
+    sorted_ = gpu::DeviceBuffer(static_cast<std::size_t>(n) * sizeof(std::uint64_t));
+    sorted_rows_ = gpu::DeviceBuffer(static_cast<std::size_t>(n) * sizeof(std::int32_t));
+    offsets_ = gpu::DeviceBuffer(static_cast<std::size_t>(s_.vocab + 1) * sizeof(std::int32_t));
+    std::size_t temp_bytes = 0;
+    HOTOPS_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, static_cast<const std::uint64_t*>(nullptr),
+                                                      static_cast<std::uint64_t*>(nullptr),
+                                                      static_cast<const std::int32_t*>(nullptr),
+                                                      static_cast<std::int32_t*>(nullptr), static_cast<int>(n), 0,
+                                                      key_bits_, gpu::stream()));
+    sort_temp_ = gpu::DeviceBuffer(std::max<std::size_t>(temp_bytes, 16));
+  }
+
   Shape s_;
-  std::size_t piece_ = 16;  // fwd: bytes each thread copies
+  std::size_t piece_ = 16;  // fwd: bytes each thread copies (f32_table: elements)
   int vec_ = 1;             // bwd: columns each thread sums
+  int key_bits_ = 1;        // time_major bwd: the bits of an index the sort looks at
+  gpu::DeviceBuffer rows_, sorted_, sorted_rows_, offsets_, sort_temp_;
 };
 
 }  // namespace

@@ -2,6 +2,8 @@
 //
 // Names: embedding/<backend>/<dtype>/<fwd|bwd>/shape:<model.layer>/batch:B/T:T/vocab:V/dim:D, with
 // B x T int64 indices into a [V, D] table; test problems have shape:test and `N:` for the batch.
+// An RNN's embedding appends layout:tnc (out and dout time-major, the bwd's grouping in the run) and,
+// for a bf16 fwd from an f32 table, table:f32 (embedding.h).
 #include "kernels/embedding/embedding.h"
 
 #include <algorithm>
@@ -25,6 +27,9 @@ constexpr NamedShape kNamedShapes[] = {
     {"imdb_bilstm.embed", 200, 20000, 128, 64},
     // BERT-base word embeddings: WordPiece vocabulary 30522 x hidden 768, sequence 128, batch 32.
     {"bert.word_embed", 128, 30522, 768, 32},
+    // Keras' imdb_fasttext.py: 20000-word vocabulary, 50-wide embeddings, reviews cut to 400 tokens,
+    // batch 32 (12800 indices): model.fasttext_imdb's embedding.
+    {"fasttext_imdb.embed", 400, 20000, 50, 32},
 };
 
 constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd};
@@ -36,6 +41,21 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
       for (Direction d : kDirections) out.push_back(Problem{"embedding", be, t, d, args});
 }
 
+// The time-major lookups an RNN model step runs (model.bilstm_imdb): f32, and bf16 activations
+// from the f32 table (mixed precision; its bwd is bf16 dout into the f32 dW); with `all`, the bf16
+// fwd from a bf16 table too.
+void expand_time_major(std::vector<Arg> args, std::vector<Problem>& out, bool all) {
+  args.push_back({"layout", "tnc"});
+  std::vector<Arg> f32_table = args;
+  f32_table.push_back({"table", "f32"});
+  for (Backend be : kAllBackends) {
+    out.push_back(Problem{"embedding", be, DType::f32, Direction::fwd, args});
+    out.push_back(Problem{"embedding", be, DType::bf16, Direction::fwd, f32_table});
+    if (all) out.push_back(Problem{"embedding", be, DType::bf16, Direction::fwd, args});
+    for (DType t : kDTypes) out.push_back(Problem{"embedding", be, t, Direction::bwd, args});
+  }
+}
+
 // An integer vector as a HostBuffer of its bytes, which a Binder uploads like any tensor.
 template <class I>
 HostBuffer bytes_of(const std::vector<I>& v) {
@@ -45,16 +65,17 @@ HostBuffer bytes_of(const std::vector<I>& v) {
 }
 
 // The op as the benchmark runs it: a PlanCase over the problem's inputs and output. bwd's grouping
-// of the indices by row is built here, with the inputs, outside the timed runs.
+// of the indices by row is built here, with the inputs, outside the timed runs (time_major: by the
+// plan, inside them).
 struct Op : OpOf<Shape, Args, Inputs, HostBuffer> {
   struct Io : OpOf::Io {
-    HostBuffer idx;          // fwd: in.idx's bytes
+    HostBuffer idx;          // fwd and time_major: in.idx's bytes
     HostBuffer offset, pos;  // bwd: group_by_row(in.idx)'s
   };
   static Shape shape(const Problem& p) { return shape_of(p); }
   static Io io(const Shape& s, std::uint64_t seed) {
     Io io{OpOf::io(s, seed), {}, {}, {}};
-    if (s.dir == Direction::fwd) {
+    if (s.dir == Direction::fwd || s.time_major) {
       io.idx = bytes_of(io.in.idx);
     } else {
       const Csr csr = group_by_row(io.in.idx, s.vocab);
@@ -70,8 +91,12 @@ struct Op : OpOf<Shape, Args, Inputs, HostBuffer> {
       a.W = b.in(io.in.W);
       a.out = b.out(io.out);
     } else {
-      a.offset = static_cast<const std::int32_t*>(b.indices(io.offset));
-      a.pos = static_cast<const std::int32_t*>(b.indices(io.pos));
+      if (s.time_major) {
+        a.idx = static_cast<const std::int64_t*>(b.indices(io.idx));
+      } else {
+        a.offset = static_cast<const std::int32_t*>(b.indices(io.offset));
+        a.pos = static_cast<const std::int32_t*>(b.indices(io.pos));
+      }
       a.dout = b.in(io.in.dout);
       a.dW = b.out(io.out);
     }
@@ -85,12 +110,14 @@ class EmbeddingFamily final : public OpFamily {
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     return per_shape_and_batch(kNamedShapes, batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {
-      expand({{"shape", ns.name},
-              {"batch", std::to_string(b)},
-              {"T", std::to_string(ns.T)},
-              {"vocab", std::to_string(ns.vocab)},
-              {"dim", std::to_string(ns.dim)}},
-             out);
+      const std::vector<Arg> args{{"shape", ns.name},
+                                  {"batch", std::to_string(b)},
+                                  {"T", std::to_string(ns.T)},
+                                  {"vocab", std::to_string(ns.vocab)},
+                                  {"dim", std::to_string(ns.dim)}};
+      expand(args, out);
+      // The IMDb BiLSTM's lookup as its model step runs it (model.bilstm_imdb).
+      if (std::string(ns.name) == "imdb_bilstm.embed") expand_time_major(args, out, false);
     });
   }
 
@@ -100,26 +127,29 @@ class EmbeddingFamily final : public OpFamily {
     // 8 (bf16 rows not a multiple of 16 bytes), and 16-byte vector widths in both dtypes.
     constexpr std::int64_t kShapes[][4] = {{3, 20, 7, 5}, {2, 9, 1000, 12}, {4, 33, 50, 64}, {1, 17, 3, 1}};
     std::vector<Problem> out;
-    for (const auto& t : kShapes)
-      expand({{"shape", "test"},
-              {"N", std::to_string(t[0])},
-              {"T", std::to_string(t[1])},
-              {"vocab", std::to_string(t[2])},
-              {"dim", std::to_string(t[3])}},
-             out);
+    for (const auto& t : kShapes) {
+      const std::vector<Arg> args{{"shape", "test"},
+                                  {"N", std::to_string(t[0])},
+                                  {"T", std::to_string(t[1])},
+                                  {"vocab", std::to_string(t[2])},
+                                  {"dim", std::to_string(t[3])}};
+      expand(args, out);
+      expand_time_major(args, out, true);
+    }
     return out;
   }
 
   // fwd: no FLOPs; bytes = the gathered rows read + the int64 indices + the output written (not
   // the whole table: only the rows looked up need be touched). bwd: dim adds per index; bytes =
-  // dout + the indices read and all of dW (f32) written once (the rows no index hits are zeros).
+  // dout + the indices read and all of dW (f32) written once (the rows no index hits are zeros);
+  // time_major's grouping in the run adds none.
   Work work(const Problem& p) const override {
     const Shape s = shape_of(p);
     const double n = static_cast<double>(s.n()), dim = static_cast<double>(s.dim);
     const double e = static_cast<double>(dtype_size(s.dtype));
     Work w;
     if (s.dir == Direction::fwd) {
-      w.bytes = 2 * n * dim * e + 8 * n;
+      w.bytes = n * dim * (static_cast<double>(dtype_size(s.table_dtype())) + e) + 8 * n;
     } else {
       w.flops = n * dim;
       w.bytes = n * dim * e + 8 * n + static_cast<double>(s.vocab) * dim * 4;
@@ -136,6 +166,15 @@ Shape shape_of(const Problem& p) {
   s.batch = p.batch() ? *p.batch() : p.get_int("N");
   s.T = p.get_int("T"), s.vocab = p.get_int("vocab"), s.dim = p.get_int("dim");
   HOTOPS_CHECK(s.batch > 0 && s.T > 0 && s.vocab > 0 && s.dim > 0, "bad embedding shape: " + p.name());
+  if (p.has("layout")) {
+    HOTOPS_CHECK(p.get("layout") == "tnc", "embedding: layout is tnc (time-major) or absent: " + p.name());
+    s.time_major = true;
+  }
+  if (p.has("table")) {
+    HOTOPS_CHECK(p.get("table") == "f32" && s.dtype == DType::bf16 && s.dir == Direction::fwd,
+                 "embedding: table:f32 names a bf16 fwd from an f32 table: " + p.name());
+    s.f32_table = true;
+  }
   HOTOPS_CHECK(s.n() < (std::int64_t(1) << 31) && s.vocab < (std::int64_t(1) << 24),
                "embedding supports < 2^31 indices and a vocabulary < 2^24: " + p.name());
   return s;
@@ -162,7 +201,7 @@ Inputs make_inputs(const Shape& s, std::uint64_t seed) {
   for (std::size_t i = 0; i < n; ++i)
     in.idx[i] = std::min(s.vocab - 1, static_cast<std::int64_t>(u.as<float>()[i] * static_cast<float>(s.vocab)));
   if (s.dir == Direction::fwd) {
-    in.W = HostBuffer(s.dtype, static_cast<std::size_t>(s.vocab) * dim);
+    in.W = HostBuffer(s.table_dtype(), static_cast<std::size_t>(s.vocab) * dim);
     in.W.fill_uniform(seed, 1);
   } else {
     in.dout = HostBuffer(s.dtype, n * dim);

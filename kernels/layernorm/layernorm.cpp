@@ -39,6 +39,15 @@ constexpr NamedShape kShapes[] = {
 };
 constexpr std::int64_t kDefaultBatches[] = {1, 32};
 
+// ConvNeXt-T's LayerNorm over the channels of each pixel (NHWC rows, eps 1e-6) after a block's
+// depthwise convolution: stage 1 (56x56 pixels, 96 channels) and stage 3 (14x14, 384), batch 8 and 32.
+constexpr NamedShape kConvnextShapes[] = {
+    {"convnext.s1", 56 * 56, 96},
+    {"convnext.s3", 14 * 14, 384},
+};
+constexpr std::int64_t kConvnextBatches[] = {8, 32};
+constexpr double kConvnextEps = 1e-6;
+
 // eps as Python prints it ("1e-05"), so that names read like the torch module's repr.
 std::string eps_text(double eps) {
   char buf[32];
@@ -46,17 +55,18 @@ std::string eps_text(double eps) {
   return buf;
 }
 
-std::vector<Arg> args_of(const std::string& shape, std::int64_t batch, std::int64_t tokens, std::int64_t hidden) {
+std::vector<Arg> args_of(const std::string& shape, std::int64_t batch, std::int64_t tokens, std::int64_t hidden,
+                         double eps = kEps) {
   return {{"shape", shape},
           {"batch", std::to_string(batch)},
           {"tokens", std::to_string(tokens)},
           {"hidden", std::to_string(hidden)},
-          {"eps", eps_text(kEps)}};
+          {"eps", eps_text(eps)}};
 }
 
 void expand(const std::string& shape, std::int64_t batch, std::int64_t tokens, std::int64_t hidden,
-            std::vector<Problem>& out) {
-  const std::vector<Arg> args = args_of(shape, batch, tokens, hidden);
+            std::vector<Problem>& out, double eps = kEps) {
+  const std::vector<Arg> args = args_of(shape, batch, tokens, hidden, eps);
   for (Backend b : kAllBackends)
     for (DType t : kDtypes)
       for (Direction d : kDirections) out.push_back(Problem{"layernorm", b, t, d, args});
@@ -113,19 +123,25 @@ class LayernormFamily final : public OpFamily {
       for (std::int64_t b : bs)
         dbias::expand(args_of(ns.name, b, ns.tokens, ns.hidden), std::string(ns.name) == "vit_b16.layer", out);
     }
+    for (const NamedShape& ns : kConvnextShapes) {
+      const std::vector<std::int64_t> bs =
+          batches.empty() ? std::vector<std::int64_t>(std::begin(kConvnextBatches), std::end(kConvnextBatches)) : batches;
+      for (std::int64_t b : bs) expand(ns.name, b, ns.tokens, ns.hidden, out, kConvnextEps);
+    }
     return out;
   }
 
   std::vector<Problem> test_problems() const override {
     // Odd hidden sizes (scalar loads; 5 is below a warp), the models' 768 (16-byte vectors), 256
     // with enough rows that the column reduction has several row blocks, and 1031, too long for the
-    // CUDA kernels' register cache of a row.
+    // CUDA kernels' register cache of a row. ConvNeXt's 96 channels with its eps of 1e-6.
     std::vector<Problem> out;
     expand("test", 3, 7, 5, out);
     expand("test", 2, 5, 33, out);
     expand("test", 2, 3, 768, out);
     expand("test", 5, 97, 256, out);
     expand("test", 1, 3, 1031, out);
+    expand("test", 2, 49, 96, out, kConvnextEps);
     // layernorm_dbias, with and without dres: a row below a warp; more rows (1067) than the CUDA
     // kernel's warps, so that warps take several rows and blocks unequal shares; the models' 768.
     for (bool dres : {false, true}) {

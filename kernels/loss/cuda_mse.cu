@@ -12,16 +12,16 @@
 #include "hotops/check.h"
 #include "hotops/cuda_elem.cuh"
 #include "hotops/cuda_util.h"
+#include "kernels/loss/cuda_mean.cuh"
 #include "kernels/loss/mse.h"
 
 namespace hotops::loss::mse {
 namespace {
 
-constexpr unsigned kThreads = 256;
+constexpr unsigned kThreads = kMeanThreads;
 constexpr int kBlocks = 256;
 
 using bf16 = __nv_bfloat16;
-using gpu::warp_sum;
 
 // Stage 1: dy = 2 (y - t) / n, per-block sums of (y - t)^2.
 template <class T>
@@ -34,23 +34,7 @@ __global__ void __launch_bounds__(kThreads) mse(const T* __restrict__ y, const T
     dy[i] = gpu::from_float<T>(k * e);
     s += e * e;
   }
-  __shared__ float w[kThreads / 32];
-  s = warp_sum(s);
-  if (threadIdx.x % 32 == 0) w[threadIdx.x / 32] = s;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float b = 0.f;
-    for (unsigned i = 0; i < blockDim.x / 32; ++i) b += w[i];
-    partial[blockIdx.x] = b;
-  }
-}
-
-// Stage 2 (one warp): the mean.
-__global__ void mse_finish(const float* __restrict__ partial, int blocks, std::int64_t n, float* __restrict__ loss) {
-  float s = 0.f;
-  for (int i = threadIdx.x; i < blocks; i += 32) s += partial[i];
-  s = warp_sum(s);
-  if (threadIdx.x == 0) *loss = s / static_cast<float>(n);
+  block_sum_to(s, partial);
 }
 
 // T: the storage, float or bf16.
@@ -63,8 +47,7 @@ class CudaMse final : public Plan {
     mse<T><<<kBlocks, kThreads, 0, gpu::stream()>>>(static_cast<const T*>(a.y), static_cast<const T*>(a.target), static_cast<T*>(a.dy),
                                                     partial_.as<float>(), s_.count());
     HOTOPS_CHECK_LAUNCH();
-    mse_finish<<<1, 32, 0, gpu::stream()>>>(partial_.as<const float>(), kBlocks, s_.count(), a.loss);
-    HOTOPS_CHECK_LAUNCH();
+    launch_mean_of_partials(partial_.as<const float>(), kBlocks, s_.count(), a.loss, gpu::stream());
   }
 
   std::string label() const override { return "hotops kernels: MSE loss and gradient, 256 blocks' partial sums, one warp's mean"; }

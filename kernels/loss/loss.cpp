@@ -1,5 +1,5 @@
-// The loss family (cross_entropy, and mse: mse.h): problem names and shapes, work, inputs,
-// verification and its bounds.
+// The loss family (cross_entropy, mse: mse.h, and bce_logits: bce.h): problem names and shapes, work,
+// inputs, verification and its bounds.
 //
 // Names: cross_entropy/<backend>/<dtype>/<fwd|bwd>/shape:<model>/batch:B/rows:R/classes:C, with
 // R = B x the rows of one sample (1 for a classifier, 128 tokens for BERT's MLM head); test
@@ -11,10 +11,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "hotops/check.h"
 #include "hotops/op_family.h"
+#include "kernels/loss/bce.h"
 #include "kernels/loss/mse.h"
 
 namespace hotops::loss {
@@ -126,7 +128,11 @@ struct Op : OpOf<Shape, Args, Inputs, Outputs> {
   }
 };
 
-std::unique_ptr<Case> make_case(const Problem& p) { return p.op == "mse" ? mse::make_case(p) : make_plan_case<Op>(p); }
+std::unique_ptr<Case> make_case(const Problem& p) {
+  if (p.op == "mse") return mse::make_case(p);
+  if (p.op == "bce_logits") return bce::make_case(p);
+  return make_plan_case<Op>(p);
+}
 
 // The encoder layers' outputs, [batch x tokens, hidden], that their train steps' MSE loss reads: mse's
 // problems, at the models' batches.
@@ -146,6 +152,22 @@ std::vector<Arg> mse_args(const std::string& shape, std::int64_t batch, std::int
   return {{"shape", shape}, {"batch", std::to_string(batch)}, {"tokens", std::to_string(tokens)}, {"hidden", std::to_string(hidden)}};
 }
 
+// The binary heads that bce_logits' problems are: `outputs` sigmoid logits a sample.
+struct BinaryHead {
+  const char* name;
+  std::int64_t outputs;
+  std::vector<std::int64_t> batches;
+};
+const std::vector<BinaryHead>& binary_heads() {
+  static const std::vector<BinaryHead> shapes = {
+      {"fasttext_imdb", 1, {32, 4096}},  // Keras' imdb_fasttext.py: Dense(1, sigmoid), batch 32; and a large batch
+  };
+  return shapes;
+}
+std::vector<Arg> bce_args(const std::string& shape, std::int64_t batch, std::int64_t outputs) {
+  return {{"shape", shape}, {"batch", std::to_string(batch)}, {"outputs", std::to_string(outputs)}};
+}
+
 class LossFamily final : public OpFamily {
  public:
   // The hand-written CPU loops run everywhere: nothing to probe.
@@ -162,6 +184,10 @@ class LossFamily final : public OpFamily {
       mse::expand(mse_args(mo.name, b, mo.tokens, mo.hidden), o);
     });
     out.insert(out.end(), m.begin(), m.end());
+    const std::vector<Problem> b = per_shape_and_batch(binary_heads(), batches, [](const BinaryHead& h, std::int64_t n, std::vector<Problem>& o) {
+      bce::expand(bce_args(h.name, n, h.outputs), o);
+    });
+    out.insert(out.end(), b.begin(), b.end());
     return out;
   }
 
@@ -182,11 +208,16 @@ class LossFamily final : public OpFamily {
     // CUDA thread takes two elements or one).
     mse::expand(mse_args("test", 1, 3, 5), out);
     mse::expand(mse_args("test", 3, 97, 256), out);
+    // bce_logits: one logit; several outputs a sample; more elements than a CUDA block's threads;
+    // more than 256 blocks' (each thread of the loss takes one or two).
+    for (const auto& bk : {std::pair<int, int>{1, 1}, {11, 3}, {1000, 1}, {70001, 1}})
+      bce::expand(bce_args("test", bk.first, bk.second), out);
     return out;
   }
 
   Work work(const Problem& p) const override {
     if (p.op == "mse") return mse::work(p);
+    if (p.op == "bce_logits") return bce::work(p);
     const Shape s = shape_of(p);
     const double n = static_cast<double>(s.elements()), rows = static_cast<double>(s.rows);
     const double e = static_cast<double>(dtype_size(s.dtype));

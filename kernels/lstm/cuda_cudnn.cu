@@ -31,7 +31,6 @@ int dim(std::int64_t v) {
 }
 
 cudnnMathType_t math_of(const Shape& s) {
-  if (s.fma_math) return CUDNN_FMA_MATH;
   switch (s.dtype) {
     case DType::f32: return CUDNN_FMA_MATH;
     case DType::tf32: return CUDNN_DEFAULT_MATH;

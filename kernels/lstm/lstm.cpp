@@ -271,7 +271,8 @@ const std::vector<NamedShape>& named_shapes() {
   using V = std::vector<std::int64_t>;
   // DeepBench's LSTM training rows (one layer, input = hidden) covering T = 25, 50 and 150, and
   // the IMDb bidirectional LSTM of Max Woolf's Keras benchmarks (embedding 128, LSTM 128, reviews
-  // cut to 200 words).
+  // cut to 200 words); Keras' lstm_text_generation.py: LSTM(128) over 40 one-hot characters of a
+  // 57-symbol alphabet, batch 128 (the one-hot input is a dense [T, B, 57] tensor here).
   static const std::vector<NamedShape> shapes = {
       {"deepbench.h512", 25, 512, 512, false, V{16, 32}},
       {"deepbench.h1024", 25, 1024, 1024, false, V{64}},
@@ -280,6 +281,7 @@ const std::vector<NamedShape>& named_shapes() {
       {"deepbench.h2048", 25, 2048, 2048, false, V{16}},
       {"deepbench.h256", 150, 256, 256, false, V{32}},
       {"imdb.bilstm", 200, 128, 128, true, V{64}},
+      {"textgen", 40, 57, 128, false, V{128}},
   };
   return shapes;
 }

@@ -27,9 +27,8 @@ struct Shape {
   DType dtype = DType::f32;  // tf32: f32 storage, tensor-core math (CUDA only)
   std::int64_t T = 1, B = 1, I = 1, H = 1;
   bool bidirectional = false;
-  // A model's mixed precision, where it differs from the op benchmark's bf16 (both off there):
+  // A model's mixed precision, where it differs from the op benchmark's bf16 (off there):
   bool f32_gradients = false;  // bf16 bwd on the CPU: oneDNN's gradients in f32, never bf16
-  bool fma_math = false;       // bf16 on CUDA: cuDNN's FMA math (no tensor ops), f32 compute
   std::int64_t D() const { return bidirectional ? 2 : 1; }
 };
 

@@ -1,6 +1,7 @@
 // matmul on the CPU: oneDNN's matmul primitive on the row-major operands as PyTorch holds them
 // (transposes are strided views, not copies); addmm's dbias is a second, GEMV-shaped matmul; a
 // residual is a binary add post-op; a bmm over strided views (attention's heads) is one 4-D matmul.
+// Below kCpuLoopMacs multiply-adds the plan is hand-written loops instead (cpu_loops.cpp).
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "hotops/dtype.h"
@@ -178,16 +179,22 @@ class CpuMatmul final : public Plan {
 std::string cpu_unsupported_reason(const Problem& p) {
   if (p.dtype != DType::f32 && p.dtype != DType::bf16)
     return std::string("the CPU backend has no ") + dtype_name(p.dtype) + " matmul";
+  if (shape_of(p).blocked()) return "";  // hotops' loop: any CPU
+  if (cpu_runs_loops(shape_of(p))) return "";
   return cpu::onednn_unsupported_reason([&] { descriptors(shape_of(p)); }, std::string(dtype_name(p.dtype)) + " " + p.op);
 }
 
 std::string cpu_unsupported_reason(const Shape& s) {
+  if (s.blocked()) return "";
+  if (cpu_runs_loops(s)) return "";
   return cpu::onednn_unsupported_reason([&] { descriptors(s); }, std::string(dtype_name(s.dtype)) + " matmul");
 }
 
 std::unique_ptr<Plan> make_cpu_plan(const Shape& s) {
   HOTOPS_CHECK(s.dtype == DType::f32 || s.dtype == DType::bf16,
                std::string("the CPU backend has no ") + dtype_name(s.dtype) + " matmul");
+  if (s.blocked()) return make_cpu_blocks_plan(s);
+  if (cpu_runs_loops(s)) return make_cpu_loop_plan(s);
   return std::make_unique<CpuMatmul>(s);
 }
 

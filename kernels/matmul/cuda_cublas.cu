@@ -273,6 +273,7 @@ class CudaStridedBmm final : public Plan {
 }  // namespace
 
 std::unique_ptr<Plan> make_cuda_plan(const Shape& s) {
+  if (s.blocked()) return make_cuda_blocks_plan(s);
   if (s.strided()) return std::make_unique<CudaStridedBmm>(s);
   return std::make_unique<CudaMatmul>(s);
 }

@@ -1,4 +1,5 @@
-// The matmul family: problem names, work, inputs, verification, and the problem lists.
+// The matmul family (mm, addmm, bmm, and bias_grad: bias_grad.h): problem names, work, inputs,
+// verification, and the problem lists.
 #include "kernels/matmul/matmul.h"
 
 #include <cmath>
@@ -9,6 +10,7 @@
 
 #include "hotops/check.h"
 #include "hotops/op_family.h"
+#include "kernels/matmul/bias_grad.h"
 
 namespace hotops::matmul {
 namespace {
@@ -31,6 +33,9 @@ struct MatmulOp : OpOf<Shape, Args, Inputs, Outputs> {
 
 // The arg that names a bmm on attention's strided views (NamedShape::view).
 constexpr const char* kViewArg = "view";
+// The args of an A in blocks (Shape::a_blocks) and of an f32 output (Shape::f32_out).
+constexpr const char* kBlocksArg = "a_blocks";
+constexpr const char* kOutArg = "out";
 
 const char* op_name(Op op) { return op == Op::mm ? "mm" : op == Op::addmm ? "addmm" : "bmm"; }
 
@@ -55,13 +60,90 @@ std::vector<Arg> dims(std::int64_t M, std::int64_t N, std::int64_t K) {
   return {{"M", std::to_string(M)}, {"N", std::to_string(N)}, {"K", std::to_string(K)}};
 }
 
+// An A in blocks, as a model step runs it: addmm fwd, mm bwd_data and bwd_weight, f32 and bf16; in
+// bf16 the weight gradient in f32 (master weights) and the data gradient in bf16 or f32 (`out:f32`,
+// for a consumer that takes f32 gradients). With `all` (tests), every op, direction and output.
+void expand_blocks(std::vector<Arg> args, std::int64_t blocks, std::vector<Problem>& out, bool all) {
+  args.push_back({kBlocksArg, std::to_string(blocks)});
+  std::vector<Arg> f32_out = args;
+  f32_out.push_back({kOutArg, "f32"});
+  for (Backend be : kAllBackends) {
+    if (all) {
+      for (Op op : {Op::mm, Op::addmm})
+        for (DType t : {DType::f32, DType::bf16})
+          for (Direction d : kDirections) out.push_back(Problem{op_name(op), be, t, d, args});
+      for (Direction d : kDirections) out.push_back(Problem{"mm", be, DType::bf16, d, f32_out});
+      continue;
+    }
+    for (DType t : {DType::f32, DType::bf16}) out.push_back(Problem{"addmm", be, t, Direction::fwd, args});
+    out.push_back(Problem{"mm", be, DType::f32, Direction::bwd_data, args});
+    out.push_back(Problem{"mm", be, DType::bf16, Direction::bwd_data, args});
+    out.push_back(Problem{"mm", be, DType::bf16, Direction::bwd_data, f32_out});
+    out.push_back(Problem{"mm", be, DType::f32, Direction::bwd_weight, args});
+    out.push_back(Problem{"mm", be, DType::bf16, Direction::bwd_weight, f32_out});
+  }
+}
+
+bool is_bias_grad(const Problem& p) { return p.op == "bias_grad"; }
+
+std::unique_ptr<Case> make_case(const Problem& p) {
+  return is_bias_grad(p) ? bias_grad::make_case(p) : make_plan_case<MatmulOp>(p);
+}
+
+// bias_grad's CPU loop runs every problem; the GEMMs ask oneDNN.
+std::string cpu_reason(const Problem& p) { return is_bias_grad(p) ? "" : cpu_unsupported_reason(p); }
+
 class MatmulFamily final : public OpFamily {
  public:
-  MatmulFamily()
-      : OpFamily("matmul", cpu_unsupported_reason, make_plan_case<MatmulOp>,
-                 HOTOPS_CUDA_FACTORY(make_plan_case<MatmulOp>)) {}
+  MatmulFamily() : OpFamily("matmul", cpu_reason, make_case, HOTOPS_CUDA_FACTORY(make_case)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
+    std::vector<Problem> out = gemm_problems(batches);
+    const std::vector<Problem> bias = bias_grad::benchmark_problems(batches);
+    out.insert(out.end(), bias.begin(), bias.end());
+    return out;
+  }
+
+  std::vector<Problem> test_problems() const override {
+    std::vector<Problem> out = gemm_test_problems();
+    const std::vector<Problem> bias = bias_grad::test_problems();
+    out.insert(out.end(), bias.begin(), bias.end());
+    return out;
+  }
+
+  Work work(const Problem& p) const override {
+    if (is_bias_grad(p)) return bias_grad::work(p);
+    const Shape s = shape_of(p);
+    const double B = static_cast<double>(s.batch_count), M = static_cast<double>(s.M),
+                 N = static_cast<double>(s.N), K = static_cast<double>(s.K);
+    const double e = static_cast<double>(dtype_size(s.dtype));
+    const bool bias = s.op == Op::addmm;
+    Work w;
+    w.flops = 2 * B * M * N * K;
+    switch (s.dir) {
+      case Direction::bwd_data: w.bytes = e * B * (M * N + K * N + M * K); break;
+      case Direction::bwd_weight:
+        w.bytes = e * B * (M * K + M * N + K * N) + (bias ? e * N : 0);
+        if (bias) w.flops += B * M * N;  // the dbias reduction
+        break;
+      default:
+        w.bytes = e * B * (M * K + K * N + M * N) + (bias ? e * N : 0);
+        if (bias) w.flops += B * M * N;  // the bias add
+    }
+    w.items = p.batch() ? static_cast<double>(*p.batch()) : 1.0;
+    return w;
+  }
+
+  std::string unsupported_reason(const Problem& p) const override {
+    if (!is_bias_grad(p)) {
+      const Shape s = shape_of(p);
+      if (s.op == Op::addmm && s.alpha == 0) return "addmm with alpha = 0 is not benchmarked";
+    }
+    return OpFamily::unsupported_reason(p);
+  }
+
+ private:
+  static std::vector<Problem> gemm_problems(const std::vector<std::int64_t>& batches) {
     std::vector<Problem> out;
     for (Op op : {Op::mm, Op::addmm, Op::bmm}) {
       for (const NamedShape& ns : named_shapes()) {
@@ -69,6 +151,15 @@ class MatmulFamily final : public OpFamily {
         for (Op o : ns.ops) wanted |= o == op;
         if (!wanted) continue;
         const bool has_batch = op == Op::bmm ? ns.heads > 0 : ns.rows_per_sample > 0;
+        if (ns.a_blocks > 1) {  // its own directions, all ops at once
+          if (op != Op::mm) continue;
+          for (std::int64_t b : batches.empty() ? ns.batches : batches) {
+            std::vector<Arg> args{{"shape", ns.name}, {"batch", std::to_string(b)}};
+            for (const Arg& a : dims(b * ns.rows_per_sample, ns.N, ns.K)) args.push_back(a);
+            expand_blocks(args, ns.a_blocks, out, false);
+          }
+          continue;
+        }
         if (!has_batch) {
           std::vector<Arg> args{{"shape", ns.name}};
           for (const Arg& a : dims(ns.M, ns.N, ns.K)) args.push_back(a);
@@ -94,7 +185,7 @@ class MatmulFamily final : public OpFamily {
     return out;
   }
 
-  std::vector<Problem> test_problems() const override {
+  static std::vector<Problem> gemm_test_problems() {
     // Degenerate, odd and tile-crossing sizes; bmm with several batches; addmm with alpha, beta != 1.
     const std::int64_t sizes[][3] = {{1, 1, 1}, {7, 13, 5}, {33, 65, 17}, {64, 128, 96}, {130, 47, 260}};
     std::vector<Problem> out;
@@ -130,35 +221,14 @@ class MatmulFamily final : public OpFamily {
       a.insert(a.end(), flags.begin(), flags.end());
       expand(op, a, out);
     }
-    return out;
-  }
-
-  Work work(const Problem& p) const override {
-    const Shape s = shape_of(p);
-    const double B = static_cast<double>(s.batch_count), M = static_cast<double>(s.M),
-                 N = static_cast<double>(s.N), K = static_cast<double>(s.K);
-    const double e = static_cast<double>(dtype_size(s.dtype));
-    const bool bias = s.op == Op::addmm;
-    Work w;
-    w.flops = 2 * B * M * N * K;
-    switch (s.dir) {
-      case Direction::bwd_data: w.bytes = e * B * (M * N + K * N + M * K); break;
-      case Direction::bwd_weight:
-        w.bytes = e * B * (M * K + M * N + K * N) + (bias ? e * N : 0);
-        if (bias) w.flops += B * M * N;  // the dbias reduction
-        break;
-      default:
-        w.bytes = e * B * (M * K + K * N + M * N) + (bias ? e * N : 0);
-        if (bias) w.flops += B * M * N;  // the bias add
+    // A in blocks: the tiny BiLSTM's head (3 samples, 2 x 7 features, 2 classes), three blocks and
+    // more rows than a warp, and the widest N.
+    for (const auto& [m, n, k, blocks] : {std::tuple{3, 2, 14, 2}, std::tuple{37, 3, 12, 3}, std::tuple{5, 16, 64, 2}}) {
+      std::vector<Arg> a{{"shape", "test"}};
+      for (const Arg& d : dims(m, n, k)) a.push_back(d);
+      expand_blocks(a, blocks, out, true);
     }
-    w.items = p.batch() ? static_cast<double>(*p.batch()) : 1.0;
-    return w;
-  }
-
-  std::string unsupported_reason(const Problem& p) const override {
-    const Shape s = shape_of(p);
-    if (s.op == Op::addmm && s.alpha == 0) return "addmm with alpha = 0 is not benchmarked";
-    return OpFamily::unsupported_reason(p);
+    return out;
   }
 };
 
@@ -245,6 +315,11 @@ Shape shape_of(const Problem& p) {
   if (p.has("beta")) s.beta = std::stod(p.get("beta"));
   s.trans_a = p.has("trans_a") && p.get("trans_a") == "1";
   s.trans_b = p.has("trans_b") && p.get("trans_b") == "1";
+  if (p.has(kBlocksArg)) s.a_blocks = p.get_int(kBlocksArg);
+  if (p.has(kOutArg)) {
+    HOTOPS_CHECK(p.get(kOutArg) == "f32", "matmul: out is f32 or absent: " + p.name());
+    s.f32_out = true;
+  }
   return s;
 }
 
@@ -262,6 +337,13 @@ Product product(const Shape& s) {
   HOTOPS_CHECK(!s.f32_out || s.op == Op::mm, "matmul: an f32 output is for mm only");
   HOTOPS_CHECK(!s.strided() || (s.op == Op::bmm && !s.residual && s.batch_count % s.views.heads == 0),
                "matmul: strided views are for a plain bmm of samples x heads");
+  HOTOPS_CHECK(s.a_blocks >= 1, "matmul: a_blocks must be positive");
+  if (s.blocked()) {
+    HOTOPS_CHECK(s.op != Op::bmm && !s.trans_a && !s.trans_b && !s.residual && !s.relu && s.K % s.a_blocks == 0,
+                 "matmul: an A in blocks is for a plain mm or addmm, its K a multiple of a_blocks");
+    HOTOPS_CHECK(s.N <= kBlocksMaxN, "matmul: an A in blocks takes N up to " + std::to_string(kBlocksMaxN));
+    if (s.dtype == DType::tf32) throw Error("matmul: an A in blocks runs hotops' kernels: f32 or bf16", ErrorKind::unsupported);
+  }
   Product p;
   switch (s.dir) {
     case Direction::fwd:  // out = op(A) . op(B)

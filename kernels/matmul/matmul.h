@@ -1,5 +1,6 @@
 // The matmul family: mm (A·B), addmm (beta·bias + alpha·A·B, PyTorch semantics) and bmm (batched),
-// forward and both backward directions, on oneDNN (CPU) and cuBLASLt (CUDA).
+// forward and both backward directions, on oneDNN (CPU; hand-written loops for the smallest) and
+// cuBLASLt (CUDA); and a dense layer's bias gradient on its own, bias_grad (bias_grad.h).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -49,8 +50,8 @@ struct Shape {
   // mm: the output written in f32 (a weight gradient for f32 master weights), A and B in the dtype.
   bool f32_out = false;
   // CUDA: choose the cublasLt algorithm by timing candidates at setup (on the plan's own scratch
-  // operands), instead of taking the heuristic's first.
-  bool autotune = false;
+  // operands: the heuristic's first 8 and split-K variants of the first), not the heuristic's first.
+  bool autotune = true;
   // fwd and bwd_data: out += C, C (Args::c) in out's layout and dtype, added unscaled after alpha and
   // the bias; the residual a model folds into its GEMM (cublasLt's beta = 1 C, oneDNN's binary add
   // post-op). No named problem sets it.
@@ -60,8 +61,17 @@ struct Shape {
   bool reduce_in_compute = false;
   // bmm: operands as strided views (the heads of multi-head attention's fused buffers); see Views.
   Views views;
+  // A's K columns stored as a_blocks row-major [M, K / a_blocks] matrices one after another, dA so
+  // too: a dense layer over the concatenation of a_blocks tensors along their features, read where
+  // they lie (a bidirectional RNN's final hidden states [2, batch, hidden]; `a_blocks:2` in a name).
+  // mm and addmm, batch 1, no transposes, N at most kBlocksMaxN: hotops' kernels on both backends
+  // (a small head that a library call's fixed cost would dominate; one pass, f32 sums, the output
+  // rounded once). 1: A packed.
+  std::int64_t a_blocks = 1;
   bool strided() const { return views.heads > 0; }
+  bool blocked() const { return a_blocks > 1; }
 };
+constexpr std::int64_t kBlocksMaxN = 16;  // N at most, with a_blocks > 1
 
 Shape shape_of(const Problem& p);
 // The dtype of the output: f32 with f32_out, else the dtype (tf32: f32 storage).
@@ -137,6 +147,8 @@ std::size_t primary_count(const Shape& s);
 // Strided views: where element `i` of the primary output (counted densely: item, row, column as
 // stored) lies in its buffer; packed: i.
 std::size_t primary_at(const Shape& s, std::size_t i);
+// a_blocks: where A[m, k] (and dA's) lies in its blocks.
+std::size_t blocked_at(const Shape& s, std::int64_t m, std::int64_t k);
 // The elements an operand's buffer holds: its matrices, packed or as its View lays them out.
 std::size_t operand_count(const Shape& s, Operand o);
 
@@ -160,12 +172,26 @@ struct NamedShape {
   std::vector<std::int64_t> batches;    // default batch sizes
   bool cuda_only = false;               // too slow to be worth a CPU run in every sweep
   std::string view = "";                // bmm: also run on attention's views: "qkv.scores", "qkv.context" ("": not)
+  std::int64_t a_blocks = 1;            // > 1: only as Shape::a_blocks, in the directions a model step runs
 };
 const std::vector<NamedShape>& named_shapes();
 
-HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: oneDNN matmul; CUDA: cublasLt (gpu::LtGemm)
+HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: oneDNN matmul, or the loops below; CUDA: cublasLt (gpu::LtGemm); a_blocks: hotops'
+// The plans of a_blocks shapes (cpu_blocks.cpp, cuda_blocks.cu).
+std::unique_ptr<Plan> make_cpu_blocks_plan(const Shape& s);
+#ifdef HOTOPS_HAVE_CUDA
+std::unique_ptr<Plan> make_cuda_blocks_plan(const Shape& s);
+#endif
 
-// Why the CPU cannot run `p` ("" when it can): a dtype it has no matmul for, or oneDNN's answer.
+// The CPU plan of an mm or addmm below this many multiply-adds (M x N x K), on packed operands as
+// stored (no transposes, no residual), is hand-written single-thread loops (cpu_loops.cpp): there a
+// oneDNN primitive's fixed cost per call is most of the time (a tiny MLP's layers).
+constexpr std::int64_t kCpuLoopMacs = 64 * 1024;
+bool cpu_runs_loops(const Shape& s);
+std::unique_ptr<Plan> make_cpu_loop_plan(const Shape& s);  // make_cpu_plan's choice where cpu_runs_loops
+
+// Why the CPU cannot run `p` ("" when it can): a dtype it has no matmul for, or oneDNN's answer
+// (none asked where the loops run it).
 std::string cpu_unsupported_reason(const Problem& p);
 // The same for a plan's shape (a model's layer), from the descriptors alone: no primitive is made.
 std::string cpu_unsupported_reason(const Shape& s);

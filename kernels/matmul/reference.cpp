@@ -46,6 +46,7 @@ Operand primary_layout(const Shape& s) {
 
 // Where A[b,m,k], B[b,k,n] and dOut[b,m,n] are stored, in either layout.
 std::size_t at_a(const Shape& s, std::int64_t b, std::int64_t m, std::int64_t k) {
+  if (s.blocked()) return blocked_at(s, m, k);
   const Stored st = stored(s, Operand::a);
   return s.trans_a ? st.at(b, k, m) : st.at(b, m, k);
 }
@@ -58,6 +59,11 @@ std::size_t at_dout(const Shape& s, std::int64_t b, std::int64_t m, std::int64_t
 }
 
 }  // namespace
+
+std::size_t blocked_at(const Shape& s, std::int64_t m, std::int64_t k) {
+  const std::int64_t kb = s.K / s.a_blocks;
+  return static_cast<std::size_t>((k / kb * s.M + m) * kb + k % kb);
+}
 
 std::size_t operand_count(const Shape& s, Operand o) {
   const Stored st = stored(s, o);
@@ -82,7 +88,11 @@ double reference_primary(const Shape& s, const Inputs& in, std::size_t idx) {
   switch (s.dir) {
     case Direction::bwd_data: {  // dA[b,m,k] = alpha * sum_n dOut[b,m,n] B[b,k,n], stored as A is
       const std::int64_t b = s.trans_a ? i / (K * M) : i / (M * K);
-      const std::int64_t m = s.trans_a ? i % M : (i / K) % M, k = s.trans_a ? (i / M) % K : i % K;
+      std::int64_t m = s.trans_a ? i % M : (i / K) % M, k = s.trans_a ? (i / M) % K : i % K;
+      if (s.blocked()) {  // i = (block * M + m) * kb + column
+        const std::int64_t kb = K / s.a_blocks;
+        m = i / kb % M, k = i / (M * kb) * kb + i % kb;
+      }
       for (std::int64_t n = 0; n < N; ++n)
         acc += in.dout.get(at_dout(s, b, m, n)) * in.b.get(at_b(s, b, k, n));
       return s.alpha * acc;

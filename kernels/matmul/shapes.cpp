@@ -35,6 +35,10 @@ const std::vector<NamedShape>& named_shapes() {
       {"deepbench.1760", linear, 1, 0, 0, 1760, 1760, V{16, 128}},
       {"deepbench.2560", linear, 1, 0, 0, 2560, 2560, V{7000}},
       {"deepbench.5124x2560", linear, 1, 0, 0, 5124, 2560, V{9124}},
+      // Max Woolf's Keras IMDb BiLSTM (model.bilstm_imdb): the dense head over both directions' final
+      // hidden states, [2, batch, 128] read as [batch, 256], into 2 classes; its forward with the
+      // bias (addmm) and both gradients (mm; the bias gradient comes with the loss).
+      {"imdb_bilstm.dense", linear, 1, 0, 0, 2, 256, V{32, 64, 256}, false, "", 2},
       // Square sizes, no batch axis: where the libraries reach their peak.
       {"square", linear, 0, 0, 2048, 2048, 2048, V{}},
       {"square", linear, 0, 0, 4096, 4096, 4096, V{}},

@@ -6,8 +6,8 @@
 // gelu families' plans (oneDNN softmax forward and backward, in place; oneDNN layer_normalization
 // forward; the GELU forward, and its backward with the FFN's first bias gradient: gelu_dbias; the
 // LayerNorm backward with its residual and bias gradients: layernorm_dbias; the MSE loss and its
-// gradient: the loss family's mse), the rest OpenMP loops: column sums for the other bias gradients,
-// one AdamW pass.
+// gradient: the loss family's mse), the other bias gradients through the matmul family's bias_grad
+// plan (column sums), the rest OpenMP loops: the bf16 cast, one AdamW pass.
 // The loops are templates over the activations' storage (float, or bf16 as its uint16 bits) and
 // compute in f32; bf16's matmuls take bf16 operands (a per-step bf16 copy of the f32 master
 // parameters) and write bf16 activations or f32 weight gradients.
@@ -18,7 +18,6 @@
 
 #include "hotops/check.h"
 #include "hotops/cpu.h"
-#include "hotops/cpu_colsum.h"
 #include "hotops/cpu_vector.h"
 #include "hotops/trace.h"
 #include "kernels/model_bert/model_bert.h"
@@ -83,6 +82,10 @@ class CpuLayer final : public LayerCase {
     gelu_bwd_ = gelu::dbias::make_cpu_plan(ffn_gelu_bwd(s_));
     layernorm_bwd_ = layernorm::dbias::make_cpu_plan(token_layernorm_bwd(s_));
     mse_ = loss::mse::make_cpu_plan(output_mse(s_));
+    // The bias gradients no fused op gives: the QKV's, and vit's FFN's second (its output gradient
+    // is the layer's, which no LayerNorm backward precedes).
+    qkv_bias_ = matmul::bias_grad::make_cpu_plan(bias_gradient(s_, 3 * H));
+    if (a.pre_ln) ffn2_bias_ = matmul::bias_grad::make_cpu_plan(bias_gradient(s_, H));
     dy_ = act(T_ * H), df_ = act(T_ * F), du2_ = act(T_ * H), ds1_ = act(T_ * H), dctx_ = act(T_ * H), dqkv_ = act(T_ * 3 * H);
     dp_ = act(B * NH * S * S), du1_ = act(a.pre_ln ? T_ * H : 1);
     if (!a.pre_ln) s2grad();
@@ -137,7 +140,7 @@ class CpuLayer final : public LayerCase {
            "matmul (dense with residual post-op + 4-D strided attention GEMMs), oneDNN softmax, LayerNorm, " + gelu_->label() +
            (s_.train() ? ", " + gelu_bwd_->label() + ", " + layernorm_bwd_->label() : "") +
            (kBf16 ? ", bf16 activations, f32 master weights cast to bf16 each step" : "") +
-           (s_.train() ? ", " + mse_->label() + ", backward loops, AdamW 1 flat pass" : "") + ", " +
+           (s_.train() ? ", " + mse_->label() + ", bias_grad column sums, AdamW 1 flat pass" : "") + ", " +
            std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
   }
 
@@ -178,7 +181,8 @@ class CpuLayer final : public LayerCase {
     layernorm_bwd_->run(n);
   }
 
-  void colsum(const T* x, std::int64_t cols, float* out) { cpu::column_sums(x, s_.tokens(), cols, out, team()); }
+  // A bias gradient (the bias_grad plan): the column sums of dz into the f32 gradients at `at`.
+  void bias_grad(matmul::bias_grad::Plan& plan, const void* dz, std::size_t at) { plan.run({dz, grads_.as<float>() + at}); }
 
   void forward() {
     const Arch& a = s_.arch;
@@ -242,7 +246,6 @@ class CpuLayer final : public LayerCase {
 
   void backward() {
     const Arch& a = s_.arch;
-    const std::int64_t H = a.hidden;
     float* G = grads_.as<float>();
     const T* ds2 = dy_.as<T>();
     if (!a.pre_ln) {
@@ -250,8 +253,8 @@ class CpuLayer final : public LayerCase {
       layernorm_back(dy_.as<T>(), s2_.as<T>(), mean2_, rstd2_, l_.ln2g, l_.ln2b, ds2_.as<T>(), nullptr, &l_.b2);
       ds2 = ds2_.as<T>();
     } else {
-      trace::op("sum");
-      colsum(ds2, H, G + l_.b2);
+      trace::op("sum");  // the breakdown's name for the bias_grad plans
+      bias_grad(*ffn2_bias_, ds2, l_.b2);
     }
     trace::op("mm");
     w2_w_->run(weight_grad(f_.data(), ds2, l_.w2));
@@ -282,7 +285,7 @@ class CpuLayer final : public LayerCase {
     qkv_w_->run(weight_grad(a.pre_ln ? u1_.data() : x_.data(), dqkv_.data(), l_.wqkv));
     if (a.pre_ln) qkv_d_->run(data_grad(dqkv_.data(), l_.wqkv, du1_));
     trace::op("sum");
-    colsum(dqkv_.as<T>(), 3 * H, G + l_.bqkv);
+    bias_grad(*qkv_bias_, dqkv_.data(), l_.bqkv);
     if (a.pre_ln)
       trace::op("layernorm_bwd"), layernorm_back(du1_.as<T>(), x_.as<T>(), mean1_, rstd1_, l_.ln1g, l_.ln1b, nullptr, nullptr, nullptr);
   }
@@ -309,6 +312,7 @@ class CpuLayer final : public LayerCase {
   std::unique_ptr<layernorm::Plan> layernorm_;
   std::unique_ptr<layernorm::dbias::Plan> layernorm_bwd_;
   std::unique_ptr<loss::mse::Plan> mse_;
+  std::unique_ptr<matmul::bias_grad::Plan> qkv_bias_, ffn2_bias_;  // ffn2_bias_: vit only
   std::int64_t step_ = 0;
   float loss_ = 0;
 };

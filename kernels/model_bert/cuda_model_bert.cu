@@ -2,7 +2,8 @@
 // cublasGemmBatchedEx per attention GEMM on strided heads), the softmax, layernorm and gelu families'
 // plans (the GELU backward with its bias gradient: gelu_dbias; the LayerNorm backward with its
 // residual and bias gradients: layernorm_dbias; the MSE loss and its gradient: the loss family's mse),
-// hand-written column-sum kernels; how each is set up and fused: docs/models.md, "How each model step runs".
+// the other bias gradients through the matmul family's bias_grad plan; how each is set up and fused:
+// docs/models.md, "How each model step runs".
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -12,7 +13,6 @@
 #include <type_traits>
 
 #include "hotops/cublaslt_gemm.h"
-#include "hotops/cuda_colsum.cuh"
 #include "hotops/cuda_elem.cuh"
 #include "hotops/cuda_util.h"
 #include "hotops/trace.h"
@@ -23,31 +23,18 @@ namespace hotops::model_bert {
 namespace {
 
 constexpr unsigned kThreads = 256;
-constexpr int kColRows = 64;       // rows per block of the column sums' first stage
 
 using StepState = adamw::DeviceStep;
 
 using bf16 = __nv_bfloat16;
 
 using gpu::Bf16x4;
-using gpu::ColOut;
 using gpu::stored4;
 
 // The bf16 copy of the f32 master parameters, n4 vectors of 4 (the flat layout's padding included).
 __global__ void to_bf16(const float4* __restrict__ p, Bf16x4* __restrict__ w, std::int64_t n4) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     w[i] = stored4<Bf16x4>(p[i]);
-}
-
-// Column sums, stage 1: partial[split][c] = sum of rows [split * kColRows, ...) of x [rows, n].
-template <class T>
-__global__ void col_partial(const T* __restrict__ x, float* __restrict__ partial, std::int64_t rows, int n) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= n) return;
-  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kColRows, r1 = min(rows, r0 + kColRows);
-  float s = 0.f;
-  for (std::int64_t r = r0; r < r1; ++r) s += gpu::to_float(x[r * n + c]);
-  partial[static_cast<std::int64_t>(blockIdx.y) * n + c] = s;
 }
 
 unsigned grid_for(std::int64_t n, unsigned threads = kThreads, std::int64_t cap = 4096) {
@@ -96,8 +83,10 @@ class CudaLayer final : public LayerCase {
       dy_ = act(T_ * H), ds2_ = act(a.pre_ln ? 1 : T_ * H), df_ = act(T_ * F), du2_ = act(T_ * H), ds1_ = act(T_ * H);
       dctx_ = act(T_ * H), dqkv_ = act(T_ * 3 * H), dp_ = act(B * NH * S * S), du1_ = act(a.pre_ln ? T_ * H : 1);
       loss_ = buf(1), state_ = gpu::DeviceBuffer(sizeof(StepState));
-      // The column sums' partials, colsum's [splits, 3H] (the QKV bias; the FFN's second for vit).
-      partial_ = buf(((T_ + kColRows - 1) / kColRows) * 3 * H);
+      // The bias gradients no fused op gives: the QKV's, and vit's FFN's second (its output gradient
+      // is the layer's, which no LayerNorm backward precedes).
+      qkv_bias_ = matmul::bias_grad::make_cuda_plan(bias_gradient(s_, 3 * H));
+      if (a.pre_ln) ffn2_bias_ = matmul::bias_grad::make_cuda_plan(bias_gradient(s_, H));
       gelu_bwd_ = gelu::dbias::make_cuda_plan(ffn_gelu_bwd(s_));
       layernorm_bwd_ = layernorm::dbias::make_cuda_plan(token_layernorm_bwd(s_));
       mse_ = loss::mse::make_cuda_plan(output_mse(s_));
@@ -180,7 +169,7 @@ class CudaLayer final : public LayerCase {
                     " dense GEMMs (bias epilogue, residual as C, algorithms timed at setup), cublasGemmBatchedEx " + gemm +
                     " attention GEMMs on strided heads, hotops softmax, LayerNorm, GELU kernels";
     if (kBf16) l += ", bf16 activations, f32 master weights cast to bf16 each step";
-    if (s_.train()) l += " + MSE, their backwards, column sums, AdamW 1 launch";
+    if (s_.train()) l += " + MSE, their backwards, bias_grad column sums, AdamW 1 launch";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the inputs, launches, D2H, sync";
     return l;
   }
@@ -257,26 +246,11 @@ class CudaLayer final : public LayerCase {
     layernorm_bwd_->run(n);
   }
 
-  void colsum(const T* x, std::int64_t n, std::size_t at) {
-    const std::int64_t T_ = s_.tokens();
-    const auto splits = static_cast<unsigned>((T_ + kColRows - 1) / kColRows);
-    col_partial<T><<<dim3(grid_for(n), splits), kThreads, 0, gpu::stream()>>>(x, partial_.as<float>(), T_, static_cast<int>(n));
-    HOTOPS_CHECK_LAUNCH();
-    finish(splits, n, at);
-  }
-
-  // The column sums' second stage: partial_[splits, n] into the gradient at `at`.
-  void finish(unsigned splits, std::int64_t n, std::size_t at) {
-    HOTOPS_CHECK(static_cast<std::int64_t>(splits) * n <= static_cast<std::int64_t>(partial_.bytes() / sizeof(float)),
-                 "model_bert: column-sum partials larger than their buffer");
-    const ColOut o{static_cast<int>(n), {grads_.as<float>() + at, nullptr, nullptr}};
-    gpu::col_finish<kThreads><<<grid_for(n, 32), kThreads, 0, gpu::stream()>>>(partial_.as<float>(), static_cast<int>(splits), static_cast<int>(n), o);
-    HOTOPS_CHECK_LAUNCH();
-  }
+  // A bias gradient (the bias_grad plan): the column sums of dz into the f32 gradients at `at`.
+  void bias_grad(matmul::bias_grad::Plan& plan, const void* dz, std::size_t at) { plan.run({dz, grads_.as<float>() + at}); }
 
   void device_step() {
     const Arch& a = s_.arch;
-    const std::int64_t T_ = s_.tokens(), H = a.hidden;
     if constexpr (kBf16) {  // this step's bf16 copy of the parameters
       trace::op("cast");
       const auto n4 = static_cast<std::int64_t>(l_.total / 4);
@@ -319,8 +293,8 @@ class CudaLayer final : public LayerCase {
                      &l_.b2);
       ds2 = ds2_.as<T>();
     } else {
-      trace::op("sum");
-      colsum(ds2, H, l_.b2);
+      trace::op("sum");  // the breakdown's name for the bias_grad plans
+      bias_grad(*ffn2_bias_, ds2, l_.b2);
     }
     trace::op("mm");
     w2_w_->run(weight_grad(f_.get(), ds2, l_.w2));
@@ -348,7 +322,7 @@ class CudaLayer final : public LayerCase {
     dq_gemm_->run(heads(matmul::AttentionGemm::scores, Direction::bwd_data));
     dk_gemm_->run(heads(matmul::AttentionGemm::scores, Direction::bwd_weight));
     trace::op("sum");
-    colsum(dqkv_.as<T>(), 3 * H, l_.bqkv);
+    bias_grad(*qkv_bias_, dqkv_.get(), l_.bqkv);
     trace::op("mm");
     qkv_w_->run(weight_grad(u1, dqkv_.get(), l_.wqkv));
     if (a.pre_ln) {
@@ -367,7 +341,7 @@ class CudaLayer final : public LayerCase {
   State seeded_;
   const adamw::Hyper hyper_ = hyper();
   const StepState first_step_ = adamw::first_step(hyper_);  // restart_optimizer's copy source
-  gpu::DeviceBuffer params_, weights_, grads_, m_, v_, x_, target_, loss_, state_, partial_;
+  gpu::DeviceBuffer params_, weights_, grads_, m_, v_, x_, target_, loss_, state_;
   gpu::DeviceBuffer u1_, qkv_, prob_, ctx_, s1_, h1_, z_, f_, s2_, y_, mean1_, rstd1_, mean2_, rstd2_;
   gpu::DeviceBuffer dy_, ds2_, df_, du2_, ds1_, dctx_, dqkv_, dp_, du1_;
   std::unique_ptr<matmul::Plan> qkv_gemm_, out_gemm_, ffn1_, ffn2_, w2_w_, w2_d_, w1_w_, w1_d_, wo_w_, wo_d_, qkv_w_, qkv_d_;
@@ -378,6 +352,7 @@ class CudaLayer final : public LayerCase {
   std::unique_ptr<layernorm::Plan> layernorm_;
   std::unique_ptr<layernorm::dbias::Plan> layernorm_bwd_;
   std::unique_ptr<loss::mse::Plan> mse_;
+  std::unique_ptr<matmul::bias_grad::Plan> qkv_bias_, ffn2_bias_;  // ffn2_bias_: vit only
   HostBuffer host_out_;
   float loss_host_ = 0;
 };

@@ -132,6 +132,13 @@ gelu::Shape ffn_gelu(const Shape& s) {
   return g;
 }
 
+matmul::bias_grad::Shape bias_gradient(const Shape& s, std::int64_t out) {
+  matmul::bias_grad::Shape b;
+  b.dtype = s.dtype;
+  b.rows = s.tokens(), b.cols = out;
+  return b;
+}
+
 gelu::dbias::Shape ffn_gelu_bwd(const Shape& s) {
   gelu::dbias::Shape g;
   g.dtype = s.dtype;

@@ -19,6 +19,7 @@
 #include "kernels/layernorm/layernorm.h"
 #include "kernels/layernorm/layernorm_dbias.h"
 #include "kernels/loss/mse.h"
+#include "kernels/matmul/bias_grad.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/models/models.h"
 #include "kernels/softmax/softmax.h"
@@ -64,10 +65,14 @@ softmax::Shape attention_softmax(const Shape& s, Direction d);
 // `residual`, a skip connection added to y through the GEMM (the matmul family's Shape::residual).
 // The matmul family's plan runs it (addmm fwd), its algorithm timed at setup on CUDA.
 matmul::Shape dense_layer(const Shape& s, std::int64_t in, std::int64_t out, bool residual);
-// Its gradients, without the bias's (each step sums that in a fused kernel of its own): dx = dy . W^T
+// Its gradients, without the bias's (see bias_gradient): dx = dy . W^T
 // (bwd_data; with `residual`, a gradient added through the GEMM) or dW = x^T . dy (bwd_weight, stored
 // f32 in either dtype, beside the f32 master parameters): the matmul family's mm plans.
 matmul::Shape dense_grad(const Shape& s, Direction d, std::int64_t in, std::int64_t out, bool residual);
+// A dense layer's bias gradient where no fused op computes it (bert: the QKV's; vit: the QKV's and
+// the FFN's second), the column sums of its output gradient [tokens, out] in the step's dtype: the
+// matmul family's bias_grad plan runs it.
+matmul::bias_grad::Shape bias_gradient(const Shape& s, std::int64_t out);
 
 // The FFN's GELU (erf) over [tokens, ffn] in the step's dtype, forward: the gelu family's plan runs it.
 gelu::Shape ffn_gelu(const Shape& s);

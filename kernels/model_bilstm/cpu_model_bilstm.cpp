@@ -1,8 +1,6 @@
-// model_bilstm on the CPU: oneDNN's LSTM forward and backward, OpenMP loops for the rest; the step op
-// by op, and its bf16 form:
-// docs/models.md, "How each model step runs".
-#include <omp.h>
-
+// model_bilstm on the CPU: the op families' plans (embedding, oneDNN's LSTM through kernels/lstm,
+// matmul's small dense head, the cross_entropy_dbias loss, copy's bf16 cast, AdamW); the step op by
+// op, and its bf16 form: docs/models.md, "How each model step runs".
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -11,6 +9,8 @@
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "hotops/trace.h"
+#include "kernels/copy/copy.h"
+#include "kernels/loss/loss.h"
 #include "kernels/lstm/lstm.h"
 #include "kernels/model_bilstm/model_bilstm.h"
 
@@ -38,9 +38,6 @@ HostBuffer zeros(std::size_t n, DType t = DType::f32) {
   return b;
 }
 
-// bf16: a value as bf16 storage holds it (round to nearest even).
-float round_bf16(float v) { return bf16_to_float(float_to_bf16(v)); }
-
 class CpuBilstm final : public ModelCase {
  public:
   explicit CpuBilstm(const Problem& p)
@@ -59,15 +56,32 @@ class CpuBilstm final : public ModelCase {
     h0_ = zeros(static_cast<std::size_t>(2 * B * H), t);
     c0_ = h0_, hT_ = h0_, cT_ = h0_;
     y_ = zeros(static_cast<std::size_t>(T * B * 2 * H), t);
-    logits_ = zeros(static_cast<std::size_t>(B * c_.C));
+    logits_ = zeros(static_cast<std::size_t>(B * c_.C), t);  // bf16: stored bf16, as the CUDA step's
     weights_ = bytes(layout->weight_bytes());
+    // The lookup, and the dense head on the masters (f32) or their bf16 copy (dense W, then b).
+    embed_ = embedding::make_cpu_plan(embedding_shape(s_, Direction::fwd, t));
+    embed_args_.idx = st_.tokens.data(), embed_args_.W = P() + l_.embed, embed_args_.out = x_.data();
+    head_ = matmul::make_cpu_plan(head_shape(s_, Direction::fwd));
+    const void* W = P() + l_.dense_w;
+    const void* b = P() + l_.dense_b;
+    if (s_.bf16()) {
+      copy::Shape cs;
+      cs.kind = copy::Kind::f32_to_bf16, cs.src = DType::f32, cs.dst = DType::bf16;
+      cs.count = l_.dense_b + static_cast<std::size_t>(c_.C) - l_.dense_w;  // W | padding | b
+      cs.impl = copy::default_cpu_impl(cs.kind);
+      cast_ = copy::make_cpu_plan(cs);
+      low_ = zeros(cs.count, DType::bf16);
+      cast_args_ = {P() + l_.dense_w, low_.data()};
+      W = low_.data();
+      b = low_.as<std::uint16_t>() + (l_.dense_b - l_.dense_w);
+    }
+    head_args_.a = hT_.data(), head_args_.b = W, head_args_.bias = b, head_args_.out = logits_.data();
     lstm_args_ = {x_.data(), h0_.data(), c0_.data(), weights_.data(), y_.data(), hT_.data(), cT_.data()};
-    float* P = params_.as<float>();
-    masters_args_.w_ih = P + l_.w_ih, masters_args_.w_hh = P + l_.w_hh;
-    masters_args_.b_ih = P + l_.b_ih, masters_args_.b_hh = P + l_.b_hh;
+    masters_args_.w_ih = P() + l_.w_ih, masters_args_.w_hh = P() + l_.w_hh;
+    masters_args_.b_ih = P() + l_.b_ih, masters_args_.b_hh = P() + l_.b_hh;
     masters_args_.weights = weights_.data();
     if (!s_.train()) return;
-    dlogits_ = zeros(logits_.count());
+    dlogits_ = zeros(logits_.count(), t);
     dhT_ = zeros(hT_.count());  // the gradients: f32
     dcT_ = zeros(hT_.count());
     dy_ = zeros(y_.count());
@@ -75,10 +89,20 @@ class CpuBilstm final : public ModelCase {
     dh0_ = zeros(hT_.count());
     dc0_ = zeros(hT_.count());
     dweights_ = bytes(layout->gradient_bytes());
+    loss_out_ = zeros(1);
+    float* Gr = grads_.as<float>();
+    xent_ = loss::make_cpu_plan(loss::dbias_shape(t, B, c_.C));
+    xent_args_.logits = logits_.data(), xent_args_.labels = st_.labels.data(), xent_args_.loss = loss_out_.data();
+    xent_args_.dlogits = dlogits_.data(), xent_args_.db = Gr + l_.dense_b;
+    head_wgrad_ = matmul::make_cpu_plan(head_shape(s_, Direction::bwd_weight));
+    head_wgrad_args_.a = hT_.data(), head_wgrad_args_.dout = dlogits_.data(), head_wgrad_args_.out = Gr + l_.dense_w;
+    head_dgrad_ = matmul::make_cpu_plan(head_shape(s_, Direction::bwd_data, DType::f32));  // oneDNN takes f32 dhT
+    head_dgrad_args_.dout = dlogits_.data(), head_dgrad_args_.b = W, head_dgrad_args_.out = dhT_.data();
+    embed_bwd_ = embedding::make_cpu_plan(embedding_shape(s_, Direction::bwd, DType::f32));  // oneDNN's dx: f32
+    embed_bwd_args_.idx = st_.tokens.data(), embed_bwd_args_.dout = dx_.data(), embed_bwd_args_.dW = Gr + l_.embed;
     lstm_args_.dy = dy_.data(), lstm_args_.dhT = dhT_.data(), lstm_args_.dcT = dcT_.data();
     lstm_args_.dx = dx_.data(), lstm_args_.dh0 = dh0_.data(), lstm_args_.dc0 = dc0_.data();
     lstm_args_.dweights = dweights_.data();
-    float* Gr = grads_.as<float>();
     masters_args_.dweights = dweights_.data();
     masters_args_.dw_ih = Gr + l_.w_ih, masters_args_.dw_hh = Gr + l_.w_hh;
     masters_args_.db_ih = Gr + l_.b_ih, masters_args_.db_hh = Gr + l_.b_hh;
@@ -87,24 +111,30 @@ class CpuBilstm final : public ModelCase {
   void run() override {
     cpu::ThreadScope scope(threads_);
     trace::op("embedding");
-    gather();
+    embed_->run(embed_args_);
     trace::op("reorder");  // the LSTM weights into oneDNN's layouts (the summed biases, a bf16 cast)
     masters_->pack(masters_args_);
+    if (cast_) {
+      trace::op("copy");  // the dense W and b to bf16
+      cast_->run(cast_args_);
+    }
     trace::op("lstm");
     if (s_.train()) lstm_->forward(lstm_args_);
     else lstm_->run(lstm_args_);
     trace::op("addmm");
-    dense_forward();
+    head_->run(head_args_);
     if (!s_.train()) return;
-    trace::op("cross_entropy");
-    loss_ = loss_and_dlogits();
+    trace::op("cross_entropy");  // loss, dlogits and the dense bias gradient
+    xent_->run(xent_args_);
+    loss_ = loss_out_.as<float>()[0];
     trace::op("mm");
-    dense_backward();
+    head_wgrad_->run(head_wgrad_args_);
+    head_dgrad_->run(head_dgrad_args_);
     trace::op("lstm_bwd");  // the backward, its weight gradients into PyTorch's layouts (db into both biases)
     lstm_->run(lstm_args_);
     masters_->unpack(masters_args_);
     trace::op("embedding_bwd");
-    embedding_backward();
+    embed_bwd_->run(embed_bwd_args_);
     trace::op("adamw");
     adamw_step();
   }
@@ -137,9 +167,9 @@ class CpuBilstm final : public ModelCase {
                     (s_.train() ? "forward_training + backward" : "forward_inference") +
                     " (kernels/lstm's plan), weights reordered from the flat PyTorch layout every step, bias b_ih+b_hh";
     if (s_.bf16() && s_.train()) l += " (gradients f32)";
-    l += s_.bf16() ? "; OpenMP embedding gather to bf16, dense head (bf16 operands, f32 sums, bf16 logits)"
-                   : "; OpenMP embedding gather, dense head";
-    if (s_.train()) l += ", softmax-CE, dense bwd, deterministic embedding scatter-add, AdamW 1 flat pass";
+    l += "; embedding plan (" + embed_->label() + "); " + (s_.bf16() ? "copy plan (dense W, b to bf16); " : "") +
+         "dense head plans (" + head_->label() + ")";
+    if (s_.train()) l += "; cross_entropy_dbias plan; embedding bwd plan (" + embed_bwd_->label() + "); AdamW 1 flat pass";
     return l + ", " + std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
   }
 
@@ -147,117 +177,7 @@ class CpuBilstm final : public ModelCase {
 
  private:
   int team(std::int64_t work) const { return work >= (1 << 15) ? cpu::threads() : 1; }
-
-  void gather() {
-    const std::int64_t T = c_.T, B = s_.batch, E = c_.E;
-    const float* embed = params_.as<float>() + l_.embed;
-    const bool b16 = s_.bf16();
-    const std::int32_t* tok = st_.tokens.data();
-#pragma omp parallel for num_threads(team(T * B * E)) schedule(static)
-    for (std::int64_t n = 0; n < T * B; ++n) {
-      const std::int64_t t = n / B, b = n % B;
-      const float* row = embed + static_cast<std::int64_t>(tok[b * T + t]) * E;
-      if (!b16) {
-        std::copy_n(row, E, x_.as<float>() + n * E);
-      } else {
-        std::uint16_t* x = x_.as<std::uint16_t>() + n * E;
-        for (std::int64_t e = 0; e < E; ++e) x[e] = float_to_bf16(row[e]);
-      }
-    }
-  }
-
-  // feature(b, k) = hT[k / H, b, k % H]: the final hidden states of both directions, concatenated.
-  float feature(std::int64_t b, std::int64_t k) const {
-    const std::int64_t i = ((k / c_.H) * s_.batch + b) * c_.H + k % c_.H;
-    return s_.bf16() ? bf16_to_float(hT_.as<std::uint16_t>()[i]) : hT_.as<float>()[i];
-  }
-  // A parameter as the step multiplies it: the f32 master, or its bf16 cast.
-  float operand(float v) const { return s_.bf16() ? round_bf16(v) : v; }
-
-  void dense_forward() {
-    const std::int64_t B = s_.batch, C = c_.C, K = 2 * c_.H;
-    const float* W = params_.as<float>() + l_.dense_w;
-    const float* bias = params_.as<float>() + l_.dense_b;
-    float* z = logits_.as<float>();
-    for (std::int64_t b = 0; b < B; ++b) {
-      float* zb = z + b * C;
-      for (std::int64_t o = 0; o < C; ++o) zb[o] = operand(bias[o]);
-      for (std::int64_t k = 0; k < K; ++k) {
-        const float f = feature(b, k);
-        for (std::int64_t o = 0; o < C; ++o) zb[o] += f * operand(W[k * C + o]);
-      }
-      for (std::int64_t o = 0; o < C; ++o) zb[o] = operand(zb[o]);  // bf16: the logits are stored bf16
-    }
-  }
-
-  // Mean softmax cross-entropy; dlogits = (softmax - onehot) / B.
-  double loss_and_dlogits() {
-    const std::int64_t B = s_.batch, C = c_.C;
-    const float* z = logits_.as<float>();
-    float* dz = dlogits_.as<float>();
-    const float inv_b = 1.f / static_cast<float>(B);
-    double total = 0;
-    for (std::int64_t r = 0; r < B; ++r) {
-      const float* zr = z + r * C;
-      float* dr = dz + r * C;
-      const std::int32_t y = st_.labels[static_cast<std::size_t>(r)];
-      const float mx = *std::max_element(zr, zr + C);
-      float sum = 0.f;
-      for (std::int64_t o = 0; o < C; ++o) sum += (dr[o] = std::exp(zr[o] - mx));
-      const float inv = 1.f / sum;
-      for (std::int64_t o = 0; o < C; ++o) dr[o] = operand(dr[o] * inv * inv_b - (o == y ? inv_b : 0.f));
-      total += static_cast<double>(std::log(sum) - (zr[y] - mx));
-    }
-    return total / static_cast<double>(B);
-  }
-
-  // dW = feat^T . dz, db = colsum(dz), dhT = dz . W^T.
-  void dense_backward() {
-    const std::int64_t B = s_.batch, C = c_.C, K = 2 * c_.H, H = c_.H;
-    const float* W = params_.as<float>() + l_.dense_w;
-    const float* dz = dlogits_.as<float>();
-    float* dW = grads_.as<float>() + l_.dense_w;
-    float* db = grads_.as<float>() + l_.dense_b;
-    float* dh = dhT_.as<float>();
-    std::fill_n(dW, K * C, 0.f);
-    std::fill_n(db, C, 0.f);
-    for (std::int64_t b = 0; b < B; ++b) {
-      const float* dzb = dz + b * C;
-      for (std::int64_t o = 0; o < C; ++o) db[o] += dzb[o];
-      for (std::int64_t k = 0; k < K; ++k) {
-        const float f = feature(b, k);
-        float s = 0.f;
-        for (std::int64_t o = 0; o < C; ++o) {
-          dW[k * C + o] += f * dzb[o];
-          s += dzb[o] * operand(W[k * C + o]);
-        }
-        dh[((k / H) * B + b) * H + k % H] = s;
-      }
-    }
-  }
-
-  // dE = 0; dE[tokens[n]] += dx[n] for n in (t, b) order. Thread k owns the rows v with v % team == k
-  // and walks every position: each row's sum is taken in the same order whatever the thread count.
-  void embedding_backward() {
-    const std::int64_t T = c_.T, B = s_.batch, E = c_.E, V = c_.V;
-    float* dE = grads_.as<float>() + l_.embed;
-    const float* dx = dx_.as<float>();
-    const std::int32_t* tok = st_.tokens.data();
-    const int n_threads = team(V * E);
-#pragma omp parallel num_threads(n_threads)
-    {
-      const int k = omp_get_thread_num(), n = omp_get_num_threads();
-      for (std::int64_t v = k; v < V; v += n) std::fill_n(dE + v * E, E, 0.f);
-      for (std::int64_t i = 0; i < T * B; ++i) {
-        const std::int64_t t = i / B, b = i % B, v = tok[b * T + t];
-        if (v % n != k) continue;
-        float* row = dE + v * E;
-        const float* g = dx + i * E;
-#pragma omp simd
-        for (std::int64_t e = 0; e < E; ++e) row[e] += g[e];
-      }
-    }
-  }
+  float* P() { return params_.as<float>(); }
 
   void adamw_step() {
     const auto n = static_cast<std::int64_t>(l_.total);
@@ -275,8 +195,18 @@ class CpuBilstm final : public ModelCase {
   HostBuffer params_, grads_, m_, v_;
   HostBuffer x_, h0_, c0_, hT_, cT_, y_, logits_, weights_;
   HostBuffer dlogits_, dhT_, dcT_, dy_, dx_, dh0_, dc0_, dweights_;
+  HostBuffer low_;       // bf16: the dense W | padding | b, cast each step
+  HostBuffer loss_out_;  // train: the loss plan's f32 scalar
   lstm::Args lstm_args_;
   lstm::MasterArgs masters_args_;
+  std::unique_ptr<embedding::Plan> embed_, embed_bwd_;
+  std::unique_ptr<copy::Plan> cast_;  // bf16 only
+  std::unique_ptr<matmul::Plan> head_, head_wgrad_, head_dgrad_;
+  std::unique_ptr<loss::Plan> xent_;
+  embedding::Args embed_args_, embed_bwd_args_;
+  copy::Args cast_args_;
+  matmul::Args head_args_, head_wgrad_args_, head_dgrad_args_;
+  loss::Args xent_args_;
   std::int64_t step_ = 0;
   double loss_ = 0;
 };

@@ -1,9 +1,6 @@
-// model_bilstm on CUDA: cuDNN 9's RNN API for the BiLSTM, cublasLt for the dense head, the loss family's
-// cross_entropy_dbias plan for its loss, CUB's radix sort
-// for the embedding gradient; the step op by op, and its bf16 form:
-// docs/models.md, "How each model step runs".
-#include <cub/device/device_radix_sort.cuh>
-
+// model_bilstm on CUDA: the op families' plans (embedding with its device sort, cuDNN's RNN through
+// kernels/lstm, matmul's small dense head, the cross_entropy_dbias loss, copy's bf16 widening,
+// AdamW); the step op by op, and its bf16 form: docs/models.md, "How each model step runs".
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -11,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "hotops/cublaslt_gemm.h"
 #include "hotops/cuda_util.h"
 #include "hotops/trace.h"
+#include "kernels/copy/copy.h"
 #include "kernels/lstm/lstm.h"
 #include "kernels/model_bilstm/model_bilstm.h"
 #include "kernels/models/cuda_step.cuh"
@@ -22,152 +19,8 @@ namespace hotops::model_bilstm {
 namespace {
 
 using models::cast_params;
-using models::narrow;
-using models::widen;
 using models::kMaxClasses;
 using models::StepState;
-using gpu::warp_sum;
-constexpr unsigned kWarpsPerBlock = 8;
-
-// x[t, b, :] = embed[tokens[b, t], :] over n = t * B + b (T: x's storage, float or __nv_bfloat16,
-// rounded), 4 elements at a time when kVec == 4 (E % 4 == 0); for train also keys[n] = tokens[b, t],
-// positions[n] = n (the radix sort's input).
-template <int kVec, class T>
-__global__ void gather(const float* __restrict__ embed, const std::int32_t* __restrict__ tokens, T* __restrict__ x,
-                       std::int32_t* __restrict__ keys, std::int32_t* __restrict__ positions, int T_, int B, int E) {
-  const int per_row = E / kVec;
-  const std::int64_t total = static_cast<std::int64_t>(T_) * B * per_row;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t n = i / per_row;
-    const int e = static_cast<int>(i % per_row);
-    const int t = static_cast<int>(n / B), b = static_cast<int>(n % B);
-    const std::int32_t v = tokens[static_cast<std::int64_t>(b) * T_ + t];
-    const std::int64_t from = static_cast<std::int64_t>(v) * per_row + e, to = n * per_row + e;
-    if constexpr (kVec == 1) {
-      x[to] = narrow<T>(embed[from]);
-    } else if constexpr (std::is_same<T, float>::value) {
-      reinterpret_cast<float4*>(x)[to] = reinterpret_cast<const float4*>(embed)[from];
-    } else {
-      const float4 r = reinterpret_cast<const float4*>(embed)[from];
-      __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(x) + 2 * to;
-      out[0] = __floats2bfloat162_rn(r.x, r.y);
-      out[1] = __floats2bfloat162_rn(r.z, r.w);
-    }
-    if (keys && e == 0) keys[n] = v, positions[n] = static_cast<std::int32_t>(n);
-  }
-}
-
-// Elements [4 i, 4 i + 4) of p, widened to f32.
-__device__ inline float4 load4(const float* p, std::int64_t i) { return reinterpret_cast<const float4*>(p)[i]; }
-__device__ inline float4 load4(const __nv_bfloat16* p, std::int64_t i) {
-  const __nv_bfloat162* q = reinterpret_cast<const __nv_bfloat162*>(p) + 2 * i;
-  const float2 a = __bfloat1622float2(q[0]), b = __bfloat1622float2(q[1]);
-  return make_float4(a.x, a.y, b.x, b.y);
-}
-
-// logits[b, c] = bias[c]: the start the two GEMMs add to.
-__global__ void bias_rows(float* __restrict__ logits, const float* __restrict__ bias, int B, int C) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < B * C; i += gridDim.x * blockDim.x) logits[i] = bias[i % C];
-}
-
-// dE[token] = sum of dx[position] over the token's run in the sorted pairs, in position order (the
-// sort is stable), summed in f32 (T: dx's storage). One warp per sorted index; only the warp at the
-// start of a run works. dE rows of tokens absent from the batch were zeroed before.
-template <int kVec, class T>
-__global__ void embedding_grad(const std::int32_t* __restrict__ keys, const std::int32_t* __restrict__ positions,
-                               const T* __restrict__ dx, float* __restrict__ dE, int N, int E) {
-  const int i = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (i >= N) return;
-  const std::int32_t v = keys[i];
-  if (i > 0 && keys[i - 1] == v) return;
-  const int per_row = E / kVec;
-  for (int e = lane; e < per_row; e += 32) {
-    if constexpr (kVec == 4) {
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int j = i; j < N && keys[j] == v; ++j) {
-        const float4 g = load4(dx, static_cast<std::int64_t>(positions[j]) * per_row + e);
-        acc.x += g.x, acc.y += g.y, acc.z += g.z, acc.w += g.w;
-      }
-      reinterpret_cast<float4*>(dE)[static_cast<std::int64_t>(v) * per_row + e] = acc;
-    } else {
-      float acc = 0.f;
-      for (int j = i; j < N && keys[j] == v; ++j) acc += widen(dx[static_cast<std::int64_t>(positions[j]) * E + e]);
-      dE[static_cast<std::int64_t>(v) * E + e] = acc;
-    }
-  }
-}
-
-// bf16: logits[b, c] = bf16(bias[c] + sum_k feat[b, k] W[k, c]), feat[b, k] = hT[k / H, b, k % H];
-// bf16 operands, f32 accumulation, one rounding. One warp per sample, C <= kMaxClasses.
-__global__ void dense_head_bf16(const __nv_bfloat16* __restrict__ hT, const __nv_bfloat16* __restrict__ W,
-                                const __nv_bfloat16* __restrict__ bias, __nv_bfloat16* __restrict__ logits, int B, int H,
-                                int C) {
-  const int b = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (b >= B) return;
-  float acc[kMaxClasses];
-#pragma unroll
-  for (int c = 0; c < kMaxClasses; ++c) acc[c] = 0.f;
-  for (int k = lane; k < 2 * H; k += 32) {
-    const float f = __bfloat162float(hT[(static_cast<std::int64_t>(k / H) * B + b) * H + k % H]);
-#pragma unroll
-    for (int c = 0; c < kMaxClasses; ++c)
-      if (c < C) acc[c] += f * __bfloat162float(W[static_cast<std::int64_t>(k) * C + c]);
-  }
-#pragma unroll
-  for (int c = 0; c < kMaxClasses; ++c) acc[c] = warp_sum(acc[c]);
-  if (lane == 0)
-    for (int c = 0; c < C; ++c)
-      logits[static_cast<std::int64_t>(b) * C + c] = __float2bfloat16_rn(acc[c] + __bfloat162float(bias[c]));
-}
-
-// bf16: the dense layer's backward, bf16 operands with f32 accumulation, over 2H*C + B*2H outputs:
-// dW[k, c] = sum_b feat[b, k] dz[b, c] (f32, into the gradients), dhT[k / H, b, k % H] =
-// bf16(sum_c dz[b, c] W[k, c]).
-__global__ void dense_bwd_bf16(const __nv_bfloat16* __restrict__ hT, const __nv_bfloat16* __restrict__ W,
-                               const __nv_bfloat16* __restrict__ dz, float* __restrict__ dW,
-                               __nv_bfloat16* __restrict__ dhT, int B, int H, int C) {
-  const std::int64_t nw = static_cast<std::int64_t>(2) * H * C, total = nw + static_cast<std::int64_t>(B) * 2 * H;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    if (i < nw) {
-      const int k = static_cast<int>(i / C), c = static_cast<int>(i % C);
-      const __nv_bfloat16* f = hT + static_cast<std::int64_t>(k / H) * B * H + k % H;
-      float s = 0.f;
-      for (int b = 0; b < B; ++b)
-        s += __bfloat162float(f[static_cast<std::int64_t>(b) * H]) * __bfloat162float(dz[static_cast<std::int64_t>(b) * C + c]);
-      dW[i] = s;
-    } else {
-      const std::int64_t j = i - nw;
-      const int b = static_cast<int>(j / (2 * H)), k = static_cast<int>(j % (2 * H));
-      float s = 0.f;
-      for (int c = 0; c < C; ++c)
-        s += __bfloat162float(dz[static_cast<std::int64_t>(b) * C + c]) * __bfloat162float(W[static_cast<std::int64_t>(k) * C + c]);
-      dhT[(static_cast<std::int64_t>(k / H) * B + b) * H + k % H] = __float2bfloat16_rn(s);
-    }
-  }
-}
-
-// bf16: g = the bf16 dweights, widened (exact), n elements.
-__global__ void widen_grads(const __nv_bfloat16* __restrict__ low, float* __restrict__ g, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    g[i] = __bfloat162float(low[i]);
-}
-
-// D (m x n) = op(A) . op(B) + beta D, f32, column-major, packed (gpu::LtGemm: the heuristic's
-// first algorithm, chosen at setup).
-std::unique_ptr<gpu::BoundGemm> gemm(cublasOperation_t opa, cublasOperation_t opb, std::int64_t m, std::int64_t n,
-                                     std::int64_t k, const float* A, const float* B, float* D, float beta) {
-  gpu::GemmDesc d;
-  d.opa = opa, d.opb = opb, d.m = m, d.n = n, d.k = k, d.beta = beta;
-  return std::make_unique<gpu::BoundGemm>(d, "model_bilstm", A, B, D);
-}
-
-int dim(std::int64_t v) {
-  HOTOPS_CHECK(v <= 0x7fffffff, "model_bilstm: a dimension does not fit an int");
-  return static_cast<int>(v);
-}
 
 std::size_t aligned(std::size_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
 
@@ -182,15 +35,14 @@ class CudaBilstm final : public ModelCase {
     HOTOPS_CHECK(c_.C <= kMaxClasses, "model_bilstm: the CUDA loss kernel takes at most 16 classes");
     const std::int64_t Tn = c_.T, B = s_.batch, E = c_.E, H = c_.H, C = c_.C, N = Tn * B;
     HOTOPS_CHECK(N * std::max(E, 2 * H) < (std::int64_t{1} << 31), "model_bilstm: batch too large");
-    // The BiLSTM as kernels/lstm's problem, with the model's mixed precision (bf16 data, FMA math,
-    // f32 compute): the plan's cuDNN descriptors and algorithm, and where its weight space keeps
-    // PyTorch's tensors (the f32 masters mirror the space element for element).
+    // The BiLSTM as kernels/lstm's problem (bf16: bf16 data on tensor ops with f32 compute, the
+    // lstm entries' math): the plan's cuDNN descriptors and algorithm, and where its weight space
+    // keeps PyTorch's tensors (the f32 masters mirror the space element for element).
     lstm::Shape ls;
     ls.dir = s_.train() ? Direction::bwd : Direction::fwd;
     ls.dtype = s_.dtype;
     ls.T = Tn, ls.B = B, ls.I = E, ls.H = H;
     ls.bidirectional = true;
-    ls.fma_math = true;
     rnn_ = lstm::make_cuda_plan(ls);
     {
       const std::unique_ptr<lstm::Layout> layout = lstm::make_cuda_layout(ls);
@@ -212,17 +64,22 @@ class CudaBilstm final : public ModelCase {
     }
     params_.upload(to_device(st_.params));
 
-    tokens_ = gpu::DeviceBuffer(st_.tokens.size() * sizeof(std::int32_t));
+    tokens_ = gpu::DeviceBuffer(st_.tokens.size() * sizeof(std::int64_t));
     labels_ = gpu::DeviceBuffer(st_.labels.size() * sizeof(std::int32_t));
     upload_batch();
     x_ = gpu::DeviceBuffer(static_cast<std::size_t>(N * E) * es_);
     y_ = gpu::DeviceBuffer(static_cast<std::size_t>(N * 2 * H) * es_);
     hT_ = gpu::DeviceBuffer(static_cast<std::size_t>(2 * B * H) * es_);
     logits_ = gpu::DeviceBuffer(static_cast<std::size_t>(B * C) * es_);
-    if (!s_.bf16())
-      for (int d = 0; d < 2; ++d)  // logits^T [C, B] += W_d^T [C, H] . hT_d^T [H, B]
-        fwd_.push_back(gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, B, H, param(dense_w_) + d * H * C,
-                            hT_.as<float>() + d * B * H, logits_.as<float>(), 1.f));
+    // The lookup (x in the LSTM's dtype from the f32 table) and the dense head over hT [2, B, H], on
+    // the f32 masters or their bf16 copy.
+    lookup_ = embedding::make_cuda_plan(embedding_shape(s_, Direction::fwd, s_.dtype));
+    lookup_args_.idx = tokens_.as<const std::int64_t>(), lookup_args_.W = param(embed_), lookup_args_.out = x_.get();
+    head_ = matmul::make_cuda_plan(head_shape(s_, Direction::fwd));
+    const void* W = s_.bf16() ? static_cast<const void*>(low(dense_w_)) : param(dense_w_);
+    head_args_.a = hT_.get(), head_args_.b = W;
+    head_args_.bias = s_.bf16() ? static_cast<const void*>(low(dense_b_)) : param(dense_b_);
+    head_args_.out = logits_.get();
     if (s_.train()) {
       const std::size_t pbytes = total_ * sizeof(float);
       grads_ = gpu::DeviceBuffer(pbytes);
@@ -239,31 +96,28 @@ class CudaBilstm final : public ModelCase {
       if (s_.bf16()) dw_low_ = gpu::DeviceBuffer(w_bytes_);
       lstm_args_.dy = dy_.get(), lstm_args_.dhT = dhT_.get(), lstm_args_.dx = dx_.get();
       lstm_args_.dweights = s_.bf16() ? dw_low_.get() : static_cast<void*>(grads_.as<float>() + lstm_);
-      const std::size_t pairs = static_cast<std::size_t>(N) * sizeof(std::int32_t);
-      keys_in_ = gpu::DeviceBuffer(pairs), keys_out_ = gpu::DeviceBuffer(pairs);
-      pos_in_ = gpu::DeviceBuffer(pairs), pos_out_ = gpu::DeviceBuffer(pairs);
-      while ((std::int64_t{1} << key_bits_) < c_.V) ++key_bits_;
-      HOTOPS_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes_, keys_in_.as<std::int32_t>(),
-                                                        keys_out_.as<std::int32_t>(), pos_in_.as<std::int32_t>(),
-                                                        pos_out_.as<std::int32_t>(), static_cast<int>(N), 0, key_bits_,
-                                                        gpu::stream()));
-      sort_temp_ = gpu::DeviceBuffer(std::max<std::size_t>(sort_bytes_, 16));
-      for (int d = 0; d < 2 && !s_.bf16(); ++d) {
-        // dW_d^T [C, H] = dlogits^T [C, B] . hT_d [B, H]
-        wgrad_.push_back(gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, H, B, dlogits_.as<float>(),
-                                                hT_.as<float>() + d * B * H, grads_.as<float>() + dense_w_ + d * H * C, 0.f));
-        // dhT_d^T [H, B] = W_d [H, C] . dlogits^T [C, B]
-        dgrad_.push_back(gemm(CUBLAS_OP_T, CUBLAS_OP_N, H, B, C, param(dense_w_) + d * H * C,
-                                                dlogits_.as<float>(), dhT_.as<float>() + d * B * H, 0.f));
+      // The head's gradients (dW f32 into the gradients, dhT in the LSTM's dtype), the bf16 weight
+      // gradients widened into the f32 ones, the embedding's gradient from dx in the LSTM's dtype.
+      head_wgrad_ = matmul::make_cuda_plan(head_shape(s_, Direction::bwd_weight));
+      head_wgrad_args_.a = hT_.get(), head_wgrad_args_.dout = dlogits_.get();
+      head_wgrad_args_.out = grads_.as<float>() + dense_w_;
+      head_dgrad_ = matmul::make_cuda_plan(head_shape(s_, Direction::bwd_data, s_.dtype));
+      head_dgrad_args_.dout = dlogits_.get(), head_dgrad_args_.b = W, head_dgrad_args_.out = dhT_.get();
+      if (s_.bf16()) {
+        copy::Shape cs;
+        cs.kind = copy::Kind::bf16_to_f32, cs.src = DType::bf16, cs.dst = DType::f32, cs.count = w_elems_;
+        widen_ = copy::make_cuda_plan(cs);
+        widen_args_ = {dw_low_.get(), grads_.as<float>() + lstm_};
       }
+      lookup_bwd_ = embedding::make_cuda_plan(embedding_shape(s_, Direction::bwd, s_.dtype));
+      lookup_bwd_args_.idx = tokens_.as<const std::int64_t>(), lookup_bwd_args_.dout = dx_.get();
+      lookup_bwd_args_.dW = grads_.as<float>() + embed_;
       xent_ = loss::make_cuda_plan(loss::dbias_shape(s_.dtype, B, C));
       restart_optimizer();
     }
     // Zero initial states (h0, c0 null), cT not kept; dy zero, dcT null (zero), dh0 and dc0 not asked for.
     lstm_args_.x = x_.get(), lstm_args_.weights = weights(), lstm_args_.y = y_.get(), lstm_args_.hT = hT_.get();
     if (s_.variant == Variant::e2e && !s_.train()) logits_host_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * C));
-    gpu::cublaslt();
-    gpu::cublas_workspace();
     // One step outside any capture first, so that whatever the libraries set up lazily on a first call
     // exists before a capture; then back to the seeded start.
     device_step();
@@ -338,11 +192,9 @@ class CudaBilstm final : public ModelCase {
     if (s_.bf16()) return label_bf16();
     std::string l = std::string("cuDNN RNN ") + rnn_algo() + " bidirectional LSTM " +
                     (s_.train() ? "Forward TRAINING + BackwardData_v8 + BackwardWeights_v8" : "Forward INFERENCE") +
-                    ", FMA math, double bias (kernels/lstm's plan); hotops gather; cublasLt f32 dense head (2 GEMMs";
-    if (s_.train())
-      l += " fwd, 4 bwd); cross_entropy_dbias plan, CUB stable radix sort + warp-per-token embedding grad, AdamW 1 launch";
-    else
-      l += ")";
+                    ", FMA math, double bias (kernels/lstm's plan); embedding plan (" + lookup_->label() +
+                    "); dense head plans (" + head_->label() + ")";
+    if (s_.train()) l += "; cross_entropy_dbias plan, embedding bwd plan (" + lookup_bwd_->label() + "), AdamW 1 launch";
     if (s_.variant == Variant::plain && !capturable_) l += "; not graph-capturable (capture failed at setup): launched one by one";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the tokens (and labels), launches, D2H, sync";
     if (s_.variant == Variant::graph) l += "; graph: pageable H2D of tokens and labels, 1 CUDA graph, D2H loss, sync";
@@ -354,11 +206,12 @@ class CudaBilstm final : public ModelCase {
                                 "step); cuDNN RNN ") +
                     rnn_algo() + " bidirectional LSTM " +
                     (s_.train() ? "Forward TRAINING + BackwardData_v8 + BackwardWeights_v8" : "Forward INFERENCE") +
-                    ", bf16 data, f32 math precision, FMA math (no tensor ops, as PyTorch's with TF32 off), double "
-                    "bias (kernels/lstm's plan); hotops gather to bf16; hotops bf16 dense head (f32 accumulation, bf16 logits)";
+                    ", bf16 data on tensor ops, f32 math precision (bf16 products are exact in f32), double "
+                    "bias (kernels/lstm's plan); embedding plan (" + lookup_->label() + "); dense head plans (" +
+                    head_->label() + ")";
     if (s_.train())
-      l += "; cross_entropy_dbias plan (f32 math, bf16 dlogits), hotops bf16 dense bwd (dW f32, dhT bf16), bf16 dweights "
-           "widened, CUB stable radix sort + warp-per-token embedding grad (f32 sums), AdamW 1 launch";
+      l += "; cross_entropy_dbias plan (f32 math, bf16 dlogits), bf16 dweights widened (copy plan), embedding bwd plan (" +
+           lookup_bwd_->label() + "), AdamW 1 launch";
     if (s_.variant == Variant::plain && !capturable_) l += "; not graph-capturable (capture failed at setup): launched one by one";
     if (replays())
       l += "; replayed as the CUDA graph captured at setup (cuDNN's bf16 RNN calls cost 5-14 ms of host time a step: "
@@ -448,44 +301,25 @@ class CudaBilstm final : public ModelCase {
   }
 
   void device_step() {
-    if (!s_.bf16()) return device_step_on<float>();
+    if (!s_.bf16()) return device_step_on();
     const auto n4 = static_cast<std::int64_t>((total_ - lstm_) / 4);
     trace::op("cast");
     cast_params<<<blocks_for(n4, 256, 1024), 256, 0, gpu::stream()>>>(params_.as<const float4>() + lstm_ / 4,
                                                                       low_.as<__nv_bfloat162>(), n4);
     HOTOPS_CHECK_LAUNCH();
-    device_step_on<__nv_bfloat16>();
+    device_step_on();
   }
 
-  // The step on activation storage T: float, or __nv_bfloat16 after the cast of the weights.
-  template <class T>
+  // The step on the LSTM's dtype (bf16 after the cast of the weights), through the plans.
   void device_step_on() {
-    constexpr bool kBf16 = !std::is_same<T, float>::value;
-    const std::int64_t Tn = c_.T, B = s_.batch, E = c_.E, H = c_.H, C = c_.C, N = Tn * B;
     cudaStream_t st = gpu::stream();
-    std::int32_t* keys = s_.train() ? keys_in_.as<std::int32_t>() : nullptr;
-    std::int32_t* pos = s_.train() ? pos_in_.as<std::int32_t>() : nullptr;
     trace::op("embedding");
-    if (E % 4 == 0)
-      gather<4, T><<<blocks_for(N * E / 4, 256), 256, 0, st>>>(param(embed_), tokens_.as<const std::int32_t>(), x_.as<T>(),
-                                                               keys, pos, dim(Tn), dim(B), dim(E));
-    else
-      gather<1, T><<<blocks_for(N * E, 256), 256, 0, st>>>(param(embed_), tokens_.as<const std::int32_t>(), x_.as<T>(),
-                                                           keys, pos, dim(Tn), dim(B), dim(E));
-    HOTOPS_CHECK_LAUNCH();
+    lookup_->run(lookup_args_);
     trace::op("lstm");
     if (s_.train()) rnn_->forward(lstm_args_);
     else rnn_->run(lstm_args_);
     trace::op("addmm");
-    if constexpr (kBf16) {
-      dense_head_bf16<<<static_cast<unsigned>((B + kWarpsPerBlock - 1) / kWarpsPerBlock), 32 * kWarpsPerBlock, 0, st>>>(
-          hT_.as<const __nv_bfloat16>(), low(dense_w_), low(dense_b_), logits_.as<__nv_bfloat16>(), dim(B), dim(H), dim(C));
-      HOTOPS_CHECK_LAUNCH();
-    } else {
-      bias_rows<<<blocks_for(B * C, 256, 64), 256, 0, st>>>(logits_.as<float>(), param(dense_b_), dim(B), dim(C));
-      HOTOPS_CHECK_LAUNCH();
-      for (const auto& g : fwd_) g->run();
-    }
+    head_->run(head_args_);
     if (!s_.train()) return;
 
     trace::op("cross_entropy");
@@ -495,39 +329,18 @@ class CudaBilstm final : public ModelCase {
     xa.advance = state_.as<StepState>(), xa.hyper = &hyper_;
     xent_->run(xa);
     trace::op("mm");
-    if constexpr (kBf16) {
-      dense_bwd_bf16<<<blocks_for(2 * H * C + B * 2 * H, 256, 1024), 256, 0, st>>>(
-          hT_.as<const __nv_bfloat16>(), low(dense_w_), dlogits_.as<const __nv_bfloat16>(), grads_.as<float>() + dense_w_,
-          dhT_.as<__nv_bfloat16>(), dim(B), dim(H), dim(C));
-      HOTOPS_CHECK_LAUNCH();
-    } else {
-      for (const auto& g : wgrad_) g->run();
-      for (const auto& g : dgrad_) g->run();
-    }
+    head_wgrad_->run(head_wgrad_args_);
+    head_dgrad_->run(head_dgrad_args_);
 
     trace::op("lstm_bwd");  // the dweights zeroed, BackwardData, BackwardWeights (ADD)
     rnn_->run(lstm_args_);
-    if constexpr (kBf16) {
-      const auto n = static_cast<std::int64_t>(w_elems_);
-      widen_grads<<<blocks_for(n, 256, 1024), 256, 0, st>>>(dw_low_.as<const __nv_bfloat16>(), grads_.as<float>() + lstm_, n);
-      HOTOPS_CHECK_LAUNCH();
+    if (widen_) {
+      trace::op("copy");  // cuDNN's bf16 weight gradients into the f32 ones
+      widen_->run(widen_args_);
     }
 
-    trace::op("embedding_bwd");
-    float* dE = grads_.as<float>() + embed_;
-    HOTOPS_CHECK_CUDA(cudaMemsetAsync(dE, 0, static_cast<std::size_t>(c_.V * E) * sizeof(float), st));
-    std::size_t sort_bytes = sort_bytes_;
-    HOTOPS_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(sort_temp_.get(), sort_bytes, keys_in_.as<std::int32_t>(),
-                                                      keys_out_.as<std::int32_t>(), pos_in_.as<std::int32_t>(),
-                                                      pos_out_.as<std::int32_t>(), dim(N), 0, key_bits_, st));
-    const unsigned grad_blocks = static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock);
-    if (E % 4 == 0)
-      embedding_grad<4, T><<<grad_blocks, 32 * kWarpsPerBlock, 0, st>>>(keys_out_.as<const std::int32_t>(), pos_out_.as<const std::int32_t>(),
-                                                                        dx_.as<const T>(), dE, dim(N), dim(E));
-    else
-      embedding_grad<1, T><<<grad_blocks, 32 * kWarpsPerBlock, 0, st>>>(keys_out_.as<const std::int32_t>(), pos_out_.as<const std::int32_t>(),
-                                                                        dx_.as<const T>(), dE, dim(N), dim(E));
-    HOTOPS_CHECK_LAUNCH();
+    trace::op("embedding_bwd");  // the batch's tokens sorted on the device, then every row of dE
+    lookup_bwd_->run(lookup_bwd_args_);
 
     trace::op("adamw");
     adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
@@ -544,12 +357,16 @@ class CudaBilstm final : public ModelCase {
   std::unique_ptr<lstm::Plan> rnn_;  // the BiLSTM on cuDNN's weight space (the masters' LSTM region)
   lstm::Args lstm_args_;
   lstm::Layout::Positions positions_;  // PyTorch's LSTM tensors in that space, for the conversions
-  std::size_t w_bytes_ = 0, sort_bytes_ = 0;
-  int key_bits_ = 1;
+  std::size_t w_bytes_ = 0;
   gpu::DeviceBuffer params_, grads_, m_, v_, tokens_, labels_, x_, y_, hT_, logits_;
-  gpu::DeviceBuffer loss_, state_, dlogits_, dhT_, dy_, dx_, keys_in_, keys_out_, pos_in_, pos_out_, sort_temp_;
+  gpu::DeviceBuffer loss_, state_, dlogits_, dhT_, dy_, dx_;
   gpu::DeviceBuffer low_, dw_low_;  // bf16: the step's copy of the weights, cuDNN's bf16 dweights
-  std::vector<std::unique_ptr<gpu::BoundGemm>> fwd_, wgrad_, dgrad_;
+  std::unique_ptr<embedding::Plan> lookup_, lookup_bwd_;            // the gather; train: its gradient
+  std::unique_ptr<matmul::Plan> head_, head_wgrad_, head_dgrad_;   // the dense head; train: dW, dhT
+  std::unique_ptr<copy::Plan> widen_;                              // bf16 train: cuDNN's dweights to f32
+  embedding::Args lookup_args_, lookup_bwd_args_;
+  matmul::Args head_args_, head_wgrad_args_, head_dgrad_args_;
+  copy::Args widen_args_;
   std::unique_ptr<loss::Plan> xent_;                          // train: the head's loss and gradients
   adamw::Hyper hyper_ = models::hyper();                      // AdamW's, as the loss plan advances the step count
   HostBuffer logits_host_;

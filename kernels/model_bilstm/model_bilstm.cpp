@@ -53,7 +53,7 @@ class BilstmFamily final : public models::ModelFamily {
     const double B = static_cast<double>(s.batch), T = static_cast<double>(c.T), E = static_cast<double>(c.E),
                  H = static_cast<double>(c.H), C = static_cast<double>(c.C), P = static_cast<double>(l.parameters);
     const double fwd = 2 * T * 2 * B * 4 * H * (E + H) + 2 * B * 2 * H * C;
-    const double tokens = 4 * B * T;
+    const double tokens = 8 * B * T;  // int64
     if (!s.train()) {
       const double rows = std::min(B * T, static_cast<double>(c.V)) * E;
       const double logit_bytes = s.bf16() ? 2 : 4;
@@ -92,6 +92,28 @@ Shape shape_of(const Problem& p) {
   return s;
 }
 
+embedding::Shape embedding_shape(const Shape& s, Direction d, DType dx) {
+  embedding::Shape e;
+  e.dir = d;
+  e.dtype = d == Direction::fwd ? s.dtype : dx;
+  e.batch = s.batch, e.T = s.cfg.T, e.vocab = s.cfg.V, e.dim = s.cfg.E;
+  e.time_major = true;                                   // x [T, B, E], as the LSTM reads it
+  e.f32_table = d == Direction::fwd && s.bf16();         // the f32 table's rows stored bf16
+  return e;
+}
+
+matmul::Shape head_shape(const Shape& s, Direction d, DType dh) {
+  matmul::Shape m;
+  m.op = d == Direction::fwd ? matmul::Op::addmm : matmul::Op::mm;
+  m.dir = d;
+  m.dtype = s.dtype;
+  m.M = s.batch, m.N = s.cfg.C, m.K = 2 * s.cfg.H;
+  m.a_blocks = 2;  // hT [2, B, H]: the directions' final states, concatenated where they lie
+  // bf16: the weight gradient f32 (master weights); dhT f32 where the LSTM's backward takes it so.
+  m.f32_out = s.bf16() && (d == Direction::bwd_weight || (d == Direction::bwd_data && dh == DType::f32));
+  return m;
+}
+
 Layout layout_of(const Config& c) {
   Layout l;
   auto place = [&](std::int64_t n) { return models::place_aligned(l.total, l.parameters, n); };
@@ -114,7 +136,7 @@ State make_state(const Shape& s, const Layout& l, std::uint64_t seed) {
   u.fill_uniform(seed, 1, 0.f, 1.f);
   st.tokens.resize(N);
   for (std::size_t i = 0; i < N; ++i)
-    st.tokens[i] = static_cast<std::int32_t>(std::min<std::int64_t>(c.V - 1, static_cast<std::int64_t>(u.get(i) * static_cast<double>(c.V))));
+    st.tokens[i] = std::min<std::int64_t>(c.V - 1, static_cast<std::int64_t>(u.get(i) * static_cast<double>(c.V)));
   // The "positive" tenth of the vocabulary: fixed, so that every batch and seed poses the same task.
   HostBuffer pick(DType::f32, static_cast<std::size_t>(c.V));
   pick.fill_uniform(0xb1157ull, 2, 0.f, 1.f);

@@ -1,8 +1,9 @@
 // The model_bilstm family: whole training and inference steps of Max Woolf's IMDb bidirectional LSTM
-// classifier (Keras' imdb_bidirectional_lstm.py), chained from hotops' building blocks, on the CPU
-// (oneDNN lstm_forward / lstm_backward + OpenMP loops) and on CUDA (cuDNN's RNN API, cublasLt,
-// hand-written kernels, CUB's radix sort for the embedding gradient). The model, where it departs from
-// Keras' script, the directions and bf16 mixed precision: docs/models.md, "The BiLSTM".
+// classifier (Keras' imdb_bidirectional_lstm.py), chained from the op families' plans (embedding,
+// lstm, matmul, loss, copy, AdamW) on the CPU (oneDNN lstm_forward / lstm_backward + hotops' loops)
+// and on CUDA (cuDNN's RNN API + hotops' kernels, CUB's radix sort inside the embedding gradient).
+// The model, where it departs from Keras' script, the directions and bf16 mixed precision:
+// docs/models.md, "The BiLSTM".
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +13,8 @@
 
 #include "hotops/buffer.h"
 #include "hotops/op.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/matmul/matmul.h"
 #include "kernels/models/models.h"
 
 namespace hotops::model_bilstm {
@@ -60,7 +63,7 @@ Layout layout_of(const Config& c);
 // embedding uniform in [-1, 1) (PyTorch's N(0, 1) has the same order), LSTM weights and biases uniform
 // in +-1/sqrt(H) (PyTorch's LSTM init), dense W and b in +-1/sqrt(2H) (nn.Linear); m = v = 0.
 struct State {
-  std::vector<std::int32_t> tokens;  // [B, T], as a data loader hands them
+  std::vector<std::int64_t> tokens;  // [B, T], as a data loader hands them (int64: nn.Embedding's indices)
   std::vector<std::int32_t> labels;  // [B]
   HostBuffer params, m, v;           // flat, canonical Layout
 };
@@ -78,7 +81,7 @@ struct Reference {
   std::vector<double> grad;    // flat, train only
 };
 Reference reference(const Config& c, const Layout& l, const std::vector<double>& params,
-                    const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& labels, std::int64_t batch,
+                    const std::vector<std::int64_t>& tokens, const std::vector<std::int32_t>& labels, std::int64_t batch,
                     bool backward, bool bf16_rounding = false);
 
 // What one run produced, in host memory, in the canonical layout.
@@ -89,6 +92,14 @@ struct Outcome {
 };
 // One step from the seeded start against the reference (bounds: see model_bilstm.cpp).
 Check verify_outcome(const Shape& s, const Layout& l, const State& start, const Outcome& out);
+
+// The step's ops as their families' problems (the same plans run it on both backends):
+//   the lookup: embedding fwd, time-major x [T, B, E] from the f32 table (bf16 x in bf16);
+//   its gradient: embedding bwd from dx in `dx` (the LSTM's: f32 on the CPU, the dtype on CUDA);
+//   the dense head: addmm fwd over hT [2, B, H] read as [B, 2H] (matmul's a_blocks 2), mm bwd_weight
+//   (dW f32) and mm bwd_data (dhT in `dh`).
+embedding::Shape embedding_shape(const Shape& s, Direction d, DType dx);
+matmul::Shape head_shape(const Shape& s, Direction d, DType dh = DType::f32);
 
 HOTOPS_MODEL_ENTRY_POINTS(cpu_unsupported_reason);
 

@@ -17,7 +17,7 @@ void round_bf16(std::vector<double>& v) {
 }  // namespace
 
 Reference reference(const Config& c, const Layout& l, const std::vector<double>& params_in,
-                    const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& labels, std::int64_t batch,
+                    const std::vector<std::int64_t>& tokens, const std::vector<std::int32_t>& labels, std::int64_t batch,
                     bool backward, bool bf16_rounding) {
   const std::int64_t B = batch, T = c.T, E = c.E, H = c.H, C = c.C, G = 4 * H;
   std::vector<double> rounded;

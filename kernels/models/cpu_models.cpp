@@ -1,13 +1,13 @@
 // models on the CPU: each dense layer's GEMMs are the matmul family's plans (oneDNN: the forward
 // addmm with the bias and a ReLU post-op, the weight and data gradients on transposed views through
-// strides), or, for a layer below kSmallLayerMacs multiply-adds, hand-written single-thread loops:
-// there a primitive's fixed cost per call is most of the time. The loss with its gradient and the
+// strides; for a GEMM below matmul::kCpuLoopMacs multiply-adds the plan's hand-written single-thread
+// loops, where a primitive's fixed cost per call is most of the time). The loss with its gradient and the
 // last bias's is the loss family's cross_entropy_dbias plan, ReLU backward with the bias gradient the
 // pointwise family's relu_dbias plan; the AdamW step is an OpenMP loop (one thread below a grain of
 // work, where forking costs more than it saves).
 // bf16 (models.h): the same code on bf16 storage (the class and loops are templates on the storage
 // type), a flat cast of the f32 parameters to a bf16 copy first in each step, oneDNN bf16 matmuls
-// (f32 accumulation; the weight gradients written f32), the hand-written loops widening to f32.
+// or the plans' loops (f32 accumulation; the weight gradients written f32).
 #include <omp.h>
 
 #include <algorithm>
@@ -26,9 +26,7 @@ namespace {
 
 using bf16 = std::uint16_t;  // bf16 storage
 
-// Storage <-> f32: f32 as is; bf16 widened exactly, narrowed rounding to nearest even.
-HOTOPS_VECTOR_INLINE float load(float v) { return v; }
-HOTOPS_VECTOR_INLINE float load(bf16 v) { return vec::bf16_to_f32(v); }
+// f32 -> storage: f32 as is; bf16 rounded to nearest even.
 template <class T> HOTOPS_VECTOR_INLINE T store(float f);
 template <> HOTOPS_VECTOR_INLINE float store<float>(float f) { return f; }
 template <> HOTOPS_VECTOR_INLINE bf16 store<bf16>(float f) { return vec::f32_to_bf16(f); }
@@ -36,59 +34,7 @@ template <> HOTOPS_VECTOR_INLINE bf16 store<bf16>(float f) { return vec::f32_to_
 // Below this many elements a pointwise loop runs on one thread.
 constexpr std::int64_t kParallelGrain = 1 << 15;
 
-// The hand-written loops of a small layer (rows of the batch outermost; the inner loops run over
-// the contiguous output axis so that they vectorise), on storage T, in f32. For bf16, `acc` is a
-// row of f32 accumulators (out floats); f32 accumulates in y itself.
-template <class T>
-void small_forward(const T* a, const T* W, const T* b, T* y, std::int64_t B, std::int64_t in, std::int64_t out,
-                   bool relu, float* acc) {
-  for (std::int64_t r = 0; r < B; ++r) {
-    float* yr;
-    if constexpr (std::is_same_v<T, float>) yr = y + r * out;
-    else yr = acc;
-    for (std::int64_t o = 0; o < out; ++o) yr[o] = load(b[o]);
-    for (std::int64_t i = 0; i < in; ++i) {
-      const float ai = load(a[r * in + i]);
-      const T* Wi = W + i * out;
-      for (std::int64_t o = 0; o < out; ++o) yr[o] += ai * load(Wi[o]);
-    }
-    if (relu)
-      for (std::int64_t o = 0; o < out; ++o) yr[o] = std::max(yr[o], 0.f);
-    if constexpr (!std::is_same_v<T, float>)
-      for (std::int64_t o = 0; o < out; ++o) y[r * out + o] = store<T>(yr[o]);
-  }
-}
-
-// dW = a^T . dz (dW f32)
-template <class T>
-void small_weight_grad(const T* a, const T* dz, float* dW, std::int64_t B, std::int64_t in, std::int64_t out) {
-  std::fill_n(dW, in * out, 0.f);
-  for (std::int64_t r = 0; r < B; ++r)
-    for (std::int64_t i = 0; i < in; ++i) {
-      const float ai = load(a[r * in + i]);
-      float* dWi = dW + i * out;
-      const T* dzr = dz + r * out;
-      for (std::int64_t o = 0; o < out; ++o) dWi[o] += ai * load(dzr[o]);
-    }
-}
-
-// da = dz . W^T
-template <class T>
-void small_data_grad(const T* dz, const T* W, T* da, std::int64_t B, std::int64_t in, std::int64_t out) {
-  for (std::int64_t r = 0; r < B; ++r)
-    for (std::int64_t i = 0; i < in; ++i) {
-      const T* Wi = W + i * out;
-      const T* dzr = dz + r * out;
-      float s = 0.f;
-      for (std::int64_t o = 0; o < out; ++o) s += load(dzr[o]) * load(Wi[o]);
-      da[r * in + i] = store<T>(s);
-    }
-}
-
 void copy_into(HostBuffer& dst, const HostBuffer& src) { std::copy_n(src.as<float>(), src.count(), dst.as<float>()); }
-
-// Which layers a batch runs through oneDNN (the others are hand-written).
-bool small_layer(const Shape& s, std::size_t k) { return s.batch * s.in(k) * s.out(k) < kSmallLayerMacs; }
 
 // A model on storage T (float, or bf16 with f32 master weights: models.h).
 template <class T>
@@ -108,17 +54,12 @@ class CpuModel final : public ModelCase {
     std::fill_n(grads_.as<float>(), l_.total, 0.f);  // the padding is never written: zero, as AdamW needs
     act_.resize(L + 1);
     dact_.resize(L + 1);
-    std::int64_t widest = 1;
     for (std::size_t k = 0; k < L; ++k) {
       act_[k + 1] = HostBuffer(s_.dtype, static_cast<std::size_t>(B * s_.out(k)));
       if (s_.train()) dact_[k + 1] = HostBuffer(s_.dtype, static_cast<std::size_t>(B * s_.out(k)));
-      widest = std::max(widest, s_.out(k));
     }
-    if constexpr (kBf16) acc_.assign(static_cast<std::size_t>(widest), 0.f);
     fwd_.resize(L), wgrad_.resize(L), dgrad_.resize(L);
     for (std::size_t k = 0; k < L; ++k) {
-      small_.push_back(small_layer(s_, k));
-      if (small_.back()) continue;
       fwd_[k] = matmul::make_cpu_plan(forward_gemm(s_, k));
       if (!s_.train()) continue;
       wgrad_[k] = matmul::make_cpu_plan(weight_grad_gemm(s_, k));
@@ -164,15 +105,15 @@ class CpuModel final : public ModelCase {
   std::string label() const override {
     std::string what;
     int small = 0;
-    for (bool b : small_) small += b;
-    what = std::to_string(s_.layers()) + " dense layers: ";
-    if (small == static_cast<int>(small_.size())) what += "hand-written single-thread loops (every layer < 64K MACs)";
-    else if (small == 0) what += "matmul plans, oneDNN (bias + ReLU post-op fwd, strided transposes bwd)";
-    else what += "matmul plans, oneDNN, " + std::to_string(small) + " small layer(s) hand-written";
+    for (std::size_t k = 0; k < s_.layers(); ++k) small += matmul::cpu_runs_loops(forward_gemm(s_, k));
+    what = std::to_string(s_.layers()) + " dense layers: matmul plans, ";
+    if (small == static_cast<int>(s_.layers())) what += "hand-written single-thread loops (every layer < 64K MACs)";
+    else if (small == 0) what += "oneDNN (bias + ReLU post-op fwd, strided transposes bwd)";
+    else what += "oneDNN, " + std::to_string(small) + " small layer(s) on hand-written loops";
     if constexpr (kBf16) {
       what = "bf16 autocast (f32 master weights cast to bf16 each step, f32 accumulation), " + what;
-      for (std::size_t k = 0; k < small_.size(); ++k)
-        if (!small_[k]) {
+      for (std::size_t k = 0; k < s_.layers(); ++k)
+        if (!matmul::cpu_runs_loops(forward_gemm(s_, k))) {
           what += " [" + fwd_[k]->label() + "]";
           break;
         }
@@ -211,13 +152,9 @@ class CpuModel final : public ModelCase {
   }
 
   void forward() {
-    const std::int64_t B = s_.batch;
     for (std::size_t k = 0; k < s_.layers(); ++k) {
       trace::op("addmm");
-      T* W = weights() + l_.w[k];
-      T* b = weights() + l_.b[k];
-      if (small_[k]) small_forward<T>(input(k), W, b, act_[k + 1].as<T>(), B, s_.in(k), s_.out(k), k + 1 < s_.layers(), acc_.data());
-      else fwd_[k]->run({input(k), W, b, nullptr, act_[k + 1].data(), nullptr});
+      fwd_[k]->run({input(k), weights() + l_.w[k], weights() + l_.b[k], nullptr, act_[k + 1].data(), nullptr});
     }
   }
 
@@ -241,19 +178,11 @@ class CpuModel final : public ModelCase {
   }
 
   void backward() {
-    const std::int64_t B = s_.batch;
     for (std::size_t k = s_.layers(); k-- > 0;) {
-      const std::int64_t in = s_.in(k), out = s_.out(k);
       T* dz = dact_[k + 1].as<T>();
-      T* W = weights() + l_.w[k];
       trace::op("mm");
-      if (small_[k]) {
-        small_weight_grad<T>(input(k), dz, grads_.as<float>() + l_.w[k], B, in, out);
-        if (k > 0) small_data_grad<T>(dz, W, dact_[k].as<T>(), B, in, out);
-      } else {
-        wgrad_[k]->run({input(k), nullptr, nullptr, dz, grads_.as<float>() + l_.w[k], nullptr});
-        if (k > 0) dgrad_[k]->run({nullptr, W, nullptr, dz, dact_[k].data(), nullptr});
-      }
+      wgrad_[k]->run({input(k), nullptr, nullptr, dz, grads_.as<float>() + l_.w[k], nullptr});
+      if (k > 0) dgrad_[k]->run({nullptr, weights() + l_.w[k], nullptr, dz, dact_[k].data(), nullptr});
       if (k > 0) trace::op("relu_bwd"), relu_dbias(k - 1);
     }
   }
@@ -270,11 +199,9 @@ class CpuModel final : public ModelCase {
   int threads_;
   HostBuffer params_, grads_, m_, v_;
   HostBuffer low_;                // bf16: the step's bf16 copy of params_ (same layout)
-  std::vector<float> acc_;        // bf16: a row of f32 accumulators for the hand-written forward
   std::vector<HostBuffer> act_;   // [k]: layer k's output (post-ReLU for hidden layers, logits last); [0] unused
   std::vector<HostBuffer> dact_;  // [k]: gradient of act_[k] (dlogits last; da, then dz in place, for hidden)
-  std::vector<bool> small_;
-  std::vector<std::unique_ptr<matmul::Plan>> fwd_, wgrad_, dgrad_;  // per layer, null where hand-written
+  std::vector<std::unique_ptr<matmul::Plan>> fwd_, wgrad_, dgrad_;  // per layer (dgrad_[0] null: no da)
   std::vector<std::unique_ptr<pointwise::Plan>> relu_dbias_;         // per hidden layer
   std::unique_ptr<loss::Plan> xent_;                                 // train: the head's loss and gradients
   float loss_out_ = 0;                                               // where xent_ writes the loss
@@ -292,9 +219,8 @@ std::unique_ptr<ModelCase> make_cpu(const Problem& p) {
 std::string cpu_bf16_reason(const Problem& p) {
   if (p.dtype != DType::bf16) return "";
   const Shape s = shape_of(p);
-  // The GEMMs CpuModel<bf16> plans for its oneDNN layers, descriptors only.
+  // The GEMMs CpuModel<bf16> plans, descriptors only (those on the plans' loops need no oneDNN).
   for (std::size_t k = 0; k < s.layers(); ++k) {
-    if (small_layer(s, k)) continue;
     std::vector<matmul::Shape> gemms{forward_gemm(s, k)};
     if (s.train()) gemms.push_back(weight_grad_gemm(s, k));
     if (s.train() && k > 0) gemms.push_back(data_grad_gemm(s, k));

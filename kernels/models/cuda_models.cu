@@ -15,33 +15,12 @@
 #include "hotops/cuda_util.h"
 #include "hotops/trace.h"
 #include "kernels/matmul/matmul.h"
+#include "kernels/models/cuda_dense.h"
 #include "kernels/models/cuda_step.cuh"
 #include "kernels/models/models.h"
 
 namespace hotops::models {
 namespace {
-
-// A dense layer's forward, y = act(a . W + b): the matmul plan with cublasLt's bias (+ ReLU)
-// epilogue, or, where cublasLt has no kernel with that epilogue for the shape, the plain GEMM's plan
-// and the pointwise relu_bias plan after it (the label counts those).
-struct DenseForward {
-  std::unique_ptr<matmul::Plan> gemm;
-  std::unique_ptr<pointwise::Plan> bias;  // null where the GEMM's epilogue adds the bias
-
-  DenseForward(const Shape& s, std::size_t k) {
-    const matmul::Shape g = forward_gemm(s, k);
-    try {
-      gemm = matmul::make_cuda_plan(g);
-      return;
-    } catch (const Error& e) {
-      if (e.kind() != ErrorKind::unsupported) throw;
-    }
-    matmul::Shape plain = g;
-    plain.op = matmul::Op::mm, plain.relu = false;
-    gemm = matmul::make_cuda_plan(plain);
-    bias = pointwise::make_cuda_plan(relu_bias_shape(s, k));
-  }
-};
 
 class CudaModel final : public ModelCase {
  public:
@@ -75,7 +54,7 @@ class CudaModel final : public ModelCase {
     if (s_.variant == Variant::e2e && !s_.train()) logits_host_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * s_.classes()));
 
     for (std::size_t k = 0; k < L; ++k) {
-      fwd_.emplace_back(s_, k);
+      fwd_.emplace_back(forward_gemm(s_, k), relu_bias_shape(s_, k));
       if (!s_.train()) continue;
       wgrad_.push_back(matmul::make_cuda_plan(weight_grad_gemm(s_, k)));
       dgrad_.push_back(k == 0 ? nullptr : matmul::make_cuda_plan(data_grad_gemm(s_, k)));
@@ -213,20 +192,12 @@ class CudaModel final : public ModelCase {
     layers_step();
   }
 
-  // y = act(y + b) in place after a plain GEMM, where cublasLt has no bias epilogue for layer k.
-  void bias_after(std::size_t k) {
-    pointwise::Args a;
-    a.x = a.out = act_[k + 1].get(), a.b = weight(l_.b[k]);
-    fwd_[k].bias->run(a);
-  }
-
   // The layers' forward and, for train, the loss, the backward and the optimizer.
   void layers_step() {
     const std::size_t L = s_.layers();
     for (std::size_t k = 0; k < L; ++k) {
       trace::op("addmm");
-      fwd_[k].gemm->run({input(k), weight(l_.w[k]), weight(l_.b[k]), nullptr, act_[k + 1].get(), nullptr});
-      if (fwd_[k].bias) bias_after(k);
+      fwd_[k].run(input(k), weight(l_.w[k]), weight(l_.b[k]), act_[k + 1].get());
     }
     if (!s_.train()) return;
     trace::op("cross_entropy");

@@ -258,12 +258,9 @@ std::vector<Problem> step_problems(const Models& ms, const std::vector<std::int6
   });
 }
 
-// The CPU's hand-written path takes a layer below this many multiply-adds (batch x in x out): there
-// a oneDNN primitive's fixed cost per call is most of the time.
-constexpr std::int64_t kSmallLayerMacs = 64 * 1024;
-
 // Why this CPU cannot run the problem ("" when it can): for bf16, oneDNN's refusal of a bf16 matmul
-// that one of the case's oneDNN layers needs (layers below kSmallLayerMacs are hand-written).
+// that one of the case's oneDNN layers needs (the matmul plans' loops take GEMMs below
+// matmul::kCpuLoopMacs without oneDNN).
 HOTOPS_MODEL_ENTRY_POINTS(cpu_bf16_reason);
 
 }  // namespace hotops::models

@@ -5,6 +5,7 @@
 // p:<probability>. Both ops are elementwise, so only the element count matters to them; dims are
 // there to say which tensor of which model it is. relu_dbias/<backend>/<dtype>/bwd/shape:<model.layer>/
 // batch:B/dims:BxN: a dense layer's [B, N] activations, N the bias's length; relu_bias the same, fwd.
+// scale_residual (scale_residual.h): <backend>/<dtype>/<fwd|bwd>/shape:<model.layer>/batch:B/dims:BxHxWxC.
 #include "kernels/pointwise/pointwise.h"
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "hotops/check.h"
 #include "hotops/elementwise.h"
 #include "hotops/op_family.h"
+#include "kernels/pointwise/scale_residual.h"
 
 namespace hotops::pointwise {
 namespace {
@@ -50,6 +52,18 @@ const std::vector<NamedShape>& dense_shapes() {
       {"mlp_mnist.hidden", {512}, 128},
       // Spark NLP ClassifierDL (768 -> 512 -> 2), batch 1024.
       {"classifierdl.hidden", {512}, 1024},
+  };
+  return shapes;
+}
+
+// scale_residual: ConvNeXt-T's layer scale and residual add (NHWC, channels last) at stage 1 (96
+// channels, 56x56) and stage 3 (384, 14x14), at the batches of model.convnext_block.
+const std::vector<NamedShape>& convnext_shapes() {
+  static const std::vector<NamedShape> shapes = {
+      {"convnext.s1", {56, 56, 96}, 8},
+      {"convnext.s1", {56, 56, 96}, 32},
+      {"convnext.s3", {14, 14, 384}, 8},
+      {"convnext.s3", {14, 14, 384}, 32},
   };
   return shapes;
 }
@@ -135,18 +149,28 @@ struct PointwiseOp : OpOf<Shape, Args, Inputs, HostBuffer> {
 
 // relu: oneDNN answers for itself; the other loops run on any x86-64.
 std::string cpu_unsupported_reason(const Problem& p) {
+  if (p.op == "scale_residual") return "";
   return shape_of(p).op == Op::relu ? relu_onednn_unsupported_reason(p) : "";
+}
+
+std::unique_ptr<Case> make_case(const Problem& p) {
+  return p.op == "scale_residual" ? scale_residual::make_case(p) : make_plan_case<PointwiseOp>(p);
 }
 
 class PointwiseFamily final : public OpFamily {
  public:
-  PointwiseFamily()
-      : OpFamily("pointwise", cpu_unsupported_reason, make_plan_case<PointwiseOp>,
-                 HOTOPS_CUDA_FACTORY(make_plan_case<PointwiseOp>)) {}
+  PointwiseFamily() : OpFamily("pointwise", cpu_unsupported_reason, make_case, HOTOPS_CUDA_FACTORY(make_case)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     std::vector<Problem> out = elementwise::benchmark_problems(named_shapes(), kFlatElements, batches, expand_both);
     for (Problem& p : elementwise::benchmark_problems(dense_shapes(), std::vector<std::int64_t>{}, batches, expand_dense))
+      out.push_back(std::move(p));
+    // scale_residual: each shape at its own batch, or at each asked batch (the shapes repeat per batch).
+    std::vector<NamedShape> convnext;
+    for (const NamedShape& ns : convnext_shapes())
+      if (batches.empty() || std::none_of(convnext.begin(), convnext.end(), [&](const NamedShape& c) { return c.name == ns.name; }))
+        convnext.push_back(ns);
+    for (Problem& p : elementwise::benchmark_problems(convnext, std::vector<std::int64_t>{}, batches, scale_residual::expand))
       out.push_back(std::move(p));
     return out;
   }
@@ -169,6 +193,12 @@ class PointwiseFamily final : public OpFamily {
     offset.push_back({"offset", "3"});
     expand_dense(offset, out);
     expand_dense(model_args("test", 130, {70}), out);
+    // scale_residual: one element; a partial column tile; three column tiles by three row splits,
+    // the last partial; more rows than one CPU chunk.
+    scale_residual::expand(model_args("test", 1, {1}), out);
+    scale_residual::expand(model_args("test", 2, {3, 37}), out);
+    scale_residual::expand(model_args("test", 130, {70}), out);
+    scale_residual::expand(model_args("test", 2, {300, 8}), out);
     return out;
   }
 
@@ -178,6 +208,7 @@ class PointwiseFamily final : public OpFamily {
   // Bytes, each tensor once: relu fwd x + y, bwd x + dy + dx; dropout fwd x + y + the uint8 mask
   // it writes, bwd dy + mask + dx; relu_dbias x + dy + dx and the f32 db; relu_bias x + y and b.
   Work work(const Problem& p) const override {
+    if (p.op == "scale_residual") return scale_residual::work(p);
     const Shape s = shape_of(p);
     const double n = static_cast<double>(s.elements), e = static_cast<double>(dtype_size(s.dtype));
     Work w;
