@@ -94,12 +94,12 @@ HOTOPS_VECTOR_INLINE void grad(const void* zv, const std::uint8_t* __restrict ar
   for (std::int64_t q = 0; q < k * k && arg; ++q) at[q] = (q / k) * stride + (q % k) * C;
   // The loops unswitched on the window (arg), dropout (key) and batch norm (mean), so that each is
   // one straight vector loop.
-  const auto loop = [&](auto pooled, auto drops, auto bn) {
+  const auto loop = [&](auto pooled, auto drops, auto bn) HOTOPS_LAMBDA_INLINE {
     for (std::int64_t c = 0; c < C; ++c) {
       float zv1;
       if constexpr (decltype(pooled)::value) zv1 = Elem<D>::load(z[at[arg[c]] + c]);
       else zv1 = Elem<D>::load(z[c]);
-      float d = std::max(zv1 * sc[c] + sh[c], 0.f) > 0.f ? Elem<D>::load(dout[c]) : 0.f;
+      float d = vec::if_set(zv1 * sc[c] + sh[c] > 0.f, Elem<D>::load(dout[c]), 0.f);
       if constexpr (decltype(drops)::value)
         d *= vec::if_set(pointwise::dropout_keep(kk, e0 + static_cast<std::uint32_t>(c), hi), kk.scale, 0.f);
       g[c] = d;
@@ -109,8 +109,8 @@ HOTOPS_VECTOR_INLINE void grad(const void* zv, const std::uint8_t* __restrict ar
   };
   using Y = std::true_type;
   using N = std::false_type;
-  const auto with_bn = [&](auto pooled, auto drops) { mean ? loop(pooled, drops, Y{}) : loop(pooled, drops, N{}); };
-  const auto with_drops = [&](auto pooled) { key ? with_bn(pooled, Y{}) : with_bn(pooled, N{}); };
+  const auto with_bn = [&](auto pooled, auto drops) HOTOPS_LAMBDA_INLINE { mean ? loop(pooled, drops, Y{}) : loop(pooled, drops, N{}); };
+  const auto with_drops = [&](auto pooled) HOTOPS_LAMBDA_INLINE { key ? with_bn(pooled, Y{}) : with_bn(pooled, N{}); };
   arg ? with_drops(Y{}) : with_drops(N{});
 }
 
@@ -125,7 +125,7 @@ HOTOPS_VECTOR_INLINE void dz_row(const void* zv, const float* __restrict g, cons
   T* __restrict dz = static_cast<T*>(dzv);
   // Unswitched: where dy comes from (none: outside every window; g at every element; g at the argmax)
   // and whether batch norm adds its terms.
-  const auto loop = [&](auto from, auto bn) {
+  const auto loop = [&](auto from, auto bn) HOTOPS_LAMBDA_INLINE {
     for (std::int64_t c = 0; c < C; ++c) {
       float d = 0.f;
       if constexpr (decltype(from)::value == 1) d = g[c];
@@ -135,7 +135,7 @@ HOTOPS_VECTOR_INLINE void dz_row(const void* zv, const float* __restrict g, cons
       dz[c] = Elem<D>::store(v);
     }
   };
-  const auto with_bn = [&](auto from) { mean ? loop(from, std::true_type{}) : loop(from, std::false_type{}); };
+  const auto with_bn = [&](auto from) HOTOPS_LAMBDA_INLINE { mean ? loop(from, std::true_type{}) : loop(from, std::false_type{}); };
   if (!g) with_bn(std::integral_constant<int, 0>{});
   else if (!arg) with_bn(std::integral_constant<int, 1>{});
   else with_bn(std::integral_constant<int, 2>{});
