@@ -39,6 +39,11 @@ const std::vector<NamedShape>& named_shapes() {
       // hidden states, [2, batch, 128] read as [batch, 256], into 2 classes; its forward with the
       // bias (addmm) and both gradients (mm; the bias gradient comes with the loss).
       {"imdb_bilstm.dense", linear, 1, 0, 0, 2, 256, V{32, 64, 256}, false, "", 2},
+      // The convnets' hidden dense layer (model_cnn: the flattened last pool to the hidden units), at
+      // the batch of their one-thread entries; their f32 inference step runs addmm with the weights
+      // prepacked (`w:packed`).
+      {"keras_cnn.dense", linear, 1, 0, 0, 1024, 56448, V{16}, false, "", 1, true},
+      {"vgg_cifar.dense", linear, 1, 0, 0, 512, 2304, V{32}, false, "", 1, true},
       // Square sizes, no batch axis: where the libraries reach their peak.
       {"square", linear, 0, 0, 2048, 2048, 2048, V{}},
       {"square", linear, 0, 0, 4096, 4096, 4096, V{}},
