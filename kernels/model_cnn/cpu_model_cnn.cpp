@@ -21,7 +21,6 @@
 #include "kernels/copy/copy.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/maxpool/cpu_onednn.h"
-#include "kernels/model_cnn/cpu_conv_pool.h"
 #include "kernels/model_cnn/model_cnn.h"
 
 namespace hotops::model_cnn {
@@ -76,8 +75,8 @@ class CpuCnn final : public ModelCase {
     const Arch& a = s_.arch;
     const std::int64_t B = s_.batch;
     const dt at = adt();  // the activations' type
-    // infer with a pooled first conv reads the images in nchw (see the file comment): they are held in
-    // that order, converted here, as the CUDA NCHW path holds them, so the step reorders nothing.
+    // infer with a pooled first conv reads the images in nchw (conv_shape): they are held in that
+    // order, converted here, as the CUDA NCHW path holds them, so the step reorders nothing.
     x_nchw_ = !s_.train() && s_.convs.front().pool > 0;
     x_ = images(seeded_.x);
     labels_ = seeded_.labels;
@@ -97,22 +96,9 @@ class CpuCnn final : public ModelCase {
     if (s_.train()) dz_ = memory(nhwc(B, 1, 1, max_out, at), eng);
     x_mem_ = memory(x_nchw_ ? memory::desc({B, a.C, a.H, a.W}, at, tag::nchw) : nhwc(B, a.C, a.H, a.W, at), eng, x_.data());
     memory in = x_mem_;
-    {
-      const ConvLayer& c = s_.convs.front();
-      fused_ = {B, c.C, c.H, c.W, c.K, c.pad, c.pool, c.PH, c.PW};
-      fuse_first_ = x_nchw_ && !s_.bf16() && conv_pool_supported(fused_);
-    }
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
       const ConvLayer& c = s_.convs[i];
-      const Layer& ly = l_.conv[i];
       ConvPrims& cp = conv_.emplace_back();
-      if (i == 0 && fuse_first_) {  // conv + bias + ReLU + pool in one pass (cpu_conv_pool.h), into nhwc
-        fused_w_ = conv_pool_filters(P + ly.w, c.K, c.C);
-        fused_b_ = P + ly.b;
-        cp.p = memory(nhwc(B, c.K, c.PH, c.PW, at), eng);
-        in = cp.p;
-        continue;
-      }
       plan_conv(i, cp, in, P);
       const memory::desc dst = conv2d::onednn_desc(*cp.fwd, conv2d::Tensor::y);  // NHWC (train), or the conv's own layout (infer)
       if (s_.train()) {
@@ -197,7 +183,6 @@ class CpuCnn final : public ModelCase {
 
   std::string label() const override {
     std::string l = std::string(s_.bf16() ? "bf16 autocast (f32 master weights cast each step; bf16 activations, f32 accumulation); " : "") +
-                    (fuse_first_ ? "conv 1 + bias + ReLU + max-pool: one hotops pass (" + conv_pool_isa() + "); conv 2 on: " : "") +
                     "oneDNN convolution (" + conv_impl_ + ")";
     const std::string dense = "; dense: " + dense1_->label() + (w1_cast_ ? " (W1 cast: " + w1_cast_->label() + ")" : "");
     if (s_.train())
@@ -420,11 +405,6 @@ class CpuCnn final : public ModelCase {
     for (std::size_t i = 0; i < conv_.size(); ++i) {
       ConvPrims& cp = conv_[i];
       const ConvLayer& c = s_.convs[i];
-      if (i == 0 && fuse_first_) {
-        trace::op("conv2d_relu_maxpool");
-        conv_pool(fused_, x_.as<float>(), fused_w_.data(), fused_b_, static_cast<float*>(cp.p.get_data_handle()));
-        continue;
-      }
       if (s_.train()) {
         trace::op("conv2d");  // with the weights' reorder from the parameters
         cp.fwd->run({cp.in.get_data_handle(), cp.w, nullptr, nullptr, cp.z.get_data_handle(), nullptr});
@@ -586,11 +566,6 @@ class CpuCnn final : public ModelCase {
   std::vector<ConvPrims> conv_;
   std::vector<memory> d_in_;  // train: per conv layer, the gradient of its input (none for the first)
   bool x_nchw_ = false;       // x_ holds the images nchw (infer with a pooled first conv), else nhwc
-  // infer f32: the first layer (conv, bias, ReLU, pool) as one hotops pass, where conv_pool takes it
-  bool fuse_first_ = false;
-  ConvPoolShape fused_{};
-  std::vector<float> fused_w_;  // [C][3][3][K], from the folded weights
-  const float* fused_b_ = nullptr;
   memory x_mem_, flat_, dz_;
   // The hidden layer: the matmul plans, batchnorm_relu's (train) and their tensors.
   std::unique_ptr<matmul::Plan> dense1_, dense1_dw_, dense1_dx_;
