@@ -141,9 +141,16 @@ HOTOPS_VECTOR_INLINE void dz_row(const void* zv, const float* __restrict g, cons
   else with_bn(std::integral_constant<int, 2>{});
 }
 
+// The clones take runs of rows, so that a call (an indirect one, through the clones' resolver) and
+// its index arithmetic are paid once a run, not once a row of a few channels.
+// stats: `rows` contiguous rows of z. grad: `rows` pooled rows of one pooled image row (their
+// windows' corners k C apart, their dropout elements C apart). dz: one image row of z (W rows): its
+// pooled row's gradient gp and argmax bytes ap (null: the row lies below the last window), q0 the
+// argmax value of its first element in its window.
 #define RELU_MAXPOOL_CLONES(SUFFIX, D)                                                                                     \
-  HOTOPS_CPU_CLONES void stats_##SUFFIX(const void* z, const float* k0, double* x1, double* x2, std::int64_t C) {          \
-    stats<D>(z, k0, x1, x2, C);                                                                                            \
+  HOTOPS_CPU_CLONES void stats_##SUFFIX(const void* z, const float* k0, double* x1, double* x2, std::int64_t C,            \
+                                        std::int64_t rows) {                                                               \
+    for (std::int64_t r = 0; r < rows; ++r) stats<D>(static_cast<const typename Elem<D>::T*>(z) + r * C, k0, x1, x2, C);   \
   }                                                                                                                        \
   HOTOPS_CPU_CLONES void pool_##SUFFIX(const void* z, std::int64_t k, std::int64_t stride, std::int64_t C, const float* sc, \
                                        const float* sh, const pointwise::DropoutKey* key, std::uint32_t e0, std::uint32_t hi, \
@@ -153,13 +160,22 @@ HOTOPS_VECTOR_INLINE void dz_row(const void* zv, const float* __restrict g, cons
   HOTOPS_CPU_CLONES void grad_##SUFFIX(const void* z, const std::uint8_t* arg, std::int64_t k, std::int64_t stride,         \
                                        std::int64_t C, const float* sc, const float* sh, const float* mean, const float* rstd, \
                                        const void* dout, const pointwise::DropoutKey* key, std::uint32_t e0, std::uint32_t hi, \
-                                       float* g, double* x1, double* x2) {                                                 \
-    grad<D>(z, arg, k, stride, C, sc, sh, mean, rstd, dout, key, e0, hi, g, x1, x2);                                       \
+                                       float* g, double* x1, double* x2, std::int64_t rows) {                              \
+    using T = typename Elem<D>::T;                                                                                         \
+    for (std::int64_t r = 0; r < rows; ++r)                                                                                \
+      grad<D>(static_cast<const T*>(z) + r * k * C, arg ? arg + r * C : nullptr, k, stride, C, sc, sh, mean, rstd,         \
+              static_cast<const T*>(dout) + r * C, key, e0 + static_cast<std::uint32_t>(r * C), hi, g + r * C, x1, x2);     \
   }                                                                                                                        \
-  HOTOPS_CPU_CLONES void dz_##SUFFIX(const void* z, const float* g, const std::uint8_t* arg, std::uint8_t q, std::int64_t C, \
-                                     const float* A, const float* B0, const float* C0, const float* mean, const float* rstd,  \
-                                     void* dz) {                                                                           \
-    dz_row<D>(z, g, arg, q, C, A, B0, C0, mean, rstd, dz);                                                                 \
+  HOTOPS_CPU_CLONES void dz_##SUFFIX(const void* z, const float* gp, const std::uint8_t* ap, std::int64_t W, std::int64_t PW, \
+                                     std::int64_t k, std::int64_t q0, std::int64_t C, const float* A, const float* B0,     \
+                                     const float* C0, const float* mean, const float* rstd, void* dz) {                    \
+    using T = typename Elem<D>::T;                                                                                         \
+    for (std::int64_t w = 0, pw = 0, t = 0; w < W; ++w) {                                                                  \
+      const bool inside = gp && pw < PW;                                                                                   \
+      dz_row<D>(static_cast<const T*>(z) + w * C, inside ? gp + pw * C : nullptr, inside && ap ? ap + pw * C : nullptr,    \
+                static_cast<std::uint8_t>(q0 + t), C, A, B0, C0, mean, rstd, static_cast<T*>(dz) + w * C);                 \
+      if (++t == k) t = 0, ++pw;                                                                                           \
+    }                                                                                                                      \
   }
 RELU_MAXPOOL_CLONES(f32, DType::f32)
 RELU_MAXPOOL_CLONES(bf16, DType::bf16)
@@ -177,8 +193,9 @@ struct Rows {
 
 }  // namespace kernel
 
-// Per-channel sums s1, s2 of f(row, c, &a, &b) over `rows` rows, per thread in double, then added in
-// thread order (deterministic for a thread count).
+// Per-channel sums s1, s2 over `rows` rows, f(first, end, a, b) adding rows [first, end) into a and
+// b, per thread in double (each thread one range), then added in thread order (deterministic for a
+// thread count).
 template <class F>
 void row_sums(std::int64_t rows, std::int64_t C, std::vector<double>& s1, std::vector<double>& s2, F f) {
   const int nt = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(std::max<std::int64_t>(rows, 1))));
@@ -188,7 +205,7 @@ void row_sums(std::int64_t rows, std::int64_t C, std::vector<double>& s1, std::v
     const int t = omp_get_thread_num();
     double* __restrict a = part.data() + 2 * C * t;
     double* __restrict b = a + C;
-    for (std::int64_t r = rows * t / nt; r < rows * (t + 1) / nt; ++r) f(r, a, b);
+    f(rows * t / nt, rows * (t + 1) / nt, a, b);
   }
   s1.assign(static_cast<std::size_t>(C), 0.0), s2.assign(static_cast<std::size_t>(C), 0.0);
   for (std::int64_t c = 0; c < C; ++c)
@@ -254,17 +271,21 @@ class CpuReluMaxpool final : public Plan {
     for (std::int64_t c = 0; c < C; ++c) k0[static_cast<std::size_t>(c)] = load(z[c * cs]);
     std::vector<double> s1, s2;
     if (rows_contiguous())
-      row_sums(rows, C, s1, s2, [&](std::int64_t r, double* x1, double* x2) { kernel::Rows<T>::stats(z + r * C, k0.data(), x1, x2, C); });
+      row_sums(rows, C, s1, s2, [&](std::int64_t r0, std::int64_t r1, double* x1, double* x2) {
+        kernel::Rows<T>::stats(z + r0 * C, k0.data(), x1, x2, C, r1 - r0);
+      });
     else
-    row_sums(rows, C, s1, s2, [&](std::int64_t r, double* __restrict x1, double* __restrict x2) {
-      const T* __restrict zr = z + z_row(r);
-      const float* __restrict k = k0.data();
+      row_sums(rows, C, s1, s2, [&](std::int64_t r0, std::int64_t r1, double* __restrict x1, double* __restrict x2) {
+        for (std::int64_t r = r0; r < r1; ++r) {
+          const T* __restrict zr = z + z_row(r);
+          const float* __restrict k = k0.data();
 #pragma omp simd
-      for (std::int64_t c = 0; c < C; ++c) {
-        const double d = static_cast<double>(load(zr[c * cs])) - k[c];
-        x1[c] += d, x2[c] += d * d;
-      }
-    });
+          for (std::int64_t c = 0; c < C; ++c) {
+            const double d = static_cast<double>(load(zr[c * cs])) - k[c];
+            x1[c] += d, x2[c] += d * d;
+          }
+        }
+      });
     const double M = static_cast<double>(rows);
     for (std::int64_t c = 0; c < C; ++c) {
       const auto k = static_cast<std::size_t>(c);
@@ -330,23 +351,25 @@ class CpuReluMaxpool final : public Plan {
     std::vector<double> s1, s2;
     const pointwise::DropoutKey* kp = drops ? &key : nullptr;
     const float* mb = bn ? mean : nullptr;
-    row_sums(s_.N * PH * PW, C, s1, s2, [&](std::int64_t r, double* x1, double* x2) {
-      const std::int64_t pw = r % PW, ph = (r / PW) % PH, n = r / (PW * PH);
-      kernel::Rows<T>::grad(z + ((n * H + ph * k) * W + pw * k) * C, pool ? arg + r * C : nullptr, k, W * C, C, sc, sh, mb, rstd,
-                            dout + r * C, kp, static_cast<std::uint32_t>((ph * PW + pw) * C), static_cast<std::uint32_t>(n % period),
-                            gd + r * C, x1, x2);
+    row_sums(s_.N * PH * PW, C, s1, s2, [&](std::int64_t r0, std::int64_t r1, double* x1, double* x2) {
+      for (std::int64_t r = r0; r < r1;) {  // the range's pieces of pooled image rows
+        const std::int64_t pw = r % PW, ph = (r / PW) % PH, n = r / (PW * PH), rows = std::min(r1 - r, PW - pw);
+        kernel::Rows<T>::grad(z + ((n * H + ph * k) * W + pw * k) * C, pool ? arg + r * C : nullptr, k, W * C, C, sc, sh, mb, rstd,
+                              dout + r * C, kp, static_cast<std::uint32_t>((ph * PW + pw) * C),
+                              static_cast<std::uint32_t>(n % period), gd + r * C, x1, x2, rows);
+        r += rows;
+      }
     });
     std::vector<float> A(static_cast<std::size_t>(C), 1.f), B0(A.size(), 0.f), C0(A.size(), 0.f);
     coefficients(a, s1, s2, A, B0, C0);
     T* dz = static_cast<T*>(a.dz);
-    const std::int64_t rows = s_.N * H * W;
+    const std::int64_t image_rows = s_.N * H;
 #pragma omp parallel for schedule(static)
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t w = r % W, h = (r / W) % H, n = r / (W * H), ph = h / k, pw = w / k;
-      const bool inside = ph < PH && pw < PW;
-      const std::int64_t pr = ((n * PH + ph) * PW + pw) * C;
-      kernel::Rows<T>::dz(z + r * C, inside ? gd + pr : nullptr, pool && inside ? arg + pr : nullptr,
-                          static_cast<std::uint8_t>((h % k) * k + w % k), C, A.data(), B0.data(), C0.data(), mb, rstd, dz + r * C);
+    for (std::int64_t r = 0; r < image_rows; ++r) {  // z's image row (n, h), its pooled row ph
+      const std::int64_t h = r % H, n = r / H, ph = h / k;
+      const std::int64_t pr = ((n * PH + ph) * PW) * C;
+      kernel::Rows<T>::dz(z + r * W * C, ph < PH ? gd + pr : nullptr, pool && ph < PH ? arg + pr : nullptr, W, PW, k, (h % k) * k, C,
+                          A.data(), B0.data(), C0.data(), mb, rstd, dz + r * W * C);
     }
   }
 
@@ -406,15 +429,17 @@ class CpuReluMaxpool final : public Plan {
     const T* z = static_cast<const T*>(a.z);
     const std::int64_t C = s_.C, k = s_.k, PH = s_.PH(), PW = s_.PW();
     std::vector<double> s1, s2;
-    row_sums(s_.N * PH * PW, C, s1, s2, [&](std::int64_t r, double* x1, double* x2) {
-      const std::int64_t pw = r % PW, ph = (r / PW) % PH, n = r / (PW * PH);
-      const std::int64_t o = pooled_row(r);
-      for (std::int64_t c = 0; c < C; ++c) {
-        const std::int64_t q = s_.pool ? a.arg[o + c * pcs_] : 0, h = ph * k + q / k, w = pw * k + q % k;
-        const float zv = load(z[z_row((n * s_.H + h) * s_.W + w) + c * cs_]);
-        const float d = dy(a, n, h, w, c, zv);
-        x1[c] += d;
-        if (s_.bn) x2[c] += static_cast<double>(d * (zv - a.mean[c]) * a.rstd[c]);
+    row_sums(s_.N * PH * PW, C, s1, s2, [&](std::int64_t r0, std::int64_t r1, double* x1, double* x2) {
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const std::int64_t pw = r % PW, ph = (r / PW) % PH, n = r / (PW * PH);
+        const std::int64_t o = pooled_row(r);
+        for (std::int64_t c = 0; c < C; ++c) {
+          const std::int64_t q = s_.pool ? a.arg[o + c * pcs_] : 0, h = ph * k + q / k, w = pw * k + q % k;
+          const float zv = load(z[z_row((n * s_.H + h) * s_.W + w) + c * cs_]);
+          const float d = dy(a, n, h, w, c, zv);
+          x1[c] += d;
+          if (s_.bn) x2[c] += static_cast<double>(d * (zv - a.mean[c]) * a.rstd[c]);
+        }
       }
     });
     std::vector<float> A(static_cast<std::size_t>(C), 1.f), B0(A.size(), 0.f), C0(A.size(), 0.f);
