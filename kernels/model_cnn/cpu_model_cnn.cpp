@@ -182,6 +182,7 @@ class CpuCnn final : public ModelCase {
   }
 
   std::string label() const override {
+    cpu::ThreadScope scope(threads_);  // the plans' labels count the threads their runs get
     std::string l = std::string(s_.bf16() ? "bf16 autocast (f32 master weights cast each step; bf16 activations, f32 accumulation); " : "") +
                     "oneDNN convolution (" + conv_impl_ + ")";
     const std::string dense = "; dense: " + dense1_->label() + (w1_cast_ ? " (W1 cast: " + w1_cast_->label() + ")" : "");
