@@ -77,27 +77,36 @@ HOTOPS_VECTOR_INLINE void pool(const void* zv, std::int64_t k, std::int64_t stri
   }
 }
 
+// Where each window element lies from its corner (arg's values index it; the channel adds c): row
+// i, column j of the window at i stride + j C, for `grad`.
+HOTOPS_VECTOR_INLINE void window_offsets(std::int64_t k, std::int64_t stride, std::int64_t C, std::int32_t* at) {
+  for (std::int64_t i = 0; i < k; ++i)
+    for (std::int64_t j = 0; j < k; ++j) at[i * k + j] = static_cast<std::int32_t>(i * stride + j * C);
+}
+
 // The backward's first stage on one pooled row: the gradient reaching each channel's argmax (the
-// window's corner row zv, rows `stride` apart; arg null: k = 1), through dropout and the ReLU, into
-// g, and the sums of it and of it times xhat (bn).
+// window's corner row zv, its elements at `at` from it (window_offsets); arg null: k = 1), through
+// dropout and the ReLU, into g, and the sums of it and of it times xhat (bn); zw: C floats of scratch.
 template <DType D>
-HOTOPS_VECTOR_INLINE void grad(const void* zv, const std::uint8_t* __restrict arg, std::int64_t k, std::int64_t stride,
+HOTOPS_VECTOR_INLINE void grad(const void* zv, const std::uint8_t* __restrict arg, const std::int32_t* __restrict at,
                                std::int64_t C, const float* __restrict sc, const float* __restrict sh, const float* __restrict mean,
                                const float* __restrict rstd, const void* doutv, const pointwise::DropoutKey* key, std::uint32_t e0,
-                               std::uint32_t hi, float* __restrict g, double* __restrict x1, double* __restrict x2) {
+                               std::uint32_t hi, float* __restrict g, double* __restrict x1, double* __restrict x2,
+                               float* __restrict zw) {
   using T = typename Elem<D>::T;
   const T* z = static_cast<const T*>(zv);
   const T* __restrict dout = static_cast<const T*>(doutv);
   const pointwise::DropoutKey kk = key ? *key : pointwise::DropoutKey{};
-  // Where each window element lies from the corner (arg's values index it); the channel adds c.
-  std::int64_t at[256];
-  for (std::int64_t q = 0; q < k * k && arg; ++q) at[q] = (q / k) * stride + (q % k) * C;
+  // The argmax elements gathered into zw first, in a loop of their own: there is no vector gather of
+  // 2-byte elements, and with it in the main loop GCC left that loop scalar.
+  if (arg)
+    for (std::int64_t c = 0; c < C; ++c) zw[c] = Elem<D>::load(z[at[arg[c]] + c]);
   // The loops unswitched on the window (arg), dropout (key) and batch norm (mean), so that each is
   // one straight vector loop.
   const auto loop = [&](auto pooled, auto drops, auto bn) HOTOPS_LAMBDA_INLINE {
     for (std::int64_t c = 0; c < C; ++c) {
       float zv1;
-      if constexpr (decltype(pooled)::value) zv1 = Elem<D>::load(z[at[arg[c]] + c]);
+      if constexpr (decltype(pooled)::value) zv1 = zw[c];
       else zv1 = Elem<D>::load(z[c]);
       float d = vec::if_set(zv1 * sc[c] + sh[c] > 0.f, Elem<D>::load(dout[c]), 0.f);
       if constexpr (decltype(drops)::value)
@@ -160,11 +169,13 @@ HOTOPS_VECTOR_INLINE void dz_row(const void* zv, const float* __restrict g, cons
   HOTOPS_CPU_CLONES void grad_##SUFFIX(const void* z, const std::uint8_t* arg, std::int64_t k, std::int64_t stride,         \
                                        std::int64_t C, const float* sc, const float* sh, const float* mean, const float* rstd, \
                                        const void* dout, const pointwise::DropoutKey* key, std::uint32_t e0, std::uint32_t hi, \
-                                       float* g, double* x1, double* x2, std::int64_t rows) {                              \
+                                       float* g, double* x1, double* x2, std::int64_t rows, float* zw) {                   \
     using T = typename Elem<D>::T;                                                                                         \
+    std::int32_t at[256];                                                                                                  \
+    if (arg) window_offsets(k, stride, C, at);                                                                             \
     for (std::int64_t r = 0; r < rows; ++r)                                                                                \
-      grad<D>(static_cast<const T*>(z) + r * k * C, arg ? arg + r * C : nullptr, k, stride, C, sc, sh, mean, rstd,         \
-              static_cast<const T*>(dout) + r * C, key, e0 + static_cast<std::uint32_t>(r * C), hi, g + r * C, x1, x2);     \
+      grad<D>(static_cast<const T*>(z) + r * k * C, arg ? arg + r * C : nullptr, at, C, sc, sh, mean, rstd,                \
+              static_cast<const T*>(dout) + r * C, key, e0 + static_cast<std::uint32_t>(r * C), hi, g + r * C, x1, x2, zw); \
   }                                                                                                                        \
   HOTOPS_CPU_CLONES void dz_##SUFFIX(const void* z, const float* gp, const std::uint8_t* ap, std::int64_t W, std::int64_t PW, \
                                      std::int64_t k, std::int64_t q0, std::int64_t C, const float* A, const float* B0,     \
@@ -352,11 +363,12 @@ class CpuReluMaxpool final : public Plan {
     const pointwise::DropoutKey* kp = drops ? &key : nullptr;
     const float* mb = bn ? mean : nullptr;
     row_sums(s_.N * PH * PW, C, s1, s2, [&](std::int64_t r0, std::int64_t r1, double* x1, double* x2) {
+      std::vector<float> zw(static_cast<std::size_t>(C));
       for (std::int64_t r = r0; r < r1;) {  // the range's pieces of pooled image rows
         const std::int64_t pw = r % PW, ph = (r / PW) % PH, n = r / (PW * PH), rows = std::min(r1 - r, PW - pw);
         kernel::Rows<T>::grad(z + ((n * H + ph * k) * W + pw * k) * C, pool ? arg + r * C : nullptr, k, W * C, C, sc, sh, mb, rstd,
                               dout + r * C, kp, static_cast<std::uint32_t>((ph * PW + pw) * C),
-                              static_cast<std::uint32_t>(n % period), gd + r * C, x1, x2, rows);
+                              static_cast<std::uint32_t>(n % period), gd + r * C, x1, x2, rows, zw.data());
         r += rows;
       }
     });
