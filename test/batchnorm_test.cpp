@@ -2,8 +2,10 @@
 // that accepts the reference's own outputs (f32 and bf16) and rejects planted errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kernels/batchnorm/batchnorm.h"
 #include "kernels/batchnorm/relu_maxpool.h"
@@ -407,6 +409,29 @@ TEST(BatchnormReluMaxpool, PlanRunsOnTheTensorsItIsGivenEachRun) {
         const std::string what = std::string(direction_name(d)) + (bn ? " bn" : " bias") + " layouts " + std::to_string(layouts);
         plan_test::expect_each_run_on_its_own_tensors(*plan, args_of, check, what);
       }
+}
+
+// cpu_activation gives relu(z scale + shift) of every element, as the reference's pre() has it, from
+// the affine a CPU forward saved: in each layout of z, in f32 and bf16.
+TEST(BatchnormReluMaxpool, CpuActivationIsTheForwardsReluInput) {
+  for (int layouts = 0; layouts < 6; ++layouts)
+    for (DType t : {DType::f32, DType::bf16}) {
+      const Shape s = fused_layouts(Direction::fwd, t, true, layouts);
+      Inputs in = make_inputs(s, 3);
+      Outputs out = make_outputs(s);
+      make_plan(s, Backend::cpu)->run(host_args(s, in, out));
+      std::vector<float> act(static_cast<std::size_t>(s.count()), std::numeric_limits<float>::quiet_NaN());
+      cpu_activation(s, in.z.data(), out.scale.as<float>(), out.shift.as<float>(), act.data());
+      const Reference ref(s, in);
+      double worst = 0, rms = 0;
+      for (std::int64_t i = 0; i < s.count(); ++i) {
+        const double r = ref.pre(s.z_order(i));
+        worst = std::max(worst, std::fabs(act[static_cast<std::size_t>(i)] - r)), rms += r * r;
+        if (std::isnan(act[static_cast<std::size_t>(i)])) worst = std::numeric_limits<double>::infinity();
+      }
+      rms = std::sqrt(rms / static_cast<double>(s.count()));
+      EXPECT_LT(worst, 1e-4 * rms) << "layouts " << layouts << " " << dtype_name(t);
+    }
 }
 
 TEST(BatchnormReluMaxpool, NamesFollowTheScheme) {

@@ -382,6 +382,34 @@ TEST(Conv2dPlan, InferenceInOneDnnLayoutsReordersTheUsersWeights) {
   }
 }
 
+// A model's inference conv whose x another primitive wrote in its own layout (here NHWC, or
+// nChw16c): the plan takes x as it is, reordering it in the run where the conv picked another.
+TEST(Conv2dPlan, InferenceTakesXInTheCallersLayout) {
+  using dnnl::memory;
+  Shape s;
+  s.layout = Layout::nhwc, s.bias = s.relu = s.f32_params = true;
+  s.inference = s.onednn_layouts = true;
+  s.N = 2, s.C = 16, s.H = 8, s.W = 8, s.K = 16, s.R = s.S = 3, s.pad_h = s.pad_w = 1;
+  if (!family().unsupported_reason(problem(Direction::fwd)).empty()) GTEST_SKIP();
+  const Inputs in = make_inputs(s, 5);
+  const memory::dims xd{s.N, s.C, s.H, s.W};
+  const memory::desc user = cpu::md(xd, s.dtype, memory::format_tag::nhwc);
+  for (memory::format_tag t : {memory::format_tag::nhwc, memory::format_tag::nChw16c}) {
+    const memory::desc xl = cpu::md(xd, s.dtype, t);
+    auto plan = make_cpu_plan(s, xl);
+    HostBuffer x(s.dtype, xl.get_size() / 4), w(s.dtype, onednn_bytes(s, Tensor::w) / 4), y(s.dtype, onednn_bytes(s, Tensor::y) / 4);
+    cpu::reorder(cpu::mem(user, const_cast<void*>(in.x.data())), cpu::mem(xl, x.data()));
+    EXPECT_EQ(xl != onednn_desc(*plan, Tensor::x), plan->label().find("x reordered from the caller's layout") != std::string::npos)
+        << plan->label();
+    to_onednn_layout(s, Tensor::w, in.w.data(), w.data());
+    plan->run(Args{x.data(), w.data(), in.b.data(), nullptr, y.data(), nullptr});
+    Outputs out = make_outputs(s);
+    to_user_layout(s, Tensor::y, y.data(), out.primary.data());
+    const Check c = verify(s, in, out);
+    EXPECT_TRUE(c.ok) << plan->label() << ": " << c.message;
+  }
+}
+
 #ifdef HOTOPS_HAVE_CUDA
 // A model step's CUDA plans: Find's fastest taken as timed, bf16 with tensor-op math only, run on a
 // workspace of the caller's (shared by all three passes) and on the buffers each run is given.
@@ -483,7 +511,7 @@ TEST(Conv2dFamily, ReluEntriesAreCpuForwardsOfTheConvnetLayers) {
     EXPECT_EQ(p.get("layout"), "nhwc") << p.name();
     EXPECT_TRUE(shape_of(p).relu) << p.name();
   }
-  EXPECT_EQ(relu.size(), 6u);
+  EXPECT_EQ(relu.size(), 10u);  // cifar10_vgg.conv2|3, keras_cnn.conv2, cnn_mnist.conv1|2; f32 and bf16
   EXPECT_NE(std::find(relu.begin(), relu.end(),
                       "conv2d/cpu/f32/fwd/shape:cifar10_vgg.conv2/batch:32/C:32/H:32/W:32/K:32/R:3/S:3/stride:1/pad:0/"
                       "dilation:1/bias:1/layout:nhwc/relu:1"),

@@ -143,6 +143,42 @@ TEST(MatmulPlan, RunsALinearLayerOnTheBuffersItIsGivenEachRun) {
   }
 }
 
+// B prepacked: the plan reads the weights in its own layout, written once from B as stored (f32 or
+// the dtype, plain or transposed), and computes what it computes from B itself; the entry says so.
+TEST(MatmulPlan, PrepackedWeightsGiveTheProductOfTheStoredOnes) {
+  for (const DType t : {DType::f32, DType::bf16})
+    for (const bool trans_b : {false, true}) {
+      Shape s;
+      s.op = Op::addmm, s.dtype = t, s.M = 9, s.N = 70, s.K = 150, s.trans_b = trans_b, s.relu = true, s.b_packed = true;
+      if (const std::string why = cpu_unsupported_reason(s); !why.empty()) GTEST_SKIP() << why;
+      const std::string what = std::string(dtype_name(t)) + (trans_b ? " trans_b" : "");
+      auto plan = make_plan(s, Backend::cpu);
+      Inputs in = make_inputs(s, 3);
+      ASSERT_GE(in.b_packed.bytes(), cpu_packed_b_bytes(s)) << what;
+      Outputs out = make_outputs(s);
+      out.primary.poison();
+      Args a = args_of_outputs(in, out);
+      a.b = in.b_packed.data();
+      plan->run(a);
+      const Check c = verify(s, in, out);
+      EXPECT_TRUE(c.ok) << what << ": " << c.message;
+      EXPECT_NE(plan->label().find("prepacked"), std::string::npos) << plan->label();
+      // From the f32 masters into a bf16 plan's layout (a model's weights): the same product.
+      if (t != DType::bf16) continue;
+      HostBuffer masters(DType::f32, in.b.count());
+      for (std::size_t i = 0; i < masters.count(); ++i) masters.set(i, in.b.get(i));
+      cpu_pack_b(s, masters.data(), DType::f32, in.b_packed.data());
+      out.primary.poison();
+      plan->run(a);
+      const Check f = verify(s, in, out);
+      EXPECT_TRUE(f.ok) << what << " from f32: " << f.message;
+    }
+  Problem p{"addmm", Backend::cpu, DType::f32, Direction::fwd, {{"shape", "test"}, {"M", "33"}, {"N", "65"}, {"K", "130"}, {"w", "packed"}}};
+  EXPECT_TRUE(shape_of(p).b_packed);
+  p.args.back().value = "plain";
+  EXPECT_THROW(shape_of(p), Error);
+}
+
 // A model's hidden dense layer: the ReLU after the bias in the same GEMM (negative outputs clamped
 // to zero, the others the plain addmm), on the CPU plan's loops and on oneDNN.
 class MatmulPlanBothCpuPaths : public testing::TestWithParam<std::int64_t> {};  // the M of a shape

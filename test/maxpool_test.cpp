@@ -5,6 +5,8 @@
 #include <cmath>
 #include <set>
 
+#include "hotops/cpu.h"
+#include "kernels/maxpool/cpu_onednn.h"
 #include "kernels/maxpool/maxpool.h"
 
 namespace hotops::maxpool {
@@ -124,6 +126,35 @@ TEST_P(MaxpoolVerify, PassesTheReferenceAndFailsAPlantedError) {
 // A model's use of the CPU plans: the forward writes y and its workspace into caller-owned buffers,
 // the backward reads that workspace; run on two sets of buffers in turn, each result is that of its
 // own inputs.
+// A model's inference pool: forward_inference on x in a blocked layout a conv picked (nChw8c), y
+// written in NHWC (the plan reorders its own output) or in the layout the pool picks; both match the
+// reference once read back in NHWC.
+TEST(MaxpoolPlan, InferenceOnOneDnnLayouts) {
+  using dnnl::memory;
+  const Problem p = test_problem(DType::f32, Direction::fwd, 9, 8, 2, 2, 0, "nhwc");
+  if (!family().unsupported_reason(p).empty()) GTEST_SKIP() << family().unsupported_reason(p);
+  Shape s = shape_of(p);
+  s.inference = true;
+  const Inputs in = make_inputs(s, 4);
+  const memory::dims xd{s.N, s.C, s.H, s.W}, yd{s.N, s.C, s.OH(), s.OW()};
+  const memory::desc x8 = cpu::md(xd, s.dtype, memory::format_tag::nChw8c), y_nhwc = cpu::md(yd, s.dtype, memory::format_tag::nhwc);
+  HostBuffer x(s.dtype, x8.get_size() / 4);
+  cpu::reorder(cpu::mem(cpu::md(xd, s.dtype, memory::format_tag::nhwc), const_cast<void*>(in.x.data())), cpu::mem(x8, x.data()));
+  for (bool own : {false, true}) {
+    auto plan = make_cpu_plan(s, x8, own ? cpu::md(yd, s.dtype, memory::format_tag::any) : y_nhwc);
+    EXPECT_NE(plan->label().find("forward_inference"), std::string::npos) << plan->label();
+    const memory::desc yl = onednn_y_desc(*plan);
+    EXPECT_EQ(own, yl != y_nhwc) << plan->label();
+    HostBuffer y(s.dtype, yl.get_size() / 4);
+    y.poison();
+    plan->run(Args{x.data(), nullptr, nullptr, y.data(), nullptr});
+    HostBuffer out = make_output(s);
+    cpu::reorder(cpu::mem(yl, y.data()), cpu::mem(y_nhwc, out.data()));
+    const Check c = verify(s, in, out);
+    EXPECT_TRUE(c.ok) << (own ? "the pool's layout: " : "NHWC: ") << c.message;
+  }
+}
+
 TEST(MaxpoolPlan, RunsOnTheBuffersItIsGivenEachRun) {
   const Problem p = test_problem(DType::f32, Direction::bwd, 9, 7, 3, 2, 1, "nhwc");
   if (!family().unsupported_reason(p).empty()) GTEST_SKIP() << family().unsupported_reason(p);

@@ -5,12 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 
 #include "hotops/check.h"
 #include "hotops/gpu.h"
 #include "test/model_test_util.h"
-#include "kernels/model_cnn/cpu_conv_pool.h"
 #include "kernels/model_cnn/model_cnn.h"
 
 namespace hotops::model_cnn {
@@ -279,65 +277,6 @@ TEST(ModelCnnCpu, OwnLayoutsVerify) {
     const bool nhwc = label.find("; NHWC;") != std::string::npos;
     EXPECT_TRUE(own != nhwc) << label;
   }
-}
-
-// The fused first layer of CPU inference against a direct loop in double: pads 0 and 1, pools 2 and 3,
-// pooled outputs that leave the conv's last rows and columns unread, K of 4 and 32 (keras_cnn's);
-// shapes it does not take are refused (and the model then runs oneDNN's conv and pool).
-TEST(ModelCnnCpu, FusedConvPoolMatchesADirectLoop) {
-  std::mt19937 rng(7);
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  struct Case {
-    std::int64_t B, C, H, W, K, pad, pool;
-  };
-  for (const Case& t : {Case{2, 3, 20, 17, 4, 1, 3}, Case{3, 3, 11, 13, 32, 1, 3}, Case{2, 2, 9, 8, 8, 0, 2}, Case{1, 5, 7, 10, 16, 1, 2}}) {
-    const std::int64_t P = t.H + 2 * t.pad - 2, Q = t.W + 2 * t.pad - 2;
-    const ConvPoolShape sh{t.B, t.C, t.H, t.W, t.K, t.pad, t.pool, P / t.pool, Q / t.pool};
-    ASSERT_TRUE(conv_pool_supported(sh)) << "K " << t.K;
-    std::vector<float> x(static_cast<std::size_t>(t.B * t.C * t.H * t.W)), w(static_cast<std::size_t>(t.K * 9 * t.C)), b(static_cast<std::size_t>(t.K));
-    for (float& v : x) v = u(rng);
-    for (float& v : w) v = u(rng);
-    for (float& v : b) v = u(rng) * 0.5f;
-    const std::vector<float> packed = conv_pool_filters(w.data(), t.K, t.C);
-    std::vector<float> out(static_cast<std::size_t>(t.B * sh.PH * sh.PW * t.K), std::nanf(""));
-    conv_pool(sh, x.data(), packed.data(), b.data(), out.data());
-    double worst = 0;
-    for (std::int64_t n = 0; n < t.B; ++n)
-      for (std::int64_t ph = 0; ph < sh.PH; ++ph)
-        for (std::int64_t pw = 0; pw < sh.PW; ++pw)
-          for (std::int64_t k = 0; k < t.K; ++k) {
-            double best = -1e300;
-            for (std::int64_t oh = ph * t.pool; oh < (ph + 1) * t.pool; ++oh)
-              for (std::int64_t ow = pw * t.pool; ow < (pw + 1) * t.pool; ++ow) {
-                double z = b[static_cast<std::size_t>(k)];
-                for (std::int64_t c = 0; c < t.C; ++c)
-                  for (std::int64_t r = 0; r < 3; ++r)
-                    for (std::int64_t q = 0; q < 3; ++q) {
-                      const std::int64_t ih = oh + r - t.pad, iw = ow + q - t.pad;
-                      if (ih < 0 || ih >= t.H || iw < 0 || iw >= t.W) continue;
-                      z += static_cast<double>(x[static_cast<std::size_t>(((n * t.C + c) * t.H + ih) * t.W + iw)]) *
-                           w[static_cast<std::size_t>(((k * 3 + r) * 3 + q) * t.C + c)];  // KRSC
-                    }
-                best = std::max(best, z);
-              }
-            const double want = std::max(best, 0.0);
-            const float got = out[static_cast<std::size_t>(((n * sh.PH + ph) * sh.PW + pw) * t.K + k)];
-            worst = std::max(worst, std::isnan(got) ? 1e300 : std::fabs(got - want));
-          }
-    EXPECT_LT(worst, 1e-5) << "K " << t.K << " pool " << t.pool << " on " << conv_pool_isa();
-  }
-  EXPECT_FALSE(conv_pool_supported({1, 3, 8, 8, 5, 1, 2, 4, 4})) << "K 5";
-  EXPECT_FALSE(conv_pool_supported({1, 3, 8, 8, 4, 1, 3, 3, 2})) << "a pooled row past the conv's output";
-}
-
-// keras_test's CPU inference takes the fused first layer (f32; bf16 keeps oneDNN's) and verifies.
-TEST(ModelCnnCpu, FusedFirstLayerVerifies) {
-  const auto c = family().make(problem("keras_test", Backend::cpu, Direction::infer, 5));
-  const Check chk = c->verify();
-  EXPECT_TRUE(chk.ok) << chk.message;
-  EXPECT_NE(c->label().find("conv 1 + bias + ReLU + max-pool: one hotops pass (" + conv_pool_isa() + "); conv 2 on: oneDNN convolution ("),
-            std::string::npos)
-      << c->label();
 }
 
 }  // namespace

@@ -9,6 +9,9 @@
 #include "hotops/dtype.h"
 
 #define HOTOPS_VECTOR_INLINE [[gnu::always_inline]] inline
+// The same for a lambda inside such a loop (after its parameter list): GCC otherwise may compile it
+// once, outside the target_clones, for the baseline ISA.
+#define HOTOPS_LAMBDA_INLINE __attribute__((always_inline))
 
 // A function compiled once per x86-64 level (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA + F16C,
 // baseline SSE2); the loader runs the best this CPU has, by the same test as vec::isa().

@@ -131,6 +131,11 @@ struct Args {
 };
 HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: OpenMP loops; CUDA: hotops' fused kernels
 
+// relu(z scale + shift) at every element of z, f32, in z's layout (no pool, no dropout): the values the
+// CPU plan's forward compares, by its own expression (a model's verification reads the ReLU and pool
+// decisions its step took from them).
+void cpu_activation(const Shape& s, const void* z, const float* scale, const float* shift, float* out);
+
 // Whether `s` is one the CUDA kernels take (k <= 15; NHWC: C / 4 divides their 256 threads): "" or why not.
 std::string cuda_unsupported_reason(const Shape& s);
 

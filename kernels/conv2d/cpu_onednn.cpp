@@ -157,15 +157,19 @@ std::vector<Operand> operands(const Shape& s) {
 
 class CpuConv2d final : public Plan {
  public:
-  explicit CpuConv2d(const Shape& s) : s_(s), d_(descriptors(s)), ops_(operands(s)) {
+  // x_user: where given, x (fwd, bwd_weight) is in that layout, reordered by the run where it differs
+  // from the primitive's.
+  explicit CpuConv2d(const Shape& s, const memory::desc& x_user = {}) : s_(s), d_(descriptors(s)), ops_(operands(s)) {
     dnnl::engine& eng = cpu::engine();
     std::vector<std::pair<int, memory::desc>> args;
     for (Operand& o : ops_) {
       const memory::desc chosen = o.plain ? user_b(s_) : chosen_desc(s_, d_, o.tensor);
       args.emplace_back(o.arg, chosen);
-      const bool given = s_.onednn_layouts && !(s_.w_from_user && o.tensor == Tensor::w);  // in oneDNN's layout
-      if (o.plain || given || user_desc(s_, o.tensor) == chosen) continue;
-      const memory::desc user = user_desc(s_, o.tensor);
+      const bool caller_x = !o.plain && o.tensor == Tensor::x && !o.output && !x_user.is_zero();
+      const bool given = s_.onednn_layouts && !(s_.w_from_user && o.tensor == Tensor::w) && !caller_x;  // in oneDNN's layout
+      const memory::desc user = caller_x ? x_user : o.plain ? memory::desc() : user_desc(s_, o.tensor);
+      if (o.plain || given || user == chosen) continue;
+      x_reordered_ = x_reordered_ || caller_x;
       o.staged = memory(chosen, eng);
       const memory::desc& from = o.output ? chosen : user;
       const memory::desc& to = o.output ? user : chosen;
@@ -231,7 +235,9 @@ class CpuConv2d final : public Plan {
   }
 
   std::string label() const override {
-    const std::string reorders = s_.onednn_layouts && reorders_ ? "weights reordered in the run, activations not"
+    const std::string reorders = x_reordered_ ? std::string("x reordered from the caller's layout") +
+                                                    (reorders_ > 1 ? " and the weights" : "") + " in the run"
+                                 : s_.onednn_layouts && reorders_ ? "weights reordered in the run, activations not"
                                  : s_.onednn_layouts           ? "user-layout reorders not timed"
                                  : reorders_                   ? "user-layout reorders in the run"
                                                                : "no reorders";
@@ -247,6 +253,7 @@ class CpuConv2d final : public Plan {
   Descriptors d_;
   std::vector<Operand> ops_;
   int reorders_ = 0;
+  bool x_reordered_ = false;  // x from the caller's layout (x_user) in the run
   cpu::Primitive conv_;
   std::string impl_, formats_;
 };
@@ -260,6 +267,10 @@ std::string cpu_unsupported_reason(const Problem& p) {
 }
 
 std::unique_ptr<Plan> make_cpu_plan(const Shape& s) { return std::make_unique<CpuConv2d>(s); }
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s, const memory::desc& x) {
+  HOTOPS_CHECK(s.onednn_layouts, "conv2d: a plan on the caller's x layout takes its other tensors in oneDNN's (onednn_layouts)");
+  return std::make_unique<CpuConv2d>(s, x);
+}
 
 namespace {
 const CpuConv2d& cpu_plan(const Plan& p) {

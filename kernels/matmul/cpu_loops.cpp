@@ -167,7 +167,7 @@ class CpuLoopMatmul final : public Plan {
 
 bool cpu_runs_loops(const Shape& s) {
   return (s.op == Op::mm || s.op == Op::addmm) && s.batch_count == 1 && !s.strided() && !s.trans_a && !s.trans_b &&
-         !s.residual && (s.dtype == DType::f32 || s.dtype == DType::bf16) && s.M > 0 && s.N > 0 && s.K > 0 &&
+         !s.residual && !s.b_packed && (s.dtype == DType::f32 || s.dtype == DType::bf16) && s.M > 0 && s.N > 0 && s.K > 0 &&
          s.M * s.N * s.K < kCpuLoopMacs;
 }
 

@@ -18,6 +18,12 @@ memory::desc md(memory::dim B, std::int64_t rows, std::int64_t cols, memory::dat
   if (!transposed) return memory::desc({B, rows, cols}, t, memory::dims{rows * cols, cols, 1});
   return memory::desc({B, cols, rows}, t, memory::dims{rows * cols, 1, cols});
 }
+// The same without the batch axis (a b_packed product: oneDNN 2.6 packs weights for 2-D matmuls only,
+// a 3-D one's format_tag::any stays row-major).
+memory::desc md2(std::int64_t rows, std::int64_t cols, memory::data_type t, bool transposed) {
+  if (!transposed) return memory::desc({rows, cols}, t, memory::dims{cols, 1});
+  return memory::desc({cols, rows}, t, memory::dims{1, cols});
+}
 // The same in the problem's dtype.
 memory::desc md(const Shape& s, std::int64_t rows, std::int64_t cols, bool transposed = false) {
   return md(s.batch_count, rows, cols, cpu::dnnl_type(s.dtype), transposed);
@@ -87,11 +93,21 @@ Descriptors descriptors(const Shape& s) {
   // D = X . Y; addmm fwd: dst = alpha * (X.Y + (beta / alpha) bias), the bias scaled by the plan
   // where beta != alpha.
   const bool bias = s.op == Op::addmm && s.dir == Direction::fwd;
-  const memory::desc bias_md = bias ? cpu::md({1, 1, s.N}, s.dtype, tag::abc) : memory::desc();
   HOTOPS_CHECK(!s.residual || s.dir != Direction::bwd_weight, "matmul: a residual is added in fwd or bwd_data only");
-  const memory::desc dst_md = md(s.batch_count, p.rows, p.cols, cpu::dnnl_type(out_dtype(s)), false);
-  const auto g = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(view(s, p.rows, p.depth, p.x_t), view(s, p.depth, p.cols, p.y_t),
-                                                      bias_md, dst_md));
+  const memory::data_type t = cpu::dnnl_type(s.dtype);
+  memory::desc x_md, y_md, bias_md, dst_md;
+  if (s.b_packed) {  // 2-D, the weights in the layout the primitive picks
+    x_md = md2(p.rows, p.depth, t, p.x_t);
+    y_md = memory::desc({p.depth, p.cols}, t, tag::any);
+    if (bias) bias_md = cpu::md({1, s.N}, s.dtype, tag::ab);
+    dst_md = md2(p.rows, p.cols, cpu::dnnl_type(out_dtype(s)), false);
+  } else {
+    x_md = view(s, p.rows, p.depth, p.x_t);
+    y_md = view(s, p.depth, p.cols, p.y_t);
+    if (bias) bias_md = cpu::md({1, 1, s.N}, s.dtype, tag::abc);
+    dst_md = md(s.batch_count, p.rows, p.cols, cpu::dnnl_type(out_dtype(s)), false);
+  }
+  const auto g = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(x_md, y_md, bias_md, dst_md));
   d.gemm = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(g, scaled(s.alpha, s.residual ? dst_md : memory::desc(), s.relu), eng));
   if (s.op == Op::addmm && s.dir == Direction::bwd_weight) {
     // dbias[1,N] = beta * ones[1,M] . dOut[M,N]: a GEMV through oneDNN's matmul, which is
@@ -150,6 +166,7 @@ class CpuMatmul final : public Plan {
     std::string l = "oneDNN matmul " + std::string(d_.gemm.impl_info_str());
     if (s_.residual) l += ", residual as binary add post-op";
     if (s_.strided()) l += ", 4-D on strided heads";
+    if (s_.b_packed) l += ", weights prepacked in its layout";
     if (d_.has_dbias) l += " + dbias as ones.dOut " + std::string(d_.dbias.impl_info_str());
     return cpu::with_threads(l);
   }
@@ -175,6 +192,23 @@ class CpuMatmul final : public Plan {
 };
 
 }  // namespace
+
+std::size_t cpu_packed_b_bytes(const Shape& s) {
+  HOTOPS_CHECK(s.b_packed, "matmul: cpu_packed_b_bytes is for a shape with b_packed");
+  return descriptors(s).gemm.weights_desc().get_size();
+}
+
+void cpu_pack_b(const Shape& s, const void* b, DType from, void* packed) {
+  HOTOPS_CHECK(s.b_packed, "matmul: cpu_pack_b is for a shape with b_packed");
+  const Descriptors d = descriptors(s);
+  dnnl::engine& eng = cpu::engine();
+  // B as stored: [K, N], or with trans_b [N, K] read transposed (view()'s descriptor in `from`)
+  const memory::desc stored = s.trans_b ? md2(s.N, s.K, cpu::dnnl_type(from), true) : md2(s.K, s.N, cpu::dnnl_type(from), false);
+  memory src(stored, eng, const_cast<void*>(b));
+  memory dst(d.gemm.weights_desc(), eng, packed);
+  HOTOPS_CHECK_DNNL(dnnl::reorder(src, dst).execute(cpu::stream(), src, dst));
+  HOTOPS_CHECK_DNNL(cpu::stream().wait());
+}
 
 std::string cpu_unsupported_reason(const Problem& p) {
   if (p.dtype != DType::f32 && p.dtype != DType::bf16)

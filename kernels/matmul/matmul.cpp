@@ -22,7 +22,7 @@ struct MatmulOp : OpOf<Shape, Args, Inputs, Outputs> {
     Args a;
     auto in = [&](const HostBuffer& h) { return h.count() ? b.in(h) : nullptr; };
     a.a = in(io.in.a);
-    a.b = in(io.in.b);
+    a.b = in(io.in.b_packed.count() ? io.in.b_packed : io.in.b);
     a.bias = in(io.in.bias);
     a.dout = in(io.in.dout);
     a.out = b.out(io.out.primary);
@@ -36,6 +36,7 @@ constexpr const char* kViewArg = "view";
 // The args of an A in blocks (Shape::a_blocks) and of an f32 output (Shape::f32_out).
 constexpr const char* kBlocksArg = "a_blocks";
 constexpr const char* kOutArg = "out";
+constexpr const char* kWeightsArg = "w";  // w:packed (Shape::b_packed)
 
 const char* op_name(Op op) { return op == Op::mm ? "mm" : op == Op::addmm ? "addmm" : "bmm"; }
 
@@ -87,6 +88,8 @@ void expand_blocks(std::vector<Arg> args, std::int64_t blocks, std::vector<Probl
 bool is_bias_grad(const Problem& p) { return p.op == "bias_grad"; }
 
 std::unique_ptr<Case> make_case(const Problem& p) {
+  if (p.backend == Backend::cuda && !is_bias_grad(p) && shape_of(p).b_packed)
+    throw Error("matmul: a packed B is oneDNN's CPU layout", ErrorKind::unsupported);
   return is_bias_grad(p) ? bias_grad::make_case(p) : make_plan_case<MatmulOp>(p);
 }
 
@@ -175,6 +178,10 @@ class MatmulFamily final : public OpFamily {
             for (const Arg& a : dims(b * ns.rows_per_sample, ns.N, ns.K)) args.push_back(a);
           }
           expand(op, args, out);
+          if (ns.packed && op == Op::addmm) {  // as an inference step runs it: the weights prepacked
+            args.push_back({kWeightsArg, "packed"});
+            for (DType t : dtypes_of(Backend::cpu)) out.push_back(Problem{"addmm", Backend::cpu, t, Direction::fwd, args});
+          }
           if (op != Op::bmm || ns.view.empty()) continue;
           // The same GEMM on the heads of the model's buffers, as its attention runs it.
           args.push_back({kViewArg, ns.view});
@@ -220,6 +227,15 @@ class MatmulFamily final : public OpFamily {
       for (const Arg& d : dims(33, 65, 17)) a.push_back(d);
       a.insert(a.end(), flags.begin(), flags.end());
       expand(op, a, out);
+    }
+    // The weights prepacked (CPU, fwd): above the loops' size, as stored and stored transposed.
+    for (const bool trans_b : {false, true}) {
+      std::vector<Arg> a{{"shape", "test"}};
+      for (const Arg& d : dims(33, 65, 130)) a.push_back(d);
+      if (trans_b) a.push_back({"trans_b", "1"});
+      a.push_back({kWeightsArg, "packed"});
+      for (Op op : {Op::mm, Op::addmm})
+        for (DType t : dtypes_of(Backend::cpu)) out.push_back(Problem{op_name(op), Backend::cpu, t, Direction::fwd, a});
     }
     // A in blocks: the tiny BiLSTM's head (3 samples, 2 x 7 features, 2 classes), three blocks and
     // more rows than a warp, and the widest N.
@@ -320,6 +336,10 @@ Shape shape_of(const Problem& p) {
     HOTOPS_CHECK(p.get(kOutArg) == "f32", "matmul: out is f32 or absent: " + p.name());
     s.f32_out = true;
   }
+  if (p.has(kWeightsArg)) {
+    HOTOPS_CHECK(p.get(kWeightsArg) == "packed", "matmul: w is packed or absent: " + p.name());
+    s.b_packed = true;
+  }
   return s;
 }
 
@@ -344,6 +364,8 @@ Product product(const Shape& s) {
     HOTOPS_CHECK(s.N <= kBlocksMaxN, "matmul: an A in blocks takes N up to " + std::to_string(kBlocksMaxN));
     if (s.dtype == DType::tf32) throw Error("matmul: an A in blocks runs hotops' kernels: f32 or bf16", ErrorKind::unsupported);
   }
+  HOTOPS_CHECK(!s.b_packed || (s.dir == Direction::fwd && s.op != Op::bmm && !s.blocked() && !s.residual),
+               "matmul: a packed B is for mm and addmm fwd over packed operands");
   Product p;
   switch (s.dir) {
     case Direction::fwd:  // out = op(A) . op(B)
@@ -373,6 +395,10 @@ Inputs make_inputs(const Shape& s, std::uint64_t seed) {
   in.b.fill_uniform(seed, 2);
   in.bias.fill_uniform(seed, 3);
   in.dout.fill_uniform(seed, 4);
+  if (s.b_packed) {
+    in.b_packed = HostBuffer(DType::f32, (cpu_packed_b_bytes(s) + 3) / 4);
+    cpu_pack_b(s, in.b.data(), s.dtype, in.b_packed.data());
+  }
   return in;
 }
 

@@ -68,6 +68,11 @@ struct Shape {
   // (a small head that a library call's fixed cost would dominate; one pass, f32 sums, the output
   // rounded once). 1: A packed.
   std::int64_t a_blocks = 1;
+  // fwd, mm or addmm, batch 1, CPU: B (the weights) held in the layout oneDNN's matmul prefers for
+  // this product (format_tag::any: blocked for its kernels), written from B as stored by cpu_pack_b
+  // once, where the weights stay fixed (an inference step's dense layer; `w:packed` in a name).
+  // Args::b then points at that copy.
+  bool b_packed = false;
   bool strided() const { return views.heads > 0; }
   bool blocked() const { return a_blocks > 1; }
 };
@@ -118,6 +123,7 @@ struct Inputs {
   HostBuffer b;     // [B,K,N]  fwd, bwd_data   ([B,N,K] with trans_b)
   HostBuffer bias;  // [N]      addmm fwd
   HostBuffer dout;  // [B,M,N]  bwd_data, bwd_weight
+  HostBuffer b_packed;  // b_packed: b in the CPU plan's layout (cpu_pack_b)
 };
 Inputs make_inputs(const Shape& s, std::uint64_t seed);
 
@@ -174,6 +180,7 @@ struct NamedShape {
   std::string view = "";                // bmm: also run on attention's views: "qkv.scores", "qkv.context" ("": not)
   std::int64_t a_blocks = 1;            // > 1: only as Shape::a_blocks, in the directions a model step runs
   bool step_only = false;               // only in the ops and directions a model step runs (as a_blocks > 1)
+  bool packed = false;                  // also addmm fwd on the CPU with B prepacked (Shape::b_packed)
 };
 const std::vector<NamedShape>& named_shapes();
 
@@ -190,6 +197,11 @@ std::unique_ptr<Plan> make_cuda_blocks_plan(const Shape& s);
 constexpr std::int64_t kCpuLoopMacs = 64 * 1024;
 bool cpu_runs_loops(const Shape& s);
 std::unique_ptr<Plan> make_cpu_loop_plan(const Shape& s);  // make_cpu_plan's choice where cpu_runs_loops
+
+// b_packed: the bytes of B in the CPU plan's layout for `s`, and B as stored (dtype `from`: f32 or
+// the shape's) reordered into it (oneDNN's reorder, made for the call: setup, not a step).
+std::size_t cpu_packed_b_bytes(const Shape& s);
+void cpu_pack_b(const Shape& s, const void* b, DType from, void* packed);
 
 // Why the CPU cannot run `p` ("" when it can): a dtype it has no matmul for, or oneDNN's answer
 // (none asked where the loops run it).

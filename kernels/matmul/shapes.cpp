@@ -42,6 +42,11 @@ const std::vector<NamedShape>& named_shapes() {
       // Keras' lstm_text_generation.py (model.lstm_textgen): Dense(57) over the LSTM(128)'s last
       // hidden state, as the model step runs it (addmm fwd, mm's gradients; bias_grad's bias).
       {"lstm_textgen.dense", linear, 1, 0, 0, 57, 128, V{32, 128, 512}, false, "", 1, true},
+      // The convnets' hidden dense layer (model_cnn: the flattened last pool to the hidden units), at
+      // the batch of their one-thread entries; their f32 inference step runs addmm with the weights
+      // prepacked (`w:packed`).
+      {"keras_cnn.dense", linear, 1, 0, 0, 1024, 56448, V{16}, false, "", 1, false, true},
+      {"vgg_cifar.dense", linear, 1, 0, 0, 512, 2304, V{32}, false, "", 1, false, true},
       // Square sizes, no batch axis: where the libraries reach their peak.
       {"square", linear, 0, 0, 2048, 2048, 2048, V{}},
       {"square", linear, 0, 0, 4096, 4096, 4096, V{}},

@@ -24,6 +24,9 @@ struct Shape {
   Layout layout = Layout::nchw;
   std::int64_t N = 1, C = 1, H = 1, W = 1;  // input
   std::int64_t k = 1, s = 1, pad = 0;
+  // CPU only, for a model's layers (the default is what the benchmark runs): fwd is oneDNN's
+  // forward_inference, which writes no workspace (Args::workspace unused).
+  bool inference = false;
   std::int64_t OH() const { return (H + 2 * pad - k) / s + 1; }
   std::int64_t OW() const { return (W + 2 * pad - k) / s + 1; }
   std::size_t in_elements() const { return static_cast<std::size_t>(N * C * H * W); }

@@ -1,6 +1,8 @@
-// model_cnn on the CPU: oneDNN convolutions through conv2d plans, oneDNN batch norm, pooling and
-// matmul primitives, OpenMP loops for the rest; the step, the inference folding and the bf16 form:
-// docs/models.md, "How each model step runs".
+// model_cnn on the CPU: a step is a sequence of op families' plans over the model's buffers: conv2d
+// (oneDNN convolutions), the batchnorm family's batchnorm_relu_maxpool and batchnorm_relu (batch
+// norm or bias, ReLU, max-pool, dropout, forward and backward), matmul (the hidden dense layer's GEMMs);
+// OpenMP loops for the last layer, the loss and AdamW. The step, the inference folding and the bf16
+// form: docs/models.md, "How each model step runs".
 #include <omp.h>
 
 #include <algorithm>
@@ -14,8 +16,11 @@
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "hotops/trace.h"
+#include "kernels/batchnorm/relu_maxpool.h"
 #include "kernels/conv2d/cpu_onednn.h"
-#include "kernels/model_cnn/cpu_conv_pool.h"
+#include "kernels/copy/copy.h"
+#include "kernels/matmul/matmul.h"
+#include "kernels/maxpool/cpu_onednn.h"
 #include "kernels/model_cnn/model_cnn.h"
 
 namespace hotops::model_cnn {
@@ -24,16 +29,9 @@ namespace {
 using dnnl::memory;
 using dt = memory::data_type;
 using tag = memory::format_tag;
-using cpu::Args;
 
 memory::desc nhwc(std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W, dt t = dt::f32) {
   return memory::desc({N, C, H, W}, t, tag::nhwc);
-}
-memory::desc vec(std::int64_t n) { return memory::desc({n}, dt::f32, tag::x); }
-// A row-major [rows, cols] operand, or the transpose of one stored [cols, rows].
-memory::desc mat(std::int64_t rows, std::int64_t cols, bool transposed = false, dt t = dt::f32) {
-  return transposed ? memory::desc({rows, cols}, t, memory::dims{1, rows})
-                    : memory::desc({rows, cols}, t, memory::dims{cols, 1});
 }
 
 // Storage <-> f32 for the loops over activations: f32 as is, bf16 widened exactly, narrowed to nearest even.
@@ -44,26 +42,28 @@ template <class T> inline T store(float v);
 template <> inline float store<float>(float v) { return v; }
 template <> inline bf16 store<bf16>(float v) { return float_to_bf16(v); }
 
-struct Step {
-  dnnl::primitive prim;
-  Args args;
-  void run() { HOTOPS_CHECK_DNNL(prim.execute(cpu::stream(), args)); }
-};
+namespace rmp = batchnorm::relu_maxpool;
 
 // Everything of one conv layer.
 struct ConvPrims {
-  // The conv2d plans (conv_shape): forward; weight and bias gradient (train); input gradient (train,
-  // layers after the first).
+  // The conv2d plans (conv_shape): forward; weight gradient (train); input gradient (train, layers
+  // after the first).
   std::unique_ptr<conv2d::Plan> fwd, filter, data;
   const float* w = nullptr;  // the forward's weights: the f32 OHWI parameters, or (f32 infer) w_packed
-  memory in, conv_in;        // the layer's input; the forward's (infer: in_to_conv's copy where they differ)
+  memory in;                 // the layer's input (infer: in the layout the layer before wrote it)
   memory w_packed;           // f32 infer: the weights in the forward's layout, reordered once at setup
-  Step bn_fwd, pool_fwd, bn_bwd, pool_bwd;
-  Step in_to_conv;                            // infer: the layer's input to the conv's layout (when they differ)
-  Step p_to_nhwc;                             // infer, own layouts: the last pooled output to NHWC
-  memory z, a, p, bn_ws, pool_ws, mean, var;  // activations and saved state (a: post-ReLU)
-  memory p_blocked;                           // infer, own layouts: the last pool's own output
-  memory da, dz;                              // gradients of a and z (shared scratch)
+  // train: batch norm (or the bias) + ReLU (+ max-pool + dropout) of z, forward and backward: the
+  // batchnorm family's plans (act_shape), and what the forward saves for the backward.
+  std::unique_ptr<rmp::Plan> act_fwd, act_bwd;
+  rmp::Shape act;
+  std::vector<float> scale, shift, mean, rstd;  // [K]
+  std::vector<std::uint8_t> arg;                // pooled: each pooled element's argmax in its window
+  // infer: the maxpool plan on the conv's output (forward_inference, in the conv's layout; the last
+  // pool writes NHWC for the flatten)
+  std::unique_ptr<maxpool::Plan> pool;
+  // train: z the conv's output, the layer's output a (unpooled) or p (pooled); infer: a the conv's
+  // output (bias and ReLU fused), p the pooled one
+  memory z, a, p;
 };
 
 class CpuCnn final : public ModelCase {
@@ -75,8 +75,8 @@ class CpuCnn final : public ModelCase {
     const Arch& a = s_.arch;
     const std::int64_t B = s_.batch;
     const dt at = adt();  // the activations' type
-    // infer with a pooled first conv reads the images in nchw (see the file comment): they are held in
-    // that order, converted here, as the CUDA NCHW path holds them, so the step reorders nothing.
+    // infer with a pooled first conv reads the images in nchw (conv_shape): they are held in that
+    // order, converted here, as the CUDA NCHW path holds them, so the step reorders nothing.
     x_nchw_ = !s_.train() && s_.convs.front().pool > 0;
     x_ = images(seeded_.x);
     labels_ = seeded_.labels;
@@ -86,113 +86,52 @@ class CpuCnn final : public ModelCase {
     stats_ = seeded_.stats;
     grads_ = HostBuffer(DType::f32, l_.total);
     std::fill_n(grads_.as<float>(), l_.total, 0.f);
-    mask_period_ = B;
+    period_ = static_cast<int>(B);
     if (!s_.train() && a.bn) fold_batch_norms();
 
     dnnl::engine& eng = cpu::engine();
-    const auto fwd_kind = s_.train() ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
-    const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift |
-                       dnnl::normalization_flags::fuse_norm_relu;
     float* P = infer_params();
-    float* G = grads_.as<float>();
     std::int64_t max_out = 0;
     for (const ConvLayer& c : s_.convs) max_out = std::max(max_out, c.out_count());
-    if (s_.train()) da_ = memory(nhwc(B, 1, 1, max_out, at), eng), dz_ = memory(nhwc(B, 1, 1, max_out, at), eng);
+    if (s_.train()) dz_ = memory(nhwc(B, 1, 1, max_out, at), eng);
     x_mem_ = memory(x_nchw_ ? memory::desc({B, a.C, a.H, a.W}, at, tag::nchw) : nhwc(B, a.C, a.H, a.W, at), eng, x_.data());
     memory in = x_mem_;
-    {
-      const ConvLayer& c = s_.convs.front();
-      fused_ = {B, c.C, c.H, c.W, c.K, c.pad, c.pool, c.PH, c.PW};
-      fuse_first_ = x_nchw_ && !s_.bf16() && conv_pool_supported(fused_);
-    }
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
       const ConvLayer& c = s_.convs[i];
-      const Layer& ly = l_.conv[i];
       ConvPrims& cp = conv_.emplace_back();
-      if (i == 0 && fuse_first_) {  // conv + bias + ReLU + pool in one pass (cpu_conv_pool.h), into nhwc
-        fused_w_ = conv_pool_filters(P + ly.w, c.K, c.C);
-        fused_b_ = P + ly.b;
-        cp.p = memory(nhwc(B, c.K, c.PH, c.PW, at), eng);
-        in = cp.p;
+      plan_conv(i, cp, in, P);
+      const memory::desc dst = conv2d::onednn_desc(*cp.fwd, conv2d::Tensor::y);  // NHWC (train), or the conv's own layout (infer)
+      if (s_.train()) {
+        cp.z = memory(dst, eng);
+        cp.act = act_shape(i);
+        cp.act_fwd = rmp::make_cpu_plan(cp.act);
+        rmp::Shape back = cp.act;
+        back.dir = Direction::bwd;
+        cp.act_bwd = rmp::make_cpu_plan(back);
+        for (std::vector<float>* v : {&cp.scale, &cp.shift, &cp.mean, &cp.rstd}) v->assign(static_cast<std::size_t>(c.K), 0.f);
+        if (c.pool) cp.arg.assign(static_cast<std::size_t>(cp.act.pooled()), 0);
+        (c.pool ? cp.p : cp.a) = memory(c.pool ? nhwc(B, c.K, c.PH, c.PW, at) : dst, eng);
+        // The gradient of this layer's input: the previous layer's output.
+        d_in_.push_back(i == 0 ? memory() : memory(nhwc(B, c.C, c.H, c.W, at), eng));
+        in = c.pool ? cp.p : cp.a;
         continue;
       }
-      const memory::desc src = nhwc(B, c.C, c.H, c.W, at), dst_user = nhwc(B, c.K, c.P, c.Q, at);
-      const bool own_layout = !s_.train(), last = i + 1 == s_.convs.size();
-      plan_conv(i, cp, in, P);
-      const memory::desc dst = conv2d::onednn_desc(*cp.fwd, conv2d::Tensor::y);  // dst_user, or the conv's own layout (infer)
-      if (own_layout && dst != dst_user) own_layouts_ = true;
-      const bool bn_train = s_.train() && a.bn;
-      (bn_train ? cp.z : cp.a) = memory(dst, eng);
-      dnnl::batch_normalization_forward::primitive_desc bpd;
-      if (bn_train) {
-        // The forward normalizes with the batch statistics batch_stats() computed (use_global_stats:
-        // mean and variance are inputs); the backward, made from the plain training forward, still
-        // differentiates through them.
-        const auto bd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, dst,
-                                                                                  static_cast<float>(kBnEps), flags));
-        bpd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_forward::primitive_desc(bd, eng));
-        const auto gd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_forward::desc(
-            dnnl::prop_kind::forward_training, dst, static_cast<float>(kBnEps), flags | dnnl::normalization_flags::use_global_stats));
-        const auto gpd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_forward::primitive_desc(gd, eng));
-        HOTOPS_CHECK(gpd.workspace_desc() == bpd.workspace_desc(), "model_cnn: oneDNN's batch-norm workspaces differ with given statistics");
-        cp.a = memory(dst, eng);
-        cp.bn_ws = memory(bpd.workspace_desc(), eng);
-        cp.mean = memory(vec(c.K), eng);
-        cp.var = memory(vec(c.K), eng);
-        cp.bn_fwd = {HOTOPS_CHECK_DNNL(dnnl::batch_normalization_forward(gpd)),
-                     {{DNNL_ARG_SRC, cp.z}, {DNNL_ARG_DST, cp.a}, {DNNL_ARG_SCALE, memory(vec(c.K), eng, P + ly.gamma)},
-                      {DNNL_ARG_SHIFT, memory(vec(c.K), eng, P + ly.beta)}, {DNNL_ARG_MEAN, cp.mean},
-                      {DNNL_ARG_VARIANCE, cp.var}, {DNNL_ARG_WORKSPACE, cp.bn_ws}}};
-      }
-      memory next = cp.a;
-      dnnl::pooling_forward::primitive_desc ppd;
-      const memory::dims pk{c.pool, c.pool}, pz{0, 0};
-      if (c.pool) {
-        const memory::desc pdst = nhwc(B, c.K, c.PH, c.PW, at);
-        const memory::desc pool_dst = own_layout ? memory::desc({B, c.K, c.PH, c.PW}, at, tag::any) : pdst;
-        const auto pd = HOTOPS_CHECK_DNNL(dnnl::pooling_forward::desc(fwd_kind, dnnl::algorithm::pooling_max, dst, pool_dst, pk, pk, pz, pz));
-        ppd = HOTOPS_CHECK_DNNL(dnnl::pooling_forward::primitive_desc(pd, eng));
-        // NHWC where the flatten (or the train step's loops) read it, else the pool's own layout.
-        cp.p = memory(own_layout && !last ? ppd.dst_desc() : pdst, eng);
-        memory pooled = cp.p;
-        if (ppd.dst_desc() != cp.p.get_desc()) {
-          cp.p_blocked = pooled = memory(ppd.dst_desc(), eng);
-          cp.p_to_nhwc = {HOTOPS_CHECK_DNNL(dnnl::reorder(cp.p_blocked, cp.p)), {{DNNL_ARG_FROM, cp.p_blocked}, {DNNL_ARG_TO, cp.p}}};
-        }
-        cp.pool_fwd = {HOTOPS_CHECK_DNNL(dnnl::pooling_forward(ppd)), {{DNNL_ARG_SRC, cp.a}, {DNNL_ARG_DST, pooled}}};
-        if (s_.train()) cp.pool_ws = memory(ppd.workspace_desc(), eng), cp.pool_fwd.args[DNNL_ARG_WORKSPACE] = cp.pool_ws;
-        next = cp.p;
-      }
-      if (s_.train()) {
-        cp.da = memory(dst, eng, da_.get_data_handle());
-        cp.dz = memory(dst, eng, dz_.get_data_handle());
-        // The gradient of this layer's input: the previous layer's pooled output or its a.
-        memory d_in = i == 0 ? memory() : memory(src, eng);
-        d_in_.push_back(d_in);
-        if (c.pool) {
-          const auto pbd = HOTOPS_CHECK_DNNL(dnnl::pooling_backward::desc(dnnl::algorithm::pooling_max, dst, nhwc(B, c.K, c.PH, c.PW, at), pk, pk, pz, pz));
-          const auto pbpd = HOTOPS_CHECK_DNNL(dnnl::pooling_backward::primitive_desc(pbd, eng, ppd));
-          cp.pool_bwd = {HOTOPS_CHECK_DNNL(dnnl::pooling_backward(pbpd)),
-                         {{DNNL_ARG_DIFF_SRC, cp.da}, {DNNL_ARG_WORKSPACE, cp.pool_ws}}};  // DIFF_DST set below
-        }
-        if (bn_train) {
-          const auto bbd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_backward::desc(dnnl::prop_kind::backward, dst, dst,
-                                                                                      static_cast<float>(kBnEps), flags));
-          const auto bbpd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_backward::primitive_desc(bbd, eng, bpd));
-          cp.bn_bwd = {HOTOPS_CHECK_DNNL(dnnl::batch_normalization_backward(bbpd)),
-                       {{DNNL_ARG_SRC, cp.z}, {DNNL_ARG_MEAN, cp.mean}, {DNNL_ARG_VARIANCE, cp.var},
-                        {DNNL_ARG_DIFF_DST, cp.da}, {DNNL_ARG_SCALE, memory(vec(c.K), eng, P + ly.gamma)},
-                        {DNNL_ARG_SHIFT, memory(vec(c.K), eng, P + ly.beta)}, {DNNL_ARG_WORKSPACE, cp.bn_ws},
-                        {DNNL_ARG_DIFF_SRC, cp.dz}, {DNNL_ARG_DIFF_SCALE, memory(vec(c.K), eng, G + ly.gamma)},
-                        {DNNL_ARG_DIFF_SHIFT, memory(vec(c.K), eng, G + ly.beta)}}};
-        }
-      }
-      in = next;
+      if (dst != nhwc(B, c.K, c.P, c.Q, at)) own_layouts_ = true;
+      cp.a = memory(dst, eng);
+      in = cp.a;
+      if (!c.pool) continue;
+      maxpool::Shape ps;
+      ps.dir = Direction::fwd, ps.dtype = s_.dtype, ps.layout = maxpool::Layout::nhwc, ps.inference = true;
+      ps.N = B, ps.C = c.K, ps.H = c.P, ps.W = c.Q, ps.k = ps.s = c.pool;
+      // NHWC where the flatten reads it, else the layout the pool picks (the next conv reorders where its differs).
+      const bool last = i + 1 == s_.convs.size();
+      cp.pool = maxpool::make_cpu_plan(ps, dst, last ? nhwc(B, c.K, c.PH, c.PW, at) : memory::desc({B, c.K, c.PH, c.PW}, at, tag::any));
+      cp.p = memory(maxpool::onednn_y_desc(*cp.pool), eng);
+      in = cp.p;
     }
     HOTOPS_CHECK(s_.convs.back().pool > 0, "model_cnn: the last conv layer must be pooled (the flatten reads the pooled output, NHWC)");
     flat_ = in;
-    setup_dense(P, G);
-    if (s_.train()) wire_backward();
+    setup_dense();
     if (!s_.train()) logits_out_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * a.classes));
   }
 
@@ -213,8 +152,8 @@ class CpuCnn final : public ModelCase {
     const State start = verification_state(s_, seeded_);
     restore(start, verify_period(s_));
     for (const auto& [at, n] : l_.tensors) std::fill_n(grads_.as<float>() + at, n, std::numeric_limits<float>::quiet_NaN());
-    for (ConvPrims& cp : conv_) {  // NaN: an output a step did not write shows (the fused layer's: its pooled p)
-      memory& m = cp.a.get(true) ? cp.a : cp.p;
+    for (ConvPrims& cp : conv_) {  // NaN: an output a step did not write shows
+      memory& m = cp.p.get(true) ? cp.p : cp.a;
       std::memset(m.get_data_handle(), 0xff, m.get_desc().get_size());
     }
     run();
@@ -226,8 +165,16 @@ class CpuCnn final : public ModelCase {
       o.grads = grads_;
       o.params = params_;
       o.stats = stats_;
-      for (ConvPrims& cp : conv_) o.relu.push_back(widened(cp.a));
-      o.hidden = widened(hr_);
+      // The post-ReLU activations the forward decided its ReLU and pool on, recomputed from z and the
+      // affine the batchnorm family's plan saved, by the family's own expression.
+      for (ConvPrims& cp : conv_) {
+        rmp::Shape whole = cp.act;
+        whole.pool = false, whole.k = 1;
+        o.relu.push_back(HostBuffer(DType::f32, static_cast<std::size_t>(whole.count())));
+        rmp::cpu_activation(whole, cp.z.get_data_handle(), cp.scale.data(), cp.shift.data(), o.relu.back().as<float>());
+      }
+      o.hidden = HostBuffer(DType::f32, static_cast<std::size_t>(hact_.count()));
+      rmp::cpu_activation(hact_, h_.data(), hscale_.data(), hshift_.data(), o.hidden.as<float>());
     }
     Check c = verify_outcome(s_, l_, keys_, start, o);
     restore(seeded_, s_.batch);
@@ -235,12 +182,17 @@ class CpuCnn final : public ModelCase {
   }
 
   std::string label() const override {
+    cpu::ThreadScope scope(threads_);  // the plans' labels count the threads their runs get
     std::string l = std::string(s_.bf16() ? "bf16 autocast (f32 master weights cast each step; bf16 activations, f32 accumulation); " : "") +
-                    (fuse_first_ ? "conv 1 + bias + ReLU + max-pool: one hotops pass (" + conv_pool_isa() + "); conv 2 on: " : "") +
-                    "oneDNN convolution (" + conv_impl_ + "), " + (s_.arch.bn && s_.train() ? "batch_normalization + ReLU, " : "") +
-                    "pooling max, matmul; hotops loops for the last layer" + (s_.train() ? ", dropout, loss, AdamW" : "") +
-                    (own_layouts_ ? "; the conv and pool layers in the layouts oneDNN picked, NHWC at the flatten; " : "; NHWC; ") +
-                    std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
+                    "oneDNN convolution (" + conv_impl_ + ")";
+    const std::string dense = "; dense: " + dense1_->label() + (w1_cast_ ? " (W1 cast: " + w1_cast_->label() + ")" : "");
+    if (s_.train())
+      l += std::string(", ") + (s_.arch.bn ? "batch norm" : "bias") + " + ReLU (+ max-pool + dropout): " + conv_.back().act_fwd->label() +
+           dense + "; hotops loops for the last layer, loss, AdamW; NHWC; ";
+    else
+      l += ", pooling max: " + conv_.back().pool->label() + dense + "; hotops loops for the last layer" +
+           (own_layouts_ ? "; the conv and pool layers in the layouts oneDNN picked, NHWC at the flatten; " : "; NHWC; ");
+    l += std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
     if (!s_.train() && s_.arch.bn) l += "; batch norms folded into the weights at setup";
     if (x_nchw_) l += "; the images held NCHW";
     return l;
@@ -251,29 +203,18 @@ class CpuCnn final : public ModelCase {
  private:
   dt adt() const { return s_.bf16() ? dt::bf16 : dt::f32; }
 
-  // An activation memory (NHWC or [rows, cols], f32 or bf16) as f32.
-  static HostBuffer widened(const memory& m) {
-    const bool low = m.get_desc().data_type() == dt::bf16;
-    const std::size_t n = m.get_desc().get_size() / (low ? 2 : 4);
-    HostBuffer h(DType::f32, n);
-    if (!low) std::memcpy(h.data(), m.get_data_handle(), h.bytes());
-    for (std::size_t i = 0; low && i < n; ++i) h.as<float>()[i] = bf16_to_float(static_cast<const bf16*>(m.get_data_handle())[i]);
-    return h;
-  }
-
   // The shape of conv layer i's conv2d pass `dir`: a 3x3 stride-1 convolution over the batch, with
-  // the f32 OHWI parameters as weights (bf16 casts them in each run). train: NHWC activations, and
-  // the bias and a ReLU post-op unless batch norm follows (the backward passes' forward hint has them
-  // too); infer: forward_inference with both, each activation in the layout oneDNN picks except a
-  // first conv with a pool after it, which reads the images NCHW; f32 takes the weights reordered once
-  // at setup, bf16 casts them in each run.
+  // the f32 OHWI parameters as weights (bf16 casts them in each run). train: NHWC activations, z
+  // alone (the batchnorm family's plan adds the bias or normalizes); infer: forward_inference with
+  // the bias and a ReLU post-op, each activation in the layout oneDNN picks except a first conv with
+  // a pool after it, which reads the images NCHW; f32 takes the weights reordered once at setup,
+  // bf16 casts them in each run.
   conv2d::Shape conv_shape(std::size_t i, Direction dir) const {
     const ConvLayer& c = s_.convs[i];
-    const bool bn_train = s_.train() && s_.arch.bn;
     conv2d::Shape cs;
     cs.dir = dir, cs.dtype = s_.dtype, cs.layout = conv2d::Layout::nhwc;
     cs.N = s_.batch, cs.C = c.C, cs.H = c.H, cs.W = c.W, cs.K = c.K, cs.R = cs.S = 3, cs.pad_h = cs.pad_w = c.pad;
-    cs.bias = cs.relu = !bn_train;
+    cs.bias = cs.relu = !s_.train();
     cs.f32_params = true;
     if (s_.train()) {
       cs.x_pick = cs.y_pick = conv2d::Shape::Pick::nhwc;
@@ -285,17 +226,55 @@ class CpuCnn final : public ModelCase {
     return cs;
   }
 
+  // train: conv layer i's batch norm (or bias) + ReLU, with the max-pool and its dropout where the
+  // stage ends (batchnorm_relu_maxpool), else alone (batchnorm_relu), over the conv's NHWC z.
+  rmp::Shape act_shape(std::size_t i) const {
+    const ConvLayer& c = s_.convs[i];
+    rmp::Shape r;
+    r.dir = Direction::fwd, r.dtype = s_.dtype;
+    r.N = s_.batch, r.C = c.K, r.H = c.P, r.W = c.Q;
+    r.pool = c.pool > 0, r.k = c.pool > 0 ? c.pool : 1;
+    r.dropout = c.pool > 0 ? c.dropout : 0;
+    r.key = keys_[stage_of(i)];
+    r.bn = s_.arch.bn, r.eps = kBnEps, r.momentum = kBnMomentum;
+    r.layout = r.pooled_layout = batchnorm::Layout::nhwc;
+    return r;
+  }
+
+  // The tensors of conv layer i's batchnorm-family plans: fwd from z to its output, bwd from the
+  // gradient of that output (dout) to dz and the layer's bias and batch-norm gradients.
+  rmp::Args act_args(std::size_t i, Direction dir, const void* dout = nullptr) {
+    ConvPrims& cp = conv_[i];
+    const Layer& ly = l_.conv[i];
+    const bool bn = s_.arch.bn;
+    float* P = params_.as<float>();
+    rmp::Args r;
+    r.z = cp.z.get_data_handle();
+    r.gamma = bn ? P + ly.gamma : nullptr;
+    r.period = &period_;
+    r.arg = cp.arg.empty() ? nullptr : cp.arg.data();
+    r.scale = cp.scale.data(), r.shift = cp.shift.data(), r.mean = cp.mean.data(), r.rstd = cp.rstd.data();
+    if (dir == Direction::bwd) {
+      float* G = grads_.as<float>();
+      r.dout = dout, r.dz = dz_.get_data_handle();
+      r.dgamma = bn ? G + ly.gamma : nullptr, r.dbeta = bn ? G + ly.beta : nullptr, r.dbias = G + ly.b;
+      return r;
+    }
+    float* S = stats_.as<float>();
+    r.beta = bn ? P + ly.beta : nullptr, r.bias = P + ly.b;
+    r.running_mean = bn ? S + ly.mean : nullptr, r.running_var = bn ? S + ly.var : nullptr;
+    r.out = (cp.act.pool ? cp.p : cp.a).get_data_handle();
+    return r;
+  }
+
   // Conv layer i's conv2d plans and the forward's input and weights; `in` is the layer's input.
   void plan_conv(std::size_t i, ConvPrims& cp, const memory& in, const float* P) {
     const conv2d::Shape fs = conv_shape(i, Direction::fwd);
-    cp.fwd = conv2d::make_cpu_plan(fs);
+    // infer: x as the layer before wrote it (the images, or the previous pool's or conv's own layout),
+    // reordered by the plan's run where the conv picked another
+    cp.fwd = s_.train() ? conv2d::make_cpu_plan(fs) : conv2d::make_cpu_plan(fs, in.get_desc());
     conv_impl_ += std::string(conv_impl_.empty() ? "" : ", ") + conv2d::onednn_impl(*cp.fwd);
-    cp.in = cp.conv_in = in;
-    const memory::desc src = conv2d::onednn_desc(*cp.fwd, conv2d::Tensor::x);
-    if (!s_.train() && src != in.get_desc()) {  // the images, or the previous layer's output
-      cp.conv_in = memory(src, cpu::engine());
-      cp.in_to_conv = {HOTOPS_CHECK_DNNL(dnnl::reorder(in, cp.conv_in)), {{DNNL_ARG_FROM, in}, {DNNL_ARG_TO, cp.conv_in}}};
-    }
+    cp.in = in;
     cp.w = P + l_.conv[i].w;
     if (!s_.train() && !s_.bf16()) {  // the weights are fixed: reorder once here (bf16 casts in the step)
       cp.w_packed = memory(conv2d::onednn_desc(*cp.fwd, conv2d::Tensor::w), cpu::engine());
@@ -329,170 +308,133 @@ class CpuCnn final : public ModelCase {
     fold(l_.dense1, s_.arch.hidden, flat_width(s_.arch), false);
   }
 
-  void setup_dense(float* P, float* G) {
+  // The hidden dense layer h = flat . W1 [+ b1] through matmul plans: train an mm, its output z of
+  // the batchnorm_relu plan (batch norm or the bias, ReLU, dropout), and the mm gradients dW1 =
+  // flat^T . dh (f32: the master weights' gradient) and dflat = dh . W1^T; infer an addmm with the
+  // (folded) bias and the ReLU post-op. bf16: W1 cast from the f32 parameters in each step, infer's
+  // folded bias cast once here.
+  void setup_dense() {
     const Arch& a = s_.arch;
-    dnnl::engine& eng = cpu::engine();
     const std::int64_t B = s_.batch, F = flat_width(a), Hd = a.hidden;
-    const bool bn_train = s_.train() && a.bn;
-    const dt at = adt();
-    flat2d_ = memory(mat(B, F, false, at), eng, flat_.get_data_handle());
-    // W1 as the matmuls take it: the f32 parameters, or (bf16) their copy cast in each step.
-    memory w1_user(mat(F, Hd), eng, P + l_.dense1.w), w1 = w1_user;
+    matmul::Shape g;
+    g.op = s_.train() ? matmul::Op::mm : matmul::Op::addmm, g.dir = Direction::fwd, g.dtype = s_.dtype;
+    g.M = B, g.K = F, g.N = Hd;
+    g.relu = !s_.train();
+    // f32 infer: the weights are fixed, so the matmul takes them prepacked in its own layout, packed
+    // once here (as the convs' weights are): keras_cnn's 16 x 56448 x 1024 product took 12 ms
+    // prepacked against 30 ms from the row-major [F, Hd] on one thread (bf16: 6 against 16).
+    g.b_packed = !s_.train() && !s_.bf16();
+    dense1_ = matmul::make_cpu_plan(g);
+    if (g.b_packed) {
+      w1_packed_ = HostBuffer(DType::f32, (matmul::cpu_packed_b_bytes(g) + 3) / 4);
+      matmul::cpu_pack_b(g, infer_params() + l_.dense1.w, DType::f32, w1_packed_.data());
+    }
+    h_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * Hd));
     if (s_.bf16()) {
-      w1 = memory(mat(F, Hd, false, at), eng);
-      w1_cast_ = {HOTOPS_CHECK_DNNL(dnnl::reorder(w1_user, w1)), {{DNNL_ARG_FROM, w1_user}, {DNNL_ARG_TO, w1}}};
+      // W1's bf16 copy, cast from the (folded) f32 parameters by the copy family's plan: oneDNN's
+      // reorder (`impl:onednn`), which converts with the CPU's bf16 instructions where it has them:
+      // keras_cnn's 57.8M weights took 9.5 ms on one thread against hotops' loop's 15 ms.
+      w1_low_ = HostBuffer(DType::bf16, static_cast<std::size_t>(F * Hd));
+      copy::Shape cs;
+      cs.kind = copy::Kind::f32_to_bf16, cs.src = DType::f32, cs.dst = DType::bf16, cs.count = w1_low_.count();
+      cs.impl = copy::CpuImpl::onednn;
+      w1_cast_ = copy::make_cpu_plan(cs);
     }
-    dnnl::post_ops po;
-    if (!bn_train) po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
-    dnnl::primitive_attr attr;
-    attr.set_post_ops(po);
-    const memory::desc bias_md({1, Hd}, dt::f32, memory::dims{Hd, 1});
-    // f32 infer: the weights are fixed, so the matmul takes them in its own format (format_tag::any),
-    // reordered once here (as conv weights are). keras_cnn's M = 64, K = 56448 product took 10.2 ms
-    // from the plain [F, Hd] layout and 8.7 ms prepacked on the H100 host's Xeon (oneDNN verbose, two
-    // runs). train reads the flat buffer as it changes; bf16 casts it in each step (w1_cast_).
-    const bool prepack = !s_.train() && !s_.bf16();
-    const memory::desc w1_md = prepack ? memory::desc({F, Hd}, dt::f32, tag::any) : mat(F, Hd, false, at);
-    const auto d1 = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(mat(B, F, false, at), w1_md, bn_train ? memory::desc() : bias_md,
-                                                         mat(B, Hd, false, at)));
-    const auto pd1 = HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(d1, attr, eng));
-    hr_ = memory(mat(B, Hd, false, at), eng);
-    h_ = bn_train ? memory(mat(B, Hd, false, at), eng) : hr_;
-    if (prepack && pd1.weights_desc() != w1_user.get_desc()) {
-      w1_packed_ = memory(pd1.weights_desc(), eng);
-      HOTOPS_CHECK_DNNL(dnnl::reorder(w1_user, w1_packed_).execute(cpu::stream(), w1_user, w1_packed_));
-      HOTOPS_CHECK_DNNL(cpu::stream().wait());
-      w1 = w1_packed_;
-    }
-    dense1_ = {HOTOPS_CHECK_DNNL(dnnl::matmul(pd1)), {{DNNL_ARG_SRC, flat2d_}, {DNNL_ARG_WEIGHTS, w1}, {DNNL_ARG_DST, h_}}};
-    if (!bn_train) dense1_.args[DNNL_ARG_BIAS] = memory(bias_md, eng, P + l_.dense1.b);
-    hd_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * Hd));
     logits_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * a.classes));
-    if (!s_.train()) return;
-    const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift |
-                       dnnl::normalization_flags::fuse_norm_relu;
-    dh_ = memory(mat(B, Hd, false, at), eng);
-    dhr_ = memory(mat(B, Hd, false, at), eng);
-    if (bn_train) {
-      const memory::desc nc({B, Hd}, at, tag::nc);
-      const auto bd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, nc,
-                                                                                static_cast<float>(kBnEps), flags));
-      const auto bpd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_forward::primitive_desc(bd, eng));
-      hmean_ = memory(vec(Hd), eng), hvar_ = memory(vec(Hd), eng), hws_ = memory(bpd.workspace_desc(), eng);
-      memory gamma(vec(Hd), eng, P + l_.dense1.gamma), beta(vec(Hd), eng, P + l_.dense1.beta);
-      hbn_fwd_ = {HOTOPS_CHECK_DNNL(dnnl::batch_normalization_forward(bpd)),
-                  {{DNNL_ARG_SRC, h_}, {DNNL_ARG_DST, hr_}, {DNNL_ARG_SCALE, gamma}, {DNNL_ARG_SHIFT, beta},
-                   {DNNL_ARG_MEAN, hmean_}, {DNNL_ARG_VARIANCE, hvar_}, {DNNL_ARG_WORKSPACE, hws_}}};
-      const auto bbd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_backward::desc(dnnl::prop_kind::backward, nc, nc,
-                                                                                  static_cast<float>(kBnEps), flags));
-      const auto bbpd = HOTOPS_CHECK_DNNL(dnnl::batch_normalization_backward::primitive_desc(bbd, eng, bpd));
-      hbn_bwd_ = {HOTOPS_CHECK_DNNL(dnnl::batch_normalization_backward(bbpd)),
-                  {{DNNL_ARG_SRC, h_}, {DNNL_ARG_MEAN, hmean_}, {DNNL_ARG_VARIANCE, hvar_}, {DNNL_ARG_DIFF_DST, dhr_},
-                   {DNNL_ARG_SCALE, gamma}, {DNNL_ARG_SHIFT, beta}, {DNNL_ARG_WORKSPACE, hws_}, {DNNL_ARG_DIFF_SRC, dh_},
-                   {DNNL_ARG_DIFF_SCALE, memory(vec(Hd), eng, G + l_.dense1.gamma)},
-                   {DNNL_ARG_DIFF_SHIFT, memory(vec(Hd), eng, G + l_.dense1.beta)}}};
+    if (!s_.train()) {
+      const float* b1 = infer_params() + l_.dense1.b;
+      if (s_.bf16()) {
+        b1_low_ = HostBuffer(DType::bf16, static_cast<std::size_t>(Hd));
+        for (std::int64_t o = 0; o < Hd; ++o) b1_low_.as<bf16>()[o] = float_to_bf16(b1[o]);
+      }
+      return;
     }
-    // dW1 = flat^T . dh, dflat = dh . W1^T
-    // (bf16: dW1 written f32 from the f32 accumulators)
-    const auto dw = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(mat(F, B, true, at), mat(B, Hd, false, at), mat(F, Hd)));
-    dense1_dw_ = {HOTOPS_CHECK_DNNL(dnnl::matmul(dnnl::matmul::primitive_desc(dw, eng))),
-                  {{DNNL_ARG_SRC, memory(mat(F, B, true, at), eng, flat_.get_data_handle())}, {DNNL_ARG_WEIGHTS, dh_},
-                   {DNNL_ARG_DST, memory(mat(F, Hd), eng, G + l_.dense1.w)}}};
-    const auto dx = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(mat(B, Hd, false, at), mat(Hd, F, true, at), mat(B, F, false, at)));
-    dflat_ = memory(mat(B, F, false, at), eng);
-    dense1_dx_ = {HOTOPS_CHECK_DNNL(dnnl::matmul(dnnl::matmul::primitive_desc(dx, eng))),
-                  {{DNNL_ARG_SRC, dh_}, {DNNL_ARG_WEIGHTS, memory(mat(Hd, F, true, at), eng, w1.get_data_handle())}, {DNNL_ARG_DST, dflat_}}};
+    hact_.dir = Direction::fwd, hact_.dtype = s_.dtype, hact_.layout = hact_.pooled_layout = batchnorm::Layout::nc;
+    hact_.N = B, hact_.C = Hd, hact_.pool = false, hact_.k = 1;
+    hact_.dropout = a.hidden_dropout, hact_.key = keys_.back();
+    hact_.bn = a.bn, hact_.eps = kBnEps, hact_.momentum = kBnMomentum;
+    hact_fwd_ = rmp::make_cpu_plan(hact_);
+    rmp::Shape back = hact_;
+    back.dir = Direction::bwd;
+    hact_bwd_ = rmp::make_cpu_plan(back);
+    for (std::vector<float>* v : {&hscale_, &hshift_, &hmean_, &hrstd_}) v->assign(static_cast<std::size_t>(Hd), 0.f);
+    hd_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * Hd));
+    dhd_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * Hd));
+    dh_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * Hd));
+    dflat_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * F));
+    g.op = matmul::Op::mm, g.relu = false;
+    g.dir = Direction::bwd_weight, g.f32_out = true;
+    dense1_dw_ = matmul::make_cpu_plan(g);
+    g.dir = Direction::bwd_data, g.f32_out = false;
+    dense1_dx_ = matmul::make_cpu_plan(g);
     dlogits_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * a.classes));
   }
 
-  // The gradient each conv layer's backward starts from: the next layer's input gradient (or dflat).
-  // A pooled layer's goes through dropout (in place) and the pool's backward into da; an unpooled
-  // layer's is its da.
-  void wire_backward() {
-    for (std::size_t i = 0; i < conv_.size(); ++i) {
-      ConvPrims& cp = conv_[i];
-      const memory d_next = i + 1 < conv_.size() ? d_in_[i + 1] : dflat_;
-      if (s_.convs[i].pool) {
-        cp.pool_bwd.args[DNNL_ARG_DIFF_DST] = d_next;
-        continue;
-      }
-      cp.da = d_next;
-      if (s_.arch.bn) cp.bn_bwd.args[DNNL_ARG_DIFF_DST] = d_next;
-    }
+  // W1 as the matmuls take it: the f32 parameters, f32 infer's prepacked copy of the folded ones, or the bf16 copy.
+  const void* dense1_weights() const {
+    if (w1_packed_.count()) return w1_packed_.data();
+    return s_.bf16() ? w1_low_.data() : (folded_.count() ? folded_ : params_).as<float>() + l_.dense1.w;
   }
 
-  // In place over a pooled tensor [batch, n] of the activations' type: v *= keep(key, e, b mod period) ? scale : 0.
-  void dropout(void* v, std::int64_t n, const pointwise::DropoutKey& key) const {
-    if (s_.bf16()) return dropout_on(static_cast<bf16*>(v), n, key);
-    dropout_on(static_cast<float*>(v), n, key);
-  }
-  template <class T>
-  void dropout_on(T* v, std::int64_t n, const pointwise::DropoutKey& key) const {
-    const std::int64_t B = s_.batch, period = mask_period_;
-    const pointwise::DropoutKey k = key;
-#pragma omp parallel for collapse(2) schedule(static)
-    for (std::int64_t b = 0; b < B; ++b)
-      for (std::int64_t e0 = 0; e0 < n; e0 += 4096) {
-        T* row = v + b * n;
-        const auto hi = static_cast<std::uint32_t>(b % period);
-        const std::int64_t e1 = std::min(n, e0 + 4096);
-#pragma omp simd
-        for (std::int64_t e = e0; e < e1; ++e)
-          row[e] = store<T>(load(row[e]) * (pointwise::dropout_keep(k, static_cast<std::uint32_t>(e), hi) ? k.scale : 0.f));
-      }
+  // bf16: W1 cast from the f32 parameters (infer: the folded ones) into w1_low_.
+  void cast_dense1_weights() { w1_cast_->run({(folded_.count() ? folded_ : params_).as<float>() + l_.dense1.w, w1_low_.data()}); }
+
+  // The hidden layer's batchnorm_relu plans' tensors (see act_args).
+  rmp::Args hidden_args(Direction dir) {
+    const Layer& ly = l_.dense1;
+    const bool bn = s_.arch.bn;
+    float* P = params_.as<float>();
+    rmp::Args r;
+    r.z = h_.data();
+    r.gamma = bn ? P + ly.gamma : nullptr;
+    r.period = &period_;
+    r.scale = hscale_.data(), r.shift = hshift_.data(), r.mean = hmean_.data(), r.rstd = hrstd_.data();
+    if (dir == Direction::bwd) {
+      float* G = grads_.as<float>();
+      r.dout = dhd_.data(), r.dz = dh_.data();
+      r.dgamma = bn ? G + ly.gamma : nullptr, r.dbeta = bn ? G + ly.beta : nullptr, r.dbias = G + ly.b;
+      return r;
+    }
+    float* S = stats_.as<float>();
+    r.beta = bn ? P + ly.beta : nullptr, r.bias = P + ly.b;
+    r.running_mean = bn ? S + ly.mean : nullptr, r.running_var = bn ? S + ly.var : nullptr;
+    r.out = hd_.data();
+    return r;
   }
 
   void forward() {
-    const Arch& a = s_.arch;
-    const bool bn_train = s_.train() && a.bn;
     for (std::size_t i = 0; i < conv_.size(); ++i) {
       ConvPrims& cp = conv_[i];
-      if (i == 0 && fuse_first_) {
-        trace::op("conv2d_relu_maxpool");
-        conv_pool(fused_, x_.as<float>(), fused_w_.data(), fused_b_, static_cast<float*>(cp.p.get_data_handle()));
+      const ConvLayer& c = s_.convs[i];
+      if (s_.train()) {
+        trace::op("conv2d");  // with the weights' reorder from the parameters
+        cp.fwd->run({cp.in.get_data_handle(), cp.w, nullptr, nullptr, cp.z.get_data_handle(), nullptr});
+        trace::op(c.pool ? rmp::kOp : rmp::kReluOp);
+        cp.act_fwd->run(act_args(i, Direction::fwd));
         continue;
       }
-      trace::op("reorder");
-      if (cp.in_to_conv.prim) cp.in_to_conv.run();
-      trace::op("conv2d");  // bf16 and train: with the weights' reorder from the parameters
-      const float* b = s_.train() && s_.arch.bn ? nullptr : infer_params() + l_.conv[i].b;
-      cp.fwd->run({cp.conv_in.get_data_handle(), cp.w, b, nullptr, (bn_train ? cp.z : cp.a).get_data_handle(), nullptr});
-      if (bn_train) {
-        trace::op("batchnorm");
-        HOTOPS_CHECK_DNNL(cpu::stream().wait());
-        batch_stats(cp, s_.batch * s_.convs[i].P * s_.convs[i].Q, s_.convs[i].K);
-        cp.bn_fwd.run();
-      }
-      if (s_.convs[i].pool) {
-        trace::op("maxpool");
-        cp.pool_fwd.run();
-        if (cp.p_to_nhwc.prim) cp.p_to_nhwc.run();
-        if (s_.train()) {
-          HOTOPS_CHECK_DNNL(cpu::stream().wait());
-          trace::op("dropout");
-          dropout(cp.p.get_data_handle(), s_.convs[i].pooled_count(), keys_[stage_of(i)]);
-        }
-      }
+      trace::op("conv2d");  // bf16: with the weights' reorder from the parameters
+      cp.fwd->run({cp.in.get_data_handle(), cp.w, infer_params() + l_.conv[i].b, nullptr, cp.a.get_data_handle(), nullptr});
+      if (c.pool) trace::op("maxpool"), cp.pool->run({cp.a.get_data_handle(), nullptr, nullptr, cp.p.get_data_handle(), nullptr});
     }
-    trace::op("addmm");
-    if (w1_cast_.prim) w1_cast_.run();
-    dense1_.run();
     HOTOPS_CHECK_DNNL(cpu::stream().wait());
-    if (bn_train) trace::op("batchnorm"), hbn_fwd_.run();
-    HOTOPS_CHECK_DNNL(cpu::stream().wait());
-    if (bn_train) update_running_stats();
-    trace::op("dropout");
-    const std::int64_t B = s_.batch, Hd = a.hidden, C = a.classes;
-    float* hd = hd_.as<float>();
-    if (s_.bf16()) {
-      const bf16* hr = static_cast<const bf16*>(hr_.get_data_handle());
-      for (std::int64_t i = 0; i < B * Hd; ++i) hd[i] = bf16_to_float(hr[i]);
-    } else {
-      std::copy_n(static_cast<const float*>(hr_.get_data_handle()), B * Hd, hd);
-    }
-    if (s_.train()) dropout_on(hd, Hd, keys_.back());  // hd is f32 in both dtypes
+    if (s_.bf16()) trace::op("cast"), cast_dense1_weights();
+    trace::op(s_.train() ? "mm" : "addmm");
+    const void* b1 = s_.train() ? nullptr : s_.bf16() ? b1_low_.data() : static_cast<const void*>(infer_params() + l_.dense1.b);
+    dense1_->run({flat_.get_data_handle(), dense1_weights(), b1, nullptr, h_.data(), nullptr, nullptr});
+    if (s_.train()) trace::op(rmp::kReluOp), hact_fwd_->run(hidden_args(Direction::fwd));
     // logits = hd . W2 + b2 (a [hidden, classes] layer: a loop)
     trace::op("addmm");
+    if (s_.bf16()) dense2_forward<bf16>();
+    else dense2_forward<float>();
+    if (!s_.train()) std::copy_n(logits_.as<float>(), s_.batch * s_.arch.classes, logits_out_.as<float>());
+  }
+
+  // The last layer on the hidden activations (train: after dropout) of type T, in f32.
+  template <class T>
+  void dense2_forward() {
+    const std::int64_t B = s_.batch, Hd = s_.arch.hidden, C = s_.arch.classes;
+    const T* hd = (s_.train() ? hd_ : h_).as<T>();
     const float* W2 = infer_params() + l_.dense2.w;
     const float* b2 = infer_params() + l_.dense2.b;
     float* z = logits_.as<float>();
@@ -500,10 +442,9 @@ class CpuCnn final : public ModelCase {
     for (std::int64_t b = 0; b < B; ++b) {
       float acc[16] = {};
       for (std::int64_t o = 0; o < Hd; ++o)
-        for (std::int64_t c = 0; c < C; ++c) acc[c] += hd[b * Hd + o] * W2[o * C + c];
+        for (std::int64_t c = 0; c < C; ++c) acc[c] += load(hd[b * Hd + o]) * W2[o * C + c];
       for (std::int64_t c = 0; c < C; ++c) z[b * C + c] = acc[c] + b2[c];
     }
-    if (!s_.train()) std::copy_n(z, B * C, logits_out_.as<float>());
   }
 
   double loss_and_dlogits() {
@@ -528,76 +469,54 @@ class CpuCnn final : public ModelCase {
   }
 
   void backward() {
-    const Arch& a = s_.arch;
-    const std::int64_t B = s_.batch;
     float* G = grads_.as<float>();
-    if (s_.bf16()) head_backward<bf16>();
-    else head_backward<float>();
+    if (s_.bf16()) dense2_backward<bf16>();
+    else dense2_backward<float>();
+    trace::op(rmp::kReluOp);
+    hact_bwd_->run(hidden_args(Direction::bwd));
     trace::op("mm");
-    dense1_dw_.run();
-    dense1_dx_.run();
-    HOTOPS_CHECK_DNNL(cpu::stream().wait());
+    dense1_dw_->run({flat_.get_data_handle(), nullptr, nullptr, dh_.data(), G + l_.dense1.w, nullptr, nullptr});
+    dense1_dx_->run({nullptr, dense1_weights(), nullptr, dh_.data(), dflat_.data(), nullptr, nullptr});
     for (std::size_t i = conv_.size(); i-- > 0;) {
-      const ConvLayer& c = s_.convs[i];
       ConvPrims& cp = conv_[i];
-      if (c.pool) {
-        HOTOPS_CHECK_DNNL(cpu::stream().wait());
-        trace::op("dropout_bwd");
-        const memory& d_next = cp.pool_bwd.args.at(DNNL_ARG_DIFF_DST);
-        dropout(d_next.get_data_handle(), c.pooled_count(), keys_[stage_of(i)]);
-        trace::op("maxpool_bwd");
-        cp.pool_bwd.run();
-      }
-      if (a.bn) {
-        trace::op("batchnorm_bwd");
-        cp.bn_bwd.run();
-        std::fill_n(G + l_.conv[i].b, c.K, 0.f);  // before batch norm: zero by construction
-      } else {
-        HOTOPS_CHECK_DNNL(cpu::stream().wait());
-        trace::op("relu_bwd");
-        if (s_.bf16())
-          relu_backward(static_cast<const bf16*>(cp.a.get_data_handle()), static_cast<const bf16*>(cp.da.get_data_handle()),
-                        static_cast<bf16*>(cp.dz.get_data_handle()), B * c.out_count());
-        else
-          relu_backward(static_cast<const float*>(cp.a.get_data_handle()), static_cast<const float*>(cp.da.get_data_handle()),
-                        static_cast<float*>(cp.dz.get_data_handle()), B * c.out_count());
-      }
+      const void* d_next = i + 1 < conv_.size() ? d_in_[i + 1].get_data_handle() : dflat_.data();
+      trace::op(cp.act.pool ? "batchnorm_relu_maxpool_bwd" : "batchnorm_relu_bwd");
+      cp.act_bwd->run(act_args(i, Direction::bwd, d_next));
       trace::op("conv2d_bwd_weight");  // with dw's reorder into the gradients
-      const Layer& ly = l_.conv[i];
-      cp.filter->run({cp.in.get_data_handle(), nullptr, nullptr, cp.dz.get_data_handle(), G + ly.w, a.bn ? nullptr : G + ly.b});
+      cp.filter->run({cp.in.get_data_handle(), nullptr, nullptr, dz_.get_data_handle(), G + l_.conv[i].w, nullptr});
       if (i > 0) {
         trace::op("conv2d_bwd_data");  // with the weights' reorder from the parameters
-        cp.data->run({nullptr, cp.w, nullptr, cp.dz.get_data_handle(), d_in_[i].get_data_handle(), nullptr});
+        cp.data->run({nullptr, cp.w, nullptr, dz_.get_data_handle(), d_in_[i].get_data_handle(), nullptr});
       }
     }
     HOTOPS_CHECK_DNNL(cpu::stream().wait());
   }
 
-  // The head's backward on activations of type T (the loops in f32): dense 2's dW2 = hd^T dlogits,
-  // db2, dhd = dlogits W2^T; then dropout and ReLU (or BN + ReLU) into dh.
+  // The last layer's backward on activations of type T (the loops in f32): dW2 = hd^T dlogits, db2,
+  // dhd = dlogits W2^T.
   template <class T>
-  void head_backward() {
+  void dense2_backward() {
     const Arch& a = s_.arch;
     const std::int64_t B = s_.batch, Hd = a.hidden, C = a.classes;
     float* P = params_.as<float>();
     float* G = grads_.as<float>();
     const float* dl = dlogits_.as<float>();
-    const float* hd = hd_.as<float>();
+    const T* hd = hd_.as<T>();
     float* dW2 = G + l_.dense2.w;
-    T* dhr = static_cast<T*>(dhr_.get_data_handle());
+    T* dhd = dhd_.as<T>();
     const float* W2 = P + l_.dense2.w;
     trace::op("mm");
 #pragma omp parallel for schedule(static)
     for (std::int64_t o = 0; o < Hd; ++o) {
       for (std::int64_t c = 0; c < C; ++c) {
         float acc = 0.f;
-        for (std::int64_t b = 0; b < B; ++b) acc += hd[b * Hd + o] * dl[b * C + c];
+        for (std::int64_t b = 0; b < B; ++b) acc += load(hd[b * Hd + o]) * dl[b * C + c];
         dW2[o * C + c] = acc;
       }
       for (std::int64_t b = 0; b < B; ++b) {
         float acc = 0.f;
         for (std::int64_t c = 0; c < C; ++c) acc += dl[b * C + c] * W2[o * C + c];
-        dhr[b * Hd + o] = store<T>(acc);
+        dhd[b * Hd + o] = store<T>(acc);
       }
     }
     for (std::int64_t c = 0; c < C; ++c) {
@@ -605,99 +524,12 @@ class CpuCnn final : public ModelCase {
       for (std::int64_t b = 0; b < B; ++b) acc += dl[b * C + c];
       G[l_.dense2.b + static_cast<std::size_t>(c)] = acc;
     }
-    trace::op("dropout_bwd");
-    dropout_on(dhr, Hd, keys_.back());
-    T* dh = static_cast<T*>(dh_.get_data_handle());
-    trace::op(a.bn ? "batchnorm_bwd" : "relu_bwd");
-    if (a.bn) {
-      hbn_bwd_.run();
-      std::fill_n(G + l_.dense1.b, Hd, 0.f);  // before batch norm: zero by construction
-    } else {
-      // The bias gradient sums the stored (rounded) dh that dW1 also uses.
-      const T* hr = static_cast<const T*>(hr_.get_data_handle());
-      for (std::int64_t o = 0; o < Hd; ++o) G[l_.dense1.b + static_cast<std::size_t>(o)] = 0.f;
-      for (std::int64_t b = 0; b < B; ++b)
-        for (std::int64_t o = 0; o < Hd; ++o) {
-          const T d = load(hr[b * Hd + o]) > 0.f ? dhr[b * Hd + o] : store<T>(0.f);
-          dh[b * Hd + o] = d;
-          G[l_.dense1.b + static_cast<std::size_t>(o)] += load(d);
-        }
-    }
-  }
-
-  // A conv layer's batch statistics (mean, biased variance) of z [rows, K], accumulated in double:
-  // oneDNN's own, in f32, drift from the true ones by up to 1.6e-3 (relative) over keras_cnn's 2.1M
-  // values a channel at batch 32 on one thread, and every gradient below carries that. One pass of
-  // sums shifted by the channel's first value (no cancellation where the mean is large); the threads'
-  // partial sums are added in thread order.
-  void batch_stats(ConvPrims& cp, std::int64_t rows, std::int64_t K) const {
-    if (s_.bf16()) return batch_stats_on(static_cast<const bf16*>(cp.z.get_data_handle()), rows, K, cp);
-    batch_stats_on(static_cast<const float*>(cp.z.get_data_handle()), rows, K, cp);
-  }
-  template <class T>
-  static void batch_stats_on(const T* z, std::int64_t rows, std::int64_t K, ConvPrims& cp) {
-    const int nt = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(rows)));
-    std::vector<double> part(static_cast<std::size_t>(2 * K * nt), 0.0);
-    std::vector<float> shift(static_cast<std::size_t>(K));
-    for (std::int64_t c = 0; c < K; ++c) shift[static_cast<std::size_t>(c)] = load(z[c]);
-#pragma omp parallel num_threads(nt)
-    {
-      const int t = omp_get_thread_num();
-      double* __restrict s1 = part.data() + 2 * K * t;
-      double* __restrict s2 = s1 + K;
-      const float* __restrict k0 = shift.data();
-      for (std::int64_t r = rows * t / nt; r < rows * (t + 1) / nt; ++r) {
-        const T* __restrict zr = z + r * K;
-#pragma omp simd
-        for (std::int64_t c = 0; c < K; ++c) {
-          const double d = static_cast<double>(load(zr[c])) - k0[c];
-          s1[c] += d, s2[c] += d * d;
-        }
-      }
-    }
-    float* mean = static_cast<float*>(cp.mean.get_data_handle());
-    float* var = static_cast<float*>(cp.var.get_data_handle());
-    for (std::int64_t c = 0; c < K; ++c) {
-      double a = 0, b = 0;
-      for (int t = 0; t < nt; ++t) a += part[static_cast<std::size_t>(2 * K * t + c)], b += part[static_cast<std::size_t>(2 * K * t + K + c)];
-      const double d = a / static_cast<double>(rows);
-      mean[c] = static_cast<float>(shift[static_cast<std::size_t>(c)] + d);
-      var[c] = static_cast<float>(std::max(b / static_cast<double>(rows) - d * d, 0.0));
-    }
-  }
-
-  template <class T>
-  static void relu_backward(const T* a, const T* da, T* dz, std::int64_t n) {
-#pragma omp parallel for simd schedule(static)
-    for (std::int64_t i = 0; i < n; ++i) dz[i] = load(a[i]) > 0.f ? da[i] : store<T>(0.f);
   }
 
   void adamw_step() {
     const auto n = static_cast<std::int64_t>(l_.total);
     adamw::cpu_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(), n,
                     adamw::scalars_for(hyper(), ++step_), 0);
-  }
-
-  // The running statistics from the batch statistics: oneDNN's variance is the biased one, the running
-  // one takes the unbiased; the conv ran without its bias, so the batch mean of conv + b is mean + b.
-  void update_running_stats() {
-    float* S = stats_.as<float>();
-    const float* P = params_.as<float>();
-    auto update = [&](const Layer& y, const memory& mean, const memory& var, std::int64_t n_ch, double count) {
-      const float* bm = static_cast<const float*>(mean.get_data_handle());
-      const float* bv = static_cast<const float*>(var.get_data_handle());
-      const auto mo = static_cast<float>(kBnMomentum);
-      const auto unbias = static_cast<float>(count / (count - 1));
-      for (std::int64_t c = 0; c < n_ch; ++c) {
-        const std::size_t k = static_cast<std::size_t>(c);
-        S[y.mean + k] = (1 - mo) * S[y.mean + k] + mo * (bm[c] + P[y.b + k]);
-        S[y.var + k] = (1 - mo) * S[y.var + k] + mo * bv[c] * unbias;
-      }
-    };
-    for (std::size_t i = 0; i < conv_.size(); ++i)
-      update(l_.conv[i], conv_[i].mean, conv_[i].var, s_.convs[i].K,
-             static_cast<double>(s_.batch * s_.convs[i].P * s_.convs[i].Q));
-    update(l_.dense1, hmean_, hvar_, s_.arch.hidden, static_cast<double>(s_.batch));
   }
 
   std::size_t stage_of(std::size_t i) const {
@@ -721,7 +553,7 @@ class CpuCnn final : public ModelCase {
     std::copy_n(st.v.as<float>(), l_.total, v_.as<float>());
     std::copy_n(st.stats.as<float>(), st.stats.count(), stats_.as<float>());
     step_ = 0;
-    mask_period_ = period;
+    period_ = static_cast<int>(period);
   }
 
   Shape s_;
@@ -729,22 +561,24 @@ class CpuCnn final : public ModelCase {
   State seeded_;
   std::vector<pointwise::DropoutKey> keys_;
   int threads_;
-  std::int64_t mask_period_ = 1;
+  int period_ = 1;  // the dropout masks' sample period (the batch, or the verification's)
   HostBuffer x_, params_, grads_, m_, v_, stats_, folded_;
   std::vector<std::int32_t> labels_;
   std::vector<ConvPrims> conv_;
-  std::vector<memory> d_in_;
-  bool x_nchw_ = false;  // x_ holds the images nchw (infer with a pooled first conv), else nhwc
-  // infer f32: the first layer (conv, bias, ReLU, pool) as one hotops pass, where conv_pool takes it
-  bool fuse_first_ = false;
-  ConvPoolShape fused_{};
-  std::vector<float> fused_w_;  // [C][3][3][K], from the folded weights
-  const float* fused_b_ = nullptr;
-  memory x_mem_, flat_, flat2d_, da_, dz_, h_, hr_, dh_, dhr_, dflat_, hmean_, hvar_, hws_;
-  Step w1_cast_;    // bf16: dense 1's weight to its bf16 copy
-  Step dense1_, hbn_fwd_, hbn_bwd_, dense1_dw_, dense1_dx_;
-  memory w1_packed_;  // infer: dense 1's weights in the matmul's own format
-  HostBuffer hd_, logits_, dlogits_, logits_out_;
+  std::vector<memory> d_in_;  // train: per conv layer, the gradient of its input (none for the first)
+  bool x_nchw_ = false;       // x_ holds the images nchw (infer with a pooled first conv), else nhwc
+  memory x_mem_, flat_, dz_;
+  // The hidden layer: the matmul plans, batchnorm_relu's (train) and their tensors.
+  std::unique_ptr<matmul::Plan> dense1_, dense1_dw_, dense1_dx_;
+  std::unique_ptr<copy::Plan> w1_cast_;  // bf16: W1's cast (copy f32_to_bf16)
+  rmp::Shape hact_;
+  std::unique_ptr<rmp::Plan> hact_fwd_, hact_bwd_;
+  std::vector<float> hscale_, hshift_, hmean_, hrstd_;
+  HostBuffer h_;                    // flat . W1 (train: z of batchnorm_relu; infer: + b1, ReLU)
+  HostBuffer hd_, dhd_, dh_, dflat_;  // train: after dropout, its gradient, dz's, the flatten's
+  HostBuffer w1_low_, b1_low_;        // bf16: W1's copy (cast each step), infer's folded b1 (cast once)
+  HostBuffer w1_packed_;              // f32 infer: the folded W1 in the matmul's layout (packed once)
+  HostBuffer logits_, dlogits_, logits_out_;
   std::string conv_impl_;
   bool own_layouts_ = false;  // infer: some layer runs in a layout of its primitives' own
   std::int64_t step_ = 0;
@@ -755,14 +589,14 @@ class CpuCnn final : public ModelCase {
 
 std::string cpu_unsupported_reason(const Problem& p) {
   if (p.dtype != DType::bf16) return "";
-  try {  // oneDNN's bf16 convolution (a small conv2d plan) and matmul on this CPU (the ISA decides, not the shape)
-    dnnl::engine& eng = cpu::engine();
+  try {  // oneDNN's bf16 convolution (a small conv2d plan) and matmul (a small matmul plan's) on this CPU (the ISA decides, not the shape)
     conv2d::Shape cs;
     cs.dtype = DType::bf16, cs.layout = conv2d::Layout::nhwc, cs.x_pick = cs.y_pick = conv2d::Shape::Pick::nhwc;
     cs.N = 2, cs.C = cs.K = 16, cs.H = cs.W = 8, cs.R = cs.S = 3, cs.pad_h = cs.pad_w = 1;
     conv2d::make_cpu_plan(cs);
-    const auto md = HOTOPS_CHECK_DNNL(dnnl::matmul::desc(mat(2, 16, false, dt::bf16), mat(16, 16, false, dt::bf16), mat(2, 16, false, dt::bf16)));
-    HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(md, eng));
+    matmul::Shape g;
+    g.dtype = DType::bf16, g.M = 2, g.K = g.N = 16;
+    if (const std::string why = matmul::cpu_unsupported_reason(g); !why.empty()) throw Error(why, ErrorKind::unsupported);
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::unsupported) return "oneDNN has no bf16 convolution or matmul for this CPU (ISA " + cpu::isa_name() + ")";
     throw;

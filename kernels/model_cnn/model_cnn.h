@@ -1,6 +1,6 @@
 // The model_cnn family: whole training and inference steps of the CPU-vs-GPU studies' convnets
-// (model.keras_cnn, model.vgg_cifar), chained from hotops' building blocks: oneDNN convolution /
-// batch normalization / pooling / matmul primitives + OpenMP loops on the CPU; cuDNN convolutions,
+// (model.keras_cnn, model.vgg_cifar), chained from hotops' building blocks: the conv2d, batchnorm
+// (batchnorm_relu_maxpool, batchnorm_relu), matmul and maxpool families' plans + OpenMP loops on the CPU; cuDNN convolutions,
 // cublasLt GEMMs, hand-written fused kernels for batch normalization, ReLU, max-pooling and dropout,
 // the models family's softmax cross-entropy and flat AdamW on CUDA. The architectures, layouts,
 // directions, bf16 mixed precision and the fixed dropout masks: docs/models.md, "The convnets".
