@@ -578,9 +578,10 @@ TEST(BenchSmoke, MultiGpuEntriesSayWhyWithoutTheirGpus) {
   EXPECT_NE(r.output.find("mm/cpu/f32/fwd/shape:mlp_tiny.fc1/batch:10/"), std::string::npos) << r.output;
   const bool no_gpu = r.output.find("the CUDA benchmarks are not run (1 selected)") != std::string::npos;
   const bool no_nccl = r.output.find("has no NCCL") != std::string::npos;
-  if (!no_gpu && !no_nccl)
+  if (!no_gpu && !no_nccl) {
     EXPECT_NE(r.output.find("1 benchmarks not run: needs 2 GPUs in the run; start bench with --hotops_gpus=2"), std::string::npos)
         << r.output;
+  }
 }
 
 // bench --hotops_gpus=G on a machine with G GPUs: every collective of 1 MiB over them, exact and
