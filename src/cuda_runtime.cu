@@ -301,6 +301,12 @@ void copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
   HOTOPS_CHECK_CUDA(cudaStreamSynchronize(stream()));
 }
 
+float read_float(const void* device) {
+  float v = 0;
+  copy(&v, device, sizeof v, cudaMemcpyDeviceToHost);
+  return v;
+}
+
 void DeviceBuffer::upload(const HostBuffer& host) {
   HOTOPS_CHECK(host.bytes() <= bytes_, "upload larger than the device buffer");
   copy(ptr_, host.data(), host.bytes(), cudaMemcpyHostToDevice);

@@ -56,6 +56,10 @@ class StepGraph {
   cudaGraphExec_t exec_ = nullptr;
 };
 
+// One float of device memory, read after the work queued on stream() before it (waits for it): a
+// step's loss.
+float read_float(const void* device);
+
 // Milliseconds of the work `body` enqueues on stream(), between two CUDA events (waits for it).
 template <class Body>
 float time_ms(Body body) {

@@ -179,10 +179,7 @@ class CudaLayer final : public LayerCase {
 
   double last_loss() override {
     HOTOPS_CHECK(s_.train(), "model_bert: an infer case has no loss");
-    float v = 0;
-    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&v, loss_.get(), sizeof v, cudaMemcpyDeviceToHost, gpu::stream()));
-    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-    return v;
+    return gpu::read_float(loss_.get());
   }
 
  private:

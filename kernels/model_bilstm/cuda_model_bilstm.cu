@@ -266,10 +266,7 @@ class CudaBilstm final : public ModelCase {
 
   double last_loss() override {
     HOTOPS_CHECK(s_.train(), "model_bilstm: an infer case has no loss");
-    float l = 0;
-    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&l, loss_.get(), sizeof l, cudaMemcpyDeviceToHost, gpu::stream()));
-    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-    return l;
+    return gpu::read_float(loss_.get());
   }
 
  private:

@@ -276,10 +276,7 @@ class CudaCnn final : public ModelCase {
   bool capturable() const override { return s_.variant == Variant::plain && capturable_; }
 
   double last_loss() override {
-    float v = 0;
-    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&v, loss_.get(), sizeof v, cudaMemcpyDeviceToHost, gpu::stream()));
-    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-    return v;
+    return gpu::read_float(loss_.get());
   }
 
  private:

@@ -169,10 +169,7 @@ class CudaFasttext final : public ModelCase {
 
   double last_loss() override {
     HOTOPS_CHECK(s_.train(), "model_fasttext: an infer case has no loss");
-    float l = 0;
-    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&l, loss_.get(), sizeof l, cudaMemcpyDeviceToHost, gpu::stream()));
-    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-    return l;
+    return gpu::read_float(loss_.get());
   }
 
  private:

@@ -155,10 +155,7 @@ class CudaModel final : public ModelCase {
 
   double last_loss() override {
     HOTOPS_CHECK(s_.train(), "models: an infer case has no loss");
-    float l = 0;
-    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(&l, loss_.get(), sizeof l, cudaMemcpyDeviceToHost, gpu::stream()));
-    HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-    return l;
+    return gpu::read_float(loss_.get());
   }
 
  private:
