@@ -221,14 +221,9 @@ State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
       continue;
     }
     const float bound = static_cast<float>(1 / std::sqrt(static_cast<double>(fan_in[k])));
-    HostBuffer t(DType::f32, cnt);
-    t.fill_uniform(seed, 100 + k, -bound, bound);
-    std::copy_n(t.as<float>(), cnt, at);
+    models::fill_uniform_at(st.params, l.tensors[k].first, static_cast<std::int64_t>(cnt), seed, 100 + k, -bound, bound);
   }
-  st.m = HostBuffer(DType::f32, l.total);
-  st.v = HostBuffer(DType::f32, l.total);
-  std::fill_n(st.m.as<float>(), l.total, 0.f);
-  std::fill_n(st.v.as<float>(), l.total, 0.f);
+  models::zero_moments(st.m, st.v, l.total);
   return st;
 }
 

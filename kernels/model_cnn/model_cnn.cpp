@@ -212,9 +212,7 @@ State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
   std::fill_n(st.params.as<float>(), l.total, 0.f);
   const std::vector<ConvLayer>& convs = s.convs;
   auto fill = [&](std::size_t at, std::int64_t n, std::uint64_t stream, float lo, float hi) {
-    HostBuffer u(DType::f32, static_cast<std::size_t>(n));
-    u.fill_uniform(seed, stream, lo, hi);
-    std::copy_n(u.as<float>(), n, st.params.as<float>() + at);
+    models::fill_uniform_at(st.params, at, n, seed, stream, lo, hi);
   };
   std::uint64_t stream = 100;
   auto layer = [&](const Layer& y, std::int64_t fan_in, std::int64_t wn, std::int64_t n, bool bn) {
@@ -243,10 +241,7 @@ State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
     for (std::size_t i = 0; i < convs.size(); ++i) stat(l.conv[i], convs[i].K);
     stat(l.dense1, a.hidden);
   }
-  st.m = HostBuffer(DType::f32, l.total);
-  st.v = HostBuffer(DType::f32, l.total);
-  std::fill_n(st.m.as<float>(), l.total, 0.f);
-  std::fill_n(st.v.as<float>(), l.total, 0.f);
+  models::zero_moments(st.m, st.v, l.total);
   return st;
 }
 

@@ -236,23 +236,18 @@ State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
   // (0) their own start.
   const std::int64_t fan_in[] = {K2, K2, 0, 0, C, C, F, F, 0};
   for (std::size_t k = 0; k < l.tensors.size(); ++k) {
-    float* at = st.params.as<float>() + l.tensors[k].first;
-    const std::size_t cnt = l.tensors[k].second;
-    HostBuffer t(DType::f32, cnt);
+    const auto [at, cnt] = l.tensors[k];
+    const auto count = static_cast<std::int64_t>(cnt);
     if (fan_in[k] > 0) {
       const float bound = static_cast<float>(1 / std::sqrt(static_cast<double>(fan_in[k])));
-      t.fill_uniform(seed, 100 + k, -bound, bound);
-    } else if (l.tensors[k].first == l.ls) {
-      t.fill_uniform(seed, 100 + k, 0.5f, 1.5f);
+      models::fill_uniform_at(st.params, at, count, seed, 100 + k, -bound, bound);
+    } else if (at == l.ls) {
+      models::fill_uniform_at(st.params, at, count, seed, 100 + k, 0.5f, 1.5f);
     } else {
-      std::fill_n(t.as<float>(), cnt, l.tensors[k].first == l.ln_g ? 1.f : 0.f);
+      std::fill_n(st.params.as<float>() + at, cnt, at == l.ln_g ? 1.f : 0.f);
     }
-    std::copy_n(t.as<float>(), cnt, at);
   }
-  st.m = HostBuffer(DType::f32, l.total);
-  st.v = HostBuffer(DType::f32, l.total);
-  std::fill_n(st.m.as<float>(), l.total, 0.f);
-  std::fill_n(st.v.as<float>(), l.total, 0.f);
+  models::zero_moments(st.m, st.v, l.total);
   return st;
 }
 

@@ -173,15 +173,8 @@ State make_state(const Shape& s, const Layout& l, std::uint64_t seed) {
   };
   const Part parts[] = {{l.embed, c.V * c.E, 1.f}, {l.dense_w, c.E, k_dense}, {l.dense_b, 1, k_dense}};
   std::uint64_t stream = 100;
-  for (const Part& part : parts) {
-    HostBuffer t(DType::f32, static_cast<std::size_t>(part.n));
-    t.fill_uniform(seed, stream++, -part.bound, part.bound);
-    std::copy_n(t.as<float>(), t.count(), st.params.as<float>() + part.at);
-  }
-  st.m = HostBuffer(DType::f32, l.total);
-  st.v = HostBuffer(DType::f32, l.total);
-  std::fill_n(st.m.as<float>(), l.total, 0.f);
-  std::fill_n(st.v.as<float>(), l.total, 0.f);
+  for (const Part& part : parts) models::fill_uniform_at(st.params, part.at, part.n, seed, stream++, -part.bound, part.bound);
+  models::zero_moments(st.m, st.v, l.total);
   return st;
 }
 

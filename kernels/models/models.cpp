@@ -178,6 +178,20 @@ Check close_to(bool bf16, const std::string& what, const std::vector<double>& ou
   return c;
 }
 
+void fill_uniform_at(HostBuffer& params, std::size_t at, std::int64_t n, std::uint64_t seed, std::uint64_t stream, float lo,
+                     float hi) {
+  HostBuffer t(DType::f32, static_cast<std::size_t>(n));
+  t.fill_uniform(seed, stream, lo, hi);
+  std::copy_n(t.as<float>(), t.count(), params.as<float>() + at);
+}
+
+void zero_moments(HostBuffer& m, HostBuffer& v, std::size_t n) {
+  m = HostBuffer(DType::f32, n);
+  v = HostBuffer(DType::f32, n);
+  std::fill_n(m.as<float>(), n, 0.f);
+  std::fill_n(v.as<float>(), n, 0.f);
+}
+
 void repeat_samples(HostBuffer& t, std::size_t sample_bytes, std::int64_t period, std::int64_t batch) {
   auto* base = static_cast<std::byte*>(t.data());
   for (std::int64_t b = period; b < batch; ++b)
@@ -329,11 +343,9 @@ void init_params(const Shape& s, const ParamLayout& l, std::uint64_t seed, HostB
   std::fill_n(params.as<float>(), l.total, 0.f);
   for (std::size_t k = 0; k < s.layers(); ++k) {
     const float bound = static_cast<float>(1 / std::sqrt(static_cast<double>(s.in(k))));
-    for (int wb = 0; wb < 2; ++wb) {
-      HostBuffer t(DType::f32, static_cast<std::size_t>(wb == 0 ? s.in(k) * s.out(k) : s.out(k)));
-      t.fill_uniform(seed, 100 + 2 * k + static_cast<std::uint64_t>(wb), -bound, bound);
-      std::copy_n(t.as<float>(), t.count(), params.as<float>() + (wb == 0 ? l.w[k] : l.b[k]));
-    }
+    for (int wb = 0; wb < 2; ++wb)
+      fill_uniform_at(params, wb == 0 ? l.w[k] : l.b[k], wb == 0 ? s.in(k) * s.out(k) : s.out(k), seed,
+                      100 + 2 * k + static_cast<std::uint64_t>(wb), -bound, bound);
   }
 }
 
@@ -357,10 +369,7 @@ State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
     st.labels[static_cast<std::size_t>(r)] = best;
   }
   init_params(s, l, seed, st.params);
-  st.m = HostBuffer(DType::f32, l.total);
-  st.v = HostBuffer(DType::f32, l.total);
-  std::fill_n(st.m.as<float>(), l.total, 0.f);
-  std::fill_n(st.v.as<float>(), l.total, 0.f);
+  zero_moments(st.m, st.v, l.total);
   return st;
 }
 

@@ -103,6 +103,12 @@ std::vector<double> as_doubles(const HostBuffer& b, std::size_t from = 0, std::s
 // A verification batch that repeats with `period`: sample b (each `sample_bytes` of t) becomes a copy
 // of sample b % period, for every b from period to batch - 1.
 void repeat_samples(HostBuffer& t, std::size_t sample_bytes, std::int64_t period, std::int64_t batch);
+// The seeded start of a parameter tensor: n values uniform in [lo, hi) (HostBuffer::fill_uniform's
+// `seed` and `stream`) at `at` of the flat f32 parameters.
+void fill_uniform_at(HostBuffer& params, std::size_t at, std::int64_t n, std::uint64_t seed, std::uint64_t stream, float lo,
+                     float hi);
+// AdamW's moments at the start: m = v = 0, `n` f32 each.
+void zero_moments(HostBuffer& m, HostBuffer& v, std::size_t n);
 std::vector<double> slice(const std::vector<double>& v, std::size_t at, std::size_t n);
 Check adamw_first_step(const std::vector<double>& p0, const std::vector<double>& g, const HostBuffer& m0,
                        const HostBuffer& v0, const HostBuffer& params, std::size_t count);
