@@ -322,9 +322,10 @@ void DeviceBuffer::poison() {
   HOTOPS_CHECK_CUDA(cudaStreamSynchronize(stream()));
 }
 
-void hold(double seconds) {
-  static DeviceBuffer probe(2 * sizeof(unsigned long long));
-  hold_kernel<<<1, 1, 0, stream()>>>(static_cast<unsigned long long>(seconds * 1e9), probe.as<unsigned long long>());
+void hold(double seconds, unsigned long long* probe) {
+  static DeviceBuffer unread(2 * sizeof(unsigned long long));
+  hold_kernel<<<1, 1, 0, stream()>>>(static_cast<unsigned long long>(seconds * 1e9),
+                                     probe ? probe : unread.as<unsigned long long>());
   HOTOPS_CHECK_LAUNCH();
 }
 
@@ -346,9 +347,8 @@ struct Timer::Impl {
   std::function<double(double)> agree_max;  // several ranks: the largest value over them
   // Holds the stream, then lines the ranks up (Case::align) so that the interval that follows
   // starts when every rank's GPU is there.
-  void hold(cudaStream_t s) {
-    hold_kernel<<<1, 1, 0, s>>>(static_cast<unsigned long long>(hold_seconds * 1e9), probe.as<unsigned long long>());
-    HOTOPS_CHECK_LAUNCH();
+  void hold() {
+    gpu::hold(hold_seconds, probe.as<unsigned long long>());
     c.align();
   }
   double agreed(double x) const { return agree_max ? agree_max(x) : x; }
@@ -387,7 +387,6 @@ Timer::Timer(Case& c, const TimerOptions& o) : impl_(new Impl(c)) {
   t.agree_max = o.agree_max;
   // Ranks that time together also enqueue the aligning collective inside the hold.
   const double hold_base = o.agree_max ? 50e-6 : 20e-6;
-  t.hold_seconds = hold_base;
   t.min_clock_mhz = o.throttle_threshold * info().sm_clock_mhz;
   cudaStream_t s = stream();
   HOTOPS_CHECK_CUDA(cudaEventCreate(&t.start));
@@ -410,13 +409,12 @@ Timer::Timer(Case& c, const TimerOptions& o) : impl_(new Impl(c)) {
   // A capturable case is always timed as a graph, so a sample holds no launch gap whatever the
   // run's length; a graph of one run also sizes the samples, so that sizing sees device time only.
   if (c.capturable()) t.graph = capture_runs(c, 1);
+  t.hold_seconds = t.graph ? hold_base : eager_hold;
   if (o.cold_l2) {
     t.flush = DeviceBuffer(2 * info().l2_bytes);
-    t.hold_seconds = t.graph ? hold_base : eager_hold;
     return;  // one run per sample
   }
-  t.hold_seconds = t.graph ? hold_base : eager_hold;
-  t.hold(s);
+  t.hold();
   HOTOPS_CHECK_CUDA(cudaEventRecord(t.start, s));
   if (t.graph) HOTOPS_CHECK_CUDA(cudaGraphLaunch(t.graph, s));
   else c.run();
@@ -431,7 +429,6 @@ Timer::Timer(Case& c, const TimerOptions& o) : impl_(new Impl(c)) {
 
   if (t.graph && launches_ > 1) {
     HOTOPS_CHECK_CUDA(cudaGraphExecDestroy(t.graph));
-    t.graph = nullptr;
     t.graph = capture_runs(c, launches_);
   } else if (!t.graph) {
     // Launched one by one: the hold must outlast the host's enqueueing of every run.
@@ -493,7 +490,7 @@ double Timer::sample() {
   cudaStream_t s = stream();
   for (int attempt = 0;; ++attempt) {
     if (t.cold) HOTOPS_CHECK_CUDA(cudaMemsetAsync(t.flush.get(), attempt & 0xff, t.flush.bytes(), s));
-    t.hold(s);
+    t.hold();
     HOTOPS_CHECK_CUDA(cudaEventRecord(t.start, s));
     if (t.graph) {
       HOTOPS_CHECK_CUDA(cudaGraphLaunch(t.graph, s));
@@ -576,7 +573,6 @@ class EventRecorder final : public trace::Recorder {
 trace::Breakdown measure_breakdown(Case& c, double min_seconds, int min_steps) {
   trace::Breakdown b;
   EventRecorder r;
-  DeviceBuffer probe(2 * sizeof(unsigned long long));
   const bool held = !c.host_timed();
   std::size_t marks_per_step = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -586,9 +582,7 @@ trace::Breakdown measure_breakdown(Case& c, double min_seconds, int min_steps) {
   for (int k = -1; k < min_steps || elapsed() < min_seconds; ++k) {
     if (held) {
       const double hold_seconds = 20e-6 + 10e-6 * static_cast<double>(marks_per_step + 1);
-      hold_kernel<<<1, 1, 0, stream()>>>(static_cast<unsigned long long>(hold_seconds * 1e9),
-                                         probe.as<unsigned long long>());
-      HOTOPS_CHECK_LAUNCH();
+      hold(hold_seconds);
     }
     {
       trace::Scope on(&r);

@@ -86,8 +86,9 @@ float time_ms(Body body) {
 }
 
 // Queues a kernel on stream() that spins for `seconds` of device time: work the host enqueues
-// behind it while it spins then runs back to back, without waiting for the host's launches.
-void hold(double seconds);
+// behind it while it spins then runs back to back, without waiting for the host's launches. `probe`
+// (2 words of device memory), where given, receives the SM cycles and nanoseconds it spun.
+void hold(double seconds, unsigned long long* probe = nullptr);
 
 // How fast one call is, as setup-time autotuners measure it (conv2d's re-timing of cuDNN Find's
 // candidates, LtGemm::tune): 3 batches of 3 back-to-back `launch()` calls, each batch between CUDA
