@@ -49,9 +49,6 @@ struct Shape {
   bool relu = false;
   // mm: the output written in f32 (a weight gradient for f32 master weights), A and B in the dtype.
   bool f32_out = false;
-  // CUDA: choose the cublasLt algorithm by timing candidates at setup (on the plan's own scratch
-  // operands: the heuristic's first 8 and split-K variants of the first), not the heuristic's first.
-  bool autotune = true;
   // fwd and bwd_data: out += C, C (Args::c) in out's layout and dtype, added unscaled after alpha and
   // the bias; the residual a model folds into its GEMM (cublasLt's beta = 1 C, oneDNN's binary add
   // post-op). No named problem sets it.

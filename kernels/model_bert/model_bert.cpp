@@ -106,12 +106,6 @@ matmul::Shape dense_layer(const Shape& s, std::int64_t in, std::int64_t out, boo
   m.dtype = s.dtype;
   m.M = s.tokens(), m.N = out, m.K = in;
   m.residual = residual;
-  // CUDA: the algorithm timed at setup (the heuristic's first 8 and split-K variants of the first). At
-  // batch 32 on the H100, timed alone, 4 split-K slices were 4.5-4.9% faster for the two GEMMs of
-  // 768 outputs over k = 3072 (FFN 2 and W1's data gradient: 96 output tiles of the heuristic's
-  // kernel leave a third of the 132 SMs idle), and the heuristic's fourth algorithm 6% for Wo's data
-  // gradient.
-  m.autotune = true;
   return m;
 }
 
