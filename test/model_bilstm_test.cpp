@@ -498,14 +498,14 @@ TEST(ModelTextgenTraining, LossFallsCuda) {
   std::string why;
   if (!gpu::available(&why)) GTEST_SKIP() << why;
   expect_learns(Backend::cuda, "textgen_test", 8, 150);
-  expect_learns(Backend::cuda, "lstm_textgen", 128, 30);
+  expect_learns(Backend::cuda, "lstm_textgen", 8, 30);
 }
 
 TEST(ModelTextgenTraining, LossFallsCudaBf16) {
   std::string why;
   if (!gpu::available(&why)) GTEST_SKIP() << why;
   expect_learns(Backend::cuda, "textgen_test", 8, 150, DType::bf16);
-  expect_learns(Backend::cuda, "lstm_textgen", 128, 30, DType::bf16);
+  expect_learns(Backend::cuda, "lstm_textgen", 8, 30, DType::bf16);
 }
 
 }  // namespace
