@@ -68,8 +68,9 @@ Breakdown measure_on_cpu(const std::function<void()>& run, double min_seconds, i
 
 namespace hotops::gpu {
 // The CUDA instrumented pass of a case: CUDA events recorded at each mark on hotops' stream. A
-// device-timed case's steps each run behind a hold kernel, as the timed samples do, so that launch
-// latency stays out; a host-timed case's (e2e, graph) as its run() pays it, from the event before
-// run() to the event after it returns.
+// device-timed case's steps run behind a hold kernel, as the timed samples do, so that launch
+// latency stays out: a capturable one as a CUDA graph of the step with its events as nodes, another
+// behind a hold sized from the host's enqueue time; a host-timed case's (e2e, graph) as its run()
+// pays it, from the event before run() to the event after it returns.
 trace::Breakdown measure_breakdown(Case& c, double min_seconds, int min_steps = 3);
 }  // namespace hotops::gpu
