@@ -118,12 +118,7 @@ TEST(ModelBertVerify, PlantedErrorsFail) {
   EXPECT_FALSE(verify_outcome(s, l, st, wrong_grad).ok);
   EXPECT_FALSE(verify_outcome(s, l, st, outcome(2)).ok);
   const Shape si = shape_of(problem("bert_layer", Backend::cpu, Direction::infer, 1));
-  Outcome y;
-  y.y = HostBuffer(DType::f32, ref.y.size());
-  for (std::size_t i = 0; i < ref.y.size(); ++i) y.y.set(i, ref.y[i]);
-  EXPECT_TRUE(verify_outcome(si, l, st, y).ok);
-  y.y.set(77, y.y.get(77) + 0.01);
-  EXPECT_FALSE(verify_outcome(si, l, st, y).ok);
+  model_test::expect_output_checked(ref.y, &Outcome::y, 77, [&](const Outcome& o) { return verify_outcome(si, l, st, o); });
 }
 
 // One step's outcome as the double reference computes it from `params` (the start's, possibly with a
@@ -132,15 +127,7 @@ Outcome outcome_of(const Shape& s, const ParamLayout& l, const State& st, std::v
   std::vector<double> x(st.x.count()), t(st.target.count());
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = st.x.get(i), t[i] = st.target.get(i);
   const Reference ref = reference(s.arch, l, params, x, t, s.batch, s.train(), rounding);
-  Outcome o;
-  if (!s.train()) {
-    o.y = HostBuffer(s.dtype, ref.y.size());
-    for (std::size_t i = 0; i < ref.y.size(); ++i) o.y.set(i, ref.y[i]);
-    return o;
-  }
-  o.loss = static_cast<float>(ref.loss);
-  model_test::correct_step(ref.grad, [&](std::size_t i) { return st.params.get(i); }, l.total, 1, o.grads, o.params);
-  return o;
+  return model_test::regression_outcome(ref, s.train(), s.dtype, st.params, l.total);
 }
 
 // The bf16 bounds pass a correct bf16 step (the reference with bf16 rounding), which the f32 bounds
@@ -212,8 +199,7 @@ TEST(ModelBertTraining, LossFallsCpu) {
 }
 
 TEST(ModelBertTraining, LossFallsCuda) {
-  std::string why;
-  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  HOTOPS_SKIP_WITHOUT_GPU();
   expect_learns(Backend::cuda, "bert_layer", 30);
   expect_learns(Backend::cuda, "vit_layer", 30);
 }
@@ -226,8 +212,7 @@ TEST(ModelBertTraining, LossFallsCpuBf16) {
 }
 
 TEST(ModelBertTraining, LossFallsCudaBf16) {
-  std::string why;
-  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  HOTOPS_SKIP_WITHOUT_GPU();
   expect_learns(Backend::cuda, "bert_layer", 30, DType::bf16);
   expect_learns(Backend::cuda, "vit_layer", 30, DType::bf16);
 }

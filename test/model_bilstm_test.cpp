@@ -131,9 +131,13 @@ TEST(ModelBilstmTask, LabelsAreNotConstant) {
   for (std::int64_t t : st.tokens) ASSERT_TRUE(t >= 0 && t < 20000);
 }
 
-// An outcome made from the reference itself passes; each planted error fails.
-TEST(ModelBilstmVerify, PlantedErrorsFail) {
-  const Shape s = shape_of(model_problem("bilstm_test", Backend::cpu, Direction::train, 4));
+// An outcome made from the reference itself passes; the loss off by 0.1%, the step count off by one,
+// an infer output off by 0.01 and each of the outcomes `wrong_gradients(s, l, st, correct)` returns
+// (the correct train outcome, each with one gradient error planted) fail.
+template <class WrongGradients>
+void expect_planted_errors_fail(const std::string& config, WrongGradients wrong_gradients) {
+  SCOPED_TRACE(config);
+  const Shape s = shape_of(model_problem(config, Backend::cpu, Direction::train, 4));
   const Layout l = layout_of(s.cfg);
   const State st = make_state(s, l, 42);
   const std::vector<double> p0 = as_doubles(st.params);
@@ -149,34 +153,43 @@ TEST(ModelBilstmVerify, PlantedErrorsFail) {
   Outcome wrong_loss = outcome(1);
   wrong_loss.loss *= 1.001f;
   EXPECT_FALSE(verify_outcome(s, l, st, wrong_loss).ok);
-
-  // An embedding row's gradient scattered to the wrong token.
-  const std::size_t row = l.embed + static_cast<std::size_t>(st.tokens[0] * s.cfg.E);
-  Outcome wrong_row = outcome(1);
-  for (std::int64_t e = 0; e < s.cfg.E; ++e) {
-    const std::size_t other = l.embed + static_cast<std::size_t>(((st.tokens[0] + 1) % s.cfg.V) * s.cfg.E + e);
-    wrong_row.grads.set(other, wrong_row.grads.get(other) + wrong_row.grads.get(row + static_cast<std::size_t>(e)));
-    wrong_row.grads.set(row + static_cast<std::size_t>(e), 0);
-  }
-  EXPECT_FALSE(verify_outcome(s, l, st, wrong_row).ok);
-
-  Outcome wrong_whh = outcome(1);
-  wrong_whh.grads.set(l.w_hh + 3, wrong_whh.grads.get(l.w_hh + 3) * 1.5 + 1e-3);
-  EXPECT_FALSE(verify_outcome(s, l, st, wrong_whh).ok);
-
-  Outcome wrong_bias = outcome(1);  // b_hh's gradient must equal b_ih's
-  wrong_bias.grads.set(l.b_hh + 1, 0);
-  EXPECT_FALSE(verify_outcome(s, l, st, wrong_bias).ok);
-
+  const std::vector<Outcome> wrong = wrong_gradients(s, l, st, outcome(1));
+  for (std::size_t k = 0; k < wrong.size(); ++k) EXPECT_FALSE(verify_outcome(s, l, st, wrong[k]).ok) << "planted error " << k;
   EXPECT_FALSE(verify_outcome(s, l, st, outcome(2)).ok);  // the step count off by one
 
-  const Shape si = shape_of(model_problem("bilstm_test", Backend::cpu, Direction::infer, 4));
-  Outcome logits;
-  logits.logits = HostBuffer(DType::f32, ref.logits.size());
-  for (std::size_t i = 0; i < ref.logits.size(); ++i) logits.logits.set(i, ref.logits[i]);
-  EXPECT_TRUE(verify_outcome(si, l, st, logits).ok);
-  logits.logits.set(3, logits.logits.get(3) + 0.01);
-  EXPECT_FALSE(verify_outcome(si, l, st, logits).ok);
+  const Shape si = shape_of(model_problem(config, Backend::cpu, Direction::infer, 4));
+  model_test::expect_output_checked(ref.logits, &Outcome::logits, 3,
+                                    [&](const Outcome& o) { return verify_outcome(si, l, st, o); });
+}
+
+TEST(ModelBilstmVerify, PlantedErrorsFail) {
+  expect_planted_errors_fail("bilstm_test", [](const Shape& s, const Layout& l, const State& st, const Outcome& correct) {
+    // An embedding row's gradient scattered to the wrong token.
+    const std::size_t row = l.embed + static_cast<std::size_t>(st.tokens[0] * s.cfg.E);
+    Outcome wrong_row = correct;
+    for (std::int64_t e = 0; e < s.cfg.E; ++e) {
+      const std::size_t other = l.embed + static_cast<std::size_t>(((st.tokens[0] + 1) % s.cfg.V) * s.cfg.E + e);
+      wrong_row.grads.set(other, wrong_row.grads.get(other) + wrong_row.grads.get(row + static_cast<std::size_t>(e)));
+      wrong_row.grads.set(row + static_cast<std::size_t>(e), 0);
+    }
+    Outcome wrong_whh = correct;
+    wrong_whh.grads.set(l.w_hh + 3, wrong_whh.grads.get(l.w_hh + 3) * 1.5 + 1e-3);
+    Outcome wrong_bias = correct;  // b_hh's gradient must equal b_ih's
+    wrong_bias.grads.set(l.b_hh + 1, 0);
+    return std::vector<Outcome>{wrong_row, wrong_whh, wrong_bias};
+  });
+}
+
+// A bf16 train step's outcome with loss `loss`, `logits` (stored bf16) and the gradients `grad`, and
+// AdamW's first step from p0 on them.
+Outcome bf16_outcome(double loss, const std::vector<double>& logits, const std::vector<double>& grad,
+                     const std::vector<double>& p0) {
+  Outcome o;
+  o.loss = static_cast<float>(loss);
+  o.logits = HostBuffer(DType::bf16, logits.size());
+  for (std::size_t i = 0; i < logits.size(); ++i) o.logits.set(i, logits[i]);
+  model_test::correct_step(grad, [&](std::size_t i) { return p0[i]; }, p0.size(), 1, o.grads, o.params);
+  return o;
 }
 
 // bf16: a correct bf16 step, modelled by the reference rounding what the step stores bf16, passes the
@@ -193,12 +206,7 @@ void expect_bf16_bounds_catch_slips(const std::string& config, std::int64_t batc
   const std::int64_t B = s.batch, C = s.cfg.C, H = s.cfg.H, E = s.cfg.E;
   // The modelled step's outcome, its logits moved by `dz(b, c)` (a forward slip moves them).
   auto outcome = [&](const std::vector<double>& logits, const std::vector<double>& grad) {
-    Outcome o;
-    o.loss = static_cast<float>(bf.loss);
-    o.logits = HostBuffer(DType::bf16, logits.size());
-    for (std::size_t i = 0; i < logits.size(); ++i) o.logits.set(i, logits[i]);
-    model_test::correct_step(grad, [&](std::size_t i) { return p0[i]; }, l.total, 1, o.grads, o.params);
-    return o;
+    return bf16_outcome(bf.loss, logits, grad, p0);
   };
   const Check good = verify_outcome(s, l, st, outcome(bf.logits, bf.grad));
   EXPECT_TRUE(good.ok) << good.message;
@@ -267,39 +275,30 @@ TEST(ModelBilstmBf16, CpuUnsupportedSaysWhy) {
   }
 }
 
-// Training on the learnable task from the seeded start: the loss must fall.
-void expect_learns(Backend be, const std::string& config, std::int64_t batch, int steps, DType t = DType::f32) {
-  const Problem p = model_problem(config, be, Direction::train, batch, nullptr, 0, t);
-  if (const std::string why = family().unsupported_reason(p); !why.empty()) GTEST_SKIP() << why;
-  model_test::expect_loss_falls<ModelCase>(*family().make(p), steps, 0.7, p.name(), true);
-}
-
 // On the CPU, the imdb model (every size but the batch its own) learns at batch 8 in 10 steps: the
 // loss falls to about 0.3 of its start (0.7 is the bar), and the first step is verified at that size.
 // Batch 32 and 30 steps are 12 times the work: up to 40 s on 2 cores shared with other processes.
 TEST(ModelBilstmTraining, LossFallsCpu) {
-  expect_learns(Backend::cpu, "bilstm_test", 32, 150);
-  expect_learns(Backend::cpu, "bilstm_imdb", 8, 10);
+  model_test::expect_learns(family(), Backend::cpu, "bilstm_test", 32, 150);
+  model_test::expect_learns(family(), Backend::cpu, "bilstm_imdb", 8, 10);
 }
 
 TEST(ModelBilstmTraining, LossFallsCuda) {
-  std::string why;
-  if (!gpu::available(&why)) GTEST_SKIP() << why;
-  expect_learns(Backend::cuda, "bilstm_test", 32, 150);
-  expect_learns(Backend::cuda, "bilstm_imdb", 32, 30);
+  HOTOPS_SKIP_WITHOUT_GPU();
+  model_test::expect_learns(family(), Backend::cuda, "bilstm_test", 32, 150);
+  model_test::expect_learns(family(), Backend::cuda, "bilstm_imdb", 32, 30);
 }
 
 TEST(ModelBilstmTraining, LossFallsCudaBf16) {
-  std::string why;
-  if (!gpu::available(&why)) GTEST_SKIP() << why;
-  expect_learns(Backend::cuda, "bilstm_test", 32, 150, DType::bf16);
-  expect_learns(Backend::cuda, "bilstm_imdb", 32, 30, DType::bf16);
+  HOTOPS_SKIP_WITHOUT_GPU();
+  model_test::expect_learns(family(), Backend::cuda, "bilstm_test", 32, 150, DType::bf16);
+  model_test::expect_learns(family(), Backend::cuda, "bilstm_imdb", 32, 30, DType::bf16);
 }
 
 // Skips, with oneDNN's reason, on a CPU without its bf16 lstm.
 TEST(ModelBilstmTraining, LossFallsCpuBf16) {
-  expect_learns(Backend::cpu, "bilstm_test", 32, 150, DType::bf16);
-  expect_learns(Backend::cpu, "bilstm_imdb", 8, 10, DType::bf16);
+  model_test::expect_learns(family(), Backend::cpu, "bilstm_test", 32, 150, DType::bf16);
+  model_test::expect_learns(family(), Backend::cpu, "bilstm_imdb", 8, 10, DType::bf16);
 }
 
 // The character LSTM (Keras' lstm_text_generation.py): one direction, one-hot input, 57 classes.
@@ -412,39 +411,15 @@ TEST(ModelTextgenTask, OneHotBatchAndLabels) {
 
 TEST(ModelTextgenReference, GradientsMatchFiniteDifferences) { expect_gradients_match_finite_differences("textgen_test"); }
 
-// An outcome made from the reference itself passes; each planted error fails.
 TEST(ModelTextgenVerify, PlantedErrorsFail) {
-  const Shape s = shape_of(model_problem("textgen_test", Backend::cpu, Direction::train, 4));
-  const Layout l = layout_of(s.cfg);
-  const State st = make_state(s, l, 42);
-  const std::vector<double> p0 = as_doubles(st.params);
-  const Reference ref = reference(s.cfg, l, p0, st.tokens, st.labels, s.batch, true);
-  auto outcome = [&](std::int64_t step) {
-    Outcome o;
-    o.loss = static_cast<float>(ref.loss);
-    model_test::correct_step(ref.grad, [&](std::size_t i) { return p0[i]; }, l.total, step, o.grads, o.params);
-    return o;
-  };
-  EXPECT_TRUE(verify_outcome(s, l, st, outcome(1)).ok) << verify_outcome(s, l, st, outcome(1)).message;
-  Outcome wrong_loss = outcome(1);
-  wrong_loss.loss *= 1.001f;
-  EXPECT_FALSE(verify_outcome(s, l, st, wrong_loss).ok);
-  // The dense bias gradient of one class taken from its neighbour (a bias_grad column off by one).
-  Outcome wrong_db = outcome(1);
-  wrong_db.grads.set(l.dense_b + 17, wrong_db.grads.get(l.dense_b + 18));
-  EXPECT_FALSE(verify_outcome(s, l, st, wrong_db).ok);
-  Outcome wrong_wih = outcome(1);  // a one-hot column of W_ih's gradient dropped
-  for (std::int64_t r = 0; r < 4 * s.cfg.H; ++r) wrong_wih.grads.set(l.w_ih + static_cast<std::size_t>(r * s.cfg.E + st.tokens[0]), 0);
-  EXPECT_FALSE(verify_outcome(s, l, st, wrong_wih).ok);
-  EXPECT_FALSE(verify_outcome(s, l, st, outcome(2)).ok);  // the step count off by one
-
-  const Shape si = shape_of(model_problem("textgen_test", Backend::cpu, Direction::infer, 4));
-  Outcome logits;
-  logits.logits = HostBuffer(DType::f32, ref.logits.size());
-  for (std::size_t i = 0; i < ref.logits.size(); ++i) logits.logits.set(i, ref.logits[i]);
-  EXPECT_TRUE(verify_outcome(si, l, st, logits).ok);
-  logits.logits.set(3, logits.logits.get(3) + 0.01);
-  EXPECT_FALSE(verify_outcome(si, l, st, logits).ok);
+  expect_planted_errors_fail("textgen_test", [](const Shape& s, const Layout& l, const State& st, const Outcome& correct) {
+    // The dense bias gradient of one class taken from its neighbour (a bias_grad column off by one).
+    Outcome wrong_db = correct;
+    wrong_db.grads.set(l.dense_b + 17, wrong_db.grads.get(l.dense_b + 18));
+    Outcome wrong_wih = correct;  // a one-hot column of W_ih's gradient dropped
+    for (std::int64_t r = 0; r < 4 * s.cfg.H; ++r) wrong_wih.grads.set(l.w_ih + static_cast<std::size_t>(r * s.cfg.E + st.tokens[0]), 0);
+    return std::vector<Outcome>{wrong_db, wrong_wih};
+  });
 }
 
 // bf16: a correct bf16 step (the reference rounding what the step stores bf16) passes; the dense bias
@@ -460,12 +435,7 @@ TEST(ModelTextgenVerify, Bf16BoundsCatchSlips) {
     const std::vector<double> p0 = as_doubles(st.params);
     const Reference bf = reference(s.cfg, l, p0, st.tokens, st.labels, s.batch, true, /*bf16_rounding=*/true);
     auto outcome = [&](const std::vector<double>& logits, const std::vector<double>& grad) {
-      Outcome o;
-      o.loss = static_cast<float>(bf.loss);
-      o.logits = HostBuffer(DType::bf16, logits.size());
-      for (std::size_t i = 0; i < logits.size(); ++i) o.logits.set(i, logits[i]);
-      model_test::correct_step(grad, [&](std::size_t i) { return p0[i]; }, l.total, 1, o.grads, o.params);
-      return o;
+      return bf16_outcome(bf.loss, logits, grad, p0);
     };
     const Check good = verify_outcome(s, l, st, outcome(bf.logits, bf.grad));
     EXPECT_TRUE(good.ok) << good.message;
@@ -485,27 +455,25 @@ TEST(ModelTextgenVerify, Bf16BoundsCatchSlips) {
 }
 
 TEST(ModelTextgenTraining, LossFallsCpu) {
-  expect_learns(Backend::cpu, "textgen_test", 8, 150);
-  expect_learns(Backend::cpu, "lstm_textgen", 8, 30);
+  model_test::expect_learns(family(), Backend::cpu, "textgen_test", 8, 150);
+  model_test::expect_learns(family(), Backend::cpu, "lstm_textgen", 8, 30);
 }
 
 TEST(ModelTextgenTraining, LossFallsCpuBf16) {
-  expect_learns(Backend::cpu, "textgen_test", 8, 150, DType::bf16);
-  expect_learns(Backend::cpu, "lstm_textgen", 8, 30, DType::bf16);
+  model_test::expect_learns(family(), Backend::cpu, "textgen_test", 8, 150, DType::bf16);
+  model_test::expect_learns(family(), Backend::cpu, "lstm_textgen", 8, 30, DType::bf16);
 }
 
 TEST(ModelTextgenTraining, LossFallsCuda) {
-  std::string why;
-  if (!gpu::available(&why)) GTEST_SKIP() << why;
-  expect_learns(Backend::cuda, "textgen_test", 8, 150);
-  expect_learns(Backend::cuda, "lstm_textgen", 8, 30);
+  HOTOPS_SKIP_WITHOUT_GPU();
+  model_test::expect_learns(family(), Backend::cuda, "textgen_test", 8, 150);
+  model_test::expect_learns(family(), Backend::cuda, "lstm_textgen", 8, 30);
 }
 
 TEST(ModelTextgenTraining, LossFallsCudaBf16) {
-  std::string why;
-  if (!gpu::available(&why)) GTEST_SKIP() << why;
-  expect_learns(Backend::cuda, "textgen_test", 8, 150, DType::bf16);
-  expect_learns(Backend::cuda, "lstm_textgen", 8, 30, DType::bf16);
+  HOTOPS_SKIP_WITHOUT_GPU();
+  model_test::expect_learns(family(), Backend::cuda, "textgen_test", 8, 150, DType::bf16);
+  model_test::expect_learns(family(), Backend::cuda, "lstm_textgen", 8, 30, DType::bf16);
 }
 
 }  // namespace

@@ -218,15 +218,13 @@ TEST(ModelCnnTraining, LossFallsCpu) {
 }
 
 TEST(ModelCnnTraining, LossFallsCuda) {
-  std::string why;
-  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  HOTOPS_SKIP_WITHOUT_GPU();
   expect_learns(Backend::cuda, "keras_test", 40);
   expect_learns(Backend::cuda, "vgg_test", 60);
 }
 
 TEST(ModelCnnTraining, LossFallsCudaBf16) {
-  std::string why;
-  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  HOTOPS_SKIP_WITHOUT_GPU();
   expect_learns(Backend::cuda, "keras_test", 40, DType::bf16);
   expect_learns(Backend::cuda, "vgg_test", 60, DType::bf16);
 }
@@ -235,8 +233,7 @@ TEST(ModelCnnTraining, LossFallsCudaBf16) {
 // forward conv with the flipped filter), each forced, in both activation layouts and both dtypes: the
 // measured choices may take either at a test shape.
 TEST(ModelCnnCuda, BothDataGradientPathsAndLayoutsVerify) {
-  std::string why;
-  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  HOTOPS_SKIP_WITHOUT_GPU();
   struct Restore {
     ~Restore() {
       set_cuda_data_grad_path(DataGradPath::timed);

@@ -105,15 +105,7 @@ TEST(ModelConvnextReference, GradientsMatchFiniteDifferences) {
 Outcome outcome_of(const Shape& s, const ParamLayout& l, const State& st, const std::vector<double>& params, Rounding rounding) {
   const std::vector<double> x = models::as_doubles(st.x), t = models::as_doubles(st.target);
   const Reference ref = reference(s.arch, l, params, x, t, s.batch, s.train(), rounding);
-  Outcome o;
-  if (!s.train()) {
-    o.y = HostBuffer(s.dtype, ref.y.size());
-    for (std::size_t i = 0; i < ref.y.size(); ++i) o.y.set(i, ref.y[i]);
-    return o;
-  }
-  o.loss = static_cast<float>(ref.loss);
-  model_test::correct_step(ref.grad, [&](std::size_t i) { return st.params.get(i); }, l.total, 1, o.grads, o.params);
-  return o;
+  return model_test::regression_outcome(ref, s.train(), s.dtype, st.params, l.total);
 }
 
 // The reference's own outcome passes verification; each planted error in it fails.
@@ -211,14 +203,12 @@ TEST(ModelConvnextTraining, LossFallsCpuBf16) {
 }
 
 TEST(ModelConvnextTraining, LossFallsCuda) {
-  std::string why;
-  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  HOTOPS_SKIP_WITHOUT_GPU();
   expect_learns(Backend::cuda, "convnext.s3", 12);
 }
 
 TEST(ModelConvnextTraining, LossFallsCudaBf16) {
-  std::string why;
-  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  HOTOPS_SKIP_WITHOUT_GPU();
   expect_learns(Backend::cuda, "convnext.s3", 12, DType::bf16);
 }
 

@@ -266,8 +266,7 @@ TEST(ModelFasttextStep, MatchesReferenceCuda) {
   expect_matches(Backend::cuda, DType::f32);
 }
 TEST(ModelFasttextStep, MatchesReferenceCudaBf16) {
-  std::string why;
-  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  HOTOPS_SKIP_WITHOUT_GPU();
   expect_matches(Backend::cuda, DType::bf16);
 }
 
@@ -283,26 +282,20 @@ TEST(ModelFasttextBf16, CpuUnsupportedSaysWhy) {
   }
 }
 
-// Training on the learnable task from the seeded start: the loss must fall.
-void expect_learns(Backend be, const std::string& config, std::int64_t batch, int steps, DType t = DType::f32) {
-  const Problem p = model_problem(config, be, Direction::train, batch, nullptr, 0, t);
-  if (const std::string why = family().unsupported_reason(p); !why.empty()) GTEST_SKIP() << why;
-  model_test::expect_loss_falls<ModelCase>(*family().make(p), steps, 0.7, p.name(), true);
-}
-
 TEST(ModelFasttextTraining, LossFallsCpu) {
-  expect_learns(Backend::cpu, "fasttext_test", 32, 1000);
-  expect_learns(Backend::cpu, "fasttext_imdb", 32, 100);
+  model_test::expect_learns(family(), Backend::cpu, "fasttext_test", 32, 1000);
+  model_test::expect_learns(family(), Backend::cpu, "fasttext_imdb", 32, 100);
 }
 
-TEST(ModelFasttextTraining, LossFallsCpuBf16) { expect_learns(Backend::cpu, "fasttext_imdb", 32, 100, DType::bf16); }
+TEST(ModelFasttextTraining, LossFallsCpuBf16) {
+  model_test::expect_learns(family(), Backend::cpu, "fasttext_imdb", 32, 100, DType::bf16);
+}
 
 TEST(ModelFasttextTraining, LossFallsCuda) {
-  std::string why;
-  if (!gpu::available(&why)) GTEST_SKIP() << why;
-  expect_learns(Backend::cuda, "fasttext_test", 32, 1000);
-  expect_learns(Backend::cuda, "fasttext_imdb", 32, 100);
-  expect_learns(Backend::cuda, "fasttext_imdb", 32, 100, DType::bf16);
+  HOTOPS_SKIP_WITHOUT_GPU();
+  model_test::expect_learns(family(), Backend::cuda, "fasttext_test", 32, 1000);
+  model_test::expect_learns(family(), Backend::cuda, "fasttext_imdb", 32, 100);
+  model_test::expect_learns(family(), Backend::cuda, "fasttext_imdb", 32, 100, DType::bf16);
 }
 
 }  // namespace

@@ -9,8 +9,17 @@
 #include <vector>
 
 #include "hotops/buffer.h"
+#include "hotops/gpu.h"
 #include "hotops/op.h"
 #include "kernels/adamw/adamw.h"
+#include "kernels/models/regression.h"
+
+// Skips the test, with the reason, where no GPU can run it.
+#define HOTOPS_SKIP_WITHOUT_GPU()                                                \
+  do {                                                                           \
+    std::string hotops_why_;                                                     \
+    if (!::hotops::gpu::available(&hotops_why_)) GTEST_SKIP() << hotops_why_;    \
+  } while (0)
 
 namespace hotops::model_test {
 
@@ -42,6 +51,16 @@ void expect_loss_falls(Case& c, int steps, double bar, const std::string& what, 
   EXPECT_LT(last, bar * first) << what << ": " << first << " -> " << last << " over " << steps << " steps";
 }
 
+// Training model.<name> of model family `f` at `batch` from its seeded start, the first step verified:
+// the loss must fall below 0.7 of its start in `steps` steps (skipped with the reason where the
+// problem cannot run here).
+inline void expect_learns(const Family& f, Backend be, const std::string& name, std::int64_t batch, int steps,
+                          DType t = DType::f32) {
+  const Problem p = model_problem(name, be, Direction::train, batch, nullptr, 0, t);
+  if (const std::string why = f.unsupported_reason(p); !why.empty()) GTEST_SKIP() << why;
+  expect_loss_falls<models::ModelCase>(*f.make(p), steps, 0.7, p.name(), true);
+}
+
 // What a correct train step `step` from m = v = 0 leaves: the gradients `grad` as stored (f32), and
 // the parameters after AdamW's step (PyTorch's defaults, every model's) from p0(i) on them.
 template <class P0>
@@ -55,6 +74,34 @@ void correct_step(const std::vector<double>& grad, P0 p0, std::size_t n, std::in
     adamw::reference_step(adamw::Hyper{}, step, grads.get(i), e);
     params.set(i, e.p);
   }
+}
+
+// A step's outcome (kernels/models/regression.h) as its double reference `ref` gives it: infer, y in
+// dtype `t`; train, the loss, the gradients and AdamW's first step from `params0` (`total` f32).
+inline models::regression::Outcome regression_outcome(const models::regression::Reference& ref, bool train, DType t,
+                                                      const HostBuffer& params0, std::size_t total) {
+  models::regression::Outcome o;
+  if (!train) {
+    o.y = HostBuffer(t, ref.y.size());
+    for (std::size_t i = 0; i < ref.y.size(); ++i) o.y.set(i, ref.y[i]);
+    return o;
+  }
+  o.loss = static_cast<float>(ref.loss);
+  correct_step(ref.grad, [&](std::size_t i) { return params0.get(i); }, total, 1, o.grads, o.params);
+  return o;
+}
+
+// An infer step's check against its reference output `ref`: the output as the reference gives it
+// (f32, in the Outcome's member `output`) passes `verify(outcome)`; with element `at` off by 0.01 it fails.
+template <class Outcome, class Verify>
+void expect_output_checked(const std::vector<double>& ref, HostBuffer Outcome::*output, std::size_t at, Verify verify) {
+  Outcome o;
+  HostBuffer& y = o.*output;
+  y = HostBuffer(DType::f32, ref.size());
+  for (std::size_t i = 0; i < ref.size(); ++i) y.set(i, ref[i]);
+  EXPECT_TRUE(verify(o).ok);
+  y.set(at, y.get(at) + 0.01);
+  EXPECT_FALSE(verify(o).ok);
 }
 
 // Central differences of `loss(params)` at p0 (step h), every parameter, against `grad`: the largest

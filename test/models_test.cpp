@@ -159,12 +159,8 @@ TEST(ModelsVerify, PlantedErrorsFail) {
   EXPECT_FALSE(verify_outcome(s, l, st, nan_param).ok);
 
   const Shape si = shape_of(model_problem("mlp_tiny", Backend::cpu, Direction::infer, 6));
-  Outcome logits;
-  logits.logits = HostBuffer(DType::f32, ref.logits.size());
-  for (std::size_t i = 0; i < ref.logits.size(); ++i) logits.logits.set(i, ref.logits[i]);
-  EXPECT_TRUE(verify_outcome(si, l, st, logits).ok);
-  logits.logits.set(3, logits.logits.get(3) + 0.01);
-  EXPECT_FALSE(verify_outcome(si, l, st, logits).ok);
+  model_test::expect_output_checked(ref.logits, &Outcome::logits, 3,
+                                    [&](const Outcome& o) { return verify_outcome(si, l, st, o); });
 }
 
 // bf16's bounds pass the reference itself and a real bf16 run, and fail on the slips they must
@@ -280,8 +276,7 @@ TEST(ModelsTraining, LossFallsCpu) {
 }
 
 TEST(ModelsTraining, LossFallsCuda) {
-  std::string why;
-  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  HOTOPS_SKIP_WITHOUT_GPU();
   for (DType t : {DType::f32, DType::bf16}) {
     expect_learns(Backend::cuda, "mlp_tiny", 150, t);
     expect_learns(Backend::cuda, "mlp_mnist", 30, t);

@@ -72,6 +72,14 @@ Shape fwd_bwd_shape(const Problem& p, const std::string& what) {
   return s;
 }
 
+// Every problem of `op` over `args` for a family with fwd and bwd in f32 and bf16 (fwd_bwd_shape), in
+// the order the benchmarks list them: by backend, then dtype (f32, bf16), then direction (fwd, bwd).
+inline void expand_fwd_bwd(const std::string& op, const std::vector<Arg>& args, std::vector<Problem>& out) {
+  for (Backend be : kAllBackends)
+    for (DType t : {DType::f32, DType::bf16})
+      for (Direction d : {Direction::fwd, Direction::bwd}) out.push_back(Problem{op, be, t, d, args});
+}
+
 // The seed of a problem's inputs less its `impl` arg, for a family with several implementations on
 // one backend: they all compute on the same numbers.
 inline std::uint64_t seed_without_impl(const Problem& p) {

@@ -198,6 +198,14 @@ std::unique_ptr<Case> make_plan_case(const Problem& p) {
   return std::make_unique<PlanCase<Op>>(p);
 }
 
+// A family whose every problem is a PlanCase<Op>, on either backend; `cpu_reason` as OpFamily's.
+template <class Op>
+class PlanFamily : public OpFamily {
+ public:
+  PlanFamily(std::string name, Reason cpu_reason)
+      : OpFamily(std::move(name), cpu_reason, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
+};
+
 // The Op of a family whose host tensors are its `Inputs` and `Outputs` (a struct of them, or one
 // HostBuffer): Io holds one of each, seeded and allocated by the family's make_inputs(shape, seed)
 // and make_outputs(shape) (make_output where `Outputs` is one HostBuffer); the plan is its

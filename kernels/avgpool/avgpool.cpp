@@ -31,8 +31,6 @@ const std::vector<NamedShape>& named_shapes() {
   return shapes;
 }
 
-constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd};
-constexpr DType kDTypes[] = {DType::f32, DType::bf16};
 
 std::vector<Arg> args_of(const char* shape, const char* batch_key, std::int64_t n, std::int64_t L, std::int64_t C,
                          const char* layout) {
@@ -40,11 +38,7 @@ std::vector<Arg> args_of(const char* shape, const char* batch_key, std::int64_t 
           {"layout", layout}};
 }
 
-void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
-  for (Backend be : kAllBackends)
-    for (DType t : kDTypes)
-      for (Direction d : kDirections) out.push_back(Problem{"global_avgpool", be, t, d, args});
-}
+void expand(const std::vector<Arg>& args, std::vector<Problem>& out) { expand_fwd_bwd("global_avgpool", args, out); }
 
 struct Op : OpOf<Shape, Args, Inputs, HostBuffer> {
   static Shape shape(const Problem& p) { return shape_of(p); }
@@ -59,11 +53,9 @@ struct Op : OpOf<Shape, Args, Inputs, HostBuffer> {
   }
 };
 
-class AvgpoolFamily final : public OpFamily {
+class AvgpoolFamily final : public PlanFamily<Op> {
  public:
-  AvgpoolFamily()
-      : OpFamily("global_avgpool", onednn_unsupported_reason, make_plan_case<Op>,
-                 HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
+  AvgpoolFamily() : PlanFamily("global_avgpool", onednn_unsupported_reason) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     return per_shape_and_batch(named_shapes(), batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {

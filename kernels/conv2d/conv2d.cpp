@@ -126,10 +126,9 @@ struct Op {
   }
 };
 
-class Conv2dFamily final : public OpFamily {
+class Conv2dFamily final : public PlanFamily<Op> {
  public:
-  Conv2dFamily()
-      : OpFamily("conv2d", cpu_unsupported_reason, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
+  Conv2dFamily() : PlanFamily("conv2d", cpu_unsupported_reason) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     return per_shape_and_batch(named_shapes(), batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {

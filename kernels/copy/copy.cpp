@@ -150,10 +150,9 @@ struct Op {
   }
 };
 
-class CopyFamily final : public OpFamily {
+class CopyFamily final : public PlanFamily<Op> {
  public:
-  CopyFamily()
-      : OpFamily("copy", cpu_unsupported_reason, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
+  CopyFamily() : PlanFamily("copy", cpu_unsupported_reason) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     std::vector<Problem> out;

@@ -32,14 +32,9 @@ constexpr NamedShape kNamedShapes[] = {
     {"fasttext_imdb.embed", 400, 20000, 50, 32},
 };
 
-constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd};
 constexpr DType kDTypes[] = {DType::f32, DType::bf16};
 
-void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
-  for (Backend be : kAllBackends)
-    for (DType t : kDTypes)
-      for (Direction d : kDirections) out.push_back(Problem{"embedding", be, t, d, args});
-}
+void expand(const std::vector<Arg>& args, std::vector<Problem>& out) { expand_fwd_bwd("embedding", args, out); }
 
 // The time-major lookups an RNN model step runs (model.bilstm_imdb): f32, and bf16 activations
 // from the f32 table (mixed precision; its bwd is bf16 dout into the f32 dW); with `all`, the bf16
@@ -104,9 +99,9 @@ struct Op : OpOf<Shape, Args, Inputs, HostBuffer> {
   }
 };
 
-class EmbeddingFamily final : public OpFamily {
+class EmbeddingFamily final : public PlanFamily<Op> {
  public:
-  EmbeddingFamily() : OpFamily("embedding", nullptr, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
+  EmbeddingFamily() : PlanFamily("embedding", nullptr) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     return per_shape_and_batch(kNamedShapes, batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {

@@ -116,19 +116,14 @@ GELU_AVX512 void span(const void* x_v, const void* dy_v, void* out_v, std::int64
   }
 }
 
-#define GELU_AVX512_SPAN(NAME, D, DIR, A)                                                                  \
+// One AVX-512 function NAME per 16-bit instantiation of the span template TMPL (span or table_span).
+#define GELU_AVX512_INSTANCE(TMPL, NAME, D, DIR, A)                                                        \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma"))) void NAME(                \
       const void* x, const void* dy, void* out, std::int64_t n) {                                          \
-    span<DType::D, Direction::DIR, Approx::A>(x, dy, out, n);                                              \
+    TMPL<DType::D, Direction::DIR, Approx::A>(x, dy, out, n);                                              \
   }
-GELU_AVX512_SPAN(bf16_fwd_none, bf16, fwd, none)
-GELU_AVX512_SPAN(bf16_fwd_tanh, bf16, fwd, tanh)
-GELU_AVX512_SPAN(bf16_bwd_none, bf16, bwd, none)
-GELU_AVX512_SPAN(bf16_bwd_tanh, bf16, bwd, tanh)
-GELU_AVX512_SPAN(f16_fwd_none, f16, fwd, none)
-GELU_AVX512_SPAN(f16_fwd_tanh, f16, fwd, tanh)
-GELU_AVX512_SPAN(f16_bwd_none, f16, bwd, none)
-GELU_AVX512_SPAN(f16_bwd_tanh, f16, bwd, tanh)
+#define GELU_AVX512_SPAN(NAME, D, DIR, A) GELU_AVX512_INSTANCE(span, NAME, D, DIR, A)
+HOTOPS_GELU_16BIT_SPANS(GELU_AVX512_SPAN)
 #undef GELU_AVX512_SPAN
 
 // The tables. Both are indexed by the 16-bit input code; the fwd one has one entry of padding,
@@ -186,20 +181,10 @@ GELU_AVX512 void table_span(const void* x_v, const void* dy_v, void* out_v, std:
   }
 }
 
-#define GELU_TABLE_SPAN(NAME, D, DIR, A)                                                                   \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma"))) void NAME(                \
-      const void* x, const void* dy, void* out, std::int64_t n) {                                          \
-    table_span<DType::D, Direction::DIR, Approx::A>(x, dy, out, n);                                        \
-  }
-GELU_TABLE_SPAN(bf16_fwd_none_table, bf16, fwd, none)
-GELU_TABLE_SPAN(bf16_fwd_tanh_table, bf16, fwd, tanh)
-GELU_TABLE_SPAN(bf16_bwd_none_table, bf16, bwd, none)
-GELU_TABLE_SPAN(bf16_bwd_tanh_table, bf16, bwd, tanh)
-GELU_TABLE_SPAN(f16_fwd_none_table, f16, fwd, none)
-GELU_TABLE_SPAN(f16_fwd_tanh_table, f16, fwd, tanh)
-GELU_TABLE_SPAN(f16_bwd_none_table, f16, bwd, none)
-GELU_TABLE_SPAN(f16_bwd_tanh_table, f16, bwd, tanh)
+#define GELU_TABLE_SPAN(NAME, D, DIR, A) GELU_AVX512_INSTANCE(table_span, NAME##_table, D, DIR, A)
+HOTOPS_GELU_16BIT_SPANS(GELU_TABLE_SPAN)
 #undef GELU_TABLE_SPAN
+#undef GELU_AVX512_INSTANCE
 
 }  // namespace
 

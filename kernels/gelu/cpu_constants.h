@@ -25,3 +25,15 @@ constexpr float kTanhC1 = -2.f * kBeta * kLog2e;
 constexpr float kTanhC3 = -2.f * kBeta * kKappa * kLog2e;
 
 }  // namespace hotops::gelu::constants
+
+// The 16-bit instantiations both versions compile their spans for, X(name, dtype, direction,
+// approximation) each: bf16 and f16, fwd and bwd, erf and tanh (f32 is the portable loop's alone).
+#define HOTOPS_GELU_16BIT_SPANS(X)   \
+  X(bf16_fwd_none, bf16, fwd, none) \
+  X(bf16_fwd_tanh, bf16, fwd, tanh) \
+  X(bf16_bwd_none, bf16, bwd, none) \
+  X(bf16_bwd_tanh, bf16, bwd, tanh) \
+  X(f16_fwd_none, f16, fwd, none)   \
+  X(f16_fwd_tanh, f16, fwd, tanh)   \
+  X(f16_bwd_none, f16, bwd, none)   \
+  X(f16_bwd_tanh, f16, bwd, tanh)

@@ -157,22 +157,17 @@ GELU_INLINE void span(const void* x_v, const void* dy_v, void* out_v, std::int64
 
 // The clones: one function per dtype x direction x approximation, each a copy of `span` compiled
 // for each target. The names say which (they show in a profile).
-#define GELU_SPAN(NAME, D, DIR, A)                                                                         \
-  HOTOPS_CPU_CLONES void NAME(const void* x, const void* dy, void* out, std::int64_t n) {                  \
-    span<DType::D, Direction::DIR, Approx::A>(x, dy, out, n);                                              \
+// One clone set gelu_NAME per instantiation of the span template TMPL (span or table_span).
+#define GELU_CLONES(TMPL, NAME, D, DIR, A)                                                                 \
+  HOTOPS_CPU_CLONES void gelu_##NAME(const void* x, const void* dy, void* out, std::int64_t n) {           \
+    TMPL<DType::D, Direction::DIR, Approx::A>(x, dy, out, n);                                              \
   }
-GELU_SPAN(gelu_f32_fwd_none, f32, fwd, none)
-GELU_SPAN(gelu_f32_fwd_tanh, f32, fwd, tanh)
-GELU_SPAN(gelu_f32_bwd_none, f32, bwd, none)
-GELU_SPAN(gelu_f32_bwd_tanh, f32, bwd, tanh)
-GELU_SPAN(gelu_bf16_fwd_none, bf16, fwd, none)
-GELU_SPAN(gelu_bf16_fwd_tanh, bf16, fwd, tanh)
-GELU_SPAN(gelu_bf16_bwd_none, bf16, bwd, none)
-GELU_SPAN(gelu_bf16_bwd_tanh, bf16, bwd, tanh)
-GELU_SPAN(gelu_f16_fwd_none, f16, fwd, none)
-GELU_SPAN(gelu_f16_fwd_tanh, f16, fwd, tanh)
-GELU_SPAN(gelu_f16_bwd_none, f16, bwd, none)
-GELU_SPAN(gelu_f16_bwd_tanh, f16, bwd, tanh)
+#define GELU_SPAN(NAME, D, DIR, A) GELU_CLONES(span, NAME, D, DIR, A)
+GELU_SPAN(f32_fwd_none, f32, fwd, none)
+GELU_SPAN(f32_fwd_tanh, f32, fwd, tanh)
+GELU_SPAN(f32_bwd_none, f32, bwd, none)
+GELU_SPAN(f32_bwd_tanh, f32, bwd, tanh)
+HOTOPS_GELU_16BIT_SPANS(GELU_SPAN)
 #undef GELU_SPAN
 
 gelu::SpanFn span_for(const Shape& s) {
@@ -245,19 +240,10 @@ GELU_INLINE void table_span(const void* x_v, const void* dy_v, void* out_v, std:
     for (std::int64_t i = 0; i < n; ++i) out[i] = Elem<D>::store(Elem<D>::load(dy[i]) * t[x[i]]);
   }
 }
-#define GELU_TABLE_SPAN(NAME, D, DIR, A)                                                                   \
-  HOTOPS_CPU_CLONES void NAME(const void* x, const void* dy, void* out, std::int64_t n) {                  \
-    table_span<DType::D, Direction::DIR, Approx::A>(x, dy, out, n);                                        \
-  }
-GELU_TABLE_SPAN(gelu_bf16_fwd_none_table, bf16, fwd, none)
-GELU_TABLE_SPAN(gelu_bf16_fwd_tanh_table, bf16, fwd, tanh)
-GELU_TABLE_SPAN(gelu_bf16_bwd_none_table, bf16, bwd, none)
-GELU_TABLE_SPAN(gelu_bf16_bwd_tanh_table, bf16, bwd, tanh)
-GELU_TABLE_SPAN(gelu_f16_fwd_none_table, f16, fwd, none)
-GELU_TABLE_SPAN(gelu_f16_fwd_tanh_table, f16, fwd, tanh)
-GELU_TABLE_SPAN(gelu_f16_bwd_none_table, f16, bwd, none)
-GELU_TABLE_SPAN(gelu_f16_bwd_tanh_table, f16, bwd, tanh)
+#define GELU_TABLE_SPAN(NAME, D, DIR, A) GELU_CLONES(table_span, NAME##_table, D, DIR, A)
+HOTOPS_GELU_16BIT_SPANS(GELU_TABLE_SPAN)
 #undef GELU_TABLE_SPAN
+#undef GELU_CLONES
 
 gelu::SpanFn table_span_for(const Shape& s) {
   if (s.dtype == DType::f32) return nullptr;

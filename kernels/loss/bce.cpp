@@ -113,11 +113,7 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
                       "dlogits");
 }
 
-void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
-  for (Backend be : kAllBackends)
-    for (DType t : {DType::f32, DType::bf16})
-      for (Direction d : {Direction::fwd, Direction::bwd}) out.push_back(Problem{"bce_logits", be, t, d, args});
-}
+void expand(const std::vector<Arg>& args, std::vector<Problem>& out) { expand_fwd_bwd("bce_logits", args, out); }
 
 // FLOPs per element, each exp and log1p counted as one: fwd 7 (max, z·y, the difference, |z|, exp,
 // log1p, the sum's add), bwd 5 (exp, 1 + e, the division, − y, / n). Bytes: z read in the dtype, y

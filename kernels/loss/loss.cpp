@@ -56,14 +56,9 @@ const std::vector<NamedShape>& dbias_shapes() {
   return shapes;
 }
 
-constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd};
 constexpr DType kDTypes[] = {DType::f32, DType::bf16};
 
-void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
-  for (Backend be : kAllBackends)
-    for (DType t : kDTypes)
-      for (Direction d : kDirections) out.push_back(Problem{"cross_entropy", be, t, d, args});
-}
+void expand(const std::vector<Arg>& args, std::vector<Problem>& out) { expand_fwd_bwd("cross_entropy", args, out); }
 void expand_dbias(const std::vector<Arg>& args, std::vector<Problem>& out) {
   for (Backend be : kAllBackends)
     for (DType t : kDTypes) out.push_back(Problem{"cross_entropy_dbias", be, t, Direction::bwd, args});

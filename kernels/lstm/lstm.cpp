@@ -118,10 +118,9 @@ struct Op {
   }
 };
 
-class LstmFamily final : public OpFamily {
+class LstmFamily final : public PlanFamily<Op> {
  public:
-  LstmFamily()
-      : OpFamily("lstm", cpu_unsupported_reason, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
+  LstmFamily() : PlanFamily("lstm", cpu_unsupported_reason) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     return per_shape_and_batch(named_shapes(), batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {

@@ -94,10 +94,9 @@ void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
       }
 }
 
-class LstmCellFamily final : public OpFamily {
+class LstmCellFamily final : public PlanFamily<Op> {
  public:
-  LstmCellFamily()
-      : OpFamily("lstm_cell", cpu_unsupported_reason, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
+  LstmCellFamily() : PlanFamily("lstm_cell", cpu_unsupported_reason) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     return per_shape_and_batch(named_shapes(), batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {

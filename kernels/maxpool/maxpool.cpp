@@ -32,8 +32,6 @@ constexpr NamedShape kNamedShapes[] = {
     {"resnet50.stem_pool", 64, 112, 112, 3, 2, 1, 32},
 };
 
-constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd};
-constexpr DType kDTypes[] = {DType::f32, DType::bf16};
 constexpr const char* kLayouts[] = {"nchw", "nhwc"};
 
 std::vector<Arg> args_of(const char* shape, const char* batch_key, std::int64_t n, std::int64_t C, std::int64_t H,
@@ -43,11 +41,7 @@ std::vector<Arg> args_of(const char* shape, const char* batch_key, std::int64_t 
           {"s", std::to_string(s)},   {"pad", std::to_string(pad)},   {"layout", layout}};
 }
 
-void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
-  for (Backend be : kAllBackends)
-    for (DType t : kDTypes)
-      for (Direction d : kDirections) out.push_back(Problem{"maxpool", be, t, d, args});
-}
+void expand(const std::vector<Arg>& args, std::vector<Problem>& out) { expand_fwd_bwd("maxpool", args, out); }
 
 // The op as the benchmark runs it: a PlanCase over the problem's inputs and output. A backward reads
 // what its forward saved (oneDNN's workspace on the CPU, y on CUDA): the forward plan runs once here,
@@ -76,10 +70,9 @@ struct Op : OpOf<Shape, Args, Inputs, HostBuffer> {
   }
 };
 
-class MaxpoolFamily final : public OpFamily {
+class MaxpoolFamily final : public PlanFamily<Op> {
  public:
-  MaxpoolFamily()
-      : OpFamily("maxpool", onednn_unsupported_reason, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
+  MaxpoolFamily() : PlanFamily("maxpool", onednn_unsupported_reason) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     return per_shape_and_batch(kNamedShapes, batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {

@@ -25,10 +25,6 @@
 namespace hotops::model_bert {
 namespace {
 
-using dnnl::memory;
-using dt = memory::data_type;
-using dims = memory::dims;
-
 using bf16 = std::uint16_t;  // bf16's bits
 
 // Storage <-> f32: f32 as is; bf16 rounded to nearest even (cpu_vector.h).
@@ -37,10 +33,6 @@ inline float ld(bf16 v) { return vec::bf16_to_f32(v); }
 template <class T> T st(float v);
 template <> inline float st<float>(float v) { return v; }
 template <> inline bf16 st<bf16>(float v) { return vec::f32_to_bf16(v); }
-
-memory::desc md(std::int64_t rows, std::int64_t cols, bool transposed = false, dt type = dt::f32) {
-  return transposed ? memory::desc({rows, cols}, type, dims{1, rows}) : memory::desc({rows, cols}, type, dims{cols, 1});
-}
 
 // T: the activations' storage, float (f32) or bf16 (bf16's mixed precision, model_bert.h).
 template <class T>
@@ -319,26 +311,8 @@ class CpuLayer final : public LayerCase {
 
 }  // namespace
 
-std::string cpu_bf16_reason() {
-  // A small bf16 matmul with a bias, as the dense layers use: oneDNN 2.6 implements bf16 from
-  // AVX-512 on and refuses it (unimplemented) below.
-  static const std::string reason = [] {
-    try {
-      const memory::desc a = md(16, 16, false, dt::bf16);
-      const memory::desc bias({1, 16}, dt::bf16, dims{16, 1});
-      HOTOPS_CHECK_DNNL(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, a, bias, a), cpu::engine()));
-    } catch (const Error& e) {
-      if (e.kind() != ErrorKind::unsupported) throw;
-      return "oneDNN has no bf16 matmul for this CPU (ISA " + cpu::isa_name() + ")";
-    }
-    return std::string();
-  }();
-  return reason;
-}
-
 std::unique_ptr<LayerCase> make_cpu(const Problem& p) {
-  if (p.dtype == DType::bf16) return std::make_unique<CpuLayer<bf16>>(p);
-  return std::make_unique<CpuLayer<float>>(p);
+  return models::make_step_case<CpuLayer, bf16>(p);
 }
 
 }  // namespace hotops::model_bert

@@ -72,10 +72,6 @@ class BertFamily final : public BackendFamily<LayerCase> {
 
 };
 
-using models::rms;
-using models::within;
-using models::as_doubles;
-
 }  // namespace
 
 const std::vector<Arch>& archs() {
@@ -197,14 +193,7 @@ ParamLayout param_layout(const Arch& a) {
 }
 
 State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
-  State st;
-  const auto n = static_cast<std::size_t>(s.tokens() * s.arch.hidden);
-  st.x = HostBuffer(s.dtype, n);
-  st.x.fill_uniform(seed, 1);
-  st.target = HostBuffer(s.dtype, n);
-  st.target.fill_uniform(seed, 2);
-  st.params = HostBuffer(DType::f32, l.total);
-  std::fill_n(st.params.as<float>(), l.total, 0.f);
+  State st = models::regression::seeded_start(s.dtype, static_cast<std::size_t>(s.tokens() * s.arch.hidden), l.total, seed);
   const std::int64_t h = s.arch.hidden, f = s.arch.ffn;
   const std::int64_t fan_in[] = {h, h, h, h, 0, 0, h, h, f, f, 0, 0};
   for (std::size_t k = 0; k < l.tensors.size(); ++k) {
@@ -217,16 +206,11 @@ State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
     const float bound = static_cast<float>(1 / std::sqrt(static_cast<double>(fan_in[k])));
     models::fill_uniform_at(st.params, l.tensors[k].first, static_cast<std::int64_t>(cnt), seed, 100 + k, -bound, bound);
   }
-  models::zero_moments(st.m, st.v, l.total);
   return st;
 }
 
 State verification_state(const Shape& s, const State& seeded) {
-  State st = seeded;
-  const std::size_t per = static_cast<std::size_t>(s.arch.seq * s.arch.hidden) * dtype_size(s.dtype);  // bytes
-  models::repeat_samples(st.x, per, kVerifyPeriod, s.batch);
-  models::repeat_samples(st.target, per, kVerifyPeriod, s.batch);
-  return st;
+  return models::regression::periodic_start(seeded, s.dtype, static_cast<std::size_t>(s.arch.seq * s.arch.hidden), s.batch);
 }
 
 // Bounds (one step from the verification start, optimizer step 1), with what the CPU showed:
@@ -259,31 +243,14 @@ State verification_state(const Shape& s, const State& seeded) {
 // errors cancel: modelled at batch 1, a missing attention output bias (a small one: nn.Linear's init
 // gives it 2% of the activations' rms) makes y's rms error 0.037 (3.7x its bound) and LN2 beta's
 // gradient's 0.27 (13x); a transposed Wo makes y's 0.053..0.070 and Wqkv's gradient's 1.4 (70x).
-models::StepBounds bounds(DType t) {
-  if (t == DType::bf16) return {5e-2, 1e-3, 3e-1, 1e-2, 2e-2};
-  return {1e-4, 1e-4, 1e-3};
-}
-
+// (models::regression::bounds, which the model_convnext block shares.)
 Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, const Outcome& out) {
   const Arch& a = s.arch;
-  const models::StepBounds bound = bounds(s.dtype);
-  const std::int64_t period = std::min(s.batch, kVerifyPeriod);
-  const std::size_t per = static_cast<std::size_t>(a.seq * a.hidden);
-  const std::vector<double> p0 = as_doubles(start.params);
-  // One reference per distinct sample (each a mean over its own elements); the batch's loss and
-  // gradients are their means weighted by how often each sample occurs in the batch.
-  // Computed once for every way of running the step (shared_reference).
-  const auto shared = models::shared_reference<std::vector<Reference>>(
-      models::reference_key(a.name, s.dtype, s.dir, s.batch, {start.params.data(), start.x.data(), start.target.data()},
-                            {start.params.bytes(), start.x.bytes(), start.target.bytes()}),
-      [&] {
-        std::vector<Reference> r;
-        for (std::int64_t q = 0; q < period; ++q)
-          r.push_back(reference(a, l, p0, as_doubles(start.x, per * static_cast<std::size_t>(q), per),
-                                as_doubles(start.target, per * static_cast<std::size_t>(q), per), 1, s.train()));
-        return r;
+  return models::regression::verify_step(
+      a.name, s.dtype, s.dir, s.batch, static_cast<std::size_t>(a.seq * a.hidden), l, start, out,
+      [&](const std::vector<double>& p0, const std::vector<double>& x, const std::vector<double>& target) {
+        return reference(a, l, p0, x, target, 1, s.train());
       });
-  return models::verify_periodic_step(*shared, period, s.batch, per, s.train(), s.bf16(), bound, l, p0, start, out);
 }
 
 HOTOPS_DEFINE_FAMILY(BertFamily);

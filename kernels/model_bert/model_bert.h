@@ -22,6 +22,7 @@
 #include "kernels/matmul/bias_grad.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/models/models.h"
+#include "kernels/models/regression.h"
 #include "kernels/softmax/softmax.h"
 
 namespace hotops::model_bert {
@@ -104,53 +105,33 @@ ParamLayout param_layout(const Arch& a);
 inline adamw::Hyper hyper() { return adamw::Hyper{}; }
 
 // The seeded start, a pure function of the seed and the shape: x and the target uniform in [-1, 1)
-// (in the problem's dtype: bf16 values for bf16); weights and biases uniform in +-1/sqrt(fan_in)
-// (nn.Linear's init), LayerNorm gamma 1, beta 0, all f32 for either dtype; m = v = 0.
-struct State {
-  HostBuffer x, target;  // [batch, seq, hidden], the problem's dtype
-  HostBuffer params, m, v;  // f32
-};
+// (in the problem's dtype: bf16 values for bf16), [batch, seq, hidden]; weights and biases uniform in
+// +-1/sqrt(fan_in) (nn.Linear's init), LayerNorm gamma 1, beta 0, all f32 for either dtype; m = v = 0.
+using State = models::regression::State;
 State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed);
 
-// Verification runs the step on a batch whose samples repeat with period kVerifyPeriod (sample b is
-// sample b % period of the seeded batch, x and target alike), so that the double reference needs only
-// `period` samples however large the batch (each sample's forward, loss share and gradient are
-// independent of the others'). verification_state() builds that start from the seeded one.
-constexpr std::int64_t kVerifyPeriod = 2;
+// Verification's periodic batch (kernels/models/regression.h), built from the seeded start.
+using models::regression::kVerifyPeriod;
 State verification_state(const Shape& s, const State& seeded);
 
-// The reference in double over `batch` samples: y, and for backward the loss and the flat gradients.
-// Verification always compares with the exact one (Rounding::none). Rounding::bf16 rounds, in the
-// same double computation, what the bf16 implementations round (the GEMMs' weights and biases and
-// every stored activation and activation gradient) to bf16: a model of their error, with which the
-// tests show that the bf16 bounds pass a correct bf16 step with margin.
-enum class Rounding { none, bf16 };
-struct Reference {
-  std::vector<double> y;
-  double loss = 0;
-  std::vector<double> grad;
-};
+// The reference in double over `batch` samples: y, and for backward the loss and the flat gradients;
+// Rounding::bf16 rounds what the bf16 implementations round (the GEMMs' weights and biases and every
+// stored activation and activation gradient) to bf16.
+using models::regression::Reference;
+using models::regression::Rounding;
 Reference reference(const Arch& a, const ParamLayout& l, const std::vector<double>& params, const std::vector<double>& x,
                     const std::vector<double>& target, std::int64_t batch, bool backward,
                     Rounding rounding = Rounding::none);
 
-struct Outcome {
-  HostBuffer y;               // infer: [batch, seq, hidden], the problem's dtype
-  float loss = 0;             // train
-  HostBuffer grads, params;   // train: the gradients and the parameters after the step
-};
+using models::regression::Outcome;  // y: [batch, seq, hidden]
 // `start` is verification_state(): compares one step from it with the reference, within the bounds
 // of the shape's dtype (model_bert.cpp derives them).
 Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, const Outcome& out);
 
-class LayerCase : public Case {
- public:
-  virtual double last_loss() = 0;  // the loss of the last train step
-};
+using LayerCase = models::ModelCase;  // last_loss(): the loss of the last train step
 
 std::unique_ptr<LayerCase> make_cpu(const Problem& p);
-// Why this CPU cannot run the bf16 steps ("" when it can): oneDNN refuses bf16 matmul below AVX-512.
-std::string cpu_bf16_reason();
+using models::regression::cpu_bf16_reason;
 #ifdef HOTOPS_HAVE_CUDA
 std::unique_ptr<LayerCase> make_cuda(const Problem& p);
 #endif

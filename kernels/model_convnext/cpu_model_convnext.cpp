@@ -203,26 +203,8 @@ class CpuBlock final : public BlockCase {
 
 }  // namespace
 
-std::string cpu_bf16_reason() {
-  // The bf16 matmul the Linear layers run: oneDNN 2.6 implements bf16 from AVX-512 on and refuses it
-  // (unimplemented) below; the matmul family says so for its own problems.
-  static const std::string reason = [] {
-    try {
-      matmul::Shape m;
-      m.op = matmul::Op::addmm, m.dtype = DType::bf16, m.M = m.N = m.K = 16;
-      matmul::make_cpu_plan(m);
-    } catch (const Error& e) {
-      if (e.kind() != ErrorKind::unsupported) throw;
-      return "oneDNN has no bf16 matmul for this CPU (ISA " + cpu::isa_name() + ")";
-    }
-    return std::string();
-  }();
-  return reason;
-}
-
 std::unique_ptr<BlockCase> make_cpu(const Problem& p) {
-  if (p.dtype == DType::bf16) return std::make_unique<CpuBlock<bf16>>(p);
-  return std::make_unique<CpuBlock<float>>(p);
+  return models::make_step_case<CpuBlock, bf16>(p);
 }
 
 }  // namespace hotops::model_convnext

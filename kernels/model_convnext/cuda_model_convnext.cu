@@ -278,8 +278,7 @@ class CudaBlock final : public BlockCase {
 }  // namespace
 
 std::unique_ptr<BlockCase> make_cuda(const Problem& p) {
-  if (p.dtype == DType::bf16) return std::make_unique<CudaBlock<bf16>>(p);
-  return std::make_unique<CudaBlock<float>>(p);
+  return models::make_step_case<CudaBlock, bf16>(p);
 }
 
 }  // namespace hotops::model_convnext

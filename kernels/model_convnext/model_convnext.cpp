@@ -90,10 +90,6 @@ class ConvnextFamily final : public BackendFamily<BlockCase> {
   }
 };
 
-using models::as_doubles;
-using models::rms;
-using models::within;
-
 }  // namespace
 
 const std::vector<Arch>& archs() {
@@ -222,14 +218,7 @@ ParamLayout param_layout(const Arch& a) {
 }
 
 State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
-  State st;
-  const auto n = static_cast<std::size_t>(s.rows() * s.arch.C);
-  st.x = HostBuffer(s.dtype, n);
-  st.x.fill_uniform(seed, 1);
-  st.target = HostBuffer(s.dtype, n);
-  st.target.fill_uniform(seed, 2);
-  st.params = HostBuffer(DType::f32, l.total);
-  std::fill_n(st.params.as<float>(), l.total, 0.f);
+  State st = models::regression::seeded_start(s.dtype, static_cast<std::size_t>(s.rows() * s.arch.C), l.total, seed);
   const std::int64_t C = s.arch.C, F = s.arch.hidden(), K2 = kKernel * kKernel;
   // Per tensor in layout order: the uniform bound's fan-in, or for the LayerNorm and the layer scale
   // (0) their own start.
@@ -246,16 +235,11 @@ State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
       std::fill_n(st.params.as<float>() + at, cnt, at == l.ln_g ? 1.f : 0.f);
     }
   }
-  models::zero_moments(st.m, st.v, l.total);
   return st;
 }
 
 State verification_state(const Shape& s, const State& seeded) {
-  State st = seeded;
-  const std::size_t per = static_cast<std::size_t>(s.arch.positions() * s.arch.C) * dtype_size(s.dtype);  // bytes
-  models::repeat_samples(st.x, per, kVerifyPeriod, s.batch);
-  models::repeat_samples(st.target, per, kVerifyPeriod, s.batch);
-  return st;
+  return models::regression::periodic_start(seeded, s.dtype, static_cast<std::size_t>(s.arch.positions() * s.arch.C), s.batch);
 }
 
 // Bounds (one step from the verification start, optimizer step 1), as model_bert's encoder layers:
@@ -272,31 +256,14 @@ State verification_state(const Shape& s, const State& seeded) {
 //   gradients rms 2e-2, max 0.3; loss relative 1e-3. The tests model a correct bf16 step (the reference
 //   with Rounding::bf16) and show that it passes with margin, and that slips a bf16 step could make
 //   (a missing bias, a transposed weight) fail.
-models::StepBounds bounds(DType t) {
-  if (t == DType::bf16) return {5e-2, 1e-3, 3e-1, 1e-2, 2e-2};
-  return {1e-4, 1e-4, 1e-3};
-}
-
+// (models::regression::bounds.)
 Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, const Outcome& out) {
   const Arch& a = s.arch;
-  const models::StepBounds bound = bounds(s.dtype);
-  const std::int64_t period = std::min(s.batch, kVerifyPeriod);
-  const std::size_t per = static_cast<std::size_t>(a.positions() * a.C);
-  const std::vector<double> p0 = as_doubles(start.params);
-  // One reference per distinct sample; the batch's loss and gradients are their means weighted by how
-  // often each sample occurs in the batch. Computed once for every way of running the step.
-  const auto shared = models::shared_reference<std::vector<Reference>>(
-      models::reference_key("convnext_block:" + a.name, s.dtype, s.dir, s.batch,
-                            {start.params.data(), start.x.data(), start.target.data()},
-                            {start.params.bytes(), start.x.bytes(), start.target.bytes()}),
-      [&] {
-        std::vector<Reference> r;
-        for (std::int64_t q = 0; q < period; ++q)
-          r.push_back(reference(a, l, p0, as_doubles(start.x, per * static_cast<std::size_t>(q), per),
-                                as_doubles(start.target, per * static_cast<std::size_t>(q), per), 1, s.train()));
-        return r;
+  return models::regression::verify_step(
+      "convnext_block:" + a.name, s.dtype, s.dir, s.batch, static_cast<std::size_t>(a.positions() * a.C), l, start, out,
+      [&](const std::vector<double>& p0, const std::vector<double>& x, const std::vector<double>& target) {
+        return reference(a, l, p0, x, target, 1, s.train());
       });
-  return models::verify_periodic_step(*shared, period, s.batch, per, s.train(), s.bf16(), bound, l, p0, start, out);
 }
 
 HOTOPS_DEFINE_FAMILY(ConvnextFamily);

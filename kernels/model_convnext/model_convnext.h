@@ -24,6 +24,7 @@
 #include "kernels/loss/mse.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/models/models.h"
+#include "kernels/models/regression.h"
 #include "kernels/pointwise/scale_residual.h"
 
 namespace hotops::model_convnext {
@@ -100,50 +101,31 @@ inline adamw::Hyper hyper() { return adamw::Hyper{}; }
 // beta 0; the layer scale gamma uniform in [0.5, 1.5) per channel (ConvNeXt starts it at 1e-6, which
 // would scale every gradient but its own by 1e-6 and leave y = x to 6 digits: a step that dropped the
 // whole branch would pass; at ~1 the branch and each channel's scale show). All f32; m = v = 0.
-struct State {
-  HostBuffer x, target;     // the problem's dtype
-  HostBuffer params, m, v;  // f32
-};
+using State = models::regression::State;  // x and the target: [batch, H, W, C]
 State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed);
 
-// Verification runs the step on a batch whose samples repeat with period kVerifyPeriod (sample b is
-// sample b % period of the seeded batch, x and target alike), so that the double reference needs only
-// `period` samples however large the batch: nothing in the block mixes samples (the LayerNorm is per
-// position), so each sample's output, loss share and gradient depend on it alone.
-constexpr std::int64_t kVerifyPeriod = 2;
+// Verification's periodic batch (kernels/models/regression.h: nothing in the block mixes samples, the
+// LayerNorm is per position), built from the seeded start.
+using models::regression::kVerifyPeriod;
 State verification_state(const Shape& s, const State& seeded);
 
 // The reference in double over `batch` samples (x and target [batch, H, W, C]): y, and for backward the
-// loss and the flat gradients. Rounding::bf16 rounds, in the same computation, what the bf16
-// implementations store in bf16 (the operands they read from the f32 masters and every stored
-// activation and activation gradient): a model of a correct bf16 step, for the tests of the bounds.
-enum class Rounding { none, bf16 };
-struct Reference {
-  std::vector<double> y;
-  double loss = 0;
-  std::vector<double> grad;
-};
+// loss and the flat gradients; Rounding::bf16 models a correct bf16 step.
+using models::regression::Reference;
+using models::regression::Rounding;
 Reference reference(const Arch& a, const ParamLayout& l, const std::vector<double>& params, const std::vector<double>& x,
                     const std::vector<double>& target, std::int64_t batch, bool backward,
                     Rounding rounding = Rounding::none);
 
-struct Outcome {
-  HostBuffer y;              // infer: [batch, H, W, C], the problem's dtype
-  float loss = 0;            // train
-  HostBuffer grads, params;  // train: the gradients and the parameters after the step
-};
+using models::regression::Outcome;  // y: [batch, H, W, C]
 // `start` is verification_state(): compares one step from it with the reference, within the bounds
-// of the shape's dtype (model_convnext.cpp derives them).
+// of the shape's dtype (model_convnext.cpp says why the encoder layers' bounds fit).
 Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, const Outcome& out);
 
-class BlockCase : public Case {
- public:
-  virtual double last_loss() = 0;  // the loss of the last train step
-};
+using BlockCase = models::ModelCase;  // last_loss(): the loss of the last train step
 
 std::unique_ptr<BlockCase> make_cpu(const Problem& p);
-// Why this CPU cannot run the bf16 steps ("" when it can): oneDNN has no bf16 matmul below AVX-512.
-std::string cpu_bf16_reason();
+using models::regression::cpu_bf16_reason;
 #ifdef HOTOPS_HAVE_CUDA
 std::unique_ptr<BlockCase> make_cuda(const Problem& p);
 #endif

@@ -212,8 +212,7 @@ class CpuModel final : public ModelCase {
 }  // namespace
 
 std::unique_ptr<ModelCase> make_cpu(const Problem& p) {
-  if (p.dtype == DType::bf16) return std::make_unique<CpuModel<bf16>>(p);
-  return std::make_unique<CpuModel<float>>(p);
+  return make_step_case<CpuModel, bf16>(p);
 }
 
 std::string cpu_bf16_reason(const Problem& p) {

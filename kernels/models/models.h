@@ -288,6 +288,14 @@ class ModelCase : public Case {
   virtual double last_loss() = 0;
 };
 
+// A step case for `p`'s dtype, each a ModelCase (or a family's subclass `Base`): Step<Bf16> for bf16
+// (Bf16: the backend's bf16 storage type), Step<float> for f32.
+template <template <class> class Step, class Bf16, class Base = ModelCase>
+std::unique_ptr<Base> make_step_case(const Problem& p) {
+  if (p.dtype == DType::bf16) return std::make_unique<Step<Bf16>>(p);
+  return std::make_unique<Step<float>>(p);
+}
+
 // A model family's name, CPU check and backends' factories, as an op family's, with ModelCase factories.
 using ModelFamily = BackendFamily<ModelCase>;
 

@@ -11,7 +11,6 @@
 namespace hotops::pointwise::scale_residual {
 namespace {
 
-constexpr DType kDTypes[] = {DType::f32, DType::bf16};
 
 // The op as the benchmark runs it, out of place in both directions (in place, repeated runs would
 // scale dy by gamma again each time, towards overflow or subnormals).
@@ -141,11 +140,7 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
   return all;
 }
 
-void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
-  for (Backend be : kAllBackends)
-    for (DType t : kDTypes)
-      for (Direction d : {Direction::fwd, Direction::bwd}) out.push_back(Problem{"scale_residual", be, t, d, args});
-}
+void expand(const std::vector<Arg>& args, std::vector<Problem>& out) { expand_fwd_bwd("scale_residual", args, out); }
 
 // FLOPs per element: fwd 2 (the multiply, the add); bwd 4 (dz's multiply, dgamma's multiply-add,
 // dbias's add). Bytes: fwd x and z read, y written; bwd dy and z read, dz written, in the dtype; gamma

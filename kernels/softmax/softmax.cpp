@@ -42,24 +42,17 @@ constexpr NamedShape kNamedShapes[] = {
     {"classifier", 1, 1000, 256},
 };
 
-constexpr Direction kDirections[] = {Direction::fwd, Direction::bwd};
-constexpr DType kDTypes[] = {DType::f32, DType::bf16};
 
-void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
-  for (Backend be : kAllBackends)
-    for (DType t : kDTypes)
-      for (Direction d : kDirections) out.push_back(Problem{"softmax", be, t, d, args});
-}
+void expand(const std::vector<Arg>& args, std::vector<Problem>& out) { expand_fwd_bwd("softmax", args, out); }
 
 // FLOPs per element, each exp counted as one:
 //   fwd 5: max (a compare), x - max, exp, the sum's add, the divide
 //   bwd 4: dy * y, the sum's add, dy - s, y * (dy - s)
 double flops_per_element(Direction d) { return d == Direction::fwd ? 5 : 4; }
 
-class SoftmaxFamily final : public OpFamily {
+class SoftmaxFamily final : public PlanFamily<Op> {
  public:
-  SoftmaxFamily()
-      : OpFamily("softmax", onednn_unsupported_reason, make_plan_case<Op>, HOTOPS_CUDA_FACTORY(make_plan_case<Op>)) {}
+  SoftmaxFamily() : PlanFamily("softmax", onednn_unsupported_reason) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     return per_shape_and_batch(kNamedShapes, batches, [](const NamedShape& ns, std::int64_t b, std::vector<Problem>& out) {
