@@ -287,16 +287,14 @@ class CudaCnn final : public ModelCase {
 
   // The shape of one conv2d pass of conv layer i: the layer's 3x3 stride-1 convolution over the
   // step's batch, in the step's layout and dtype, no bias (the affine adds it). The algorithm is
-  // Find's fastest as Find timed it (gpu::ConvPick::find_fastest says why not re-timed); f32 FMA math
-  // only (no TF32), bf16 tensor-op math only, as the label says. (bf16 once took either, and Find often
-  // chose cuDNN's DEFAULT_MATH kernels, e.g. convolve_common_engine_float and wgrad_alg0_engine:
-  // near-ties in Find's single timings. Excluding them left the step's speed within its
-  // process-to-process spread, docs/models.md.)
+  // the conv2d plan's choice: Find's usable results re-timed behind a hold, the fastest kept (Find's
+  // own single timings picked algorithms 10-20% apart in step time from one process to the next);
+  // f32 FMA math only (no TF32), bf16 tensor-op math only, as the label says.
   conv2d::Shape conv_shape(const ConvLayer& c, Direction dir) const {
     conv2d::Shape cs;
     cs.dir = dir, cs.dtype = s_.dtype, cs.layout = nchw_ ? conv2d::Layout::nchw : conv2d::Layout::nhwc;
     cs.N = s_.batch, cs.C = c.C, cs.H = c.H, cs.W = c.W, cs.K = c.K, cs.R = cs.S = 3, cs.pad_h = cs.pad_w = c.pad;
-    cs.retime = false, cs.tensor_ops_only = kBf16;
+    cs.tensor_ops_only = kBf16;
     return cs;
   }
 
