@@ -33,8 +33,12 @@ TEST(ModelBertNames, NamesAndWork) {
                         "model.vit_layer/cuda/bf16/infer/batch:8/e2e:1", "model.bert_layer/cpu/bf16/train/batch:8/threads:8"})
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   // Every problem in both dtypes: 2 layers x 2 batches x 2 directions x (cpu, threads:1, threads:8,
-  // cuda, e2e:1) x 2 dtypes.
-  EXPECT_EQ(names.size(), 2u * 2 * 2 * 5 * 2);
+  // cuda, e2e:1) x 2 dtypes; and the data-parallel train steps: 2 layers x 2 per-GPU batches x
+  // gpus:2, 4, 8 x 2 dtypes.
+  EXPECT_EQ(names.size(), 2u * 2 * 2 * 5 * 2 + 2 * 2 * 3 * 2);
+  for (const char* n : {"model.bert_layer/cuda/f32/train/batch:32/gpus:2", "model.bert_layer/cuda/bf16/train/batch:32/gpus:8",
+                        "model.vit_layer/cuda/f32/train/batch:8/gpus:4"})
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   const Work w = family().work(problem("bert_layer", Backend::cuda, Direction::train, 32));
   const double T = 32 * 128;
   const double fwd = 2 * T * (4.0 * 768 * 768 + 2.0 * 768 * 3072) + 4.0 * 32 * 12 * 128 * 128 * 64;

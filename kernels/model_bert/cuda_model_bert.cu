@@ -17,6 +17,7 @@
 #include "hotops/cuda_util.h"
 #include "hotops/trace.h"
 #include "kernels/model_bert/model_bert.h"
+#include "kernels/models/data_parallel.h"
 #include "kernels/softmax/softmax.h"
 
 namespace hotops::model_bert {
@@ -110,6 +111,7 @@ class CudaLayer final : public LayerCase {
       if (a.pre_ln) qkv_d_ = dgrad(H, 3 * H, false);
       restart_optimizer();
     }
+    if (s_.gpus) start_replica(p);
     if (s_.variant == Variant::e2e) host_out_ = HostBuffer(s_.dtype, static_cast<std::size_t>(T_ * H));
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
   }
@@ -130,7 +132,7 @@ class CudaLayer final : public LayerCase {
   }
 
   Check verify() override {
-    const State start = verification_state(s_, seeded_);
+    const State start = s_.gpus ? replica_start() : verification_state(s_, seeded_);
     x_.upload(start.x);
     params_.upload(start.params);
     out().poison();
@@ -153,7 +155,9 @@ class CudaLayer final : public LayerCase {
       grads_.download(o.grads);
       params_.download(o.params);
     }
-    Check c = verify_outcome(s_, l_, start, o);
+    Check c;
+    if (s_.gpus) c = verify_replicas(o);
+    else c = verify_outcome(s_, l_, start, o);
     if (s_.train()) {
       c.merge(adamw::check_device_step(state_.as<const StepState>(), 1), "step");
     }
@@ -171,10 +175,14 @@ class CudaLayer final : public LayerCase {
     if (kBf16) l += ", bf16 activations, f32 master weights cast to bf16 each step";
     if (s_.train()) l += " + MSE, their backwards, bias_grad column sums, AdamW 1 launch";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the inputs, launches, D2H, sync";
+    if (sync_) l += sync_->label();
     return l;
   }
 
   bool capturable() const override { return s_.variant == Variant::plain; }
+  void align() override {
+    if (sync_) sync_->align();
+  }
   bool host_timed() const override { return s_.variant != Variant::plain; }
 
   double last_loss() override {
@@ -188,6 +196,40 @@ class CudaLayer final : public LayerCase {
   const T* gemm_weights() const {
     if constexpr (kBf16) return weights_.as<const bf16>();
     else return params_.as<const float>();
+  }
+
+  // A data-parallel step: the global batch of the G replicas (inputs, targets and parameters seeded as
+  // the single-GPU step at batch G x B seeds them), this rank's shard of it, and the gradients'
+  // all-reduce.
+  void start_replica(const Problem& p) {
+    replica_ = models::replica_of(p);
+    global_ = s_;
+    global_.batch = s_.batch * replica_.gpus, global_.gpus = 0;
+    global_seeded_ = make_state(global_, l_, models::step_seed(p));
+    seeded_.x = replica_shard(global_seeded_.x);
+    seeded_.target = replica_shard(global_seeded_.target);
+    x_.upload(seeded_.x);
+    target_.upload(seeded_.target);
+    sync_ = std::make_unique<models::GradSync>(replica_, grads_.as<float>(), l_.total);
+  }
+  HostBuffer replica_shard(const HostBuffer& global) const {
+    return models::shard(global, static_cast<std::size_t>(s_.arch.seq * s_.arch.hidden), replica_, s_.batch);
+  }
+  // This rank's shard of the global batch's verification start (its samples repeat over the global
+  // batch, with the period of the single-GPU step at batch G x B).
+  State replica_start() const {
+    State start = verification_state(global_, global_seeded_);
+    start.x = replica_shard(start.x);
+    start.target = replica_shard(start.target);
+    return start;
+  }
+  // Every replica's parameters and gradients are rank 0's bitwise, and rank 0's are one step over
+  // the global batch against its reference (the loss: the replicas' mean).
+  Check verify_replicas(Outcome& o) {
+    Check c = sync_->replicas_agree({{"parameters", &o.params}, {"gradients", &o.grads}});
+    o.loss = static_cast<float>(sync_->mean_over_ranks(o.loss));
+    if (replica_.rank == 0) c.merge(verify_outcome(global_, l_, verification_state(global_, global_seeded_), o), "the global batch");
+    return c;
   }
 
   // m = v = 0, and the step count at its start: the AdamW launch advances it (adamw.h, DeviceStep).
@@ -300,6 +342,7 @@ class CudaLayer final : public LayerCase {
     gelu_bwd_->run({z_.get(), df_.get(), df_.get(), grads_.as<float>() + l_.b1});  // in place over df
     trace::op("mm");
     w1_w_->run(weight_grad(h1_.get(), df_.get(), l_.w1));
+    if (!a.pre_ln) models::grads_ready(sync_, l_.w1);  // post-LN: the FFN's and the second LayerNorm's are final
     w1_d_->run(data_grad(df_.get(), l_.w1, du2_, a.pre_ln ? nullptr : ds2));  // bert: du2 = df . W1^T + ds2
     trace::op("layernorm_bwd");
     if (a.pre_ln)
@@ -309,6 +352,7 @@ class CudaLayer final : public LayerCase {
                      &l_.bo);
     trace::op("mm");
     wo_w_->run(weight_grad(ctx_.get(), ds1_.get(), l_.wo));
+    if (!a.pre_ln) models::grads_ready(sync_, l_.wo);  // post-LN: the attention output's and the first LayerNorm's too
     wo_d_->run(data_grad(ds1_.get(), l_.wo, dctx_, nullptr));
     trace::op("bmm");
     dp_gemm_->run(heads(matmul::AttentionGemm::context, Direction::bwd_data));
@@ -328,6 +372,7 @@ class CudaLayer final : public LayerCase {
       layernorm_back(du1_.as<T>(), x_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, nullptr, nullptr, nullptr);
     }
     // optimizer
+    models::grads_reduced(sync_);
     trace::op("adamw");
     adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
                      static_cast<std::int64_t>(l_.total), state_.as<StepState>(), &hyper_, gpu::stream());
@@ -352,6 +397,11 @@ class CudaLayer final : public LayerCase {
   std::unique_ptr<matmul::bias_grad::Plan> qkv_bias_, ffn2_bias_;  // ffn2_bias_: vit only
   HostBuffer host_out_;
   float loss_host_ = 0;
+  // gpus:G (data parallel): this replica, the global batch's shape and seeded start, the all-reduce.
+  models::Replica replica_;
+  Shape global_;
+  State global_seeded_;
+  std::unique_ptr<models::GradSync> sync_;
 };
 
 }  // namespace
