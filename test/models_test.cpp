@@ -412,8 +412,8 @@ TEST(ModelsDataParallel, BucketsFollowTheBackward) {
 }
 
 // gpus:1: the data-parallel step's whole path (its communicator of one process, the bucketed
-// all-reduce on the second stream, the replicas' check, the CUDA graph of the timer) on one GPU; it
-// learns as the single-GPU step does and starts from that step's numbers.
+// all-reduce on the second stream, the replicas' check, the timer's CUDA graph of the step) on one
+// GPU; it starts from the numbers of the single-GPU step at its global batch and learns as it does.
 TEST(ModelsDataParallel, OneGpuRunsTheWholePathCuda) {
   const Problem p = data_parallel("mlp_mnist", 64, 1);
   const std::string why = family().unsupported_reason(p);
@@ -432,6 +432,9 @@ TEST(ModelsDataParallel, OneGpuRunsTheWholePathCuda) {
     auto* b = dynamic_cast<ModelCase*>(one.get());
     ASSERT_TRUE(a && b);
     EXPECT_NEAR(a->last_loss(), b->last_loss(), 1e-5 * std::fabs(b->last_loss())) << q.name();
+    // The timer captures the step (both streams, the all-reduce inside) in a CUDA graph.
+    gpu::Timer timer(*dp, gpu::TimerOptions{});
+    EXPECT_GT(timer.sample(), 0) << q.name();
     model_test::expect_loss_falls<ModelCase>(*dp, 30, 0.7, q.name());
   }
 }

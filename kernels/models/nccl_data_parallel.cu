@@ -17,6 +17,7 @@ struct GradSync::Impl {
   Replica replica;
   float* grads = nullptr;
   BucketPlan plan;
+  std::size_t cap;                      // the buckets' least size, floats
   ncclComm_t comm = nullptr;
   cudaStream_t side = nullptr;          // the all-reduces' stream
   std::vector<cudaEvent_t> events;      // per bucket of a step, and the join; reused every step
@@ -24,7 +25,7 @@ struct GradSync::Impl {
   int buckets = 0, last_buckets = 0;    // in the step in progress, in the last complete one
   gpu::DeviceBuffer scratch;            // the barrier's element; verification's exchanges
 
-  Impl(const Replica& r, float* g, std::size_t total, std::size_t cap) : replica(r), grads(g), plan(total, cap) {}
+  Impl(const Replica& r, float* g, std::size_t total, std::size_t c) : replica(r), grads(g), plan(total, c), cap(c) {}
 
   cudaEvent_t next_event() {
     if (used == events.size()) {
@@ -132,9 +133,9 @@ std::string GradSync::label() const {
   char text[200];
   std::snprintf(text, sizeof text,
                 "; data parallel over %d GPU%s: NCCL %s all-reduce (avg) of the f32 gradients in %d bucket%s "
-                "(from %.2g MiB), on a second stream overlapping the backward",
+                "(%.3g MiB or more but the last), on a second stream overlapping the backward",
                 s.replica.gpus, s.replica.gpus == 1 ? "" : "s", comm::nccl_version().c_str(), s.last_buckets,
-                s.last_buckets == 1 ? "" : "s", static_cast<double>(kBucketFloats) * 4 / 1048576.0);
+                s.last_buckets == 1 ? "" : "s", static_cast<double>(s.cap) * sizeof(float) / 1048576.0);
   return text;
 }
 
