@@ -12,6 +12,7 @@
 #include "hotops/gpu.h"
 #include "test/model_test_util.h"
 #include "kernels/model_bert/model_bert.h"
+#include "kernels/models/data_parallel.h"
 
 namespace hotops::model_bert {
 namespace {
@@ -234,6 +235,24 @@ TEST(ModelBertTraining, LossFallsCudaBf16) {
   if (!gpu::available(&why)) GTEST_SKIP() << why;
   expect_learns(Backend::cuda, "bert_layer", 30, DType::bf16);
   expect_learns(Backend::cuda, "vit_layer", 30, DType::bf16);
+}
+
+// gpus:1 (a communicator of this process alone): the data-parallel step verified against the
+// reference at its global batch, its gradients in backward-order buckets: three for the post-LN
+// layer (the FFN and LN2, the attention output and LN1, the QKV), one for the pre-LN layer (LN1's
+// gradients come last); the work counts the global batch.
+TEST(ModelBertDataParallel, OneGpuBucketsAndVerifiesCuda) {
+  for (const auto& [layer, buckets] : {std::make_pair("bert_layer", "in 3 buckets"), std::make_pair("vit_layer", "in 1 bucket ")}) {
+    Problem p = problem(layer, Backend::cuda, Direction::train, 2, DType::bf16);
+    p.args.push_back({"gpus", "1"});
+    EXPECT_DOUBLE_EQ(family().work(p).items, 2);
+    const std::string why = family().unsupported_reason(p);
+    if (!why.empty()) GTEST_SKIP() << why;
+    const auto c = family().make(p);
+    const Check chk = c->verify();
+    EXPECT_TRUE(chk.ok) << p.name() << ": " << chk.message;
+    EXPECT_NE(c->label().find(buckets), std::string::npos) << c->label();
+  }
 }
 
 }  // namespace
