@@ -242,17 +242,9 @@ TEST(ModelBertTraining, LossFallsCudaBf16) {
 // layer (the FFN and LN2, the attention output and LN1, the QKV), one for the pre-LN layer (LN1's
 // gradients come last); the work counts the global batch.
 TEST(ModelBertDataParallel, OneGpuBucketsAndVerifiesCuda) {
-  for (const auto& [layer, buckets] : {std::make_pair("bert_layer", "in 3 buckets"), std::make_pair("vit_layer", "in 1 bucket ")}) {
-    Problem p = problem(layer, Backend::cuda, Direction::train, 2, DType::bf16);
-    p.args.push_back({"gpus", "1"});
-    EXPECT_DOUBLE_EQ(family().work(p).items, 2);
-    const std::string why = family().unsupported_reason(p);
-    if (!why.empty()) GTEST_SKIP() << why;
-    const auto c = family().make(p);
-    const Check chk = c->verify();
-    EXPECT_TRUE(chk.ok) << p.name() << ": " << chk.message;
-    EXPECT_NE(c->label().find(buckets), std::string::npos) << c->label();
-  }
+  model_test::expect_one_gpu_data_parallel(family(), problem("bert_layer", Backend::cuda, Direction::train, 2, DType::bf16),
+                                           "in 3 buckets");
+  model_test::expect_one_gpu_data_parallel(family(), problem("vit_layer", Backend::cuda, Direction::train, 2), "in 1 bucket ");
 }
 
 }  // namespace

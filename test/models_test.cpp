@@ -323,7 +323,7 @@ TEST(ModelsDataParallel, NamesAtTheSingleGpuTrainBatches) {
   EXPECT_THROW(shape_of(both), Error);
 }
 
-TEST(ModelsDataParallel, WorkAndSeedAreTheGlobalBatchs) {
+TEST(ModelsDataParallel, WorkAndSeedFollowTheGlobalBatch) {
   // G replicas do G times one GPU's work; samples/s counts every GPU's samples.
   const Problem dp = data_parallel("mlp_mnist", 128, 4);
   const Work one = family().work(model_problem("mlp_mnist", Backend::cuda, Direction::train, 128));
@@ -431,7 +431,10 @@ TEST(ModelsDataParallel, OneGpuRunsTheWholePathCuda) {
     auto* a = dynamic_cast<ModelCase*>(dp.get());
     auto* b = dynamic_cast<ModelCase*>(one.get());
     ASSERT_TRUE(a && b);
-    EXPECT_NEAR(a->last_loss(), b->last_loss(), 1e-5 * std::fabs(b->last_loss())) << q.name();
+    // The same loss up to the GEMMs' own choices (each plan autotunes: another algorithm sums in
+    // another order; bf16 then rounds the logits apart by a unit or so).
+    const double rel = t == DType::bf16 ? 1.0 / 128 : 1e-5;
+    EXPECT_NEAR(a->last_loss(), b->last_loss(), rel * std::fabs(b->last_loss())) << q.name();
     // The timer captures the step (both streams, the all-reduce inside) in a CUDA graph.
     gpu::Timer timer(*dp, gpu::TimerOptions{});
     EXPECT_GT(timer.sample(), 0) << q.name();

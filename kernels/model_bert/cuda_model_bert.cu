@@ -111,7 +111,12 @@ class CudaLayer final : public LayerCase {
       if (a.pre_ln) qkv_d_ = dgrad(H, 3 * H, false);
       restart_optimizer();
     }
-    if (s_.gpus) start_replica(p);
+    if (s_.gpus) {  // data parallel: this rank's shard of the global batch, and the all-reduce
+      replicas_.start(p, s_, static_cast<std::size_t>(a.seq * a.hidden), [&](const Shape& g) { return make_state(g, l_, models::step_seed(p)); },
+                seeded_, grads_.as<float>(), l_.total);
+      x_.upload(seeded_.x);
+      target_.upload(seeded_.target);
+    }
     if (s_.variant == Variant::e2e) host_out_ = HostBuffer(s_.dtype, static_cast<std::size_t>(T_ * H));
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
   }
@@ -132,7 +137,8 @@ class CudaLayer final : public LayerCase {
   }
 
   Check verify() override {
-    const State start = s_.gpus ? replica_start() : verification_state(s_, seeded_);
+    State global_start;  // data parallel: the global batch's, of which this rank runs its shard
+    const State start = replicas_.verification_start(s_, seeded_, verification_state, &global_start);
     x_.upload(start.x);
     params_.upload(start.params);
     out().poison();
@@ -155,9 +161,8 @@ class CudaLayer final : public LayerCase {
       grads_.download(o.grads);
       params_.download(o.params);
     }
-    Check c;
-    if (s_.gpus) c = verify_replicas(o);
-    else c = verify_outcome(s_, l_, start, o);
+    Check c = replicas_.check(s_, start, global_start, o,
+                              [&](const Shape& sh, const State& st, const Outcome& out) { return verify_outcome(sh, l_, st, out); });
     if (s_.train()) {
       c.merge(adamw::check_device_step(state_.as<const StepState>(), 1), "step");
     }
@@ -175,13 +180,13 @@ class CudaLayer final : public LayerCase {
     if (kBf16) l += ", bf16 activations, f32 master weights cast to bf16 each step";
     if (s_.train()) l += " + MSE, their backwards, bias_grad column sums, AdamW 1 launch";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the inputs, launches, D2H, sync";
-    if (sync_) l += sync_->label();
+    if (replicas_.sync) l += replicas_.sync->label();
     return l;
   }
 
   bool capturable() const override { return s_.variant == Variant::plain; }
   void align() override {
-    if (sync_) sync_->align();
+    if (replicas_.sync) replicas_.sync->align();
   }
   bool host_timed() const override { return s_.variant != Variant::plain; }
 
@@ -196,40 +201,6 @@ class CudaLayer final : public LayerCase {
   const T* gemm_weights() const {
     if constexpr (kBf16) return weights_.as<const bf16>();
     else return params_.as<const float>();
-  }
-
-  // A data-parallel step: the global batch of the G replicas (inputs, targets and parameters seeded as
-  // the single-GPU step at batch G x B seeds them), this rank's shard of it, and the gradients'
-  // all-reduce.
-  void start_replica(const Problem& p) {
-    replica_ = models::replica_of(p);
-    global_ = s_;
-    global_.batch = s_.batch * replica_.gpus, global_.gpus = 0;
-    global_seeded_ = make_state(global_, l_, models::step_seed(p));
-    seeded_.x = replica_shard(global_seeded_.x);
-    seeded_.target = replica_shard(global_seeded_.target);
-    x_.upload(seeded_.x);
-    target_.upload(seeded_.target);
-    sync_ = std::make_unique<models::GradSync>(replica_, grads_.as<float>(), l_.total);
-  }
-  HostBuffer replica_shard(const HostBuffer& global) const {
-    return models::shard(global, static_cast<std::size_t>(s_.arch.seq * s_.arch.hidden), replica_, s_.batch);
-  }
-  // This rank's shard of the global batch's verification start (its samples repeat over the global
-  // batch, with the period of the single-GPU step at batch G x B).
-  State replica_start() const {
-    State start = verification_state(global_, global_seeded_);
-    start.x = replica_shard(start.x);
-    start.target = replica_shard(start.target);
-    return start;
-  }
-  // Every replica's parameters and gradients are rank 0's bitwise, and rank 0's are one step over
-  // the global batch against its reference (the loss: the replicas' mean).
-  Check verify_replicas(Outcome& o) {
-    Check c = sync_->replicas_agree({{"parameters", &o.params}, {"gradients", &o.grads}});
-    o.loss = static_cast<float>(sync_->mean_over_ranks(o.loss));
-    if (replica_.rank == 0) c.merge(verify_outcome(global_, l_, verification_state(global_, global_seeded_), o), "the global batch");
-    return c;
   }
 
   // m = v = 0, and the step count at its start: the AdamW launch advances it (adamw.h, DeviceStep).
@@ -342,7 +313,7 @@ class CudaLayer final : public LayerCase {
     gelu_bwd_->run({z_.get(), df_.get(), df_.get(), grads_.as<float>() + l_.b1});  // in place over df
     trace::op("mm");
     w1_w_->run(weight_grad(h1_.get(), df_.get(), l_.w1));
-    if (!a.pre_ln) models::grads_ready(sync_, l_.w1);  // post-LN: the FFN's and the second LayerNorm's are final
+    if (!a.pre_ln) models::grads_ready(replicas_.sync, l_.w1);  // post-LN: the FFN's and the second LayerNorm's are final
     w1_d_->run(data_grad(df_.get(), l_.w1, du2_, a.pre_ln ? nullptr : ds2));  // bert: du2 = df . W1^T + ds2
     trace::op("layernorm_bwd");
     if (a.pre_ln)
@@ -352,7 +323,7 @@ class CudaLayer final : public LayerCase {
                      &l_.bo);
     trace::op("mm");
     wo_w_->run(weight_grad(ctx_.get(), ds1_.get(), l_.wo));
-    if (!a.pre_ln) models::grads_ready(sync_, l_.wo);  // post-LN: the attention output's and the first LayerNorm's too
+    if (!a.pre_ln) models::grads_ready(replicas_.sync, l_.wo);  // post-LN: the attention output's and the first LayerNorm's too
     wo_d_->run(data_grad(ds1_.get(), l_.wo, dctx_, nullptr));
     trace::op("bmm");
     dp_gemm_->run(heads(matmul::AttentionGemm::context, Direction::bwd_data));
@@ -372,7 +343,7 @@ class CudaLayer final : public LayerCase {
       layernorm_back(du1_.as<T>(), x_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, nullptr, nullptr, nullptr);
     }
     // optimizer
-    models::grads_reduced(sync_);
+    models::grads_reduced(replicas_.sync);
     trace::op("adamw");
     adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
                      static_cast<std::int64_t>(l_.total), state_.as<StepState>(), &hyper_, gpu::stream());
@@ -397,11 +368,7 @@ class CudaLayer final : public LayerCase {
   std::unique_ptr<matmul::bias_grad::Plan> qkv_bias_, ffn2_bias_;  // ffn2_bias_: vit only
   HostBuffer host_out_;
   float loss_host_ = 0;
-  // gpus:G (data parallel): this replica, the global batch's shape and seeded start, the all-reduce.
-  models::Replica replica_;
-  Shape global_;
-  State global_seeded_;
-  std::unique_ptr<models::GradSync> sync_;
+  models::XTargetReplica<Shape, State> replicas_;  // gpus:G (data parallel)
 };
 
 }  // namespace

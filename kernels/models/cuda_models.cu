@@ -189,7 +189,7 @@ class CudaModel final : public ModelCase {
     st_.labels = shard(global_start_.labels, 1, r, s_.batch);
     x_.upload(st_.x);
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(labels_.get(), st_.labels.data(), labels_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
-    rank_ = r.rank;
+    replica_ = r;
     sync_ = std::make_unique<GradSync>(r, grads_.as<float>(), l_.total);
   }
 
@@ -198,15 +198,13 @@ class CudaModel final : public ModelCase {
   // against the reference at G x B (the loss: the replicas' mean; the ReLU ties: every replica's
   // hidden activations, gathered in rank order, which is the global batch's order).
   Check verify_replicas(Outcome& o) {
-    Check c = sync_->replicas_agree({{"parameters", &o.params}, {"gradients", &o.grads}});
-    o.loss = static_cast<float>(sync_->mean_over_ranks(o.loss));
     for (std::size_t k = 1; k + 1 < act_.size(); ++k) {
       o.hidden.emplace_back(s_.dtype, static_cast<std::size_t>(global_.batch * s_.out(k - 1)));
       gpu::DeviceBuffer all(o.hidden.back().bytes());
       sync_->all_gather(act_[k].get(), all.get(), act_[k].bytes());
       all.download(o.hidden.back());
     }
-    if (rank_ == 0) c.merge(verify_outcome(global_, l_, global_start_, o), "the global batch");
+    Check c = models::verify_replicas(*sync_, replica_, o, [&](const Outcome& out) { return verify_outcome(global_, l_, global_start_, out); });
     c.merge(adamw::check_device_step(state_.as<const StepState>(), 1), "step");
     return c;
   }
@@ -274,10 +272,10 @@ class CudaModel final : public ModelCase {
   HostBuffer logits_host_;
   float loss_host_ = 0;
   gpu::StepGraph graph_;  // graph:1
-  // gpus:G (data parallel): the global batch's shape and start, this replica's rank, the all-reduce.
+  // gpus:G (data parallel): the global batch's shape and start, this replica, the all-reduce.
   Shape global_;
   State global_start_;
-  int rank_ = 0;
+  Replica replica_;
   std::unique_ptr<GradSync> sync_;
 };
 

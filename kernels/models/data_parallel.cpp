@@ -35,19 +35,22 @@ Problem global_problem(const Problem& p) {
 }
 
 namespace {
-void add_at(const std::string& model, std::int64_t batch, int gpus, std::vector<Problem>& out) {
-  for (DType t : {DType::f32, DType::bf16})
-    out.push_back(Problem{"model." + model, Backend::cuda, t, Direction::train,
-                          {{"batch", std::to_string(batch)}, {"gpus", std::to_string(gpus)}}});
+void add_at(const std::string& model, std::int64_t batch, int gpus, std::vector<Problem>& out, const std::vector<Arg>& leading) {
+  std::vector<Arg> args = leading;
+  args.push_back({"batch", std::to_string(batch)});
+  args.push_back({"gpus", std::to_string(gpus)});
+  for (DType t : {DType::f32, DType::bf16}) out.push_back(Problem{"model." + model, Backend::cuda, t, Direction::train, args});
 }
 }  // namespace
 
-void add_data_parallel_problems(const std::string& model, std::int64_t batch, std::vector<Problem>& out) {
-  for (int g : kDataParallelGpus) add_at(model, batch, g, out);
+void add_data_parallel_problems(const std::string& model, std::int64_t batch, std::vector<Problem>& out,
+                                const std::vector<Arg>& leading) {
+  for (int g : kDataParallelGpus) add_at(model, batch, g, out, leading);
 }
 
-void add_data_parallel_test_problems(const std::string& model, std::int64_t batch, std::vector<Problem>& out) {
-  add_at(model, batch, 1, out);
+void add_data_parallel_test_problems(const std::string& model, std::int64_t batch, std::vector<Problem>& out,
+                                     const std::vector<Arg>& leading) {
+  add_at(model, batch, 1, out, leading);
 }
 
 Work over_replicas(const Problem& p, Work w) {

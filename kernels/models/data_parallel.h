@@ -35,8 +35,9 @@ Replica replica_of(const Problem& p);
 Problem global_problem(const Problem& p);
 
 // The data-parallel train problems of one model at one per-GPU batch: every G of kDataParallelGpus,
-// f32 and bf16, appended to `out`.
-void add_data_parallel_problems(const std::string& model, std::int64_t batch, std::vector<Problem>& out);
+// f32 and bf16, appended to `out`; `leading`: args named before the batch (e.g. shape:S).
+void add_data_parallel_problems(const std::string& model, std::int64_t batch, std::vector<Problem>& out,
+                                const std::vector<Arg>& leading = {});
 
 // The data-parallel problems of every model of `ms` (each with a name and its batches) at its
 // batches, or at `asked` (--hotops_batch) where not empty: the per-GPU batches of its own train steps.
@@ -48,7 +49,8 @@ std::vector<Problem> data_parallel_problems(const Models& ms, const std::vector<
   return out;
 }
 // The test problems: gpus:1 (a communicator of this process alone), f32 and bf16.
-void add_data_parallel_test_problems(const std::string& model, std::int64_t batch, std::vector<Problem>& out);
+void add_data_parallel_test_problems(const std::string& model, std::int64_t batch, std::vector<Problem>& out,
+                                     const std::vector<Arg>& leading = {});
 // The work of a data-parallel problem: G times `one_gpu` (flops, bytes and items); `one_gpu` as is
 // for any other problem.
 Work over_replicas(const Problem& p, Work one_gpu);
@@ -130,6 +132,69 @@ inline void grads_ready(const std::unique_ptr<GradSync>& sync, std::size_t from)
   if (sync) sync->ready(from);
 }
 void grads_reduced(const std::unique_ptr<GradSync>& sync);
+
+// The check of a data-parallel step after one step from the seeded start, on every rank: the
+// replicas' parameters and gradients (Outcome's `params` and `grads`) are rank 0's bitwise, and on
+// rank 0 `global_check(o)` compares them with the reference of the global batch, `o.loss` set to the
+// mean of the ranks' losses (each the mean over its shard, of equal size). Every rank makes the same
+// exchanges in the same order (they are collectives).
+template <class Outcome, class GlobalCheck>
+Check verify_replicas(GradSync& sync, const Replica& r, Outcome& o, GlobalCheck global_check) {
+  Check c = sync.replicas_agree({{"parameters", &o.params}, {"gradients", &o.grads}});
+  o.loss = static_cast<float>(sync.mean_over_ranks(o.loss));
+  if (r.rank == 0) c.merge(global_check(o), "the global batch");
+  return c;
+}
+
+// The data-parallel side of a step whose seeded start (`State`) holds per-sample `x` and `target`
+// tensors of `per_sample` elements each (the encoder layers, the ConvNeXt block): this replica, the
+// global batch's shape and seeded start, and the gradients' all-reduce.
+template <class Shape, class State>
+struct XTargetReplica {
+  Replica replica;
+  Shape global;
+  State global_seeded;
+  std::size_t per_sample = 0;
+  std::unique_ptr<GradSync> sync;
+
+  // For problem `p` of shape `s` (batch per GPU): the global batch seeded by `make(global shape)`
+  // (the family's make_state, with the seed of the single-GPU step at batch G x B), `mine` (the
+  // step's own seeded start) set to this rank's shard of it, and the all-reduce of `grads`.
+  template <class MakeState>
+  void start(const Problem& p, const Shape& s, std::size_t per, MakeState make, State& mine, float* grads, std::size_t total) {
+    replica = replica_of(p);
+    global = s;
+    global.batch = s.batch * replica.gpus, global.gpus = 0;
+    global_seeded = make(global);
+    per_sample = per;
+    mine.x = shard(global_seeded.x, per, replica, s.batch);
+    mine.target = shard(global_seeded.target, per, replica, s.batch);
+    sync = std::make_unique<GradSync>(replica, grads, total);
+  }
+  // This rank's shard of `start`, a start of the global batch (verification's); `batch` per GPU.
+  State shard_of(State start, std::int64_t batch) const {
+    start.x = shard(start.x, per_sample, replica, batch);
+    start.target = shard(start.target, per_sample, replica, batch);
+    return start;
+  }
+
+  // Verification's start for the step of shape `s` seeded with `seeded`: `verification(shape, seeded)`
+  // (the family's verification_state) for a single-GPU step; for a data-parallel one this rank's shard
+  // of the global batch's, that one in *global_start.
+  template <class Verification>
+  State verification_start(const Shape& s, const State& seeded, Verification verification, State* global_start) const {
+    if (!sync) return verification(s, seeded);
+    *global_start = verification(global, global_seeded);
+    return shard_of(*global_start, s.batch);
+  }
+  // The check of one step from that start: `verify_outcome(shape, start, o)` (the family's) for a
+  // single-GPU step; for a data-parallel one verify_replicas with it over the global batch.
+  template <class Outcome, class VerifyOutcome>
+  Check check(const Shape& s, const State& start, const State& global_start, Outcome& o, VerifyOutcome verify_outcome) const {
+    if (!sync) return verify_outcome(s, start, o);
+    return verify_replicas(*sync, replica, o, [&](const Outcome& out) { return verify_outcome(global, global_start, out); });
+  }
+};
 
 // FNV-1a over the bytes of a tensor: the replicas' parameters compared across ranks.
 std::uint64_t bytes_hash(const void* data, std::size_t bytes);

@@ -26,13 +26,25 @@ struct GradSync::Impl {
   gpu::DeviceBuffer scratch;            // the barrier's element; verification's exchanges
 
   Impl(const Replica& r, float* g, std::size_t total, std::size_t c) : replica(r), grads(g), plan(total, c), cap(c) {}
+  ~Impl() {  // also where the constructor stopped part way
+    if (side) cudaStreamSynchronize(side);
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+    if (side) cudaStreamDestroy(side);
+  }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
 
-  cudaEvent_t next_event() {
-    if (used == events.size()) {
+  // The events are made up front, none while a step is being captured: at most total / cap + 1
+  // buckets (each but the last has cap floats or more), and the join.
+  void make_events(std::size_t total) {
+    for (std::size_t n = total / cap + 2; events.size() < n;) {
       cudaEvent_t e;
       HOTOPS_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
       events.push_back(e);
     }
+  }
+  cudaEvent_t next_event() {
+    HOTOPS_CHECK(used < events.size(), "a data-parallel step used more gradient buckets than its size allows");
     return events[used++];
   }
 
@@ -57,16 +69,12 @@ GradSync::GradSync(const Replica& r, float* grads, std::size_t total, std::size_
   HOTOPS_CHECK_NCCL(ncclCommCount(s.comm, &n));
   HOTOPS_CHECK(n == r.gpus, "the communicator of " + std::to_string(r.gpus) + " GPUs has " + std::to_string(n) + " ranks");
   HOTOPS_CHECK_CUDA(cudaStreamCreateWithFlags(&s.side, cudaStreamNonBlocking));
+  s.make_events(total);
   s.scratch = gpu::DeviceBuffer(sizeof(double) * static_cast<std::size_t>(r.gpus));
   HOTOPS_CHECK_CUDA(cudaMemsetAsync(s.scratch.get(), 0, s.scratch.bytes(), gpu::stream()));
 }
 
-GradSync::~GradSync() {
-  Impl& s = *impl_;
-  if (s.side) cudaStreamSynchronize(s.side);
-  for (cudaEvent_t e : s.events) cudaEventDestroy(e);
-  if (s.side) cudaStreamDestroy(s.side);
-}
+GradSync::~GradSync() = default;
 
 void GradSync::ready(std::size_t from) {
   if (const auto b = impl_->plan.ready(from)) impl_->reduce(*b);
