@@ -67,11 +67,18 @@ struct Samples {
 // The instrumented pass of a model step (after its timed runs, so that they are untouched): each
 // op's time per step, their sum's share of the instrumented step (coverage) and the instrumented
 // step over the headline time (what the events between ops, or the wall-clock reads, cost it).
+// An entry on several ranks (gpus:G) takes a fixed number of instrumented steps, the same on every
+// rank: each step's collectives need all of them (a pass of at least 50 ms would end after a
+// different count on each).
+constexpr int kBreakdownStepsOnRanks = 10;
+trace::Breakdown instrumented_pass(Case& c, const Problem& p) {
+  if (p.backend == Backend::cpu) return trace::measure_on_cpu([&] { c.run(); }, 0.05, 1);
+  if (p.has("gpus")) return gpu::measure_breakdown(c, 0, kBreakdownStepsOnRanks);
+  return gpu::measure_breakdown(c, 0.05, 3);
+}
+
 void report_breakdown(benchmark::State& state, Live& live, const Problem& p, double headline_seconds) {
-  if (!live.breakdown)
-    live.breakdown = std::make_unique<trace::Breakdown>(
-        p.backend == Backend::cpu ? trace::measure_on_cpu([&] { live.c->run(); }, 0.05, 1)
-                                  : gpu::measure_breakdown(*live.c, 0.05, 3));
+  if (!live.breakdown) live.breakdown = std::make_unique<trace::Breakdown>(instrumented_pass(*live.c, p));
   const trace::Breakdown& b = *live.breakdown;
   for (const trace::Part& part : b.parts) state.counters[kBreakdownPrefix + part.op] = part.us;
   state.counters["breakdown_step_us"] = b.step_us;
@@ -259,7 +266,8 @@ void setup_on_ranks(Live& live, const Family& f, const Problem& p, const Options
 }
 
 // The samples the timed loop takes for `iterations` iterations of `runs` executions per sample, on
-// the ranks other than 0 (rank 0's loop is Google Benchmark's).
+// the ranks other than 0 (rank 0's loop is Google Benchmark's); then, for a model step, the
+// instrumented pass the first time rank 0 takes it (report_breakdown).
 void follow_samples(Live& live, const Problem& p, std::int64_t iterations) {
   collective_step(p, "timing", [&] {
     const int runs = live.timer->launches_per_sample();
@@ -267,6 +275,10 @@ void follow_samples(Live& live, const Problem& p, std::int64_t iterations) {
       live.timer->sample();
       g_group->progress();
     }
+  });
+  if (!is_model_step(p) || live.breakdown) return;
+  collective_step(p, "the per-op breakdown", [&] {
+    live.breakdown = std::make_unique<trace::Breakdown>(instrumented_pass(*live.c, p));
   });
 }
 
@@ -382,6 +394,10 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
       report_breakdown(state, live, p, elapsed / iters);
     } catch (const std::exception& e) {
       live.error = "the per-op breakdown failed: " + describe(e, p.backend);
+      if (on_ranks(p) && g_group) {
+        g_group->fatal(p.name() + ": " + live.error + " (the other ranks cannot go on without this one)");
+        std::_Exit(1);
+      }
       if (p.backend == Backend::cuda) check_gpu_context(p.name(), live.error);
       state.SkipWithError(live.error.c_str());
       return;
@@ -398,9 +414,10 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
   if (is_model_step(p)) state.counters["samples/s"] = benchmark::Counter(w.items * iters, benchmark::Counter::kIsRate);
   // Fractions of the roofline measured at start-up: of the copy bandwidth, and of the GEMM rate of
   // this dtype for ops that compute.
-  // (A collective moves its bytes over the links between GPUs: the copy bandwidth is not its ceiling.)
+  // (A collective moves its bytes over the links between GPUs: the copy bandwidth is not its ceiling.
+  // An entry over G GPUs does G GPUs' work: one GPU's ceilings are not its own.)
   const auto ceiling = roofline().ceilings.find(p.backend);
-  if (ceiling != roofline().ceilings.end() && elapsed > 0 && w.bus_bytes == 0) {
+  if (ceiling != roofline().ceilings.end() && elapsed > 0 && w.bus_bytes == 0 && !on_ranks(p)) {
     const Ceilings& c = ceiling->second;
     if (c.bytes_per_second > 0) state.counters["bw_fraction"] = w.bytes * iters / elapsed / c.bytes_per_second;
     const auto peak = c.flops.find(p.dtype);

@@ -584,20 +584,37 @@ TEST(BenchSmoke, MultiGpuEntriesSayWhyWithoutTheirGpus) {
   }
 }
 
+// Whether bench --hotops_gpus=G refused to start for want of G GPUs or of NCCL (exit 2, its own line).
+bool lacks_gpus_or_nccl(const Result& r) {
+  return r.exit_code == 2 && (r.output.find("needs them") != std::string::npos || r.output.find("CUDA device") != std::string::npos ||
+                              r.output.find("needs NCCL") != std::string::npos);
+}
+
+// bench --hotops_gpus=G over the entries of `filter`, briefly, and its JSON output (null when it did not exit 0).
+struct GpusRun {
+  Result result;
+  nlohmann::json json;
+};
+GpusRun run_on_gpus(int gpus, const std::string& filter) {
+  const std::string g = std::to_string(gpus), out = temp_path("gpus" + g);
+  GpusRun r;
+  r.result = run("--hotops_gpus=" + g + " --hotops_roofline=0 --benchmark_min_time=0.02 --benchmark_filter=" + filter +
+                 " --benchmark_out=" + out);
+  std::ifstream f(out);
+  if (r.result.exit_code == 0 && f) r.json = nlohmann::json::parse(f);
+  std::remove(out.c_str());
+  return r;
+}
+
 // bench --hotops_gpus=G on a machine with G GPUs: every collective of 1 MiB over them, exact and
 // with nccl-tests' bandwidths; every rank's GPU in the context; a planted bug fails the entries it
 // reaches. Skipped, with bench's own line, where the machine has fewer GPUs or no NCCL.
 void expect_collectives_on(int gpus) {
-  const std::string g = std::to_string(gpus), out = temp_path("gpus" + g);
-  const std::string filter = "'^(allreduce|reduce_scatter|allgather|broadcast)/cuda/(f32|bf16)/fwd/bytes:1048576/gpus:" + g + "/'";
-  const Result r = run("--hotops_gpus=" + g + " --hotops_roofline=0 --benchmark_min_time=0.02 --benchmark_filter=" + filter +
-                       " --benchmark_out=" + out);
-  if (r.exit_code == 2 && (r.output.find("needs them") != std::string::npos || r.output.find("CUDA device") != std::string::npos ||
-                           r.output.find("needs NCCL") != std::string::npos))
-    GTEST_SKIP() << "needs " << gpus << " GPUs and NCCL: " << r.output;
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  std::ifstream f(out);
-  const nlohmann::json j = nlohmann::json::parse(f);
+  const std::string g = std::to_string(gpus);
+  const GpusRun on = run_on_gpus(gpus, "'^(allreduce|reduce_scatter|allgather|broadcast)/cuda/(f32|bf16)/fwd/bytes:1048576/gpus:" + g + "/'");
+  if (lacks_gpus_or_nccl(on.result)) GTEST_SKIP() << "needs " << gpus << " GPUs and NCCL: " << on.result.output;
+  ASSERT_EQ(on.result.exit_code, 0) << on.result.output;
+  const nlohmann::json& j = on.json;
   EXPECT_EQ(j["context"].value("gpus_in_run", ""), g);
   for (int rank = 0; rank < gpus; ++rank)
     EXPECT_TRUE(j["context"].contains("rank_" + std::to_string(rank) + "_gpu")) << "context lacks rank " << rank << "'s GPU";
@@ -617,7 +634,6 @@ void expect_collectives_on(int gpus) {
     EXPECT_GT(b.value("samples", 0), 0) << name;
   }
   EXPECT_EQ(entries, 16) << "4 collectives x 2 dtypes x in place or not";
-  std::remove(out.c_str());
 
   // The input of every rank zeroed: each entry it reaches is an error naming a rank's wrong element.
   const Result bad = run("--hotops_gpus=" + g + " --hotops_roofline=0 --benchmark_min_time=0.02 --benchmark_format=json "
@@ -631,5 +647,38 @@ void expect_collectives_on(int gpus) {
 
 TEST(BenchSmoke, CudaCollectivesOnTwoGpus) { expect_collectives_on(2); }
 TEST(BenchSmoke, CudaCollectivesOnFourGpus) { expect_collectives_on(4); }
+
+// bench --hotops_gpus=G: data-parallel train steps (the small models and the BERT layer) beside their
+// single-GPU entries, every one verified (the replicas bitwise alike, one step over the global batch
+// against the reference), samples/s over the G GPUs' samples, the per-op breakdown with the
+// all-reduce's wait. Skipped, with bench's own line, where the machine has fewer GPUs or no NCCL.
+void expect_data_parallel_on(int gpus) {
+  const std::string g = std::to_string(gpus);
+  const GpusRun on = run_on_gpus(gpus, "'^model[.](mlp_tiny/cuda/(f32|bf16)/train/batch:64|mlp_mnist/cuda/(f32|bf16)/train/batch:128|"
+                                        "bert_layer/cuda/(f32|bf16)/train/batch:8)(/gpus:" + g + ")?/manual_time$'");
+  if (lacks_gpus_or_nccl(on.result)) GTEST_SKIP() << "needs " << gpus << " GPUs and NCCL: " << on.result.output;
+  ASSERT_EQ(on.result.exit_code, 0) << on.result.output;
+  const nlohmann::json& j = on.json;
+  int entries = 0, parallel = 0;
+  for (const auto& b : j["benchmarks"]) {
+    const std::string name = b["name"];
+    ++entries;
+    EXPECT_FALSE(b.value("error_occurred", false)) << name << ": " << b.value("error_message", "");
+    EXPECT_GT(b.value("samples/s", 0.0), 0) << name;
+    if (name.find("/gpus:") == std::string::npos) continue;
+    ++parallel;
+    const std::int64_t batch = std::stoll(name.substr(name.find("batch:") + 6));
+    // samples/s counts every GPU's samples: G x B per step.
+    EXPECT_NEAR(b.value("samples/s", 0.0) * b.value("real_time", 0.0) * 1e-6, double(gpus * batch), 1e-3 * gpus * batch) << name;
+    EXPECT_NE(b.value("label", "").find("data parallel over " + g + " GPUs"), std::string::npos) << name;
+    EXPECT_TRUE(b.contains("breakdown:allreduce")) << name;
+    EXPECT_FALSE(b.contains("flop_fraction")) << name;
+  }
+  EXPECT_EQ(entries, 12) << "3 models x 2 dtypes x (one GPU, " << g << " GPUs)";
+  EXPECT_EQ(parallel, 6);
+}
+
+TEST(BenchSmoke, CudaDataParallelStepsOnTwoGpus) { expect_data_parallel_on(2); }
+TEST(BenchSmoke, CudaDataParallelStepsOnFourGpus) { expect_data_parallel_on(4); }
 
 }  // namespace

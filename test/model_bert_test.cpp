@@ -12,6 +12,7 @@
 #include "hotops/gpu.h"
 #include "test/model_test_util.h"
 #include "kernels/model_bert/model_bert.h"
+#include "kernels/models/data_parallel.h"
 
 namespace hotops::model_bert {
 namespace {
@@ -33,8 +34,12 @@ TEST(ModelBertNames, NamesAndWork) {
                         "model.vit_layer/cuda/bf16/infer/batch:8/e2e:1", "model.bert_layer/cpu/bf16/train/batch:8/threads:8"})
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   // Every problem in both dtypes: 2 layers x 2 batches x 2 directions x (cpu, threads:1, threads:8,
-  // cuda, e2e:1) x 2 dtypes.
-  EXPECT_EQ(names.size(), 2u * 2 * 2 * 5 * 2);
+  // cuda, e2e:1) x 2 dtypes; and the data-parallel train steps: 2 layers x 2 per-GPU batches x
+  // gpus:2, 4, 8 x 2 dtypes.
+  EXPECT_EQ(names.size(), 2u * 2 * 2 * 5 * 2 + 2 * 2 * 3 * 2);
+  for (const char* n : {"model.bert_layer/cuda/f32/train/batch:32/gpus:2", "model.bert_layer/cuda/bf16/train/batch:32/gpus:8",
+                        "model.vit_layer/cuda/f32/train/batch:8/gpus:4"})
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   const Work w = family().work(problem("bert_layer", Backend::cuda, Direction::train, 32));
   const double T = 32 * 128;
   const double fwd = 2 * T * (4.0 * 768 * 768 + 2.0 * 768 * 3072) + 4.0 * 32 * 12 * 128 * 128 * 64;
@@ -215,6 +220,16 @@ TEST(ModelBertTraining, LossFallsCudaBf16) {
   HOTOPS_SKIP_WITHOUT_GPU();
   expect_learns(Backend::cuda, "bert_layer", 30, DType::bf16);
   expect_learns(Backend::cuda, "vit_layer", 30, DType::bf16);
+}
+
+// gpus:1 (a communicator of this process alone): the data-parallel step verified against the
+// reference at its global batch, its gradients in backward-order buckets: three for the post-LN
+// layer (the FFN and LN2, the attention output and LN1, the QKV), one for the pre-LN layer (LN1's
+// gradients come last); the work counts the global batch.
+TEST(ModelBertDataParallel, OneGpuBucketsAndVerifiesCuda) {
+  model_test::expect_one_gpu_data_parallel(family(), problem("bert_layer", Backend::cuda, Direction::train, 2, DType::bf16),
+                                           "in 3 buckets");
+  model_test::expect_one_gpu_data_parallel(family(), problem("vit_layer", Backend::cuda, Direction::train, 2), "in 1 bucket ");
 }
 
 }  // namespace

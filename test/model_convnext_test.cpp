@@ -11,6 +11,7 @@
 #include "hotops/check.h"
 #include "hotops/gpu.h"
 #include "kernels/model_convnext/model_convnext.h"
+#include "kernels/models/data_parallel.h"
 #include "test/model_test_util.h"
 
 namespace hotops::model_convnext {
@@ -34,9 +35,12 @@ TEST(ModelConvnextNames, NamesAndWork) {
                         "model.convnext_block/cpu/bf16/train/shape:convnext.s3/batch:8/threads:8",
                         "model.convnext_block/cuda/f32/train/shape:convnext.s1/batch:32"})
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
-  // 2 stages x 2 batches x 2 directions x (cpu, threads:1, threads:8, cuda, e2e:1) x 2 dtypes; the
-  // tests' tiny block is not benchmarked.
-  EXPECT_EQ(names.size(), 2u * 2 * 2 * 5 * 2);
+  // 2 stages x 2 batches x 2 directions x (cpu, threads:1, threads:8, cuda, e2e:1) x 2 dtypes, and
+  // the data-parallel train steps: 2 stages x 2 per-GPU batches x gpus:2, 4, 8 x 2 dtypes; the tests'
+  // tiny block is not benchmarked.
+  EXPECT_EQ(names.size(), 2u * 2 * 2 * 5 * 2 + 2 * 2 * 3 * 2);
+  EXPECT_NE(std::find(names.begin(), names.end(), "model.convnext_block/cuda/bf16/train/shape:convnext.s3/batch:32/gpus:8"),
+            names.end());
   for (const std::string& n : names) EXPECT_EQ(n.find("convnext.test"), std::string::npos) << n;
   const Work w = family().work(problem("convnext.s1", Backend::cuda, Direction::train, 32));
   const double R = 32.0 * 56 * 56, C = 96;
@@ -210,6 +214,15 @@ TEST(ModelConvnextTraining, LossFallsCuda) {
 TEST(ModelConvnextTraining, LossFallsCudaBf16) {
   HOTOPS_SKIP_WITHOUT_GPU();
   expect_learns(Backend::cuda, "convnext.s3", 12, DType::bf16);
+}
+
+// gpus:1 (a communicator of this process alone): the data-parallel step verified against the
+// reference at its global batch; stage 3's gradients in two buckets (the Linear layers and the layer
+// scale, then the LayerNorm and the depthwise convolution), the tests' tiny block's in one.
+TEST(ModelConvnextDataParallel, OneGpuBucketsAndVerifiesCuda) {
+  model_test::expect_one_gpu_data_parallel(family(), problem("convnext.s3", Backend::cuda, Direction::train, 1), "in 2 buckets");
+  model_test::expect_one_gpu_data_parallel(family(), problem("convnext.test", Backend::cuda, Direction::train, 3, DType::bf16),
+                                           "in 1 bucket ");
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// What the model families' tests share: a model problem by name, and a training run whose loss must fall.
+// What the model families' tests share: a model problem by name, a training run whose loss must fall,
+// and the data-parallel step on one GPU.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -29,6 +30,21 @@ inline Problem model_problem(const std::string& name, Backend be, Direction d, s
   Problem p{"model." + name, be, t, d, {{"batch", std::to_string(batch)}}};
   if (key) p.args.push_back({key, std::to_string(value)});
   return p;
+}
+
+// The data-parallel step of `p` (a train problem) on a communicator of this process alone (gpus:1):
+// its work counts `p`'s batch, it passes verification (the reference at its global batch) and its
+// label names its gradient buckets (`buckets`, e.g. "in 3 buckets"). Skipped with the reason where
+// this machine cannot run it.
+inline void expect_one_gpu_data_parallel(const Family& f, Problem p, const std::string& buckets) {
+  p.args.push_back({"gpus", "1"});
+  EXPECT_DOUBLE_EQ(f.work(p).items, static_cast<double>(p.get_int("batch"))) << p.name();
+  const std::string why = f.unsupported_reason(p);
+  if (!why.empty()) GTEST_SKIP() << why;
+  const auto c = f.make(p);
+  const Check chk = c->verify();
+  EXPECT_TRUE(chk.ok) << p.name() << ": " << chk.message;
+  EXPECT_NE(c->label().find(buckets), std::string::npos) << c->label();
 }
 
 // Runs `steps` train steps of `c` and expects the last one's loss below `bar` times the first one's.

@@ -12,6 +12,7 @@
 #include "hotops/cpu.h"
 #include "hotops/gpu.h"
 #include "test/model_test_util.h"
+#include "kernels/models/data_parallel.h"
 #include "kernels/models/models.h"
 
 namespace hotops::models {
@@ -282,6 +283,165 @@ TEST(ModelsTraining, LossFallsCuda) {
     expect_learns(Backend::cuda, "mlp_mnist", 30, t);
     expect_learns(Backend::cuda, "classifierdl", 30, t);
   }
+}
+
+// ---- data-parallel train steps (gpus:G; data_parallel.h) ----
+
+Problem data_parallel(const std::string& model, std::int64_t batch, int gpus, DType t = DType::f32) {
+  return model_problem(model, Backend::cuda, Direction::train, batch, "gpus", gpus, t);
+}
+
+TEST(ModelsDataParallel, NamesAtTheSingleGpuTrainBatches) {
+  std::vector<std::string> names;
+  for (const Problem& p : family().benchmark_problems({})) names.push_back(p.name());
+  for (const Model& m : models())
+    for (std::int64_t b : m.batches)
+      for (int g : {2, 4, 8})
+        for (const char* t : {"f32", "bf16"}) {
+          const std::string n = "model." + m.name + "/cuda/" + t + "/train/batch:" + std::to_string(b) + "/gpus:" + std::to_string(g);
+          EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+        }
+  EXPECT_EQ(std::count_if(names.begin(), names.end(), [](const std::string& n) { return n.find("/gpus:") != std::string::npos; }),
+            (5 + 2 + 4) * 3 * 2);
+  // --hotops_batch sets the per-GPU batch.
+  for (const Problem& p : family().benchmark_problems({7}))
+    if (p.has("gpus")) {
+      EXPECT_EQ(p.get_int("batch"), 7) << p.name();
+    }
+  // gpus:G is a CUDA train step of its own: no CPU, no infer, no other variant with it.
+  EXPECT_EQ(shape_of(data_parallel("mlp_tiny", 10, 4)).gpus, 4);
+  EXPECT_EQ(shape_of(data_parallel("mlp_tiny", 10, 4)).batch, 10);
+  EXPECT_THROW(shape_of(model_problem("mlp_tiny", Backend::cpu, Direction::train, 10, "gpus", 2)), Error);
+  EXPECT_THROW(shape_of(model_problem("mlp_tiny", Backend::cuda, Direction::infer, 10, "gpus", 2)), Error);
+  Problem both = data_parallel("mlp_tiny", 10, 2);
+  both.args.push_back({"e2e", "1"});
+  EXPECT_THROW(shape_of(both), Error);
+}
+
+TEST(ModelsDataParallel, WorkAndSeedFollowTheGlobalBatch) {
+  // G replicas do G times one GPU's work; samples/s counts every GPU's samples.
+  const Problem dp = data_parallel("mlp_mnist", 128, 4);
+  const Work one = family().work(model_problem("mlp_mnist", Backend::cuda, Direction::train, 128));
+  const Work all = family().work(dp);
+  EXPECT_DOUBLE_EQ(all.items, 4 * 128);
+  EXPECT_DOUBLE_EQ(all.flops, 4 * one.flops);
+  EXPECT_DOUBLE_EQ(all.bytes, 4 * one.bytes);
+  // The global batch and the parameters are those of the single-GPU step at batch G x B.
+  EXPECT_EQ(global_problem(dp).name(), "model.mlp_mnist/cuda/f32/train/batch:512");
+  EXPECT_EQ(step_seed(dp), step_seed(model_problem("mlp_mnist", Backend::cuda, Direction::train, 512)));
+  EXPECT_NE(step_seed(dp), step_seed(data_parallel("mlp_mnist", 128, 2)));
+  EXPECT_EQ(step_seed(dp), step_seed(data_parallel("mlp_mnist", 256, 2)));
+  // Without a run over as many GPUs (or a GPU, or NCCL), an entry says why.
+  EXPECT_FALSE(family().unsupported_reason(data_parallel("mlp_tiny", 10, 8)).empty());
+  std::string why;
+  if (!gpu::available(&why)) {
+    EXPECT_EQ(family().unsupported_reason(data_parallel("mlp_tiny", 10, 1)), why);
+  }
+  EXPECT_THROW(replica_of(data_parallel("mlp_tiny", 10, 3)), Error);  // 1/3 is not exact
+}
+
+TEST(ModelsDataParallel, ShardsAreTheGlobalBatchInRankOrder) {
+  const Shape s = shape_of(model_problem("mlp_tiny", Backend::cpu, Direction::train, 12));
+  const ParamLayout l = param_layout(s.widths);
+  const State global = make_state(s, l, 42);
+  const std::size_t in = static_cast<std::size_t>(s.widths[0]);
+  std::vector<double> joined;
+  std::vector<std::int32_t> labels;
+  for (int r = 0; r < 4; ++r) {
+    const HostBuffer x = shard(global.x, in, Replica{4, r}, 3);
+    ASSERT_EQ(x.count(), 3 * in);
+    for (std::size_t i = 0; i < x.count(); ++i) joined.push_back(x.get(i));
+    const std::vector<std::int32_t> y = shard(global.labels, 1, Replica{4, r}, 3);
+    labels.insert(labels.end(), y.begin(), y.end());
+  }
+  EXPECT_EQ(joined, as_doubles(global.x));
+  EXPECT_EQ(labels, global.labels);
+  EXPECT_THROW(shard(global.x, in, Replica{4, 3}, 4), Error);  // beyond the global batch
+}
+
+// The buckets of a step cover the flat gradients once, from the end towards the start, each at least
+// the cap but the last; a step's ready points never go back.
+std::vector<Bucket> buckets_of(BucketPlan& plan, const std::vector<std::size_t>& ready_points) {
+  std::vector<Bucket> out;
+  for (std::size_t from : ready_points)
+    if (const auto b = plan.ready(from)) out.push_back(*b);
+  if (const auto b = plan.finish()) out.push_back(*b);
+  return out;
+}
+
+TEST(ModelsDataParallel, BucketsFollowTheBackward) {
+  // mlp_mnist: layer k's tensors are final after its weight gradient, from the last layer down.
+  const ParamLayout l = param_layout(model_named("mlp_mnist").widths);
+  BucketPlan plan(l.total, kBucketFloats);
+  const std::vector<Bucket> b = buckets_of(plan, {l.w[2], l.w[1], l.w[0]});
+  ASSERT_EQ(b.size(), 2u);  // the last two layers (267k floats) reach the cap together; the first alone
+  EXPECT_EQ(b[0].begin, l.w[1]);
+  EXPECT_EQ(b[0].end, l.total);
+  EXPECT_EQ(b[1].begin, 0u);
+  EXPECT_EQ(b[1].end, l.w[1]);
+  // The plan starts again for the next step, and gives the same buckets.
+  const std::vector<Bucket> again = buckets_of(plan, {l.w[2], l.w[1], l.w[0]});
+  ASSERT_EQ(again.size(), 2u);
+  EXPECT_EQ(again[0].begin, l.w[1]);
+  // mlp_tiny's 1010 parameters: one bucket. A step whose last ready point is not 0: finish() takes the rest.
+  const ParamLayout tiny = param_layout(model_named("mlp_tiny").widths);
+  BucketPlan small(tiny.total, kBucketFloats);
+  const std::vector<Bucket> one = buckets_of(small, {tiny.w[2], tiny.w[1]});
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].begin, 0u);
+  EXPECT_EQ(one[0].end, tiny.total);
+  // Every cap: disjoint, in backward order, covering [0, total).
+  for (std::size_t cap : {std::size_t(1), std::size_t(1000), std::size_t(300000), std::size_t(1) << 30}) {
+    BucketPlan p(l.total, cap);
+    std::size_t end = l.total;
+    for (const Bucket& k : buckets_of(p, {l.w[2], l.w[1], l.w[0]})) {
+      EXPECT_EQ(k.end, end) << cap;
+      EXPECT_LT(k.begin, k.end) << cap;
+      end = k.begin;
+    }
+    EXPECT_EQ(end, 0u) << cap;
+  }
+  BucketPlan back(l.total, 1);
+  ASSERT_TRUE(back.ready(l.w[1]).has_value());
+  EXPECT_THROW(back.ready(l.w[2]), Error);
+}
+
+// gpus:1: the data-parallel step's whole path (its communicator of one process, the bucketed
+// all-reduce on the second stream, the replicas' check, the timer's CUDA graph of the step) on one
+// GPU; it starts from the numbers of the single-GPU step at its global batch and learns as it does.
+TEST(ModelsDataParallel, OneGpuRunsTheWholePathCuda) {
+  const Problem p = data_parallel("mlp_mnist", 64, 1);
+  const std::string why = family().unsupported_reason(p);
+  if (!why.empty()) GTEST_SKIP() << why;
+  for (DType t : {DType::f32, DType::bf16}) {
+    Problem q = data_parallel("mlp_mnist", 64, 1, t);
+    const auto dp = family().make(q);
+    const Check c = dp->verify();
+    EXPECT_TRUE(c.ok) << q.name() << ": " << c.message;
+    EXPECT_NE(dp->label().find("data parallel over 1 GPU"), std::string::npos) << dp->label();
+    EXPECT_NE(dp->label().find("in 2 buckets"), std::string::npos) << dp->label();
+    EXPECT_TRUE(dp->capturable());
+    const auto one = family().make(global_problem(q));
+    ASSERT_TRUE(one->verify().ok);
+    auto* a = dynamic_cast<ModelCase*>(dp.get());
+    auto* b = dynamic_cast<ModelCase*>(one.get());
+    ASSERT_TRUE(a && b);
+    // The same loss up to the GEMMs' own choices (each plan autotunes: another algorithm sums in
+    // another order; bf16 then rounds the logits apart by a unit or so).
+    const double rel = t == DType::bf16 ? 1.0 / 128 : 1e-5;
+    EXPECT_NEAR(a->last_loss(), b->last_loss(), rel * std::fabs(b->last_loss())) << q.name();
+    // The timer captures the step (both streams, the all-reduce inside) in a CUDA graph.
+    gpu::Timer timer(*dp, gpu::TimerOptions{});
+    EXPECT_GT(timer.sample(), 0) << q.name();
+    model_test::expect_loss_falls<ModelCase>(*dp, 30, 0.7, q.name());
+  }
+}
+
+// Two or more GPUs need as many processes: bench --hotops_gpus=G runs them (BenchSmoke.CudaDataParallel*).
+TEST(ModelsDataParallel, TwoGpusNeedARunOverTwoGpusCuda) {
+  const std::string why = family().unsupported_reason(data_parallel("mlp_tiny", 10, 2));
+  ASSERT_FALSE(why.empty());
+  GTEST_SKIP() << why << " (bench --hotops_gpus=2 runs it: BenchSmoke.CudaDataParallelStepsOnTwoGpus)";
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "hotops/cuda_util.h"
 #include "hotops/trace.h"
 #include "kernels/model_bert/model_bert.h"
+#include "kernels/models/data_parallel.h"
 #include "kernels/softmax/softmax.h"
 
 namespace hotops::model_bert {
@@ -110,6 +111,12 @@ class CudaLayer final : public LayerCase {
       if (a.pre_ln) qkv_d_ = dgrad(H, 3 * H, false);
       restart_optimizer();
     }
+    if (s_.gpus) {  // data parallel: this rank's shard of the global batch, and the all-reduce
+      replicas_.start(p, s_, static_cast<std::size_t>(a.seq * a.hidden), [&](const Shape& g) { return make_state(g, l_, models::step_seed(p)); },
+                seeded_, grads_.as<float>(), l_.total);
+      x_.upload(seeded_.x);
+      target_.upload(seeded_.target);
+    }
     if (s_.variant == Variant::e2e) host_out_ = HostBuffer(s_.dtype, static_cast<std::size_t>(T_ * H));
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
   }
@@ -130,7 +137,8 @@ class CudaLayer final : public LayerCase {
   }
 
   Check verify() override {
-    const State start = verification_state(s_, seeded_);
+    State global_start;  // data parallel: the global batch's, of which this rank runs its shard
+    const State start = replicas_.verification_start(s_, seeded_, verification_state, &global_start);
     x_.upload(start.x);
     params_.upload(start.params);
     out().poison();
@@ -153,7 +161,8 @@ class CudaLayer final : public LayerCase {
       grads_.download(o.grads);
       params_.download(o.params);
     }
-    Check c = verify_outcome(s_, l_, start, o);
+    Check c = replicas_.check(s_, start, global_start, o,
+                              [&](const Shape& sh, const State& st, const Outcome& out) { return verify_outcome(sh, l_, st, out); });
     if (s_.train()) {
       c.merge(adamw::check_device_step(state_.as<const StepState>(), 1), "step");
     }
@@ -171,10 +180,14 @@ class CudaLayer final : public LayerCase {
     if (kBf16) l += ", bf16 activations, f32 master weights cast to bf16 each step";
     if (s_.train()) l += " + MSE, their backwards, bias_grad column sums, AdamW 1 launch";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the inputs, launches, D2H, sync";
+    if (replicas_.sync) l += replicas_.sync->label();
     return l;
   }
 
   bool capturable() const override { return s_.variant == Variant::plain; }
+  void align() override {
+    if (replicas_.sync) replicas_.sync->align();
+  }
   bool host_timed() const override { return s_.variant != Variant::plain; }
 
   double last_loss() override {
@@ -300,6 +313,7 @@ class CudaLayer final : public LayerCase {
     gelu_bwd_->run({z_.get(), df_.get(), df_.get(), grads_.as<float>() + l_.b1});  // in place over df
     trace::op("mm");
     w1_w_->run(weight_grad(h1_.get(), df_.get(), l_.w1));
+    if (!a.pre_ln) models::grads_ready(replicas_.sync, l_.w1);  // post-LN: the FFN's and the second LayerNorm's are final
     w1_d_->run(data_grad(df_.get(), l_.w1, du2_, a.pre_ln ? nullptr : ds2));  // bert: du2 = df . W1^T + ds2
     trace::op("layernorm_bwd");
     if (a.pre_ln)
@@ -309,6 +323,7 @@ class CudaLayer final : public LayerCase {
                      &l_.bo);
     trace::op("mm");
     wo_w_->run(weight_grad(ctx_.get(), ds1_.get(), l_.wo));
+    if (!a.pre_ln) models::grads_ready(replicas_.sync, l_.wo);  // post-LN: the attention output's and the first LayerNorm's too
     wo_d_->run(data_grad(ds1_.get(), l_.wo, dctx_, nullptr));
     trace::op("bmm");
     dp_gemm_->run(heads(matmul::AttentionGemm::context, Direction::bwd_data));
@@ -328,6 +343,7 @@ class CudaLayer final : public LayerCase {
       layernorm_back(du1_.as<T>(), x_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, nullptr, nullptr, nullptr);
     }
     // optimizer
+    models::grads_reduced(replicas_.sync);
     trace::op("adamw");
     adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
                      static_cast<std::int64_t>(l_.total), state_.as<StepState>(), &hyper_, gpu::stream());
@@ -352,6 +368,7 @@ class CudaLayer final : public LayerCase {
   std::unique_ptr<matmul::bias_grad::Plan> qkv_bias_, ffn2_bias_;  // ffn2_bias_: vit only
   HostBuffer host_out_;
   float loss_host_ = 0;
+  models::XTargetReplica<Shape, State> replicas_;  // gpus:G (data parallel)
 };
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <limits>
 
 #include "hotops/check.h"
+#include "kernels/models/data_parallel.h"
 
 namespace hotops::model_bert {
 namespace {
@@ -39,8 +40,16 @@ class BertFamily final : public BackendFamily<LayerCase> {
  public:
   BertFamily() : BackendFamily("model_bert", cpu_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
+  // The single-GPU and CPU steps, then the data-parallel train steps at the same per-GPU batches.
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    return models::step_problems(archs(), batches, {1, 8}, /*has_graph=*/false);
+    std::vector<Problem> out = models::step_problems(archs(), batches, {1, 8}, /*has_graph=*/false);
+    for (const Problem& p : models::data_parallel_problems(archs(), batches)) out.push_back(p);
+    return out;
+  }
+
+  std::string unsupported_reason(const Problem& p) const override {
+    if (p.has("gpus")) return models::data_parallel_reason(p);
+    return BackendFamily::unsupported_reason(p);
   }
 
   std::vector<Problem> test_problems() const override {
@@ -49,6 +58,9 @@ class BertFamily final : public BackendFamily<LayerCase> {
     expand("bert_layer", 1, {2}, out);
     expand("bert_layer", 3, {}, out);
     expand("vit_layer", 1, {}, out);
+    // The data-parallel step on a communicator of one process: its whole path on one GPU.
+    models::add_data_parallel_test_problems("bert_layer", 3, out);
+    models::add_data_parallel_test_problems("vit_layer", 1, out);
     return out;
   }
 
@@ -58,7 +70,10 @@ class BertFamily final : public BackendFamily<LayerCase> {
   // Bytes, the fewest a step must move: infer reads the parameters and x and writes y; train reads x
   // and the target and reads and writes the parameters, m and v (6 x 4 bytes per parameter). The
   // parameters are f32 in either dtype (bf16's masters); x, y and the target take the dtype's size.
-  Work work(const Problem& p) const override {
+  // A data-parallel step (gpus:G) does G replicas' work: G times one GPU's (items: the global batch).
+  Work work(const Problem& p) const override { return models::over_replicas(p, one_gpu_work(p)); }
+
+  static Work one_gpu_work(const Problem& p) {
     const Shape s = shape_of(p);
     const Arch& a = s.arch;
     const double T = static_cast<double>(s.tokens()), h = static_cast<double>(a.hidden), f = static_cast<double>(a.ffn);
@@ -165,6 +180,7 @@ Shape shape_of(const Problem& p) {
   Shape s;
   s.arch = arch_named(a.model);
   models::copy_step_args(a, s);
+  s.gpus = a.gpus;
   return s;
 }
 

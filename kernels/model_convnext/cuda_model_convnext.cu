@@ -19,6 +19,7 @@
 #include "hotops/trace.h"
 #include "kernels/copy/copy.h"
 #include "kernels/model_convnext/model_convnext.h"
+#include "kernels/models/data_parallel.h"
 
 namespace hotops::model_convnext {
 namespace {
@@ -82,6 +83,12 @@ class CudaBlock final : public BlockCase {
       conv_w_ = conv2d::make_cuda_plan(dwconv(s_, Direction::bwd_weight));
       restart_optimizer();
     }
+    if (s_.gpus) {  // data parallel: this rank's shard of the global batch, and the all-reduce
+      replicas_.start(p, s_, static_cast<std::size_t>(s_.arch.positions() * C),
+                      [&](const Shape& g) { return make_state(g, l_, models::step_seed(p)); }, seeded_, grads_.as<float>(), l_.total);
+      x_.upload(seeded_.x);
+      target_.upload(seeded_.target);
+    }
     if (s_.variant == Variant::e2e) {
       host_out_ = HostBuffer(s_.dtype, static_cast<std::size_t>(R * C));
     } else {
@@ -109,7 +116,8 @@ class CudaBlock final : public BlockCase {
   }
 
   Check verify() override {
-    const State start = verification_state(s_, seeded_);
+    State global_start;  // data parallel: the global batch's, of which this rank runs its shard
+    const State start = replicas_.verification_start(s_, seeded_, verification_state, &global_start);
     x_.upload(start.x);
     params_.upload(start.params);
     y_.poison();
@@ -132,7 +140,8 @@ class CudaBlock final : public BlockCase {
       grads_.download(o.grads);
       params_.download(o.params);
     }
-    Check c = verify_outcome(s_, l_, start, o);
+    Check c = replicas_.check(s_, start, global_start, o,
+                              [&](const Shape& sh, const State& st, const Outcome& out) { return verify_outcome(sh, l_, st, out); });
     if (s_.train()) c.merge(adamw::check_device_step(state_.as<const StepState>(), 1), "step");
     // The timed runs take the seeded batch (and train on from the verified step).
     x_.upload(seeded_.x);
@@ -148,10 +157,14 @@ class CudaBlock final : public BlockCase {
     if (s_.train()) l += "; train: " + conv_w_->label() + ", MSE, the kernels' backwards, AdamW 1 launch";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the inputs, launches, D2H, sync";
     if (s_.variant == Variant::plain && !capturable_) l += "; not graph-capturable (" + not_capturable_ + "): launched one by one";
+    if (replicas_.sync) l += replicas_.sync->label();
     return l;
   }
 
   bool capturable() const override { return s_.variant == Variant::plain && capturable_; }
+  void align() override {
+    if (replicas_.sync) replicas_.sync->align();
+  }
   bool host_timed() const override { return s_.variant != Variant::plain; }
 
   double last_loss() override {
@@ -233,6 +246,7 @@ class CudaBlock final : public BlockCase {
     gelu_bwd_->run({z_.get(), df_.get(), df_.get(), G(l_.b1)});
     trace::op("mm");
     fc1_w_->run(weight_grad(h_, df_, l_.w1));
+    models::grads_ready(replicas_.sync, l_.w1);  // the two Linear layers' and the layer scale's are final
     fc1_d_->run(data_grad(df_, l_.w1, dh_));
     trace::op("layernorm_bwd");  // with the convolution's bias gradient, the column sums of du
     layernorm::dbias::Args nb;
@@ -248,6 +262,7 @@ class CudaBlock final : public BlockCase {
       widen_->run({dw_low_.get(), G(l_.dw_w)});
     }
     // optimizer
+    models::grads_reduced(replicas_.sync);
     trace::op("adamw");
     adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
                      static_cast<std::int64_t>(l_.total), state_.as<StepState>(), &hyper_, st);
@@ -273,6 +288,7 @@ class CudaBlock final : public BlockCase {
   float loss_host_ = 0;
   bool capturable_ = false;
   std::string not_capturable_;  // why, where the trial capture failed
+  models::XTargetReplica<Shape, State> replicas_;  // gpus:G (data parallel)
 };
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "hotops/check.h"
+#include "kernels/models/data_parallel.h"
 
 namespace hotops::model_convnext {
 namespace {
@@ -53,9 +54,20 @@ class ConvnextFamily final : public BackendFamily<BlockCase> {
     std::vector<Arch> benchmarked;
     for (const Arch& a : archs())
       if (!a.batches.empty()) benchmarked.push_back(a);
-    return per_shape_and_batch(benchmarked, batches, [](const Arch& a, std::int64_t b, std::vector<Problem>& out) {
-      expand(a, b, {1, 8}, out);
+    // The single-GPU and CPU steps, then the data-parallel train steps at the same per-GPU batches.
+    std::vector<Problem> out = per_shape_and_batch(benchmarked, batches, [](const Arch& a, std::int64_t b, std::vector<Problem>& o) {
+      expand(a, b, {1, 8}, o);
     });
+    for (const Problem& p : per_shape_and_batch(benchmarked, batches, [](const Arch& a, std::int64_t b, std::vector<Problem>& o) {
+           models::add_data_parallel_problems(kModel, b, o, {{"shape", a.name}});
+         }))
+      out.push_back(p);
+    return out;
+  }
+
+  std::string unsupported_reason(const Problem& p) const override {
+    if (p.has("gpus")) return models::data_parallel_reason(p);
+    return BackendFamily::unsupported_reason(p);
   }
 
   std::vector<Problem> test_problems() const override {
@@ -69,6 +81,8 @@ class ConvnextFamily final : public BackendFamily<BlockCase> {
     expand(arch_named("convnext.s1"), 1, {}, s1);
     for (Problem& p : s1)
       if (p.args.size() == 2) out.push_back(std::move(p));  // s1: the plain steps only (shape, batch)
+    // The data-parallel step on a communicator of one process: its whole path on one GPU.
+    models::add_data_parallel_test_problems(kModel, 3, out, {{"shape", "convnext.test"}});
     return out;
   }
 
@@ -79,7 +93,10 @@ class ConvnextFamily final : public BackendFamily<BlockCase> {
   // Bytes, the fewest a step must move: infer reads the parameters and x and writes y; train reads x
   // and the target and reads and writes the parameters, m and v (6 x 4 bytes per parameter). The
   // parameters are f32 in either dtype (bf16's masters); x, y and the target take the dtype's size.
-  Work work(const Problem& p) const override {
+  // A data-parallel step (gpus:G) does G replicas' work: G times one GPU's (items: the global batch).
+  Work work(const Problem& p) const override { return models::over_replicas(p, one_gpu_work(p)); }
+
+  static Work one_gpu_work(const Problem& p) {
     const Shape s = shape_of(p);
     const double R = static_cast<double>(s.rows()), C = static_cast<double>(s.arch.C);
     const double fwd = 2 * R * (2 * C * 4 * C) + 2 * R * C * static_cast<double>(kKernel * kKernel);
@@ -111,6 +128,7 @@ Shape shape_of(const Problem& p) {
   Shape s;
   s.arch = arch_named(p.get("shape"));
   models::copy_step_args(a, s);
+  s.gpus = a.gpus;
   return s;
 }
 

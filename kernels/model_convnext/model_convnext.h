@@ -57,6 +57,7 @@ struct Shape {
   std::int64_t batch = 1;
   Variant variant = Variant::plain;
   int threads = 0;
+  int gpus = 0;  // gpus:G only: one of G data-parallel replicas, batch per GPU (kernels/models/data_parallel.h)
   std::int64_t rows() const { return batch * arch.positions(); }  // N·H·W
   bool train() const { return dir == Direction::train; }
   bool bf16() const { return dtype == DType::bf16; }

@@ -17,6 +17,7 @@
 #include "kernels/matmul/matmul.h"
 #include "kernels/models/cuda_dense.h"
 #include "kernels/models/cuda_step.cuh"
+#include "kernels/models/data_parallel.h"
 #include "kernels/models/models.h"
 
 namespace hotops::models {
@@ -61,6 +62,7 @@ class CudaModel final : public ModelCase {
       if (k + 1 < L) relu_dbias_.push_back(pointwise::make_cuda_plan(relu_dbias_shape(s_, k)));
     }
     if (s_.train()) xent_ = loss::make_cuda_plan(loss::dbias_shape(s_.dtype, B, s_.classes()));
+    if (s_.gpus) start_replica(p);
     if (s_.variant == Variant::graph) {
       // Everything the step touches that is created lazily (the cublasLt handle, its workspace)
       // must exist before the capture: allocation is not allowed while the stream is capturing.
@@ -115,6 +117,7 @@ class CudaModel final : public ModelCase {
     o.params = HostBuffer(DType::f32, l_.total);
     grads_.download(o.grads);
     params_.download(o.params);
+    if (s_.gpus) return verify_replicas(o);
     for (std::size_t k = 1; k + 1 < act_.size(); ++k) {
       o.hidden.emplace_back(s_.dtype, static_cast<std::size_t>(s_.batch * s_.out(k - 1)));
       act_[k].download(o.hidden.back());
@@ -147,10 +150,14 @@ class CudaModel final : public ModelCase {
     l += ", " + std::to_string(launches) + " launches a step";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the batch, launches, D2H, sync";
     if (s_.variant == Variant::graph) l += "; graph: pageable H2D of the batch, 1 CUDA graph, D2H loss, sync";
+    if (sync_) l += sync_->label();
     return l;
   }
 
   bool capturable() const override { return s_.variant == Variant::plain; }
+  void align() override {
+    if (sync_) sync_->align();
+  }
   bool host_timed() const override { return s_.variant != Variant::plain; }
 
   double last_loss() override {
@@ -169,6 +176,37 @@ class CudaModel final : public ModelCase {
 
   static void poison(float* at, std::int64_t n) {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(at, 0xFF, static_cast<std::size_t>(n) * sizeof(float), gpu::stream()));
+  }
+
+  // A data-parallel step: the global batch of the G replicas (samples and parameters seeded as the
+  // single-GPU step at batch G x B seeds them), this rank's shard of it, and the gradients' all-reduce.
+  void start_replica(const Problem& p) {
+    const Replica r = replica_of(p);
+    global_ = s_;
+    global_.batch = s_.batch * r.gpus, global_.gpus = 0;
+    global_start_ = make_state(global_, l_, step_seed(p));
+    st_.x = shard(global_start_.x, static_cast<std::size_t>(s_.widths[0]), r, s_.batch);
+    st_.labels = shard(global_start_.labels, 1, r, s_.batch);
+    x_.upload(st_.x);
+    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(labels_.get(), st_.labels.data(), labels_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
+    replica_ = r;
+    sync_ = std::make_unique<GradSync>(r, grads_.as<float>(), l_.total);
+  }
+
+  // The check of a data-parallel step (after its run from the seeded start): every replica's
+  // parameters and gradients are rank 0's bitwise, and rank 0's are one step over the global batch
+  // against the reference at G x B (the loss: the replicas' mean; the ReLU ties: every replica's
+  // hidden activations, gathered in rank order, which is the global batch's order).
+  Check verify_replicas(Outcome& o) {
+    for (std::size_t k = 1; k + 1 < act_.size(); ++k) {
+      o.hidden.emplace_back(s_.dtype, static_cast<std::size_t>(global_.batch * s_.out(k - 1)));
+      gpu::DeviceBuffer all(o.hidden.back().bytes());
+      sync_->all_gather(act_[k].get(), all.get(), act_[k].bytes());
+      all.download(o.hidden.back());
+    }
+    Check c = models::verify_replicas(*sync_, replica_, o, [&](const Outcome& out) { return verify_outcome(global_, l_, global_start_, out); });
+    c.merge(adamw::check_device_step(state_.as<const StepState>(), 1), "step");
+    return c;
   }
 
   // m = v = 0 and step 0, on the stream: a fresh optimizer.
@@ -206,6 +244,7 @@ class CudaModel final : public ModelCase {
     for (std::size_t k = L; k-- > 0;) {
       trace::op("mm");
       wgrad_[k]->run({input(k), nullptr, nullptr, dact_[k + 1].get(), grads_.as<float>() + l_.w[k], nullptr});
+      grads_ready(sync_, l_.w[k]);  // layer k's (its bias's came before) and every later layer's
       if (k == 0) break;
       dgrad_[k]->run({nullptr, weight(l_.w[k]), nullptr, dact_[k + 1].get(), dact_[k].get(), nullptr});
       trace::op("relu_bwd");
@@ -213,6 +252,7 @@ class CudaModel final : public ModelCase {
       r.x = act_[k].get(), r.dy = dact_[k].get(), r.out = dact_[k].get(), r.db = grads_.as<float>() + l_.b[k - 1];
       relu_dbias_[k - 1]->run(r);
     }
+    grads_reduced(sync_);
     trace::op("adamw");
     adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
                      static_cast<std::int64_t>(l_.total), state_.as<StepState>(), nullptr, gpu::stream());
@@ -232,6 +272,11 @@ class CudaModel final : public ModelCase {
   HostBuffer logits_host_;
   float loss_host_ = 0;
   gpu::StepGraph graph_;  // graph:1
+  // gpus:G (data parallel): the global batch's shape and start, this replica, the all-reduce.
+  Shape global_;
+  State global_start_;
+  Replica replica_;
+  std::unique_ptr<GradSync> sync_;
 };
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include <limits>
 
 #include "hotops/check.h"
+#include "kernels/models/data_parallel.h"
 
 namespace hotops::models {
 namespace {
@@ -37,8 +38,16 @@ class ModelsFamily final : public ModelFamily {
  public:
   ModelsFamily() : ModelFamily("models", cpu_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
+  // The single-GPU and CPU steps, then the data-parallel train steps at the same per-GPU batches.
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    return step_problems(models(), batches, thread_sweep(), true);
+    std::vector<Problem> out = step_problems(models(), batches, thread_sweep(), true);
+    for (const Problem& p : data_parallel_problems(models(), batches)) out.push_back(p);
+    return out;
+  }
+
+  std::string unsupported_reason(const Problem& p) const override {
+    if (p.has("gpus")) return data_parallel_reason(p);
+    return ModelFamily::unsupported_reason(p);
   }
 
   std::vector<Problem> test_problems() const override {
@@ -48,6 +57,9 @@ class ModelsFamily final : public ModelFamily {
     expand_step_problems("mlp_tiny", 10, {}, true, out, true);
     expand_step_problems("mlp_mnist", 5, {}, true, out, true);
     expand_step_problems("classifierdl", 7, {2}, true, out, true);
+    // The data-parallel step on a communicator of one process: its whole path on one GPU.
+    add_data_parallel_test_problems("mlp_tiny", 3, out);
+    add_data_parallel_test_problems("mlp_mnist", 5, out);
     return out;
   }
 
@@ -59,7 +71,10 @@ class ModelsFamily final : public ModelFamily {
   // train reads x and the labels, reads and writes the parameters and AdamW's m and v. bf16 keeps
   // f32 parameters (the per-step bf16 copy is not counted: it could be fused away); x and the logits
   // are bf16.
-  Work work(const Problem& p) const override {
+  // A data-parallel step (gpus:G) does G replicas' work: G times one GPU's (items: the global batch).
+  Work work(const Problem& p) const override { return over_replicas(p, one_gpu_work(p)); }
+
+  static Work one_gpu_work(const Problem& p) {
     const Shape s = shape_of(p);
     const ParamLayout l = param_layout(s.widths);
     const double B = static_cast<double>(s.batch), P = static_cast<double>(l.parameters);
@@ -218,6 +233,7 @@ Check adamw_first_step(const std::vector<double>& p0, const std::vector<double>&
 }
 
 std::uint64_t step_seed(const Problem& p) {
+  if (p.has("gpus")) return step_seed(global_problem(p));  // the global batch's, shared by every replica
   Problem q = p;
   q.args.erase(std::remove_if(q.args.begin(), q.args.end(),
                               [](const Arg& a) { return a.key == "threads" || a.key == "e2e" || a.key == "graph"; }),
@@ -231,16 +247,8 @@ std::string reference_key(const std::string& model, DType dtype, Direction dir, 
   std::string key = model + "/" + dtype_name(dtype) + "/" + direction_name(dir) + "/batch:" + std::to_string(batch);
   auto n = bytes.begin();
   for (const void* d : data) {
-    std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the bytes, 8 at a time
-    const auto* b = static_cast<const unsigned char*>(d);
-    std::size_t i = 0;
-    for (; i + 8 <= *n; i += 8) {
-      std::uint64_t w;
-      std::memcpy(&w, b + i, 8);
-      h = (h ^ w) * 1099511628211ull;
-    }
-    for (; i < *n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-    key += "/" + std::to_string(*n++) + ":" + std::to_string(h);
+    key += "/" + std::to_string(*n) + ":" + std::to_string(bytes_hash(d, *n));
+    ++n;
   }
   return key;
 }
@@ -259,8 +267,13 @@ StepArgs step_args(const Problem& p, const std::string& family, bool has_graph, 
   a.dir = p.dir;
   a.batch = p.get_int("batch");
   HOTOPS_CHECK(a.batch >= 1, family + ": batch must be positive: " + p.name());
-  HOTOPS_CHECK(p.has("threads") + p.has("e2e") + p.has("graph") <= 1, family + ": one variant at most: " + p.name());
-  if (p.has("threads")) {
+  HOTOPS_CHECK(p.has("threads") + p.has("e2e") + p.has("graph") + p.has("gpus") <= 1,
+               family + ": one variant at most: " + p.name());
+  if (p.has("gpus")) {
+    a.gpus = static_cast<int>(p.get_int("gpus"));
+    HOTOPS_CHECK(p.backend == Backend::cuda && p.dir == Direction::train && a.gpus >= 1,
+                 family + ": gpus:G is a CUDA train step: " + p.name());
+  } else if (p.has("threads")) {
     a.variant = Variant::threads;
     a.threads = static_cast<int>(p.get_int("threads"));
     HOTOPS_CHECK(p.backend == Backend::cpu && a.threads >= 1, family + ": threads:T is a CPU variant: " + p.name());
@@ -282,6 +295,7 @@ Shape shape_of(const Problem& p) {
   s.model = a.model;
   s.widths = model_named(s.model).widths;
   copy_step_args(a, s);
+  s.gpus = a.gpus;
   return s;
 }
 

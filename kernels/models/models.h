@@ -51,7 +51,8 @@ enum class Variant {
 
 // What every model problem's name says, checked the same way by every model family: op
 // `model.<name>`, f32 (or bf16 where the family passes `allow_bf16`), infer or train, a positive batch, and at most one variant arg among those the
-// family has (threads:T on the CPU, e2e:1 on CUDA, graph:1 for CUDA train when `has_graph`).
+// family has (threads:T on the CPU, e2e:1 on CUDA, graph:1 for CUDA train when `has_graph`, gpus:G for
+// a data-parallel CUDA train step).
 struct StepArgs {
   std::string model;  // the op less "model."
   Backend backend = Backend::cpu;
@@ -60,6 +61,7 @@ struct StepArgs {
   std::int64_t batch = 1;
   Variant variant = Variant::plain;
   int threads = 0;  // threads:T only
+  int gpus = 0;     // gpus:G only (a data-parallel CUDA train step, data_parallel.h; batch is per GPU)
 };
 StepArgs step_args(const Problem& p, const std::string& family, bool has_graph, bool allow_bf16 = false);
 // The seed of a step's inputs and parameters: the problem's name less its backend and its variant
@@ -164,6 +166,7 @@ struct Shape {
   std::int64_t batch = 1;
   Variant variant = Variant::plain;
   int threads = 0;  // threads:T only
+  int gpus = 0;     // gpus:G only: one of G replicas, batch per GPU
 
   std::size_t layers() const { return widths.size() - 1; }
   std::int64_t in(std::size_t l) const { return widths[l]; }       // layer l's input width

@@ -1,0 +1,202 @@
+// Data-parallel train steps over several GPUs, as PyTorch DDP runs them: every rank (one process per
+// GPU) holds the same parameters, runs the model's own train step on its shard of a global batch, and
+// all-reduces the gradients (NCCL, averaged over the ranks) in buckets, in backward order, on a
+// second stream while the rest of the backward runs; the AdamW step then waits for the last bucket.
+// Names: model.<m>/cuda/<f32|bf16>/train/batch:B/gpus:G, B per GPU (weak scaling), G in {2, 4, 8};
+// test problems have gpus:1 (a communicator of one process). docs/scaling.md, "Data-parallel steps".
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hotops/buffer.h"
+#include "hotops/problem.h"
+#include "hotops/verify.h"
+
+namespace hotops::models {
+
+constexpr int kDataParallelGpus[] = {2, 4, 8};  // the GPU counts of the benchmark problems (the collectives')
+
+// Where this process stands in a data-parallel step: one of `gpus` replicas.
+struct Replica {
+  int gpus = 1;
+  int rank = 0;
+};
+// The replica of a problem with a gpus:G arg, this process's rank from ranks::layout().
+Replica replica_of(const Problem& p);
+
+// The single-GPU problem whose batch is the data-parallel step's global batch: the name less its
+// gpus arg, batch G x B. Its seed seeds the global batch and the parameters, so that a data-parallel
+// step and that single-GPU step start from the same numbers (and share one reference).
+Problem global_problem(const Problem& p);
+
+// The data-parallel train problems of one model at one per-GPU batch: every G of kDataParallelGpus,
+// f32 and bf16, appended to `out`; `leading`: args named before the batch (e.g. shape:S).
+void add_data_parallel_problems(const std::string& model, std::int64_t batch, std::vector<Problem>& out,
+                                const std::vector<Arg>& leading = {});
+
+// The data-parallel problems of every model of `ms` (each with a name and its batches) at its
+// batches, or at `asked` (--hotops_batch) where not empty: the per-GPU batches of its own train steps.
+template <class Models>
+std::vector<Problem> data_parallel_problems(const Models& ms, const std::vector<std::int64_t>& asked) {
+  std::vector<Problem> out;
+  for (const auto& m : ms)
+    for (std::int64_t b : asked.empty() ? std::vector<std::int64_t>(m.batches) : asked) add_data_parallel_problems(m.name, b, out);
+  return out;
+}
+// The test problems: gpus:1 (a communicator of this process alone), f32 and bf16.
+void add_data_parallel_test_problems(const std::string& model, std::int64_t batch, std::vector<Problem>& out,
+                                     const std::vector<Arg>& leading = {});
+// The work of a data-parallel problem: G times `one_gpu` (flops, bytes and items); `one_gpu` as is
+// for any other problem.
+Work over_replicas(const Problem& p, Work one_gpu);
+
+// Why a data-parallel problem cannot run here ("" when it can): no GPU, no NCCL in the build, or fewer
+// GPUs in the run than it needs (what the collectives say).
+std::string data_parallel_reason(const Problem& p);
+
+// Rank r's shard of a global batch of tensors whose samples are `per_sample` elements each: samples
+// r x batch .. (r + 1) x batch - 1, where `batch` is the per-GPU batch.
+HostBuffer shard(const HostBuffer& global, std::size_t per_sample, const Replica& r, std::int64_t batch);
+template <class T>
+std::vector<T> shard(const std::vector<T>& global, std::size_t per_sample, const Replica& r, std::int64_t batch) {
+  const std::size_t n = static_cast<std::size_t>(batch) * per_sample, at = static_cast<std::size_t>(r.rank) * n;
+  return std::vector<T>(global.begin() + static_cast<std::ptrdiff_t>(at), global.begin() + static_cast<std::ptrdiff_t>(at + n));
+}
+
+// The gradient buckets of one step, over a flat f32 gradient buffer of `total` floats whose tensors
+// the backward completes from the end towards the start (the models' layouts put the first layer
+// first). The step says where the gradients are final (ready: [from, total) is), and the plan answers
+// with the bucket to all-reduce now: every final gradient not yet in a bucket, once there are at
+// least `cap` floats of them or the last (from = 0) has come, as DDP's buckets of bucket_cap_mb.
+// CPU logic only: the tests run it here.
+constexpr std::size_t kBucketFloats = std::size_t(1) << 18;  // 1 MiB of f32 gradients
+struct Bucket {
+  std::size_t begin = 0, end = 0;  // floats [begin, end) of the flat gradients
+};
+class BucketPlan {
+ public:
+  BucketPlan(std::size_t total, std::size_t cap) : total_(total), cap_(cap), reduced_from_(total) {}
+  std::optional<Bucket> ready(std::size_t from);  // throws an Error when `from` goes backwards
+  // At the end of every step: the rest of its gradients, in one bucket, when its last ready() was not
+  // at 0; the plan then starts the next step.
+  std::optional<Bucket> finish();
+
+ private:
+  std::size_t total_, cap_, reduced_from_;
+};
+
+// The gradient all-reduce of a data-parallel step on CUDA (NCCL): buckets of `grads` (device memory,
+// `total` f32) all-reduced in place with ncclAvg (the sum over the ranks times 1/G; G is a power of
+// two, so the scaling is exact) on a stream of its own, each after an event on gpu::stream() where
+// the step said the bucket's gradients are final. Everything is queued: a step with it can be
+// captured in a CUDA graph. In a build without NCCL making one throws an unsupported Error.
+class GradSync {
+ public:
+  GradSync(const Replica& r, float* grads, std::size_t total, std::size_t cap = kBucketFloats);
+  ~GradSync();
+  GradSync(const GradSync&) = delete;
+  GradSync& operator=(const GradSync&) = delete;
+
+  // The step: gradients [from, total) are final on gpu::stream() (BucketPlan::ready).
+  void ready(std::size_t from);
+  // The step, before its optimizer: gpu::stream() waits for every bucket of the step.
+  void finish();
+  // A barrier of the ranks' GPUs on gpu::stream() (Case::align).
+  void align();
+
+  // Verification (synchronises): the mean over the ranks of a value of each rank's; every rank's
+  // `bytes` of device memory at `mine` gathered into `all` (G x bytes, by rank); and whether every
+  // rank holds the same bytes in each of `tensors` (a hash of each, gathered: a failed Check names
+  // the first rank that differs from rank 0).
+  double mean_over_ranks(double mine);
+  void all_gather(const void* mine, void* all, std::size_t bytes);
+  Check replicas_agree(const std::vector<std::pair<std::string, const HostBuffer*>>& tensors);
+
+  int buckets() const;  // all-reduces in the last complete step
+  std::string label() const;  // ", data parallel over G GPUs: NCCL x.y.z all-reduce (avg) of N buckets, ..."
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A train step's two calls, nothing for a single-GPU step (`sync` null): gradients [from, total) are
+// final (GradSync::ready); the optimizer waits for the all-reduce's last bucket (GradSync::finish,
+// marked "allreduce" in the per-op breakdown: the communication the backward did not hide).
+inline void grads_ready(const std::unique_ptr<GradSync>& sync, std::size_t from) {
+  if (sync) sync->ready(from);
+}
+void grads_reduced(const std::unique_ptr<GradSync>& sync);
+
+// The check of a data-parallel step after one step from the seeded start, on every rank: the
+// replicas' parameters and gradients (Outcome's `params` and `grads`) are rank 0's bitwise, and on
+// rank 0 `global_check(o)` compares them with the reference of the global batch, `o.loss` set to the
+// mean of the ranks' losses (each the mean over its shard, of equal size). Every rank makes the same
+// exchanges in the same order (they are collectives).
+template <class Outcome, class GlobalCheck>
+Check verify_replicas(GradSync& sync, const Replica& r, Outcome& o, GlobalCheck global_check) {
+  Check c = sync.replicas_agree({{"parameters", &o.params}, {"gradients", &o.grads}});
+  o.loss = static_cast<float>(sync.mean_over_ranks(o.loss));
+  if (r.rank == 0) c.merge(global_check(o), "the global batch");
+  return c;
+}
+
+// The data-parallel side of a step whose seeded start (`State`) holds per-sample `x` and `target`
+// tensors of `per_sample` elements each (the encoder layers, the ConvNeXt block): this replica, the
+// global batch's shape and seeded start, and the gradients' all-reduce.
+template <class Shape, class State>
+struct XTargetReplica {
+  Replica replica;
+  Shape global;
+  State global_seeded;
+  std::size_t per_sample = 0;
+  std::unique_ptr<GradSync> sync;
+
+  // For problem `p` of shape `s` (batch per GPU): the global batch seeded by `make(global shape)`
+  // (the family's make_state, with the seed of the single-GPU step at batch G x B), `mine` (the
+  // step's own seeded start) set to this rank's shard of it, and the all-reduce of `grads`.
+  template <class MakeState>
+  void start(const Problem& p, const Shape& s, std::size_t per, MakeState make, State& mine, float* grads, std::size_t total) {
+    replica = replica_of(p);
+    global = s;
+    global.batch = s.batch * replica.gpus, global.gpus = 0;
+    global_seeded = make(global);
+    per_sample = per;
+    mine.x = shard(global_seeded.x, per, replica, s.batch);
+    mine.target = shard(global_seeded.target, per, replica, s.batch);
+    sync = std::make_unique<GradSync>(replica, grads, total);
+  }
+  // This rank's shard of `start`, a start of the global batch (verification's); `batch` per GPU.
+  State shard_of(State start, std::int64_t batch) const {
+    start.x = shard(start.x, per_sample, replica, batch);
+    start.target = shard(start.target, per_sample, replica, batch);
+    return start;
+  }
+
+  // Verification's start for the step of shape `s` seeded with `seeded`: `verification(shape, seeded)`
+  // (the family's verification_state) for a single-GPU step; for a data-parallel one this rank's shard
+  // of the global batch's, that one in *global_start.
+  template <class Verification>
+  State verification_start(const Shape& s, const State& seeded, Verification verification, State* global_start) const {
+    if (!sync) return verification(s, seeded);
+    *global_start = verification(global, global_seeded);
+    return shard_of(*global_start, s.batch);
+  }
+  // The check of one step from that start: `verify_outcome(shape, start, o)` (the family's) for a
+  // single-GPU step; for a data-parallel one verify_replicas with it over the global batch.
+  template <class Outcome, class VerifyOutcome>
+  Check check(const Shape& s, const State& start, const State& global_start, Outcome& o, VerifyOutcome verify_outcome) const {
+    if (!sync) return verify_outcome(s, start, o);
+    return verify_replicas(*sync, replica, o, [&](const Outcome& out) { return verify_outcome(global, global_start, out); });
+  }
+};
+
+// FNV-1a over the bytes of a tensor: the replicas' parameters compared across ranks.
+std::uint64_t bytes_hash(const void* data, std::size_t bytes);
+
+}  // namespace hotops::models

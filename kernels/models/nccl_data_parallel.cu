@@ -1,0 +1,150 @@
+// The gradient all-reduce of a data-parallel train step (data_parallel.h): NCCL on a second stream,
+// forked from hotops' stream at each bucket's event and joined back before the optimizer, so that the
+// whole step (both streams) can be captured in one CUDA graph.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "hotops/cuda_util.h"
+#include "hotops/gpu.h"
+#include "hotops/nccl_util.h"
+#include "kernels/models/data_parallel.h"
+
+namespace hotops::models {
+
+struct GradSync::Impl {
+  Replica replica;
+  float* grads = nullptr;
+  BucketPlan plan;
+  std::size_t cap;                      // the buckets' least size, floats
+  ncclComm_t comm = nullptr;
+  cudaStream_t side = nullptr;          // the all-reduces' stream
+  std::vector<cudaEvent_t> events;      // per bucket of a step, and the join; reused every step
+  std::size_t used = 0;                 // events used in the step in progress
+  int buckets = 0, last_buckets = 0;    // in the step in progress, in the last complete one
+  gpu::DeviceBuffer scratch;            // the barrier's element; verification's exchanges
+
+  Impl(const Replica& r, float* g, std::size_t total, std::size_t c) : replica(r), grads(g), plan(total, c), cap(c) {}
+  ~Impl() {  // also where the constructor stopped part way
+    if (side) cudaStreamSynchronize(side);
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+    if (side) cudaStreamDestroy(side);
+  }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  // The events are made up front, none while a step is being captured: at most total / cap + 1
+  // buckets (each but the last has cap floats or more), and the join.
+  void make_events(std::size_t total) {
+    for (std::size_t n = total / cap + 2; events.size() < n;) {
+      cudaEvent_t e;
+      HOTOPS_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      events.push_back(e);
+    }
+  }
+  cudaEvent_t next_event() {
+    HOTOPS_CHECK(used < events.size(), "a data-parallel step used more gradient buckets than its size allows");
+    return events[used++];
+  }
+
+  // The bucket's all-reduce on the side stream, after the work queued on hotops' stream so far.
+  void reduce(const Bucket& b) {
+    const cudaEvent_t at = next_event();
+    HOTOPS_CHECK_CUDA(cudaEventRecord(at, gpu::stream()));
+    HOTOPS_CHECK_CUDA(cudaStreamWaitEvent(side, at, 0));
+    HOTOPS_CHECK_NCCL(ncclAllReduce(grads + b.begin, grads + b.begin, b.end - b.begin, ncclFloat32, ncclAvg, comm, side));
+    ++buckets;
+  }
+};
+
+GradSync::GradSync(const Replica& r, float* grads, std::size_t total, std::size_t cap)
+    : impl_(std::make_unique<Impl>(r, grads, total, cap)) {
+  Impl& s = *impl_;
+  if (comm::world_size() == 1) comm::prepare(r.gpus);  // a process alone: its own communicator (gpus 1)
+  s.comm = comm::get(r.gpus);
+  HOTOPS_CHECK(s.comm, "rank " + std::to_string(r.rank) + " is not among the " + std::to_string(r.gpus) +
+                           " ranks of this data-parallel step");
+  int n = 0;
+  HOTOPS_CHECK_NCCL(ncclCommCount(s.comm, &n));
+  HOTOPS_CHECK(n == r.gpus, "the communicator of " + std::to_string(r.gpus) + " GPUs has " + std::to_string(n) + " ranks");
+  HOTOPS_CHECK_CUDA(cudaStreamCreateWithFlags(&s.side, cudaStreamNonBlocking));
+  s.make_events(total);
+  s.scratch = gpu::DeviceBuffer(sizeof(double) * static_cast<std::size_t>(r.gpus));
+  HOTOPS_CHECK_CUDA(cudaMemsetAsync(s.scratch.get(), 0, s.scratch.bytes(), gpu::stream()));
+}
+
+GradSync::~GradSync() = default;
+
+void GradSync::ready(std::size_t from) {
+  if (const auto b = impl_->plan.ready(from)) impl_->reduce(*b);
+}
+
+void GradSync::finish() {
+  Impl& s = *impl_;
+  if (const auto b = s.plan.finish()) s.reduce(*b);
+  const cudaEvent_t done = s.next_event();
+  HOTOPS_CHECK_CUDA(cudaEventRecord(done, s.side));
+  HOTOPS_CHECK_CUDA(cudaStreamWaitEvent(gpu::stream(), done, 0));
+  s.last_buckets = s.buckets, s.buckets = 0, s.used = 0;
+}
+
+void GradSync::align() {
+  Impl& s = *impl_;
+  HOTOPS_CHECK_NCCL(ncclAllReduce(s.scratch.get(), s.scratch.get(), 1, ncclFloat32, ncclSum, s.comm, gpu::stream()));
+}
+
+void GradSync::all_gather(const void* mine, void* all, std::size_t bytes) {
+  HOTOPS_CHECK_NCCL(ncclAllGather(mine, all, bytes, ncclUint8, impl_->comm, gpu::stream()));
+  gpu::synchronize();
+}
+
+double GradSync::mean_over_ranks(double mine) {
+  Impl& s = *impl_;
+  std::vector<double> all(static_cast<std::size_t>(s.replica.gpus));
+  double* d = s.scratch.as<double>();
+  HOTOPS_CHECK_CUDA(cudaMemcpyAsync(d + s.replica.rank, &mine, sizeof mine, cudaMemcpyHostToDevice, gpu::stream()));
+  all_gather(d + s.replica.rank, d, sizeof mine);
+  HOTOPS_CHECK_CUDA(cudaMemcpy(all.data(), d, all.size() * sizeof(double), cudaMemcpyDeviceToHost));
+  double sum = 0;
+  for (double x : all) sum += x;
+  return sum / static_cast<double>(all.size());
+}
+
+Check GradSync::replicas_agree(const std::vector<std::pair<std::string, const HostBuffer*>>& tensors) {
+  Impl& s = *impl_;
+  const std::size_t G = static_cast<std::size_t>(s.replica.gpus);
+  Check c;
+  for (const auto& [what, t] : tensors) {
+    // The hash as a double's bytes: the scratch holds one per rank.
+    const std::uint64_t mine = bytes_hash(t->data(), t->bytes());
+    std::vector<std::uint64_t> all(G);
+    auto* d = s.scratch.as<std::uint64_t>();
+    HOTOPS_CHECK_CUDA(cudaMemcpyAsync(d + s.replica.rank, &mine, sizeof mine, cudaMemcpyHostToDevice, gpu::stream()));
+    all_gather(d + s.replica.rank, d, sizeof mine);
+    HOTOPS_CHECK_CUDA(cudaMemcpy(all.data(), d, G * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
+    c.checked += t->count();
+    for (std::size_t r = 1; r < G; ++r)
+      if (all[r] != all[0] && c.ok) {
+        c.ok = false;
+        c.message = "the replicas differ after one step: rank " + std::to_string(r) + "'s " + what +
+                    " are not bitwise rank 0's (" + std::to_string(t->count()) + " values hashed)";
+      }
+  }
+  return c;
+}
+
+int GradSync::buckets() const { return impl_->last_buckets; }
+
+std::string GradSync::label() const {
+  const Impl& s = *impl_;
+  char text[200];
+  std::snprintf(text, sizeof text,
+                "; data parallel over %d GPU%s: NCCL %s all-reduce (avg) of the f32 gradients in %d bucket%s "
+                "(%.3g MiB or more but the last), on a second stream overlapping the backward",
+                s.replica.gpus, s.replica.gpus == 1 ? "" : "s", comm::nccl_version().c_str(), s.last_buckets,
+                s.last_buckets == 1 ? "" : "s", static_cast<double>(s.cap) * sizeof(float) / 1048576.0);
+  return text;
+}
+
+}  // namespace hotops::models
