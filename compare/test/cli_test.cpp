@@ -325,6 +325,25 @@ TEST(Cli, SpeedupFilterKeepsOneModel) {
   EXPECT_EQ(j["groups"][0]["op"], "model.mlp_tiny");
 }
 
+TEST(Cli, SpeedupAgainstTheGpusEndToEndVariant) {
+  const std::string models = fx("h100_full_suite_models.json");
+  const Result r = run("speedup " + models + " --filter '^model\\.mlp_tiny/[a-z]+/f32/' --cuda-variant e2e:1 --format=json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["pairs"], 10);
+  EXPECT_EQ(j["cuda_only"], 0) << "the device-time and graph entries are left out";
+  for (const auto& row : j["groups"][0]["rows"])
+    for (const auto& c : row["cells"]) {
+      EXPECT_NE(c["cuda_name"].get<std::string>().find("/e2e:1/"), std::string::npos) << c["cuda_name"];
+      EXPECT_EQ(c["cpu_name"].get<std::string>().find("e2e"), std::string::npos) << c["cpu_name"];
+    }
+  for (const char* bad : {"e2e", ":1", "e2e:1/graph:1"}) {
+    const Result b = run("speedup " + models + " --cuda-variant " + bad);
+    EXPECT_EQ(b.code, 2) << bad;
+    EXPECT_EQ(lines(b.err), 1) << bad << ": " << b.err;
+  }
+}
+
 TEST(Cli, HelpExitsZero) {
   const Result r = run("--help");
   EXPECT_EQ(r.code, 0);
