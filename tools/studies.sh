@@ -5,6 +5,8 @@
 #   tools/studies.sh tables RUN.json [GPU.json]     the Markdown tables of docs/studies.md from that run
 #   tools/studies.sh tables --study NAME RUN.json [GPU.json]   one study's tables (tinymlp, classifierdl,
 #                                                   pyspark, woolf, tf2)
+#   tools/studies.sh tables --cpu-variant threads:1 ...   the CPU side of speed-ups and breakdowns
+#                                                   from its one-thread entries (a shared, small CPU)
 #   tools/studies.sh doc docs/studies.md [RUN.json [GPU.json]]  makes the page's tables again
 #   tools/studies.sh filter                         the --benchmark_filter that `run` uses
 #
@@ -25,7 +27,7 @@ CPU_USD_PER_VCPU_HOUR=${CPU_USD_PER_VCPU_HOUR:-0.05}
 GPU_USD_PER_HOUR=${GPU_USD_PER_HOUR:-3.00}
 
 usage() {
-  sed -n '4,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '4,11p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 die() {
@@ -133,7 +135,7 @@ report() {
 }
 
 study_tables() {
-  local study=$1 run=$2 gpu=${3:-}
+  local study=$1 variant=$2 run=$3 gpu=${4:-}
   local models_var="MODELS_$study" focus_var="FOCUS_$study" title_var="TITLE_$study"
   local models=${!models_var} focus=${!focus_var}
   local both=("$run")
@@ -141,19 +143,26 @@ study_tables() {
   local cpu_usd
   cpu_usd=$(cpu_price "$run")
   local cost="cpu=$cpu_usd,cuda=$GPU_USD_PER_HOUR"
-  local select="^model\.($models)/"
-  [[ $study == pyspark ]] && select="^(model\.($models)|mm|addmm|bmm|gelu|adamw|conv2d)/"
+  local select="^model\.($models)/[a-z]+/f32/"
+  [[ $study == pyspark ]] && select="^(model\.($models)|mm|addmm|bmm|gelu|adamw|conv2d)/[a-z]+/f32/"
 
   echo "### ${!title_var}: tables from \`${both[*]}\`"
   echo
-  echo "Made by \`tools/studies.sh tables --study $study ${both[*]}\`. Run: $(describe "$run")${gpu:+; GPU side: $(describe "$gpu")}."
+  echo "Made by \`tools/studies.sh tables --study $study ${variant:+--cpu-variant $variant }${both[*]}\`. Run: $(describe "$run")${gpu:+; GPU side: $(describe "$gpu")}."
   echo "Prices: the CPU machine $cpu_usd USD/hour ($CPU_USD_PER_VCPU_HOUR a vCPU), the GPU machine $GPU_USD_PER_HOUR USD/hour."
   echo
-  echo "#### CPU vs GPU, GPU device time"
-  report speedup "${both[@]}" --filter "$select" --cost "$cost"
+  # The CPU's entries with the variant's arg, when one is asked for, in the speed-ups and breakdowns.
+  local on=() cpu_side='' step_variant=''
+  if [[ -n $variant ]]; then
+    on=(--cpu-variant "$variant")
+    cpu_side=", the CPU's $variant entries"
+    step_variant="(${variant}/)?"
+  fi
+  echo "#### CPU vs GPU, GPU device time$cpu_side"
+  report speedup "${both[@]}" --filter "$select" --cost "$cost" "${on[@]}"
   echo
-  echo "#### CPU vs GPU, GPU end to end (e2e:1: the batch copied from host memory, launches, the result read back)"
-  report speedup "${both[@]}" --filter "^model\.($models)/" --cuda-variant e2e:1 --cost "$cost"
+  echo "#### CPU vs GPU, GPU end to end (e2e:1: the batch copied from host memory, launches, the result read back)$cpu_side"
+  report speedup "${both[@]}" --filter "^model\.($models)/[a-z]+/f32/" --cuda-variant e2e:1 --cost "$cost" "${on[@]}"
   echo
   echo "#### CPU thread scaling"
   report threads "$run" --filter "^model\.($models)/cpu/f32/"
@@ -161,33 +170,38 @@ study_tables() {
   echo "#### Where the time goes"
   local r
   for r in "${both[@]}"; do
-    report breakdown "$r" --filter "^model\.$focus/(real|manual)_time$"
+    report breakdown "$r" --filter "^model\.$focus/$step_variant(real|manual)_time$"
   done
   echo
 }
 
 cmd_tables() {
-  local only=''
-  if [[ ${1:-} == --study ]]; then
+  local only='' variant=''
+  while [[ ${1:-} == --* ]]; do
     [[ $# -ge 2 ]] || usage
-    only=$2
+    case $1 in
+      --study) only=$2 ;;
+      --cpu-variant) variant=$2 ;;
+      *) usage ;;
+    esac
     shift 2
-    [[ " $STUDIES " == *" $only "* ]] || die "--study $only: expected one of: $STUDIES"
-  fi
+  done
+  [[ -z $only || " $STUDIES " == *" $only "* ]] || die "--study $only: expected one of: $STUDIES"
   [[ $# -ge 1 && $# -le 2 ]] || usage
   local f
   for f in "$@"; do [[ -r $f ]] || die "$f: cannot read"; done
   [[ -x $COMPARE ]] || die "$COMPARE: no hotops-compare executable (build it, or set BUILD or HOTOPS_COMPARE)"
   local s
   for s in $STUDIES; do
-    if [[ -z $only || $only == "$s" ]]; then study_tables "$s" "$@"; fi
+    if [[ -z $only || $only == "$s" ]]; then study_tables "$s" "$variant" "$@"; fi
   done
 }
 
 # Rewrites the generated blocks of a page (docs/studies.md). Each block sits between
-#   <!-- studies.sh tables --study NAME RUN.json [GPU.json] -->  and  <!-- end studies.sh -->
-# Without runs, each block is made again from the runs its marker names; with runs, every study's
-# first block is made from them (its marker updated) and the study's further blocks are removed.
+#   <!-- studies.sh tables --study NAME [--cpu-variant KEY:VALUE] RUN.json [GPU.json] -->  and
+#   <!-- end studies.sh -->
+# Without runs, each block is made again from the arguments its marker names; with runs, every
+# study's first block is made from them alone (its marker updated) and its further blocks are removed.
 cmd_doc() {
   [[ $# -ge 1 && $# -le 3 ]] || usage
   local page=$1

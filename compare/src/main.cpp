@@ -50,8 +50,9 @@ int main(int argc, char** argv) {
   s->add_option("--format", format, "console, md, csv or json");
   s->add_option("--cost", cost, "cpu=USD_PER_HOUR,cuda=USD_PER_HOUR: cost per million items");
   s->add_option("--max-noise", max_noise, max_noise_help);
-  std::string cuda_variant;
+  std::string cuda_variant, cpu_variant;
   s->add_option("--cuda-variant", cuda_variant, "KEY:VALUE: the GPU time of the CUDA entries with this arg (e.g. e2e:1, what a program pays) instead of those without it");
+  s->add_option("--cpu-variant", cpu_variant, "KEY:VALUE: the CPU time of the CPU entries with this arg (e.g. threads:1) instead of those without it");
   s->add_option("--filter", filter, "REGEX: only the entries whose names match (e.g. ^model\\.mlp_tiny/), in both runs");
 
   auto* th = app.add_subcommand("threads", "CPU time by thread count (threads:T sweeps): speed-up over one thread and efficiency");
@@ -130,6 +131,7 @@ int main(int argc, char** argv) {
       keep_matching(cpu_run, filter);
       keep_matching(cuda_run, filter);
       keep_variant(other_path.empty() ? cpu_run : cuda_run, "cuda", cuda_variant);
+      keep_variant(cpu_run, "cpu", cpu_variant);
       if (!filter.empty() && cpu_run.entries.empty() && cuda_run.entries.empty())
         throw InputError("--filter '" + filter + "' matches no entry of " + (other_path.empty() ? "the run" : "either run"));
       const Speedup result = speedup(cpu_run, other_path.empty() ? cpu_run : cuda_run, prices, max_noise);

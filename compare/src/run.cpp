@@ -363,7 +363,7 @@ void keep_variant(Run& run, const std::string& backend, const std::string& varia
   if (variant.empty()) return;
   const std::size_t colon = variant.find(':');
   if (colon == std::string::npos || colon == 0 || variant.find('/') != std::string::npos)
-    throw InputError("--cuda-variant '" + variant + "' is not one key:value arg (e.g. e2e:1)");
+    throw InputError("--" + backend + "-variant '" + variant + "' is not one key:value arg (e.g. e2e:1, threads:1)");
   const std::pair<std::string, std::string> arg{variant.substr(0, colon), variant.substr(colon + 1)};
   run.entries.erase(std::remove_if(run.entries.begin(), run.entries.end(),
                                    [&](Entry& e) {

@@ -325,22 +325,30 @@ TEST(Cli, SpeedupFilterKeepsOneModel) {
   EXPECT_EQ(j["groups"][0]["op"], "model.mlp_tiny");
 }
 
-TEST(Cli, SpeedupAgainstTheGpusEndToEndVariant) {
+// --cuda-variant e2e:1 sets the CPU against what a program pays on the GPU; --cpu-variant threads:1
+// against the CPU's one-thread entries. The entries of that backend without the arg are left out.
+TEST(Cli, SpeedupOfOneVariantOfEachBackend) {
   const std::string models = fx("h100_full_suite_models.json");
-  const Result r = run("speedup " + models + " --filter '^model\\.mlp_tiny/[a-z]+/f32/' --cuda-variant e2e:1 --format=json");
-  ASSERT_EQ(r.code, 0) << r.err;
-  const auto j = nlohmann::json::parse(r.out);
-  EXPECT_EQ(j["pairs"], 10);
-  EXPECT_EQ(j["cuda_only"], 0) << "the device-time and graph entries are left out";
-  for (const auto& row : j["groups"][0]["rows"])
-    for (const auto& c : row["cells"]) {
-      EXPECT_NE(c["cuda_name"].get<std::string>().find("/e2e:1/"), std::string::npos) << c["cuda_name"];
-      EXPECT_EQ(c["cpu_name"].get<std::string>().find("e2e"), std::string::npos) << c["cpu_name"];
-    }
-  for (const char* bad : {"e2e", ":1", "e2e:1/graph:1"}) {
-    const Result b = run("speedup " + models + " --cuda-variant " + bad);
+  struct Case {
+    std::string option, side, other_side, arg;
+  };
+  for (const Case& k : {Case{"--cuda-variant e2e:1", "cuda", "cpu", "/e2e:1/"}, Case{"--cpu-variant threads:1", "cpu", "cuda", "/threads:1/"}}) {
+    const Result r = run("speedup " + models + " --filter '^model\\.mlp_tiny/[a-z]+/f32/' " + k.option + " --format=json");
+    ASSERT_EQ(r.code, 0) << k.option << ": " << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["pairs"], 10) << k.option;
+    EXPECT_EQ(j[k.side + "_only"], 0) << k.option << ": that backend's other entries are left out";
+    for (const auto& row : j["groups"][0]["rows"])
+      for (const auto& c : row["cells"]) {
+        EXPECT_NE(c[k.side + "_name"].get<std::string>().find(k.arg), std::string::npos) << c[k.side + "_name"];
+        EXPECT_EQ(c[k.other_side + "_name"].get<std::string>().find(k.arg), std::string::npos) << c[k.other_side + "_name"];
+      }
+  }
+  for (const char* bad : {"--cuda-variant e2e", "--cuda-variant :1", "--cuda-variant e2e:1/graph:1", "--cpu-variant threads"}) {
+    const Result b = run("speedup " + models + " " + bad);
     EXPECT_EQ(b.code, 2) << bad;
     EXPECT_EQ(lines(b.err), 1) << bad << ": " << b.err;
+    EXPECT_NE(b.err.find(std::string(bad).substr(0, 14)), std::string::npos) << b.err;
   }
 }
 

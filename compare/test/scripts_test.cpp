@@ -159,6 +159,12 @@ TEST(Studies, TablesOfAStudyFromAFullSuiteRun) {
                            "| f32/train/batch:10 |", "16 threads", "#### Where the time goes"})
     EXPECT_NE(r.log.find(part), std::string::npos) << part << "\n" << r.log;
   EXPECT_EQ(r.log.find("model.mlp_mnist"), std::string::npos) << "one study's models only";
+
+  const Ran one = studies("tables --study tinymlp --cpu-variant threads:1 " + fx("h100_full_suite_models.json"));
+  ASSERT_EQ(one.code, 0) << one.log;
+  EXPECT_NE(one.log.find("#### CPU vs GPU, GPU device time, the CPU's threads:1 entries"), std::string::npos) << one.log;
+  EXPECT_NE(one.log.find("| f32/train | 0."), std::string::npos) << "the GPU is slower than one thread at batch 10: " << one.log;
+  EXPECT_EQ(one.log.find("bf16"), std::string::npos) << "the studies trained in f32";
 }
 
 TEST(Studies, AReportTheRunCannotGiveIsOneLineAndTheOthersGoOn) {
