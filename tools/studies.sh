@@ -126,7 +126,9 @@ report() {
   local out err
   err=$(mktemp)
   if out=$("$COMPARE" "$@" --format=md 2>"$err"); then
-    printf '%s\n' "$out" | sed -e '/^### hotops-compare /d' -e 's/^#### /##### /'
+    # A failed entry's message can list every tensor it checked: its row keeps the first 300 characters.
+    printf '%s\n' "$out" | sed -e '/^### hotops-compare /d' -e 's/^#### /##### /' |
+      awk '/^\| / && length($0) > 300 { print substr($0, 1, 300) " ... |"; next } { print }'
   else
     echo
     echo "_No table: $(tail -n 1 "$err" | sed 's/^hotops-compare: //')._"
@@ -143,8 +145,6 @@ study_tables() {
   local cpu_usd
   cpu_usd=$(cpu_price "$run")
   local cost="cpu=$cpu_usd,cuda=$GPU_USD_PER_HOUR"
-  local select="^model\.($models)/[a-z]+/f32/"
-  [[ $study == pyspark ]] && select="^(model\.($models)|mm|addmm|bmm|gelu|adamw|conv2d)/[a-z]+/f32/"
 
   echo "### ${!title_var}: tables from \`${both[*]}\`"
   echo
@@ -152,14 +152,20 @@ study_tables() {
   echo "Prices: the CPU machine $cpu_usd USD/hour ($CPU_USD_PER_VCPU_HOUR a vCPU), the GPU machine $GPU_USD_PER_HOUR USD/hour."
   echo
   # The CPU's entries with the variant's arg, when one is asked for, in the speed-ups and breakdowns.
-  local on=() cpu_side='' step_variant=''
+  local on=() cpu_side='' step_end='(real|manual)_time'
   if [[ -n $variant ]]; then
     on=(--cpu-variant "$variant")
     cpu_side=", the CPU's $variant entries"
-    step_variant="(${variant}/)?"
+    step_end="(${variant}/real_time|manual_time)"
   fi
   echo "#### CPU vs GPU, GPU device time$cpu_side"
-  report speedup "${both[@]}" --filter "$select" --cost "$cost" "${on[@]}"
+  report speedup "${both[@]}" --filter "^model\.($models)/[a-z]+/f32/" --cost "$cost" "${on[@]}"
+  if [[ $study == pyspark ]]; then
+    # The ops have no thread sweep: their CPU entries run on all the run's threads.
+    echo
+    echo "#### The profiles' ops, CPU vs GPU, GPU device time"
+    report speedup "${both[@]}" --filter "^(mm|addmm|bmm|gelu|adamw|conv2d)/[a-z]+/f32/"
+  fi
   echo
   echo "#### CPU vs GPU, GPU end to end (e2e:1: the batch copied from host memory, launches, the result read back)$cpu_side"
   report speedup "${both[@]}" --filter "^model\.($models)/[a-z]+/f32/" --cuda-variant e2e:1 --cost "$cost" "${on[@]}"
@@ -170,7 +176,7 @@ study_tables() {
   echo "#### Where the time goes"
   local r
   for r in "${both[@]}"; do
-    report breakdown "$r" --filter "^model\.$focus/$step_variant(real|manual)_time$"
+    report breakdown "$r" --filter "^model\.$focus/$step_end$"
   done
   echo
 }
