@@ -443,6 +443,95 @@ Scaling scaling(const Run& run, double min_speedup) {
   return out;
 }
 
+Threads threads(const Run& run, double noisy_pct) {
+  Threads out;
+  // The run's own thread count, for an entry that says nothing of its threads.
+  std::optional<int> run_threads;
+  const auto ctx = run.context.find("threads");
+  if (ctx != run.context.end() && all_digits(ctx->second)) run_threads = static_cast<int>(std::min(std::stoll(ctx->second), 1LL << 20));
+
+  struct Sweep {
+    std::string op;
+    ThreadsRow row;
+  };
+  std::vector<std::string> order;          // problems (the name less threads, backend and suffix)
+  std::map<std::string, Sweep> sweeps;
+  std::map<std::string, std::vector<const Entry*>> failed;
+  for (const Entry& e : run.entries) {
+    const Name& n = e.name;
+    if (!n.hotops || n.backend != "cpu") continue;
+    std::string variant = n.dtype + "/" + n.direction;
+    std::optional<int> t;
+    bool swept = false;
+    for (const auto& [k, v] : n.args) {
+      if (k == "threads" && all_digits(v)) {
+        t = static_cast<int>(std::min(std::stoll(v), 1LL << 20));
+        swept = true;
+        continue;
+      }
+      variant += "/" + k + ":" + v;
+    }
+    if (!t) {
+      if (const auto c = e.threads(); c && *c >= 1 && *c < (1 << 20)) t = static_cast<int>(*c);
+      else t = run_threads;
+    }
+    const std::string problem = n.op + "/" + variant;
+    if (!sweeps.count(problem)) {
+      order.push_back(problem);
+      sweeps[problem].op = n.op;
+      sweeps[problem].row.variant = variant;
+    }
+    if (!e.has_time()) {
+      failed[problem].push_back(&e);
+      continue;
+    }
+    if (!t || *t < 1) continue;
+    auto& cells = sweeps[problem].row.cells;
+    const auto same = std::find_if(cells.begin(), cells.end(), [&t](const ThreadsCell& c) { return c.threads == *t; });
+    // A sweep entry and the all-threads entry at the same count: the sweep's entry names it.
+    if (same != cells.end()) {
+      if (swept) same->entry = &e;
+      continue;
+    }
+    ThreadsCell c;
+    c.threads = *t;
+    c.entry = &e;
+    cells.push_back(c);
+  }
+
+  std::map<std::string, ThreadsGroup> groups;
+  for (const std::string& problem : order) {
+    Sweep& sw = sweeps[problem];
+    ThreadsRow& row = sw.row;
+    const bool sweep = row.cells.size() + failed[problem].size() >= 2;
+    if (!sweep) continue;
+    for (const Entry* e : failed[problem]) out.unmeasured.push_back(e);
+    if (row.cells.size() < 2) continue;
+    std::sort(row.cells.begin(), row.cells.end(), [](const ThreadsCell& a, const ThreadsCell& b) { return a.threads < b.threads; });
+    const ThreadsCell* one = row.cells.front().threads == 1 ? &row.cells.front() : nullptr;
+    double best = std::numeric_limits<double>::infinity();
+    for (ThreadsCell& c : row.cells) {
+      c.marks = entry_marks(*c.entry, noisy_pct);
+      const double ns = c.entry->time_ns();
+      if (ns < best) best = ns, row.fastest = c.threads;
+      if (!one || !(ns > 0)) continue;
+      c.speedup = one->entry->time_ns() / ns;
+      c.efficiency = *c.speedup / c.threads;
+    }
+    ThreadsGroup& g = groups[sw.op];
+    g.op = sw.op;
+    for (const ThreadsCell& c : row.cells)
+      if (std::find(g.threads.begin(), g.threads.end(), c.threads) == g.threads.end()) g.threads.push_back(c.threads);
+    std::sort(g.threads.begin(), g.threads.end());
+    g.rows.push_back(row);
+  }
+  if (groups.empty())
+    throw InputError(run.source + ": no CPU problem is measured at two or more thread counts (threads:T args; bench's model "
+                                  "steps have them)");
+  for (auto& [op, g] : groups) out.groups.push_back(std::move(g));
+  return out;
+}
+
 Gate gate(const Run& base, const Run& next, const GateOptions& o) {
   Gate g;
   g.diff = diff(base, next);

@@ -183,6 +183,38 @@ struct Scaling {
 // Throws InputError when the run has no entry with a gpus arg.
 Scaling scaling(const Run& run, double min_speedup = 1.5);
 
+// ---- threads -------------------------------------------------------------------------------
+// CPU entries by thread count: each problem measured with `threads:T` args (bench's thread sweep)
+// and without one (all the run's threads, its cpu_threads counter or the context's `threads`),
+// with the speed-up over one thread, time(1) / time(T), and the efficiency speed-up / T.
+struct ThreadsCell {
+  int threads = 0;
+  const Entry* entry = nullptr;
+  std::optional<double> speedup;       // time at 1 thread / time at T threads
+  std::optional<double> efficiency;    // speedup / T
+  std::vector<std::string> marks;      // entry_marks: a time not to quote as it stands
+};
+
+struct ThreadsRow {
+  std::string variant;                 // dtype/direction/args, the threads arg left out
+  std::vector<ThreadsCell> cells;      // by increasing thread count
+  int fastest = 0;                     // the thread count with the shortest time
+};
+
+struct ThreadsGroup {
+  std::string op;                      // op or model.<name>
+  std::vector<int> threads;            // every thread count of the group's rows, increasing
+  std::vector<ThreadsRow> rows;        // in the run's order of first appearance
+};
+
+struct Threads {
+  std::vector<ThreadsGroup> groups;    // by op name
+  std::vector<const Entry*> unmeasured;  // entries of a sweep without a time (failed or skipped), with why
+};
+
+// Throws InputError when no CPU problem of the run is measured at two or more thread counts.
+Threads threads(const Run& run, double noisy_pct = kNoisyPct);
+
 // ---- gate -----------------------------------------------------------------------------------
 struct GateOptions {
   double max_slowdown_pct = 5;

@@ -1,4 +1,4 @@
-// hotops-compare: diffs, CPU/GPU speed-ups, per-op breakdowns of model steps, multi-GPU scaling and a regression gate
+// hotops-compare: diffs, CPU/GPU speed-ups, per-op breakdowns of model steps, CPU thread and multi-GPU scaling and a regression gate
 // over Google Benchmark JSON.
 // Exit codes: 0 done (gate passed), 1 gate failed, 2 bad input or usage.
 #include <CLI/CLI.hpp>
@@ -50,6 +50,16 @@ int main(int argc, char** argv) {
   s->add_option("--format", format, "console, md, csv or json");
   s->add_option("--cost", cost, "cpu=USD_PER_HOUR,cuda=USD_PER_HOUR: cost per million items");
   s->add_option("--max-noise", max_noise, max_noise_help);
+  std::string cuda_variant, cpu_variant;
+  s->add_option("--cuda-variant", cuda_variant, "KEY:VALUE: the GPU time of the CUDA entries with this arg (e.g. e2e:1, what a program pays) instead of those without it");
+  s->add_option("--cpu-variant", cpu_variant, "KEY:VALUE: the CPU time of the CPU entries with this arg (e.g. threads:1) instead of those without it");
+  s->add_option("--filter", filter, "REGEX: only the entries whose names match (e.g. ^model\\.mlp_tiny/), in both runs");
+
+  auto* th = app.add_subcommand("threads", "CPU time by thread count (threads:T sweeps): speed-up over one thread and efficiency");
+  th->add_option("RUN", run_path, "a run with CPU entries at several thread counts")->required();
+  th->add_option("--format", format, "console, md, csv or json");
+  th->add_option("--filter", filter, "REGEX: only the entries whose names match (e.g. ^model\\.mlp_mnist/)");
+  th->add_option("--max-noise", max_noise, max_noise_help);
 
   auto* g = app.add_subcommand("gate", "exit 1 when an entry is significantly slower than the threshold allows, vanished or fails");
   g->add_option("BASE", base_path, "baseline run (JSON)")->required();
@@ -116,8 +126,14 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (s->parsed()) {
-      const Run cpu_run = read_run(run_path);
-      const Run cuda_run = other_path.empty() ? Run{} : read_run(other_path);
+      Run cpu_run = read_run(run_path);
+      Run cuda_run = other_path.empty() ? Run{} : read_run(other_path);
+      keep_matching(cpu_run, filter);
+      keep_matching(cuda_run, filter);
+      keep_variant(other_path.empty() ? cpu_run : cuda_run, "cuda", cuda_variant);
+      keep_variant(cpu_run, "cpu", cpu_variant);
+      if (!filter.empty() && cpu_run.entries.empty() && cuda_run.entries.empty())
+        throw InputError("--filter '" + filter + "' matches no entry of " + (other_path.empty() ? "the run" : "either run"));
       const Speedup result = speedup(cpu_run, other_path.empty() ? cpu_run : cuda_run, prices, max_noise);
       for (const auto& w : result.warnings) warn(w);
       if (result.pairs == 0)
@@ -131,6 +147,13 @@ int main(int argc, char** argv) {
       Run run = read_run(run_path);
       keep_matching(run, filter);
       print_scaling(std::cout, scaling(run, min_speedup), style);
+      return 0;
+    }
+    if (th->parsed()) {
+      Run run = read_run(run_path);
+      keep_matching(run, filter);
+      if (!filter.empty() && run.entries.empty()) throw InputError("--filter '" + filter + "' matches no entry of " + run_path);
+      print_threads(std::cout, threads(run, max_noise), style);
       return 0;
     }
     if (b->parsed()) {

@@ -173,12 +173,18 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
 // " [unverified, noisy]", or "" for a row without marks.
 std::string marks_text(const std::vector<std::string>& marks) { return marks.empty() ? "" : " [" + join(marks, ", ") + "]"; }
 
-// A speed-up's mark: "!" from an unverified entry, "~" from a noisy one (both: "!~").
-std::string cell_mark(const SpeedupCell& c) {
+// A figure's mark: "!" from an unverified entry, "~" from a noisy one (both: "!~").
+std::string mark_symbols(const std::vector<std::string>& marks) {
   std::string m;
-  for (const std::string& x : c.marks) m += x == "unverified" ? "!" : x == "noisy" ? "~" : "";
+  for (const std::string& x : marks) m += x == "unverified" ? "!" : x == "noisy" ? "~" : "";
   return m;
 }
+std::string cell_mark(const SpeedupCell& c) { return mark_symbols(c.marks); }
+
+// The legend of the marks, printed once above tables that hold a marked figure.
+const char* kMarkLegend =
+    "marked ratios, not to quote as they stand: ! from an entry whose output was not verified, ~ from an entry "
+    "whose samples spread beyond --max-noise\n";
 
 // An entry's name in a tracker: an unverified time keeps its mark there, as a series of its own.
 std::string export_name(const Entry& e) { return e.name.full + (e.unverified() ? " [NOT VERIFIED]" : ""); }
@@ -186,6 +192,23 @@ std::string export_name(const Entry& e) { return e.name.full + (e.unverified() ?
 // Why a model entry has no breakdown: it has no time, or its run predates the breakdown counters.
 std::string why_no_breakdown(const Entry& e) {
   return e.has_time() ? "no breakdown counters (a run of an older hotops)" : no_time_message(e);
+}
+
+// Entries without a time, as JSON: name and why.
+json unmeasured_json(const std::vector<const Entry*>& entries) {
+  json a = json::array();
+  for (const Entry* e : entries) a.push_back({{"name", e->name.full}, {"message", no_time_message(*e)}});
+  return a;
+}
+
+// The table of entries without a time that follows speedup's and threads' tables.
+void render_unmeasured(std::ostream& out, const Style& s, const std::vector<const Entry*>& entries) {
+  if (entries.empty()) return;
+  Table t;
+  t.head = {"entry", "why it has no time"};
+  t.right = {false, false};
+  for (const Entry* e : entries) t.add({e->name.full, no_time_message(*e)});
+  render_section(out, s, "entries without a time (their cells are empty)", "entries without a time (their cells are empty)", t);
 }
 
 std::string row_message(const DiffRow& r) {
@@ -384,9 +407,7 @@ void print_speedup(std::ostream& out, const Speedup& sp, const Style& s) {
     j["cpu_only"] = sp.cpu_only;
     j["cuda_only"] = sp.cuda_only;
     j["warnings"] = sp.warnings;
-    json unmeasured = json::array();
-    for (const Entry* e : sp.unmeasured) unmeasured.push_back({{"name", e->name.full}, {"message", no_time_message(*e)}});
-    j["unmeasured"] = unmeasured;
+    j["unmeasured"] = unmeasured_json(sp.unmeasured);
     json groups = json::array();
     for (const auto& g : sp.groups) {
       json rows = json::array();
@@ -440,8 +461,7 @@ void print_speedup(std::ostream& out, const Speedup& sp, const Style& s) {
       for (const auto& c : r.cells) marked |= !c.marks.empty();
   if (marked)
     out << (s.format == Format::md ? "\n" : "")
-        << "marked ratios, not to quote as they stand: ! from an entry whose output was not verified, ~ from an entry "
-           "whose samples spread beyond --max-noise\n";
+        << kMarkLegend;
   for (const auto& g : sp.groups) {
     Table t;
     t.head = {"variant"};
@@ -482,13 +502,7 @@ void print_speedup(std::ostream& out, const Speedup& sp, const Style& s) {
         }
     render_section(out, s, "cost per million items", "cost per million items (USD)", t);
   }
-  if (!sp.unmeasured.empty()) {
-    Table t;
-    t.head = {"entry", "why it has no time"};
-    t.right = {false, false};
-    for (const Entry* e : sp.unmeasured) t.add({e->name.full, no_time_message(*e)});
-    render_section(out, s, "entries without a time (their cells are empty)", "entries without a time (their cells are empty)", t);
-  }
+  render_unmeasured(out, s, sp.unmeasured);
   out << "\n" << sp.pairs << " problems on both backends; " << sp.cpu_only << " only on cpu, " << sp.cuda_only
       << " only on cuda; " << sp.unmeasured.size() << " entries without a time\n";
 }
@@ -667,9 +681,7 @@ void print_scaling(std::ostream& out, const Scaling& sc, const Style& s) {
       }
       groups.push_back(x);
     }
-    json unmeasured = json::array();
-    for (const Entry* e : sc.unmeasured) unmeasured.push_back({{"name", e->name.full}, {"message", no_time_message(*e)}});
-    out << json{{"min_speedup", sc.min_speedup}, {"groups", groups}, {"unmeasured", unmeasured}}.dump(2) << '\n';
+    out << json{{"min_speedup", sc.min_speedup}, {"groups", groups}, {"unmeasured", unmeasured_json(sc.unmeasured)}}.dump(2) << '\n';
     return;
   }
   if (s.format == Format::csv) {
@@ -728,6 +740,79 @@ void print_scaling(std::ostream& out, const Scaling& sc, const Style& s) {
     for (const Entry* e : sc.unmeasured) t.add({e->name.full, no_time_message(*e)});
     render_section(out, s, "Entries without a time", "entries without a time", t);
   }
+}
+
+void print_threads(std::ostream& out, const Threads& th, const Style& s) {
+  const auto head = [](int t) { return std::to_string(t) + (t == 1 ? " thread" : " threads"); };
+  if (s.format == Format::json) {
+    json groups = json::array();
+    for (const ThreadsGroup& g : th.groups) {
+      json rows = json::array();
+      for (const ThreadsRow& r : g.rows) {
+        json cells = json::array();
+        for (const ThreadsCell& c : r.cells)
+          cells.push_back({{"threads", c.threads}, {"name", c.entry->name.full}, {"time_ns", jnum(c.entry->time_ns())},
+                           {"speedup", jnum(c.speedup)}, {"efficiency", jnum(c.efficiency)}, {"marks", c.marks}});
+        rows.push_back({{"variant", r.variant}, {"fastest_threads", r.fastest}, {"cells", cells}});
+      }
+      groups.push_back({{"op", g.op}, {"threads", g.threads}, {"rows", rows}});
+    }
+    out << json{{"groups", groups}, {"unmeasured", unmeasured_json(th.unmeasured)}}.dump(2) << '\n';
+    return;
+  }
+  if (s.format == Format::csv) {
+    render_csv_line(out, {"op", "variant", "threads", "time_ns", "speedup_vs_1_thread", "efficiency", "marks", "name"});
+    for (const ThreadsGroup& g : th.groups)
+      for (const ThreadsRow& r : g.rows)
+        for (const ThreadsCell& c : r.cells)
+          render_csv_line(out, {g.op, r.variant, std::to_string(c.threads), num(c.entry->time_ns()), num(c.speedup),
+                                num(c.efficiency), join(c.marks, "; "), c.entry->name.full});
+    return;
+  }
+  const bool md = s.format == Format::md;
+  out << (md ? "### hotops-compare threads: CPU time by thread count\n"
+             : "CPU time by thread count; in brackets the speed-up over one thread, time(1) / time(T), and the "
+               "efficiency speed-up / T\n");
+  if (md) out << "\nEach cell: time per execution (speed-up over one thread, efficiency = speed-up / threads).\n";
+  bool marked = false;
+  for (const ThreadsGroup& g : th.groups)
+    for (const ThreadsRow& r : g.rows)
+      for (const ThreadsCell& c : r.cells) marked |= !c.marks.empty();
+  if (marked) out << (md ? "\n" : "") << kMarkLegend;
+  for (const ThreadsGroup& g : th.groups) {
+    Table t;
+    t.head = {"variant"};
+    for (int n : g.threads) t.head.push_back(head(n));
+    t.head.push_back("fastest");
+    t.right.assign(t.head.size(), true);
+    t.right.front() = false;
+    for (const ThreadsRow& r : g.rows) {
+      std::vector<std::string> cells{r.variant};
+      std::vector<Colour> colours{plain};
+      for (int n : g.threads) {
+        const auto it = std::find_if(r.cells.begin(), r.cells.end(), [n](const ThreadsCell& c) { return c.threads == n; });
+        if (it == r.cells.end()) {
+          cells.push_back(""), colours.push_back(plain);
+          continue;
+        }
+        std::string text = format_time(it->entry->time_ns()) + mark_symbols(it->marks);
+        if (it->speedup && n != 1) text += " (" + times(*it->speedup) + ", " + fmt("%.0f%%", *it->efficiency * 100) + ")";
+        cells.push_back(text);
+        colours.push_back(!it->speedup || n == 1 ? plain : *it->speedup > 1 ? green : red);
+      }
+      cells.push_back(head(r.fastest));
+      colours.push_back(plain);
+      t.add(cells, colours);
+    }
+    if (md) {
+      out << "\n#### " << g.op << "\n\n";
+      render_md(out, t);
+    } else {
+      out << "\n" << g.op << "\n";
+      render_console(out, t, s.colour);
+    }
+  }
+  render_unmeasured(out, s, th.unmeasured);
 }
 
 int export_run(std::ostream& out, const Run& run, Tracker t) {

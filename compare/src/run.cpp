@@ -359,6 +359,24 @@ void keep_matching(Run& run, const std::string& pattern) {
                     run.entries.end());
 }
 
+void keep_variant(Run& run, const std::string& backend, const std::string& variant) {
+  if (variant.empty()) return;
+  const std::size_t colon = variant.find(':');
+  if (colon == std::string::npos || colon == 0 || variant.find('/') != std::string::npos)
+    throw InputError("--" + backend + "-variant '" + variant + "' is not one key:value arg (e.g. e2e:1, threads:1)");
+  const std::pair<std::string, std::string> arg{variant.substr(0, colon), variant.substr(colon + 1)};
+  run.entries.erase(std::remove_if(run.entries.begin(), run.entries.end(),
+                                   [&](Entry& e) {
+                                     if (e.name.backend != backend) return false;
+                                     auto& args = e.name.args;
+                                     const auto it = std::find(args.begin(), args.end(), arg);
+                                     if (it == args.end()) return true;
+                                     args.erase(it);
+                                     return false;
+                                   }),
+                    run.entries.end());
+}
+
 Run read_run(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw InputError(path + ": cannot open (missing or unreadable)");

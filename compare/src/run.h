@@ -89,6 +89,12 @@ Run read_run(const std::string& path);
 // regex, as --benchmark_filter matches); "" keeps all. Throws InputError on a bad pattern.
 void keep_matching(Run& run, const std::string& pattern);
 
+// Keeps, of the `backend` entries, those whose name carries the arg `variant` ("e2e:1", "threads:1"), with that
+// arg taken out of their args so that they join the other backend's entries of the same problem
+// (their full names stay as written); the backend's entries without it are dropped, other
+// backends' entries stay. "" keeps all. Throws InputError when `variant` is not key:value.
+void keep_variant(Run& run, const std::string& backend, const std::string& variant);
+
 // Replaces the non-JSON tokens NaN, -NaN, Infinity and -Infinity outside strings with null.
 std::string sanitize_nonfinite(const std::string& text);
 

@@ -282,6 +282,76 @@ TEST(Cli, BadInputExitsTwoWithOneLine) {
   std::remove(not_gb.c_str());
 }
 
+TEST(Cli, ThreadsOfTheModelStepsByThreadCount) {
+  const std::string models = fx("h100_full_suite_models.json");
+  const Result r = run("threads " + models + " --filter '^model\\.mlp_mnist/cpu/f32/'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("model.mlp_mnist"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("16 threads"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("f32/train/batch:128"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("bf16"), std::string::npos) << "--filter keeps the f32 entries only";
+  for (const char* f : {"md", "csv", "json"}) {
+    const Result x = run(std::string("threads --format=") + f + " " + models + " --filter mlp_mnist");
+    EXPECT_EQ(x.code, 0) << f << ": " << x.err;
+    EXPECT_NE(x.out.find("batch:1024"), std::string::npos) << f;
+  }
+  const Result j = run("threads --format=json " + models + " --filter 'mlp_mnist/cpu/f32/train/batch:128/'");
+  ASSERT_EQ(j.code, 0) << j.err;
+  const auto rows = nlohmann::json::parse(j.out)["groups"][0]["rows"];
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0]["cells"].size(), 4u);
+  EXPECT_EQ(rows[0]["cells"][0]["threads"], 1);
+  EXPECT_EQ(rows[0]["cells"][3]["threads"], 16);
+}
+
+TEST(Cli, ThreadsAndSpeedupFilterBadInputIsOneLineAndExit2) {
+  const std::string models = fx("h100_full_suite_models.json");
+  for (const std::string& args : {"threads " + fx("gb17_base.json"), "threads " + models + " --filter '^nothing/'",
+                                   "threads " + models + " --filter '('", "threads " + models + " --format=xml",
+                                   "speedup " + models + " --filter '^nothing/'",
+                                   "speedup " + models + " --filter '^model\\.mlp_tiny/cpu/'"}) {
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_EQ(r.out, "") << args;
+    EXPECT_EQ(lines(r.err), 1) << args << ": " << r.err;
+  }
+}
+
+TEST(Cli, SpeedupFilterKeepsOneModel) {
+  const Result r = run("speedup " + fx("h100_full_suite_models.json") + " --filter '^model\\.mlp_tiny/' --format=json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["groups"].size(), 1u);
+  EXPECT_EQ(j["groups"][0]["op"], "model.mlp_tiny");
+}
+
+// --cuda-variant e2e:1 sets the CPU against what a program pays on the GPU; --cpu-variant threads:1
+// against the CPU's one-thread entries. The entries of that backend without the arg are left out.
+TEST(Cli, SpeedupOfOneVariantOfEachBackend) {
+  const std::string models = fx("h100_full_suite_models.json");
+  struct Case {
+    std::string option, side, other_side, arg;
+  };
+  for (const Case& k : {Case{"--cuda-variant e2e:1", "cuda", "cpu", "/e2e:1/"}, Case{"--cpu-variant threads:1", "cpu", "cuda", "/threads:1/"}}) {
+    const Result r = run("speedup " + models + " --filter '^model\\.mlp_tiny/[a-z]+/f32/' " + k.option + " --format=json");
+    ASSERT_EQ(r.code, 0) << k.option << ": " << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["pairs"], 10) << k.option;
+    EXPECT_EQ(j[k.side + "_only"], 0) << k.option << ": that backend's other entries are left out";
+    for (const auto& row : j["groups"][0]["rows"])
+      for (const auto& c : row["cells"]) {
+        EXPECT_NE(c[k.side + "_name"].get<std::string>().find(k.arg), std::string::npos) << c[k.side + "_name"];
+        EXPECT_EQ(c[k.other_side + "_name"].get<std::string>().find(k.arg), std::string::npos) << c[k.other_side + "_name"];
+      }
+  }
+  for (const char* bad : {"--cuda-variant e2e", "--cuda-variant :1", "--cuda-variant e2e:1/graph:1", "--cpu-variant threads"}) {
+    const Result b = run("speedup " + models + " " + bad);
+    EXPECT_EQ(b.code, 2) << bad;
+    EXPECT_EQ(lines(b.err), 1) << bad << ": " << b.err;
+    EXPECT_NE(b.err.find(std::string(bad).substr(0, 14)), std::string::npos) << b.err;
+  }
+}
+
 TEST(Cli, HelpExitsZero) {
   const Result r = run("--help");
   EXPECT_EQ(r.code, 0);

@@ -1,6 +1,7 @@
 // The repository's scripts as CI and users run them: the workflow's gate step (tools/ci_gate.sh),
-// whose exit code decides the job, and tools/compare_plot.py (which machines each chart names, one
-// roofline per machine, the install command when matplotlib is missing).
+// whose exit code decides the job, tools/compare_plot.py (which machines each chart names, one
+// roofline per machine, the install command when matplotlib is missing) and tools/studies.sh (the
+// tables of docs/studies.md).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -141,6 +142,61 @@ TEST(Plot, WithoutMatplotlibSaysHowToInstallIt) {
               p.log.find(" -m pip install matplotlib") != std::string::npos)
       << p.log;
   std::system(("rm -rf " + dir).c_str());
+}
+
+
+// tools/studies.sh with hotops-compare from this build.
+Ran studies(const std::string& args) {
+  return sh("HOTOPS_COMPARE=" + std::string(HOTOPS_COMPARE_PATH) + " bash " + tools_dir() + "/studies.sh " + args);
+}
+
+TEST(Studies, TablesOfAStudyFromAFullSuiteRun) {
+  const Ran r = studies("tables --study tinymlp " + fx("h100_full_suite_models.json"));
+  ASSERT_EQ(r.code, 0) << r.log;
+  for (const char* part : {"### The PyTorch tiny-MLP notebook: tables from", "NVIDIA H100 80GB HBM3",
+                           "the CPU machine 0.80 USD/hour", "#### CPU vs GPU, GPU device time", "##### model.mlp_tiny",
+                           "##### cost per million items", "#### CPU vs GPU, GPU end to end", "#### CPU thread scaling",
+                           "| f32/train/batch:10 |", "16 threads", "#### Where the time goes"})
+    EXPECT_NE(r.log.find(part), std::string::npos) << part << "\n" << r.log;
+  EXPECT_EQ(r.log.find("model.mlp_mnist"), std::string::npos) << "one study's models only";
+
+  const Ran one = studies("tables --study tinymlp --cpu-variant threads:1 " + fx("h100_full_suite_models.json"));
+  ASSERT_EQ(one.code, 0) << one.log;
+  EXPECT_NE(one.log.find("#### CPU vs GPU, GPU device time, the CPU's threads:1 entries"), std::string::npos) << one.log;
+  EXPECT_NE(one.log.find("| f32/train | 0."), std::string::npos) << "the GPU is slower than one thread at batch 10: " << one.log;
+  EXPECT_EQ(one.log.find("bf16"), std::string::npos) << "the studies trained in f32";
+}
+
+TEST(Studies, AReportTheRunCannotGiveIsOneLineAndTheOthersGoOn) {
+  // The CPU-only fixture has no CUDA entry, so no speed-up; its thread scaling is missing too.
+  const Ran r = studies("tables --study tinymlp " + fx("bench_gb171_cpu.json"));
+  ASSERT_EQ(r.code, 0) << r.log;
+  EXPECT_NE(r.log.find("_No table: no problem is measured on both backends"), std::string::npos) << r.log;
+  EXPECT_NE(r.log.find("#### Where the time goes"), std::string::npos) << r.log;
+}
+
+TEST(Studies, BadUsageExitsTwo) {
+  for (const std::string& args : {std::string("tables"), "tables --study nosuch " + fx("gb17_base.json"), std::string("tables /nonexistent.json"),
+                                  std::string("frobnicate")})
+    EXPECT_EQ(studies(args).code, 2) << args;
+  const Ran f = studies("filter");
+  ASSERT_EQ(f.code, 0);
+  EXPECT_NE(f.log.find("model\\.(mlp_tiny"), std::string::npos) << f.log;
+}
+
+TEST(Studies, DocRemakesEachBlockFromTheRunsItsMarkerNames) {
+  const std::string page = temp("studies.md");
+  std::ofstream(page) << "# page\n\nprose\n\n<!-- studies.sh tables --study tinymlp " + fx("h100_full_suite_models.json") +
+                             " -->\nold table\n<!-- end studies.sh -->\n\nmore prose\n";
+  const Ran r = studies("doc " + page);
+  ASSERT_EQ(r.code, 0) << r.log;
+  const std::string text = slurp(page);
+  EXPECT_EQ(text.find("old table"), std::string::npos) << text;
+  EXPECT_NE(text.find("##### model.mlp_tiny"), std::string::npos) << text;
+  EXPECT_NE(text.find("more prose"), std::string::npos) << text;
+  std::ofstream(page) << "no block\n";
+  EXPECT_NE(studies("doc " + page).code, 0);
+  std::remove(page.c_str());
 }
 
 }  // namespace
