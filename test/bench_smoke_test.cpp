@@ -376,7 +376,8 @@ TEST(BenchSmoke, HostBuffersOfACaseAreAccountedTogetherUnderACgroupLimit) {
   const std::string msg = b.value("error_message", "");
   EXPECT_NE(msg.find("out of host memory"), std::string::npos) << msg;
   EXPECT_NE(msg.find("available"), std::string::npos) << msg;
-  std::system(("rmdir " + procs.substr(0, procs.rfind('/')) + " 2>/dev/null").c_str());
+  if (std::system(("rmdir " + procs.substr(0, procs.rfind('/')) + " 2>/dev/null").c_str()) != 0)
+    std::fprintf(stderr, "could not remove the test's cgroup %s\n", procs.substr(0, procs.rfind('/')).c_str());
 }
 
 // The GPU faults: HOTOPS_TEST_FAULT=<kind> puts a faulting CUDA benchmark first.
@@ -547,7 +548,8 @@ TEST(BenchSmoke, AnOutputFileWrittenOnlyInPartIsAnError) {
     GTEST_SKIP() << "no small file system can be mounted here (needs root) to fill";
   const Result r = run("--hotops_roofline=0 --benchmark_filter=mlp_tiny --benchmark_min_time=0.01 --benchmark_out=" + dir +
                        "/out.json");
-  std::system(("umount " + dir + " && rmdir " + dir).c_str());
+  if (std::system(("umount " + dir + " && rmdir " + dir).c_str()) != 0)
+    std::fprintf(stderr, "could not unmount and remove %s\n", dir.c_str());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("is incomplete"), std::string::npos) << r.output;
 }

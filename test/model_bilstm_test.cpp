@@ -304,7 +304,7 @@ TEST(ModelBilstmTraining, LossFallsCpuBf16) {
 // The character LSTM (Keras' lstm_text_generation.py): one direction, one-hot input, 57 classes.
 
 TEST(ModelTextgenLayout, ParameterCountsAndAlignment) {
-  const Config& c = config_named("lstm_textgen");
+  const Config c = config_named("lstm_textgen");
   EXPECT_TRUE(c.one_hot && c.D == 1 && !c.fused_loss());
   const Layout l = layout_of(c);
   // No embedding; W_ih 512 x 57, W_hh 512 x 128, b_ih, b_hh 512; dense 128 x 57 + 57: 103,097 (Keras'

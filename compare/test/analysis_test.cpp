@@ -58,7 +58,7 @@ TEST(Diff, ConsistentShiftWithinTheNoiseIntervalIsNotSignificant) {
   const RunData base = reps({100, 100.2, 100.4, 100.6, 100.8}, "b.json");
   const RunData next = reps({101.5, 101.7, 101.9, 102.1, 102.3}, "n.json");
   const Diff d = diff(base, next);
-  const DiffRow& r = row(d, "a");
+  const DiffRow r = row(d, "a");
   EXPECT_NEAR(r.utest->p, 0.00794, 1e-5);
   EXPECT_NEAR(r.ratio, 101.9 / 100.4, 1e-12);
   EXPECT_NEAR(utest_against_scaled_base(r, 1.01)->p, 0.0556, 1e-4);
@@ -69,7 +69,7 @@ TEST(Diff, ConsistentShiftWithinTheNoiseIntervalIsNotSignificant) {
   s.noise_pct = 0;
   EXPECT_TRUE(significant_change(r, s));
   // Faster the same way: the same answers, tested against base x 0.99.
-  const DiffRow& f = row(diff(next, base), "a");
+  const DiffRow f = row(diff(next, base), "a");
   s.noise_pct = 1;
   EXPECT_FALSE(significant_change(f, s));
   s.noise_pct = 0.5;
@@ -147,7 +147,7 @@ TEST(Speedup, OneRunWithBothBackends) {
   EXPECT_EQ(s.unmeasured[0]->name.op, "conv2d");
 
   // M follows the batch (M = 128 x batch): one row spans batches 1, 8 and 32.
-  const SpeedupGroup& mm = group(s, "mm");
+  const SpeedupGroup mm = group(s, "mm");
   ASSERT_EQ(mm.rows.size(), 1u);
   const SpeedupRow& ffn = mm.rows[0];
   EXPECT_EQ(ffn.variant, "f32/fwd/shape:bert.ffn_up/M:batch*128/N:3072/K:768");
@@ -158,9 +158,9 @@ TEST(Speedup, OneRunWithBothBackends) {
   EXPECT_FALSE(ffn.crossover_at_smallest);
 
   // The GPU wins at 64, loses at 256, wins from 1024 on: the crossover is 1024, not 64.
-  const SpeedupGroup& mlp = group(s, "model.mlp_tiny");
+  const SpeedupGroup mlp = group(s, "model.mlp_tiny");
   EXPECT_EQ(mlp.batches, (std::vector<long long>{10, 64, 256, 1024, 4096}));
-  const SpeedupRow& train = variant(mlp, "f32/train");
+  const SpeedupRow train = variant(mlp, "f32/train");
   EXPECT_EQ(train.crossover, 1024);
   // The GPU never wins at the largest batch: no crossover.
   EXPECT_FALSE(variant(mlp, "f32/infer").crossover);
@@ -196,7 +196,7 @@ TEST(Speedup, EveryModelOfAFullSuiteRunOnTheH100Host) {
   for (const SpeedupGroup& g : s.groups) {
     ASSERT_EQ(g.rows.size(), 4u) << g.op;
     for (const char* v : {"bf16/infer", "bf16/train", "f32/infer", "f32/train"}) {
-      const SpeedupRow& row = variant(g, v);
+      const SpeedupRow row = variant(g, v);
       ASSERT_TRUE(row.crossover) << g.op << " " << v;
       if (g.op == "model.mlp_tiny") {
         EXPECT_EQ(*row.crossover, 64) << v;
@@ -213,7 +213,7 @@ TEST(Speedup, EveryModelOfAFullSuiteRunOnTheH100Host) {
     EXPECT_EQ(e->name.op, "model.keras_cnn");
     EXPECT_EQ(e->message.rfind("verification failed", 0), 0u) << e->message;
   }
-  const SpeedupGroup& cnn = group(s, "model.keras_cnn");
+  const SpeedupGroup cnn = group(s, "model.keras_cnn");
   EXPECT_EQ(variant(cnn, "bf16/train").cells.size(), 2u) << "batch 64's CPU entry failed";
   EXPECT_EQ(variant(cnn, "f32/train").cells.size(), 3u);
 }

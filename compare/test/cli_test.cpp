@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -382,7 +383,7 @@ TEST(Plot, SpeedupAndRooflinePngAndSvg) {
     in.seekg(0, std::ios::end);
     EXPECT_GT(in.tellg(), 1000) << f;
   }
-  std::system(("rm -rf " + dir).c_str());
+  std::filesystem::remove_all(dir);
 }
 
 // bench's JSON stays readable by Google Benchmark's own compare.py (Debian: libbenchmark-tools,

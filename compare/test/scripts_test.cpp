@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -119,7 +120,7 @@ TEST(Plot, TwoMachinesOneRooflineEachNamed) {
   const std::string speedup = slurp(dir + "/speedup_mm.svg");
   EXPECT_NE(speedup.find("CPU: AMD EPYC 9654"), std::string::npos) << p.log;
   EXPECT_NE(speedup.find("GPU: NVIDIA H100 80GB HBM3 on gpu-box-1"), std::string::npos) << p.log;
-  std::system(("rm -rf " + dir).c_str());
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Plot, OneRunNamesItsCpuAndGpu) {
@@ -129,7 +130,7 @@ TEST(Plot, OneRunNamesItsCpuAndGpu) {
   ASSERT_EQ(p.code, 0) << p.log;
   EXPECT_NE(slurp(dir + "/roofline_cpu.svg").find("Intel(R) Xeon(R) Platinum 8480+, 32 CPUs on gpu-box-1"), std::string::npos);
   EXPECT_NE(slurp(dir + "/roofline_cuda.svg").find("NVIDIA H100 80GB HBM3 on gpu-box-1"), std::string::npos);
-  std::system(("rm -rf " + dir).c_str());
+  std::filesystem::remove_all(dir);
 }
 
 // Without matplotlib anywhere, the script names the interpreter and the command that installs it.
@@ -141,7 +142,7 @@ TEST(Plot, WithoutMatplotlibSaysHowToInstallIt) {
   EXPECT_TRUE(p.log.find("apt-get install python3-matplotlib") != std::string::npos ||
               p.log.find(" -m pip install matplotlib") != std::string::npos)
       << p.log;
-  std::system(("rm -rf " + dir).c_str());
+  std::filesystem::remove_all(dir);
 }
 
 
