@@ -24,13 +24,19 @@ Layout layout_with(int gpus, const Env& env) {
   });
 }
 
-std::string refusal(int gpus, const Env& env) {
+// What `f()` threw as an E, "" when it returned.
+template <class E, class F>
+std::string error_of(F f) {
   try {
-    layout_with(gpus, env);
-  } catch (const LaunchError& e) {
+    f();
+  } catch (const E& e) {
     return e.what();
   }
   return "";
+}
+
+std::string refusal(int gpus, const Env& env) {
+  return error_of<LaunchError>([&] { layout_with(gpus, env); });
 }
 
 TEST(RanksLayout, AloneUnlessAskedOrLaunched) {
@@ -152,57 +158,45 @@ TEST(RanksRendezvous, CommandsAndAgreementReachEveryRank) {
   });
 }
 
-TEST(RanksRendezvous, AnotherBuildOrOtherArgumentsAreRefused) {
+// Rank 0 of a run of `world` ranks accepts (waiting up to `root_wait_s`) while rank 1 joins on a
+// thread, each saying its own hello: what each threw ("" where it returned).
+struct Refusals {
+  std::string root, joiner;
+};
+Refusals rank_one_joins(int world, const Group::Hello& root_hello, const Group::Hello& joiner_hello, double root_wait_s) {
   Layout root;
-  root.world = 2;
+  root.world = world;
   Listener listener("");
   Layout l;
-  l.rank = 1, l.world = 2, l.root = listener.address();
+  l.rank = 1, l.world = world, l.root = listener.address();
   auto joiner = std::async(std::launch::async, [&] {
     std::string blob;
-    try {
-      Group::join(l, {"hotops 0.1.0 abc --benchmark_filter=x", ""}, kTimeout, &blob);
-    } catch (const ChannelError& e) {
-      return std::string(e.what());
-    }
-    return std::string();
+    return error_of<ChannelError>([&] { Group::join(l, joiner_hello, kTimeout, &blob); });
   });
-  std::string refused;
-  try {
-    Group::accept(listener, root, {"hotops 0.1.0 abc --benchmark_filter=y", ""}, "id", kTimeout);
-  } catch (const ChannelError& e) {
-    refused = e.what();
-  }
-  EXPECT_NE(refused.find("rank 1 runs another build or other arguments than rank 0"), std::string::npos) << refused;
-  EXPECT_NE(joiner.get().find("another build or other arguments"), std::string::npos);
+  Refusals r;
+  r.root = error_of<ChannelError>([&] { Group::accept(listener, root, root_hello, "id", root_wait_s); });
+  r.joiner = joiner.get();
+  return r;
+}
+
+TEST(RanksRendezvous, AnotherBuildOrOtherArgumentsAreRefused) {
+  const Refusals r = rank_one_joins(2, {"hotops 0.1.0 abc --benchmark_filter=y", ""},
+                                    {"hotops 0.1.0 abc --benchmark_filter=x", ""}, kTimeout);
+  EXPECT_NE(r.root.find("rank 1 runs another build or other arguments than rank 0"), std::string::npos) << r.root;
+  EXPECT_NE(r.joiner.find("another build or other arguments"), std::string::npos) << r.joiner;
 }
 
 TEST(RanksRendezvous, MissingRanksAreNamed) {
+  const Refusals r = rank_one_joins(3, {"s", ""}, {"s", ""}, 1.0);
+  EXPECT_NE(r.root.find("rank 2 of 3 did not join within 1 s"), std::string::npos) << r.root;
+  EXPECT_EQ(r.joiner, "");
+  // A spawned rank that ended ends the wait at once, with its reason.
   Layout root;
   root.world = 3;
-  Listener listener("");
-  Layout l;
-  l.rank = 1, l.world = 3, l.root = listener.address();
-  auto joiner = std::async(std::launch::async, [&] {
-    std::string blob;
-    return Group::join(l, {"s", ""}, kTimeout, &blob);
-  });
-  std::string refused;
-  try {
-    Group::accept(listener, root, {"s", ""}, "id", 1.0);
-  } catch (const ChannelError& e) {
-    refused = e.what();
-  }
-  EXPECT_NE(refused.find("rank 2 of 3 did not join within 1 s"), std::string::npos) << refused;
-  joiner.get();
-  // A spawned rank that ended ends the wait at once, with its reason.
   Listener again("");
   const auto t0 = std::chrono::steady_clock::now();
-  try {
-    Group::accept(again, root, {"s", ""}, "id", 60, [] { return std::string("rank 1 exited with code 2"); });
-  } catch (const ChannelError& e) {
-    refused = e.what();
-  }
+  const std::string refused = error_of<ChannelError>(
+      [&] { Group::accept(again, root, {"s", ""}, "id", 60, [] { return std::string("rank 1 exited with code 2"); }); });
   EXPECT_NE(refused.find("rank 1 exited with code 2"), std::string::npos) << refused;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
 }
@@ -215,12 +209,8 @@ TEST(RanksRendezvous, AnUnreachableRootIsNamed) {
   }
   Layout l;
   l.rank = 3, l.world = 4, l.root = "127.0.0.1:" + std::to_string(port);
-  std::string blob, error;
-  try {
-    Group::join(l, {"s", ""}, 0.5, &blob);
-  } catch (const ChannelError& e) {
-    error = e.what();
-  }
+  std::string blob;
+  const std::string error = error_of<ChannelError>([&] { Group::join(l, {"s", ""}, 0.5, &blob); });
   EXPECT_NE(error.find("rank 3 could not reach rank 0 at 127.0.0.1:" + std::to_string(port) + " within 0 s"), std::string::npos)
       << error;
 }
@@ -270,12 +260,7 @@ TEST(RanksWatchdog, AnOrderlyEndIsNotAFailureAndRankZerosEndReachesTheOthers) {
   // Rank 0 gone: the next command is an error that says so.
   TwoRanks u = two_ranks();
   u.root.reset();
-  std::string error;
-  try {
-    u.worker->next_command();
-  } catch (const ChannelError& e) {
-    error = e.what();
-  }
+  const std::string error = error_of<ChannelError>([&] { u.worker->next_command(); });
   EXPECT_NE(error.find("rank 0 ended"), std::string::npos) << error;
 }
 
