@@ -6,6 +6,7 @@
 #include <random>
 
 #include "kernels/lstm_cell/lstm_cell.h"
+#include "test/model_test_util.h"
 
 namespace hotops::lstm_cell {
 namespace {
@@ -68,16 +69,14 @@ double worst_fd_error(const Shape& s, DoubleInputs in, const Grads& g) {
   const double h = 1e-5;
   double worst = 0, scale = 0;
   auto check = [&](std::vector<double>& x, const std::vector<double>& grad) {
-    for (std::size_t k = 0; k < x.size(); ++k) {
-      const double x0 = x[k];
-      x[k] = x0 + h;
-      const double up = loss(s, in);
-      x[k] = x0 - h;
-      const double down = loss(s, in);
-      x[k] = x0;
-      worst = std::max(worst, std::fabs((up - down) / (2 * h) - grad[k]));
-      scale = std::max(scale, std::fabs(grad[k]));
-    }
+    const std::vector<double> x0 = x;
+    const model_test::FiniteDifferences fd = model_test::finite_differences(x0, grad, [&](const std::vector<double>& p) {
+      x = p;
+      return loss(s, in);
+    }, h);
+    x = x0;
+    worst = std::max(worst, fd.worst);
+    for (double v : grad) scale = std::max(scale, std::fabs(v));
   };
   check(in.xh, g.xh), check(in.W, g.W), check(in.b, g.b), check(in.c, g.c);
   return worst / scale;

@@ -99,18 +99,10 @@ void check_fd(const std::string& arch) {
   const double h = 1e-6;
   for (std::size_t k = 0; k < l.tensors.size(); ++k) {
     const auto [at, n] = l.tensors[k];
-    double worst = 0, biggest = 0;
     // An odd stride, so that the samples of a [in, out] matrix visit every column (some are dropped out).
-    for (std::size_t i = 0; i < n; i += std::max<std::size_t>(1, n / 12) | 1) {
-      std::vector<double> q = p;
-      q[at + i] = p[at + i] + h;
-      const double lp = reference(s, l, keys, q, stats, x, st.labels, count, true).loss;
-      q[at + i] = p[at + i] - h;
-      const double lm = reference(s, l, keys, q, stats, x, st.labels, count, true).loss;
-      const double fd = (lp - lm) / (2 * h);
-      worst = std::max(worst, std::fabs(fd - ref.grad[at + i]));
-      biggest = std::max(biggest, std::fabs(fd));
-    }
+    const auto [worst, biggest, checked] = model_test::finite_differences(
+        p, ref.grad, [&](const std::vector<double>& q) { return reference(s, l, keys, q, stats, x, st.labels, count, true).loss; },
+        h, at, at + n, std::max<std::size_t>(1, n / 12) | 1);
     EXPECT_LT(worst, 1e-7 + 1e-5 * biggest) << arch << " " << l.names[k] << ", largest |fd| " << biggest;
     if (!l.zero_grad[k]) {
       EXPECT_GT(biggest, 1e-6) << arch << " " << l.names[k];

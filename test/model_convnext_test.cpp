@@ -87,18 +87,10 @@ TEST(ModelConvnextReference, GradientsMatchFiniteDifferences) {
   const Reference ref = reference(a, l, params, x, t, B, true);
   const double h = 1e-6;
   for (std::size_t k = 0; k < l.tensors.size(); ++k) {
-    double worst = 0, biggest = 0;
     const auto [at, n] = l.tensors[k];
-    for (std::size_t i = 0; i < n; i += std::max<std::size_t>(1, n / 97)) {
-      std::vector<double> p = params;
-      p[at + i] = params[at + i] + h;
-      const double lp = reference(a, l, p, x, t, B, true).loss;
-      p[at + i] = params[at + i] - h;
-      const double lm = reference(a, l, p, x, t, B, true).loss;
-      const double fd = (lp - lm) / (2 * h);
-      worst = std::max(worst, std::fabs(fd - ref.grad[at + i]));
-      biggest = std::max(biggest, std::fabs(fd));
-    }
+    const auto [worst, biggest, checked] = model_test::finite_differences(
+        params, ref.grad, [&](const std::vector<double>& p) { return reference(a, l, p, x, t, B, true).loss; }, h, at, at + n,
+        std::max<std::size_t>(1, n / 97));
     EXPECT_LT(worst, 1e-7 + 1e-6 * biggest) << l.names[k] << ", largest |fd| " << biggest;
     EXPECT_GT(biggest, 1e-4) << l.names[k];
   }

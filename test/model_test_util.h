@@ -120,17 +120,20 @@ void expect_output_checked(const std::vector<double>& ref, HostBuffer Outcome::*
   EXPECT_FALSE(verify(o).ok);
 }
 
-// Central differences of `loss(params)` at p0 (step h), every parameter, against `grad`: the largest
-// |difference - grad[i]| and the largest |difference|.
+// Central differences of `loss(params)` at p0 (step h) against `grad`: the largest
+// |difference - grad[i]| and the largest |difference|, over the parameters i = begin, begin + stride,
+// ... below end (every parameter by default).
 struct FiniteDifferences {
   double worst = 0, biggest = 0;
+  int checked = 0;
 };
 template <class Loss>
 FiniteDifferences finite_differences(const std::vector<double>& p0, const std::vector<double>& grad, Loss loss,
-                                     double h = 1e-6) {
+                                     double h = 1e-6, std::size_t begin = 0, std::size_t end = SIZE_MAX,
+                                     std::size_t stride = 1) {
   FiniteDifferences fd;
   std::vector<double> p = p0;
-  for (std::size_t i = 0; i < p0.size(); ++i) {
+  for (std::size_t i = begin; i < std::min(end, p0.size()); i += stride) {
     p[i] = p0[i] + h;
     const double up = loss(p);
     p[i] = p0[i] - h;
@@ -139,6 +142,7 @@ FiniteDifferences finite_differences(const std::vector<double>& p0, const std::v
     const double d = (up - down) / (2 * h);
     fd.worst = std::max(fd.worst, std::fabs(d - grad[i]));
     fd.biggest = std::max(fd.biggest, std::fabs(d));
+    ++fd.checked;
   }
   return fd;
 }
