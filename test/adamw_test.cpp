@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "hotops/check.h"
@@ -285,6 +286,34 @@ TEST(AdamwCudaKernelOnHost, MatchesTheReference) {
       for (int k = 1; k <= kVerifySteps; ++k) run_cuda_kernel_on_host(wrong.s, wrong.st, 1, blocks);
       EXPECT_FALSE(check(wrong.s, wrong.snap, wrong.st, kVerifySteps).ok);
     }
+}
+
+std::vector<unsigned char> bytes_of(const HostBuffer& b) {
+  const auto* at = static_cast<const unsigned char*>(b.data());
+  return std::vector<unsigned char>(at, at + b.bytes());
+}
+
+// A data-parallel step's AdamW: a launch per gradient bucket, each over its range of the flat pass
+// (tensor bounds, from the end towards the start) with a grid of its own, all at one step number,
+// gives bitwise what one launch over the whole pass gives.
+TEST(AdamwCudaKernelOnHost, BucketRangesAreTheWholeStepBitwise) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(t));
+    Fixture whole(t), parts(t);
+    ASSERT_GE(whole.l.offset.size(), 3u);
+    const std::vector<std::size_t> bounds = {whole.l.span, whole.l.offset[2], whole.l.offset[1], 0};
+    for (int k = 1; k <= kVerifySteps; ++k) {
+      run_cuda_kernel_on_host(whole.s, whole.st, k, 3);
+      for (std::size_t b = 0; b + 1 < bounds.size(); ++b)
+        run_cuda_kernel_on_host(parts.s, parts.st, k, static_cast<unsigned>(b + 1), bounds[b + 1], bounds[b]);
+    }
+    for (const auto& [a, c] : {std::pair{&whole.st.p, &parts.st.p}, std::pair{&whole.st.m, &parts.st.m},
+                               std::pair{&whole.st.v, &parts.st.v}, std::pair{&whole.st.p16, &parts.st.p16}}) {
+      if (a->bytes() == 0) continue;
+      EXPECT_EQ(bytes_of(*a), bytes_of(*c));
+    }
+    EXPECT_THROW(run_cuda_kernel_on_host(parts.s, parts.st, 1, 1, 2, 6), Error);  // off the 16-byte vectors
+  }
 }
 #endif
 

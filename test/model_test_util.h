@@ -12,6 +12,7 @@
 #include "hotops/buffer.h"
 #include "hotops/gpu.h"
 #include "hotops/op.h"
+#include "hotops/trace.h"
 #include "kernels/adamw/adamw.h"
 #include "kernels/models/regression.h"
 
@@ -34,8 +35,9 @@ inline Problem model_problem(const std::string& name, Backend be, Direction d, s
 
 // The data-parallel step of `p` (a train problem) on a communicator of this process alone (gpus:1):
 // its work counts `p`'s batch, it passes verification (the reference at its global batch) and its
-// label names its gradient buckets (`buckets`, e.g. "in 3 buckets"). Skipped with the reason where
-// this machine cannot run it.
+// label names its gradient buckets (`buckets`, e.g. "in 3 buckets") and the per-bucket AdamW, and its
+// per-op breakdown has the all-reduce's wait and the AdamW parts. Skipped with the reason where this
+// machine cannot run it.
 inline void expect_one_gpu_data_parallel(const Family& f, Problem p, const std::string& buckets) {
   p.args.push_back({"gpus", "1"});
   EXPECT_DOUBLE_EQ(f.work(p).items, static_cast<double>(p.get_int("batch"))) << p.name();
@@ -45,6 +47,11 @@ inline void expect_one_gpu_data_parallel(const Family& f, Problem p, const std::
   const Check chk = c->verify();
   EXPECT_TRUE(chk.ok) << p.name() << ": " << chk.message;
   EXPECT_NE(c->label().find(buckets), std::string::npos) << c->label();
+  EXPECT_NE(c->label().find("AdamW a launch per bucket after its all-reduce"), std::string::npos) << c->label();
+  const trace::Breakdown b = gpu::measure_breakdown(*c, 0, 2);
+  for (const char* op : {"allreduce", "adamw"})
+    EXPECT_TRUE(std::any_of(b.parts.begin(), b.parts.end(), [&](const trace::Part& part) { return part.op == op; }))
+        << p.name() << ": no " << op << " part in the breakdown";
 }
 
 // Runs `steps` train steps of `c` and expects the last one's loss below `bar` times the first one's.

@@ -12,6 +12,7 @@
 #include "hotops/cpu.h"
 #include "hotops/gpu.h"
 #include "test/model_test_util.h"
+#include "kernels/model_bert/model_bert.h"
 #include "kernels/models/data_parallel.h"
 #include "kernels/models/models.h"
 
@@ -404,6 +405,33 @@ TEST(ModelsDataParallel, BucketsFollowTheBackward) {
   BucketPlan back(l.total, 1);
   ASSERT_TRUE(back.ready(l.w[1]).has_value());
   EXPECT_THROW(back.ready(l.w[2]), Error);
+}
+
+// The encoder layers' buckets, at the ready points of their CUDA steps: bert (post-LN) the FFN and the
+// second LayerNorm, then the attention output and the first LayerNorm, then the QKV projection; vit
+// (pre-LN, its first LayerNorm's gradients last) the FFN and the second LayerNorm, then the rest.
+// Each bucket's AdamW launch starts at its first float: every bound on a 16-byte boundary.
+TEST(ModelsDataParallel, EncoderBucketsStartOnVectors) {
+  const model_bert::ParamLayout bert = model_bert::param_layout(model_bert::arch_named("bert_layer"));
+  BucketPlan post(bert.total, kBucketFloats);
+  const std::vector<Bucket> b = buckets_of(post, {bert.w1, bert.wo});
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0].begin, bert.w1);
+  EXPECT_EQ(b[1].begin, bert.wo);
+  EXPECT_EQ(b[2].begin, 0u);
+  EXPECT_EQ(b[2].end, bert.wo);
+  const model_bert::ParamLayout vit = model_bert::param_layout(model_bert::arch_named("vit_layer"));
+  BucketPlan pre(vit.total, kBucketFloats);
+  const std::vector<Bucket> v = buckets_of(pre, {vit.w1});
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[0].begin, vit.w1);
+  EXPECT_EQ(v[0].end, vit.total);
+  EXPECT_EQ(v[1].end, vit.w1);
+  for (const auto& list : {b, v})
+    for (const Bucket& k : list) {
+      EXPECT_EQ(k.begin % 4, 0u);
+      EXPECT_EQ(k.end % 4, 0u);
+    }
 }
 
 // gpus:1: the data-parallel step's whole path (its communicator of one process, the bucketed

@@ -184,9 +184,12 @@ void cuda_step(float* p, const std::uint16_t* g, float* m, float* v, std::uint16
 // says what it is otherwise, e.g. when a train step's launches did not all run.
 Check check_device_step(const DeviceStep* state, std::int64_t steps);
 
-// The CUDA kernel's own code, run on the host thread by thread of a grid of `blocks` (step t given):
-// lets the tests check its strides, vectors and tails without a GPU. Works on `st` in place.
-void run_cuda_kernel_on_host(const Shape& s, State& st, std::int64_t t, unsigned blocks);
+// The CUDA kernel's own code, run on the host thread by thread of a grid of `blocks` (step t given),
+// over elements [begin, end) of the flat pass (end 0: up to its span; begin a multiple of 4, as the
+// device's 16-byte vectors need): lets the tests check its strides, vectors, tails and sub-ranges (a
+// data-parallel step's per-bucket launches) without a GPU. Works on `st` in place.
+void run_cuda_kernel_on_host(const Shape& s, State& st, std::int64_t t, unsigned blocks, std::size_t begin = 0,
+                             std::size_t end = 0);
 #endif
 
 const Family& family();

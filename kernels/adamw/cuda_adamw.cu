@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -191,16 +192,20 @@ Check check_device_step(const DeviceStep* state, std::int64_t steps) {
 
 std::unique_ptr<Plan> make_cuda_plan(const Shape& s) { return std::make_unique<CudaAdamw>(s); }
 
-void run_cuda_kernel_on_host(const Shape& s, State& st, std::int64_t t, unsigned blocks) {
+void run_cuda_kernel_on_host(const Shape& s, State& st, std::int64_t t, unsigned blocks, std::size_t begin, std::size_t end) {
   const Layout l = layout_of(s.sizes);
+  if (end == 0) end = l.span;
+  HOTOPS_CHECK(begin % 4 == 0 && begin <= end && end <= l.span, "adamw: a range of the flat pass off its vectors or beyond it");
   const StepScalars sc = scalars_for(s.hyper, t);
-  const auto n = static_cast<std::int64_t>(l.span), threads = static_cast<std::int64_t>(blocks) * kCudaThreads;
+  const auto n = static_cast<std::int64_t>(end - begin), threads = static_cast<std::int64_t>(blocks) * kCudaThreads;
+  const std::size_t gbytes = begin * dtype_size(s.dtype);
+  float *p = st.p.as<float>() + begin, *m = st.m.as<float>() + begin, *v = st.v.as<float>() + begin;
+  const void* g = static_cast<const std::byte*>(st.g.data()) + gbytes;
   for (std::int64_t tid = 0; tid < threads; ++tid) {
     if (s.dtype == DType::bf16)
-      flat_body<true>(st.p.as<float>(), st.g.data(), st.m.as<float>(), st.v.as<float>(), st.p16.as<std::uint16_t>(), n,
-                      tid, threads, sc);
+      flat_body<true>(p, g, m, v, st.p16.as<std::uint16_t>() + begin, n, tid, threads, sc);
     else
-      flat_body<false>(st.p.as<float>(), st.g.data(), st.m.as<float>(), st.v.as<float>(), nullptr, n, tid, threads, sc);
+      flat_body<false>(p, g, m, v, nullptr, n, tid, threads, sc);
   }
 }
 

@@ -316,11 +316,13 @@ class CudaLayer final : public LayerCase {
     if (!a.pre_ln) models::grads_ready(replicas_.sync, l_.w1);  // post-LN: the FFN's and the second LayerNorm's are final
     w1_d_->run(data_grad(df_.get(), l_.w1, du2_, a.pre_ln ? nullptr : ds2));  // bert: du2 = df . W1^T + ds2
     trace::op("layernorm_bwd");
-    if (a.pre_ln)
+    if (a.pre_ln) {
       layernorm_back(du2_.as<T>(), s1_.as<T>(), mean2_.as<float>(), rstd2_.as<float>(), l_.ln2g, l_.ln2b, ds1_.as<T>(), ds2, &l_.bo);
-    else
+      models::grads_ready(replicas_.sync, l_.w1);  // pre-LN: the FFN's and the second LayerNorm's are final
+    } else {
       layernorm_back(du2_.as<T>(), s1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, ds1_.as<T>(), nullptr,
                      &l_.bo);
+    }
     trace::op("mm");
     wo_w_->run(weight_grad(ctx_.get(), ds1_.get(), l_.wo));
     if (!a.pre_ln) models::grads_ready(replicas_.sync, l_.wo);  // post-LN: the attention output's and the first LayerNorm's too
@@ -343,10 +345,8 @@ class CudaLayer final : public LayerCase {
       layernorm_back(du1_.as<T>(), x_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, nullptr, nullptr, nullptr);
     }
     // optimizer
-    models::grads_reduced(replicas_.sync);
-    trace::op("adamw");
-    adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-                     static_cast<std::int64_t>(l_.total), state_.as<StepState>(), &hyper_, gpu::stream());
+    models::adamw_step(replicas_.sync, params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(), l_.total,
+                       state_.as<StepState>(), &hyper_);
   }
 
   Shape s_;

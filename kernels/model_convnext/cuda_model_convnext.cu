@@ -206,7 +206,6 @@ class CudaBlock final : public BlockCase {
   }
 
   void device_step() {
-    const cudaStream_t st = gpu::stream();
     if constexpr (kBf16) {  // this step's bf16 copy of the parameters
       trace::op("cast");
       cast_->run({params_.get(), weights_.get()});
@@ -262,10 +261,8 @@ class CudaBlock final : public BlockCase {
       widen_->run({dw_low_.get(), G(l_.dw_w)});
     }
     // optimizer
-    models::grads_reduced(replicas_.sync);
-    trace::op("adamw");
-    adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-                     static_cast<std::int64_t>(l_.total), state_.as<StepState>(), &hyper_, st);
+    models::adamw_step(replicas_.sync, params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(), l_.total,
+                       state_.as<StepState>(), &hyper_);
   }
 
   Shape s_;

@@ -252,10 +252,8 @@ class CudaModel final : public ModelCase {
       r.x = act_[k].get(), r.dy = dact_[k].get(), r.out = dact_[k].get(), r.db = grads_.as<float>() + l_.b[k - 1];
       relu_dbias_[k - 1]->run(r);
     }
-    grads_reduced(sync_);
-    trace::op("adamw");
-    adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-                     static_cast<std::int64_t>(l_.total), state_.as<StepState>(), nullptr, gpu::stream());
+    adamw_step(sync_, params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(), l_.total,
+               state_.as<StepState>(), nullptr);
   }
 
   Shape s_;

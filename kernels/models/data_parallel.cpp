@@ -9,7 +9,6 @@
 #include "hotops/comm.h"
 #include "hotops/gpu.h"
 #include "hotops/ranks.h"
-#include "hotops/trace.h"
 #include "kernels/collectives/collectives.h"
 
 namespace hotops::models {
@@ -90,12 +89,6 @@ std::optional<Bucket> BucketPlan::finish() {
   return Bucket{0, left};
 }
 
-void grads_reduced(const std::unique_ptr<GradSync>& sync) {
-  if (!sync) return;
-  trace::op("allreduce");
-  sync->finish();
-}
-
 std::uint64_t bytes_hash(const void* data, std::size_t bytes) {
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a, 8 bytes at a time
   const auto* b = static_cast<const unsigned char*>(data);
@@ -118,7 +111,7 @@ GradSync::GradSync(const Replica&, float*, std::size_t, std::size_t) {
 }
 GradSync::~GradSync() = default;
 void GradSync::ready(std::size_t) {}
-void GradSync::finish() {}
+void GradSync::finish(const std::function<void(const Bucket&, bool)>&) {}
 void GradSync::align() {}
 double GradSync::mean_over_ranks(double mine) { return mine; }
 void GradSync::all_gather(const void*, void*, std::size_t) {}

@@ -1,12 +1,14 @@
 // Data-parallel train steps over several GPUs, as PyTorch DDP runs them: every rank (one process per
 // GPU) holds the same parameters, runs the model's own train step on its shard of a global batch, and
 // all-reduces the gradients (NCCL, averaged over the ranks) in buckets, in backward order, on a
-// second stream while the rest of the backward runs; the AdamW step then waits for the last bucket.
+// second stream while the rest of the backward runs; after the backward, AdamW updates each bucket's
+// range of the flat parameters as soon as that bucket's all-reduce is done.
 // Names: model.<m>/cuda/<f32|bf16>/train/batch:B/gpus:G, B per GPU (weak scaling), G in {2, 4, 8};
 // test problems have gpus:1 (a communicator of one process). docs/scaling.md, "Data-parallel steps".
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,6 +18,7 @@
 #include "hotops/buffer.h"
 #include "hotops/problem.h"
 #include "hotops/verify.h"
+#include "kernels/adamw/adamw.h"
 
 namespace hotops::models {
 
@@ -93,8 +96,9 @@ class BucketPlan {
 // The gradient all-reduce of a data-parallel step on CUDA (NCCL): buckets of `grads` (device memory,
 // `total` f32) all-reduced in place with ncclAvg (the sum over the ranks times 1/G; G is a power of
 // two, so the scaling is exact) on a stream of its own, each after an event on gpu::stream() where
-// the step said the bucket's gradients are final. Everything is queued: a step with it can be
-// captured in a CUDA graph. In a build without NCCL making one throws an unsupported Error.
+// the step said the bucket's gradients are final, and each followed by an event of its own that the
+// optimizer of that bucket waits on. Everything is queued: a step with it can be captured in a CUDA
+// graph. In a build without NCCL making one throws an unsupported Error.
 class GradSync {
  public:
   GradSync(const Replica& r, float* grads, std::size_t total, std::size_t cap = kBucketFloats);
@@ -104,8 +108,12 @@ class GradSync {
 
   // The step: gradients [from, total) are final on gpu::stream() (BucketPlan::ready).
   void ready(std::size_t from);
-  // The step, before its optimizer: gpu::stream() waits for every bucket of the step.
-  void finish();
+  // The step, after its backward: the rest of its gradients in a last bucket; then, for every bucket
+  // of the step in the order of their all-reduces, gpu::stream() waits for that all-reduce (marked
+  // "allreduce" in the per-op breakdown) and `update(bucket, last)` queues the optimizer over its
+  // range (`last`: the step's last bucket). The buckets reduced during the backward are thus updated
+  // while the last one's all-reduce is still in flight.
+  void finish(const std::function<void(const Bucket&, bool last)>& update);
   // A barrier of the ranks' GPUs on gpu::stream() (Case::align).
   void align();
 
@@ -125,13 +133,21 @@ class GradSync {
   std::unique_ptr<Impl> impl_;
 };
 
-// A train step's two calls, nothing for a single-GPU step (`sync` null): gradients [from, total) are
-// final (GradSync::ready); the optimizer waits for the all-reduce's last bucket (GradSync::finish,
-// marked "allreduce" in the per-op breakdown: the communication the backward did not hide).
+// A train step's calls, nothing more for a single-GPU step (`sync` null): gradients [from, total)
+// are final (GradSync::ready).
 inline void grads_ready(const std::unique_ptr<GradSync>& sync, std::size_t from) {
   if (sync) sync->ready(from);
 }
-void grads_reduced(const std::unique_ptr<GradSync>& sync);
+#ifdef HOTOPS_HAVE_CUDA
+// The step's AdamW over its flat f32 arrays of `total` floats (adamw::cuda_step's arguments; the
+// tensors' offsets, the buckets' bounds, on 16-byte boundaries), marked "adamw": for a single-GPU
+// step one launch over all of them; for a data-parallel one a launch per bucket over exactly its
+// range, each after its all-reduce (GradSync::finish). Every launch takes the same step: where the
+// step advances the count itself (`advance` not null) only the last launch does. AdamW is elementwise,
+// so the per-bucket update is bitwise the whole one.
+void adamw_step(const std::unique_ptr<GradSync>& sync, float* p, const float* g, float* m, float* v, std::size_t total,
+                adamw::DeviceStep* state, const adamw::Hyper* advance);
+#endif
 
 // The check of a data-parallel step after one step from the seeded start, on every rank: the
 // replicas' parameters and gradients (Outcome's `params` and `grads`) are rank 0's bitwise, and on

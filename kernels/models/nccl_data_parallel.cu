@@ -1,6 +1,6 @@
 // The gradient all-reduce of a data-parallel train step (data_parallel.h): NCCL on a second stream,
-// forked from hotops' stream at each bucket's event and joined back before the optimizer, so that the
-// whole step (both streams) can be captured in one CUDA graph.
+// forked from hotops' stream at each bucket's event and joined back, bucket by bucket, before that
+// bucket's optimizer, so that the whole step (both streams) can be captured in one CUDA graph.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -9,6 +9,7 @@
 #include "hotops/cuda_util.h"
 #include "hotops/gpu.h"
 #include "hotops/nccl_util.h"
+#include "hotops/trace.h"
 #include "kernels/models/data_parallel.h"
 
 namespace hotops::models {
@@ -20,8 +21,13 @@ struct GradSync::Impl {
   std::size_t cap;                      // the buckets' least size, floats
   ncclComm_t comm = nullptr;
   cudaStream_t side = nullptr;          // the all-reduces' stream
-  std::vector<cudaEvent_t> events;      // per bucket of a step, and the join; reused every step
+  std::vector<cudaEvent_t> events;      // two per bucket of a step (its fork and its join); reused every step
   std::size_t used = 0;                 // events used in the step in progress
+  struct Issued {
+    Bucket bucket;
+    cudaEvent_t reduced;  // on the side stream, after the bucket's all-reduce
+  };
+  std::vector<Issued> issued;           // the step's buckets so far, in the order of their all-reduces
   int buckets = 0, last_buckets = 0;    // in the step in progress, in the last complete one
   gpu::DeviceBuffer scratch;            // the barrier's element; verification's exchanges
 
@@ -35,9 +41,10 @@ struct GradSync::Impl {
   Impl& operator=(const Impl&) = delete;
 
   // The events are made up front, none while a step is being captured: at most total / cap + 1
-  // buckets (each but the last has cap floats or more), and the join.
+  // buckets (each but the last has cap floats or more), two each.
   void make_events(std::size_t total) {
-    for (std::size_t n = total / cap + 2; events.size() < n;) {
+    issued.reserve(total / cap + 1);
+    for (std::size_t n = 2 * (total / cap + 1); events.size() < n;) {
       cudaEvent_t e;
       HOTOPS_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
       events.push_back(e);
@@ -48,12 +55,15 @@ struct GradSync::Impl {
     return events[used++];
   }
 
-  // The bucket's all-reduce on the side stream, after the work queued on hotops' stream so far.
+  // The bucket's all-reduce on the side stream, after the work queued on hotops' stream so far, and
+  // the event its optimizer waits on.
   void reduce(const Bucket& b) {
-    const cudaEvent_t at = next_event();
+    const cudaEvent_t at = next_event(), reduced = next_event();
     HOTOPS_CHECK_CUDA(cudaEventRecord(at, gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaStreamWaitEvent(side, at, 0));
     HOTOPS_CHECK_NCCL(ncclAllReduce(grads + b.begin, grads + b.begin, b.end - b.begin, ncclFloat32, ncclAvg, comm, side));
+    HOTOPS_CHECK_CUDA(cudaEventRecord(reduced, side));
+    issued.push_back({b, reduced});
     ++buckets;
   }
 };
@@ -80,12 +90,17 @@ void GradSync::ready(std::size_t from) {
   if (const auto b = impl_->plan.ready(from)) impl_->reduce(*b);
 }
 
-void GradSync::finish() {
+void GradSync::finish(const std::function<void(const Bucket&, bool last)>& update) {
   Impl& s = *impl_;
   if (const auto b = s.plan.finish()) s.reduce(*b);
-  const cudaEvent_t done = s.next_event();
-  HOTOPS_CHECK_CUDA(cudaEventRecord(done, s.side));
-  HOTOPS_CHECK_CUDA(cudaStreamWaitEvent(gpu::stream(), done, 0));
+  // Every event the waits name was recorded in this step: a captured step's waits are edges of its
+  // graph. The side stream's last event is one of them, so hotops' stream joins it before the end.
+  for (std::size_t k = 0; k < s.issued.size(); ++k) {
+    trace::op("allreduce");
+    HOTOPS_CHECK_CUDA(cudaStreamWaitEvent(gpu::stream(), s.issued[k].reduced, 0));
+    update(s.issued[k].bucket, k + 1 == s.issued.size());
+  }
+  s.issued.clear();
   s.last_buckets = s.buckets, s.buckets = 0, s.used = 0;
 }
 
@@ -138,10 +153,11 @@ int GradSync::buckets() const { return impl_->last_buckets; }
 
 std::string GradSync::label() const {
   const Impl& s = *impl_;
-  char text[200];
+  char text[320];
   std::snprintf(text, sizeof text,
                 "; data parallel over %d GPU%s: NCCL %s all-reduce (avg) of the f32 gradients in %d bucket%s "
-                "(%.3g MiB or more but the last), on a second stream overlapping the backward",
+                "(%.3g MiB or more but the last), on a second stream overlapping the backward, AdamW a launch "
+                "per bucket after its all-reduce",
                 s.replica.gpus, s.replica.gpus == 1 ? "" : "s", comm::nccl_version().c_str(), s.last_buckets,
                 s.last_buckets == 1 ? "" : "s", static_cast<double>(s.cap) * sizeof(float) / 1048576.0);
   return text;
