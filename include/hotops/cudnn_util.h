@@ -84,9 +84,9 @@ enum class ConvMath {
 // How a result is chosen among those the math rule allows.
 enum class ConvPick {
   // Find's fastest. cudnnFind*AlgorithmEx times each algorithm once, so close candidates or one
-  // disturbed timing can make two processes pick differently. model_cnn keeps it all the same: with
-  // its passes re-timed as eager calls, its graph-replayed vgg_cifar train step took 834 us at batch
-  // 32 on the H100, against 778 us with Find's choice, and 4147 against 4160 us at 512.
+  // disturbed timing can make two processes pick differently: the convnet steps, which took it,
+  // ran algorithms 10-20% apart in step time from one process to the next on the H100
+  // (docs/timing.md). Nothing timed takes it now.
   find_fastest,
   // The first kRetimeCandidates of Find's usable results are timed again (one warm-up call, then
   // gpu::best_batch_ms) and the fastest kept: two runs of conv2d had picked algorithms up to 60%

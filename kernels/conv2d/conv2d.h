@@ -54,8 +54,8 @@ struct Shape {
   // it into (or out of) the primitive's, e.g. bf16 weights cast from f32 master weights each step.
   bool w_from_user = false;
   // CUDA only: how the plan chooses its algorithm (cuda_cudnn.cu). `retime`: Find's first usable
-  // results are timed again and the fastest kept (the benchmark); off, Find's fastest is taken as
-  // Find timed it (model_cnn's steps: gpu::ConvPick says why). `tensor_ops_only` (bf16): only the
+  // results are timed again and the fastest kept (every benchmark and model step); off, Find's
+  // fastest is taken as Find timed it (gpu::ConvPick). `tensor_ops_only` (bf16): only the
   // results that ran with tensor-op math, for a caller whose label promises tensor-op convolutions;
   // off, bf16 takes Find's result with whatever math it ran.
   bool retime = true;
