@@ -298,13 +298,34 @@ State verification_state(const Shape& s, const State& seeded) {
 // - ties: a ReLU or a pool window within 16u x the error its channel can carry decided as the
 //   implementation did (its z is off by a few u |z|), times the layer's depth (reference.cpp's
 //   bn_relu_fwd: the layers below add their errors).
+// - f32 sums over the batch: a conv layer's weight, bias and batch-norm gradients each sum n = B P Q
+//   terms (4.2M at keras_cnn's first layer, batch 64), and an f32 sum of them carries rounding that
+//   grows with n and with sum|terms| in the order a kernel adds them: oneDNN's one-thread weight
+//   gradient adds longer runs than its many-thread one (keras_cnn b64 on one thread: dconv1.W off by
+//   0.0074 of its rms at one element, 1.2e-3 relative, where the same step on two threads passes).
+//   Before the bounds above, each gradient element may differ by u32 sqrt(n) / 8 times its bound of
+//   sum|terms| (Reference::summed: Cauchy-Schwarz over the channels' values). Measured on that step:
+//   at most 0.42 of the allowance (dconv1.W), whose largest element is 0.019 of the tensor's rms at
+//   conv 1 and under 0.004 above it, so a slip of a few percent of a gradient still fails.
 struct Bounds {
-  double logits, loss, grad, grad_rms, stats, tie;
+  double logits, loss, grad, grad_rms, stats, tie, summed;
 };
 Bounds bounds_for(DType t) {
   constexpr double u = 1.0 / 512;
-  if (t == DType::bf16) return {20 * u, 16 * u, 0.5, 0.1, 8 * u, 16 * u};
-  return {1e-3, 1e-3, 5e-3, 0, 1e-3, 1e-4};
+  if (t == DType::bf16) return {20 * u, 16 * u, 0.5, 0.1, 8 * u, 16 * u, 0};
+  return {1e-3, 1e-3, 5e-3, 0, 1e-3, 1e-4, 1.0 / 8 / (1 << 24)};
+}
+
+// `out` with each element's difference from `ref` less its allowance (never past ref): what the
+// bounds then judge.
+std::vector<double> less_allowance(const std::vector<double>& out, const std::vector<double>& ref,
+                                   const std::vector<double>& allowance) {
+  std::vector<double> o = out;
+  for (std::size_t i = 0; i < o.size(); ++i) {
+    const double d = o[i] - ref[i], a = allowance[i];
+    o[i] = std::fabs(d) <= a ? ref[i] : o[i] - std::copysign(a, d);
+  }
+  return o;
 }
 
 Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<pointwise::DropoutKey>& keys,
@@ -354,7 +375,9 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<poi
     // A zero-by-construction bias: the scale of the weight gradient placed just before it.
     const double scale = l.zero_grad[k] ? rms(slice(ref.grad, l.tensors[k - 1].first, l.tensors[k - 1].second)) : rms(r);
     const std::string what = "d" + l.names[k];
-    const std::vector<double> o = slice(g, at, n);
+    std::vector<double> allowance = slice(ref.summed, at, n);
+    for (double& v : allowance) v *= bound.summed;
+    const std::vector<double> o = less_allowance(slice(g, at, n), r, allowance);
     c.merge(within(what, o, r, std::max(scale, 1e-30), bound.grad), what);
     if (bound.grad_rms > 0) c.merge(models::rms_within(what, o, r, std::max(scale, 1e-30), bound.grad_rms), what + " (rms)");
   }

@@ -148,6 +148,10 @@ struct Reference {
   std::vector<double> logits;  // [samples, classes]
   double loss = 0;
   std::vector<double> grad;
+  // train: per gradient element, sqrt(n) times a bound of the sum of |terms| of the n-term sum over
+  // the batch that makes it (Cauchy-Schwarz over the channel's values): the scale of what an f32
+  // sum of those terms carries, in units of u (verify_outcome's allowance; 0 where the sum is short).
+  std::vector<double> summed;
   std::vector<double> stats;
   std::vector<std::vector<float>> relu;  // keep_acts: per conv layer [samples, P, Q, K]
   std::vector<float> hidden;             // keep_acts: [samples, hidden]

@@ -84,6 +84,37 @@ Vec conv_fwd(const ConvLayer& c, std::int64_t S, const Vec& a, const double* W, 
   return z;
 }
 
+// The 2-norm of each of the n channels of v [samples, rows_per_sample, n] over the batch (sample q
+// counted count[q] times).
+std::vector<double> channel_norms(const Vec& v, std::int64_t n, std::int64_t rows_per_sample, const std::vector<std::int64_t>& count) {
+  std::vector<double> sq(idx(n), 0.0);
+  const std::int64_t rows = static_cast<std::int64_t>(v.size()) / n;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const double w = static_cast<double>(count[idx(r / rows_per_sample)]);
+    for (std::int64_t c = 0; c < n; ++c) sq[idx(c)] += w * v[idx(r * n + c)] * v[idx(r * n + c)];
+  }
+  for (double& x : sq) x = std::sqrt(x);
+  return sq;
+}
+std::int64_t batch_of(const std::vector<std::int64_t>& count) {
+  std::int64_t b = 0;
+  for (std::int64_t c : count) b += c;
+  return b;
+}
+
+// Reference::summed for conv layer c's gradients, each a sum over the batch's n = B P Q pixels:
+// dW[k, r, t, ch] of a[.., ch] dz[.., k] (sum |terms| <= |a_ch| |dz_k|), db[k] of dz (<= sqrt(n) |dz_k|),
+// and batch norm's dgamma and dbeta of dy xhat and dy (<= sqrt(n) |dy_k|, xhat's norm being sqrt(n)).
+void sum_allowances(const ConvLayer& c, const Layer& ly, bool bn, const std::vector<double>& a_norm,
+                    const std::vector<double>& dz_norm, const std::vector<double>& dy_norm, std::int64_t batch, double* summed) {
+  const double n = static_cast<double>(batch * c.P * c.Q), rn = std::sqrt(n);
+  for (std::int64_t k = 0; k < c.K; ++k) {
+    for (std::int64_t tc = 0; tc < 9 * c.C; ++tc) summed[ly.w + idx(k * 9 * c.C + tc)] = rn * a_norm[idx(tc % c.C)] * dz_norm[idx(k)];
+    summed[ly.b + idx(k)] = n * dz_norm[idx(k)];
+    if (bn) summed[ly.gamma + idx(k)] = summed[ly.beta + idx(k)] = n * dy_norm[idx(k)];
+  }
+}
+
 // dW[k, r, t, c] = sum over samples (weighted) and output pixels of dz[q, p, o, k] a[q, h, w, c];
 // db[k] = the weighted sum of dz. Accumulated as [r, t, c, k] (innermost loop over k) per thread.
 REF_CLONES void conv_bwd_weights_row(const ConvLayer& c, std::int64_t q, std::int64_t p, double wq, const double* a,
@@ -487,7 +518,7 @@ Reference reference(const Shape& s, const ParamLayout& l, const std::vector<Drop
   const double* P = params.data();
   Reference ref;
   ref.stats.assign(l.stats, 0.0);
-  if (train) ref.grad.assign(l.total, 0.0);
+  if (train) ref.grad.assign(l.total, 0.0), ref.summed.assign(l.total, 0.0);
   const Pass ps{count, train, a.bn, P, stats, ref.stats.data(), hints ? hints->band : 1e-4};
   const bool record = keep_acts && train;
 
@@ -544,9 +575,12 @@ Reference reference(const Shape& s, const ParamLayout& l, const std::vector<Drop
       dy = std::move(d);
     }
     relu_bwd(dy, saved[i].pass);
+    const std::vector<double> dy_norm = channel_norms(dy, c.K, c.P * c.Q, count);
     const Vec dz = a.bn ? bn_bwd(saved[i].norm, dy, c.K, c.P * c.Q, count, P + ly.gamma, G + ly.gamma, G + ly.beta)
                         : std::move(dy);
     conv_bwd_weights(c, S, count, in[i], dz, G + ly.w, G + ly.b);
+    sum_allowances(c, ly, a.bn, channel_norms(in[i], c.C, c.H * c.W, count), channel_norms(dz, c.K, c.P * c.Q, count), dy_norm,
+                   batch_of(count), ref.summed.data());
     if (i > 0) d = conv_bwd_data(c, S, dz, P + ly.w);
   }
   return ref;
