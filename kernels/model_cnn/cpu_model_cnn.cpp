@@ -19,6 +19,7 @@
 #include "kernels/batchnorm/relu_maxpool.h"
 #include "kernels/conv2d/cpu_onednn.h"
 #include "kernels/copy/copy.h"
+#include "kernels/loss/loss.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/maxpool/cpu_onednn.h"
 #include "kernels/model_cnn/model_cnn.h"
@@ -140,7 +141,11 @@ class CpuCnn final : public ModelCase {
     forward();
     if (s_.train()) {
       trace::op("cross_entropy");
-      loss_ = loss_and_dlogits();
+      loss::Args xa;
+      xa.logits = logits_.data(), xa.labels = labels_.data(), xa.dlogits = dlogits_.data();
+      xa.loss = &xent_loss_, xa.db = grads_.as<float>() + l_.dense2.b;
+      xent_->run(xa);
+      loss_ = xent_loss_;
       backward();
       trace::op("adamw");
       adamw_step();
@@ -368,6 +373,9 @@ class CpuCnn final : public ModelCase {
     g.dir = Direction::bwd_data, g.f32_out = false;
     dense1_dx_ = matmul::make_cpu_plan(g);
     dlogits_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * a.classes));
+    // The loss on the f32 logits (both dtypes: the last layer's loops write f32): the loss family's
+    // cross_entropy_dbias plan, which also writes db2.
+    xent_ = loss::make_cpu_plan(loss::dbias_shape(DType::f32, B, a.classes));
   }
 
   // W1 as the matmuls take it: the f32 parameters, f32 infer's prepacked copy of the folded ones, or the bf16 copy.
@@ -447,27 +455,6 @@ class CpuCnn final : public ModelCase {
     }
   }
 
-  double loss_and_dlogits() {
-    const std::int64_t B = s_.batch, C = s_.arch.classes;
-    const float* z = logits_.as<float>();
-    float* dz = dlogits_.as<float>();
-    const float inv_b = 1.f / static_cast<float>(B);
-    double total = 0;
-    for (std::int64_t r = 0; r < B; ++r) {
-      const float* zr = z + r * C;
-      float* dr = dz + r * C;
-      const float mx = *std::max_element(zr, zr + C);
-      float sum = 0.f;
-      for (std::int64_t c = 0; c < C; ++c) sum += (dr[c] = std::exp(zr[c] - mx));
-      const float inv = 1.f / sum;
-      for (std::int64_t c = 0; c < C; ++c) dr[c] = dr[c] * inv * inv_b;
-      const std::int32_t y = labels_[static_cast<std::size_t>(r)];
-      dr[y] -= inv_b;
-      total += static_cast<double>(std::log(sum) - (zr[y] - mx));
-    }
-    return total / static_cast<double>(B);
-  }
-
   void backward() {
     float* G = grads_.as<float>();
     if (s_.bf16()) dense2_backward<bf16>();
@@ -492,7 +479,7 @@ class CpuCnn final : public ModelCase {
     HOTOPS_CHECK_DNNL(cpu::stream().wait());
   }
 
-  // The last layer's backward on activations of type T (the loops in f32): dW2 = hd^T dlogits, db2,
+  // The last layer's backward on activations of type T (the loops in f32): dW2 = hd^T dlogits,
   // dhd = dlogits W2^T.
   template <class T>
   void dense2_backward() {
@@ -518,11 +505,6 @@ class CpuCnn final : public ModelCase {
         for (std::int64_t c = 0; c < C; ++c) acc += dl[b * C + c] * W2[o * C + c];
         dhd[b * Hd + o] = store<T>(acc);
       }
-    }
-    for (std::int64_t c = 0; c < C; ++c) {
-      float acc = 0.f;
-      for (std::int64_t b = 0; b < B; ++b) acc += dl[b * C + c];
-      G[l_.dense2.b + static_cast<std::size_t>(c)] = acc;
     }
   }
 
@@ -579,6 +561,8 @@ class CpuCnn final : public ModelCase {
   HostBuffer w1_low_, b1_low_;        // bf16: W1's copy (cast each step), infer's folded b1 (cast once)
   HostBuffer w1_packed_;              // f32 infer: the folded W1 in the matmul's layout (packed once)
   HostBuffer logits_, dlogits_, logits_out_;
+  std::unique_ptr<loss::Plan> xent_;  // train: the loss, dlogits and db2
+  float xent_loss_ = 0;
   std::string conv_impl_;
   bool own_layouts_ = false;  // infer: some layer runs in a layout of its primitives' own
   std::int64_t step_ = 0;
