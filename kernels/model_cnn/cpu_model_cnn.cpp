@@ -193,7 +193,7 @@ class CpuCnn final : public ModelCase {
     const std::string dense = "; dense: " + dense1_->label() + (w1_cast_ ? " (W1 cast: " + w1_cast_->label() + ")" : "");
     if (s_.train())
       l += std::string(", ") + (s_.arch.bn ? "batch norm" : "bias") + " + ReLU (+ max-pool + dropout): " + conv_.back().act_fwd->label() +
-           dense + "; hotops loops for the last layer, loss, AdamW; NHWC; ";
+           dense + "; hotops loops for the last layer; cross_entropy_dbias plan; AdamW; NHWC; ";
     else
       l += ", pooling max: " + conv_.back().pool->label() + dense + "; hotops loops for the last layer" +
            (own_layouts_ ? "; the conv and pool layers in the layouts oneDNN picked, NHWC at the flatten; " : "; NHWC; ");
