@@ -133,7 +133,7 @@ class CpuCnn final : public ModelCase {
     HOTOPS_CHECK(s_.convs.back().pool > 0, "model_cnn: the last conv layer must be pooled (the flatten reads the pooled output, NHWC)");
     flat_ = in;
     setup_dense();
-    if (!s_.train()) logits_out_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * a.classes));
+    setup_last_layer();
   }
 
   void run() override {
@@ -193,9 +193,9 @@ class CpuCnn final : public ModelCase {
     const std::string dense = "; dense: " + dense1_->label() + (w1_cast_ ? " (W1 cast: " + w1_cast_->label() + ")" : "");
     if (s_.train())
       l += std::string(", ") + (s_.arch.bn ? "batch norm" : "bias") + " + ReLU (+ max-pool + dropout): " + conv_.back().act_fwd->label() +
-           dense + "; hotops loops for the last layer; cross_entropy_dbias plan; AdamW; NHWC; ";
+           dense + "; last layer: " + dense2_->label() + "; cross_entropy_dbias plan; AdamW; NHWC; ";
     else
-      l += ", pooling max: " + conv_.back().pool->label() + dense + "; hotops loops for the last layer" +
+      l += ", pooling max: " + conv_.back().pool->label() + dense + "; last layer: " + dense2_->label() +
            (own_layouts_ ? "; the conv and pool layers in the layouts oneDNN picked, NHWC at the flatten; " : "; NHWC; ");
     l += std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
     if (!s_.train() && s_.arch.bn) l += "; batch norms folded into the weights at setup";
@@ -345,7 +345,6 @@ class CpuCnn final : public ModelCase {
       cs.impl = copy::CpuImpl::onednn;
       w1_cast_ = copy::make_cpu_plan(cs);
     }
-    logits_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * a.classes));
     if (!s_.train()) {
       const float* b1 = infer_params() + l_.dense1.b;
       if (s_.bf16()) {
@@ -372,10 +371,49 @@ class CpuCnn final : public ModelCase {
     dense1_dw_ = matmul::make_cpu_plan(g);
     g.dir = Direction::bwd_data, g.f32_out = false;
     dense1_dx_ = matmul::make_cpu_plan(g);
-    dlogits_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * a.classes));
-    // The loss on the f32 logits (both dtypes: the last layer's loops write f32): the loss family's
-    // cross_entropy_dbias plan, which also writes db2.
-    xent_ = loss::make_cpu_plan(loss::dbias_shape(DType::f32, B, a.classes));
+  }
+
+  // The last layer logits = hd . W2 + b2 through matmul plans in the step's dtype (bf16: W2 and b2
+  // cast from the f32 parameters in each train step, once for infer), its train loss, dlogits and
+  // db2 the loss family's cross_entropy_dbias plan, and dW2 (f32) and dhd the mm gradients; infer
+  // widens the logits into the f32 output.
+  void setup_last_layer() {
+    const Arch& a = s_.arch;
+    const std::int64_t B = s_.batch, Hd = a.hidden, C = a.classes;
+    matmul::Shape g;
+    g.op = matmul::Op::addmm, g.dir = Direction::fwd, g.dtype = s_.dtype, g.M = B, g.K = Hd, g.N = C;
+    dense2_ = matmul::make_cpu_plan(g);
+    logits_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * C));
+    auto cast = [](DType from, DType to, std::size_t n) {
+      copy::Shape cs;
+      cs.kind = from == to ? copy::Kind::memcpy : to == DType::bf16 ? copy::Kind::f32_to_bf16 : copy::Kind::bf16_to_f32;
+      cs.src = from, cs.dst = to, cs.count = n;
+      return copy::make_cpu_plan(cs);
+    };
+    if (s_.bf16()) {
+      w2_low_ = HostBuffer(DType::bf16, static_cast<std::size_t>(Hd * C));
+      b2_low_ = HostBuffer(DType::bf16, static_cast<std::size_t>(C));
+      w2_cast_ = cast(DType::f32, DType::bf16, w2_low_.count());
+      b2_cast_ = cast(DType::f32, DType::bf16, b2_low_.count());
+      if (!s_.train()) cast_dense2_weights();
+    }
+    if (!s_.train()) {
+      logits_out_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * C));
+      logits_widen_ = cast(s_.dtype, DType::f32, logits_out_.count());
+      return;
+    }
+    dlogits_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * C));
+    xent_ = loss::make_cpu_plan(loss::dbias_shape(s_.dtype, B, C));
+    g.op = matmul::Op::mm, g.dir = Direction::bwd_weight, g.f32_out = true;
+    dense2_dw_ = matmul::make_cpu_plan(g);
+    g.dir = Direction::bwd_data, g.f32_out = false;
+    dense2_dx_ = matmul::make_cpu_plan(g);
+  }
+  const void* dense2_weights() { return s_.bf16() ? w2_low_.data() : static_cast<const void*>(infer_params() + l_.dense2.w); }
+  const void* dense2_bias() { return s_.bf16() ? b2_low_.data() : static_cast<const void*>(infer_params() + l_.dense2.b); }
+  void cast_dense2_weights() {
+    w2_cast_->run({infer_params() + l_.dense2.w, w2_low_.data()});
+    b2_cast_->run({infer_params() + l_.dense2.b, b2_low_.data()});
   }
 
   // W1 as the matmuls take it: the f32 parameters, f32 infer's prepacked copy of the folded ones, or the bf16 copy.
@@ -386,6 +424,11 @@ class CpuCnn final : public ModelCase {
 
   // bf16: W1 cast from the f32 parameters (infer: the folded ones) into w1_low_.
   void cast_dense1_weights() { w1_cast_->run({(folded_.count() ? folded_ : params_).as<float>() + l_.dense1.w, w1_low_.data()}); }
+  // bf16: the dense layers' weights as the step's matmuls take them (infer's W2 and b2 cast once).
+  void cast_dense_weights() {
+    cast_dense1_weights();
+    if (s_.train()) cast_dense2_weights();
+  }
 
   // The hidden layer's batchnorm_relu plans' tensors (see act_args).
   rmp::Args hidden_args(Direction dir) {
@@ -426,39 +469,22 @@ class CpuCnn final : public ModelCase {
       if (c.pool) trace::op("maxpool"), cp.pool->run({cp.a.get_data_handle(), nullptr, nullptr, cp.p.get_data_handle(), nullptr});
     }
     HOTOPS_CHECK_DNNL(cpu::stream().wait());
-    if (s_.bf16()) trace::op("cast"), cast_dense1_weights();
+    if (s_.bf16()) trace::op("cast"), cast_dense_weights();
     trace::op(s_.train() ? "mm" : "addmm");
     const void* b1 = s_.train() ? nullptr : s_.bf16() ? b1_low_.data() : static_cast<const void*>(infer_params() + l_.dense1.b);
     dense1_->run({flat_.get_data_handle(), dense1_weights(), b1, nullptr, h_.data(), nullptr, nullptr});
     if (s_.train()) trace::op(rmp::kReluOp), hact_fwd_->run(hidden_args(Direction::fwd));
-    // logits = hd . W2 + b2 (a [hidden, classes] layer: a loop)
+    // logits = hd . W2 + b2 (train: hd after the hidden layer's dropout)
     trace::op("addmm");
-    if (s_.bf16()) dense2_forward<bf16>();
-    else dense2_forward<float>();
-    if (!s_.train()) std::copy_n(logits_.as<float>(), s_.batch * s_.arch.classes, logits_out_.as<float>());
-  }
-
-  // The last layer on the hidden activations (train: after dropout) of type T, in f32.
-  template <class T>
-  void dense2_forward() {
-    const std::int64_t B = s_.batch, Hd = s_.arch.hidden, C = s_.arch.classes;
-    const T* hd = (s_.train() ? hd_ : h_).as<T>();
-    const float* W2 = infer_params() + l_.dense2.w;
-    const float* b2 = infer_params() + l_.dense2.b;
-    float* z = logits_.as<float>();
-#pragma omp parallel for schedule(static)
-    for (std::int64_t b = 0; b < B; ++b) {
-      float acc[16] = {};
-      for (std::int64_t o = 0; o < Hd; ++o)
-        for (std::int64_t c = 0; c < C; ++c) acc[c] += load(hd[b * Hd + o]) * W2[o * C + c];
-      for (std::int64_t c = 0; c < C; ++c) z[b * C + c] = acc[c] + b2[c];
-    }
+    dense2_->run({(s_.train() ? hd_ : h_).data(), dense2_weights(), dense2_bias(), nullptr, logits_.data(), nullptr, nullptr});
+    if (!s_.train()) logits_widen_->run({logits_.data(), logits_out_.data()});
   }
 
   void backward() {
     float* G = grads_.as<float>();
-    if (s_.bf16()) dense2_backward<bf16>();
-    else dense2_backward<float>();
+    trace::op("mm");  // dW2 = hd^T dlogits (f32), dhd = dlogits W2^T
+    dense2_dw_->run({hd_.data(), nullptr, nullptr, dlogits_.data(), G + l_.dense2.w, nullptr, nullptr});
+    dense2_dx_->run({nullptr, dense2_weights(), nullptr, dlogits_.data(), dhd_.data(), nullptr, nullptr});
     trace::op(rmp::kReluOp);
     hact_bwd_->run(hidden_args(Direction::bwd));
     trace::op("mm");
@@ -477,35 +503,6 @@ class CpuCnn final : public ModelCase {
       }
     }
     HOTOPS_CHECK_DNNL(cpu::stream().wait());
-  }
-
-  // The last layer's backward on activations of type T (the loops in f32): dW2 = hd^T dlogits,
-  // dhd = dlogits W2^T.
-  template <class T>
-  void dense2_backward() {
-    const Arch& a = s_.arch;
-    const std::int64_t B = s_.batch, Hd = a.hidden, C = a.classes;
-    float* P = params_.as<float>();
-    float* G = grads_.as<float>();
-    const float* dl = dlogits_.as<float>();
-    const T* hd = hd_.as<T>();
-    float* dW2 = G + l_.dense2.w;
-    T* dhd = dhd_.as<T>();
-    const float* W2 = P + l_.dense2.w;
-    trace::op("mm");
-#pragma omp parallel for schedule(static)
-    for (std::int64_t o = 0; o < Hd; ++o) {
-      for (std::int64_t c = 0; c < C; ++c) {
-        float acc = 0.f;
-        for (std::int64_t b = 0; b < B; ++b) acc += load(hd[b * Hd + o]) * dl[b * C + c];
-        dW2[o * C + c] = acc;
-      }
-      for (std::int64_t b = 0; b < B; ++b) {
-        float acc = 0.f;
-        for (std::int64_t c = 0; c < C; ++c) acc += dl[b * C + c] * W2[o * C + c];
-        dhd[b * Hd + o] = store<T>(acc);
-      }
-    }
   }
 
   void adamw_step() {
@@ -562,6 +559,9 @@ class CpuCnn final : public ModelCase {
   HostBuffer w1_packed_;              // f32 infer: the folded W1 in the matmul's layout (packed once)
   HostBuffer logits_, dlogits_, logits_out_;
   std::unique_ptr<loss::Plan> xent_;  // train: the loss, dlogits and db2
+  std::unique_ptr<matmul::Plan> dense2_, dense2_dw_, dense2_dx_;  // the last layer, train: its gradients
+  std::unique_ptr<copy::Plan> w2_cast_, b2_cast_, logits_widen_;  // bf16: W2, b2 cast; infer: logits to f32
+  HostBuffer w2_low_, b2_low_;
   float xent_loss_ = 0;
   std::string conv_impl_;
   bool own_layouts_ = false;  // infer: some layer runs in a layout of its primitives' own
