@@ -360,13 +360,13 @@ struct Timer::Impl {
 };
 
 namespace {
-// A graph of what `enqueue` puts on hotops' stream, instantiated and uploaded.
-cudaGraphExec_t capture(const std::function<void()>& enqueue) {
+// A graph of `runs` back-to-back runs of the case, instantiated and uploaded.
+cudaGraphExec_t capture_runs(Case& c, int runs) {
   cudaStream_t s = stream();
   cudaGraph_t g;
   HOTOPS_CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   try {
-    enqueue();
+    for (int i = 0; i < runs; ++i) c.run();
   } catch (...) {
     cudaStreamEndCapture(s, &g);
     throw;
@@ -377,12 +377,6 @@ cudaGraphExec_t capture(const std::function<void()>& enqueue) {
   HOTOPS_CHECK_CUDA(cudaGraphDestroy(g));
   HOTOPS_CHECK_CUDA(cudaGraphUpload(exec, s));
   return exec;
-}
-// A graph of `runs` back-to-back runs of the case.
-cudaGraphExec_t capture_runs(Case& c, int runs) {
-  return capture([&] {
-    for (int i = 0; i < runs; ++i) c.run();
-  });
 }
 constexpr double kMaxEnqueueHoldSeconds = 20e-3;  // a run that blocks the host is not held past this
 }  // namespace
@@ -596,23 +590,18 @@ trace::Breakdown measure_breakdown(Case& c, double min_seconds, int min_steps) {
   // time the host has taken to enqueue a step so far (the first step measures it and is not
   // counted): a shorter hold would let the GPU wait for the host, and the wait would count in the
   // ops' spans.
-  cudaGraphExec_t graph{};
-  struct Destroy {
-    cudaGraphExec_t& g;
-    ~Destroy() {
-      if (g) cudaGraphExecDestroy(g);
-    }
-  } destroy{graph};
+  StepGraph graph;
   const bool held = !c.host_timed();
   if (held && c.capturable()) {
     r.in_graph = true;
-    graph = capture(instrumented_run);
+    std::string why;
+    HOTOPS_CHECK(graph.capture(instrumented_run, &why), "capturing the instrumented step: " + why);
   }
   double enqueue = 0;
   for (int k = -1; k < min_steps || elapsed() < min_seconds; ++k) {
     if (held) hold(20e-6 + std::min(1.5 * enqueue, kMaxEnqueueHoldSeconds));
     const auto h0 = std::chrono::steady_clock::now();
-    if (graph) HOTOPS_CHECK_CUDA(cudaGraphLaunch(graph, stream()));
+    if (graph) graph.launch();
     else instrumented_run();
     enqueue = std::max(enqueue, std::chrono::duration<double>(std::chrono::steady_clock::now() - h0).count());
     double lead = 0;
