@@ -96,6 +96,7 @@ std::vector<double> channel_norms(const Vec& v, std::int64_t n, std::int64_t row
   for (double& x : sq) x = std::sqrt(x);
   return sq;
 }
+// The batch the periodic samples stand for: sample q counted count[q] times.
 std::int64_t batch_of(const std::vector<std::int64_t>& count) {
   std::int64_t b = 0;
   for (std::int64_t c : count) b += c;
@@ -188,8 +189,7 @@ Norm bn_fwd(const Vec& z, std::int64_t n, std::int64_t per_sample_rows, const st
   Norm nm;
   Vec var(idx(n), 0.0);
   if (train) {
-    double M = 0;
-    for (std::int64_t c : count) M += static_cast<double>(c * per_sample_rows);
+    const double M = static_cast<double>(batch_of(count) * per_sample_rows);
     nm.mean = reduce_rows(rows, n, work, [&](std::int64_t r0, std::int64_t r1, double* acc) {
       for (std::int64_t r = r0; r < r1; ++r) {
         const double wgt = weight(r);
@@ -230,8 +230,7 @@ Vec bn_bwd(const Norm& nm, const Vec& dy, std::int64_t n, std::int64_t per_sampl
            const std::vector<std::int64_t>& count, const double* gamma, double* dgamma, double* dbeta) {
   const std::int64_t rows = static_cast<std::int64_t>(dy.size()) / n;
   const std::int64_t work = static_cast<std::int64_t>(dy.size());
-  double M = 0;
-  for (std::int64_t c : count) M += static_cast<double>(c * per_sample_rows);
+  const double M = static_cast<double>(batch_of(count) * per_sample_rows);
   // s[0, n): sum_w dy; s[n, 2n): sum_w dy xhat.
   const Vec s = reduce_rows(rows, 2 * n, work, [&](std::int64_t r0, std::int64_t r1, double* acc) {
     for (std::int64_t r = r0; r < r1; ++r) {
@@ -427,8 +426,7 @@ Vec dense_fwd(const Vec& a, std::int64_t S, std::int64_t in, std::int64_t out, c
 Vec softmax_xent(const Vec& logits, const std::vector<std::int32_t>& labels, const std::vector<std::int64_t>& count,
                  std::int64_t C, double& loss) {
   const std::int64_t S = static_cast<std::int64_t>(count.size());
-  double B = 0;
-  for (std::int64_t c : count) B += static_cast<double>(c);
+  const double B = static_cast<double>(batch_of(count));
   Vec dlog(idx(S * C));
   for (std::int64_t q = 0; q < S; ++q) {
     const double* z = &logits[idx(q * C)];
