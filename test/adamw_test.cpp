@@ -234,28 +234,31 @@ TEST(AdamwPlan, RunsOnTheStatesItIsGivenEachRun) {
 }
 
 // The CPU step is the scalar formula with std::sqrt to the bit (the vector clones round as the
-// scalar code does), whatever the team; the bf16 copy is the master rounded. n: parts that end off
-// the 16-element cuts, a scalar epilogue.
+// scalar code does), whatever the team; the bf16 copy (bf16, and f32 given one: a model's copy for
+// its bf16 GEMMs) is the master rounded. n: parts that end off the 16-element cuts, a scalar epilogue.
 TEST(AdamwCpu, StepIsTheScalarFormulaToTheBit) {
   const std::int64_t n = 100003;
   Shape s;
   s.sizes = {n};
   const Layout l = layout_of(s.sizes);
   const StepScalars sc = scalars_for(Hyper{}, 3);
-  for (DType t : {DType::f32, DType::bf16})
+  for (const auto& [t, copy] : {std::pair{DType::f32, false}, std::pair{DType::f32, true}, std::pair{DType::bf16, true}})
     for (int threads : {0, 1, 2, 3}) {
-      SCOPED_TRACE(std::string(dtype_name(t)) + " threads " + std::to_string(threads));
+      SCOPED_TRACE(std::string(dtype_name(t)) + (copy ? " with the bf16 copy" : "") + " threads " + std::to_string(threads));
       s.dtype = t;
       State st = make_state(s, l);
       restore(s, st, 11);
+      if (t == DType::f32 && copy) st.p16 = HostBuffer(DType::bf16, l.arena), st.p16.poison();
       std::vector<float> p(st.p.as<float>(), st.p.as<float>() + n), m(st.m.as<float>(), st.m.as<float>() + n),
           v(st.v.as<float>(), st.v.as<float>() + n);
       for (std::int64_t i = 0; i < n; ++i) {
         const auto a = static_cast<std::size_t>(i);
         step_element(p[a], static_cast<float>(st.g.get(a)), m[a], v[a], sc, [](float x) { return std::sqrt(x); });
       }
-      if (t == DType::f32)
+      if (t == DType::f32 && !copy)
         cpu_step(st.p.as<float>(), st.g.as<float>(), st.m.as<float>(), st.v.as<float>(), n, sc, threads);
+      else if (t == DType::f32)
+        cpu_step(st.p.as<float>(), st.g.as<float>(), st.m.as<float>(), st.v.as<float>(), st.p16.as<std::uint16_t>(), n, sc, threads);
       else
         cpu_step(st.p.as<float>(), st.g.as<std::uint16_t>(), st.m.as<float>(), st.v.as<float>(),
                  st.p16.as<std::uint16_t>(), n, sc, threads);
@@ -263,7 +266,7 @@ TEST(AdamwCpu, StepIsTheScalarFormulaToTheBit) {
       for (std::int64_t i = 0; i < n; ++i) {
         const auto a = static_cast<std::size_t>(i);
         differ += st.p.as<float>()[a] != p[a] || st.m.as<float>()[a] != m[a] || st.v.as<float>()[a] != v[a] ||
-                  (t == DType::bf16 && st.p16.as<std::uint16_t>()[a] != float_to_bf16(p[a]));
+                  (copy && st.p16.as<std::uint16_t>()[a] != float_to_bf16(p[a]));
       }
       EXPECT_EQ(differ, 0) << cpu_clone_name();
     }
@@ -295,11 +298,13 @@ std::vector<unsigned char> bytes_of(const HostBuffer& b) {
 
 // A data-parallel step's AdamW: a launch per gradient bucket, each over its range of the flat pass
 // (tensor bounds, from the end towards the start) with a grid of its own, all at one step number,
-// gives bitwise what one launch over the whole pass gives.
+// gives bitwise what one launch over the whole pass gives; f32 with a bf16 copy (a model's, each
+// launch over its range of it), the copy is the master rounded over the whole pass, padding included.
 TEST(AdamwCudaKernelOnHost, BucketRangesAreTheWholeStepBitwise) {
-  for (DType t : {DType::f32, DType::bf16}) {
-    SCOPED_TRACE(dtype_name(t));
+  for (const auto& [t, copy] : {std::pair{DType::f32, false}, std::pair{DType::f32, true}, std::pair{DType::bf16, true}}) {
+    SCOPED_TRACE(std::string(dtype_name(t)) + (copy ? " with the bf16 copy" : ""));
     Fixture whole(t), parts(t);
+    if (t == DType::f32 && copy) parts.st.p16 = HostBuffer(DType::bf16, parts.l.arena), parts.st.p16.poison();
     ASSERT_GE(whole.l.offset.size(), 3u);
     const std::vector<std::size_t> bounds = {whole.l.span, whole.l.offset[2], whole.l.offset[1], 0};
     for (int k = 1; k <= kVerifySteps; ++k) {
@@ -312,6 +317,10 @@ TEST(AdamwCudaKernelOnHost, BucketRangesAreTheWholeStepBitwise) {
       if (a->bytes() == 0) continue;
       EXPECT_EQ(bytes_of(*a), bytes_of(*c));
     }
+    std::size_t copy_differs = 0;
+    for (std::size_t a = 0; copy && a < parts.l.span; ++a)
+      copy_differs += parts.st.p16.as<std::uint16_t>()[a] != float_to_bf16(parts.st.p.as<float>()[a]);
+    EXPECT_EQ(copy_differs, 0u);
     EXPECT_THROW(run_cuda_kernel_on_host(parts.s, parts.st, 1, 1, 2, 6), Error);  // off the 16-byte vectors
   }
 }

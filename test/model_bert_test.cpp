@@ -224,4 +224,20 @@ TEST(ModelBertDataParallel, OneGpuBucketsAndVerifiesCuda) {
 }
 
 }  // namespace
+// The bf16 train steps' copy of the master weights is written by AdamW, never cast in a step.
+TEST(ModelBertBf16Copy, KeptByAdamwCpu) {
+  for (const char* m : {"bert_layer", "vit_layer"})
+    model_test::expect_bf16_copy_kept(family(), problem(m, Backend::cpu, Direction::train, 1, DType::bf16), 2);
+}
+TEST(ModelBertBf16Copy, KeptByAdamwCuda) {
+  HOTOPS_SKIP_WITHOUT_GPU();
+  for (const char* m : {"bert_layer", "vit_layer"}) {
+    const Problem p = problem(m, Backend::cuda, Direction::train, 2, DType::bf16);
+    model_test::expect_bf16_copy_kept(family(), p, 3);
+    Problem one_gpu = p;  // the data-parallel step's per-bucket AdamW launches
+    one_gpu.args.push_back({"gpus", "1"});
+    if (family().unsupported_reason(one_gpu).empty()) model_test::expect_bf16_copy_kept(family(), one_gpu, 3);
+  }
+}
+
 }  // namespace hotops::model_bert

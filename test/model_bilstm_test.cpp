@@ -477,4 +477,11 @@ TEST(ModelTextgenTraining, LossFallsCudaBf16) {
 }
 
 }  // namespace
+// The CUDA bf16 train steps' copy of the master weights is written by AdamW, never cast in a step.
+TEST(ModelBilstmBf16Copy, KeptByAdamwCuda) {
+  HOTOPS_SKIP_WITHOUT_GPU();
+  model_test::expect_bf16_copy_kept(family(), model_test::model_problem("bilstm_test", Backend::cuda, Direction::train, 32, nullptr, 0, DType::bf16), 3);
+  model_test::expect_bf16_copy_kept(family(), model_test::model_problem("textgen_test", Backend::cuda, Direction::train, 8, nullptr, 0, DType::bf16), 3);
+}
+
 }  // namespace hotops::model_bilstm

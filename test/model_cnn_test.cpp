@@ -269,4 +269,16 @@ TEST(ModelCnnCpu, OwnLayoutsVerify) {
 }
 
 }  // namespace
+// The bf16 train steps' copy of the master weights is written by AdamW, never cast in a step (on CUDA
+// in the measured layout, NHWC for bf16: NCHW still casts the conv weights into KCRS each step).
+TEST(ModelCnnBf16Copy, KeptByAdamwCpu) {
+  for (const char* a : {"keras_test", "vgg_test"})
+    model_test::expect_bf16_copy_kept(family(), problem(a, Backend::cpu, Direction::train, 8, DType::bf16), 3);
+}
+TEST(ModelCnnBf16Copy, KeptByAdamwCuda) {
+  HOTOPS_SKIP_WITHOUT_GPU();
+  for (const char* a : {"keras_test", "vgg_test"})
+    model_test::expect_bf16_copy_kept(family(), problem(a, Backend::cuda, Direction::train, 8, DType::bf16), 3);
+}
+
 }  // namespace hotops::model_cnn

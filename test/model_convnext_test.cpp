@@ -218,4 +218,17 @@ TEST(ModelConvnextDataParallel, OneGpuBucketsAndVerifiesCuda) {
 }
 
 }  // namespace
+// The bf16 train steps' copy of the master weights is written by AdamW, never cast in a step.
+TEST(ModelConvnextBf16Copy, KeptByAdamwCpu) {
+  model_test::expect_bf16_copy_kept(family(), problem("convnext.s1", Backend::cpu, Direction::train, 2, DType::bf16), 3);
+}
+TEST(ModelConvnextBf16Copy, KeptByAdamwCuda) {
+  HOTOPS_SKIP_WITHOUT_GPU();
+  const Problem p = problem("convnext.s1", Backend::cuda, Direction::train, 2, DType::bf16);
+  model_test::expect_bf16_copy_kept(family(), p, 3);
+  Problem one_gpu = p;  // the data-parallel step's per-bucket AdamW launches
+  one_gpu.args.push_back({"gpus", "1"});
+  if (family().unsupported_reason(one_gpu).empty()) model_test::expect_bf16_copy_kept(family(), one_gpu, 3);
+}
+
 }  // namespace hotops::model_convnext

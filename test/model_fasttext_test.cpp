@@ -299,4 +299,14 @@ TEST(ModelFasttextTraining, LossFallsCuda) {
 }
 
 }  // namespace
+// The bf16 train steps' copy of the master weights is written by AdamW, never cast in a step.
+TEST(ModelFasttextBf16Copy, KeptByAdamwCpu) {
+  model_test::expect_bf16_copy_kept(family(), model_test::model_problem("fasttext_imdb", Backend::cpu, Direction::train, 32, nullptr, 0, DType::bf16), 3);
+}
+TEST(ModelFasttextBf16Copy, KeptByAdamwCuda) {
+  HOTOPS_SKIP_WITHOUT_GPU();
+  model_test::expect_bf16_copy_kept(family(), model_test::model_problem("fasttext_imdb", Backend::cuda, Direction::train, 32, nullptr, 0, DType::bf16), 3);
+  model_test::expect_bf16_copy_kept(family(), model_test::model_problem("fasttext_imdb", Backend::cuda, Direction::train, 32, "graph", 1, DType::bf16), 3);
+}
+
 }  // namespace hotops::model_fasttext

@@ -14,6 +14,7 @@
 #include "hotops/op.h"
 #include "hotops/trace.h"
 #include "kernels/adamw/adamw.h"
+#include "kernels/models/models.h"
 #include "kernels/models/regression.h"
 
 // Skips the test, with the reason, where no GPU can run it.
@@ -52,6 +53,28 @@ inline void expect_one_gpu_data_parallel(const Family& f, Problem p, const std::
   for (const char* op : {"allreduce", "adamw"})
     EXPECT_TRUE(std::any_of(b.parts.begin(), b.parts.end(), [&](const trace::Part& part) { return part.op == op; }))
         << p.name() << ": no " << op << " part in the breakdown";
+}
+
+// A bf16 train step `p` keeps the bf16 copy of its f32 master that its GEMMs read with no
+// cast of its own: from the seeded start, after the verified step and `steps` more, the copy is the
+// master rounded to bf16 element for element (the AdamW step writes it), and no "cast" op is in the
+// step's per-op breakdown. Skipped with the reason where this machine cannot run the problem.
+inline void expect_bf16_copy_kept(const Family& f, const Problem& p, int steps) {
+  if (const std::string why = f.unsupported_reason(p); !why.empty()) GTEST_SKIP() << why;
+  const auto c = f.make(p);
+  auto* m = dynamic_cast<models::ModelCase*>(c.get());
+  ASSERT_NE(m, nullptr) << p.name();
+  const Check first = c->verify();
+  ASSERT_TRUE(first.ok) << p.name() << ": " << first.message;
+  const Check after_first = m->bf16_copy_check();
+  EXPECT_TRUE(after_first.ok) << p.name() << " after the verified step: " << after_first.message;
+  EXPECT_GT(after_first.checked, 0u) << p.name() << ": no bf16 copy checked";
+  for (int i = 0; i < steps; ++i) c->run();
+  const Check after = m->bf16_copy_check();
+  EXPECT_TRUE(after.ok) << p.name() << " after " << steps + 1 << " steps: " << after.message;
+  const trace::Breakdown b = p.backend == Backend::cuda ? gpu::measure_breakdown(*c, 0, 2) : trace::measure_on_cpu([&] { c->run(); }, 0, 2);
+  for (const trace::Part& part : b.parts) EXPECT_NE(part.op, "cast") << p.name() << ": the step casts its weights";
+  EXPECT_TRUE(m->bf16_copy_check().ok) << p.name() << " after the breakdown's steps";
 }
 
 // Runs `steps` train steps of `c` and expects the last one's loss below `bar` times the first one's.

@@ -473,4 +473,20 @@ TEST(ModelsDataParallel, TwoGpusNeedARunOverTwoGpusCuda) {
 }
 
 }  // namespace
+// The bf16 train steps' copy of the master weights is written by AdamW, never cast in a step.
+TEST(ModelsBf16Copy, KeptByAdamwCpu) {
+  for (const char* m : {"mlp_tiny", "mlp_mnist"})
+    model_test::expect_bf16_copy_kept(family(), model_test::model_problem(m, Backend::cpu, Direction::train, 10, nullptr, 0, DType::bf16), 4);
+}
+TEST(ModelsBf16Copy, KeptByAdamwCuda) {
+  HOTOPS_SKIP_WITHOUT_GPU();
+  for (const char* m : {"mlp_tiny", "mlp_mnist"}) {
+    const Problem p = model_test::model_problem(m, Backend::cuda, Direction::train, 10, nullptr, 0, DType::bf16);
+    model_test::expect_bf16_copy_kept(family(), p, 4);
+    Problem graph = p;
+    graph.args.push_back({"graph", "1"});
+    model_test::expect_bf16_copy_kept(family(), graph, 4);
+  }
+}
+
 }  // namespace hotops::models

@@ -135,6 +135,11 @@ std::string describe(const Shape& s);
 void cpu_step(float* p, const float* g, float* m, float* v, std::int64_t n, const StepScalars& s, int threads);
 void cpu_step(float* p, const std::uint16_t* g, float* m, float* v, std::uint16_t* p16, std::int64_t n,
               const StepScalars& s, int threads);
+// The f32 step of a model that keeps a bf16 copy of its f32 master for its bf16 GEMMs: the updated p
+// also rounded to bf16 into p16 (null: none, the f32 step above), so that the copy never needs a cast
+// of its own between steps.
+void cpu_step(float* p, const float* g, float* m, float* v, std::uint16_t* p16, std::int64_t n, const StepScalars& s,
+              int threads);
 const char* cpu_clone_name();  // the instruction set the loop runs in on this CPU, for labels
 
 // The optimizer's step count, which every step advances. On CUDA it lives in device memory, where a
@@ -171,7 +176,8 @@ constexpr unsigned kCudaThreads = 256;
 constexpr unsigned kCudaMaxBlocks = 1024;  // a grid that one wave of an H100 holds (8 blocks per SM)
 
 // The CUDA step: one launch on `stream` over n contiguous elements of device memory (p, m, v f32; g
-// f32, or bf16 with the updated p rounded to bf16 into p16), every pointer 16-byte aligned: min(n / 4
+// f32, or bf16 with the updated p rounded to bf16 into p16), every pointer on the boundary of its
+// 4-element vectors (16 bytes for f32, 8 for bf16): min(n / 4
 // / kCudaThreads, max_blocks) blocks (at least 1) of kCudaThreads threads striding over the 16-byte
 // vectors, the at most 3 elements after the last whole vector one per thread. `advance`: null when
 // another kernel advanced `state`, else the hyperparameters with which the launch advances it.
@@ -179,6 +185,10 @@ void cuda_step(float* p, const float* g, float* m, float* v, std::int64_t n, Dev
                const Hyper* advance, cudaStream_t stream, unsigned max_blocks = kCudaMaxBlocks);
 void cuda_step(float* p, const std::uint16_t* g, float* m, float* v, std::uint16_t* p16, std::int64_t n,
                DeviceStep* state, const Hyper* advance, cudaStream_t stream, unsigned max_blocks = kCudaMaxBlocks);
+// The f32 step that also writes the updated p rounded to bf16 into p16 (null: none), the bf16 copy
+// that a model's bf16 GEMMs read (as cpu_step's overload).
+void cuda_step(float* p, const float* g, float* m, float* v, std::uint16_t* p16, std::int64_t n, DeviceStep* state,
+               const Hyper* advance, cudaStream_t stream, unsigned max_blocks = kCudaMaxBlocks);
 
 // Whether the device step count is `steps` after that many steps (synchronises): a failed Check that
 // says what it is otherwise, e.g. when a train step's launches did not all run.
@@ -186,7 +196,8 @@ Check check_device_step(const DeviceStep* state, std::int64_t steps);
 
 // The CUDA kernel's own code, run on the host thread by thread of a grid of `blocks` (step t given),
 // over elements [begin, end) of the flat pass (end 0: up to its span; begin a multiple of 4, as the
-// device's 16-byte vectors need): lets the tests check its strides, vectors, tails and sub-ranges (a
+// device's 16-byte vectors need); f32 with a p16 arena in `st`: the overload that writes the bf16 copy.
+// Lets the tests check its strides, vectors, tails and sub-ranges (a
 // data-parallel step's per-bucket launches) without a GPU. Works on `st` in place.
 void run_cuda_kernel_on_host(const Shape& s, State& st, std::int64_t t, unsigned blocks, std::size_t begin = 0,
                              std::size_t end = 0);

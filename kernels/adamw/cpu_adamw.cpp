@@ -52,17 +52,30 @@ HOTOPS_CPU_CLONES void adamw_f32(float* __restrict p, const float* __restrict g,
   for (std::int64_t i = 0; i < n; ++i) step_element(p[i], g[i], m[i], v[i], s, Sqrt());
 }
 
-// One thread's part, bf16: the f32 master, bf16 gradient, f32 moments; writes the bf16 copy.
-HOTOPS_CPU_CLONES void adamw_bf16(float* __restrict p, const std::uint16_t* __restrict g, float* __restrict m,
-                                  float* __restrict v, std::uint16_t* __restrict p16, std::int64_t n,
-                                  const StepScalars& s_ref) {
+// One thread's part with the bf16 copy: the f32 master and moments, the gradient G (f32, or bf16
+// bits widened by bf16_to_f32); writes the updated parameters rounded to bf16 into p16.
+ADAMW_INLINE float widened(float g) { return g; }
+ADAMW_INLINE float widened(std::uint16_t g) { return bf16_to_f32(g); }
+template <class G>
+ADAMW_INLINE void adamw_p16(float* __restrict p, const G* __restrict g, float* __restrict m, float* __restrict v,
+                            std::uint16_t* __restrict p16, std::int64_t n, const StepScalars& s_ref) {
   const StepScalars s = s_ref;
   for (std::int64_t i = 0; i < n; ++i) {
     float pi = p[i], mi = m[i], vi = v[i];
-    step_element(pi, bf16_to_f32(g[i]), mi, vi, s, Sqrt());
+    step_element(pi, widened(g[i]), mi, vi, s, Sqrt());
     p[i] = pi, m[i] = mi, v[i] = vi;
     p16[i] = f32_to_bf16(pi);
   }
+}
+HOTOPS_CPU_CLONES void adamw_bf16(float* __restrict p, const std::uint16_t* __restrict g, float* __restrict m,
+                                  float* __restrict v, std::uint16_t* __restrict p16, std::int64_t n,
+                                  const StepScalars& s) {
+  adamw_p16(p, g, m, v, p16, n, s);
+}
+HOTOPS_CPU_CLONES void adamw_f32_p16(float* __restrict p, const float* __restrict g, float* __restrict m,
+                                     float* __restrict v, std::uint16_t* __restrict p16, std::int64_t n,
+                                     const StepScalars& s) {
+  adamw_p16(p, g, m, v, p16, n, s);
 }
 
 // Thread `me` of `team`'s part of n elements: cut at multiples of 16 elements (64-byte lines), so
@@ -93,6 +106,14 @@ void in_parallel(std::int64_t n, int threads, const Part& part) {
 
 void cpu_step(float* p, const float* g, float* m, float* v, std::int64_t n, const StepScalars& s, int threads) {
   kernel::in_parallel(n, threads, [&](std::int64_t b, std::int64_t k) { kernel::adamw_f32(p + b, g + b, m + b, v + b, k, s); });
+}
+
+void cpu_step(float* p, const float* g, float* m, float* v, std::uint16_t* p16, std::int64_t n, const StepScalars& s,
+              int threads) {
+  if (p16 == nullptr) return cpu_step(p, g, m, v, n, s, threads);
+  kernel::in_parallel(n, threads, [&](std::int64_t b, std::int64_t k) {
+    kernel::adamw_f32_p16(p + b, g + b, m + b, v + b, p16 + b, k, s);
+  });
 }
 
 void cpu_step(float* p, const std::uint16_t* g, float* m, float* v, std::uint16_t* p16, std::int64_t n,

@@ -69,8 +69,8 @@ __host__ __device__ inline float4 load_grad(const void* g, std::int64_t vec) {
 }
 
 // Thread `first` of a grid of `stride` threads: vectors first, first + stride, ..., then its element
-// of the tail.
-template <bool kBf16>
+// of the tail. kBf16: bf16 gradients; kP16: the updated parameters also rounded to bf16 into p16.
+template <bool kBf16, bool kP16>
 __host__ __device__ inline void flat_body(float* __restrict__ p, const void* __restrict__ g, float* __restrict__ m,
                                           float* __restrict__ v, std::uint16_t* __restrict__ p16, std::int64_t n,
                                           std::int64_t first, std::int64_t stride, const StepScalars& s) {
@@ -86,17 +86,17 @@ __host__ __device__ inline void flat_body(float* __restrict__ p, const void* __r
     step_element(pv.z, gv.z, mv.z, vv.z, s, IeeeSqrt());
     step_element(pv.w, gv.w, mv.w, vv.w, s, IeeeSqrt());
     p4[i] = pv, m4[i] = mv, v4[i] = vv;
-    if constexpr (kBf16) reinterpret_cast<Bf16x4*>(p16)[i] = to_bf16x4(pv);
+    if constexpr (kP16) reinterpret_cast<Bf16x4*>(p16)[i] = to_bf16x4(pv);
   }
   for (std::int64_t i = n4 * 4 + first; i < n; i += stride) {
     const float ge = kBf16 ? bf16_bits_to_float(static_cast<const std::uint16_t*>(g)[i]) : static_cast<const float*>(g)[i];
     step_element(p[i], ge, m[i], v[i], s, IeeeSqrt());
-    if constexpr (kBf16) p16[i] = to_bf16x4(float4{p[i], 0.f, 0.f, 0.f}).e[0];
+    if constexpr (kP16) p16[i] = to_bf16x4(float4{p[i], 0.f, 0.f, 0.f}).e[0];
   }
 }
 
 // kAdvance: the launch takes the step itself (DeviceStep's ticket); else another kernel advanced it.
-template <bool kBf16, bool kAdvance>
+template <bool kBf16, bool kP16, bool kAdvance>
 __global__ void __launch_bounds__(kCudaThreads) adamw_kernel(float* __restrict__ p, const void* __restrict__ g,
                                                              float* __restrict__ m, float* __restrict__ v,
                                                              std::uint16_t* __restrict__ p16, std::int64_t n,
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kCudaThreads) adamw_kernel(float* __restrict__
   } else {
     s = static_cast<const DeviceStep*>(state)->s;
   }
-  flat_body<kBf16>(p, g, m, v, p16, n, blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x,
+  flat_body<kBf16, kP16>(p, g, m, v, p16, n, blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x,
                    static_cast<std::int64_t>(gridDim.x) * blockDim.x, s);
 }
 
@@ -135,17 +135,23 @@ unsigned blocks_for(std::int64_t n, unsigned max_blocks) {
   return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>(want, max_blocks)));
 }
 
-template <bool kBf16>
+// Every array on the boundary of its 4-element vectors: 16 bytes for f32, 8 for bf16.
+bool vector_aligned(const void* q, std::size_t element_bytes) {
+  return reinterpret_cast<std::uintptr_t>(q) % (4 * element_bytes) == 0;
+}
+
+template <bool kBf16, bool kP16>
 void launch(float* p, const void* g, float* m, float* v, std::uint16_t* p16, std::int64_t n, DeviceStep* state,
             const Hyper* advance, cudaStream_t stream, unsigned max_blocks) {
-  for (const void* q : {static_cast<const void*>(p), g, static_cast<const void*>(m), static_cast<const void*>(v),
-                        static_cast<const void*>(p16)})
-    HOTOPS_CHECK(reinterpret_cast<std::uintptr_t>(q) % 16 == 0, "adamw: an array is not 16-byte aligned");
+  for (const void* q : {static_cast<const void*>(p), static_cast<const void*>(m), static_cast<const void*>(v)})
+    HOTOPS_CHECK(vector_aligned(q, sizeof(float)), "adamw: an array is not 16-byte aligned");
+  HOTOPS_CHECK(vector_aligned(g, kBf16 ? 2 : 4) && (!kP16 || vector_aligned(p16, 2)),
+               "adamw: a gradient or bf16 copy is not aligned to its 4-element vectors");
   const unsigned blocks = blocks_for(n, max_blocks);
   if (advance != nullptr)
-    adamw_kernel<kBf16, true><<<blocks, kCudaThreads, 0, stream>>>(p, g, m, v, p16, n, state, *advance);
+    adamw_kernel<kBf16, kP16, true><<<blocks, kCudaThreads, 0, stream>>>(p, g, m, v, p16, n, state, *advance);
   else
-    adamw_kernel<kBf16, false><<<blocks, kCudaThreads, 0, stream>>>(p, g, m, v, p16, n, state, Hyper{});
+    adamw_kernel<kBf16, kP16, false><<<blocks, kCudaThreads, 0, stream>>>(p, g, m, v, p16, n, state, Hyper{});
   HOTOPS_CHECK_LAUNCH();
 }
 
@@ -175,12 +181,18 @@ class CudaAdamw final : public Plan {
 
 void cuda_step(float* p, const float* g, float* m, float* v, std::int64_t n, DeviceStep* state, const Hyper* advance,
                cudaStream_t stream, unsigned max_blocks) {
-  launch<false>(p, g, m, v, nullptr, n, state, advance, stream, max_blocks);
+  launch<false, false>(p, g, m, v, nullptr, n, state, advance, stream, max_blocks);
+}
+
+void cuda_step(float* p, const float* g, float* m, float* v, std::uint16_t* p16, std::int64_t n, DeviceStep* state,
+               const Hyper* advance, cudaStream_t stream, unsigned max_blocks) {
+  if (p16 == nullptr) return launch<false, false>(p, g, m, v, nullptr, n, state, advance, stream, max_blocks);
+  launch<false, true>(p, g, m, v, p16, n, state, advance, stream, max_blocks);
 }
 
 void cuda_step(float* p, const std::uint16_t* g, float* m, float* v, std::uint16_t* p16, std::int64_t n,
                DeviceStep* state, const Hyper* advance, cudaStream_t stream, unsigned max_blocks) {
-  launch<true>(p, g, m, v, p16, n, state, advance, stream, max_blocks);
+  launch<true, true>(p, g, m, v, p16, n, state, advance, stream, max_blocks);
 }
 
 Check check_device_step(const DeviceStep* state, std::int64_t steps) {
@@ -203,9 +215,11 @@ void run_cuda_kernel_on_host(const Shape& s, State& st, std::int64_t t, unsigned
   const void* g = static_cast<const std::byte*>(st.g.data()) + gbytes;
   for (std::int64_t tid = 0; tid < threads; ++tid) {
     if (s.dtype == DType::bf16)
-      flat_body<true>(p, g, m, v, st.p16.as<std::uint16_t>() + begin, n, tid, threads, sc);
+      flat_body<true, true>(p, g, m, v, st.p16.as<std::uint16_t>() + begin, n, tid, threads, sc);
+    else if (st.p16.count() != 0)
+      flat_body<false, true>(p, g, m, v, st.p16.as<std::uint16_t>() + begin, n, tid, threads, sc);
     else
-      flat_body<false>(p, g, m, v, nullptr, n, tid, threads, sc);
+      flat_body<false, false>(p, g, m, v, nullptr, n, tid, threads, sc);
   }
 }
 

@@ -9,8 +9,9 @@
 // gradient: the loss family's mse), the other bias gradients through the matmul family's bias_grad
 // plan (column sums), the rest OpenMP loops: the bf16 cast, one AdamW pass.
 // The loops are templates over the activations' storage (float, or bf16 as its uint16 bits) and
-// compute in f32; bf16's matmuls take bf16 operands (a per-step bf16 copy of the f32 master
-// parameters) and write bf16 activations or f32 weight gradients.
+// compute in f32; bf16's matmuls take bf16 operands (a bf16 copy of the f32 master parameters: train
+// casts it once at the start and the AdamW pass writes it; infer casts it first in each step) and
+// write bf16 activations or f32 weight gradients.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -51,6 +52,7 @@ class CpuLayer final : public LayerCase {
     grads_ = HostBuffer(DType::f32, l_.total);
     std::fill_n(grads_.as<float>(), l_.total, 0.f);
     if (kBf16) weights_ = HostBuffer(DType::bf16, l_.total);
+    if (kBf16 && s_.train()) cast_weights();  // the copy at the start; AdamW keeps it from then on
     auto buf = [](std::int64_t n) { return HostBuffer(DType::f32, static_cast<std::size_t>(n)); };
     auto act = [this](std::int64_t n) { return HostBuffer(s_.dtype, static_cast<std::size_t>(n)); };
     u1_ = act(a.pre_ln ? T_ * H : 1), qkv_ = act(T_ * 3 * H), prob_ = act(B * NH * S * S), ctx_ = act(T_ * H);
@@ -100,7 +102,7 @@ class CpuLayer final : public LayerCase {
 
   void run() override {
     cpu::ThreadScope scope(threads_);
-    if constexpr (kBf16) trace::op("cast"), cast_weights();
+    if (kBf16 && !s_.train()) trace::op("cast"), cast_weights();
     forward();
     if (!s_.train()) return;
     trace::op("mse_loss");
@@ -114,6 +116,7 @@ class CpuLayer final : public LayerCase {
     const State start = verification_state(s_, seeded_);
     copy_into(x_, start.x), copy_into(target_, start.target);
     copy_into(params_, start.params), copy_into(m_, start.m), copy_into(v_, start.v);
+    if (kBf16 && s_.train()) cast_weights();
     step_ = 0;
     y_.poison();
     s2_.poison();
@@ -131,12 +134,18 @@ class CpuLayer final : public LayerCase {
     return std::string(s_.arch.pre_ln ? "pre-LN" : "post-LN") + " encoder layer: oneDNN " + (kBf16 ? "bf16 " : "") +
            "matmul (dense with residual post-op + 4-D strided attention GEMMs), oneDNN softmax, LayerNorm, " + gelu_->label() +
            (s_.train() ? ", " + gelu_bwd_->label() + ", " + layernorm_bwd_->label() : "") +
-           (kBf16 ? ", bf16 activations, f32 master weights cast to bf16 each step" : "") +
+           (kBf16 ? s_.train() ? ", bf16 activations, the AdamW pass writes the bf16 copy of the f32 master weights"
+                               : ", bf16 activations, f32 master weights cast to bf16 each step"
+                  : "") +
            (s_.train() ? ", " + mse_->label() + ", bias_grad column sums, AdamW 1 flat pass" : "") + ", " +
            std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
   }
 
   double last_loss() override { return loss_; }
+  Check bf16_copy_check() override {
+    if (!kBf16 || !s_.train()) return {};
+    return models::bf16_copy_of(params_.as<float>(), weights_.as<bf16>(), l_.total);
+  }
 
  private:
   static void copy_into(HostBuffer& dst, const HostBuffer& src) { std::memcpy(dst.data(), src.data(), src.bytes()); }
@@ -284,8 +293,8 @@ class CpuLayer final : public LayerCase {
 
   void adamw_step() {
     const auto n = static_cast<std::int64_t>(l_.total);
-    adamw::cpu_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(), n,
-                    adamw::scalars_for(hyper(), ++step_), team());
+    adamw::cpu_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
+                    kBf16 ? weights_.as<bf16>() : nullptr, n, adamw::scalars_for(hyper(), ++step_), team());
   }
 
   Shape s_;

@@ -177,7 +177,9 @@ class CudaLayer final : public LayerCase {
     std::string l = std::string(s_.arch.pre_ln ? "pre-LN" : "post-LN") + " encoder layer: cublasLt " + gemm +
                     " dense GEMMs (bias epilogue, residual as C, algorithms timed at setup), cublasGemmBatchedEx " + gemm +
                     " attention GEMMs on strided heads, hotops softmax, LayerNorm, GELU kernels";
-    if (kBf16) l += ", bf16 activations, f32 master weights cast to bf16 each step";
+    if (kBf16)
+      l += s_.train() ? ", bf16 activations, the AdamW step writes the bf16 copy of the f32 master weights"
+                      : ", bf16 activations, f32 master weights cast to bf16 each step";
     if (s_.train()) l += " + MSE, their backwards, bias_grad column sums, AdamW 1 launch";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the inputs, launches, D2H, sync";
     if (replicas_.sync) l += replicas_.sync->label();
@@ -194,6 +196,10 @@ class CudaLayer final : public LayerCase {
     HOTOPS_CHECK(s_.train(), "model_bert: an infer case has no loss");
     return gpu::read_float(loss_.get());
   }
+  Check bf16_copy_check() override {
+    if (!kBf16 || !s_.train()) return {};
+    return models::bf16_copy_of(params_, weights_, l_.total);
+  }
 
  private:
   gpu::DeviceBuffer& out() { return s_.arch.pre_ln ? s2_ : y_; }
@@ -203,11 +209,20 @@ class CudaLayer final : public LayerCase {
     else return params_.as<const float>();
   }
 
-  // m = v = 0, and the step count at its start: the AdamW launch advances it (adamw.h, DeviceStep).
+  // m = v = 0, the step count at its start (the AdamW launch advances it: adamw.h, DeviceStep) and,
+  // bf16, the copy of the parameters as they start, which the AdamW launch writes from then on.
   void restart_optimizer() {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(m_.get(), 0, m_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(v_.get(), 0, v_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(state_.get(), &first_step_, sizeof(StepState), cudaMemcpyHostToDevice, gpu::stream()));
+    if constexpr (kBf16) cast_weights();
+  }
+
+  // The bf16 copy of the f32 parameters, the flat layout's padding included.
+  void cast_weights() {
+    const auto n4 = static_cast<std::int64_t>(l_.total / 4);
+    to_bf16<<<grid_for(n4, kThreads, 1024), kThreads, 0, gpu::stream()>>>(params_.as<const float4>(), weights_.as<Bf16x4>(), n4);
+    HOTOPS_CHECK_LAUNCH();
   }
 
   // A dense layer's tensors: x . W + b (+ c) into y, W and b at their offsets in the GEMMs' weights.
@@ -261,12 +276,7 @@ class CudaLayer final : public LayerCase {
 
   void device_step() {
     const Arch& a = s_.arch;
-    if constexpr (kBf16) {  // this step's bf16 copy of the parameters
-      trace::op("cast");
-      const auto n4 = static_cast<std::int64_t>(l_.total / 4);
-      to_bf16<<<grid_for(n4, kThreads, 1024), kThreads, 0, gpu::stream()>>>(params_.as<const float4>(), weights_.as<Bf16x4>(), n4);
-      HOTOPS_CHECK_LAUNCH();
-    }
+    if (kBf16 && !s_.train()) trace::op("cast"), cast_weights();  // infer: no optimizer keeps the copy
     // forward
     const void* u1 = a.pre_ln ? u1_.get() : x_.get();
     const void* resid = a.pre_ln ? s1_.get() : h1_.get();  // the FFN block's skip connection
@@ -345,8 +355,8 @@ class CudaLayer final : public LayerCase {
       layernorm_back(du1_.as<T>(), x_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, nullptr, nullptr, nullptr);
     }
     // optimizer
-    models::adamw_step(replicas_.sync, params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(), l_.total,
-                       state_.as<StepState>(), &hyper_);
+    models::adamw_step(replicas_.sync, params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
+                       kBf16 ? weights_.as<std::uint16_t>() : nullptr, l_.total, state_.as<StepState>(), &hyper_);
   }
 
   Shape s_;

@@ -60,8 +60,8 @@ class CudaBilstm final : public ModelCase {
     total_ = dense_b_ + aligned(static_cast<std::size_t>(C));
     params_ = gpu::DeviceBuffer(total_ * sizeof(float));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(params_.get(), 0, params_.bytes(), gpu::stream()));
-    if (s_.bf16()) {  // the step's bf16 copy of [lstm_, total_): the weight space, dense W and b
-      low_ = gpu::DeviceBuffer((total_ - lstm_) * sizeof(__nv_bfloat16));
+    if (s_.bf16()) {  // the bf16 copy of the device layout (the GEMMs and the LSTM read [lstm_, total_))
+      low_ = gpu::DeviceBuffer(total_ * sizeof(__nv_bfloat16));
       HOTOPS_CHECK_CUDA(cudaMemsetAsync(low_.get(), 0, low_.bytes(), gpu::stream()));
     }
     params_.upload(to_device(st_.params));
@@ -228,8 +228,9 @@ class CudaBilstm final : public ModelCase {
   }
 
   std::string label_bf16() const {
-    std::string l = std::string("bf16 autocast (f32 master weights, hotops cast_params of the LSTM and dense weights each "
-                                "step); cuDNN RNN ") +
+    std::string l = std::string(s_.train() ? "bf16 autocast (f32 master weights, the AdamW launch writes their bf16 copy); cuDNN RNN "
+                                           : "bf16 autocast (f32 master weights, hotops cast_params of the LSTM and dense weights each "
+                                             "step); cuDNN RNN ") +
                     rnn_algo() + directions() + " LSTM " +
                     (s_.train() ? "Forward TRAINING + BackwardData_v8 + BackwardWeights_v8" : "Forward INFERENCE") +
                     ", bf16 data on tensor ops, f32 math precision (bf16 products are exact in f32), double "
@@ -268,11 +269,15 @@ class CudaBilstm final : public ModelCase {
     HOTOPS_CHECK(s_.train(), "model_bilstm: an infer case has no loss");
     return gpu::read_float(loss_.get());
   }
+  Check bf16_copy_check() override {
+    if (!s_.bf16() || !s_.train()) return {};
+    return models::bf16_copy_of(params_, low_, total_);
+  }
 
  private:
   const float* param(std::size_t offset) const { return params_.as<float>() + offset; }
   // bf16: the step's copy of the master at `offset` (in [lstm_, total_)).
-  __nv_bfloat16* low(std::size_t offset) const { return low_.as<__nv_bfloat16>() + (offset - lstm_); }
+  __nv_bfloat16* low(std::size_t offset) const { return low_.as<__nv_bfloat16>() + offset; }
   // cuDNN's weight space: the f32 masters' LSTM region, or its bf16 copy.
   void* weights() const {
     return s_.bf16() ? static_cast<void*>(low(lstm_)) : static_cast<void*>(params_.as<float>() + lstm_);
@@ -300,6 +305,7 @@ class CudaBilstm final : public ModelCase {
       HOTOPS_CHECK_CUDA(cudaMemsetAsync(state_.get(), 0, sizeof(StepState), gpu::stream()));
     else
       HOTOPS_CHECK_CUDA(cudaMemcpyAsync(state_.get(), &first_, sizeof(StepState), cudaMemcpyHostToDevice, gpu::stream()));
+    if (s_.bf16()) cast_weights(0);  // the copy as the parameters start; the AdamW launch writes it from then on
   }
 
   // The algorithm the LSTM plan runs: its label names it ("cuDNN RNN <algo> LSTM ...").
@@ -338,13 +344,18 @@ class CudaBilstm final : public ModelCase {
     return can;
   }
 
-  void device_step() {
-    if (!s_.bf16()) return device_step_on();
-    const auto n4 = static_cast<std::int64_t>((total_ - lstm_) / 4);
-    trace::op("cast");
-    cast_params<<<blocks_for(n4, 256, 1024), 256, 0, gpu::stream()>>>(params_.as<const float4>() + lstm_ / 4,
-                                                                      low_.as<__nv_bfloat162>(), n4);
+  // The bf16 copy of the device layout's [from, total_).
+  void cast_weights(std::size_t from) const {
+    const auto n4 = static_cast<std::int64_t>((total_ - from) / 4);
+    cast_params<<<blocks_for(n4, 256, 1024), 256, 0, gpu::stream()>>>(params_.as<const float4>() + from / 4,
+                                                                      low_.as<__nv_bfloat162>() + from / 2, n4);
     HOTOPS_CHECK_LAUNCH();
+  }
+
+  // bf16 infer: the LSTM and dense weights cast first (no optimizer keeps the copy); train's copy is
+  // written by the AdamW launch.
+  void device_step() {
+    if (s_.bf16() && !s_.train()) trace::op("cast"), cast_weights(lstm_);
     device_step_on();
   }
 
@@ -387,7 +398,8 @@ class CudaBilstm final : public ModelCase {
 
     trace::op("adamw");  // the step count advanced by the loss plan (fused_loss) or by this launch
     adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-                     static_cast<std::int64_t>(total_), state_.as<StepState>(), c_.fused_loss() ? nullptr : &hyper_, st);
+                     s_.bf16() ? low_.as<std::uint16_t>() : nullptr, static_cast<std::int64_t>(total_), state_.as<StepState>(),
+                     c_.fused_loss() ? nullptr : &hyper_, st);
   }
 
   Shape s_;
@@ -403,7 +415,7 @@ class CudaBilstm final : public ModelCase {
   std::size_t w_bytes_ = 0;
   gpu::DeviceBuffer params_, grads_, m_, v_, tokens_, labels_, x_, y_, hT_, logits_;  // labels_: int32, or int64 targets
   gpu::DeviceBuffer loss_, state_, dlogits_, dhT_, dy_, dx_;
-  gpu::DeviceBuffer low_, dw_low_;  // bf16: the step's copy of the weights, cuDNN's bf16 dweights
+  gpu::DeviceBuffer low_, dw_low_;  // bf16: the copy of the device layout (train: written by AdamW), cuDNN's bf16 dweights
   std::unique_ptr<embedding::Plan> lookup_, lookup_bwd_;            // the gather; train: its gradient (not one_hot)
   std::unique_ptr<matmul::Plan> head_, head_wgrad_, head_dgrad_;   // the dense head; train: dW, dhT
   std::unique_ptr<copy::Plan> widen_;                              // bf16 train: cuDNN's dweights to f32

@@ -132,6 +132,10 @@ class CpuCnn final : public ModelCase {
     }
     HOTOPS_CHECK(s_.convs.back().pool > 0, "model_cnn: the last conv layer must be pooled (the flatten reads the pooled output, NHWC)");
     flat_ = in;
+    if (s_.bf16() && s_.train()) {  // the dense layers' bf16 copy at the start; AdamW keeps it from then on
+      low_ = HostBuffer(DType::bf16, l_.total);
+      cast_params();
+    }
     setup_dense();
     setup_last_layer();
   }
@@ -188,7 +192,11 @@ class CpuCnn final : public ModelCase {
 
   std::string label() const override {
     cpu::ThreadScope scope(threads_);  // the plans' labels count the threads their runs get
-    std::string l = std::string(s_.bf16() ? "bf16 autocast (f32 master weights cast each step; bf16 activations, f32 accumulation); " : "") +
+    const char* bf16 = !s_.bf16()   ? ""
+                       : s_.train() ? "bf16 autocast (the AdamW step writes the dense layers' bf16 copy of the f32 master weights, the "
+                                      "convolutions cast theirs; bf16 activations, f32 accumulation); "
+                                    : "bf16 autocast (f32 master weights cast each step; bf16 activations, f32 accumulation); ";
+    std::string l = std::string(bf16) +
                     "oneDNN convolution (" + conv_impl_ + ")";
     const std::string dense = "; dense: " + dense1_->label() + (w1_cast_ ? " (W1 cast: " + w1_cast_->label() + ")" : "");
     if (s_.train())
@@ -204,6 +212,10 @@ class CpuCnn final : public ModelCase {
   }
 
   double last_loss() override { return loss_; }
+  Check bf16_copy_check() override {
+    if (!low_.count()) return {};
+    return models::bf16_copy_of(params_.as<float>(), low_.as<bf16>(), l_.total);
+  }
 
  private:
   dt adt() const { return s_.bf16() ? dt::bf16 : dt::f32; }
@@ -316,8 +328,8 @@ class CpuCnn final : public ModelCase {
   // The hidden dense layer h = flat . W1 [+ b1] through matmul plans: train an mm, its output z of
   // the batchnorm_relu plan (batch norm or the bias, ReLU, dropout), and the mm gradients dW1 =
   // flat^T . dh (f32: the master weights' gradient) and dflat = dh . W1^T; infer an addmm with the
-  // (folded) bias and the ReLU post-op. bf16: W1 cast from the f32 parameters in each step, infer's
-  // folded bias cast once here.
+  // (folded) bias and the ReLU post-op. bf16 infer: W1 cast from the folded f32 parameters in each
+  // step, the folded bias cast once here; bf16 train: W1 read from the copy the AdamW step writes.
   void setup_dense() {
     const Arch& a = s_.arch;
     const std::int64_t B = s_.batch, F = flat_width(a), Hd = a.hidden;
@@ -335,7 +347,7 @@ class CpuCnn final : public ModelCase {
       matmul::cpu_pack_b(g, infer_params() + l_.dense1.w, DType::f32, w1_packed_.data());
     }
     h_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * Hd));
-    if (s_.bf16()) {
+    if (s_.bf16() && !s_.train()) {
       // W1's bf16 copy, cast from the (folded) f32 parameters by the copy family's plan: oneDNN's
       // reorder (`impl:onednn`), which converts with the CPU's bf16 instructions where it has them:
       // keras_cnn's 57.8M weights took 9.5 ms on one thread against hotops' loop's 15 ms.
@@ -374,7 +386,7 @@ class CpuCnn final : public ModelCase {
   }
 
   // The last layer logits = hd . W2 + b2 through matmul plans in the step's dtype (bf16: W2 and b2
-  // cast from the f32 parameters in each train step, once for infer), its train loss, dlogits and
+  // from the copy the AdamW step writes in train, cast once for infer), its train loss, dlogits and
   // db2 the loss family's cross_entropy_dbias plan, and dW2 (f32) and dhd the mm gradients; infer
   // widens the logits into the f32 output.
   void setup_last_layer() {
@@ -390,12 +402,12 @@ class CpuCnn final : public ModelCase {
       cs.src = from, cs.dst = to, cs.count = n;
       return copy::make_cpu_plan(cs);
     };
-    if (s_.bf16()) {
+    if (s_.bf16() && !s_.train()) {
       w2_low_ = HostBuffer(DType::bf16, static_cast<std::size_t>(Hd * C));
       b2_low_ = HostBuffer(DType::bf16, static_cast<std::size_t>(C));
       w2_cast_ = cast(DType::f32, DType::bf16, w2_low_.count());
       b2_cast_ = cast(DType::f32, DType::bf16, b2_low_.count());
-      if (!s_.train()) cast_dense2_weights();
+      cast_dense2_weights();
     }
     if (!s_.train()) {
       logits_out_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * C));
@@ -409,8 +421,20 @@ class CpuCnn final : public ModelCase {
     g.dir = Direction::bwd_data, g.f32_out = false;
     dense2_dx_ = matmul::make_cpu_plan(g);
   }
-  const void* dense2_weights() { return s_.bf16() ? w2_low_.data() : static_cast<const void*>(infer_params() + l_.dense2.w); }
-  const void* dense2_bias() { return s_.bf16() ? b2_low_.data() : static_cast<const void*>(infer_params() + l_.dense2.b); }
+  const void* dense2_weights() { return s_.bf16() ? low_param(l_.dense2.w, w2_low_) : static_cast<const void*>(infer_params() + l_.dense2.w); }
+  const void* dense2_bias() { return s_.bf16() ? low_param(l_.dense2.b, b2_low_) : static_cast<const void*>(infer_params() + l_.dense2.b); }
+  // bf16: a dense parameter at flat offset `at`: train's copy written by the AdamW step, or infer's own cast.
+  const void* low_param(std::size_t at, const HostBuffer& infer_copy) const {
+    return s_.train() ? static_cast<const void*>(low_.as<bf16>() + at) : infer_copy.data();
+  }
+  // bf16 train: the copy of the whole f32 parameters, once at the start (restore's).
+  void cast_params() {
+    const float* p = params_.as<float>();
+    bf16* low = low_.as<bf16>();
+    const auto n = static_cast<std::int64_t>(l_.total);
+#pragma omp parallel for simd schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) low[i] = float_to_bf16(p[i]);
+  }
   void cast_dense2_weights() {
     w2_cast_->run({infer_params() + l_.dense2.w, w2_low_.data()});
     b2_cast_->run({infer_params() + l_.dense2.b, b2_low_.data()});
@@ -419,16 +443,11 @@ class CpuCnn final : public ModelCase {
   // W1 as the matmuls take it: the f32 parameters, f32 infer's prepacked copy of the folded ones, or the bf16 copy.
   const void* dense1_weights() const {
     if (w1_packed_.count()) return w1_packed_.data();
-    return s_.bf16() ? w1_low_.data() : (folded_.count() ? folded_ : params_).as<float>() + l_.dense1.w;
+    return s_.bf16() ? low_param(l_.dense1.w, w1_low_) : (folded_.count() ? folded_ : params_).as<float>() + l_.dense1.w;
   }
 
-  // bf16: W1 cast from the f32 parameters (infer: the folded ones) into w1_low_.
-  void cast_dense1_weights() { w1_cast_->run({(folded_.count() ? folded_ : params_).as<float>() + l_.dense1.w, w1_low_.data()}); }
-  // bf16: the dense layers' weights as the step's matmuls take them (infer's W2 and b2 cast once).
-  void cast_dense_weights() {
-    cast_dense1_weights();
-    if (s_.train()) cast_dense2_weights();
-  }
+  // bf16 infer: W1 cast from the folded f32 parameters into w1_low_ (W2 and b2 are cast once).
+  void cast_dense1_weights() { w1_cast_->run({infer_params() + l_.dense1.w, w1_low_.data()}); }
 
   // The hidden layer's batchnorm_relu plans' tensors (see act_args).
   rmp::Args hidden_args(Direction dir) {
@@ -469,7 +488,7 @@ class CpuCnn final : public ModelCase {
       if (c.pool) trace::op("maxpool"), cp.pool->run({cp.a.get_data_handle(), nullptr, nullptr, cp.p.get_data_handle(), nullptr});
     }
     HOTOPS_CHECK_DNNL(cpu::stream().wait());
-    if (s_.bf16()) trace::op("cast"), cast_dense_weights();
+    if (s_.bf16() && !s_.train()) trace::op("cast"), cast_dense1_weights();
     trace::op(s_.train() ? "mm" : "addmm");
     const void* b1 = s_.train() ? nullptr : s_.bf16() ? b1_low_.data() : static_cast<const void*>(infer_params() + l_.dense1.b);
     dense1_->run({flat_.get_data_handle(), dense1_weights(), b1, nullptr, h_.data(), nullptr, nullptr});
@@ -507,8 +526,8 @@ class CpuCnn final : public ModelCase {
 
   void adamw_step() {
     const auto n = static_cast<std::int64_t>(l_.total);
-    adamw::cpu_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(), n,
-                    adamw::scalars_for(hyper(), ++step_), 0);
+    adamw::cpu_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
+                    low_.count() ? low_.as<bf16>() : nullptr, n, adamw::scalars_for(hyper(), ++step_), 0);
   }
 
   std::size_t stage_of(std::size_t i) const {
@@ -528,6 +547,7 @@ class CpuCnn final : public ModelCase {
     std::memcpy(x_.data(), x.data(), x.bytes());
     labels_ = st.labels;
     std::copy_n(st.params.as<float>(), l_.total, params_.as<float>());
+    if (low_.count()) cast_params();
     std::copy_n(st.m.as<float>(), l_.total, m_.as<float>());
     std::copy_n(st.v.as<float>(), l_.total, v_.as<float>());
     std::copy_n(st.stats.as<float>(), st.stats.count(), stats_.as<float>());
@@ -555,7 +575,8 @@ class CpuCnn final : public ModelCase {
   std::vector<float> hscale_, hshift_, hmean_, hrstd_;
   HostBuffer h_;                    // flat . W1 (train: z of batchnorm_relu; infer: + b1, ReLU)
   HostBuffer hd_, dhd_, dh_, dflat_;  // train: after dropout, its gradient, dz's, the flatten's
-  HostBuffer w1_low_, b1_low_;        // bf16: W1's copy (cast each step), infer's folded b1 (cast once)
+  HostBuffer w1_low_, b1_low_;        // bf16 infer: W1's copy (cast each step), the folded b1 (cast once)
+  HostBuffer low_;                    // bf16 train: the copy of params_ (same layout) the dense layers read, written by AdamW
   HostBuffer w1_packed_;              // f32 infer: the folded W1 in the matmul's layout (packed once)
   HostBuffer logits_, dlogits_, logits_out_;
   std::unique_ptr<loss::Plan> xent_;  // train: the loss, dlogits and db2

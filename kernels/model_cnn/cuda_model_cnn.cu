@@ -127,7 +127,8 @@ class CudaCnn final : public ModelCase {
     for (const ConvLayer& c : s_.convs) HOTOPS_CHECK(ok_channels(c.K) && c.pool <= 15, "model_cnn: CUDA conv widths must be 4 x a power of two <= 1024");
     HOTOPS_CHECK(ok_channels(Hd), "model_cnn: the CUDA hidden width must be 4 x a power of two <= 1024");
     nchw_ = use_nchw(a, kBf16);
-    wcopy_ = nchw_ || kBf16;
+    wcopy_ = nchw_ || (kBf16 && !s_.train());
+    dwcopy_ = nchw_ || kBf16;
     HOTOPS_CHECK(s_.convs.back().pool > 0, "model_cnn: the last conv layer must be pooled (the flatten reads the pooled output)");
     gpu::cublaslt();
     gpu::cublas_workspace();
@@ -159,7 +160,8 @@ class CudaCnn final : public ModelCase {
     hb.out = acts(B * Hd);
     hb.affine = floats(4 * Hd);
     logits_ = acts(B * C);
-    if (kBf16) low_ = acts(static_cast<std::int64_t>(l_.total - l_.dense1.w));
+    if (kBf16) low_ = acts(static_cast<std::int64_t>(l_.total));
+    if (kBf16 && s_.train()) cast_params_from(0);  // the copy at the start; AdamW keeps it from then on
     loss_ = floats(1);
     if (s_.train()) {
       grads_ = gpu::DeviceBuffer(l_.total * sizeof(float));
@@ -169,7 +171,7 @@ class CudaCnn final : public ModelCase {
       state_ = gpu::DeviceBuffer(sizeof(StepState));
       HOTOPS_CHECK_CUDA(cudaMemset(state_.get(), 0, sizeof(StepState)));
       dz_ = acts(B * max_out);
-      if (wcopy_) dwk_ = acts(max_filter);
+      if (dwcopy_) dwk_ = acts(max_filter);
       dbuf_[0] = acts(B * max_in);
       dbuf_[1] = acts(B * max_in);
       dflat_ = acts(B * F);
@@ -261,7 +263,12 @@ class CudaCnn final : public ModelCase {
   }
 
   std::string label() const override {
-    std::string l = std::string(kBf16 ? "bf16 autocast (f32 master weights, cast each step); " : "") + "cuDNN " + (nchw_ ? "NCHW" : "NHWC") +
+    const char* bf16 = !kBf16       ? ""
+                       : s_.train() ? (nchw_ ? "bf16 autocast (f32 master weights, the AdamW launch writes their bf16 copy; the conv weights "
+                                               "cast into KCRS each step); "
+                                             : "bf16 autocast (f32 master weights, the AdamW launch writes their bf16 copy); ")
+                                    : "bf16 autocast (f32 master weights, cast each step); ";
+    std::string l = std::string(bf16) + "cuDNN " + (nchw_ ? "NCHW" : "NHWC") +
                     (kBf16 ? " bf16 tensor-op convolutions, f32 compute (" : " f32 FMA-math convolutions (") + "conv2d plans: " + algos_ +
                     "; ws " + std::to_string(ws_bytes_ >> 20) + " MiB); hotops fused BN/ReLU/max-pool/dropout kernels" +
                     (kBf16 ? " (bf16 storage, f32 math and sums)" : "") + "; matmul plans (cublasLt " + (kBf16 ? "bf16, f32 accumulation" : "f32") + ") dense";
@@ -277,6 +284,10 @@ class CudaCnn final : public ModelCase {
 
   double last_loss() override {
     return gpu::read_float(loss_.get());
+  }
+  Check bf16_copy_check() override {
+    if (!kBf16 || !s_.train()) return {};
+    return models::bf16_copy_of(params_, low_, l_.total);
   }
 
  private:
@@ -354,8 +365,8 @@ class CudaCnn final : public ModelCase {
     HOTOPS_CHECK_LAUNCH();
   }
 
-  // NCHW or bf16 (wcopy_): conv layer i's weights -> wk_ (KCRS for NCHW; cast to bf16), or its weight
-  // gradient dwk_ -> the flat f32 gradients (KRSC).
+  // NCHW or bf16 infer (wcopy_): conv layer i's weights -> wk_ (KCRS for NCHW; cast to bf16), or
+  // (NCHW or bf16: dwcopy_) its weight gradient dwk_ -> the flat f32 gradients (KRSC).
   void launch_filter_layout(std::size_t i, bool gradient) const {
     const ConvLayer& c = s_.convs[i];
     const unsigned grid = grid_for(c.K * 9 * c.C, 512);
@@ -366,14 +377,22 @@ class CudaCnn final : public ModelCase {
                                                           false);
     HOTOPS_CHECK_LAUNCH();
   }
-  // The weights conv layer i's cuDNN calls take: the flat f32 parameters (KRSC), or their copy (wcopy_).
-  const Act* weights(std::size_t i) const {
-    return wcopy_ ? wk_[i].template as<const Act>() : reinterpret_cast<const Act*>(params_.as<const float>() + l_.conv[i].w);
-  }
-  // A dense layer's parameter at flat offset `at` as the GEMMs take it: f32, or the step's bf16 copy.
-  const Act* dense_param(std::size_t at) const {
-    if constexpr (kBf16) return low_.as<const Act>() + (at - l_.dense1.w);
+  // The weights conv layer i's cuDNN calls take: the flat parameters (KRSC; bf16: their copy), or
+  // the per-step copy (wcopy_).
+  const Act* weights(std::size_t i) const { return wcopy_ ? wk_[i].template as<const Act>() : param(l_.conv[i].w); }
+  // A parameter at flat offset `at` as the GEMMs and convolutions take it: f32, or the bf16 copy.
+  const Act* param(std::size_t at) const {
+    if constexpr (kBf16) return low_.as<const Act>() + at;
     else return params_.as<const float>() + at;
+  }
+  const Act* dense_param(std::size_t at) const { return param(at); }
+  // bf16: the copy of the flat parameters [from, total) (train: all of them, when they are restored;
+  // infer: the dense layers', each step).
+  void cast_params_from(std::size_t from) const {
+    const auto n4 = static_cast<std::int64_t>((l_.total - from) / 4);
+    cast_params<<<grid_for(n4, 1024), kThreads, 0, gpu::stream()>>>(params_.as<const float4>() + from / 4,
+                                                                    low_.as<__nv_bfloat162>() + from / 2, n4);
+    HOTOPS_CHECK_LAUNCH();
   }
 
   HostBuffer device_order(const HostBuffer& x) const {
@@ -482,12 +501,9 @@ class CudaCnn final : public ModelCase {
   void device_step() {
     cudaStream_t st = gpu::stream();
     float* P = params_.as<float>();
-    if constexpr (kBf16) {  // autocast's casts: the dense layers' parameters here, the conv weights just below
-      const auto n4 = static_cast<std::int64_t>((l_.total - l_.dense1.w) / 4);
-      trace::op("cast");
-      cast_params<<<grid_for(n4, 1024), kThreads, 0, st>>>(params_.as<const float4>() + l_.dense1.w / 4, low_.as<__nv_bfloat162>(), n4);
-      HOTOPS_CHECK_LAUNCH();
-    }
+    // bf16 infer: autocast's casts, the dense parameters here, the conv weights just below (train's copy is
+    // written by the AdamW launch; NCHW still reorders the conv weights into KCRS each step).
+    if (kBf16 && !s_.train()) trace::op("cast"), cast_params_from(l_.dense1.w);
     if (wcopy_) trace::op(kBf16 ? "cast" : "reorder");  // the conv weights into the step's dtype or layout
     for (std::size_t i = 0; wcopy_ && i < s_.convs.size(); ++i) launch_filter_layout(i, false);
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
@@ -529,8 +545,8 @@ class CudaCnn final : public ModelCase {
       trace::op(c.pool ? "bn_relu_maxpool_dropout_bwd" : "bn_relu_bwd");
       fused_bwd_[i]->run(layer_args(i, d_output(i), dz_.as<Act>()));
       trace::op("conv2d_bwd_weight");
-      cp.filter->run({input_of(i), nullptr, nullptr, dz_.get(), wcopy_ ? dwk_.get() : static_cast<void*>(G + l_.conv[i].w), nullptr});
-      if (wcopy_) launch_filter_layout(i, true);
+      cp.filter->run({input_of(i), nullptr, nullptr, dz_.get(), dwcopy_ ? dwk_.get() : static_cast<void*>(G + l_.conv[i].w), nullptr});
+      if (dwcopy_) launch_filter_layout(i, true);
       if (i > 0) trace::op("conv2d_bwd_data");
       if (i > 0 && cp.flip) {  // dz convolved with the flipped filter, into dx
         launch_flip(P + l_.conv[i].w, cp, c);
@@ -540,8 +556,9 @@ class CudaCnn final : public ModelCase {
       }
     }
     trace::op("adamw");
-    adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(), static_cast<std::int64_t>(l_.total),
-                     state_.as<StepState>(), nullptr, st, 4096);
+    adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
+                     kBf16 ? low_.as<std::uint16_t>() : nullptr, static_cast<std::int64_t>(l_.total), state_.as<StepState>(), nullptr,
+                     st, 4096);
   }
 
   void restore(const State& st, std::int64_t period) {
@@ -555,6 +572,7 @@ class CudaCnn final : public ModelCase {
       m_.upload(st.m);
       v_.upload(st.v);
       HOTOPS_CHECK_CUDA(cudaMemset(state_.get(), 0, sizeof(StepState)));
+      if constexpr (kBf16) cast_params_from(0);
     }
     set_period(period);
   }
@@ -572,10 +590,11 @@ class CudaCnn final : public ModelCase {
   std::vector<LayerBufs> layers_;
   LayerBufs hidden_;
   bool nchw_ = false;                 // the activations' layout (CudaLayout)
-  bool wcopy_ = false;                // the convs take a per-step copy of their weights (NCHW or bf16)
+  bool wcopy_ = false;                // the convs take a per-step copy of their weights (NCHW, or bf16 infer)
+  bool dwcopy_ = false;               // the weight gradients land in dwk_ first (NCHW or bf16)
   std::vector<gpu::DeviceBuffer> wk_;  // wcopy_: each conv layer's weights (KCRS for NCHW; Act)
-  gpu::DeviceBuffer dwk_;             // wcopy_: a conv layer's weight gradient (KCRS for NCHW; Act)
-  gpu::DeviceBuffer low_;             // bf16: the step's copy of the dense parameters [dense1.W, total)
+  gpu::DeviceBuffer dwk_;             // dwcopy_: a conv layer's weight gradient (KCRS for NCHW; Act)
+  gpu::DeviceBuffer low_;             // bf16: the bf16 copy of the flat parameters (train: written by AdamW)
   std::vector<std::unique_ptr<ConvPlans>> plans_;
   std::unique_ptr<matmul::Plan> dense1_fwd_, dense2_fwd_;                          // the dense layers' forward
   std::unique_ptr<matmul::Plan> dense2_dw_, dense2_dx_, dense1_dw_, dense1_dx_;  // train: their gradients

@@ -4,7 +4,8 @@
 // GEMMs for the two Linear layers (matmul addmm / mm, algorithms timed at setup), the gelu family's
 // kernels (GELU; gelu_dbias), pointwise scale_residual (forward; backward in place with the second
 // Linear's bias gradient), the loss family's mse and one AdamW launch. bf16: bf16 activations, the
-// GEMMs and the convolution read a per-step bf16 copy of the f32 master parameters, and the
+// GEMMs and the convolution read a bf16 copy of the f32 master parameters (train: cast when the
+// optimizer restarts, then written by the AdamW launch; infer: cast first in each step), and the
 // convolution's bf16 weight gradient is widened into the f32 gradients by the copy family's plan.
 #include <cuda_bf16.h>
 
@@ -153,7 +154,9 @@ class CudaBlock final : public BlockCase {
     const std::string gemm = kBf16 ? "bf16 (f32 accumulate, tensor cores)" : "f32";
     std::string l = "ConvNeXt block (NHWC): " + conv_->label() + "; cublasLt " + gemm +
                     " Linear GEMMs (bias epilogue, algorithms timed at setup), hotops LayerNorm, GELU, scale_residual kernels";
-    if (kBf16) l += ", bf16 activations, f32 master weights cast to bf16 each step";
+    if (kBf16)
+      l += s_.train() ? ", bf16 activations, the AdamW step writes the bf16 copy of the f32 master weights"
+                      : ", bf16 activations, f32 master weights cast to bf16 each step";
     if (s_.train()) l += "; train: " + conv_w_->label() + ", MSE, the kernels' backwards, AdamW 1 launch";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the inputs, launches, D2H, sync";
     if (s_.variant == Variant::plain && !capturable_) l += "; not graph-capturable (" + not_capturable_ + "): launched one by one";
@@ -171,6 +174,10 @@ class CudaBlock final : public BlockCase {
     HOTOPS_CHECK(s_.train(), "model_convnext: an infer case has no loss");
     return gpu::read_float(loss_.get());
   }
+  Check bf16_copy_check() override {
+    if (!kBf16 || !s_.train()) return {};
+    return models::bf16_copy_of(params_, weights_, l_.total);
+  }
 
  private:
   // What the GEMMs and the convolution read their weights and biases from: the f32 parameters, or for
@@ -182,11 +189,13 @@ class CudaBlock final : public BlockCase {
   const float* P(std::size_t at) const { return params_.as<const float>() + at; }
   float* G(std::size_t at) const { return grads_.as<float>() + at; }
 
-  // m = v = 0, and the step count at its start: the AdamW launch advances it (adamw.h, DeviceStep).
+  // m = v = 0, the step count at its start (the AdamW launch advances it: adamw.h, DeviceStep) and,
+  // bf16, the copy of the parameters as they start, which the AdamW launch writes from then on.
   void restart_optimizer() {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(m_.get(), 0, m_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(v_.get(), 0, v_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(state_.get(), &first_step_, sizeof(StepState), cudaMemcpyHostToDevice, gpu::stream()));
+    if constexpr (kBf16) cast_->run({params_.get(), weights_.get()});
   }
 
   matmul::Args dense(const gpu::DeviceBuffer& x, std::size_t w, std::size_t b, gpu::DeviceBuffer& y) const {
@@ -206,7 +215,7 @@ class CudaBlock final : public BlockCase {
   }
 
   void device_step() {
-    if constexpr (kBf16) {  // this step's bf16 copy of the parameters
+    if (kBf16 && !s_.train()) {  // infer: no optimizer keeps the copy
       trace::op("cast");
       cast_->run({params_.get(), weights_.get()});
     }
@@ -261,8 +270,8 @@ class CudaBlock final : public BlockCase {
       widen_->run({dw_low_.get(), G(l_.dw_w)});
     }
     // optimizer
-    models::adamw_step(replicas_.sync, params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(), l_.total,
-                       state_.as<StepState>(), &hyper_);
+    models::adamw_step(replicas_.sync, params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
+                       kBf16 ? weights_.as<std::uint16_t>() : nullptr, l_.total, state_.as<StepState>(), &hyper_);
   }
 
   Shape s_;

@@ -1,7 +1,8 @@
 // model_fasttext on the CPU: every op a plan of its family (embedding: OpenMP row copies and per-row
 // sums; global_avgpool: oneDNN's average pooling; matmul: oneDNN; bce_logits: an OpenMP loop) and
 // adamw::cpu_step. A train step:
-//   cast           bf16: the flat f32 parameters to their bf16 copy (one OpenMP pass)
+//   cast           bf16 infer: the flat f32 parameters to their bf16 copy (one OpenMP pass); a bf16
+//                  train step's copy is written by its AdamW pass (cast once, at the start)
 //   embedding      emb [B·T, E] = embed[tokens]
 //   global_avgpool pooled [B, E] = mean over the T positions
 //   addmm          logits [B, 1] = pooled . W + b
@@ -37,6 +38,7 @@ class CpuFasttext final : public ModelCase {
     const std::int64_t B = s_.batch, N = s_.tokens(), E = s_.cfg.E;
     params_ = st_.params, m_ = st_.m, v_ = st_.v;
     if (s_.bf16()) low_ = HostBuffer(DType::bf16, l_.total);
+    if (s_.bf16() && s_.train()) cast_params();  // the copy at the start; AdamW keeps it from then on
     emb_ = HostBuffer(s_.dtype, static_cast<std::size_t>(N * E));
     pooled_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * E));
     logits_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B));
@@ -61,20 +63,22 @@ class CpuFasttext final : public ModelCase {
   }
 
   void run() override {
-    trace::op(s_.bf16() ? "cast" : "embedding");  // the first op's span includes setting the thread count
+    const bool cast = s_.bf16() && !s_.train();  // infer: no optimizer keeps the copy
+    trace::op(cast ? "cast" : "embedding");  // the first op's span includes setting the thread count
     cpu::ThreadScope scope(threads_);
-    if (s_.bf16()) cast_params();
+    if (cast) cast_params();
     forward();
     if (!s_.train()) return;
     backward();
     trace::op("adamw");
     const auto n = static_cast<std::int64_t>(l_.total);
-    adamw::cpu_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(), n,
-                    adamw::scalars_for(models::hyper(), ++step_), team(n));
+    adamw::cpu_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
+                    s_.bf16() ? low_.as<std::uint16_t>() : nullptr, n, adamw::scalars_for(models::hyper(), ++step_), team(n));
   }
 
   Check verify() override {
     copy_into(params_, st_.params), copy_into(m_, st_.m), copy_into(v_, st_.v);
+    if (s_.bf16() && s_.train()) cast_params();
     step_ = 0;
     emb_.poison(), pooled_.poison(), logits_.poison();
     if (s_.train()) {  // poison the tensors, keep the padding zero
@@ -90,7 +94,9 @@ class CpuFasttext final : public ModelCase {
   }
 
   std::string label() const override {
-    std::string l = s_.bf16() ? "bf16 autocast (f32 master parameters cast to bf16 each step), " : "";
+    std::string l = !s_.bf16()   ? ""
+                    : s_.train() ? "bf16 autocast (the AdamW pass writes the bf16 copy of the f32 master parameters), "
+                                 : "bf16 autocast (f32 master parameters cast to bf16 each step), ";
     l += "embedding, global_avgpool (oneDNN), addmm [" + dense_->label() + "]";
     if (s_.train())
       l += ", bce_logits fwd and bwd, mm for dW, db (ones^T . dlogits) and dpooled, global_avgpool bwd, the tokens "
@@ -99,6 +105,10 @@ class CpuFasttext final : public ModelCase {
   }
 
   double last_loss() override { return loss_; }
+  Check bf16_copy_check() override {
+    if (!s_.bf16() || !s_.train()) return {};
+    return models::bf16_copy_of(params_.as<float>(), low_.as<std::uint16_t>(), l_.total);
+  }
 
  private:
   static void copy_into(HostBuffer& dst, const HostBuffer& src) { std::copy_n(src.as<float>(), src.count(), dst.as<float>()); }
@@ -110,7 +120,7 @@ class CpuFasttext final : public ModelCase {
     return params_.as<float>() + offset;
   }
 
-  // The step's bf16 copy of the f32 parameters (autocast's cast), one flat pass.
+  // The bf16 copy of the f32 parameters (autocast's cast), one flat pass.
   void cast_params() {
     const float* p = params_.as<float>();
     std::uint16_t* low = low_.as<std::uint16_t>();

@@ -1,7 +1,8 @@
 // model_fasttext on CUDA: every op a plan of its family (embedding and global_avgpool: hotops' kernels;
 // matmul: cublasLt, CUBLAS_COMPUTE_32F; bce_logits: hotops' kernels) and adamw::cuda_step. A train
 // step, all on gpu::stream() with no host synchronisation (capturable):
-//   cast           bf16: models::cast_params, the flat f32 parameters to their bf16 copy (1 launch)
+//   cast           bf16 infer: models::cast_params, the flat f32 parameters to their bf16 copy (1 launch);
+//                  a train step's copy is written by its AdamW launch (cast when the optimizer restarts)
 //   embedding      emb [B·T, E] = embed[tokens]
 //   global_avgpool pooled [B, E] = mean over the T positions
 //   addmm          logits [B, 1] = pooled . W + b (the BIAS epilogue, or the relu_bias plan after a
@@ -152,7 +153,9 @@ class CudaFasttext final : public ModelCase {
   }
 
   std::string label() const override {
-    std::string l = s_.bf16() ? "bf16 autocast (f32 master parameters, models::cast_params each step), " : "";
+    std::string l = !s_.bf16()   ? ""
+                    : s_.train() ? "bf16 autocast (f32 master parameters, the AdamW launch writes their bf16 copy), "
+                                 : "bf16 autocast (f32 master parameters, models::cast_params each step), ";
     l += "embedding, global_avgpool, addmm [" + dense_.gemm->label() + "]";
     if (dense_.bias) l += " + relu_bias plan for the bias";
     if (s_.train())
@@ -170,6 +173,10 @@ class CudaFasttext final : public ModelCase {
   double last_loss() override {
     HOTOPS_CHECK(s_.train(), "model_fasttext: an infer case has no loss");
     return gpu::read_float(loss_.get());
+  }
+  Check bf16_copy_check() override {
+    if (!s_.bf16() || !s_.train()) return {};
+    return models::bf16_copy_of(params_, low_, l_.total);
   }
 
  private:
@@ -197,21 +204,24 @@ class CudaFasttext final : public ModelCase {
 
   // m = v = 0 and the step count at its start, on the stream: a fresh optimizer (the AdamW launch
   // advances the count itself).
+  // bf16: and the copy of the parameters as they start, which the AdamW launch writes from then on.
   void restart_optimizer() {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(m_.get(), 0, m_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(v_.get(), 0, v_.bytes(), gpu::stream()));
     start_ = adamw::first_step(hyper_);
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(state_.get(), &start_, sizeof start_, cudaMemcpyHostToDevice, gpu::stream()));
+    if (s_.bf16()) cast_all_params();
+  }
+
+  void cast_all_params() {
+    const auto n4 = static_cast<std::int64_t>(l_.total / 4);
+    const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n4 + 255) / 256, 1024));
+    models::cast_params<<<blocks, 256, 0, gpu::stream()>>>(params_.as<const float4>(), low_.as<__nv_bfloat162>(), n4);
+    HOTOPS_CHECK_LAUNCH();
   }
 
   void device_step() {
-    if (s_.bf16()) {
-      const auto n4 = static_cast<std::int64_t>(l_.total / 4);
-      const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n4 + 255) / 256, 1024));
-      trace::op("cast");
-      models::cast_params<<<blocks, 256, 0, gpu::stream()>>>(params_.as<const float4>(), low_.as<__nv_bfloat162>(), n4);
-      HOTOPS_CHECK_LAUNCH();
-    }
+    if (s_.bf16() && !s_.train()) trace::op("cast"), cast_all_params();  // infer: no optimizer keeps the copy
     trace::op("embedding");
     embedding::Args g;
     g.idx = tokens_.as<const std::int64_t>(), g.W = weight(l_.embed), g.out = emb_.get();
@@ -242,14 +252,15 @@ class CudaFasttext final : public ModelCase {
     scatter_->run(e);
     trace::op("adamw");
     adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-                     static_cast<std::int64_t>(l_.total), state_.as<adamw::DeviceStep>(), &hyper_, gpu::stream());
+                     s_.bf16() ? low_.as<std::uint16_t>() : nullptr, static_cast<std::int64_t>(l_.total),
+                     state_.as<adamw::DeviceStep>(), &hyper_, gpu::stream());
   }
 
   Shape s_;
   Layout l_;
   State st_;  // the seeded start, and the batch in pageable host memory for the e2e variants
   gpu::DeviceBuffer params_, grads_, m_, v_, tokens_, labels_, loss_, state_;
-  gpu::DeviceBuffer low_;  // bf16: the step's bf16 copy of params_ (same layout)
+  gpu::DeviceBuffer low_;  // bf16: the bf16 copy of params_ (same layout) the ops read
   gpu::DeviceBuffer emb_, pooled_, logits_, dlogits_, dpooled_, demb_, ones_;
   gpu::DeviceBuffer offset_, pos_;  // train: the batch's tokens grouped by row (csr_ on the device)
   embedding::Csr csr_;              // train: the grouping in host memory

@@ -6,8 +6,9 @@
 // pointwise family's relu_dbias plan; the AdamW step is an OpenMP loop (one thread below a grain of
 // work, where forking costs more than it saves).
 // bf16 (models.h): the same code on bf16 storage (the class and loops are templates on the storage
-// type), a flat cast of the f32 parameters to a bf16 copy first in each step, oneDNN bf16 matmuls
-// or the plans' loops (f32 accumulation; the weight gradients written f32).
+// type), the matmuls reading a bf16 copy of the f32 parameters (train: written by the AdamW step,
+// cast once at the start; infer: cast first in each step, autocast's cast), oneDNN bf16 matmuls or
+// the plans' loops (f32 accumulation; the weight gradients written f32).
 #include <omp.h>
 
 #include <algorithm>
@@ -50,6 +51,7 @@ class CpuModel final : public ModelCase {
     const std::int64_t B = s_.batch;
     params_ = st_.params, m_ = st_.m, v_ = st_.v;
     if constexpr (kBf16) low_ = HostBuffer(DType::bf16, l_.total);
+    if (kBf16 && s_.train()) cast_params();  // the copy at the start; AdamW keeps it from then on
     grads_ = HostBuffer(DType::f32, l_.total);
     std::fill_n(grads_.as<float>(), l_.total, 0.f);  // the padding is never written: zero, as AdamW needs
     act_.resize(L + 1);
@@ -72,9 +74,9 @@ class CpuModel final : public ModelCase {
   }
 
   void run() override {
-    trace::op(kBf16 ? "cast" : "addmm");  // the first op's span includes setting the thread count
+    trace::op(casts_each_step() ? "cast" : "addmm");  // the first op's span includes setting the thread count
     cpu::ThreadScope scope(threads_);
-    if constexpr (kBf16) cast_params();
+    if (casts_each_step()) cast_params();
     forward();
     if (!s_.train()) return;
     trace::op("cross_entropy");
@@ -87,6 +89,7 @@ class CpuModel final : public ModelCase {
   Check verify() override {
     // Into the same storage: the plans run on it.
     copy_into(params_, st_.params), copy_into(m_, st_.m), copy_into(v_, st_.v);
+    if (kBf16 && s_.train()) cast_params();
     step_ = 0;
     for (std::size_t k = 1; k < act_.size(); ++k) act_[k].poison();
     grads_poison();
@@ -111,7 +114,9 @@ class CpuModel final : public ModelCase {
     else if (small == 0) what += "oneDNN (bias + ReLU post-op fwd, strided transposes bwd)";
     else what += "oneDNN, " + std::to_string(small) + " small layer(s) on hand-written loops";
     if constexpr (kBf16) {
-      what = "bf16 autocast (f32 master weights cast to bf16 each step, f32 accumulation), " + what;
+      what = std::string(s_.train() ? "bf16 autocast (the AdamW step writes the bf16 copy of the f32 master weights"
+                                    : "bf16 autocast (f32 master weights cast to bf16 each step") +
+             ", f32 accumulation), " + what;
       for (std::size_t k = 0; k < s_.layers(); ++k)
         if (!matmul::cpu_runs_loops(forward_gemm(s_, k))) {
           what += " [" + fwd_[k]->label() + "]";
@@ -123,8 +128,14 @@ class CpuModel final : public ModelCase {
   }
 
   double last_loss() override { return loss_; }
+  Check bf16_copy_check() override {
+    if (!kBf16 || !s_.train()) return {};
+    return bf16_copy_of(params_.as<float>(), low_.as<std::uint16_t>(), l_.total);
+  }
 
  private:
+  // bf16 infer: the weights cast at the start of each step (no optimizer keeps the copy).
+  bool casts_each_step() const { return kBf16 && !s_.train(); }
   T* input(std::size_t k) { return k == 0 ? st_.x.as<T>() : act_[k].as<T>(); }
   // The weights the layers multiply: the f32 parameters, or their bf16 copy.
   T* weights() {
@@ -142,7 +153,7 @@ class CpuModel final : public ModelCase {
     }
   }
 
-  // The step's bf16 copy of the f32 parameters (autocast's cast of the weights), one flat pass.
+  // The bf16 copy of the f32 parameters (autocast's cast of the weights), one flat pass.
   void cast_params() {
     const float* p = params_.as<float>();
     T* low = low_.as<T>();
@@ -189,8 +200,8 @@ class CpuModel final : public ModelCase {
 
   void adamw_step() {
     const auto n = static_cast<std::int64_t>(l_.total);
-    adamw::cpu_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(), n,
-                    adamw::scalars_for(hyper(), ++step_), team(n));
+    adamw::cpu_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
+                    kBf16 ? low_.as<std::uint16_t>() : nullptr, n, adamw::scalars_for(hyper(), ++step_), team(n));
   }
 
   Shape s_;
@@ -198,7 +209,7 @@ class CpuModel final : public ModelCase {
   State st_;  // the seeded start: verify() restores from it
   int threads_;
   HostBuffer params_, grads_, m_, v_;
-  HostBuffer low_;                // bf16: the step's bf16 copy of params_ (same layout)
+  HostBuffer low_;                // bf16: the bf16 copy of params_ (same layout) the matmuls read
   std::vector<HostBuffer> act_;   // [k]: layer k's output (post-ReLU for hidden layers, logits last); [0] unused
   std::vector<HostBuffer> dact_;  // [k]: gradient of act_[k] (dlogits last; da, then dz in place, for hidden)
   std::vector<std::unique_ptr<matmul::Plan>> fwd_, wgrad_, dgrad_;  // per layer (dgrad_[0] null: no da)

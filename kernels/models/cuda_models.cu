@@ -139,10 +139,13 @@ class CudaModel final : public ModelCase {
     for (const auto* list : {&wgrad_, &dgrad_})
       for (const auto& g : *list) count(g.get());
     if (s_.train()) launches += 1 + static_cast<int>(s_.layers()) - 1 + 1;  // loss, ReLU backward, AdamW
-    if (s_.bf16()) launches += 1;                                            // cast_params
+    if (s_.bf16() && !s_.train()) launches += 1;                             // cast_params
     std::string list;
     for (const std::string& g : gemms) list += (list.empty() ? "" : "; ") + g;
-    std::string l = std::string(s_.bf16() ? "bf16 autocast (f32 master weights, hotops cast_params each step), " : "") +
+    const char* bf16 = !s_.bf16()   ? ""
+                       : s_.train() ? "bf16 autocast (f32 master weights, the AdamW launch writes their bf16 copy), "
+                                    : "bf16 autocast (f32 master weights, hotops cast_params each step), ";
+    std::string l = std::string(bf16) +
                     std::to_string(s_.layers()) + " dense layers: matmul plans, " +
                     (s_.bf16() ? "bf16, f32 accumulation" : "f32") + " [" + list + "], " +
                     (unfused ? std::to_string(unfused) + " bias epilogue(s) as relu_bias plans" : "bias/ReLU epilogues");
@@ -163,6 +166,10 @@ class CudaModel final : public ModelCase {
   double last_loss() override {
     HOTOPS_CHECK(s_.train(), "models: an infer case has no loss");
     return gpu::read_float(loss_.get());
+  }
+  Check bf16_copy_check() override {
+    if (!s_.bf16() || !s_.train()) return {};
+    return bf16_copy_of(params_, low_, l_.total);
   }
 
  private:
@@ -209,21 +216,26 @@ class CudaModel final : public ModelCase {
     return c;
   }
 
-  // m = v = 0 and step 0, on the stream: a fresh optimizer.
+  // m = v = 0 and step 0, on the stream: a fresh optimizer; bf16: the copy of the parameters as they
+  // start, which the AdamW launch writes from then on.
   void restart_optimizer() {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(m_.get(), 0, m_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(v_.get(), 0, v_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(state_.get(), 0, sizeof(StepState), gpu::stream()));  // no step taken: the loss plan advances it
+    if (s_.bf16()) cast_all_params();
   }
 
-  // The step: f32, or bf16 after the cast of the parameters (the plans know the storage).
-  void device_step() {
-    if (!s_.bf16()) return layers_step();
+  void cast_all_params() {
     const auto n4 = static_cast<std::int64_t>(l_.total / 4);
     const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n4 + 255) / 256, 1024));
-    trace::op("cast");
     cast_params<<<blocks, 256, 0, gpu::stream()>>>(params_.as<const float4>(), low_.as<__nv_bfloat162>(), n4);
     HOTOPS_CHECK_LAUNCH();
+  }
+
+  // The step: f32, or bf16 on the parameters' bf16 copy (the plans know the storage): train's written
+  // by the AdamW launch, infer's cast first (no optimizer keeps it).
+  void device_step() {
+    if (s_.bf16() && !s_.train()) trace::op("cast"), cast_all_params();
     layers_step();
   }
 
@@ -252,15 +264,15 @@ class CudaModel final : public ModelCase {
       r.x = act_[k].get(), r.dy = dact_[k].get(), r.out = dact_[k].get(), r.db = grads_.as<float>() + l_.b[k - 1];
       relu_dbias_[k - 1]->run(r);
     }
-    adamw_step(sync_, params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(), l_.total,
-               state_.as<StepState>(), nullptr);
+    adamw_step(sync_, params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
+               s_.bf16() ? low_.as<std::uint16_t>() : nullptr, l_.total, state_.as<StepState>(), nullptr);
   }
 
   Shape s_;
   ParamLayout l_;
   State st_;  // the seeded start, and the batch in pageable host memory for the e2e variants
   gpu::DeviceBuffer params_, grads_, m_, v_, x_, labels_, loss_, state_;
-  gpu::DeviceBuffer low_;  // bf16: the step's bf16 copy of params_ (same layout)
+  gpu::DeviceBuffer low_;  // bf16: the bf16 copy of params_ (same layout) the GEMMs read
   std::vector<gpu::DeviceBuffer> act_, dact_;
   std::vector<DenseForward> fwd_;                            // per layer
   std::vector<std::unique_ptr<matmul::Plan>> wgrad_, dgrad_;  // per layer (dgrad_: null for the first)

@@ -144,9 +144,10 @@ inline void grads_ready(const std::unique_ptr<GradSync>& sync, std::size_t from)
 // step one launch over all of them; for a data-parallel one a launch per bucket over exactly its
 // range, each after its all-reduce (GradSync::finish). Every launch takes the same step: where the
 // step advances the count itself (`advance` not null) only the last launch does. AdamW is elementwise,
-// so the per-bucket update is bitwise the whole one.
-void adamw_step(const std::unique_ptr<GradSync>& sync, float* p, const float* g, float* m, float* v, std::size_t total,
-                adamw::DeviceStep* state, const adamw::Hyper* advance);
+// so the per-bucket update is bitwise the whole one. `p16` (bf16 steps; null for f32): the bf16 copy
+// of p that the step's GEMMs read, same offsets, which every launch writes over its range.
+void adamw_step(const std::unique_ptr<GradSync>& sync, float* p, const float* g, float* m, float* v, std::uint16_t* p16,
+                std::size_t total, adamw::DeviceStep* state, const adamw::Hyper* advance);
 #endif
 
 // The check of a data-parallel step after one step from the seeded start, on every rank: the

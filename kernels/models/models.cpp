@@ -232,6 +232,30 @@ Check adamw_first_step(const std::vector<double>& p0, const std::vector<double>&
   return within("AdamW step (p - p0)", change, ref_change, h.lr, 1e-3);
 }
 
+Check bf16_copy_of(const float* master, const std::uint16_t* copy, std::size_t n) {
+  Check c;
+  c.checked = n;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (copy[i] == float_to_bf16(master[i])) continue;
+    c.ok = false;
+    char at[160];
+    std::snprintf(at, sizeof at, "bf16 copy element %zu of %zu is 0x%04x, the master %.9g rounds to 0x%04x", i, n,
+                  static_cast<unsigned>(copy[i]), static_cast<double>(master[i]), static_cast<unsigned>(float_to_bf16(master[i])));
+    c.message = at;
+    break;
+  }
+  return c;
+}
+
+Check bf16_copy_of(const gpu::DeviceBuffer& master, const gpu::DeviceBuffer& copy, std::size_t n) {
+  HostBuffer m(DType::f32, master.bytes() / sizeof(float)), c(DType::bf16, copy.bytes() / sizeof(std::uint16_t));
+  gpu::synchronize();
+  master.download(m);
+  copy.download(c);
+  HOTOPS_CHECK(n <= m.count() && n <= c.count(), "models: a bf16 copy check beyond its buffers");
+  return bf16_copy_of(m.as<float>(), c.as<std::uint16_t>(), n);
+}
+
 std::uint64_t step_seed(const Problem& p) {
   if (p.has("gpus")) return step_seed(global_problem(p));  // the global batch's, shared by every replica
   Problem q = p;

@@ -15,6 +15,7 @@
 
 #include "hotops/buffer.h"
 #include "hotops/check.h"
+#include "hotops/gpu.h"
 #include "hotops/op.h"
 #include "hotops/op_family.h"
 #include "kernels/adamw/adamw.h"
@@ -285,10 +286,19 @@ std::shared_ptr<const R> shared_reference(const std::string& key, Make make) {
 std::string reference_key(const std::string& model, DType dtype, Direction dir, std::int64_t batch,
                           std::initializer_list<const void*> data, std::initializer_list<std::size_t> bytes);
 
-// The cases' common extra: the loss of the last train step (synchronises on CUDA).
+// Whether `copy` (bf16 bits) is `master` rounded to bf16, element for element over [0, n): a failed
+// Check names the first element that differs.
+Check bf16_copy_of(const float* master, const std::uint16_t* copy, std::size_t n);
+// The same over the first n elements of device memory (synchronises).
+Check bf16_copy_of(const gpu::DeviceBuffer& master, const gpu::DeviceBuffer& copy, std::size_t n);
+
+// The cases' common extras: the loss of the last train step, and for a bf16 train step whether the
+// bf16 copy of the f32 master that its GEMMs read is the master rounded to bf16, as the AdamW step
+// leaves it (ok for a step without one). Both synchronise on CUDA.
 class ModelCase : public Case {
  public:
   virtual double last_loss() = 0;
+  virtual Check bf16_copy_check() { return {}; }
 };
 
 // A step case for `p`'s dtype, each a ModelCase (or a family's subclass `Base`): Step<Bf16> for bf16
