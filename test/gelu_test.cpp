@@ -447,27 +447,37 @@ TEST(GeluDbias, VerifyCatchesAMissingRowAWrongSumAndAWrongElement) {
 }
 
 #ifdef HOTOPS_HAVE_CUDA
-// The CUDA plan out of place and in place (dx over dy: the model's kernel), on a shape with a partial
-// last block of rows and more than one block of columns: both pass, and give the same bits.
+// The CUDA plan out of place and in place (dx over dy: the model's kernel), with a partial last block
+// of rows (70 = 2 x 32 + 6, the last 4-row batch part full) and more than one block of columns: on
+// 1100 columns (bf16: 4-element vectors), 3072 (16-byte vectors) and 3072 with x 4 elements off
+// 16-byte alignment (bf16: 4-element vectors again). All pass, in place and out of place give the
+// same bits.
 TEST(GeluDbiasCuda, InPlaceAndOutOfPlaceMatchTheReferenceAndEachOther) {
   std::string why;
   if (!gpu::available(&why)) GTEST_SKIP() << why;
-  for (DType t : {DType::f32, DType::bf16}) {
-    const Shape s = dbias_shape(t, 70, 1100);
-    const auto plan = make_plan(s, Backend::cuda);
-    const Inputs in = make_inputs(s, 3);
-    gpu::DeviceBuffer x(in.x), dy(in.dy), dx(in.dy.bytes()), db0(4 * s.cols), db1(4 * s.cols);
-    plan->run({x.get(), dy.get(), dx.get(), db0.as<float>()});
-    Outputs apart = make_outputs(s), in_place = make_outputs(s);
-    dx.download(apart.dx), db0.download(apart.dbias);
-    plan->run({x.get(), dy.get(), dy.get(), db1.as<float>()});
-    dy.download(in_place.dx), db1.download(in_place.dbias);
-    const Check a = verify(s, in, apart), b = verify(s, in, in_place);
-    EXPECT_TRUE(a.ok) << dtype_name(t) << " out of place: " << a.message;
-    EXPECT_TRUE(b.ok) << dtype_name(t) << " in place: " << b.message;
-    EXPECT_EQ(0, std::memcmp(apart.dx.data(), in_place.dx.data(), apart.dx.bytes())) << dtype_name(t);
-    EXPECT_EQ(0, std::memcmp(apart.dbias.data(), in_place.dbias.data(), apart.dbias.bytes())) << dtype_name(t);
-  }
+  struct Case {
+    std::int64_t cols;
+    std::size_t shift;
+  };
+  for (const Case& k : {Case{1100, 0}, Case{3072, 0}, Case{3072, 4}})
+    for (DType t : {DType::f32, DType::bf16}) {
+      const std::string what = std::string(dtype_name(t)) + " cols " + std::to_string(k.cols) + (k.shift ? " x misaligned" : "");
+      const Shape s = dbias_shape(t, 70, k.cols);
+      const auto plan = make_plan(s, Backend::cuda);
+      const Inputs in = make_inputs(s, 3);
+      const plan_test::ShiftedOnDevice x(in.x, k.shift);
+      gpu::DeviceBuffer dy(in.dy), dx(in.dy.bytes()), db0(4 * s.cols), db1(4 * s.cols);
+      plan->run({x.data(), dy.get(), dx.get(), db0.as<float>()});
+      Outputs apart = make_outputs(s), in_place = make_outputs(s);
+      dx.download(apart.dx), db0.download(apart.dbias);
+      plan->run({x.data(), dy.get(), dy.get(), db1.as<float>()});
+      dy.download(in_place.dx), db1.download(in_place.dbias);
+      const Check a = verify(s, in, apart), b = verify(s, in, in_place);
+      EXPECT_TRUE(a.ok) << what << " out of place: " << a.message;
+      EXPECT_TRUE(b.ok) << what << " in place: " << b.message;
+      EXPECT_EQ(0, std::memcmp(apart.dx.data(), in_place.dx.data(), apart.dx.bytes())) << what;
+      EXPECT_EQ(0, std::memcmp(apart.dbias.data(), in_place.dbias.data(), apart.dbias.bytes())) << what;
+    }
 }
 #endif
 

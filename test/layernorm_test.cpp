@@ -262,35 +262,69 @@ TEST(LayernormDbias, VerifyCatchesAMissingRowAWrongSumAMissingDresAndAWrongEleme
 }
 
 #ifdef HOTOPS_HAVE_CUDA
-// The CUDA plan with and without dres, on more rows than its warps (1067 rows: warps take several,
-// blocks unequal shares), then without dx: dgamma and dbeta the same bits as with it.
+// The CUDA plan's outputs for `in` (dx and dbias only `with_dx`), x placed `shift` elements past its
+// allocation's start.
+Outputs run_on_cuda(Plan& plan, const Shape& s, const Inputs& in, bool with_dx, std::size_t shift = 0) {
+  const plan_test::ShiftedOnDevice x(in.ln.x, shift);
+  gpu::DeviceBuffer dy(in.ln.dy), gamma(in.ln.gamma), mean(in.ln.mean), rstd(in.ln.rstd);
+  gpu::DeviceBuffer res = s.dres ? gpu::DeviceBuffer(in.dres) : gpu::DeviceBuffer(1);
+  gpu::DeviceBuffer dx(in.ln.dy.bytes()), dg(4 * s.hidden), db(4 * s.hidden), dbias(4 * s.hidden);
+  Args a;
+  a.x = x.data(), a.dy = dy.get(), a.gamma = gamma.as<float>(), a.saved_mean = mean.as<float>(), a.saved_rstd = rstd.as<float>();
+  a.dres = s.dres ? res.get() : nullptr;
+  a.dgamma = dg.as<float>(), a.dbeta = db.as<float>();
+  if (with_dx) a.dx = dx.get(), a.dbias = dbias.as<float>();
+  plan.run(a);
+  Outputs out = make_outputs(s);
+  dg.download(out.dgamma), db.download(out.dbeta);
+  if (with_dx) dx.download(out.dx), dbias.download(out.dbias);
+  return out;
+}
+
+// The CUDA plan with and without dres, then without dx (dgamma and dbeta the same bits as with it),
+// on: 1067 rows of 768 (16-byte vectors, warps with unequal numbers of rows); 4736 rows of the
+// widest row, 1024 (more rows than a full grid's warps: each takes several); H 100 (bf16: one
+// element per access, f32: one vector per lane) and 99 (odd: one element per access) on row counts
+// that leave the last block's warps part idle.
 TEST(LayernormDbiasCuda, MatchesTheReferenceWithAndWithoutDresAndDx) {
   std::string why;
   if (!gpu::available(&why)) GTEST_SKIP() << why;
-  for (DType t : {DType::f32, DType::bf16})
-    for (bool dres : {false, true}) {
-      const Shape s = dbias_shape(t, 11, 97, 768, dres);
-      const auto plan = make_plan(s, Backend::cuda);
-      const Inputs in = make_inputs(s, 3);
-      gpu::DeviceBuffer x(in.ln.x), dy(in.ln.dy), gamma(in.ln.gamma), mean(in.ln.mean), rstd(in.ln.rstd);
-      gpu::DeviceBuffer res = dres ? gpu::DeviceBuffer(in.dres) : gpu::DeviceBuffer(1);
-      gpu::DeviceBuffer dx(in.ln.dy.bytes()), dg(4 * s.hidden), db(4 * s.hidden), dbias(4 * s.hidden);
-      Args a;
-      a.x = x.get(), a.dy = dy.get(), a.gamma = gamma.as<float>(), a.saved_mean = mean.as<float>(), a.saved_rstd = rstd.as<float>();
-      a.dres = dres ? res.get() : nullptr;
-      a.dx = dx.get(), a.dgamma = dg.as<float>(), a.dbeta = db.as<float>(), a.dbias = dbias.as<float>();
-      plan->run(a);
-      Outputs out = make_outputs(s);
-      dx.download(out.dx), dg.download(out.dgamma), db.download(out.dbeta), dbias.download(out.dbias);
-      const Check c = verify(s, in, out);
-      EXPECT_TRUE(c.ok) << dtype_name(t) << (dres ? " dres: " : ": ") << c.message;
-      a.dx = nullptr, a.dbias = nullptr;
-      plan->run(a);
-      Outputs alone = make_outputs(s);
-      dg.download(alone.dgamma), db.download(alone.dbeta);
-      EXPECT_EQ(0, std::memcmp(out.dgamma.data(), alone.dgamma.data(), out.dgamma.bytes())) << dtype_name(t);
-      EXPECT_EQ(0, std::memcmp(out.dbeta.data(), alone.dbeta.data(), out.dbeta.bytes())) << dtype_name(t);
-    }
+  struct Rows {
+    std::int64_t batch, tokens, hidden;
+  };
+  for (const Rows& r : {Rows{11, 97, 768}, Rows{37, 128, 1024}, Rows{5, 77, 100}, Rows{3, 41, 99}})
+    for (DType t : {DType::f32, DType::bf16})
+      for (bool dres : {false, true}) {
+        const Shape s = dbias_shape(t, r.batch, r.tokens, r.hidden, dres);
+        const std::string what = std::string(dtype_name(t)) + " " + std::to_string(s.rows()) + "x" + std::to_string(s.hidden) +
+                                 (dres ? " dres" : "");
+        const auto plan = make_plan(s, Backend::cuda);
+        const Inputs in = make_inputs(s, 3);
+        const Outputs out = run_on_cuda(*plan, s, in, true);
+        const Check c = verify(s, in, out);
+        EXPECT_TRUE(c.ok) << what << ": " << c.message;
+        const Outputs alone = run_on_cuda(*plan, s, in, false);
+        EXPECT_EQ(0, std::memcmp(out.dgamma.data(), alone.dgamma.data(), out.dgamma.bytes())) << what;
+        EXPECT_EQ(0, std::memcmp(out.dbeta.data(), alone.dbeta.data(), out.dbeta.bytes())) << what;
+      }
+}
+
+// x one element off 16-byte alignment on a row that takes 16-byte vectors when aligned: the plan
+// falls back to one element per access and still passes; run twice, the same bits (fixed-order sums).
+TEST(LayernormDbiasCuda, MisalignedTensorsTakeTheElementPathAndRepeatBitForBit) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  for (DType t : {DType::f32, DType::bf16}) {
+    const Shape s = dbias_shape(t, 3, 211, 768, true);
+    const auto plan = make_plan(s, Backend::cuda);
+    const Inputs in = make_inputs(s, 4);
+    const Outputs first = run_on_cuda(*plan, s, in, true, 1), again = run_on_cuda(*plan, s, in, true, 1);
+    const Check c = verify(s, in, first);
+    EXPECT_TRUE(c.ok) << dtype_name(t) << ": " << c.message;
+    EXPECT_EQ(0, std::memcmp(first.dx.data(), again.dx.data(), first.dx.bytes())) << dtype_name(t);
+    EXPECT_EQ(0, std::memcmp(first.dbias.data(), again.dbias.data(), first.dbias.bytes())) << dtype_name(t);
+    EXPECT_EQ(0, std::memcmp(first.dgamma.data(), again.dgamma.data(), first.dgamma.bytes())) << dtype_name(t);
+  }
 }
 #endif
 

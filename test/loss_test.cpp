@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "hotops/gpu.h"
 #include "kernels/adamw/adamw.h"
@@ -379,7 +380,7 @@ TEST(Mse, PlanRunsOnTheTensorsItIsGivenEachRun) {
   }
 }
 
-// A correct result passes; a loss without 1/256 of its terms (a block of CUDA's left out), a dy
+// A correct result passes; a loss without 1/256 of its terms (a few CUDA blocks' share), a dy
 // without the / n (the sum's gradient), a dy of the wrong sign and one wrong dy element each fail.
 TEST(Mse, VerifyCatchesAMissingBlockAMissingMeanAWrongSignAndAWrongElement) {
   for (DType t : {DType::f32, DType::bf16}) {
@@ -405,23 +406,36 @@ TEST(Mse, VerifyCatchesAMissingBlockAMissingMeanAWrongSignAndAWrongElement) {
 }
 
 #ifdef HOTOPS_HAVE_CUDA
-// The CUDA plan over more elements than its 256 x 256 threads (74,496: each thread takes one or two),
-// and over 15 (most blocks idle): both pass.
+// The CUDA plan over: 74,496 elements (a block per 2048 elements, one vector a thread); 15 (no whole
+// bf16 vector: the first thread takes all); 100,003 (a tail of 3 past the vectors); BERT's 3.1M
+// (the full 1024-block grid, threads taking two vectors); and 74,496 with y one element off 16-byte
+// alignment (one element per access). Each passes, and a second run gives the same bits.
 TEST(MseCuda, MatchesTheReference) {
   std::string why;
   if (!gpu::available(&why)) GTEST_SKIP() << why;
+  struct Case {
+    std::int64_t batch, tokens, hidden;
+    std::size_t shift;
+  };
   for (DType t : {DType::f32, DType::bf16})
-    for (std::int64_t tokens : {97, 1}) {
-      const Shape s = tokens == 1 ? mse_shape(t, 1, 3, 5) : mse_shape(t, 3, tokens, 256);
+    for (const Case& k : {Case{3, 97, 256, 0}, Case{1, 3, 5, 0}, Case{1, 1, 100003, 0}, Case{32, 128, 768, 0}, Case{3, 97, 256, 1}}) {
+      const Shape s = mse_shape(t, k.batch, k.tokens, k.hidden);
+      const std::string what = std::string(dtype_name(t)) + " " + std::to_string(s.count()) + " elements" +
+                               (k.shift ? ", y misaligned" : "");
       const auto plan = make_plan(s, Backend::cuda);
       const Inputs in = make_inputs(s, 3);
-      gpu::DeviceBuffer y(in.y), target(in.target), loss(sizeof(float)), dy(in.y.bytes());
-      loss.poison(), dy.poison();
-      plan->run({y.get(), target.get(), loss.as<float>(), dy.get()});
-      Outputs out = make_outputs(s);
-      loss.download(out.loss), dy.download(out.dy);
-      const Check c = verify(s, in, out);
-      EXPECT_TRUE(c.ok) << dtype_name(t) << " " << s.count() << " elements: " << c.message;
+      const plan_test::ShiftedOnDevice y(in.y, k.shift);
+      gpu::DeviceBuffer target(in.target), loss(sizeof(float)), dy(in.y.bytes());
+      Outputs out[2] = {make_outputs(s), make_outputs(s)};
+      for (Outputs& o : out) {
+        loss.poison(), dy.poison();
+        plan->run({y.data(), target.get(), loss.as<float>(), dy.get()});
+        loss.download(o.loss), dy.download(o.dy);
+      }
+      const Check c = verify(s, in, out[0]);
+      EXPECT_TRUE(c.ok) << what << ": " << c.message;
+      EXPECT_EQ(0, std::memcmp(out[0].loss.data(), out[1].loss.data(), out[0].loss.bytes())) << what;
+      EXPECT_EQ(0, std::memcmp(out[0].dy.data(), out[1].dy.data(), out[0].dy.bytes())) << what;
     }
 }
 #endif

@@ -1,9 +1,11 @@
-// What the op families' plan tests share: one plan run on two sets of caller-owned tensors in turn.
+// What the op families' plan tests share: one plan run on two sets of caller-owned tensors in turn,
+// the planted bugs of a bias gradient, and a misaligned device copy of a tensor.
 #pragma once
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <string>
 
 #include "hotops/buffer.h"
@@ -46,6 +48,23 @@ inline HostBuffer column_sums_of(const HostBuffer& other, std::size_t rows, std:
   }
   return out;
 }
+
+// A device copy of t whose first element sits `shift` elements past the allocation's start (a
+// misaligned tensor: a CUDA kernel's path without 16-byte vectors); data() is that element.
+class ShiftedOnDevice {
+ public:
+  ShiftedOnDevice(const HostBuffer& t, std::size_t shift) : offset_(shift * dtype_size(t.dtype())), dev_(padded(t, shift)) {}
+  void* data() const { return static_cast<std::byte*>(dev_.get()) + offset_; }
+
+ private:
+  static HostBuffer padded(const HostBuffer& t, std::size_t shift) {
+    HostBuffer out(t.dtype(), t.count() + shift);
+    std::memcpy(static_cast<std::byte*>(out.data()) + shift * dtype_size(t.dtype()), t.data(), t.bytes());
+    return out;
+  }
+  std::size_t offset_;
+  gpu::DeviceBuffer dev_;
+};
 
 }  // namespace hotops::plan_test
 

@@ -12,6 +12,9 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162f
 template <class T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+// The f32 value that v reads back as once stored in T: what a kernel that sums its own stored output
+// (a bias gradient of the tensor the next GEMMs read) adds.
+template <class T> __device__ __forceinline__ float rounded(float v) { return to_float(from_float<T>(v)); }
 
 // The same for kernels that hold bf16 as its bits: the f32 value of an element stored as float or
 // as bf16 in a uint16_t, and the element of an f32 (bf16 rounded to nearest even).
@@ -35,10 +38,20 @@ struct alignas(sizeof(T) * VEC) Pack {
 };
 
 template <class T, int VEC>
-__device__ __forceinline__ void load(const T* p, float (&out)[VEC]) {
-  const Pack<T, VEC> pk = *reinterpret_cast<const Pack<T, VEC>*>(p);
+__device__ __forceinline__ Pack<T, VEC> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, VEC>*>(p);
+}
+
+// The f32 values of a pack's elements.
+template <class T, int VEC>
+__device__ __forceinline__ void unpack(const Pack<T, VEC>& pk, float (&out)[VEC]) {
 #pragma unroll
   for (int i = 0; i < VEC; ++i) out[i] = to_float(pk.v[i]);
+}
+
+template <class T, int VEC>
+__device__ __forceinline__ void load(const T* p, float (&out)[VEC]) {
+  unpack(load_pack<T, VEC>(p), out);
 }
 
 template <class T, int VEC>
@@ -62,19 +75,11 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Four elements of storage in one aligned access, float4 or 4 bf16 in 8 bytes (Quad<T>::type), and
-// their f32 values; bf16 rounded to nearest even.
+// Four bf16 in one 8-byte access, and the storage of four f32 values (float4, or Bf16x4 rounded to
+// nearest even).
 struct alignas(8) Bf16x4 {
   __nv_bfloat162 lo, hi;
 };
-template <class T> struct Quad;
-template <> struct Quad<float> { using type = float4; };
-template <> struct Quad<__nv_bfloat16> { using type = Bf16x4; };
-__device__ inline float4 f32_of(float4 v) { return v; }
-__device__ inline float4 f32_of(Bf16x4 v) {
-  const float2 a = __bfloat1622float2(v.lo), b = __bfloat1622float2(v.hi);
-  return make_float4(a.x, a.y, b.x, b.y);
-}
 template <class Q> __device__ inline Q stored4(float4 v);
 template <> __device__ inline float4 stored4<float4>(float4 v) { return v; }
 template <> __device__ inline Bf16x4 stored4<Bf16x4>(float4 v) {

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <utility>
 
@@ -83,6 +85,27 @@ float time_ms(Body body) {
   float ms = 0;
   HOTOPS_CHECK_CUDA(cudaEventElapsedTime(&ms, e.start, e.stop));
   return ms;
+}
+
+// The blocks of `threads` threads each that the device keeps resident at once for `kernel` (its SMs
+// times the blocks one SM holds), at most `cap` and at least 1: the grid of a kernel that strides
+// over its work in one wave. Setup-time only (it queries the device).
+template <class Kernel>
+unsigned resident_blocks(Kernel kernel, unsigned threads, std::int64_t cap) {
+  int device = 0, sms = 0, per_sm = 0;
+  HOTOPS_CHECK_CUDA(cudaGetDevice(&device));
+  HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  HOTOPS_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(threads), 0));
+  const std::int64_t wave = static_cast<std::int64_t>(sms) * std::max(per_sm, 1);
+  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min(wave, cap)));
+}
+
+// Whether every pointer (a null one counts) is a multiple of `bytes`: the condition of a kernel's
+// vector path, whose accesses of `bytes` need it.
+inline bool all_aligned(std::size_t bytes, std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (reinterpret_cast<std::uintptr_t>(p) % bytes != 0) return false;
+  return true;
 }
 
 // Queues a kernel on stream() that spins for `seconds` of device time: work the host enqueues

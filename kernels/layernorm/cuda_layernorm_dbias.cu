@@ -1,7 +1,11 @@
-// layernorm_dbias on CUDA: ln_bwd, a warp per row (rows strided over 128 blocks of 8 warps), writes
+// layernorm_dbias on CUDA: ln_bwd, a warp per row over a grid that fills the GPU in one wave (the
+// SMs times the blocks of 8 warps each holds, fewer for few rows; warps stride over the rows), writes
 // dx and each block's column sums of dy * xhat, dy and the stored dx into partial[block][3H]; then
 // col_finish (hotops/cuda_colsum.cuh) adds the blocks' partials into dgamma | dbeta | dbias.
-// Deterministic: fixed-order sums, no atomics. Both launches on gpu::stream(): capturable.
+// A lane holds VEC elements per access, 16 bytes where H is a multiple of 16 bytes' worth and the
+// tensors are 16-byte aligned, else one (any H up to kCudaMaxHidden); a row's loads all go out
+// before its first sum. Deterministic: fixed-order sums, no atomics. Both launches on gpu::stream():
+// capturable.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -17,101 +21,175 @@
 namespace hotops::layernorm::dbias {
 namespace {
 
-constexpr int kMaxHidden = static_cast<int>(kCudaMaxHidden);  // 32 elements of a row per lane
+constexpr int kMaxHidden = static_cast<int>(kCudaMaxHidden);
 constexpr unsigned kThreads = 256;
-constexpr int kBlocks = 128;
+constexpr int kWarps = kThreads / 32;
 
 using bf16 = __nv_bfloat16;
+using gpu::Pack;
+using gpu::to_float;
 using gpu::warp_sum;
 
+// The shared-memory slot of element j of a lane's k-th vector: slots run lane-fastest, with the
+// lane index xor-swizzled by j so that both a warp adding its elements (fixed k, j; all lanes) and a
+// block reading consecutive columns (VEC elements of 32 / VEC lanes) touch 32 distinct banks.
+template <int VEC>
+__device__ __forceinline__ int slot(int k, int j, int lane) {
+  return (k * VEC + j) * 32 + (lane ^ (j * (32 / VEC)));
+}
+
 // dx = rstd (dy g - mean(dy g) - xhat mean(dy g xhat)) (+ dres), when dx is given; each block's sums
-// of dy xhat, dy and (with dx) the stored dx per column into partial[block][3h] (warps added in
-// order: deterministic). The third is the next dense layer's bias gradient, so its output needs no
-// column-sum pass of its own; each warp keeps it in shared memory (in registers, beside the other
-// two, the kernel takes 1.7x as long).
-template <class T>
+// of dy xhat, dy and (with dx) the stored dx per column into partial[block][3h]. Lane `lane` of a
+// warp owns the row's vectors lane + 32 k (k < N) of VEC elements, and keeps its columns' three sums
+// over the warp's rows in registers; the block adds its warps' sums in warp order (deterministic).
+// The third sum is the next dense layer's bias gradient, so that output needs no column-sum pass of
+// its own.
+template <class T, int VEC, int N>
 __global__ void __launch_bounds__(kThreads) ln_bwd(const T* __restrict__ dy, const T* __restrict__ x,
                                                   const float* __restrict__ mean, const float* __restrict__ rstd,
                                                   const float* __restrict__ g, T* __restrict__ dx,
                                                   const T* __restrict__ dres, float* __restrict__ partial,
                                                   std::int64_t rows, int h) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  float pg[kMaxHidden / 32], pb[kMaxHidden / 32];
+  static_assert(N * VEC * 32 <= kMaxHidden, "a lane's vectors past the widest row");
+  using P = Pack<T, VEC>;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nvec = h / VEC;
+  float pg[N][VEC], pb[N][VEC], px[N][VEC];
 #pragma unroll
-  for (int k = 0; k < kMaxHidden / 32; ++k) pg[k] = pb[k] = 0.f;
-  __shared__ float px[kThreads / 32][kMaxHidden];
-  for (int c = lane; c < h; c += 32) px[warp][c] = 0.f;
-  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * warps + warp; r < rows; r += static_cast<std::int64_t>(gridDim.x) * warps) {
+  for (int k = 0; k < N; ++k)
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) pg[k][j] = pb[k][j] = px[k][j] = 0.f;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
+  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarps + warp; r < rows; r += stride) {
+    const T* xr = x + r * h;
+    const T* dyr = dy + r * h;
+    P xv[N], dv[N], rv[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const int v = lane + 32 * k;
+      if (v < nvec) {
+        xv[k] = gpu::load_pack<T, VEC>(xr + v * VEC);
+        dv[k] = gpu::load_pack<T, VEC>(dyr + v * VEC);
+        if (dx && dres) rv[k] = gpu::load_pack<T, VEC>(dres + r * h + v * VEC);
+      }
+    }
     const float m = mean[r], rs = rstd[r];
-    float d[kMaxHidden / 32], xh[kMaxHidden / 32];
     float m1 = 0.f, m2 = 0.f;
 #pragma unroll
-    for (int k = 0; k < kMaxHidden / 32; ++k) {
-      const int c = lane + 32 * k;
-      if (c < h) {
-        d[k] = gpu::to_float(dy[r * h + c]);
-        xh[k] = (gpu::to_float(x[r * h + c]) - m) * rs;
-        pg[k] += d[k] * xh[k], pb[k] += d[k];
-        const float dg = d[k] * g[c];
-        m1 += dg, m2 += dg * xh[k];
+    for (int k = 0; k < N; ++k) {
+      const int v = lane + 32 * k;
+      if (v < nvec) {
+        float gm[VEC];
+        gpu::load<float, VEC>(g + v * VEC, gm);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float d = to_float(dv[k].v[j]), xh = (to_float(xv[k].v[j]) - m) * rs;
+          pg[k][j] += d * xh, pb[k][j] += d;
+          const float dg = d * gm[j];
+          m1 += dg, m2 += dg * xh;
+        }
       }
     }
     if (!dx) continue;
     m1 = warp_sum(m1) / static_cast<float>(h), m2 = warp_sum(m2) / static_cast<float>(h);
 #pragma unroll
-    for (int k = 0; k < kMaxHidden / 32; ++k) {
-      const int c = lane + 32 * k;
-      if (c < h) {
-        const T v = gpu::from_float<T>(rs * (d[k] * g[c] - m1 - xh[k] * m2) + (dres ? gpu::to_float(dres[r * h + c]) : 0.f));
-        dx[r * h + c] = v;
-        px[warp][c] += gpu::to_float(v);  // the sum of what the next layer reads
+    for (int k = 0; k < N; ++k) {
+      const int v = lane + 32 * k;
+      if (v < nvec) {
+        float gm[VEC];
+        gpu::load<float, VEC>(g + v * VEC, gm);
+        P out;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float d = to_float(dv[k].v[j]), xh = (to_float(xv[k].v[j]) - m) * rs;
+          out.v[j] = gpu::from_float<T>(rs * (d * gm[j] - m1 - xh * m2) + (dres ? to_float(rv[k].v[j]) : 0.f));
+          px[k][j] += to_float(out.v[j]);  // the sum of what the next layer reads
+        }
+        *reinterpret_cast<P*>(dx + r * h + v * VEC) = out;
       }
     }
   }
-  __shared__ float acc[3 * kMaxHidden];
-  for (int c = threadIdx.x; c < 3 * h; c += blockDim.x) acc[c] = 0.f;
-  for (int w = 0; w < warps; ++w) {
-    __syncthreads();
+  // The block's sums: warp 0 stores its own, the others add theirs in warp order.
+  __shared__ float acc[3][kMaxHidden];
+  for (int w = 0; w < kWarps; ++w) {
     if (warp == w)
 #pragma unroll
-      for (int k = 0; k < kMaxHidden / 32; ++k) {
-        const int c = lane + 32 * k;
-        if (c < h) acc[c] += pg[k], acc[h + c] += pb[k], acc[2 * h + c] += px[w][c];
-      }
+      for (int k = 0; k < N; ++k)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const int i = slot<VEC>(k, j, lane);
+          acc[0][i] = (w ? acc[0][i] : 0.f) + pg[k][j];
+          acc[1][i] = (w ? acc[1][i] : 0.f) + pb[k][j];
+          acc[2][i] = (w ? acc[2][i] : 0.f) + px[k][j];
+        }
+    __syncthreads();
   }
-  __syncthreads();
-  for (int c = threadIdx.x; c < 3 * h; c += blockDim.x) partial[static_cast<std::int64_t>(blockIdx.x) * 3 * h + c] = acc[c];
+  float* out = partial + static_cast<std::int64_t>(blockIdx.x) * 3 * h;
+  for (int c = threadIdx.x; c < h; c += kThreads) {
+    const int v = c / VEC, i = slot<VEC>(v / 32, c % VEC, v % 32);
+    out[c] = acc[0][i], out[h + c] = acc[1][i], out[2 * h + c] = acc[2][i];
+  }
+}
+
+template <class T>
+using Kernel = void (*)(const T*, const T*, const float*, const float*, const float*, T*, const T*, float*, std::int64_t, int);
+
+// ln_bwd<T, VEC, N> for the smallest N of 1, 2, 3, 4, 6, 8, 16, 32 (from 8 for one element per
+// access) that holds `need` vectors per lane; at most the vectors per lane of a kMaxHidden row.
+template <class T, int VEC, int N = (VEC > 1 ? 1 : 8)>
+Kernel<T> ln_bwd_for(int need) {
+  constexpr int kMax = kMaxHidden / (32 * VEC);
+  if constexpr (N >= kMax) {
+    return ln_bwd<T, VEC, kMax>;
+  } else {
+    if (need <= N) return ln_bwd<T, VEC, N>;
+    return ln_bwd_for<T, VEC, (N < 4 ? N + 1 : N == 4 ? 6 : N == 6 ? 8 : 2 * N)>(need);
+  }
 }
 
 // T: the storage, float or bf16.
 template <class T>
 class CudaLayernormDbias final : public Plan {
+  static constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+
  public:
-  explicit CudaLayernormDbias(const Shape& s)
-      : s_(s), partial_(static_cast<std::size_t>(kBlocks) * 3 * static_cast<std::size_t>(s.hidden) * sizeof(float)) {
+  explicit CudaLayernormDbias(const Shape& s) : s_(s) {
     HOTOPS_CHECK(s.hidden <= kMaxHidden, "layernorm_dbias on CUDA: hidden must be at most 1024");
+    const int H = static_cast<int>(s.hidden);
+    vec_per_lane_ = H % kVec == 0 ? (H / kVec + 31) / 32 : 0;
+    if (vec_per_lane_) vector_ = ln_bwd_for<T, kVec>(vec_per_lane_);
+    scalar_ = ln_bwd_for<T, 1>((H + 31) / 32);
+    blocks_ = gpu::resident_blocks(vector_ ? vector_ : scalar_, kThreads, (s.rows() + kWarps - 1) / kWarps);
+    partial_ = gpu::DeviceBuffer(static_cast<std::size_t>(blocks_) * 3 * static_cast<std::size_t>(H) * sizeof(float));
   }
 
   void run(const Args& a) override {
     HOTOPS_CHECK(!a.dbias || a.dx, "layernorm_dbias: dbias is the column sums of dx, which needs dx");
     const int H = static_cast<int>(s_.hidden);
-    ln_bwd<T><<<kBlocks, kThreads, 0, gpu::stream()>>>(static_cast<const T*>(a.dy), static_cast<const T*>(a.x), a.saved_mean,
-                                                       a.saved_rstd, a.gamma, static_cast<T*>(a.dx), static_cast<const T*>(a.dres),
-                                                       partial_.as<float>(), s_.rows(), H);
+    const bool vec = vector_ && gpu::all_aligned(16, {a.x, a.dy, a.dx, a.dres, a.gamma});
+    (vec ? vector_ : scalar_)<<<blocks_, kThreads, 0, gpu::stream()>>>(
+        static_cast<const T*>(a.dy), static_cast<const T*>(a.x), a.saved_mean, a.saved_rstd, a.gamma, static_cast<T*>(a.dx),
+        static_cast<const T*>(a.dres), partial_.as<float>(), s_.rows(), H);
     HOTOPS_CHECK_LAUNCH();
     const gpu::ColOut o{H, {a.dgamma, a.dbeta, a.dbias}};
-    gpu::col_finish<kThreads><<<gpu::col_finish_blocks(3 * s_.hidden), kThreads, 0, gpu::stream()>>>(partial_.as<float>(), kBlocks,
-                                                                                                      3 * H, o);
+    gpu::col_finish<kThreads><<<gpu::col_finish_blocks(3 * s_.hidden), kThreads, 0, gpu::stream()>>>(
+        partial_.as<float>(), static_cast<int>(blocks_), 3 * H, o);
     HOTOPS_CHECK_LAUNCH();
   }
 
   std::string label() const override {
-    return "hotops kernels: LayerNorm backward a warp per row (+ dres) with per-block column sums of dy*xhat, dy, dx; col_finish";
+    const std::string access = vec_per_lane_ ? std::to_string(vec_per_lane_) + " x 16-byte vectors per lane"
+                                             : std::string("one element per access");
+    return "hotops kernels: LayerNorm backward a warp per row (+ dres), " + access + ", " + std::to_string(blocks_) +
+           " blocks of " + std::to_string(kWarps) + " warps with column sums of dy*xhat, dy, dx; col_finish";
   }
 
  private:
   Shape s_;
-  gpu::DeviceBuffer partial_;  // [kBlocks, 3H]
+  int vec_per_lane_ = 0;  // 0: H is not a multiple of 16 bytes' worth
+  Kernel<T> vector_ = nullptr;  // 16-byte vectors, where H and the tensors allow
+  Kernel<T> scalar_ = nullptr;  // one element per access: any H, any alignment
+  unsigned blocks_ = 1;
+  gpu::DeviceBuffer partial_;  // [blocks_, 3H]
 };
 
 }  // namespace

@@ -10,8 +10,9 @@
 // that reaches the LayerNorm's output is added before it by its producer, the data-gradient GEMM's
 // residual (matmul's `c`), on both backends: the op takes one dy.
 // CPU: an OpenMP loop over rows with per-thread dgamma / dbeta partials, then the column sums of dx
-// (hotops/cpu_colsum.h). CUDA: one kernel, a warp per row, that writes dx and each block's partial
-// sums of the three columns (dgamma | dbeta | dbias), then col_finish (hotops/cuda_colsum.cuh).
+// (hotops/cpu_colsum.h). CUDA: one kernel, a warp per row (16-byte vectors where H allows) over a
+// grid that fills the GPU, that writes dx and each block's partial sums of the three columns
+// (dgamma | dbeta | dbias), then col_finish (hotops/cuda_colsum.cuh).
 // Names: layernorm_dbias/<backend>/<f32|bf16>/bwd/shape:<model.layer>/batch:B/tokens:T/hidden:H/
 // eps:E/dres:<yes|no>.
 #pragma once

@@ -5,7 +5,7 @@
 //   bwd: dlogits = (sigmoid(z) − y) / n                        (stored in the dtype; upstream gradient 1)
 // The logits and dlogits are f32 or bf16; the targets and the loss are f32 in both.
 // CPU: one OpenMP loop, the loss summed in double. CUDA: fwd up to 256 blocks of 256 threads that
-// write a partial sum each, then one warp that adds them (deterministic); bwd one grid-stride kernel.
+// write a partial sum each, then one block that adds them (deterministic); bwd one grid-stride kernel.
 // Names: bce_logits/<backend>/<f32|bf16>/<fwd|bwd>/shape:<model>/batch:B/outputs:K.
 #pragma once
 #include <cstdint>

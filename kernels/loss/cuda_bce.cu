@@ -1,7 +1,7 @@
 // bce_logits on CUDA, deterministic (fixed-order sums, no atomics), on gpu::stream():
 //   fwd: 1. up to 256 blocks of 256 threads striding over the elements, each block's sum of the terms
 //           max(z, 0) − z·y + log1p(exp(−|z|)) into partial[block] (cuda_mean.cuh's block_sum_to);
-//        2. one warp: the partials' sum over n, the loss (as mse's);
+//        2. one block: the partials' sum over n, the loss (as mse's);
 //   bwd: one grid-stride kernel, dlogits = (sigmoid(z) − y) / n stored in the dtype.
 #include <cuda_bf16.h>
 
@@ -75,7 +75,7 @@ class CudaBce final : public Plan {
 
   std::string label() const override {
     const std::string blocks = std::to_string(blocks_) + (blocks_ == 1 ? " block" : " blocks");
-    return s_.dir == Direction::fwd ? "hotops kernels: BCE-with-logits loss, " + blocks + "' partial sums, one warp's mean"
+    return s_.dir == Direction::fwd ? "hotops kernels: BCE-with-logits loss, " + blocks + "' partial sums, one block's mean"
                                     : "hotops kernel: BCE-with-logits gradient, " + blocks;
   }
 

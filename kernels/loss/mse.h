@@ -3,8 +3,8 @@
 //   loss = sum (y - t)^2 / n   (f32), and   dy = 2 (y - t) / n   (stored in the dtype, f32 or bf16),
 // PyTorch's F.mse_loss(y, t) (reduction 'mean') and its backward with an upstream gradient of 1
 // (bwd only). The optimizer's step count is not the op's: a train step advances it in its AdamW launch.
-// CPU: one OpenMP loop, the sum in double. CUDA: 256 blocks that write dy and a partial sum each, then
-// one warp that adds the partials (deterministic).
+// CPU: one OpenMP loop, the sum in double. CUDA: up to kCudaMaxBlocks blocks over 16-byte vectors that
+// write dy and a partial sum each, then one block that adds the partials (deterministic).
 // Names: mse/<backend>/<f32|bf16>/bwd/shape:<model.layer>/batch:B/tokens:T/hidden:H.
 #pragma once
 #include <cstdint>
@@ -17,6 +17,10 @@
 #include "hotops/plan.h"
 
 namespace hotops::loss::mse {
+
+// The most blocks of 256 threads the CUDA kernel strides over the elements with (about one wave on an
+// H100); each thread adds its share of the loss's terms in order (mse.cpp bounds that chain).
+constexpr std::int64_t kCudaMaxBlocks = 1024;
 
 struct Shape {
   DType dtype = DType::f32;  // of y, t and dy; the loss is f32
