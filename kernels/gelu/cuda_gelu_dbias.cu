@@ -1,6 +1,6 @@
 // gelu_dbias on CUDA: one kernel computes dx = dy * gelu'(x) (erff and __expf, f32 math) and, per
-// block of 32 rows, the column sums of the stored dx; col_finish (hotops/cuda_colsum.cuh) adds those
-// partial sums into dbias. A thread takes one vector of columns down its 32 rows, loading 4 rows'
+// block of 16 rows, the column sums of the stored dx; col_finish (hotops/cuda_colsum.cuh) adds those
+// partial sums into dbias. A thread takes one vector of columns down its 16 rows, loading 4 rows'
 // vectors before it computes any (16-byte vectors where cols and the tensors allow, else 4 elements:
 // float4, or 4 bf16 in 8 bytes). Deterministic.
 #include <cuda_bf16.h>
@@ -19,7 +19,7 @@ namespace hotops::gelu::dbias {
 namespace {
 
 constexpr unsigned kThreads = 128;  // vectors of columns per block
-constexpr int kRows = 32;           // rows per block (and per partial sum)
+constexpr int kRows = 16;           // rows per block (and per partial sum): BERT's 4096 rows fill the GPU
 constexpr int kBatch = 4;           // rows whose loads a thread has in flight together
 constexpr unsigned kFinishThreads = 256;
 
@@ -75,7 +75,7 @@ class CudaGeluDbias final : public Plan {
   explicit CudaGeluDbias(const Shape& s)
       : s_(s), splits_((s.rows + kRows - 1) / kRows), partial_(static_cast<std::size_t>(splits_ * s.cols) * sizeof(float)) {
     HOTOPS_CHECK(s.cols % 4 == 0 && s.cols <= (std::int64_t{1} << 30), "gelu_dbias on CUDA: cols must be a multiple of 4");
-    HOTOPS_CHECK(splits_ <= 65535, "gelu_dbias on CUDA: at most 65535 x 32 rows");
+    HOTOPS_CHECK(splits_ <= 65535, "gelu_dbias on CUDA: at most 65535 x 16 rows");
   }
 
   void run(const Args& a) override {
@@ -90,7 +90,7 @@ class CudaGeluDbias final : public Plan {
   }
 
   std::string label() const override {
-    return std::string("hotops kernels: GELU (erf) backward with per-32-row column sums, ") +
+    return std::string("hotops kernels: GELU (erf) backward with per-16-row column sums, ") +
            (s_.cols % kWide == 0 ? "16-byte" : "4-element") + " vectors, 4 rows in flight a thread; col_finish";
   }
 
