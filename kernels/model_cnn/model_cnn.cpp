@@ -5,8 +5,10 @@
 // one variant arg: threads:T (CPU, T OpenMP threads), e2e:1 (CUDA, host time of the step with the
 // images and labels copied from pageable host memory and the loss or logits copied back), graph:1
 // (CUDA train, as e2e with the device part replayed as one CUDA graph captured at setup). Without a
-// variant arg a CUDA step is device time, the batch already on the device. bf16 is mixed precision as
-// torch.autocast runs it (model_cnn.h); every problem exists in both dtypes.
+// variant arg a CUDA step is device time, the batch already on the device. gpus:G (CUDA train,
+// vgg_cifar and cnn_mnist): the data-parallel step over G GPUs, batch per GPU
+// (kernels/models/data_parallel.h). bf16 is mixed precision as torch.autocast runs it (model_cnn.h);
+// every problem exists in both dtypes.
 #include "kernels/model_cnn/model_cnn.h"
 
 #include <algorithm>

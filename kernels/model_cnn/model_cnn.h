@@ -3,7 +3,8 @@
 // (batchnorm_relu_maxpool, batchnorm_relu), matmul and maxpool families' plans + OpenMP loops on the CPU; cuDNN convolutions,
 // cublasLt GEMMs, hand-written fused kernels for batch normalization, ReLU, max-pooling and dropout,
 // the models family's softmax cross-entropy and flat AdamW on CUDA. The architectures, layouts,
-// directions, bf16 mixed precision and the fixed dropout masks: docs/models.md, "The convnets".
+// directions, bf16 mixed precision and the fixed dropout masks: docs/models.md, "The convnets"; the
+// data-parallel train steps of the convnets without batch normalization: docs/scaling.md.
 #pragma once
 #include <cstddef>
 #include <cstdint>
