@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -409,6 +411,44 @@ TEST(BatchnormReluMaxpool, PlanRunsOnTheTensorsItIsGivenEachRun) {
         const std::string what = std::string(direction_name(d)) + (bn ? " bn" : " bias") + " layouts " + std::to_string(layouts);
         plan_test::expect_each_run_on_its_own_tensors(*plan, args_of, check, what);
       }
+}
+
+// The latter half of a batch's tensor (its samples N/2 ..).
+HostBuffer latter_half(const HostBuffer& b) {
+  HostBuffer h(b.dtype(), b.count() / 2);
+  std::memcpy(h.data(), static_cast<const std::byte*>(b.data()) + (b.bytes() - h.bytes()), h.bytes());
+  return h;
+}
+
+// A shard of a batch (a data-parallel replica's) run with first_sample at its position draws the
+// dropout masks its samples have in the whole batch: without batch norm (each sample on its own), the
+// latter half of 4 samples run alone gives the whole run's latter half, forward and backward, bitwise;
+// from sample 0 it draws other masks.
+TEST(BatchnormReluMaxpool, ShardDrawsTheMasksOfItsPositionInTheBatch) {
+  for (Direction d : {Direction::fwd, Direction::bwd}) {
+    Shape whole = fused(d, DType::f32, false);
+    whole.N = 4;
+    Shape half = whole;
+    half.N = 2;
+    Inputs in = make_inputs(whole, 7);
+    Outputs out = make_outputs(whole);
+    make_plan(whole, Backend::cpu)->run(host_args(whole, in, out));
+    const HostBuffer& full = d == Direction::fwd ? out.out : out.dz;
+    Inputs shard = in;  // the period stays the whole batch's
+    shard.z = latter_half(in.z);
+    if (d == Direction::bwd) shard.dout = latter_half(in.dout), shard.arg = latter_half(in.arg);
+    const auto plan = make_plan(half, Backend::cpu);
+    for (std::int64_t first : {2, 0}) {
+      Outputs o = make_outputs(half);
+      Args a = host_args(half, shard, o);
+      a.first_sample = first;
+      plan->run(a);
+      const HostBuffer& mine = d == Direction::fwd ? o.out : o.dz;
+      const HostBuffer want = latter_half(full);
+      const bool same = std::memcmp(mine.data(), want.data(), want.bytes()) == 0;
+      EXPECT_EQ(same, first == 2) << direction_name(d) << " first_sample " << first;
+    }
+  }
 }
 
 // cpu_activation gives relu(z scale + shift) of every element, as the reference's pre() has it, from

@@ -650,14 +650,16 @@ void expect_collectives_on(int gpus) {
 TEST(BenchSmoke, CudaCollectivesOnTwoGpus) { expect_collectives_on(2); }
 TEST(BenchSmoke, CudaCollectivesOnFourGpus) { expect_collectives_on(4); }
 
-// bench --hotops_gpus=G: data-parallel train steps (the small models and the BERT layer) beside their
-// single-GPU entries, every one verified (the replicas bitwise alike, one step over the global batch
-// against the reference), samples/s over the G GPUs' samples, the per-op breakdown with the
-// all-reduce's wait. Skipped, with bench's own line, where the machine has fewer GPUs or no NCCL.
+// bench --hotops_gpus=G: data-parallel train steps (the small models, the BERT layer and the VGG-like
+// convnet, whose replicas after rank 0 draw the dropout masks of their samples' global positions)
+// beside their single-GPU entries, every one verified (the replicas bitwise alike, one step over the
+// global batch against the reference), samples/s over the G GPUs' samples, the per-op breakdown with
+// the all-reduce's wait. Skipped, with bench's own line, where the machine has fewer GPUs or no NCCL.
 void expect_data_parallel_on(int gpus) {
   const std::string g = std::to_string(gpus);
   const GpusRun on = run_on_gpus(gpus, "'^model[.](mlp_tiny/cuda/(f32|bf16)/train/batch:64|mlp_mnist/cuda/(f32|bf16)/train/batch:128|"
-                                        "bert_layer/cuda/(f32|bf16)/train/batch:8)(/gpus:" + g + ")?/manual_time$'");
+                                        "bert_layer/cuda/(f32|bf16)/train/batch:8|vgg_cifar/cuda/(f32|bf16)/train/batch:32)(/gpus:" + g +
+                                        ")?/manual_time$'");
   if (lacks_gpus_or_nccl(on.result)) GTEST_SKIP() << "needs " << gpus << " GPUs and NCCL: " << on.result.output;
   ASSERT_EQ(on.result.exit_code, 0) << on.result.output;
   const nlohmann::json& j = on.json;
@@ -676,8 +678,8 @@ void expect_data_parallel_on(int gpus) {
     EXPECT_TRUE(b.contains("breakdown:allreduce")) << name;
     EXPECT_FALSE(b.contains("flop_fraction")) << name;
   }
-  EXPECT_EQ(entries, 12) << "3 models x 2 dtypes x (one GPU, " << g << " GPUs)";
-  EXPECT_EQ(parallel, 6);
+  EXPECT_EQ(entries, 16) << "4 models x 2 dtypes x (one GPU, " << g << " GPUs)";
+  EXPECT_EQ(parallel, 8);
 }
 
 TEST(BenchSmoke, CudaDataParallelStepsOnTwoGpus) { expect_data_parallel_on(2); }

@@ -1,6 +1,6 @@
 // The model_cnn family: parameter counts against the studies' tables, names and work, the reference's
-// gradients against finite differences, verification failing on planted errors, and the tiny models
-// learning their task.
+// gradients against finite differences, verification failing on planted errors, the tiny models
+// learning their task, and the data-parallel steps.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include "hotops/gpu.h"
 #include "test/model_test_util.h"
 #include "kernels/model_cnn/model_cnn.h"
+#include "kernels/models/models.h"
 
 namespace hotops::model_cnn {
 namespace {
@@ -265,6 +266,65 @@ TEST(ModelCnnCpu, OwnLayoutsVerify) {
     const bool own = label.find("; the conv and pool layers in the layouts oneDNN picked, NHWC at the flatten;") != std::string::npos;
     const bool nhwc = label.find("; NHWC;") != std::string::npos;
     EXPECT_TRUE(own != nhwc) << label;
+  }
+}
+
+// ---- data-parallel train steps (gpus:G; kernels/models/data_parallel.h) ----
+
+Problem data_parallel(const std::string& arch, std::int64_t batch, int gpus, DType t = DType::f32) {
+  return model_test::model_problem(arch, Backend::cuda, Direction::train, batch, "gpus", gpus, t);
+}
+
+// vgg_cifar and cnn_mnist have data-parallel steps at their train batches (per GPU), G = 2, 4, 8, in
+// both dtypes, doing G times one GPU's work; keras_cnn, with batch normalization, has none, and a
+// problem of it says why; the tests' gpus:1 steps are the tiny architectures'.
+TEST(ModelCnnDataParallel, NamesWorkAndTheBatchNormalizedModel) {
+  std::vector<std::string> names;
+  for (const Problem& p : family().benchmark_problems({})) names.push_back(p.name());
+  for (const char* arch : {"vgg_cifar", "cnn_mnist"})
+    for (std::int64_t b : arch_named(arch).batches)
+      for (int g : {2, 4, 8})
+        for (const char* t : {"f32", "bf16"}) {
+          const std::string n = std::string("model.") + arch + "/cuda/" + t + "/train/batch:" + std::to_string(b) + "/gpus:" + std::to_string(g);
+          EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+        }
+  EXPECT_EQ(std::count_if(names.begin(), names.end(), [](const std::string& n) { return n.find("/gpus:") != std::string::npos; }),
+            2 * 3 * 3 * 2);
+  for (const std::string& n : names) EXPECT_FALSE(n.find("keras_cnn") != std::string::npos && n.find("/gpus:") != std::string::npos) << n;
+  const std::string why = family().unsupported_reason(data_parallel("keras_cnn", 16, 2));
+  EXPECT_NE(why.find("batch normalization"), std::string::npos) << why;
+  EXPECT_FALSE(data_parallel_arch_reason(arch_named("keras_test")).empty());
+  EXPECT_TRUE(data_parallel_arch_reason(arch_named("vgg_cifar")).empty());
+
+  const Problem dp = data_parallel("vgg_cifar", 128, 4);
+  EXPECT_EQ(shape_of(dp).gpus, 4);
+  EXPECT_EQ(shape_of(dp).batch, 128);
+  const Work one = family().work(problem("vgg_cifar", Backend::cuda, Direction::train, 128)), all = family().work(dp);
+  EXPECT_DOUBLE_EQ(all.items, 4 * 128);
+  EXPECT_DOUBLE_EQ(all.flops, 4 * one.flops);
+  EXPECT_DOUBLE_EQ(all.bytes, 4 * one.bytes);
+  // The seed (the images, the parameters and the dropout keys) is the single-GPU step's at G x B.
+  EXPECT_EQ(models::step_seed(dp), models::step_seed(problem("vgg_cifar", Backend::cuda, Direction::train, 512)));
+  // gpus:G is a CUDA train step.
+  EXPECT_THROW(shape_of(model_test::model_problem("vgg_cifar", Backend::cpu, Direction::train, 8, "gpus", 2)), Error);
+
+  std::vector<std::string> tests;
+  for (const Problem& p : family().test_problems())
+    if (p.has("gpus")) tests.push_back(p.name());
+  for (const char* n : {"model.vgg_test/cuda/f32/train/batch:5/gpus:1", "model.mnist_test/cuda/bf16/train/batch:4/gpus:1"})
+    EXPECT_NE(std::find(tests.begin(), tests.end(), n), tests.end()) << n;
+}
+
+// gpus:1 (a communicator of this process alone): the data-parallel step verified against the
+// reference at its global batch, its dropout masks included; vgg_cifar's and cnn_mnist's gradients in
+// two buckets (the dense layers', then the conv layers'), the tiny architectures' in one.
+TEST(ModelCnnDataParallel, OneGpuBucketsAndVerifiesCuda) {
+  model_test::expect_one_gpu_data_parallel(family(), problem("vgg_cifar", Backend::cuda, Direction::train, 4), "in 2 buckets");
+  model_test::expect_one_gpu_data_parallel(family(), problem("cnn_mnist", Backend::cuda, Direction::train, 4, DType::bf16),
+                                           "in 2 buckets");
+  for (DType t : {DType::f32, DType::bf16}) {
+    model_test::expect_one_gpu_data_parallel(family(), problem("vgg_test", Backend::cuda, Direction::train, 5, t), "in 1 bucket ");
+    model_test::expect_one_gpu_data_parallel(family(), problem("mnist_test", Backend::cuda, Direction::train, 4, t), "in 1 bucket ");
   }
 }
 

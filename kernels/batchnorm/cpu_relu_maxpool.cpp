@@ -245,7 +245,7 @@ class CpuReluMaxpool final : public Plan {
  private:
   float drop(const Args& a, std::int64_t n, std::int64_t e) const {
     if (!s_.drops()) return 1.f;
-    const auto hi = static_cast<std::uint32_t>(n % *a.period);
+    const auto hi = static_cast<std::uint32_t>((a.first_sample + n) % *a.period);
     return pointwise::dropout_keep(s_.key, static_cast<std::uint32_t>(e), hi) ? s_.key.scale : 0.f;
   }
 
@@ -325,7 +325,7 @@ class CpuReluMaxpool final : public Plan {
     const T* z = static_cast<const T*>(a.z);
     T* out = static_cast<T*>(a.out);
     const std::int64_t C = s_.C, k = s_.k, H = s_.H, W = s_.W, PH = s_.PH(), PW = s_.PW(), rows = s_.N * PH * PW;
-    const std::int64_t period = s_.drops() ? *a.period : 1;
+    const std::int64_t period = s_.drops() ? *a.period : 1, first = a.first_sample;
     const pointwise::DropoutKey* key = s_.drops() ? &s_.key : nullptr;
 #pragma omp parallel
     {
@@ -336,7 +336,7 @@ class CpuReluMaxpool final : public Plan {
         const std::int64_t pw = r % PW, ph = (r / PW) % PH, n = r / (PW * PH);
         std::uint8_t* arg = s_.pool ? a.arg + r * C : at.data();
         kernel::Rows<T>::pool(z + ((n * H + ph * k) * W + pw * k) * C, k, W * C, C, a.scale, a.shift, key,
-                              static_cast<std::uint32_t>((ph * PW + pw) * C), static_cast<std::uint32_t>(n % period), out + r * C, arg,
+                              static_cast<std::uint32_t>((ph * PW + pw) * C), static_cast<std::uint32_t>((first + n) % period), out + r * C, arg,
                               best.data());
       }
     }
@@ -351,7 +351,7 @@ class CpuReluMaxpool final : public Plan {
     const T* dout = static_cast<const T*>(a.dout);
     const std::int64_t C = s_.C, k = s_.k, H = s_.H, W = s_.W, PH = s_.PH(), PW = s_.PW();
     const bool drops = s_.drops(), bn = s_.bn, pool = s_.pool;
-    const std::int64_t period = drops ? *a.period : 1;
+    const std::int64_t period = drops ? *a.period : 1, first = a.first_sample;
     const pointwise::DropoutKey key = s_.key;
     const float* __restrict sc = a.scale;
     const float* __restrict sh = a.shift;
@@ -368,7 +368,7 @@ class CpuReluMaxpool final : public Plan {
         const std::int64_t pw = r % PW, ph = (r / PW) % PH, n = r / (PW * PH), rows = std::min(r1 - r, PW - pw);
         kernel::Rows<T>::grad(z + ((n * H + ph * k) * W + pw * k) * C, pool ? arg + r * C : nullptr, k, W * C, C, sc, sh, mb, rstd,
                               dout + r * C, kp, static_cast<std::uint32_t>((ph * PW + pw) * C),
-                              static_cast<std::uint32_t>(n % period), gd + r * C, x1, x2, rows, zw.data());
+                              static_cast<std::uint32_t>((first + n) % period), gd + r * C, x1, x2, rows, zw.data());
         r += rows;
       }
     });

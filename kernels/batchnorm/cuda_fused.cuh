@@ -47,15 +47,23 @@ __device__ inline void store4(bf16* p, std::int64_t i, float4 v) {
   reinterpret_cast<uint2*>(p)[i] = u;
 }
 
-__device__ inline bool keep(const pointwise::DropoutKey& k, std::int64_t e, std::int64_t b, int period) {
-  return pointwise::dropout_keep(k, static_cast<std::uint32_t>(e), static_cast<std::uint32_t>(b % period));
+// The samples the masks are drawn for: sample b of the kernel's batch draws that of sample
+// (first + b) % period.
+struct MaskPeriod {
+  int period;
+  std::int64_t first;
+};
+__device__ inline bool keep(const pointwise::DropoutKey& k, std::int64_t e, std::int64_t b, MaskPeriod mp) {
+  return pointwise::dropout_keep(k, static_cast<std::uint32_t>(e), static_cast<std::uint32_t>((mp.first + b) % mp.period));
 }
 
-// A dropout after a pool or a dense layer: element e of sample b kept when keep(key, e, b, *period).
+// A dropout after a pool or a dense layer: element e of sample b kept when keep(key, e, b, mask_period()).
 struct Drop {
   pointwise::DropoutKey key;
   const int* period;  // device: the mask period (the batch, or a verification's period)
   bool on;
+  std::int64_t first = 0;  // Args::first_sample
+  __device__ MaskPeriod mask_period() const { return {on ? *period : 1, first}; }
 };
 
 // A conv layer's output z [n, P, Q, C] and its k x k pool (stride k) to [n, PH, PW, C].

@@ -34,7 +34,7 @@ __global__ void act_nchw(const T* __restrict__ z, const float* __restrict__ scal
 template <class T>
 __global__ void act_pool_nchw(const T* __restrict__ z, const float* __restrict__ scale, const float* __restrict__ shift, T* __restrict__ p,
                               unsigned char* __restrict__ arg, std::int64_t n, PoolGeom g, Drop drop, bool out_nhwc) {
-  const int period = drop.on ? *drop.period : 1;
+  const MaskPeriod period = drop.mask_period();
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const int pw = static_cast<int>(i % g.PW);
     std::int64_t rest = i / g.PW;
@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kThreads) reduce_nchw(const T* __restrict__ d,
                                                         Drop drop, bool d_nhwc, float* __restrict__ partial) {
   const int c = blockIdx.x, C = g.C, j = blockIdx.y, nb = gridDim.y, zplane = g.P * g.Q;
   const int plane = M == Sum::pooled ? g.PH * g.PW : zplane;
-  const int period = drop.on ? *drop.period : 1;
+  const MaskPeriod period = drop.mask_period();
   const float s = M == Sum::stats ? 0.f : scale[c], t = M == Sum::stats ? 0.f : shift[c];
   const float m = mean ? mean[c] : 0.f, rs = rstd ? rstd[c] : 0.f;
   const float K = M == Sum::stats ? as_float(z[static_cast<std::int64_t>(c) * zplane]) : 0.f;
@@ -118,7 +118,7 @@ template <bool Pooled, class T>
 __global__ void dz_nchw(const T* __restrict__ d, const unsigned char* __restrict__ arg, const T* __restrict__ z, const float* __restrict__ scale,
                         const float* __restrict__ shift, const float* __restrict__ coef, const float* __restrict__ mean, const float* __restrict__ rstd,
                         T* __restrict__ dz, std::int64_t n, PoolGeom g, Drop drop, bool d_nhwc) {
-  const int period = drop.on ? *drop.period : 1;
+  const MaskPeriod period = drop.mask_period();
   const int C = g.C, plane = g.P * g.Q;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const int c = static_cast<int>((i / plane) % C);

@@ -103,7 +103,7 @@ __global__ void affine_prep(int C, const float* __restrict__ bias, const float* 
 template <class T>
 __global__ void act_pool(const T* __restrict__ z, const float4* __restrict__ scale, const float4* __restrict__ shift, T* __restrict__ p,
                          uchar4* __restrict__ arg, std::int64_t n4, PoolGeom g, Drop drop) {
-  const int period = drop.on ? *drop.period : 1;
+  const MaskPeriod period = drop.mask_period();
   const int C4 = g.C / 4;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const int c4 = static_cast<int>(i % C4);
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kThreads) reduce_pool(const T* __restrict__ dp
                                                         const float* __restrict__ mean, const float* __restrict__ rstd, std::int64_t rows,
                                                         PoolGeom g, Drop drop, float* __restrict__ partial) {
   const int C = g.C, tpr = C / 4, rpi = blockDim.x / tpr, c4 = threadIdx.x % tpr, r0 = threadIdx.x / tpr;
-  const int period = drop.on ? *drop.period : 1;
+  const MaskPeriod period = drop.mask_period();
   float4 s1 = make_float4(0, 0, 0, 0), s2 = s1;
   if (r0 < rpi)
     for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * rpi + r0; r < rows; r += static_cast<std::int64_t>(gridDim.x) * rpi) {
@@ -194,7 +194,7 @@ template <class T>
 __global__ void dz_pool(const T* __restrict__ dp, const uchar4* __restrict__ arg, const T* __restrict__ z, const float4* __restrict__ scale,
                         const float4* __restrict__ shift, const float* __restrict__ coef, const float4* __restrict__ mean,
                         const float4* __restrict__ rstd, T* __restrict__ dz, std::int64_t n4, PoolGeom g, Drop drop) {
-  const int period = drop.on ? *drop.period : 1;
+  const MaskPeriod period = drop.mask_period();
   const int C = g.C, C4 = C / 4;
   const float4* A = reinterpret_cast<const float4*>(coef);
   const float4* B0 = reinterpret_cast<const float4*>(coef + C);
@@ -242,7 +242,7 @@ __global__ void dz_pool(const T* __restrict__ dp, const uchar4* __restrict__ arg
 template <class T, class O>
 __global__ void act(const T* __restrict__ z, const float4* __restrict__ scale, const float4* __restrict__ shift, O* __restrict__ a,
                     std::int64_t n4, int C4, Drop drop, std::int64_t per4) {
-  const int period = drop.on ? *drop.period : 1;
+  const MaskPeriod period = drop.mask_period();
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const int c4 = static_cast<int>(i % C4);
     const float4 v = load4(z, i), s = scale[c4], t = shift[c4];
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(kThreads) reduce_dense(const T* __restrict__ d
                                                          const float4* __restrict__ rstd, std::int64_t rows, int C, Drop drop,
                                                          std::int64_t per4, float* __restrict__ partial) {
   const int tpr = C / 4, rpi = blockDim.x / tpr, c4 = threadIdx.x % tpr, r0 = threadIdx.x / tpr;
-  const int period = drop.on ? *drop.period : 1;
+  const MaskPeriod period = drop.mask_period();
   float4 s1 = make_float4(0, 0, 0, 0), s2 = s1;
   if (r0 < rpi) {
     const float4 s = scale[c4], t = shift[c4];
@@ -290,7 +290,7 @@ template <class T>
 __global__ void dz_dense(const T* __restrict__ da, const T* __restrict__ z, const float4* __restrict__ scale, const float4* __restrict__ shift,
                          const float* __restrict__ coef, const float4* __restrict__ mean, const float4* __restrict__ rstd,
                          T* __restrict__ dz, std::int64_t n4, int C, Drop drop, std::int64_t per4) {
-  const int period = drop.on ? *drop.period : 1;
+  const MaskPeriod period = drop.mask_period();
   const int C4 = C / 4;
   const float4* A = reinterpret_cast<const float4*>(coef);
   const float4* B0 = reinterpret_cast<const float4*>(coef + C);
@@ -397,7 +397,7 @@ class CudaReluMaxpool final : public Plan {
   }
 
  private:
-  Drop drop(const Args& a) const { return Drop{s_.key, a.period, s_.drops()}; }
+  Drop drop(const Args& a) const { return Drop{s_.key, a.period, s_.drops(), a.first_sample}; }
   bool nchw() const { return s_.layout == Layout::nchw; }
   bool pooled_nhwc() const { return s_.pooled_layout == Layout::nhwc; }
 

@@ -116,7 +116,9 @@ struct Args {
   const float* bias = nullptr;        // fwd, infer: the conv's bias (the running mean is of z + bias)
   float* running_mean = nullptr;      // bn: fwd updated in place; infer read
   float* running_var = nullptr;       // bn: fwd updated in place (the unbiased batch variance); infer read
-  const int* period = nullptr;        // dropout: sample n draws the mask of sample n % *period
+  const int* period = nullptr;        // dropout: sample n draws the mask of sample (first_sample + n) % *period
+  std::int64_t first_sample = 0;      // dropout: the position of sample 0 in the batch the masks are drawn for
+                                      // (a data-parallel replica's shard of a global batch: rank x its batch)
   void* out = nullptr;                // fwd, infer
   std::uint8_t* arg = nullptr;        // pool: fwd, infer written (r * k + t in the window); bwd read
   float* scale = nullptr;             // fwd, infer written; bwd read

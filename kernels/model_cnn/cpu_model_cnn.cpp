@@ -192,11 +192,11 @@ class CpuCnn final : public ModelCase {
 
   std::string label() const override {
     cpu::ThreadScope scope(threads_);  // the plans' labels count the threads their runs get
-    const char* bf16 = !s_.bf16()   ? ""
+    const char* precision = !s_.bf16() ? ""
                        : s_.train() ? "bf16 autocast (the AdamW step writes the dense layers' bf16 copy of the f32 master weights, the "
                                       "convolutions cast theirs; bf16 activations, f32 accumulation); "
                                     : "bf16 autocast (f32 master weights cast each step; bf16 activations, f32 accumulation); ";
-    std::string l = std::string(bf16) +
+    std::string l = std::string(precision) +
                     "oneDNN convolution (" + conv_impl_ + ")";
     const std::string dense = "; dense: " + dense1_->label() + (w1_cast_ ? " (W1 cast: " + w1_cast_->label() + ")" : "");
     if (s_.train())

@@ -22,6 +22,7 @@
 #include "kernels/matmul/matmul.h"
 #include "kernels/model_cnn/model_cnn.h"
 #include "kernels/models/cuda_step.cuh"
+#include "kernels/models/data_parallel.h"
 
 namespace hotops::model_cnn {
 namespace {
@@ -68,6 +69,15 @@ __global__ void filter_layout(const In* __restrict__ in, Out* __restrict__ out, 
     else out[i] = narrow<Out>(widen(in[krsc]));
   }
 }
+
+// A data-parallel replica's shard of the start (models::BatchReplica): its images (`per_image`
+// elements each) and their labels.
+struct ImagesLabelsShard {
+  void operator()(State& out, const State& global, std::size_t per_image, const models::Replica& r, std::int64_t batch) const {
+    out.x = models::shard(global.x, per_image, r, batch);
+    out.labels = models::shard(global.labels, 1, r, batch);
+  }
+};
 
 // The layout of a case's activations (CudaLayout). `measured`, on the H100 (docs/models.md has the
 // figures): bf16 NHWC, where cuDNN's bf16 tensor-core kernels are (faster in 7 of the 9 verified
@@ -183,13 +193,19 @@ class CudaCnn final : public ModelCase {
       logits_host_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * C));
     }
     if (s_.train()) hint_ = floats(B * std::max(max_out, Hd));
+    if (s_.gpus) {  // data parallel: this rank's shard of the global batch, and the all-reduce
+      const std::string why = data_parallel_arch_reason(a);
+      HOTOPS_CHECK(why.empty(), why);
+      replicas_.start(p, s_, static_cast<std::size_t>(a.H * a.W * a.C),
+                      [&](const Shape& g) { return make_state(g, l_, models::step_seed(p)); }, seeded_, grads_.as<float>(), l_.total);
+    }
     plan_convs();
     plan_gemms();
     plan_layers();
     // One step outside any capture first (lazy library state), then back to the seeded start.
     device_step();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-    restore(seeded_, B);
+    restore(seeded_, mask_period(false));
     if (s_.variant == Variant::graph) {
       std::string why;
       if (!graph_.capture([this] { device_step(); }, &why)) throw Error("model_cnn: the step could not be captured into a CUDA graph: " + why, ErrorKind::unsupported);
@@ -221,8 +237,9 @@ class CudaCnn final : public ModelCase {
   }
 
   Check verify() override {
-    const State start = verification_state(s_, seeded_);
-    restore(start, verify_period(s_));
+    State global_start;  // data parallel: the global batch's, of which this rank runs its shard
+    const State start = replicas_.verification_start(s_, seeded_, verification_state, &global_start);
+    restore(start, mask_period(true));
     logits_.poison();
     if (s_.train())
       for (const auto& [at, n] : l_.tensors) HOTOPS_CHECK_CUDA(cudaMemset(grads_.as<float>() + at, 0xff, n * sizeof(float)));
@@ -245,20 +262,19 @@ class CudaCnn final : public ModelCase {
       // kernels compute them (for the reference's ties; bf16's stored ones would add ties of their own).
       for (std::size_t i = 0; i < s_.convs.size(); ++i) {
         const ConvLayer& c = s_.convs[i];
-        HostBuffer h(DType::f32, static_cast<std::size_t>(B * c.out_count()));
         launch_conv_act(layers_[i].z.template as<const Act>(), layers_[i], c, hint_.as<float>());
-        gpu::copy(h.data(), hint_.get(), h.bytes(), cudaMemcpyDeviceToHost);
-        o.relu.push_back(nchw_ ? nhwc_to_nchw(h, B, c.P, c.Q, c.K, true) : std::move(h));
+        o.relu.push_back(hint_samples(c.P, c.Q, c.K));
       }
       launch_act(hidden_.z.template as<const Act>(), hidden_, s_.arch.hidden, hint_.as<float>(), B * s_.arch.hidden, Drop{});
-      o.hidden = HostBuffer(DType::f32, static_cast<std::size_t>(B * s_.arch.hidden));
-      gpu::copy(o.hidden.data(), hint_.get(), o.hidden.bytes(), cudaMemcpyDeviceToHost);
+      o.hidden = hint_samples(1, 1, s_.arch.hidden);
     }
-    Check c = verify_outcome(s_, l_, keys_, start, o);
+    Check c = replicas_.check(s_, start, global_start, o, [&](const Shape& sh, const State& st, const Outcome& out) {
+      return verify_outcome(sh, l_, keys_, st, out);
+    });
     if (s_.train()) {
       c.merge(adamw::check_device_step(state_.as<const StepState>(), 1), "step");
     }
-    restore(seeded_, B);
+    restore(seeded_, mask_period(false));
     return c;
   }
 
@@ -276,9 +292,13 @@ class CudaCnn final : public ModelCase {
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the images (and labels), launches, D2H, sync";
     if (s_.variant == Variant::graph) l += "; graph: pageable H2D of images and labels, 1 CUDA graph, D2H loss, sync";
     if (s_.variant == Variant::plain && !capturable_) l += "; not graph-capturable (capture failed at setup): launched one by one";
+    if (replicas_.sync) l += replicas_.sync->label();
     return l;
   }
 
+  void align() override {
+    if (replicas_.sync) replicas_.sync->align();
+  }
   bool host_timed() const override { return s_.variant != Variant::plain; }
   bool capturable() const override { return s_.variant == Variant::plain && capturable_; }
 
@@ -435,6 +455,30 @@ class CudaCnn final : public ModelCase {
     dense1_dx_ = dense_plan(matmul::Op::mm, Direction::bwd_data, F, Hd);
   }
 
+  // The dropout masks' sample period: the batch (a data-parallel step's global batch, of which this
+  // rank's samples are those from first_sample on), or verification's periodic batch's.
+  std::int64_t mask_period(bool verifying) const {
+    const Shape& whole = replicas_.sync ? replicas_.global : s_;
+    return verifying ? verify_period(whole) : whole.batch;
+  }
+
+  // Verification's post-ReLU activations of a layer (P x Q x K a sample, its layout) from hint_, NHWC on
+  // the host: the step's batch; for a data-parallel step the global batch's first verify_period
+  // samples, all the reference reads, gathered from the ranks.
+  HostBuffer hint_samples(std::int64_t P, std::int64_t Q, std::int64_t K) const {
+    const auto per = static_cast<std::size_t>(P * Q * K);
+    std::int64_t n = s_.batch;
+    HostBuffer h;
+    if (replicas_.sync) {
+      n = verify_period(replicas_.global);
+      h = models::leading_samples(*replicas_.sync, replicas_.replica, hint_.get(), DType::f32, per, s_.batch, n);
+    } else {
+      h = HostBuffer(DType::f32, per * static_cast<std::size_t>(n));
+      gpu::copy(h.data(), hint_.get(), h.bytes(), cudaMemcpyDeviceToHost);
+    }
+    return nchw_ ? nhwc_to_nchw(h, n, P, Q, K, true) : h;
+  }
+
   void set_period(std::int64_t p) {
     const int v = static_cast<int>(p);
     gpu::copy(period_.get(), &v, sizeof v, cudaMemcpyHostToDevice);
@@ -483,6 +527,7 @@ class CudaCnn final : public ModelCase {
     relu_maxpool::Args a;
     a.z = lb.z.get();
     a.period = period_.as<const int>();
+    a.first_sample = replicas_.first_sample(s_.batch);
     if (!hidden && s_.convs[i].pool) a.arg = lb.arg.as<std::uint8_t>();
     a.scale = lb.scale(), a.shift = lb.shift(K), a.mean = lb.mean(K), a.rstd = lb.rstd(K);
     if (s_.arch.bn) a.gamma = P + ly.gamma;
@@ -538,6 +583,7 @@ class CudaCnn final : public ModelCase {
     fused_bwd_.back()->run(layer_args(s_.convs.size(), dhd_.as<const Act>(), dh_.as<Act>()));
     trace::op("mm");
     dense1_dw_->run({flat, nullptr, nullptr, dh_.get(), G + l_.dense1.w, nullptr});
+    models::grads_ready(replicas_.sync, l_.dense1.w);  // the dense layers' are final
     dense1_dx_->run({nullptr, dense_param(l_.dense1.w), nullptr, dh_.get(), dflat_.get(), nullptr});
     for (std::size_t i = s_.convs.size(); i-- > 0;) {
       const ConvLayer& c = s_.convs[i];
@@ -547,6 +593,7 @@ class CudaCnn final : public ModelCase {
       trace::op("conv2d_bwd_weight");
       cp.filter->run({input_of(i), nullptr, nullptr, dz_.get(), dwcopy_ ? dwk_.get() : static_cast<void*>(G + l_.conv[i].w), nullptr});
       if (dwcopy_) launch_filter_layout(i, true);
+      models::grads_ready(replicas_.sync, l_.conv[i].w);  // this layer's and every later layer's are final
       if (i > 0) trace::op("conv2d_bwd_data");
       if (i > 0 && cp.flip) {  // dz convolved with the flipped filter, into dx
         launch_flip(P + l_.conv[i].w, cp, c);
@@ -555,10 +602,8 @@ class CudaCnn final : public ModelCase {
         cp.data->run({nullptr, weights(i), nullptr, dz_.get(), d_input(i), nullptr});
       }
     }
-    trace::op("adamw");
-    adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-                     kBf16 ? low_.as<std::uint16_t>() : nullptr, static_cast<std::int64_t>(l_.total), state_.as<StepState>(), nullptr,
-                     st, 4096);
+    models::adamw_step(replicas_.sync, params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
+                       kBf16 ? low_.as<std::uint16_t>() : nullptr, l_.total, state_.as<StepState>(), nullptr, 4096);
   }
 
   void restore(const State& st, std::int64_t period) {
@@ -606,6 +651,7 @@ class CudaCnn final : public ModelCase {
   float loss_host_ = 0;
   bool capturable_ = false;
   gpu::StepGraph graph_;  // graph:1
+  models::BatchReplica<Shape, State, ImagesLabelsShard> replicas_;  // gpus:G (data parallel)
 };
 
 }  // namespace

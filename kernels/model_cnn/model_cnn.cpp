@@ -5,8 +5,10 @@
 // one variant arg: threads:T (CPU, T OpenMP threads), e2e:1 (CUDA, host time of the step with the
 // images and labels copied from pageable host memory and the loss or logits copied back), graph:1
 // (CUDA train, as e2e with the device part replayed as one CUDA graph captured at setup). Without a
-// variant arg a CUDA step is device time, the batch already on the device. bf16 is mixed precision as
-// torch.autocast runs it (model_cnn.h); every problem exists in both dtypes.
+// variant arg a CUDA step is device time, the batch already on the device. gpus:G (CUDA train,
+// vgg_cifar and cnn_mnist): the data-parallel step over G GPUs, batch per GPU
+// (kernels/models/data_parallel.h). bf16 is mixed precision as torch.autocast runs it (model_cnn.h);
+// every problem exists in both dtypes.
 #include "kernels/model_cnn/model_cnn.h"
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include <limits>
 
 #include "hotops/check.h"
+#include "kernels/models/data_parallel.h"
 
 namespace hotops::model_cnn {
 namespace {
@@ -32,12 +35,25 @@ class CnnFamily final : public models::ModelFamily {
  public:
   CnnFamily() : models::ModelFamily("model_cnn", cpu_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
-  // The archs without batches are the tests' only, even at --hotops_batch's.
+  // The archs without batches are the tests' only, even at --hotops_batch's. The single-GPU and CPU
+  // steps, then the data-parallel train steps at the same per-GPU batches (the convnets without batch
+  // normalization: data_parallel_arch_reason).
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    std::vector<Arch> benchmarked;
+    std::vector<Arch> benchmarked, data_parallel;
     for (const Arch& a : archs())
-      if (!a.batches.empty()) benchmarked.push_back(a);
-    return models::step_problems(benchmarked, batches, models::thread_sweep(), true);
+      if (!a.batches.empty()) {
+        benchmarked.push_back(a);
+        if (data_parallel_arch_reason(a).empty()) data_parallel.push_back(a);
+      }
+    std::vector<Problem> out = models::step_problems(benchmarked, batches, models::thread_sweep(), true);
+    for (const Problem& p : models::data_parallel_problems(data_parallel, batches)) out.push_back(p);
+    return out;
+  }
+
+  std::string unsupported_reason(const Problem& p) const override {
+    if (!p.has("gpus")) return models::ModelFamily::unsupported_reason(p);
+    const std::string why = data_parallel_arch_reason(shape_of(p).arch);
+    return why.empty() ? models::data_parallel_reason(p) : why;
   }
 
   std::vector<Problem> test_problems() const override {
@@ -48,6 +64,9 @@ class CnnFamily final : public models::ModelFamily {
     models::expand_step_problems("keras_test", 6, {}, true, out, /*with_bf16=*/true);
     models::expand_step_problems("vgg_test", 5, {2}, true, out, /*with_bf16=*/true);
     models::expand_step_problems("mnist_test", 4, {}, true, out, /*with_bf16=*/true);
+    // The data-parallel step on a communicator of one process: its whole path on one GPU.
+    models::add_data_parallel_test_problems("vgg_test", 5, out);
+    models::add_data_parallel_test_problems("mnist_test", 4, out);
     return out;
   }
 
@@ -58,7 +77,10 @@ class CnnFamily final : public models::ModelFamily {
   // Bytes, the fewest a step must move: infer reads the parameters and the images and writes the
   // logits; train reads the images and labels, reads and writes every parameter, m and v (6 x 4 bytes
   // per parameter).
-  Work work(const Problem& p) const override {
+  // A data-parallel step (gpus:G) does G replicas' work: G times one GPU's (items: the global batch).
+  Work work(const Problem& p) const override { return models::over_replicas(p, one_gpu_work(p)); }
+
+  static Work one_gpu_work(const Problem& p) {
     const Shape s = shape_of(p);
     const Arch& a = s.arch;
     double macs = 0;
@@ -139,7 +161,14 @@ Shape shape_of(const Problem& p) {
   s.arch = arch_named(a.model);
   s.convs = conv_layers(s.arch);
   models::copy_step_args(a, s);
+  s.gpus = a.gpus;
   return s;
+}
+
+std::string data_parallel_arch_reason(const Arch& a) {
+  if (!a.bn) return "";
+  return "model_cnn: " + a.name + " has batch normalization: a data-parallel replica would normalise by its own shard's "
+         "statistics (no SyncBatchNorm), not one step over the global batch, so hotops has no data-parallel step of it";
 }
 
 ParamLayout param_layout(const Arch& a) {

@@ -3,7 +3,8 @@
 // (batchnorm_relu_maxpool, batchnorm_relu), matmul and maxpool families' plans + OpenMP loops on the CPU; cuDNN convolutions,
 // cublasLt GEMMs, hand-written fused kernels for batch normalization, ReLU, max-pooling and dropout,
 // the models family's softmax cross-entropy and flat AdamW on CUDA. The architectures, layouts,
-// directions, bf16 mixed precision and the fixed dropout masks: docs/models.md, "The convnets".
+// directions, bf16 mixed precision and the fixed dropout masks: docs/models.md, "The convnets"; the
+// data-parallel train steps of the convnets without batch normalization: docs/scaling.md.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -74,6 +75,7 @@ struct Shape {
   Variant variant = Variant::plain;
   int threads = 0;
   DType dtype = DType::f32;  // f32, or bf16: mixed precision (see the top of this file)
+  int gpus = 0;  // gpus:G only: one of G data-parallel replicas, batch per GPU (kernels/models/data_parallel.h)
   bool train() const { return dir == Direction::train; }
   bool bf16() const { return dtype == DType::bf16; }
 };
@@ -193,6 +195,11 @@ CudaLayout cuda_layout();
 // NCHW order at setup (outside the timing: the program holds its batch in the order its model takes),
 // and the CUDA verification's activations back.
 HostBuffer nhwc_to_nchw(const HostBuffer& x, std::int64_t N, std::int64_t H, std::int64_t W, std::int64_t C, bool inverse = false);
+
+// Why a data-parallel step (gpus:G) of architecture `a` is not one hotops has ("" when it is): one
+// with batch normalization, whose replicas would each normalise by their own shard's statistics
+// (DDP without SyncBatchNorm), which is not a step over the global batch (docs/scaling.md).
+std::string data_parallel_arch_reason(const Arch& a);
 
 HOTOPS_MODEL_ENTRY_POINTS(cpu_unsupported_reason);
 

@@ -1,6 +1,9 @@
 // The AdamW step of the train steps that may run data parallel (data_parallel.h): one launch over the
-// flat arrays on one GPU, a launch per gradient bucket after its all-reduce over several.
+// flat arrays on one GPU, a launch per gradient bucket after its all-reduce over several; and the
+// verification's gather of the global batch's leading samples.
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "hotops/cuda_util.h"
 #include "hotops/trace.h"
@@ -9,16 +12,34 @@
 namespace hotops::models {
 
 void adamw_step(const std::unique_ptr<GradSync>& sync, float* p, const float* g, float* m, float* v, std::uint16_t* p16,
-                std::size_t total, adamw::DeviceStep* state, const adamw::Hyper* advance) {
+                std::size_t total, adamw::DeviceStep* state, const adamw::Hyper* advance, unsigned max_blocks) {
   auto update = [&](std::size_t begin, std::size_t end, const adamw::Hyper* advancing) {
     trace::op("adamw");
     adamw::cuda_step(p + begin, g + begin, m + begin, v + begin, p16 ? p16 + begin : nullptr,
-                     static_cast<std::int64_t>(end - begin), state, advancing, gpu::stream());
+                     static_cast<std::int64_t>(end - begin), state, advancing, gpu::stream(), max_blocks);
   };
   if (!sync) return update(0, total, advance);
   // The launches before the last read the step's scalars as the last one does, which then advances
   // the count (the stream runs them in order): one step number for every bucket, one step counted.
   sync->finish([&](const Bucket& b, bool last) { update(b.begin, b.end, last ? advance : nullptr); });
+}
+
+HostBuffer leading_samples(GradSync& sync, const Replica& r, const void* mine, DType t, std::size_t per_sample, std::int64_t batch,
+                           std::int64_t count) {
+  const std::int64_t gpus = r.gpus, sent = std::min(batch, count);
+  HOTOPS_CHECK(count <= gpus * batch, "leading_samples: more samples than the global batch holds");
+  const std::size_t sample = per_sample * dtype_size(t), part = static_cast<std::size_t>(sent) * sample;
+  gpu::DeviceBuffer all(std::max<std::size_t>(1, part * static_cast<std::size_t>(gpus)));
+  sync.all_gather(mine, all.get(), part);
+  HostBuffer gathered(t, per_sample * static_cast<std::size_t>(sent * gpus));
+  all.download(gathered);
+  // Global sample g is rank g / batch's sample g % batch, which is < sent (g < count).
+  HostBuffer out(t, per_sample * static_cast<std::size_t>(count));
+  for (std::int64_t g = 0; g < count; ++g)
+    std::memcpy(static_cast<std::byte*>(out.data()) + static_cast<std::size_t>(g) * sample,
+                static_cast<const std::byte*>(gathered.data()) + static_cast<std::size_t>((g / batch) * sent + g % batch) * sample,
+                sample);
+  return out;
 }
 
 }  // namespace hotops::models

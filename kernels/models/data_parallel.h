@@ -147,7 +147,16 @@ inline void grads_ready(const std::unique_ptr<GradSync>& sync, std::size_t from)
 // so the per-bucket update is bitwise the whole one. `p16` (bf16 steps; null for f32): the bf16 copy
 // of p that the step's GEMMs read, same offsets, which every launch writes over its range.
 void adamw_step(const std::unique_ptr<GradSync>& sync, float* p, const float* g, float* m, float* v, std::uint16_t* p16,
-                std::size_t total, adamw::DeviceStep* state, const adamw::Hyper* advance);
+                std::size_t total, adamw::DeviceStep* state, const adamw::Hyper* advance,
+                unsigned max_blocks = adamw::kCudaMaxBlocks);
+
+// Verification of a data-parallel step: the first `count` samples of the global batch of a per-sample
+// tensor (`per_sample` elements of type `t` a sample) whose rank-local part, `batch` samples, lies in
+// device memory at `mine`, in global order (rank r of `r.gpus` holds samples r x batch ..). Each rank sends its
+// first min(batch, count) samples (a periodic verification batch needs no more: count <= 16 there,
+// where the whole tensor can be gigabytes); every rank gets them (synchronises).
+HostBuffer leading_samples(GradSync& sync, const Replica& r, const void* mine, DType t, std::size_t per_sample, std::int64_t batch,
+                           std::int64_t count);
 #endif
 
 // The check of a data-parallel step after one step from the seeded start, on every rank: the
@@ -163,15 +172,25 @@ Check verify_replicas(GradSync& sync, const Replica& r, Outcome& o, GlobalCheck 
   return c;
 }
 
-// The data-parallel side of a step whose seeded start (`State`) holds per-sample `x` and `target`
-// tensors of `per_sample` elements each (the encoder layers, the ConvNeXt block): this replica, the
-// global batch's shape and seeded start, and the gradients' all-reduce.
-template <class Shape, class State>
-struct XTargetReplica {
+// Rank r's shard of a seeded start whose per-sample tensors are `x` and `target`, `per_sample`
+// elements a sample each (the encoder layers, the ConvNeXt block): `out`'s set to those of `global`.
+struct XTargetShard {
+  template <class State>
+  void operator()(State& out, const State& global, std::size_t per_sample, const Replica& r, std::int64_t batch) const {
+    out.x = shard(global.x, per_sample, r, batch);
+    out.target = shard(global.target, per_sample, r, batch);
+  }
+};
+
+// The data-parallel side of a step whose seeded start (`State`) holds per-sample tensors, which
+// `Shard` cuts into this rank's shard (XTargetShard: `x` and `target`): this replica, the global
+// batch's shape and seeded start, and the gradients' all-reduce.
+template <class Shape, class State, class Shard = XTargetShard>
+struct BatchReplica {
   Replica replica;
   Shape global;
   State global_seeded;
-  std::size_t per_sample = 0;
+  std::size_t per_sample = 0;  // the first per-sample tensor's elements a sample (Shard's)
   std::unique_ptr<GradSync> sync;
 
   // For problem `p` of shape `s` (batch per GPU): the global batch seeded by `make(global shape)`
@@ -184,16 +203,17 @@ struct XTargetReplica {
     global.batch = s.batch * replica.gpus, global.gpus = 0;
     global_seeded = make(global);
     per_sample = per;
-    mine.x = shard(global_seeded.x, per, replica, s.batch);
-    mine.target = shard(global_seeded.target, per, replica, s.batch);
+    Shard{}(mine, global_seeded, per, replica, s.batch);
     sync = std::make_unique<GradSync>(replica, grads, total);
   }
   // This rank's shard of `start`, a start of the global batch (verification's); `batch` per GPU.
-  State shard_of(State start, std::int64_t batch) const {
-    start.x = shard(start.x, per_sample, replica, batch);
-    start.target = shard(start.target, per_sample, replica, batch);
-    return start;
+  State shard_of(const State& start, std::int64_t batch) const {
+    State out = start;
+    Shard{}(out, start, per_sample, replica, batch);
+    return out;
   }
+  // The position of this rank's first sample in the global batch (0 for a single-GPU step).
+  std::int64_t first_sample(std::int64_t batch) const { return sync ? replica.rank * batch : 0; }
 
   // Verification's start for the step of shape `s` seeded with `seeded`: `verification(shape, seeded)`
   // (the family's verification_state) for a single-GPU step; for a data-parallel one this rank's shard
@@ -212,6 +232,8 @@ struct XTargetReplica {
     return verify_replicas(*sync, replica, o, [&](const Outcome& out) { return verify_outcome(global, global_start, out); });
   }
 };
+template <class Shape, class State>
+using XTargetReplica = BatchReplica<Shape, State, XTargetShard>;
 
 // FNV-1a over the bytes of a tensor: the replicas' parameters compared across ranks.
 std::uint64_t bytes_hash(const void* data, std::size_t bytes);
