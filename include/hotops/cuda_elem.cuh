@@ -75,11 +75,19 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Four bf16 in one 8-byte access, and the storage of four f32 values (float4, or Bf16x4 rounded to
-// nearest even).
+// Four elements of storage in one aligned access, float4 or 4 bf16 in 8 bytes (Quad<T>::type), and
+// their f32 values; bf16 rounded to nearest even.
 struct alignas(8) Bf16x4 {
   __nv_bfloat162 lo, hi;
 };
+template <class T> struct Quad;
+template <> struct Quad<float> { using type = float4; };
+template <> struct Quad<__nv_bfloat16> { using type = Bf16x4; };
+__device__ inline float4 f32_of(float4 v) { return v; }
+__device__ inline float4 f32_of(Bf16x4 v) {
+  const float2 a = __bfloat1622float2(v.lo), b = __bfloat1622float2(v.hi);
+  return make_float4(a.x, a.y, b.x, b.y);
+}
 template <class Q> __device__ inline Q stored4(float4 v);
 template <> __device__ inline float4 stored4<float4>(float4 v) { return v; }
 template <> __device__ inline Bf16x4 stored4<Bf16x4>(float4 v) {

@@ -1,8 +1,6 @@
-// gelu_dbias on CUDA: one kernel computes dx = dy * gelu'(x) (erff and __expf, f32 math) and, per
-// block of 16 rows, the column sums of the stored dx; col_finish (hotops/cuda_colsum.cuh) adds those
-// partial sums into dbias. A thread takes one vector of columns down its 16 rows, loading 4 rows'
-// vectors before it computes any (16-byte vectors where cols and the tensors allow, else 4 elements:
-// float4, or 4 bf16 in 8 bytes). Deterministic.
+// gelu_dbias on CUDA: one kernel over 4-wide vectors (float4, or 4 bf16 in 8 bytes) computes
+// dx = dy * gelu'(x) (erff and __expf, f32 math) and, per block of 32 rows, the column sums of the
+// stored dx; col_finish (hotops/cuda_colsum.cuh) adds those partial sums into dbias. Deterministic.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -18,100 +16,79 @@
 namespace hotops::gelu::dbias {
 namespace {
 
-constexpr unsigned kThreads = 128;  // vectors of columns per block
-constexpr int kRows = 16;           // rows per block (and per partial sum): BERT's 4096 rows fill the GPU
-constexpr int kBatch = 4;           // rows whose loads a thread has in flight together
-constexpr unsigned kFinishThreads = 256;
+constexpr unsigned kThreads = 256;
+constexpr int kRows = 32;  // rows per block (and per partial sum)
 
 using bf16 = __nv_bfloat16;
+using gpu::f32_of;
+using gpu::stored4;
 
 __device__ inline float gelu_grad(float z) {
   return 0.5f * (1.f + erff(z * 0.70710678118654752f)) + z * 0.39894228040143268f * __expf(-0.5f * z * z);
 }
 
-// dx = dy * gelu'(z) over [rows, nvec vectors of VEC], with the column sums of the stored dx: block
-// (x, y) takes vectors x * blockDim + thread over rows [y * kRows, ...) and writes partial[y][their
-// VEC columns]; each column's rows are added in order. kInPlace: dx is dy, read and written through
-// dx (dy is not read; each element is read before the same thread writes it).
-template <class T, int VEC, bool kInPlace>
-__global__ void __launch_bounds__(kThreads) gelu_dbias(const T* __restrict__ dy, T* __restrict__ dx, const T* __restrict__ z,
-                                                      std::int64_t rows, int nvec, float* __restrict__ partial) {
+// dx = dy * gelu'(z) over [rows, n4 vectors of 4], with the column sums of the stored dx: block (x, y)
+// takes vector columns x * blockDim + thread over rows [y * kRows, ...) and writes partial[y][4
+// columns]. kInPlace: dx is dy, read and written through dx (dy is not read).
+template <class Q, bool kInPlace>
+__global__ void __launch_bounds__(kThreads) gelu_dbias(const Q* __restrict__ dy, Q* __restrict__ dx, const Q* __restrict__ z,
+                                                      std::int64_t rows, int n4, float4* __restrict__ partial) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= nvec) return;
-  const std::int64_t cols = static_cast<std::int64_t>(nvec) * VEC;
+  if (c >= n4) return;
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kRows, r1 = min(rows, r0 + kRows);
-  float s[VEC];
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) s[j] = 0.f;
-  for (std::int64_t r = r0; r < r1; r += kBatch) {
-    float v[kBatch][VEC], d[kBatch][VEC];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b)
-      if (r + b < r1) {
-        const std::int64_t i = (r + b) * cols + static_cast<std::int64_t>(c) * VEC;
-        gpu::load<T, VEC>(z + i, v[b]);
-        gpu::load<T, VEC>(kInPlace ? dx + i : dy + i, d[b]);
-      }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b)
-      if (r + b < r1) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          d[b][j] = gpu::rounded<T>(d[b][j] * gelu_grad(v[b][j]));
-          s[j] += d[b][j];  // the sum of what the next GEMMs read
-        }
-        gpu::store<T, VEC>(dx + (r + b) * cols + static_cast<std::int64_t>(c) * VEC, d[b]);
-      }
+  float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const std::int64_t i = r * n4 + c;
+    const float4 v = f32_of(z[i]);
+    float4 d = f32_of(kInPlace ? dx[i] : dy[i]);
+    d.x *= gelu_grad(v.x), d.y *= gelu_grad(v.y), d.z *= gelu_grad(v.z), d.w *= gelu_grad(v.w);
+    const Q q = stored4<Q>(d);
+    dx[i] = q;
+    const float4 back = f32_of(q);  // the sum of what the next GEMMs read
+    s.x += back.x, s.y += back.y, s.z += back.z, s.w += back.w;
   }
-  gpu::store<float, VEC>(partial + static_cast<std::int64_t>(blockIdx.y) * cols + static_cast<std::int64_t>(c) * VEC, s);
+  partial[static_cast<std::int64_t>(blockIdx.y) * n4 + c] = s;
 }
 
 // T: the storage, float or bf16.
 template <class T>
 class CudaGeluDbias final : public Plan {
-  static constexpr int kWide = 16 / static_cast<int>(sizeof(T));  // elements of a 16-byte vector
+  using Q = typename gpu::Quad<T>::type;
 
  public:
   explicit CudaGeluDbias(const Shape& s)
-      : s_(s), splits_((s.rows + kRows - 1) / kRows), partial_(static_cast<std::size_t>(splits_ * s.cols) * sizeof(float)) {
+      : s_(s), n4_(s.cols / 4), splits_((s.rows + kRows - 1) / kRows),
+        partial_(static_cast<std::size_t>(splits_ * s.cols) * sizeof(float)) {
     HOTOPS_CHECK(s.cols % 4 == 0 && s.cols <= (std::int64_t{1} << 30), "gelu_dbias on CUDA: cols must be a multiple of 4");
-    HOTOPS_CHECK(splits_ <= 65535, "gelu_dbias on CUDA: at most 65535 x 16 rows");
+    HOTOPS_CHECK(splits_ <= 65535, "gelu_dbias on CUDA: at most 65535 x 32 rows");
   }
 
   void run(const Args& a) override {
-    if (s_.cols % kWide == 0 && gpu::all_aligned(16, {a.x, a.dy, a.dx}))
-      launch<kWide>(a);
+    const dim3 grid(static_cast<unsigned>((n4_ + kThreads - 1) / kThreads), static_cast<unsigned>(splits_));
+    const Q* x = static_cast<const Q*>(a.x);
+    Q* dx = static_cast<Q*>(a.dx);
+    float4* partial = partial_.as<float4>();
+    const int n4 = static_cast<int>(n4_);
+    if (a.dy == a.dx)
+      gelu_dbias<Q, true><<<grid, kThreads, 0, gpu::stream()>>>(nullptr, dx, x, s_.rows, n4, partial);
     else
-      launch<4>(a);
+      gelu_dbias<Q, false><<<grid, kThreads, 0, gpu::stream()>>>(static_cast<const Q*>(a.dy), dx, x, s_.rows, n4, partial);
+    HOTOPS_CHECK_LAUNCH();
     const gpu::ColOut o{static_cast<int>(s_.cols), {a.dbias, nullptr, nullptr}};
-    gpu::col_finish<kFinishThreads><<<gpu::col_finish_blocks(s_.cols), kFinishThreads, 0, gpu::stream()>>>(
+    gpu::col_finish<kThreads><<<gpu::col_finish_blocks(s_.cols), kThreads, 0, gpu::stream()>>>(
         partial_.as<float>(), static_cast<int>(splits_), static_cast<int>(s_.cols), o);
     HOTOPS_CHECK_LAUNCH();
   }
 
   std::string label() const override {
-    return std::string("hotops kernels: GELU (erf) backward with per-16-row column sums, ") +
-           (s_.cols % kWide == 0 ? "16-byte" : "4-element") + " vectors, 4 rows in flight a thread; col_finish";
+    return "hotops kernels: GELU (erf) backward with per-32-row column sums, 4-wide vectors; col_finish";
   }
 
  private:
-  template <int VEC>
-  void launch(const Args& a) {
-    const int nvec = static_cast<int>(s_.cols / VEC);
-    const dim3 grid((nvec + kThreads - 1) / kThreads, static_cast<unsigned>(splits_));
-    const T* x = static_cast<const T*>(a.x);
-    T* dx = static_cast<T*>(a.dx);
-    float* partial = partial_.as<float>();
-    if (a.dy == a.dx)
-      gelu_dbias<T, VEC, true><<<grid, kThreads, 0, gpu::stream()>>>(nullptr, dx, x, s_.rows, nvec, partial);
-    else
-      gelu_dbias<T, VEC, false><<<grid, kThreads, 0, gpu::stream()>>>(static_cast<const T*>(a.dy), dx, x, s_.rows, nvec, partial);
-    HOTOPS_CHECK_LAUNCH();
-  }
-
   Shape s_;
-  std::int64_t splits_;
-  gpu::DeviceBuffer partial_;  // [splits_, cols]
+  std::int64_t n4_, splits_;
+  gpu::DeviceBuffer partial_;
 };
 
 }  // namespace

@@ -154,7 +154,7 @@ class GeluFamily final : public OpFamily {
     // Large enough for the CPU loop to stream its output past the caches (cpu::kStreamMinBytes in
     // every dtype), off a 16-byte boundary.
     expand(flat_args((1 << 24) + 5, 3), out);
-    // gelu_dbias: rows over several 16-row blocks with a partial last one; 275 vectors of 4 columns,
+    // gelu_dbias: rows over several 32-row blocks with a partial last one; 275 vectors of 4 columns,
     // more than one block of threads.
     dbias::expand(model_args("test", 3, {37, 20}), out);
     dbias::expand(model_args("test", 1, {70, 1100}), out);

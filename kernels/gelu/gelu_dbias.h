@@ -2,9 +2,8 @@
 // the FFN of BERT and ViT runs it (bwd only). Over a [rows, cols] tensor, x the GELU's input:
 //   dx[r, c]  = dy[r, c] * gelu'(x[r, c]), stored in the dtype (f32 or bf16);
 //   dbias[c]  = sum over r of the stored dx[r, c], f32 (the sum of what the next GEMMs read).
-// CPU: an OpenMP loop and the column sums (hotops/cpu_colsum.h). CUDA: one kernel over 16-byte vectors
-// (4-element ones where cols is not a multiple of 8 in bf16) that also writes per-16-row partial
-// column sums, then col_finish (hotops/cuda_colsum.cuh).
+// CPU: an OpenMP loop and the column sums (hotops/cpu_colsum.h). CUDA: one kernel over 4-wide vectors
+// that also writes per-32-row partial column sums, then col_finish (hotops/cuda_colsum.cuh).
 // Names: gelu_dbias/<backend>/<f32|bf16>/bwd/shape:<model.layer>/batch:B/dims:Bx...xcols/approx:none.
 #pragma once
 #include <cstdint>
