@@ -31,6 +31,12 @@ void add_context(const Options& o, const std::vector<std::string>& rank_gpus) {
   AddCustomContext("hotops_throttle_threshold", std::to_string(o.throttle_threshold));
   AddCustomContext("hotops_runs_per_sample", std::to_string(o.runs_per_sample));
   AddCustomContext("hotops_shuffle_layout", o.shuffle_layout ? "1" : "0");
+  AddCustomContext("hotops_max_noise", std::to_string(o.max_noise));  // 0: the stopping rule is off
+  if (o.max_noise > 0) {
+    AddCustomContext("hotops_min_samples", std::to_string(o.min_samples));
+    AddCustomContext("hotops_timeout", std::to_string(o.timeout));
+    AddCustomContext("hotops_min_time", std::to_string(o.min_seconds));
+  }
   for (const auto& [backend, c] : roofline().ceilings) {
     const std::string prefix = std::string("roofline_") + backend_name(backend);
     if (c.bytes_per_second > 0) AddCustomContext(prefix + "_copy_GBps", std::to_string(c.bytes_per_second / 1e9));

@@ -114,9 +114,11 @@ class Display final : public benchmark::BenchmarkReporter {
         scale_units_(scale_units) {}
   bool ReportContext(const Context& context) override { return inner_->ReportContext(context); }
   void ReportRuns(const std::vector<Run>& runs) override {
-    if (!console_) return inner_->ReportRuns(runs);
     std::vector<Run> shown = runs;
-    for (Run& r : shown) shorten(r);
+    for (Run& r : shown) {
+      hotops::bench::name_without_rule(r);
+      if (console_) shorten(r);
+    }
     inner_->ReportRuns(shown);
   }
   void Finalize() override { inner_->Finalize(); }
@@ -143,6 +145,35 @@ class Display final : public benchmark::BenchmarkReporter {
   std::unique_ptr<benchmark::BenchmarkReporter> inner_;
   bool console_;
   bool scale_units_;
+};
+
+// The file reporter of a run with the stopping rule: Google Benchmark's own reporter of the chosen
+// format, given each run under the name it has without the rule (bench::name_without_rule).
+class NamesWithoutRule final : public benchmark::BenchmarkReporter {
+ public:
+  explicit NamesWithoutRule(const std::string& format) {
+    if (format == "console") inner_ = std::make_unique<benchmark::ConsoleReporter>(benchmark::ConsoleReporter::OO_None);
+    else if (format == "json") inner_ = std::make_unique<benchmark::JSONReporter>();
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"  // Google Benchmark's own CSV output, as --benchmark_out_format=csv gives
+    if (format == "csv") inner_ = std::make_unique<benchmark::CSVReporter>();
+#pragma GCC diagnostic pop
+  }
+  bool ReportContext(const Context& context) override {
+    // Google Benchmark points this reporter at the output file before the context comes.
+    inner_->SetOutputStream(&GetOutputStream());
+    inner_->SetErrorStream(&GetErrorStream());
+    return inner_->ReportContext(context);
+  }
+  void ReportRuns(const std::vector<Run>& runs) override {
+    std::vector<Run> renamed = runs;
+    for (Run& r : renamed) hotops::bench::name_without_rule(r);
+    inner_->ReportRuns(renamed);
+  }
+  void Finalize() override { inner_->Finalize(); }
+
+ private:
+  std::unique_ptr<benchmark::BenchmarkReporter> inner_;
 };
 
 // What a run over several GPUs needs before anything runs: NCCL and the GPUs. "" when all is
@@ -292,6 +323,13 @@ int main(int argc, char** argv) {
   } catch (const hotops::FlagError& e) {
     return refuse(e.what());
   }
+  if (options.max_noise > 0) {
+    if (min_time.iterations > 0)
+      return refuse("hotops: --benchmark_min_time=" + std::to_string(min_time.iterations) +
+                    "x and --hotops_max_noise: the stopping rule decides how many samples an entry takes; give "
+                    "--benchmark_min_time as a time (the least sampling time), or --hotops_min_samples");
+    options.min_seconds = min_time.seconds;
+  }
   std::string min_time_arg = hotops::min_time_arg(min_time, HOTOPS_BENCHMARK_VERSION);
   const std::int64_t iterations = min_time_arg.empty() ? min_time.iterations : 0;
   std::vector<char*> args;
@@ -309,8 +347,11 @@ int main(int argc, char** argv) {
 
   // What the filter selects is known before anything runs: a filter that selects nothing is an
   // error here, not an empty run after the roofline measurement.
-  const auto registered = hotops::bench::register_benchmarks(options, test_fault, iterations);
   const std::string filter = benchmark::GetBenchmarkFilter();
+  // Listing shows the names as they are: the stopping rule changes how entries are timed, not which.
+  hotops::Options registering = options;
+  if (gb.list_tests) registering.max_noise = 0;
+  const auto registered = hotops::bench::register_benchmarks(registering, test_fault, iterations, filter);
   const auto selected = hotops::bench::select(registered.problems, filter);
   std::map<std::string, std::string> reason_of;  // name -> why, of the problems this machine cannot run
   std::vector<hotops::Problem> unsupported;
@@ -366,7 +407,14 @@ int main(int argc, char** argv) {
   hotops::bench::add_context(options, group ? group->about() : std::vector<std::string>{});
   if (!gb.list_tests) warn_if_busy();
   Display display(!unit_chosen);
-  const std::size_t ran = benchmark::RunSpecifiedBenchmarks(&display);
+  std::size_t ran = 0;
+  if (registering.max_noise > 0) {  // only the selected entries are registered: run them all
+    std::unique_ptr<NamesWithoutRule> file;
+    if (!gb.out.empty()) file = std::make_unique<NamesWithoutRule>(gb.out_format);
+    ran = benchmark::RunSpecifiedBenchmarks(&display, file.get(), "all");
+  } else {
+    ran = benchmark::RunSpecifiedBenchmarks(&display);
+  }
   benchmark::Shutdown();
   bool ranks_failed = false;
   if (group) {

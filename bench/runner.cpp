@@ -52,6 +52,19 @@ constexpr double kCpuSampleSeconds = 200e-6;
 
 struct Samples {
   std::vector<double> seconds;
+  // Welford's running mean and squared deviations: the noise after each sample at O(1) a sample.
+  double running_mean = 0, running_m2 = 0;
+  void add(double s) {
+    seconds.push_back(s);
+    const double d = s - running_mean;
+    running_mean += d / static_cast<double>(seconds.size());
+    running_m2 += d * (s - running_mean);
+  }
+  // The relative standard deviation so far, in percent (0 below two samples).
+  double noise_pct() const {
+    const std::size_t n = seconds.size();
+    return n < 2 || running_mean <= 0 ? 0 : 100 * std::sqrt(running_m2 / static_cast<double>(n - 1)) / running_mean;
+  }
   void report(benchmark::State& state) const {
     state.counters["samples"] = static_cast<double>(seconds.size());
     // The relative standard deviation, in percent; it needs two samples.
@@ -282,6 +295,83 @@ void follow_samples(Live& live, const Problem& p, std::int64_t iterations) {
   });
 }
 
+// ---- the stopping rule (--hotops_max_noise; docs/timing.md) ----
+// The entries the rule samples, with their backend: registered with one Google Benchmark iteration
+// that stands for all their samples, reported under the names they have without the rule.
+std::map<std::string, Backend>& ruled_entries() {
+  static std::map<std::string, Backend> m;
+  return m;
+}
+bool ruled(const Problem& p, const Options& o) { return o.max_noise > 0 && !on_ranks(p); }
+
+// The noise has settled when its last kSettledWindow estimates (one after each sample) lie within
+// kSettledBand of their mean, relative: more samples would not bring it down.
+constexpr std::size_t kSettledWindow = 16;
+constexpr double kSettledBand = 0.02;
+bool settled(const std::vector<double>& history) {
+  if (history.size() < kSettledWindow) return false;
+  const auto first = history.end() - static_cast<std::ptrdiff_t>(kSettledWindow);
+  const auto [lo, hi] = std::minmax_element(first, history.end());
+  double mean = 0;
+  for (auto it = first; it != history.end(); ++it) mean += *it;
+  mean /= static_cast<double>(kSettledWindow);
+  return mean > 0 && (*hi - *lo) <= kSettledBand * mean;
+}
+
+// Takes samples of the entry, each as its mode takes them in Google Benchmark's loop (a CPU batch of
+// at least kCpuSampleSeconds, one host-timed execution, one device-timed sample of the timer's
+// executions), until: at least o.min_samples samples and o.min_seconds of sampling, and the noise at
+// most o.max_noise percent (or settled); or o.timeout seconds of sampling, whichever comes first.
+// Returns the mean time of an execution over the samples; `executions` counts them, `why` says
+// what ended the sampling.
+double sample_by_rule(Live& live, const Problem& p, const Options& o, Samples& samples, std::int64_t& executions,
+                      std::string& why) {
+  using clock = std::chrono::steady_clock;
+  auto seconds_since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
+  const auto start = clock::now();
+  std::int64_t batch = 1;  // executions a sample
+  if (p.backend == Backend::cpu) {  // one execution sizes the batches (and pays for cold caches)
+    const auto t0 = clock::now();
+    live.c->run();
+    batch = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(kCpuSampleSeconds / std::max(seconds_since(t0), 1e-9))));
+  } else if (!live.c->host_timed()) {
+    batch = live.timer->launches_per_sample();
+  }
+  std::vector<double> history;  // the noise after each sample
+  char text[96];
+  for (;;) {
+    if (p.backend == Backend::cpu) {
+      const auto t0 = clock::now();
+      for (std::int64_t i = 0; i < batch; ++i) live.c->run();
+      samples.add(seconds_since(t0) / static_cast<double>(batch));
+    } else if (live.c->host_timed()) {
+      const auto t0 = clock::now();
+      live.c->run();
+      samples.add(seconds_since(t0));
+    } else {
+      samples.add(live.timer->sample());
+    }
+    executions += batch;
+    const double spent = seconds_since(start), noise = samples.noise_pct();
+    if (samples.seconds.size() >= 2) history.push_back(noise);
+    if (spent >= o.timeout) {
+      std::snprintf(text, sizeof text, "timeout (%g s) at noise %.3g%%", o.timeout, noise);
+      break;
+    }
+    if (samples.seconds.size() < static_cast<std::size_t>(o.min_samples) || spent < o.min_seconds) continue;
+    if (noise <= o.max_noise) {
+      std::snprintf(text, sizeof text, "noise %.3g%% <= %g%%", noise, o.max_noise);
+      break;
+    }
+    if (settled(history)) {
+      std::snprintf(text, sizeof text, "noise settled at %.3g%%", noise);
+      break;
+    }
+  }
+  why = text;
+  return samples.running_mean;
+}
+
 void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, const Options& o) {
   if (p.backend == Backend::cuda) {
     GpuState& g = gpu_state();
@@ -321,8 +411,17 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
   }
   double elapsed = 0;  // the time the iterations were credited with, for the roofline fractions
   Samples samples;
+  std::string stopped;  // the stopping rule: what ended the sampling
   try {
-    if (p.backend == Backend::cpu) {
+    if (ruled(p, o)) {
+      // The one iteration stands for every sample the rule took (registered with Iterations(1)).
+      std::int64_t executions = 0;
+      for (auto _ : state) {
+        elapsed = sample_by_rule(live, p, o, samples, executions, stopped);
+        state.SetIterationTime(elapsed);
+      }
+      state.counters["executions"] = static_cast<double>(executions);
+    } else if (p.backend == Backend::cpu) {
       using clock = std::chrono::steady_clock;
       const auto t0 = clock::now();
       auto last = t0;
@@ -345,8 +444,6 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
       }
       if (samples.seconds.empty() && batch > 0) samples.seconds.push_back(first);
       elapsed = std::chrono::duration<double>(clock::now() - t0).count();
-      // A thread-sweep entry (`threads:T`) runs on T threads; every other CPU entry on all of them.
-      state.counters["cpu_threads"] = p.has("threads") ? static_cast<double>(p.get_int("threads")) : cpu::threads();
     } else if (live.c->host_timed()) {
       // End to end: the host's clock around each complete run (which synchronises itself).
       for (auto _ : state) {
@@ -372,6 +469,11 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
         state.SetIterationTime(per_run);
         elapsed += per_run;
       }
+    }
+    if (p.backend == Backend::cpu) {
+      // A thread-sweep entry (`threads:T`) runs on T threads; every other CPU entry on all of them.
+      state.counters["cpu_threads"] = p.has("threads") ? static_cast<double>(p.get_int("threads")) : cpu::threads();
+    } else if (!live.c->host_timed()) {
       state.counters["runs_per_sample"] = live.timer->launches_per_sample();
       state.counters["sm_clock_mhz"] = live.timer->mean_clock_mhz();
       state.counters["throttled_samples"] = static_cast<double>(live.timer->discarded_samples());
@@ -423,7 +525,8 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
     const auto peak = c.flops.find(p.dtype);
     if (w.flops > 0 && peak != c.flops.end()) state.counters["flop_fraction"] = w.flops * iters / elapsed / peak->second;
   }
-  state.SetLabel(live.c->label() + (o.verify ? "" : " [NOT VERIFIED: --hotops_verify=0]"));
+  state.SetLabel(live.c->label() + (stopped.empty() ? "" : " [stopped: " + stopped + "]") +
+                 (o.verify ? "" : " [NOT VERIFIED: --hotops_verify=0]"));
 }
 
 }  // namespace
@@ -534,7 +637,8 @@ bool is_test_fault_kind(const std::string& kind) {
   return std::find(names.begin(), names.end(), kind) != names.end();
 }
 
-Registered register_benchmarks(const Options& options, const std::string& test_fault, std::int64_t iterations) {
+Registered register_benchmarks(const Options& options, const std::string& test_fault, std::int64_t iterations,
+                               const std::string& filter) {
   Registered out;
   static const Options o = options;  // outlives registration: the lambdas refer to it
   static std::vector<std::unique_ptr<Family>> test_only;
@@ -544,6 +648,7 @@ Registered register_benchmarks(const Options& options, const std::string& test_f
     all.push_back(test_only.back().get());
   }
   all.insert(all.end(), families().begin(), families().end());
+  std::vector<const Family*> family_of;  // of each of out.problems
   for (const Family* f : all) {
     for (const Problem& p : f->benchmark_problems(o.batches)) {
       const std::string why = f->unsupported_reason(p);
@@ -552,15 +657,44 @@ Registered register_benchmarks(const Options& options, const std::string& test_f
         continue;
       }
       out.problems.push_back(p);
-      auto* b = benchmark::RegisterBenchmark(p.name().c_str(), [f, p](benchmark::State& st) {
-        run_benchmark(st, *f, p, o);
-      });
-      if (iterations > 0) b->Iterations(iterations);
-      if (p.backend == Backend::cuda) b->UseManualTime();
-      else b->UseRealTime();
+      family_of.push_back(f);
     }
   }
+  // With the stopping rule only what the filter selects is registered (the run then selects all):
+  // Google Benchmark would match the filter against names that carry the rule's iterations:1.
+  std::set<std::string> selected;
+  if (o.max_noise > 0)
+    for (const Problem& p : select(out.problems, filter)) selected.insert(p.name());
+  for (std::size_t i = 0; i < out.problems.size(); ++i) {
+    const Problem& p = out.problems[i];
+    if (o.max_noise > 0 && !selected.count(p.name())) continue;
+    const Family* f = family_of[i];
+    auto* b = benchmark::RegisterBenchmark(p.name().c_str(), [f, p](benchmark::State& st) {
+      run_benchmark(st, *f, p, o);
+    });
+    if (ruled(p, o)) {
+      b->Iterations(1)->UseManualTime();
+      ruled_entries()[p.name()] = p.backend;
+      continue;
+    }
+    if (iterations > 0) b->Iterations(iterations);
+    if (p.backend == Backend::cuda) b->UseManualTime();
+    else b->UseRealTime();
+  }
   return out;
+}
+
+void name_without_rule(benchmark::BenchmarkReporter::Run& run) {
+  const auto it = ruled_entries().find(run.run_name.function_name);
+  if (it == ruled_entries().end()) return;
+  run.run_name.iterations.clear();
+  run.run_name.time_type = it->second == Backend::cpu ? "real_time" : "manual_time";
+  // The CPU time of the one iteration is that of the whole sampling: per execution, as elsewhere
+  // (a repetitions aggregate's over the repetitions' mean count of executions; cv is a ratio).
+  const auto e = run.counters.find("executions");
+  if (e == run.counters.end() || !(e->second.value > 0) || run.aggregate_unit == benchmark::kPercentage) return;
+  const bool aggregate = run.run_type == benchmark::BenchmarkReporter::Run::RT_Aggregate;
+  run.cpu_accumulated_time *= (aggregate ? 1.0 : static_cast<double>(run.iterations)) / e->second.value;
 }
 
 }  // namespace hotops::bench

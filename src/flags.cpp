@@ -198,6 +198,11 @@ const char* flags_help() {
          "                         every setup of a case (default 1)\n"
          "  --hotops_gpus=G        run on G GPUs of this machine, one process per GPU (it starts the other\n"
          "                         G-1), for the multi-GPU entries (gpus:G); docs/scaling.md\n"
+         "  --hotops_max_noise=P   stopping rule: sample each entry until its samples' noise (relative\n"
+         "                         standard deviation) is below P percent, or has settled, or the timeout\n"
+         "                         (default off: --benchmark_min_time governs); docs/timing.md\n"
+         "  --hotops_min_samples=N with --hotops_max_noise: at least N samples an entry (default 10)\n"
+         "  --hotops_timeout=S     with --hotops_max_noise: at most S seconds of samples an entry (default 15)\n"
          "  --hotops_threads=N     CPU threads for oneDNN and hotops' loops (default: all cores)\n"
          "  --hotops_seed=N        seed of every random input (default 20261122)\n"
          "  --hotops_help          this text\n";
@@ -205,6 +210,7 @@ const char* flags_help() {
 
 Options parse_flags(int& argc, char** argv) {
   Options o;
+  bool ruled_noise = false, ruled_samples = false, ruled_timeout = false;
   int out = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -245,6 +251,21 @@ Options parse_flags(int& argc, char** argv) {
       if (v.empty() || *end != '\0' || !(f >= 0 && f <= 1))
         throw FlagError("hotops: bad value '" + v + "' for --" + flag + ": expected a fraction from 0 to 1 (0: keep throttled samples)");
       o.throttle_threshold = f;
+    } else if (flag == "hotops_max_noise" || flag == "hotops_timeout") {
+      need_value();
+      char* end = nullptr;
+      const double f = std::strtod(v.c_str(), &end);
+      const bool noise = flag == "hotops_max_noise";
+      const double most = noise ? 100 : 86400;
+      if (v.empty() || *end != '\0' || !(f > 0 && f <= most))
+        throw FlagError("hotops: bad value '" + v + "' for --" + flag + ": expected " +
+                        (noise ? "a percentage above 0, at most 100, e.g. 0.5" : "seconds above 0, at most 86400"));
+      (noise ? o.max_noise : o.timeout) = f;
+      (noise ? ruled_noise : ruled_timeout) = true;
+    } else if (flag == "hotops_min_samples") {
+      need_value();
+      o.min_samples = static_cast<int>(parse_int(flag, v, 2, 1000000, "a count from 2 to 1000000"));
+      ruled_samples = true;
     } else if (flag == "hotops_shuffle_layout") {
       need_value();
       o.shuffle_layout = parse_bool(flag, v);
@@ -267,6 +288,9 @@ Options parse_flags(int& argc, char** argv) {
       throw FlagError("hotops: unknown flag --" + flag + " (--hotops_help lists hotops' flags)");
     }
   }
+  if ((ruled_samples || ruled_timeout) && !ruled_noise)
+    throw FlagError(std::string("hotops: --") + (ruled_samples ? "hotops_min_samples" : "hotops_timeout") +
+                    " belongs to the stopping rule, which --hotops_max_noise=P turns on");
   argc = out;
   argv[argc] = nullptr;
   return o;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -525,6 +526,92 @@ TEST(BenchSmoke, EveryEntryHasSamplesAndNoise) {
       ASSERT_TRUE(b.contains("noise_pct")) << name;
       EXPECT_GE(b["noise_pct"].get<double>(), 0) << name;
     }
+  }
+}
+
+// The names, in order, and the parsed JSON of a run of `args` written to `out`.
+nlohmann::json run_json(const std::string& args, const std::string& out) {
+  const Result r = run(args + " --hotops_roofline=0 --benchmark_out=" + out);
+  EXPECT_EQ(r.exit_code, 0) << args << ": " << r.output;
+  std::ifstream f(out);
+  return f ? nlohmann::json::parse(f) : nlohmann::json();
+}
+
+// The stopping rule on `filter`'s entries: the names a run without the rule gives, each entry's
+// samples at least the minimum, its executions at least its samples, one iteration, one stop
+// reason in its label, and the rule's settings in the context.
+void expect_rule_keeps_names(const std::string& filter) {
+  const nlohmann::json plain = run_json("--benchmark_filter='" + filter + "' --benchmark_min_time=0.01", temp_path("plain"));
+  const nlohmann::json ruled =
+      run_json("--benchmark_filter='" + filter + "' --benchmark_min_time=0.01 --hotops_max_noise=50 --hotops_min_samples=3",
+               temp_path("ruled"));
+  ASSERT_FALSE(plain["benchmarks"].empty());
+  ASSERT_EQ(plain["benchmarks"].size(), ruled["benchmarks"].size());
+  for (std::size_t i = 0; i < plain["benchmarks"].size(); ++i) {
+    const auto& b = ruled["benchmarks"][i];
+    const std::string name = b["name"];
+    EXPECT_EQ(name, plain["benchmarks"][i]["name"].get<std::string>());
+    EXPECT_EQ(b["run_name"].get<std::string>(), name);
+    if (b.value("error_occurred", false)) continue;
+    EXPECT_EQ(b["iterations"].get<int>(), 1) << name;
+    EXPECT_GE(b["samples"].get<double>(), 3) << name;
+    EXPECT_GE(b["executions"].get<double>(), b["samples"].get<double>()) << name;
+    const std::string label = b["label"];
+    const std::regex stopped(R"(\[stopped: (noise [0-9.e+-]+% <= 50%|noise settled at [0-9.e+-]+%|timeout \(15 s\) at noise [0-9.e+-]+%)\])");
+    EXPECT_TRUE(std::regex_search(label, stopped)) << name << ": " << label;
+    // The reported time is the mean of the samples: within their spread of the run without the rule.
+    const double t = b["real_time"], t0 = plain["benchmarks"][i]["real_time"];
+    EXPECT_GT(t, 0) << name;
+    EXPECT_LT(t, 3 * t0) << name;
+    EXPECT_GT(t, t0 / 3) << name;
+  }
+  EXPECT_EQ(ruled["context"]["hotops_max_noise"].get<std::string>().rfind("50", 0), 0u);
+  EXPECT_EQ(ruled["context"]["hotops_min_samples"].get<std::string>(), "3");
+  EXPECT_TRUE(ruled["context"].contains("hotops_timeout"));
+  EXPECT_EQ(plain["context"]["hotops_max_noise"].get<std::string>().rfind("0", 0), 0u);
+}
+
+TEST(BenchSmoke, StoppingRuleKeepsTheNamesAndSaysWhyItStopped) {
+  expect_rule_keeps_names("gelu/cpu/f32/fwd/shape:bert.ffn|mm/cpu/f32/fwd/shape:mlp_tiny.fc1/batch:10/");
+}
+
+TEST(BenchSmoke, StoppingRuleKeepsTheNamesAndSaysWhyItStoppedCuda) {
+  if (!has_gpu()) GTEST_SKIP() << "no GPU";
+  expect_rule_keeps_names("mm/cuda/f32/fwd/shape:mlp_tiny.fc1/batch:10/|gelu/cuda/bf16/fwd/shape:bert.ffn/|"
+                          "model.mlp_tiny/cuda/f32/train/batch:10/");
+}
+
+// An unreachable noise target ends each entry at the timeout or when the noise has settled, not later.
+TEST(BenchSmoke, StoppingRuleEndsAtTheTimeout) {
+  const auto start = std::chrono::steady_clock::now();
+  const nlohmann::json j = run_json("--benchmark_filter='gelu/cpu/f32/fwd/shape:bert.ffn/.*/approx:none/real_time' "
+                                    "--hotops_max_noise=0.0001 --hotops_timeout=0.3",
+                                    temp_path("timeout"));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(j["benchmarks"].size(), 1u);
+  const std::string label = j["benchmarks"][0]["label"];
+  EXPECT_TRUE(label.find("[stopped: timeout (0.3 s)") != std::string::npos ||
+              label.find("[stopped: noise settled") != std::string::npos)
+      << label;
+  EXPECT_LT(seconds, 20) << "the whole run, setup and verification included";
+}
+
+TEST(BenchSmoke, StoppingRuleInputIsOneLineAndExitTwo) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"--hotops_max_noise=-1", "bad value '-1' for --hotops_max_noise"},
+      {"--hotops_max_noise=abc", "bad value 'abc' for --hotops_max_noise"},
+      {"--hotops_max_noise=0", "bad value '0' for --hotops_max_noise"},
+      {"--hotops_max_noise=1 --hotops_min_samples=1", "bad value '1' for --hotops_min_samples"},
+      {"--hotops_max_noise=1 --hotops_timeout=0", "bad value '0' for --hotops_timeout"},
+      {"--hotops_timeout=5", "--hotops_timeout belongs to the stopping rule"},
+      {"--hotops_min_samples=5", "--hotops_min_samples belongs to the stopping rule"},
+      {"--hotops_max_noise=1 --benchmark_min_time=5x", "the stopping rule decides how many samples"},
+  };
+  for (const auto& [args, expected] : cases) {
+    const Result r = run("--benchmark_filter=mlp_tiny " + args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
+    EXPECT_EQ(lines(r.output), 1u) << args << ": " << r.output;
+    EXPECT_NE(r.output.find(expected), std::string::npos) << args << ": " << r.output;
   }
 }
 

@@ -18,6 +18,11 @@ struct Options {
   bool roofline = true;               // --hotops_roofline=0|1: measure the ceilings, report fractions
   bool shuffle_layout = true;         // --hotops_shuffle_layout=0|1: device buffers at random offsets
   int gpus = 0;                       // --hotops_gpus=G: one process per GPU on G GPUs (0: not given)
+  // The stopping rule (docs/timing.md): off while max_noise is 0.
+  double max_noise = 0;               // --hotops_max_noise=P: stop once the samples' noise is below P percent
+  int min_samples = 10;               // --hotops_min_samples=N: at least N samples (with the rule)
+  double timeout = 15;                // --hotops_timeout=S: at most S seconds of samples per entry (with the rule)
+  double min_seconds = 0.05;          // the rule's least sampling time: --benchmark_min_time (set by bench)
   bool help = false;                  // --hotops_help
 };
 
