@@ -559,11 +559,12 @@ void expect_rule_keeps_names(const std::string& filter) {
     const std::string label = b["label"];
     const std::regex stopped(R"(\[stopped: (noise [0-9.e+-]+% <= 50%|noise settled at [0-9.e+-]+%|timeout \(15 s\) at noise [0-9.e+-]+%)\])");
     EXPECT_TRUE(std::regex_search(label, stopped)) << name << ": " << label;
-    // The reported time is the mean of the samples: within their spread of the run without the rule.
+    // The reported time is an execution's (the mean of the samples), not the sampling's: of the
+    // order of the run without the rule (a loose bound: other work on the machine moves both).
     const double t = b["real_time"], t0 = plain["benchmarks"][i]["real_time"];
     EXPECT_GT(t, 0) << name;
-    EXPECT_LT(t, 3 * t0) << name;
-    EXPECT_GT(t, t0 / 3) << name;
+    EXPECT_LT(t, 10 * t0) << name << ": " << t << " against " << t0 << " without the rule";
+    EXPECT_GT(t, t0 / 10) << name << ": " << t << " against " << t0 << " without the rule";
   }
   EXPECT_EQ(ruled["context"]["hotops_max_noise"].get<std::string>().rfind("50", 0), 0u);
   EXPECT_EQ(ruled["context"]["hotops_min_samples"].get<std::string>(), "3");
