@@ -200,7 +200,7 @@ const char* flags_help() {
          "                         G-1), for the multi-GPU entries (gpus:G); docs/scaling.md\n"
          "  --hotops_max_noise=P   stopping rule: sample each entry until its samples' noise (relative\n"
          "                         standard deviation) is below P percent, or has settled, or the timeout\n"
-         "                         (default off: --benchmark_min_time governs); docs/timing.md\n"
+         "                         (default, and 0: off; --benchmark_min_time governs); docs/timing.md\n"
          "  --hotops_min_samples=N with --hotops_max_noise: at least N samples an entry (default 10)\n"
          "  --hotops_timeout=S     with --hotops_max_noise: at most S seconds of samples an entry (default 15)\n"
          "  --hotops_threads=N     CPU threads for oneDNN and hotops' loops (default: all cores)\n"
@@ -257,11 +257,12 @@ Options parse_flags(int& argc, char** argv) {
       const double f = std::strtod(v.c_str(), &end);
       const bool noise = flag == "hotops_max_noise";
       const double most = noise ? 100 : 86400;
-      if (v.empty() || *end != '\0' || !(f > 0 && f <= most))
+      // A target of 0 turns the rule off, as leaving the flag out does.
+      if (v.empty() || *end != '\0' || !((f > 0 || (noise && f == 0)) && f <= most))
         throw FlagError("hotops: bad value '" + v + "' for --" + flag + ": expected " +
-                        (noise ? "a percentage above 0, at most 100, e.g. 0.5" : "seconds above 0, at most 86400"));
+                        (noise ? "a percentage from 0 (off) to 100, e.g. 0.5" : "seconds above 0, at most 86400"));
       (noise ? o.max_noise : o.timeout) = f;
-      (noise ? ruled_noise : ruled_timeout) = true;
+      (noise ? ruled_noise : ruled_timeout) = f > 0;
     } else if (flag == "hotops_min_samples") {
       need_value();
       o.min_samples = static_cast<int>(parse_int(flag, v, 2, 1000000, "a count from 2 to 1000000"));
@@ -290,7 +291,7 @@ Options parse_flags(int& argc, char** argv) {
   }
   if ((ruled_samples || ruled_timeout) && !ruled_noise)
     throw FlagError(std::string("hotops: --") + (ruled_samples ? "hotops_min_samples" : "hotops_timeout") +
-                    " belongs to the stopping rule, which --hotops_max_noise=P turns on");
+                    " belongs to the stopping rule, which --hotops_max_noise=P (P above 0) turns on");
   argc = out;
   argv[argc] = nullptr;
   return o;

@@ -529,22 +529,15 @@ TEST(BenchSmoke, EveryEntryHasSamplesAndNoise) {
   }
 }
 
-// The names, in order, and the parsed JSON of a run of `args` written to `out`.
-nlohmann::json run_json(const std::string& args, const std::string& out) {
-  const Result r = run(args + " --hotops_roofline=0 --benchmark_out=" + out);
-  EXPECT_EQ(r.exit_code, 0) << args << ": " << r.output;
-  std::ifstream f(out);
-  return f ? nlohmann::json::parse(f) : nlohmann::json();
-}
-
 // The stopping rule on `filter`'s entries: the names a run without the rule gives, each entry's
 // samples at least the minimum, its executions at least its samples, one iteration, one stop
 // reason in its label, and the rule's settings in the context.
 void expect_rule_keeps_names(const std::string& filter) {
-  const nlohmann::json plain = run_json("--benchmark_filter='" + filter + "' --benchmark_min_time=0.01", temp_path("plain"));
-  const nlohmann::json ruled =
-      run_json("--benchmark_filter='" + filter + "' --benchmark_min_time=0.01 --hotops_max_noise=50 --hotops_min_samples=3",
-               temp_path("ruled"));
+  Result r;
+  const nlohmann::json plain = run_json("--benchmark_filter='" + filter + "'", r);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json ruled = run_json("--benchmark_filter='" + filter + "' --hotops_max_noise=50 --hotops_min_samples=3", r);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_FALSE(plain["benchmarks"].empty());
   ASSERT_EQ(plain["benchmarks"].size(), ruled["benchmarks"].size());
   for (std::size_t i = 0; i < plain["benchmarks"].size(); ++i) {
@@ -559,8 +552,10 @@ void expect_rule_keeps_names(const std::string& filter) {
     const std::string label = b["label"];
     const std::regex stopped(R"(\[stopped: (noise [0-9.e+-]+% <= 50%|noise settled at [0-9.e+-]+%|timeout \(15 s\) at noise [0-9.e+-]+%)\])");
     EXPECT_TRUE(std::regex_search(label, stopped)) << name << ": " << label;
+    EXPECT_EQ(label.find("[stopped:"), label.rfind("[stopped:")) << name << ": " << label;
     // The reported time is an execution's (the mean of the samples), not the sampling's: of the
-    // order of the run without the rule (a loose bound: other work on the machine moves both).
+    // order of the run without the rule (a loose bound: other work on the machine moves both;
+    // StoppingRuleReportsTheMeanOfItsSamples checks the mean exactly).
     const double t = b["real_time"], t0 = plain["benchmarks"][i]["real_time"];
     EXPECT_GT(t, 0) << name;
     EXPECT_LT(t, 10 * t0) << name << ": " << t << " against " << t0 << " without the rule";
@@ -582,26 +577,73 @@ TEST(BenchSmoke, StoppingRuleKeepsTheNamesAndSaysWhyItStoppedCuda) {
                           "model.mlp_tiny/cuda/f32/train/batch:10/");
 }
 
-// An unreachable noise target ends each entry at the timeout or when the noise has settled, not later.
-TEST(BenchSmoke, StoppingRuleEndsAtTheTimeout) {
+// The entry of known timing (HOTOPS_TEST_FAULT=alternating: executions of 1 ms and 3 ms in turn,
+// one a sample) under a target it cannot reach: its time is the mean of its samples, 2 ms, its
+// noise theirs, about 50%, and its sampling ends when the noise has settled or at the timeout, not
+// later. The bounds above leave room for other work on the machine, which lengthens some samples.
+TEST(BenchSmoke, StoppingRuleReportsTheMeanOfItsSamples) {
+  Result r;
   const auto start = std::chrono::steady_clock::now();
-  const nlohmann::json j = run_json("--benchmark_filter='gelu/cpu/f32/fwd/shape:bert.ffn/.*/approx:none/real_time' "
-                                    "--hotops_max_noise=0.0001 --hotops_timeout=0.3",
-                                    temp_path("timeout"));
+  const nlohmann::json j = run_json("--benchmark_filter='^test.fault/' --benchmark_time_unit=ms --hotops_max_noise=0.0001 "
+                                    "--hotops_min_samples=3 --hotops_timeout=0.3",
+                                    r, "HOTOPS_TEST_FAULT=alternating");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ASSERT_EQ(j["benchmarks"].size(), 1u);
-  const std::string label = j["benchmarks"][0]["label"];
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(j["benchmarks"].size(), 1u) << r.output;
+  const auto& b = j["benchmarks"][0];
+  EXPECT_EQ(b["name"], "test.fault/cpu/f32/fwd/kind:alternating/real_time");
+  const double ms = b["real_time"], samples = b["samples"], executions = b["executions"];
+  EXPECT_EQ(executions, samples) << "each execution fills a CPU sample";
+  EXPECT_GE(samples, 16) << "settling needs 16 noise values";
+  EXPECT_GT(ms, 1.9) << "the mean of 1 ms and 3 ms (2 - 1/n with an odd count n)";
+  EXPECT_LT(ms, 2.5) << "the mean of 1 ms and 3 ms";
+  EXPECT_GT(b["noise_pct"].get<double>(), 45);
+  const std::string label = b["label"];
   EXPECT_TRUE(label.find("[stopped: timeout (0.3 s)") != std::string::npos ||
               label.find("[stopped: noise settled") != std::string::npos)
       << label;
-  EXPECT_LT(seconds, 20) << "the whole run, setup and verification included";
+  // Sampling ends at the first check past the timeout: at most one 3 ms sample (and the execution
+  // that sizes the batches) after it.
+  EXPECT_LT(executions * ms / 1e3, 0.3 + 0.05) << label;
+  EXPECT_LT(seconds, 10) << "the whole run, a process start and a 0.3 s entry";
+}
+
+// An unreachable target on real entries ends each at the timeout or when its noise has settled:
+// each entry's sampling takes at most about the timeout.
+TEST(BenchSmoke, StoppingRuleEndsAtTheTimeout) {
+  Result r;
+  const nlohmann::json j = run_json("--benchmark_filter='gelu/cpu/f32/fwd/shape:bert.ffn/.*/approx:none/' "
+                                    "--benchmark_time_unit=ms --hotops_max_noise=0.0001 --hotops_timeout=0.3",
+                                    r);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(j["benchmarks"].size(), 2u) << r.output;
+  for (const auto& b : j["benchmarks"]) {
+    const std::string label = b["label"];
+    EXPECT_TRUE(label.find("[stopped: timeout (0.3 s)") != std::string::npos ||
+                label.find("[stopped: noise settled") != std::string::npos)
+        << label;
+    // The sampling's time: its executions at their mean; one sample may end past the timeout.
+    const double ms = b["real_time"], executions = b["executions"];
+    EXPECT_LT(executions * ms / 1e3, 0.3 + 0.1) << b["name"] << ": " << label;
+  }
+}
+
+// 0 is the rule off, as no flag: Google Benchmark's loop, no executions counter.
+TEST(BenchSmoke, StoppingRuleTargetZeroIsOff) {
+  Result r;
+  const nlohmann::json b = run_tiny("--hotops_max_noise=0", r);
+  EXPECT_GT(b.value("iterations", 0), 1) << r.output;
+  EXPECT_FALSE(b.contains("executions")) << r.output;
+  EXPECT_EQ(b.value("label", "").find("[stopped:"), std::string::npos) << r.output;
 }
 
 TEST(BenchSmoke, StoppingRuleInputIsOneLineAndExitTwo) {
   const std::pair<std::string, std::string> cases[] = {
       {"--hotops_max_noise=-1", "bad value '-1' for --hotops_max_noise"},
       {"--hotops_max_noise=abc", "bad value 'abc' for --hotops_max_noise"},
-      {"--hotops_max_noise=0", "bad value '0' for --hotops_max_noise"},
+      {"--hotops_max_noise=-0.5", "bad value '-0.5' for --hotops_max_noise"},
+      {"--hotops_max_noise=101", "bad value '101' for --hotops_max_noise"},
+      {"--hotops_max_noise=0 --hotops_timeout=5", "--hotops_timeout belongs to the stopping rule"},
       {"--hotops_max_noise=1 --hotops_min_samples=1", "bad value '1' for --hotops_min_samples"},
       {"--hotops_max_noise=1 --hotops_timeout=0", "bad value '0' for --hotops_timeout"},
       {"--hotops_timeout=5", "--hotops_timeout belongs to the stopping rule"},
