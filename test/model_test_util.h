@@ -49,6 +49,8 @@ inline void expect_one_gpu_data_parallel(const Family& f, Problem p, const std::
   EXPECT_TRUE(chk.ok) << p.name() << ": " << chk.message;
   EXPECT_NE(c->label().find(buckets), std::string::npos) << c->label();
   EXPECT_NE(c->label().find("AdamW a launch per bucket after its all-reduce"), std::string::npos) << c->label();
+  const char* wire = p.dtype == DType::bf16 ? "all-reduce (avg) of the gradients in bf16" : "all-reduce (avg) of the f32 gradients";
+  EXPECT_NE(c->label().find(wire), std::string::npos) << c->label();
   const trace::Breakdown b = gpu::measure_breakdown(*c, 0, 2);
   for (const char* op : {"allreduce", "adamw"})
     EXPECT_TRUE(std::any_of(b.parts.begin(), b.parts.end(), [&](const trace::Part& part) { return part.op == op; }))

@@ -14,6 +14,10 @@
 #include "hotops/op_family.h"
 #include "hotops/plan.h"
 
+#ifdef HOTOPS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace hotops::copy {
 
 enum class Kind { memcpy, h2d, d2h, nchw_to_nhwc, nhwc_to_nchw, f32_to_bf16, bf16_to_f32 };
@@ -89,6 +93,10 @@ struct Args {
 HOTOPS_PLAN_FACTORIES(Shape, Args);
 
 #ifdef HOTOPS_HAVE_CUDA
+// The dtype conversions' kernels (k: f32_to_bf16 or bf16_to_f32) over `count` elements on stream `st`,
+// src and dst 16-byte aligned: what the conversion plans run on gpu::stream(), for callers with a
+// stream of their own (the data-parallel steps' all-reduce stream).
+void cuda_convert(Kind k, const void* src, void* dst, std::size_t count, cudaStream_t st);
 // `bytes` of pinned (page-locked, cudaHostAlloc) host memory, which the GPU's copy engines read and
 // write directly; freed when its last owner lets go.
 std::shared_ptr<void> pinned_host(std::size_t bytes);

@@ -155,6 +155,28 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The blocks of a conversion of n elements: a thread per group of 8 (f32 -> bf16) or 4 (bf16 -> f32)
+// elements and one per element of the tail.
+std::int64_t convert_blocks(Kind k, std::size_t count) {
+  const std::int64_t n = static_cast<std::int64_t>(count), per = k == Kind::f32_to_bf16 ? 8 : 4;
+  return ceil_div(n / per + n % per, kThreads);
+}
+
+}  // namespace
+
+void cuda_convert(Kind k, const void* src, void* dst, std::size_t count, cudaStream_t st) {
+  const auto n = static_cast<std::int64_t>(count);
+  const auto blocks = static_cast<unsigned>(convert_blocks(k, count));
+  if (n == 0) return;
+  if (k == Kind::f32_to_bf16)
+    f32_to_bf16<<<blocks, kThreads, 0, st>>>(static_cast<const float*>(src), static_cast<__nv_bfloat16*>(dst), n);
+  else
+    bf16_to_f32<<<blocks, kThreads, 0, st>>>(static_cast<const __nv_bfloat16*>(src), static_cast<float*>(dst), n);
+  HOTOPS_CHECK_LAUNCH();
+}
+
+namespace {
+
 // ---- the plans -------------------------------------------------------------------------------
 
 const char* host_name(Host h) { return h == Host::pinned ? "pinned (cudaHostAlloc)" : "pageable"; }
@@ -204,10 +226,8 @@ class CudaConvert final : public Plan {
         throw Error("the transpose grid's y and z axes (rows / tile, batch) are limited to 65535: " + shape_name(),
                     ErrorKind::unsupported);
     } else {
-      const std::int64_t n = static_cast<std::int64_t>(s_.count), per = s_.kind == Kind::f32_to_bf16 ? 8 : 4;
-      const std::int64_t threads = n / per + n % per;
-      blocks_ = ceil_div(threads, kThreads);
-      if (blocks_ > 0x7fffffff) throw Error("too many elements for one grid: " + shape_name(), ErrorKind::unsupported);
+      if (convert_blocks(s_.kind, s_.count) > 0x7fffffff)
+        throw Error("too many elements for one grid: " + shape_name(), ErrorKind::unsupported);
     }
     label_ = describe();
   }
@@ -220,15 +240,8 @@ class CudaConvert final : public Plan {
         if (s_.src == DType::bf16) launch_transpose<std::uint16_t>(a.src, a.dst, s_.N, rows_, cols_, st);
         else launch_transpose<std::uint32_t>(a.src, a.dst, s_.N, rows_, cols_, st);
         break;
-      case Kind::f32_to_bf16:
-        f32_to_bf16<<<static_cast<unsigned>(blocks_), kThreads, 0, st>>>(
-            static_cast<const float*>(a.src), static_cast<__nv_bfloat16*>(a.dst), static_cast<std::int64_t>(s_.count));
-        HOTOPS_CHECK_LAUNCH();
-        break;
       default:
-        bf16_to_f32<<<static_cast<unsigned>(blocks_), kThreads, 0, st>>>(
-            static_cast<const __nv_bfloat16*>(a.src), static_cast<float*>(a.dst), static_cast<std::int64_t>(s_.count));
-        HOTOPS_CHECK_LAUNCH();
+        cuda_convert(s_.kind, a.src, a.dst, s_.count, st);
     }
   }
 
@@ -257,7 +270,6 @@ class CudaConvert final : public Plan {
 
   Shape s_;
   std::int64_t rows_ = 0, cols_ = 0;  // the layouts: each image is a rows x cols matrix
-  std::int64_t blocks_ = 0;           // the dtype conversions
   std::string label_;
 };
 

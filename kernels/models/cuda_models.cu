@@ -197,7 +197,7 @@ class CudaModel final : public ModelCase {
     x_.upload(st_.x);
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(labels_.get(), st_.labels.data(), labels_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
     replica_ = r;
-    sync_ = std::make_unique<GradSync>(r, grads_.as<float>(), l_.total);
+    sync_ = std::make_unique<GradSync>(r, p.dtype, grads_.as<float>(), l_.total);
   }
 
   // The check of a data-parallel step (after its run from the seeded start): every replica's

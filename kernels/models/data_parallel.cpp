@@ -104,7 +104,7 @@ std::uint64_t bytes_hash(const void* data, std::size_t bytes) {
 
 #ifndef HOTOPS_HAVE_NCCL
 struct GradSync::Impl {};
-GradSync::GradSync(const Replica&, float*, std::size_t, std::size_t) {
+GradSync::GradSync(const Replica&, DType, float*, std::size_t, std::size_t) {
   std::string why;
   comm::built(&why);
   throw Error(why, ErrorKind::unsupported);

@@ -95,13 +95,15 @@ class BucketPlan {
 
 // The gradient all-reduce of a data-parallel step on CUDA (NCCL): buckets of `grads` (device memory,
 // `total` f32) all-reduced in place with ncclAvg (the sum over the ranks times 1/G; G is a power of
-// two, so the scaling is exact) on a stream of its own, each after an event on gpu::stream() where
+// two, so the scaling is exact) on a stream of its own, in `wire`: f32, or bf16 for the bf16 steps
+// (each bucket cast to bf16, all-reduced, and cast back into `grads`, as PyTorch DDP's
+// bf16_compress_hook does: half the bytes on the links and through memory), each after an event on gpu::stream() where
 // the step said the bucket's gradients are final, and each followed by an event of its own that the
 // optimizer of that bucket waits on. Everything is queued: a step with it can be captured in a CUDA
 // graph. In a build without NCCL making one throws an unsupported Error.
 class GradSync {
  public:
-  GradSync(const Replica& r, float* grads, std::size_t total, std::size_t cap = kBucketFloats);
+  GradSync(const Replica& r, DType wire, float* grads, std::size_t total, std::size_t cap = kBucketFloats);
   ~GradSync();
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
@@ -204,7 +206,7 @@ struct BatchReplica {
     global_seeded = make(global);
     per_sample = per;
     Shard{}(mine, global_seeded, per, replica, s.batch);
-    sync = std::make_unique<GradSync>(replica, grads, total);
+    sync = std::make_unique<GradSync>(replica, p.dtype, grads, total);
   }
   // This rank's shard of `start`, a start of the global batch (verification's); `batch` per GPU.
   State shard_of(const State& start, std::int64_t batch) const {

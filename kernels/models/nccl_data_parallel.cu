@@ -10,13 +10,16 @@
 #include "hotops/gpu.h"
 #include "hotops/nccl_util.h"
 #include "hotops/trace.h"
+#include "kernels/copy/copy.h"
 #include "kernels/models/data_parallel.h"
 
 namespace hotops::models {
 
 struct GradSync::Impl {
   Replica replica;
+  DType wire;                           // the all-reduce's dtype
   float* grads = nullptr;
+  gpu::DeviceBuffer wire16;             // bf16 wire: a bucket's gradients as sent (one bucket at a time)
   BucketPlan plan;
   std::size_t cap;                      // the buckets' least size, floats
   ncclComm_t comm = nullptr;
@@ -31,7 +34,8 @@ struct GradSync::Impl {
   int buckets = 0, last_buckets = 0;    // in the step in progress, in the last complete one
   gpu::DeviceBuffer scratch;            // the barrier's element; verification's exchanges
 
-  Impl(const Replica& r, float* g, std::size_t total, std::size_t c) : replica(r), grads(g), plan(total, c), cap(c) {}
+  Impl(const Replica& r, DType w, float* g, std::size_t total, std::size_t c)
+      : replica(r), wire(w), grads(g), plan(total, c), cap(c) {}
   ~Impl() {  // also where the constructor stopped part way
     if (side) cudaStreamSynchronize(side);
     for (cudaEvent_t e : events) cudaEventDestroy(e);
@@ -56,21 +60,32 @@ struct GradSync::Impl {
   }
 
   // The bucket's all-reduce on the side stream, after the work queued on hotops' stream so far, and
-  // the event its optimizer waits on.
+  // the event its optimizer waits on. A bf16 wire: the bucket cast to bf16, all-reduced, and cast
+  // back into the f32 gradients, all on the side stream (whose order keeps the buckets' casts apart,
+  // so that they share one buffer).
   void reduce(const Bucket& b) {
     const cudaEvent_t at = next_event(), reduced = next_event();
     HOTOPS_CHECK_CUDA(cudaEventRecord(at, gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaStreamWaitEvent(side, at, 0));
-    HOTOPS_CHECK_NCCL(ncclAllReduce(grads + b.begin, grads + b.begin, b.end - b.begin, ncclFloat32, ncclAvg, comm, side));
+    const std::size_t n = b.end - b.begin;
+    if (wire == DType::bf16) {
+      copy::cuda_convert(copy::Kind::f32_to_bf16, grads + b.begin, wire16.get(), n, side);
+      HOTOPS_CHECK_NCCL(ncclAllReduce(wire16.get(), wire16.get(), n, ncclBfloat16, ncclAvg, comm, side));
+      copy::cuda_convert(copy::Kind::bf16_to_f32, wire16.get(), grads + b.begin, n, side);
+    } else {
+      HOTOPS_CHECK_NCCL(ncclAllReduce(grads + b.begin, grads + b.begin, n, ncclFloat32, ncclAvg, comm, side));
+    }
     HOTOPS_CHECK_CUDA(cudaEventRecord(reduced, side));
     issued.push_back({b, reduced});
     ++buckets;
   }
 };
 
-GradSync::GradSync(const Replica& r, float* grads, std::size_t total, std::size_t cap)
-    : impl_(std::make_unique<Impl>(r, grads, total, cap)) {
+GradSync::GradSync(const Replica& r, DType wire, float* grads, std::size_t total, std::size_t cap)
+    : impl_(std::make_unique<Impl>(r, wire, grads, total, cap)) {
   Impl& s = *impl_;
+  HOTOPS_CHECK(wire == DType::f32 || wire == DType::bf16, "a data-parallel step all-reduces f32 or bf16 gradients");
+  if (wire == DType::bf16) s.wire16 = gpu::DeviceBuffer(total * sizeof(std::uint16_t));
   if (comm::world_size() == 1) comm::prepare(r.gpus);  // a process alone: its own communicator (gpus 1)
   s.comm = comm::get(r.gpus);
   HOTOPS_CHECK(s.comm, "rank " + std::to_string(r.rank) + " is not among the " + std::to_string(r.gpus) +
@@ -153,12 +168,13 @@ int GradSync::buckets() const { return impl_->last_buckets; }
 
 std::string GradSync::label() const {
   const Impl& s = *impl_;
-  char text[320];
+  char text[400];
   std::snprintf(text, sizeof text,
-                "; data parallel over %d GPU%s: NCCL %s all-reduce (avg) of the f32 gradients in %d bucket%s "
-                "(%.3g MiB or more but the last), on a second stream overlapping the backward, AdamW a launch "
-                "per bucket after its all-reduce",
-                s.replica.gpus, s.replica.gpus == 1 ? "" : "s", comm::nccl_version().c_str(), s.last_buckets,
+                "; data parallel over %d GPU%s: NCCL %s all-reduce (avg) of the %s in %d bucket%s "
+                "(%.3g MiB of f32 or more but the last), on a second stream overlapping the backward, AdamW a "
+                "launch per bucket after its all-reduce",
+                s.replica.gpus, s.replica.gpus == 1 ? "" : "s", comm::nccl_version().c_str(),
+                s.wire == DType::bf16 ? "gradients in bf16 (cast from f32 and back)" : "f32 gradients", s.last_buckets,
                 s.last_buckets == 1 ? "" : "s", static_cast<double>(s.cap) * sizeof(float) / 1048576.0);
   return text;
 }
