@@ -250,6 +250,47 @@ TEST(LstmMasters, PackAndUnpackAgreeWithTheLayout) {
     }
 }
 
+// The same at the models' shapes (lstm_textgen's 57 input channels, the IMDB BiLSTM's), f32 and, where
+// this CPU runs it, bf16, with the machine's threads: the weight formats oneDNN picks there (AMX-blocked
+// bf16 on an AMX Xeon) are packed from the f32 masters into the bytes the Layout packs.
+TEST(LstmMasters, PackAgreesWithTheLayoutAtTheModelsShapes) {
+  int compared = 0;
+  for (DType t : {DType::f32, DType::bf16})
+    for (bool bi : {false, true})
+      for (Direction dir : {Direction::fwd, Direction::bwd}) {
+        Shape s;
+        s.dtype = t, s.dir = dir, s.bidirectional = bi;
+        if (bi) s.T = 200, s.B = 64, s.I = 128, s.H = 128;
+        else s.T = 40, s.B = 32, s.I = 57, s.H = 128;
+        const std::string what = std::string(dtype_name(t)) + (bi ? " bi " : " uni ") + direction_name(dir);
+        std::unique_ptr<Layout> layout;
+        try {
+          layout = make_cpu_layout(s);
+        } catch (const Error& e) {
+          if (e.kind() == ErrorKind::unsupported) continue;  // bf16 on a CPU without it
+          throw;
+        }
+        const auto masters = make_cpu_masters(s);
+        const Inputs in = make_inputs(s, 5);
+        const HostBuffer want = layout->pack(in.w_ih, in.w_hh, in.b_ih, in.b_hh);
+        const auto f32 = [](const HostBuffer& b) {  // the masters: the inputs' values in f32 (exact)
+          HostBuffer out(DType::f32, b.count());
+          for (std::size_t i = 0; i < b.count(); ++i) out.set(i, b.get(i));
+          return out;
+        };
+        const HostBuffer w_ih = f32(in.w_ih), w_hh = f32(in.w_hh), b_ih = f32(in.b_ih), b_hh = f32(in.b_hh);
+        HostBuffer space(DType::f32, layout->weight_bytes() / 4);
+        std::memset(space.data(), 0, space.bytes());
+        MasterArgs m;
+        m.w_ih = w_ih.as<float>(), m.w_hh = w_hh.as<float>(), m.b_ih = b_ih.as<float>(), m.b_hh = b_hh.as<float>();
+        m.weights = space.data();
+        masters->pack(m);
+        EXPECT_EQ(std::memcmp(space.data(), want.data(), space.bytes()), 0) << what;
+        ++compared;
+      }
+  EXPECT_GE(compared, 4);  // f32 everywhere
+}
+
 // cuDNN's weight space is a plain array: positions() names where pack() put each element of
 // W_ih, W_hh, b_ih and b_hh. oneDNN's is not: no positions.
 TEST(LstmLayout, PositionsSayWherePackPutsEachElement) {
