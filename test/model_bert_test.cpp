@@ -214,12 +214,13 @@ TEST(ModelBertTraining, LossFallsCudaBf16) {
 }
 
 // gpus:1 (a communicator of this process alone): the data-parallel step verified against the
-// reference at its global batch, its gradients in backward-order buckets: three for the post-LN
-// layer (the FFN and LN2, the attention output and LN1, the QKV), two for the pre-LN layer (the FFN
+// reference at its global batch, its gradients in backward-order buckets: four for the post-LN
+// layer (the second FFN layer and LN2, the first FFN layer, the attention output and LN1, the QKV),
+// two for the pre-LN layer (the FFN
 // and LN2, then the rest: LN1's gradients come last); the work counts the global batch.
 TEST(ModelBertDataParallel, OneGpuBucketsAndVerifiesCuda) {
   model_test::expect_one_gpu_data_parallel(family(), problem("bert_layer", Backend::cuda, Direction::train, 2, DType::bf16),
-                                           "in 3 buckets");
+                                           "in 4 buckets");
   model_test::expect_one_gpu_data_parallel(family(), problem("vit_layer", Backend::cuda, Direction::train, 2), "in 2 buckets");
 }
 

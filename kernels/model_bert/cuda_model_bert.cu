@@ -318,12 +318,13 @@ class CudaLayer final : public LayerCase {
     }
     trace::op("mm");
     w2_w_->run(weight_grad(f_.get(), ds2, l_.w2));
+    if (!a.pre_ln) models::grads_ready(replicas_.sync, l_.w2);  // post-LN: the second FFN layer's and LayerNorm's are final
     w2_d_->run(data_grad(ds2, l_.w2, df_, nullptr));
     trace::op("gelu_bwd");
     gelu_bwd_->run({z_.get(), df_.get(), df_.get(), grads_.as<float>() + l_.b1});  // in place over df
     trace::op("mm");
     w1_w_->run(weight_grad(h1_.get(), df_.get(), l_.w1));
-    if (!a.pre_ln) models::grads_ready(replicas_.sync, l_.w1);  // post-LN: the FFN's and the second LayerNorm's are final
+    if (!a.pre_ln) models::grads_ready(replicas_.sync, l_.w1);  // post-LN: the first FFN layer's too
     w1_d_->run(data_grad(df_.get(), l_.w1, du2_, a.pre_ln ? nullptr : ds2));  // bert: du2 = df . W1^T + ds2
     trace::op("layernorm_bwd");
     if (a.pre_ln) {

@@ -93,7 +93,12 @@ GradSync::GradSync(const Replica& r, DType wire, float* grads, std::size_t total
   int n = 0;
   HOTOPS_CHECK_NCCL(ncclCommCount(s.comm, &n));
   HOTOPS_CHECK(n == r.gpus, "the communicator of " + std::to_string(r.gpus) + " GPUs has " + std::to_string(n) + " ranks");
-  HOTOPS_CHECK_CUDA(cudaStreamCreateWithFlags(&s.side, cudaStreamNonBlocking));
+  // The all-reduces' stream has the device's highest priority: a bucket's NCCL kernel takes the next
+  // free SMs instead of queueing behind the backward's pending blocks, so that it starts on every rank
+  // at about the same time (its blocks on a rank that started it first only wait for the others).
+  int least = 0, greatest = 0;
+  HOTOPS_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  HOTOPS_CHECK_CUDA(cudaStreamCreateWithPriority(&s.side, cudaStreamNonBlocking, greatest));
   s.make_events(total);
   s.scratch = gpu::DeviceBuffer(sizeof(double) * static_cast<std::size_t>(r.gpus));
   HOTOPS_CHECK_CUDA(cudaMemsetAsync(s.scratch.get(), 0, s.scratch.bytes(), gpu::stream()));
@@ -171,7 +176,7 @@ std::string GradSync::label() const {
   char text[400];
   std::snprintf(text, sizeof text,
                 "; data parallel over %d GPU%s: NCCL %s all-reduce (avg) of the %s in %d bucket%s "
-                "(%.3g MiB of f32 or more but the last), on a second stream overlapping the backward, AdamW a "
+                "(%.3g MiB of f32 or more but the last), on a second stream (high priority) overlapping the backward, AdamW a "
                 "launch per bucket after its all-reduce",
                 s.replica.gpus, s.replica.gpus == 1 ? "" : "s", comm::nccl_version().c_str(),
                 s.wire == DType::bf16 ? "gradients in bf16 (cast from f32 and back)" : "f32 gradients", s.last_buckets,
