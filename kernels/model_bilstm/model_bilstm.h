@@ -5,7 +5,8 @@
 // the op families' plans (embedding, lstm, matmul, loss, copy, AdamW) on the CPU (oneDNN lstm_forward /
 // lstm_backward + hotops' loops) and on CUDA (cuDNN's RNN API + hotops' kernels, CUB's radix sort
 // inside the embedding gradient). The models, where they depart from Keras' scripts, the directions
-// and bf16 mixed precision: docs/models.md, "The BiLSTM" and "The character LSTM".
+// and bf16 mixed precision: docs/models.md, "The BiLSTM" and "The character LSTM"; their data-parallel
+// train steps (gpus:G): docs/scaling.md.
 #pragma once
 #include <cstddef>
 #include <cstdint>
