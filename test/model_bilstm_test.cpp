@@ -1,16 +1,18 @@
 // The model_bilstm family (the BiLSTM and the character LSTM): the reference's gradients against
-// finite differences, verification failing on planted errors, the names and work, and the models
-// learning their tasks.
+// finite differences, verification failing on planted errors, the names and work, the models
+// learning their tasks, and the data-parallel steps.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "hotops/check.h"
 #include "hotops/gpu.h"
 #include "test/model_test_util.h"
 #include "kernels/model_bilstm/model_bilstm.h"
+#include "kernels/models/models.h"
 
 namespace hotops::model_bilstm {
 namespace {
@@ -476,12 +478,109 @@ TEST(ModelTextgenTraining, LossFallsCudaBf16) {
   model_test::expect_learns(family(), Backend::cuda, "lstm_textgen", 8, 30, DType::bf16);
 }
 
+// ---- data-parallel train steps (gpus:G; kernels/models/data_parallel.h) ----
+
+Problem data_parallel(const std::string& config, std::int64_t batch, int gpus, DType t = DType::f32) {
+  return model_problem(config, Backend::cuda, Direction::train, batch, "gpus", gpus, t);
+}
+
+// bilstm_imdb and lstm_textgen have data-parallel steps at their train batches (per GPU), G = 2, 4,
+// 8, in both dtypes, doing G times one GPU's work from the single-GPU step's start at G x B; the
+// tests' configurations have gpus:1 steps only.
+TEST(ModelBilstmDataParallel, NamesWorkAndSeed) {
+  model_test::expect_data_parallel_names(
+      family(), {{"bilstm_imdb", config_named("bilstm_imdb").batches}, {"lstm_textgen", config_named("lstm_textgen").batches}});
+  for (const Problem& p : family().benchmark_problems({7}))
+    if (p.has("gpus")) {
+      EXPECT_EQ(p.get_int("batch"), 7) << p.name();  // --hotops_batch sets the per-GPU batch
+    }
+
+  const Shape dp = shape_of(data_parallel("bilstm_imdb", 64, 4));
+  EXPECT_EQ(dp.gpus, 4);
+  EXPECT_EQ(dp.batch, 64);
+  // The seed: the tokens, the labels and the parameters.
+  model_test::expect_data_parallel_work_and_seed(family(), model_problem("bilstm_imdb", Backend::cuda, Direction::train, 64), 4);
+  model_test::expect_data_parallel_work_and_seed(
+      family(), model_problem("lstm_textgen", Backend::cuda, Direction::train, 512, nullptr, 0, DType::bf16), 8);
+  // gpus:G is a CUDA train step of its own.
+  EXPECT_THROW(shape_of(model_problem("bilstm_imdb", Backend::cpu, Direction::train, 8, "gpus", 2)), Error);
+  EXPECT_THROW(shape_of(model_problem("lstm_textgen", Backend::cuda, Direction::infer, 8, "gpus", 2)), Error);
+
+  std::vector<std::string> tests;
+  for (const Problem& p : family().test_problems())
+    if (p.has("gpus")) tests.push_back(p.name());
+  EXPECT_EQ(tests, (std::vector<std::string>{"model.bilstm_test/cuda/f32/train/batch:3/gpus:1", "model.bilstm_test/cuda/bf16/train/batch:3/gpus:1",
+                                              "model.textgen_test/cuda/f32/train/batch:3/gpus:1",
+                                              "model.textgen_test/cuda/bf16/train/batch:3/gpus:1"}));
+}
+
+// A replica's shard of the global batch is that batch's samples r B .. (r + 1) B - 1: their tokens,
+// labels and targets, and for the one-hot input their rows of every time step of x [T, B, E], which
+// the shards, put back side by side at each time step, make up again.
+TEST(ModelBilstmDataParallel, ShardsAreTheGlobalBatchsSamples) {
+  for (const char* config : {"bilstm_test", "textgen_test"})
+    for (DType t : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(std::string(config) + " " + dtype_name(t));
+      const std::int64_t B = 3, G = 4;
+      const Shape global = shape_of(model_problem(config, Backend::cuda, Direction::train, G * B, nullptr, 0, t));
+      const Layout l = layout_of(global.cfg);
+      const State all = make_state(global, l, 5);
+      const auto T = static_cast<std::size_t>(global.cfg.T), E = static_cast<std::size_t>(global.cfg.E);
+      HostBuffer joined(t, all.x.count());
+      for (int r = 0; r < G; ++r) {
+        State mine;
+        SampleShard{}(mine, all, T, models::Replica{static_cast<int>(G), r}, B);
+        ASSERT_EQ(mine.tokens.size(), static_cast<std::size_t>(B) * T);
+        ASSERT_EQ(mine.labels.size(), static_cast<std::size_t>(B));
+        for (std::size_t b = 0; b < static_cast<std::size_t>(B); ++b) {
+          const std::size_t g = static_cast<std::size_t>(r * B) + b;
+          EXPECT_EQ(mine.labels[b], all.labels[g]);
+          EXPECT_EQ(mine.targets[b], all.targets[g]);
+          for (std::size_t s = 0; s < T; ++s) EXPECT_EQ(mine.tokens[b * T + s], all.tokens[g * T + s]);
+        }
+        if (!global.cfg.one_hot) {
+          EXPECT_EQ(mine.x.count(), 0u);
+          continue;
+        }
+        ASSERT_EQ(mine.x.count(), T * static_cast<std::size_t>(B) * E);
+        EXPECT_EQ(mine.x.dtype(), t);
+        for (std::size_t s = 0; s < T; ++s)
+          for (std::size_t b = 0; b < static_cast<std::size_t>(B); ++b)
+            for (std::size_t e = 0; e < E; ++e) {
+              const double v = mine.x.get((s * static_cast<std::size_t>(B) + b) * E + e);
+              EXPECT_EQ(v, e == static_cast<std::size_t>(mine.tokens[b * T + s]) ? 1.0 : 0.0);
+              joined.set((s * static_cast<std::size_t>(G * B) + static_cast<std::size_t>(r * B) + b) * E + e, v);
+            }
+      }
+      if (global.cfg.one_hot) {
+        EXPECT_EQ(std::memcmp(joined.data(), all.x.data(), all.x.bytes()), 0);
+      }
+    }
+}
+
+// gpus:1 (a communicator of this process alone): the data-parallel step verified against the
+// reference at its global batch; bilstm_imdb's gradients in two buckets (the LSTM's and the dense
+// head's, final after the LSTM's backward; then the embedding's), the character LSTM's and the tiny
+// configurations' in one.
+TEST(ModelBilstmDataParallel, OneGpuBucketsAndVerifiesCuda) {
+  model_test::expect_one_gpu_data_parallel(family(), model_problem("bilstm_imdb", Backend::cuda, Direction::train, 4), "in 2 buckets");
+  model_test::expect_one_gpu_data_parallel(family(), model_problem("lstm_textgen", Backend::cuda, Direction::train, 4, nullptr, 0, DType::bf16),
+                                           "in 1 bucket ");
+  for (DType t : {DType::f32, DType::bf16})
+    for (const char* config : {"bilstm_test", "textgen_test"})
+      model_test::expect_one_gpu_data_parallel(family(), model_problem(config, Backend::cuda, Direction::train, 3, nullptr, 0, t),
+                                               "in 1 bucket ");
+}
+
 }  // namespace
-// The CUDA bf16 train steps' copy of the master weights is written by AdamW, never cast in a step.
+// The CUDA bf16 train steps' copy of the master weights is written by AdamW, never cast in a step; a
+// data-parallel step's too, by its per-bucket launches.
 TEST(ModelBilstmBf16Copy, KeptByAdamwCuda) {
   HOTOPS_SKIP_WITHOUT_GPU();
   model_test::expect_bf16_copy_kept(family(), model_test::model_problem("bilstm_test", Backend::cuda, Direction::train, 32, nullptr, 0, DType::bf16), 3);
   model_test::expect_bf16_copy_kept(family(), model_test::model_problem("textgen_test", Backend::cuda, Direction::train, 8, nullptr, 0, DType::bf16), 3);
+  const Problem one_gpu = model_test::model_problem("bilstm_imdb", Backend::cuda, Direction::train, 4, "gpus", 1, DType::bf16);
+  if (family().unsupported_reason(one_gpu).empty()) model_test::expect_bf16_copy_kept(family(), one_gpu, 3);
 }
 
 }  // namespace hotops::model_bilstm

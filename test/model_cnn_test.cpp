@@ -279,18 +279,7 @@ Problem data_parallel(const std::string& arch, std::int64_t batch, int gpus, DTy
 // both dtypes, doing G times one GPU's work; keras_cnn, with batch normalization, has none, and a
 // problem of it says why; the tests' gpus:1 steps are the tiny architectures'.
 TEST(ModelCnnDataParallel, NamesWorkAndTheBatchNormalizedModel) {
-  std::vector<std::string> names;
-  for (const Problem& p : family().benchmark_problems({})) names.push_back(p.name());
-  for (const char* arch : {"vgg_cifar", "cnn_mnist"})
-    for (std::int64_t b : arch_named(arch).batches)
-      for (int g : {2, 4, 8})
-        for (const char* t : {"f32", "bf16"}) {
-          const std::string n = std::string("model.") + arch + "/cuda/" + t + "/train/batch:" + std::to_string(b) + "/gpus:" + std::to_string(g);
-          EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
-        }
-  EXPECT_EQ(std::count_if(names.begin(), names.end(), [](const std::string& n) { return n.find("/gpus:") != std::string::npos; }),
-            2 * 3 * 3 * 2);
-  for (const std::string& n : names) EXPECT_FALSE(n.find("keras_cnn") != std::string::npos && n.find("/gpus:") != std::string::npos) << n;
+  model_test::expect_data_parallel_names(family(), {{"vgg_cifar", arch_named("vgg_cifar").batches}, {"cnn_mnist", arch_named("cnn_mnist").batches}});
   const std::string why = family().unsupported_reason(data_parallel("keras_cnn", 16, 2));
   EXPECT_NE(why.find("batch normalization"), std::string::npos) << why;
   EXPECT_FALSE(data_parallel_arch_reason(arch_named("keras_test")).empty());
@@ -299,12 +288,8 @@ TEST(ModelCnnDataParallel, NamesWorkAndTheBatchNormalizedModel) {
   const Problem dp = data_parallel("vgg_cifar", 128, 4);
   EXPECT_EQ(shape_of(dp).gpus, 4);
   EXPECT_EQ(shape_of(dp).batch, 128);
-  const Work one = family().work(problem("vgg_cifar", Backend::cuda, Direction::train, 128)), all = family().work(dp);
-  EXPECT_DOUBLE_EQ(all.items, 4 * 128);
-  EXPECT_DOUBLE_EQ(all.flops, 4 * one.flops);
-  EXPECT_DOUBLE_EQ(all.bytes, 4 * one.bytes);
-  // The seed (the images, the parameters and the dropout keys) is the single-GPU step's at G x B.
-  EXPECT_EQ(models::step_seed(dp), models::step_seed(problem("vgg_cifar", Backend::cuda, Direction::train, 512)));
+  // The seed: the images, the parameters and the dropout keys.
+  model_test::expect_data_parallel_work_and_seed(family(), problem("vgg_cifar", Backend::cuda, Direction::train, 128), 4);
   // gpus:G is a CUDA train step.
   EXPECT_THROW(shape_of(model_test::model_problem("vgg_cifar", Backend::cpu, Direction::train, 8, "gpus", 2)), Error);
 

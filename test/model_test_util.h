@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hotops/buffer.h"
@@ -32,6 +33,40 @@ inline Problem model_problem(const std::string& name, Backend be, Direction d, s
   Problem p{"model." + name, be, t, d, {{"batch", std::to_string(batch)}}};
   if (key) p.args.push_back({key, std::to_string(value)});
   return p;
+}
+
+// The data-parallel problems among `f`'s benchmark problems are those of `models` (each a model's
+// name and the batches of its single-GPU train steps) at each batch (per GPU), G = 2, 4 and 8, in
+// f32 and bf16, and no others.
+inline void expect_data_parallel_names(const Family& f, const std::vector<std::pair<std::string, std::vector<std::int64_t>>>& models) {
+  std::vector<std::string> names;
+  for (const Problem& p : f.benchmark_problems({}))
+    if (p.has("gpus")) names.push_back(p.name());
+  std::size_t expected = 0;
+  for (const auto& [model, batches] : models)
+    for (std::int64_t b : batches)
+      for (int g : {2, 4, 8})
+        for (const char* t : {"f32", "bf16"}) {
+          const std::string n = "model." + model + "/cuda/" + t + "/train/batch:" + std::to_string(b) + "/gpus:" + std::to_string(g);
+          EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+          ++expected;
+        }
+  EXPECT_EQ(names.size(), expected);
+}
+
+// The data-parallel step over `gpus` GPUs of the single-GPU train problem `p` (its batch B per GPU)
+// does `gpus` times `p`'s work and starts from `p`'s seeded start at batch gpus x B (the global batch
+// and the parameters).
+inline void expect_data_parallel_work_and_seed(const Family& f, const Problem& p, int gpus) {
+  Problem dp = p, global = p;
+  dp.args.push_back({"gpus", std::to_string(gpus)});
+  for (Arg& a : global.args)
+    if (a.key == "batch") a.value = std::to_string(gpus * p.get_int("batch"));
+  const Work one = f.work(p), all = f.work(dp);
+  EXPECT_DOUBLE_EQ(all.items, gpus * one.items) << dp.name();
+  EXPECT_DOUBLE_EQ(all.flops, gpus * one.flops) << dp.name();
+  EXPECT_DOUBLE_EQ(all.bytes, gpus * one.bytes) << dp.name();
+  EXPECT_EQ(models::step_seed(dp), models::step_seed(global)) << dp.name();
 }
 
 // The data-parallel step of `p` (a train problem) on a communicator of this process alone (gpus:1):

@@ -15,6 +15,7 @@
 #include "kernels/lstm/lstm.h"
 #include "kernels/model_bilstm/model_bilstm.h"
 #include "kernels/models/cuda_step.cuh"
+#include "kernels/models/data_parallel.h"
 
 namespace hotops::model_bilstm {
 namespace {
@@ -141,6 +142,11 @@ class CudaBilstm final : public ModelCase {
       }
       restart_optimizer();
     }
+    if (s_.gpus) {  // data parallel: this rank's shard of the global batch, and the all-reduce of the flat gradients
+      replicas_.start(p, s_, static_cast<std::size_t>(c_.T), [&](const Shape& g) { return make_state(g, l_, models::step_seed(p)); },
+                      st_, grads_.as<float>(), total_);
+      upload_batch();
+    }
     // Zero initial states (h0, c0 null), cT not kept; dy zero, dcT null (zero), dh0 and dc0 not asked for.
     lstm_args_.x = x_.get(), lstm_args_.weights = weights(), lstm_args_.y = y_.get(), lstm_args_.hT = hT_.get();
     if (s_.variant == Variant::e2e && !s_.train()) logits_host_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * C));
@@ -199,8 +205,7 @@ class CudaBilstm final : public ModelCase {
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
     Outcome o;
     if (!s_.train() || s_.bf16()) {  // bf16 train checks the step's logits too (model_bilstm.cpp)
-      o.logits = HostBuffer(s_.dtype, static_cast<std::size_t>(s_.batch * c_.C));
-      logits_.download(o.logits);
+      o.logits = step_logits();
       if (!s_.train()) return verify_outcome(s_, l_, st_, o);
     }
     o.loss = static_cast<float>(last_loss());
@@ -209,7 +214,9 @@ class CudaBilstm final : public ModelCase {
     params_.download(p);
     o.grads = to_canonical(g);
     o.params = to_canonical(p);
-    Check c = verify_outcome(s_, l_, st_, o);
+    // The verified start is the seeded one (a data-parallel step's: the global batch's, of which this rank ran its shard).
+    Check c = replicas_.check(s_, st_, replicas_.global_seeded, o,
+                              [&](const Shape& sh, const State& st, const Outcome& out) { return verify_outcome(sh, l_, st, out); });
     c.merge(adamw::check_device_step(state_.as<const StepState>(), 1), "step");
     return c;
   }
@@ -224,6 +231,7 @@ class CudaBilstm final : public ModelCase {
     if (s_.variant == Variant::plain && !capturable_) l += "; not graph-capturable (capture failed at setup): launched one by one";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the tokens (and labels), launches, D2H, sync";
     if (s_.variant == Variant::graph) l += "; graph: pageable H2D of tokens and labels, 1 CUDA graph, D2H loss, sync";
+    if (replicas_.sync) l += replicas_.sync->label();
     return l;
   }
 
@@ -242,6 +250,7 @@ class CudaBilstm final : public ModelCase {
            "e2e:1 shows it)";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the tokens (and labels), launches one by one (cuDNN's bf16 RNN calls are host-bound), D2H, sync";
     if (s_.variant == Variant::graph) l += "; graph: pageable H2D of tokens and labels, 1 CUDA graph, D2H loss, sync";
+    if (replicas_.sync) l += replicas_.sync->label();
     return l;
   }
 
@@ -252,7 +261,8 @@ class CudaBilstm final : public ModelCase {
                            : "cross_entropy fwd and bwd plans" + math + ", bias_grad plan (" + bias_->label() + ")";
   }
   std::string backward_label() const {
-    return (lookup_bwd_ ? ", embedding bwd plan (" + lookup_bwd_->label() + ")" : std::string()) + ", AdamW 1 launch";
+    return (lookup_bwd_ ? ", embedding bwd plan (" + lookup_bwd_->label() + ")" : std::string()) +
+           (replicas_.sync ? "" : ", AdamW 1 launch");  // data parallel: a launch per bucket (the all-reduce's label)
   }
 
   // The harness may capture a plain f32 step into its graphs; a plain bf16 step already is one.
@@ -264,6 +274,9 @@ class CudaBilstm final : public ModelCase {
   // replayed graph is the same device work; e2e:1 still launches one by one and shows the host cost.
   bool replays() const { return s_.bf16() && s_.variant == Variant::plain && capturable_; }
   bool host_timed() const override { return s_.variant != Variant::plain; }
+  void align() override {
+    if (replicas_.sync) replicas_.sync->align();
+  }
 
   double last_loss() override {
     HOTOPS_CHECK(s_.train(), "model_bilstm: an infer case has no loss");
@@ -281,6 +294,17 @@ class CudaBilstm final : public ModelCase {
   // cuDNN's weight space: the f32 masters' LSTM region, or its bf16 copy.
   void* weights() const {
     return s_.bf16() ? static_cast<void*>(low(lstm_)) : static_cast<void*>(params_.as<float>() + lstm_);
+  }
+
+  // The step's logits [batch, C]; a data-parallel step's those of the global batch, gathered from the
+  // ranks in sample order.
+  HostBuffer step_logits() const {
+    const auto C = static_cast<std::size_t>(c_.C);
+    if (replicas_.sync)
+      return models::leading_samples(*replicas_.sync, replicas_.replica, logits_.get(), s_.dtype, C, s_.batch, replicas_.global.batch);
+    HostBuffer h(s_.dtype, static_cast<std::size_t>(s_.batch) * C);
+    logits_.download(h);
+    return h;
   }
 
   static void poison(float* at, std::int64_t n) {
@@ -361,7 +385,6 @@ class CudaBilstm final : public ModelCase {
 
   // The step on the LSTM's dtype (bf16 after the cast of the weights), through the plans.
   void device_step_on() {
-    cudaStream_t st = gpu::stream();
     if (lookup_) {
       trace::op("embedding");
       lookup_->run(lookup_args_);
@@ -382,6 +405,7 @@ class CudaBilstm final : public ModelCase {
     }
     trace::op("mm");
     head_wgrad_->run(head_wgrad_args_);
+    models::grads_ready(replicas_.sync, dense_w_);  // the dense head's are final
     head_dgrad_->run(head_dgrad_args_);
 
     trace::op("lstm_bwd");  // the dweights zeroed, BackwardData, BackwardWeights (ADD)
@@ -390,16 +414,17 @@ class CudaBilstm final : public ModelCase {
       trace::op("copy");  // cuDNN's bf16 weight gradients into the f32 ones
       widen_->run(widen_args_);
     }
+    models::grads_ready(replicas_.sync, lstm_);  // the LSTM's (cuDNN's weight space) and the head's are final
 
     if (lookup_bwd_) {
       trace::op("embedding_bwd");  // the batch's tokens sorted on the device, then every row of dE
       lookup_bwd_->run(lookup_bwd_args_);
     }
 
-    trace::op("adamw");  // the step count advanced by the loss plan (fused_loss) or by this launch
-    adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-                     s_.bf16() ? low_.as<std::uint16_t>() : nullptr, static_cast<std::int64_t>(total_), state_.as<StepState>(),
-                     c_.fused_loss() ? nullptr : &hyper_, st);
+    // The step count advanced by the loss plan (fused_loss) or by the (last) AdamW launch.
+    models::adamw_step(replicas_.sync, params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
+                       s_.bf16() ? low_.as<std::uint16_t>() : nullptr, total_, state_.as<StepState>(),
+                       c_.fused_loss() ? nullptr : &hyper_);
   }
 
   Shape s_;
@@ -434,6 +459,7 @@ class CudaBilstm final : public ModelCase {
   float loss_host_ = 0;
   bool capturable_ = false;
   gpu::StepGraph graph_;  // graph:1
+  models::BatchReplica<Shape, State, SampleShard> replicas_;  // gpus:G (data parallel)
 };
 
 }  // namespace

@@ -5,8 +5,9 @@
 // one variant arg: threads:T (CPU, T OpenMP threads), e2e:1 (CUDA, host time of the step with the
 // tokens and labels copied from pageable host memory and the loss or logits copied back), graph:1
 // (CUDA train, as e2e with the device part replayed as one CUDA graph captured at setup). Without a
-// variant arg a CUDA step is device time, the batch already on the device. bf16 is mixed precision
-// (model_bilstm.h); every problem exists in both dtypes.
+// variant arg a CUDA step is device time, the batch already on the device. gpus:G (CUDA train): the
+// data-parallel step over G GPUs, batch per GPU (kernels/models/data_parallel.h). bf16 is mixed
+// precision (model_bilstm.h); every problem exists in both dtypes.
 #include "kernels/model_bilstm/model_bilstm.h"
 
 
@@ -27,8 +28,16 @@ class BilstmFamily final : public models::ModelFamily {
  public:
   BilstmFamily() : models::ModelFamily("model_bilstm", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
+  // The single-GPU and CPU steps, then the data-parallel train steps at the same per-GPU batches.
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    return models::step_problems(configs(), batches, models::thread_sweep(), true);
+    std::vector<Problem> out = models::step_problems(configs(), batches, models::thread_sweep(), true);
+    for (const Problem& p : models::data_parallel_problems(configs(), batches)) out.push_back(p);
+    return out;
+  }
+
+  std::string unsupported_reason(const Problem& p) const override {
+    if (p.has("gpus")) return models::data_parallel_reason(p);
+    return models::ModelFamily::unsupported_reason(p);
   }
 
   std::vector<Problem> test_problems() const override {
@@ -39,6 +48,9 @@ class BilstmFamily final : public models::ModelFamily {
     models::expand_step_problems("bilstm_test", 8, {}, true, out, /*with_bf16=*/true);
     // The character LSTM's (one direction, one-hot input, 19 classes: past cross_entropy_dbias's 16).
     models::expand_step_problems("textgen_test", 3, {1}, true, out, /*with_bf16=*/true);
+    // The data-parallel step on a communicator of one process: its whole path on one GPU.
+    models::add_data_parallel_test_problems("bilstm_test", 3, out);
+    models::add_data_parallel_test_problems("textgen_test", 3, out);
     return out;
   }
 
@@ -52,7 +64,10 @@ class BilstmFamily final : public models::ModelFamily {
   // every parameter and AdamW's m and v (6 x 4 bytes per parameter, as the dense models).
   // bf16 keeps the f32 parameters (its per-step bf16 copy is not counted, as the dense models'); its
   // logits are 2 bytes.
-  Work work(const Problem& p) const override {
+  // A data-parallel step (gpus:G) does G replicas' work: G times one GPU's (items: the global batch).
+  Work work(const Problem& p) const override { return models::over_replicas(p, one_gpu_work(p)); }
+
+  static Work one_gpu_work(const Problem& p) {
     const Shape s = shape_of(p);
     const Config& c = s.cfg;
     const Layout l = layout_of(c);
@@ -102,6 +117,7 @@ Shape shape_of(const Problem& p) {
   Shape s;
   s.cfg = config_named(a.model);
   models::copy_step_args(a, s);
+  s.gpus = a.gpus;
   return s;
 }
 
@@ -212,6 +228,21 @@ State make_state(const Shape& s, const Layout& l, std::uint64_t seed) {
   for (const Part& part : parts) models::fill_uniform_at(st.params, part.at, part.n, seed, stream++, -part.bound, part.bound);
   models::zero_moments(st.m, st.v, l.total);
   return st;
+}
+
+void SampleShard::operator()(State& out, const State& global, std::size_t T, const models::Replica& r, std::int64_t batch) const {
+  out.tokens = models::shard(global.tokens, T, r, batch);
+  out.labels = models::shard(global.labels, 1, r, batch);
+  out.targets = models::shard(global.targets, 1, r, batch);
+  if (global.x.count() == 0) return;
+  // x [T, G B, E]: at each time step, the shard's B rows of E from row r B on.
+  const std::size_t B = static_cast<std::size_t>(batch), rows = global.labels.size();
+  const std::size_t row_bytes = global.x.bytes() / (T * rows);
+  out.x = HostBuffer(global.x.dtype(), global.x.count() / rows * B);
+  const auto* from = static_cast<const std::byte*>(global.x.data());
+  auto* to = static_cast<std::byte*>(out.x.data());
+  for (std::size_t t = 0; t < T; ++t)
+    std::memcpy(to + t * B * row_bytes, from + (t * rows + static_cast<std::size_t>(r.rank) * B) * row_bytes, B * row_bytes);
 }
 
 // Bounds, from one step at the seeded start (optimizer step 1):

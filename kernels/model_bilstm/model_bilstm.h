@@ -5,7 +5,8 @@
 // the op families' plans (embedding, lstm, matmul, loss, copy, AdamW) on the CPU (oneDNN lstm_forward /
 // lstm_backward + hotops' loops) and on CUDA (cuDNN's RNN API + hotops' kernels, CUB's radix sort
 // inside the embedding gradient). The models, where they depart from Keras' scripts, the directions
-// and bf16 mixed precision: docs/models.md, "The BiLSTM" and "The character LSTM".
+// and bf16 mixed precision: docs/models.md, "The BiLSTM" and "The character LSTM"; their data-parallel
+// train steps (gpus:G): docs/scaling.md.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +20,7 @@
 #include "kernels/loss/loss.h"
 #include "kernels/matmul/bias_grad.h"
 #include "kernels/matmul/matmul.h"
+#include "kernels/models/data_parallel.h"
 #include "kernels/models/models.h"
 
 namespace hotops::model_bilstm {
@@ -52,6 +54,7 @@ struct Shape {
   std::int64_t batch = 1;
   Variant variant = Variant::plain;
   int threads = 0;  // threads:T only
+  int gpus = 0;     // gpus:G only: one of G data-parallel replicas, batch per GPU (kernels/models/data_parallel.h)
   bool train() const { return dir == Direction::train; }
   bool bf16() const { return dtype == DType::bf16; }
 };
@@ -95,6 +98,14 @@ struct State {
   HostBuffer params, m, v;           // flat, canonical Layout
 };
 State make_state(const Shape& s, const Layout& l, std::uint64_t seed);
+
+// A data-parallel replica's shard of a seeded start of the global batch (models::BatchReplica):
+// rank r's samples r x batch .. (r + 1) x batch - 1 of `global`'s tokens (`T` a sample), labels and
+// targets, and (one_hot) those samples' rows of every time step of x [T, B, E]. The parameters and
+// moments are `out`'s own (the same on every rank).
+struct SampleShard {
+  void operator()(State& out, const State& global, std::size_t T, const models::Replica& r, std::int64_t batch) const;
+};
 
 // The reference in double (kernels/lstm's reference_forward / reference_backward for the BiLSTM):
 // logits, and for train the loss and the canonical flat gradients. Verification uses the exact one.
