@@ -70,10 +70,6 @@ LtGemm::LtGemm(const GemmDesc& d, const std::string& what, bool* found) : alpha_
   HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc_.h, d.compute, CUDA_R_32F));
   HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_.h, CUBLASLT_MATMUL_DESC_TRANSA, &d.opa, sizeof d.opa));
   HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_.h, CUBLASLT_MATMUL_DESC_TRANSB, &d.opb, sizeof d.opb));
-  if (d.sm_count_target > 0) {
-    const std::int32_t sms = d.sm_count_target;
-    HOTOPS_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_.h, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof sms));
-  }
   const GemmLayouts layouts = gemm_layouts(d);
   make_layout(la_, d.ab, layouts.a, d.batch);
   make_layout(lb_, d.ab, layouts.b, d.batch);

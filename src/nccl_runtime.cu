@@ -4,7 +4,6 @@
 
 #include <cstring>
 #include <map>
-#include <utility>
 #include <mutex>
 #include <vector>
 
@@ -18,7 +17,6 @@ struct Communicators {
   ncclComm_t world = nullptr;
   int rank = 0, size = 1;
   std::map<int, ncclComm_t> by_gpus;  // nullptr: this rank is outside ranks [0, gpus)
-  std::map<std::pair<int, int>, ncclComm_t> by_gpus_ctas;  // get_with_ctas's
   std::vector<ncclComm_t> made;       // in the order made, each once
 };
 
@@ -93,23 +91,6 @@ ncclComm_t get(int gpus) {
   return it->second;
 }
 
-ncclComm_t get_with_ctas(int gpus, int ctas) {
-  const ncclComm_t parent = get(gpus);
-  Communicators& c = state();
-  std::lock_guard<std::mutex> lock(c.mutex);
-  const auto key = std::make_pair(gpus, ctas);
-  if (const auto it = c.by_gpus_ctas.find(key); it != c.by_gpus_ctas.end()) return it->second;
-  if (!parent) return c.by_gpus_ctas[key] = nullptr;
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.minCTAs = ctas, config.maxCTAs = ctas;
-  ncclComm_t comm = nullptr;
-  int rank = 0;
-  HOTOPS_CHECK_NCCL(ncclCommUserRank(parent, &rank));
-  HOTOPS_CHECK_NCCL(ncclCommSplit(parent, 0, rank, &comm, &config));
-  c.made.push_back(comm);
-  return c.by_gpus_ctas[key] = comm;
-}
-
 void finish() {
   Communicators& c = state();
   std::lock_guard<std::mutex> lock(c.mutex);
@@ -120,7 +101,6 @@ void finish() {
   }
   c.made.clear();
   c.by_gpus.clear();
-  c.by_gpus_ctas.clear();
   c.world = nullptr;
   c.rank = 0, c.size = 1;
 }

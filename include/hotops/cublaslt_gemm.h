@@ -38,11 +38,6 @@ struct GemmDesc {
   // reduced in f32), each timed after a warm-up call by gpu::best_batch_ms, the fastest kept. Writes D
   // during setup, so only for GEMMs whose D is not also read (beta 0, or C distinct from D).
   bool autotune = false;
-  // The SMs the GEMM is planned for (0: the device's): fewer where kernels of another stream hold
-  // the rest while it runs (a data-parallel step's all-reduce during the backward), so that its
-  // tiles fill the SMs left to it instead of leaving a last partial wave (cublasLt's
-  // CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET; autotune times the candidates with it).
-  int sm_count_target = 0;
 };
 
 constexpr int kTuneHeuristics = 8;

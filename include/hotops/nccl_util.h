@@ -23,10 +23,6 @@ namespace hotops::comm {
 
 // The communicator of ranks [0, gpus) after prepare(gpus); nullptr on a rank outside it.
 ncclComm_t get(int gpus);
-// The communicator of the same ranks whose collectives run on exactly `ctas` CTAs (ncclConfig's
-// minCTAs and maxCTAs): split from get(gpus) the first time it is asked for, by every rank of it
-// together; nullptr on a rank outside it.
-ncclComm_t get_with_ctas(int gpus, int ctas);
 
 // NCCL's type of a hotops dtype (f32, bf16, f16); throws an Error for another.
 ncclDataType_t nccl_type(DType t);

@@ -45,7 +45,6 @@ CudaGemm cuda_gemm(const Shape& s) {
   // leave a third of the 132 SMs idle), the heuristic's fourth algorithm 6% for Wo's data gradient;
   // on an H200, mlp_tiny's bf16 train step at batch 4096 went from 175 to 71 us.
   d.autotune = true;
-  d.sm_count_target = s.sm_count_target;
   return g;
 }
 
@@ -183,7 +182,6 @@ class CudaMatmul final : public Plan {
     if (has_dbias_ && !fused_dbias_) label_ += " + hotops column_sum for dbias";
     if (g_.bias && s_.beta != 1.0) label_ += " (beta folded into bias)";
     if (s_.residual) label_ += ", residual as C";
-    if (s_.sm_count_target > 0) label_ += ", planned for " + std::to_string(s_.sm_count_target) + " SMs";
     if (s_.f32_out && s_.dtype != DType::f32) label_ += ", f32 output";
     if (s_.batch_count > 1) label_ += ", strided batch " + std::to_string(s_.batch_count);
   }
@@ -239,7 +237,6 @@ class CudaStridedBmm final : public Plan {
     cublas();
     label_ = std::string("cublasGemmBatchedEx ") + (s.dtype == DType::tf32 ? "TF32" : dtype_name(s.dtype)) +
              " (f32 accumulate), pointer arrays over " + std::to_string(s.batch_count) + " strided heads";
-    if (s.sm_count_target > 0) label_ += ", planned for " + std::to_string(s.sm_count_target) + " SMs";
   }
 
   void run(const Args& t) override {
@@ -259,14 +256,11 @@ class CudaStridedBmm final : public Plan {
     }
     const gpu::GemmDesc& d = g_.gemm.desc;
     const float zero = 0.f;
-    // The handle is the family's: its SM target is this GEMM's for this call only.
-    if (d.sm_count_target > 0) HOTOPS_CHECK_CUBLAS(cublasSetSmCountTarget(cublas(), d.sm_count_target));
     HOTOPS_CHECK_CUBLAS(cublasGemmBatchedEx(cublas(), d.opa, d.opb, static_cast<int>(d.m), static_cast<int>(d.n),
                                             static_cast<int>(d.k), &d.alpha, p, d.ab, static_cast<int>(g_.a.ld), p + count,
                                             d.ab, static_cast<int>(g_.b.ld), &zero, const_cast<void* const*>(p + 2 * count),
                                             d.cd, static_cast<int>(g_.d.ld), static_cast<int>(count), d.compute,
                                             CUBLAS_GEMM_DEFAULT));
-    if (d.sm_count_target > 0) HOTOPS_CHECK_CUBLAS(cublasSetSmCountTarget(cublas(), 0));
   }
 
   std::string label() const override { return label_; }

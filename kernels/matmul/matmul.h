@@ -70,10 +70,6 @@ struct Shape {
   // once, where the weights stay fixed (an inference step's dense layer; `w:packed` in a name).
   // Args::b then points at that copy.
   bool b_packed = false;
-  // CUDA: the SMs the GEMM is planned for, 0 for all (gpu::GemmDesc::sm_count_target; on strided
-  // views cuBLAS' cublasSetSmCountTarget): a data-parallel step's backward GEMMs leave the SMs of
-  // the all-reduce running beside them. No named problem sets it.
-  int sm_count_target = 0;
   bool strided() const { return views.heads > 0; }
   bool blocked() const { return a_blocks > 1; }
 };

@@ -64,13 +64,9 @@ class CudaLayer final : public LayerCase {
     u1_ = act(a.pre_ln ? T_ * H : 1), qkv_ = act(T_ * 3 * H), prob_ = act(B * NH * S * S), ctx_ = act(T_ * H);
     s1_ = act(T_ * H), h1_ = act(T_ * H), z_ = act(T_ * F), f_ = act(T_ * F), s2_ = act(T_ * H), y_ = act(a.pre_ln ? 1 : T_ * H);
     mean1_ = buf(T_), rstd1_ = buf(T_), mean2_ = buf(T_), rstd2_ = buf(T_);
-    // The backward's GEMMs leave a data-parallel step's all-reduce its SMs (models::backward_sms).
-    const int bwd_sms = models::backward_sms(p);
     // The attention's GEMMs on the heads of qkv, prob and ctx (and of their gradients).
     auto attention = [&](matmul::AttentionGemm g, Direction d) {
-      matmul::Shape m = matmul::attention_gemm(g, d, s_.dtype, B, S, NH, D);
-      if (d != Direction::fwd) m.sm_count_target = bwd_sms;
-      return matmul::make_cuda_plan(m);
+      return matmul::make_cuda_plan(matmul::attention_gemm(g, d, s_.dtype, B, S, NH, D));
     };
     qkv_gemm_ = matmul::make_cuda_plan(dense_layer(s_, H, 3 * H, false));
     scores_ = attention(matmul::AttentionGemm::scores, Direction::fwd);
@@ -96,13 +92,12 @@ class CudaLayer final : public LayerCase {
       layernorm_bwd_ = layernorm::dbias::make_cuda_plan(token_layernorm_bwd(s_));
       mse_ = loss::mse::make_cuda_plan(output_mse(s_));
       // The dense layers' gradients: weight (x^T . dz, f32 out) and data (dz . W^T).
-      auto grad = [&](Direction d, std::int64_t in, std::int64_t out, bool residual) {
-        matmul::Shape m = dense_grad(s_, d, in, out, residual);
-        m.sm_count_target = bwd_sms;
-        return matmul::make_cuda_plan(m);
+      auto wgrad = [&](std::int64_t in, std::int64_t out) {
+        return matmul::make_cuda_plan(dense_grad(s_, Direction::bwd_weight, in, out, false));
       };
-      auto wgrad = [&](std::int64_t in, std::int64_t out) { return grad(Direction::bwd_weight, in, out, false); };
-      auto dgrad = [&](std::int64_t in, std::int64_t out, bool residual) { return grad(Direction::bwd_data, in, out, residual); };
+      auto dgrad = [&](std::int64_t in, std::int64_t out, bool residual) {
+        return matmul::make_cuda_plan(dense_grad(s_, Direction::bwd_data, in, out, residual));
+      };
       w2_w_ = wgrad(F, H), w2_d_ = dgrad(F, H, false);
       w1_w_ = wgrad(H, F);
       w1_d_ = dgrad(H, F, !a.pre_ln);  // bert: du2 + ds2 (LN1's output feeds both the FFN and the residual), through C

@@ -3,7 +3,6 @@
 #include "kernels/models/data_parallel.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 #include "hotops/check.h"
@@ -58,20 +57,6 @@ Work over_replicas(const Problem& p, Work w) {
   const auto g = static_cast<double>(p.get_int("gpus"));
   w.flops *= g, w.bytes *= g, w.items *= g;
   return w;
-}
-
-int allreduce_ctas() {
-  if (const char* v = std::getenv("NCCL_MAX_CTAS"); v && *v) {
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    if (*end == '\0' && n >= 1 && n <= 64) return static_cast<int>(n);
-  }
-  return kAllReduceCtas;
-}
-
-int backward_sms(const Problem& p) {
-  if (!p.has("gpus") || !gpu::available()) return 0;
-  return std::max(1, gpu::info().sm_count - allreduce_ctas());
 }
 
 std::string data_parallel_reason(const Problem& p) {

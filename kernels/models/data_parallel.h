@@ -58,16 +58,6 @@ void add_data_parallel_test_problems(const std::string& model, std::int64_t batc
 // for any other problem.
 Work over_replicas(const Problem& p, Work one_gpu);
 
-// The SMs the gradient all-reduces of a data-parallel step hold while the backward runs: their
-// NCCL communicator runs every collective on exactly this many CTAs, NCCL_MAX_CTAS where set, else
-// kAllReduceCtas. The step's backward GEMMs are planned for the device's other SMs (backward_sms),
-// so that neither waits for SMs the other holds.
-constexpr int kAllReduceCtas = 16;
-int allreduce_ctas();
-// The SMs problem p's backward GEMMs are planned for (matmul::Shape::sm_count_target): the device's
-// less allreduce_ctas() for a data-parallel step (a gpus arg), 0 (all of them) for any other.
-int backward_sms(const Problem& p);
-
 // Why a data-parallel problem cannot run here ("" when it can): no GPU, no NCCL in the build, or fewer
 // GPUs in the run than it needs (what the collectives say).
 std::string data_parallel_reason(const Problem& p);

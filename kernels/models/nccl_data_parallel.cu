@@ -23,7 +23,6 @@ struct GradSync::Impl {
   BucketPlan plan;
   std::size_t cap;                      // the buckets' least size, floats
   ncclComm_t comm = nullptr;
-  int ctas = 0;                         // the CTAs each all-reduce runs on (allreduce_ctas)
   cudaStream_t side = nullptr;          // the all-reduces' stream
   std::vector<cudaEvent_t> events;      // two per bucket of a step (its fork and its join); reused every step
   std::size_t used = 0;                 // events used in the step in progress
@@ -88,8 +87,7 @@ GradSync::GradSync(const Replica& r, DType wire, float* grads, std::size_t total
   HOTOPS_CHECK(wire == DType::f32 || wire == DType::bf16, "a data-parallel step all-reduces f32 or bf16 gradients");
   if (wire == DType::bf16) s.wire16 = gpu::DeviceBuffer(total * sizeof(std::uint16_t));
   if (comm::world_size() == 1) comm::prepare(r.gpus);  // a process alone: its own communicator (gpus 1)
-  s.ctas = allreduce_ctas();
-  s.comm = comm::get_with_ctas(r.gpus, s.ctas);
+  s.comm = comm::get(r.gpus);
   HOTOPS_CHECK(s.comm, "rank " + std::to_string(r.rank) + " is not among the " + std::to_string(r.gpus) +
                            " ranks of this data-parallel step");
   int n = 0;
@@ -178,11 +176,11 @@ std::string GradSync::label() const {
   char text[400];
   std::snprintf(text, sizeof text,
                 "; data parallel over %d GPU%s: NCCL %s all-reduce (avg) of the %s in %d bucket%s "
-                "(%.3g MiB of f32 or more but the last), on %d CTAs and a second stream (high priority) overlapping "
-                "the backward, AdamW a launch per bucket after its all-reduce",
+                "(%.3g MiB of f32 or more but the last), on a second stream (high priority) overlapping the backward, AdamW a "
+                "launch per bucket after its all-reduce",
                 s.replica.gpus, s.replica.gpus == 1 ? "" : "s", comm::nccl_version().c_str(),
                 s.wire == DType::bf16 ? "gradients in bf16 (cast from f32 and back)" : "f32 gradients", s.last_buckets,
-                s.last_buckets == 1 ? "" : "s", static_cast<double>(s.cap) * sizeof(float) / 1048576.0, s.ctas);
+                s.last_buckets == 1 ? "" : "s", static_cast<double>(s.cap) * sizeof(float) / 1048576.0);
   return text;
 }
 
