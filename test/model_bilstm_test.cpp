@@ -25,6 +25,14 @@ std::vector<double> as_doubles(const HostBuffer& b) {
   return d;
 }
 
+// A planted slip: the gradients with W_hh's block of gate i, direction 0 (H x H), transposed.
+std::vector<double> w_hh_transposed(const std::vector<double>& grad, const Layout& l, std::int64_t H) {
+  std::vector<double> out = grad;
+  for (std::int64_t r = 0; r < H; ++r)
+    for (std::int64_t k = 0; k < H; ++k) out[l.w_hh + static_cast<std::size_t>(r * H + k)] = grad[l.w_hh + static_cast<std::size_t>(k * H + r)];
+  return out;
+}
+
 TEST(ModelBilstmLayout, ParameterCountsAndAlignment) {
   const Layout l = layout_of(config_named("bilstm_imdb"));
   // Embedding 20000 x 128; per direction W_ih 512 x 128, W_hh 512 x 128, b_ih, b_hh 512; dense 256 x 2 + 2.
@@ -236,12 +244,7 @@ void expect_bf16_bounds_catch_slips(const std::string& config, std::int64_t batc
   sw_infer.logits = outcome(swapped, bf.grad).logits;
   EXPECT_FALSE(verify_outcome(si, l, st, sw_infer).ok);
 
-  // W_hh's gradient block of gate i, direction 0, transposed (H x H).
-  std::vector<double> transposed = bf.grad;
-  for (std::int64_t r = 0; r < H; ++r)
-    for (std::int64_t k = 0; k < H; ++k)
-      transposed[l.w_hh + static_cast<std::size_t>(r * H + k)] = bf.grad[l.w_hh + static_cast<std::size_t>(k * H + r)];
-  EXPECT_FALSE(verify_outcome(s, l, st, outcome(bf.logits, transposed)).ok);
+  EXPECT_FALSE(verify_outcome(s, l, st, outcome(bf.logits, w_hh_transposed(bf.grad, l, H))).ok);
 
   // An embedding row's gradient scattered to the wrong token.
   std::vector<double> wrong_row = bf.grad;
@@ -448,11 +451,7 @@ TEST(ModelTextgenVerify, Bf16BoundsCatchSlips) {
     Outcome nb;
     nb.logits = outcome(no_bias, bf.grad).logits;
     EXPECT_FALSE(verify_outcome(si, l, st, nb).ok);
-    std::vector<double> transposed = bf.grad;
-    for (std::int64_t r = 0; r < H; ++r)
-      for (std::int64_t k = 0; k < H; ++k)
-        transposed[l.w_hh + static_cast<std::size_t>(r * H + k)] = bf.grad[l.w_hh + static_cast<std::size_t>(k * H + r)];
-    EXPECT_FALSE(verify_outcome(s, l, st, outcome(bf.logits, transposed)).ok);
+    EXPECT_FALSE(verify_outcome(s, l, st, outcome(bf.logits, w_hh_transposed(bf.grad, l, H))).ok);
   }
 }
 

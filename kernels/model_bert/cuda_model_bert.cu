@@ -17,6 +17,7 @@
 #include "hotops/cuda_util.h"
 #include "hotops/trace.h"
 #include "kernels/model_bert/model_bert.h"
+#include "kernels/models/cuda_step.cuh"
 #include "kernels/models/data_parallel.h"
 #include "kernels/softmax/softmax.h"
 
@@ -28,15 +29,6 @@ constexpr unsigned kThreads = 256;
 using StepState = adamw::DeviceStep;
 
 using bf16 = __nv_bfloat16;
-
-using gpu::Bf16x4;
-using gpu::stored4;
-
-// The bf16 copy of the f32 master parameters, n4 vectors of 4 (the flat layout's padding included).
-__global__ void to_bf16(const float4* __restrict__ p, Bf16x4* __restrict__ w, std::int64_t n4) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    w[i] = stored4<Bf16x4>(p[i]);
-}
 
 unsigned grid_for(std::int64_t n, unsigned threads = kThreads, std::int64_t cap = 4096) {
   return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>((n + threads - 1) / threads, cap)));
@@ -221,7 +213,8 @@ class CudaLayer final : public LayerCase {
   // The bf16 copy of the f32 parameters, the flat layout's padding included.
   void cast_weights() {
     const auto n4 = static_cast<std::int64_t>(l_.total / 4);
-    to_bf16<<<grid_for(n4, kThreads, 1024), kThreads, 0, gpu::stream()>>>(params_.as<const float4>(), weights_.as<Bf16x4>(), n4);
+    models::cast_params<<<grid_for(n4, kThreads, 1024), kThreads, 0, gpu::stream()>>>(params_.as<const float4>(),
+                                                                                      weights_.as<__nv_bfloat162>(), n4);
     HOTOPS_CHECK_LAUNCH();
   }
 
