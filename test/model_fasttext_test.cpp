@@ -37,8 +37,9 @@ TEST(ModelFasttextNames, VariantsAndJoinAcrossBackends) {
         "model.fasttext_imdb/cpu/bf16/train/batch:32/threads:8", "model.fasttext_imdb/cuda/bf16/infer/batch:32/e2e:1"})
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   EXPECT_EQ(std::find(names.begin(), names.end(), "model.fasttext_imdb/cuda/f32/infer/batch:32/graph:1"), names.end());
-  // 3 batches x 2 dtypes: infer 1 + 3 CPU and 2 CUDA problems, train one CUDA more (graph:1).
-  EXPECT_EQ(names.size(), 3u * 2 * (6 + 7));
+  // 3 batches x 2 dtypes: infer 1 + 3 CPU and 2 CUDA problems, train one CUDA more (graph:1) and the
+  // data-parallel steps over 2, 4 and 8 GPUs.
+  EXPECT_EQ(names.size(), 3u * 2 * (6 + 7 + 3));
   for (const std::string& n : names) EXPECT_EQ(n.find("fasttext_test"), std::string::npos) << n;
   for (const Problem& p : family().benchmark_problems({7})) EXPECT_EQ(p.get_int("batch"), 7);
   EXPECT_THROW(shape_of(model_problem("fasttext_imdb", Backend::cpu, Direction::train, 4, "e2e", 1)), Error);
@@ -246,10 +247,11 @@ TEST(ModelFasttextVerify, Bf16BoundsCatchSlips) {
 
 // The steps against the reference, every direction and variant at the tiny configuration (the
 // registry's OpTest runs the family's test problems too); CUDA skips without a GPU, bf16 on the CPU
-// without oneDNN's bf16 matmul and pooling, each with its reason.
+// without oneDNN's bf16 matmul and pooling, each with its reason. The data-parallel steps have tests
+// of their own (below).
 void expect_matches(Backend be, DType t) {
   for (const Problem& p : family().test_problems()) {
-    if (p.backend != be || p.dtype != t) continue;
+    if (p.backend != be || p.dtype != t || p.has("gpus")) continue;
     const std::string why = family().unsupported_reason(p);
     if (!why.empty()) GTEST_SKIP() << p.name() << ": " << why;
     const auto c = family().make(p);
