@@ -1,6 +1,7 @@
 // The model_fasttext family: names, work, the op shapes against the op entries, the reference's
 // gradients against finite differences, verification failing on planted errors (f32 and bf16's
-// bounds), the steps against the reference on both backends, and the model learning its task.
+// bounds), the steps against the reference on both backends, the model learning its task, and the
+// data-parallel steps.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -37,8 +38,9 @@ TEST(ModelFasttextNames, VariantsAndJoinAcrossBackends) {
         "model.fasttext_imdb/cpu/bf16/train/batch:32/threads:8", "model.fasttext_imdb/cuda/bf16/infer/batch:32/e2e:1"})
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   EXPECT_EQ(std::find(names.begin(), names.end(), "model.fasttext_imdb/cuda/f32/infer/batch:32/graph:1"), names.end());
-  // 3 batches x 2 dtypes: infer 1 + 3 CPU and 2 CUDA problems, train one CUDA more (graph:1).
-  EXPECT_EQ(names.size(), 3u * 2 * (6 + 7));
+  // 3 batches x 2 dtypes: infer 1 + 3 CPU and 2 CUDA problems, train one CUDA more (graph:1) and the
+  // data-parallel steps over 2, 4 and 8 GPUs.
+  EXPECT_EQ(names.size(), 3u * 2 * (6 + 7 + 3));
   for (const std::string& n : names) EXPECT_EQ(n.find("fasttext_test"), std::string::npos) << n;
   for (const Problem& p : family().benchmark_problems({7})) EXPECT_EQ(p.get_int("batch"), 7);
   EXPECT_THROW(shape_of(model_problem("fasttext_imdb", Backend::cpu, Direction::train, 4, "e2e", 1)), Error);
@@ -246,10 +248,11 @@ TEST(ModelFasttextVerify, Bf16BoundsCatchSlips) {
 
 // The steps against the reference, every direction and variant at the tiny configuration (the
 // registry's OpTest runs the family's test problems too); CUDA skips without a GPU, bf16 on the CPU
-// without oneDNN's bf16 matmul and pooling, each with its reason.
+// without oneDNN's bf16 matmul and pooling, each with its reason. The data-parallel steps have tests
+// of their own (below).
 void expect_matches(Backend be, DType t) {
   for (const Problem& p : family().test_problems()) {
-    if (p.backend != be || p.dtype != t) continue;
+    if (p.backend != be || p.dtype != t || p.has("gpus")) continue;
     const std::string why = family().unsupported_reason(p);
     if (!why.empty()) GTEST_SKIP() << p.name() << ": " << why;
     const auto c = family().make(p);
@@ -298,8 +301,115 @@ TEST(ModelFasttextTraining, LossFallsCuda) {
   model_test::expect_learns(family(), Backend::cuda, "fasttext_imdb", 32, 100, DType::bf16);
 }
 
+// ---- data-parallel train steps (gpus:G; kernels/models/data_parallel.h) ----
+
+// fasttext_imdb has data-parallel steps at its train batches (per GPU), G = 2, 4, 8, in both dtypes,
+// doing G times one GPU's work from the single-GPU step's start at G x B; the tests' configuration
+// has gpus:1 steps only.
+TEST(ModelFasttextDataParallel, NamesWorkAndSeed) {
+  model_test::expect_data_parallel_names(family(), {{"fasttext_imdb", config_named("fasttext_imdb").batches}});
+  const Shape dp = shape_of(model_problem("fasttext_imdb", Backend::cuda, Direction::train, 256, "gpus", 4));
+  EXPECT_EQ(dp.gpus, 4);
+  EXPECT_EQ(dp.batch, 256);
+  // The seed: the tokens, the labels and the parameters.
+  model_test::expect_data_parallel_work_and_seed(family(), model_problem("fasttext_imdb", Backend::cuda, Direction::train, 32), 8);
+  model_test::expect_data_parallel_work_and_seed(
+      family(), model_problem("fasttext_imdb", Backend::cuda, Direction::train, 1024, nullptr, 0, DType::bf16), 2);
+  // gpus:G is a CUDA train step of its own.
+  EXPECT_THROW(shape_of(model_problem("fasttext_imdb", Backend::cpu, Direction::train, 8, "gpus", 2)), Error);
+  EXPECT_THROW(shape_of(model_problem("fasttext_imdb", Backend::cuda, Direction::infer, 8, "gpus", 2)), Error);
+
+  std::vector<std::string> tests;
+  for (const Problem& p : family().test_problems())
+    if (p.has("gpus")) tests.push_back(p.name());
+  EXPECT_EQ(tests, (std::vector<std::string>{"model.fasttext_test/cuda/f32/train/batch:3/gpus:1",
+                                              "model.fasttext_test/cuda/bf16/train/batch:3/gpus:1"}));
+}
+
+// A global batch of G x B samples of the tests' configuration, seeded with `seed`, and its shards.
+struct GlobalBatch {
+  std::int64_t B;
+  int G;
+  std::uint64_t seed;
+  Shape s;
+  Layout l;
+  State all;
+  GlobalBatch(std::int64_t per_gpu, int gpus, std::uint64_t seeded)
+      : B(per_gpu), G(gpus), seed(seeded), s(shape_of(model_problem("fasttext_test", Backend::cuda, Direction::train, per_gpu * gpus))),
+        l(layout_of(s.cfg)), all(make_state(s, l, seeded)) {}
+  // Rank r's start as the step makes it: its own seeded start at batch B, then its shard of the global batch.
+  State shard(int r) const {
+    Shape one = s;
+    one.batch = B;
+    State mine = make_state(one, l, seed);
+    SampleShard{}(mine, all, static_cast<std::size_t>(s.cfg.T), models::Replica{G, r}, B);
+    return mine;
+  }
+};
+
+// A replica's shard of the global batch is that batch's samples r B .. (r + 1) B - 1: their tokens
+// and labels, which the shards, put back in rank order, make up again; its parameters (drawn at its
+// own batch) are the global batch's.
+TEST(ModelFasttextDataParallel, ShardsAreTheGlobalBatchsSamples) {
+  const GlobalBatch g(3, 4, 5);
+  std::vector<std::int64_t> tokens;
+  std::vector<double> labels;
+  for (int r = 0; r < g.G; ++r) {
+    const State mine = g.shard(r);
+    ASSERT_EQ(mine.tokens.size(), static_cast<std::size_t>(g.B * g.s.cfg.T));
+    ASSERT_EQ(mine.labels.count(), static_cast<std::size_t>(g.B));
+    EXPECT_EQ(as_doubles(mine.params), as_doubles(g.all.params));
+    tokens.insert(tokens.end(), mine.tokens.begin(), mine.tokens.end());
+    for (double y : as_doubles(mine.labels)) labels.push_back(y);
+  }
+  EXPECT_EQ(tokens, g.all.tokens);
+  EXPECT_EQ(labels, as_doubles(g.all.labels));
+}
+
+// What makes the data-parallel step one step over the global batch: the loss is a mean over the
+// samples and nothing else couples them, so the reference's loss and gradients at G x B are the mean
+// of its G shards' (the all-reduce's average); the embedding's rows that no shard's tokens hit stay 0.
+TEST(ModelFasttextDataParallel, GlobalStepIsTheMeanOfTheShards) {
+  const GlobalBatch g(4, 2, 7);
+  const std::vector<double> p0 = as_doubles(g.all.params);
+  const Reference whole = reference(g.s.cfg, g.l, p0, g.all.tokens, g.all.labels, g.s.batch, true);
+  std::vector<double> mean(whole.grad.size(), 0.0);
+  double loss = 0;
+  for (int r = 0; r < g.G; ++r) {
+    const State mine = g.shard(r);
+    const Reference part = reference(g.s.cfg, g.l, p0, mine.tokens, mine.labels, g.B, true);
+    for (std::size_t i = 0; i < mean.size(); ++i) mean[i] += part.grad[i] / g.G;
+    loss += part.loss / g.G;
+  }
+  EXPECT_NEAR(loss, whole.loss, 1e-12 * std::fabs(whole.loss));
+  double worst = 0, biggest = 0;
+  for (std::size_t i = 0; i < mean.size(); ++i) {
+    worst = std::max(worst, std::fabs(mean[i] - whole.grad[i]));
+    biggest = std::max(biggest, std::fabs(whole.grad[i]));
+    if (whole.grad[i] == 0) {
+      EXPECT_EQ(mean[i], 0.0) << i;
+    }
+  }
+  EXPECT_GT(biggest, 1e-3);
+  EXPECT_LT(worst, 1e-12 * biggest);
+}
+
+// gpus:1 (a communicator of this process alone): the data-parallel step verified against the
+// reference at its global batch (pooled and the logits gathered from the ranks); its gradients in one
+// bucket (the dense layer's, final first, are under 1 MiB and wait for the embedding table's, which
+// the backward finishes last).
+TEST(ModelFasttextDataParallel, OneGpuBucketsAndVerifiesCuda) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    model_test::expect_one_gpu_data_parallel(family(), model_problem("fasttext_imdb", Backend::cuda, Direction::train, 4, nullptr, 0, t),
+                                             "in 1 bucket ");
+    model_test::expect_one_gpu_data_parallel(family(), model_problem("fasttext_test", Backend::cuda, Direction::train, 3, nullptr, 0, t),
+                                             "in 1 bucket ");
+  }
+}
+
 }  // namespace
-// The bf16 train steps' copy of the master weights is written by AdamW, never cast in a step.
+// The bf16 train steps' copy of the master weights is written by AdamW, never cast in a step; a
+// data-parallel step's too, by its per-bucket launches.
 TEST(ModelFasttextBf16Copy, KeptByAdamwCpu) {
   model_test::expect_bf16_copy_kept(family(), model_test::model_problem("fasttext_imdb", Backend::cpu, Direction::train, 32, nullptr, 0, DType::bf16), 3);
 }
@@ -307,6 +417,8 @@ TEST(ModelFasttextBf16Copy, KeptByAdamwCuda) {
   HOTOPS_SKIP_WITHOUT_GPU();
   model_test::expect_bf16_copy_kept(family(), model_test::model_problem("fasttext_imdb", Backend::cuda, Direction::train, 32, nullptr, 0, DType::bf16), 3);
   model_test::expect_bf16_copy_kept(family(), model_test::model_problem("fasttext_imdb", Backend::cuda, Direction::train, 32, "graph", 1, DType::bf16), 3);
+  const Problem one_gpu = model_test::model_problem("fasttext_imdb", Backend::cuda, Direction::train, 32, "gpus", 1, DType::bf16);
+  if (family().unsupported_reason(one_gpu).empty()) model_test::expect_bf16_copy_kept(family(), one_gpu, 3);
 }
 
 }  // namespace hotops::model_fasttext

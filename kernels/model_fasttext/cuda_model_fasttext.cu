@@ -14,6 +14,10 @@
 //                  tokens grouped by row (embedding::group_by_row, built on the host where the batch
 //                  is: see run())
 //   adamw          adamw::cuda_step, 1 launch advancing the device step count itself (start: first_step)
+// gpus:G (kernels/models/data_parallel.h): each replica runs this step on its shard of the global
+// batch (its own tokens grouped by row at setup); the flat f32 gradients are all-reduced in buckets
+// from where the backward finishes each tensor's (dW and db, then the embedding table's, every row
+// written), and AdamW is a launch per bucket after its all-reduce.
 // bf16 (docs/models.md): the same plans on bf16 storage; the GEMMs take bf16 operands with f32
 // accumulation and write the weight gradients f32.
 #include <cuda_bf16.h>
@@ -29,6 +33,7 @@
 #include "kernels/model_fasttext/model_fasttext.h"
 #include "kernels/models/cuda_dense.h"
 #include "kernels/models/cuda_step.cuh"
+#include "kernels/models/data_parallel.h"
 
 namespace hotops::model_fasttext {
 namespace {
@@ -71,7 +76,10 @@ class CudaFasttext final : public ModelCase {
       HostBuffer ones(s_.dtype, static_cast<std::size_t>(B));
       for (std::size_t i = 0; i < ones.count(); ++i) ones.set(i, 1.0);
       ones_ = gpu::DeviceBuffer(ones);
-      csr_ = embedding::group_by_row(st_.tokens, s_.cfg.V);
+      if (s_.gpus)  // data parallel: this rank's shard of the global batch, and the all-reduce of the flat gradients
+        replicas_.start(p, s_, static_cast<std::size_t>(s_.cfg.T),
+                        [&](const Shape& g) { return make_state(g, l_, models::step_seed(p)); }, st_, grads_.as<float>(), l_.total);
+      csr_ = embedding::group_by_row(st_.tokens, s_.cfg.V);  // this rank's tokens
       offset_ = gpu::DeviceBuffer(csr_.offset.size() * sizeof(std::int32_t));
       pos_ = gpu::DeviceBuffer(csr_.pos.size() * sizeof(std::int32_t));
       bce_ = loss::bce::make_cuda_plan(bce_shape(s_, Direction::fwd));
@@ -137,17 +145,17 @@ class CudaFasttext final : public ModelCase {
     run();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
     Outcome o;
-    o.pooled = HostBuffer(s_.dtype, static_cast<std::size_t>(s_.batch * s_.cfg.E));
-    o.logits = HostBuffer(s_.dtype, static_cast<std::size_t>(s_.batch));
-    pooled_.download(o.pooled);
-    logits_.download(o.logits);
+    o.pooled = step_samples(pooled_, static_cast<std::size_t>(s_.cfg.E));
+    o.logits = step_samples(logits_, 1);
     if (!s_.train()) return verify_outcome(s_, l_, st_, o);
     o.loss = static_cast<float>(last_loss());
     o.grads = HostBuffer(DType::f32, l_.total);
     o.params = HostBuffer(DType::f32, l_.total);
     grads_.download(o.grads);
     params_.download(o.params);
-    Check c = verify_outcome(s_, l_, st_, o);
+    // The verified start is the seeded one (a data-parallel step's: the global batch's, of which this rank ran its shard).
+    Check c = replicas_.check(s_, st_, replicas_.global_seeded, o,
+                              [&](const Shape& sh, const State& st, const Outcome& out) { return verify_outcome(sh, l_, st, out); });
     c.merge(adamw::check_device_step(state_.as<const adamw::DeviceStep>(), 1), "step");
     return c;
   }
@@ -160,15 +168,20 @@ class CudaFasttext final : public ModelCase {
     if (dense_.bias) l += " + relu_bias plan for the bias";
     if (s_.train())
       l += ", bce_logits fwd and bwd, mm for dW, db (ones^T . dlogits) and dpooled, global_avgpool bwd, embedding bwd "
-           "from the tokens grouped by row on the host; AdamW 1 launch";
+           "from the tokens grouped by row on the host";
+    if (s_.train() && !replicas_.sync) l += "; AdamW 1 launch";  // data parallel: a launch per bucket (the all-reduce's label)
     if (s_.variant == Variant::plain && s_.train()) l += "; the grouped tokens on the device with the batch";
     if (s_.variant == Variant::e2e) l += "; e2e: the batch (and its grouping) from pageable memory, launches, D2H, sync";
     if (s_.variant == Variant::graph) l += "; graph: the batch and its grouping from pageable memory, 1 CUDA graph, D2H loss, sync";
+    if (replicas_.sync) l += replicas_.sync->label();
     return l;
   }
 
   bool capturable() const override { return s_.variant == Variant::plain; }
   bool host_timed() const override { return s_.variant != Variant::plain; }
+  void align() override {
+    if (replicas_.sync) replicas_.sync->align();
+  }
 
   double last_loss() override {
     HOTOPS_CHECK(s_.train(), "model_fasttext: an infer case has no loss");
@@ -184,6 +197,16 @@ class CudaFasttext final : public ModelCase {
   const void* weight(std::size_t offset) const {
     if (s_.bf16()) return low_.as<__nv_bfloat16>() + offset;
     return params_.as<float>() + offset;
+  }
+
+  // A per-sample tensor of the step, `per_sample` elements a sample: [batch, per_sample]; a
+  // data-parallel step's that of the global batch, gathered from the ranks in sample order.
+  HostBuffer step_samples(const gpu::DeviceBuffer& d, std::size_t per_sample) const {
+    if (replicas_.sync)
+      return models::leading_samples(*replicas_.sync, replicas_.replica, d.get(), s_.dtype, per_sample, s_.batch, replicas_.global.batch);
+    HostBuffer h(s_.dtype, static_cast<std::size_t>(s_.batch) * per_sample);
+    d.download(h);
+    return h;
   }
 
   static void poison(float* at, std::int64_t n) {
@@ -242,6 +265,7 @@ class CudaFasttext final : public ModelCase {
     trace::op("mm");
     wgrad_->run({pooled_.get(), nullptr, nullptr, dlogits_.get(), grads + l_.dense_w, nullptr});
     bgrad_->run({ones_.get(), nullptr, nullptr, dlogits_.get(), grads + l_.dense_b, nullptr});
+    models::grads_ready(replicas_.sync, l_.dense_w);  // the dense layer's are final
     dgrad_->run({nullptr, weight(l_.dense_w), nullptr, dlogits_.get(), dpooled_.get(), nullptr});
     trace::op("global_avgpool_bwd");
     pool_bwd_->run({nullptr, dpooled_.get(), demb_.get()});
@@ -250,10 +274,11 @@ class CudaFasttext final : public ModelCase {
     e.offset = offset_.as<const std::int32_t>(), e.pos = pos_.as<const std::int32_t>(), e.dout = demb_.get();
     e.dW = grads + l_.embed;
     scatter_->run(e);
-    trace::op("adamw");
-    adamw::cuda_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-                     s_.bf16() ? low_.as<std::uint16_t>() : nullptr, static_cast<std::int64_t>(l_.total),
-                     state_.as<adamw::DeviceStep>(), &hyper_, gpu::stream());
+    models::grads_ready(replicas_.sync, l_.embed);  // the embedding table's (every row written): all of them
+
+    // The (last) AdamW launch advances the step count.
+    models::adamw_step(replicas_.sync, params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
+                       s_.bf16() ? low_.as<std::uint16_t>() : nullptr, l_.total, state_.as<adamw::DeviceStep>(), &hyper_);
   }
 
   Shape s_;
@@ -274,6 +299,7 @@ class CudaFasttext final : public ModelCase {
   HostBuffer logits_host_;
   float loss_host_ = 0;
   gpu::StepGraph graph_;  // graph:1
+  models::BatchReplica<Shape, State, SampleShard> replicas_;  // gpus:G (data parallel)
 };
 
 }  // namespace

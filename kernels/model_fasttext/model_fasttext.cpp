@@ -5,7 +5,8 @@
 // at most one variant arg: threads:T (CPU, T OpenMP threads), e2e:1 (CUDA, host time of the step with
 // the batch copied from pageable host memory and the loss or logits copied back), graph:1 (CUDA train,
 // as e2e with the device part replayed as one CUDA graph captured at setup). Without a variant arg a
-// CUDA step is device time, the batch already on the device.
+// CUDA step is device time, the batch already on the device. gpus:G (CUDA train): the data-parallel
+// step over G GPUs, batch per GPU (kernels/models/data_parallel.h).
 #include "kernels/model_fasttext/model_fasttext.h"
 
 #include <algorithm>
@@ -34,8 +35,16 @@ class FasttextFamily final : public models::ModelFamily {
  public:
   FasttextFamily() : models::ModelFamily("model_fasttext", cpu_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
+  // The single-GPU and CPU steps, then the data-parallel train steps at the same per-GPU batches.
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    return models::step_problems(configs(), batches, models::thread_sweep(), true);
+    std::vector<Problem> out = models::step_problems(configs(), batches, models::thread_sweep(), true);
+    for (const Problem& p : models::data_parallel_problems(configs(), batches)) out.push_back(p);
+    return out;
+  }
+
+  std::string unsupported_reason(const Problem& p) const override {
+    if (p.has("gpus")) return models::data_parallel_reason(p);
+    return models::ModelFamily::unsupported_reason(p);
   }
 
   std::vector<Problem> test_problems() const override {
@@ -45,6 +54,8 @@ class FasttextFamily final : public models::ModelFamily {
     models::expand_step_problems("fasttext_test", 3, {1}, true, out, /*with_bf16=*/true);
     models::expand_step_problems("fasttext_test", 8, {}, true, out, /*with_bf16=*/true);
     models::expand_step_problems("fasttext_imdb", 2, {}, true, out, /*with_bf16=*/true);
+    // The data-parallel step on a communicator of one process: its whole path on one GPU.
+    models::add_data_parallel_test_problems("fasttext_test", 3, out);
     return out;
   }
 
@@ -58,7 +69,10 @@ class FasttextFamily final : public models::ModelFamily {
   // and reads and writes every parameter and AdamW's m and v (6 x 4 bytes per parameter, as every
   // model). bf16 keeps the f32 parameters (its per-step bf16 copy is not counted, as every model's);
   // its logits are 2 bytes.
-  Work work(const Problem& p) const override {
+  // A data-parallel step (gpus:G) does G replicas' work: G times one GPU's (items: the global batch).
+  Work work(const Problem& p) const override { return models::over_replicas(p, one_gpu_work(p)); }
+
+  static Work one_gpu_work(const Problem& p) {
     const Shape s = shape_of(p);
     const Config& c = s.cfg;
     const double B = static_cast<double>(s.batch), T = static_cast<double>(c.T), E = static_cast<double>(c.E),
@@ -97,6 +111,7 @@ Shape shape_of(const Problem& p) {
   Shape s;
   s.cfg = config_named(a.model);
   models::copy_step_args(a, s);
+  s.gpus = a.gpus;
   HOTOPS_CHECK(s.tokens() < (std::int64_t{1} << 31), "model_fasttext: fewer than 2^31 tokens a batch: " + p.name());
   return s;
 }
@@ -176,6 +191,11 @@ State make_state(const Shape& s, const Layout& l, std::uint64_t seed) {
   for (const Part& part : parts) models::fill_uniform_at(st.params, part.at, part.n, seed, stream++, -part.bound, part.bound);
   models::zero_moments(st.m, st.v, l.total);
   return st;
+}
+
+void SampleShard::operator()(State& out, const State& global, std::size_t T, const models::Replica& r, std::int64_t batch) const {
+  out.tokens = models::shard(global.tokens, T, r, batch);
+  out.labels = models::shard(global.labels, 1, r, batch);
 }
 
 // Bounds, from one step at the seeded start (optimizer step 1, m = v = 0), each error max|out - ref| /

@@ -4,7 +4,7 @@
 // (nlc: [batch, T, dim]), matmul (the Dense(1) layer as addmm, its gradients as mm), loss bce_logits
 // and the one AdamW of each backend (adamw::cpu_step, adamw::cuda_step). The model, where it departs
 // from Keras' script, the embedding gradient's grouping and bf16: docs/models.md, "The fastText
-// classifier".
+// classifier"; its data-parallel train steps (gpus:G): docs/scaling.md.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +18,7 @@
 #include "kernels/embedding/embedding.h"
 #include "kernels/loss/bce.h"
 #include "kernels/matmul/matmul.h"
+#include "kernels/models/data_parallel.h"
 #include "kernels/models/models.h"
 
 namespace hotops::model_fasttext {
@@ -42,6 +43,7 @@ struct Shape {
   std::int64_t batch = 1;
   Variant variant = Variant::plain;
   int threads = 0;  // threads:T only
+  int gpus = 0;     // gpus:G only: one of G data-parallel replicas, batch per GPU (kernels/models/data_parallel.h)
   bool train() const { return dir == Direction::train; }
   bool bf16() const { return dtype == DType::bf16; }
   std::int64_t tokens() const { return batch * cfg.T; }
@@ -86,6 +88,14 @@ struct State {
   HostBuffer params, m, v;           // flat, Layout
 };
 State make_state(const Shape& s, const Layout& l, std::uint64_t seed);
+
+// A data-parallel replica's shard of a seeded start of the global batch (models::BatchReplica): rank
+// r's samples r x batch .. (r + 1) x batch - 1 of `global`'s tokens (`T` a sample) and labels. The
+// parameters and moments are `out`'s own (the same on every rank); the step groups the shard's
+// tokens by row itself.
+struct SampleShard {
+  void operator()(State& out, const State& global, std::size_t T, const models::Replica& r, std::int64_t batch) const;
+};
 
 // The reference in double: pooled, logits, and for train the loss and the flat gradients, with, per
 // gradient element, the sum of its terms' squares (what the rounding errors of its sum grow with).
