@@ -43,18 +43,9 @@ const Arch& arch_named(const std::string& name);  // throws hotops::Error when u
 // target host to device from pageable memory and y or the loss back.
 using models::Variant;
 
-struct Shape {
+struct Shape : models::StepKind {
   Arch arch;
-  Backend backend = Backend::cpu;
-  DType dtype = DType::f32;  // f32 or bf16 (mixed precision, above)
-  Direction dir = Direction::infer;
-  std::int64_t batch = 1;
-  Variant variant = Variant::plain;
-  int threads = 0;
-  int gpus = 0;  // gpus:G only: one of G data-parallel replicas, batch per GPU (kernels/models/data_parallel.h)
   std::int64_t tokens() const { return batch * arch.seq; }
-  bool train() const { return dir == Direction::train; }
-  bool bf16() const { return dtype == DType::bf16; }
 };
 Shape shape_of(const Problem& p);
 

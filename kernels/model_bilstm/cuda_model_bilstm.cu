@@ -299,13 +299,10 @@ class CudaBilstm final : public ModelCase {
   // The step's logits [batch, C]; a data-parallel step's those of the global batch, gathered from the
   // ranks in sample order.
   HostBuffer step_logits() const {
-    const auto C = static_cast<std::size_t>(c_.C);
-    if (replicas_.sync)
-      return models::leading_samples(*replicas_.sync, replicas_.replica, logits_.get(), s_.dtype, C, s_.batch, replicas_.global.batch);
-    HostBuffer h(s_.dtype, static_cast<std::size_t>(s_.batch) * C);
-    logits_.download(h);
-    return h;
+    return models::step_samples(replicas_.sync.get(), replicas_.replica, logits_.get(), s_.dtype, static_cast<std::size_t>(c_.C),
+                                s_.batch, replicas_.global.batch);
   }
+
 
   static void poison(float* at, std::int64_t n) {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(at, 0xFF, static_cast<std::size_t>(n) * sizeof(float), gpu::stream()));

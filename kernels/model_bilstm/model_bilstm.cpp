@@ -24,20 +24,12 @@ namespace {
 
 constexpr double kAdamwFlopsPerParam = 14;  // adamw.cpp's count
 
-class BilstmFamily final : public models::ModelFamily {
+class BilstmFamily final : public models::DataParallelModelFamily {
  public:
-  BilstmFamily() : models::ModelFamily("model_bilstm", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
+  BilstmFamily() : models::DataParallelModelFamily("model_bilstm", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
-  // The single-GPU and CPU steps, then the data-parallel train steps at the same per-GPU batches.
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    std::vector<Problem> out = models::step_problems(configs(), batches, models::thread_sweep(), true);
-    for (const Problem& p : models::data_parallel_problems(configs(), batches)) out.push_back(p);
-    return out;
-  }
-
-  std::string unsupported_reason(const Problem& p) const override {
-    if (p.has("gpus")) return models::data_parallel_reason(p);
-    return models::ModelFamily::unsupported_reason(p);
+    return models::steps_and_data_parallel_problems(configs(), batches);
   }
 
   std::vector<Problem> test_problems() const override {
@@ -64,10 +56,7 @@ class BilstmFamily final : public models::ModelFamily {
   // every parameter and AdamW's m and v (6 x 4 bytes per parameter, as the dense models).
   // bf16 keeps the f32 parameters (its per-step bf16 copy is not counted, as the dense models'); its
   // logits are 2 bytes.
-  // A data-parallel step (gpus:G) does G replicas' work: G times one GPU's (items: the global batch).
-  Work work(const Problem& p) const override { return models::over_replicas(p, one_gpu_work(p)); }
-
-  static Work one_gpu_work(const Problem& p) {
+  Work one_gpu_work(const Problem& p) const override {
     const Shape s = shape_of(p);
     const Config& c = s.cfg;
     const Layout l = layout_of(c);

@@ -66,18 +66,9 @@ struct ConvLayer {
 std::vector<ConvLayer> conv_layers(const Arch& a);
 std::int64_t flat_width(const Arch& a);  // the flatten's width
 
-struct Shape {
+struct Shape : models::StepKind {
   Arch arch;
   std::vector<ConvLayer> convs;
-  Backend backend = Backend::cpu;
-  Direction dir = Direction::infer;
-  std::int64_t batch = 1;
-  Variant variant = Variant::plain;
-  int threads = 0;
-  DType dtype = DType::f32;  // f32, or bf16: mixed precision (see the top of this file)
-  int gpus = 0;  // gpus:G only: one of G data-parallel replicas, batch per GPU (kernels/models/data_parallel.h)
-  bool train() const { return dir == Direction::train; }
-  bool bf16() const { return dtype == DType::bf16; }
 };
 Shape shape_of(const Problem& p);
 

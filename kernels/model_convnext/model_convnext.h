@@ -49,18 +49,10 @@ const Arch& arch_named(const std::string& name);  // throws hotops::Error when u
 // the target host to device from pageable memory and y or the loss back.
 using models::Variant;
 
-struct Shape {
+// bf16: bf16 activations and GEMM/conv operands, f32 masters.
+struct Shape : models::StepKind {
   Arch arch;
-  Backend backend = Backend::cpu;
-  DType dtype = DType::f32;  // f32 or bf16 (mixed precision: bf16 activations and GEMM/conv operands, f32 masters)
-  Direction dir = Direction::infer;
-  std::int64_t batch = 1;
-  Variant variant = Variant::plain;
-  int threads = 0;
-  int gpus = 0;  // gpus:G only: one of G data-parallel replicas, batch per GPU (kernels/models/data_parallel.h)
   std::int64_t rows() const { return batch * arch.positions(); }  // N·H·W
-  bool train() const { return dir == Direction::train; }
-  bool bf16() const { return dtype == DType::bf16; }
 };
 // model.convnext_block/<backend>/<dtype>/<infer|train>/shape:<arch>/batch:B[/variant].
 Shape shape_of(const Problem& p);

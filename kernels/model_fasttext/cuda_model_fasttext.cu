@@ -202,12 +202,10 @@ class CudaFasttext final : public ModelCase {
   // A per-sample tensor of the step, `per_sample` elements a sample: [batch, per_sample]; a
   // data-parallel step's that of the global batch, gathered from the ranks in sample order.
   HostBuffer step_samples(const gpu::DeviceBuffer& d, std::size_t per_sample) const {
-    if (replicas_.sync)
-      return models::leading_samples(*replicas_.sync, replicas_.replica, d.get(), s_.dtype, per_sample, s_.batch, replicas_.global.batch);
-    HostBuffer h(s_.dtype, static_cast<std::size_t>(s_.batch) * per_sample);
-    d.download(h);
-    return h;
+    return models::step_samples(replicas_.sync.get(), replicas_.replica, d.get(), s_.dtype, per_sample, s_.batch,
+                                replicas_.global.batch);
   }
+
 
   static void poison(float* at, std::int64_t n) {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(at, 0xFF, static_cast<std::size_t>(n) * sizeof(float), gpu::stream()));

@@ -31,20 +31,12 @@ const Config& test_config() {
   return c;
 }
 
-class FasttextFamily final : public models::ModelFamily {
+class FasttextFamily final : public models::DataParallelModelFamily {
  public:
-  FasttextFamily() : models::ModelFamily("model_fasttext", cpu_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
+  FasttextFamily() : models::DataParallelModelFamily("model_fasttext", cpu_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
-  // The single-GPU and CPU steps, then the data-parallel train steps at the same per-GPU batches.
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    std::vector<Problem> out = models::step_problems(configs(), batches, models::thread_sweep(), true);
-    for (const Problem& p : models::data_parallel_problems(configs(), batches)) out.push_back(p);
-    return out;
-  }
-
-  std::string unsupported_reason(const Problem& p) const override {
-    if (p.has("gpus")) return models::data_parallel_reason(p);
-    return models::ModelFamily::unsupported_reason(p);
+    return models::steps_and_data_parallel_problems(configs(), batches);
   }
 
   std::vector<Problem> test_problems() const override {
@@ -69,10 +61,7 @@ class FasttextFamily final : public models::ModelFamily {
   // and reads and writes every parameter and AdamW's m and v (6 x 4 bytes per parameter, as every
   // model). bf16 keeps the f32 parameters (its per-step bf16 copy is not counted, as every model's);
   // its logits are 2 bytes.
-  // A data-parallel step (gpus:G) does G replicas' work: G times one GPU's (items: the global batch).
-  Work work(const Problem& p) const override { return models::over_replicas(p, one_gpu_work(p)); }
-
-  static Work one_gpu_work(const Problem& p) {
+  Work one_gpu_work(const Problem& p) const override {
     const Shape s = shape_of(p);
     const Config& c = s.cfg;
     const double B = static_cast<double>(s.batch), T = static_cast<double>(c.T), E = static_cast<double>(c.E),

@@ -35,17 +35,8 @@ struct Config {
 const std::vector<Config>& configs();        // the benchmarked ones: fasttext_imdb
 const Config& config_named(const std::string& name);  // fasttext_imdb, or the tests' tiny fasttext_test
 
-struct Shape {
+struct Shape : models::StepKind {
   Config cfg;
-  Backend backend = Backend::cpu;
-  DType dtype = DType::f32;          // f32 or bf16 (mixed precision: docs/models.md)
-  Direction dir = Direction::infer;  // infer or train
-  std::int64_t batch = 1;
-  Variant variant = Variant::plain;
-  int threads = 0;  // threads:T only
-  int gpus = 0;     // gpus:G only: one of G data-parallel replicas, batch per GPU (kernels/models/data_parallel.h)
-  bool train() const { return dir == Direction::train; }
-  bool bf16() const { return dtype == DType::bf16; }
   std::int64_t tokens() const { return batch * cfg.T; }
 };
 Shape shape_of(const Problem& p);

@@ -42,4 +42,12 @@ HostBuffer leading_samples(GradSync& sync, const Replica& r, const void* mine, D
   return out;
 }
 
+HostBuffer step_samples(GradSync* sync, const Replica& r, const void* mine, DType t, std::size_t per_sample, std::int64_t batch,
+                        std::int64_t global_batch) {
+  if (sync) return leading_samples(*sync, r, mine, t, per_sample, batch, global_batch);
+  HostBuffer h(t, static_cast<std::size_t>(batch) * per_sample);
+  gpu::copy(h.data(), mine, h.bytes(), cudaMemcpyDeviceToHost);
+  return h;
+}
+
 }  // namespace hotops::models

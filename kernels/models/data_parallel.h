@@ -19,6 +19,7 @@
 #include "hotops/problem.h"
 #include "hotops/verify.h"
 #include "kernels/adamw/adamw.h"
+#include "kernels/models/models.h"
 
 namespace hotops::models {
 
@@ -51,6 +52,16 @@ std::vector<Problem> data_parallel_problems(const Models& ms, const std::vector<
     for (std::int64_t b : asked.empty() ? std::vector<std::int64_t>(m.batches) : asked) add_data_parallel_problems(m.name, b, out);
   return out;
 }
+// The benchmark problems of a family whose train steps also run data-parallel: every model of `ms`'s
+// single-GPU and CPU steps (step_problems, with the thread sweep and the graph variants), then its
+// data-parallel train steps at the same per-GPU batches.
+template <class Models>
+std::vector<Problem> steps_and_data_parallel_problems(const Models& ms, const std::vector<std::int64_t>& asked) {
+  std::vector<Problem> out = step_problems(ms, asked, thread_sweep(), true);
+  for (const Problem& p : data_parallel_problems(ms, asked)) out.push_back(p);
+  return out;
+}
+
 // The test problems: gpus:1 (a communicator of this process alone), f32 and bf16.
 void add_data_parallel_test_problems(const std::string& model, std::int64_t batch, std::vector<Problem>& out,
                                      const std::vector<Arg>& leading = {});
@@ -61,6 +72,21 @@ Work over_replicas(const Problem& p, Work one_gpu);
 // Why a data-parallel problem cannot run here ("" when it can): no GPU, no NCCL in the build, or fewer
 // GPUs in the run than it needs (what the collectives say).
 std::string data_parallel_reason(const Problem& p);
+
+// A model family with data-parallel train steps: a problem with a gpus arg can run where
+// data_parallel_reason says so; the others as the family's CPU and CUDA steps can.
+// Its work: a data-parallel step (gpus:G) does G replicas' work, G times one GPU's (items: the global
+// batch), one_gpu_work the family's count for one step on one device.
+class DataParallelModelFamily : public ModelFamily {
+ public:
+  using ModelFamily::ModelFamily;
+  std::string unsupported_reason(const Problem& p) const override {
+    if (p.has("gpus")) return data_parallel_reason(p);
+    return ModelFamily::unsupported_reason(p);
+  }
+  Work work(const Problem& p) const final { return over_replicas(p, one_gpu_work(p)); }
+  virtual Work one_gpu_work(const Problem& p) const = 0;
+};
 
 // Rank r's shard of a global batch of tensors whose samples are `per_sample` elements each: samples
 // r x batch .. (r + 1) x batch - 1, where `batch` is the per-GPU batch.
@@ -159,6 +185,11 @@ void adamw_step(const std::unique_ptr<GradSync>& sync, float* p, const float* g,
 // where the whole tensor can be gigabytes); every rank gets them (synchronises).
 HostBuffer leading_samples(GradSync& sync, const Replica& r, const void* mine, DType t, std::size_t per_sample, std::int64_t batch,
                            std::int64_t count);
+// The whole per-sample tensor of a step for its verification (synchronises): `batch` samples at
+// `mine` for a single-GPU step (`sync` null); for a data-parallel one the global batch's
+// `global_batch` samples, gathered from the ranks in sample order (leading_samples).
+HostBuffer step_samples(GradSync* sync, const Replica& r, const void* mine, DType t, std::size_t per_sample, std::int64_t batch,
+                        std::int64_t global_batch);
 #endif
 
 // The check of a data-parallel step after one step from the seeded start, on every rank: the

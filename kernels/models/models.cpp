@@ -34,20 +34,12 @@ std::string cpu_reason(const Problem& p) {
   return cpu_bf16_reason(p);
 }
 
-class ModelsFamily final : public ModelFamily {
+class ModelsFamily final : public DataParallelModelFamily {
  public:
-  ModelsFamily() : ModelFamily("models", cpu_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
+  ModelsFamily() : DataParallelModelFamily("models", cpu_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
-  // The single-GPU and CPU steps, then the data-parallel train steps at the same per-GPU batches.
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
-    std::vector<Problem> out = step_problems(models(), batches, thread_sweep(), true);
-    for (const Problem& p : data_parallel_problems(models(), batches)) out.push_back(p);
-    return out;
-  }
-
-  std::string unsupported_reason(const Problem& p) const override {
-    if (p.has("gpus")) return data_parallel_reason(p);
-    return ModelFamily::unsupported_reason(p);
+    return steps_and_data_parallel_problems(models(), batches);
   }
 
   std::vector<Problem> test_problems() const override {
@@ -71,10 +63,7 @@ class ModelsFamily final : public ModelFamily {
   // train reads x and the labels, reads and writes the parameters and AdamW's m and v. bf16 keeps
   // f32 parameters (the per-step bf16 copy is not counted: it could be fused away); x and the logits
   // are bf16.
-  // A data-parallel step (gpus:G) does G replicas' work: G times one GPU's (items: the global batch).
-  Work work(const Problem& p) const override { return over_replicas(p, one_gpu_work(p)); }
-
-  static Work one_gpu_work(const Problem& p) {
+  Work one_gpu_work(const Problem& p) const override {
     const Shape s = shape_of(p);
     const ParamLayout l = param_layout(s.widths);
     const double B = static_cast<double>(s.batch), P = static_cast<double>(l.parameters);

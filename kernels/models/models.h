@@ -158,23 +158,27 @@ Check verify_periodic_step(const std::vector<R>& refs, std::int64_t period, std:
   return c;
 }
 
-struct Shape {
-  std::string model;
-  std::vector<std::int64_t> widths;
+// What a model step's problem says besides its model (the model families' Shapes start with it).
+struct StepKind {
   Backend backend = Backend::cpu;
-  DType dtype = DType::f32;          // f32 or bf16 (mixed precision, see the top of this file)
+  DType dtype = DType::f32;          // f32 or bf16 (mixed precision: docs/models.md)
   Direction dir = Direction::infer;  // infer or train
   std::int64_t batch = 1;
   Variant variant = Variant::plain;
   int threads = 0;  // threads:T only
-  int gpus = 0;     // gpus:G only: one of G replicas, batch per GPU
+  int gpus = 0;     // gpus:G only: one of G data-parallel replicas, batch per GPU (data_parallel.h)
+  bool train() const { return dir == Direction::train; }
+  bool bf16() const { return dtype == DType::bf16; }
+};
+
+struct Shape : StepKind {
+  std::string model;
+  std::vector<std::int64_t> widths;
 
   std::size_t layers() const { return widths.size() - 1; }
   std::int64_t in(std::size_t l) const { return widths[l]; }       // layer l's input width
   std::int64_t out(std::size_t l) const { return widths[l + 1]; }  // layer l's output width
   std::int64_t classes() const { return widths.back(); }
-  bool train() const { return dir == Direction::train; }
-  bool bf16() const { return dtype == DType::bf16; }
 };
 Shape shape_of(const Problem& p);
 
