@@ -235,9 +235,10 @@ class CpuMasters final : public Masters {
     };
     // Packing goes through the plain ldigo layout in the layer's dtype, as the Layout's pack does:
     // the strided f32 masters into ldigo (the cast and the permutation), then ldigo into the format
-    // the primitive asks for (the Layout's own reorder, where the two differ). Straight from the
-    // strided f32 into an AMX-blocked bf16 format, oneDNN's reorder gave wrong weights with several
-    // threads on an AMX Xeon (W_ih of 57 input channels, lstm_textgen).
+    // the primitive asks for (the Layout's own reorder, where the two differ), so that the weight
+    // space is the Layout's byte for byte (LstmMasters' tests compare the two at the models' shapes).
+    // The one reorder straight from the strided f32 into an AMX-blocked bf16 format is the suspect
+    // of lstm_textgen's bf16 failures on an AMX Xeon with several threads (docs/models.md).
     const auto pack_into = [&](const memory::desc& torch, const memory::desc& user, Tensor t, const memory::desc& want,
                                std::size_t at) {
       if (want == user) {
