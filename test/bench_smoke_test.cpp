@@ -788,7 +788,8 @@ TEST(BenchSmoke, CudaCollectivesOnFourGpus) { expect_collectives_on(4); }
 void expect_data_parallel_on(int gpus) {
   const std::string g = std::to_string(gpus);
   const GpusRun on = run_on_gpus(gpus, "'^model[.](mlp_tiny/cuda/(f32|bf16)/train/batch:64|mlp_mnist/cuda/(f32|bf16)/train/batch:128|"
-                                        "bert_layer/cuda/(f32|bf16)/train/batch:8|vgg_cifar/cuda/(f32|bf16)/train/batch:32)(/gpus:" + g +
+                                        "bert_layer/cuda/(f32|bf16)/train/batch:8|vgg_cifar/cuda/(f32|bf16)/train/batch:32|"
+                                        "(bilstm_imdb|lstm_textgen|fasttext_imdb)/cuda/(f32|bf16)/train/batch:32)(/gpus:" + g +
                                         ")?/manual_time$'");
   if (lacks_gpus_or_nccl(on.result)) GTEST_SKIP() << "needs " << gpus << " GPUs and NCCL: " << on.result.output;
   ASSERT_EQ(on.result.exit_code, 0) << on.result.output;
@@ -808,8 +809,8 @@ void expect_data_parallel_on(int gpus) {
     EXPECT_TRUE(b.contains("breakdown:allreduce")) << name;
     EXPECT_FALSE(b.contains("flop_fraction")) << name;
   }
-  EXPECT_EQ(entries, 16) << "4 models x 2 dtypes x (one GPU, " << g << " GPUs)";
-  EXPECT_EQ(parallel, 8);
+  EXPECT_EQ(entries, 28) << "7 models x 2 dtypes x (one GPU, " << g << " GPUs)";
+  EXPECT_EQ(parallel, 14);
 }
 
 TEST(BenchSmoke, CudaDataParallelStepsOnTwoGpus) { expect_data_parallel_on(2); }
