@@ -71,7 +71,7 @@ inline void expect_data_parallel_work_and_seed(const Family& f, const Problem& p
 
 // The data-parallel step of `p` (a train problem) on a communicator of this process alone (gpus:1):
 // its work counts `p`'s batch, it passes verification (the reference at its global batch) and its
-// label names its gradient buckets (`buckets`, e.g. "in 3 buckets") and the per-bucket AdamW, and its
+// label names its gradient buckets (`buckets`, e.g. "in 4 buckets") and the per-bucket AdamW, and its
 // per-op breakdown has the all-reduce's wait and the AdamW parts. Skipped with the reason where this
 // machine cannot run it.
 inline void expect_one_gpu_data_parallel(const Family& f, Problem p, const std::string& buckets) {
