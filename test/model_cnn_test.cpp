@@ -293,9 +293,7 @@ TEST(ModelCnnDataParallel, NamesWorkAndTheBatchNormalizedModel) {
   // gpus:G is a CUDA train step.
   EXPECT_THROW(shape_of(model_test::model_problem("vgg_cifar", Backend::cpu, Direction::train, 8, "gpus", 2)), Error);
 
-  std::vector<std::string> tests;
-  for (const Problem& p : family().test_problems())
-    if (p.has("gpus")) tests.push_back(p.name());
+  const std::vector<std::string> tests = model_test::data_parallel_names(family().test_problems());
   for (const char* n : {"model.vgg_test/cuda/f32/train/batch:5/gpus:1", "model.mnist_test/cuda/bf16/train/batch:4/gpus:1"})
     EXPECT_NE(std::find(tests.begin(), tests.end(), n), tests.end()) << n;
 }

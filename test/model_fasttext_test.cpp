@@ -319,9 +319,7 @@ TEST(ModelFasttextDataParallel, NamesWorkAndSeed) {
   EXPECT_THROW(shape_of(model_problem("fasttext_imdb", Backend::cpu, Direction::train, 8, "gpus", 2)), Error);
   EXPECT_THROW(shape_of(model_problem("fasttext_imdb", Backend::cuda, Direction::infer, 8, "gpus", 2)), Error);
 
-  std::vector<std::string> tests;
-  for (const Problem& p : family().test_problems())
-    if (p.has("gpus")) tests.push_back(p.name());
+  const std::vector<std::string> tests = model_test::data_parallel_names(family().test_problems());
   EXPECT_EQ(tests, (std::vector<std::string>{"model.fasttext_test/cuda/f32/train/batch:3/gpus:1",
                                               "model.fasttext_test/cuda/bf16/train/batch:3/gpus:1"}));
 }

@@ -35,13 +35,19 @@ inline Problem model_problem(const std::string& name, Backend be, Direction d, s
   return p;
 }
 
+// The names of the data-parallel problems (a gpus arg) among `problems`, in their order.
+inline std::vector<std::string> data_parallel_names(const std::vector<Problem>& problems) {
+  std::vector<std::string> names;
+  for (const Problem& p : problems)
+    if (p.has("gpus")) names.push_back(p.name());
+  return names;
+}
+
 // The data-parallel problems among `f`'s benchmark problems are those of `models` (each a model's
 // name and the batches of its single-GPU train steps) at each batch (per GPU), G = 2, 4 and 8, in
 // f32 and bf16, and no others.
 inline void expect_data_parallel_names(const Family& f, const std::vector<std::pair<std::string, std::vector<std::int64_t>>>& models) {
-  std::vector<std::string> names;
-  for (const Problem& p : f.benchmark_problems({}))
-    if (p.has("gpus")) names.push_back(p.name());
+  const std::vector<std::string> names = data_parallel_names(f.benchmark_problems({}));
   std::size_t expected = 0;
   for (const auto& [model, batches] : models)
     for (std::int64_t b : batches)
