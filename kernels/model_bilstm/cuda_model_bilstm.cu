@@ -205,7 +205,7 @@ class CudaBilstm final : public ModelCase {
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
     Outcome o;
     if (!s_.train() || s_.bf16()) {  // bf16 train checks the step's logits too (model_bilstm.cpp)
-      o.logits = step_logits();
+      o.logits = replicas_.samples(logits_.get(), s_.dtype, static_cast<std::size_t>(c_.C), s_.batch);
       if (!s_.train()) return verify_outcome(s_, l_, st_, o);
     }
     o.loss = static_cast<float>(last_loss());
@@ -294,13 +294,6 @@ class CudaBilstm final : public ModelCase {
   // cuDNN's weight space: the f32 masters' LSTM region, or its bf16 copy.
   void* weights() const {
     return s_.bf16() ? static_cast<void*>(low(lstm_)) : static_cast<void*>(params_.as<float>() + lstm_);
-  }
-
-  // The step's logits [batch, C]; a data-parallel step's those of the global batch, gathered from the
-  // ranks in sample order.
-  HostBuffer step_logits() const {
-    return models::step_samples(replicas_.sync.get(), replicas_.replica, logits_.get(), s_.dtype, static_cast<std::size_t>(c_.C),
-                                s_.batch, replicas_.global.batch);
   }
 
 

@@ -145,8 +145,8 @@ class CudaFasttext final : public ModelCase {
     run();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
     Outcome o;
-    o.pooled = step_samples(pooled_, static_cast<std::size_t>(s_.cfg.E));
-    o.logits = step_samples(logits_, 1);
+    o.pooled = replicas_.samples(pooled_.get(), s_.dtype, static_cast<std::size_t>(s_.cfg.E), s_.batch);
+    o.logits = replicas_.samples(logits_.get(), s_.dtype, 1, s_.batch);
     if (!s_.train()) return verify_outcome(s_, l_, st_, o);
     o.loss = static_cast<float>(last_loss());
     o.grads = HostBuffer(DType::f32, l_.total);
@@ -198,14 +198,6 @@ class CudaFasttext final : public ModelCase {
     if (s_.bf16()) return low_.as<__nv_bfloat16>() + offset;
     return params_.as<float>() + offset;
   }
-
-  // A per-sample tensor of the step, `per_sample` elements a sample: [batch, per_sample]; a
-  // data-parallel step's that of the global batch, gathered from the ranks in sample order.
-  HostBuffer step_samples(const gpu::DeviceBuffer& d, std::size_t per_sample) const {
-    return models::step_samples(replicas_.sync.get(), replicas_.replica, d.get(), s_.dtype, per_sample, s_.batch,
-                                replicas_.global.batch);
-  }
-
 
   static void poison(float* at, std::int64_t n) {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(at, 0xFF, static_cast<std::size_t>(n) * sizeof(float), gpu::stream()));
@@ -273,7 +265,6 @@ class CudaFasttext final : public ModelCase {
     e.dW = grads + l_.embed;
     scatter_->run(e);
     models::grads_ready(replicas_.sync, l_.embed);  // the embedding table's (every row written): all of them
-
     // The (last) AdamW launch advances the step count.
     models::adamw_step(replicas_.sync, params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
                        s_.bf16() ? low_.as<std::uint16_t>() : nullptr, l_.total, state_.as<adamw::DeviceStep>(), &hyper_);
