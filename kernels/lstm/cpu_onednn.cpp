@@ -239,14 +239,15 @@ class CpuMasters final : public Masters {
     // space is the Layout's byte for byte (LstmMasters' tests compare the two at the models' shapes).
     // The one reorder straight from the strided f32 into an AMX-blocked bf16 format is the suspect
     // of lstm_textgen's bf16 failures on an AMX Xeon with several threads (docs/models.md).
+    std::size_t staging_bytes = 0;
     const auto pack_into = [&](const memory::desc& torch, const memory::desc& user, Tensor t, const memory::desc& want,
                                std::size_t at) {
       if (want == user) {
         to_space_.push_back({reorder(torch, user), std::nullopt, t, 0, at});
         return;
       }
-      const std::size_t staged = staging_bytes_;
-      staging_bytes_ += aligned(user.get_size());
+      const std::size_t staged = staging_bytes;
+      staging_bytes += aligned(user.get_size());
       to_space_.push_back({reorder(torch, user), reorder(user, want), t, staged, at});
     };
     pack_into(wl, sp_.wl_user, Tensor::w_ih, d_.fwd.weights_layer_desc(), sp_.wl_fwd);
@@ -255,7 +256,7 @@ class CpuMasters final : public Masters {
       if (sp_.wl_bwd != sp_.wl_fwd) pack_into(wl, sp_.wl_user, Tensor::w_ih, d_.bwd.weights_layer_desc(), sp_.wl_bwd);
       if (sp_.wi_bwd != sp_.wi_fwd) pack_into(wi, sp_.wi_user, Tensor::w_hh, d_.bwd.weights_iter_desc(), sp_.wi_bwd);
     }
-    staging_ = HostBuffer(DType::f32, staging_bytes_ / 4);
+    staging_ = HostBuffer(DType::f32, staging_bytes / 4);
     if (s.dir == Direction::fwd) return;
     to_torch_.push_back({reorder(d_.m.d_w_layer, wl), std::nullopt, Tensor::w_ih, 0, sp_.dwl});
     to_torch_.push_back({reorder(d_.m.d_w_iter, wi), std::nullopt, Tensor::w_hh, 0, sp_.dwi});
@@ -304,7 +305,6 @@ class CpuMasters final : public Masters {
   Descriptors d_;
   Spaces sp_;
   std::vector<Reorder> to_space_, to_torch_;
-  std::size_t staging_bytes_ = 0;
   HostBuffer staging_;  // pack: the masters as ldigo in the layer's dtype
 };
 
