@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <optional>
 #include <utility>
 #include <vector>
 
@@ -233,47 +232,18 @@ class CpuMasters final : public Masters {
       return cpu::Primitive(dnnl::reorder(dnnl::reorder::primitive_desc(cpu::engine(), from, cpu::engine(), to)),
                             {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}});
     };
-    // Packing goes through the plain ldigo layout in the layer's dtype, as the Layout's pack does:
-    // the strided f32 masters into ldigo (the cast and the permutation), then ldigo into the format
-    // the primitive asks for (the Layout's own reorder, where the two differ), so that the weight
-    // space is the Layout's byte for byte (LstmMasters' tests compare the two at the models' shapes).
-    // The one reorder straight from the strided f32 into an AMX-blocked bf16 format is the suspect
-    // of lstm_textgen's bf16 failures on an AMX Xeon with several threads (docs/models.md).
-    std::size_t staging_bytes = 0;
-    const auto pack_into = [&](const memory::desc& torch, const memory::desc& user, Tensor t, const memory::desc& want,
-                               std::size_t at) {
-      if (want == user) {
-        to_space_.push_back({reorder(torch, user), std::nullopt, t, 0, at});
-        return;
-      }
-      const std::size_t staged = staging_bytes;
-      staging_bytes += aligned(user.get_size());
-      to_space_.push_back({reorder(torch, user), reorder(user, want), t, staged, at});
-    };
-    pack_into(wl, sp_.wl_user, Tensor::w_ih, d_.fwd.weights_layer_desc(), sp_.wl_fwd);
-    pack_into(wi, sp_.wi_user, Tensor::w_hh, d_.fwd.weights_iter_desc(), sp_.wi_fwd);
-    if (s.dir != Direction::fwd) {
-      if (sp_.wl_bwd != sp_.wl_fwd) pack_into(wl, sp_.wl_user, Tensor::w_ih, d_.bwd.weights_layer_desc(), sp_.wl_bwd);
-      if (sp_.wi_bwd != sp_.wi_fwd) pack_into(wi, sp_.wi_user, Tensor::w_hh, d_.bwd.weights_iter_desc(), sp_.wi_bwd);
-    }
-    staging_ = HostBuffer(DType::f32, staging_bytes / 4);
+    to_space_.push_back({reorder(wl, d_.fwd.weights_layer_desc()), Tensor::w_ih, sp_.wl_fwd});
+    to_space_.push_back({reorder(wi, d_.fwd.weights_iter_desc()), Tensor::w_hh, sp_.wi_fwd});
     if (s.dir == Direction::fwd) return;
-    to_torch_.push_back({reorder(d_.m.d_w_layer, wl), std::nullopt, Tensor::w_ih, 0, sp_.dwl});
-    to_torch_.push_back({reorder(d_.m.d_w_iter, wi), std::nullopt, Tensor::w_hh, 0, sp_.dwi});
+    if (sp_.wl_bwd != sp_.wl_fwd) to_space_.push_back({reorder(wl, d_.bwd.weights_layer_desc()), Tensor::w_ih, sp_.wl_bwd});
+    if (sp_.wi_bwd != sp_.wi_fwd) to_space_.push_back({reorder(wi, d_.bwd.weights_iter_desc()), Tensor::w_hh, sp_.wi_bwd});
+    to_torch_.push_back({reorder(d_.m.d_w_layer, wl), Tensor::w_ih, sp_.dwl});
+    to_torch_.push_back({reorder(d_.m.d_w_iter, wi), Tensor::w_hh, sp_.dwi});
   }
 
   void pack(const MasterArgs& a) override {
     auto* space = static_cast<std::byte*>(a.weights);
-    auto* staging = static_cast<std::byte*>(staging_.data());
-    for (Reorder& r : to_space_) {
-      const float* master = r.tensor == Tensor::w_ih ? a.w_ih : a.w_hh;
-      if (!r.then) {
-        r.prim.run({master, space + r.at});
-        continue;
-      }
-      r.prim.run({master, staging + r.staged});
-      r.then->run({staging + r.staged, space + r.at});
-    }
+    for (Reorder& r : to_space_) r.prim.run({r.tensor == Tensor::w_ih ? a.w_ih : a.w_hh, space + r.at});
     auto* bias = reinterpret_cast<float*>(space + sp_.bias);
     for (std::int64_t i = 0; i < s_.D() * 4 * s_.H; ++i) bias[i] = a.b_ih[i] + a.b_hh[i];
   }
@@ -296,16 +266,13 @@ class CpuMasters final : public Masters {
   enum class Tensor { w_ih, w_hh };
   struct Reorder {
     cpu::Primitive prim;
-    std::optional<cpu::Primitive> then;  // pack: from the staged ldigo into the primitive's format
-    Tensor tensor;       // which master (pack: the source; unpack: the destination)
-    std::size_t staged;  // pack with `then`: the ldigo's region of the staging buffer, bytes
-    std::size_t at;      // the region of the space, bytes from its start
+    Tensor tensor;   // which master (pack: the source; unpack: the destination)
+    std::size_t at;  // the region of the space, bytes from its start
   };
   Shape s_;
   Descriptors d_;
   Spaces sp_;
   std::vector<Reorder> to_space_, to_torch_;
-  HostBuffer staging_;  // pack: the masters as ldigo in the layer's dtype
 };
 
 class CpuLstm final : public Plan {
