@@ -58,9 +58,6 @@ CpuImpl cpu_impl(const Problem& p);  // shape_of(p).impl; throws hotops::Error o
 // hotops' CPU dtype conversion: dst = src converted (s.kind), rounding to nearest even, in blocks
 // that `threads` OpenMP threads share.
 void convert_dtype(const Shape& s, const void* src, void* dst, int threads);
-// The same over `count` elements (k: f32_to_bf16 or bf16_to_f32), for a caller converting a buffer of
-// its own: a model's bf16 copy of its f32 parameters.
-void cpu_convert(Kind k, const void* src, void* dst, std::size_t count, int threads);
 
 // hotops' CPU layout change: dst = src in the other layout (s.kind), for 2- and 4-byte elements, as a
 // batched 2-D transpose of [C, H*W] (to NHWC) or [H*W, C] (to NCHW) per image, cut into tiles that

@@ -339,15 +339,6 @@ void convert_dtype(const Shape& s, const void* src, void* dst, int threads) {
     throw Error(std::string("hotops' conversion does f32 <-> bf16 only, not ") + kind_name(s.kind));
 }
 
-void cpu_convert(Kind k, const void* src, void* dst, std::size_t count, int threads) {
-  Shape s;
-  s.kind = k;
-  s.src = k == Kind::f32_to_bf16 ? DType::f32 : DType::bf16;
-  s.dst = k == Kind::f32_to_bf16 ? DType::bf16 : DType::f32;
-  s.count = count;
-  convert_dtype(s, src, dst, threads);
-}
-
 void transpose_layout(const Shape& s, const void* src, void* dst, int threads) {
   HOTOPS_CHECK(s.is_layout() && s.src == s.dst, std::string("hotops' transpose does layouts only, not ") + kind_name(s.kind));
   const auto [R, K] = matrix_of(s);

@@ -21,7 +21,6 @@
 #include "hotops/cpu.h"
 #include "hotops/cpu_vector.h"
 #include "hotops/trace.h"
-#include "kernels/copy/copy.h"
 #include "kernels/model_bert/model_bert.h"
 
 namespace hotops::model_bert {
@@ -163,7 +162,13 @@ class CpuLayer final : public LayerCase {
   }
   int team() const { return cpu::threads(); }
 
-  void cast_weights() { copy::cpu_convert(copy::Kind::f32_to_bf16, params_.data(), weights_.data(), l_.total, team()); }
+  void cast_weights() {
+    const float* p = params_.as<float>();
+    bf16* w = weights_.as<bf16>();
+    const auto n = static_cast<std::int64_t>(l_.total);
+#pragma omp parallel for simd num_threads(team()) schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) w[i] = vec::f32_to_bf16(p[i]);
+  }
 
   // LayerNorm's backward (the layernorm_dbias plan) into dx = LN'(dy) (+ dres) when given, its gamma
   // and beta gradients at `g` and `b`, and the column sums of dx into the bias gradient at `bias`

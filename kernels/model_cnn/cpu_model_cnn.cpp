@@ -428,7 +428,13 @@ class CpuCnn final : public ModelCase {
     return s_.train() ? static_cast<const void*>(low_.as<bf16>() + at) : infer_copy.data();
   }
   // bf16 train: the copy of the whole f32 parameters, once at the start (restore's).
-  void cast_params() { copy::cpu_convert(copy::Kind::f32_to_bf16, params_.data(), low_.data(), l_.total, cpu::threads()); }
+  void cast_params() {
+    const float* p = params_.as<float>();
+    bf16* low = low_.as<bf16>();
+    const auto n = static_cast<std::int64_t>(l_.total);
+#pragma omp parallel for simd schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) low[i] = float_to_bf16(p[i]);
+  }
   void cast_dense2_weights() {
     w2_cast_->run({infer_params() + l_.dense2.w, w2_low_.data()});
     b2_cast_->run({infer_params() + l_.dense2.b, b2_low_.data()});

@@ -15,8 +15,8 @@
 
 #include "hotops/check.h"
 #include "hotops/cpu.h"
+#include "hotops/cpu_vector.h"
 #include "hotops/trace.h"
-#include "kernels/copy/copy.h"
 #include "kernels/model_convnext/model_convnext.h"
 
 namespace hotops::model_convnext {
@@ -121,7 +121,13 @@ class CpuBlock final : public BlockCase {
   const float* P(std::size_t at) const { return params_.as<float>() + at; }
   float* G(std::size_t at) { return grads_.as<float>() + at; }
 
-  void cast_weights() { copy::cpu_convert(copy::Kind::f32_to_bf16, params_.data(), weights_.data(), l_.total, cpu::threads()); }
+  void cast_weights() {
+    const float* p = params_.as<float>();
+    bf16* w = weights_.as<bf16>();
+    const auto n = static_cast<std::int64_t>(l_.total);
+#pragma omp parallel for simd num_threads(cpu::threads()) schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) w[i] = vec::f32_to_bf16(p[i]);
+  }
 
   // A Linear layer's tensors: x . W + b into y, W and b at their offsets in the matmuls' weights.
   matmul::Args dense(const HostBuffer& x, std::size_t w, std::size_t b, HostBuffer& y) const {

@@ -21,7 +21,6 @@
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "hotops/trace.h"
-#include "kernels/copy/copy.h"
 #include "kernels/model_fasttext/model_fasttext.h"
 
 namespace hotops::model_fasttext {
@@ -123,7 +122,11 @@ class CpuFasttext final : public ModelCase {
 
   // The bf16 copy of the f32 parameters (autocast's cast), one flat pass.
   void cast_params() {
-    copy::cpu_convert(copy::Kind::f32_to_bf16, params_.data(), low_.data(), l_.total, team(static_cast<std::int64_t>(l_.total)));
+    const float* p = params_.as<float>();
+    std::uint16_t* low = low_.as<std::uint16_t>();
+    const auto n = static_cast<std::int64_t>(l_.total);
+#pragma omp parallel for simd num_threads(team(n)) schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) low[i] = float_to_bf16(p[i]);
   }
 
   void forward() {

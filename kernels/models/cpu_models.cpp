@@ -19,7 +19,6 @@
 #include "hotops/cpu.h"
 #include "hotops/cpu_vector.h"
 #include "hotops/trace.h"
-#include "kernels/copy/copy.h"
 #include "kernels/matmul/matmul.h"
 #include "kernels/models/models.h"
 
@@ -156,7 +155,11 @@ class CpuModel final : public ModelCase {
 
   // The bf16 copy of the f32 parameters (autocast's cast of the weights), one flat pass.
   void cast_params() {
-    copy::cpu_convert(copy::Kind::f32_to_bf16, params_.data(), low_.data(), l_.total, team(static_cast<std::int64_t>(l_.total)));
+    const float* p = params_.as<float>();
+    T* low = low_.as<T>();
+    const auto n = static_cast<std::int64_t>(l_.total);
+#pragma omp parallel for simd num_threads(team(n)) schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) low[i] = store<T>(p[i]);
   }
 
   void forward() {
