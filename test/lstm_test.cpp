@@ -291,7 +291,6 @@ TEST(LstmMasters, PackAgreesWithTheLayoutAtTheModelsShapes) {
   EXPECT_GE(compared, 4);  // f32 everywhere
 }
 
-
 // cuDNN's weight space is a plain array: positions() names where pack() put each element of
 // W_ih, W_hh, b_ih and b_hh. oneDNN's is not: no positions.
 TEST(LstmLayout, PositionsSayWherePackPutsEachElement) {
