@@ -534,9 +534,10 @@ TEST(BenchSmoke, EveryEntryHasSamplesAndNoise) {
 // reason in its label, and the rule's settings in the context.
 void expect_rule_keeps_names(const std::string& filter) {
   Result r;
-  const nlohmann::json plain = run_json("--benchmark_filter='" + filter + "'", r);
+  nlohmann::json plain = run_json("--benchmark_filter='" + filter + "'", r);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const nlohmann::json ruled = run_json("--benchmark_filter='" + filter + "' --hotops_max_noise=50 --hotops_min_samples=3", r);
+  const std::string ruled_args = "--benchmark_filter='" + filter + "' --hotops_max_noise=50 --hotops_min_samples=3";
+  nlohmann::json ruled = run_json(ruled_args, r);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_FALSE(plain["benchmarks"].empty());
   ASSERT_EQ(plain["benchmarks"].size(), ruled["benchmarks"].size());
@@ -553,14 +554,29 @@ void expect_rule_keeps_names(const std::string& filter) {
     const std::regex stopped(R"(\[stopped: (noise [0-9.e+-]+% <= 50%|noise settled at [0-9.e+-]+%|timeout \(15 s\) at noise [0-9.e+-]+%)\])");
     EXPECT_TRUE(std::regex_search(label, stopped)) << name << ": " << label;
     EXPECT_EQ(label.find("[stopped:"), label.rfind("[stopped:")) << name << ": " << label;
-    // The reported time is an execution's (the mean of the samples), not the sampling's: of the
-    // order of the run without the rule (a loose bound: other work on the machine moves both;
-    // StoppingRuleReportsTheMeanOfItsSamples checks the mean exactly).
-    const double t = b["real_time"], t0 = plain["benchmarks"][i]["real_time"];
-    EXPECT_GT(t, 0) << name;
-    EXPECT_LT(t, 10 * t0) << name << ": " << t << " against " << t0 << " without the rule";
-    EXPECT_GT(t, t0 / 10) << name << ": " << t << " against " << t0 << " without the rule";
   }
+  // The reported time is an execution's (the mean of the samples), not the sampling's: of the order
+  // of the run without the rule. A loose bound, and one pair of runs in three must meet it: a sample
+  // of a microsecond entry that other work on the machine holds up for a time slice moves either run
+  // by thousands of times (StoppingRuleReportsTheMeanOfItsSamples checks the mean exactly).
+  std::string off;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    off.clear();
+    for (std::size_t i = 0; i < plain["benchmarks"].size(); ++i) {
+      const auto& b = ruled["benchmarks"][i];
+      if (b.value("error_occurred", false)) continue;
+      const double t = b["real_time"], t0 = plain["benchmarks"][i]["real_time"];
+      if (!(t > t0 / 10 && t < 10 * t0))
+        off += b["name"].get<std::string>() + ": " + std::to_string(t) + " against " + std::to_string(t0) + " without the rule; ";
+    }
+    if (off.empty()) break;
+    plain = run_json("--benchmark_filter='" + filter + "'", r);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    ruled = run_json(ruled_args, r);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    ASSERT_EQ(plain["benchmarks"].size(), ruled["benchmarks"].size());
+  }
+  EXPECT_TRUE(off.empty()) << off;
   EXPECT_EQ(ruled["context"]["hotops_max_noise"].get<std::string>().rfind("50", 0), 0u);
   EXPECT_EQ(ruled["context"]["hotops_min_samples"].get<std::string>(), "3");
   EXPECT_TRUE(ruled["context"].contains("hotops_timeout"));
