@@ -248,11 +248,11 @@ struct BatchReplica {
   // The position of this rank's first sample in the global batch (0 for a single-GPU step).
   std::int64_t first_sample(std::int64_t batch) const { return sync ? replica.rank * batch : 0; }
 #ifdef HOTOPS_HAVE_CUDA
-  // Verification: the step's per-sample tensor at `mine` (device; `per_sample` elements of type t a
-  // sample, `batch` of them on this rank), for a data-parallel step the global batch's, gathered
-  // from the ranks in sample order (step_samples).
-  HostBuffer samples(const void* mine, DType t, std::size_t per_sample, std::int64_t batch) const {
-    return step_samples(sync.get(), replica, mine, t, per_sample, batch, global.batch);
+  // Verification: the step's per-sample tensor at `mine` (device; `elements` of type t a sample,
+  // `batch` of them on this rank), for a data-parallel step the global batch's, gathered from the
+  // ranks in sample order (step_samples).
+  HostBuffer samples(const void* mine, DType t, std::size_t elements, std::int64_t batch) const {
+    return step_samples(sync.get(), replica, mine, t, elements, batch, global.batch);
   }
 #endif
 

@@ -125,12 +125,12 @@ std::string threads_reason(const StepArgs& a) {
 }
 
 // Verification of a scalar or a tensor: max|out - ref| / scale against tol.
-Check within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double scale, double tol) {
+Check within(const std::string& what, const double* out, const double* ref, std::size_t n, double scale, double tol) {
   Check c;
   c.tol = tol;
-  c.checked = out.size();
+  c.checked = n;
   std::size_t worst = 0;
-  for (std::size_t k = 0; k < out.size(); ++k) {
+  for (std::size_t k = 0; k < n; ++k) {
     const double e = std::fabs(out[k] - ref[k]) / scale;
     if (!(e <= c.max_err)) c.max_err = std::isfinite(e) ? e : std::numeric_limits<double>::infinity(), worst = k;
   }
@@ -144,14 +144,17 @@ Check within(const std::string& what, const std::vector<double>& out, const std:
   return c;
 }
 
-Check rms_within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double scale,
-                 double tol) {
+Check within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double scale, double tol) {
+  return within(what, out.data(), ref.data(), out.size(), scale, tol);
+}
+
+Check rms_within(const std::string& what, const double* out, const double* ref, std::size_t n, double scale, double tol) {
   Check c;
   c.tol = tol;
-  c.checked = out.size();
+  c.checked = n;
   double e2 = 0;
-  for (std::size_t k = 0; k < out.size(); ++k) e2 += (out[k] - ref[k]) * (out[k] - ref[k]);
-  const double e = std::sqrt(e2 / static_cast<double>(std::max<std::size_t>(1, out.size()))) / scale;
+  for (std::size_t k = 0; k < n; ++k) e2 += (out[k] - ref[k]) * (out[k] - ref[k]);
+  const double e = std::sqrt(e2 / static_cast<double>(std::max<std::size_t>(1, n))) / scale;
   c.max_err = std::isfinite(e) ? e : std::numeric_limits<double>::infinity();
   if (!(c.max_err <= tol)) {
     char buf[200];
@@ -162,16 +165,31 @@ Check rms_within(const std::string& what, const std::vector<double>& out, const 
   return c;
 }
 
-double rms(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x * x;
-  return std::sqrt(s / static_cast<double>(std::max<std::size_t>(1, v.size())));
+Check rms_within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double scale,
+                 double tol) {
+  return rms_within(what, out.data(), ref.data(), out.size(), scale, tol);
 }
+
+double rms(const double* v, std::size_t n) {
+  double s = 0;
+  for (std::size_t k = 0; k < n; ++k) s += v[k] * v[k];
+  return std::sqrt(s / static_cast<double>(std::max<std::size_t>(1, n)));
+}
+
+double rms(const std::vector<double>& v) { return rms(v.data(), v.size()); }
 
 std::vector<double> as_doubles(const HostBuffer& b, std::size_t from, std::size_t n) {
   if (n == 0) n = b.count() - from;
   std::vector<double> d(n);
-  for (std::size_t i = 0; i < n; ++i) d[i] = b.get(from + i);
+  const auto count = static_cast<std::int64_t>(n);
+  if (b.dtype() == DType::f32) {  // most of a step's tensors: the f32 parameters and gradients
+    const float* f = b.as<float>() + from;
+#pragma omp parallel for schedule(static) if (count > (std::int64_t(1) << 16))
+    for (std::int64_t i = 0; i < count; ++i) d[static_cast<std::size_t>(i)] = f[i];
+    return d;
+  }
+#pragma omp parallel for schedule(static) if (count > (std::int64_t(1) << 16))
+  for (std::int64_t i = 0; i < count; ++i) d[static_cast<std::size_t>(i)] = b.get(from + static_cast<std::size_t>(i));
   return d;
 }
 

@@ -101,6 +101,10 @@ double rms(const std::vector<double>& v);
 // per-element rounding mostly cancels in and a systematic slip does not.
 Check rms_within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double scale,
                  double tol);
+// The same three over the n elements at `out` and `ref`: a tensor of a flat buffer, without a copy.
+Check within(const std::string& what, const double* out, const double* ref, std::size_t n, double scale, double tol);
+double rms(const double* v, std::size_t n);
+Check rms_within(const std::string& what, const double* out, const double* ref, std::size_t n, double scale, double tol);
 // Elements [from, from + n) of a buffer as doubles (n = 0: to the end), and a slice of a vector.
 std::vector<double> as_doubles(const HostBuffer& b, std::size_t from = 0, std::size_t n = 0);
 // A verification batch that repeats with `period`: sample b (each `sample_bytes` of t) becomes a copy
