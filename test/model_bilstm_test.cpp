@@ -479,10 +479,6 @@ TEST(ModelTextgenTraining, LossFallsCudaBf16) {
 
 // ---- data-parallel train steps (gpus:G; kernels/models/data_parallel.h) ----
 
-Problem data_parallel(const std::string& config, std::int64_t batch, int gpus, DType t = DType::f32) {
-  return model_problem(config, Backend::cuda, Direction::train, batch, "gpus", gpus, t);
-}
-
 // bilstm_imdb and lstm_textgen have data-parallel steps at their train batches (per GPU), G = 2, 4,
 // 8, in both dtypes, doing G times one GPU's work from the single-GPU step's start at G x B; the
 // tests' configurations have gpus:1 steps only.
@@ -494,16 +490,12 @@ TEST(ModelBilstmDataParallel, NamesWorkAndSeed) {
       EXPECT_EQ(p.get_int("batch"), 7) << p.name();  // --hotops_batch sets the per-GPU batch
     }
 
-  const Shape dp = shape_of(data_parallel("bilstm_imdb", 64, 4));
-  EXPECT_EQ(dp.gpus, 4);
-  EXPECT_EQ(dp.batch, 64);
+  model_test::expect_gpus_only_on_cuda_train(shape_of, "bilstm_imdb", 64, 4);
+  model_test::expect_gpus_only_on_cuda_train(shape_of, "lstm_textgen", 8, 2);
   // The seed: the tokens, the labels and the parameters.
   model_test::expect_data_parallel_work_and_seed(family(), model_problem("bilstm_imdb", Backend::cuda, Direction::train, 64), 4);
   model_test::expect_data_parallel_work_and_seed(
       family(), model_problem("lstm_textgen", Backend::cuda, Direction::train, 512, nullptr, 0, DType::bf16), 8);
-  // gpus:G is a CUDA train step of its own.
-  EXPECT_THROW(shape_of(model_problem("bilstm_imdb", Backend::cpu, Direction::train, 8, "gpus", 2)), Error);
-  EXPECT_THROW(shape_of(model_problem("lstm_textgen", Backend::cuda, Direction::infer, 8, "gpus", 2)), Error);
 
   const std::vector<std::string> tests = model_test::data_parallel_names(family().test_problems());
   EXPECT_EQ(tests, (std::vector<std::string>{"model.bilstm_test/cuda/f32/train/batch:3/gpus:1", "model.bilstm_test/cuda/bf16/train/batch:3/gpus:1",

@@ -285,13 +285,9 @@ TEST(ModelCnnDataParallel, NamesWorkAndTheBatchNormalizedModel) {
   EXPECT_FALSE(data_parallel_arch_reason(arch_named("keras_test")).empty());
   EXPECT_TRUE(data_parallel_arch_reason(arch_named("vgg_cifar")).empty());
 
-  const Problem dp = data_parallel("vgg_cifar", 128, 4);
-  EXPECT_EQ(shape_of(dp).gpus, 4);
-  EXPECT_EQ(shape_of(dp).batch, 128);
+  model_test::expect_gpus_only_on_cuda_train(shape_of, "vgg_cifar", 128, 4);
   // The seed: the images, the parameters and the dropout keys.
   model_test::expect_data_parallel_work_and_seed(family(), problem("vgg_cifar", Backend::cuda, Direction::train, 128), 4);
-  // gpus:G is a CUDA train step.
-  EXPECT_THROW(shape_of(model_test::model_problem("vgg_cifar", Backend::cpu, Direction::train, 8, "gpus", 2)), Error);
 
   const std::vector<std::string> tests = model_test::data_parallel_names(family().test_problems());
   for (const char* n : {"model.vgg_test/cuda/f32/train/batch:5/gpus:1", "model.mnist_test/cuda/bf16/train/batch:4/gpus:1"})

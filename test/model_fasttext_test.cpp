@@ -308,16 +308,11 @@ TEST(ModelFasttextTraining, LossFallsCuda) {
 // has gpus:1 steps only.
 TEST(ModelFasttextDataParallel, NamesWorkAndSeed) {
   model_test::expect_data_parallel_names(family(), {{"fasttext_imdb", config_named("fasttext_imdb").batches}});
-  const Shape dp = shape_of(model_problem("fasttext_imdb", Backend::cuda, Direction::train, 256, "gpus", 4));
-  EXPECT_EQ(dp.gpus, 4);
-  EXPECT_EQ(dp.batch, 256);
+  model_test::expect_gpus_only_on_cuda_train(shape_of, "fasttext_imdb", 256, 4);
   // The seed: the tokens, the labels and the parameters.
   model_test::expect_data_parallel_work_and_seed(family(), model_problem("fasttext_imdb", Backend::cuda, Direction::train, 32), 8);
   model_test::expect_data_parallel_work_and_seed(
       family(), model_problem("fasttext_imdb", Backend::cuda, Direction::train, 1024, nullptr, 0, DType::bf16), 2);
-  // gpus:G is a CUDA train step of its own.
-  EXPECT_THROW(shape_of(model_problem("fasttext_imdb", Backend::cpu, Direction::train, 8, "gpus", 2)), Error);
-  EXPECT_THROW(shape_of(model_problem("fasttext_imdb", Backend::cuda, Direction::infer, 8, "gpus", 2)), Error);
 
   const std::vector<std::string> tests = model_test::data_parallel_names(family().test_problems());
   EXPECT_EQ(tests, (std::vector<std::string>{"model.fasttext_test/cuda/f32/train/batch:3/gpus:1",

@@ -60,6 +60,18 @@ inline void expect_data_parallel_names(const Family& f, const std::vector<std::p
   EXPECT_EQ(names.size(), expected);
 }
 
+// gpus:G is a CUDA train step of its own: `model`'s CUDA train step at `batch` over `gpus` GPUs has
+// that many replicas and `batch` samples on each (`shape_of`: the family's), and a CPU step or an
+// infer step with a gpus arg is an error.
+template <class ShapeOf>
+void expect_gpus_only_on_cuda_train(ShapeOf shape_of, const std::string& model, std::int64_t batch, int gpus) {
+  const auto dp = shape_of(model_problem(model, Backend::cuda, Direction::train, batch, "gpus", gpus));
+  EXPECT_EQ(dp.gpus, gpus) << model;
+  EXPECT_EQ(dp.batch, batch) << model;
+  EXPECT_THROW(shape_of(model_problem(model, Backend::cpu, Direction::train, batch, "gpus", 2)), Error) << model;
+  EXPECT_THROW(shape_of(model_problem(model, Backend::cuda, Direction::infer, batch, "gpus", 2)), Error) << model;
+}
+
 // The data-parallel step over `gpus` GPUs of the single-GPU train problem `p` (its batch B per GPU)
 // does `gpus` times `p`'s work and starts from `p`'s seeded start at batch gpus x B (the global batch
 // and the parameters).

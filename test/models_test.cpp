@@ -310,10 +310,7 @@ TEST(ModelsDataParallel, NamesAtTheSingleGpuTrainBatches) {
       EXPECT_EQ(p.get_int("batch"), 7) << p.name();
     }
   // gpus:G is a CUDA train step of its own: no CPU, no infer, no other variant with it.
-  EXPECT_EQ(shape_of(data_parallel("mlp_tiny", 10, 4)).gpus, 4);
-  EXPECT_EQ(shape_of(data_parallel("mlp_tiny", 10, 4)).batch, 10);
-  EXPECT_THROW(shape_of(model_problem("mlp_tiny", Backend::cpu, Direction::train, 10, "gpus", 2)), Error);
-  EXPECT_THROW(shape_of(model_problem("mlp_tiny", Backend::cuda, Direction::infer, 10, "gpus", 2)), Error);
+  model_test::expect_gpus_only_on_cuda_train(shape_of, "mlp_tiny", 10, 4);
   Problem both = data_parallel("mlp_tiny", 10, 2);
   both.args.push_back({"e2e", "1"});
   EXPECT_THROW(shape_of(both), Error);
