@@ -180,7 +180,6 @@ Shape shape_of(const Problem& p) {
   Shape s;
   s.arch = arch_named(a.model);
   models::copy_step_args(a, s);
-  s.gpus = a.gpus;
   return s;
 }
 

@@ -106,7 +106,6 @@ Shape shape_of(const Problem& p) {
   Shape s;
   s.cfg = config_named(a.model);
   models::copy_step_args(a, s);
-  s.gpus = a.gpus;
   return s;
 }
 

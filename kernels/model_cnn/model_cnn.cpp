@@ -161,7 +161,6 @@ Shape shape_of(const Problem& p) {
   s.arch = arch_named(a.model);
   s.convs = conv_layers(s.arch);
   models::copy_step_args(a, s);
-  s.gpus = a.gpus;
   return s;
 }
 

@@ -128,7 +128,6 @@ Shape shape_of(const Problem& p) {
   Shape s;
   s.arch = arch_named(p.get("shape"));
   models::copy_step_args(a, s);
-  s.gpus = a.gpus;
   return s;
 }
 

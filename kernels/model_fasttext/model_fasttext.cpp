@@ -100,7 +100,6 @@ Shape shape_of(const Problem& p) {
   Shape s;
   s.cfg = config_named(a.model);
   models::copy_step_args(a, s);
-  s.gpus = a.gpus;
   HOTOPS_CHECK(s.tokens() < (std::int64_t{1} << 31), "model_fasttext: fewer than 2^31 tokens a batch: " + p.name());
   return s;
 }

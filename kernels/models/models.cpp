@@ -326,7 +326,6 @@ Shape shape_of(const Problem& p) {
   s.model = a.model;
   s.widths = model_named(s.model).widths;
   copy_step_args(a, s);
-  s.gpus = a.gpus;
   return s;
 }
 

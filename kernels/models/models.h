@@ -79,6 +79,7 @@ void copy_step_args(const StepArgs& a, Shape& s) {
   s.batch = a.batch;
   s.variant = a.variant;
   s.threads = a.threads;
+  s.gpus = a.gpus;
 }
 
 // Every problem of one model at one batch, as every model family lists them: infer and train; on the
