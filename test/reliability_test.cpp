@@ -183,6 +183,16 @@ TEST(Resources, HostMemoryIsKnown) {
   EXPECT_LE(m.available, m.total);
 }
 
+TEST(Resources, HostBuffersStartOnACacheLine) {
+  // oneDNN's AVX-512 and AMX kernels read 64-byte rows of the buffers handed to them (a plan's
+  // weight space among them): a row that straddles two cache lines costs two loads.
+  for (std::size_t count : {1, 3, 1000, 1 << 20}) {
+    HostBuffer a(DType::bf16, count), b(DType::f32, count);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a.data()) % 64, 0u) << count;
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b.data()) % 64, 0u) << count;
+  }
+}
+
 TEST(Resources, TooLargeHostBufferSaysWhatItNeedsAndWhatIsAvailable) {
   for (std::size_t count : {std::size_t(1) << 48, std::numeric_limits<std::size_t>::max() / 2}) {
     try {
