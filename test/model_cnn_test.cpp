@@ -190,7 +190,8 @@ void expect_learns(Backend be, const std::string& arch, int steps, DType t = DTy
 }
 
 // The ways of running one inference step share its reference (computed once in the process); a
-// train step computes its own, since its reference decides the ReLU near-ties as the run did.
+// train step's reference decides the ReLU near-ties as the run did, so it is shared only by runs
+// whose activations are the same bits: the same case verified again, not the one-thread step.
 TEST(ModelCnnVerify, InferVariantsShareOneReference) {
   const Problem plain = problem("keras_test", Backend::cpu, Direction::infer, 3);
   Problem one_thread = plain;
@@ -201,8 +202,30 @@ TEST(ModelCnnVerify, InferVariantsShareOneReference) {
   EXPECT_EQ(models::shared_reference_computations(), before + 1);
   Problem train = one_thread;
   train.dir = Direction::train;
-  EXPECT_TRUE(family().make(train)->verify().ok);
+  const auto c = family().make(train);
+  EXPECT_TRUE(c->verify().ok);
+  EXPECT_EQ(models::shared_reference_computations(), before + 2);
+  EXPECT_TRUE(c->verify().ok);
+  EXPECT_EQ(models::shared_reference_computations(), before + 2) << "the same activations computed the reference again";
+}
+
+// A train reference is another run's only where that run's activations are the same bits: a run
+// whose ReLU decisions differ gets a reference of its own.
+TEST(ModelCnnVerify, TrainReferenceIsSharedOnlyBySameActivations) {
+  const Shape s = shape_of(problem("keras_test", Backend::cpu, Direction::train, 3));
+  const ParamLayout l = param_layout(s.arch);
+  const auto keys = dropout_keys(s.arch, 10);
+  const State st = verification_state(s, make_state(s, l, 10));
+  std::vector<double> p0(l.total);
+  for (std::size_t i = 0; i < p0.size(); ++i) p0[i] = st.params.get(i);
+  Outcome o = outcome_from(s, l, keys, st, p0);
+  const std::size_t before = models::shared_reference_computations();
+  EXPECT_TRUE(verify_outcome(s, l, keys, st, o).ok);
+  EXPECT_TRUE(verify_outcome(s, l, keys, st, o).ok);
   EXPECT_EQ(models::shared_reference_computations(), before + 1);
+  o.relu[0].as<float>()[0] += 1.f;  // another run's activations (its gradients are the same here)
+  verify_outcome(s, l, keys, st, o);
+  EXPECT_EQ(models::shared_reference_computations(), before + 2);
 }
 
 TEST(ModelCnnTraining, LossFallsCpu) {

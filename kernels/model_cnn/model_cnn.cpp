@@ -376,19 +376,22 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<poi
     for (const HostBuffer& h : out.relu) hints.conv.push_back(h.as<float>());
     hints.hidden = out.hidden.count() ? out.hidden.as<float>() : nullptr;
   }
-  // Inference: computed once for every way of running the step (shared_reference). Training: each
-  // run's own, since the reference decides its ReLU near-ties as the run's activations did.
+  // Computed once for every way of running the step that starts from the same state (shared_reference).
+  // A train step's reference decides its ReLU and pool near-ties as the run's activations did, so
+  // it is shared only by runs whose activations are the same bits (the key hashes them): the plain,
+  // e2e:1 and graph:1 runs of one CUDA step where their kernels agree.
   const auto compute = [&] {
     return reference(s, l, keys, p0, stats0, x, labels, count, s.train(), s.train() ? &hints : nullptr);
   };
-  const auto shared =
-      s.train() ? std::make_shared<const Reference>(compute())
-                : models::shared_reference<Reference>(
-                      models::reference_key(a.name, s.dtype, s.dir, s.batch,
-                                            {start.params.data(), start.stats.data(), start.x.data(), keys.data()},
-                                            {start.params.bytes(), start.stats.bytes(), start.x.bytes(),
-                                             keys.size() * sizeof(keys[0])}),
-                      compute);
+  std::vector<std::pair<const void*, std::size_t>> from{{start.params.data(), start.params.bytes()},
+                                                        {start.stats.data(), start.stats.bytes()},
+                                                        {start.x.data(), start.x.bytes()},
+                                                        {keys.data(), keys.size() * sizeof(keys[0])}};
+  if (s.train()) {
+    for (const HostBuffer& h : out.relu) from.emplace_back(h.data(), h.bytes());
+    from.emplace_back(out.hidden.data(), out.hidden.bytes());
+  }
+  const auto shared = models::shared_reference<Reference>(models::reference_key(a.name, s.dtype, s.dir, s.batch, from), compute);
   const Reference& ref = *shared;
   if (!s.train()) {
     const std::vector<double> logits = as_doubles(out.logits);

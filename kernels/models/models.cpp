@@ -275,11 +275,27 @@ std::uint64_t step_seed(const Problem& p) {
 std::string reference_key(const std::string& model, DType dtype, Direction dir, std::int64_t batch,
                           std::initializer_list<const void*> data, std::initializer_list<std::size_t> bytes) {
   HOTOPS_CHECK(data.size() == bytes.size(), "reference_key: one size per buffer");
-  std::string key = model + "/" + dtype_name(dtype) + "/" + direction_name(dir) + "/batch:" + std::to_string(batch);
+  std::vector<std::pair<const void*, std::size_t>> buffers;
   auto n = bytes.begin();
-  for (const void* d : data) {
-    key += "/" + std::to_string(*n) + ":" + std::to_string(bytes_hash(d, *n));
-    ++n;
+  for (const void* d : data) buffers.emplace_back(d, *n++);
+  return reference_key(model, dtype, dir, batch, buffers);
+}
+
+std::string reference_key(const std::string& model, DType dtype, Direction dir, std::int64_t batch,
+                          const std::vector<std::pair<const void*, std::size_t>>& buffers) {
+  std::string key = model + "/" + dtype_name(dtype) + "/" + direction_name(dir) + "/batch:" + std::to_string(batch);
+  for (const auto& [data, bytes] : buffers) {
+    // The hash of each 1 MiB chunk (in parallel: a train step's activations are GBs), then of those.
+    constexpr std::size_t kChunk = std::size_t(1) << 20;
+    const auto chunks = static_cast<std::int64_t>((bytes + kChunk - 1) / kChunk);
+    std::vector<std::uint64_t> h(static_cast<std::size_t>(chunks));
+    const auto* b = static_cast<const unsigned char*>(data);
+#pragma omp parallel for schedule(static) if (chunks > 8)
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const std::size_t at = static_cast<std::size_t>(c) * kChunk;
+      h[static_cast<std::size_t>(c)] = bytes_hash(b + at, std::min(kChunk, bytes - at));
+    }
+    key += "/" + std::to_string(bytes) + ":" + std::to_string(bytes_hash(h.data(), h.size() * sizeof(h[0])));
   }
   return key;
 }

@@ -284,8 +284,8 @@ std::shared_ptr<const R> shared_reference(const std::string& key, Make make) {
   for (const Entry& e : recent)
     if (e.key == key) return e.ref;
   ++shared_reference_computations();
+  if (recent.size() == kKept) recent.erase(recent.begin());  // before the new one: one alive at a time
   auto ref = std::make_shared<const R>(make());
-  if (recent.size() == kKept) recent.erase(recent.begin());
   recent.push_back({key, ref});
   return ref;
 }
@@ -294,6 +294,9 @@ std::shared_ptr<const R> shared_reference(const std::string& key, Make make) {
 // own never gets another start's reference.
 std::string reference_key(const std::string& model, DType dtype, Direction dir, std::int64_t batch,
                           std::initializer_list<const void*> data, std::initializer_list<std::size_t> bytes);
+// The same over buffers given as (data, bytes) pairs (a list whose length the step decides).
+std::string reference_key(const std::string& model, DType dtype, Direction dir, std::int64_t batch,
+                          const std::vector<std::pair<const void*, std::size_t>>& buffers);
 
 // Whether `copy` (bf16 bits) is `master` rounded to bf16, element for element over [0, n): a failed
 // Check names the first element that differs.
