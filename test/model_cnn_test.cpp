@@ -54,6 +54,25 @@ Outcome outcome_from(const Shape& s, const ParamLayout& l, const std::vector<poi
   return o;
 }
 
+// A keras_test train step's verification start at `batch` from `seed`, its parameters as doubles.
+struct TrainStart {
+  Shape s;
+  ParamLayout l;
+  std::vector<pointwise::DropoutKey> keys;
+  State st;
+  std::vector<double> p0;
+};
+TrainStart train_start(std::int64_t batch, std::uint64_t seed) {
+  TrainStart t;
+  t.s = shape_of(problem("keras_test", Backend::cpu, Direction::train, batch));
+  t.l = param_layout(t.s.arch);
+  t.keys = dropout_keys(t.s.arch, seed);
+  t.st = verification_state(t.s, make_state(t.s, t.l, seed));
+  t.p0.resize(t.l.total);
+  for (std::size_t i = 0; i < t.p0.size(); ++i) t.p0[i] = t.st.params.get(i);
+  return t;
+}
+
 TEST(ModelCnnLayout, ParameterCountsMatchTheStudies) {
   const ParamLayout k = param_layout(arch_named("keras_cnn"));
   EXPECT_EQ(k.parameters, 58088516);  // the TensorFlow 2 comparison's "Trainable params"
@@ -118,12 +137,12 @@ TEST(ModelCnnReference, GradientsMatchFiniteDifferences) {
 
 // Verification passes the reference's own outcome and fails each planted error.
 TEST(ModelCnnVerify, PlantedErrorsFail) {
-  const Shape s = shape_of(problem("keras_test", Backend::cpu, Direction::train, 6));
-  const ParamLayout l = param_layout(s.arch);
-  const auto keys = dropout_keys(s.arch, 9);
-  const State st = verification_state(s, make_state(s, l, 9));
-  std::vector<double> p0(l.total);
-  for (std::size_t i = 0; i < p0.size(); ++i) p0[i] = st.params.get(i);
+  const TrainStart t = train_start(6, 9);
+  const Shape& s = t.s;
+  const ParamLayout& l = t.l;
+  const auto& keys = t.keys;
+  const State& st = t.st;
+  const std::vector<double>& p0 = t.p0;
   auto outcome = [&](std::int64_t step) { return outcome_from(s, l, keys, st, p0, step); };
   EXPECT_TRUE(verify_outcome(s, l, keys, st, outcome(1)).ok) << verify_outcome(s, l, keys, st, outcome(1)).message;
   Outcome wrong_loss = outcome(1);
@@ -212,19 +231,14 @@ TEST(ModelCnnVerify, InferVariantsShareOneReference) {
 // A train reference is another run's only where that run's activations are the same bits: a run
 // whose ReLU decisions differ gets a reference of its own.
 TEST(ModelCnnVerify, TrainReferenceIsSharedOnlyBySameActivations) {
-  const Shape s = shape_of(problem("keras_test", Backend::cpu, Direction::train, 3));
-  const ParamLayout l = param_layout(s.arch);
-  const auto keys = dropout_keys(s.arch, 10);
-  const State st = verification_state(s, make_state(s, l, 10));
-  std::vector<double> p0(l.total);
-  for (std::size_t i = 0; i < p0.size(); ++i) p0[i] = st.params.get(i);
-  Outcome o = outcome_from(s, l, keys, st, p0);
+  const TrainStart t = train_start(3, 10);
+  Outcome o = outcome_from(t.s, t.l, t.keys, t.st, t.p0);
   const std::size_t before = models::shared_reference_computations();
-  EXPECT_TRUE(verify_outcome(s, l, keys, st, o).ok);
-  EXPECT_TRUE(verify_outcome(s, l, keys, st, o).ok);
+  EXPECT_TRUE(verify_outcome(t.s, t.l, t.keys, t.st, o).ok);
+  EXPECT_TRUE(verify_outcome(t.s, t.l, t.keys, t.st, o).ok);
   EXPECT_EQ(models::shared_reference_computations(), before + 1);
   o.relu[0].as<float>()[0] += 1.f;  // another run's activations (its gradients are the same here)
-  verify_outcome(s, l, keys, st, o);
+  verify_outcome(t.s, t.l, t.keys, t.st, o);
   EXPECT_EQ(models::shared_reference_computations(), before + 2);
 }
 
