@@ -167,6 +167,29 @@ TEST(ModelsVerify, PlantedErrorsFail) {
 
 // bf16's bounds pass the reference itself and a real bf16 run, and fail on the slips they must
 // catch: one layer's bias left out, one weight matrix read transposed.
+// A check in chunks judges as one over the whole array: the worst element by its index among all n
+// (not within its chunk), the rms over every element.
+TEST(ModelsVerify, ChunkedChecksNameTheWholeIndex) {
+  const std::size_t n = 2 * models::kCheckChunk + 123, bad = models::kCheckChunk + 77;
+  std::vector<double> out(n, 1.0), ref(n, 1.0);
+  out[bad] = 1.5;
+  const auto fill = [&](std::size_t at, std::size_t k, double* o, double* r) {
+    std::copy_n(out.data() + at, k, o);
+    std::copy_n(ref.data() + at, k, r);
+  };
+  const models::Checks c = models::within_by_chunks("t", n, 1.0, 0.1, 1e-4, fill);
+  const Check whole = models::within("t", out, ref, 1.0, 0.1), whole_rms = models::rms_within("t", out, ref, 1.0, 1e-4);
+  EXPECT_FALSE(c.max.ok);
+  EXPECT_EQ(c.max.message, whole.message);
+  EXPECT_NE(c.max.message.find("index " + std::to_string(bad)), std::string::npos) << c.max.message;
+  EXPECT_EQ(c.max.checked, n);
+  EXPECT_FALSE(c.rms.ok);
+  EXPECT_NEAR(c.rms.max_err, whole_rms.max_err, 1e-12);
+  out[bad] = 1.0;
+  EXPECT_TRUE(models::within_by_chunks("t", n, 1.0, 0.1, 1e-4, fill).max.ok);
+  EXPECT_TRUE(models::within_by_chunks("t", n, 1.0, 0.1, 1e-4, fill).rms.ok);
+}
+
 TEST(ModelsVerify, Bf16BoundsCatchSlips) {
   for (Direction d : {Direction::infer, Direction::train}) {
     const Shape s = shape_of(bf16_problem("mlp_mnist", Backend::cpu, d, 16));

@@ -345,9 +345,8 @@ Bounds bounds_for(DType t) {
 }
 
 // out[i] with its difference from ref[i] less its allowance `factor` x summed[i] (never past ref[i]),
-// for the n elements at each pointer: what the bounds then judge.
-std::vector<double> less_allowance(const double* out, const double* ref, const double* summed, double factor, std::size_t n) {
-  std::vector<double> o(n);
+// for the n elements at each pointer, into o: what the bounds then judge.
+void less_allowance(const double* out, const double* ref, const double* summed, double factor, std::size_t n, double* o) {
   const auto count = static_cast<std::int64_t>(n);
 #pragma omp parallel for schedule(static) if (count > (std::int64_t(1) << 16))
   for (std::int64_t k = 0; k < count; ++k) {
@@ -355,7 +354,6 @@ std::vector<double> less_allowance(const double* out, const double* ref, const d
     const double d = out[i] - ref[i], a = summed[i] * factor;
     o[i] = std::fabs(d) <= a ? ref[i] : out[i] - std::copysign(a, d);
   }
-  return o;
 }
 
 Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<pointwise::DropoutKey>& keys,
@@ -408,9 +406,13 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<poi
     // A zero-by-construction bias: the scale of the weight gradient placed just before it.
     const double scale = l.zero_grad[k] ? rms(ref.grad.data() + l.tensors[k - 1].first, l.tensors[k - 1].second) : rms(r, n);
     const std::string what = "d" + l.names[k];
-    const std::vector<double> o = less_allowance(g.data() + at, r, ref.summed.data() + at, bound.summed, n);
-    c.merge(within(what, o.data(), r, n, std::max(scale, 1e-30), bound.grad), what);
-    if (bound.grad_rms > 0) c.merge(models::rms_within(what, o.data(), r, n, std::max(scale, 1e-30), bound.grad_rms), what + " (rms)");
+    const models::Checks t = models::within_by_chunks(
+        what, n, std::max(scale, 1e-30), bound.grad, bound.grad_rms, [&](std::size_t part, std::size_t len, double* o, double* rk) {
+          less_allowance(g.data() + at + part, r + part, ref.summed.data() + at + part, bound.summed, len, o);
+          std::copy_n(r + part, len, rk);
+        });
+    c.merge(t.max, what);
+    if (bound.grad_rms > 0) c.merge(t.rms, what + " (rms)");
   }
   if (l.stats > 0) {
     const std::vector<double> st = as_doubles(out.stats);

@@ -125,7 +125,10 @@ std::string threads_reason(const StepArgs& a) {
 }
 
 // Verification of a scalar or a tensor: max|out - ref| / scale against tol.
-Check within(const std::string& what, const double* out, const double* ref, std::size_t n, double scale, double tol) {
+namespace {
+// within() over out[0, n), whose element 0 is element `first` of what the message names.
+Check within_from(const std::string& what, const double* out, const double* ref, std::size_t n, double scale, double tol,
+                  std::size_t first) {
   Check c;
   c.tol = tol;
   c.checked = n;
@@ -137,24 +140,19 @@ Check within(const std::string& what, const double* out, const double* ref, std:
   if (!(c.max_err <= tol)) {
     char buf[280];
     std::snprintf(buf, sizeof buf, "%s: max|out-ref|/%.3g = %.3g > tol %.3g at index %zu (out %.9g, ref %.9g)", what.c_str(),
-                  scale, c.max_err, tol, worst, out[worst], ref[worst]);
+                  scale, c.max_err, tol, first + worst, out[worst], ref[worst]);
     c.ok = false;
     c.message = buf;
   }
   return c;
 }
 
-Check within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double scale, double tol) {
-  return within(what, out.data(), ref.data(), out.size(), scale, tol);
-}
-
-Check rms_within(const std::string& what, const double* out, const double* ref, std::size_t n, double scale, double tol) {
+// rms(out - ref) / scale against tol, from the sum of the n squared differences.
+Check rms_from(const std::string& what, double sum_sq, std::size_t n, double scale, double tol) {
   Check c;
   c.tol = tol;
   c.checked = n;
-  double e2 = 0;
-  for (std::size_t k = 0; k < n; ++k) e2 += (out[k] - ref[k]) * (out[k] - ref[k]);
-  const double e = std::sqrt(e2 / static_cast<double>(std::max<std::size_t>(1, n))) / scale;
+  const double e = std::sqrt(sum_sq / static_cast<double>(std::max<std::size_t>(1, n))) / scale;
   c.max_err = std::isfinite(e) ? e : std::numeric_limits<double>::infinity();
   if (!(c.max_err <= tol)) {
     char buf[200];
@@ -163,6 +161,39 @@ Check rms_within(const std::string& what, const double* out, const double* ref, 
     c.message = buf;
   }
   return c;
+}
+}  // namespace
+
+Check within(const std::string& what, const double* out, const double* ref, std::size_t n, double scale, double tol) {
+  return within_from(what, out, ref, n, scale, tol, 0);
+}
+
+Checks within_by_chunks(const std::string& what, std::size_t n, double scale, double tol, double rms_tol,
+                        const std::function<void(std::size_t at, std::size_t k, double* out, double* ref)>& fill) {
+  std::vector<double> out(std::min(n, kCheckChunk)), ref(out.size());
+  Checks c;
+  c.max.tol = tol;
+  double sum_sq = 0;
+  for (std::size_t at = 0; at < n; at += kCheckChunk) {
+    const std::size_t k = std::min(kCheckChunk, n - at);
+    fill(at, k, out.data(), ref.data());
+    const Check part = within_from(what, out.data(), ref.data(), k, scale, tol, at);
+    if (at == 0 || !(part.max_err <= c.max.max_err)) c.max = part;  // the first largest, as within() keeps
+    for (std::size_t i = 0; i < k; ++i) sum_sq += (out[i] - ref[i]) * (out[i] - ref[i]);
+  }
+  c.max.checked = n;
+  c.rms = rms_from(what, sum_sq, n, scale, rms_tol);
+  return c;
+}
+
+Check within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double scale, double tol) {
+  return within(what, out.data(), ref.data(), out.size(), scale, tol);
+}
+
+Check rms_within(const std::string& what, const double* out, const double* ref, std::size_t n, double scale, double tol) {
+  double e2 = 0;
+  for (std::size_t k = 0; k < n; ++k) e2 += (out[k] - ref[k]) * (out[k] - ref[k]);
+  return rms_from(what, e2, n, scale, tol);
 }
 
 Check rms_within(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref, double scale,
@@ -228,15 +259,19 @@ std::vector<double> slice(const std::vector<double>& v, std::size_t at, std::siz
 Check adamw_first_step(const std::vector<double>& p0, const std::vector<double>& g, const HostBuffer& m0,
                        const HostBuffer& v0, const HostBuffer& params, std::size_t count) {
   const adamw::Hyper h = hyper();
-  std::vector<double> change(count), ref_change(count);
-#pragma omp parallel for schedule(static) if (count > (std::size_t(1) << 16))
-  for (std::size_t i = 0; i < count; ++i) {
-    adamw::Element e{p0[i], m0.get(i), v0.get(i)};
-    adamw::reference_step(h, 1, g[i], e);
-    ref_change[i] = e.p - p0[i];
-    change[i] = params.get(i) - p0[i];
-  }
-  return within("AdamW step (p - p0)", change, ref_change, h.lr, 1e-3);
+  return within_by_chunks("AdamW step (p - p0)", count, h.lr, 1e-3, 0,
+                          [&](std::size_t at, std::size_t k, double* change, double* ref_change) {
+                            const auto n = static_cast<std::int64_t>(k);
+#pragma omp parallel for schedule(static) if (n > (std::int64_t(1) << 16))
+                            for (std::int64_t j = 0; j < n; ++j) {
+                              const std::size_t i = at + static_cast<std::size_t>(j);
+                              adamw::Element e{p0[i], m0.get(i), v0.get(i)};
+                              adamw::reference_step(h, 1, g[i], e);
+                              ref_change[j] = e.p - p0[i];
+                              change[j] = params.get(i) - p0[i];
+                            }
+                          })
+      .max;
 }
 
 Check bf16_copy_of(const float* master, const std::uint16_t* copy, std::size_t n) {

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <iterator>
 #include <memory>
@@ -106,6 +107,15 @@ Check rms_within(const std::string& what, const std::vector<double>& out, const 
 Check within(const std::string& what, const double* out, const double* ref, std::size_t n, double scale, double tol);
 double rms(const double* v, std::size_t n);
 Check rms_within(const std::string& what, const double* out, const double* ref, std::size_t n, double scale, double tol);
+// The same two checks (max and rms) over n elements that `fill(at, k, out, ref)` writes k at a time
+// (elements at to at + k, at most kCheckChunk), so that no array of n doubles is made: keras_cnn's
+// dense weight has 58M elements. The max check's message names the element's index among the n.
+constexpr std::size_t kCheckChunk = std::size_t(1) << 20;
+struct Checks {
+  Check max, rms;
+};
+Checks within_by_chunks(const std::string& what, std::size_t n, double scale, double tol, double rms_tol,
+                        const std::function<void(std::size_t at, std::size_t k, double* out, double* ref)>& fill);
 // Elements [from, from + n) of a buffer as doubles (n = 0: to the end), and a slice of a vector.
 std::vector<double> as_doubles(const HostBuffer& b, std::size_t from = 0, std::size_t n = 0);
 // A verification batch that repeats with `period`: sample b (each `sample_bytes` of t) becomes a copy
