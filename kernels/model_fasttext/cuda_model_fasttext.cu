@@ -1,25 +1,7 @@
 // model_fasttext on CUDA: every op a plan of its family (embedding and global_avgpool: hotops' kernels;
-// matmul: cublasLt, CUBLAS_COMPUTE_32F; bce_logits: hotops' kernels) and adamw::cuda_step. A train
-// step, all on gpu::stream() with no host synchronisation (capturable):
-//   cast           bf16 infer: models::cast_params, the flat f32 parameters to their bf16 copy (1 launch);
-//                  a train step's copy is written by its AdamW launch (cast when the optimizer restarts)
-//   embedding      emb [B·T, E] = embed[tokens]
-//   global_avgpool pooled [B, E] = mean over the T positions
-//   addmm          logits [B, 1] = pooled . W + b (the BIAS epilogue, or the relu_bias plan after a
-//                  plain GEMM where cublasLt has none for the shape: models::DenseForward)
-//   bce_logits     the mean loss (2 launches); bce_logits_bwd: dlogits = (sigmoid(z) - y) / B
-//   mm             dW = pooled^T . dlogits, db = ones^T . dlogits, dpooled = dlogits . W^T
-//   global_avgpool_bwd  demb = dpooled / T, at every position
-//   embedding_bwd  dembed: per row, its positions' demb summed in position order, from the batch's
-//                  tokens grouped by row (embedding::group_by_row, built on the host where the batch
-//                  is: see run())
-//   adamw          adamw::cuda_step, 1 launch advancing the device step count itself (start: first_step)
-// gpus:G (kernels/models/data_parallel.h): each replica runs this step on its shard of the global
-// batch (its own tokens grouped by row at setup); the flat f32 gradients are all-reduced in buckets
-// from where the backward finishes each tensor's (dW and db, then the embedding table's, every row
-// written), and AdamW is a launch per bucket after its all-reduce.
-// bf16 (docs/models.md): the same plans on bf16 storage; the GEMMs take bf16 operands with f32
-// accumulation and write the weight gradients f32.
+// matmul: cublasLt, CUBLAS_COMPUTE_32F; bce_logits: hotops' kernels) and adamw::cuda_step, all on
+// gpu::stream() with no host synchronisation (capturable). The step op by op, its bf16 form and its
+// data-parallel form (gpus:G): docs/models.md, "kernels/model_fasttext/cuda_model_fasttext.cu".
 #include <cuda_bf16.h>
 
 #include <algorithm>
