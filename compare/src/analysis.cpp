@@ -159,6 +159,11 @@ Diff diff(const Run& base, const Run& next, const Prices& prices, double noisy_p
     for (std::size_t i = 0; i < settings.size(); ++i) w += (i ? "; " : "") + settings[i];
     d.warnings.push_back(w + "): differences include them");
   }
+  if (base.list_hash != next.list_hash)
+    d.warnings.push_back(
+        "the runs did not run the same entries in the same order (another --benchmark_filter, or a build with "
+        "other entries): an entry's time also depends on what ran before it in its process (docs/timing.md); "
+        "for a before/after, run both builds with one filter");
   for (const Run* r : {&base, &next}) {
     const auto v = r->context.find("hotops_verify");
     if (v != r->context.end() && v->second == "0")

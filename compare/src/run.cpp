@@ -343,6 +343,11 @@ static Run read_document(const nlohmann::json& doc, const std::string& source) {
   run.entries.erase(std::remove_if(run.entries.begin(), run.entries.end(),
                                    [](const Entry& e) { return !e.error && !e.skipped && !e.has_time(); }),
                     run.entries.end());
+  run.list_hash = 14695981039346656037ull;  // FNV-1a over the names, each closed by a 0 byte
+  for (const Entry& e : run.entries) {
+    for (const char ch : e.name.full) run.list_hash = (run.list_hash ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+    run.list_hash = run.list_hash * 1099511628211ull;
+  }
   return run;
 }
 

@@ -1,5 +1,6 @@
 // Reading Google Benchmark JSON (1.7 and 1.8 shapes) into runs that hotops-compare joins on names.
 #pragma once
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -71,6 +72,7 @@ struct Run {
   std::string source;                              // the file name (for messages)
   std::map<std::string, std::string> context;      // scalars of "context", as text
   std::vector<Entry> entries;                      // in first-appearance order
+  std::uint64_t list_hash = 0;  // of every entry's name in run order, taken before any filter keeps some
   const Entry* find(const std::string& full_name) const;  // by name, through an index
 
  private:

@@ -98,9 +98,24 @@ TEST(Diff, ListsEveryKindOfEntry) {
 
 TEST(Diff, WarnsAboutDifferentMachines) {
   const Diff d = diff(fixture("gb18_cpu_machine.json"), fixture("gb17_gpu_machine.json"));
-  ASSERT_EQ(d.warnings.size(), 1u);
+  ASSERT_EQ(d.warnings.size(), 2u);
   EXPECT_NE(d.warnings[0].find("different machines"), std::string::npos);
   EXPECT_NE(d.warnings[0].find("cpu_model"), std::string::npos);
+  EXPECT_NE(d.warnings[1].find("did not run the same entries"), std::string::npos) << "and their lists differ";
+}
+
+// An entry's time depends on what ran before it in its process: runs of other lists are flagged,
+// also where a --filter leaves the same entries of both.
+TEST(Diff, WarnsWhenTheRunsRanOtherEntries) {
+  const auto warned = [](const Diff& d) {
+    return std::any_of(d.warnings.begin(), d.warnings.end(),
+                       [](const std::string& w) { return w.find("did not run the same entries in the same order") != std::string::npos; });
+  };
+  EXPECT_FALSE(warned(diff(fixture("gb17_base.json"), fixture("gb17_repeat.json"))));
+  EXPECT_TRUE(warned(diff(fixture("gb17_base.json"), fixture("gb18_new.json"))));
+  RunData base = fixture("gb17_base.json"), next = fixture("gb18_new.json");
+  keep_matching(base, "^mm/"), keep_matching(next, "^mm/");
+  EXPECT_TRUE(warned(diff(base, next)));
 }
 
 TEST(Diff, SingleRepetitionsHaveNoTest) {
