@@ -161,9 +161,9 @@ Diff diff(const Run& base, const Run& next, const Prices& prices, double noisy_p
   }
   if (base.list_hash != next.list_hash)
     d.warnings.push_back(
-        "the runs did not run the same entries in the same order (another --benchmark_filter, or a build with "
-        "other entries): an entry's time also depends on what ran before it in its process (docs/timing.md); "
-        "for a before/after, run both builds with one filter");
+        "the runs did not run the same entries (another --benchmark_filter, or a build with other entries): an "
+        "entry's time also depends on what ran before it in its process (docs/timing.md); for a before/after, "
+        "run both builds with one filter");
   for (const Run* r : {&base, &next}) {
     const auto v = r->context.find("hotops_verify");
     if (v != r->context.end() && v->second == "0")

@@ -343,9 +343,14 @@ static Run read_document(const nlohmann::json& doc, const std::string& source) {
   run.entries.erase(std::remove_if(run.entries.begin(), run.entries.end(),
                                    [](const Entry& e) { return !e.error && !e.skipped && !e.has_time(); }),
                     run.entries.end());
-  run.list_hash = 14695981039346656037ull;  // FNV-1a over the names, each closed by a 0 byte
-  for (const Entry& e : run.entries) {
-    for (const char ch : e.name.full) run.list_hash = (run.list_hash ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  // FNV-1a over the names in sorted order, each closed by a 0 byte: the same for two runs of one list
+  // whatever order --benchmark_enable_random_interleaving ran them in.
+  std::vector<const std::string*> names;
+  for (const Entry& e : run.entries) names.push_back(&e.name.full);
+  std::sort(names.begin(), names.end(), [](const std::string* a, const std::string* b) { return *a < *b; });
+  run.list_hash = 14695981039346656037ull;
+  for (const std::string* n : names) {
+    for (const char ch : *n) run.list_hash = (run.list_hash ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
     run.list_hash = run.list_hash * 1099511628211ull;
   }
   return run;

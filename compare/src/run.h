@@ -72,7 +72,7 @@ struct Run {
   std::string source;                              // the file name (for messages)
   std::map<std::string, std::string> context;      // scalars of "context", as text
   std::vector<Entry> entries;                      // in first-appearance order
-  std::uint64_t list_hash = 0;  // of every entry's name in run order, taken before any filter keeps some
+  std::uint64_t list_hash = 0;  // of the set of its entries' names, taken before any filter keeps some
   const Entry* find(const std::string& full_name) const;  // by name, through an index
 
  private:

@@ -109,7 +109,7 @@ TEST(Diff, WarnsAboutDifferentMachines) {
 TEST(Diff, WarnsWhenTheRunsRanOtherEntries) {
   const auto warned = [](const Diff& d) {
     return std::any_of(d.warnings.begin(), d.warnings.end(),
-                       [](const std::string& w) { return w.find("did not run the same entries in the same order") != std::string::npos; });
+                       [](const std::string& w) { return w.find("did not run the same entries") != std::string::npos; });
   };
   EXPECT_FALSE(warned(diff(fixture("gb17_base.json"), fixture("gb17_repeat.json"))));
   EXPECT_TRUE(warned(diff(fixture("gb17_base.json"), fixture("gb18_new.json"))));
