@@ -109,7 +109,8 @@ double rms(const double* v, std::size_t n);
 Check rms_within(const std::string& what, const double* out, const double* ref, std::size_t n, double scale, double tol);
 // The same two checks (max and rms) over n elements that `fill(at, k, out, ref)` writes k at a time
 // (elements at to at + k, at most kCheckChunk), so that no array of n doubles is made: keras_cnn's
-// dense weight has 58M elements. The max check's message names the element's index among the n.
+// dense weight has 58M elements. The max check's message names the element's index among the n;
+// rms_tol 0 asks for no rms check (Checks::rms stays an empty, passing Check).
 constexpr std::size_t kCheckChunk = std::size_t(1) << 20;
 struct Checks {
   Check max, rms;
