@@ -207,23 +207,6 @@ HostBuffer& HostBuffer::operator=(const HostBuffer& o) {
   return *this;
 }
 
-double HostBuffer::get(std::size_t i) const {
-  switch (dtype_) {
-    case DType::bf16: return bf16_to_float(as<std::uint16_t>()[i]);
-    case DType::f16: return f16_to_float(as<std::uint16_t>()[i]);
-    default: return as<float>()[i];
-  }
-}
-
-void HostBuffer::set(std::size_t i, double v) {
-  const auto f = static_cast<float>(v);
-  switch (dtype_) {
-    case DType::bf16: as<std::uint16_t>()[i] = float_to_bf16(f); break;
-    case DType::f16: as<std::uint16_t>()[i] = float_to_f16(f); break;
-    default: as<float>()[i] = f;
-  }
-}
-
 void HostBuffer::fill_uniform(std::uint64_t seed, std::uint64_t stream, float lo, float hi) {
   const std::uint64_t key = mix(seed ^ mix(stream + 0x51ed27ull));
   const auto n = static_cast<std::int64_t>(count_);

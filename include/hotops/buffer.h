@@ -33,8 +33,23 @@ class HostBuffer {
   template <class T> T* as() { return reinterpret_cast<T*>(bytes_.get()); }
   template <class T> const T* as() const { return reinterpret_cast<const T*>(bytes_.get()); }
 
-  double get(std::size_t i) const;
-  void set(std::size_t i, double v);
+  // Element i as double, and set from double (rounded to the dtype); inline: the references read
+  // their operands through these, element by element.
+  double get(std::size_t i) const {
+    switch (dtype_) {
+      case DType::bf16: return bf16_to_float(as<std::uint16_t>()[i]);
+      case DType::f16: return f16_to_float(as<std::uint16_t>()[i]);
+      default: return as<float>()[i];
+    }
+  }
+  void set(std::size_t i, double v) {
+    const auto f = static_cast<float>(v);
+    switch (dtype_) {
+      case DType::bf16: as<std::uint16_t>()[i] = float_to_bf16(f); break;
+      case DType::f16: as<std::uint16_t>()[i] = float_to_f16(f); break;
+      default: as<float>()[i] = f;
+    }
+  }
 
   // Uniform in [lo, hi), a pure function of (seed, stream, index): reproducible and parallel.
   // Values are rounded to the dtype, so the reference sees exactly what the op sees.

@@ -58,6 +58,45 @@ std::size_t at_dout(const Shape& s, std::int64_t b, std::int64_t m, std::int64_t
   return stored(s, Operand::dout).at(b, m, n);
 }
 
+// x[x0 + j xs] * y[y0 + j ys] summed over j < n in double, each operand read as its dtype stores it:
+// the reference's dot products with their addressing hoisted out of the loop (the operands' layouts
+// are affine along a dot product's index, but for A in blocks).
+template <DType T>
+double element(const HostBuffer& b, std::ptrdiff_t i) {
+  if constexpr (T == DType::bf16) return bf16_to_float(b.as<std::uint16_t>()[i]);
+  else if constexpr (T == DType::f16) return f16_to_float(b.as<std::uint16_t>()[i]);
+  else return b.as<float>()[i];
+}
+template <DType TX, DType TY>
+double dot_as(const HostBuffer& x, std::ptrdiff_t x0, std::ptrdiff_t xs, const HostBuffer& y, std::ptrdiff_t y0,
+              std::ptrdiff_t ys, std::int64_t n) {
+  double acc = 0;
+  for (std::int64_t j = 0; j < n; ++j) acc += element<TX>(x, x0 + j * xs) * element<TY>(y, y0 + j * ys);
+  return acc;
+}
+template <DType TX>
+double dot_x(const HostBuffer& x, std::ptrdiff_t x0, std::ptrdiff_t xs, const HostBuffer& y, std::ptrdiff_t y0,
+             std::ptrdiff_t ys, std::int64_t n) {
+  switch (y.dtype()) {
+    case DType::bf16: return dot_as<TX, DType::bf16>(x, x0, xs, y, y0, ys, n);
+    case DType::f16: return dot_as<TX, DType::f16>(x, x0, xs, y, y0, ys, n);
+    default: return dot_as<TX, DType::f32>(x, x0, xs, y, y0, ys, n);
+  }
+}
+// at_x(j) and at_y(j) give the two operands' elements of term j.
+template <class AtX, class AtY>
+double dot(const HostBuffer& x, AtX at_x, const HostBuffer& y, AtY at_y, std::int64_t n) {
+  if (n <= 0) return 0;
+  const auto x0 = static_cast<std::ptrdiff_t>(at_x(0)), y0 = static_cast<std::ptrdiff_t>(at_y(0));
+  const std::ptrdiff_t xs = n > 1 ? static_cast<std::ptrdiff_t>(at_x(1)) - x0 : 0;
+  const std::ptrdiff_t ys = n > 1 ? static_cast<std::ptrdiff_t>(at_y(1)) - y0 : 0;
+  switch (x.dtype()) {
+    case DType::bf16: return dot_x<DType::bf16>(x, x0, xs, y, y0, ys, n);
+    case DType::f16: return dot_x<DType::f16>(x, x0, xs, y, y0, ys, n);
+    default: return dot_x<DType::f32>(x, x0, xs, y, y0, ys, n);
+  }
+}
+
 }  // namespace
 
 std::size_t blocked_at(const Shape& s, std::int64_t m, std::int64_t k) {
@@ -93,20 +132,24 @@ double reference_primary(const Shape& s, const Inputs& in, std::size_t idx) {
         const std::int64_t kb = K / s.a_blocks;
         m = i / kb % M, k = i / (M * kb) * kb + i % kb;
       }
-      for (std::int64_t n = 0; n < N; ++n)
-        acc += in.dout.get(at_dout(s, b, m, n)) * in.b.get(at_b(s, b, k, n));
+      acc = dot(in.dout, [&](std::int64_t n) { return at_dout(s, b, m, n); }, in.b, [&](std::int64_t n) { return at_b(s, b, k, n); }, N);
       return s.alpha * acc;
     }
     case Direction::bwd_weight: {  // dB[b,k,n] = alpha * sum_m A[b,m,k] dOut[b,m,n], stored as B is
       const std::int64_t b = i / (K * N);
       const std::int64_t k = s.trans_b ? i % K : (i / N) % K, n = s.trans_b ? (i / K) % N : i % N;
-      for (std::int64_t m = 0; m < M; ++m)
-        acc += in.a.get(at_a(s, b, m, k)) * in.dout.get(at_dout(s, b, m, n));
+      if (s.blocked())
+        for (std::int64_t m = 0; m < M; ++m) acc += in.a.get(at_a(s, b, m, k)) * in.dout.get(at_dout(s, b, m, n));
+      else
+        acc = dot(in.a, [&](std::int64_t m) { return at_a(s, b, m, k); }, in.dout, [&](std::int64_t m) { return at_dout(s, b, m, n); }, M);
       return s.alpha * acc;
     }
     default: {  // out[b,m,n] = alpha * sum_k A[b,m,k] B[b,k,n] + beta * bias[n], then ReLU with relu
       const std::int64_t b = i / (M * N), m = (i / N) % M, n = i % N;
-      for (std::int64_t k = 0; k < K; ++k) acc += in.a.get(at_a(s, b, m, k)) * in.b.get(at_b(s, b, k, n));
+      if (s.blocked())
+        for (std::int64_t k = 0; k < K; ++k) acc += in.a.get(at_a(s, b, m, k)) * in.b.get(at_b(s, b, k, n));
+      else
+        acc = dot(in.a, [&](std::int64_t k) { return at_a(s, b, m, k); }, in.b, [&](std::int64_t k) { return at_b(s, b, k, n); }, K);
       const double bias = s.op == Op::addmm ? s.beta * in.bias.get(static_cast<std::size_t>(n)) : 0.0;
       const double v = s.alpha * acc + bias;
       return s.relu ? std::fmax(v, 0.0) : v;
