@@ -173,14 +173,18 @@ Live& live_for(const Problem& p, const Family& f, const Options& o) {
   const std::string name = p.name();
   if (live.name == name) return live;
   reset(live, name);
-  const auto t0 = std::chrono::steady_clock::now();
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  auto t1 = t0, t2 = t0;
   try {
     begin_case_memory();  // the case's host buffers are accounted together from here
     live.c = f.make(p);
+    t1 = t2 = clock::now();
     if (o.verify) {
       const Check chk = live.c->verify();
       if (!chk.ok) live.error = "verification failed: " + chk.message;
     }
+    t2 = clock::now();
     if (live.error.empty() && p.backend == Backend::cuda && !live.c->host_timed())
       live.timer = std::make_unique<gpu::Timer>(*live.c, timer_options(o));
   } catch (const std::exception& e) {
@@ -191,9 +195,14 @@ Live& live_for(const Problem& p, const Family& f, const Options& o) {
     live.timer.reset();
     live.c.reset();
   }
-  if (std::getenv("HOTOPS_TRACE_SETUP"))
-    std::fprintf(stderr, "setup %.3f s %s\n",
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), name.c_str());
+  // A diagnostic of where a run's time goes outside the timing: the case's set-up (buffers, inputs,
+  // plan), its verification, and the CUDA timer's warm-up and sizing, in seconds.
+  if (std::getenv("HOTOPS_TRACE_SETUP")) {
+    auto sec = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+    const auto t3 = clock::now();
+    std::fprintf(stderr, "setup %.3f s (case %.3f, verify %.3f, timer %.3f) %s\n", sec(t0, t3), sec(t0, t1), sec(t1, t2),
+                 sec(t2, t3), name.c_str());
+  }
   return live;
 }
 
