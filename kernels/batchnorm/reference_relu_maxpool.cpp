@@ -1,6 +1,7 @@
 // The batchnorm_relu_maxpool reference: plain loops, double accumulation. The oracle every backend is
 // checked against.
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "kernels/batchnorm/relu_maxpool.h"
@@ -8,19 +9,30 @@
 namespace hotops::batchnorm::relu_maxpool {
 namespace {
 
-// sum f(i) over `n` indices into the channel c(i) of each, in double; each thread its own sums.
-template <class F, class Ch>
-std::vector<double> channel_sums(std::int64_t n, std::int64_t C, Ch channel, F f) {
-  std::vector<double> total(static_cast<std::size_t>(C), 0.0);
+// sum f(i) over `n` indices into the channel c(i) of each, in double; each thread its own sums. f
+// returns K terms, summed apart (the K sums of one pass: each element evaluated once).
+template <std::size_t K, class F, class Ch>
+std::array<std::vector<double>, K> channel_sums(std::int64_t n, std::int64_t C, Ch channel, F f) {
+  std::array<std::vector<double>, K> total;
+  for (auto& t : total) t.assign(static_cast<std::size_t>(C), 0.0);
 #pragma omp parallel if (n > (1 << 16))
   {
-    std::vector<double> mine(total.size(), 0.0);
+    std::vector<std::array<double, K>> mine(static_cast<std::size_t>(C), std::array<double, K>{});
 #pragma omp for schedule(static) nowait
-    for (std::int64_t i = 0; i < n; ++i) mine[static_cast<std::size_t>(channel(i))] += f(i);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::array<double, K> v = f(i);
+      auto& m = mine[static_cast<std::size_t>(channel(i))];
+      for (std::size_t k = 0; k < K; ++k) m[k] += v[k];
+    }
 #pragma omp critical
-    for (std::size_t c = 0; c < total.size(); ++c) total[c] += mine[c];
+    for (std::size_t c = 0; c < mine.size(); ++c)
+      for (std::size_t k = 0; k < K; ++k) total[k][c] += mine[c][k];
   }
   return total;
+}
+template <class F, class Ch>
+std::vector<double> channel_sums(std::int64_t n, std::int64_t C, Ch channel, F f) {
+  return channel_sums<1>(n, C, channel, [&](std::int64_t i) { return std::array<double, 1>{f(i)}; })[0];
 }
 
 }  // namespace
@@ -35,8 +47,12 @@ Reference::Reference(const Shape& s, const Inputs& in) : s_(s), in_(in) {
       const auto c = static_cast<std::size_t>(i % s.C);
       return (z(i) - in.mean.get(c)) * in.rstd.get(c);
     };
-    dbeta = channel_sums(s.count(), s.C, of_z, [&](std::int64_t i) { return dy(i); });
-    dgamma = channel_sums(s.count(), s.C, of_z, [&](std::int64_t i) { return s.bn ? dy(i) * xhat(i) : 0.0; });
+    // Both sums in one pass, each element's dy computed once (and x-hat only where dy is not 0).
+    auto sums = channel_sums<2>(s.count(), s.C, of_z, [&](std::int64_t i) {
+      const double d = dy(i);
+      return std::array<double, 2>{d, s.bn && d != 0 ? d * xhat(i) : 0.0};
+    });
+    dbeta = std::move(sums[0]), dgamma = std::move(sums[1]);
     dbias.assign(C, 0.0);
     a_.assign(C, 1.0), b0_.assign(C, 0.0), c0_.assign(C, 0.0);
     for (std::size_t c = 0; c < C; ++c) {
