@@ -7,6 +7,7 @@
 #include <string>
 
 #include "hotops/gpu.h"
+#include "hotops/verify.h"
 
 #include "kernels/lstm/lstm.h"
 
@@ -318,6 +319,34 @@ TEST(LstmLayout, PositionsSayWherePackPutsEachElement) {
           ASSERT_EQ(space.get((*where)[i]), tensor->get(i)) << dtype_name(t) << (bi ? " bi" : " uni") << " element " << i;
       }
     }
+}
+
+// The CPU and CUDA entries of one problem verify against one reference: their seeded inputs are the
+// same numbers, and a family lists them a few entries apart. Another problem (here: the other
+// direction) computes its own.
+TEST(LstmVerify, EntriesOfOneProblemShareOneReference) {
+  std::vector<Problem> problems;
+  for (const Problem& p : family().test_problems())
+    if (p.backend == Backend::cpu && p.dtype == DType::f32 && !p.has("threads")) problems.push_back(p);
+  ASSERT_GE(problems.size(), 2u);
+  const Problem& fwd = problems[0];
+  const std::size_t before = shared_reference_computations();
+  EXPECT_TRUE(family().make(fwd)->verify().ok);
+  EXPECT_EQ(shared_reference_computations(), before + 1);
+  EXPECT_TRUE(family().make(fwd)->verify().ok);
+  EXPECT_EQ(shared_reference_computations(), before + 1) << "a second case of the problem computed the reference again";
+  const Problem& other = problems[1];
+  ASSERT_NE(other.name(), fwd.name());
+  EXPECT_TRUE(family().make(other)->verify().ok);
+  EXPECT_EQ(shared_reference_computations(), before + 2);
+  EXPECT_TRUE(family().make(fwd)->verify().ok);
+  EXPECT_EQ(shared_reference_computations(), before + 2) << "the first problem's reference was not kept";
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << "the CUDA entry: " << why;
+  Problem cuda = fwd;
+  cuda.backend = Backend::cuda;
+  EXPECT_TRUE(family().make(cuda)->verify().ok);
+  EXPECT_EQ(shared_reference_computations(), before + 2) << "the CUDA entry computed the reference again";
 }
 
 TEST(LstmVerify, AnErrorSpreadOverAnOutputFailsTheRmsBound) {

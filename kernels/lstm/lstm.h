@@ -87,11 +87,14 @@ struct Bounds {
 Bounds bounds_of(const Shape& s);
 
 // Verifies a backend's outputs against the reference (computed once over the whole problem and
-// cached in `cache`); every output is compared at up to 1 << 16 sampled elements.
-struct ReferenceCache {
-  bool have = false;
+// kept in `cache`); every output is compared at up to 1 << 16 sampled elements.
+struct Reference {
   Forward f;
-  Backward b;
+  Backward b;  // bwd only
+};
+Reference reference(const Shape& s, const Inputs& in);
+struct ReferenceCache {
+  std::shared_ptr<const Reference> ref;  // null until computed
 };
 Check verify(const Shape& s, const Inputs& in, const Outputs& out, ReferenceCache& cache);
 

@@ -19,6 +19,7 @@
 #include "hotops/gpu.h"
 #include "hotops/op.h"
 #include "hotops/op_family.h"
+#include "hotops/verify.h"
 #include "kernels/adamw/adamw.h"
 #include "kernels/loss/loss.h"
 #include "kernels/matmul/matmul.h"
@@ -273,33 +274,11 @@ struct Outcome {
 // Compares one run from the seeded start (step 1) with the reference (see models.cpp for the bounds).
 Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, const Outcome& out);
 
-// The reference of a step, computed once per process and shared by the ways of running it (CPU
-// threads:T, CUDA plain, e2e:1 and graph:1: they start from the same numbers, step_seed, and are
-// listed one after another): `make` runs only when `key` (what the reference is a function of) is not
-// the key of the last one computed, which is kept until the next (one reference at a time: BERT's at
-// batch 32 is about 1 GB). A reference that depends on the implementation's own
-// results (ReLU ties decided as it decided) must not go through here.
-// How many references shared_reference has computed in this process (for the tests).
-inline std::size_t& shared_reference_computations() {
-  static std::size_t n = 0;
-  return n;
-}
-template <class R, class Make>
-std::shared_ptr<const R> shared_reference(const std::string& key, Make make) {
-  struct Entry {
-    std::string key;
-    std::shared_ptr<const R> ref;
-  };
-  static std::vector<Entry> recent;  // the last kKept, newest last
-  constexpr std::size_t kKept = 1;
-  for (const Entry& e : recent)
-    if (e.key == key) return e.ref;
-  ++shared_reference_computations();
-  if (recent.size() == kKept) recent.erase(recent.begin());  // before the new one: one alive at a time
-  auto ref = std::make_shared<const R>(make());
-  recent.push_back({key, ref});
-  return ref;
-}
+// A step's reference is computed once per process and shared by the ways of running it
+// (hotops::shared_reference, verify.h): they start from the same numbers (step_seed) and are listed
+// one after another.
+using hotops::shared_reference;
+using hotops::shared_reference_computations;
 // The key of a step's reference: its model, dtype, direction and batch, and a hash of the contents of
 // the start it runs from (parameters, batch, ...), so that a caller that verifies from a start of its
 // own never gets another start's reference.
