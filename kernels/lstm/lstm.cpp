@@ -37,10 +37,12 @@ HostBuffer as_dtype(const HostBuffer& b, DType t) {
   return out;
 }
 
-// The op as the benchmark runs it: a PlanCase over the seeded inputs, the weights packed into the
-// backend's weight space at setup, and (bwd) the gradient space unpacked for the check.
+// References kept for the process (shared_reference): as many as a family lists between a
+// problem's CPU and CUDA entries, and one more.
 constexpr std::size_t kKeptReferences = 6;
 
+// The op as the benchmark runs it: a PlanCase over the seeded inputs, the weights packed into the
+// backend's weight space at setup, and (bwd) the gradient space unpacked for the check.
 struct Op {
   struct Shape {
     lstm::Shape s;
