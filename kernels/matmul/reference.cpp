@@ -58,43 +58,19 @@ std::size_t at_dout(const Shape& s, std::int64_t b, std::int64_t m, std::int64_t
   return stored(s, Operand::dout).at(b, m, n);
 }
 
-// x[x0 + j xs] * y[y0 + j ys] summed over j < n in double, each operand read as its dtype stores it:
-// the reference's dot products with their addressing hoisted out of the loop (the operands' layouts
-// are affine along a dot product's index, but for A in blocks).
-template <DType T>
-double element(const HostBuffer& b, std::ptrdiff_t i) {
-  if constexpr (T == DType::bf16) return bf16_to_float(b.as<std::uint16_t>()[i]);
-  else if constexpr (T == DType::f16) return f16_to_float(b.as<std::uint16_t>()[i]);
-  else return b.as<float>()[i];
-}
-template <DType TX, DType TY>
-double dot_as(const HostBuffer& x, std::ptrdiff_t x0, std::ptrdiff_t xs, const HostBuffer& y, std::ptrdiff_t y0,
-              std::ptrdiff_t ys, std::int64_t n) {
-  double acc = 0;
-  for (std::int64_t j = 0; j < n; ++j) acc += element<TX>(x, x0 + j * xs) * element<TY>(y, y0 + j * ys);
-  return acc;
-}
-template <DType TX>
-double dot_x(const HostBuffer& x, std::ptrdiff_t x0, std::ptrdiff_t xs, const HostBuffer& y, std::ptrdiff_t y0,
-             std::ptrdiff_t ys, std::int64_t n) {
-  switch (y.dtype()) {
-    case DType::bf16: return dot_as<TX, DType::bf16>(x, x0, xs, y, y0, ys, n);
-    case DType::f16: return dot_as<TX, DType::f16>(x, x0, xs, y, y0, ys, n);
-    default: return dot_as<TX, DType::f32>(x, x0, xs, y, y0, ys, n);
-  }
-}
-// at_x(j) and at_y(j) give the two operands' elements of term j.
+// x's elements at_x(j) times y's at_y(j), summed over j < n in double: the reference's dot products,
+// their addressing taken out of the loop (the operands' layouts are affine along a dot product's
+// index, but for A in blocks).
 template <class AtX, class AtY>
 double dot(const HostBuffer& x, AtX at_x, const HostBuffer& y, AtY at_y, std::int64_t n) {
   if (n <= 0) return 0;
   const auto x0 = static_cast<std::ptrdiff_t>(at_x(0)), y0 = static_cast<std::ptrdiff_t>(at_y(0));
   const std::ptrdiff_t xs = n > 1 ? static_cast<std::ptrdiff_t>(at_x(1)) - x0 : 0;
   const std::ptrdiff_t ys = n > 1 ? static_cast<std::ptrdiff_t>(at_y(1)) - y0 : 0;
-  switch (x.dtype()) {
-    case DType::bf16: return dot_x<DType::bf16>(x, x0, xs, y, y0, ys, n);
-    case DType::f16: return dot_x<DType::f16>(x, x0, xs, y, y0, ys, n);
-    default: return dot_x<DType::f32>(x, x0, xs, y, y0, ys, n);
-  }
+  double acc = 0;
+  for (std::int64_t j = 0; j < n; ++j)
+    acc += x.get(static_cast<std::size_t>(x0 + j * xs)) * y.get(static_cast<std::size_t>(y0 + j * ys));
+  return acc;
 }
 
 }  // namespace
