@@ -42,6 +42,12 @@ Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx,
 Check compare_each(const HostBuffer& out, const std::vector<std::size_t>& idx,
                    const std::function<double(std::size_t, double& bound)>& ref, const char* what);
 
+// How many references shared_reference has computed in this process (for the tests).
+inline std::size_t& shared_reference_computations() {
+  static std::size_t n = 0;
+  return n;
+}
+
 // The reference of a problem, computed once per process and shared by the entries that verify the
 // same numbers (a model step's CPU threads:T, CUDA plain, e2e:1 and graph:1 runs; an op's CPU and
 // CUDA entries of one problem, whose seeded inputs are the same): `make` runs only when `key` (what
@@ -49,11 +55,6 @@ Check compare_each(const HostBuffer& out, const std::vector<std::size_t>& idx,
 // which are kept until newer ones take their places (a model step keeps one at a time: BERT's at
 // batch 32 is about 1 GB). A reference that depends on the implementation's own results (ReLU ties
 // decided as it decided) must carry those results in its key.
-// How many references shared_reference has computed in this process (for the tests).
-inline std::size_t& shared_reference_computations() {
-  static std::size_t n = 0;
-  return n;
-}
 template <class R, class Make>
 std::shared_ptr<const R> shared_reference(const std::string& key, Make make, std::size_t keep = 1) {
   struct Entry {
