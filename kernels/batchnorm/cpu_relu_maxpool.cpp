@@ -206,10 +206,10 @@ struct Rows {
 
 // Per-channel sums s1, s2 over `rows` rows, f(first, end, a, b) adding rows [first, end) into a and
 // b, per thread in double (each thread one range), then added in thread order (deterministic for a
-// thread count).
+// thread count; a team of all threads even for fewer rows, cpu.h says why).
 template <class F>
 void row_sums(std::int64_t rows, std::int64_t C, std::vector<double>& s1, std::vector<double>& s2, F f) {
-  const int nt = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(std::max<std::int64_t>(rows, 1))));
+  const int nt = omp_get_max_threads();
   std::vector<double> part(static_cast<std::size_t>(2 * C * nt), 0.0);
 #pragma omp parallel num_threads(nt)
   {
