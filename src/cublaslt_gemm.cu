@@ -44,7 +44,32 @@ const char* epilogue_words(const GemmDesc& d) {
   return " GEMM";
 }
 
+// The problem an autotune answers, as text: every field of the description that can change the
+// choice, and the operands' placement.
+std::string tune_key(const GemmDesc& d, const void* A, const void* B, const void* D, const void* C) {
+  std::string key;
+  const auto add = [&key](long long v) { key += std::to_string(v) + ","; };
+  for (long long v : {static_cast<long long>(d.opa), static_cast<long long>(d.opb), static_cast<long long>(d.m),
+                      static_cast<long long>(d.n), static_cast<long long>(d.k), static_cast<long long>(d.lda),
+                      static_cast<long long>(d.ldb), static_cast<long long>(d.ldd), static_cast<long long>(d.batch),
+                      static_cast<long long>(d.stride_a), static_cast<long long>(d.stride_b),
+                      static_cast<long long>(d.stride_d), static_cast<long long>(d.ab), static_cast<long long>(d.cd),
+                      static_cast<long long>(d.compute), static_cast<long long>(d.bias != nullptr),
+                      static_cast<long long>(d.relu), static_cast<long long>(d.bias_grad != nullptr),
+                      static_cast<long long>(d.reduce_in_compute), static_cast<long long>(C == nullptr || C == D)})
+    add(v);
+  return key + std::to_string(d.alpha) + "," + std::to_string(d.beta) + "|" +
+         placement_key({A, B, D, C, d.bias, d.bias_grad});
+}
+
+ChoiceCache<cublasLtMatmulAlgo_t>& tune_cache() {
+  static ChoiceCache<cublasLtMatmulAlgo_t> cache;
+  return cache;
+}
+
 }  // namespace
+
+int lt_gemm_tunings() { return tune_cache().searches(); }
 
 GemmLayouts gemm_layouts(const GemmDesc& d) {
   GemmLayouts l;
@@ -104,6 +129,7 @@ LtGemm::LtGemm(const GemmDesc& d, const std::string& what, bool* found) : alpha_
   }
   algo_ = results[0].algo;
   if (!d.autotune) return;
+  desc_copy_ = d;
   for (int i = 0; i < count; ++i) candidates_.push_back(results[i].algo);
   // Split-K variants of the first, where cublasLt accepts them for this GEMM within the workspace
   // and each slice keeps at least 128 of k (a tiny k split into slices crashed cublasLt's kernel:
@@ -128,6 +154,11 @@ void LtGemm::set_vector(const void* v) {
 
 void LtGemm::tune(const void* A, const void* B, void* D, const void* C) {
   if (candidates_.empty()) return;
+  const std::string key = tune_key(desc_copy_, A, B, D, C);
+  if (tune_cache().find(key, &algo_)) {
+    candidates_.clear();
+    return;
+  }
   float best = -1;
   for (const cublasLtMatmulAlgo_t& a : candidates_) {
     auto call = [&] {
@@ -139,6 +170,7 @@ void LtGemm::tune(const void* A, const void* B, void* D, const void* C) {
     if (best < 0 || t < best) best = t, algo_ = a;
   }
   candidates_.clear();
+  tune_cache().add(key, algo_);
 }
 
 void LtGemm::run(const void* A, const void* B, void* D, const void* C) const {

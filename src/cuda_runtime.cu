@@ -322,6 +322,14 @@ void DeviceBuffer::poison() {
   HOTOPS_CHECK_CUDA(cudaStreamSynchronize(stream()));
 }
 
+std::string placement_key(std::initializer_list<const void*> operands) {
+  std::string key;
+  for (const void* p : operands) key += std::to_string(reinterpret_cast<std::uintptr_t>(p) % 256) + ",";
+  int device = 0;
+  HOTOPS_CHECK_CUDA(cudaGetDevice(&device));
+  return key + "device " + std::to_string(device);
+}
+
 void hold(double seconds, unsigned long long* probe) {
   static DeviceBuffer unread(2 * sizeof(unsigned long long));
   hold_kernel<<<1, 1, 0, stream()>>>(static_cast<unsigned long long>(seconds * 1e9),

@@ -145,7 +145,48 @@ ConvAlgo choose(const ConvCall& c, ConvMath math, ConvPick pick, const std::stri
   return retime ? fastest_retimed(c, std::move(usable), context) : usable.front();
 }
 
+// The problem a search answers, as text: the pass, the caller's rules, every descriptor's type,
+// dimensions and strides, the convolution's geometry, groups and math, and the operands' placement.
+// Empty where a descriptor cannot be read back: that search is then not shared.
+std::string search_key(const ConvCall& c, ConvMath math, ConvPick pick) {
+  std::string key = std::to_string(static_cast<int>(c.pass)) + "|" + std::to_string(static_cast<int>(math)) + "|" +
+                    std::to_string(static_cast<int>(pick));
+  const auto add = [&key](long long v) { key += "," + std::to_string(v); };
+  for (cudnnTensorDescriptor_t t : {c.x_desc, c.y_desc}) {
+    cudnnDataType_t type{};
+    int n = 0, dims[8] = {}, strides[8] = {};
+    if (cudnnGetTensorNdDescriptor(t, 8, &type, &n, dims, strides) != CUDNN_STATUS_SUCCESS) return "";
+    add(type), add(n);
+    for (int i = 0; i < n && i < 8; ++i) add(dims[i]), add(strides[i]);
+  }
+  cudnnDataType_t wtype{};
+  cudnnTensorFormat_t format{};
+  int wn = 0, wdims[8] = {};
+  if (cudnnGetFilterNdDescriptor(c.w_desc, 8, &wtype, &format, &wn, wdims) != CUDNN_STATUS_SUCCESS) return "";
+  add(wtype), add(format), add(wn);
+  for (int i = 0; i < wn && i < 8; ++i) add(wdims[i]);
+  int ph = 0, pw = 0, sh = 0, sw = 0, dh = 0, dw = 0, groups = 0;
+  cudnnConvolutionMode_t mode{};
+  cudnnDataType_t compute{};
+  cudnnMathType_t math_type{};
+  if (cudnnGetConvolution2dDescriptor(c.conv, &ph, &pw, &sh, &sw, &dh, &dw, &mode, &compute) != CUDNN_STATUS_SUCCESS ||
+      cudnnGetConvolutionGroupCount(c.conv, &groups) != CUDNN_STATUS_SUCCESS ||
+      cudnnGetConvolutionMathType(c.conv, &math_type) != CUDNN_STATUS_SUCCESS)
+    return "";
+  for (long long v : {ph, pw, sh, sw, dh, dw, static_cast<int>(mode), static_cast<int>(compute), groups,
+                      static_cast<int>(math_type)})
+    add(v);
+  return key + "|" + placement_key({c.x, c.w, c.y, c.out});
+}
+
+ChoiceCache<ConvAlgo>& search_cache() {
+  static ChoiceCache<ConvAlgo> cache;
+  return cache;
+}
+
 }  // namespace
+
+int conv_algo_searches() { return search_cache().searches(); }
 
 void set_conv2d(cudnnConvolutionDescriptor_t d, int pad_h, int pad_w, int stride_h, int stride_w, int dil_h,
                 int dil_w, cudnnMathType_t math) {
@@ -185,7 +226,14 @@ const char* conv_algo_name(Direction pass, int algo) {
 }
 
 ConvAlgo find_conv_algo(const ConvCall& c, ConvMath math, ConvPick pick, const std::string& context) {
+  const std::string key = search_key(c, math, pick);
   ConvAlgo chosen;
+  std::size_t free_b = 0, total_b = 0;
+  if (search_cache().find(key, &chosen) && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess &&
+      chosen.workspace <= free_b / 2) {
+    HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(c.conv, chosen.math));
+    return chosen;
+  }
   switch (c.pass) {
     case Direction::fwd: chosen = choose<cudnnConvolutionFwdAlgoPerf_t>(c, math, pick, context); break;
     case Direction::bwd_data: chosen = choose<cudnnConvolutionBwdDataAlgoPerf_t>(c, math, pick, context); break;
@@ -193,6 +241,7 @@ ConvAlgo find_conv_algo(const ConvCall& c, ConvMath math, ConvPick pick, const s
     default: throw Error(context + ": a convolution pass is fwd, bwd_data or bwd_weight");
   }
   HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(c.conv, chosen.math));
+  search_cache().add(key, chosen);
   return chosen;
 }
 

@@ -14,6 +14,9 @@
 #include "kernels/conv2d/conv2d.h"
 #include "kernels/conv2d/cpu_onednn.h"
 #include "test/plan_test_util.h"
+#ifdef HOTOPS_HAVE_CUDA
+#include "hotops/cudnn_util.h"
+#endif
 
 namespace hotops::conv2d {
 namespace {
@@ -447,6 +450,27 @@ TEST(Conv2dCudaPlan, FindsFastestTensorOpsAndRunsOnASharedWorkspace) {
       EXPECT_TRUE(c.ok) << direction_name(s.dir) << " " << c.message;
     }
   }
+}
+
+// A problem's algorithm is searched once per process: a second plan of the same problem takes the
+// first one's choice without a search, another problem searches.
+TEST(Conv2dCudaPlan, OneSearchPerProblemPerProcess) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  Shape s;
+  s.dir = Direction::fwd, s.dtype = DType::f32, s.layout = Layout::nchw;
+  s.N = 2, s.C = 8, s.H = 10, s.W = 10, s.K = 12, s.R = s.S = 3, s.pad_h = s.pad_w = 1;
+  const int before = gpu::conv_algo_searches();
+  const auto first = make_cuda_plan(s);
+  const int searched = gpu::conv_algo_searches() - before;
+  EXPECT_GE(searched, 1);
+  const auto again = make_cuda_plan(s);
+  EXPECT_EQ(gpu::conv_algo_searches() - before, searched);
+  EXPECT_EQ(cuda_choice(*again).algo, cuda_choice(*first).algo);
+  EXPECT_EQ(cuda_choice(*again).workspace, cuda_choice(*first).workspace);
+  s.K = 16;
+  const auto other = make_cuda_plan(s);
+  EXPECT_GT(gpu::conv_algo_searches() - before, searched);
 }
 
 // The CUDA plan of a depthwise 7x7 (cudnnSetConvolutionGroupCount), every direction and dtype, both

@@ -131,6 +131,28 @@ TEST(CudaUtil, AutotunedLtGemmIsExact) {
   EXPECT_NE(g.algo_label().find("splitK "), std::string::npos) << g.algo_label();
 }
 
+// An autotune runs once per problem per process: a second GEMM of the same description and
+// operand alignments takes the first one's algorithm, another description tunes again.
+TEST(CudaUtil, AutotunedLtGemmTunesOncePerProblem) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  const std::int64_t m = 64, n = 48, k = 1024;
+  const gpu::DeviceBuffer da = upload(small_values(static_cast<std::size_t>(m * k), 1));
+  const gpu::DeviceBuffer db = upload(small_values(static_cast<std::size_t>(k * n), 2));
+  gpu::DeviceBuffer dd(static_cast<std::size_t>(m * n) * sizeof(float));
+  gpu::GemmDesc desc;
+  desc.m = m, desc.n = n, desc.k = k, desc.autotune = true;
+  const int before = gpu::lt_gemm_tunings();
+  const gpu::BoundGemm first(desc, "test", da.get(), db.get(), dd.get());
+  EXPECT_EQ(gpu::lt_gemm_tunings() - before, 1);
+  const gpu::BoundGemm again(desc, "test", da.get(), db.get(), dd.get());
+  EXPECT_EQ(gpu::lt_gemm_tunings() - before, 1);
+  EXPECT_EQ(again.algo_label(), first.algo_label());
+  desc.n = 32;
+  const gpu::BoundGemm other(desc, "test", da.get(), db.get(), dd.get());
+  EXPECT_EQ(gpu::lt_gemm_tunings() - before, 2);
+}
+
 // A captured step replays; a body that throws, or that makes a call a capture refuses, leaves no
 // graph, says why, and leaves the stream usable.
 TEST(CudaUtil, StepGraphReplaysAndFailsCleanly) {

@@ -87,6 +87,9 @@ class LtGemm {
   // whose caller passes its tensors to each run): host-side only, it queues nothing.
   void set_vector(const void* v);
   // GemmDesc::autotune: times the candidates on these operands and keeps the fastest (no-op otherwise).
+  // Once per problem per process: a later GEMM of the same description, operand alignments (mod 256
+  // bytes) and device takes the first one's choice without timing, so that every variant of a step
+  // runs the same algorithms and computes the same outputs.
   void tune(const void* A, const void* B, void* D, const void* C);
   int algo_id() const;             // CUBLASLT_ALGO_CONFIG_ID
   std::string algo_label() const { return gpu::algo_label(algo_); }
@@ -102,7 +105,11 @@ class LtGemm {
   LtLayout la_, lb_, ld_;
   cublasLtMatmulAlgo_t algo_{};
   std::vector<cublasLtMatmulAlgo_t> candidates_;  // autotune: what tune() times (the first is algo_)
+  GemmDesc desc_copy_;                            // autotune: the description, the key of tune()'s cache
 };
+
+// How many autotunes LtGemm::tune has run in this process (not those it answered from its cache).
+int lt_gemm_tunings();
 
 // An LtGemm whose operands are fixed buffers of a model's step, bound at setup.
 class BoundGemm {

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -136,5 +138,40 @@ float best_batch_ms(Launch launch) {
   }
   return best / 3;
 }
+
+// What a setup-time search chose for each problem, once per process (find_conv_algo, LtGemm::tune):
+// a later setup of the same problem takes the first one's choice, so that the variants of a step
+// run the same algorithms and compute the same outputs. Keyed by a text of everything that can
+// change the choice; an empty key is never stored.
+template <class Choice>
+class ChoiceCache {
+ public:
+  bool find(const std::string& key, Choice* choice) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto hit = map_.find(key);
+    if (key.empty() || hit == map_.end()) return false;
+    *choice = hit->second;
+    return true;
+  }
+  // A search made: counted, and kept under `key`.
+  void add(const std::string& key, const Choice& choice) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++searches_;
+    if (!key.empty()) map_[key] = choice;
+  }
+  int searches() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return searches_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::string, Choice> map_;
+  int searches_ = 0;
+};
+
+// The part of such a key that a problem's sizes do not hold: where each operand starts (mod 256
+// bytes: an algorithm may need an alignment) and the current device.
+std::string placement_key(std::initializer_list<const void*> operands);
 
 }  // namespace hotops::gpu

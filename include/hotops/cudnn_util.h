@@ -112,7 +112,13 @@ struct ConvAlgo {
 // the free device memory (cudnn_conv.cu says why). Sets c.conv's math type to the chosen
 // algorithm's. Throws Error (unsupported) when no result qualifies, naming `context`, the pass and
 // every result's status. The caller allocates the returned workspace.
+// One search per problem per process: a later call for the same pass, rules, descriptors, operand
+// alignments and device takes the first one's choice (while its workspace fits half the free
+// memory), so every variant of a problem (a model's plain, e2e:1 and graph:1 steps, an op's
+// repetitions) runs the same algorithms, computes the same outputs and shares one reference.
 ConvAlgo find_conv_algo(const ConvCall& c, ConvMath math, ConvPick pick, const std::string& context);
+// How many searches find_conv_algo has run in this process (not those it answered from its cache).
+int conv_algo_searches();
 
 // cuDNN's RNN algorithm for an LSTM of hidden size `hidden`: the persistent small-hidden kernels
 // (CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H: the recurrent weights stay on chip for all time steps, one
