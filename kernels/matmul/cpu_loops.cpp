@@ -82,11 +82,13 @@ HOTOPS_VECTOR_INLINE void data_grad(const T* dz, const T* W, O* da, std::int64_t
     for (std::int64_t i = 0; i < K; ++i) {
       const T* Wi = W + i * N;
       const T* dzr = dz + r * N;
-      float lane[kLanes] = {};
-      for (std::int64_t o = 0; o < body; o += kLanes)
-        for (std::int64_t j = 0; j < kLanes; ++j) lane[j] += load(dzr[o + j]) * load(Wi[o + j]);
       float s = 0.f;
-      for (std::int64_t j = 0; j < kLanes; ++j) s += lane[j];
+      if (body > 0) {  // (a narrow N, such as a 2-class head's, is the tail alone)
+        float lane[kLanes] = {};
+        for (std::int64_t o = 0; o < body; o += kLanes)
+          for (std::int64_t j = 0; j < kLanes; ++j) lane[j] += load(dzr[o + j]) * load(Wi[o + j]);
+        for (std::int64_t j = 0; j < kLanes; ++j) s += lane[j];
+      }
       for (std::int64_t o = body; o < N; ++o) s += load(dzr[o]) * load(Wi[o]);
       da[r * K + i] = store<O>(alpha * s);
     }
