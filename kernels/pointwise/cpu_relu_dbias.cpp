@@ -28,9 +28,11 @@ void relu_dbias(const void* x_v, const void* dy_v, void* dx_v, float* db, std::i
   const T* x = static_cast<const T*>(x_v);
   const T* dy = static_cast<const T*>(dy_v);
   T* dx = static_cast<T*>(dx_v);
-  // All threads even where there are fewer blocks (mlp_tiny's 32 columns are two): the idle ones
-  // only wait at the end, and a smaller team costs far more (cpu.h, cpu::threads()).
-  const int team = rows * n >= kParallelGrain ? cpu::threads() : 1;
+  // All threads, or one where there are fewer than 4 blocks (mlp_tiny's 32 columns are two): at most
+  // that many threads would work, and waking a whole team for them costs more than they save (a team
+  // of just those threads costs more again: cpu.h, cpu::threads()).
+  const std::int64_t blocks = (n + kCols - 1) / kCols;
+  const int team = rows * n >= kParallelGrain && blocks >= 4 ? cpu::threads() : 1;
 #pragma omp parallel for num_threads(team) schedule(static)
   for (std::int64_t c0 = 0; c0 < n; c0 += kCols) {
     const std::int64_t c1 = std::min(n, c0 + kCols);
