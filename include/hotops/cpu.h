@@ -124,8 +124,8 @@ Args normalization_backward_args(const BackwardPd& pd, const dnnl::memory::desc&
 // Threads used by oneDNN and by hotops' own OpenMP loops (--hotops_threads; default: all cores).
 // An OpenMP region runs on threads() or on one thread, never on a count in between: libgomp ends
 // the pool's threads beyond a smaller team, and the next full region starts them again (at 16
-// threads, 14 thread creations each time, which made a 16-thread mlp_tiny train step up to 1.4x
-// slower when its ReLU backward ran on 2).
+// threads, 14 thread creations each time: part of why a 16-thread mlp_tiny train step was up to 1.4x
+// slower when its ReLU backward ran on 2; docs/timing.md).
 void set_threads(int n);
 int threads();
 // `label` + ", <threads()> threads": how a CPU case's label ends.
