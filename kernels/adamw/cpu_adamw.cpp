@@ -133,7 +133,8 @@ constexpr std::int64_t kGrain = 1 << 15;
 class CpuAdamw final : public Plan {
  public:
   explicit CpuAdamw(const Shape& s) : s_(s), span_(static_cast<std::int64_t>(layout_of(s_.sizes).span)) {
-    threads_ = static_cast<int>(std::clamp<std::int64_t>(s_.total() / kGrain, 1, cpu::threads()));
+    // All threads from two grains of work, else one: never a team in between (cpu.h says why).
+    threads_ = s_.total() >= 2 * kGrain ? cpu::threads() : 1;
   }
 
   void run(const Args& a) override {

@@ -27,9 +27,10 @@ using tag = memory::format_tag;
 // (at::internal::GRAIN_SIZE, 32768 elements) in f32 bytes.
 constexpr std::size_t kGrainBytes = 32768 * 4;
 
-// How many threads copy `bytes`: all of them, once each has at least a grain of work.
+// How many threads copy `bytes`: all of them from two grains of work, else one (never a team in
+// between, cpu.h says why: a model step's cast runs between oneDNN's full teams).
 int threads_for(std::size_t bytes) {
-  return static_cast<int>(std::clamp<std::size_t>(bytes / kGrainBytes, 1, static_cast<std::size_t>(cpu::threads())));
+  return bytes >= 2 * kGrainBytes ? cpu::threads() : 1;
 }
 
 // dst[0, bytes) = src[0, bytes): each thread of the team one contiguous, 64-byte-aligned chunk.
