@@ -4,19 +4,11 @@
 // convolution is the same calls with the filter [K, C / groups, R, S] and the descriptor's
 // cudnnSetConvolutionGroupCount: cuDNN's Find then ranks its grouped (and depthwise) algorithms.
 //
-// The algorithm is chosen once, when the plan is built, by gpu::find_conv_algo (cudnnFind*AlgorithmEx
-// on seeded tensors of the problem's sizes, its usable results re-timed: ConvPick::retimed, unless
-// Shape::retime is off, as in model_cnn's steps): this is PyTorch's
-// torch.backends.cudnn.benchmark = True. PyTorch's default (benchmark = False) takes cuDNN's
-// heuristic first choice (cudnnGet*Algorithm_v7) instead, which can be slower. Then only the chosen
-// algorithm's workspace is kept. Math: f32 is CUDNN_FMA_MATH (no tensor cores, really
-// f32, as PyTorch with allow_tf32 = False), tf32 and bf16 are CUDNN_TENSOR_OP_MATH (bf16 data,
-// f32 compute type; Shape::tensor_ops_only keeps only Find's results that ran with it). The label
-// names the algorithm, its workspace and the math it ran with.
-//
-// Where cudnnAddTensor or cudnnConvolutionBackwardBias answers that it cannot do a case (both are
-// deprecated in cuDNN 9; bf16 support is not documented), a hotops kernel does that part instead,
-// and the label says so.
+// The algorithm is chosen when the plan is built, by gpu::find_conv_algo (cudnnFind*AlgorithmEx,
+// its usable results re-timed unless Shape::retime is off; once per problem per process), PyTorch's
+// cudnn.benchmark = True; f32 runs CUDNN_FMA_MATH, tf32 and bf16 tensor-op math (docs/ops.md).
+// Where cudnnAddTensor or cudnnConvolutionBackwardBias cannot do a case (both deprecated in cuDNN 9),
+// a hotops kernel does that part, and the label says so.
 #include <cuda_bf16.h>
 #include <cudnn.h>
 

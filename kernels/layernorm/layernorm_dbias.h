@@ -1,18 +1,15 @@
 // layernorm_dbias: LayerNorm's backward fused with the residual gradient that joins its result and
 // with the column sums of that result (the bias gradient of the dense layer that reads it next), as
-// the encoder layers of BERT and ViT run it (bwd only). Over [rows, H], from x, dy, gamma and the
-// statistics the forward saved (mean, rstd), with xhat = (x - mean) * rstd and g = gamma * dy:
-//   dx[r, c]  = rstd * (g - sum(g) / H - xhat * sum(g * xhat) / H) + dres[r, c], stored in the dtype
-//               (dres optional: the gradient of a skip connection around the LayerNorm);
+// BERT's and ViT's encoder layers run it (bwd only). Over [rows, H], with xhat = (x - mean) * rstd
+// and g = gamma * dy:
+//   dx[r, c]  = rstd * (g - sum(g) / H - xhat * sum(g * xhat) / H) + dres[r, c] (dres optional);
 //   dgamma[c] = sum over r of dy * xhat, dbeta[c] = sum over r of dy (f32);
-//   dbias[c]  = sum over r of the stored dx[r, c] (f32, optional: the sum of what the next GEMMs read).
-// dx is optional too (the first LayerNorm of a pre-LN layer: only dgamma and dbeta). A second gradient
-// that reaches the LayerNorm's output is added before it by its producer, the data-gradient GEMM's
-// residual (matmul's `c`), on both backends: the op takes one dy.
-// CPU: an OpenMP loop over rows with per-thread dgamma / dbeta partials, then the column sums of dx
-// (hotops/cpu_colsum.h). CUDA: one kernel, a warp per row (16-byte vectors where H allows) over a
-// grid that fills the GPU, that writes dx and each block's partial sums of the three columns
-// (dgamma | dbeta | dbias), then col_finish (hotops/cuda_colsum.cuh).
+//   dbias[c]  = sum over r of the stored dx[r, c] (f32, optional).
+// dx is optional too (a pre-LN layer's first LayerNorm). A second gradient reaching the output is
+// added before, by the data-gradient GEMM's residual (matmul's `c`): the op takes one dy.
+// CPU: OpenMP over rows with per-thread dgamma / dbeta partials, then dx's column sums. CUDA: one
+// kernel, a warp per row over a grid that fills the GPU, writing dx and each block's partial column
+// sums, then col_finish (hotops/cuda_colsum.cuh).
 // Names: layernorm_dbias/<backend>/<f32|bf16>/bwd/shape:<model.layer>/batch:B/tokens:T/hidden:H/
 // eps:E/dres:<yes|no>.
 #pragma once
