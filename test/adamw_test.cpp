@@ -11,6 +11,7 @@
 
 #include "hotops/check.h"
 #include "kernels/adamw/adamw.h"
+#include "test/plan_test_util.h"
 
 namespace hotops::adamw {
 namespace {
@@ -231,6 +232,19 @@ TEST(AdamwPlan, RunsOnTheStatesItIsGivenEachRun) {
     EXPECT_FALSE(off.ok);
     EXPECT_NE(off.message.find("step count is 3"), std::string::npos) << off.message;
   }
+}
+
+// The CPU plan of a parameter list a few grains of work long runs on all threads, not on a smaller
+// team than the last full one (hotops/cpu.h).
+TEST(AdamwPlan, CpuPlanKeepsTheThreadPool) {
+  const cpu::ThreadScope scope(4);  // the plan takes its team when it is built
+  const Shape s = shape_of(problem(Backend::cpu, DType::f32, "flat", 100003));
+  const auto plan = make_plan(s, Backend::cpu);
+  State st = make_state(s, layout_of(s.sizes));
+  restore(s, st, 1);
+  DeviceStep step = first_step(s.hyper);
+  const Args a{st.p.as<float>(), st.g.data(), st.m.as<float>(), st.v.as<float>(), nullptr, &step};
+  plan_test::expect_keeps_thread_pool([&] { plan->run(a); }, plan->label());
 }
 
 // The CPU step is the scalar formula with std::sqrt to the bit (the vector clones round as the

@@ -8,6 +8,7 @@
 
 #include "hotops/check.h"
 #include "kernels/copy/copy.h"
+#include "test/plan_test_util.h"
 
 namespace hotops::copy {
 namespace {
@@ -197,6 +198,20 @@ TEST(CopyPlan, RunsOnTheBuffersItIsGivenEachRun) {
       EXPECT_TRUE(cb.ok) << cb.message;
       EXPECT_FALSE(verify_exact(s, b, ya).ok);
     }
+}
+
+// A memcpy and a conversion a few grains of work long run on all threads, not on a smaller team than
+// the last full one (hotops/cpu.h).
+TEST(CopyPlan, CpuPlanKeepsTheThreadPool) {
+  const cpu::ThreadScope scope(4);  // the plan takes its team when it is built
+  const Problem memcpy_problem{"copy", Backend::cpu, DType::f32, Direction::fwd, {{"kind", "memcpy"}, {"bytes", "393216"}}};
+  for (const Problem& p : {memcpy_problem, convert_problem("f32_to_bf16", DType::f32, 98304)}) {
+    const Shape s = shape_of(p);
+    const auto plan = make_plan(s, Backend::cpu);
+    const HostBuffer src = make_source(s, 1);
+    HostBuffer dst(s.dst, s.count);
+    plan_test::expect_keeps_thread_pool([&] { plan->run({src.data(), dst.data()}); }, p.name());
+  }
 }
 
 TEST(CopyTranspose, TilesCoverShortAxesWithLongerTiles) {

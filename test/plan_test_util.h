@@ -1,14 +1,19 @@
 // What the op families' plan tests share: one plan run on two sets of caller-owned tensors in turn,
-// the planted bugs of a bias gradient, and a misaligned device copy of a tensor.
+// a CPU plan that keeps OpenMP's thread pool, the planted bugs of a bias gradient, and a misaligned
+// device copy of a tensor.
 #pragma once
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <set>
 #include <string>
 
 #include "hotops/buffer.h"
+#include "hotops/cpu.h"
 #include "hotops/gpu.h"
 #include "hotops/verify.h"
 
@@ -26,6 +31,38 @@ void expect_each_run_on_its_own_tensors(P& plan, ArgsOf args_of, CheckOf check, 
     EXPECT_TRUE(c.ok) << what << " " << k << ": " << c.message;
   }
   EXPECT_FALSE(check(1, 0).ok) << what;
+}
+
+// The ids of this process's threads.
+inline std::set<std::string> thread_ids() {
+  std::set<std::string> ids;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (const dirent* e = readdir(d))
+      if (e->d_name[0] != '.') ids.insert(e->d_name);
+    closedir(d);
+  }
+  return ids;
+}
+
+// Runs `run` (a CPU plan's run) between OpenMP regions of a full team of 4 threads, and expects the
+// same threads after as before: a region of a smaller team in between would end libgomp's surplus
+// threads, and the next full region would start new ones (hotops/cpu.h).
+template <class Run>
+void expect_keeps_thread_pool(Run run, const std::string& what) {
+  cpu::ThreadScope scope(4);
+  const auto full_team = [] {
+    int n = 0;
+#pragma omp parallel num_threads(cpu::threads()) reduction(+ : n)
+    n += 1;
+    return n;
+  };
+  ASSERT_EQ(full_team(), 4);
+  const std::set<std::string> before = thread_ids();
+  for (int k = 0; k < 3; ++k) {
+    run();
+    full_team();
+  }
+  EXPECT_EQ(thread_ids(), before) << what << ": a parallel region between two full ones ran on a smaller team";
 }
 
 // Wrong column sums of a row-major [rows, cols] tensor t, the planted bugs a bias gradient's check

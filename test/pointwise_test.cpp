@@ -318,6 +318,20 @@ TEST(ReluDbias, VerifyAcceptsTheReferenceAndFailsPlantedErrors) {
   }
 }
 
+// relu_dbias on the CPU, at a model's sizes above its grain of work, with 2 column blocks (mlp_tiny's
+// first layer) and with 16: neither runs a smaller OpenMP team than the last full one.
+TEST(ReluDbias, CpuPlanKeepsTheThreadPool) {
+  for (std::int64_t cols : {32, 256}) {
+    const Shape s = shape_of(dbias_problem(DType::f32, 4096, cols));
+    auto plan = make_plan(s, Backend::cpu);
+    Inputs in = make_inputs(s, 1);
+    HostBuffer db = make_dbias(s);
+    Args a;
+    a.x = in.x.data(), a.dy = a.out = in.dy.data(), a.db = db.as<float>();
+    plan_test::expect_keeps_thread_pool([&] { plan->run(a); }, "relu_dbias " + std::to_string(cols) + " columns");
+  }
+}
+
 // One relu_dbias plan on `backend` run in place (out == dy, as a model step runs it) on two sets of
 // tensors in turn: each dx and db is that of its own inputs. On CUDA the second run also shows that
 // the kernel left its tickets ready for the next launch. Shapes: one CUDA tile, three column tiles
