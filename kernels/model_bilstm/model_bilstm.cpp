@@ -291,14 +291,13 @@ double peak(const std::vector<double>& v) {
 
 Check verify_outcome(const Shape& s, const Layout& l, const State& start, const Outcome& out) {
   const Config& c = s.cfg;
-  const std::vector<double> p0 = as_doubles(start.params);
   // Computed once for every way of running the step (shared_reference).
   const auto shared = models::shared_reference<Reference>(
       models::reference_key(c.name, s.dtype, s.dir, s.batch,
                             {start.params.data(), start.tokens.data(), start.labels.data()},
                             {start.params.bytes(), start.tokens.size() * sizeof(start.tokens[0]),
                              start.labels.size() * sizeof(start.labels[0])}),
-      [&] { return reference(c, l, p0, start.tokens, start.labels, s.batch, s.train()); });
+      [&] { return reference(c, l, as_doubles(start.params), start.tokens, start.labels, s.batch, s.train()); });
   const Reference& ref = *shared;
   const double growth = std::max(1.0, std::sqrt(static_cast<double>(c.T) / 25.0));
   const bool b16 = s.bf16();
@@ -318,7 +317,7 @@ Check verify_outcome(const Shape& s, const Layout& l, const State& start, const 
       all.merge(within(t.name, slice(g, t.at, n), r, std::max(rms(r), 1e-30), 1e-3 * growth), t.name);
     }
   }
-  all.merge(models::adamw_first_step(p0, g, start.m, start.v, out.params, l.total), "step");
+  all.merge(models::adamw_first_step(start.params, out.grads, start.m, start.v, out.params, l.total), "step");
   return all;
 }
 

@@ -363,10 +363,7 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<poi
   std::vector<std::int64_t> count(static_cast<std::size_t>(period), 0);
   for (std::int64_t b = 0; b < s.batch; ++b) ++count[static_cast<std::size_t>(b % period)];
   const std::size_t per = static_cast<std::size_t>(a.H * a.W * a.C);
-  std::vector<double> x(per * static_cast<std::size_t>(period));
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = start.x.get(i);
   const std::vector<std::int32_t> labels(start.labels.begin(), start.labels.begin() + period);
-  const std::vector<double> p0 = as_doubles(start.params), stats0 = as_doubles(start.stats);
   const Bounds bound = bounds_for(s.dtype);
   Hints hints;
   hints.band = bound.tie;
@@ -378,8 +375,10 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<poi
   // A train step's reference decides its ReLU and pool near-ties as the run's activations did, so
   // it is shared only by runs whose activations are the same bits (the key hashes them): the plain,
   // e2e:1 and graph:1 runs of one CUDA step where their kernels agree.
-  const auto compute = [&] {
-    return reference(s, l, keys, p0, stats0, x, labels, count, s.train(), s.train() ? &hints : nullptr);
+  const auto compute = [&] {  // (keras_cnn's 58M parameters in double: only where it is computed)
+    const std::vector<double> x = as_doubles(start.x, 0, per * static_cast<std::size_t>(period));
+    return reference(s, l, keys, as_doubles(start.params), as_doubles(start.stats), x, labels, count, s.train(),
+                     s.train() ? &hints : nullptr);
   };
   std::vector<std::pair<const void*, std::size_t>> from{{start.params.data(), start.params.bytes()},
                                                         {start.stats.data(), start.stats.bytes()},
@@ -399,7 +398,6 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<poi
     return within("logits", logits, r, std::max(rms(r), 1e-30), bound.logits);
   }
   Check c = within("loss", {static_cast<double>(out.loss)}, {ref.loss}, std::max(std::fabs(ref.loss), 1e-30), bound.loss);
-  const std::vector<double> g = as_doubles(out.grads);
   for (std::size_t k = 0; k < l.tensors.size(); ++k) {
     const auto [at, n] = l.tensors[k];
     const double* r = ref.grad.data() + at;  // the tensor in place: keras_cnn's dense W is 58M elements
@@ -408,7 +406,8 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<poi
     const std::string what = "d" + l.names[k];
     const models::Checks t = models::within_by_chunks(
         what, n, std::max(scale, 1e-30), bound.grad, bound.grad_rms, [&](std::size_t part, std::size_t len, double* o, double* rk) {
-          less_allowance(g.data() + at + part, r + part, ref.summed.data() + at + part, bound.summed, len, o);
+          const std::vector<double> g = as_doubles(out.grads, at + part, len);
+          less_allowance(g.data(), r + part, ref.summed.data() + at + part, bound.summed, len, o);
           std::copy_n(r + part, len, rk);
         });
     c.merge(t.max, what);
@@ -418,7 +417,7 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<poi
     const std::vector<double> st = as_doubles(out.stats);
     c.merge(within("running stats", slice(st, 0, l.stats), ref.stats, std::max(rms(ref.stats), 1e-30), bound.stats), "stats");
   }
-  c.merge(models::adamw_first_step(p0, g, start.m, start.v, out.params, l.total), "step");
+  c.merge(models::adamw_first_step(start.params, out.grads, start.m, start.v, out.params, l.total), "step");
   return c;
 }
 

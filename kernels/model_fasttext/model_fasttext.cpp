@@ -248,12 +248,11 @@ std::vector<std::size_t> range(std::size_t from, std::size_t n) {
 Check verify_outcome(const Shape& s, const Layout& l, const State& start, const Outcome& out) {
   const Config& c = s.cfg;
   const Bounds bound = bounds_for(s.dtype);
-  const std::vector<double> p0 = as_doubles(start.params);
   // Computed once for every way of running the step (shared_reference).
   const auto shared = models::shared_reference<Reference>(
       models::reference_key(c.name, s.dtype, s.dir, s.batch, {start.params.data(), start.tokens.data(), start.labels.data()},
                             {start.params.bytes(), start.tokens.size() * sizeof(start.tokens[0]), start.labels.bytes()}),
-      [&] { return reference(c, l, p0, start.tokens, start.labels, s.batch, s.train()); });
+      [&] { return reference(c, l, as_doubles(start.params), start.tokens, start.labels, s.batch, s.train()); });
   const Reference& ref = *shared;
   const double pooled_scale = std::max({rms(ref.pooled), rms(ref.pooled_rss), 1e-30});
   Check all = within("pooled", as_doubles(out.pooled), ref.pooled, pooled_scale, bound.pooled);
@@ -276,7 +275,7 @@ Check verify_outcome(const Shape& s, const Layout& l, const State& start, const 
             "dEmbedding zero rows");
   all.merge(gradient_within("dW", g, ref, range(l.dense_w, static_cast<std::size_t>(c.E)), bound.grad), "dW");
   all.merge(gradient_within("db", g, ref, range(l.dense_b, 1), bound.grad), "db");
-  all.merge(models::adamw_first_step(p0, g, start.m, start.v, out.params, l.total), "step");
+  all.merge(models::adamw_first_step(start.params, out.grads, start.m, start.v, out.params, l.total), "step");
   return all;
 }
 

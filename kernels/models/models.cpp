@@ -257,7 +257,7 @@ std::vector<double> slice(const std::vector<double>& v, std::size_t at, std::siz
   return std::vector<double>(v.begin() + static_cast<std::ptrdiff_t>(at), v.begin() + static_cast<std::ptrdiff_t>(at + n));
 }
 
-Check adamw_first_step(const std::vector<double>& p0, const std::vector<double>& g, const HostBuffer& m0,
+Check adamw_first_step(const HostBuffer& p0, const HostBuffer& g, const HostBuffer& m0,
                        const HostBuffer& v0, const HostBuffer& params, std::size_t count) {
   const adamw::Hyper h = hyper();
   return within_by_chunks("AdamW step (p - p0)", count, h.lr, 1e-3, 0,
@@ -266,10 +266,11 @@ Check adamw_first_step(const std::vector<double>& p0, const std::vector<double>&
 #pragma omp parallel for schedule(static) if (n > (std::int64_t(1) << 16))
                             for (std::int64_t j = 0; j < n; ++j) {
                               const std::size_t i = at + static_cast<std::size_t>(j);
-                              adamw::Element e{p0[i], m0.get(i), v0.get(i)};
-                              adamw::reference_step(h, 1, g[i], e);
-                              ref_change[j] = e.p - p0[i];
-                              change[j] = params.get(i) - p0[i];
+                              const double start = p0.get(i);
+                              adamw::Element e{start, m0.get(i), v0.get(i)};
+                              adamw::reference_step(h, 1, g.get(i), e);
+                              ref_change[j] = e.p - start;
+                              change[j] = params.get(i) - start;
                             }
                           })
       .max;
@@ -550,7 +551,7 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const State& start, c
       const double scale = std::max({rms(r), std::sqrt(terms_sq / static_cast<double>(n)), 1e-30});
       c.merge(within(what.c_str(), o, r, scale, bound.grad), what);
     }
-  c.merge(adamw_first_step(p0, g, start.m, start.v, out.params, l.total), "step");
+  c.merge(adamw_first_step(start.params, out.grads, start.m, start.v, out.params, l.total), "step");
   return c;
 }
 

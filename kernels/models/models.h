@@ -130,7 +130,7 @@ void fill_uniform_at(HostBuffer& params, std::size_t at, std::int64_t n, std::ui
 // AdamW's moments at the start: m = v = 0, `n` f32 each.
 void zero_moments(HostBuffer& m, HostBuffer& v, std::size_t n);
 std::vector<double> slice(const std::vector<double>& v, std::size_t at, std::size_t n);
-Check adamw_first_step(const std::vector<double>& p0, const std::vector<double>& g, const HostBuffer& m0,
+Check adamw_first_step(const HostBuffer& p0, const HostBuffer& g, const HostBuffer& m0,
                        const HostBuffer& v0, const HostBuffer& params, std::size_t count);
 
 // A step's bounds, against rms(ref): the output and every gradient tensor by their largest error
@@ -171,7 +171,7 @@ Check verify_periodic_step(const std::vector<R>& refs, std::int64_t period, std:
     c.merge(close_to(bf16, "d" + l.names[k], slice(g, at, n), slice(grad, at, n), bound.grad, bound.grad_rms),
             "d" + l.names[k]);
   }
-  c.merge(adamw_first_step(p0, g, start.m, start.v, out.params, l.total), "step");
+  c.merge(adamw_first_step(start.params, out.grads, start.m, start.v, out.params, l.total), "step");
   return c;
 }
 
