@@ -1,7 +1,7 @@
 // The repository's scripts as CI and users run them: the workflow's gate step (tools/ci_gate.sh),
 // whose exit code decides the job, tools/compare_plot.py (which machines each chart names, one
-// roofline per machine, the install command when matplotlib is missing) and tools/studies.sh (the
-// tables of docs/studies.md).
+// roofline per machine, the install command when matplotlib is missing), tools/studies.sh (the
+// tables of docs/studies.md) and tools/ab.sh (two builds in alternating processes).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -198,6 +198,56 @@ TEST(Studies, DocRemakesEachBlockFromTheRunsItsMarkerNames) {
   std::ofstream(page) << "no block\n";
   EXPECT_NE(studies("doc " + page).code, 0);
   std::remove(page.c_str());
+}
+
+// A stand-in for bench: writes two entries, op/a and op/b, at the given times (µs) to the path of
+// --benchmark_out, or exits with `exit_code` without writing.
+std::string fake_bench(const std::string& name, double a_us, double b_us, int exit_code = 0) {
+  const std::string path = temp(name);
+  std::ofstream f(path);
+  f << "#!/usr/bin/env bash\n";
+  if (exit_code) f << "echo 'hotops: bad value' >&2; exit " << exit_code << "\n";
+  f << "for a in \"$@\"; do case $a in --benchmark_out=*) out=${a#--benchmark_out=};; esac; done\n"
+    << "cat > \"$out\" <<'J'\n{\"context\": {}, \"benchmarks\": [\n"
+    << "{\"name\": \"op/a\", \"run_name\": \"op/a\", \"run_type\": \"iteration\", \"real_time\": " << a_us
+    << ", \"time_unit\": \"us\"},\n"
+    << "{\"name\": \"op/b\", \"run_name\": \"op/b\", \"run_type\": \"iteration\", \"real_time\": " << b_us * 1000
+    << ", \"time_unit\": \"ns\"}]}\nJ\n";
+  f.close();
+  std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  return path;
+}
+
+TEST(AbScript, AlternatesTheBuildsAndTabulatesEachEntry) {
+  const std::string base = fake_bench("base_bench", 100, 200), slow = fake_bench("new_bench", 110, 150);
+  const std::string out = temp("ab");
+  const Ran r = sh("bash " + tools_dir() + "/ab.sh " + base + " " + slow + " " + out + " 2 -- --benchmark_filter=op");
+  ASSERT_EQ(r.code, 0) << r.log;
+  for (const char* f : {"/base-1.json", "/new-1.json", "/base-2.json", "/new-2.json", "/ab.md"})
+    EXPECT_TRUE(std::filesystem::exists(out + f)) << f;
+  const std::string table = slurp(out + "/ab.md");
+  EXPECT_NE(table.find("| `op/a` | 100 / 100 | 110 / 110 | 1.100 / 1.100 (slower by both) |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| `op/b` | 200 / 200 | 150 / 150 | 0.750 / 0.750 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("geometric mean of new/base 0.908 (fastest), 0.908 (median); 1 more than 5% slower by both"),
+            std::string::npos)
+      << table;
+  const std::size_t order = r.log.find("base 1 of 2"), next = r.log.find("new 1 of 2"), last = r.log.find("new 2 of 2");
+  EXPECT_TRUE(order < next && next < last && last != std::string::npos) << r.log;
+  std::filesystem::remove_all(out);
+}
+
+TEST(AbScript, UsageAndFailedProcessesExitApart) {
+  const std::string base = fake_bench("base_ok", 1, 1), out = temp("ab_fail");
+  EXPECT_EQ(sh("bash " + tools_dir() + "/ab.sh " + base).code, 2);
+  EXPECT_EQ(sh("bash " + tools_dir() + "/ab.sh " + base + " " + base + " " + out + " zero --").code, 2);
+  EXPECT_EQ(sh("bash " + tools_dir() + "/ab.sh " + base + " /nonexistent/bench " + out + " 1 --").code, 2);
+  const Ran bad_input = sh("bash " + tools_dir() + "/ab.sh " + base + " " + fake_bench("new_bad", 1, 1, 2) + " " + out + " 1 --");
+  EXPECT_EQ(bad_input.code, 2) << bad_input.log;
+  EXPECT_NE(bad_input.log.find("hotops: bad value"), std::string::npos) << bad_input.log;
+  const Ran crashed = sh("bash " + tools_dir() + "/ab.sh " + base + " " + fake_bench("new_crash", 1, 1, 134) + " " + out + " 1 --");
+  EXPECT_EQ(crashed.code, 1) << crashed.log;
+  EXPECT_FALSE(std::filesystem::exists(out + "/ab.md"));
+  std::filesystem::remove_all(out);
 }
 
 }  // namespace
