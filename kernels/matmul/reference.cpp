@@ -58,12 +58,17 @@ std::size_t at_dout(const Shape& s, std::int64_t b, std::int64_t m, std::int64_t
   return stored(s, Operand::dout).at(b, m, n);
 }
 
-// x's elements at_x(j) times y's at_y(j), summed over j < n in double: the reference's dot products,
-// their addressing taken out of the loop (the operands' layouts are affine along a dot product's
-// index, but for A in blocks).
+// x's elements at_x(j) times y's at_y(j), summed over j < n in double: the reference's dot products.
+// Where both addresses are affine in j (every layout along a dot product's index, but A in blocks
+// along k), their addressing is taken out of the loop; the terms and their order are the same.
 template <class AtX, class AtY>
-double dot(const HostBuffer& x, AtX at_x, const HostBuffer& y, AtY at_y, std::int64_t n) {
+double dot(const HostBuffer& x, AtX at_x, const HostBuffer& y, AtY at_y, std::int64_t n, bool affine = true) {
   if (n <= 0) return 0;
+  if (!affine) {
+    double acc = 0;
+    for (std::int64_t j = 0; j < n; ++j) acc += x.get(at_x(j)) * y.get(at_y(j));
+    return acc;
+  }
   const auto x0 = static_cast<std::ptrdiff_t>(at_x(0)), y0 = static_cast<std::ptrdiff_t>(at_y(0));
   const std::ptrdiff_t xs = n > 1 ? static_cast<std::ptrdiff_t>(at_x(1)) - x0 : 0;
   const std::ptrdiff_t ys = n > 1 ? static_cast<std::ptrdiff_t>(at_y(1)) - y0 : 0;
@@ -114,18 +119,14 @@ double reference_primary(const Shape& s, const Inputs& in, std::size_t idx) {
     case Direction::bwd_weight: {  // dB[b,k,n] = alpha * sum_m A[b,m,k] dOut[b,m,n], stored as B is
       const std::int64_t b = i / (K * N);
       const std::int64_t k = s.trans_b ? i % K : (i / N) % K, n = s.trans_b ? (i / K) % N : i % N;
-      if (s.blocked())
-        for (std::int64_t m = 0; m < M; ++m) acc += in.a.get(at_a(s, b, m, k)) * in.dout.get(at_dout(s, b, m, n));
-      else
-        acc = dot(in.a, [&](std::int64_t m) { return at_a(s, b, m, k); }, in.dout, [&](std::int64_t m) { return at_dout(s, b, m, n); }, M);
+      acc = dot(in.a, [&](std::int64_t m) { return at_a(s, b, m, k); }, in.dout, [&](std::int64_t m) { return at_dout(s, b, m, n); },
+                M);  // (A in blocks too: a block's rows are kb apart)
       return s.alpha * acc;
     }
     default: {  // out[b,m,n] = alpha * sum_k A[b,m,k] B[b,k,n] + beta * bias[n], then ReLU with relu
       const std::int64_t b = i / (M * N), m = (i / N) % M, n = i % N;
-      if (s.blocked())
-        for (std::int64_t k = 0; k < K; ++k) acc += in.a.get(at_a(s, b, m, k)) * in.b.get(at_b(s, b, k, n));
-      else
-        acc = dot(in.a, [&](std::int64_t k) { return at_a(s, b, m, k); }, in.b, [&](std::int64_t k) { return at_b(s, b, k, n); }, K);
+      acc = dot(in.a, [&](std::int64_t k) { return at_a(s, b, m, k); }, in.b, [&](std::int64_t k) { return at_b(s, b, k, n); }, K,
+                !s.blocked());
       const double bias = s.op == Op::addmm ? s.beta * in.bias.get(static_cast<std::size_t>(n)) : 0.0;
       const double v = s.alpha * acc + bias;
       return s.relu ? std::fmax(v, 0.0) : v;
