@@ -92,7 +92,7 @@ inline void expect_data_parallel_work_and_seed(const Family& f, const Problem& p
 // label names its gradient buckets (`buckets`, e.g. "in 4 buckets") and the per-bucket AdamW, and its
 // per-op breakdown has the all-reduce's wait and the AdamW parts. Skipped with the reason where this
 // machine cannot run it.
-inline void expect_one_gpu_data_parallel(const Family& f, Problem p, const std::string& buckets) {
+inline void expect_one_gpu_data_parallel(const Family& f, Problem p, const std::string& buckets, const std::string& early = "") {
   p.args.push_back({"gpus", "1"});
   EXPECT_DOUBLE_EQ(f.work(p).items, static_cast<double>(p.get_int("batch"))) << p.name();
   const std::string why = f.unsupported_reason(p);
@@ -102,6 +102,9 @@ inline void expect_one_gpu_data_parallel(const Family& f, Problem p, const std::
   EXPECT_TRUE(chk.ok) << p.name() << ": " << chk.message;
   EXPECT_NE(c->label().find(buckets), std::string::npos) << c->label();
   EXPECT_NE(c->label().find("AdamW a launch per bucket after its all-reduce"), std::string::npos) << c->label();
+  if (!early.empty()) {
+    EXPECT_NE(c->label().find(early), std::string::npos) << c->label();
+  }
   const char* wire = p.dtype == DType::bf16 ? "all-reduce (avg) of the gradients in bf16" : "all-reduce (avg) of the f32 gradients";
   EXPECT_NE(c->label().find(wire), std::string::npos) << c->label();
   const trace::Breakdown b = gpu::measure_breakdown(*c, 0, 2);

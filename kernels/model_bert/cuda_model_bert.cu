@@ -313,16 +313,19 @@ class CudaLayer final : public LayerCase {
     w2_w_->run(weight_grad(f_.get(), ds2, l_.w2));
     if (!a.pre_ln) models::grads_ready(replicas_.sync, l_.w2);  // post-LN: the second FFN layer's and LayerNorm's are final
     w2_d_->run(data_grad(ds2, l_.w2, df_, nullptr));
+    if (!a.pre_ln) models::params_done(replicas_.sync, l_.w2, adamw_arrays());  // and no longer read
     trace::op("gelu_bwd");
     gelu_bwd_->run({z_.get(), df_.get(), df_.get(), grads_.as<float>() + l_.b1});  // in place over df
     trace::op("mm");
     w1_w_->run(weight_grad(h1_.get(), df_.get(), l_.w1));
     if (!a.pre_ln) models::grads_ready(replicas_.sync, l_.w1);  // post-LN: the first FFN layer's too
     w1_d_->run(data_grad(df_.get(), l_.w1, du2_, a.pre_ln ? nullptr : ds2));  // bert: du2 = df . W1^T + ds2
+    if (!a.pre_ln) models::params_done(replicas_.sync, l_.w1, adamw_arrays());
     trace::op("layernorm_bwd");
     if (a.pre_ln) {
       layernorm_back(du2_.as<T>(), s1_.as<T>(), mean2_.as<float>(), rstd2_.as<float>(), l_.ln2g, l_.ln2b, ds1_.as<T>(), ds2, &l_.bo);
       models::grads_ready(replicas_.sync, l_.w1);  // pre-LN: the FFN's and the second LayerNorm's are final
+      models::params_done(replicas_.sync, l_.w1, adamw_arrays());  // and no longer read
     } else {
       layernorm_back(du2_.as<T>(), s1_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, ds1_.as<T>(), nullptr,
                      &l_.bo);
@@ -331,6 +334,7 @@ class CudaLayer final : public LayerCase {
     wo_w_->run(weight_grad(ctx_.get(), ds1_.get(), l_.wo));
     if (!a.pre_ln) models::grads_ready(replicas_.sync, l_.wo);  // post-LN: the attention output's and the first LayerNorm's too
     wo_d_->run(data_grad(ds1_.get(), l_.wo, dctx_, nullptr));
+    if (!a.pre_ln) models::params_done(replicas_.sync, l_.wo, adamw_arrays());
     trace::op("bmm");
     dp_gemm_->run(heads(matmul::AttentionGemm::context, Direction::bwd_data));
     dv_gemm_->run(heads(matmul::AttentionGemm::context, Direction::bwd_weight));
@@ -349,8 +353,11 @@ class CudaLayer final : public LayerCase {
       layernorm_back(du1_.as<T>(), x_.as<T>(), mean1_.as<float>(), rstd1_.as<float>(), l_.ln1g, l_.ln1b, nullptr, nullptr, nullptr);
     }
     // optimizer
-    models::adamw_step(replicas_.sync, params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-                       kBf16 ? weights_.as<std::uint16_t>() : nullptr, l_.total, state_.as<StepState>(), &hyper_);
+    models::adamw_step(replicas_.sync, adamw_arrays());
+  }
+  models::AdamwArrays adamw_arrays() {
+    return {params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
+            kBf16 ? weights_.as<std::uint16_t>() : nullptr, l_.total, state_.as<StepState>(), &hyper_};
   }
 
   Shape s_;

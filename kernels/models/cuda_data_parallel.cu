@@ -11,17 +11,35 @@
 
 namespace hotops::models {
 
-void adamw_step(const std::unique_ptr<GradSync>& sync, float* p, const float* g, float* m, float* v, std::uint16_t* p16,
-                std::size_t total, adamw::DeviceStep* state, const adamw::Hyper* advance, unsigned max_blocks) {
-  auto update = [&](std::size_t begin, std::size_t end, const adamw::Hyper* advancing) {
+namespace {
+
+// AdamW over floats [begin, end) of the arrays on `stream`, advancing the step count where `advancing`.
+void adamw_range(const AdamwArrays& a, std::size_t begin, std::size_t end, const adamw::Hyper* advancing, cudaStream_t stream) {
+  adamw::cuda_step(a.p + begin, a.g + begin, a.m + begin, a.v + begin, a.p16 ? a.p16 + begin : nullptr,
+                   static_cast<std::int64_t>(end - begin), a.state, advancing, stream, a.max_blocks);
+}
+
+}  // namespace
+
+void adamw_step(const std::unique_ptr<GradSync>& sync, const AdamwArrays& a) {
+  if (!sync) {
     trace::op("adamw");
-    adamw::cuda_step(p + begin, g + begin, m + begin, v + begin, p16 ? p16 + begin : nullptr,
-                     static_cast<std::int64_t>(end - begin), state, advancing, gpu::stream(), max_blocks);
-  };
-  if (!sync) return update(0, total, advance);
+    return adamw_range(a, 0, a.total, a.advance, gpu::stream());
+  }
   // The launches before the last read the step's scalars as the last one does, which then advances
-  // the count (the stream runs them in order): one step number for every bucket, one step counted.
-  sync->finish([&](const Bucket& b, bool last) { update(b.begin, b.end, last ? advance : nullptr); });
+  // the count (every earlier launch is done before it starts): one step number for every bucket,
+  // one step counted.
+  sync->finish([&](const Bucket& b, bool last, cudaStream_t stream) {
+    trace::op("adamw");
+    adamw_range(a, b.begin, b.end, last ? a.advance : nullptr, stream);
+  });
+}
+
+void params_done(const std::unique_ptr<GradSync>& sync, std::size_t from, const AdamwArrays& a) {
+  if (!sync) return;
+  // Not traced: these launches overlap the backward on a stream of their own; the breakdown shows
+  // what they cost the backward, and the wait for them before the last bucket's update ("adamw").
+  sync->params_done(from, [a](const Bucket& b, bool, cudaStream_t stream) { adamw_range(a, b.begin, b.end, nullptr, stream); });
 }
 
 HostBuffer leading_samples(GradSync& sync, const Replica& r, const void* mine, DType t, std::size_t per_sample, std::int64_t batch,

@@ -111,7 +111,8 @@ GradSync::GradSync(const Replica&, DType, float*, std::size_t, std::size_t) {
 }
 GradSync::~GradSync() = default;
 void GradSync::ready(std::size_t) {}
-void GradSync::finish(const std::function<void(const Bucket&, bool)>&) {}
+void GradSync::params_done(std::size_t, const Update&) {}
+void GradSync::finish(const Update&) {}
 void GradSync::align() {}
 double GradSync::mean_over_ranks(double mine) { return mine; }
 void GradSync::all_gather(const void*, void*, std::size_t) {}

@@ -21,6 +21,8 @@
 #include "kernels/adamw/adamw.h"
 #include "kernels/models/models.h"
 
+struct CUstream_st;  // cudaStream_t is a CUstream_st*
+
 namespace hotops::models {
 
 constexpr int kDataParallelGpus[] = {2, 4, 8};  // the GPU counts of the benchmark problems (the collectives')
@@ -134,14 +136,24 @@ class GradSync {
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
 
+  // The optimizer over one bucket's range, queued on `stream` (a cudaStream_t); `last`: the step's
+  // last bucket, whose update runs after every other one's.
+  using Update = std::function<void(const Bucket&, bool last, CUstream_st* stream)>;
+
   // The step: gradients [from, total) are final on gpu::stream() (BucketPlan::ready).
   void ready(std::size_t from);
+  // The step: from here on gpu::stream() reads none of the parameters [from, total) (its backward has
+  // passed the last GEMM and LayerNorm that read them). Every bucket in that range but the step's last
+  // is then updated as soon as its all-reduce is done, by `update` on a stream of the optimizer's own,
+  // while the backward goes on (also the buckets whose all-reduce this step issues later).
+  void params_done(std::size_t from, const Update& update);
   // The step, after its backward: the rest of its gradients in a last bucket; then, for every bucket
   // of the step in the order of their all-reduces, gpu::stream() waits for that all-reduce (marked
-  // "allreduce" in the per-op breakdown) and `update(bucket, last)` queues the optimizer over its
-  // range (`last`: the step's last bucket). The buckets reduced during the backward are thus updated
-  // while the last one's all-reduce is still in flight.
-  void finish(const std::function<void(const Bucket&, bool last)>& update);
+  // "allreduce" in the per-op breakdown) and `update` queues the optimizer over its range on
+  // gpu::stream(), or, for a bucket updated during the backward (params_done), waits for that update
+  // (marked "adamw"). The buckets reduced during the backward are thus updated while the last one's
+  // all-reduce is still in flight.
+  void finish(const Update& update);
   // A barrier of the ranks' GPUs on gpu::stream() (Case::align).
   void align();
 
@@ -174,9 +186,28 @@ inline void grads_ready(const std::unique_ptr<GradSync>& sync, std::size_t from)
 // step advances the count itself (`advance` not null) only the last launch does. AdamW is elementwise,
 // so the per-bucket update is bitwise the whole one. `p16` (bf16 steps; null for f32): the bf16 copy
 // of p that the step's GEMMs read, same offsets, which every launch writes over its range.
-void adamw_step(const std::unique_ptr<GradSync>& sync, float* p, const float* g, float* m, float* v, std::uint16_t* p16,
-                std::size_t total, adamw::DeviceStep* state, const adamw::Hyper* advance,
-                unsigned max_blocks = adamw::kCudaMaxBlocks);
+struct AdamwArrays {
+  float* p = nullptr;
+  const float* g = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  std::uint16_t* p16 = nullptr;
+  std::size_t total = 0;
+  adamw::DeviceStep* state = nullptr;
+  const adamw::Hyper* advance = nullptr;
+  unsigned max_blocks = adamw::kCudaMaxBlocks;
+};
+void adamw_step(const std::unique_ptr<GradSync>& sync, const AdamwArrays& a);
+inline void adamw_step(const std::unique_ptr<GradSync>& sync, float* p, const float* g, float* m, float* v, std::uint16_t* p16,
+                       std::size_t total, adamw::DeviceStep* state, const adamw::Hyper* advance,
+                       unsigned max_blocks = adamw::kCudaMaxBlocks) {
+  adamw_step(sync, AdamwArrays{p, g, m, v, p16, total, state, advance, max_blocks});
+}
+// A data-parallel step, during its backward: it reads none of the parameters [from, total) any more,
+// so the AdamW of the buckets there may run as soon as their all-reduces are done, on the optimizer's
+// stream (GradSync::params_done), without the step-count advance, which the last bucket's launch
+// makes. Nothing for a single-GPU step (`sync` null), whose AdamW is one launch after the backward.
+void params_done(const std::unique_ptr<GradSync>& sync, std::size_t from, const AdamwArrays& a);
 
 // Verification of a data-parallel step: the first `count` samples of the global batch of a per-sample
 // tensor (`per_sample` elements of type `t` a sample) whose rank-local part, `batch` samples, lies in

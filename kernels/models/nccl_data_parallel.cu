@@ -3,6 +3,7 @@
 // bucket's optimizer, so that the whole step (both streams) can be captured in one CUDA graph.
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <vector>
 
@@ -24,31 +25,42 @@ struct GradSync::Impl {
   std::size_t cap;                      // the buckets' least size, floats
   ncclComm_t comm = nullptr;
   cudaStream_t side = nullptr;          // the all-reduces' stream
-  std::vector<cudaEvent_t> events;      // two per bucket of a step (its fork and its join); reused every step
+  cudaStream_t opt = nullptr;           // the optimizer's, for the buckets updated during the backward
+  std::vector<cudaEvent_t> events;      // up to four per bucket of a step; reused every step
   std::size_t used = 0;                 // events used in the step in progress
   struct Issued {
     Bucket bucket;
-    cudaEvent_t reduced;  // on the side stream, after the bucket's all-reduce
+    cudaEvent_t reduced;                // on the side stream, after the bucket's all-reduce
+    cudaEvent_t updated = nullptr;      // on the optimizer's stream, after its update there (params_done)
   };
   std::vector<Issued> issued;           // the step's buckets so far, in the order of their all-reduces
+  // params_done in the step in progress: the parameters [unread_from, total) are no longer read, as of
+  // the event `unread` on hotops' stream, and `early` updates the buckets there.
+  std::size_t unread_from = SIZE_MAX;
+  cudaEvent_t unread = nullptr;
+  GradSync::Update early;
   int buckets = 0, last_buckets = 0;    // in the step in progress, in the last complete one
+  int early_buckets = 0, last_early = 0;  // of those, updated during the backward
   gpu::DeviceBuffer scratch;            // the barrier's element; verification's exchanges
 
   Impl(const Replica& r, DType w, float* g, std::size_t total, std::size_t c)
       : replica(r), wire(w), grads(g), plan(total, c), cap(c) {}
   ~Impl() {  // also where the constructor stopped part way
     if (side) cudaStreamSynchronize(side);
+    if (opt) cudaStreamSynchronize(opt);
     for (cudaEvent_t e : events) cudaEventDestroy(e);
     if (side) cudaStreamDestroy(side);
+    if (opt) cudaStreamDestroy(opt);
   }
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
   // The events are made up front, none while a step is being captured: at most total / cap + 1
-  // buckets (each but the last has cap floats or more), two each.
+  // buckets (each but the last has cap floats or more), four each: its fork and join, its update's
+  // join and a params_done event (at most one a bucket: each that counts names a new bucket's range).
   void make_events(std::size_t total) {
     issued.reserve(total / cap + 1);
-    for (std::size_t n = 2 * (total / cap + 1); events.size() < n;) {
+    for (std::size_t n = 4 * (total / cap + 1); events.size() < n;) {
       cudaEvent_t e;
       HOTOPS_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
       events.push_back(e);
@@ -78,6 +90,20 @@ struct GradSync::Impl {
     HOTOPS_CHECK_CUDA(cudaEventRecord(reduced, side));
     issued.push_back({b, reduced});
     ++buckets;
+    update_early(issued.back());
+  }
+
+  // The bucket's update on the optimizer's stream, once its all-reduce is done and its parameters are
+  // no longer read; never the step's last bucket (the one that reaches 0), whose update advances the
+  // step count after every other one.
+  void update_early(Issued& i) {
+    if (i.updated || !early || i.bucket.begin < unread_from || i.bucket.begin == 0) return;
+    HOTOPS_CHECK_CUDA(cudaStreamWaitEvent(opt, i.reduced, 0));
+    HOTOPS_CHECK_CUDA(cudaStreamWaitEvent(opt, unread, 0));
+    early(i.bucket, false, opt);
+    i.updated = next_event();
+    HOTOPS_CHECK_CUDA(cudaEventRecord(i.updated, opt));
+    ++early_buckets;
   }
 };
 
@@ -99,6 +125,7 @@ GradSync::GradSync(const Replica& r, DType wire, float* grads, std::size_t total
   int least = 0, greatest = 0;
   HOTOPS_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   HOTOPS_CHECK_CUDA(cudaStreamCreateWithPriority(&s.side, cudaStreamNonBlocking, greatest));
+  HOTOPS_CHECK_CUDA(cudaStreamCreateWithFlags(&s.opt, cudaStreamNonBlocking));
   s.make_events(total);
   s.scratch = gpu::DeviceBuffer(sizeof(double) * static_cast<std::size_t>(r.gpus));
   HOTOPS_CHECK_CUDA(cudaMemsetAsync(s.scratch.get(), 0, s.scratch.bytes(), gpu::stream()));
@@ -110,18 +137,37 @@ void GradSync::ready(std::size_t from) {
   if (const auto b = impl_->plan.ready(from)) impl_->reduce(*b);
 }
 
-void GradSync::finish(const std::function<void(const Bucket&, bool last)>& update) {
+void GradSync::params_done(std::size_t from, const Update& update) {
+  Impl& s = *impl_;
+  if (from >= s.unread_from) return;
+  s.unread_from = from;
+  s.unread = s.next_event();
+  HOTOPS_CHECK_CUDA(cudaEventRecord(s.unread, gpu::stream()));
+  s.early = update;
+  for (Impl::Issued& i : s.issued) s.update_early(i);
+}
+
+void GradSync::finish(const Update& update) {
   Impl& s = *impl_;
   if (const auto b = s.plan.finish()) s.reduce(*b);
   // Every event the waits name was recorded in this step: a captured step's waits are edges of its
-  // graph. The side stream's last event is one of them, so hotops' stream joins it before the end.
+  // graph. The side stream's last event and every update on the optimizer's stream are among them,
+  // so hotops' stream joins both before the end (the optimizer's stream waits only before its work).
   for (std::size_t k = 0; k < s.issued.size(); ++k) {
+    const Impl::Issued& i = s.issued[k];
+    if (i.updated) {
+      trace::op("adamw");
+      HOTOPS_CHECK_CUDA(cudaStreamWaitEvent(gpu::stream(), i.updated, 0));
+      continue;
+    }
     trace::op("allreduce");
-    HOTOPS_CHECK_CUDA(cudaStreamWaitEvent(gpu::stream(), s.issued[k].reduced, 0));
-    update(s.issued[k].bucket, k + 1 == s.issued.size());
+    HOTOPS_CHECK_CUDA(cudaStreamWaitEvent(gpu::stream(), i.reduced, 0));
+    update(i.bucket, k + 1 == s.issued.size(), gpu::stream());
   }
   s.issued.clear();
   s.last_buckets = s.buckets, s.buckets = 0, s.used = 0;
+  s.last_early = s.early_buckets, s.early_buckets = 0;
+  s.unread_from = SIZE_MAX, s.unread = nullptr, s.early = nullptr;
 }
 
 void GradSync::align() {
@@ -173,7 +219,7 @@ int GradSync::buckets() const { return impl_->last_buckets; }
 
 std::string GradSync::label() const {
   const Impl& s = *impl_;
-  char text[400];
+  char text[500];
   std::snprintf(text, sizeof text,
                 "; data parallel over %d GPU%s: NCCL %s all-reduce (avg) of the %s in %d bucket%s "
                 "(%.3g MiB of f32 or more but the last), on a second stream (high priority) overlapping the backward, AdamW a "
@@ -181,7 +227,10 @@ std::string GradSync::label() const {
                 s.replica.gpus, s.replica.gpus == 1 ? "" : "s", comm::nccl_version().c_str(),
                 s.wire == DType::bf16 ? "gradients in bf16 (cast from f32 and back)" : "f32 gradients", s.last_buckets,
                 s.last_buckets == 1 ? "" : "s", static_cast<double>(s.cap) * sizeof(float) / 1048576.0);
-  return text;
+  std::string l = text;
+  if (s.last_early)
+    l += " (" + std::to_string(s.last_early) + " of them during the backward, on a third stream, once it no longer reads their parameters)";
+  return l;
 }
 
 }  // namespace hotops::models
