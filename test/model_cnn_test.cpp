@@ -306,6 +306,18 @@ TEST(ModelCnnCpu, OwnLayoutsVerify) {
   }
 }
 
+// keras_cnn's CPU infer runs its first conv and pool a chunk of samples at a time (each chunk's conv
+// output at most 16 MiB: one sample of its 256x256x32 f32 output is 8 MiB), the pool writing each
+// chunk's part of the batch's output: at batch 3 three chunks of one sample, verified.
+TEST(ModelCnnCpu, FirstLayerInChunksVerifies) {
+  const auto c = family().make(problem("keras_cnn", Backend::cpu, Direction::infer, 3));
+  const Check chk = c->verify();
+  EXPECT_TRUE(chk.ok) << chk.message;
+  EXPECT_NE(c->label().find("; the first conv and its pool 1 sample at a time, the pool writing NHWC"), std::string::npos) << c->label();
+  const auto small = family().make(problem("keras_test", Backend::cpu, Direction::infer, 5));
+  EXPECT_NE(small->label().find("; the first conv and its pool 5 samples at a time"), std::string::npos) << small->label();
+}
+
 // ---- data-parallel train steps (gpus:G; kernels/models/data_parallel.h) ----
 
 Problem data_parallel(const std::string& arch, std::int64_t batch, int gpus, DType t = DType::f32) {

@@ -65,6 +65,9 @@ struct ConvPrims {
   // train: z the conv's output, the layer's output a (unpooled) or p (pooled); infer: a the conv's
   // output (bias and ReLU fused), p the pooled one
   memory z, a, p;
+  // infer, a pooled first layer: its conv and pool run over `chunk` samples at a time (a holds one
+  // chunk's conv output, which the pool reads back from cache); else the whole batch at once.
+  std::int64_t chunk = 0;
 };
 
 class CpuCnn final : public ModelCase {
@@ -117,7 +120,17 @@ class CpuCnn final : public ModelCase {
         in = c.pool ? cp.p : cp.a;
         continue;
       }
-      if (dst != nhwc(B, c.K, c.P, c.Q, at)) own_layouts_ = true;
+      if (dst != nhwc(cp.chunk ? cp.chunk : B, c.K, c.P, c.Q, at)) own_layouts_ = true;
+      if (cp.chunk) {  // a pooled first layer, chunk by chunk: the pool writes the whole batch's NHWC output
+        cp.a = memory(dst, eng);
+        maxpool::Shape ps;
+        ps.dir = Direction::fwd, ps.dtype = s_.dtype, ps.layout = maxpool::Layout::nhwc, ps.inference = true;
+        ps.N = cp.chunk, ps.C = c.K, ps.H = c.P, ps.W = c.Q, ps.k = ps.s = c.pool;
+        cp.pool = maxpool::make_cpu_plan(ps, dst, nhwc(cp.chunk, c.K, c.PH, c.PW, at));
+        cp.p = memory(nhwc(B, c.K, c.PH, c.PW, at), eng);
+        in = cp.p;
+        continue;
+      }
       cp.a = memory(dst, eng);
       in = cp.a;
       if (!c.pool) continue;
@@ -208,6 +221,9 @@ class CpuCnn final : public ModelCase {
     l += std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
     if (!s_.train() && s_.arch.bn) l += "; batch norms folded into the weights at setup";
     if (x_nchw_) l += "; the images held NCHW";
+    if (!conv_.empty() && conv_.front().chunk)
+      l += "; the first conv and its pool " + std::to_string(conv_.front().chunk) + " sample" + (conv_.front().chunk > 1 ? "s" : "") +
+           " at a time, the pool writing NHWC";
     return l;
   }
 
@@ -284,12 +300,31 @@ class CpuCnn final : public ModelCase {
     return r;
   }
 
+  // infer, a pooled first layer: the samples its conv and pool take at a time, the most that divide
+  // the batch and whose conv output (bias and ReLU fused, before the pool) fits kChunkBytes, at least
+  // one; 0 (the whole batch at once) for every other layer and in train. The full-resolution output
+  // of the first conv is the step's largest tensor (keras_cnn: 8 MiB a sample in f32): written whole
+  // and read back by the pool it costs two trips through memory, chunk by chunk it stays in cache.
+  static constexpr std::size_t kChunkBytes = std::size_t(16) << 20;
+  std::int64_t first_layer_chunk(std::size_t i) const {
+    const ConvLayer& c = s_.convs[i];
+    if (s_.train() || i != 0 || c.pool == 0) return 0;
+    const auto per_sample = static_cast<std::size_t>(c.out_count()) * dtype_size(s_.dtype);
+    std::int64_t chunk = 1;
+    for (std::int64_t n = 2; n <= s_.batch; ++n)
+      if (s_.batch % n == 0 && static_cast<std::size_t>(n) * per_sample <= kChunkBytes) chunk = n;
+    return chunk;
+  }
+
   // Conv layer i's conv2d plans and the forward's input and weights; `in` is the layer's input.
   void plan_conv(std::size_t i, ConvPrims& cp, const memory& in, const float* P) {
-    const conv2d::Shape fs = conv_shape(i, Direction::fwd);
+    cp.chunk = first_layer_chunk(i);
+    conv2d::Shape fs = conv_shape(i, Direction::fwd);
+    if (cp.chunk) fs.N = cp.chunk;
     // infer: x as the layer before wrote it (the images, or the previous pool's or conv's own layout),
     // reordered by the plan's run where the conv picked another
-    cp.fwd = s_.train() ? conv2d::make_cpu_plan(fs) : conv2d::make_cpu_plan(fs, in.get_desc());
+    const memory::desc x_desc = cp.chunk ? memory::desc({cp.chunk, fs.C, fs.H, fs.W}, adt(), tag::nchw) : in.get_desc();
+    cp.fwd = s_.train() ? conv2d::make_cpu_plan(fs) : conv2d::make_cpu_plan(fs, x_desc);
     conv_impl_ += std::string(conv_impl_.empty() ? "" : ", ") + conv2d::onednn_impl(*cp.fwd);
     cp.in = in;
     cp.w = P + l_.conv[i].w;
@@ -483,8 +518,22 @@ class CpuCnn final : public ModelCase {
         cp.act_fwd->run(act_args(i, Direction::fwd));
         continue;
       }
+      const float* b = infer_params() + l_.conv[i].b;
+      if (cp.chunk) {  // the first layer chunk by chunk: images NCHW in, pooled NHWC out
+        const std::size_t in_bytes = static_cast<std::size_t>(cp.chunk * c.in_count()) * dtype_size(s_.dtype);
+        const std::size_t out_bytes = static_cast<std::size_t>(cp.chunk * c.pooled_count()) * dtype_size(s_.dtype);
+        for (std::int64_t n = 0; n < s_.batch; n += cp.chunk) {
+          const auto at = static_cast<std::size_t>(n / cp.chunk);
+          trace::op("conv2d");  // bf16: with the weights' reorder from the parameters
+          cp.fwd->run({static_cast<const std::byte*>(cp.in.get_data_handle()) + at * in_bytes, cp.w, b, nullptr,
+                       cp.a.get_data_handle(), nullptr});
+          trace::op("maxpool");
+          cp.pool->run({cp.a.get_data_handle(), nullptr, nullptr, static_cast<std::byte*>(cp.p.get_data_handle()) + at * out_bytes, nullptr});
+        }
+        continue;
+      }
       trace::op("conv2d");  // bf16: with the weights' reorder from the parameters
-      cp.fwd->run({cp.in.get_data_handle(), cp.w, infer_params() + l_.conv[i].b, nullptr, cp.a.get_data_handle(), nullptr});
+      cp.fwd->run({cp.in.get_data_handle(), cp.w, b, nullptr, cp.a.get_data_handle(), nullptr});
       if (c.pool) trace::op("maxpool"), cp.pool->run({cp.a.get_data_handle(), nullptr, nullptr, cp.p.get_data_handle(), nullptr});
     }
     HOTOPS_CHECK_DNNL(cpu::stream().wait());
