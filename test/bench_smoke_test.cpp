@@ -310,6 +310,31 @@ TEST(BenchSmoke, SeedIsRecordedInTheContext) {
   EXPECT_EQ(j["context"].value("hotops_seed", ""), "20261122");  // the default, also recorded
 }
 
+// With --hotops_verify=0 a CPU entry's set-up ends with one untimed execution in place of the
+// verification's, so that its first timed execution is not its first ever: HOTOPS_TRACE_SETUP's
+// line shows it as the warm-up; with verification the warm-up part is empty.
+TEST(BenchSmoke, UnverifiedCpuEntryRunsOnceBeforeTiming) {
+  const std::string filter =
+      " --hotops_roofline=0 --benchmark_filter='^model.mlp_mnist/cpu/f32/train/batch:1024/real_time$' --benchmark_min_time=0.01";
+  const auto parts = [](const Result& r, double& verify, double& warmup) {
+    const std::size_t at = r.output.find("setup ");
+    double total = 0, made = 0;
+    return at != std::string::npos &&
+           std::sscanf(r.output.c_str() + at, "setup %lf s (case %lf, verify %lf, warm-up %lf)", &total, &made, &verify, &warmup) == 4;
+  };
+  double verify = -1, warmup = -1;
+  Result r = run("--hotops_verify=0" + filter, "HOTOPS_TRACE_SETUP=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(parts(r, verify, warmup)) << r.output;
+  EXPECT_EQ(verify, 0.0) << r.output;
+  EXPECT_GT(warmup, 0.0) << r.output;
+  r = run(filter, "HOTOPS_TRACE_SETUP=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(parts(r, verify, warmup)) << r.output;
+  EXPECT_GT(verify, 0.0) << r.output;
+  EXPECT_EQ(warmup, 0.0) << r.output;
+}
+
 // The test-only benchmark and mm and addmm of mlp_tiny.fc1: 18 CUDA entries (three dtypes, three
 // directions) and at least 6 CPU ones.
 const char* const kCpuAndCudaFilter = "--benchmark_filter='test.fault|/shape:mlp_tiny.fc1/batch:10/'";
