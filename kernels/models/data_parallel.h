@@ -1,8 +1,9 @@
 // Data-parallel train steps over several GPUs, as PyTorch DDP runs them: every rank (one process per
 // GPU) holds the same parameters, runs the model's own train step on its shard of a global batch, and
 // all-reduces the gradients (NCCL, averaged over the ranks) in buckets, in backward order, on a
-// second stream while the rest of the backward runs; after the backward, AdamW updates each bucket's
-// range of the flat parameters as soon as that bucket's all-reduce is done.
+// second stream while the rest of the backward runs; AdamW updates each bucket's range of the flat
+// parameters as soon as that bucket's all-reduce is done: during the backward where the step no
+// longer reads those parameters (params_done), else after it.
 // Names: model.<m>/cuda/<f32|bf16>/train/batch:B/gpus:G, B per GPU (weak scaling), G in {2, 4, 8};
 // test problems have gpus:1 (a communicator of one process). docs/scaling.md, "Data-parallel steps".
 #pragma once

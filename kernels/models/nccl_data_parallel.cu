@@ -1,6 +1,8 @@
 // The gradient all-reduce of a data-parallel train step (data_parallel.h): NCCL on a second stream,
 // forked from hotops' stream at each bucket's event and joined back, bucket by bucket, before that
-// bucket's optimizer, so that the whole step (both streams) can be captured in one CUDA graph.
+// bucket's optimizer (or, for a bucket updated during the backward, its optimizer on a third stream
+// joined back after the backward), so that the whole step (every stream) can be captured in one
+// CUDA graph.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -219,7 +221,7 @@ int GradSync::buckets() const { return impl_->last_buckets; }
 
 std::string GradSync::label() const {
   const Impl& s = *impl_;
-  char text[500];
+  char text[400];
   std::snprintf(text, sizeof text,
                 "; data parallel over %d GPU%s: NCCL %s all-reduce (avg) of the %s in %d bucket%s "
                 "(%.3g MiB of f32 or more but the last), on a second stream (high priority) overlapping the backward, AdamW a "
