@@ -49,15 +49,9 @@ const char* epilogue_words(const GemmDesc& d) {
 std::string tune_key(const GemmDesc& d, const void* A, const void* B, const void* D, const void* C) {
   std::string key;
   const auto add = [&key](long long v) { key += std::to_string(v) + ","; };
-  for (long long v : {static_cast<long long>(d.opa), static_cast<long long>(d.opb), static_cast<long long>(d.m),
-                      static_cast<long long>(d.n), static_cast<long long>(d.k), static_cast<long long>(d.lda),
-                      static_cast<long long>(d.ldb), static_cast<long long>(d.ldd), static_cast<long long>(d.batch),
-                      static_cast<long long>(d.stride_a), static_cast<long long>(d.stride_b),
-                      static_cast<long long>(d.stride_d), static_cast<long long>(d.ab), static_cast<long long>(d.cd),
-                      static_cast<long long>(d.compute), static_cast<long long>(d.bias != nullptr),
-                      static_cast<long long>(d.relu), static_cast<long long>(d.bias_grad != nullptr),
-                      static_cast<long long>(d.reduce_in_compute), static_cast<long long>(C == nullptr || C == D)})
-    add(v);
+  add(d.opa), add(d.opb), add(d.m), add(d.n), add(d.k), add(d.lda), add(d.ldb), add(d.ldd), add(d.batch);
+  add(d.stride_a), add(d.stride_b), add(d.stride_d), add(d.ab), add(d.cd), add(d.compute);
+  add(d.bias != nullptr), add(d.relu), add(d.bias_grad != nullptr), add(d.reduce_in_compute), add(C == nullptr || C == D);
   return key + std::to_string(d.alpha) + "," + std::to_string(d.beta) + "|" +
          placement_key({A, B, D, C, d.bias, d.bias_grad});
 }

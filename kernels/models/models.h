@@ -149,8 +149,7 @@ Check close_to(bool bf16, const std::string& what, const std::vector<double>& ou
 // how often each sample occurs in the batch, and AdamW's first step from the gradients computed.
 template <class R, class Layout, class Start, class Out>
 Check verify_periodic_step(const std::vector<R>& refs, std::int64_t period, std::int64_t batch, std::size_t per, bool train,
-                           bool bf16, const StepBounds& bound, const Layout& l, const std::vector<double>& p0,
-                           const Start& start, const Out& out) {
+                           bool bf16, const StepBounds& bound, const Layout& l, const Start& start, const Out& out) {
   if (!train) {
     std::vector<double> yo = as_doubles(out.y), yr(yo.size());
     for (std::size_t i = 0; i < yr.size(); ++i) yr[i] = refs[(i / per) % static_cast<std::size_t>(period)].y[i % per];

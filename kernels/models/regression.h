@@ -63,19 +63,18 @@ template <class Layout, class Sample>
 Check verify_step(const std::string& name, DType t, Direction d, std::int64_t batch, std::size_t per, const Layout& l,
                   const State& start, const Outcome& out, Sample sample) {
   const std::int64_t period = std::min(batch, kVerifyPeriod);
-  const std::vector<double> p0 = as_doubles(start.params);
   const auto shared = shared_reference<std::vector<Reference>>(
       reference_key(name, t, d, batch, {start.params.data(), start.x.data(), start.target.data()},
                     {start.params.bytes(), start.x.bytes(), start.target.bytes()}),
-      [&] {
+      [&] {  // the parameters in double only where the reference is computed
+        const std::vector<double> p0 = as_doubles(start.params);
         std::vector<Reference> r;
         for (std::int64_t q = 0; q < period; ++q)
           r.push_back(sample(p0, as_doubles(start.x, per * static_cast<std::size_t>(q), per),
                              as_doubles(start.target, per * static_cast<std::size_t>(q), per)));
         return r;
       });
-  return verify_periodic_step(*shared, period, batch, per, d == Direction::train, t == DType::bf16, bounds(t), l, p0,
-                              start, out);
+  return verify_periodic_step(*shared, period, batch, per, d == Direction::train, t == DType::bf16, bounds(t), l, start, out);
 }
 
 // Why this CPU cannot run the bf16 steps ("" when it can): their Linear layers' bf16 matmul, which
