@@ -116,6 +116,20 @@ const char* Eltwise::impl_info_str() const { return backward ? bwd.impl_info_str
 void set_threads(int n) { omp_set_num_threads(n); }
 int threads() { return omp_get_max_threads(); }
 
+namespace {
+constexpr unsigned kFtzDaz = 0x8040;  // MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6)
+void set_flush_here(bool on) { _mm_setcsr(on ? (_mm_getcsr() | kFtzDaz) : (_mm_getcsr() & ~kFtzDaz)); }
+}  // namespace
+
+void set_flush_subnormals(bool on) {
+  set_flush_here(on);
+  // As many threads as any team hotops asks for: each of them sets its own register.
+#pragma omp parallel num_threads(std::max(omp_get_max_threads(), omp_get_num_procs()))
+  set_flush_here(on);
+}
+
+bool flushes_subnormals() { return (_mm_getcsr() & kFtzDaz) == kFtzDaz; }
+
 std::string with_threads(const std::string& label) { return label + ", " + std::to_string(threads()) + " threads"; }
 
 void stream_copy(void* dst, const void* src, std::size_t bytes) {

@@ -196,6 +196,8 @@ const char* flags_help() {
          "                         back to back in a CUDA graph; 1 times each execution on its own\n"
          "  --hotops_shuffle_layout=0|1  place each GPU buffer at a random offset, drawn again at\n"
          "                         every setup of a case (default 1)\n"
+         "  --hotops_cpu_ftz=0|1   CPU threads flush subnormal floats to zero (x86 FTZ and DAZ; default 0:\n"
+         "                         IEEE subnormals, as PyTorch's default; docs/timing.md)\n"
          "  --hotops_gpus=G        run on G GPUs of this machine, one process per GPU (it starts the other\n"
          "                         G-1), for the multi-GPU entries (gpus:G); docs/scaling.md\n"
          "  --hotops_max_noise=P   stopping rule: sample each entry until its samples' noise (relative\n"
@@ -270,6 +272,9 @@ Options parse_flags(int& argc, char** argv) {
     } else if (flag == "hotops_shuffle_layout") {
       need_value();
       o.shuffle_layout = parse_bool(flag, v);
+    } else if (flag == "hotops_cpu_ftz") {
+      need_value();
+      o.cpu_ftz = parse_bool(flag, v);
     } else if (flag == "hotops_runs_per_sample") {
       need_value();
       o.runs_per_sample = static_cast<int>(parse_int(flag, v, 0, 10000, "a count from 0 (automatic) to 10000"));

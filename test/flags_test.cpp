@@ -57,6 +57,7 @@ TEST(Flags, BadValuesThrowOneLineNamingTheFlag) {
       "--hotops_throttle_threshold=2", "--hotops_throttle_threshold=x", "--hotops_throttle_threshold=",
       "--hotops_runs_per_sample=-1", "--hotops_runs_per_sample=100000",
       "--hotops_shuffle_layout",  "--hotops_shuffle_layout=2", "--hotops_shuffle_layout=",
+      "--hotops_cpu_ftz",       "--hotops_cpu_ftz=2", "--hotops_cpu_ftz=",
       // more of what a tired user types
       "--hotops_batch=1,",      "--hotops_batch=,1",  "--hotops_batch=+3",     "--hotops_batch= 3",
       "--hotops_batch=3.5",     "--hotops_batch=1e3", "--hotops_batch=0x10",   "--hotops_batch=1048577",
@@ -101,7 +102,7 @@ TEST(Flags, MessageNamesTheValueAndWhatIsExpected) {
 TEST(Flags, LimitsAreAccepted) {
   Argv a({"--hotops_batch=1,1048576", "--hotops_threads=4096", "--hotops_seed=9223372036854775807",
           "--hotops_throttle_threshold=0", "--hotops_runs_per_sample=10000", "--hotops_cold_l2=0", "--hotops_roofline=false",
-          "--hotops_shuffle_layout=0"});
+          "--hotops_shuffle_layout=0", "--hotops_cpu_ftz=1"});
   const Options o = parse_flags(a.argc, a.ptrs.data());
   EXPECT_EQ(o.batches, (std::vector<std::int64_t>{1, 1048576}));
   EXPECT_EQ(o.threads, 4096);
@@ -111,6 +112,7 @@ TEST(Flags, LimitsAreAccepted) {
   EXPECT_FALSE(o.cold_l2);
   EXPECT_FALSE(o.roofline);
   EXPECT_FALSE(o.shuffle_layout);
+  EXPECT_TRUE(o.cpu_ftz);
   EXPECT_EQ(a.argc, 1);
 }
 

@@ -2,15 +2,19 @@
 // fail verification wherever they appear, inputs follow the seed, and resource errors say what
 // they need. The fault tests that lose the CUDA context run the bench binary (bench_smoke_test).
 #include <gtest/gtest.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "hotops/buffer.h"
 #include "hotops/check.h"
+#include "hotops/cpu.h"
 #include "hotops/gpu.h"
 #include "hotops/problem.h"
 #include "hotops/verify.h"
@@ -287,6 +291,56 @@ TEST(GpuFaults, TooLargeDeviceBufferSaysWhatItNeedsAndWhatIsFree) {
   EXPECT_FALSE(gpu::context_lost(&why)) << why;  // an allocation failure is not sticky
 }
 #endif
+
+
+// --hotops_cpu_ftz: on, every thread of a team flushes a subnormal product to zero and reads a
+// subnormal input as zero, also in a larger team started after the mode was set; off, IEEE
+// subnormals again in every thread.
+TEST(CpuSubnormals, FlushedInEveryThreadAndRestored) {
+  struct Off {
+    ~Off() { cpu::set_flush_subnormals(false); }
+  } restore;
+  const volatile float tiny = 1e-30f, small = 1e-10f, subnormal = 1e-40f;
+  ASSERT_GT(subnormal, 0.f);
+  // Per thread of a `team`-thread region: tiny * small (a subnormal result) and subnormal * 1.
+  const auto results = [&](int team) {
+    std::vector<float> product(static_cast<std::size_t>(team), -1.f), input(product);
+    std::vector<int> flushes(product.size(), -1);
+#pragma omp parallel num_threads(team)
+    {
+      const auto t = static_cast<std::size_t>(omp_get_thread_num());
+      product[t] = tiny * small;
+      input[t] = subnormal * 1.f;
+      flushes[t] = cpu::flushes_subnormals() ? 1 : 0;
+    }
+    return std::make_tuple(product, input, flushes);
+  };
+  const int n = std::max(2, cpu::threads());
+  // The pool's threads exist before the mode is set (as in bench, after the roofline's regions).
+  std::vector<int> started(static_cast<std::size_t>(n + 2), 0);
+#pragma omp parallel num_threads(n + 2)
+  started[static_cast<std::size_t>(omp_get_thread_num())] = 1;
+  cpu::set_flush_subnormals(true);
+  EXPECT_TRUE(cpu::flushes_subnormals());
+  for (const int team : {n, 1, n + 2}) {
+    const auto [product, input, flushes] = results(team);
+    for (int t = 0; t < team; ++t) {
+      const auto i = static_cast<std::size_t>(t);
+      EXPECT_EQ(product[i], 0.f) << "thread " << t << " of " << team;
+      EXPECT_EQ(input[i], 0.f) << "thread " << t << " of " << team;
+      EXPECT_EQ(flushes[i], 1) << "thread " << t << " of " << team;
+    }
+  }
+  cpu::set_flush_subnormals(false);
+  EXPECT_FALSE(cpu::flushes_subnormals());
+  const auto [product, input, flushes] = results(n + 2);
+  for (int t = 0; t < n + 2; ++t) {
+    const auto i = static_cast<std::size_t>(t);
+    EXPECT_GT(product[i], 0.f) << "thread " << t;
+    EXPECT_EQ(input[i], subnormal) << "thread " << t;
+    EXPECT_EQ(flushes[i], 0) << "thread " << t;
+  }
+}
 
 }  // namespace
 }  // namespace hotops

@@ -110,7 +110,7 @@ std::vector<std::string> machine_differences(const Run& a, const Run& b) {
 std::vector<std::string> setting_differences(const Run& a, const Run& b) {
   std::vector<std::string> out;
   for (const char* key : {"threads", "hotops_seed", "hotops_verify", "hotops_cold_l2", "hotops_runs_per_sample",
-                          "hotops_throttle_threshold", "hotops_shuffle_layout", "hotops_max_noise", "build_type"}) {
+                          "hotops_throttle_threshold", "hotops_shuffle_layout", "hotops_cpu_ftz", "hotops_max_noise", "build_type"}) {
     const auto x = a.context.find(key), y = b.context.find(key);
     if (x == a.context.end() || y == b.context.end() || x->second == y->second) continue;
     out.push_back(std::string(key) + " " + x->second + " vs " + y->second);

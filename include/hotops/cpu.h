@@ -131,6 +131,13 @@ int threads();
 // `label` + ", <threads()> threads": how a CPU case's label ends.
 std::string with_threads(const std::string& label);
 
+// --hotops_cpu_ftz: on, the calling thread and every thread of the OpenMP pool flush subnormal
+// results to zero and read subnormal inputs as zero (x86's MXCSR FTZ and DAZ bits; threads the pool
+// starts later copy the mode of the thread that starts them); off, IEEE subnormals, the default of
+// C++ and of PyTorch.
+void set_flush_subnormals(bool on);
+bool flushes_subnormals();  // whether the calling thread flushes them
+
 // Sets the thread count for a scope (a case's `threads:` arg) and restores the previous one at its
 // end; threads <= 0 leaves it as it is.
 class ThreadScope {
