@@ -292,7 +292,6 @@ TEST(GpuFaults, TooLargeDeviceBufferSaysWhatItNeedsAndWhatIsFree) {
 }
 #endif
 
-
 // --hotops_cpu_ftz: on, every thread of a team flushes a subnormal product to zero and reads a
 // subnormal input as zero, also in a larger team started after the mode was set; off, IEEE
 // subnormals again in every thread.
@@ -316,7 +315,7 @@ TEST(CpuSubnormals, FlushedInEveryThreadAndRestored) {
     return std::make_tuple(product, input, flushes);
   };
   const int n = std::max(2, cpu::threads());
-  // The pool's threads exist before the mode is set (as in bench, after the roofline's regions).
+  // The pool's threads exist before the mode is set, as after any earlier case's regions.
   std::vector<int> started(static_cast<std::size_t>(n + 2), 0);
 #pragma omp parallel num_threads(n + 2)
   started[static_cast<std::size_t>(omp_get_thread_num())] = 1;
