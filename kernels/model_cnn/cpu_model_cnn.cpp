@@ -120,27 +120,19 @@ class CpuCnn final : public ModelCase {
         in = c.pool ? cp.p : cp.a;
         continue;
       }
-      if (dst != nhwc(cp.chunk ? cp.chunk : B, c.K, c.P, c.Q, at)) own_layouts_ = true;
-      if (cp.chunk) {  // a pooled first layer, chunk by chunk: the pool writes the whole batch's NHWC output
-        cp.a = memory(dst, eng);
-        maxpool::Shape ps;
-        ps.dir = Direction::fwd, ps.dtype = s_.dtype, ps.layout = maxpool::Layout::nhwc, ps.inference = true;
-        ps.N = cp.chunk, ps.C = c.K, ps.H = c.P, ps.W = c.Q, ps.k = ps.s = c.pool;
-        cp.pool = maxpool::make_cpu_plan(ps, dst, nhwc(cp.chunk, c.K, c.PH, c.PW, at));
-        cp.p = memory(nhwc(B, c.K, c.PH, c.PW, at), eng);
-        in = cp.p;
-        continue;
-      }
+      const std::int64_t n = cp.chunk ? cp.chunk : B;  // the samples each run of the conv (and pool) takes
+      if (dst != nhwc(n, c.K, c.P, c.Q, at)) own_layouts_ = true;
       cp.a = memory(dst, eng);
       in = cp.a;
       if (!c.pool) continue;
       maxpool::Shape ps;
       ps.dir = Direction::fwd, ps.dtype = s_.dtype, ps.layout = maxpool::Layout::nhwc, ps.inference = true;
-      ps.N = B, ps.C = c.K, ps.H = c.P, ps.W = c.Q, ps.k = ps.s = c.pool;
-      // NHWC where the flatten reads it, else the layout the pool picks (the next conv reorders where its differs).
-      const bool last = i + 1 == s_.convs.size();
-      cp.pool = maxpool::make_cpu_plan(ps, dst, last ? nhwc(B, c.K, c.PH, c.PW, at) : memory::desc({B, c.K, c.PH, c.PW}, at, tag::any));
-      cp.p = memory(maxpool::onednn_y_desc(*cp.pool), eng);
+      ps.N = n, ps.C = c.K, ps.H = c.P, ps.W = c.Q, ps.k = ps.s = c.pool;
+      // NHWC where the flatten reads it, or where a chunk's pool writes its part of the batch's output;
+      // else the layout the pool picks (the next conv reorders where its differs).
+      const bool nhwc_out = cp.chunk || i + 1 == s_.convs.size();
+      cp.pool = maxpool::make_cpu_plan(ps, dst, nhwc_out ? nhwc(n, c.K, c.PH, c.PW, at) : memory::desc({B, c.K, c.PH, c.PW}, at, tag::any));
+      cp.p = memory(cp.chunk ? nhwc(B, c.K, c.PH, c.PW, at) : maxpool::onednn_y_desc(*cp.pool), eng);
       in = cp.p;
     }
     HOTOPS_CHECK(s_.convs.back().pool > 0, "model_cnn: the last conv layer must be pooled (the flatten reads the pooled output, NHWC)");
