@@ -412,9 +412,9 @@ class CudaBilstm final : public ModelCase {
     }
 
     // The step count advanced by the loss plan (fused_loss) or by the (last) AdamW launch.
-    models::adamw_step(replicas_.sync, params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
+    models::adamw_step(replicas_.sync, {params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
                        s_.bf16() ? low_.as<std::uint16_t>() : nullptr, total_, state_.as<StepState>(),
-                       c_.fused_loss() ? nullptr : &hyper_);
+                       c_.fused_loss() ? nullptr : &hyper_});
   }
 
   Shape s_;

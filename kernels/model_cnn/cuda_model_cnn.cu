@@ -602,8 +602,8 @@ class CudaCnn final : public ModelCase {
         cp.data->run({nullptr, weights(i), nullptr, dz_.get(), d_input(i), nullptr});
       }
     }
-    models::adamw_step(replicas_.sync, params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-                       kBf16 ? low_.as<std::uint16_t>() : nullptr, l_.total, state_.as<StepState>(), nullptr, 4096);
+    models::adamw_step(replicas_.sync, {params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
+                       kBf16 ? low_.as<std::uint16_t>() : nullptr, l_.total, state_.as<StepState>(), nullptr, 4096});
   }
 
   void restore(const State& st, std::int64_t period) {

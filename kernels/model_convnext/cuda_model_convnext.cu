@@ -270,8 +270,8 @@ class CudaBlock final : public BlockCase {
       widen_->run({dw_low_.get(), G(l_.dw_w)});
     }
     // optimizer
-    models::adamw_step(replicas_.sync, params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-                       kBf16 ? weights_.as<std::uint16_t>() : nullptr, l_.total, state_.as<StepState>(), &hyper_);
+    models::adamw_step(replicas_.sync, {params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
+                       kBf16 ? weights_.as<std::uint16_t>() : nullptr, l_.total, state_.as<StepState>(), &hyper_});
   }
 
   Shape s_;

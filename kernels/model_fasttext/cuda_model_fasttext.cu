@@ -248,8 +248,8 @@ class CudaFasttext final : public ModelCase {
     scatter_->run(e);
     models::grads_ready(replicas_.sync, l_.embed);  // the embedding table's (every row written): all of them
     // The (last) AdamW launch advances the step count.
-    models::adamw_step(replicas_.sync, params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-                       s_.bf16() ? low_.as<std::uint16_t>() : nullptr, l_.total, state_.as<adamw::DeviceStep>(), &hyper_);
+    models::adamw_step(replicas_.sync, {params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
+                       s_.bf16() ? low_.as<std::uint16_t>() : nullptr, l_.total, state_.as<adamw::DeviceStep>(), &hyper_});
   }
 
   Shape s_;

@@ -264,8 +264,8 @@ class CudaModel final : public ModelCase {
       r.x = act_[k].get(), r.dy = dact_[k].get(), r.out = dact_[k].get(), r.db = grads_.as<float>() + l_.b[k - 1];
       relu_dbias_[k - 1]->run(r);
     }
-    adamw_step(sync_, params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
-               s_.bf16() ? low_.as<std::uint16_t>() : nullptr, l_.total, state_.as<StepState>(), nullptr);
+    adamw_step(sync_, {params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(),
+               s_.bf16() ? low_.as<std::uint16_t>() : nullptr, l_.total, state_.as<StepState>(), nullptr});
   }
 
   Shape s_;

@@ -199,11 +199,6 @@ struct AdamwArrays {
   unsigned max_blocks = adamw::kCudaMaxBlocks;
 };
 void adamw_step(const std::unique_ptr<GradSync>& sync, const AdamwArrays& a);
-inline void adamw_step(const std::unique_ptr<GradSync>& sync, float* p, const float* g, float* m, float* v, std::uint16_t* p16,
-                       std::size_t total, adamw::DeviceStep* state, const adamw::Hyper* advance,
-                       unsigned max_blocks = adamw::kCudaMaxBlocks) {
-  adamw_step(sync, AdamwArrays{p, g, m, v, p16, total, state, advance, max_blocks});
-}
 // A data-parallel step, during its backward: it reads none of the parameters [from, total) any more,
 // so the AdamW of the buckets there may run as soon as their all-reduces are done, on the optimizer's
 // stream (GradSync::params_done), without the step-count advance, which the last bucket's launch
