@@ -299,7 +299,7 @@ TEST(BenchSmoke, ConsoleLineIsShortAndReadable) {
   std::remove(out.c_str());
 }
 
-TEST(BenchSmoke, SeedIsRecordedInTheContext) {
+TEST(BenchSmoke, SeedAndSubnormalModeAreRecordedInTheContext) {
   Result r;
   const auto filter = std::string(" --benchmark_filter='mm/cpu/f32/fwd/shape:mlp_tiny.fc1/batch:10/'");
   nlohmann::json j = run_json("--hotops_seed=7" + filter, r);
@@ -308,6 +308,10 @@ TEST(BenchSmoke, SeedIsRecordedInTheContext) {
   j = run_json(filter, r);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(j["context"].value("hotops_seed", ""), "20261122");  // the default, also recorded
+  EXPECT_EQ(j["context"].value("hotops_cpu_ftz", ""), "1");        // subnormals flushed by default
+  j = run_json("--hotops_cpu_ftz=0" + filter, r);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(j["context"].value("hotops_cpu_ftz", ""), "0");
 }
 
 // With --hotops_verify=0 a CPU entry's set-up ends with one untimed execution in place of the

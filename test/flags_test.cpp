@@ -45,6 +45,7 @@ TEST(Flags, DefaultsWhenAbsent) {
   EXPECT_TRUE(o.verify);
   EXPECT_FALSE(o.cold_l2);
   EXPECT_TRUE(o.shuffle_layout);
+  EXPECT_TRUE(o.cpu_ftz);
   EXPECT_EQ(o.threads, 0);
 }
 
@@ -102,7 +103,7 @@ TEST(Flags, MessageNamesTheValueAndWhatIsExpected) {
 TEST(Flags, LimitsAreAccepted) {
   Argv a({"--hotops_batch=1,1048576", "--hotops_threads=4096", "--hotops_seed=9223372036854775807",
           "--hotops_throttle_threshold=0", "--hotops_runs_per_sample=10000", "--hotops_cold_l2=0", "--hotops_roofline=false",
-          "--hotops_shuffle_layout=0", "--hotops_cpu_ftz=1"});
+          "--hotops_shuffle_layout=0", "--hotops_cpu_ftz=0"});
   const Options o = parse_flags(a.argc, a.ptrs.data());
   EXPECT_EQ(o.batches, (std::vector<std::int64_t>{1, 1048576}));
   EXPECT_EQ(o.threads, 4096);
@@ -112,7 +113,7 @@ TEST(Flags, LimitsAreAccepted) {
   EXPECT_FALSE(o.cold_l2);
   EXPECT_FALSE(o.roofline);
   EXPECT_FALSE(o.shuffle_layout);
-  EXPECT_TRUE(o.cpu_ftz);
+  EXPECT_FALSE(o.cpu_ftz);
   EXPECT_EQ(a.argc, 1);
 }
 

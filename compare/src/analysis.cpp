@@ -107,13 +107,23 @@ std::vector<std::string> machine_differences(const Run& a, const Run& b) {
   return out;
 }
 
+namespace {
+// A setting's value in a run's context; a hotops run made before --hotops_cpu_ftz existed ran with
+// IEEE subnormals, so it counts as 0 there.
+std::optional<std::string> setting(const Run& run, const std::string& key) {
+  if (const auto i = run.context.find(key); i != run.context.end()) return i->second;
+  if (key == "hotops_cpu_ftz" && run.context.count("hotops_version")) return "0";
+  return std::nullopt;
+}
+}  // namespace
+
 std::vector<std::string> setting_differences(const Run& a, const Run& b) {
   std::vector<std::string> out;
   for (const char* key : {"threads", "hotops_seed", "hotops_verify", "hotops_cold_l2", "hotops_runs_per_sample",
                           "hotops_throttle_threshold", "hotops_shuffle_layout", "hotops_cpu_ftz", "hotops_max_noise", "build_type"}) {
-    const auto x = a.context.find(key), y = b.context.find(key);
-    if (x == a.context.end() || y == b.context.end() || x->second == y->second) continue;
-    out.push_back(std::string(key) + " " + x->second + " vs " + y->second);
+    const auto x = setting(a, key), y = setting(b, key);
+    if (!x || !y || *x == *y) continue;
+    out.push_back(std::string(key) + " " + *x + " vs " + *y);
   }
   return out;
 }

@@ -401,6 +401,17 @@ TEST(Trust, DifferentThreadCountsAndSettingsAreSaid) {
   EXPECT_NE(d.warnings[0].find("hotops_seed 1 vs 2"), std::string::npos) << d.warnings[0];
 }
 
+TEST(Trust, ARunFromBeforeTheSubnormalFlagCountsAsIeee) {
+  // A hotops run without hotops_cpu_ftz in its context ran with IEEE subnormals.
+  const RunData base = run_of(R"("hotops_version": "0.1.0")", {{"mm/cpu/f32/fwd/M:8/real_time", "x", {10, 10, 10}}}, "b.json");
+  const RunData next =
+      run_of(R"("hotops_version": "0.1.0", "hotops_cpu_ftz": "1")", {{"mm/cpu/f32/fwd/M:8/real_time", "x", {10, 10, 10}}}, "n.json");
+  const Diff d = diff(base, next);
+  ASSERT_FALSE(d.warnings.empty());
+  EXPECT_NE(d.warnings[0].find("hotops_cpu_ftz 0 vs 1"), std::string::npos) << d.warnings[0];
+  EXPECT_TRUE(diff(next, next).warnings.empty());
+}
+
 TEST(Trust, RunsWithAndWithoutTheStoppingRuleAreSaid) {
   const RunData base = run_of(R"("hotops_max_noise": "0.000000")", {{"mm/cpu/f32/fwd/M:8/real_time", "x", {10, 10, 10}}}, "b.json");
   const RunData next = run_of(R"("hotops_max_noise": "0.500000")", {{"mm/cpu/f32/fwd/M:8/real_time", "x", {10, 10, 10}}}, "n.json");

@@ -17,7 +17,7 @@ struct Options {
   std::uint64_t seed = 20261122;      // --hotops_seed=N: every random input derives from it
   bool roofline = true;               // --hotops_roofline=0|1: measure the ceilings, report fractions
   bool shuffle_layout = true;         // --hotops_shuffle_layout=0|1: device buffers at random offsets
-  bool cpu_ftz = false;               // --hotops_cpu_ftz=0|1: CPU threads flush subnormal floats to zero
+  bool cpu_ftz = true;                // --hotops_cpu_ftz=0|1: CPU threads flush subnormal floats to zero
   int gpus = 0;                       // --hotops_gpus=G: one process per GPU on G GPUs (0: not given)
   // The stopping rule (docs/timing.md): off while max_noise is 0.
   double max_noise = 0;               // --hotops_max_noise=P: stop once the samples' noise is below P percent
