@@ -232,6 +232,12 @@ TEST(ModelBertBf16Copy, KeptByAdamwCpu) {
   for (const char* m : {"bert_layer", "vit_layer"})
     model_test::expect_bf16_copy_kept(family(), problem(m, Backend::cpu, Direction::train, 1, DType::bf16), 2);
 }
+TEST(ModelBertBf16Copy, CastOnceForInfer) {
+  for (const char* m : {"bert_layer", "vit_layer"}) {
+    model_test::expect_bf16_copy_kept(family(), problem(m, Backend::cpu, Direction::infer, 1, DType::bf16), 2);
+    if (gpu::available()) model_test::expect_bf16_copy_kept(family(), problem(m, Backend::cuda, Direction::infer, 2, DType::bf16), 3);
+  }
+}
 TEST(ModelBertBf16Copy, KeptByAdamwCuda) {
   HOTOPS_SKIP_WITHOUT_GPU();
   for (const char* m : {"bert_layer", "vit_layer"}) {

@@ -571,5 +571,31 @@ TEST(ModelBilstmBf16Copy, KeptByAdamwCuda) {
   const Problem one_gpu = model_test::model_problem("bilstm_imdb", Backend::cuda, Direction::train, 4, "gpus", 1, DType::bf16);
   if (family().unsupported_reason(one_gpu).empty()) model_test::expect_bf16_copy_kept(family(), one_gpu, 3);
 }
+TEST(ModelBilstmBf16Copy, CastOnceForInferCuda) {
+  HOTOPS_SKIP_WITHOUT_GPU();
+  model_test::expect_bf16_copy_kept(family(), model_test::model_problem("bilstm_test", Backend::cuda, Direction::infer, 32, nullptr, 0, DType::bf16), 3);
+  model_test::expect_bf16_copy_kept(family(), model_test::model_problem("textgen_test", Backend::cuda, Direction::infer, 8, "e2e", 1, DType::bf16), 3);
+}
+
+// The CPU infer step packs the LSTM's weights into oneDNN's layouts (and casts bf16's dense head)
+// once, at the start: its breakdown has no reorder or copy part, a train step's has the reorder.
+TEST(ModelBilstm, CpuInferPreparesItsWeightsOnce) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (Direction d : {Direction::infer, Direction::train}) {
+      const Problem p = model_test::model_problem("bilstm_test", Backend::cpu, d, 4, nullptr, 0, t);
+      if (!family().unsupported_reason(p).empty()) continue;
+      const auto c = family().make(p);
+      const Check first = c->verify();
+      ASSERT_TRUE(first.ok) << p.name() << ": " << first.message;
+      const trace::Breakdown b = trace::measure_on_cpu([&] { c->run(); }, 0, 2);
+      const auto has = [&](const char* op) {
+        return std::any_of(b.parts.begin(), b.parts.end(), [&](const trace::Part& part) { return part.op == op; });
+      };
+      EXPECT_EQ(has("reorder"), d == Direction::train) << p.name();
+      if (d == Direction::infer) EXPECT_FALSE(has("copy")) << p.name();
+      const Check again = c->verify();  // the weights prepared again from the restored masters
+      EXPECT_TRUE(again.ok) << p.name() << ": " << again.message;
+    }
+}
 
 }  // namespace hotops::model_bilstm

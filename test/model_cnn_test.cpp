@@ -363,6 +363,15 @@ TEST(ModelCnnBf16Copy, KeptByAdamwCpu) {
   for (const char* a : {"keras_test", "vgg_test"})
     model_test::expect_bf16_copy_kept(family(), problem(a, Backend::cpu, Direction::train, 8, DType::bf16), 3);
 }
+TEST(ModelCnnBf16Copy, CastOnceForInferCpu) {  // the dense layer's W1 (the convolutions cast theirs)
+  for (const char* a : {"keras_test", "vgg_test"})
+    model_test::expect_bf16_copy_kept(family(), problem(a, Backend::cpu, Direction::infer, 8, DType::bf16), 3);
+}
+TEST(ModelCnnBf16Copy, CastOnceForInferCuda) {
+  HOTOPS_SKIP_WITHOUT_GPU();
+  for (const char* a : {"keras_test", "vgg_test"})
+    model_test::expect_bf16_copy_kept(family(), problem(a, Backend::cuda, Direction::infer, 8, DType::bf16), 3);
+}
 TEST(ModelCnnBf16Copy, KeptByAdamwCuda) {
   HOTOPS_SKIP_WITHOUT_GPU();
   for (const char* a : {"keras_test", "vgg_test"})

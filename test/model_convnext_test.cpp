@@ -222,6 +222,10 @@ TEST(ModelConvnextDataParallel, OneGpuBucketsAndVerifiesCuda) {
 TEST(ModelConvnextBf16Copy, KeptByAdamwCpu) {
   model_test::expect_bf16_copy_kept(family(), problem("convnext.s1", Backend::cpu, Direction::train, 2, DType::bf16), 3);
 }
+TEST(ModelConvnextBf16Copy, CastOnceForInfer) {
+  model_test::expect_bf16_copy_kept(family(), problem("convnext.s1", Backend::cpu, Direction::infer, 2, DType::bf16), 3);
+  if (gpu::available()) model_test::expect_bf16_copy_kept(family(), problem("convnext.s1", Backend::cuda, Direction::infer, 2, DType::bf16), 3);
+}
 TEST(ModelConvnextBf16Copy, KeptByAdamwCuda) {
   HOTOPS_SKIP_WITHOUT_GPU();
   const Problem p = problem("convnext.s1", Backend::cuda, Direction::train, 2, DType::bf16);

@@ -406,6 +406,12 @@ TEST(ModelFasttextDataParallel, OneGpuBucketsAndVerifiesCuda) {
 TEST(ModelFasttextBf16Copy, KeptByAdamwCpu) {
   model_test::expect_bf16_copy_kept(family(), model_test::model_problem("fasttext_imdb", Backend::cpu, Direction::train, 32, nullptr, 0, DType::bf16), 3);
 }
+TEST(ModelFasttextBf16Copy, CastOnceForInfer) {
+  model_test::expect_bf16_copy_kept(family(), model_test::model_problem("fasttext_imdb", Backend::cpu, Direction::infer, 32, nullptr, 0, DType::bf16), 3);
+  if (!gpu::available()) return;
+  model_test::expect_bf16_copy_kept(family(), model_test::model_problem("fasttext_imdb", Backend::cuda, Direction::infer, 32, nullptr, 0, DType::bf16), 3);
+  model_test::expect_bf16_copy_kept(family(), model_test::model_problem("fasttext_imdb", Backend::cuda, Direction::infer, 32, "e2e", 1, DType::bf16), 3);
+}
 TEST(ModelFasttextBf16Copy, KeptByAdamwCuda) {
   HOTOPS_SKIP_WITHOUT_GPU();
   model_test::expect_bf16_copy_kept(family(), model_test::model_problem("fasttext_imdb", Backend::cuda, Direction::train, 32, nullptr, 0, DType::bf16), 3);

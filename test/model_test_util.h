@@ -113,10 +113,11 @@ inline void expect_one_gpu_data_parallel(const Family& f, Problem p, const std::
         << p.name() << ": no " << op << " part in the breakdown";
 }
 
-// A bf16 train step `p` keeps the bf16 copy of its f32 master that its GEMMs read with no
-// cast of its own: from the seeded start, after the verified step and `steps` more, the copy is the
-// master rounded to bf16 element for element (the AdamW step writes it), and no "cast" op is in the
-// step's per-op breakdown. Skipped with the reason where this machine cannot run the problem.
+// A bf16 step `p` keeps the bf16 copy of its f32 master that its GEMMs read with no cast of its
+// own: from the seeded start, after the verified step and `steps` more, the copy is the master
+// rounded to bf16 element for element (train: the AdamW step writes it; infer: cast once at the
+// start, as autocast's weight cache holds it), and no "cast" op is in the step's per-op breakdown.
+// Skipped with the reason where this machine cannot run the problem.
 inline void expect_bf16_copy_kept(const Family& f, const Problem& p, int steps) {
   if (const std::string why = f.unsupported_reason(p); !why.empty()) GTEST_SKIP() << why;
   const auto c = f.make(p);

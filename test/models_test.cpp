@@ -498,6 +498,17 @@ TEST(ModelsBf16Copy, KeptByAdamwCpu) {
   for (const char* m : {"mlp_tiny", "mlp_mnist"})
     model_test::expect_bf16_copy_kept(family(), model_test::model_problem(m, Backend::cpu, Direction::train, 10, nullptr, 0, DType::bf16), 4);
 }
+TEST(ModelsBf16Copy, CastOnceForInferCpu) {
+  for (const char* m : {"mlp_tiny", "mlp_mnist", "classifierdl"})
+    model_test::expect_bf16_copy_kept(family(), model_test::model_problem(m, Backend::cpu, Direction::infer, 10, nullptr, 0, DType::bf16), 3);
+}
+TEST(ModelsBf16Copy, CastOnceForInferCuda) {
+  HOTOPS_SKIP_WITHOUT_GPU();
+  for (const char* m : {"mlp_tiny", "classifierdl"})
+    for (const char* variant : {"plain", "e2e"})  // graph:1 is a train variant
+      model_test::expect_bf16_copy_kept(
+          family(), model_test::model_problem(m, Backend::cuda, Direction::infer, 10, variant[0] == 'p' ? nullptr : variant, 1, DType::bf16), 3);
+}
 TEST(ModelsBf16Copy, KeptByAdamwCuda) {
   HOTOPS_SKIP_WITHOUT_GPU();
   for (const char* m : {"mlp_tiny", "mlp_mnist"}) {

@@ -10,7 +10,7 @@
 // plan (column sums), the rest OpenMP loops: the bf16 cast, one AdamW pass.
 // The loops are templates over the activations' storage (float, or bf16 as its uint16 bits) and
 // compute in f32; bf16's matmuls take bf16 operands (a bf16 copy of the f32 master parameters: train
-// casts it once at the start and the AdamW pass writes it; infer casts it first in each step) and
+// casts it once at the start and the AdamW pass writes it; infer holds the copy cast at the start) and
 // write bf16 activations or f32 weight gradients.
 #include <algorithm>
 #include <cmath>
@@ -52,7 +52,7 @@ class CpuLayer final : public LayerCase {
     grads_ = HostBuffer(DType::f32, l_.total);
     std::fill_n(grads_.as<float>(), l_.total, 0.f);
     if (kBf16) weights_ = HostBuffer(DType::bf16, l_.total);
-    if (kBf16 && s_.train()) cast_weights();  // the copy at the start; AdamW keeps it from then on
+    if (kBf16) cast_weights();  // the copy at the start; train: AdamW keeps it from then on
     auto buf = [](std::int64_t n) { return HostBuffer(DType::f32, static_cast<std::size_t>(n)); };
     auto act = [this](std::int64_t n) { return HostBuffer(s_.dtype, static_cast<std::size_t>(n)); };
     u1_ = act(a.pre_ln ? T_ * H : 1), qkv_ = act(T_ * 3 * H), prob_ = act(B * NH * S * S), ctx_ = act(T_ * H);
@@ -102,7 +102,6 @@ class CpuLayer final : public LayerCase {
 
   void run() override {
     cpu::ThreadScope scope(threads_);
-    if (kBf16 && !s_.train()) trace::op("cast"), cast_weights();
     forward();
     if (!s_.train()) return;
     trace::op("mse_loss");
@@ -116,7 +115,7 @@ class CpuLayer final : public LayerCase {
     const State start = verification_state(s_, seeded_);
     copy_into(x_, start.x), copy_into(target_, start.target);
     copy_into(params_, start.params), copy_into(m_, start.m), copy_into(v_, start.v);
-    if (kBf16 && s_.train()) cast_weights();
+    if (kBf16) cast_weights();
     step_ = 0;
     y_.poison();
     s2_.poison();
@@ -135,7 +134,7 @@ class CpuLayer final : public LayerCase {
            "matmul (dense with residual post-op + 4-D strided attention GEMMs), oneDNN softmax, LayerNorm, " + gelu_->label() +
            (s_.train() ? ", " + gelu_bwd_->label() + ", " + layernorm_bwd_->label() : "") +
            (kBf16 ? s_.train() ? ", bf16 activations, the AdamW pass writes the bf16 copy of the f32 master weights"
-                               : ", bf16 activations, f32 master weights cast to bf16 each step"
+                               : ", bf16 activations, f32 master weights cast to bf16 once"
                   : "") +
            (s_.train() ? ", " + mse_->label() + ", bias_grad column sums, AdamW 1 flat pass" : "") + ", " +
            std::to_string(threads_ > 0 ? threads_ : cpu::threads()) + " threads";
@@ -143,7 +142,7 @@ class CpuLayer final : public LayerCase {
 
   double last_loss() override { return loss_; }
   Check bf16_copy_check() override {
-    if (!kBf16 || !s_.train()) return {};
+    if (!kBf16) return {};
     return models::bf16_copy_of(params_.as<float>(), weights_.as<bf16>(), l_.total);
   }
 

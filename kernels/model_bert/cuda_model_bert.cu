@@ -102,6 +102,8 @@ class CudaLayer final : public LayerCase {
       qkv_w_ = wgrad(H, 3 * H);
       if (a.pre_ln) qkv_d_ = dgrad(H, 3 * H, false);
       restart_optimizer();
+    } else if (kBf16) {
+      cast_weights();  // infer: the bf16 weights cast once, as autocast's weight cache holds them
     }
     if (s_.gpus) {  // data parallel: this rank's shard of the global batch, and the all-reduce
       replicas_.start(p, s_, static_cast<std::size_t>(a.seq * a.hidden), [&](const Shape& g) { return make_state(g, l_, models::step_seed(p)); },
@@ -139,6 +141,8 @@ class CudaLayer final : public LayerCase {
       restart_optimizer();
       for (const auto& [at, n] : l_.tensors)
         HOTOPS_CHECK_CUDA(cudaMemsetAsync(grads_.as<float>() + at, 0xFF, n * sizeof(float), gpu::stream()));
+    } else if (kBf16) {
+      cast_weights();
     }
     device_step();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
@@ -171,7 +175,7 @@ class CudaLayer final : public LayerCase {
                     " attention GEMMs on strided heads, hotops softmax, LayerNorm, GELU kernels";
     if (kBf16)
       l += s_.train() ? ", bf16 activations, the AdamW step writes the bf16 copy of the f32 master weights"
-                      : ", bf16 activations, f32 master weights cast to bf16 each step";
+                      : ", bf16 activations, f32 master weights cast to bf16 once";
     if (s_.train()) l += " + MSE, their backwards, bias_grad column sums, AdamW 1 launch";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the inputs, launches, D2H, sync";
     if (replicas_.sync) l += replicas_.sync->label();
@@ -189,7 +193,7 @@ class CudaLayer final : public LayerCase {
     return gpu::read_float(loss_.get());
   }
   Check bf16_copy_check() override {
-    if (!kBf16 || !s_.train()) return {};
+    if (!kBf16) return {};
     return models::bf16_copy_of(params_, weights_, l_.total);
   }
 
@@ -269,7 +273,6 @@ class CudaLayer final : public LayerCase {
 
   void device_step() {
     const Arch& a = s_.arch;
-    if (kBf16 && !s_.train()) trace::op("cast"), cast_weights();  // infer: no optimizer keeps the copy
     // forward
     const void* u1 = a.pre_ln ? u1_.get() : x_.get();
     const void* resid = a.pre_ln ? s1_.get() : h1_.get();  // the FFN block's skip connection

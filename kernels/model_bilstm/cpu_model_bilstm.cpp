@@ -83,7 +83,10 @@ class CpuBilstm final : public ModelCase {
     masters_args_.w_ih = P() + l_.w_ih, masters_args_.w_hh = P() + l_.w_hh;
     masters_args_.b_ih = P() + l_.b_ih, masters_args_.b_hh = P() + l_.b_hh;
     masters_args_.weights = weights_.data();
-    if (!s_.train()) return;
+    if (!s_.train()) {
+      prepare_weights();  // infer: once, as autocast's weight cache holds them
+      return;
+    }
     dlogits_ = zeros(logits_.count(), t);
     dhT_ = zeros(hT_.count());  // the gradients: f32
     dcT_ = zeros(hT_.count());
@@ -132,12 +135,7 @@ class CpuBilstm final : public ModelCase {
       trace::op("embedding");
       embed_->run(embed_args_);
     }
-    trace::op("reorder");  // the LSTM weights into oneDNN's layouts (the summed biases, a bf16 cast)
-    masters_->pack(masters_args_);
-    if (cast_) {
-      trace::op("copy");  // the dense W and b to bf16
-      cast_->run(cast_args_);
-    }
+    if (s_.train()) prepare_weights();  // the weights the last step's AdamW changed
     trace::op("lstm");
     if (s_.train()) lstm_->forward(lstm_args_);
     else lstm_->run(lstm_args_);
@@ -172,6 +170,8 @@ class CpuBilstm final : public ModelCase {
     logits_.poison();
     if (s_.train())
       for (const Tensor& t : gradient_tensors(c_, l_)) std::fill_n(grads_.as<float>() + t.at, t.count, std::nanf(""));
+    else
+      prepare_weights();
     run();
     Outcome o;
     if (!s_.train() || s_.bf16()) o.logits = logits_;  // bf16 train checks the step's logits too
@@ -183,12 +183,13 @@ class CpuBilstm final : public ModelCase {
   }
 
   std::string label() const override {
-    std::string l = std::string(s_.bf16() ? "bf16 autocast (f32 master weights; the weight reorders cast to bf16 each "
-                                            "step, f32 bias b_ih+b_hh); " : "") +
+    std::string l = std::string(s_.bf16() ? "bf16 autocast (f32 master weights; the weight reorders cast to bf16, f32 "
+                                            "bias b_ih+b_hh); " : "") +
                     "oneDNN " + (s_.bf16() ? "bf16 " : "") + "lstm " +
                     (c_.D == 2 ? "bidirectional_concat " : "unidirectional_left2right ") +
                     (s_.train() ? "forward_training + backward" : "forward_inference") +
-                    " (kernels/lstm's plan), weights reordered from the flat PyTorch layout every step, bias b_ih+b_hh";
+                    " (kernels/lstm's plan), weights reordered from the flat PyTorch layout " +
+                    (s_.train() ? "every step" : "once") + ", bias b_ih+b_hh";
     if (s_.bf16() && s_.train()) l += " (gradients f32)";
     l += embed_ ? "; embedding plan (" + embed_->label() + "); " : std::string("; one-hot input; ");
     l += std::string(s_.bf16() ? "copy plan (dense W, b to bf16); " : "") + "dense head plans (" + head_->label() + ")";
@@ -217,12 +218,24 @@ class CpuBilstm final : public ModelCase {
   Layout l_;
   State st_;  // the seeded start: verify() restores from it
   int threads_;
+  // The weights as the step's primitives take them: the LSTM's packed into oneDNN's layouts from the
+  // f32 masters (the summed biases; bf16: cast), and bf16's dense W and b cast. Train: every step;
+  // infer: once.
+  void prepare_weights() {
+    trace::op("reorder");
+    masters_->pack(masters_args_);
+    if (cast_) {
+      trace::op("copy");
+      cast_->run(cast_args_);
+    }
+  }
+
   std::unique_ptr<lstm::Plan> lstm_;        // the BiLSTM on oneDNN's weight space
   std::unique_ptr<lstm::Masters> masters_;  // that space packed from the f32 masters, its gradients back
   HostBuffer params_, grads_, m_, v_;
   HostBuffer x_, h0_, c0_, hT_, cT_, y_, logits_, weights_;
   HostBuffer dlogits_, dhT_, dcT_, dy_, dx_, dh0_, dc0_, dweights_;
-  HostBuffer low_;       // bf16: the dense W | padding | b, cast each step
+  HostBuffer low_;       // bf16: the dense W | padding | b (cast each train step, once for infer)
   HostBuffer loss_out_;  // train: the loss plan's f32 scalar
   lstm::Args lstm_args_;
   lstm::MasterArgs masters_args_;

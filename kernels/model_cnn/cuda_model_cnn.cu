@@ -283,7 +283,7 @@ class CudaCnn final : public ModelCase {
                        : s_.train() ? (nchw_ ? "bf16 autocast (f32 master weights, the AdamW launch writes their bf16 copy; the conv weights "
                                                "cast into KCRS each step); "
                                              : "bf16 autocast (f32 master weights, the AdamW launch writes their bf16 copy); ")
-                                    : "bf16 autocast (f32 master weights, cast each step); ";
+                                    : "bf16 autocast (f32 master weights, their bf16 copy cast once); ";
     std::string l = std::string(bf16) + "cuDNN " + (nchw_ ? "NCHW" : "NHWC") +
                     (kBf16 ? " bf16 tensor-op convolutions, f32 compute (" : " f32 FMA-math convolutions (") + "conv2d plans: " + algos_ +
                     "; ws " + std::to_string(ws_bytes_ >> 20) + " MiB); hotops fused BN/ReLU/max-pool/dropout kernels" +
@@ -306,7 +306,7 @@ class CudaCnn final : public ModelCase {
     return gpu::read_float(loss_.get());
   }
   Check bf16_copy_check() override {
-    if (!kBf16 || !s_.train()) return {};
+    if (!kBf16) return {};
     return models::bf16_copy_of(params_, low_, l_.total);
   }
 
@@ -385,7 +385,8 @@ class CudaCnn final : public ModelCase {
     HOTOPS_CHECK_LAUNCH();
   }
 
-  // NCHW or bf16 infer (wcopy_): conv layer i's weights -> wk_ (KCRS for NCHW; cast to bf16), or
+  // NCHW or bf16 infer (wcopy_): conv layer i's weights -> wk_ (KCRS for NCHW; cast to bf16; infer's
+  // once), or
   // (NCHW or bf16: dwcopy_) its weight gradient dwk_ -> the flat f32 gradients (KRSC).
   void launch_filter_layout(std::size_t i, bool gradient) const {
     const ConvLayer& c = s_.convs[i];
@@ -406,8 +407,7 @@ class CudaCnn final : public ModelCase {
     else return params_.as<const float>() + at;
   }
   const Act* dense_param(std::size_t at) const { return param(at); }
-  // bf16: the copy of the flat parameters [from, total) (train: all of them, when they are restored;
-  // infer: the dense layers', each step).
+  // bf16: the copy of the flat parameters [from, total), when they are restored.
   void cast_params_from(std::size_t from) const {
     const auto n4 = static_cast<std::int64_t>((l_.total - from) / 4);
     cast_params<<<grid_for(n4, 1024), kThreads, 0, gpu::stream()>>>(params_.as<const float4>() + from / 4,
@@ -546,11 +546,11 @@ class CudaCnn final : public ModelCase {
   void device_step() {
     cudaStream_t st = gpu::stream();
     float* P = params_.as<float>();
-    // bf16 infer: autocast's casts, the dense parameters here, the conv weights just below (train's copy is
-    // written by the AdamW launch; NCHW still reorders the conv weights into KCRS each step).
-    if (kBf16 && !s_.train()) trace::op("cast"), cast_params_from(l_.dense1.w);
-    if (wcopy_) trace::op(kBf16 ? "cast" : "reorder");  // the conv weights into the step's dtype or layout
-    for (std::size_t i = 0; wcopy_ && i < s_.convs.size(); ++i) launch_filter_layout(i, false);
+    // train, NCHW: the conv weights reordered into KCRS each step, as the AdamW launch changed them
+    // (bf16 train's flat copy is written by the AdamW launch; infer's weights are prepared once, in restore).
+    const bool reorder = wcopy_ && s_.train();
+    if (reorder) trace::op(kBf16 ? "cast" : "reorder");  // the conv weights into the step's dtype and layout
+    for (std::size_t i = 0; reorder && i < s_.convs.size(); ++i) launch_filter_layout(i, false);
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
       const ConvLayer& c = s_.convs[i];
       const LayerBufs& lb = layers_[i];
@@ -613,11 +613,14 @@ class CudaCnn final : public ModelCase {
     gpu::copy(labels_.get(), st.labels.data(), labels_.bytes(), cudaMemcpyHostToDevice);
     params_.upload(st.params);
     stats_.upload(st.stats);
+    if constexpr (kBf16) cast_params_from(0);  // train: the AdamW launch writes the copy from then on
     if (s_.train()) {
       m_.upload(st.m);
       v_.upload(st.v);
       HOTOPS_CHECK_CUDA(cudaMemset(state_.get(), 0, sizeof(StepState)));
-      if constexpr (kBf16) cast_params_from(0);
+    } else {
+      // infer: the conv weights in the step's dtype and layout once, as autocast's weight cache holds them
+      for (std::size_t i = 0; wcopy_ && i < s_.convs.size(); ++i) launch_filter_layout(i, false);
     }
     set_period(period);
   }

@@ -5,7 +5,7 @@
 // gradients f32 out), the gelu family's GELU and gelu_dbias, pointwise scale_residual (forward; backward
 // in place with the second Linear's bias gradient), the loss family's mse and one AdamW pass.
 // bf16: bf16 activations; the matmuls take a bf16 copy of the f32 master parameters (train: cast once
-// at the start, then written by the AdamW pass; infer: cast first in each step), the
+// at the start, then written by the AdamW pass; infer: held from the start), the
 // convolution casts its f32 weights itself (conv2d's f32_params), the LayerNorm and the layer scale
 // read their f32 parameters.
 #include <algorithm>
@@ -39,7 +39,7 @@ class CpuBlock final : public BlockCase {
     grads_ = HostBuffer(DType::f32, l_.total);
     std::fill_n(grads_.as<float>(), l_.total, 0.f);
     if (kBf16) weights_ = HostBuffer(DType::bf16, l_.total);
-    if (kBf16 && s_.train()) cast_weights();  // the copy at the start; AdamW keeps it from then on
+    if (kBf16) cast_weights();  // the copy at the start; train: AdamW keeps it from then on
     auto act = [this](std::int64_t n) { return HostBuffer(s_.dtype, static_cast<std::size_t>(n)); };
     auto f32 = [](std::int64_t n) { return HostBuffer(DType::f32, static_cast<std::size_t>(n)); };
     u_ = act(R * C), h_ = act(R * C), z_ = act(R * F), f_ = act(R * F), o_ = act(R * C), y_ = act(R * C);
@@ -65,7 +65,6 @@ class CpuBlock final : public BlockCase {
 
   void run() override {
     cpu::ThreadScope scope(threads_);
-    if (kBf16 && !s_.train()) trace::op("cast"), cast_weights();
     forward();
     if (!s_.train()) return;
     trace::op("mse_loss");
@@ -80,7 +79,7 @@ class CpuBlock final : public BlockCase {
     const State start = verification_state(s_, seeded_);
     copy_into(x_, start.x), copy_into(target_, start.target);
     copy_into(params_, start.params), copy_into(m_, start.m), copy_into(v_, start.v);
-    if (kBf16 && s_.train()) cast_weights();
+    if (kBf16) cast_weights();
     step_ = 0;
     y_.poison();
     for (const auto& [at, n] : l_.tensors) std::fill_n(grads_.as<float>() + at, n, std::nanf(""));
@@ -98,7 +97,7 @@ class CpuBlock final : public BlockCase {
                     "matmul (Linear with bias), LayerNorm, " + gelu_->label() + ", " + scale_->label();
     if (kBf16)
       l += s_.train() ? ", bf16 activations, the AdamW pass writes the bf16 copy of the f32 master weights"
-                      : ", bf16 activations, f32 master weights cast to bf16 each step";
+                      : ", bf16 activations, f32 master weights cast to bf16 once";
     if (s_.train())
       l += "; train: " + conv_w_->label() + ", " + norm_bwd_->label() + ", " + gelu_bwd_->label() + ", " +
            scale_bwd_->label() + ", " + mse_->label() + ", AdamW 1 flat pass";
@@ -107,7 +106,7 @@ class CpuBlock final : public BlockCase {
 
   double last_loss() override { return loss_; }
   Check bf16_copy_check() override {
-    if (!kBf16 || !s_.train()) return {};
+    if (!kBf16) return {};
     return models::bf16_copy_of(params_.as<float>(), weights_.as<bf16>(), l_.total);
   }
 

@@ -5,7 +5,7 @@
 // kernels (GELU; gelu_dbias), pointwise scale_residual (forward; backward in place with the second
 // Linear's bias gradient), the loss family's mse and one AdamW launch. bf16: bf16 activations, the
 // GEMMs and the convolution read a bf16 copy of the f32 master parameters (train: cast when the
-// optimizer restarts, then written by the AdamW launch; infer: cast first in each step), and the
+// optimizer restarts, then written by the AdamW launch; infer: cast once at the start), and the
 // convolution's bf16 weight gradient is widened into the f32 gradients by the copy family's plan.
 #include <cuda_bf16.h>
 
@@ -83,6 +83,8 @@ class CudaBlock final : public BlockCase {
       norm_bwd_ = layernorm::dbias::make_cuda_plan(channel_layernorm_bwd(s_));
       conv_w_ = conv2d::make_cuda_plan(dwconv(s_, Direction::bwd_weight));
       restart_optimizer();
+    } else if (kBf16) {
+      cast_->run({params_.get(), weights_.get()});  // infer: the bf16 weights cast once, as autocast's weight cache holds them
     }
     if (s_.gpus) {  // data parallel: this rank's shard of the global batch, and the all-reduce
       replicas_.start(p, s_, static_cast<std::size_t>(s_.arch.positions() * C),
@@ -127,6 +129,8 @@ class CudaBlock final : public BlockCase {
       restart_optimizer();
       for (const auto& [at, n] : l_.tensors)
         HOTOPS_CHECK_CUDA(cudaMemsetAsync(grads_.as<float>() + at, 0xFF, n * sizeof(float), gpu::stream()));
+    } else if (kBf16) {
+      cast_->run({params_.get(), weights_.get()});
     }
     device_step();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
@@ -156,7 +160,7 @@ class CudaBlock final : public BlockCase {
                     " Linear GEMMs (bias epilogue, algorithms timed at setup), hotops LayerNorm, GELU, scale_residual kernels";
     if (kBf16)
       l += s_.train() ? ", bf16 activations, the AdamW step writes the bf16 copy of the f32 master weights"
-                      : ", bf16 activations, f32 master weights cast to bf16 each step";
+                      : ", bf16 activations, f32 master weights cast to bf16 once";
     if (s_.train()) l += "; train: " + conv_w_->label() + ", MSE, the kernels' backwards, AdamW 1 launch";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the inputs, launches, D2H, sync";
     if (s_.variant == Variant::plain && !capturable_) l += "; not graph-capturable (" + not_capturable_ + "): launched one by one";
@@ -175,7 +179,7 @@ class CudaBlock final : public BlockCase {
     return gpu::read_float(loss_.get());
   }
   Check bf16_copy_check() override {
-    if (!kBf16 || !s_.train()) return {};
+    if (!kBf16) return {};
     return models::bf16_copy_of(params_, weights_, l_.total);
   }
 
@@ -215,10 +219,6 @@ class CudaBlock final : public BlockCase {
   }
 
   void device_step() {
-    if (kBf16 && !s_.train()) {  // infer: no optimizer keeps the copy
-      trace::op("cast");
-      cast_->run({params_.get(), weights_.get()});
-    }
     // forward
     trace::op("conv2d");
     conv2d::Args cv;

@@ -1,8 +1,7 @@
 // model_fasttext on the CPU: every op a plan of its family (embedding: OpenMP row copies and per-row
 // sums; global_avgpool: oneDNN's average pooling; matmul: oneDNN; bce_logits: an OpenMP loop) and
-// adamw::cpu_step. A train step:
-//   cast           bf16 infer: the flat f32 parameters to their bf16 copy (one OpenMP pass); a bf16
-//                  train step's copy is written by its AdamW pass (cast once, at the start)
+// adamw::cpu_step. bf16: the flat f32 parameters' bf16 copy, cast once at the start (one OpenMP
+// pass), then written by a train step's AdamW pass. A train step:
 //   embedding      emb [B·T, E] = embed[tokens]
 //   global_avgpool pooled [B, E] = mean over the T positions
 //   addmm          logits [B, 1] = pooled . W + b
@@ -38,7 +37,7 @@ class CpuFasttext final : public ModelCase {
     const std::int64_t B = s_.batch, N = s_.tokens(), E = s_.cfg.E;
     params_ = st_.params, m_ = st_.m, v_ = st_.v;
     if (s_.bf16()) low_ = HostBuffer(DType::bf16, l_.total);
-    if (s_.bf16() && s_.train()) cast_params();  // the copy at the start; AdamW keeps it from then on
+    if (s_.bf16()) cast_params();  // the copy at the start; train: AdamW keeps it from then on
     emb_ = HostBuffer(s_.dtype, static_cast<std::size_t>(N * E));
     pooled_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * E));
     logits_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B));
@@ -63,10 +62,8 @@ class CpuFasttext final : public ModelCase {
   }
 
   void run() override {
-    const bool cast = s_.bf16() && !s_.train();  // infer: no optimizer keeps the copy
-    trace::op(cast ? "cast" : "embedding");  // the first op's span includes setting the thread count
+    trace::op("embedding");  // the first op's span includes setting the thread count
     cpu::ThreadScope scope(threads_);
-    if (cast) cast_params();
     forward();
     if (!s_.train()) return;
     backward();
@@ -78,7 +75,7 @@ class CpuFasttext final : public ModelCase {
 
   Check verify() override {
     copy_into(params_, st_.params), copy_into(m_, st_.m), copy_into(v_, st_.v);
-    if (s_.bf16() && s_.train()) cast_params();
+    if (s_.bf16()) cast_params();
     step_ = 0;
     emb_.poison(), pooled_.poison(), logits_.poison();
     if (s_.train()) {  // poison the tensors, keep the padding zero
@@ -96,7 +93,7 @@ class CpuFasttext final : public ModelCase {
   std::string label() const override {
     std::string l = !s_.bf16()   ? ""
                     : s_.train() ? "bf16 autocast (the AdamW pass writes the bf16 copy of the f32 master parameters), "
-                                 : "bf16 autocast (f32 master parameters cast to bf16 each step), ";
+                                 : "bf16 autocast (f32 master parameters cast to bf16 once), ";
     l += "embedding, global_avgpool (oneDNN), addmm [" + dense_->label() + "]";
     if (s_.train())
       l += ", bce_logits fwd and bwd, mm for dW, db (ones^T . dlogits) and dpooled, global_avgpool bwd, the tokens "
@@ -106,7 +103,7 @@ class CpuFasttext final : public ModelCase {
 
   double last_loss() override { return loss_; }
   Check bf16_copy_check() override {
-    if (!s_.bf16() || !s_.train()) return {};
+    if (!s_.bf16()) return {};
     return models::bf16_copy_of(params_.as<float>(), low_.as<std::uint16_t>(), l_.total);
   }
 

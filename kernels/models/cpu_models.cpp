@@ -6,8 +6,8 @@
 // pointwise family's relu_dbias plan; the AdamW step is an OpenMP loop (one thread below a grain of
 // work, where forking costs more than it saves).
 // bf16 (models.h): the same code on bf16 storage (the class and loops are templates on the storage
-// type), the matmuls reading a bf16 copy of the f32 parameters (train: written by the AdamW step,
-// cast once at the start; infer: cast first in each step, autocast's cast), oneDNN bf16 matmuls or
+// type), the matmuls reading a bf16 copy of the f32 parameters, cast once at the start (train: then
+// written by the AdamW step; infer: held, as autocast's weight cache holds it), oneDNN bf16 matmuls or
 // the plans' loops (f32 accumulation; the weight gradients written f32).
 #include <omp.h>
 
@@ -51,7 +51,7 @@ class CpuModel final : public ModelCase {
     const std::int64_t B = s_.batch;
     params_ = st_.params, m_ = st_.m, v_ = st_.v;
     if constexpr (kBf16) low_ = HostBuffer(DType::bf16, l_.total);
-    if (kBf16 && s_.train()) cast_params();  // the copy at the start; AdamW keeps it from then on
+    if constexpr (kBf16) cast_params();  // the copy at the start; train: AdamW keeps it from then on
     grads_ = HostBuffer(DType::f32, l_.total);
     std::fill_n(grads_.as<float>(), l_.total, 0.f);  // the padding is never written: zero, as AdamW needs
     act_.resize(L + 1);
@@ -74,9 +74,8 @@ class CpuModel final : public ModelCase {
   }
 
   void run() override {
-    trace::op(casts_each_step() ? "cast" : "addmm");  // the first op's span includes setting the thread count
+    trace::op("addmm");  // the first op's span includes setting the thread count
     cpu::ThreadScope scope(threads_);
-    if (casts_each_step()) cast_params();
     forward();
     if (!s_.train()) return;
     trace::op("cross_entropy");
@@ -89,7 +88,7 @@ class CpuModel final : public ModelCase {
   Check verify() override {
     // Into the same storage: the plans run on it.
     copy_into(params_, st_.params), copy_into(m_, st_.m), copy_into(v_, st_.v);
-    if (kBf16 && s_.train()) cast_params();
+    if constexpr (kBf16) cast_params();
     step_ = 0;
     for (std::size_t k = 1; k < act_.size(); ++k) act_[k].poison();
     grads_poison();
@@ -115,7 +114,7 @@ class CpuModel final : public ModelCase {
     else what += "oneDNN, " + std::to_string(small) + " small layer(s) on hand-written loops";
     if constexpr (kBf16) {
       what = std::string(s_.train() ? "bf16 autocast (the AdamW step writes the bf16 copy of the f32 master weights"
-                                    : "bf16 autocast (f32 master weights cast to bf16 each step") +
+                                    : "bf16 autocast (f32 master weights cast to bf16 once") +
              ", f32 accumulation), " + what;
       for (std::size_t k = 0; k < s_.layers(); ++k)
         if (!matmul::cpu_runs_loops(forward_gemm(s_, k))) {
@@ -129,13 +128,11 @@ class CpuModel final : public ModelCase {
 
   double last_loss() override { return loss_; }
   Check bf16_copy_check() override {
-    if (!kBf16 || !s_.train()) return {};
+    if (!kBf16) return {};
     return bf16_copy_of(params_.as<float>(), low_.as<std::uint16_t>(), l_.total);
   }
 
  private:
-  // bf16 infer: the weights cast at the start of each step (no optimizer keeps the copy).
-  bool casts_each_step() const { return kBf16 && !s_.train(); }
   T* input(std::size_t k) { return k == 0 ? st_.x.as<T>() : act_[k].as<T>(); }
   // The weights the layers multiply: the f32 parameters, or their bf16 copy.
   T* weights() {

@@ -51,6 +51,8 @@ class CudaModel final : public ModelCase {
       loss_ = gpu::DeviceBuffer(sizeof(float));
       state_ = gpu::DeviceBuffer(sizeof(StepState));
       restart_optimizer();
+    } else if (s_.bf16()) {
+      cast_all_params();  // infer: the bf16 weights cast once, as autocast's weight cache holds them
     }
     if (s_.variant == Variant::e2e && !s_.train()) logits_host_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * s_.classes()));
 
@@ -103,6 +105,8 @@ class CudaModel final : public ModelCase {
         poison(grads_.as<float>() + l_.w[k], s_.in(k) * s_.out(k));
         poison(grads_.as<float>() + l_.b[k], s_.out(k));
       }
+    } else if (s_.bf16()) {
+      cast_all_params();
     }
     run();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
@@ -139,12 +143,11 @@ class CudaModel final : public ModelCase {
     for (const auto* list : {&wgrad_, &dgrad_})
       for (const auto& g : *list) count(g.get());
     if (s_.train()) launches += 1 + static_cast<int>(s_.layers()) - 1 + 1;  // loss, ReLU backward, AdamW
-    if (s_.bf16() && !s_.train()) launches += 1;                             // cast_params
     std::string list;
     for (const std::string& g : gemms) list += (list.empty() ? "" : "; ") + g;
     const char* bf16 = !s_.bf16()   ? ""
                        : s_.train() ? "bf16 autocast (f32 master weights, the AdamW launch writes their bf16 copy), "
-                                    : "bf16 autocast (f32 master weights, hotops cast_params each step), ";
+                                    : "bf16 autocast (f32 master weights, their bf16 copy cast once by hotops cast_params), ";
     std::string l = std::string(bf16) +
                     std::to_string(s_.layers()) + " dense layers: matmul plans, " +
                     (s_.bf16() ? "bf16, f32 accumulation" : "f32") + " [" + list + "], " +
@@ -168,7 +171,7 @@ class CudaModel final : public ModelCase {
     return gpu::read_float(loss_.get());
   }
   Check bf16_copy_check() override {
-    if (!s_.bf16() || !s_.train()) return {};
+    if (!s_.bf16()) return {};
     return bf16_copy_of(params_, low_, l_.total);
   }
 
@@ -233,14 +236,9 @@ class CudaModel final : public ModelCase {
   }
 
   // The step: f32, or bf16 on the parameters' bf16 copy (the plans know the storage): train's written
-  // by the AdamW launch, infer's cast first (no optimizer keeps it).
+  // by the AdamW launch, infer's cast once at setup (its weights do not change): the layers' forward
+  // and, for train, the loss, the backward and the optimizer.
   void device_step() {
-    if (s_.bf16() && !s_.train()) trace::op("cast"), cast_all_params();
-    layers_step();
-  }
-
-  // The layers' forward and, for train, the loss, the backward and the optimizer.
-  void layers_step() {
     const std::size_t L = s_.layers();
     for (std::size_t k = 0; k < L; ++k) {
       trace::op("addmm");

@@ -291,13 +291,13 @@ Check bf16_copy_of(const float* master, const std::uint16_t* copy, std::size_t n
   return c;
 }
 
-Check bf16_copy_of(const gpu::DeviceBuffer& master, const gpu::DeviceBuffer& copy, std::size_t n) {
+Check bf16_copy_of(const gpu::DeviceBuffer& master, const gpu::DeviceBuffer& copy, std::size_t n, std::size_t from) {
   HostBuffer m(DType::f32, master.bytes() / sizeof(float)), c(DType::bf16, copy.bytes() / sizeof(std::uint16_t));
   gpu::synchronize();
   master.download(m);
   copy.download(c);
-  HOTOPS_CHECK(n <= m.count() && n <= c.count(), "models: a bf16 copy check beyond its buffers");
-  return bf16_copy_of(m.as<float>(), c.as<std::uint16_t>(), n);
+  HOTOPS_CHECK(from <= n && n <= m.count() && n <= c.count(), "models: a bf16 copy check beyond its buffers");
+  return bf16_copy_of(m.as<float>() + from, c.as<std::uint16_t>() + from, n - from);
 }
 
 std::uint64_t step_seed(const Problem& p) {

@@ -290,12 +290,13 @@ std::string reference_key(const std::string& model, DType dtype, Direction dir, 
 // Whether `copy` (bf16 bits) is `master` rounded to bf16, element for element over [0, n): a failed
 // Check names the first element that differs.
 Check bf16_copy_of(const float* master, const std::uint16_t* copy, std::size_t n);
-// The same over the first n elements of device memory (synchronises).
-Check bf16_copy_of(const gpu::DeviceBuffer& master, const gpu::DeviceBuffer& copy, std::size_t n);
+// The same over the elements [from, n) of device memory (synchronises).
+Check bf16_copy_of(const gpu::DeviceBuffer& master, const gpu::DeviceBuffer& copy, std::size_t n, std::size_t from = 0);
 
-// The cases' common extras: the loss of the last train step, and for a bf16 train step whether the
-// bf16 copy of the f32 master that its GEMMs read is the master rounded to bf16, as the AdamW step
-// leaves it (ok for a step without one). Both synchronise on CUDA.
+// The cases' common extras: the loss of the last train step, and for a bf16 step whether the bf16
+// copy of the f32 master that its GEMMs read is the master rounded to bf16, as the AdamW step leaves
+// it (train) or the cast at the start made it (infer) (ok for a step without one). Both synchronise
+// on CUDA.
 class ModelCase : public Case {
  public:
   virtual double last_loss() = 0;
