@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -17,6 +18,7 @@
 #include <new>
 #include <regex>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "bench/test_fault.h"
@@ -152,6 +154,14 @@ Live& the_live() {
   return live;
 }
 
+// --hotops_shuffle_layout: a setup's device buffers are placed by draws from the problem's seed
+// (--hotops_seed and the entry's name) and how many times this process set the entry up before, so
+// that every process places an entry alike and each setup (an interleaved repetition's) anew.
+void seed_placement(const Problem& p) {
+  static std::map<std::string, std::uint64_t> setups;
+  gpu::seed_layout(p.seed() ^ (0x9e3779b97f4a7c15ull * ++setups[p.name()]));
+}
+
 void reset(Live& live, const std::string& name) {
   live.timer.reset();
   live.c.reset();
@@ -178,6 +188,7 @@ Live& live_for(const Problem& p, const Family& f, const Options& o) {
   auto t1 = t0, t2 = t0;
   try {
     begin_case_memory();  // the case's host buffers are accounted together from here
+    seed_placement(p);
     live.c = f.make(p);
     t1 = t2 = clock::now();
     if (o.verify) {
@@ -257,6 +268,7 @@ void setup_on_ranks(Live& live, const Family& f, const Problem& p, const Options
     if (rank < gpus) {
       try {
         begin_case_memory();
+        seed_placement(p);
         live.c = f.make(p);
       } catch (const std::exception& e) {
         error = describe(e, Backend::cuda);

@@ -247,16 +247,25 @@ void synchronize() { HOTOPS_CHECK_CUDA(cudaStreamSynchronize(stream())); }
 namespace {
 std::atomic<bool> g_shuffle_layout{false};
 
+// The shuffled layout's draws on this thread (seed_layout seeds them).
+std::mt19937_64& layout_rng() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return rng;
+}
+
 // A buffer's offset into its allocation while the layout is shuffled: 0 to 7 large pages (2 MiB)
 // and 0 to 31 steps of 64 KiB, uniformly (alignment stays 64 KiB).
 std::size_t layout_shift() {
   if (!g_shuffle_layout.load()) return 0;
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  return (rng() % 8) * (std::size_t(2) << 20) + (rng() % 32) * (std::size_t(64) << 10);
+  std::mt19937_64& rng = layout_rng();
+  const std::size_t pages = rng() % 8;
+  const std::size_t steps = rng() % 32;
+  return pages * (std::size_t(2) << 20) + steps * (std::size_t(64) << 10);
 }
 }  // namespace
 
 void set_shuffle_layout(bool on) { g_shuffle_layout = on; }
+void seed_layout(std::uint64_t seed) { layout_rng().seed(seed); }
 
 DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;

@@ -195,7 +195,7 @@ const char* flags_help() {
          "  --hotops_runs_per_sample=N  GPU executions per timed sample: 0 (default) enough for 0.5 ms,\n"
          "                         back to back in a CUDA graph; 1 times each execution on its own\n"
          "  --hotops_shuffle_layout=0|1  place each GPU buffer at a random offset, drawn again at\n"
-         "                         every setup of a case (default 1)\n"
+         "                         every setup of a case from its seed and the setup's number (default 1)\n"
          "  --hotops_cpu_ftz=0|1   CPU threads flush subnormal floats to zero (x86 FTZ and DAZ; default 1,\n"
          "                         as TensorFlow's threads; 0: IEEE subnormals, PyTorch's default; docs/timing.md)\n"
          "  --hotops_gpus=G        run on G GPUs of this machine, one process per GPU (it starts the other\n"

@@ -1,6 +1,7 @@
 // The GPU runtime seen from code that needs no CUDA headers: availability, device facts, timing.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
@@ -79,6 +80,10 @@ class Timer {
 // places its data at other addresses and, mostly, on other physical pages. Off: each buffer is its
 // own cudaMalloc. Off by default; bench turns it on (docs/timing.md says why).
 void set_shuffle_layout(bool on);
+// The calling thread's draws from here on come from `seed`: bench seeds them before each setup of a
+// case from the case's seed and how many times the process set it up before, so that every process
+// places an entry's buffers alike and each setup of it anew.
+void seed_layout(std::uint64_t seed);
 
 // Device memory, declared without the CUDA headers so that harness code in .cpp files can own it (in
 // a build without CUDA, allocating one is an unsupported Error). Allocation failure is an
