@@ -212,12 +212,15 @@ TEST(CudaUtil, CopyWaitsForTheStream) {
 // --hotops_shuffle_layout: each buffer sits at a fresh random offset into a larger allocation (what
 // hotops holds grows by more than the buffers), drawn again for every buffer; data, poison() and
 // moves work as unshifted, and freeing returns every byte. Off: exactly the buffers' bytes.
+// Turns the shuffled layout off again when a test ends.
+struct LayoutOffAfter {
+  ~LayoutOffAfter() { gpu::set_shuffle_layout(false); }
+};
+
 TEST(CudaUtil, ShuffledLayoutMovesBuffersAndKeepsTheirData) {
   std::string why;
   if (!gpu::available(&why)) GTEST_SKIP() << why;
-  struct Restore {
-    ~Restore() { gpu::set_shuffle_layout(false); }
-  } restore;
+  const LayoutOffAfter off;
   constexpr std::size_t kBytes = 256 << 10;
   const std::size_t held0 = gpu::memory().held;
   {
@@ -256,9 +259,7 @@ TEST(CudaUtil, ShuffledLayoutMovesBuffersAndKeepsTheirData) {
 TEST(CudaUtil, ShuffledLayoutDrawsFromItsSeed) {
   std::string why;
   if (!gpu::available(&why)) GTEST_SKIP() << why;
-  struct Restore {
-    ~Restore() { gpu::set_shuffle_layout(false); }
-  } restore;
+  const LayoutOffAfter off;
   gpu::set_shuffle_layout(true);
   constexpr std::size_t kBytes = 256 << 10;
   auto offsets = [&](std::uint64_t seed) {
