@@ -132,6 +132,25 @@ TEST_P(EmbeddingVerify, PassesTheReferenceAndFailsAPlantedError) {
   EXPECT_FALSE(verify(s, in, poisoned).ok);
 }
 
+// A gather whose output is larger than the caches streams it out a block of rows at a time (rows of
+// 100 and 200 bytes, which no block boundary lines up with): every row is its index's, in order.
+TEST(Embedding, StreamedGatherMatchesTheReference) {
+  for (const auto& [t, batch] : {std::pair{DType::f32, 421}, std::pair{DType::bf16, 841}}) {
+    const Shape s = shape_of(Problem{"embedding", Backend::cpu, t, Direction::fwd,
+                                     {{"shape", "test"}, {"N", std::to_string(batch)}, {"T", "400"}, {"vocab", "20000"}, {"dim", "50"}}});
+    auto plan = make_plan(s, Backend::cpu);
+    EXPECT_NE(plan->label().find("streaming stores"), std::string::npos) << plan->label();
+    const Inputs in = make_inputs(s, 3);
+    HostBuffer out = make_output(s);
+    out.poison();
+    Args a;
+    a.idx = in.idx.data(), a.W = in.W.data(), a.out = out.data();
+    plan->run(a);
+    const Check c = verify(s, in, out);
+    EXPECT_TRUE(c.ok) << dtype_name(t) << ": " << c.message;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(All, EmbeddingVerify,
                          testing::Combine(testing::Values(DType::f32, DType::bf16),
                                           testing::Values(Direction::fwd, Direction::bwd), testing::Values(0, 1, 2)));

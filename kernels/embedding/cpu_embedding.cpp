@@ -1,6 +1,7 @@
 // embedding on the CPU: hand-written OpenMP loops.
 //   fwd: one row copy (memcpy) per index, indices split statically over the threads; an f32 table's
-//        rows rounded to bf16 element by element (f32_table).
+//        rows rounded to bf16 element by element (f32_table); an output larger than the caches
+//        gathered a block of rows at a time into an L1-resident buffer and streamed out.
 //   bwd: one pass over the vocabulary rows, each summed in f32 in an L1-resident row buffer in the
 //        CSR's fixed position order (rows no index hits are zeros) and written once; streamed
 //        (non-temporal) when dW is larger than the caches. The caller builds the CSR at setup.
@@ -10,6 +11,7 @@
 //        the thread count.
 #include <omp.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -67,7 +69,7 @@ class CpuEmbedding final : public Plan {
     auto* out = static_cast<std::byte*>(a.out);
     const std::int64_t* idx = a.idx;
     const std::int64_t n = s_.n();
-    const bool stream = stream_;
+    if (stream_ && !s_.f32_table) return forward_streamed(w, idx, out, row_bytes, n);
 #pragma omp parallel num_threads(cpu::threads())
     {
 #pragma omp for schedule(static)
@@ -80,11 +82,31 @@ class CpuEmbedding final : public Plan {
           for (std::int64_t j = 0; j < s_.dim; ++j) d[j] = float_to_bf16(src[j]);
           continue;
         }
-        const std::byte* src = w + static_cast<std::size_t>(idx[i]) * row_bytes;
-        if (stream) cpu::stream_copy(dst, src, row_bytes);
-        else std::memcpy(dst, src, row_bytes);
+        std::memcpy(dst, w + static_cast<std::size_t>(idx[i]) * row_bytes, row_bytes);
       }
-      if (stream) cpu::stream_fence();
+    }
+  }
+
+  // A gather into an output larger than the caches: each thread's contiguous run of output rows
+  // gathered a block at a time into an L1-resident buffer and streamed out as one copy, so that the
+  // non-temporal stores fill whole cache lines (rows of 100 or 200 bytes streamed one by one mix
+  // them with ordinary stores to the same lines).
+  void forward_streamed(const std::byte* w, const std::int64_t* idx, std::byte* out, std::size_t row_bytes, std::int64_t n) const {
+    constexpr std::size_t kBlockBytes = 16 << 10;
+    const auto block_rows = static_cast<std::int64_t>(std::max<std::size_t>(1, kBlockBytes / row_bytes));
+#pragma omp parallel num_threads(cpu::threads())
+    {
+      std::vector<std::byte> block(static_cast<std::size_t>(block_rows) * row_bytes);
+      const std::int64_t team = omp_get_num_threads(), k = omp_get_thread_num();
+      const std::int64_t end = n * (k + 1) / team;
+      for (std::int64_t r = n * k / team; r < end; r += block_rows) {
+        const std::int64_t m = std::min(block_rows, end - r);
+        for (std::int64_t j = 0; j < m; ++j)
+          std::memcpy(block.data() + static_cast<std::size_t>(j) * row_bytes,
+                      w + static_cast<std::size_t>(idx[s_.index_of(r + j)]) * row_bytes, row_bytes);
+        cpu::stream_copy(out + static_cast<std::size_t>(r) * row_bytes, block.data(), static_cast<std::size_t>(m) * row_bytes);
+      }
+      cpu::stream_fence();
     }
   }
 
