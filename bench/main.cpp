@@ -308,7 +308,7 @@ int main(int argc, char** argv) {
   hotops::set_global_seed(options.seed);
   if (options.threads > 0) hotops::cpu::set_threads(options.threads);
   hotops::gpu::set_shuffle_layout(options.shuffle_layout);
-  hotops::cpu::set_flush_subnormals(options.cpu_ftz);
+  if (options.cpu_ftz) hotops::cpu::set_flush_subnormals(true);  // threads start with IEEE subnormals
 
   // hotops' default sample budget is 0.05 s per benchmark (Google Benchmark's is 0.5 s), so that a
   // whole op family runs in under a minute; --benchmark_min_time (or Google Benchmark's

@@ -207,17 +207,6 @@ class CpuBilstm final : public ModelCase {
   int team(std::int64_t work) const { return work >= (1 << 15) ? cpu::threads() : 1; }
   float* P() { return params_.as<float>(); }
 
-  void adamw_step() {
-    const auto n = static_cast<std::int64_t>(l_.total);
-    adamw::cpu_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(), n,
-                    adamw::scalars_for(models::hyper(), ++step_), team(n));
-  }
-
-  Shape s_;
-  Config c_;
-  Layout l_;
-  State st_;  // the seeded start: verify() restores from it
-  int threads_;
   // The weights as the step's primitives take them: the LSTM's packed into oneDNN's layouts from the
   // f32 masters (the summed biases; bf16: cast), and bf16's dense W and b cast. Train: every step;
   // infer: once.
@@ -230,6 +219,17 @@ class CpuBilstm final : public ModelCase {
     }
   }
 
+  void adamw_step() {
+    const auto n = static_cast<std::int64_t>(l_.total);
+    adamw::cpu_step(params_.as<float>(), grads_.as<const float>(), m_.as<float>(), v_.as<float>(), n,
+                    adamw::scalars_for(models::hyper(), ++step_), team(n));
+  }
+
+  Shape s_;
+  Config c_;
+  Layout l_;
+  State st_;  // the seeded start: verify() restores from it
+  int threads_;
   std::unique_ptr<lstm::Plan> lstm_;        // the BiLSTM on oneDNN's weight space
   std::unique_ptr<lstm::Masters> masters_;  // that space packed from the f32 masters, its gradients back
   HostBuffer params_, grads_, m_, v_;

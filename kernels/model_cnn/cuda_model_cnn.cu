@@ -171,7 +171,7 @@ class CudaCnn final : public ModelCase {
     hb.affine = floats(4 * Hd);
     logits_ = acts(B * C);
     if (kBf16) low_ = acts(static_cast<std::int64_t>(l_.total));
-    if (kBf16 && s_.train()) cast_params_from(0);  // the copy at the start; AdamW keeps it from then on
+    if (kBf16 && s_.train()) cast_all_params();  // the copy at the start; AdamW keeps it from then on
     loss_ = floats(1);
     if (s_.train()) {
       grads_ = gpu::DeviceBuffer(l_.total * sizeof(float));
@@ -407,11 +407,10 @@ class CudaCnn final : public ModelCase {
     else return params_.as<const float>() + at;
   }
   const Act* dense_param(std::size_t at) const { return param(at); }
-  // bf16: the copy of the flat parameters [from, total), when they are restored.
-  void cast_params_from(std::size_t from) const {
-    const auto n4 = static_cast<std::int64_t>((l_.total - from) / 4);
-    cast_params<<<grid_for(n4, 1024), kThreads, 0, gpu::stream()>>>(params_.as<const float4>() + from / 4,
-                                                                    low_.as<__nv_bfloat162>() + from / 2, n4);
+  // bf16: the copy of the flat parameters, when they are restored.
+  void cast_all_params() const {
+    const auto n4 = static_cast<std::int64_t>(l_.total / 4);
+    cast_params<<<grid_for(n4, 1024), kThreads, 0, gpu::stream()>>>(params_.as<const float4>(), low_.as<__nv_bfloat162>(), n4);
     HOTOPS_CHECK_LAUNCH();
   }
 
@@ -613,7 +612,7 @@ class CudaCnn final : public ModelCase {
     gpu::copy(labels_.get(), st.labels.data(), labels_.bytes(), cudaMemcpyHostToDevice);
     params_.upload(st.params);
     stats_.upload(st.stats);
-    if constexpr (kBf16) cast_params_from(0);  // train: the AdamW launch writes the copy from then on
+    if constexpr (kBf16) cast_all_params();  // train: the AdamW launch writes the copy from then on
     if (s_.train()) {
       m_.upload(st.m);
       v_.upload(st.v);
