@@ -51,7 +51,10 @@ class CudaLayer final : public LayerCase {
     auto buf = [](std::int64_t n) { return gpu::DeviceBuffer(static_cast<std::size_t>(n) * sizeof(float)); };  // f32
     auto act = [](std::int64_t n) { return gpu::DeviceBuffer(static_cast<std::size_t>(n) * sizeof(T)); };    // activations
     params_ = gpu::DeviceBuffer(seeded_.params);
-    if (kBf16) weights_ = gpu::DeviceBuffer(l_.total * sizeof(bf16));
+    if (kBf16) {
+      weights_ = gpu::DeviceBuffer(l_.total * sizeof(bf16));
+      cast_weights();
+    }
     x_ = gpu::DeviceBuffer(seeded_.x);
     u1_ = act(a.pre_ln ? T_ * H : 1), qkv_ = act(T_ * 3 * H), prob_ = act(B * NH * S * S), ctx_ = act(T_ * H);
     s1_ = act(T_ * H), h1_ = act(T_ * H), z_ = act(T_ * F), f_ = act(T_ * F), s2_ = act(T_ * H), y_ = act(a.pre_ln ? 1 : T_ * H);
@@ -102,8 +105,6 @@ class CudaLayer final : public LayerCase {
       qkv_w_ = wgrad(H, 3 * H);
       if (a.pre_ln) qkv_d_ = dgrad(H, 3 * H, false);
       restart_optimizer();
-    } else if (kBf16) {
-      cast_weights();  // infer: the bf16 weights cast once, as autocast's weight cache holds them
     }
     if (s_.gpus) {  // data parallel: this rank's shard of the global batch, and the all-reduce
       replicas_.start(p, s_, static_cast<std::size_t>(a.seq * a.hidden), [&](const Shape& g) { return make_state(g, l_, models::step_seed(p)); },
@@ -134,15 +135,13 @@ class CudaLayer final : public LayerCase {
     State global_start;  // data parallel: the global batch's, of which this rank runs its shard
     const State start = replicas_.verification_start(s_, seeded_, verification_state, &global_start);
     x_.upload(start.x);
-    params_.upload(start.params);
+    load_params(start.params);
     out().poison();
     if (s_.train()) {
       target_.upload(start.target);
       restart_optimizer();
       for (const auto& [at, n] : l_.tensors)
         HOTOPS_CHECK_CUDA(cudaMemsetAsync(grads_.as<float>() + at, 0xFF, n * sizeof(float), gpu::stream()));
-    } else if (kBf16) {
-      cast_weights();
     }
     device_step();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
@@ -205,12 +204,18 @@ class CudaLayer final : public LayerCase {
     else return params_.as<const float>();
   }
 
-  // m = v = 0, the step count at its start (the AdamW launch advances it: adamw.h, DeviceStep) and,
-  // bf16, the copy of the parameters as they start, which the AdamW launch writes from then on.
+  // m = v = 0 and the step count at its start (the AdamW launch advances it: adamw.h, DeviceStep).
   void restart_optimizer() {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(m_.get(), 0, m_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(v_.get(), 0, v_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(state_.get(), &first_step_, sizeof(StepState), cudaMemcpyHostToDevice, gpu::stream()));
+  }
+
+  // The parameters from the host and, bf16, their bf16 copy: cast wherever they are loaded, and
+  // written from then on by a train step's AdamW launch (infer's stays as cast, as autocast's weight
+  // cache holds it).
+  void load_params(const HostBuffer& from) {
+    params_.upload(from);
     if constexpr (kBf16) cast_weights();
   }
 

@@ -65,7 +65,7 @@ class CudaBilstm final : public ModelCase {
       low_ = gpu::DeviceBuffer(total_ * sizeof(__nv_bfloat16));
       HOTOPS_CHECK_CUDA(cudaMemsetAsync(low_.get(), 0, low_.bytes(), gpu::stream()));
     }
-    params_.upload(to_device(st_.params));
+    load_params();
 
     // The batch: the tokens, or (one_hot) x itself; the labels as the loss plan takes them.
     if (!c_.one_hot) tokens_ = gpu::DeviceBuffer(st_.tokens.size() * sizeof(std::int64_t));
@@ -154,9 +154,8 @@ class CudaBilstm final : public ModelCase {
     // exists before a capture; then back to the seeded start.
     device_step();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-    params_.upload(to_device(st_.params));
+    load_params();
     if (s_.train()) restart_optimizer();
-    else if (s_.bf16()) cast_weights(lstm_);  // infer: the LSTM and dense weights cast once, as autocast's weight cache holds them
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
     if (s_.variant == Variant::graph) {
       std::string why;
@@ -192,7 +191,7 @@ class CudaBilstm final : public ModelCase {
   }
 
   Check verify() override {
-    params_.upload(to_device(st_.params));
+    load_params();
     logits_.poison();
     if (s_.train()) {
       restart_optimizer();
@@ -201,8 +200,6 @@ class CudaBilstm final : public ModelCase {
       poison(grads_.as<float>() + lstm_, static_cast<std::int64_t>(w_elems_));
       poison(grads_.as<float>() + dense_w_, c_.D * c_.H * c_.C);
       poison(grads_.as<float>() + dense_b_, c_.C);
-    } else if (s_.bf16()) {
-      cast_weights(lstm_);
     }
     run();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
@@ -322,7 +319,14 @@ class CudaBilstm final : public ModelCase {
       HOTOPS_CHECK_CUDA(cudaMemsetAsync(state_.get(), 0, sizeof(StepState), gpu::stream()));
     else
       HOTOPS_CHECK_CUDA(cudaMemcpyAsync(state_.get(), &first_, sizeof(StepState), cudaMemcpyHostToDevice, gpu::stream()));
-    if (s_.bf16()) cast_weights(0);  // the copy as the parameters start; the AdamW launch writes it from then on
+  }
+
+  // The seeded parameters in the device layout and, bf16, their bf16 copy: cast wherever they are
+  // loaded, and written from then on by a train step's AdamW launch (infer's stays as cast, as
+  // autocast's weight cache holds it).
+  void load_params() {
+    params_.upload(to_device(st_.params));
+    if (s_.bf16()) cast_weights();
   }
 
   // The algorithm the LSTM plan runs: its label names it ("cuDNN RNN <algo> LSTM ...").
@@ -361,11 +365,10 @@ class CudaBilstm final : public ModelCase {
     return can;
   }
 
-  // The bf16 copy of the device layout's [from, total_).
-  void cast_weights(std::size_t from) const {
-    const auto n4 = static_cast<std::int64_t>((total_ - from) / 4);
-    cast_params<<<blocks_for(n4, 256, 1024), 256, 0, gpu::stream()>>>(params_.as<const float4>() + from / 4,
-                                                                      low_.as<__nv_bfloat162>() + from / 2, n4);
+  // The bf16 copy of the device layout, the padding included.
+  void cast_weights() const {
+    const auto n4 = static_cast<std::int64_t>(total_ / 4);
+    cast_params<<<blocks_for(n4, 256, 1024), 256, 0, gpu::stream()>>>(params_.as<const float4>(), low_.as<__nv_bfloat162>(), n4);
     HOTOPS_CHECK_LAUNCH();
   }
 

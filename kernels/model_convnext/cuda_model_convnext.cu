@@ -50,6 +50,7 @@ class CudaBlock final : public BlockCase {
       copy::Shape cs;
       cs.kind = copy::Kind::f32_to_bf16, cs.src = DType::f32, cs.dst = DType::bf16, cs.count = static_cast<std::int64_t>(l_.total);
       cast_ = copy::make_cuda_plan(cs);
+      cast_->run({params_.get(), weights_.get()});
     }
     x_ = gpu::DeviceBuffer(seeded_.x);
     u_ = act(R * C), h_ = act(R * C), z_ = act(R * F), f_ = act(R * F), o_ = act(R * C), y_ = act(R * C);
@@ -83,8 +84,6 @@ class CudaBlock final : public BlockCase {
       norm_bwd_ = layernorm::dbias::make_cuda_plan(channel_layernorm_bwd(s_));
       conv_w_ = conv2d::make_cuda_plan(dwconv(s_, Direction::bwd_weight));
       restart_optimizer();
-    } else if (kBf16) {
-      cast_->run({params_.get(), weights_.get()});  // infer: the bf16 weights cast once, as autocast's weight cache holds them
     }
     if (s_.gpus) {  // data parallel: this rank's shard of the global batch, and the all-reduce
       replicas_.start(p, s_, static_cast<std::size_t>(s_.arch.positions() * C),
@@ -122,15 +121,13 @@ class CudaBlock final : public BlockCase {
     State global_start;  // data parallel: the global batch's, of which this rank runs its shard
     const State start = replicas_.verification_start(s_, seeded_, verification_state, &global_start);
     x_.upload(start.x);
-    params_.upload(start.params);
+    load_params(start.params);
     y_.poison();
     if (s_.train()) {
       target_.upload(start.target);
       restart_optimizer();
       for (const auto& [at, n] : l_.tensors)
         HOTOPS_CHECK_CUDA(cudaMemsetAsync(grads_.as<float>() + at, 0xFF, n * sizeof(float), gpu::stream()));
-    } else if (kBf16) {
-      cast_->run({params_.get(), weights_.get()});
     }
     device_step();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
@@ -193,12 +190,18 @@ class CudaBlock final : public BlockCase {
   const float* P(std::size_t at) const { return params_.as<const float>() + at; }
   float* G(std::size_t at) const { return grads_.as<float>() + at; }
 
-  // m = v = 0, the step count at its start (the AdamW launch advances it: adamw.h, DeviceStep) and,
-  // bf16, the copy of the parameters as they start, which the AdamW launch writes from then on.
+  // m = v = 0 and the step count at its start (the AdamW launch advances it: adamw.h, DeviceStep).
   void restart_optimizer() {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(m_.get(), 0, m_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(v_.get(), 0, v_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(state_.get(), &first_step_, sizeof(StepState), cudaMemcpyHostToDevice, gpu::stream()));
+  }
+
+  // The parameters from the host and, bf16, their bf16 copy: cast wherever they are loaded, and
+  // written from then on by a train step's AdamW launch (infer's stays as cast, as autocast's weight
+  // cache holds it).
+  void load_params(const HostBuffer& from) {
+    params_.upload(from);
     if constexpr (kBf16) cast_->run({params_.get(), weights_.get()});
   }
 

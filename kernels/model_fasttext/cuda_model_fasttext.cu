@@ -36,7 +36,10 @@ class CudaFasttext final : public ModelCase {
     const std::int64_t B = s_.batch, N = s_.tokens(), E = s_.cfg.E;
     const std::size_t e = dtype_size(s_.dtype);  // bytes of a stored activation
     params_ = gpu::DeviceBuffer(st_.params);
-    if (s_.bf16()) low_ = gpu::DeviceBuffer(l_.total * e);
+    if (s_.bf16()) {
+      low_ = gpu::DeviceBuffer(l_.total * e);
+      cast_all_params();
+    }
     tokens_ = gpu::DeviceBuffer(st_.tokens.size() * sizeof(std::int64_t));
     labels_ = gpu::DeviceBuffer(st_.labels);
     emb_ = gpu::DeviceBuffer(static_cast<std::size_t>(N * E) * e);
@@ -81,9 +84,8 @@ class CudaFasttext final : public ModelCase {
     // exists before a capture; then back to the seeded start.
     device_step();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-    params_.upload(st_.params);
+    load_params(st_.params);
     if (s_.train()) restart_optimizer();
-    else if (s_.bf16()) cast_all_params();  // infer: the bf16 copy cast once, as autocast's weight cache holds it
     if (s_.variant == Variant::graph) {
       HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
       std::string why;
@@ -116,7 +118,7 @@ class CudaFasttext final : public ModelCase {
   }
 
   Check verify() override {
-    params_.upload(st_.params);
+    load_params(st_.params);
     emb_.poison(), pooled_.poison(), logits_.poison();
     if (s_.train()) {
       restart_optimizer();
@@ -124,8 +126,6 @@ class CudaFasttext final : public ModelCase {
       poison(grads_.as<float>() + l_.embed, s_.cfg.V * s_.cfg.E);
       poison(grads_.as<float>() + l_.dense_w, s_.cfg.E);
       poison(grads_.as<float>() + l_.dense_b, 1);
-    } else if (s_.bf16()) {
-      cast_all_params();
     }
     run();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
@@ -202,12 +202,18 @@ class CudaFasttext final : public ModelCase {
 
   // m = v = 0 and the step count at its start, on the stream: a fresh optimizer (the AdamW launch
   // advances the count itself).
-  // bf16: and the copy of the parameters as they start, which the AdamW launch writes from then on.
   void restart_optimizer() {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(m_.get(), 0, m_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(v_.get(), 0, v_.bytes(), gpu::stream()));
     start_ = adamw::first_step(hyper_);
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(state_.get(), &start_, sizeof start_, cudaMemcpyHostToDevice, gpu::stream()));
+  }
+
+  // The parameters from the host and, bf16, their bf16 copy: cast wherever they are loaded, and
+  // written from then on by a train step's AdamW launch (infer's stays as cast, as autocast's weight
+  // cache holds it).
+  void load_params(const HostBuffer& from) {
+    params_.upload(from);
     if (s_.bf16()) cast_all_params();
   }
 

@@ -33,7 +33,10 @@ class CudaModel final : public ModelCase {
     const std::size_t pbytes = l_.total * sizeof(float);
     const std::size_t e = dtype_size(s_.dtype);  // bytes of a stored activation
     params_ = gpu::DeviceBuffer(st_.params);
-    if (s_.bf16()) low_ = gpu::DeviceBuffer(l_.total * e);
+    if (s_.bf16()) {
+      low_ = gpu::DeviceBuffer(l_.total * e);
+      cast_all_params();
+    }
     x_ = gpu::DeviceBuffer(st_.x);
     labels_ = gpu::DeviceBuffer(st_.labels.size() * sizeof(std::int32_t));
     HOTOPS_CHECK_CUDA(cudaMemcpyAsync(labels_.get(), st_.labels.data(), labels_.bytes(), cudaMemcpyHostToDevice, gpu::stream()));
@@ -51,8 +54,6 @@ class CudaModel final : public ModelCase {
       loss_ = gpu::DeviceBuffer(sizeof(float));
       state_ = gpu::DeviceBuffer(sizeof(StepState));
       restart_optimizer();
-    } else if (s_.bf16()) {
-      cast_all_params();  // infer: the bf16 weights cast once, as autocast's weight cache holds them
     }
     if (s_.variant == Variant::e2e && !s_.train()) logits_host_ = HostBuffer(s_.dtype, static_cast<std::size_t>(B * s_.classes()));
 
@@ -97,7 +98,7 @@ class CudaModel final : public ModelCase {
   }
 
   Check verify() override {
-    params_.upload(st_.params);
+    load_params(st_.params);
     for (std::size_t k = 1; k < act_.size(); ++k) act_[k].poison();
     if (s_.train()) {
       restart_optimizer();
@@ -105,8 +106,6 @@ class CudaModel final : public ModelCase {
         poison(grads_.as<float>() + l_.w[k], s_.in(k) * s_.out(k));
         poison(grads_.as<float>() + l_.b[k], s_.out(k));
       }
-    } else if (s_.bf16()) {
-      cast_all_params();
     }
     run();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
@@ -219,12 +218,18 @@ class CudaModel final : public ModelCase {
     return c;
   }
 
-  // m = v = 0 and step 0, on the stream: a fresh optimizer; bf16: the copy of the parameters as they
-  // start, which the AdamW launch writes from then on.
+  // m = v = 0 and step 0, on the stream: a fresh optimizer.
   void restart_optimizer() {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(m_.get(), 0, m_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(v_.get(), 0, v_.bytes(), gpu::stream()));
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(state_.get(), 0, sizeof(StepState), gpu::stream()));  // no step taken: the loss plan advances it
+  }
+
+  // The parameters from the host and, bf16, their bf16 copy: cast here, wherever they are loaded,
+  // and written from then on by a train step's AdamW launch (infer's stays as cast, as autocast's
+  // weight cache holds it).
+  void load_params(const HostBuffer& from) {
+    params_.upload(from);
     if (s_.bf16()) cast_all_params();
   }
 
