@@ -120,20 +120,20 @@ float retime_ms(Call call) {
   return best_batch_ms([&] { HOTOPS_CHECK_CUDNN(call()); });
 }
 
-// ConvPick::retimed: each candidate timed again in one workspace large enough for all, the fastest
-// kept. A candidate that errors is dropped; one is always left, since Find ran it successfully.
+// ConvPick::retimed: each candidate timed again in one workspace large enough for all, then
+// pick_retimed. A candidate that errors is dropped; one is usually left, since Find ran it successfully.
 ConvAlgo fastest_retimed(const ConvCall& c, std::vector<ConvAlgo> candidates, const std::string& context) {
   std::size_t ws_bytes = 0;
   for (const ConvAlgo& a : candidates) ws_bytes = std::max(ws_bytes, a.workspace);
   DeviceBuffer ws(ws_bytes);
-  ConvAlgo best;
+  bool any = false;
   for (ConvAlgo& a : candidates) {
     HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(c.conv, a.math));
     a.retimed_ms = retime_ms([&] { return convolve(c, a.algo, ws.get(), ws.bytes()); });
-    if (a.retimed_ms < 0) continue;
-    if (best.retimed_ms < 0 || a.retimed_ms < best.retimed_ms) best = a;
+    any = any || a.retimed_ms >= 0;
   }
-  HOTOPS_CHECK(best.retimed_ms >= 0, context + ": no cuDNN algorithm that cudnnFind offered runs again");
+  HOTOPS_CHECK(any, context + ": no cuDNN algorithm that cudnnFind offered runs again");
+  ConvAlgo best = pick_retimed(candidates);
   best.retimed = static_cast<int>(candidates.size());
   return best;
 }
@@ -187,6 +187,19 @@ ChoiceCache<ConvAlgo>& search_cache() {
 }  // namespace
 
 int conv_algo_searches() { return search_cache().searches(); }
+
+ConvAlgo pick_retimed(const std::vector<ConvAlgo>& timed) {
+  float fastest = -1;
+  for (const ConvAlgo& a : timed)
+    if (a.retimed_ms >= 0 && (fastest < 0 || a.retimed_ms < fastest)) fastest = a.retimed_ms;
+  HOTOPS_CHECK(fastest >= 0, "pick_retimed: no candidate was re-timed");
+  const ConvAlgo* pick = nullptr;
+  for (const ConvAlgo& a : timed) {
+    if (a.retimed_ms < 0 || a.retimed_ms > fastest * (1 + kRetimeTie)) continue;
+    if (!pick || a.workspace < pick->workspace || (a.workspace == pick->workspace && a.algo < pick->algo)) pick = &a;
+  }
+  return *pick;
+}
 
 void set_conv2d(cudnnConvolutionDescriptor_t d, int pad_h, int pad_w, int stride_h, int stride_w, int dil_h,
                 int dil_w, cudnnMathType_t math) {

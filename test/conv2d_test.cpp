@@ -414,6 +414,27 @@ TEST(Conv2dPlan, InferenceTakesXInTheCallersLayout) {
 }
 
 #ifdef HOTOPS_HAVE_CUDA
+// The re-timed search's choice: the fastest, unless others are within kRetimeTie of it; then the
+// least workspace, then the lowest algorithm number, whatever order the timings came in. A host
+// test: it needs a CUDA build, not a GPU.
+TEST(ConvSearch, NearTiesGoToTheLeastWorkspaceThenTheLowestAlgorithm) {
+  const auto algo = [](int a, std::size_t ws, float ms) {
+    gpu::ConvAlgo c;
+    c.algo = a, c.workspace = ws, c.retimed_ms = ms;
+    return c;
+  };
+  const float near = 1 + gpu::kRetimeTie / 2, far = 1 + 2 * gpu::kRetimeTie;
+  std::vector<gpu::ConvAlgo> timed = {algo(4, 4 << 20, 1.f), algo(7, 0, near), algo(1, 0, near), algo(5, 0, -1)};
+  for (int turn = 0; turn < 4; ++turn) {  // every rotation: the order of the candidates does not matter
+    EXPECT_EQ(gpu::pick_retimed(timed).algo, 1) << turn;
+    std::rotate(timed.begin(), timed.begin() + 1, timed.end());
+  }
+  timed = {algo(4, 4 << 20, 1.f), algo(7, 0, far), algo(2, 1 << 20, -1)};  // beyond the tie: the fastest
+  EXPECT_EQ(gpu::pick_retimed(timed).algo, 4);
+  timed = {algo(3, 0, -1)};
+  EXPECT_THROW(gpu::pick_retimed(timed), Error);
+}
+
 // A model step's CUDA plans: Find's fastest taken as timed, bf16 with tensor-op math only, run on a
 // workspace of the caller's (shared by all three passes) and on the buffers each run is given.
 TEST(Conv2dCudaPlan, FindsFastestTensorOpsAndRunsOnASharedWorkspace) {

@@ -89,11 +89,13 @@ enum class ConvPick {
   // (docs/timing.md). Nothing timed takes it now.
   find_fastest,
   // The first kRetimeCandidates of Find's usable results are timed again (one warm-up call, then
-  // gpu::best_batch_ms) and the fastest kept: two runs of conv2d had picked algorithms up to 60%
-  // apart for the same convolution on the H100 with Find's choice alone.
+  // gpu::best_batch_ms) and pick_retimed keeps one: two runs of conv2d had picked algorithms up to
+  // 60% apart for the same convolution on the H100 with Find's choice alone.
   retimed,
 };
 constexpr int kRetimeCandidates = 4;
+// Re-timed candidates within this fraction of the fastest are a near tie (pick_retimed).
+constexpr float kRetimeTie = 0.03f;
 
 // The chosen algorithm, the workspace it needs, Find's time for it and, for ConvPick::retimed, how
 // many candidates were re-timed and its re-timed time (ms per call).
@@ -105,6 +107,15 @@ struct ConvAlgo {
   int retimed = 0;
   float retimed_ms = -1;
 };
+
+// The choice among re-timed candidates (those with retimed_ms < 0 did not run again and are
+// skipped; at least one must have run): of those within kRetimeTie of the fastest, the one that
+// needs the least workspace, then the lowest algorithm number. A near tie is decided by what does
+// not move between processes rather than by which timing came out lower: the re-timings of
+// algorithms a few percent apart in isolation swap order from one process to the next, and inside a
+// model step such algorithms can differ by more (cnn_mnist's f32 step at batch 32 took 261 or 268 µs
+// on the H100 by its second convolution's choice between two algorithms that re-timed alike).
+ConvAlgo pick_retimed(const std::vector<ConvAlgo>& timed);
 
 // The algorithm search, at setup, on the caller's own buffers: cudnnFind*AlgorithmEx, run twice
 // (with CUDA's lazy loading the first search also times each algorithm's module load and can rank a

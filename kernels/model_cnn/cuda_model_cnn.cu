@@ -318,9 +318,10 @@ class CudaCnn final : public ModelCase {
 
   // The shape of one conv2d pass of conv layer i: the layer's 3x3 stride-1 convolution over the
   // step's batch, in the step's layout and dtype, no bias (the affine adds it). The algorithm is
-  // the conv2d plan's choice: Find's usable results re-timed behind a hold, the fastest kept (Find's
-  // own single timings picked algorithms 10-20% apart in step time from one process to the next);
-  // f32 FMA math only (no TF32), bf16 tensor-op math only, as the label says.
+  // the conv2d plan's choice: Find's usable results re-timed behind a hold, the fastest kept and a
+  // near tie decided by workspace (gpu::pick_retimed; Find's own single timings picked algorithms
+  // 10-20% apart in step time from one process to the next); f32 FMA math only (no TF32), bf16
+  // tensor-op math only, as the label says.
   conv2d::Shape conv_shape(const ConvLayer& c, Direction dir) const {
     conv2d::Shape cs;
     cs.dir = dir, cs.dtype = s_.dtype, cs.layout = nchw_ ? conv2d::Layout::nchw : conv2d::Layout::nhwc;
