@@ -592,7 +592,9 @@ TEST(ModelBilstm, CpuInferPreparesItsWeightsOnce) {
         return std::any_of(b.parts.begin(), b.parts.end(), [&](const trace::Part& part) { return part.op == op; });
       };
       EXPECT_EQ(has("reorder"), d == Direction::train) << p.name();
-      if (d == Direction::infer) EXPECT_FALSE(has("copy")) << p.name();
+      if (d == Direction::infer) {
+        EXPECT_FALSE(has("copy")) << p.name();
+      }
       const Check again = c->verify();  // the weights prepared again from the restored masters
       EXPECT_TRUE(again.ok) << p.name() << ": " << again.message;
     }
