@@ -63,9 +63,8 @@ class CudaBilstm final : public ModelCase {
     HOTOPS_CHECK_CUDA(cudaMemsetAsync(params_.get(), 0, params_.bytes(), gpu::stream()));
     if (s_.bf16()) {  // the bf16 copy of the device layout (the GEMMs and the LSTM read [lstm_, total_))
       low_ = gpu::DeviceBuffer(total_ * sizeof(__nv_bfloat16));
-      HOTOPS_CHECK_CUDA(cudaMemsetAsync(low_.get(), 0, low_.bytes(), gpu::stream()));
     }
-    load_params();
+    load_params();  // bf16: casts the whole device layout, the padding included
 
     // The batch: the tokens, or (one_hot) x itself; the labels as the loss plan takes them.
     if (!c_.one_hot) tokens_ = gpu::DeviceBuffer(st_.tokens.size() * sizeof(std::int64_t));

@@ -170,8 +170,10 @@ class CudaCnn final : public ModelCase {
     hb.out = acts(B * Hd);
     hb.affine = floats(4 * Hd);
     logits_ = acts(B * C);
-    if (kBf16) low_ = acts(static_cast<std::int64_t>(l_.total));
-    if (kBf16 && s_.train()) cast_all_params();  // the copy at the start; AdamW keeps it from then on
+    if (kBf16) {
+      low_ = acts(static_cast<std::int64_t>(l_.total));
+      cast_all_params();  // the copy for the first step below; restore makes it again from the start
+    }
     loss_ = floats(1);
     if (s_.train()) {
       grads_ = gpu::DeviceBuffer(l_.total * sizeof(float));
