@@ -8,6 +8,9 @@
 
 #include "hotops/check.h"
 #include "hotops/gpu.h"
+#ifdef HOTOPS_HAVE_CUDA
+#include "hotops/cudnn_util.h"
+#endif
 #include "test/model_test_util.h"
 #include "kernels/model_cnn/model_cnn.h"
 #include "kernels/models/models.h"
@@ -241,6 +244,20 @@ TEST(ModelCnnVerify, TrainReferenceIsSharedOnlyBySameActivations) {
   verify_outcome(t.s, t.l, t.keys, t.st, o);
   EXPECT_EQ(models::shared_reference_computations(), before + 2);
 }
+
+#ifdef HOTOPS_HAVE_CUDA
+// The input gradient's path: the flipped filter's forward conv only when it beats backward data by
+// more than a near tie; on a near tie, either way round, backward data. A host test: it needs a
+// CUDA build, not a GPU.
+TEST(ModelCnnDataGradPath, FlipOnlyBeyondANearTie) {
+  const float near = 1 + gpu::kRetimeTie / 2, far = 1 + 2 * gpu::kRetimeTie;
+  EXPECT_TRUE(forward_flip_is_faster(1.f, far));
+  EXPECT_FALSE(forward_flip_is_faster(1.f, near));
+  EXPECT_FALSE(forward_flip_is_faster(near, 1.f));
+  EXPECT_FALSE(forward_flip_is_faster(1.f, 1.f));
+  EXPECT_FALSE(forward_flip_is_faster(far, 1.f));
+}
+#endif
 
 TEST(ModelCnnTraining, LossFallsCpu) {
   expect_learns(Backend::cpu, "keras_test", 40);

@@ -139,7 +139,7 @@ class CudaConv2d final : public Plan {
 
   std::string label() const override { return label_; }
 
-  CudaChoice choice() const { return CudaChoice{choice_.algo, choice_.workspace, choice_.find_ms}; }
+  CudaChoice choice() const { return CudaChoice{choice_.algo, choice_.workspace, choice_.find_ms, choice_.retimed_ms}; }
 
   void use_workspace(void* ws, std::size_t bytes) {
     HOTOPS_CHECK(bytes >= choice_.workspace && (ws || !bytes), "conv2d: a caller's workspace smaller than the algorithm's");

@@ -42,6 +42,9 @@ using models::widen;
 using bf16 = __nv_bfloat16;
 namespace relu_maxpool = batchnorm::relu_maxpool;
 
+// A conv plan's time for forward_flip_is_faster: its re-timing where its search re-timed, else Find's.
+float timed_ms(const conv2d::CudaChoice& c) { return c.retimed_ms >= 0 ? c.retimed_ms : c.find_ms; }
+
 // The data gradient of a 3x3 stride-1 conv as a forward conv: dx = conv(dz, Wf, pad 2 - pad) with
 // Wf[c][r][s][k] = W[k][2-r][2-s][c] (K and C swapped; KRSC, or KCRS as Wf[c][k][r][s] for NCHW).
 // cuDNN's NHWC f32 backward-data kernels are several times slower than its forward ones at these
@@ -359,7 +362,7 @@ class CudaCnn final : public ModelCase {
   }
 
   // Conv layer i's input gradient: cuDNN's backward data, or the forward conv of dz with the flipped
-  // filter (see flip_filter), whichever Find timed faster (or the one cuda_data_grad_path() forces).
+  // filter (see flip_filter), whichever forward_flip_is_faster says (or the one cuda_data_grad_path() forces).
   // Returns the workspace of the one kept.
   std::size_t plan_data_gradient(std::size_t i, ConvPlans& cp) {
     const ConvLayer& c = s_.convs[i];
@@ -375,7 +378,7 @@ class CudaCnn final : public ModelCase {
       flip = conv2d::make_cuda_plan(fs);
     }
     cp.flip = path == DataGradPath::forward_flip ||
-              (path == DataGradPath::timed && conv2d::cuda_choice(*flip).find_ms < conv2d::cuda_choice(*data).find_ms);
+              (path == DataGradPath::timed && forward_flip_is_faster(timed_ms(conv2d::cuda_choice(*flip)), timed_ms(conv2d::cuda_choice(*data))));
     cp.data = std::move(cp.flip ? flip : data);
     const conv2d::CudaChoice kept = conv2d::cuda_choice(*cp.data);
     if (cp.flip) cp.wf_buf = acts(c.C * 9 * c.K);
@@ -660,6 +663,8 @@ class CudaCnn final : public ModelCase {
 };
 
 }  // namespace
+
+bool forward_flip_is_faster(float flip_ms, float data_ms) { return flip_ms * (1 + gpu::kRetimeTie) < data_ms; }
 
 std::unique_ptr<ModelCase> make_cuda(const Problem& p) {
   if (p.dtype == DType::bf16) return std::make_unique<CudaCnn<bf16>>(p);

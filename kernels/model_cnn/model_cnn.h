@@ -166,12 +166,19 @@ Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<poi
                      const State& start, const Outcome& out);
 
 // How a CUDA train step computes a conv layer's input gradient: per layer at setup, whichever of
-// cuDNN's backward data and the forward conv with the flipped filter cudnnFind timed faster (the
-// default), or forced to one of them (tests, so that both paths are verified at any shape).
-// Process-wide, read when a case is made; the label names each layer's choice.
+// cuDNN's backward data and the forward conv with the flipped filter timed faster (the default:
+// forward_flip_is_faster), or forced to one of them (tests, so that both paths are verified at any
+// shape). Process-wide, read when a case is made; the label names each layer's choice.
 enum class DataGradPath { timed, backward_data, forward_flip };
 void set_cuda_data_grad_path(DataGradPath p);
 DataGradPath cuda_data_grad_path();
+
+// DataGradPath::timed's choice from the two plans' times (ms a call: each one's re-timing where its
+// search re-timed, else cudnnFind's): the flipped filter's forward conv only when it is faster than
+// backward data beyond a near tie (gpu::kRetimeTie); on a near tie backward data, which needs no
+// flipped copy of the filter, so that timings a few percent apart do not pick the path by process.
+// CUDA builds only.
+bool forward_flip_is_faster(float flip_ms, float data_ms);
 
 // The layout of a CUDA step's conv activations (the flat parameters and the flatten keep the model's
 // NHWC order whatever it is): NCHW, where cuDNN has f32 implicit-GEMM, Winograd and FFT kernels for all
