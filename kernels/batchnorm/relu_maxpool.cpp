@@ -217,7 +217,10 @@ Inputs make_inputs(const Shape& s, std::uint64_t seed) {
   }
   // No ReLU near-ties: an element whose z scale + shift is within 1e-5 of its terms' size (where f32
   // with or without a fused multiply-add could round to either side of zero) moves off the tie.
-  for (std::int64_t i = 0; i < s.count(); ++i) {
+  // (Each element is its own: the loops here run in parallel.)
+  const std::int64_t n = s.count();
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (std::int64_t i = 0; i < n; ++i) {
     const auto c = static_cast<std::size_t>(i % s.C), k = static_cast<std::size_t>(s.z_index(i));
     for (int tries = 0; tries < 8; ++tries) {
       const double zs = in.z.get(k) * in.scale.get(c), y = zs + in.shift.get(c);
@@ -232,7 +235,9 @@ Inputs make_inputs(const Shape& s, std::uint64_t seed) {
   in.arg = bytes(s.pooled());
   auto* arg = in.arg.as<std::uint8_t>();
   const Reference r(fwd, in);
-  for (std::int64_t j = 0; j < s.pooled(); ++j) {
+  const std::int64_t pooled = s.pooled();
+#pragma omp parallel for schedule(static) if (pooled > (1 << 14))
+  for (std::int64_t j = 0; j < pooled; ++j) {
     const std::int64_t at = r.window_start(j);
     double best = -1;
     for (std::int64_t q = 0; q < s.k * s.k; ++q) {

@@ -85,11 +85,13 @@ class CpuCnn final : public ModelCase {
     x_ = images(seeded_.x);
     labels_ = seeded_.labels;
     params_ = seeded_.params;
-    m_ = seeded_.m;
-    v_ = seeded_.v;
     stats_ = seeded_.stats;
-    grads_ = HostBuffer(DType::f32, l_.total);
-    std::fill_n(grads_.as<float>(), l_.total, 0.f);
+    if (s_.train()) {  // the optimizer's state and the gradients: train only (keras_cnn's are 230 MB each)
+      m_ = seeded_.m;
+      v_ = seeded_.v;
+      grads_ = HostBuffer(DType::f32, l_.total);
+      std::fill_n(grads_.as<float>(), l_.total, 0.f);
+    }
     period_ = static_cast<int>(B);
     if (!s_.train() && a.bn) fold_batch_norms();
 
@@ -165,7 +167,8 @@ class CpuCnn final : public ModelCase {
   Check verify() override {
     const State start = verification_state(s_, seeded_);
     restore(start, verify_period(s_));
-    for (const auto& [at, n] : l_.tensors) std::fill_n(grads_.as<float>() + at, n, std::numeric_limits<float>::quiet_NaN());
+    if (s_.train())
+      for (const auto& [at, n] : l_.tensors) std::fill_n(grads_.as<float>() + at, n, std::numeric_limits<float>::quiet_NaN());
     for (ConvPrims& cp : conv_) {  // NaN: an output a step did not write shows
       memory& m = cp.p.get(true) ? cp.p : cp.a;
       std::memset(m.get_data_handle(), 0xff, m.get_desc().get_size());
@@ -340,15 +343,22 @@ class CpuCnn final : public ModelCase {
     folded_ = params_;
     float* F = folded_.as<float>();
     const float* S = stats_.as<float>();
+    // Output k's weights scaled by gamma_k / sqrt(var_k + eps), its bias shifted; the weights in
+    // memory order (a row of the dense layer's [fan_in, n] holds one input's weight to every output),
+    // rows in parallel: keras_cnn's 56448 x 1024 W1 took a second column by column.
     auto fold = [&](const Layer& y, std::int64_t n, std::int64_t fan_in, bool out_major) {
-      for (std::int64_t k = 0; k < n; ++k) {
-        const double sc = F[y.gamma + k] / std::sqrt(static_cast<double>(S[y.var + k]) + kBnEps);
-        for (std::int64_t j = 0; j < fan_in; ++j) {
-          float& w = out_major ? F[y.w + static_cast<std::size_t>(k * fan_in + j)] : F[y.w + static_cast<std::size_t>(j * n + k)];
-          w = static_cast<float>(w * sc);
+      std::vector<double> sc(static_cast<std::size_t>(n));
+      for (std::int64_t k = 0; k < n; ++k) sc[static_cast<std::size_t>(k)] = F[y.gamma + k] / std::sqrt(static_cast<double>(S[y.var + k]) + kBnEps);
+      const std::int64_t rows = out_major ? n : fan_in, cols = out_major ? fan_in : n;
+      float* W = F + y.w;
+#pragma omp parallel for schedule(static) if (rows * cols > (1 << 16))
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < cols; ++c) {
+          float& w = W[r * cols + c];
+          w = static_cast<float>(w * sc[static_cast<std::size_t>(out_major ? r : c)]);
         }
-        F[y.b + k] = static_cast<float>((F[y.b + k] - S[y.mean + k]) * sc + F[y.beta + k]);
-      }
+      for (std::int64_t k = 0; k < n; ++k)
+        F[y.b + k] = static_cast<float>((F[y.b + k] - S[y.mean + k]) * sc[static_cast<std::size_t>(k)] + F[y.beta + k]);
     };
     for (std::size_t i = 0; i < s_.convs.size(); ++i) fold(l_.conv[i], s_.convs[i].K, 9 * s_.convs[i].C, true);
     fold(l_.dense1, s_.arch.hidden, flat_width(s_.arch), false);
@@ -591,8 +601,10 @@ class CpuCnn final : public ModelCase {
     labels_ = st.labels;
     std::copy_n(st.params.as<float>(), l_.total, params_.as<float>());
     if (low_.count()) cast_params();
-    std::copy_n(st.m.as<float>(), l_.total, m_.as<float>());
-    std::copy_n(st.v.as<float>(), l_.total, v_.as<float>());
+    if (s_.train()) {
+      std::copy_n(st.m.as<float>(), l_.total, m_.as<float>());
+      std::copy_n(st.v.as<float>(), l_.total, v_.as<float>());
+    }
     std::copy_n(st.stats.as<float>(), st.stats.count(), stats_.as<float>());
     step_ = 0;
     period_ = static_cast<int>(period);

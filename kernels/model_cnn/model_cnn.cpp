@@ -229,6 +229,7 @@ State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
   std::vector<float> x(st.x.count());
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(st.x.get(i));
   const float* t = teacher.as<float>();
+#pragma omp parallel for schedule(static)
   for (std::int64_t b = 0; b < s.batch; ++b) {
     std::vector<double> score(static_cast<std::size_t>(a.classes), 0.0);
     for (std::int64_t i = 0; i < in; ++i)
