@@ -134,9 +134,9 @@ HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: oneDNN; CUDA: cuDNN, the algorithm 
 
 // What a CUDA plan's search chose: the cudnnConvolution*Algo_t of its pass, the workspace it keeps
 // and the times measured for it (ms: cudnnFind's, and the re-timing's where the search re-timed), for
-// a caller that names the algorithm or chooses
-// between two ways of computing one gradient (model_cnn: backward data, or a forward convolution
-// with the flipped filter). Throws hotops::Error for a plan that is not a CUDA conv2d plan.
+// a caller that names the algorithm or chooses between two ways of computing one gradient
+// (model_cnn: backward data, or a forward convolution with the flipped filter). Throws
+// hotops::Error for a plan that is not a CUDA conv2d plan.
 struct CudaChoice {
   int algo = -1;
   std::size_t workspace = 0;
