@@ -126,14 +126,11 @@ ConvAlgo fastest_retimed(const ConvCall& c, std::vector<ConvAlgo> candidates, co
   std::size_t ws_bytes = 0;
   for (const ConvAlgo& a : candidates) ws_bytes = std::max(ws_bytes, a.workspace);
   DeviceBuffer ws(ws_bytes);
-  bool any = false;
   for (ConvAlgo& a : candidates) {
     HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(c.conv, a.math));
     a.retimed_ms = retime_ms([&] { return convolve(c, a.algo, ws.get(), ws.bytes()); });
-    any = any || a.retimed_ms >= 0;
   }
-  HOTOPS_CHECK(any, context + ": no cuDNN algorithm that cudnnFind offered runs again");
-  ConvAlgo best = pick_retimed(candidates);
+  ConvAlgo best = pick_retimed(candidates, context);
   best.retimed = static_cast<int>(candidates.size());
   return best;
 }
@@ -188,11 +185,11 @@ ChoiceCache<ConvAlgo>& search_cache() {
 
 int conv_algo_searches() { return search_cache().searches(); }
 
-ConvAlgo pick_retimed(const std::vector<ConvAlgo>& timed) {
+ConvAlgo pick_retimed(const std::vector<ConvAlgo>& timed, const std::string& context) {
   float fastest = -1;
   for (const ConvAlgo& a : timed)
     if (a.retimed_ms >= 0 && (fastest < 0 || a.retimed_ms < fastest)) fastest = a.retimed_ms;
-  HOTOPS_CHECK(fastest >= 0, "pick_retimed: no candidate was re-timed");
+  HOTOPS_CHECK(fastest >= 0, context + ": no cuDNN algorithm that cudnnFind offered runs again");
   const ConvAlgo* pick = nullptr;
   for (const ConvAlgo& a : timed) {
     if (a.retimed_ms < 0 || a.retimed_ms > fastest * (1 + kRetimeTie)) continue;

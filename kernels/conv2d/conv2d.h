@@ -133,15 +133,14 @@ struct Args {
 HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: oneDNN; CUDA: cuDNN, the algorithm searched when it is built
 
 // What a CUDA plan's search chose: the cudnnConvolution*Algo_t of its pass, the workspace it keeps
-// and the times measured for it (ms: cudnnFind's, and the re-timing's where the search re-timed), for
-// a caller that names the algorithm or chooses between two ways of computing one gradient
-// (model_cnn: backward data, or a forward convolution with the flipped filter). Throws
+// and the time it was chosen by (ms a call: its re-timing where the search re-timed, else
+// cudnnFind's), for a caller that names the algorithm or chooses between two ways of computing one
+// gradient (model_cnn: backward data, or a forward convolution with the flipped filter). Throws
 // hotops::Error for a plan that is not a CUDA conv2d plan.
 struct CudaChoice {
   int algo = -1;
   std::size_t workspace = 0;
-  float find_ms = 0;
-  float retimed_ms = -1;  // its re-timed ms per call; -1 where the plan's search did not re-time
+  float ms = 0;
 };
 CudaChoice cuda_choice(const Plan& p);
 // Runs a CUDA plan on the caller's workspace (at least cuda_choice(p).workspace bytes, kept alive while

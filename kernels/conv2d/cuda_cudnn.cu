@@ -139,7 +139,9 @@ class CudaConv2d final : public Plan {
 
   std::string label() const override { return label_; }
 
-  CudaChoice choice() const { return CudaChoice{choice_.algo, choice_.workspace, choice_.find_ms, choice_.retimed_ms}; }
+  CudaChoice choice() const {
+    return CudaChoice{choice_.algo, choice_.workspace, choice_.retimed_ms >= 0 ? choice_.retimed_ms : choice_.find_ms};
+  }
 
   void use_workspace(void* ws, std::size_t bytes) {
     HOTOPS_CHECK(bytes >= choice_.workspace && (ws || !bytes), "conv2d: a caller's workspace smaller than the algorithm's");

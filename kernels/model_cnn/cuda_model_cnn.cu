@@ -42,9 +42,6 @@ using models::widen;
 using bf16 = __nv_bfloat16;
 namespace relu_maxpool = batchnorm::relu_maxpool;
 
-// A conv plan's time for forward_flip_is_faster: its re-timing where its search re-timed, else Find's.
-float timed_ms(const conv2d::CudaChoice& c) { return c.retimed_ms >= 0 ? c.retimed_ms : c.find_ms; }
-
 // The data gradient of a 3x3 stride-1 conv as a forward conv: dx = conv(dz, Wf, pad 2 - pad) with
 // Wf[c][r][s][k] = W[k][2-r][2-s][c] (K and C swapped; KRSC, or KCRS as Wf[c][k][r][s] for NCHW).
 // cuDNN's NHWC f32 backward-data kernels are several times slower than its forward ones at these
@@ -378,7 +375,7 @@ class CudaCnn final : public ModelCase {
       flip = conv2d::make_cuda_plan(fs);
     }
     cp.flip = path == DataGradPath::forward_flip ||
-              (path == DataGradPath::timed && forward_flip_is_faster(timed_ms(conv2d::cuda_choice(*flip)), timed_ms(conv2d::cuda_choice(*data))));
+              (path == DataGradPath::timed && forward_flip_is_faster(conv2d::cuda_choice(*flip).ms, conv2d::cuda_choice(*data).ms));
     cp.data = std::move(cp.flip ? flip : data);
     const conv2d::CudaChoice kept = conv2d::cuda_choice(*cp.data);
     if (cp.flip) cp.wf_buf = acts(c.C * 9 * c.K);

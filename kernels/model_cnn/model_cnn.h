@@ -173,8 +173,7 @@ enum class DataGradPath { timed, backward_data, forward_flip };
 void set_cuda_data_grad_path(DataGradPath p);
 DataGradPath cuda_data_grad_path();
 
-// DataGradPath::timed's choice from the two plans' times (ms a call: each one's re-timing where its
-// search re-timed, else cudnnFind's): the flipped filter's forward conv only when it is faster than
+// DataGradPath::timed's choice from the two plans' times (conv2d::CudaChoice::ms): the flipped filter's forward conv only when it is faster than
 // backward data beyond a near tie (gpu::kRetimeTie); on a near tie backward data, which needs no
 // flipped copy of the filter, so that timings a few percent apart do not pick the path by process.
 // CUDA builds only.
