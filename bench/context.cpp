@@ -36,8 +36,10 @@ void add_context(const Options& o, const std::vector<std::string>& rank_gpus) {
   if (o.max_noise > 0) {
     AddCustomContext("hotops_min_samples", std::to_string(o.min_samples));
     AddCustomContext("hotops_timeout", std::to_string(o.timeout));
-    AddCustomContext("hotops_min_time", std::to_string(o.min_seconds));
   }
+  // How entries were sampled: hotops' own loop for at least this long, or Google Benchmark's loop
+  // (--benchmark_min_time=<N>x).
+  AddCustomContext("hotops_min_time", o.own_loop ? std::to_string(o.min_seconds) : "google benchmark's loop");
   for (const auto& [backend, c] : roofline().ceilings) {
     const std::string prefix = std::string("roofline_") + backend_name(backend);
     if (c.bytes_per_second > 0) AddCustomContext(prefix + "_copy_GBps", std::to_string(c.bytes_per_second / 1e9));

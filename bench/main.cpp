@@ -116,7 +116,7 @@ class Display final : public benchmark::BenchmarkReporter {
   void ReportRuns(const std::vector<Run>& runs) override {
     std::vector<Run> shown = runs;
     for (Run& r : shown) {
-      hotops::bench::name_without_rule(r);
+      hotops::bench::name_as_listed(r);
       if (console_) shorten(r);
     }
     inner_->ReportRuns(shown);
@@ -147,11 +147,11 @@ class Display final : public benchmark::BenchmarkReporter {
   bool scale_units_;
 };
 
-// The file reporter of a run with the stopping rule: Google Benchmark's own reporter of the chosen
-// format, given each run under the name it has without the rule (bench::name_without_rule).
-class NamesWithoutRule final : public benchmark::BenchmarkReporter {
+// The file reporter of a run sampled in hotops' own loop: Google Benchmark's own reporter of the
+// chosen format, given each run under its listed name (bench::name_as_listed).
+class ListedNames final : public benchmark::BenchmarkReporter {
  public:
-  explicit NamesWithoutRule(const std::string& format) {
+  explicit ListedNames(const std::string& format) {
     if (format == "console") inner_ = std::make_unique<benchmark::ConsoleReporter>(benchmark::ConsoleReporter::OO_None);
     else if (format == "json") inner_ = std::make_unique<benchmark::JSONReporter>();
 #pragma GCC diagnostic push
@@ -167,7 +167,7 @@ class NamesWithoutRule final : public benchmark::BenchmarkReporter {
   }
   void ReportRuns(const std::vector<Run>& runs) override {
     std::vector<Run> renamed = runs;
-    for (Run& r : renamed) hotops::bench::name_without_rule(r);
+    for (Run& r : renamed) hotops::bench::name_as_listed(r);
     inner_->ReportRuns(renamed);
   }
   void Finalize() override { inner_->Finalize(); }
@@ -324,11 +324,15 @@ int main(int argc, char** argv) {
   } catch (const hotops::FlagError& e) {
     return refuse(e.what());
   }
-  if (options.max_noise > 0) {
-    if (min_time.iterations > 0)
+  // A time is hotops' own loop's least sampling time; a count of iterations (<N>x) is Google
+  // Benchmark's loop, which the stopping rule does not take.
+  if (min_time.iterations > 0) {
+    if (options.max_noise > 0)
       return refuse("hotops: --benchmark_min_time=" + std::to_string(min_time.iterations) +
                     "x and --hotops_max_noise: the stopping rule decides how many samples an entry takes; give "
                     "--benchmark_min_time as a time (the least sampling time), or --hotops_min_samples");
+    options.own_loop = false;
+  } else {
     options.min_seconds = min_time.seconds;
   }
   std::string min_time_arg = hotops::min_time_arg(min_time, HOTOPS_BENCHMARK_VERSION);
@@ -349,9 +353,9 @@ int main(int argc, char** argv) {
   // What the filter selects is known before anything runs: a filter that selects nothing is an
   // error here, not an empty run after the roofline measurement.
   const std::string filter = benchmark::GetBenchmarkFilter();
-  // Listing shows the names as they are: the stopping rule changes how entries are timed, not which.
+  // Listing shows the names as they are: hotops' own loop changes how entries are timed, not which.
   hotops::Options registering = options;
-  if (gb.list_tests) registering.max_noise = 0;
+  if (gb.list_tests) registering.own_loop = false;
   const auto registered = hotops::bench::register_benchmarks(registering, test_fault, iterations, filter);
   const auto selected = hotops::bench::select(registered.problems, filter);
   std::map<std::string, std::string> reason_of;  // name -> why, of the problems this machine cannot run
@@ -409,9 +413,9 @@ int main(int argc, char** argv) {
   if (!gb.list_tests) warn_if_busy();
   Display display(!unit_chosen);
   std::size_t ran = 0;
-  if (registering.max_noise > 0) {  // only the selected entries are registered: run them all
-    std::unique_ptr<NamesWithoutRule> file;
-    if (!gb.out.empty()) file = std::make_unique<NamesWithoutRule>(gb.out_format);
+  if (registering.own_loop) {  // only the selected entries are registered: run them all
+    std::unique_ptr<ListedNames> file;
+    if (!gb.out.empty()) file = std::make_unique<ListedNames>(gb.out_format);
     ran = benchmark::RunSpecifiedBenchmarks(&display, file.get(), "all");
   } else {
     ran = benchmark::RunSpecifiedBenchmarks(&display);

@@ -321,14 +321,16 @@ void follow_samples(Live& live, const Problem& p, std::int64_t iterations) {
   });
 }
 
-// ---- the stopping rule (--hotops_max_noise; docs/timing.md) ----
-// The entries the rule samples, with their backend: registered with one Google Benchmark iteration
-// that stands for all their samples, reported under the names they have without the rule.
-std::map<std::string, Backend>& ruled_entries() {
+// ---- hotops' own sampling loop, and the stopping rule (--hotops_max_noise; docs/timing.md) ----
+// The entries hotops samples in its own loop, with their backend: registered with one Google
+// Benchmark iteration that stands for all their samples, reported under the names they have in
+// Google Benchmark's loop. Every entry is, except those of several ranks (gpus:G), whose ranks
+// follow rank 0's iteration count, and all under --benchmark_min_time=<N>x (a fixed count).
+std::map<std::string, Backend>& own_loop_entries() {
   static std::map<std::string, Backend> m;
   return m;
 }
-bool ruled(const Problem& p, const Options& o) { return o.max_noise > 0 && !on_ranks(p); }
+bool own_loop(const Problem& p, const Options& o) { return o.own_loop && !on_ranks(p); }
 
 // The noise has settled when its last kSettledWindow estimates (one after each sample) lie within
 // kSettledBand of their mean, relative: more samples would not bring it down.
@@ -344,27 +346,35 @@ bool settled(const std::vector<double>& history) {
   return mean > 0 && (*hi - *lo) <= kSettledBand * mean;
 }
 
-// Takes samples of the entry, each as its mode takes them in Google Benchmark's loop (a CPU batch of
-// at least kCpuSampleSeconds, one host-timed execution, one device-timed sample of the timer's
-// executions), until: at least o.min_samples samples and o.min_seconds of sampling, and the noise at
-// most o.max_noise percent (or settled); or o.timeout seconds of sampling, whichever comes first.
+// Takes samples of the entry, each as its mode takes them (a CPU batch of at least
+// kCpuSampleSeconds of back-to-back executions, one host-timed execution, one device-timed sample of
+// the timer's executions), until o.min_seconds of sampling and: without the stopping rule, two
+// samples (so that every entry has a noise); with it, at least o.min_samples samples and the noise
+// at most o.max_noise percent (or settled), or o.timeout seconds of sampling, whichever comes first.
+// Unlike Google Benchmark's loop, no round of executions is spent sizing the next: the first CPU
+// execution sizes the batches and is the first sample when it fills one on its own (it follows the
+// verification's execution, or the untimed one, so its caches are as warm as any later one's).
 // Returns the mean time of an execution over the samples; `executions` counts them, `why` says
-// what ended the sampling.
-double sample_by_rule(Live& live, const Problem& p, const Options& o, Samples& samples, std::int64_t& executions,
-                      std::string& why) {
+// what ended the sampling under the rule.
+double take_samples(Live& live, const Problem& p, const Options& o, Samples& samples, std::int64_t& executions,
+                    std::string& why) {
   using clock = std::chrono::steady_clock;
   auto seconds_since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
   const auto start = clock::now();
   std::int64_t batch = 1;  // executions a sample
-  if (p.backend == Backend::cpu) {  // one execution sizes the batches (and pays for cold caches)
+  if (p.backend == Backend::cpu) {
     const auto t0 = clock::now();
     live.c->run();
-    batch = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(kCpuSampleSeconds / std::max(seconds_since(t0), 1e-9))));
+    const double first = seconds_since(t0);
+    batch = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(kCpuSampleSeconds / std::max(first, 1e-9))));
+    if (batch == 1) samples.add(first), executions = 1;
   } else if (!live.c->host_timed()) {
     batch = live.timer->launches_per_sample();
   }
+  const bool rule = o.max_noise > 0;
+  const std::size_t least = rule ? static_cast<std::size_t>(o.min_samples) : 2;
   std::vector<double> history;  // the noise after each sample
-  char text[96];
+  char text[96] = "";
   for (;;) {
     if (p.backend == Backend::cpu) {
       const auto t0 = clock::now();
@@ -379,12 +389,13 @@ double sample_by_rule(Live& live, const Problem& p, const Options& o, Samples& s
     }
     executions += batch;
     const double spent = seconds_since(start), noise = samples.noise_pct();
-    if (samples.seconds.size() >= 2) history.push_back(noise);
-    if (spent >= o.timeout) {
+    if (rule && samples.seconds.size() >= 2) history.push_back(noise);
+    if (rule && spent >= o.timeout) {
       std::snprintf(text, sizeof text, "timeout (%g s) at noise %.3g%%", o.timeout, noise);
       break;
     }
-    if (samples.seconds.size() < static_cast<std::size_t>(o.min_samples) || spent < o.min_seconds) continue;
+    if (samples.seconds.size() < least || spent < o.min_seconds) continue;
+    if (!rule) break;
     if (noise <= o.max_noise) {
       std::snprintf(text, sizeof text, "noise %.3g%% <= %g%%", noise, o.max_noise);
       break;
@@ -439,11 +450,11 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
   Samples samples;
   std::string stopped;  // the stopping rule: what ended the sampling
   try {
-    if (ruled(p, o)) {
-      // The one iteration stands for every sample the rule took (registered with Iterations(1)).
+    if (own_loop(p, o)) {
+      // The one iteration stands for every sample taken (registered with Iterations(1)).
       std::int64_t executions = 0;
       for (auto _ : state) {
-        elapsed = sample_by_rule(live, p, o, samples, executions, stopped);
+        elapsed = take_samples(live, p, o, samples, executions, stopped);
         state.SetIterationTime(elapsed);
       }
       state.counters["executions"] = static_cast<double>(executions);
@@ -686,21 +697,21 @@ Registered register_benchmarks(const Options& options, const std::string& test_f
       family_of.push_back(f);
     }
   }
-  // With the stopping rule only what the filter selects is registered (the run then selects all):
-  // Google Benchmark would match the filter against names that carry the rule's iterations:1.
+  // With hotops' own loop only what the filter selects is registered (the run then selects all):
+  // Google Benchmark would match the filter against names that carry the loop's iterations:1.
   std::set<std::string> selected;
-  if (o.max_noise > 0)
+  if (o.own_loop)
     for (const Problem& p : select(out.problems, filter)) selected.insert(p.name());
   for (std::size_t i = 0; i < out.problems.size(); ++i) {
     const Problem& p = out.problems[i];
-    if (o.max_noise > 0 && !selected.count(p.name())) continue;
+    if (o.own_loop && !selected.count(p.name())) continue;
     const Family* f = family_of[i];
     auto* b = benchmark::RegisterBenchmark(p.name().c_str(), [f, p](benchmark::State& st) {
       run_benchmark(st, *f, p, o);
     });
-    if (ruled(p, o)) {
+    if (own_loop(p, o)) {
       b->Iterations(1)->UseManualTime();
-      ruled_entries()[p.name()] = p.backend;
+      own_loop_entries()[p.name()] = p.backend;
       continue;
     }
     if (iterations > 0) b->Iterations(iterations);
@@ -710,17 +721,25 @@ Registered register_benchmarks(const Options& options, const std::string& test_f
   return out;
 }
 
-void name_without_rule(benchmark::BenchmarkReporter::Run& run) {
-  const auto it = ruled_entries().find(run.run_name.function_name);
-  if (it == ruled_entries().end()) return;
+void name_as_listed(benchmark::BenchmarkReporter::Run& run) {
+  const auto it = own_loop_entries().find(run.run_name.function_name);
+  if (it == own_loop_entries().end()) return;
   run.run_name.iterations.clear();
   run.run_name.time_type = it->second == Backend::cpu ? "real_time" : "manual_time";
-  // The CPU time of the one iteration is that of the whole sampling: per execution, as elsewhere
-  // (a repetitions aggregate's over the repetitions' mean count of executions; cv is a ratio).
+  // The one iteration stands for the executions the loop took: reported as Google Benchmark's loop
+  // reports a run, their count as its iterations, its real time as their mean and the CPU time of
+  // the whole sampling over them. A repetitions aggregate keeps the repetitions as its iterations
+  // and its real time (already the statistic of the means); its CPU time is over the repetitions'
+  // mean count of executions (cv is a ratio).
   const auto e = run.counters.find("executions");
   if (e == run.counters.end() || !(e->second.value > 0) || run.aggregate_unit == benchmark::kPercentage) return;
-  const bool aggregate = run.run_type == benchmark::BenchmarkReporter::Run::RT_Aggregate;
-  run.cpu_accumulated_time *= (aggregate ? 1.0 : static_cast<double>(run.iterations)) / e->second.value;
+  if (run.run_type == benchmark::BenchmarkReporter::Run::RT_Aggregate) {
+    run.cpu_accumulated_time /= e->second.value;
+    return;
+  }
+  const auto executions = static_cast<benchmark::IterationCount>(std::llround(e->second.value));
+  run.real_accumulated_time *= static_cast<double>(executions) / static_cast<double>(run.iterations);
+  run.iterations = executions;
 }
 
 }  // namespace hotops::bench

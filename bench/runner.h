@@ -27,15 +27,16 @@ struct Registered {
 // (`test_fault`, validated by the caller) a test-only benchmark that fails that way comes first.
 // `iterations` > 0 fixes every benchmark's iteration count (--benchmark_min_time=<N>x where the
 // linked Google Benchmark predates that form).
-// With the stopping rule on (options.max_noise > 0) only the problems `filter` (--benchmark_filter)
-// selects are registered, each entry the rule samples with one iteration that stands for all its
+// With hotops' own sampling loop (options.own_loop) only the problems `filter` (--benchmark_filter)
+// selects are registered, each entry the loop samples with one iteration that stands for all its
 // samples and manual time; run Google Benchmark with the filter "all" then.
 Registered register_benchmarks(const Options& options, const std::string& test_fault = "",
                                std::int64_t iterations = 0, const std::string& filter = "");
 
-// A run of an entry the stopping rule sampled, renamed as it is named without the rule (no
-// iterations:1; CPU entries' real_time): the names users join runs on do not change. Others as they are.
-void name_without_rule(benchmark::BenchmarkReporter::Run& run);
+// A run of an entry hotops' own loop sampled, renamed as it is listed (no iterations:1; CPU
+// entries' real_time), its CPU time per execution: the names users join runs on are the listed
+// ones. Others as they are.
+void name_as_listed(benchmark::BenchmarkReporter::Run& run);
 
 // The test-only faults HOTOPS_TEST_FAULT may name (bench/test_fault.h), as one line.
 std::string test_fault_kinds();

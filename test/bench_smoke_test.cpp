@@ -559,8 +559,8 @@ TEST(BenchSmoke, EveryEntryHasSamplesAndNoise) {
 }
 
 // The stopping rule on `filter`'s entries: the names a run without the rule gives, each entry's
-// samples at least the minimum, its executions at least its samples, one iteration, one stop
-// reason in its label, and the rule's settings in the context.
+// samples at least the minimum, its executions at least its samples and reported as its
+// iterations, one stop reason in its label, and the rule's settings in the context.
 void expect_rule_keeps_names(const std::string& filter) {
   Result r;
   nlohmann::json plain = run_json("--benchmark_filter='" + filter + "'", r);
@@ -576,7 +576,7 @@ void expect_rule_keeps_names(const std::string& filter) {
     EXPECT_EQ(name, plain["benchmarks"][i]["name"].get<std::string>());
     EXPECT_EQ(b["run_name"].get<std::string>(), name);
     if (b.value("error_occurred", false)) continue;
-    EXPECT_EQ(b["iterations"].get<int>(), 1) << name;
+    EXPECT_EQ(b["iterations"].get<double>(), b["executions"].get<double>()) << name;
     EXPECT_GE(b["samples"].get<double>(), 3) << name;
     EXPECT_GE(b["executions"].get<double>(), b["samples"].get<double>()) << name;
     const std::string label = b["label"];
@@ -673,13 +673,49 @@ TEST(BenchSmoke, StoppingRuleEndsAtTheTimeout) {
   }
 }
 
-// 0 is the rule off, as no flag: Google Benchmark's loop, no executions counter.
+// 0 is the rule off, as no flag: hotops' own loop with no noise target, its executions reported
+// as the iterations, no stop reason; a count of iterations (<N>x) is Google Benchmark's loop.
 TEST(BenchSmoke, StoppingRuleTargetZeroIsOff) {
   Result r;
   const nlohmann::json b = run_tiny("--hotops_max_noise=0", r);
-  EXPECT_GT(b.value("iterations", 0), 1) << r.output;
-  EXPECT_FALSE(b.contains("executions")) << r.output;
+  EXPECT_GE(b.value("samples", 0.0), 2) << r.output;
+  EXPECT_EQ(b.value("iterations", 0.0), b.value("executions", -1.0)) << r.output;
   EXPECT_EQ(b.value("label", "").find("[stopped:"), std::string::npos) << r.output;
+  const nlohmann::json counted = run_tiny("--benchmark_min_time=7x", r);
+  EXPECT_EQ(counted.value("iterations", 0), 7) << r.output;
+  EXPECT_FALSE(counted.contains("executions")) << r.output;
+}
+
+// hotops' own loop at the default least time on the entry of known timing (executions of 1 ms and
+// 3 ms in turn, one a sample): that much sampling and not much more, the mean of its executions as
+// the time. An execution that alone fills the least time is still one of two samples: the first
+// execution, which sizes the batches, is the first sample when it fills one. (The case keeps its
+// own schedule, so the first execution after a pause is shorter: only the long run's mean is 2 ms.)
+TEST(BenchSmoke, OwnLoopSamplesForTheLeastTimeAndTwoSamples) {
+  Result r;
+  nlohmann::json j = run_json("--benchmark_filter='^test.fault/' --benchmark_time_unit=ms --benchmark_min_time=0.05", r,
+                              "HOTOPS_TEST_FAULT=alternating");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(j["benchmarks"].size(), 1u) << r.output;
+  nlohmann::json b = j["benchmarks"][0];
+  EXPECT_EQ(b["name"], "test.fault/cpu/f32/fwd/kind:alternating/real_time");
+  double ms = b["real_time"], executions = b["executions"];
+  EXPECT_EQ(b["iterations"].get<double>(), executions);
+  EXPECT_EQ(b["samples"].get<double>(), executions) << "each execution fills a CPU sample";
+  EXPECT_GE(executions * ms / 1e3, 0.05 * 0.99) << "at least --benchmark_min_time (0.05 s) of samples";
+  EXPECT_LT(executions * ms / 1e3, 0.05 + 0.02) << "ends at the first sample past it";
+  EXPECT_GT(ms, 1.8) << "the mean of 1 ms and 3 ms";
+  EXPECT_LT(ms, 2.5) << "the mean of 1 ms and 3 ms";
+  j = run_json("--benchmark_filter='^test.fault/' --benchmark_time_unit=ms --benchmark_min_time=0.0001", r,
+               "HOTOPS_TEST_FAULT=alternating");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  b = j["benchmarks"][0];
+  ms = b["real_time"], executions = b["executions"];
+  EXPECT_EQ(executions, 2) << "two samples, the first execution one of them";
+  EXPECT_EQ(b["samples"].get<double>(), 2);
+  EXPECT_GE(ms, 0.5) << "two executions of at least 0.5 ms";
+  EXPECT_LT(ms, 3.5) << "two executions of at most 3 ms";
+  EXPECT_TRUE(b.contains("noise_pct"));
 }
 
 TEST(BenchSmoke, StoppingRuleInputIsOneLineAndExitTwo) {

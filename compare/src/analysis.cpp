@@ -120,7 +120,8 @@ std::optional<std::string> setting(const Run& run, const std::string& key) {
 std::vector<std::string> setting_differences(const Run& a, const Run& b) {
   std::vector<std::string> out;
   for (const char* key : {"threads", "hotops_seed", "hotops_verify", "hotops_cold_l2", "hotops_runs_per_sample",
-                          "hotops_throttle_threshold", "hotops_shuffle_layout", "hotops_cpu_ftz", "hotops_max_noise", "build_type"}) {
+                          "hotops_throttle_threshold", "hotops_shuffle_layout", "hotops_cpu_ftz", "hotops_max_noise", "hotops_min_time",
+                          "build_type"}) {
     const auto x = setting(a, key), y = setting(b, key);
     if (!x || !y || *x == *y) continue;
     out.push_back(std::string(key) + " " + *x + " vs " + *y);

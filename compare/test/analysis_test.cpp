@@ -420,6 +420,16 @@ TEST(Trust, RunsWithAndWithoutTheStoppingRuleAreSaid) {
   EXPECT_NE(d.warnings[0].find("hotops_max_noise 0.000000 vs 0.500000"), std::string::npos) << d.warnings[0];
 }
 
+TEST(Trust, RunsSampledForDifferentTimesOrLoopsAreSaid) {
+  const RunData base = run_of(R"("hotops_min_time": "0.050000")", {{"mm/cpu/f32/fwd/M:8/real_time", "x", {10, 10, 10}}}, "b.json");
+  const RunData next =
+      run_of(R"("hotops_min_time": "google benchmark's loop")", {{"mm/cpu/f32/fwd/M:8/real_time", "x", {10, 10, 10}}}, "n.json");
+  const Diff d = diff(base, next);
+  ASSERT_FALSE(d.warnings.empty());
+  EXPECT_NE(d.warnings[0].find("hotops_min_time 0.050000 vs google benchmark's loop"), std::string::npos) << d.warnings[0];
+  EXPECT_TRUE(diff(base, base).warnings.empty());
+}
+
 TEST(Trust, ANoisySpeedUpIsMarked) {
   // The CPU entry's repetitions spread 20%: its ratio carries the mark; the quiet pair does not.
   const RunData run = run_of("", {{"mm/cpu/f32/fwd/batch:8/real_time", "x", {100, 80, 120}},

@@ -19,11 +19,13 @@ struct Options {
   bool shuffle_layout = true;         // --hotops_shuffle_layout=0|1: device buffers at random offsets
   bool cpu_ftz = true;                // --hotops_cpu_ftz=0|1: CPU threads flush subnormal floats to zero
   int gpus = 0;                       // --hotops_gpus=G: one process per GPU on G GPUs (0: not given)
-  // The stopping rule (docs/timing.md): off while max_noise is 0.
+  // Sampling (docs/timing.md): hotops' own loop takes samples for min_seconds, at least two; the
+  // stopping rule (off while max_noise is 0) samples on until the noise is low, settled or timed out.
   double max_noise = 0;               // --hotops_max_noise=P: stop once the samples' noise is below P percent
   int min_samples = 10;               // --hotops_min_samples=N: at least N samples (with the rule)
   double timeout = 15;                // --hotops_timeout=S: at most S seconds of samples per entry (with the rule)
-  double min_seconds = 0.05;          // the rule's least sampling time: --benchmark_min_time (set by bench)
+  double min_seconds = 0.05;          // the least sampling time: --benchmark_min_time (set by bench)
+  bool own_loop = true;               // off: Google Benchmark's loop (bench: --benchmark_min_time=<N>x, listing)
   bool help = false;                  // --hotops_help
 };
 
