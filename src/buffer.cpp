@@ -198,8 +198,31 @@ void set_global_seed(std::uint64_t seed) { g_seed = seed; }
 HostBuffer::HostBuffer(DType dtype, std::size_t count)
     : dtype_(storage_of(dtype)), count_(count), bytes_(allocate(count, dtype), HostStorageRelease{count * dtype_size(dtype)}) {}
 
+namespace {
+constexpr std::size_t kPart = std::size_t(4) << 20;  // bytes each thread takes at a time
+std::int64_t parts_of(std::size_t bytes) { return static_cast<std::int64_t>((bytes + kPart - 1) / kPart); }
+}  // namespace
+
+void copy_bytes(void* to, const void* from, std::size_t bytes) {
+  const std::int64_t parts = parts_of(bytes);
+#pragma omp parallel for schedule(static) if (parts > 4)
+  for (std::int64_t k = 0; k < parts; ++k) {
+    const std::size_t at = static_cast<std::size_t>(k) * kPart;
+    std::memcpy(static_cast<std::byte*>(to) + at, static_cast<const std::byte*>(from) + at, std::min(kPart, bytes - at));
+  }
+}
+
+void zero_bytes(void* to, std::size_t bytes) {
+  const std::int64_t parts = parts_of(bytes);
+#pragma omp parallel for schedule(static) if (parts > 4)
+  for (std::int64_t k = 0; k < parts; ++k) {
+    const std::size_t at = static_cast<std::size_t>(k) * kPart;
+    std::memset(static_cast<std::byte*>(to) + at, 0, std::min(kPart, bytes - at));
+  }
+}
+
 HostBuffer::HostBuffer(const HostBuffer& o) : HostBuffer(o.dtype_, o.count_) {
-  if (o.bytes() > 0) std::memcpy(bytes_.get(), o.bytes_.get(), o.bytes());  // an empty buffer has no storage
+  if (o.bytes() > 0) copy_bytes(bytes_.get(), o.bytes_.get(), o.bytes());  // an empty buffer has no storage
 }
 
 HostBuffer& HostBuffer::operator=(const HostBuffer& o) {
@@ -208,19 +231,25 @@ HostBuffer& HostBuffer::operator=(const HostBuffer& o) {
 }
 
 void HostBuffer::fill_uniform(std::uint64_t seed, std::uint64_t stream, float lo, float hi) {
+  fill_uniform_range(0, count_, seed, stream, lo, hi);
+}
+
+void HostBuffer::fill_uniform_range(std::size_t at, std::size_t count, std::uint64_t seed, std::uint64_t stream, float lo,
+                                    float hi) {
+  HOTOPS_CHECK(at <= count_ && count <= count_ - at, "fill_uniform_range: elements beyond the buffer");
   const std::uint64_t key = mix(seed ^ mix(stream + 0x51ed27ull));
-  const auto n = static_cast<std::int64_t>(count_);
+  const auto n = static_cast<std::int64_t>(count);
   const double scale = (static_cast<double>(hi) - lo) * 0x1.0p-53;
   auto value = [&](std::int64_t i) {
     return static_cast<float>(lo + scale * static_cast<double>(mix(key + static_cast<std::uint64_t>(i)) >> 11));
   };
   // One loop per storage type: this runs over every input of every case, up to gigabytes.
   if (dtype_ == DType::f32) {
-    float* p = as<float>();
+    float* p = as<float>() + at;
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
     for (std::int64_t i = 0; i < n; ++i) p[i] = value(i);
   } else {
-    std::uint16_t* p = as<std::uint16_t>();
+    std::uint16_t* p = as<std::uint16_t>() + at;
     const bool bf16 = dtype_ == DType::bf16;
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
     for (std::int64_t i = 0; i < n; ++i) p[i] = bf16 ? float_to_bf16(value(i)) : float_to_f16(value(i));

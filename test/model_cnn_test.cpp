@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "hotops/check.h"
 #include "hotops/gpu.h"
@@ -229,6 +230,30 @@ TEST(ModelCnnVerify, InferVariantsShareOneReference) {
   EXPECT_EQ(models::shared_reference_computations(), before + 2);
   EXPECT_TRUE(c->verify().ok);
   EXPECT_EQ(models::shared_reference_computations(), before + 2) << "the same activations computed the reference again";
+}
+
+// The ways of running one step start from one seeded state, made once in the process (on the
+// GPU host the CUDA runs share it too); another step (here: another batch) gets its own, equal to a
+// fresh make_state.
+TEST(ModelCnnVerify, VariantsShareOneSeededStart) {
+  const Problem plain = problem("keras_test", Backend::cpu, Direction::train, 3);
+  Problem one_thread = plain;
+  one_thread.args.push_back({"threads", "1"});
+  const auto a = family().make(plain);  // (an earlier test may have made this start already)
+  const std::size_t made = seeded_states_made();
+  const auto b = family().make(one_thread);
+  EXPECT_EQ(seeded_states_made(), made);
+  EXPECT_TRUE(b->verify().ok);
+  const Problem other = problem("keras_test", Backend::cpu, Direction::train, 4);
+  const Shape s = shape_of(other);
+  const ParamLayout l = param_layout(s.arch);
+  const auto shared = seeded_state(s, l, models::step_seed(other));
+  EXPECT_EQ(seeded_states_made(), made + 1);
+  const State fresh = make_state(s, l, models::step_seed(other));
+  ASSERT_EQ(shared->params.bytes(), fresh.params.bytes());
+  EXPECT_EQ(std::memcmp(shared->params.data(), fresh.params.data(), fresh.params.bytes()), 0);
+  EXPECT_EQ(std::memcmp(shared->x.data(), fresh.x.data(), fresh.x.bytes()), 0);
+  EXPECT_EQ(shared->labels, fresh.labels);
 }
 
 // A train reference is another run's only where that run's activations are the same bits: a run

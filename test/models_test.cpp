@@ -185,7 +185,10 @@ TEST(ModelsVerify, ChunkedChecksNameTheWholeIndex) {
   EXPECT_EQ(c.max.checked, n);
   EXPECT_FALSE(c.rms.ok);
   EXPECT_NEAR(c.rms.max_err, whole_rms.max_err, 1e-12);
-  out[bad] = 1.0;
+  out[n - 1] = 1.5;  // as bad an element in a later chunk: the first is named, as within() names it
+  EXPECT_NE(models::within_by_chunks("t", n, 1.0, 0.1, 1e-4, fill).max.message.find("index " + std::to_string(bad)),
+            std::string::npos);
+  out[bad] = out[n - 1] = 1.0;
   EXPECT_TRUE(models::within_by_chunks("t", n, 1.0, 0.1, 1e-4, fill).max.ok);
   EXPECT_TRUE(models::within_by_chunks("t", n, 1.0, 0.1, 1e-4, fill).rms.ok);
 }

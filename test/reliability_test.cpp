@@ -162,6 +162,17 @@ TEST(Seeds, SameSeedSameInputsDifferentSeedDifferentInputs) {
   EXPECT_EQ(filled(7, 1, 1 << 18), filled(7, 1, 1 << 18));
 }
 
+// A range of a flat buffer is seeded as a buffer of its own (a model's tensors in one parameter array).
+TEST(Seeds, ARangeIsSeededAsABufferOfItsOwn) {
+  HostBuffer flat(DType::f32, 5000);
+  zero_bytes(flat.data(), flat.bytes());
+  flat.fill_uniform_range(1000, 3000, 7, 1);
+  EXPECT_EQ(std::vector<float>(flat.as<float>() + 1000, flat.as<float>() + 4000), filled(7, 1, 3000));
+  EXPECT_EQ(flat.as<float>()[999], 0.f);
+  EXPECT_EQ(flat.as<float>()[4000], 0.f);
+  EXPECT_THROW(flat.fill_uniform_range(4000, 1001, 7, 1), Error);
+}
+
 TEST(Seeds, ProblemSeedFollowsTheGlobalSeedAndIgnoresTheBackend) {
   // Every family seeds its inputs with Problem::seed(), which --hotops_seed sets through the global seed.
   SeedGuard guard;
@@ -185,6 +196,19 @@ TEST(Resources, HostMemoryIsKnown) {
   EXPECT_GT(m.total, 0u);
   EXPECT_GT(m.available, 0u);
   EXPECT_LE(m.available, m.total);
+}
+
+// Large copies and zeroes run in parts on several threads: every byte, the short last part too.
+TEST(Resources, LargeCopiesAndZeroesAreWhole) {
+  const std::size_t n = (std::size_t(40) << 20) / sizeof(float) + 3;
+  HostBuffer a(DType::f32, n);
+  a.fill_uniform(3, 4, 1.f, 2.f);
+  const HostBuffer b = a;
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.bytes()), 0);
+  zero_bytes(a.data(), a.bytes());
+  EXPECT_EQ(static_cast<std::size_t>(std::count(a.as<float>(), a.as<float>() + n, 0.f)), n);
+  copy_bytes(a.data(), b.data(), b.bytes());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.bytes()), 0);
 }
 
 TEST(Resources, HostBuffersStartOnACacheLine) {

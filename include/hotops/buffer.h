@@ -14,6 +14,12 @@ struct HostStorageRelease {
   void operator()(std::byte* p) const;
 };
 
+// Copies and zeroes `bytes` bytes; a large span in parts in parallel, so that its pages (fresh ones
+// faulted in and zeroed by the kernel) are touched by every thread at once, not by one: a model's
+// state is GBs.
+void copy_bytes(void* to, const void* from, std::size_t bytes);
+void zero_bytes(void* to, std::size_t bytes);
+
 class HostBuffer {
  public:
   HostBuffer() = default;
@@ -54,6 +60,10 @@ class HostBuffer {
   // Uniform in [lo, hi), a pure function of (seed, stream, index): reproducible and parallel.
   // Values are rounded to the dtype, so the reference sees exactly what the op sees.
   void fill_uniform(std::uint64_t seed, std::uint64_t stream, float lo = -1.f, float hi = 1.f);
+  // Elements [at, at + count) as fill_uniform fills a buffer of `count` elements (a tensor of a flat
+  // buffer seeded as if alone).
+  void fill_uniform_range(std::size_t at, std::size_t count, std::uint64_t seed, std::uint64_t stream, float lo = -1.f,
+                          float hi = 1.f);
   // Every element NaN, so an element the op fails to write cannot pass verification.
   void poison();
 

@@ -42,6 +42,25 @@ Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx,
 Check compare_each(const HostBuffer& out, const std::vector<std::size_t>& idx,
                    const std::function<double(std::size_t, double& bound)>& ref, const char* what);
 
+// A value computed once per process and shared by the entries that need the same one: `make` runs
+// only when `key` (what the value is a function of) is not the key of one of the last `keep` values
+// of type R made, which are kept until newer ones take their places; each run counts in `made`.
+template <class R, class Make>
+std::shared_ptr<const R> shared_value(const std::string& key, Make make, std::size_t keep, std::size_t& made) {
+  struct Entry {
+    std::string key;
+    std::shared_ptr<const R> value;
+  };
+  static std::vector<Entry> recent;  // newest last
+  for (const Entry& e : recent)
+    if (e.key == key) return e.value;
+  ++made;
+  while (!recent.empty() && recent.size() >= keep) recent.erase(recent.begin());  // before the new one is made
+  auto value = std::make_shared<const R>(make());
+  recent.push_back({key, value});
+  return value;
+}
+
 // How many references shared_reference has computed in this process (for the tests).
 inline std::size_t& shared_reference_computations() {
   static std::size_t n = 0;
@@ -50,25 +69,13 @@ inline std::size_t& shared_reference_computations() {
 
 // The reference of a problem, computed once per process and shared by the entries that verify the
 // same numbers (a model step's CPU threads:T, CUDA plain, e2e:1 and graph:1 runs; an op's CPU and
-// CUDA entries of one problem, whose seeded inputs are the same): `make` runs only when `key` (what
-// the reference is a function of) is not the key of one of the last `keep` references computed,
-// which are kept until newer ones take their places (a model step keeps one at a time: BERT's at
-// batch 32 is about 1 GB). A reference that depends on the implementation's own results (ReLU ties
-// decided as it decided) must carry those results in its key.
+// CUDA entries of one problem, whose seeded inputs are the same): shared_value with the last `keep`
+// references kept (a model step keeps one at a time: BERT's at batch 32 is about 1 GB). A reference
+// that depends on the implementation's own results (ReLU ties decided as it decided) must carry
+// those results in its key.
 template <class R, class Make>
 std::shared_ptr<const R> shared_reference(const std::string& key, Make make, std::size_t keep = 1) {
-  struct Entry {
-    std::string key;
-    std::shared_ptr<const R> ref;
-  };
-  static std::vector<Entry> recent;  // newest last
-  for (const Entry& e : recent)
-    if (e.key == key) return e.ref;
-  ++shared_reference_computations();
-  while (!recent.empty() && recent.size() >= keep) recent.erase(recent.begin());  // before the new one is made
-  auto ref = std::make_shared<const R>(make());
-  recent.push_back({key, ref});
-  return ref;
+  return shared_value<R>(key, make, keep, shared_reference_computations());
 }
 
 }  // namespace hotops

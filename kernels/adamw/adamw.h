@@ -107,6 +107,13 @@ struct Element {
   double p, m, v;
 };
 void reference_step(const Hyper& h, std::int64_t t, double g, Element& e);
+// The same with step t's bias corrections worked out once (for many elements at one step): the same
+// operations, the same bits.
+struct Corrections {
+  double bc1, sqrt_bc2;  // 1 - beta1^t, sqrt(1 - beta2^t)
+};
+Corrections corrections(const Hyper& h, std::int64_t t);
+void reference_step(const Hyper& h, const Corrections& c, double g, Element& e);
 
 // Verification, in two halves around the runs being checked. snapshot() records, from the restored
 // state, the starting values of a seeded sample of elements (always both ends of every tensor) and

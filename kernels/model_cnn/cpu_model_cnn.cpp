@@ -73,7 +73,7 @@ struct ConvPrims {
 class CpuCnn final : public ModelCase {
  public:
   explicit CpuCnn(const Problem& p)
-      : s_(shape_of(p)), l_(param_layout(s_.arch)), seeded_(make_state(s_, l_, models::step_seed(p))),
+      : s_(shape_of(p)), l_(param_layout(s_.arch)), seeded_(seeded_state(s_, l_, models::step_seed(p))),
         keys_(dropout_keys(s_.arch, models::step_seed(p))), threads_(s_.variant == Variant::threads ? s_.threads : 0) {
     cpu::ThreadScope scope(threads_);
     const Arch& a = s_.arch;
@@ -82,15 +82,15 @@ class CpuCnn final : public ModelCase {
     // infer with a pooled first conv reads the images in nchw (conv_shape): they are held in that
     // order, converted here, as the CUDA NCHW path holds them, so the step reorders nothing.
     x_nchw_ = !s_.train() && s_.convs.front().pool > 0;
-    x_ = images(seeded_.x);
-    labels_ = seeded_.labels;
-    params_ = seeded_.params;
-    stats_ = seeded_.stats;
+    x_ = images(seeded_->x);
+    labels_ = seeded_->labels;
+    params_ = seeded_->params;
+    stats_ = seeded_->stats;
     if (s_.train()) {  // the optimizer's state and the gradients: train only (keras_cnn's are 230 MB each)
-      m_ = seeded_.m;
-      v_ = seeded_.v;
+      m_ = seeded_->m;
+      v_ = seeded_->v;
       grads_ = HostBuffer(DType::f32, l_.total);
-      std::fill_n(grads_.as<float>(), l_.total, 0.f);
+      zero_bytes(grads_.data(), grads_.bytes());
     }
     period_ = static_cast<int>(B);
     if (!s_.train() && a.bn) fold_batch_norms();
@@ -165,7 +165,7 @@ class CpuCnn final : public ModelCase {
   }
 
   Check verify() override {
-    const State start = verification_state(s_, seeded_);
+    const State start = verification_state(s_, *seeded_);
     restore(start, verify_period(s_));
     if (s_.train())
       for (const auto& [at, n] : l_.tensors) std::fill_n(grads_.as<float>() + at, n, std::numeric_limits<float>::quiet_NaN());
@@ -194,7 +194,7 @@ class CpuCnn final : public ModelCase {
       rmp::cpu_activation(hact_, h_.data(), hscale_.data(), hshift_.data(), o.hidden.as<float>());
     }
     Check c = verify_outcome(s_, l_, keys_, start, o);
-    restore(seeded_, s_.batch);
+    restore(*seeded_, s_.batch);
     return c;
   }
 
@@ -599,11 +599,11 @@ class CpuCnn final : public ModelCase {
     const HostBuffer x = images(st.x);
     std::memcpy(x_.data(), x.data(), x.bytes());
     labels_ = st.labels;
-    std::copy_n(st.params.as<float>(), l_.total, params_.as<float>());
+    copy_bytes(params_.data(), st.params.data(), l_.total * sizeof(float));
     if (low_.count()) cast_params();
     if (s_.train()) {
-      std::copy_n(st.m.as<float>(), l_.total, m_.as<float>());
-      std::copy_n(st.v.as<float>(), l_.total, v_.as<float>());
+      copy_bytes(m_.data(), st.m.data(), l_.total * sizeof(float));
+      copy_bytes(v_.data(), st.v.data(), l_.total * sizeof(float));
     }
     std::copy_n(st.stats.as<float>(), st.stats.count(), stats_.as<float>());
     step_ = 0;
@@ -612,7 +612,7 @@ class CpuCnn final : public ModelCase {
 
   Shape s_;
   ParamLayout l_;
-  State seeded_;
+  std::shared_ptr<const State> seeded_;
   std::vector<pointwise::DropoutKey> keys_;
   int threads_;
   int period_ = 1;  // the dropout masks' sample period (the batch, or the verification's)

@@ -129,7 +129,7 @@ class CudaCnn final : public ModelCase {
 
  public:
   explicit CudaCnn(const Problem& p)
-      : s_(shape_of(p)), l_(param_layout(s_.arch)), seeded_(make_state(s_, l_, models::step_seed(p))), keys_(dropout_keys(s_.arch, models::step_seed(p))) {
+      : s_(shape_of(p)), l_(param_layout(s_.arch)), seeded_(seeded_state(s_, l_, models::step_seed(p))), keys_(dropout_keys(s_.arch, models::step_seed(p))) {
     const Arch& a = s_.arch;
     const std::int64_t B = s_.batch, F = flat_width(a), Hd = a.hidden, C = a.classes;
     HOTOPS_CHECK(C <= models::kMaxClasses, "model_cnn: the CUDA loss takes at most 16 classes");
@@ -143,13 +143,13 @@ class CudaCnn final : public ModelCase {
     gpu::cublaslt();
     gpu::cublas_workspace();
     cudnn();
-    host_x_ = device_order(seeded_.x);
-    host_labels_ = seeded_.labels;
+    host_x_ = device_order(seeded_->x);
+    host_labels_ = seeded_->labels;
     x_ = gpu::DeviceBuffer(host_x_);
     labels_ = gpu::DeviceBuffer(host_labels_.size() * sizeof(std::int32_t));
     gpu::copy(labels_.get(), host_labels_.data(), labels_.bytes(), cudaMemcpyHostToDevice);
-    params_ = gpu::DeviceBuffer(seeded_.params);
-    stats_ = gpu::DeviceBuffer(seeded_.stats);
+    params_ = gpu::DeviceBuffer(seeded_->params);
+    stats_ = gpu::DeviceBuffer(seeded_->stats);
     period_ = gpu::DeviceBuffer(sizeof(int));
     set_period(B);
     std::int64_t max_out = 0, max_in = 1, max_filter = 1;
@@ -178,8 +178,8 @@ class CudaCnn final : public ModelCase {
     if (s_.train()) {
       grads_ = gpu::DeviceBuffer(l_.total * sizeof(float));
       HOTOPS_CHECK_CUDA(cudaMemset(grads_.get(), 0, grads_.bytes()));
-      m_ = gpu::DeviceBuffer(seeded_.m);
-      v_ = gpu::DeviceBuffer(seeded_.v);
+      m_ = gpu::DeviceBuffer(seeded_->m);
+      v_ = gpu::DeviceBuffer(seeded_->v);
       state_ = gpu::DeviceBuffer(sizeof(StepState));
       HOTOPS_CHECK_CUDA(cudaMemset(state_.get(), 0, sizeof(StepState)));
       dz_ = acts(B * max_out);
@@ -198,8 +198,10 @@ class CudaCnn final : public ModelCase {
     if (s_.gpus) {  // data parallel: this rank's shard of the global batch, and the all-reduce
       const std::string why = data_parallel_arch_reason(a);
       HOTOPS_CHECK(why.empty(), why);
+      State mine = *seeded_;  // this rank's shard of the global batch's start, its own
       replicas_.start(p, s_, static_cast<std::size_t>(a.H * a.W * a.C),
-                      [&](const Shape& g) { return make_state(g, l_, models::step_seed(p)); }, seeded_, grads_.as<float>(), l_.total);
+                      [&](const Shape& g) { return make_state(g, l_, models::step_seed(p)); }, mine, grads_.as<float>(), l_.total);
+      seeded_ = std::make_shared<const State>(std::move(mine));
     }
     plan_convs();
     plan_gemms();
@@ -207,7 +209,7 @@ class CudaCnn final : public ModelCase {
     // One step outside any capture first (lazy library state), then back to the seeded start.
     device_step();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-    restore(seeded_, mask_period(false));
+    restore(*seeded_, mask_period(false));
     if (s_.variant == Variant::graph) {
       std::string why;
       if (!graph_.capture([this] { device_step(); }, &why)) throw Error("model_cnn: the step could not be captured into a CUDA graph: " + why, ErrorKind::unsupported);
@@ -240,7 +242,7 @@ class CudaCnn final : public ModelCase {
 
   Check verify() override {
     State global_start;  // data parallel: the global batch's, of which this rank runs its shard
-    const State start = replicas_.verification_start(s_, seeded_, verification_state, &global_start);
+    const State start = replicas_.verification_start(s_, *seeded_, verification_state, &global_start);
     restore(start, mask_period(true));
     logits_.poison();
     if (s_.train())
@@ -256,7 +258,7 @@ class CudaCnn final : public ModelCase {
       o.loss = static_cast<float>(last_loss());
       o.grads = HostBuffer(DType::f32, l_.total);
       o.params = HostBuffer(DType::f32, l_.total);
-      o.stats = HostBuffer(DType::f32, seeded_.stats.count());
+      o.stats = HostBuffer(DType::f32, seeded_->stats.count());
       grads_.download(o.grads);
       params_.download(o.params);
       stats_.download(o.stats);
@@ -276,7 +278,7 @@ class CudaCnn final : public ModelCase {
     if (s_.train()) {
       c.merge(adamw::check_device_step(state_.as<const StepState>(), 1), "step");
     }
-    restore(seeded_, mask_period(false));
+    restore(*seeded_, mask_period(false));
     return c;
   }
 
@@ -629,7 +631,7 @@ class CudaCnn final : public ModelCase {
 
   Shape s_;
   ParamLayout l_;
-  State seeded_;
+  std::shared_ptr<const State> seeded_;
   std::vector<DropoutKey> keys_;
   HostBuffer host_x_;  // the batch in pageable host memory, for the e2e and graph variants
   std::vector<std::int32_t> host_labels_;

@@ -227,7 +227,9 @@ State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
   teacher.fill_uniform(0xc0111e5ull, 2);
   st.labels.resize(static_cast<std::size_t>(s.batch));
   std::vector<float> x(st.x.count());
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(st.x.get(i));
+  const auto xn = static_cast<std::int64_t>(x.size());
+#pragma omp parallel for schedule(static) if (xn > (std::int64_t(1) << 16))
+  for (std::int64_t i = 0; i < xn; ++i) x[static_cast<std::size_t>(i)] = static_cast<float>(st.x.get(static_cast<std::size_t>(i)));
   const float* t = teacher.as<float>();
 #pragma omp parallel for schedule(static)
   for (std::int64_t b = 0; b < s.batch; ++b) {
@@ -238,7 +240,7 @@ State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
         static_cast<std::int32_t>(std::max_element(score.begin(), score.end()) - score.begin());
   }
   st.params = HostBuffer(DType::f32, l.total);
-  std::fill_n(st.params.as<float>(), l.total, 0.f);
+  zero_bytes(st.params.data(), st.params.bytes());
   const std::vector<ConvLayer>& convs = s.convs;
   auto fill = [&](std::size_t at, std::int64_t n, std::uint64_t stream, float lo, float hi) {
     models::fill_uniform_at(st.params, at, n, seed, stream, lo, hi);
@@ -272,6 +274,16 @@ State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
   }
   models::zero_moments(st.m, st.v, l.total);
   return st;
+}
+
+std::size_t& seeded_states_made() {
+  static std::size_t n = 0;
+  return n;
+}
+
+std::shared_ptr<const State> seeded_state(const Shape& s, const ParamLayout& l, std::uint64_t seed) {
+  const std::string key = s.arch.name + "/" + dtype_name(s.dtype) + "/batch:" + std::to_string(s.batch) + "/seed:" + std::to_string(seed);
+  return shared_value<State>(key, [&] { return make_state(s, l, seed); }, 1, seeded_states_made());
 }
 
 std::int64_t verify_period(const Shape& s) { return std::min(s.batch, kVerifyPeriod); }

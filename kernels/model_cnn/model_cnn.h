@@ -111,6 +111,11 @@ struct State {
   HostBuffer params, m, v, stats;
 };
 State make_state(const Shape& s, const ParamLayout& l, std::uint64_t seed);
+// The same start, made once per process and shared by every way of running the step (the CPU's
+// threads:T, CUDA's plain, e2e:1 and graph:1 runs: one step_seed), the last one kept; how many were
+// made (for the tests).
+std::shared_ptr<const State> seeded_state(const Shape& s, const ParamLayout& l, std::uint64_t seed);
+std::size_t& seeded_states_made();
 
 // Verification runs the step on a batch whose samples repeat with period `period` (sample b is sample
 // b % period of the seeded batch, masks included through mask_period): the batch statistics, the loss

@@ -87,12 +87,13 @@ Vec conv_fwd(const ConvLayer& c, std::int64_t S, const Vec& a, const double* W, 
 // The 2-norm of each of the n channels of v [samples, rows_per_sample, n] over the batch (sample q
 // counted count[q] times).
 std::vector<double> channel_norms(const Vec& v, std::int64_t n, std::int64_t rows_per_sample, const std::vector<std::int64_t>& count) {
-  std::vector<double> sq(idx(n), 0.0);
   const std::int64_t rows = static_cast<std::int64_t>(v.size()) / n;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const double w = static_cast<double>(count[idx(r / rows_per_sample)]);
-    for (std::int64_t c = 0; c < n; ++c) sq[idx(c)] += w * v[idx(r * n + c)] * v[idx(r * n + c)];
-  }
+  Vec sq = reduce_rows(rows, n, static_cast<std::int64_t>(v.size()), [&](std::int64_t r0, std::int64_t r1, double* acc) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const double w = static_cast<double>(count[idx(r / rows_per_sample)]);
+      for (std::int64_t c = 0; c < n; ++c) acc[c] += w * v[idx(r * n + c)] * v[idx(r * n + c)];
+    }
+  });
   for (double& x : sq) x = std::sqrt(x);
   return sq;
 }
