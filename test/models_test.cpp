@@ -193,6 +193,16 @@ TEST(ModelsVerify, ChunkedChecksNameTheWholeIndex) {
   EXPECT_TRUE(models::within_by_chunks("t", n, 1.0, 0.1, 1e-4, fill).rms.ok);
 }
 
+// A fill that fails in one chunk (its checks run in parallel) is the check's error, not the process's end.
+TEST(ModelsVerify, AChunkedCheckPassesOnAFillsError) {
+  const auto fill = [](std::size_t at, std::size_t k, double* o, double* r) {
+    if (at == models::kCheckChunk) throw Error("the second chunk cannot be read");
+    std::fill_n(o, k, 1.0);
+    std::fill_n(r, k, 1.0);
+  };
+  EXPECT_THROW(models::within_by_chunks("t", 3 * models::kCheckChunk, 1.0, 0.1, 0, fill), Error);
+}
+
 TEST(ModelsVerify, Bf16BoundsCatchSlips) {
   for (Direction d : {Direction::infer, Direction::train}) {
     const Shape s = shape_of(bf16_problem("mlp_mnist", Backend::cpu, d, 16));

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <limits>
 
 #include "hotops/check.h"
@@ -173,23 +174,31 @@ Checks within_by_chunks(const std::string& what, std::size_t n, double scale, do
   // The chunks in parallel (keras_cnn's 58M gradients are seconds on one core), each thread with a
   // pair of chunk buffers; each chunk's check and squared sum kept, then taken in chunk order, so
   // that the outcome does not depend on the thread count.
+  // (An exception cannot leave a parallel region: the first one is kept and thrown after it.)
   const auto chunks = static_cast<std::int64_t>((n + kCheckChunk - 1) / kCheckChunk);
   std::vector<Check> part(static_cast<std::size_t>(chunks));
   std::vector<double> part_sq(static_cast<std::size_t>(chunks), 0.0);
+  std::exception_ptr failed;
 #pragma omp parallel if (chunks > 1)
   {
     std::vector<double> out(std::min(n, kCheckChunk)), ref(out.size());
 #pragma omp for schedule(dynamic)
     for (std::int64_t c = 0; c < chunks; ++c) {
-      const std::size_t at = static_cast<std::size_t>(c) * kCheckChunk, k = std::min(kCheckChunk, n - at);
-      fill(at, k, out.data(), ref.data());
-      part[static_cast<std::size_t>(c)] = within_from(what, out.data(), ref.data(), k, scale, tol, at);
-      double sq = 0;
-      if (rms_tol > 0)
-        for (std::size_t i = 0; i < k; ++i) sq += (out[i] - ref[i]) * (out[i] - ref[i]);
-      part_sq[static_cast<std::size_t>(c)] = sq;
+      try {
+        const std::size_t at = static_cast<std::size_t>(c) * kCheckChunk, k = std::min(kCheckChunk, n - at);
+        fill(at, k, out.data(), ref.data());
+        part[static_cast<std::size_t>(c)] = within_from(what, out.data(), ref.data(), k, scale, tol, at);
+        double sq = 0;
+        if (rms_tol > 0)
+          for (std::size_t i = 0; i < k; ++i) sq += (out[i] - ref[i]) * (out[i] - ref[i]);
+        part_sq[static_cast<std::size_t>(c)] = sq;
+      } catch (...) {
+#pragma omp critical(within_by_chunks_failed)
+        if (!failed) failed = std::current_exception();
+      }
     }
   }
+  if (failed) std::rethrow_exception(failed);
   Checks c;
   c.max.tol = tol;
   double sum_sq = 0;
