@@ -51,6 +51,10 @@ bool is_model_step(const Problem& p) { return p.op.rfind("model.", 0) == 0; }
 // (one clock read per batch, so that the clock costs nothing measurable even for the shortest ops);
 // a device-timed CUDA sample is one of gpu::Timer's; a host-timed one is one execution.
 constexpr double kCpuSampleSeconds = 200e-6;
+// The executions of a CPU sample, from one execution's seconds.
+std::int64_t cpu_batch(double seconds) {
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(kCpuSampleSeconds / std::max(seconds, 1e-9))));
+}
 
 struct Samples {
   std::vector<double> seconds;
@@ -366,7 +370,7 @@ double take_samples(Live& live, const Problem& p, const Options& o, Samples& sam
     const auto t0 = clock::now();
     live.c->run();
     const double first = seconds_since(t0);
-    batch = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(kCpuSampleSeconds / std::max(first, 1e-9))));
+    batch = cpu_batch(first);
     if (batch == 1) samples.add(first), executions = 1;
   } else if (!live.c->host_timed()) {
     batch = live.timer->launches_per_sample();
@@ -473,7 +477,7 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
         const double t = std::chrono::duration<double>(now - last).count();
         if (batch == 0) {
           first = t;
-          batch = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(kCpuSampleSeconds / std::max(t, 1e-9))));
+          batch = cpu_batch(t);
         } else {
           samples.seconds.push_back(t / static_cast<double>(in_batch));
         }

@@ -109,8 +109,8 @@ struct ConvAlgo {
 };
 
 // The choice among re-timed candidates (those with retimed_ms < 0 did not run again and are
-// skipped; none re-timed throws Error, naming `context`): of those within kRetimeTie of the fastest, the one that
-// needs the least workspace, then the lowest algorithm number. A near tie is decided by what does
+// skipped; none re-timed throws Error, naming `context`): of those within kRetimeTie of the
+// fastest, the one that needs the least workspace, then the lowest algorithm number. A near tie is decided by what does
 // not move between processes rather than by which timing came out lower: the re-timings of
 // algorithms a few percent apart in isolation swap order from one process to the next, and inside a
 // model step such algorithms can differ by more (cnn_mnist's f32 step at batch 32 took 261 or 268 µs

@@ -50,7 +50,7 @@ class CpuLayer final : public LayerCase {
     HOTOPS_CHECK(D * NH == H, "model_bert: hidden must be heads x head_dim");
     x_ = seeded_.x, target_ = seeded_.target, params_ = seeded_.params, m_ = seeded_.m, v_ = seeded_.v;
     grads_ = HostBuffer(DType::f32, l_.total);
-    std::fill_n(grads_.as<float>(), l_.total, 0.f);
+    zero_bytes(grads_.data(), grads_.bytes());
     if (kBf16) weights_ = HostBuffer(DType::bf16, l_.total);
     if (kBf16) cast_weights();  // the copy at the start; train: AdamW keeps it from then on
     auto buf = [](std::int64_t n) { return HostBuffer(DType::f32, static_cast<std::size_t>(n)); };

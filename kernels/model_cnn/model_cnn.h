@@ -178,9 +178,10 @@ enum class DataGradPath { timed, backward_data, forward_flip };
 void set_cuda_data_grad_path(DataGradPath p);
 DataGradPath cuda_data_grad_path();
 
-// DataGradPath::timed's choice from the two plans' times (conv2d::CudaChoice::ms): the flipped filter's forward conv only when it is faster than
-// backward data beyond a near tie (gpu::kRetimeTie); on a near tie backward data, which needs no
-// flipped copy of the filter, so that timings a few percent apart do not pick the path by process.
+// DataGradPath::timed's choice from the two plans' times (conv2d::CudaChoice::ms): the flipped
+// filter's forward conv only when it is faster than backward data beyond a near tie
+// (gpu::kRetimeTie); on a near tie backward data, which needs no flipped copy of the filter, so
+// that timings a few percent apart do not pick the path by process.
 // CUDA builds only.
 bool forward_flip_is_faster(float flip_ms, float data_ms);
 

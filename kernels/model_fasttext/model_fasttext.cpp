@@ -167,7 +167,7 @@ State make_state(const Shape& s, const Layout& l, std::uint64_t seed) {
     st.labels.set(static_cast<std::size_t>(b), sum > 0 ? 1 : 0);
   }
   st.params = HostBuffer(DType::f32, l.total);
-  std::fill_n(st.params.as<float>(), l.total, 0.f);
+  zero_bytes(st.params.data(), st.params.bytes());
   const float k_dense = static_cast<float>(1 / std::sqrt(static_cast<double>(c.E)));
   struct Part {
     std::size_t at;

@@ -53,7 +53,7 @@ class CpuModel final : public ModelCase {
     if constexpr (kBf16) low_ = HostBuffer(DType::bf16, l_.total);
     if constexpr (kBf16) cast_params();  // the copy at the start; train: AdamW keeps it from then on
     grads_ = HostBuffer(DType::f32, l_.total);
-    std::fill_n(grads_.as<float>(), l_.total, 0.f);  // the padding is never written: zero, as AdamW needs
+    zero_bytes(grads_.data(), grads_.bytes());  // the padding is never written: zero, as AdamW needs
     act_.resize(L + 1);
     dact_.resize(L + 1);
     for (std::size_t k = 0; k < L; ++k) {

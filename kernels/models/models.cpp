@@ -472,7 +472,7 @@ ParamLayout param_layout(const std::vector<std::int64_t>& widths) {
 
 void init_params(const Shape& s, const ParamLayout& l, std::uint64_t seed, HostBuffer& params) {
   params = HostBuffer(DType::f32, l.total);
-  std::fill_n(params.as<float>(), l.total, 0.f);
+  zero_bytes(params.data(), params.bytes());
   for (std::size_t k = 0; k < s.layers(); ++k) {
     const float bound = static_cast<float>(1 / std::sqrt(static_cast<double>(s.in(k))));
     for (int wb = 0; wb < 2; ++wb)

@@ -13,7 +13,7 @@ State seeded_start(DType t, std::size_t n, std::size_t total, std::uint64_t seed
   st.target = HostBuffer(t, n);
   st.target.fill_uniform(seed, 2);
   st.params = HostBuffer(DType::f32, total);
-  std::fill_n(st.params.as<float>(), total, 0.f);
+  zero_bytes(st.params.data(), st.params.bytes());
   zero_moments(st.m, st.v, total);
   return st;
 }
