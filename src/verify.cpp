@@ -41,15 +41,21 @@ Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx,
   c.tol = tol;
   c.rms_tol = rms_tol;
   c.checked = idx.size();
-  std::vector<double> r(idx.size());
+  // The reference and the output at each sampled index, gathered on every thread (the samples of a
+  // large tensor are scattered over it: one thread would wait on a cache miss at each).
+  std::vector<double> r(idx.size()), got(idx.size());
   const auto n = static_cast<std::int64_t>(idx.size());
 #pragma omp parallel for schedule(dynamic, 16)
-  for (std::int64_t j = 0; j < n; ++j) r[static_cast<std::size_t>(j)] = ref(idx[static_cast<std::size_t>(j)]);
+  for (std::int64_t j = 0; j < n; ++j) {
+    const std::size_t i = idx[static_cast<std::size_t>(j)];
+    r[static_cast<std::size_t>(j)] = ref(i);
+    got[static_cast<std::size_t>(j)] = out.get(i);
+  }
 
   auto fail = [&](const char* what, double value, std::size_t j) {
     char buf[200];
     std::snprintf(buf, sizeof buf, "non-finite %s %g at index %zu (output %.6g, reference %.6g)", what, value, idx[j],
-                  out.get(idx[j]), r[j]);
+                  got[j], r[j]);
     c.ok = false;
     c.max_err = c.rms_err = std::nan("");
     c.message = buf;
@@ -59,7 +65,7 @@ Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx,
   // and in the reference, which would otherwise make the scale and every error NaN, and NaN
   // compares false against the tolerance, so that a broken reference would pass anything.
   for (std::size_t j = 0; j < idx.size(); ++j)
-    if (!std::isfinite(out.get(idx[j]))) return fail("output", out.get(idx[j]), j);
+    if (!std::isfinite(got[j])) return fail("output", got[j], j);
   for (std::size_t j = 0; j < idx.size(); ++j)
     if (!std::isfinite(r[j])) return fail("reference", r[j], j);
   // rms(ref), computed relative to max|ref| so that large finite references cannot overflow it.
@@ -72,8 +78,7 @@ Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx,
   std::size_t worst = 0;
   double esq = 0;
   for (std::size_t j = 0; j < idx.size(); ++j) {
-    const double o = out.get(idx[j]);
-    const double e = std::fabs(o - r[j]) / scale;
+    const double e = std::fabs(got[j] - r[j]) / scale;
     esq += e * e;
     if (e > c.max_err) c.max_err = e, worst = j;
   }
@@ -81,7 +86,7 @@ Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx,
   if (c.max_err > tol) {
     char buf[200];
     std::snprintf(buf, sizeof buf, "max|out-ref|/rms(ref) = %.3g > tol %.3g at index %zu (out %.6g, ref %.6g)",
-                  c.max_err, tol, idx[worst], out.get(idx[worst]), r[worst]);
+                  c.max_err, tol, idx[worst], got[worst], r[worst]);
     c.ok = false;
     c.message = buf;
   } else if (rms_tol > 0 && c.rms_err > rms_tol) {
@@ -96,16 +101,24 @@ Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx,
 
 Check compare_each(const HostBuffer& out, const std::vector<std::size_t>& idx,
                    const std::function<double(std::size_t, double& bound)>& ref, const char* what) {
+  // Each index's reference, bound and output on every thread (as compare's); then judged in order.
+  const std::size_t n = idx.size();
+  std::vector<double> want(n), bound(n, 0.0), got(n);
+#pragma omp parallel for schedule(dynamic, 16)
+  for (std::int64_t k = 0; k < static_cast<std::int64_t>(n); ++k) {
+    const auto j = static_cast<std::size_t>(k);
+    want[j] = ref(idx[j], bound[j]);
+    got[j] = out.get(idx[j]);
+  }
   Check c;
-  for (std::size_t i : idx) {
-    double bound = 0;
-    const double want = ref(i, bound), err = std::fabs(out.get(i) - want);
+  for (std::size_t j = 0; j < n; ++j) {
+    const double err = std::fabs(got[j] - want[j]);
     ++c.checked;
-    c.max_err = std::max(c.max_err, err / bound);
-    if (!(err <= bound) && c.ok) {  // NaN fails too
+    c.max_err = std::max(c.max_err, err / bound[j]);
+    if (!(err <= bound[j]) && c.ok) {  // NaN fails too
       char buf[200];
-      std::snprintf(buf, sizeof buf, "%s[%zu] = %.9g, reference %.9g: off by %.3g, bound %.3g", what, i, out.get(i), want, err,
-                    bound);
+      std::snprintf(buf, sizeof buf, "%s[%zu] = %.9g, reference %.9g: off by %.3g, bound %.3g", what, idx[j], got[j], want[j], err,
+                    bound[j]);
       c.ok = false, c.message = buf;
     }
   }

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <new>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -209,6 +211,39 @@ TEST(Resources, LargeCopiesAndZeroesAreWhole) {
   EXPECT_EQ(static_cast<std::size_t>(std::count(a.as<float>(), a.as<float>() + n, 0.f)), n);
   copy_bytes(a.data(), b.data(), b.bytes());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.bytes()), 0);
+}
+
+// Inside a HugePageScope, allocations of 32 MiB and more come on 2 MiB pages (src/host_pages.cpp);
+// outside one, and smaller ones, and the aligned forms, as the standard library's did; one too large
+// for any machine is std::bad_alloc.
+TEST(Resources, LargeAllocationsInAScopeAreOnHugePages) {
+  constexpr std::uintptr_t kHuge = std::uintptr_t(2) << 20;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizer's own allocator serves operator new in this build";
+#endif
+  const std::size_t doubles = (std::size_t(32) << 20) / sizeof(double);
+  {
+    const std::vector<double> outside(doubles);  // malloc's: a fresh mapping past its header
+    EXPECT_NE(reinterpret_cast<std::uintptr_t>(outside.data()) % kHuge, 0u);
+    const HugePageScope pages;
+    const std::vector<double> large(doubles);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(large.data()) % kHuge, 0u);
+    EXPECT_EQ(static_cast<std::size_t>(std::count(large.begin(), large.end(), 0.0)), large.size());
+    const HostBuffer h(DType::f32, (std::size_t(64) << 20) / sizeof(float));
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(h.data()) % kHuge, 0u);
+  }
+  EXPECT_FALSE(HugePageScope::active());
+  for (std::size_t n : {std::size_t(1), std::size_t(1000), (std::size_t(32) << 20) - 8}) {
+    std::vector<char> small(n, 'x');
+    EXPECT_EQ(small.back(), 'x') << n;
+    struct alignas(256) Wide {
+      char c[256];
+    };
+    std::unique_ptr<Wide[]> w(new Wide[n / 256 + 1]);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(w.get()) % 256, 0u) << n;
+  }
+  EXPECT_THROW(static_cast<void>(std::vector<char>(std::numeric_limits<std::ptrdiff_t>::max() / 2)), std::bad_alloc);
+  EXPECT_EQ(::operator new(std::numeric_limits<std::size_t>::max() / 4, std::nothrow), nullptr);
 }
 
 TEST(Resources, HostBuffersStartOnACacheLine) {

@@ -17,14 +17,28 @@ struct HostStorageRelease {
 // Copies and zeroes `bytes` bytes; a large span in parts in parallel, so that its pages (fresh ones
 // faulted in and zeroed by the kernel) are touched by every thread at once, not by one: a model's
 // state is GBs.
+// While one is alive (on any thread), allocations of 32 MiB and more by operator new come on 2 MiB
+// transparent huge pages, whose first touch costs a fraction of 4 KiB pages' (src/host_pages.cpp):
+// for what a verification makes and drops (its reference), never for what an entry times.
+class HugePageScope {
+ public:
+  HugePageScope();
+  ~HugePageScope();
+  HugePageScope(const HugePageScope&) = delete;
+  HugePageScope& operator=(const HugePageScope&) = delete;
+  static bool active();
+};
+
 void copy_bytes(void* to, const void* from, std::size_t bytes);
 void zero_bytes(void* to, std::size_t bytes);
 
 class HostBuffer {
  public:
   HostBuffer() = default;
-  // Uninitialised: fill or poison before use. A buffer larger than the host memory available is an
-  // out_of_memory Error that says how much was asked for and how much is available.
+  // Uninitialised: fill or poison before use (a large one's pages are touched on every thread as it
+  // is made, so that its first writer does not take their page faults alone). A buffer larger than
+  // the host memory available is an out_of_memory Error that says how much was asked for and how
+  // much is available.
   HostBuffer(DType dtype, std::size_t count);
   HostBuffer(const HostBuffer& o);
   HostBuffer& operator=(const HostBuffer& o);

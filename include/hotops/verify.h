@@ -56,6 +56,7 @@ std::shared_ptr<const R> shared_value(const std::string& key, Make make, std::si
     if (e.key == key) return e.value;
   ++made;
   while (!recent.empty() && recent.size() >= keep) recent.erase(recent.begin());  // before the new one is made
+  const HugePageScope pages;  // what it makes is the verification's, never timed
   auto value = std::make_shared<const R>(make());
   recent.push_back({key, value});
   return value;

@@ -312,14 +312,6 @@ Corrections corrections(const Hyper& h, std::int64_t t) {
   return {1 - std::pow(h.beta1, static_cast<double>(t)), std::sqrt(1 - std::pow(h.beta2, static_cast<double>(t)))};
 }
 
-void reference_step(const Hyper& h, const Corrections& c, double g, Element& e) {
-  e.p *= 1 - h.lr * h.wd;
-  e.m = h.beta1 * e.m + (1 - h.beta1) * g;
-  e.v = h.beta2 * e.v + (1 - h.beta2) * g * g;
-  const double denom = std::sqrt(e.v) / c.sqrt_bc2 + h.eps;
-  e.p -= (h.lr / c.bc1) * e.m / denom;
-}
-
 void reference_step(const Hyper& h, std::int64_t t, double g, Element& e) { reference_step(h, corrections(h, t), g, e); }
 
 Snapshot snapshot(const Shape& s, const Layout& l, const State& st, std::uint64_t seed) {

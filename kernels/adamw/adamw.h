@@ -113,7 +113,13 @@ struct Corrections {
   double bc1, sqrt_bc2;  // 1 - beta1^t, sqrt(1 - beta2^t)
 };
 Corrections corrections(const Hyper& h, std::int64_t t);
-void reference_step(const Hyper& h, const Corrections& c, double g, Element& e);
+inline void reference_step(const Hyper& h, const Corrections& c, double g, Element& e) {
+  e.p *= 1 - h.lr * h.wd;
+  e.m = h.beta1 * e.m + (1 - h.beta1) * g;
+  e.v = h.beta2 * e.v + (1 - h.beta2) * g * g;
+  const double denom = std::sqrt(e.v) / c.sqrt_bc2 + h.eps;
+  e.p -= (h.lr / c.bc1) * e.m / denom;
+}
 
 // Verification, in two halves around the runs being checked. snapshot() records, from the restored
 // state, the starting values of a seeded sample of elements (always both ends of every tensor) and

@@ -263,8 +263,11 @@ Check verify(const Shape& s, const Inputs& in, const HostBuffer& out) {
   // A few elements, or ones with x all negative, can have a tiny rms(ref) that would make the
   // metric meaningless: the bound is taken relative to max(rms(ref), floor) instead, by scaling
   // the tolerance passed to compare() (which reports that scaled value).
+  std::vector<double> r(idx.size());
+#pragma omp parallel for schedule(static)
+  for (std::int64_t j = 0; j < static_cast<std::int64_t>(idx.size()); ++j) r[static_cast<std::size_t>(j)] = ref(idx[static_cast<std::size_t>(j)]);
   double sumsq = 0;
-  for (std::size_t i : idx) sumsq += ref(i) * ref(i);
+  for (double v : r) sumsq += v * v;
   const double rms = std::sqrt(sumsq / static_cast<double>(idx.size()));
   const double rms_floor = bwd ? 0.4 : 2.0;
   const double tol = error_bound(s) * (rms < rms_floor ? rms_floor / std::max(rms, 1e-300) : 1.0);

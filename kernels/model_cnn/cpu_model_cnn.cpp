@@ -183,15 +183,18 @@ class CpuCnn final : public ModelCase {
       o.params = params_;
       o.stats = stats_;
       // The post-ReLU activations the forward decided its ReLU and pool on, recomputed from z and the
-      // affine the batchnorm family's plan saved, by the family's own expression.
+      // affine the batchnorm family's plan saved, by the family's own expression: of the leading
+      // verify_period samples, the distinct ones the reference computes.
       for (ConvPrims& cp : conv_) {
-        rmp::Shape whole = cp.act;
-        whole.pool = false, whole.k = 1;
-        o.relu.push_back(HostBuffer(DType::f32, static_cast<std::size_t>(whole.count())));
-        rmp::cpu_activation(whole, cp.z.get_data_handle(), cp.scale.data(), cp.shift.data(), o.relu.back().as<float>());
+        rmp::Shape lead = cp.act;
+        lead.pool = false, lead.k = 1, lead.N = verify_period(s_);
+        o.relu.push_back(HostBuffer(DType::f32, static_cast<std::size_t>(lead.count())));
+        rmp::cpu_activation(lead, cp.z.get_data_handle(), cp.scale.data(), cp.shift.data(), o.relu.back().as<float>());
       }
-      o.hidden = HostBuffer(DType::f32, static_cast<std::size_t>(hact_.count()));
-      rmp::cpu_activation(hact_, h_.data(), hscale_.data(), hshift_.data(), o.hidden.as<float>());
+      rmp::Shape lead = hact_;
+      lead.N = verify_period(s_);
+      o.hidden = HostBuffer(DType::f32, static_cast<std::size_t>(lead.count()));
+      rmp::cpu_activation(lead, h_.data(), hscale_.data(), hshift_.data(), o.hidden.as<float>());
     }
     Check c = verify_outcome(s_, l_, keys_, start, o);
     restore(*seeded_, s_.batch);

@@ -471,7 +471,7 @@ class CudaCnn final : public ModelCase {
   // samples, all the reference reads, gathered from the ranks.
   HostBuffer hint_samples(std::int64_t P, std::int64_t Q, std::int64_t K) const {
     const auto per = static_cast<std::size_t>(P * Q * K);
-    std::int64_t n = s_.batch;
+    std::int64_t n = verify_period(s_);  // the distinct samples the reference computes
     HostBuffer h;
     if (replicas_.sync) {
       n = verify_period(replicas_.global);

@@ -448,15 +448,21 @@ HOTOPS_DEFINE_FAMILY(CnnFamily);
 HostBuffer nhwc_to_nchw(const HostBuffer& x, std::int64_t N, std::int64_t H, std::int64_t W, std::int64_t C, bool inverse) {
   HostBuffer out(x.dtype(), x.count());
   const std::size_t e = x.bytes() / std::max<std::size_t>(1, x.count());
-  const char* in = static_cast<const char*>(x.data());
-  char* o = static_cast<char*>(out.data());
-  for (std::int64_t n = 0; n < N; ++n)
-    for (std::int64_t c = 0; c < C; ++c)
-      for (std::int64_t hw = 0; hw < H * W; ++hw) {
-        const std::int64_t nchw = (n * C + c) * H * W + hw, nhwc = (n * H * W + hw) * C + c;
-        const std::size_t to = static_cast<std::size_t>(inverse ? nhwc : nchw), from = static_cast<std::size_t>(inverse ? nchw : nhwc);
-        std::memcpy(o + to * e, in + from * e, e);
-      }
+  const auto move = [&](auto element) {
+    using T = decltype(element);
+    const T* in = static_cast<const T*>(x.data());
+    T* o = static_cast<T*>(out.data());
+#pragma omp parallel for collapse(2) schedule(static) if (N * C * H * W > (std::int64_t(1) << 16))
+    for (std::int64_t n = 0; n < N; ++n)
+      for (std::int64_t c = 0; c < C; ++c)
+        for (std::int64_t hw = 0; hw < H * W; ++hw) {
+          const std::int64_t nchw = (n * C + c) * H * W + hw, nhwc = (n * H * W + hw) * C + c;
+          o[inverse ? nhwc : nchw] = in[inverse ? nchw : nhwc];
+        }
+  };
+  HOTOPS_CHECK(e == 2 || e == 4, "nhwc_to_nchw: 2- or 4-byte elements only");
+  if (e == 2) move(std::uint16_t{});
+  else move(std::uint32_t{});
   return out;
 }
 

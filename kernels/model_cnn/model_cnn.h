@@ -163,8 +163,9 @@ struct Outcome {
   HostBuffer logits;                 // infer: [batch, classes]
   float loss = 0;                    // train
   HostBuffer grads, params, stats;   // train: after the step
-  std::vector<HostBuffer> relu;      // train: per conv layer, post-ReLU [batch, P, Q, K]
-  HostBuffer hidden;                 // train: post-ReLU hidden [batch, hidden] (before dropout)
+  // train, of the leading verify_period samples (the reference's; a longer buffer is read that far):
+  std::vector<HostBuffer> relu;      // per conv layer, post-ReLU [samples, P, Q, K]
+  HostBuffer hidden;                 // post-ReLU hidden [samples, hidden] (before dropout)
 };
 // `start` is verification_state(): compares one step from it with the reference.
 Check verify_outcome(const Shape& s, const ParamLayout& l, const std::vector<pointwise::DropoutKey>& keys,

@@ -295,18 +295,28 @@ Check adamw_first_step(const HostBuffer& p0, const HostBuffer& g, const HostBuff
                        const HostBuffer& v0, const HostBuffer& params, std::size_t count) {
   const adamw::Hyper h = hyper();
   const adamw::Corrections first = adamw::corrections(h, 1);
+  // Read as f32 where every buffer is (the usual case: no per-element dtype switch), else by get().
+  const bool f32 = p0.dtype() == DType::f32 && g.dtype() == DType::f32 && m0.dtype() == DType::f32 &&
+                   v0.dtype() == DType::f32 && params.dtype() == DType::f32;
+  const auto chunk = [&](auto read, std::size_t at, std::size_t k, double* change, double* ref_change) {
+    const auto n = static_cast<std::int64_t>(k);
+#pragma omp parallel for schedule(static) if (n > (std::int64_t(1) << 16))
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::size_t i = at + static_cast<std::size_t>(j);
+      const double start = read(p0, i);
+      adamw::Element e{start, read(m0, i), read(v0, i)};
+      adamw::reference_step(h, first, read(g, i), e);
+      ref_change[j] = e.p - start;
+      change[j] = read(params, i) - start;
+    }
+  };
   return within_by_chunks("AdamW step (p - p0)", count, h.lr, 1e-3, 0,
                           [&](std::size_t at, std::size_t k, double* change, double* ref_change) {
-                            const auto n = static_cast<std::int64_t>(k);
-#pragma omp parallel for schedule(static) if (n > (std::int64_t(1) << 16))
-                            for (std::int64_t j = 0; j < n; ++j) {
-                              const std::size_t i = at + static_cast<std::size_t>(j);
-                              const double start = p0.get(i);
-                              adamw::Element e{start, m0.get(i), v0.get(i)};
-                              adamw::reference_step(h, first, g.get(i), e);
-                              ref_change[j] = e.p - start;
-                              change[j] = params.get(i) - start;
-                            }
+                            if (f32)
+                              chunk([](const HostBuffer& b, std::size_t i) { return static_cast<double>(b.as<float>()[i]); }, at, k,
+                                    change, ref_change);
+                            else
+                              chunk([](const HostBuffer& b, std::size_t i) { return b.get(i); }, at, k, change, ref_change);
                           })
       .max;
 }

@@ -345,13 +345,19 @@ Check verify(const Shape& s, const Inputs& in, const HostBuffer& out, const std:
     }
   }
   if (!mask) return c;
-  for (std::size_t i : idx) {
-    const std::uint8_t want = reference_keep(s, in, i) ? 1 : 0;
-    if (mask[off + i] != want) {
-      std::snprintf(buf, sizeof buf, "mask element %zu is %u, the reference draws %u", i, unsigned{mask[off + i]},
-                    unsigned{want});
-      return fail(buf);
-    }
+  // Each sampled mask element against the reference's draw on every thread; the first that differs named.
+  std::vector<char> differs(idx.size());
+#pragma omp parallel for schedule(static)
+  for (std::int64_t j = 0; j < static_cast<std::int64_t>(idx.size()); ++j) {
+    const std::size_t i = idx[static_cast<std::size_t>(j)];
+    differs[static_cast<std::size_t>(j)] = mask[off + i] != (reference_keep(s, in, i) ? 1 : 0);
+  }
+  for (std::size_t j = 0; j < idx.size(); ++j) {
+    if (!differs[j]) continue;
+    const std::size_t i = idx[j];
+    std::snprintf(buf, sizeof buf, "mask element %zu is %u, the reference draws %u", i, unsigned{mask[off + i]},
+                  reference_keep(s, in, i) ? 1u : 0u);
+    return fail(buf);
   }
   for (std::size_t i = 0; i < buffer_count(s); ++i) {
     if (i == off) i += n;
