@@ -15,31 +15,50 @@ namespace {
 using Vec = std::vector<double>;
 
 // C[n, m] (+)= sum_k A(i, k) B(k, j), with A(i, k) = A[i * ar + k * ac], B(k, j) = B[k * br + j * bc].
-// Loops ordered so the innermost runs over contiguous memory: rows of B (bc == 1) or, for a
-// transposed B (br == 1, ac == 1), dot products of contiguous rows of A and B.
+// Each element sums its products in k order from its start (0, or C's value with `accumulate`),
+// whatever the blocking: rows of B (bc == 1) are streamed once for kRows rows of C at a time (a
+// pass over all of B per row would read it from memory n times); a transposed B (br == 1, ac == 1)
+// takes kDots dot products of contiguous rows at once, each its own chain of adds, side by side.
+constexpr std::int64_t kRows = 8, kDots = 8;
 void mm(std::int64_t n, std::int64_t m, std::int64_t K, const double* A, std::int64_t ar, std::int64_t ac, const double* B,
         std::int64_t br, std::int64_t bc, double* C, std::int64_t ldc, bool accumulate = false) {
+  if (bc != 1 && br == 1 && ac == 1) {
 #pragma omp parallel for schedule(static) if (n * m * K > (1 << 16))
-  for (std::int64_t i = 0; i < n; ++i) {
-    double* c = C + i * ldc;
-    if (!accumulate) std::fill_n(c, m, 0.0);
-    if (bc != 1 && br == 1 && ac == 1) {
+    for (std::int64_t i = 0; i < n; ++i) {
       const double* a = A + i * ar;
-      for (std::int64_t j = 0; j < m; ++j) {
+      double* c = C + i * ldc;
+      std::int64_t j = 0;
+      for (; j + kDots <= m; j += kDots) {
+        double s[kDots] = {};
+        for (std::int64_t k = 0; k < K; ++k)
+          for (std::int64_t t = 0; t < kDots; ++t) s[t] += a[k] * B[(j + t) * bc + k];
+        for (std::int64_t t = 0; t < kDots; ++t) c[j + t] = (accumulate ? c[j + t] : 0.0) + s[t];
+      }
+      for (; j < m; ++j) {
         const double* b = B + j * bc;
         double s = 0;
         for (std::int64_t k = 0; k < K; ++k) s += a[k] * b[k];
-        c[j] += s;
+        c[j] = (accumulate ? c[j] : 0.0) + s;
       }
-      continue;
     }
+    return;
+  }
+  const std::int64_t groups = (n + kRows - 1) / kRows;
+#pragma omp parallel for schedule(static) if (n * m * K > (1 << 16))
+  for (std::int64_t g = 0; g < groups; ++g) {
+    const std::int64_t i0 = g * kRows, rows = std::min(kRows, n - i0);
+    if (!accumulate)
+      for (std::int64_t r = 0; r < rows; ++r) std::fill_n(C + (i0 + r) * ldc, m, 0.0);
     for (std::int64_t k = 0; k < K; ++k) {
-      const double a = A[i * ar + k * ac];
       const double* b = B + k * br;
-      if (bc == 1)
-        for (std::int64_t j = 0; j < m; ++j) c[j] += a * b[j];
-      else
-        for (std::int64_t j = 0; j < m; ++j) c[j] += a * b[j * bc];
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const double a = A[(i0 + r) * ar + k * ac];
+        double* __restrict c = C + (i0 + r) * ldc;
+        if (bc == 1)
+          for (std::int64_t j = 0; j < m; ++j) c[j] += a * b[j];
+        else
+          for (std::int64_t j = 0; j < m; ++j) c[j] += a * b[j * bc];
+      }
     }
   }
 }
