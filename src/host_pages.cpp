@@ -11,6 +11,7 @@
 // std::free. Left to the sanitizers' own allocator where one is built in.
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -48,8 +49,9 @@ void* allocate(std::size_t n, std::size_t align = 0) noexcept {
   if (n == 0) n = 1;
   if (n < kLargeBytes || !hotops::HugePageScope::active())
     return align <= alignof(std::max_align_t) ? std::malloc(n) : std::aligned_alloc(align, (n + align - 1) / align * align);
-  const std::size_t rounded = (n + kHugePage - 1) / kHugePage * kHugePage;
-  void* p = std::aligned_alloc(kHugePage, rounded);
+  const std::size_t alignment = std::max(kHugePage, align);  // powers of two: a multiple of both
+  const std::size_t rounded = (n + alignment - 1) / alignment * alignment;
+  void* p = std::aligned_alloc(alignment, rounded);
   if (!p) return nullptr;
   madvise(p, rounded, MADV_HUGEPAGE);  // advice only: without it the pages are small ones
   // Each page's first touch on every thread: the kernel zeroes a huge page at its fault, and the
