@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
-#include <cstdint>
 #include <cstdlib>
 #include <new>
 
@@ -56,9 +55,7 @@ void* allocate(std::size_t n, std::size_t align = 0) noexcept {
   madvise(p, rounded, MADV_HUGEPAGE);  // advice only: without it the pages are small ones
   // Each page's first touch on every thread: the kernel zeroes a huge page at its fault, and the
   // caller's own first pass (a vector's zeros) is one thread's.
-  const auto pages = static_cast<std::int64_t>(rounded / kHugePage);
-#pragma omp parallel for schedule(static)
-  for (std::int64_t k = 0; k < pages; ++k) static_cast<volatile char*>(p)[static_cast<std::size_t>(k) * kHugePage] = 0;
+  hotops::touch_pages(p, rounded, kHugePage);
   return p;
 }
 

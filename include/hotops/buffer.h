@@ -14,12 +14,10 @@ struct HostStorageRelease {
   void operator()(std::byte* p) const;
 };
 
-// Copies and zeroes `bytes` bytes; a large span in parts in parallel, so that its pages (fresh ones
-// faulted in and zeroed by the kernel) are touched by every thread at once, not by one: a model's
-// state is GBs.
 // While one is alive (on any thread), allocations of 32 MiB and more by operator new come on 2 MiB
-// transparent huge pages, whose first touch costs a fraction of 4 KiB pages' (src/host_pages.cpp):
-// for what a verification makes and drops (its reference), never for what an entry times.
+// transparent huge pages faulted in on every thread, whose first touch costs a fraction of 4 KiB
+// pages' (src/host_pages.cpp): for what a verification makes and drops (its reference), never for
+// what an entry times.
 class HugePageScope {
  public:
   HugePageScope();
@@ -29,8 +27,14 @@ class HugePageScope {
   static bool active();
 };
 
+// Copies and zeroes `bytes` bytes; a large span in parts in parallel, so that its pages (fresh ones
+// faulted in and zeroed by the kernel) are touched by every thread at once, not by one: a model's
+// state is GBs.
 void copy_bytes(void* to, const void* from, std::size_t bytes);
 void zero_bytes(void* to, std::size_t bytes);
+// Writes one byte of each `page` bytes of [p, p + bytes) (`page` a power of two), on every thread:
+// each page's first touch, its fault, taken in parallel; the contents are the caller's to write.
+void touch_pages(void* p, std::size_t bytes, std::size_t page);
 
 class HostBuffer {
  public:
