@@ -85,15 +85,19 @@ struct Samples {
 
 // The instrumented pass of a model step (after its timed runs, so that they are untouched): each
 // op's time per step, their sum's share of the instrumented step (coverage) and the instrumented
-// step over the headline time (what the events between ops, or the wall-clock reads, cost it).
-// An entry on several ranks (gpus:G) takes a fixed number of instrumented steps, the same on every
-// rank: each step's collectives need all of them (a pass of at least 50 ms would end after a
-// different count on each).
+// step over the headline time (what the events between ops, or the wall-clock reads, cost it). It
+// takes kBreakdownSeconds of steps, at least one on the CPU and three on the GPU. An entry on several
+// ranks (gpus:G) takes a fixed number of instrumented steps, the same on every rank: each step's
+// collectives need all of them (a pass of a fixed time would end after a different count on each).
+// A CPU model step of kRecordedSampleSeconds or more needs no pass: its timed samples are recorded
+// (take_samples), a clock read a mark being some 1e-4 of such a step.
+constexpr double kBreakdownSeconds = 0.02;
 constexpr int kBreakdownStepsOnRanks = 10;
+constexpr double kRecordedSampleSeconds = 0.01;
 trace::Breakdown instrumented_pass(Case& c, const Problem& p) {
-  if (p.backend == Backend::cpu) return trace::measure_on_cpu([&] { c.run(); }, 0.05, 1);
+  if (p.backend == Backend::cpu) return trace::measure_on_cpu([&] { c.run(); }, kBreakdownSeconds, 1);
   if (p.has("gpus")) return gpu::measure_breakdown(c, 0, kBreakdownStepsOnRanks);
-  return gpu::measure_breakdown(c, 0.05, 3);
+  return gpu::measure_breakdown(c, kBreakdownSeconds, 3);
 }
 
 void report_breakdown(benchmark::State& state, Live& live, const Problem& p, double headline_seconds) {
@@ -101,6 +105,7 @@ void report_breakdown(benchmark::State& state, Live& live, const Problem& p, dou
   const trace::Breakdown& b = *live.breakdown;
   for (const trace::Part& part : b.parts) state.counters[kBreakdownPrefix + part.op] = part.us;
   state.counters["breakdown_step_us"] = b.step_us;
+  state.counters["breakdown_steps"] = b.steps;
   state.counters["breakdown_coverage"] = b.step_us > 0 ? b.covered_us() / b.step_us : 0;
   if (headline_seconds > 0) state.counters["breakdown_ratio"] = b.step_us * 1e-6 / headline_seconds;
 }
@@ -357,7 +362,9 @@ bool settled(const std::vector<double>& history) {
 // at most o.max_noise percent (or settled), or o.timeout seconds of sampling, whichever comes first.
 // Unlike Google Benchmark's loop, no round of executions is spent sizing the next: the first CPU
 // execution sizes the batches and is the first sample when it fills one on its own (it follows the
-// verification's execution, or the untimed one, so its caches are as warm as any later one's).
+// verification's execution, or the untimed one, so its caches are as warm as any later one's). The
+// samples after it of a CPU model step of kRecordedSampleSeconds or more are recorded by op: they
+// are the step's breakdown.
 // Returns the mean time of an execution over the samples; `executions` counts them, `why` says
 // what ended the sampling under the rule.
 double take_samples(Live& live, const Problem& p, const Options& o, Samples& samples, std::int64_t& executions,
@@ -366,12 +373,15 @@ double take_samples(Live& live, const Problem& p, const Options& o, Samples& sam
   auto seconds_since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
   const auto start = clock::now();
   std::int64_t batch = 1;  // executions a sample
+  bool recorded = false;   // each sample a step under the breakdown's recorder
   if (p.backend == Backend::cpu) {
     const auto t0 = clock::now();
     live.c->run();
     const double first = seconds_since(t0);
     batch = cpu_batch(first);
     if (batch == 1) samples.add(first), executions = 1;
+    recorded = is_model_step(p) && first >= kRecordedSampleSeconds;
+    if (recorded && !live.breakdown) live.breakdown = std::make_unique<trace::Breakdown>();
   } else if (!live.c->host_timed()) {
     batch = live.timer->launches_per_sample();
   }
@@ -380,7 +390,9 @@ double take_samples(Live& live, const Problem& p, const Options& o, Samples& sam
   std::vector<double> history;  // the noise after each sample
   char text[96] = "";
   for (;;) {
-    if (p.backend == Backend::cpu) {
+    if (recorded) {
+      samples.add(trace::record_cpu_step([&] { live.c->run(); }, *live.breakdown));
+    } else if (p.backend == Backend::cpu) {
       const auto t0 = clock::now();
       for (std::int64_t i = 0; i < batch; ++i) live.c->run();
       samples.add(seconds_since(t0) / static_cast<double>(batch));

@@ -57,22 +57,25 @@ void add_step(const std::vector<std::string>& marks, const std::vector<double>& 
   ++into.steps;
 }
 
+double record_cpu_step(const std::function<void()>& run, Breakdown& into) {
+  thread_local WallRecorder r;  // its storage kept from step to step
+  r.clear();
+  double before, begin, end;
+  {
+    Scope on(&r);
+    before = now_seconds();
+    begin = now_seconds();
+    run();
+    end = now_seconds();
+  }
+  add_step(std::vector<std::string>(r.ops.begin(), r.ops.end()), r.starts, begin, end, into, begin - before);
+  return end - begin;
+}
+
 Breakdown measure_on_cpu(const std::function<void()>& run, double min_seconds, int min_steps) {
   Breakdown b;
-  WallRecorder r;
   const double t0 = now_seconds();
-  while (b.steps < min_steps || now_seconds() - t0 < min_seconds) {
-    r.clear();
-    double before, begin, end;
-    {
-      Scope on(&r);
-      before = now_seconds();
-      begin = now_seconds();
-      run();
-      end = now_seconds();
-    }
-    add_step(std::vector<std::string>(r.ops.begin(), r.ops.end()), r.starts, begin, end, b, begin - before);
-  }
+  while (b.steps < min_steps || now_seconds() - t0 < min_seconds) record_cpu_step(run, b);
   return b;
 }
 

@@ -1,5 +1,6 @@
 // Where a model step's time goes: the step marks where each of its ops starts, and an instrumented
-// pass, separate from the timed one, times the spans between the marks (docs/models.md).
+// pass times the spans between the marks: one separate from the timed samples, or for a CPU step of
+// 10 ms or more the timed samples themselves (docs/models.md).
 #pragma once
 #include <functional>
 #include <string>
@@ -59,6 +60,12 @@ struct Breakdown {
 // by a preemption or a delayed event must not make the ops longer than the step.
 void add_step(const std::vector<std::string>& marks, const std::vector<double>& starts, double begin, double end,
               Breakdown& into, double lead = 0);
+
+// Runs `run` (one step, complete when it returns) once under a wall-clock recorder and adds its
+// spans to `into`; returns the step's seconds, from its start to its end. A mark costs a clock read
+// (some 25 ns), so a step of 10 ms or more with tens of marks takes some 1e-4 longer recorded than
+// not: bench breaks such a CPU model step down from its timed samples (docs/models.md).
+double record_cpu_step(const std::function<void()>& run, Breakdown& into);
 
 // Runs `run` (one step, complete when it returns) under a wall-clock recorder until `min_seconds`
 // have passed and at least `min_steps` steps ran: the CPU's instrumented pass.
