@@ -247,6 +247,11 @@ Outputs make_outputs(const Shape& s) {
   return o;
 }
 
+// The weight gradients verify() computes whole (reference_weight_grads): at most this many times the
+// elements a sample would check, and at most this many per-image sums (N x elements) held at once.
+constexpr std::size_t kWholeWeightGradSamples = 8;
+constexpr double kWholeWeightGradSums = 1 << 23;
+
 Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
   // Each sampled element is a sum of Cg*R*S (fwd), Kg*R*S (bwd_data) or N*P*Q (bwd_weight, db)
   // products (Cg, Kg: a group's channels); sample as many as fit ~2e8 of them (well under a second),
@@ -262,13 +267,23 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
   // a sum of random-sign terms grows as sqrt(length) relative to its rms: 8 eps_f32 sqrt(length)
   // bounds the worst of the samples (oneDNN f32 measured ~1.3e-4 at 2M terms; bound 7.7e-4).
   const double tol = tolerance(s.dtype) + 8 * 0x1.0p-24 * std::sqrt(terms);
-  Check c = compare(out.primary, sample_indices(out.primary.count(), limit, 7),
-                    [&](std::size_t i) { return reference_primary(s, d, i); }, tol);
+  // An NHWC weight gradient of at most kWholeWeightGradSamples times the sample's elements
+  // (keras_cnn's first layer: 864) is computed whole, in one pass over the batch, and checked
+  // everywhere: a sampled element reads one channel of every pixel of x and dy, a cache line for each
+  // in NHWC (in NCHW, a contiguous plane: sampling stays the cheaper there).
+  const std::size_t count = out.primary.count();
+  const bool whole = s.dir == Direction::bwd_weight && s.layout == Layout::nhwc && count <= kWholeWeightGradSamples * limit &&
+                     static_cast<double>(s.N) * static_cast<double>(count) <= kWholeWeightGradSums;
+  WeightGrads g;
+  if (whole) g = reference_weight_grads(s, d);
+  Check c = whole ? compare(out.primary, sample_indices(count, count, 7), [&](std::size_t i) { return g.dw[i]; }, tol)
+                  : compare(out.primary, sample_indices(count, limit, 7), [&](std::size_t i) { return reference_primary(s, d, i); }, tol);
   if (out.db.count() == 0) return c;
   Check all;
   all.merge(c, "dw");
-  all.merge(compare(out.db, sample_indices(out.db.count(), limit, 11),
-                    [&](std::size_t k) { return reference_db(s, d, static_cast<std::int64_t>(k)); }, tol),
+  all.merge(whole ? compare(out.db, sample_indices(out.db.count(), out.db.count(), 11), [&](std::size_t k) { return g.db[k]; }, tol)
+                  : compare(out.db, sample_indices(out.db.count(), limit, 11),
+                            [&](std::size_t k) { return reference_db(s, d, static_cast<std::int64_t>(k)); }, tol),
             "db");
   return all;
 }

@@ -103,6 +103,14 @@ struct RefData {
 RefData ref_data(const Inputs& in);
 double reference_primary(const Shape& s, const RefData& d, std::size_t idx);  // idx: user layout
 double reference_db(const Shape& s, const RefData& d, std::int64_t k);
+// The whole weight gradient (dw in user layout, w_at's order) and, with a bias, db: one pass over x
+// and dy, each image's sums in an array of its own (the images in parallel), then added image by
+// image, so that every element is the same for any thread count. Where the weights are few, this is
+// far cheaper than a sample of reference_primary's sums, which each read the whole batch's dy.
+struct WeightGrads {
+  std::vector<double> dw, db;
+};
+WeightGrads reference_weight_grads(const Shape& s, const RefData& d);
 void reference(const Shape& s, const Inputs& in, Outputs& out);  // every element, for the tests
 
 // Verifies outputs (sampled when large) against the reference.

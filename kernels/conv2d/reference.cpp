@@ -107,6 +107,60 @@ double reference_db(const Shape& s, const RefData& d, std::int64_t k) {
   return acc;
 }
 
+WeightGrads reference_weight_grads(const Shape& s, const RefData& d) {
+  const std::int64_t N = s.N, K = s.K, Cg = s.Cg(), Kg = s.Kg(), R = s.R, S = s.S, P = s.P(), Q = s.Q();
+  const std::int64_t per = R * S * Cg * K;  // one image's sums, [r][t][c within the group][k]
+  const bool nchw = s.layout == Layout::nchw;
+  const std::int64_t xs = nchw ? s.H * s.W : 1, ys = nchw ? P * Q : 1;  // a channel's stride in x, dy
+  std::vector<double> dw_n(static_cast<std::size_t>(N * per), 0.0), db_n(static_cast<std::size_t>(N * K), 0.0);
+#pragma omp parallel for schedule(dynamic)
+  for (std::int64_t n = 0; n < N; ++n) {
+    double* dbn = db_n.data() + n * K;
+    std::vector<double> g(static_cast<std::size_t>(K));  // this pixel's dy, by k
+    for (std::int64_t p = 0; p < P; ++p)
+      for (std::int64_t q = 0; q < Q; ++q) {
+        const float* dy = d.dy.data() + s.y_at(n, 0, p, q);
+        for (std::int64_t k = 0; k < K; ++k) g[static_cast<std::size_t>(k)] = dy[k * ys];
+        if (s.bias)
+          for (std::int64_t k = 0; k < K; ++k) dbn[k] += g[static_cast<std::size_t>(k)];
+        for (std::int64_t r = 0; r < R; ++r) {
+          const std::int64_t h = p * s.stride_h - s.pad_h + r * s.dil_h;
+          if (h < 0 || h >= s.H) continue;
+          for (std::int64_t t = 0; t < S; ++t) {
+            const std::int64_t w = q * s.stride_w - s.pad_w + t * s.dil_w;
+            if (w < 0 || w >= s.W) continue;
+            const float* x = d.x.data() + s.x_at(n, 0, h, w);
+            double* acc = dw_n.data() + n * per + (r * S + t) * Cg * K;
+            if (Cg == 1 && Kg == 1) {  // depthwise: output k reads input channel k alone
+#pragma omp simd
+              for (std::int64_t k = 0; k < K; ++k) acc[k] += static_cast<double>(x[k * xs]) * g[static_cast<std::size_t>(k)];
+              continue;
+            }
+            for (std::int64_t k0 = 0; k0 < K; k0 += Kg)  // each group: its Kg outputs read its Cg inputs
+              for (std::int64_t c = 0; c < Cg; ++c) {
+                const double v = x[(k0 / Kg * Cg + c) * xs];
+                double* a = acc + c * K;
+#pragma omp simd
+                for (std::int64_t k = k0; k < k0 + Kg; ++k) a[k] += v * g[static_cast<std::size_t>(k)];
+              }
+          }
+        }
+      }
+  }
+  WeightGrads out;
+  out.dw.assign(static_cast<std::size_t>(per), 0.0);
+  out.db.assign(s.bias ? static_cast<std::size_t>(K) : 0, 0.0);
+  for (std::int64_t n = 0; n < N; ++n) {
+    const double* acc = dw_n.data() + n * per;
+    for (std::int64_t r = 0; r < R; ++r)
+      for (std::int64_t t = 0; t < S; ++t)
+        for (std::int64_t c = 0; c < Cg; ++c)
+          for (std::int64_t k = 0; k < K; ++k) out.dw[s.w_at(k, c, r, t)] += acc[((r * S + t) * Cg + c) * K + k];
+    for (std::size_t k = 0; k < out.db.size(); ++k) out.db[k] += db_n[static_cast<std::size_t>(n * K) + k];
+  }
+  return out;
+}
+
 void reference(const Shape& s, const Inputs& in, Outputs& out) {
   const RefData d = ref_data(in);
   for (std::size_t i = 0; i < out.primary.count(); ++i) out.primary.set(i, reference_primary(s, d, i));
