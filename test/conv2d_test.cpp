@@ -151,6 +151,31 @@ TEST(Conv2dReference, NhwcIsNchwTransposed) {
   }
 }
 
+// The whole weight gradient that verify() computes in one pass (reference_weight_grads) is the
+// per-element reference at every element: dense, grouped and depthwise, both layouts, with strides,
+// padding and dilation.
+TEST(Conv2dReference, WholeWeightGradientIsThePerElementOne) {
+  struct G {
+    std::int64_t C, K, groups, stride, dilation;
+  };
+  for (const G& g : {G{3, 5, 1, 1, 1}, G{6, 4, 2, 2, 1}, G{4, 4, 4, 1, 2}, G{3, 6, 3, 2, 1}})
+    for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+      Shape s;
+      s.dir = Direction::bwd_weight, s.layout = layout, s.bias = true;
+      s.N = 3, s.C = g.C, s.H = 7, s.W = 6, s.K = g.K, s.R = 3, s.S = 2, s.groups = g.groups;
+      s.stride_h = g.stride, s.dil_w = g.dilation, s.pad_h = 1, s.pad_w = 2;
+      const RefData d = ref_data(make_inputs(s, 4));
+      const WeightGrads whole = reference_weight_grads(s, d);
+      const std::string what = std::string(layout == Layout::nhwc ? "nhwc" : "nchw") + " groups " + std::to_string(g.groups);
+      ASSERT_EQ(whole.dw.size(), static_cast<std::size_t>(s.K * s.Cg() * s.R * s.S)) << what;
+      for (std::size_t i = 0; i < whole.dw.size(); ++i)
+        ASSERT_NEAR(whole.dw[i], reference_primary(s, d, i), 1e-12 * (1 + std::fabs(whole.dw[i]))) << what << " " << i;
+      ASSERT_EQ(whole.db.size(), static_cast<std::size_t>(s.K)) << what;
+      for (std::int64_t k = 0; k < s.K; ++k)
+        ASSERT_NEAR(whole.db[static_cast<std::size_t>(k)], reference_db(s, d, k), 1e-12) << what << " " << k;
+    }
+}
+
 // A grouped convolution is the dense one with a block-diagonal filter: output channel k sees only
 // its group's input channels. The grouped reference (every direction, both layouts, depthwise and two
 // groups of several channels, with a stride) against the dense reference on that filter.

@@ -105,8 +105,9 @@ double reference_primary(const Shape& s, const RefData& d, std::size_t idx);  //
 double reference_db(const Shape& s, const RefData& d, std::int64_t k);
 // The whole weight gradient (dw in user layout, w_at's order) and, with a bias, db: one pass over x
 // and dy, each image's sums in an array of its own (the images in parallel), then added image by
-// image, so that every element is the same for any thread count. Where the weights are few, this is
-// far cheaper than a sample of reference_primary's sums, which each read the whole batch's dy.
+// image, so that every element is the same for any thread count. For an NHWC gradient of few
+// weights this is far cheaper than a sample of reference_primary's sums, each of which reads one
+// channel of every pixel, a cache line for each.
 struct WeightGrads {
   std::vector<double> dw, db;
 };
