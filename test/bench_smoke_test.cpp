@@ -538,16 +538,14 @@ TEST(BenchSmoke, EveryModelInferStepReportsItsBreakdownByOp) { expect_breakdowns
 TEST(BenchSmoke, EveryModelTrainStepReportsItsBreakdownByOp) { expect_breakdowns("train"); }
 
 // A CPU step of 10 ms or more (cnn_mnist's inference at batch 512 on one thread: some 100 ms here,
-// 60 ms on a 16-core Xeon) is broken down
-// from its timed samples, every one after the first (which sizes the sampling), not by a pass of its
-// own: its breakdown has one step fewer than it has samples, where a pass of 20 ms would have one.
+// 60 ms on a 16-core Xeon) is broken down from its timed samples, every one after the first (which
+// sizes the sampling), not by a pass of its own: its breakdown has one step fewer than it has
+// samples, where a pass of 20 ms would have one.
 TEST(BenchSmoke, ALongCpuStepIsBrokenDownFromItsTimedSamples) {
-  const std::string out = temp_path("recorded_breakdown");
-  const Result r = run("--benchmark_filter='^model[.]cnn_mnist/cpu/f32/infer/batch:512/real_time' --hotops_batch=512 "
-                       "--hotops_threads=1 --hotops_roofline=0 --hotops_verify=0 --benchmark_min_time=0.3 --benchmark_out=" + out);
+  Result r;
+  const nlohmann::json j = run_json("--benchmark_filter='^model[.]cnn_mnist/cpu/f32/infer/batch:512/real_time' --hotops_batch=512 "
+                                    "--hotops_threads=1 --hotops_verify=0 --benchmark_min_time=0.3", r);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  std::ifstream f(out);
-  const nlohmann::json j = nlohmann::json::parse(f);
   ASSERT_EQ(j["benchmarks"].size(), 1u) << r.output;
   const auto& b = j["benchmarks"][0];
   ASSERT_FALSE(b.value("error_occurred", false)) << b.value("error_message", "");
