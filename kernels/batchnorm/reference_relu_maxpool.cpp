@@ -4,35 +4,45 @@
 #include <array>
 #include <cmath>
 
+#include <omp.h>
+
 #include "kernels/batchnorm/relu_maxpool.h"
 
 namespace hotops::batchnorm::relu_maxpool {
 namespace {
 
-// sum f(i) over `n` indices into the channel c(i) of each, in double; each thread its own sums. f
-// returns K terms, summed apart (the K sums of one pass: each element evaluated once).
-template <std::size_t K, class F, class Ch>
-std::array<std::vector<double>, K> channel_sums(std::int64_t n, std::int64_t C, Ch channel, F f) {
-  std::array<std::vector<double>, K> total;
-  for (auto& t : total) t.assign(static_cast<std::size_t>(C), 0.0);
-#pragma omp parallel if (n > (1 << 16))
-  {
-    std::vector<std::array<double, K>> mine(static_cast<std::size_t>(C), std::array<double, K>{});
-#pragma omp for schedule(static) nowait
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::array<double, K> v = f(i);
-      auto& m = mine[static_cast<std::size_t>(channel(i))];
-      for (std::size_t k = 0; k < K; ++k) m[k] += v[k];
-    }
-#pragma omp critical
-    for (std::size_t c = 0; c < mine.size(); ++c)
-      for (std::size_t k = 0; k < K; ++k) total[k][c] += mine[c][k];
+// sum f(k, c, n, h, w) over z's elements (for_z_lines) into their channels, in double; each thread
+// its own sums over its share of z's lines, added in thread order. f returns K terms, summed apart
+// (the K sums of one pass: each element evaluated once).
+template <std::size_t K, class F>
+std::array<std::vector<double>, K> channel_sums(const Shape& s, F f) {
+  const auto C = static_cast<std::size_t>(s.C);
+  const std::int64_t lines = s.z_lines();
+  const int T = s.count() > (1 << 16) ? std::max(1, omp_get_max_threads()) : 1;
+  std::vector<std::vector<std::array<double, K>>> mine(static_cast<std::size_t>(T));
+#pragma omp parallel for num_threads(T) schedule(static)
+  for (int t = 0; t < T; ++t) {
+    auto& m = mine[static_cast<std::size_t>(t)];
+    m.assign(C, std::array<double, K>{});
+    auto add = [&](std::int64_t k, std::int64_t c, std::int64_t n, std::int64_t h, std::int64_t w) {
+      const std::array<double, K> v = f(k, c, n, h, w);
+      auto& to = m[static_cast<std::size_t>(c)];
+      for (std::size_t q = 0; q < K; ++q) to[q] += v[q];
+    };
+    for_z_lines(s, lines * t / T, lines * (t + 1) / T, add);
   }
+  std::array<std::vector<double>, K> total;
+  for (auto& t : total) t.assign(C, 0.0);
+  for (const auto& m : mine)
+    for (std::size_t c = 0; c < C; ++c)
+      for (std::size_t q = 0; q < K; ++q) total[q][c] += m[c][q];
   return total;
 }
-template <class F, class Ch>
-std::vector<double> channel_sums(std::int64_t n, std::int64_t C, Ch channel, F f) {
-  return channel_sums<1>(n, C, channel, [&](std::int64_t i) { return std::array<double, 1>{f(i)}; })[0];
+template <class F>
+std::vector<double> channel_sums(const Shape& s, F f) {
+  return channel_sums<1>(s, [&](std::int64_t k, std::int64_t c, std::int64_t n, std::int64_t h, std::int64_t w) {
+    return std::array<double, 1>{f(k, c, n, h, w)};
+  })[0];
 }
 
 }  // namespace
@@ -40,17 +50,14 @@ std::vector<double> channel_sums(std::int64_t n, std::int64_t C, Ch channel, F f
 Reference::Reference(const Shape& s, const Inputs& in) : s_(s), in_(in) {
   const auto C = static_cast<std::size_t>(s.C);
   const double M = static_cast<double>(s.N * s.H * s.W);
-  auto of_z = [&](std::int64_t i) { return i % s.C; };
   if (s.dir == Direction::bwd) {
-    // The saved statistics and the argmax bytes are inputs, used as they are.
-    auto xhat = [&](std::int64_t i) {
-      const auto c = static_cast<std::size_t>(i % s.C);
-      return (z(i) - in.mean.get(c)) * in.rstd.get(c);
-    };
-    // Both sums in one pass, each element's dy computed once (and x-hat only where dy is not 0).
-    auto sums = channel_sums<2>(s.count(), s.C, of_z, [&](std::int64_t i) {
-      const double d = dy(i);
-      return std::array<double, 2>{d, s.bn && d != 0 ? d * xhat(i) : 0.0};
+    // The saved statistics and the argmax bytes are inputs, used as they are. Both sums in one pass,
+    // each element's dy computed once (and x-hat only where dy is not 0).
+    auto sums = channel_sums<2>(s, [&](std::int64_t k, std::int64_t c, std::int64_t n, std::int64_t h, std::int64_t w) {
+      const double d = dy(k, c, n, h, w);
+      if (!s.bn || d == 0) return std::array<double, 2>{d, 0.0};
+      const auto cc = static_cast<std::size_t>(c);
+      return std::array<double, 2>{d, d * (in.z.get(static_cast<std::size_t>(k)) - in.mean.get(cc)) * in.rstd.get(cc)};
     });
     dbeta = std::move(sums[0]), dgamma = std::move(sums[1]);
     dbias.assign(C, 0.0);
@@ -69,10 +76,11 @@ Reference::Reference(const Shape& s, const Inputs& in) : s_(s), in_(in) {
   scale.assign(C, 1.0), shift.assign(C, 0.0);
   if (s.bn && s.dir == Direction::fwd) {
     // Two passes: the mean, then the mean squared deviation (no cancellation).
-    mean = channel_sums(s.count(), s.C, of_z, [&](std::int64_t i) { return z(i); });
+    auto z_at = [&](std::int64_t k) { return in.z.get(static_cast<std::size_t>(k)); };
+    mean = channel_sums(s, [&](std::int64_t k, std::int64_t, std::int64_t, std::int64_t, std::int64_t) { return z_at(k); });
     for (double& m : mean) m /= M;
-    std::vector<double> var = channel_sums(s.count(), s.C, of_z, [&](std::int64_t i) {
-      const double d = z(i) - mean[static_cast<std::size_t>(i % s.C)];
+    std::vector<double> var = channel_sums(s, [&](std::int64_t k, std::int64_t c, std::int64_t, std::int64_t, std::int64_t) {
+      const double d = z_at(k) - mean[static_cast<std::size_t>(c)];
       return d * d;
     });
     rstd.resize(C), running_mean.resize(C), running_var.resize(C);
@@ -100,10 +108,8 @@ std::int64_t Reference::window_start(std::int64_t j) const {
   return ((n * s_.H + ph * s_.k) * s_.W + pw * s_.k) * s_.C + c;
 }
 
-double Reference::pre(std::int64_t i) const {
-  const auto c = static_cast<std::size_t>(i % s_.C);
-  return std::max(z(i) * scale[c] + shift[c], 0.0);
-}
+double Reference::pre(std::int64_t i) const { return pre_at(s_.z_index(i), i % s_.C); }
+
 
 double Reference::pooled(std::int64_t j) const {
   const std::int64_t at = window_start(j);
@@ -123,13 +129,17 @@ double Reference::out(std::int64_t j) const { return pooled(j) * keep(j); }
 
 double Reference::dy(std::int64_t i) const {
   const std::int64_t c = i % s_.C, r = i / s_.C, w = r % s_.W, h = (r / s_.W) % s_.H, n = r / (s_.W * s_.H);
+  return dy(s_.z_index(i), c, n, h, w);
+}
+
+double Reference::dy(std::int64_t k, std::int64_t c, std::int64_t n, std::int64_t h, std::int64_t w) const {
   const std::int64_t ph = h / s_.k, pw = w / s_.k;
   if (ph >= s_.PH() || pw >= s_.PW()) return 0;
   const std::int64_t j = ((n * s_.PH() + ph) * s_.PW() + pw) * s_.C + c;
   const auto js = static_cast<std::size_t>(s_.pooled_index(j));
   if (s_.pool && in_.arg.as<std::uint8_t>()[js] != (h % s_.k) * s_.k + w % s_.k) return 0;
   const auto cc = static_cast<std::size_t>(c);
-  if (!(z(i) * in_.scale.get(cc) + in_.shift.get(cc) > 0)) return 0;
+  if (!(in_.z.get(static_cast<std::size_t>(k)) * in_.scale.get(cc) + in_.shift.get(cc) > 0)) return 0;
   return in_.dout.get(js) * keep(j);
 }
 

@@ -218,16 +218,17 @@ Inputs make_inputs(const Shape& s, std::uint64_t seed) {
   // No ReLU near-ties: an element whose z scale + shift is within 1e-5 of its terms' size (where f32
   // with or without a fused multiply-add could round to either side of zero) moves off the tie.
   // (Each element is its own: the loops here run in parallel.)
-  const std::int64_t n = s.count();
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-  for (std::int64_t i = 0; i < n; ++i) {
-    const auto c = static_cast<std::size_t>(i % s.C), k = static_cast<std::size_t>(s.z_index(i));
-    for (int tries = 0; tries < 8; ++tries) {
-      const double zs = in.z.get(k) * in.scale.get(c), y = zs + in.shift.get(c);
-      if (std::fabs(y) > 1e-5 * (std::fabs(zs) + std::fabs(in.shift.get(c)))) break;
-      in.z.set(k, in.z.get(k) + 0.01 / in.scale.get(c));
-    }
-  }
+  const std::int64_t lines = s.z_lines();
+#pragma omp parallel for schedule(static) if (s.count() > (1 << 16))
+  for (std::int64_t r = 0; r < lines; ++r)
+    for_z_lines(s, r, r + 1, [&](std::int64_t i, std::int64_t ch, std::int64_t, std::int64_t, std::int64_t) {
+      const auto c = static_cast<std::size_t>(ch), k = static_cast<std::size_t>(i);
+      for (int tries = 0; tries < 8; ++tries) {
+        const double zs = in.z.get(k) * in.scale.get(c), y = zs + in.shift.get(c);
+        if (std::fabs(y) > 1e-5 * (std::fabs(zs) + std::fabs(in.shift.get(c)))) break;
+        in.z.set(k, in.z.get(k) + 0.01 / in.scale.get(c));
+      }
+    });
   in.dout = HostBuffer(s.dtype, static_cast<std::size_t>(s.pooled()));
   in.dout.fill_uniform(seed, 10);
   if (!s.pool) return in;
@@ -235,16 +236,20 @@ Inputs make_inputs(const Shape& s, std::uint64_t seed) {
   in.arg = bytes(s.pooled());
   auto* arg = in.arg.as<std::uint8_t>();
   const Reference r(fwd, in);
-  const std::int64_t pooled = s.pooled();
-#pragma omp parallel for schedule(static) if (pooled > (1 << 14))
-  for (std::int64_t j = 0; j < pooled; ++j) {
-    const std::int64_t at = r.window_start(j);
-    double best = -1;
-    for (std::int64_t q = 0; q < s.k * s.k; ++q) {
-      const double y = r.pre(at + ((q / s.k) * s.W + q % s.k) * s.C);
-      if (y > best) best = y, arg[s.pooled_index(j)] = static_cast<std::uint8_t>(q);
-    }
-  }
+  const std::int64_t PH = s.PH(), PW = s.PW();
+  const bool nchw = s.layout == Layout::nchw;
+#pragma omp parallel for collapse(2) schedule(static) if (s.pooled() > (1 << 14))
+  for (std::int64_t n = 0; n < s.N; ++n)
+    for (std::int64_t ph = 0; ph < PH; ++ph)
+      for (std::int64_t pw = 0, j = (n * PH + ph) * PW * s.C; pw < PW; ++pw)
+        for (std::int64_t c = 0; c < s.C; ++c, ++j) {
+          double best = -1;
+          for (std::int64_t q = 0; q < s.k * s.k; ++q) {
+            const std::int64_t h = ph * s.k + q / s.k, w = pw * s.k + q % s.k;
+            const double y = r.pre_at(nchw ? ((n * s.C + c) * s.H + h) * s.W + w : ((n * s.H + h) * s.W + w) * s.C + c, c);
+            if (y > best) best = y, arg[s.pooled_index(j)] = static_cast<std::uint8_t>(q);
+          }
+        }
   return in;
 }
 

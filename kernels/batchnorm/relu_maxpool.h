@@ -6,6 +6,7 @@
 // that another conv follows), its dropout over each sample's elements. The formulas: docs/ops.md,
 // "batchnorm_relu_maxpool" and "batchnorm_relu".
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -50,6 +51,8 @@ struct Shape {
   std::int64_t pooled_index(std::int64_t j) const { return reorder(j, pooled_layout, PH(), PW(), true); }
   std::int64_t z_order(std::int64_t i) const { return reorder(i, layout, H, W, false); }
   std::int64_t pooled_order(std::int64_t j) const { return reorder(j, pooled_layout, PH(), PW(), false); }
+  // z's lines (for_z_lines): N H rows of W x C elements in NHWC, N C H rows of W in NCHW.
+  std::int64_t z_lines() const { return layout == Layout::nchw ? N * C * H : N * H; }
 
  private:
   // NHWC-order index -> storage index in layout l (to_storage), or back, over planes of h x w.
@@ -62,6 +65,23 @@ struct Shape {
 };
 
 Shape shape_of(const Problem& p);
+
+// f(k, c, n, h, w) for each element of z's lines [r0, r1) (Shape::z_lines), in storage order: k its
+// storage index, c its channel, (n, h, w) its place. What a pass over z splits among threads.
+template <class F>
+void for_z_lines(const Shape& s, std::int64_t r0, std::int64_t r1, F&& f) {
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const std::int64_t h = r % s.H;
+    if (s.layout == Layout::nchw) {
+      const std::int64_t c = (r / s.H) % s.C, n = r / (s.H * s.C);
+      for (std::int64_t w = 0; w < s.W; ++w) f(r * s.W + w, c, n, h, w);
+    } else {
+      const std::int64_t n = r / s.H;
+      for (std::int64_t w = 0, k = r * s.W * s.C; w < s.W; ++w)
+        for (std::int64_t c = 0; c < s.C; ++c, ++k) f(k, c, n, h, w);
+    }
+  }
+}
 
 // Inputs, seeded; which buffers exist depends on the direction.
 struct Inputs {
@@ -89,6 +109,11 @@ class Reference {
  public:
   Reference(const Shape& s, const Inputs& in);
   double pre(std::int64_t i) const;     // relu(z scale + shift) at z's element i (fwd, infer)
+  // ... at z's storage index k, of channel c (inline: input generation calls it at every element)
+  double pre_at(std::int64_t k, std::int64_t c) const {
+    const auto cc = static_cast<std::size_t>(c);
+    return std::max(in_.z.get(static_cast<std::size_t>(k)) * scale[cc] + shift[cc], 0.0);
+  }
   double out(std::int64_t j) const;     // pooled element j after dropout (fwd, infer)
   double pooled(std::int64_t j) const;  // its window's maximum, before dropout
   double dz(std::int64_t i) const;      // bwd
@@ -100,6 +125,8 @@ class Reference {
   double z(std::int64_t i) const;     // z's element i
   double keep(std::int64_t j) const;  // pooled element j's dropout factor
   double dy(std::int64_t i) const;    // bwd: the gradient reaching z's element i through pool and ReLU
+  // ... from its storage index k, channel c and place (n, h, w)
+  double dy(std::int64_t k, std::int64_t c, std::int64_t n, std::int64_t h, std::int64_t w) const;
   const Shape& s_;
   const Inputs& in_;
   std::vector<double> a_, b0_, c0_;  // bwd: dz = a dy + b0 + c0 xhat
