@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "hotops/check.h"
+
 namespace hotops {
 
 void Check::merge(const Check& other, const std::string& what) {
@@ -35,23 +37,15 @@ std::vector<std::size_t> sample_indices(std::size_t n, std::size_t limit, std::u
   return idx;
 }
 
-Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx,
-              const std::function<double(std::size_t)>& ref, double tol, double rms_tol) {
+namespace {
+
+// The judgement of compare: the output got[j] against the reference r[j] at each idx[j].
+Check judge(const std::vector<std::size_t>& idx, const std::vector<double>& r, const std::vector<double>& got, double tol,
+            double rms_tol) {
   Check c;
   c.tol = tol;
   c.rms_tol = rms_tol;
   c.checked = idx.size();
-  // The reference and the output at each sampled index, gathered on every thread (the samples of a
-  // large tensor are scattered over it: one thread would wait on a cache miss at each).
-  std::vector<double> r(idx.size()), got(idx.size());
-  const auto n = static_cast<std::int64_t>(idx.size());
-#pragma omp parallel for schedule(dynamic, 16)
-  for (std::int64_t j = 0; j < n; ++j) {
-    const std::size_t i = idx[static_cast<std::size_t>(j)];
-    r[static_cast<std::size_t>(j)] = ref(i);
-    got[static_cast<std::size_t>(j)] = out.get(i);
-  }
-
   auto fail = [&](const char* what, double value, std::size_t j) {
     char buf[200];
     std::snprintf(buf, sizeof buf, "non-finite %s %g at index %zu (output %.6g, reference %.6g)", what, value, idx[j],
@@ -97,6 +91,33 @@ Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx,
     c.message = buf;
   }
   return c;
+}
+
+}  // namespace
+
+Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx,
+              const std::function<double(std::size_t)>& ref, double tol, double rms_tol) {
+  // The reference and the output at each sampled index, gathered on every thread (the samples of a
+  // large tensor are scattered over it: one thread would wait on a cache miss at each).
+  std::vector<double> r(idx.size()), got(idx.size());
+  const auto n = static_cast<std::int64_t>(idx.size());
+#pragma omp parallel for schedule(dynamic, 16)
+  for (std::int64_t j = 0; j < n; ++j) {
+    const std::size_t i = idx[static_cast<std::size_t>(j)];
+    r[static_cast<std::size_t>(j)] = ref(i);
+    got[static_cast<std::size_t>(j)] = out.get(i);
+  }
+  return judge(idx, r, got, tol, rms_tol);
+}
+
+Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx, const std::vector<double>& ref, double tol,
+              double rms_tol) {
+  HOTOPS_CHECK(ref.size() == idx.size(), "compare: one reference value per index");
+  std::vector<double> got(idx.size());
+  const auto n = static_cast<std::int64_t>(idx.size());
+#pragma omp parallel for schedule(static) if (n > 4096)
+  for (std::int64_t j = 0; j < n; ++j) got[static_cast<std::size_t>(j)] = out.get(idx[static_cast<std::size_t>(j)]);
+  return judge(idx, ref, got, tol, rms_tol);
 }
 
 Check compare_each(const HostBuffer& out, const std::vector<std::size_t>& idx,

@@ -164,7 +164,8 @@ TEST(Conv2dReference, WholeWeightGradientIsThePerElementOne) {
       s.dir = Direction::bwd_weight, s.layout = layout, s.bias = true;
       s.N = 3, s.C = g.C, s.H = 7, s.W = 6, s.K = g.K, s.R = 3, s.S = 2, s.groups = g.groups;
       s.stride_h = g.stride, s.dil_w = g.dilation, s.pad_h = 1, s.pad_w = 2;
-      const RefData d = ref_data(make_inputs(s, 4));
+      const Inputs in = make_inputs(s, 4);
+      const RefData d = ref_data(in);
       const WeightGrads whole = reference_weight_grads(s, d);
       const std::string what = std::string(layout == Layout::nhwc ? "nhwc" : "nchw") + " groups " + std::to_string(g.groups);
       ASSERT_EQ(whole.dw.size(), static_cast<std::size_t>(s.K * s.Cg() * s.R * s.S)) << what;
@@ -290,6 +291,34 @@ TEST(Conv2dCpu, LabelNamesOneDnnAndCaseVerifies) {
   EXPECT_TRUE(c->verify().ok);
   EXPECT_NE(c->label().find("oneDNN convolution"), std::string::npos) << c->label();
   EXPECT_NE(c->label().find("not timed"), std::string::npos) << c->label();
+}
+
+// The sampled reference of a problem is computed once for its entries: a second case of it, and its
+// CUDA entry (the same seeded inputs), take the first one's; another problem's is its own, and
+// the first one's is still kept after it.
+TEST(Conv2dVerify, EntriesOfOneProblemShareOneReference) {
+  std::vector<Problem> problems;
+  for (const Problem& p : family().test_problems())
+    if (p.backend == Backend::cpu && p.dtype == DType::f32 && !p.has("relu")) problems.push_back(p);
+  ASSERT_GE(problems.size(), 2u);
+  const Problem& first = problems[0];
+  const std::size_t before = shared_reference_computations();
+  EXPECT_TRUE(family().make(first)->verify().ok);
+  EXPECT_EQ(shared_reference_computations(), before + 1);
+  EXPECT_TRUE(family().make(first)->verify().ok);
+  EXPECT_EQ(shared_reference_computations(), before + 1) << "a second case of the problem computed the reference again";
+  const Problem& other = problems[1];
+  ASSERT_NE(other.name(), first.name());
+  EXPECT_TRUE(family().make(other)->verify().ok);
+  EXPECT_EQ(shared_reference_computations(), before + 2);
+  EXPECT_TRUE(family().make(first)->verify().ok);
+  EXPECT_EQ(shared_reference_computations(), before + 2) << "the first problem's reference was not kept";
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << "the CUDA entry: " << why;
+  Problem cuda = first;
+  cuda.backend = Backend::cuda;
+  EXPECT_TRUE(family().make(cuda)->verify().ok);
+  EXPECT_EQ(shared_reference_computations(), before + 2) << "the CUDA entry computed the reference again";
 }
 
 // A model's use of the CPU plan: a Shape filled by hand, tensors in the user's layout (the run reorders

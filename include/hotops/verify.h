@@ -34,6 +34,9 @@ std::vector<std::size_t> sample_indices(std::size_t n, std::size_t limit, std::u
 // catches a wrong term whose every element stays under the per-element bound.
 Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx,
               const std::function<double(std::size_t)>& ref, double tol, double rms_tol = 0);
+// The same with ref[j] the reference at idx[j], computed before (e.g. one shared by a problem's entries).
+Check compare(const HostBuffer& out, const std::vector<std::size_t>& idx, const std::vector<double>& ref, double tol,
+              double rms_tol = 0);
 
 // Compares out[i] with a reference of its own bound for i in idx: ref(i, bound) returns the reference
 // and sets the bound on |out[i] - ref| (e.g. a column sum's, from the sizes of its terms). A failure

@@ -82,6 +82,16 @@ HostBuffer host_bytes(const Shape& s, std::size_t bytes) {
   return HostBuffer(s.dtype, (bytes + dtype_size(s.dtype) - 1) / dtype_size(s.dtype));
 }
 
+// What a problem's seeded inputs are made of: its seed (the same on every backend) and its shape.
+std::string reference_key(const Shape& s, std::uint64_t seed) {
+  std::string key = "conv2d/" + std::to_string(seed) + "/" + dtype_name(s.dtype) + "/" + direction_name(s.dir) + "/" +
+                    layout_name(s.layout);
+  for (const std::int64_t v : {s.N, s.C, s.H, s.W, s.K, s.R, s.S, s.stride_h, s.stride_w, s.pad_h, s.pad_w, s.dil_h,
+                               s.dil_w, s.groups, std::int64_t{s.bias}, std::int64_t{s.relu}, std::int64_t{s.f32_params}})
+    key += "/" + std::to_string(v);
+  return key;
+}
+
 // The op as the benchmark runs it: a PlanCase over the problem's inputs and outputs. On the CPU the
 // plan takes oneDNN's layouts: the inputs are reordered into them here, at setup, and the output back
 // to the user's layout by the check, so the timed run is the convolution alone.
@@ -93,10 +103,11 @@ struct Op {
     Outputs out;             // the user's layout: what the check compares
     Inputs onednn;           // onednn_layouts: x, w and dy in oneDNN's layouts
     HostBuffer onednn_out;   // onednn_layouts: the pass's output in oneDNN's layout
+    std::string reference_key;  // the seed and the shape: what the inputs, and so the reference, are made of
   };
   static Shape shape(const Problem& p) { return shape_of(p); }
   static Io io(const Shape& s, std::uint64_t seed) {
-    Io io{make_inputs(s, seed), make_outputs(s), {}, {}};
+    Io io{make_inputs(s, seed), make_outputs(s), {}, {}, reference_key(s, seed)};
     if (!s.onednn_layouts) return io;
     const auto reordered = [&](const HostBuffer& user, Tensor t) {
       if (user.count() == 0) return HostBuffer();
@@ -122,7 +133,7 @@ struct Op {
   static std::unique_ptr<Plan> plan(const Shape& s, Backend b) { return make_plan(s, b); }
   static Check check(const Shape& s, Io& io) {
     if (s.onednn_layouts) to_user_layout(s, output_of(s.dir), io.onednn_out.data(), io.out.primary.data());
-    return verify(s, io.in, io.out);
+    return verify(s, io.in, io.out, io.reference_key);
   }
 };
 
@@ -251,8 +262,11 @@ Outputs make_outputs(const Shape& s) {
 // elements a sample would check, and at most this many per-image sums (N x elements) held at once.
 constexpr std::size_t kWholeWeightGradSamples = 8;
 constexpr double kWholeWeightGradSums = 1 << 23;
+// Sampled references kept for the process (shared_reference): more than a shape's CPU entries (12),
+// which the list puts between each CPU entry and its CUDA twin.
+constexpr std::size_t kKeptReferences = 16;
 
-Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
+Sampled sampled_reference(const Shape& s, const Inputs& in) {
   // Each sampled element is a sum of Cg*R*S (fwd), Kg*R*S (bwd_data) or N*P*Q (bwd_weight, db)
   // products (Cg, Kg: a group's channels); sample as many as fit ~2e8 of them (well under a second),
   // between 256 and 2048.
@@ -262,29 +276,53 @@ Check verify(const Shape& s, const Inputs& in, const Outputs& out) {
                        : s.dir == Direction::bwd_data ? terms_of(s.Kg() * s.R * s.S)
                                                       : terms_of(s.N * s.P() * s.Q());
   const auto limit = static_cast<std::size_t>(std::clamp(2e8 / terms, 256.0, 2048.0));
+  Sampled r;
   // tolerance(dtype) covers the dtype's rounding and f32 sums of up to ~16k terms. A weight
   // gradient sums N*P*Q terms (2M for a 256x256 image at batch 32), and the f32 rounding error of
   // a sum of random-sign terms grows as sqrt(length) relative to its rms: 8 eps_f32 sqrt(length)
   // bounds the worst of the samples (oneDNN f32 measured ~1.3e-4 at 2M terms; bound 7.7e-4).
-  const double tol = tolerance(s.dtype) + 8 * 0x1.0p-24 * std::sqrt(terms);
+  r.tol = tolerance(s.dtype) + 8 * 0x1.0p-24 * std::sqrt(terms);
   // An NHWC weight gradient of at most kWholeWeightGradSamples times the sample's elements
   // (keras_cnn's first layer: 864) is computed whole, in one pass over the batch, and checked
   // everywhere: a sampled element reads one channel of every pixel of x and dy, a cache line for each
   // in NHWC (in NCHW, a contiguous plane: sampling stays the cheaper there).
-  const std::size_t count = out.primary.count();
+  const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  const std::size_t count = s.dir == Direction::bwd_weight ? n(s.K * s.Cg() * s.R * s.S)
+                            : s.dir == Direction::bwd_data ? n(s.N * s.C * s.H * s.W)
+                                                           : n(s.N * s.K * s.P() * s.Q());
   const bool whole = s.dir == Direction::bwd_weight && s.layout == Layout::nhwc && count <= kWholeWeightGradSamples * limit &&
                      static_cast<double>(s.N) * static_cast<double>(count) <= kWholeWeightGradSums;
   WeightGrads g;
   if (whole) g = reference_weight_grads(s, d);
   const std::size_t checked = whole ? count : limit;  // whole: every index of dw, and of db (K <= count)
-  Check c = compare(out.primary, sample_indices(count, checked, 7),
-                    [&](std::size_t i) { return whole ? g.dw[i] : reference_primary(s, d, i); }, tol);
+  // Each sample's sum on a thread of its own (a sum reads elements scattered over x or dy: a cache
+  // miss at each).
+  const auto at = [](const std::vector<std::size_t>& idx, auto f) {
+    std::vector<double> v(idx.size());
+    const auto m = static_cast<std::int64_t>(idx.size());
+#pragma omp parallel for schedule(dynamic, 16)
+    for (std::int64_t j = 0; j < m; ++j) v[static_cast<std::size_t>(j)] = f(idx[static_cast<std::size_t>(j)]);
+    return v;
+  };
+  r.count = count;
+  r.idx = sample_indices(count, checked, 7);
+  r.ref = at(r.idx, [&](std::size_t i) { return whole ? g.dw[i] : reference_primary(s, d, i); });
+  if (s.dir != Direction::bwd_weight || !s.bias) return r;
+  r.db_idx = sample_indices(n(s.K), checked, 11);
+  r.db_ref = at(r.db_idx, [&](std::size_t k) { return whole ? g.db[k] : reference_db(s, d, static_cast<std::int64_t>(k)); });
+  return r;
+}
+
+Check verify(const Shape& s, const Inputs& in, const Outputs& out, const std::string& key) {
+  const auto make = [&] { return sampled_reference(s, in); };
+  const std::shared_ptr<const Sampled> r =
+      key.empty() ? std::make_shared<const Sampled>(make()) : shared_reference<Sampled>(key, make, kKeptReferences);
+  HOTOPS_CHECK(out.primary.count() == r->count, "conv2d: the output is not the shape's size");
+  Check c = compare(out.primary, r->idx, r->ref, r->tol);
   if (out.db.count() == 0) return c;
   Check all;
   all.merge(c, "dw");
-  all.merge(compare(out.db, sample_indices(out.db.count(), checked, 11),
-                    [&](std::size_t k) { return whole ? g.db[k] : reference_db(s, d, static_cast<std::int64_t>(k)); }, tol),
-            "db");
+  all.merge(compare(out.db, r->db_idx, r->db_ref, r->tol), "db");
   return all;
 }
 

@@ -95,12 +95,26 @@ struct Outputs {
 };
 Outputs make_outputs(const Shape& s);
 
-// The reference: plain loops, double accumulation (reference.cpp). RefData holds the inputs as
-// floats (exact for every dtype), so that sampled references over large problems stay fast.
-struct RefData {
-  std::vector<float> x, w, b, dy;
+// The reference: plain loops, double accumulation (reference.cpp). RefData reads the inputs as
+// floats (exact for every dtype), so that sampled references over large problems stay fast: an f32
+// input in place (the RefData lives no longer than the Inputs), another dtype converted once. A
+// direction's unused inputs are null.
+class RefData {
+ public:
+  explicit RefData(const Inputs& in);
+  RefData(RefData&&) = default;
+  RefData(const RefData&) = delete;
+  RefData& operator=(const RefData&) = delete;
+  const float* x = nullptr;
+  const float* w = nullptr;
+  const float* b = nullptr;
+  const float* dy = nullptr;
+
+ private:
+  const float* floats(const HostBuffer& h);
+  std::vector<std::vector<float>> converted_;
 };
-RefData ref_data(const Inputs& in);
+inline RefData ref_data(const Inputs& in) { return RefData(in); }
 double reference_primary(const Shape& s, const RefData& d, std::size_t idx);  // idx: user layout
 double reference_db(const Shape& s, const RefData& d, std::int64_t k);
 // The whole weight gradient (dw in user layout, w_at's order) and, with a bias, db: one pass over x
@@ -114,8 +128,20 @@ struct WeightGrads {
 WeightGrads reference_weight_grads(const Shape& s, const RefData& d);
 void reference(const Shape& s, const Inputs& in, Outputs& out);  // every element, for the tests
 
-// Verifies outputs (sampled when large) against the reference.
-Check verify(const Shape& s, const Inputs& in, const Outputs& out);
+// The reference at the elements verify() checks: the output (y, dx or dw) at idx, db at db_idx, and
+// their bound. A function of the shape and the seeded inputs alone.
+struct Sampled {
+  std::size_t count = 0;  // the output's elements
+  std::vector<std::size_t> idx, db_idx;
+  std::vector<double> ref, db_ref;
+  double tol = 0;
+};
+Sampled sampled_reference(const Shape& s, const Inputs& in);
+
+// Verifies outputs (sampled when large) against the reference. With a `key` (what the inputs are
+// made of: the problem's seed and shape), the sampled reference is computed once for the entries
+// of a problem, its CPU and CUDA ones (shared_reference).
+Check verify(const Shape& s, const Inputs& in, const Outputs& out, const std::string& key = "");
 
 // Named layers from real models (shapes.cpp).
 struct NamedShape {

@@ -7,12 +7,6 @@
 namespace hotops::conv2d {
 namespace {
 
-std::vector<float> floats(const HostBuffer& b) {
-  std::vector<float> v(b.count());
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(b.get(i));
-  return v;
-}
-
 // The logical coordinates (n, c, h, w) of user-layout offset i of a [N, C, H, W] tensor.
 struct Coord {
   std::int64_t n, c, h, w;
@@ -39,7 +33,19 @@ std::size_t Shape::y_at(std::int64_t n, std::int64_t k, std::int64_t p, std::int
                                                          : ((n * P_ + p) * Q_ + q) * K + k);
 }
 
-RefData ref_data(const Inputs& in) { return {floats(in.x), floats(in.w), floats(in.b), floats(in.dy)}; }
+RefData::RefData(const Inputs& in) {
+  x = floats(in.x), w = floats(in.w), b = floats(in.b), dy = floats(in.dy);
+}
+
+const float* RefData::floats(const HostBuffer& h) {
+  if (h.count() == 0) return nullptr;
+  if (h.dtype() == DType::f32) return h.as<float>();
+  std::vector<float>& v = converted_.emplace_back(h.count());
+  const auto n = static_cast<std::int64_t>(v.size());
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = static_cast<float>(h.get(static_cast<std::size_t>(i)));
+  return v.data();
+}
 
 double reference_primary(const Shape& s, const RefData& d, std::size_t idx) {
   const auto i = static_cast<std::int64_t>(idx);
@@ -119,7 +125,7 @@ WeightGrads reference_weight_grads(const Shape& s, const RefData& d) {
     std::vector<double> g(static_cast<std::size_t>(K));  // this pixel's dy, by k
     for (std::int64_t p = 0; p < P; ++p)
       for (std::int64_t q = 0; q < Q; ++q) {
-        const float* dy = d.dy.data() + s.y_at(n, 0, p, q);
+        const float* dy = d.dy + s.y_at(n, 0, p, q);
         for (std::int64_t k = 0; k < K; ++k) g[static_cast<std::size_t>(k)] = dy[k * ys];
         if (s.bias)
           for (std::int64_t k = 0; k < K; ++k) dbn[k] += g[static_cast<std::size_t>(k)];
@@ -129,7 +135,7 @@ WeightGrads reference_weight_grads(const Shape& s, const RefData& d) {
           for (std::int64_t t = 0; t < S; ++t) {
             const std::int64_t w = q * s.stride_w - s.pad_w + t * s.dil_w;
             if (w < 0 || w >= s.W) continue;
-            const float* x = d.x.data() + s.x_at(n, 0, h, w);
+            const float* x = d.x + s.x_at(n, 0, h, w);
             double* acc = dw_n.data() + n * per + (r * S + t) * Cg * K;
             if (Cg == 1 && Kg == 1) {  // depthwise: output k reads input channel k alone
 #pragma omp simd
