@@ -300,25 +300,7 @@ TEST(Conv2dVerify, EntriesOfOneProblemShareOneReference) {
   std::vector<Problem> problems;
   for (const Problem& p : family().test_problems())
     if (p.backend == Backend::cpu && p.dtype == DType::f32 && !p.has("relu")) problems.push_back(p);
-  ASSERT_GE(problems.size(), 2u);
-  const Problem& first = problems[0];
-  const std::size_t before = shared_reference_computations();
-  EXPECT_TRUE(family().make(first)->verify().ok);
-  EXPECT_EQ(shared_reference_computations(), before + 1);
-  EXPECT_TRUE(family().make(first)->verify().ok);
-  EXPECT_EQ(shared_reference_computations(), before + 1) << "a second case of the problem computed the reference again";
-  const Problem& other = problems[1];
-  ASSERT_NE(other.name(), first.name());
-  EXPECT_TRUE(family().make(other)->verify().ok);
-  EXPECT_EQ(shared_reference_computations(), before + 2);
-  EXPECT_TRUE(family().make(first)->verify().ok);
-  EXPECT_EQ(shared_reference_computations(), before + 2) << "the first problem's reference was not kept";
-  std::string why;
-  if (!gpu::available(&why)) GTEST_SKIP() << "the CUDA entry: " << why;
-  Problem cuda = first;
-  cuda.backend = Backend::cuda;
-  EXPECT_TRUE(family().make(cuda)->verify().ok);
-  EXPECT_EQ(shared_reference_computations(), before + 2) << "the CUDA entry computed the reference again";
+  plan_test::expect_entries_share_one_reference(family(), problems);
 }
 
 // A model's use of the CPU plan: a Shape filled by hand, tensors in the user's layout (the run reorders

@@ -1,6 +1,6 @@
 // What the op families' plan tests share: one plan run on two sets of caller-owned tensors in turn,
 // a CPU plan that keeps OpenMP's thread pool, the planted bugs of a bias gradient, and a misaligned
-// device copy of a tensor.
+// device copy of a tensor, and the reference that the entries of one problem share.
 #pragma once
 #include <dirent.h>
 #include <gtest/gtest.h>
@@ -11,13 +11,41 @@
 #include <cstring>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "hotops/buffer.h"
 #include "hotops/cpu.h"
 #include "hotops/gpu.h"
+#include "hotops/op.h"
 #include "hotops/verify.h"
 
 namespace hotops::plan_test {
+
+// The reference of a problem is computed once for its entries (shared_reference): a second case of
+// problems[0] computes none, problems[1] its own, problems[0]'s is still kept after it, and (where
+// there is a GPU) problems[0]'s CUDA entry, on the same seeded inputs, computes none. Every case
+// verifies.
+inline void expect_entries_share_one_reference(const Family& f, const std::vector<Problem>& problems) {
+  ASSERT_GE(problems.size(), 2u);
+  const Problem& first = problems[0];
+  const std::size_t before = shared_reference_computations();
+  EXPECT_TRUE(f.make(first)->verify().ok);
+  EXPECT_EQ(shared_reference_computations(), before + 1);
+  EXPECT_TRUE(f.make(first)->verify().ok);
+  EXPECT_EQ(shared_reference_computations(), before + 1) << "a second case of the problem computed the reference again";
+  const Problem& other = problems[1];
+  ASSERT_NE(other.name(), first.name());
+  EXPECT_TRUE(f.make(other)->verify().ok);
+  EXPECT_EQ(shared_reference_computations(), before + 2);
+  EXPECT_TRUE(f.make(first)->verify().ok);
+  EXPECT_EQ(shared_reference_computations(), before + 2) << "the first problem's reference was not kept";
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << "the CUDA entry: " << why;
+  Problem cuda = first;
+  cuda.backend = Backend::cuda;
+  EXPECT_TRUE(f.make(cuda)->verify().ok);
+  EXPECT_EQ(shared_reference_computations(), before + 2) << "the CUDA entry computed the reference again";
+}
 
 // Runs `plan` on the tensors of set 0, then of set 1 (`args_of(k)`: set k's Args, its outputs
 // poisoned), and expects each set's outputs to pass against its own inputs (`check(k, k)`) and set
