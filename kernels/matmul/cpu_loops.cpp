@@ -1,9 +1,10 @@
 // matmul on the CPU below kCpuLoopMacs multiply-adds: hand-written single-thread loops (a dense
-// layer of a tiny MLP), where a oneDNN primitive's fixed cost per call is most of the time. Each of
-// the three products is a sum of rows of a contiguous operand (blocked_sums: 4 x 16 blocks of the
-// output in vector registers, compiled per x86-64 level: HOTOPS_CPU_CLONES); f32 math on the stored
-// values (bf16 widened exactly, the operand read many times once a call), f32 accumulation, one
-// rounding into the output.
+// layer of a tiny MLP), where a oneDNN primitive's fixed cost per call is most of the time. The
+// forward's rows are sums of rows of W (block_sums: blocks of the output in vector registers), the
+// weight gradient's K rows independent sums over the batch, the data gradient dot products over
+// contiguous rows; compiled per x86-64 level (HOTOPS_CPU_CLONES); f32 math on the stored values
+// (bf16 widened exactly as it is loaded; bwd_data's W and dz rows once a call), f32 accumulation,
+// one rounding into the output.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -29,44 +30,36 @@ template <class T> HOTOPS_VECTOR_INLINE T store(float f);
 template <> HOTOPS_VECTOR_INLINE float store<float>(float f) { return f; }
 template <> HOTOPS_VECTOR_INLINE bf16 store<bf16>(float f) { return vec::f32_to_bf16(f); }
 
-// c(r, j) = init(j) + the sum over k in order of a(r, k) B[k ldb + j], for r < rows and j < cols, each
-// handed once to put(r, j, c). Blocks of 4 rows x 16 columns are summed in four vector registers
-// (four independent chains, each 16 floats of B loaded once for the four rows); the columns past
-// the last whole block, and the rows past the last whole block, in a plain loop, a row at a time
-// into `acc` (cols floats).
-template <class A, class Init, class Put>
-HOTOPS_VECTOR_INLINE void blocked_sums(std::int64_t rows, std::int64_t cols, std::int64_t depth, A a, const float* B, std::int64_t ldb,
-                  Init init, Put put, float* acc) {
+// c(r, j) = init(j) + the sum over k in order of a(r, k) B[k ldb + j], for the rows [r_begin, r_end)
+// (in blocks of Rows: the caller's rows make whole blocks) and the columns of whole blocks of 16,
+// each handed once to put(r, j, c): a block of Rows x 16 summed in Rows vector registers (Rows
+// independent chains, each 16 elements of B loaded, and widened, once for the block's rows). The
+// columns past the last whole block are the caller's.
+constexpr std::int64_t kBlockRows = 4, kBlockCols = 16;
+// Below this many terms a sum, a block's set-up and hand-over cost more than its registers save.
+constexpr std::int64_t kBlockDepth = 8;
+template <std::int64_t Rows = kBlockRows, class TB, class A, class Init, class Put>
+HOTOPS_VECTOR_INLINE void block_sums(std::int64_t r_begin, std::int64_t r_end, std::int64_t cols, std::int64_t depth, A a, const TB* B,
+                std::int64_t ldb, Init init, Put put) {
   using v16 = float __attribute__((vector_size(64)));  // 16 floats: one AVX-512 register, two AVX2 ones
-  constexpr std::int64_t kRows = 4, kCols = 16;
-  const std::int64_t R4 = rows / kRows * kRows, C16 = cols / kCols * kCols;
-  for (std::int64_t r0 = 0; r0 < R4; r0 += kRows)
-    for (std::int64_t j0 = 0; j0 < C16; j0 += kCols) {
-      v16 first;
-      for (std::int64_t j = 0; j < kCols; ++j) first[j] = init(j0 + j);
-      v16 s[kRows] = {first, first, first, first};
+  const std::int64_t C16 = cols / kBlockCols * kBlockCols;
+  for (std::int64_t r0 = r_begin; r0 + Rows <= r_end; r0 += Rows)
+    for (std::int64_t j0 = 0; j0 < C16; j0 += kBlockCols) {
+      v16 s[Rows];
+      for (std::int64_t j = 0; j < kBlockCols; ++j) s[0][j] = init(j0 + j);
+      for (std::int64_t q = 1; q < Rows; ++q) s[q] = s[0];
       for (std::int64_t k = 0; k < depth; ++k) {
         v16 b;
-        std::memcpy(&b, B + k * ldb + j0, sizeof b);
-        for (std::int64_t q = 0; q < kRows; ++q) s[q] += a(r0 + q, k) * b;
+        const TB* Bk = B + k * ldb + j0;
+        for (std::int64_t j = 0; j < kBlockCols; ++j) b[j] = load(Bk[j]);  // (bf16 widened as it is loaded)
+        for (std::int64_t q = 0; q < Rows; ++q) s[q] += a(r0 + q, k) * b;
       }
-      for (std::int64_t q = 0; q < kRows; ++q) {
-        float out[kCols];
+      for (std::int64_t q = 0; q < Rows; ++q) {
+        float out[kBlockCols];
         std::memcpy(out, &s[q], sizeof out);
-        for (std::int64_t j = 0; j < kCols; ++j) put(r0 + q, j0 + j, out[j]);
+        for (std::int64_t j = 0; j < kBlockCols; ++j) put(r0 + q, j0 + j, out[j]);
       }
     }
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t from = r < R4 ? C16 : 0;
-    float* __restrict c = acc;  // (never B)
-    for (std::int64_t j = from; j < cols; ++j) c[j] = init(j);
-    for (std::int64_t k = 0; k < depth; ++k) {
-      const float ak = a(r, k);
-      const float* __restrict Bk = B + k * ldb;
-      for (std::int64_t j = from; j < cols; ++j) c[j] += ak * Bk[j];
-    }
-    for (std::int64_t j = from; j < cols; ++j) put(r, j, c[j]);
-  }
 }
 
 // A bf16 operand read many times, widened once into `wide` (exact: bf16 is the top half of an f32),
@@ -81,55 +74,114 @@ HOTOPS_VECTOR_INLINE const float* widened(const T* v, std::int64_t n, float* wid
   }
 }
 
-// y[M, N] = alpha * a[M, K] . W[K, N] (+ beta * bias[N]) (then max(., 0) with relu), each element
-// summed from the bias over i in order. `wide`: K x N floats (bf16 W).
+// y[M, N] = alpha * a[M, K] . W[K, N] (+ beta * bias[N]) (then max(., 0) with relu), rows [r0, M) and
+// columns [from, N), each element summed from the bias over i in order, a row at a time (an f32 output
+// accumulates in y itself; a bf16 one in `acc`, a row of N floats).
+template <class T, class O>
+HOTOPS_VECTOR_INLINE void forward_rows(const T* a, const T* W, const T* bias, O* y, std::int64_t r0, std::int64_t M, std::int64_t K,
+                  std::int64_t N, std::int64_t from, float alpha, float beta, bool relu, float* acc) {
+  for (std::int64_t r = r0; r < M; ++r) {
+    float* yr;
+    if constexpr (std::is_same_v<O, float>) yr = y + r * N;
+    else yr = acc;
+    if (bias)
+      for (std::int64_t o = from; o < N; ++o) yr[o] = beta * load(bias[o]);
+    else
+      std::fill(yr + from, yr + N, 0.f);
+    for (std::int64_t i = 0; i < K; ++i) {
+      const float ai = alpha * load(a[r * K + i]);
+      const T* Wi = W + i * N;
+      for (std::int64_t o = from; o < N; ++o) yr[o] += ai * load(Wi[o]);
+    }
+    if (relu)
+      for (std::int64_t o = from; o < N; ++o) yr[o] = std::max(yr[o], 0.f);
+    if constexpr (!std::is_same_v<O, float>)
+      for (std::int64_t o = from; o < N; ++o) y[r * N + o] = store<O>(yr[o]);
+  }
+}
+
+// The whole forward: the columns of whole blocks of 16 in block_sums (rows 4 at a time, then the rows
+// after the last 4 one at a time: a row summed in memory is one chain of dependent adds, and stalls on
+// every load that its stores may alias), the rest in forward_rows. Below kBlockDepth terms
+// forward_rows alone.
 template <class T, class O>
 HOTOPS_VECTOR_INLINE void forward(const T* a, const T* W, const T* bias, O* y, std::int64_t M, std::int64_t K, std::int64_t N, float alpha,
-             float beta, bool relu, float* acc, float* wide) {
-  blocked_sums(
-      M, N, K, [&](std::int64_t r, std::int64_t i) HOTOPS_LAMBDA_INLINE { return alpha * load(a[r * K + i]); }, widened(W, K * N, wide),
-      N, [&](std::int64_t o) HOTOPS_LAMBDA_INLINE { return bias ? beta * load(bias[o]) : 0.f; },
-      [&](std::int64_t r, std::int64_t o, float v) HOTOPS_LAMBDA_INLINE { y[r * N + o] = store<O>(relu ? std::max(v, 0.f) : v); },
-      acc);
+             float beta, bool relu, float* acc) {
+  const std::int64_t C16 = N / kBlockCols * kBlockCols;
+  if (K < kBlockDepth || C16 == 0) return forward_rows(a, W, bias, y, 0, M, K, N, 0, alpha, beta, relu, acc);
+  const auto a_of = [&](std::int64_t r, std::int64_t i) HOTOPS_LAMBDA_INLINE { return alpha * load(a[r * K + i]); };
+  const auto put = [&](std::int64_t r, std::int64_t o, float v) HOTOPS_LAMBDA_INLINE {
+    y[r * N + o] = store<O>(relu ? std::max(v, 0.f) : v);
+  };
+  const std::int64_t R4 = M / kBlockRows * kBlockRows;
+  const auto blocks = [&](auto init) HOTOPS_LAMBDA_INLINE {
+    block_sums(0, R4, N, K, a_of, W, N, init, put);
+    block_sums<1>(R4, M, N, K, a_of, W, N, init, put);
+  };
+  if (bias) blocks([&](std::int64_t o) HOTOPS_LAMBDA_INLINE { return beta * load(bias[o]); });
+  else blocks([](std::int64_t) HOTOPS_LAMBDA_INLINE { return 0.f; });
+  if (C16 < N) forward_rows(a, W, bias, y, 0, M, K, N, C16, alpha, beta, relu, acc);
 }
 
-// dW[K, N] = alpha * a[M, K]^T . dz[M, N], each element summed over the rows in order. `wide`: M x N
-// floats (bf16 dz).
+// dW[K, N] = alpha * a[M, K]^T . dz[M, N], accumulated in `acc` (K x N floats: dW itself where it
+// is f32): its K rows are independent sums, so that the loop is not bound by one chain of adds.
 template <class T, class O>
-HOTOPS_VECTOR_INLINE void weight_grad(const T* a, const T* dz, O* dW, std::int64_t M, std::int64_t K, std::int64_t N, float alpha, float* acc,
-                 float* wide) {
-  blocked_sums(
-      K, N, M, [&](std::int64_t i, std::int64_t r) HOTOPS_LAMBDA_INLINE { return alpha * load(a[r * K + i]); }, widened(dz, M * N, wide),
-      N, [](std::int64_t) HOTOPS_LAMBDA_INLINE { return 0.f; },
-      [&](std::int64_t i, std::int64_t o, float v) HOTOPS_LAMBDA_INLINE { dW[i * N + o] = store<O>(v); }, acc);
+HOTOPS_VECTOR_INLINE void weight_grad(const T* a, const T* dz, O* dW, std::int64_t M, std::int64_t K, std::int64_t N, float alpha, float* acc) {
+  float* sum;
+  if constexpr (std::is_same_v<O, float>) sum = dW;
+  else sum = acc;
+  std::fill_n(sum, K * N, 0.f);
+  for (std::int64_t r = 0; r < M; ++r)
+    for (std::int64_t i = 0; i < K; ++i) {
+      const float ai = alpha * load(a[r * K + i]);
+      float* si = sum + i * N;
+      const T* dzr = dz + r * N;
+      for (std::int64_t o = 0; o < N; ++o) si[o] += ai * load(dzr[o]);
+    }
+  if constexpr (!std::is_same_v<O, float>)
+    for (std::int64_t j = 0; j < K * N; ++j) dW[j] = store<O>(sum[j]);
 }
 
-// da[M, K] = alpha * dz[M, N] . W[K, N]^T, each element summed over N in order, on W transposed
-// (and widened) into `wide` (N x K floats) so that a row of da is a sum of rows, as in forward.
+// da[M, K] = alpha * dz[M, N] . W[K, N]^T: a dot product per element over rows of dz and W (both
+// contiguous), summed in kLanes interleaved partial sums so that the loop vectorises (a single serial
+// f32 sum would not), then those sums in order, then the tail. `wide`: K x N floats (bf16 W), then N
+// (a bf16 row of dz).
+constexpr std::int64_t kLanes = 8;
 template <class T, class O>
-HOTOPS_VECTOR_INLINE void data_grad(const T* dz, const T* W, O* da, std::int64_t M, std::int64_t K, std::int64_t N, float alpha, float* acc,
+HOTOPS_VECTOR_INLINE void data_grad(const T* dz, const T* W, O* da, std::int64_t M, std::int64_t K, std::int64_t N, float alpha,
                float* wide) {
-  for (std::int64_t i = 0; i < K; ++i)
-    for (std::int64_t o = 0; o < N; ++o) wide[o * K + i] = load(W[i * N + o]);
-  blocked_sums(
-      M, K, N, [&](std::int64_t r, std::int64_t o) HOTOPS_LAMBDA_INLINE { return load(dz[r * N + o]); }, wide, K,
-      [](std::int64_t) HOTOPS_LAMBDA_INLINE { return 0.f; },
-      [&](std::int64_t r, std::int64_t i, float v) HOTOPS_LAMBDA_INLINE { da[r * K + i] = store<O>(alpha * v); }, acc);
+  const std::int64_t body = N / kLanes * kLanes;
+  const float* Wf = widened(W, K * N, wide);
+  for (std::int64_t r = 0; r < M; ++r) {
+    const float* dzr = widened(dz + r * N, N, wide + K * N);
+    for (std::int64_t i = 0; i < K; ++i) {
+      const float* Wi = Wf + i * N;
+      float s = 0.f;
+      if (body > 0) {  // (a narrow N, such as a 2-class head's, is the tail alone)
+        float lane[kLanes] = {};
+        for (std::int64_t o = 0; o < body; o += kLanes)
+          for (std::int64_t j = 0; j < kLanes; ++j) lane[j] += dzr[o + j] * Wi[o + j];
+        for (std::int64_t j = 0; j < kLanes; ++j) s += lane[j];
+      }
+      for (std::int64_t o = body; o < N; ++o) s += dzr[o] * Wi[o];
+      da[r * K + i] = store<O>(alpha * s);
+    }
+  }
 }
 
 // The loops of each (operands, output) storage pair the plans run, one function per x86-64 level.
 #define HOTOPS_MATMUL_LOOPS(T, O)                                                                                    \
   HOTOPS_CPU_CLONES void forward_loop(const T* a, const T* W, const T* bias, O* y, std::int64_t M, std::int64_t K,   \
-                                      std::int64_t N, float alpha, float beta, bool relu, float* acc, float* wide) { \
-    forward<T, O>(a, W, bias, y, M, K, N, alpha, beta, relu, acc, wide);                                            \
+                                      std::int64_t N, float alpha, float beta, bool relu, float* acc) {              \
+    forward<T, O>(a, W, bias, y, M, K, N, alpha, beta, relu, acc);                                                  \
   }                                                                                                                  \
   HOTOPS_CPU_CLONES void weight_grad_loop(const T* a, const T* dz, O* dW, std::int64_t M, std::int64_t K,           \
-                                          std::int64_t N, float alpha, float* acc, float* wide) {                    \
-    weight_grad<T, O>(a, dz, dW, M, K, N, alpha, acc, wide);                                                        \
+                                          std::int64_t N, float alpha, float* acc) {                                 \
+    weight_grad<T, O>(a, dz, dW, M, K, N, alpha, acc);                                                              \
   }                                                                                                                  \
   HOTOPS_CPU_CLONES void data_grad_loop(const T* dz, const T* W, O* da, std::int64_t M, std::int64_t K,             \
-                                        std::int64_t N, float alpha, float* acc, float* wide) {                      \
-    data_grad<T, O>(dz, W, da, M, K, N, alpha, acc, wide);                                                          \
+                                        std::int64_t N, float alpha, float* wide) {                                  \
+    data_grad<T, O>(dz, W, da, M, K, N, alpha, wide);                                                               \
   }
 HOTOPS_MATMUL_LOOPS(float, float)
 HOTOPS_MATMUL_LOOPS(bf16, bf16)
@@ -143,11 +195,9 @@ class CpuLoopMatmul final : public Plan {
   explicit CpuLoopMatmul(const Shape& s) : s_(s), alpha_(static_cast<float>(s.alpha)), beta_(static_cast<float>(s.beta)) {
     HOTOPS_CHECK(cpu_runs_loops(s), "matmul: the hand-written CPU loops take mm and addmm below kCpuLoopMacs, packed");
     product(s);  // checks the shape
-    acc_.resize(static_cast<std::size_t>(std::max(s.N, s.K)));  // a row of the blocked sums' plain loop
-    // The operand the loops read many times, as f32: bf16 W (fwd) or dz (bwd_weight); W transposed (bwd_data).
-    const bool widens = !std::is_same_v<T, float>;
-    const std::int64_t wide = s.dir == Direction::bwd_data ? s.K * s.N : !widens ? 0 : s.dir == Direction::fwd ? s.K * s.N : s.M * s.N;
-    wide_.resize(static_cast<std::size_t>(wide));
+    acc_.resize(static_cast<std::size_t>(s.dir == Direction::bwd_weight ? s.K * s.N : s.N));  // fwd: a row; bwd_weight: dW
+    // bf16 bwd_data: W and a row of dz, read many times, as f32
+    if (!std::is_same_v<T, float> && s.dir == Direction::bwd_data) wide_.resize(static_cast<std::size_t>((s.K + 1) * s.N));
     if (has_dbias()) dbias_acc_.resize(static_cast<std::size_t>(s.N));
   }
 
@@ -156,13 +206,13 @@ class CpuLoopMatmul final : public Plan {
     switch (s_.dir) {
       case Direction::fwd:
         forward_loop(in(t.a), in(t.b), s_.op == Op::addmm ? in(t.bias) : nullptr, static_cast<O*>(t.out), M, K, N, alpha_,
-                     beta_, s_.relu, acc_.data(), wide_.data());
+                     beta_, s_.relu, acc_.data());
         break;
       case Direction::bwd_data:
-        data_grad_loop(in(t.dout), in(t.b), static_cast<O*>(t.out), M, K, N, alpha_, acc_.data(), wide_.data());
+        data_grad_loop(in(t.dout), in(t.b), static_cast<O*>(t.out), M, K, N, alpha_, wide_.data());
         break;
       default:
-        weight_grad_loop(in(t.a), in(t.dout), static_cast<O*>(t.out), M, K, N, alpha_, acc_.data(), wide_.data());
+        weight_grad_loop(in(t.a), in(t.dout), static_cast<O*>(t.out), M, K, N, alpha_, acc_.data());
         if (has_dbias()) {  // dbias[N] = beta * the column sums of dOut, in the dtype
           cpu::column_sums(in(t.dout), M, N, dbias_acc_.data(), 1);
           T* db = static_cast<T*>(t.dbias);
@@ -187,9 +237,9 @@ class CpuLoopMatmul final : public Plan {
 
   Shape s_;
   float alpha_, beta_;
-  std::vector<float> acc_;        // a row of the blocked sums' plain loop
+  std::vector<float> acc_;        // f32 sums: fwd a row (bf16 output), bwd_weight dW (bf16 output)
   std::vector<float> dbias_acc_;  // addmm bwd_weight: dbias in f32
-  std::vector<float> wide_;       // the operand the loops read many times, as f32
+  std::vector<float> wide_;       // bf16 bwd_data: W and a row of dz, widened
 };
 
 }  // namespace
