@@ -7,8 +7,9 @@
 // So while a HugePageScope is alive, every operator new of kLargeBytes or more is 2 MiB-aligned,
 // asks for huge pages and has them faulted in on every thread. Outside one, and below that size,
 // memory is malloc's (aligned_alloc's), as the standard library's own operator new gives it: the
-// buffers that entries time are left as a user's program would have them. Every replaceable form is replaced, and all of them free with
-// std::free. Left to the sanitizers' own allocator where one is built in.
+// buffers that entries time are left as a user's program would have them. Every replaceable form
+// is replaced, and all of them free with std::free. Left to the sanitizers' own allocator where one
+// is built in.
 #include <sys/mman.h>
 
 #include <algorithm>

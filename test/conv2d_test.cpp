@@ -165,7 +165,7 @@ TEST(Conv2dReference, WholeWeightGradientIsThePerElementOne) {
       s.N = 3, s.C = g.C, s.H = 7, s.W = 6, s.K = g.K, s.R = 3, s.S = 2, s.groups = g.groups;
       s.stride_h = g.stride, s.dil_w = g.dilation, s.pad_h = 1, s.pad_w = 2;
       const Inputs in = make_inputs(s, 4);
-      const RefData d = ref_data(in);
+      const RefData d(in);
       const WeightGrads whole = reference_weight_grads(s, d);
       const std::string what = std::string(layout == Layout::nhwc ? "nhwc" : "nchw") + " groups " + std::to_string(g.groups);
       ASSERT_EQ(whole.dw.size(), static_cast<std::size_t>(s.K * s.Cg() * s.R * s.S)) << what;

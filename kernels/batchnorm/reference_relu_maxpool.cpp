@@ -110,7 +110,6 @@ std::int64_t Reference::window_start(std::int64_t j) const {
 
 double Reference::pre(std::int64_t i) const { return pre_at(s_.z_index(i), i % s_.C); }
 
-
 double Reference::pooled(std::int64_t j) const {
   const std::int64_t at = window_start(j);
   double best = 0;

@@ -242,19 +242,22 @@ Inputs make_inputs(const Shape& s, std::uint64_t seed) {
   return in;
 }
 
+std::size_t primary_count(const Shape& s) {
+  const std::int64_t n = s.dir == Direction::bwd_weight ? s.K * s.Cg() * s.R * s.S
+                         : s.dir == Direction::bwd_data ? s.N * s.C * s.H * s.W
+                                                        : s.N * s.K * s.P() * s.Q();
+  return static_cast<std::size_t>(n);
+}
+
 Outputs make_outputs(const Shape& s) {
-  const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
   Outputs o;
-  switch (s.dir) {
-    case Direction::bwd_data: o.primary = HostBuffer(s.dtype, n(s.N * s.C * s.H * s.W)); break;
-    case Direction::bwd_weight: {
-      const DType param = s.f32_params ? DType::f32 : s.dtype;
-      o.primary = HostBuffer(param, n(s.K * s.Cg() * s.R * s.S));
-      if (s.bias) o.db = HostBuffer(param, n(s.K));
-      break;
-    }
-    default: o.primary = HostBuffer(s.dtype, n(s.N * s.K * s.P() * s.Q()));
+  if (s.dir != Direction::bwd_weight) {
+    o.primary = HostBuffer(s.dtype, primary_count(s));
+    return o;
   }
+  const DType param = s.f32_params ? DType::f32 : s.dtype;
+  o.primary = HostBuffer(param, primary_count(s));
+  if (s.bias) o.db = HostBuffer(param, static_cast<std::size_t>(s.K));
   return o;
 }
 
@@ -270,7 +273,7 @@ Sampled sampled_reference(const Shape& s, const Inputs& in) {
   // Each sampled element is a sum of Cg*R*S (fwd), Kg*R*S (bwd_data) or N*P*Q (bwd_weight, db)
   // products (Cg, Kg: a group's channels); sample as many as fit ~2e8 of them (well under a second),
   // between 256 and 2048.
-  const RefData d = ref_data(in);
+  const RefData d(in);
   const auto terms_of = [](std::int64_t v) { return static_cast<double>(v); };
   const double terms = s.dir == Direction::fwd        ? terms_of(s.Cg() * s.R * s.S)
                        : s.dir == Direction::bwd_data ? terms_of(s.Kg() * s.R * s.S)
@@ -286,10 +289,7 @@ Sampled sampled_reference(const Shape& s, const Inputs& in) {
   // (keras_cnn's first layer: 864) is computed whole, in one pass over the batch, and checked
   // everywhere: a sampled element reads one channel of every pixel of x and dy, a cache line for each
   // in NHWC (in NCHW, a contiguous plane: sampling stays the cheaper there).
-  const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
-  const std::size_t count = s.dir == Direction::bwd_weight ? n(s.K * s.Cg() * s.R * s.S)
-                            : s.dir == Direction::bwd_data ? n(s.N * s.C * s.H * s.W)
-                                                           : n(s.N * s.K * s.P() * s.Q());
+  const std::size_t count = primary_count(s);
   const bool whole = s.dir == Direction::bwd_weight && s.layout == Layout::nhwc && count <= kWholeWeightGradSamples * limit &&
                      static_cast<double>(s.N) * static_cast<double>(count) <= kWholeWeightGradSums;
   WeightGrads g;
@@ -308,7 +308,7 @@ Sampled sampled_reference(const Shape& s, const Inputs& in) {
   r.idx = sample_indices(count, checked, 7);
   r.ref = at(r.idx, [&](std::size_t i) { return whole ? g.dw[i] : reference_primary(s, d, i); });
   if (s.dir != Direction::bwd_weight || !s.bias) return r;
-  r.db_idx = sample_indices(n(s.K), checked, 11);
+  r.db_idx = sample_indices(static_cast<std::size_t>(s.K), checked, 11);
   r.db_ref = at(r.db_idx, [&](std::size_t k) { return whole ? g.db[k] : reference_db(s, d, static_cast<std::int64_t>(k)); });
   return r;
 }

@@ -94,6 +94,7 @@ struct Outputs {
   HostBuffer db;
 };
 Outputs make_outputs(const Shape& s);
+std::size_t primary_count(const Shape& s);  // the elements of the pass's output: y, dx or dw
 
 // The reference: plain loops, double accumulation (reference.cpp). RefData reads the inputs as
 // floats (exact for every dtype), so that sampled references over large problems stay fast: an f32
@@ -102,7 +103,6 @@ Outputs make_outputs(const Shape& s);
 class RefData {
  public:
   explicit RefData(const Inputs& in);
-  RefData(RefData&&) = default;
   RefData(const RefData&) = delete;
   RefData& operator=(const RefData&) = delete;
   const float* x = nullptr;
@@ -114,7 +114,6 @@ class RefData {
   const float* floats(const HostBuffer& h);
   std::vector<std::vector<float>> converted_;
 };
-inline RefData ref_data(const Inputs& in) { return RefData(in); }
 double reference_primary(const Shape& s, const RefData& d, std::size_t idx);  // idx: user layout
 double reference_db(const Shape& s, const RefData& d, std::int64_t k);
 // The whole weight gradient (dw in user layout, w_at's order) and, with a bias, db: one pass over x

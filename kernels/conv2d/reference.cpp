@@ -168,7 +168,7 @@ WeightGrads reference_weight_grads(const Shape& s, const RefData& d) {
 }
 
 void reference(const Shape& s, const Inputs& in, Outputs& out) {
-  const RefData d = ref_data(in);
+  const RefData d(in);
   for (std::size_t i = 0; i < out.primary.count(); ++i) out.primary.set(i, reference_primary(s, d, i));
   for (std::size_t k = 0; k < out.db.count(); ++k) out.db.set(k, reference_db(s, d, static_cast<std::int64_t>(k)));
 }

@@ -195,7 +195,8 @@ class CpuLoopMatmul final : public Plan {
   explicit CpuLoopMatmul(const Shape& s) : s_(s), alpha_(static_cast<float>(s.alpha)), beta_(static_cast<float>(s.beta)) {
     HOTOPS_CHECK(cpu_runs_loops(s), "matmul: the hand-written CPU loops take mm and addmm below kCpuLoopMacs, packed");
     product(s);  // checks the shape
-    acc_.resize(static_cast<std::size_t>(s.dir == Direction::bwd_weight ? s.K * s.N : s.N));  // fwd: a row; bwd_weight: dW
+    if (s.dir == Direction::fwd && !std::is_same_v<O, float>) acc_.resize(static_cast<std::size_t>(s.N));
+    if (s.dir == Direction::bwd_weight && !std::is_same_v<O, float>) acc_.resize(static_cast<std::size_t>(s.K * s.N));
     // bf16 bwd_data: W and a row of dz, read many times, as f32
     if (!std::is_same_v<T, float> && s.dir == Direction::bwd_data) wide_.resize(static_cast<std::size_t>((s.K + 1) * s.N));
     if (has_dbias()) dbias_acc_.resize(static_cast<std::size_t>(s.N));
@@ -237,7 +238,7 @@ class CpuLoopMatmul final : public Plan {
 
   Shape s_;
   float alpha_, beta_;
-  std::vector<float> acc_;        // f32 sums: fwd a row (bf16 output), bwd_weight dW (bf16 output)
+  std::vector<float> acc_;        // bf16 output: fwd a row, bwd_weight dW, in f32
   std::vector<float> dbias_acc_;  // addmm bwd_weight: dbias in f32
   std::vector<float> wide_;       // bf16 bwd_data: W and a row of dz, widened
 };
