@@ -153,6 +153,23 @@ TEST(CudaUtil, AutotunedLtGemmTunesOncePerProblem) {
   EXPECT_EQ(gpu::lt_gemm_tunings() - before, 2);
 }
 
+// The autotuners' timing of one call: a call of kLongCallMs or more is timed alone (3 sizing calls,
+// then 3 batches of one), a shorter one in batches of three (3 + 9 calls); either way the time is
+// the call's. The call here is a spin of known device time.
+TEST(CudaUtil, BestBatchTimesLongCallsAloneAndShortOnesInThrees) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  for (const double ms : {2.0, 0.05}) {
+    int calls = 0;
+    const float t = gpu::best_batch_ms([&] {
+      gpu::hold(ms * 1e-3);
+      ++calls;
+    });
+    EXPECT_EQ(calls, ms >= gpu::kLongCallMs ? 6 : 12) << ms << " ms a call";
+    EXPECT_GE(t, 0.95 * ms) << ms << " ms a call";
+    EXPECT_LE(t, 1.5 * ms) << ms << " ms a call";
+  }
+}
 // A captured step replays; a body that throws, or that makes a call a capture refuses, leaves no
 // graph, says why, and leaves the stream usable.
 TEST(CudaUtil, StepGraphReplaysAndFailsCleanly) {

@@ -116,27 +116,34 @@ inline bool all_aligned(std::size_t bytes, std::initializer_list<const void*> pt
 void hold(double seconds, unsigned long long* probe = nullptr);
 
 // How fast one call is, as setup-time autotuners measure it (conv2d's re-timing of cuDNN Find's
-// candidates, LtGemm::tune): 3 batches of 3 back-to-back `launch()` calls, each batch between CUDA
+// candidates, LtGemm::tune): 3 batches of back-to-back `launch()` calls, each batch between CUDA
 // events behind a hold that outlasts the host's enqueueing of the batch (a tiny GEMM's launch
 // takes longer on the host than on the GPU, and cuDNN's legacy calls choose their engine on the
 // host at each call: without the hold the timing would compare host costs); the best batch's
-// mean, in ms per call. The caller makes the warm-up call.
+// mean, in ms per call. A first batch of 3 calls, timed as it comes, measures the host's enqueueing
+// and sizes the batches: 3 calls each, or 1 where a call takes kLongCallMs or more, long enough to
+// be timed alone (an f32 8192^3 GEMM's 20 ms calls then cost 7 a candidate instead of 13). The
+// caller makes the warm-up call.
+constexpr float kLongCallMs = 1.0f;
 template <class Launch>
 float best_batch_ms(Launch launch) {
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int k = 0; k < 3; ++k) launch();
-  const double enqueue = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  HOTOPS_CHECK_CUDA(cudaStreamSynchronize(stream()));
-  const double held = 20e-6 + std::min(1.5 * enqueue, 20e-3);
+  double enqueue = 0;  // seconds the host took to enqueue a call
+  const float first = time_ms([&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int k = 0; k < 3; ++k) launch();
+    enqueue = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 3;
+  }) / 3;
+  const int calls = first >= kLongCallMs ? 1 : 3;
+  const double held = 20e-6 + std::min(1.5 * enqueue * calls, 20e-3);
   float best = -1;
   for (int batch = 0; batch < 3; ++batch) {
     hold(held);
     const float t = time_ms([&] {
-      for (int k = 0; k < 3; ++k) launch();
+      for (int k = 0; k < calls; ++k) launch();
     });
     if (best < 0 || t < best) best = t;
   }
-  return best / 3;
+  return best / static_cast<float>(calls);
 }
 
 // What a setup-time search chose for each problem, once per process (find_conv_algo, LtGemm::tune):

@@ -24,7 +24,7 @@ struct Options {
   double max_noise = 0;               // --hotops_max_noise=P: stop once the samples' noise is below P percent
   int min_samples = 10;               // --hotops_min_samples=N: at least N samples (with the rule)
   double timeout = 15;                // --hotops_timeout=S: at most S seconds of samples per entry (with the rule)
-  double min_seconds = 0.05;          // the least sampling time: --benchmark_min_time (set by bench)
+  double min_seconds = 0.025;         // the least sampling time: --benchmark_min_time (set by bench)
   bool own_loop = true;               // off: Google Benchmark's loop (bench: --benchmark_min_time=<N>x, listing)
   bool help = false;                  // --hotops_help
 };
