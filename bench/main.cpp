@@ -311,12 +311,12 @@ int main(int argc, char** argv) {
   if (options.cpu_ftz) hotops::cpu::set_flush_subnormals(true);  // threads start with IEEE subnormals
 
   // hotops' default sample budget is 0.025 s per benchmark (Google Benchmark's is 0.5 s), so that
-  // the whole list of some 4,400 entries runs in one process within minutes (on a GPU host, twice
-  // that budget changed how far one entry's processes differ by a tenth of a percent or two, at
-  // the median: docs/timing.md); --benchmark_min_time (or Google Benchmark's
-  // BENCHMARK_MIN_TIME variable) overrides it as usual, in any release's form: it reaches Google
-  // Benchmark in the form the linked release reads, or, as a count of iterations for a release
-  // before 1.8, as each benchmark's iteration count.
+  // the whole list of some 4,400 entries runs in one process within minutes (on a GPU host one
+  // entry's processes differ by some 0.3% at the median at this budget, 0.1% at twice it:
+  // docs/timing.md); --benchmark_min_time (or Google Benchmark's BENCHMARK_MIN_TIME variable)
+  // overrides it as usual, in any release's form: it reaches Google Benchmark in the form the linked
+  // release reads, or, as a count of iterations for a release before 1.8, as each benchmark's
+  // iteration count.
   hotops::MinTime min_time;
   min_time.seconds = 0.025;
   const char* min_time_env = std::getenv("BENCHMARK_MIN_TIME");

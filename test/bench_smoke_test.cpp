@@ -534,7 +534,8 @@ void expect_breakdowns(const std::string& direction) {
   // A CPU without bf16 arithmetic (AVX2) runs the f32 steps alone and says which it left out.
   int not_run_here = 0;
   const std::regex left_out(R"(hotops: (\d+) benchmarks? not run: oneDNN has no [^\n]* for this CPU)");
-  for (std::sregex_iterator it(r.output.begin(), r.output.end(), left_out), end; it != end; ++it) not_run_here += std::stoi((*it)[1]);
+  for (std::sregex_iterator it(r.output.begin(), r.output.end(), left_out), end; it != end; ++it)
+    not_run_here += std::stoi((*it)[1]);
   EXPECT_GE(models + not_run_here, 16) << "every model, f32 and bf16, " << direction;
 }
 

@@ -170,6 +170,7 @@ TEST(CudaUtil, BestBatchTimesLongCallsAloneAndShortOnesInThrees) {
     EXPECT_LE(t, 1.5 * ms) << ms << " ms a call";
   }
 }
+
 // A captured step replays; a body that throws, or that makes a call a capture refuses, leaves no
 // graph, says why, and leaves the stream usable.
 TEST(CudaUtil, StepGraphReplaysAndFailsCleanly) {
