@@ -74,13 +74,13 @@ HOTOPS_VECTOR_INLINE const float* widened(const T* v, std::int64_t n, float* wid
   }
 }
 
-// y[M, N] = alpha * a[M, K] . W[K, N] (+ beta * bias[N]) (then max(., 0) with relu), rows [r0, M) and
-// columns [from, N), each element summed from the bias over i in order, a row at a time (an f32 output
+// y[M, N] = alpha * a[M, K] . W[K, N] (+ beta * bias[N]) (then max(., 0) with relu), columns
+// [from, N), each element summed from the bias over i in order, a row at a time (an f32 output
 // accumulates in y itself; a bf16 one in `acc`, a row of N floats).
 template <class T, class O>
-HOTOPS_VECTOR_INLINE void forward_rows(const T* a, const T* W, const T* bias, O* y, std::int64_t r0, std::int64_t M, std::int64_t K,
-                  std::int64_t N, std::int64_t from, float alpha, float beta, bool relu, float* acc) {
-  for (std::int64_t r = r0; r < M; ++r) {
+HOTOPS_VECTOR_INLINE void forward_rows(const T* a, const T* W, const T* bias, O* y, std::int64_t M, std::int64_t K, std::int64_t N,
+                  std::int64_t from, float alpha, float beta, bool relu, float* acc) {
+  for (std::int64_t r = 0; r < M; ++r) {
     float* yr;
     if constexpr (std::is_same_v<O, float>) yr = y + r * N;
     else yr = acc;
@@ -108,7 +108,7 @@ template <class T, class O>
 HOTOPS_VECTOR_INLINE void forward(const T* a, const T* W, const T* bias, O* y, std::int64_t M, std::int64_t K, std::int64_t N, float alpha,
              float beta, bool relu, float* acc) {
   const std::int64_t C16 = N / kBlockCols * kBlockCols;
-  if (K < kBlockDepth || C16 == 0) return forward_rows(a, W, bias, y, 0, M, K, N, 0, alpha, beta, relu, acc);
+  if (K < kBlockDepth || C16 == 0) return forward_rows(a, W, bias, y, M, K, N, 0, alpha, beta, relu, acc);
   const auto a_of = [&](std::int64_t r, std::int64_t i) HOTOPS_LAMBDA_INLINE { return alpha * load(a[r * K + i]); };
   const auto put = [&](std::int64_t r, std::int64_t o, float v) HOTOPS_LAMBDA_INLINE {
     y[r * N + o] = store<O>(relu ? std::max(v, 0.f) : v);
@@ -120,7 +120,7 @@ HOTOPS_VECTOR_INLINE void forward(const T* a, const T* W, const T* bias, O* y, s
   };
   if (bias) blocks([&](std::int64_t o) HOTOPS_LAMBDA_INLINE { return beta * load(bias[o]); });
   else blocks([](std::int64_t) HOTOPS_LAMBDA_INLINE { return 0.f; });
-  if (C16 < N) forward_rows(a, W, bias, y, 0, M, K, N, C16, alpha, beta, relu, acc);
+  if (C16 < N) forward_rows(a, W, bias, y, M, K, N, C16, alpha, beta, relu, acc);
 }
 
 // dW[K, N] = alpha * a[M, K]^T . dz[M, N], accumulated in `acc` (K x N floats: dW itself where it
