@@ -2,7 +2,6 @@
 #include <cudnn.h>
 
 #include <algorithm>
-#include <atomic>
 #include <string>
 #include <vector>
 
@@ -148,7 +147,7 @@ ConvAlgo choose(const ConvCall& c, ConvMath math, ConvPick pick, const std::stri
 // Empty where a descriptor cannot be read back: that search is then not shared.
 std::string search_key(const ConvCall& c, ConvMath math, ConvPick pick) {
   std::string key = std::to_string(static_cast<int>(c.pass)) + "|" + std::to_string(static_cast<int>(math)) + "|" +
-                    std::to_string(static_cast<int>(pick)) + "|" + std::to_string(retime_tie());
+                    std::to_string(static_cast<int>(pick));
   const auto add = [&key](long long v) { key += "," + std::to_string(v); };
   for (cudnnTensorDescriptor_t t : {c.x_desc, c.y_desc}) {
     cudnnDataType_t type{};
@@ -186,29 +185,17 @@ ChoiceCache<ConvAlgo>& search_cache() {
 
 int conv_algo_searches() { return search_cache().searches(); }
 
-namespace {
-std::atomic<float> g_retime_tie{kRetimeTie};
-}  // namespace
-float retime_tie() { return g_retime_tie; }
-void set_retime_tie(float band) { g_retime_tie = band; }
-
 ConvAlgo pick_retimed(const std::vector<ConvAlgo>& timed, const std::string& context) {
   float fastest = -1;
   for (const ConvAlgo& a : timed)
     if (a.retimed_ms >= 0 && (fastest < 0 || a.retimed_ms < fastest)) fastest = a.retimed_ms;
   HOTOPS_CHECK(fastest >= 0, context + ": no cuDNN algorithm that cudnnFind offered runs again");
-  std::vector<ConvAlgo> ties;
+  const ConvAlgo* pick = nullptr;
   for (const ConvAlgo& a : timed) {
-    if (a.retimed_ms < 0 || a.retimed_ms > fastest * (1 + retime_tie())) continue;
-    ties.push_back(a);
-    ties.back().ties.clear();
+    if (a.retimed_ms < 0 || a.retimed_ms > fastest * (1 + kRetimeTie)) continue;
+    if (!pick || a.workspace < pick->workspace || (a.workspace == pick->workspace && a.algo < pick->algo)) pick = &a;
   }
-  std::sort(ties.begin(), ties.end(), [](const ConvAlgo& a, const ConvAlgo& b) {
-    return a.workspace != b.workspace ? a.workspace < b.workspace : a.algo < b.algo;
-  });
-  ConvAlgo pick = ties.front();
-  pick.ties = std::move(ties);
-  return pick;
+  return *pick;
 }
 
 void set_conv2d(cudnnConvolutionDescriptor_t d, int pad_h, int pad_w, int stride_h, int stride_w, int dil_h,

@@ -284,68 +284,6 @@ TEST(ModelCnnDataGradPath, FlipOnlyBeyondANearTie) {
 }
 #endif
 
-// The step's near ties: each decision's members tried in turn from the picks so far, a member kept
-// only when the step runs faster than the one kept by more than kStepTie. A host test.
-TEST(ModelCnnStepTies, AMemberReplacesTheKeptOneOnlyBeyondTheMargin) {
-  // Decision 0: member 1 is 2% faster (kept). Decision 1: member 1 is 0.5% faster (within the
-  // margin: not kept), member 2 3% faster than the step with decision 0's pick.
-  const auto step = [](const std::vector<int>& picks) {
-    float t = 100.f;
-    if (picks[0] == 1) t *= 0.98f;
-    if (picks[1] == 1) t *= 1 - kStepTie / 2;
-    if (picks[1] == 2) t *= 0.97f;
-    return t;
-  };
-  std::vector<std::vector<int>> seen;
-  const std::vector<int> picks = settle_by_step_time({2, 3}, [&](const std::vector<int>& trial) {
-    seen.push_back(trial);
-    return step(trial);
-  });
-  EXPECT_EQ(picks, (std::vector<int>{1, 2}));
-  // The rule's own picks first, then each decision's other members with the earlier decisions' picks.
-  const std::vector<std::vector<int>> order = {{0, 0}, {1, 0}, {1, 1}, {1, 2}};
-  EXPECT_EQ(seen, order);
-  // Slower or equal members are never kept.
-  EXPECT_EQ(settle_by_step_time({3}, [](const std::vector<int>& t) { return t[0] == 0 ? 1.f : 1.f + 0.1f * t[0]; }),
-            std::vector<int>{0});
-  EXPECT_EQ(settle_by_step_time({2}, [](const std::vector<int>&) { return 1.f; }), std::vector<int>{0});
-  // Nor one faster by less than the margin.
-  EXPECT_EQ(settle_by_step_time({2}, [](const std::vector<int>& t) { return t[0] == 0 ? 1.f : 1.f - kStepTie / 2; }),
-            std::vector<int>{0});
-}
-
-#ifdef HOTOPS_HAVE_CUDA
-// A CUDA step with near ties to settle (the band widened so that every pass has some): the ties are
-// timed once for a problem, the plain and graph:1 steps run the same algorithms, and each verifies.
-TEST(ModelCnnCuda, NearTiesSettleOncePerProblem) {
-  HOTOPS_SKIP_WITHOUT_GPU();
-  struct Restore {
-    ~Restore() { gpu::set_retime_tie(gpu::kRetimeTie); }
-  } restore;
-  gpu::set_retime_tie(10.f);  // every candidate re-timed within 11x of the fastest
-  for (DType t : {DType::f32, DType::bf16}) {
-    const int before = step_tie_settlements();
-    const auto plain = family().make(problem("vgg_test", Backend::cuda, Direction::train, 6, t));
-    EXPECT_EQ(step_tie_settlements(), before + 1);
-    Problem g = problem("vgg_test", Backend::cuda, Direction::train, 6, t);
-    g.args.push_back({"graph", "1"});
-    const auto graph = family().make(g);
-    EXPECT_EQ(step_tie_settlements(), before + 1);  // the plain step's decisions
-    const auto plans = [](const std::string& label) {
-      const std::size_t at = label.find("conv2d plans: ");
-      return at == std::string::npos ? std::string() : label.substr(at, label.find(" MiB)", at) - at);
-    };
-    EXPECT_NE(plain->label().find(" settled by the step's time, "), std::string::npos) << plain->label();
-    EXPECT_FALSE(plans(plain->label()).empty()) << plain->label();
-    EXPECT_EQ(plans(plain->label()), plans(graph->label()));
-    for (Case* c : {plain.get(), graph.get()}) {
-      const Check chk = c->verify();
-      EXPECT_TRUE(chk.ok) << dtype_name(t) << " " << c->label() << ": " << chk.message;
-    }
-  }
-}
-#endif
-
 TEST(ModelCnnTraining, LossFallsCpu) {
   expect_learns(Backend::cpu, "keras_test", 40);
   expect_learns(Backend::cpu, "vgg_test", 60);

@@ -4,7 +4,6 @@
 
 #include <cstddef>
 #include <string>
-#include <vector>
 
 #include "hotops/cuda_util.h"
 #include "hotops/problem.h"
@@ -97,11 +96,6 @@ enum class ConvPick {
 constexpr int kRetimeCandidates = 4;
 // Re-timed candidates within this fraction of the fastest are a near tie (pick_retimed).
 constexpr float kRetimeTie = 0.03f;
-// The band pick_retimed and model_cnn's input-gradient paths take: kRetimeTie, or another set
-// process-wide before the searches it should change (the tests widen it, so that every search has
-// ties to settle). The searches' cache keys hold it.
-float retime_tie();
-void set_retime_tie(float band);
 
 // The chosen algorithm, the workspace it needs, Find's time for it and, for ConvPick::retimed, how
 // many candidates were re-timed and its re-timed time (ms per call).
@@ -112,16 +106,11 @@ struct ConvAlgo {
   float find_ms = 0;
   int retimed = 0;
   float retimed_ms = -1;
-  // ConvPick::retimed: the re-timed candidates within retime_tie() of the fastest, this one first,
-  // then in pick_retimed's order (their own `ties` empty), for a caller that settles the near tie
-  // by a longer timing of its own (model_cnn's steps: the whole step's time).
-  std::vector<ConvAlgo> ties;
 };
 
 // The choice among re-timed candidates (those with retimed_ms < 0 did not run again and are
-// skipped; none re-timed throws Error, naming `context`): of those within retime_tie() of the
-// fastest, the one that needs the least workspace, then the lowest algorithm number (all of them
-// in its `ties`, in that order). A near tie is decided by what does
+// skipped; none re-timed throws Error, naming `context`): of those within kRetimeTie of the
+// fastest, the one that needs the least workspace, then the lowest algorithm number. A near tie is decided by what does
 // not move between processes rather than by which timing came out lower: the re-timings of
 // algorithms a few percent apart in isolation swap order from one process to the next, and inside a
 // model step such algorithms can differ by more (cnn_mnist's f32 step at batch 32 took 261 or 268 µs

@@ -177,12 +177,6 @@ struct CudaChoice {
   float ms = 0;
 };
 CudaChoice cuda_choice(const Plan& p);
-// The algorithms of a CUDA plan's near tie (gpu::pick_retimed: re-timed within gpu::retime_tie() of
-// the fastest), the one it runs first; that one alone where there is no tie. use_cuda_algo makes the
-// plan run another of them (its workspace must fit the caller's, where use_cuda_workspace gave one):
-// for a caller that settles the tie by a timing of its own (model_cnn: the whole step's).
-std::vector<CudaChoice> cuda_ties(const Plan& p);
-void use_cuda_algo(Plan& p, int algo);
 // Runs a CUDA plan on the caller's workspace (at least cuda_choice(p).workspace bytes, kept alive while
 // the plan runs) instead of its own, which it frees: plans that never run at once can share one
 // (model_cnn's layers share the largest their passes need, as a framework's caching allocator does).

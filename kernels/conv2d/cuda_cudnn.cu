@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
-#include <vector>
 
 #include "hotops/cudnn_util.h"
 #include "kernels/conv2d/conv2d.h"
@@ -122,6 +121,11 @@ class CudaConv2d final : public Plan {
                                   std::string("conv2d ") + dtype_name(s_.dtype));
     workspace_ = gpu::DeviceBuffer(choice_.workspace);
     ws_ = workspace_.get(), ws_bytes_ = workspace_.bytes();
+    const std::string how = s_.retime ? "cudnnFind: " + ms(choice_.find_ms) + "; kept of " + std::to_string(choice_.retimed) +
+                                               " re-timed: " + ms(choice_.retimed_ms)
+                                         : "cudnnFind's fastest: " + ms(choice_.find_ms) + ", not re-timed";
+    label_ = std::string("cuDNN ") + direction_name(s_.dir) + " " + gpu::conv_algo_name(s_.dir, choice_.algo) + " (" + how +
+             "), ws " + mib(choice_.workspace) + ", " + math_name(choice_.math);
     if (s_.bias && s_.dir != Direction::bwd_data) probe_bias(Args{x.get(), wt.get(), b.get(), dy.get(), out_d.get(), db.get()});
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
   }
@@ -133,40 +137,10 @@ class CudaConv2d final : public Plan {
     if (s_.bias && s_.dir != Direction::bwd_data) bias_step(a);
   }
 
-  std::string label() const override {
-    const std::string how = s_.retime ? "cudnnFind: " + ms(choice_.find_ms) + "; kept of " + std::to_string(choice_.retimed) +
-                                            " re-timed: " + ms(choice_.retimed_ms)
-                                      : "cudnnFind's fastest: " + ms(choice_.find_ms) + ", not re-timed";
-    return std::string("cuDNN ") + direction_name(s_.dir) + " " + gpu::conv_algo_name(s_.dir, choice_.algo) + " (" + how +
-           "), ws " + mib(choice_.workspace) + ", " + math_name(choice_.math) + bias_label_;
-  }
+  std::string label() const override { return label_; }
 
-  static CudaChoice choice_of(const gpu::ConvAlgo& a) {
-    return CudaChoice{a.algo, a.workspace, a.retimed_ms >= 0 ? a.retimed_ms : a.find_ms};
-  }
-  CudaChoice choice() const { return choice_of(choice_); }
-
-  std::vector<CudaChoice> ties() const {
-    std::vector<CudaChoice> out;
-    for (const gpu::ConvAlgo& a : choice_.ties) out.push_back(choice_of(a));
-    if (out.empty()) out.push_back(choice());
-    return out;
-  }
-
-  void use_algo(int algo) {
-    const auto tie = std::find_if(choice_.ties.begin(), choice_.ties.end(), [&](const gpu::ConvAlgo& a) { return a.algo == algo; });
-    if (algo == choice_.algo && tie == choice_.ties.end()) return;  // the kept one, with no tie listed
-    HOTOPS_CHECK(tie != choice_.ties.end(), "conv2d: use_cuda_algo of an algorithm outside the plan's near tie");
-    if (workspace_.get() == ws_ && tie->workspace > ws_bytes_) {  // the plan's own workspace, too small
-      workspace_ = gpu::DeviceBuffer(tie->workspace);
-      ws_ = workspace_.get(), ws_bytes_ = workspace_.bytes();
-    }
-    HOTOPS_CHECK(tie->workspace <= ws_bytes_, "conv2d: use_cuda_algo of an algorithm that needs more than the caller's workspace");
-    gpu::ConvAlgo kept = *tie;
-    kept.retimed = choice_.retimed;
-    kept.ties = std::move(choice_.ties);
-    choice_ = std::move(kept);
-    HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(conv_.h, choice_.math));
+  CudaChoice choice() const {
+    return CudaChoice{choice_.algo, choice_.workspace, choice_.retimed_ms >= 0 ? choice_.retimed_ms : choice_.find_ms};
   }
 
   void use_workspace(void* ws, std::size_t bytes) {
@@ -188,12 +162,12 @@ class CudaConv2d final : public Plan {
     const char* call = s_.dir == Direction::fwd ? "cudnnAddTensor" : "cudnnConvolutionBackwardBias";
     const cudnnStatus_t st = cudnn_bias(a);
     if (st == CUDNN_STATUS_SUCCESS) {
-      bias_label_ = std::string(" + ") + call;
+      label_ += std::string(" + ") + call;
       return;
     }
     if (st != CUDNN_STATUS_NOT_SUPPORTED && st != CUDNN_STATUS_BAD_PARAM) HOTOPS_CHECK_CUDNN(st);
     own_bias_kernel_ = true;
-    bias_label_ = std::string(" + hotops ") + (s_.dir == Direction::fwd ? "add_bias" : "bias_grad") + " kernel (" +
+    label_ += std::string(" + hotops ") + (s_.dir == Direction::fwd ? "add_bias" : "bias_grad") + " kernel (" +
               call + ": " + cudnnGetErrorString(st) + ")";
   }
 
@@ -238,7 +212,7 @@ class CudaConv2d final : public Plan {
   gpu::ConvCall call_;
   gpu::ConvAlgo choice_;
   bool own_bias_kernel_ = false;
-  std::string bias_label_;  // how the bias step runs, where the pass has one
+  std::string label_;
 };
 
 }  // namespace
@@ -249,18 +223,6 @@ CudaChoice cuda_choice(const Plan& p) {
   const auto* cuda = dynamic_cast<const CudaConv2d*>(&p);
   HOTOPS_CHECK(cuda, "conv2d: cuda_choice of a plan that is not a CUDA conv2d plan");
   return cuda->choice();
-}
-
-std::vector<CudaChoice> cuda_ties(const Plan& p) {
-  const auto* cuda = dynamic_cast<const CudaConv2d*>(&p);
-  HOTOPS_CHECK(cuda, "conv2d: cuda_ties of a plan that is not a CUDA conv2d plan");
-  return cuda->ties();
-}
-
-void use_cuda_algo(Plan& p, int algo) {
-  auto* cuda = dynamic_cast<CudaConv2d*>(&p);
-  HOTOPS_CHECK(cuda, "conv2d: use_cuda_algo on a plan that is not a CUDA conv2d plan");
-  cuda->use_algo(algo);
 }
 
 void use_cuda_workspace(Plan& p, void* workspace, std::size_t bytes) {

@@ -106,32 +106,8 @@ struct ConvPlans {
   std::unique_ptr<conv2d::Plan> data;         // train, layers after the first: the input gradient
   // The input gradient as a forward conv of dz with the flipped filter (`data` is then that conv).
   bool flip = false;
-  // Until the step's near ties are settled (settle_ties): the other path's plan, where the two
-  // paths' times are a near tie.
-  std::unique_ptr<conv2d::Plan> other;
   gpu::DeviceBuffer wf_buf;  // [C][3][3][K] (or [C][K][3][3]), the activations' type
 };
-
-// The passes of a conv layer whose near ties settle_ties decides.
-enum class Pass { fwd, filter, data };
-
-// One decision of settle_ties: a pass of a conv layer and the members of its near tie (for the
-// input gradient, of both paths' where they tie), the conv2d plan's own choice first.
-struct TieDecision {
-  std::size_t layer;
-  Pass pass;
-  struct Member {
-    int algo;
-    bool flip;  // Pass::data: the flipped filter's forward conv
-  };
-  std::vector<Member> members;
-};
-
-// The process's settled ties, per problem (its name without the variant): each decision's member.
-gpu::ChoiceCache<std::vector<int>>& settled_ties() {
-  static gpu::ChoiceCache<std::vector<int>> cache;
-  return cache;
-}
 
 gpu::DeviceBuffer floats(std::int64_t n) { return gpu::DeviceBuffer(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(float)); }
 
@@ -230,11 +206,9 @@ class CudaCnn final : public ModelCase {
     plan_convs();
     plan_gemms();
     plan_layers();
-    // One step outside any capture first (lazy library state), the near ties, then back to the
-    // seeded start.
+    // One step outside any capture first (lazy library state), then back to the seeded start.
     device_step();
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
-    settle_ties();
     restore(*seeded_, mask_period(false));
     if (s_.variant == Variant::graph) {
       std::string why;
@@ -315,8 +289,8 @@ class CudaCnn final : public ModelCase {
                                              : "bf16 autocast (f32 master weights, the AdamW launch writes their bf16 copy); ")
                                     : "bf16 autocast (f32 master weights, their bf16 copy cast once); ";
     std::string l = std::string(bf16) + "cuDNN " + (nchw_ ? "NCHW" : "NHWC") +
-                    (kBf16 ? " bf16 tensor-op convolutions, f32 compute (" : " f32 FMA-math convolutions (") + "conv2d plans: " + algo_names() +
-                    ties_ + "; ws " + std::to_string(ws_bytes_ >> 20) + " MiB); hotops fused BN/ReLU/max-pool/dropout kernels" +
+                    (kBf16 ? " bf16 tensor-op convolutions, f32 compute (" : " f32 FMA-math convolutions (") + "conv2d plans: " + algos_ +
+                    "; ws " + std::to_string(ws_bytes_ >> 20) + " MiB); hotops fused BN/ReLU/max-pool/dropout kernels" +
                     (kBf16 ? " (bf16 storage, f32 math and sums)" : "") + "; matmul plans (cublasLt " + (kBf16 ? "bf16, f32 accumulation" : "f32") + ") dense";
     if (s_.train()) l += "; cross_entropy_dbias plan (it advances the step count), flat AdamW";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the images (and labels), launches, D2H, sync";
@@ -361,41 +335,35 @@ class CudaCnn final : public ModelCase {
   }
 
   void plan_convs() {
+    std::size_t ws = 0;
     for (std::size_t i = 0; i < s_.convs.size(); ++i) {
       const ConvLayer& c = s_.convs[i];
       ConvPlans& cp = *plans_.emplace_back(std::make_unique<ConvPlans>());
       cp.fwd = conv2d::make_cuda_plan(conv_shape(c, Direction::fwd));
+      const conv2d::CudaChoice fwd = conv2d::cuda_choice(*cp.fwd);
+      ws = std::max(ws, fwd.workspace);
+      algos_ += std::string(i ? ", " : "") + "fwd " + std::to_string(fwd.algo);
       if (s_.train()) {
         cp.filter = conv2d::make_cuda_plan(conv_shape(c, Direction::bwd_weight));
-        if (i > 0) plan_data_gradient(i, cp);
+        const conv2d::CudaChoice filter = conv2d::cuda_choice(*cp.filter);
+        ws = std::max(ws, filter.workspace);
+        algos_ += " filter " + std::to_string(filter.algo);
+        if (i > 0) ws = std::max(ws, plan_data_gradient(i, cp));
       }
     }
-    share_workspace();
-  }
-
-  // One workspace for all conv passes (they run one after another on the stream), as large as the
-  // hungriest algorithm asks: of those the plans run, and with `ties`, of every member of their
-  // near ties (settle_ties tries them all on it).
-  void share_workspace(bool ties = false) {
-    std::size_t ws = 0;
-    for (const auto& cp : plans_)
-      for (conv2d::Plan* p : {cp->fwd.get(), cp->filter.get(), cp->data.get(), ties ? cp->other.get() : nullptr}) {
-        if (!p) continue;
-        ws = std::max(ws, conv2d::cuda_choice(*p).workspace);
-        for (const conv2d::CudaChoice& m : ties ? conv2d::cuda_ties(*p) : std::vector<conv2d::CudaChoice>{}) ws = std::max(ws, m.workspace);
-      }
+    // One workspace for all passes (they run one after another on the stream), as large as the
+    // hungriest chosen algorithm asks.
     ws_bytes_ = ws;
     workspace_ = gpu::DeviceBuffer(std::max<std::size_t>(ws, 1));
     for (const auto& cp : plans_)
-      for (conv2d::Plan* p : {cp->fwd.get(), cp->filter.get(), cp->data.get(), cp->other.get()})
+      for (conv2d::Plan* p : {cp->fwd.get(), cp->filter.get(), cp->data.get()})
         if (p) conv2d::use_cuda_workspace(*p, workspace_.get(), ws_bytes_);
   }
 
   // Conv layer i's input gradient: cuDNN's backward data, or the forward conv of dz with the flipped
-  // filter (see flip_filter), whichever forward_flip_is_faster says (or the one cuda_data_grad_path()
-  // forces); where the two time within a near tie of each other, the other one is kept too, for
-  // settle_ties.
-  void plan_data_gradient(std::size_t i, ConvPlans& cp) {
+  // filter (see flip_filter), whichever forward_flip_is_faster says (or the one cuda_data_grad_path() forces).
+  // Returns the workspace of the one kept.
+  std::size_t plan_data_gradient(std::size_t i, ConvPlans& cp) {
     const ConvLayer& c = s_.convs[i];
     const DataGradPath path = cuda_data_grad_path();
     std::unique_ptr<conv2d::Plan> data, flip;
@@ -408,102 +376,13 @@ class CudaCnn final : public ModelCase {
       HOTOPS_CHECK(fs.P() == c.H && fs.Q() == c.W, "model_cnn: the flipped-filter conv does not give the input's shape");
       flip = conv2d::make_cuda_plan(fs);
     }
-    const bool timed = path == DataGradPath::timed;
-    const float flip_ms = timed ? conv2d::cuda_choice(*flip).ms : 0, data_ms = timed ? conv2d::cuda_choice(*data).ms : 0;
-    cp.flip = path == DataGradPath::forward_flip || (timed && forward_flip_is_faster(flip_ms, data_ms));
-    const bool tie = timed && !forward_flip_is_faster(flip_ms, data_ms) && !forward_flip_is_faster(data_ms, flip_ms);
+    cp.flip = path == DataGradPath::forward_flip ||
+              (path == DataGradPath::timed && forward_flip_is_faster(conv2d::cuda_choice(*flip).ms, conv2d::cuda_choice(*data).ms));
     cp.data = std::move(cp.flip ? flip : data);
-    if (tie) cp.other = std::move(cp.flip ? data : flip);
-    if (cp.flip || tie) cp.wf_buf = acts(c.C * 9 * c.K);
-  }
-
-  // The decisions settle_ties makes: every pass whose near tie has more than one member.
-  std::vector<TieDecision> tie_decisions() const {
-    std::vector<TieDecision> out;
-    const auto add = [&](std::size_t layer, Pass pass, const conv2d::Plan* plan, const conv2d::Plan* other, bool flip) {
-      TieDecision d{layer, pass, {}};
-      for (const conv2d::CudaChoice& m : conv2d::cuda_ties(*plan)) d.members.push_back({m.algo, flip});
-      if (other)
-        for (const conv2d::CudaChoice& m : conv2d::cuda_ties(*other)) d.members.push_back({m.algo, !flip});
-      if (d.members.size() > 1) out.push_back(std::move(d));
-    };
-    for (std::size_t i = 0; i < plans_.size(); ++i) {
-      const ConvPlans& cp = *plans_[i];
-      add(i, Pass::fwd, cp.fwd.get(), nullptr, false);
-      if (cp.filter) add(i, Pass::filter, cp.filter.get(), nullptr, false);
-      if (cp.data) add(i, Pass::data, cp.data.get(), cp.other.get(), cp.flip);
-    }
-    return out;
-  }
-
-  // Makes layer d.layer's pass run member m of decision d.
-  void use_member(const TieDecision& d, int m) {
-    ConvPlans& cp = *plans_[d.layer];
-    const TieDecision::Member& member = d.members[static_cast<std::size_t>(m)];
-    conv2d::Plan* plan = d.pass == Pass::fwd ? cp.fwd.get() : d.pass == Pass::filter ? cp.filter.get() : nullptr;
-    if (d.pass == Pass::data) {
-      if (member.flip != cp.flip) std::swap(cp.data, cp.other), cp.flip = member.flip;
-      plan = cp.data.get();
-    }
-    conv2d::use_cuda_algo(*plan, member.algo);
-  }
-
-  // The near ties of the step's conv plans, settled by the whole step's time (settle_by_step_time;
-  // a data-parallel step keeps the plans' own rules: its ranks would time different numbers of
-  // steps, each with its all-reduce). The step is timed as the harness times it: one CUDA graph where
-  // it can be captured, launched one call at a time otherwise.
-  void settle_ties() {
-    const std::vector<TieDecision> ds = tie_decisions();
-    if (!ds.empty() && !replicas_.sync) {
-      std::vector<int> members;
-      for (const TieDecision& d : ds) members.push_back(static_cast<int>(d.members.size()));
-      // The problem less its variant, and the process-wide settings that change the plans.
-      const std::string key = s_.arch.name + "/" + dtype_name(s_.dtype) + "/" + direction_name(s_.dir) + "/" + std::to_string(s_.batch) +
-                              (nchw_ ? "/nchw/" : "/nhwc/") + std::to_string(static_cast<int>(cuda_data_grad_path())) + "/" +
-                              std::to_string(gpu::retime_tie());
-      std::vector<int> picks;
-      share_workspace(/*ties=*/true);
-      if (!settled_ties().find(key, &picks) || picks.size() != ds.size()) {
-        picks = settle_by_step_time(members, [&](const std::vector<int>& trial) {
-          for (std::size_t d = 0; d < ds.size(); ++d) use_member(ds[d], trial[d]);
-          return step_ms();
-        });
-        settled_ties().add(key, picks);
-      }
-      int changed = 0;
-      for (std::size_t d = 0; d < ds.size(); ++d) use_member(ds[d], picks[d]), changed += picks[d] != 0;
-      ties_ = "; " + std::to_string(ds.size()) + " near tie" + (ds.size() == 1 ? "" : "s") + " settled by the step's time, " +
-              std::to_string(changed) + " changed";
-    }
-    for (auto& cp : plans_) {
-      cp->other.reset();
-      if (!cp->flip) cp->wf_buf = gpu::DeviceBuffer();
-    }
-    share_workspace();
-  }
-
-  // The step's device time, ms (gpu::best_batch_ms, after a warm-up call).
-  float step_ms() {
-    gpu::StepGraph g;
-    std::string why;
-    if (g.capture([this] { device_step(); }, &why)) {
-      g.launch();
-      return gpu::best_batch_ms([&] { g.launch(); });
-    }
-    device_step();
-    return gpu::best_batch_ms([this] { device_step(); });
-  }
-
-  // What the label names of each conv layer's plans: "fwd A filter B data C" (or "data fwd-flip C").
-  std::string algo_names() const {
-    std::string out;
-    for (std::size_t i = 0; i < plans_.size(); ++i) {
-      const ConvPlans& cp = *plans_[i];
-      out += std::string(i ? ", " : "") + "fwd " + std::to_string(conv2d::cuda_choice(*cp.fwd).algo);
-      if (cp.filter) out += " filter " + std::to_string(conv2d::cuda_choice(*cp.filter).algo);
-      if (cp.data) out += (cp.flip ? " data fwd-flip " : " data ") + std::to_string(conv2d::cuda_choice(*cp.data).algo);
-    }
-    return out;
+    const conv2d::CudaChoice kept = conv2d::cuda_choice(*cp.data);
+    if (cp.flip) cp.wf_buf = acts(c.C * 9 * c.K);
+    algos_ += (cp.flip ? " data fwd-flip " : " data ") + std::to_string(kept.algo);
+    return kept.workspace;
   }
 
   void launch_flip(const float* w, const ConvPlans& cp, const ConvLayer& c) const {
@@ -774,7 +653,7 @@ class CudaCnn final : public ModelCase {
   // The batchnorm family's plans of each conv layer, then the hidden layer's (plan_layers); bwd: train.
   std::vector<std::unique_ptr<relu_maxpool::Plan>> fused_fwd_, fused_bwd_;
   std::size_t ws_bytes_ = 0;  // the conv2d plans' shared workspace: the largest their algorithms need
-  std::string ties_;          // the label's words on settle_ties
+  std::string algos_;
   HostBuffer logits_host_;
   float loss_host_ = 0;
   bool capturable_ = false;
@@ -784,9 +663,7 @@ class CudaCnn final : public ModelCase {
 
 }  // namespace
 
-bool forward_flip_is_faster(float flip_ms, float data_ms) { return flip_ms * (1 + gpu::retime_tie()) < data_ms; }
-
-int step_tie_settlements() { return settled_ties().searches(); }
+bool forward_flip_is_faster(float flip_ms, float data_ms) { return flip_ms * (1 + gpu::kRetimeTie) < data_ms; }
 
 std::unique_ptr<ModelCase> make_cuda(const Problem& p) {
   if (p.dtype == DType::bf16) return std::make_unique<CudaCnn<bf16>>(p);

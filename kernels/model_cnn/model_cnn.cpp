@@ -443,21 +443,6 @@ DataGradPath cuda_data_grad_path() { return g_data_grad_path; }
 void set_cuda_layout(CudaLayout l) { g_cuda_layout = l; }
 CudaLayout cuda_layout() { return g_cuda_layout; }
 
-std::vector<int> settle_by_step_time(const std::vector<int>& options, const std::function<float(const std::vector<int>&)>& step_ms) {
-  std::vector<int> picks(options.size(), 0);
-  float best = step_ms(picks);
-  for (std::size_t d = 0; d < options.size(); ++d) {
-    int kept = 0;
-    for (int j = 1; j < options[d]; ++j) {
-      picks[d] = j;
-      const float t = step_ms(picks);
-      if (t < best * (1 - kStepTie)) best = t, kept = j;
-    }
-    picks[d] = kept;
-  }
-  return picks;
-}
-
 HOTOPS_DEFINE_FAMILY(CnnFamily);
 
 HostBuffer nhwc_to_nchw(const HostBuffer& x, std::int64_t N, std::int64_t H, std::int64_t W, std::int64_t C, bool inverse) {

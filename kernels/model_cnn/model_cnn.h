@@ -8,7 +8,6 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -182,29 +181,10 @@ DataGradPath cuda_data_grad_path();
 
 // DataGradPath::timed's choice from the two plans' times (conv2d::CudaChoice::ms): the flipped
 // filter's forward conv only when it is faster than backward data beyond a near tie
-// (gpu::retime_tie()); on a near tie backward data, which needs no flipped copy of the filter, so
+// (gpu::kRetimeTie); on a near tie backward data, which needs no flipped copy of the filter, so
 // that timings a few percent apart do not pick the path by process.
 // CUDA builds only.
 bool forward_flip_is_faster(float flip_ms, float data_ms);
-
-// A CUDA step's near ties, settled by the whole step's time. Its conv2d plans each keep the
-// algorithm of their own near tie that needs the least workspace (gpu::pick_retimed), and an input
-// gradient whose two paths time within the tie keeps backward data (forward_flip_is_faster): rules
-// that do not move between processes. But inside the step, beside the other layers' kernels, two
-// algorithms that re-time alike alone can differ by 3-4% (vgg_cifar's f32 step at batch 32 ran 437
-// or 454 µs on the H100 by its last conv's choice). So where a tie has more than one member (a
-// decision), the step is timed with each member in turn, one decision after another, and a member
-// replaces the one kept only when the step runs faster by more than kStepTie, a margin above the
-// step's own timing noise (0.2-0.4% a process). Once per problem and process: the plain, e2e:1 and
-// graph:1 steps run the same algorithms.
-constexpr float kStepTie = 0.01f;
-// The members kept, one per decision (options[d] of them; 0 the rule's own), from `step_ms(picks)`,
-// the step's time with the members `picks`: each decision's members tried in order from the picks
-// so far. Host code, tested without a GPU.
-std::vector<int> settle_by_step_time(const std::vector<int>& options, const std::function<float(const std::vector<int>&)>& step_ms);
-// How many times a CUDA step timed its near ties in this process (not those answered from a first
-// case of the same problem). CUDA builds only.
-int step_tie_settlements();
 
 // The layout of a CUDA step's conv activations (the flat parameters and the flatten keep the model's
 // NHWC order whatever it is): NCHW, where cuDNN has f32 implicit-GEMM, Winograd and FFT kernels for all
