@@ -1,7 +1,8 @@
 // The repository's scripts as CI and users run them: the workflow's gate step (tools/ci_gate.sh),
 // whose exit code decides the job, tools/compare_plot.py (which machines each chart names, one
 // roofline per machine, the install command when matplotlib is missing), tools/studies.sh (the
-// tables of docs/studies.md) and tools/ab.sh (two builds in alternating processes).
+// tables of docs/studies.md), tools/ab.sh (two builds in alternating processes) and tools/fullrun.sh
+// (a list in one process, where its time went).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -247,6 +248,50 @@ TEST(AbScript, UsageAndFailedProcessesExitApart) {
   const Ran crashed = sh("bash " + tools_dir() + "/ab.sh " + base + " " + fake_bench("new_crash", 1, 1, 134) + " " + out + " 1 --");
   EXPECT_EQ(crashed.code, 1) << crashed.log;
   EXPECT_FALSE(std::filesystem::exists(out + "/ab.md"));
+  std::filesystem::remove_all(out);
+}
+
+// A stand-in for bench as tools/fullrun.sh runs it: the set-up trace of two entries on stderr, their
+// console lines on stdout (the second an error where `fail_one`), the JSON at --benchmark_out.
+std::string fake_traced_bench(const std::string& name, bool fail_one) {
+  const std::string path = temp(name);
+  std::ofstream f(path);
+  f << "#!/usr/bin/env bash\n"
+    << "for a in \"$@\"; do case $a in --benchmark_out=*) out=${a#--benchmark_out=};; esac; done\n"
+    << "[ -n \"$HOTOPS_TRACE_SETUP\" ] || exit 3\n"
+    << "echo '{\"benchmarks\": []}' > \"$out\"\n"
+    << "echo 'setup 0.500 s (case 0.200, verify 0.250, warm-up 0.050) op/cpu/f32/fwd/x:1' >&2\n"
+    << "echo 'op/cpu/f32/fwd/x:1/real_time      12.5 us     12.4 us    100 FLOP/s=1G/s'\n"
+    << "echo 'setup 0.100 s (case 0.100, verify 0.000, warm-up 0.000) model.m/cuda/f32/train/batch:2' >&2\n";
+  if (fail_one) f << "echo \"model.m/cuda/f32/train/batch:2/manual_time ERROR OCCURRED: 'verification failed'\"\n";
+  else f << "echo 'model.m/cuda/f32/train/batch:2/manual_time      3.25 ms     3.20 ms    10'\n";
+  f.close();
+  std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  return path;
+}
+
+TEST(FullrunScript, TabulatesEachEntrysSetupAndTime) {
+  const std::string out = temp("fullrun");
+  const Ran r = sh("bash " + tools_dir() + "/fullrun.sh " + fake_traced_bench("traced_bench", false) + " " + out);
+  ASSERT_EQ(r.code, 0) << r.log;
+  EXPECT_TRUE(std::filesystem::exists(out + "/all.json"));
+  const std::string tsv = slurp(out + "/entries.tsv");
+  EXPECT_NE(tsv.find("\t0.500\t0.200\t0.250\t0.050\top/cpu/f32/fwd/x:1/real_time\t12.5 us\n"), std::string::npos) << tsv;
+  EXPECT_NE(tsv.find("\t0.100\t0.100\t0.000\t0.000\tmodel.m/cuda/f32/train/batch:2/manual_time\t3.25 ms\n"), std::string::npos) << tsv;
+  EXPECT_NE(r.log.find("| models, cuda | 1 |"), std::string::npos) << r.log;
+  EXPECT_NE(r.log.find("| op families, cpu | 1 |"), std::string::npos) << r.log;
+  EXPECT_NE(r.log.find("2 entries, 0 error entries"), std::string::npos) << r.log;
+  std::filesystem::remove_all(out);
+}
+
+TEST(FullrunScript, AnErrorEntryOrAFailedRunFailsIt) {
+  const std::string out = temp("fullrun_fail");
+  const Ran failed = sh("bash " + tools_dir() + "/fullrun.sh " + fake_traced_bench("traced_fail", true) + " " + out);
+  EXPECT_EQ(failed.code, 1) << failed.log;
+  EXPECT_NE(failed.log.find("1 error entries"), std::string::npos) << failed.log;
+  EXPECT_NE(failed.log.find("model.m/cuda/f32/train/batch:2/manual_time: ERROR 'verification failed'"), std::string::npos) << failed.log;
+  EXPECT_EQ(sh("bash " + tools_dir() + "/fullrun.sh " + fake_bench("bad_exit", 1, 1, 2) + " " + out).code, 2);
+  EXPECT_EQ(sh("bash " + tools_dir() + "/fullrun.sh").code, 2);
   std::filesystem::remove_all(out);
 }
 
