@@ -1,13 +1,14 @@
 // cuBLAS and cublasLt, loaded when first called rather than when a program starts. Linked the
 // usual way, libcublasLt's start-up code runs in every process that links it, whether it ever
-// multiplies a matrix or not: some 0.1 s and 210 MB of memory touched per process on this project's
-// build machine (an empty program linked with it alone), which every test process (one a test, over
+// multiplies a matrix or not: some 0.1 s and 210 MB of memory touched per process on a 2-core
+// machine (an empty program linked with it alone), which every test process (one a test, over
 // 3,000) and every CPU-only run paid. So hotops defines the few cuBLAS and cublasLt functions it
 // calls here, each of which opens the library (dlopen, by the soname of the toolkit hotops was
-// built with: libcublas.so.13, libcublasLt.so.13) and looks the real function up at its first call.
-// The library is searched where the dynamic loader searches, then in the directory the build found
-// it in, then in the one libcudart was loaded from (the toolkit's library directory). A library that cannot be loaded makes the call
-// return CUBLAS_STATUS_NOT_INITIALIZED, and cublasGetStatusString then names what failed.
+// built with: libcublas.so.13, libcublasLt.so.13) and looks the real function up at its first
+// call. The library is searched where the dynamic loader searches, then in the directory the build
+// found it in, then in the one libcudart was loaded from (the toolkit's library directory). A
+// library that cannot be loaded makes the call return CUBLAS_STATUS_NOT_INITIALIZED (and
+// cublasLtGetVersion 0), and cublasGetStatusString then names what failed.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>

@@ -200,9 +200,10 @@ Info info() {
   cudaRuntimeGetVersion(&rt);
   i.driver_version = version_string(drv, 1000, 10, 100);
   i.runtime_version = version_string(rt, 1000, 10, 100);
+  // 0 where cublasLt could not be loaded (src/cublas_loader.cpp): the context says so.
   const auto cublas = static_cast<int>(cublasLtGetVersion());
-  i.cublas_version = std::to_string(cublas / 10000) + "." + std::to_string((cublas / 100) % 100) + "." +
-                     std::to_string(cublas % 100);
+  i.cublas_version = cublas ? std::to_string(cublas / 10000) + "." + std::to_string((cublas / 100) % 100) + "." + std::to_string(cublas % 100)
+                            : std::string("none (") + cublasGetStatusString(CUBLAS_STATUS_NOT_INITIALIZED) + ")";
   const auto cudnn = static_cast<int>(cudnnGetVersion());
   i.cudnn_version = std::to_string(cudnn / 10000) + "." + std::to_string((cudnn / 100) % 100) + "." +
                     std::to_string(cudnn % 100);
