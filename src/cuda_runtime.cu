@@ -200,13 +200,12 @@ Info info() {
   cudaRuntimeGetVersion(&rt);
   i.driver_version = version_string(drv, 1000, 10, 100);
   i.runtime_version = version_string(rt, 1000, 10, 100);
+  // cuBLAS and cuDNN number their releases major * 10000 + minor * 100 + patch.
+  const auto release = [](int v) { return version_string(v, 10000, 100, 100) + "." + std::to_string(v % 100); };
   // 0 where cublasLt could not be loaded (src/cublas_loader.cpp): the context says so.
   const auto cublas = static_cast<int>(cublasLtGetVersion());
-  i.cublas_version = cublas ? std::to_string(cublas / 10000) + "." + std::to_string((cublas / 100) % 100) + "." + std::to_string(cublas % 100)
-                            : std::string("none (") + cublasGetStatusString(CUBLAS_STATUS_NOT_INITIALIZED) + ")";
-  const auto cudnn = static_cast<int>(cudnnGetVersion());
-  i.cudnn_version = std::to_string(cudnn / 10000) + "." + std::to_string((cudnn / 100) % 100) + "." +
-                    std::to_string(cudnn % 100);
+  i.cublas_version = cublas ? release(cublas) : std::string("none (") + cublasGetStatusString(CUBLAS_STATUS_NOT_INITIALIZED) + ")";
+  i.cudnn_version = release(static_cast<int>(cudnnGetVersion()));
   return i;
 }
 
