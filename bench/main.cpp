@@ -75,11 +75,12 @@ int refuse(const std::string& line) {
   return 2;
 }
 
-// The counters the console leaves to the JSON and CSV: bookkeeping a reader rarely scans for, and
-// samples/s, which repeats items_per_second for model steps.
+// The counters the console leaves to the JSON and CSV: bookkeeping a reader rarely scans for,
+// samples/s, which repeats items_per_second for model steps, and cpu_wait_pct, whose label says
+// "[BUSY CPU: ...]" when it matters.
 bool console_hides(const std::string& counter, double value) {
-  static const char* const hidden[] = {"cpu_threads", "runs_per_sample", "sm_clock_mhz", "samples/s",
-                                       "bw_fraction", "flop_fraction", "samples", "noise_pct"};
+  static const char* const hidden[] = {"cpu_threads", "runs_per_sample", "sm_clock_mhz", "samples/s", "bw_fraction",
+                                       "flop_fraction", "samples", "noise_pct", "cpu_wait_pct"};
   for (const char* h : hidden)
     if (counter == h) return true;
   if (counter == "throttled_samples") return value == 0;  // shown when the GPU did throttle

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <new>
+#include <optional>
 #include <regex>
 #include <set>
 #include <string>
@@ -25,6 +26,7 @@
 #include "hotops/buffer.h"
 #include "hotops/check.h"
 #include "hotops/comm.h"
+#include "hotops/core_time.h"
 #include "hotops/cpu.h"
 #include "hotops/gpu.h"
 #include "hotops/op.h"
@@ -465,6 +467,10 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
   double elapsed = 0;  // the time the iterations were credited with, for the roofline fractions
   Samples samples;
   std::string stopped;  // the stopping rule: what ended the sampling
+  // A time the host's clock takes (a CPU entry, an end-to-end one) depends on the host's cores: how
+  // long the threads waited for one while the entry was timed.
+  const bool host_clock = p.backend == Backend::cpu || live.c->host_timed();
+  const std::optional<CoreTime> cores_before = host_clock ? core_time() : std::nullopt;
   try {
     if (own_loop(p, o)) {
       // The one iteration stands for every sample taken (registered with Iterations(1)).
@@ -523,6 +529,9 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
         elapsed += per_run;
       }
     }
+    if (cores_before) {
+      if (const std::optional<CoreTime> after = core_time()) state.counters["cpu_wait_pct"] = waited_pct(*cores_before, *after);
+    }
     if (p.backend == Backend::cpu) {
       // A thread-sweep entry (`threads:T`) runs on T threads; every other CPU entry on all of them.
       state.counters["cpu_threads"] = p.has("threads") ? static_cast<double>(p.get_int("threads")) : cpu::threads();
@@ -578,7 +587,13 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
     const auto peak = c.flops.find(p.dtype);
     if (w.flops > 0 && peak != c.flops.end()) state.counters["flop_fraction"] = w.flops * iters / elapsed / peak->second;
   }
-  state.SetLabel(live.c->label() + (stopped.empty() ? "" : " [stopped: " + stopped + "]") +
+  std::string busy;
+  if (const auto wait = state.counters.find("cpu_wait_pct"); wait != state.counters.end() && wait->second.value > kBusyWaitPct) {
+    char text[128];
+    std::snprintf(text, sizeof text, " [BUSY CPU: its threads waited %.0f%% of their time for a core]", wait->second.value);
+    busy = text;
+  }
+  state.SetLabel(live.c->label() + (stopped.empty() ? "" : " [stopped: " + stopped + "]") + busy +
                  (o.verify ? "" : " [NOT VERIFIED: --hotops_verify=0]"));
 }
 

@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "test/spinners.h"
+
 namespace {
 
 struct Result {
@@ -583,6 +585,24 @@ TEST(BenchSmoke, EveryEntryHasSamplesAndNoise) {
       EXPECT_GE(b["noise_pct"].get<double>(), 0) << name;
     }
   }
+}
+
+// A CPU entry says how long its threads waited for a core while it was timed (cpu_wait_pct, from
+// Linux's scheduler statistics), and marks its label when that is over 5% (kBusyWaitPct): here
+// beside twice as many spinning threads as the machine has cores, which take most of them.
+TEST(BenchSmoke, CpuEntriesSayHowLongTheirThreadsWaitedForACore) {
+  if (!std::ifstream("/proc/self/schedstat")) GTEST_SKIP() << "this kernel reports no scheduler statistics";
+  Result r;
+  const nlohmann::json quiet = run_tiny("", r);
+  ASSERT_TRUE(quiet.contains("cpu_wait_pct")) << quiet.dump();
+  EXPECT_GE(quiet["cpu_wait_pct"].get<double>(), 0);
+  EXPECT_LT(quiet["cpu_wait_pct"].get<double>(), 100);
+  hotops::test::Spinners spinners;
+  const nlohmann::json busy = run_tiny("", r);
+  spinners.stop();
+  ASSERT_TRUE(busy.contains("cpu_wait_pct")) << busy.dump();
+  EXPECT_GT(busy["cpu_wait_pct"].get<double>(), 5);
+  EXPECT_NE(busy.value("label", "").find(" [BUSY CPU: its threads waited "), std::string::npos) << busy.value("label", "");
 }
 
 // The stopping rule on `filter`'s entries: the names a run without the rule gives, each entry's

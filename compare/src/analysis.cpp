@@ -134,6 +134,7 @@ std::vector<std::string> entry_marks(const Entry& e, double noisy_pct) {
   if (e.unverified()) m.push_back("unverified");
   const auto noise = e.noise_pct();
   if (noise && !(*noise <= noisy_pct)) m.push_back("noisy");
+  if (e.busy()) m.push_back("busy");
   return m;
 }
 

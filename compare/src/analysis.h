@@ -37,8 +37,9 @@ struct DiffRow {
   std::map<std::string, double> counter_ratio;  // new / base of each rate both sides report
   std::optional<double> base_cost, new_cost;    // USD per million items
   // Why this row's comparison is not to be trusted as it stands: "unverified" (either side's time
-  // was not checked), "noisy" (either side spreads beyond the limit), "threads 16 vs 8" (the CPU
-  // entries ran with different thread counts). A marked row counts in no significance total.
+  // was not checked), "noisy" (either side spreads beyond the limit), "busy" (either side's threads
+  // waited for a core), "threads 16 vs 8" (the CPU entries ran with different thread counts). A
+  // marked row counts in no significance total.
   std::vector<std::string> marks;
 };
 
@@ -54,7 +55,8 @@ constexpr double kNoisyPct = 5;
 
 Diff diff(const Run& base, const Run& next, const Prices& prices = {}, double noisy_pct = kNoisyPct);
 
-// The marks of an entry on its own: "unverified", "noisy" (beyond `noisy_pct`).
+// The marks of an entry on its own: "unverified", "noisy" (beyond `noisy_pct`), "busy" (bench's
+// label says its threads waited for a core more than 5% of the time).
 std::vector<std::string> entry_marks(const Entry& e, double noisy_pct);
 
 // Context keys whose difference means the two runs measured under different settings (thread

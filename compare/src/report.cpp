@@ -173,10 +173,11 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
 // " [unverified, noisy]", or "" for a row without marks.
 std::string marks_text(const std::vector<std::string>& marks) { return marks.empty() ? "" : " [" + join(marks, ", ") + "]"; }
 
-// A figure's mark: "!" from an unverified entry, "~" from a noisy one (both: "!~").
+// A figure's mark: "!" from an unverified entry, "~" from a noisy one, "^" from one timed on a busy
+// CPU (all: "!~^").
 std::string mark_symbols(const std::vector<std::string>& marks) {
   std::string m;
-  for (const std::string& x : marks) m += x == "unverified" ? "!" : x == "noisy" ? "~" : "";
+  for (const std::string& x : marks) m += x == "unverified" ? "!" : x == "noisy" ? "~" : x == "busy" ? "^" : "";
   return m;
 }
 std::string cell_mark(const SpeedupCell& c) { return mark_symbols(c.marks); }
@@ -184,7 +185,7 @@ std::string cell_mark(const SpeedupCell& c) { return mark_symbols(c.marks); }
 // The legend of the marks, printed once above tables that hold a marked figure.
 const char* kMarkLegend =
     "marked ratios, not to quote as they stand: ! from an entry whose output was not verified, ~ from an entry "
-    "whose samples spread beyond --max-noise\n";
+    "whose samples spread beyond --max-noise, ^ from an entry whose threads waited for a core more than 5% of the time\n";
 
 // An entry's name in a tracker: an unverified time keeps its mark there, as a series of its own.
 std::string export_name(const Entry& e) { return e.name.full + (e.unverified() ? " [NOT VERIFIED]" : ""); }
@@ -245,7 +246,7 @@ Tracker parse_tracker(const std::string& s) {
 
 bool significant_change(const DiffRow& r, const Style& s) {
   const double t = s.noise_pct / 100;
-  if (!r.marks.empty()) return false;  // not judged: unverified, noisy, or across thread counts
+  if (!r.marks.empty()) return false;  // not judged: unverified, noisy, busy, or across thread counts
   if (r.status != DiffStatus::both || !r.utest || !(r.utest->p < s.alpha) || std::fabs(r.ratio - 1) < t) return false;
   return t == 0 || utest_against_scaled_base(r, r.ratio > 1 ? 1 + t : 1 - t)->p < s.alpha;
 }

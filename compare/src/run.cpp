@@ -191,6 +191,7 @@ std::optional<double> Entry::counter(const std::string& key) const {
 }
 
 bool Entry::unverified() const { return label.find("NOT VERIFIED") != std::string::npos; }
+bool Entry::busy() const { return label.find("[BUSY CPU") != std::string::npos; }
 
 std::optional<double> Entry::noise_pct() const {
   if (const auto n = counter("noise_pct")) return *n;

@@ -60,6 +60,9 @@ struct Entry {
   std::optional<double> counter(const std::string& key) const;
   // bench's mark of a time whose output it did not check (--hotops_verify=0), in the label.
   bool unverified() const;
+  // bench's mark of a time its threads spent much of waiting for a core (other work held them), in
+  // the label.
+  bool busy() const;
   // How much the entry's own timed samples spread, in percent: bench's noise_pct counter where the
   // run has one, else the relative standard deviation of its repetitions (3 or more); nullopt when
   // neither says.

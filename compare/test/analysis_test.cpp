@@ -430,6 +430,32 @@ TEST(Trust, RunsSampledForDifferentTimesOrLoopsAreSaid) {
   EXPECT_TRUE(diff(base, base).warnings.empty());
 }
 
+// bench marks a CPU entry whose threads waited for a core (other work held them): its change is
+// not judged and its speed-up carries the mark.
+TEST(Trust, ATimeFromABusyCpuIsMarkedAndNotJudged) {
+  const std::string busy = "oneDNN, 2 threads [BUSY CPU: its threads waited 48% of their time for a core]";
+  const RunData base = run_of("", {{"mm/cpu/f32/fwd/batch:8/real_time", "oneDNN, 2 threads", {100, 100, 100}},
+                                   {"mm/cuda/f32/fwd/batch:8/manual_time", "cublasLt", {10, 10, 10}}},
+                              "b.json");
+  const RunData next = run_of("", {{"mm/cpu/f32/fwd/batch:8/real_time", busy, {3000, 3000, 3000}},
+                                   {"mm/cuda/f32/fwd/batch:8/manual_time", "cublasLt", {10, 10, 10}}},
+                              "n.json");
+  const Diff d = diff(base, next);
+  ASSERT_EQ(d.rows.size(), 2u);
+  EXPECT_EQ(d.rows[0].marks, std::vector<std::string>{"busy"});
+  EXPECT_TRUE(d.rows[1].marks.empty());
+  Style st;
+  EXPECT_FALSE(significant_change(d.rows[0], st)) << "a time from a busy CPU is not judged";
+  const Speedup sp = speedup(next, next);
+  ASSERT_EQ(sp.groups.size(), 1u);
+  ASSERT_EQ(sp.groups[0].rows.size(), 1u);
+  EXPECT_EQ(sp.groups[0].rows[0].cells[0].marks, std::vector<std::string>{"busy"});
+  std::ostringstream out;
+  print_speedup(out, sp, Style{});
+  EXPECT_NE(out.str().find("300x^"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("^ from an entry whose threads waited for a core"), std::string::npos) << out.str();
+}
+
 TEST(Trust, ANoisySpeedUpIsMarked) {
   // The CPU entry's repetitions spread 20%: its ratio carries the mark; the quiet pair does not.
   const RunData run = run_of("", {{"mm/cpu/f32/fwd/batch:8/real_time", "x", {100, 80, 120}},
