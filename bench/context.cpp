@@ -31,6 +31,7 @@ void add_context(const Options& o, const std::vector<std::string>& rank_gpus) {
   AddCustomContext("hotops_throttle_threshold", std::to_string(o.throttle_threshold));
   AddCustomContext("hotops_runs_per_sample", std::to_string(o.runs_per_sample));
   AddCustomContext("hotops_shuffle_layout", o.shuffle_layout ? "1" : "0");
+  AddCustomContext("hotops_choices", o.choices.empty() ? "none" : o.choices);
   AddCustomContext("hotops_cpu_ftz", o.cpu_ftz ? "1" : "0");
   AddCustomContext("hotops_max_noise", std::to_string(o.max_noise));  // 0: the stopping rule is off
   if (o.max_noise > 0) {

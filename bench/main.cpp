@@ -26,6 +26,7 @@
 #include "bench/runner.h"
 #include "hotops/buffer.h"
 #include "hotops/check.h"
+#include "hotops/choices.h"
 #include "hotops/comm.h"
 #include "hotops/gpu.h"
 #include "hotops/ranks.h"
@@ -286,6 +287,15 @@ int main(int argc, char** argv) {
     if (!refused.empty()) return refuse(refused);
   }
   hotops::ranks::set_layout(layout);
+  // The searches' choices kept across processes: a file of another machine, or one that cannot be
+  // read or written, is refused before anything runs. A run over several GPUs searches on each.
+  std::string no_gpu;
+  if (!options.choices.empty() && layout.world == 1 && hotops::gpu::available(&no_gpu)) {
+    const hotops::gpu::Info g = hotops::gpu::info();
+    const std::string refused = hotops::open_choices(
+        options.choices, g.name + ", driver " + g.driver_version + ", cuBLAS " + g.cublas_version + ", cuDNN " + g.cudnn_version);
+    if (!refused.empty()) return refuse(refused);
+  }
 
   // Test only: HOTOPS_TEST_FAULT=<kind> adds a benchmark that fails that way (bench/test_fault.h).
   const char* fault_env = std::getenv("HOTOPS_TEST_FAULT");
@@ -395,7 +405,6 @@ int main(int argc, char** argv) {
   }
 
   // Why the GPU is unusable (no driver, no device, no CUDA build) is one line about the CUDA part.
-  std::string no_gpu;
   hotops::gpu::available(&no_gpu);
   for (const auto& [why, k] : cannot_run)
     if (why == no_gpu) std::fprintf(stderr, "hotops: %s: the CUDA benchmarks are not run (%d selected)\n", why.c_str(), k);

@@ -57,7 +57,7 @@ std::string tune_key(const GemmDesc& d, const void* A, const void* B, const void
 }
 
 ChoiceCache<cublasLtMatmulAlgo_t>& tune_cache() {
-  static ChoiceCache<cublasLtMatmulAlgo_t> cache;
+  static ChoiceCache<cublasLtMatmulAlgo_t> cache("gemm");
   return cache;
 }
 

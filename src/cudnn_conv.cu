@@ -177,7 +177,7 @@ std::string search_key(const ConvCall& c, ConvMath math, ConvPick pick) {
 }
 
 ChoiceCache<ConvAlgo>& search_cache() {
-  static ChoiceCache<ConvAlgo> cache;
+  static ChoiceCache<ConvAlgo> cache("conv");
   return cache;
 }
 

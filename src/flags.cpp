@@ -196,6 +196,9 @@ const char* flags_help() {
          "                         back to back in a CUDA graph; 1 times each execution on its own\n"
          "  --hotops_shuffle_layout=0|1  place each GPU buffer at a random offset, drawn again at\n"
          "                         every setup of a case from its seed and the setup's number (default 1)\n"
+         "  --hotops_choices=FILE  keep the CUDA plans' algorithm choices (cuDNN, cublasLt) in FILE: a search\n"
+         "                         writes its choice there, later processes read it instead of searching, so\n"
+         "                         runs that share FILE run the same algorithms (one GPU; docs/timing.md)\n"
          "  --hotops_cpu_ftz=0|1   CPU threads flush subnormal floats to zero (x86 FTZ and DAZ; default 1,\n"
          "                         as TensorFlow's threads; 0: IEEE subnormals, PyTorch's default; docs/timing.md)\n"
          "  --hotops_gpus=G        run on G GPUs of this machine, one process per GPU (it starts the other\n"
@@ -269,6 +272,10 @@ Options parse_flags(int& argc, char** argv) {
       need_value();
       o.min_samples = static_cast<int>(parse_int(flag, v, 2, 1000000, "a count from 2 to 1000000"));
       ruled_samples = true;
+    } else if (flag == "hotops_choices") {
+      need_value();
+      if (v.empty()) throw bad_value(flag, v, "a file name");
+      o.choices = v;
     } else if (flag == "hotops_shuffle_layout") {
       need_value();
       o.shuffle_layout = parse_bool(flag, v);

@@ -605,6 +605,40 @@ TEST(BenchSmoke, CpuEntriesSayHowLongTheirThreadsWaitedForACore) {
   EXPECT_NE(busy.value("label", "").find(" [BUSY CPU: its threads waited "), std::string::npos) << busy.value("label", "");
 }
 
+// Two processes that share a choices file (--hotops_choices) run the same algorithms: the first
+// writes its searches' choices, the second reads them and searches nothing. A file of another
+// machine is refused before anything runs.
+TEST(BenchSmoke, CudaRunsSharingAChoicesFileRunTheSameAlgorithms) {
+  if (!has_gpu()) GTEST_SKIP() << "no GPU";
+  const std::string file = temp_path("choices");
+  std::remove(file.c_str());
+  const std::string args = "--benchmark_filter='^model[.]cnn_mnist/cuda/f32/train/batch:32/manual_time$' --hotops_verify=0 "
+                           "--hotops_choices=" + file;
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  Result r;
+  const nlohmann::json first = run_json(args, r);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string written = read(file);
+  EXPECT_NE(written.find("\nmachine\t"), std::string::npos) << written;
+  EXPECT_NE(written.find("\nconv\t"), std::string::npos) << "the convolutions' searches: " << written;
+  const nlohmann::json second = run_json(args, r);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(first["benchmarks"].size(), 1u);
+  ASSERT_EQ(second["benchmarks"].size(), 1u);
+  EXPECT_EQ(first["benchmarks"][0].value("label", ""), second["benchmarks"][0].value("label", ""));
+  EXPECT_EQ(read(file), written) << "the second process searched nothing";
+  EXPECT_EQ(second["context"].value("hotops_choices", ""), file);
+  std::ofstream(file) << "machine\tsome other GPU, driver 1.0, cuBLAS 1.0, cuDNN 1.0\n";
+  r = run(args);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(lines(r.output), 1u) << r.output;
+  EXPECT_NE(r.output.find("timed on another machine (some other GPU"), std::string::npos) << r.output;
+  std::remove(file.c_str());
+}
+
 // The stopping rule on `filter`'s entries: the names a run without the rule gives, each entry's
 // samples at least the minimum, its executions at least its samples and reported as its
 // iterations, one stop reason in its label, and the rule's settings in the context.

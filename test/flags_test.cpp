@@ -25,13 +25,14 @@ struct Argv {
 
 TEST(Flags, ParsesAndRemovesHotopsFlagsOnly) {
   Argv a({"--benchmark_filter=addmm", "--hotops_batch=1,8,32", "--hotops_verify=0", "--hotops_cold_l2",
-          "--hotops_threads=4", "--hotops_seed=7", "--benchmark_min_time=0.01"});
+          "--hotops_threads=4", "--hotops_seed=7", "--hotops_choices=h200.choices", "--benchmark_min_time=0.01"});
   const Options o = parse_flags(a.argc, a.ptrs.data());
   EXPECT_EQ(o.batches, (std::vector<std::int64_t>{1, 8, 32}));
   EXPECT_FALSE(o.verify);
   EXPECT_TRUE(o.cold_l2);
   EXPECT_EQ(o.threads, 4);
   EXPECT_EQ(o.seed, 7u);
+  EXPECT_EQ(o.choices, "h200.choices");
   ASSERT_EQ(a.argc, 3);
   EXPECT_STREQ(a.ptrs[1], "--benchmark_filter=addmm");
   EXPECT_STREQ(a.ptrs[2], "--benchmark_min_time=0.01");
@@ -59,6 +60,7 @@ TEST(Flags, BadValuesThrowOneLineNamingTheFlag) {
       "--hotops_runs_per_sample=-1", "--hotops_runs_per_sample=100000",
       "--hotops_shuffle_layout",  "--hotops_shuffle_layout=2", "--hotops_shuffle_layout=",
       "--hotops_cpu_ftz",       "--hotops_cpu_ftz=2", "--hotops_cpu_ftz=",
+      "--hotops_choices",       "--hotops_choices=",
       // more of what a tired user types
       "--hotops_batch=1,",      "--hotops_batch=,1",  "--hotops_batch=+3",     "--hotops_batch= 3",
       "--hotops_batch=3.5",     "--hotops_batch=1e3", "--hotops_batch=0x10",   "--hotops_batch=1048577",

@@ -13,10 +13,12 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "hotops/buffer.h"
 #include "hotops/check.h"
+#include "hotops/choices.h"
 #include "hotops/gpu.h"
 
 namespace hotops::gpu {
@@ -149,22 +151,35 @@ float best_batch_ms(Launch launch) {
 // What a setup-time search chose for each problem, once per process (find_conv_algo, LtGemm::tune):
 // a later setup of the same problem takes the first one's choice, so that the variants of a step
 // run the same algorithms and compute the same outputs. Keyed by a text of everything that can
-// change the choice; an empty key is never stored.
+// change the choice; an empty key is never stored. With --hotops_choices=FILE (hotops/choices.h)
+// a choice comes from the file where it holds one, and each new one is written there, under
+// `kind`, so that processes sharing the file run the same algorithms too.
 template <class Choice>
 class ChoiceCache {
+  static_assert(std::is_trivially_copyable_v<Choice>, "a choice is kept in the choices file as its bytes");
+
  public:
+  explicit ChoiceCache(const char* kind) : kind_(kind) {}
   bool find(const std::string& key, Choice* choice) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (key.empty()) return false;
     const auto hit = map_.find(key);
-    if (key.empty() || hit == map_.end()) return false;
-    *choice = hit->second;
+    if (hit != map_.end()) {
+      *choice = hit->second;
+      return true;
+    }
+    Choice stored{};
+    if (!stored_choice(kind_, key, &stored, sizeof stored)) return false;
+    *choice = map_[key] = stored;
     return true;
   }
-  // A search made: counted, and kept under `key`.
+  // A search made: counted, kept under `key`, and written to the choices file.
   void add(const std::string& key, const Choice& choice) {
     std::lock_guard<std::mutex> lock(mutex_);
     ++searches_;
-    if (!key.empty()) map_[key] = choice;
+    if (key.empty()) return;
+    map_[key] = choice;
+    store_choice(kind_, key, &choice, sizeof choice);
   }
   int searches() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -172,6 +187,7 @@ class ChoiceCache {
   }
 
  private:
+  const char* kind_;
   std::mutex mutex_;
   std::map<std::string, Choice> map_;
   int searches_ = 0;

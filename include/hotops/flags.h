@@ -19,6 +19,7 @@ struct Options {
   bool shuffle_layout = true;         // --hotops_shuffle_layout=0|1: device buffers at random offsets
   bool cpu_ftz = true;                // --hotops_cpu_ftz=0|1: CPU threads flush subnormal floats to zero
   int gpus = 0;                       // --hotops_gpus=G: one process per GPU on G GPUs (0: not given)
+  std::string choices;                // --hotops_choices=FILE: the searches' choices kept across processes
   // Sampling (docs/timing.md): hotops' own loop takes samples for min_seconds, at least two; the
   // stopping rule (off while max_noise is 0) samples on until the noise is low, settled or timed out.
   double max_noise = 0;               // --hotops_max_noise=P: stop once the samples' noise is below P percent
