@@ -239,9 +239,11 @@ ConvAlgo find_conv_algo(const ConvCall& c, ConvMath math, ConvPick pick, const s
   const std::string key = search_key(c, math, pick);
   ConvAlgo chosen;
   std::size_t free_b = 0, total_b = 0;
-  if (search_cache().find(key, &chosen) && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess &&
+  bool from_file = false;
+  if (search_cache().find(key, &chosen, &from_file) && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess &&
       chosen.workspace <= free_b / 2) {
     HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(c.conv, chosen.math));
+    chosen.from_file = from_file;
     return chosen;
   }
   switch (c.pass) {
@@ -251,6 +253,7 @@ ConvAlgo find_conv_algo(const ConvCall& c, ConvMath math, ConvPick pick, const s
     default: throw Error(context + ": a convolution pass is fwd, bwd_data or bwd_weight");
   }
   HOTOPS_CHECK_CUDNN(cudnnSetConvolutionMathType(c.conv, chosen.math));
+  chosen.from_file = false;
   search_cache().add(key, chosen);
   return chosen;
 }

@@ -89,11 +89,20 @@ TEST(ChoicesFile, TheSearchCachesReadAndWriteIt) {
     gpu::ChoiceCache<gpu::ConvAlgo> first("conv");
     first.add("fwd|32,64", chosen);
     EXPECT_EQ(first.searches(), 1);
+    gpu::ConvAlgo again;
+    bool from_file = true;
+    ASSERT_TRUE(first.find("fwd|32,64", &again, &from_file));
+    EXPECT_FALSE(from_file) << "this process's own search";
   }
   ASSERT_EQ(open_choices(f.path, kMachine), "");
   gpu::ChoiceCache<gpu::ConvAlgo> next("conv");  // a later process's
   gpu::ConvAlgo found;
-  ASSERT_TRUE(next.find("fwd|32,64", &found));
+  bool from_file = false;
+  ASSERT_TRUE(next.find("fwd|32,64", &found, &from_file));
+  EXPECT_TRUE(from_file);
+  from_file = false;
+  ASSERT_TRUE(next.find("fwd|32,64", &found, &from_file));
+  EXPECT_TRUE(from_file) << "a variant of the problem, later in the process";
   EXPECT_EQ(found.algo, 5);
   EXPECT_EQ(found.workspace, 4096u);
   EXPECT_EQ(found.retimed_ms, 0.5f);

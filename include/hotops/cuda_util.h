@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -160,17 +161,21 @@ class ChoiceCache {
 
  public:
   explicit ChoiceCache(const char* kind) : kind_(kind) {}
-  bool find(const std::string& key, Choice* choice) {
+  // The choice under `key`, from this process's searches or the choices file; *from_file says which.
+  bool find(const std::string& key, Choice* choice, bool* from_file = nullptr) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (key.empty()) return false;
     const auto hit = map_.find(key);
     if (hit != map_.end()) {
       *choice = hit->second;
+      if (from_file) *from_file = read_.count(key) > 0;
       return true;
     }
     Choice stored{};
     if (!stored_choice(kind_, key, &stored, sizeof stored)) return false;
     *choice = map_[key] = stored;
+    read_.insert(key);
+    if (from_file) *from_file = true;
     return true;
   }
   // A search made: counted, kept under `key`, and written to the choices file.
@@ -179,6 +184,7 @@ class ChoiceCache {
     ++searches_;
     if (key.empty()) return;
     map_[key] = choice;
+    read_.erase(key);
     store_choice(kind_, key, &choice, sizeof choice);
   }
   int searches() {
@@ -190,6 +196,7 @@ class ChoiceCache {
   const char* kind_;
   std::mutex mutex_;
   std::map<std::string, Choice> map_;
+  std::set<std::string> read_;  // the keys whose choice came from the choices file
   int searches_ = 0;
 };
 

@@ -106,6 +106,7 @@ struct ConvAlgo {
   float find_ms = 0;
   int retimed = 0;
   float retimed_ms = -1;
+  bool from_file = false;  // read from --hotops_choices' file: the times are the search's that wrote it
 };
 
 // The choice among re-timed candidates (those with retimed_ms < 0 did not run again and are

@@ -121,9 +121,10 @@ class CudaConv2d final : public Plan {
                                   std::string("conv2d ") + dtype_name(s_.dtype));
     workspace_ = gpu::DeviceBuffer(choice_.workspace);
     ws_ = workspace_.get(), ws_bytes_ = workspace_.bytes();
-    const std::string how = s_.retime ? "cudnnFind: " + ms(choice_.find_ms) + "; kept of " + std::to_string(choice_.retimed) +
-                                               " re-timed: " + ms(choice_.retimed_ms)
-                                         : "cudnnFind's fastest: " + ms(choice_.find_ms) + ", not re-timed";
+    std::string how = s_.retime ? "cudnnFind: " + ms(choice_.find_ms) + "; kept of " + std::to_string(choice_.retimed) +
+                                         " re-timed: " + ms(choice_.retimed_ms)
+                                   : "cudnnFind's fastest: " + ms(choice_.find_ms) + ", not re-timed";
+    if (choice_.from_file) how = "from --hotops_choices, as a search found it: " + how;
     label_ = std::string("cuDNN ") + direction_name(s_.dir) + " " + gpu::conv_algo_name(s_.dir, choice_.algo) + " (" + how +
              "), ws " + mib(choice_.workspace) + ", " + math_name(choice_.math);
     if (s_.bias && s_.dir != Direction::bwd_data) probe_bias(Args{x.get(), wt.get(), b.get(), dy.get(), out_d.get(), db.get()});
