@@ -8,7 +8,7 @@ with HOTOPS_TRACE_SETUP=1 (a line "setup S s (case C, verify V, warm-up W) NAME"
 set-up ends). Writes ENTRIES_TSV, one line an entry in the order they ended: when it ended, its
 seconds (from the end of the one before), its set-up split into case, verification and warm-up,
 its name and its time (or ERROR), and prints the seconds by group (op families and models, CPU
-and CUDA) and the error entries.
+and CUDA), the error entries and how many entries bench marked as timed on a busy CPU.
 """
 import re
 import sys
@@ -22,6 +22,7 @@ RESULT = re.compile(r"^(\S+/(?:real_time|manual_time))\s+(?:([\d.]+) (ns|us|ms|s
 def main(log_path, tsv_path):
     setups = {}
     rows = []
+    busy = 0  # entries bench marked [BUSY CPU: ...] (cpu_wait_pct over 5%)
     last = None
     with open(log_path, encoding="utf-8", errors="replace") as log:
         for line in log:
@@ -38,6 +39,7 @@ def main(log_path, tsv_path):
             if not m:
                 continue
             name = m.group(1)
+            busy += "[BUSY CPU" in text
             base = name.rsplit("/", 1)[0]
             setup, case, verify, warmup = setups.pop(base, (0.0, 0.0, 0.0, 0.0))
             entry = t - last if last is not None else t
@@ -71,6 +73,9 @@ def main(log_path, tsv_path):
     print(f"{len(rows)} entries, {len(errors)} error entries; the first ended at {first:.1f} s, the last at {end:.1f} s")
     for r in errors:
         print(f"  {r[6]}: {r[7]}")
+    if busy:
+        print(f"{busy} entries timed on a busy CPU (their threads waited for a core more than 5% of the time: "
+              "other work on the machine is in their times)")
     return 1 if errors else 0
 
 

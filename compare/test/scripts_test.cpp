@@ -261,7 +261,7 @@ std::string fake_traced_bench(const std::string& name, bool fail_one) {
     << "[ -n \"$HOTOPS_TRACE_SETUP\" ] || exit 3\n"
     << "echo '{\"benchmarks\": []}' > \"$out\"\n"
     << "echo 'setup 0.500 s (case 0.200, verify 0.250, warm-up 0.050) op/cpu/f32/fwd/x:1' >&2\n"
-    << "echo 'op/cpu/f32/fwd/x:1/real_time      12.5 us     12.4 us    100 FLOP/s=1G/s'\n"
+    << "echo 'op/cpu/f32/fwd/x:1/real_time      12.5 us     12.4 us    100 FLOP/s=1G/s loops [BUSY CPU: its threads waited 9% of their time for a core]'\n"
     << "echo 'setup 0.100 s (case 0.100, verify 0.000, warm-up 0.000) model.m/cuda/f32/train/batch:2' >&2\n";
   if (fail_one) f << "echo \"model.m/cuda/f32/train/batch:2/manual_time ERROR OCCURRED: 'verification failed'\"\n";
   else f << "echo 'model.m/cuda/f32/train/batch:2/manual_time      3.25 ms     3.20 ms    10'\n";
@@ -281,6 +281,7 @@ TEST(FullrunScript, TabulatesEachEntrysSetupAndTime) {
   EXPECT_NE(r.log.find("| models, cuda | 1 |"), std::string::npos) << r.log;
   EXPECT_NE(r.log.find("| op families, cpu | 1 |"), std::string::npos) << r.log;
   EXPECT_NE(r.log.find("2 entries, 0 error entries"), std::string::npos) << r.log;
+  EXPECT_NE(r.log.find("1 entries timed on a busy CPU"), std::string::npos) << r.log;
   std::filesystem::remove_all(out);
 }
 
