@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -670,6 +671,67 @@ Breakdown breakdown(const Run& run) {
     });
   }
   return out;
+}
+
+}  // namespace hotops::compare
+
+namespace hotops::compare {
+
+namespace {
+// A label with its times taken out ("0.0123 ms", "12 us") and bench's per-run marks, which differ
+// from run to run whatever ran.
+std::string label_without_times(const std::string& label) {
+  static const std::regex times(R"(\d+(\.\d+)?(e[-+]?\d+)? ?(ms|us|µs|ns|s)\b)");
+  static const std::regex busy(R"( ?\[BUSY CPU[^\]]*\])");
+  return std::regex_replace(std::regex_replace(label, busy, ""), times, "T");
+}
+}  // namespace
+
+Spread spread(const std::vector<Run>& runs, double max_spread_pct, double noisy_pct) {
+  if (runs.size() < 2) throw InputError("spread needs two runs or more of the same entries");
+  Spread sp;
+  sp.max_spread_pct = max_spread_pct;
+  for (const Run& r : runs) sp.sources.push_back(r.source);
+  for (std::size_t i = 1; i < runs.size(); ++i) {
+    const auto m = machine_differences(runs[0], runs[i]), st = setting_differences(runs[0], runs[i]);
+    if (!m.empty()) sp.warnings.push_back(runs[i].source + " comes from another machine than " + runs[0].source + " (" + m[0] + ")");
+    if (!st.empty()) sp.warnings.push_back(runs[i].source + " ran with other settings than " + runs[0].source + " (" + st[0] + ")");
+  }
+  std::vector<std::string> order;
+  std::set<std::string> seen;
+  for (const Run& r : runs)
+    for (const Entry& e : r.entries)
+      if (seen.insert(e.name.full).second) order.push_back(e.name.full);
+  std::vector<double> spreads;
+  for (const std::string& name : order) {
+    SpreadRow row;
+    std::set<std::string> labels;
+    for (const Run& r : runs) {
+      const Entry* e = r.find(name);
+      const bool timed = e && e->has_time();
+      row.times_ns.push_back(timed ? e->time_ns() : std::numeric_limits<double>::quiet_NaN());
+      if (!e) continue;
+      if (!row.first) row.first = e;
+      if (!timed) continue;
+      const double t = e->time_ns();
+      row.fastest_ns = row.timed ? std::min(row.fastest_ns, t) : t;
+      row.slowest_ns = row.timed ? std::max(row.slowest_ns, t) : t;
+      ++row.timed;
+      labels.insert(label_without_times(e->label));
+      for (const std::string& m : entry_marks(*e, noisy_pct)) add_mark(row.marks, m);
+    }
+    if (row.timed < 2 || !(row.fastest_ns > 0)) continue;
+    row.label_sets = static_cast<int>(labels.size());
+    row.spread_pct = 100 * (row.slowest_ns / row.fastest_ns - 1);
+    spreads.push_back(row.spread_pct);
+    sp.over += row.spread_pct > max_spread_pct;
+    sp.rows.push_back(std::move(row));
+  }
+  if (sp.rows.empty()) throw InputError("no entry has a time in two of the runs");
+  std::sort(spreads.begin(), spreads.end());
+  const std::size_t n = spreads.size();
+  sp.median_spread_pct = n % 2 ? spreads[n / 2] : (spreads[n / 2 - 1] + spreads[n / 2]) / 2;
+  return sp;
 }
 
 }  // namespace hotops::compare

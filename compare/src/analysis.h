@@ -217,6 +217,33 @@ struct Threads {
 // Throws InputError when no CPU problem of the run is measured at two or more thread counts.
 Threads threads(const Run& run, double noisy_pct = kNoisyPct);
 
+// ---- spread ---------------------------------------------------------------------------------
+// The same entries in several runs of one build on one machine (separate processes): how far each
+// entry's time moves from one process to the next, max / min - 1, and how many different labels
+// it had, times in them left out (a CUDA entry's label names the algorithms it ran, so two label
+// sets are two algorithm choices).
+struct SpreadRow {
+  const Entry* first = nullptr;        // the entry in the first run that has it
+  std::vector<double> times_ns;        // one a run, NaN where that run has no time for it
+  double fastest_ns = 0, slowest_ns = 0;
+  double spread_pct = 0;               // 100 (slowest / fastest - 1), over the runs with a time
+  int timed = 0;                       // runs with a time for it
+  int label_sets = 0;                  // distinct labels over those runs
+  std::vector<std::string> marks;      // entry_marks of any run's entry
+};
+
+struct Spread {
+  std::vector<std::string> sources;    // the runs, in order
+  std::vector<SpreadRow> rows;         // entries timed in two runs or more, in the first run's order
+  double median_spread_pct = 0;
+  int over = 0;                        // rows whose spread exceeds max_spread_pct
+  double max_spread_pct = 3;
+  std::vector<std::string> warnings;   // runs of other machines or settings than the first
+};
+
+// Throws InputError with fewer than two runs, or when no entry has a time in two of them.
+Spread spread(const std::vector<Run>& runs, double max_spread_pct = 3, double noisy_pct = kNoisyPct);
+
 // ---- gate -----------------------------------------------------------------------------------
 struct GateOptions {
   double max_slowdown_pct = 5;

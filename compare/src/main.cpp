@@ -82,6 +82,16 @@ int main(int argc, char** argv) {
   sc->add_option("--filter", filter, "REGEX: only the entries whose names match (e.g. allreduce/.*/inplace:1)");
   sc->add_option("--min-speedup", min_speedup, "X: the crossover is where G GPUs give at least X times one GPU's samples/s (default 1.5)");
 
+  std::vector<std::string> run_paths;
+  double max_spread = 3;
+  auto* sp = app.add_subcommand("spread", "the same entries in several runs (separate processes, one machine): each "
+                                          "entry's spread, slowest / fastest - 1, and how many label sets (algorithms) it had");
+  sp->add_option("RUNS", run_paths, "two runs (JSON) or more")->required();
+  sp->add_option("--format", format, "console, md, csv or json");
+  sp->add_option("--filter", filter, "REGEX: only the entries whose names match (e.g. /cuda/.*/train/)");
+  sp->add_option("--max-spread", max_spread, "PCT: a spread beyond this is counted and shown in red (default 3)");
+  sp->add_option("--max-noise", max_noise, max_noise_help);
+
   auto* e = app.add_subcommand("export", "write a run for a CI tracker");
   e->add_option("RUN", run_path, "run (JSON)")->required();
   e->add_option("--format", tracker, "github-action-benchmark (customSmallerIsBetter) or bencher (BMF)")->required();
@@ -154,6 +164,18 @@ int main(int argc, char** argv) {
       keep_matching(run, filter);
       if (!filter.empty() && run.entries.empty()) throw InputError("--filter '" + filter + "' matches no entry of " + run_path);
       print_threads(std::cout, threads(run, max_noise), style);
+      return 0;
+    }
+    if (sp->parsed()) {
+      if (!(max_spread >= 0 && max_spread < 1e6)) throw InputError("--max-spread must be a percentage >= 0");
+      std::vector<Run> runs;
+      for (const std::string& path : run_paths) {
+        runs.push_back(read_run(path));
+        keep_matching(runs.back(), filter);
+      }
+      const Spread result = spread(runs, max_spread, max_noise);
+      for (const auto& w : result.warnings) warn(w);
+      print_spread(std::cout, result, style);
       return 0;
     }
     if (b->parsed()) {

@@ -816,6 +816,54 @@ void print_threads(std::ostream& out, const Threads& th, const Style& s) {
   render_unmeasured(out, s, th.unmeasured);
 }
 
+void print_spread(std::ostream& out, const Spread& sp, const Style& s) {
+  const auto pct = [](double p) { return fmt(p < 10 ? "%.2f%%" : "%.1f%%", p); };
+  if (s.format == Format::json) {
+    json rows = json::array();
+    for (const SpreadRow& r : sp.rows) {
+      json t = json::array();
+      for (double x : r.times_ns) t.push_back(jnum(x));
+      rows.push_back({{"name", r.first->name.full}, {"times_ns", t}, {"fastest_ns", jnum(r.fastest_ns)},
+                      {"slowest_ns", jnum(r.slowest_ns)}, {"spread_pct", jnum(r.spread_pct)}, {"runs_timed", r.timed},
+                      {"label_sets", r.label_sets}, {"marks", r.marks}});
+    }
+    out << json{{"runs", sp.sources}, {"max_spread_pct", sp.max_spread_pct}, {"median_spread_pct", jnum(sp.median_spread_pct)},
+                {"over", sp.over}, {"rows", rows}}
+               .dump(2)
+        << '\n';
+    return;
+  }
+  if (s.format == Format::csv) {
+    render_csv_line(out, {"name", "runs_timed", "fastest_ns", "slowest_ns", "spread_pct", "label_sets", "marks"});
+    for (const SpreadRow& r : sp.rows)
+      render_csv_line(out, {r.first->name.full, std::to_string(r.timed), num(r.fastest_ns), num(r.slowest_ns),
+                            num(r.spread_pct), std::to_string(r.label_sets), join(r.marks, "; ")});
+    return;
+  }
+  const bool md = s.format == Format::md;
+  const std::string summary = std::to_string(sp.rows.size()) + " entries over " + std::to_string(sp.sources.size()) +
+                              " runs: median spread " + pct(sp.median_spread_pct) + ", " + std::to_string(sp.over) +
+                              " over " + pct(sp.max_spread_pct);
+  out << (md ? "### hotops-compare spread: the same entries in separate runs\n\n" + summary + ".\n"
+             : "The same entries in separate runs: spread = slowest / fastest - 1; sets = different labels (algorithms)\n" +
+                   summary + "\n");
+  bool marked = false;
+  for (const SpreadRow& r : sp.rows) marked |= !r.marks.empty();
+  if (marked) out << (md ? "\n" : "") << kMarkLegend;
+  Table t;
+  t.head = {"entry", "runs", "fastest", "slowest", "spread", "sets"};
+  t.right = {false, true, true, true, true, true};
+  for (const SpreadRow& r : sp.rows) {
+    const bool over = r.spread_pct > sp.max_spread_pct;
+    t.add({r.first->name.full + mark_symbols(r.marks), std::to_string(r.timed), format_time(r.fastest_ns),
+           format_time(r.slowest_ns), pct(r.spread_pct), std::to_string(r.label_sets)},
+          {plain, plain, plain, plain, over ? red : plain, r.label_sets > 1 ? yellow : plain});
+  }
+  out << '\n';
+  if (md) render_md(out, t);
+  else render_console(out, t, s.colour);
+}
+
 int export_run(std::ostream& out, const Run& run, Tracker t) {
   int left_out = 0;
   if (t == Tracker::github_action_benchmark) {

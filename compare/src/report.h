@@ -31,6 +31,7 @@ void print_gate(std::ostream& out, const Gate& g, const GateOptions& o, const St
 void print_breakdown(std::ostream& out, const Breakdown& b, const Style& s);
 void print_scaling(std::ostream& out, const Scaling& sc, const Style& s);
 void print_threads(std::ostream& out, const Threads& th, const Style& s);
+void print_spread(std::ostream& out, const Spread& sp, const Style& s);
 
 // "256 MiB": a byte count in the largest binary unit that divides it (B, KiB, MiB, GiB, TiB).
 std::string format_bytes(long long bytes);

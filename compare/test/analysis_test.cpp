@@ -487,3 +487,40 @@ TEST(Trust, ExportsKeepTheNotVerifiedMark) {
 
 }  // namespace
 }  // namespace hotops::compare
+
+namespace hotops::compare {
+namespace {
+
+// spread: each entry's slowest / fastest - 1 over the runs that timed it, and its label sets with
+// the times in the labels left out (they differ whatever ran), the algorithms kept.
+TEST(Spread, SpreadAndLabelSetsOverSeparateRuns) {
+  const std::string a = "model.m/cuda/f32/train/batch:32/manual_time", b = "conv2d/cuda/f32/fwd/x:1/manual_time";
+  std::vector<RunData> runs;
+  runs.push_back(run_of(R"("hotops_seed": "1")", {{a, "convs (fwd 7 data 5)", {100}}, {b, "cuDNN (cudnnFind: 0.0123 ms) algo 1", {50}}}, "1.json"));
+  runs.push_back(run_of(R"("hotops_seed": "1")", {{a, "convs (fwd 5 data 5)", {110}}, {b, "cuDNN (cudnnFind: 0.0150 ms) algo 1", {51}}}, "2.json"));
+  runs.push_back(run_of(R"("hotops_seed": "2")", {{a, "convs (fwd 7 data 5)", {102}}, {"only/cpu/f32/fwd/x:1/real_time", "x", {1}}}, "3.json"));
+  const Spread sp = spread(runs, 3);
+  ASSERT_EQ(sp.rows.size(), 2u) << "an entry timed in one run has no spread";
+  EXPECT_EQ(sp.rows[0].first->name.full, a);
+  EXPECT_EQ(sp.rows[0].timed, 3);
+  EXPECT_NEAR(sp.rows[0].spread_pct, 10, 1e-9);
+  EXPECT_EQ(sp.rows[0].label_sets, 2) << "two sets of algorithms";
+  EXPECT_EQ(sp.rows[1].timed, 2);
+  EXPECT_NEAR(sp.rows[1].spread_pct, 2, 1e-9);
+  EXPECT_EQ(sp.rows[1].label_sets, 1) << "the search's times in the label are not the algorithm";
+  EXPECT_TRUE(std::isnan(sp.rows[1].times_ns[2]));
+  EXPECT_EQ(sp.over, 1);
+  EXPECT_NEAR(sp.median_spread_pct, 6, 1e-9);
+  ASSERT_EQ(sp.warnings.size(), 1u);
+  EXPECT_NE(sp.warnings[0].find("3.json ran with other settings than 1.json (hotops_seed 1 vs 2)"), std::string::npos) << sp.warnings[0];
+  std::ostringstream md;
+  Style st;
+  st.format = Format::md;
+  print_spread(md, sp, st);
+  EXPECT_NE(md.str().find("2 entries over 3 runs: median spread 6.00%, 1 over 3.00%"), std::string::npos) << md.str();
+  EXPECT_NE(md.str().find("| " + a + " | 3 | 100 us | 110 us | 10.0% | 2 |"), std::string::npos) << md.str();
+  EXPECT_THROW(spread({runs[0]}), InputError);
+}
+
+}  // namespace
+}  // namespace hotops::compare
