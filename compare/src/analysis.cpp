@@ -678,12 +678,12 @@ Breakdown breakdown(const Run& run) {
 namespace hotops::compare {
 
 namespace {
-// A label with its times taken out ("0.0123 ms", "12 us") and bench's per-run marks, which differ
-// from run to run whatever ran.
+// A label with its times taken out ("0.0123 ms", "12 us") and bench's per-run marks (a busy CPU,
+// what stopped the sampling), which differ from run to run whatever ran.
 std::string label_without_times(const std::string& label) {
   static const std::regex times(R"(\d+(\.\d+)?(e[-+]?\d+)? ?(ms|us|µs|ns|s)\b)");
-  static const std::regex busy(R"( ?\[BUSY CPU[^\]]*\])");
-  return std::regex_replace(std::regex_replace(label, busy, ""), times, "T");
+  static const std::regex marks(R"( ?\[(BUSY CPU|stopped)[^\]]*\])");
+  return std::regex_replace(std::regex_replace(label, marks, ""), times, "T");
 }
 }  // namespace
 

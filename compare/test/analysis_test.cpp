@@ -498,7 +498,7 @@ TEST(Spread, SpreadAndLabelSetsOverSeparateRuns) {
   std::vector<RunData> runs;
   runs.push_back(run_of(R"("hotops_seed": "1")", {{a, "convs (fwd 7 data 5)", {100}}, {b, "cuDNN (cudnnFind: 0.0123 ms) algo 1", {50}}}, "1.json"));
   runs.push_back(run_of(R"("hotops_seed": "1")", {{a, "convs (fwd 5 data 5)", {110}}, {b, "cuDNN (cudnnFind: 0.0150 ms) algo 1", {51}}}, "2.json"));
-  runs.push_back(run_of(R"("hotops_seed": "2")", {{a, "convs (fwd 7 data 5)", {102}}, {"only/cpu/f32/fwd/x:1/real_time", "x", {1}}}, "3.json"));
+  runs.push_back(run_of(R"("hotops_seed": "2")", {{a, "convs (fwd 7 data 5) [stopped: noise settled at 0.31%]", {102}}, {"only/cpu/f32/fwd/x:1/real_time", "x", {1}}}, "3.json"));
   const Spread sp = spread(runs, 3);
   ASSERT_EQ(sp.rows.size(), 2u) << "an entry timed in one run has no spread";
   EXPECT_EQ(sp.rows[0].first->name.full, a);
