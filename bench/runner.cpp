@@ -471,6 +471,7 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
   // long the threads waited for one while the entry was timed.
   const bool host_clock = p.backend == Backend::cpu || live.c->host_timed();
   const std::optional<CoreTime> cores_before = host_clock ? core_time() : std::nullopt;
+  double wait_pct = -1;  // cpu_wait_pct, where it was read
   try {
     if (own_loop(p, o)) {
       // The one iteration stands for every sample taken (registered with Iterations(1)).
@@ -530,7 +531,7 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
       }
     }
     if (cores_before) {
-      if (const std::optional<CoreTime> after = core_time()) state.counters["cpu_wait_pct"] = waited_pct(*cores_before, *after);
+      if (const std::optional<CoreTime> after = core_time()) state.counters["cpu_wait_pct"] = wait_pct = waited_pct(*cores_before, *after);
     }
     if (p.backend == Backend::cpu) {
       // A thread-sweep entry (`threads:T`) runs on T threads; every other CPU entry on all of them.
@@ -588,9 +589,9 @@ void run_benchmark(benchmark::State& state, const Family& f, const Problem& p, c
     if (w.flops > 0 && peak != c.flops.end()) state.counters["flop_fraction"] = w.flops * iters / elapsed / peak->second;
   }
   std::string busy;
-  if (const auto wait = state.counters.find("cpu_wait_pct"); wait != state.counters.end() && wait->second.value > kBusyWaitPct) {
+  if (wait_pct > kBusyWaitPct) {
     char text[128];
-    std::snprintf(text, sizeof text, " [BUSY CPU: its threads waited %.0f%% of their time for a core]", wait->second.value);
+    std::snprintf(text, sizeof text, " [BUSY CPU: its threads waited %.0f%% of their time for a core]", wait_pct);
     busy = text;
   }
   state.SetLabel(live.c->label() + (stopped.empty() ? "" : " [stopped: " + stopped + "]") + busy +

@@ -156,22 +156,22 @@ void add_mark(std::vector<std::string>& marks, const std::string& m) {
   if (std::find(marks.begin(), marks.end(), m) == marks.end()) marks.push_back(m);
 }
 
+// Differences for a warning: "a; b; c".
+std::string listed(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : "; ") + x;
+  return s;
+}
+
 }  // namespace
 
 Diff diff(const Run& base, const Run& next, const Prices& prices, double noisy_pct) {
   Diff d;
   const auto differences = machine_differences(base, next);
-  if (!differences.empty()) {
-    std::string w = "the runs come from different machines (";
-    for (std::size_t i = 0; i < differences.size(); ++i) w += (i ? "; " : "") + differences[i];
-    d.warnings.push_back(w + "): differences include the hardware");
-  }
+  if (!differences.empty())
+    d.warnings.push_back("the runs come from different machines (" + listed(differences) + "): differences include the hardware");
   const auto settings = setting_differences(base, next);
-  if (!settings.empty()) {
-    std::string w = "the runs differ in their settings (";
-    for (std::size_t i = 0; i < settings.size(); ++i) w += (i ? "; " : "") + settings[i];
-    d.warnings.push_back(w + "): differences include them");
-  }
+  if (!settings.empty()) d.warnings.push_back("the runs differ in their settings (" + listed(settings) + "): differences include them");
   if (base.list_hash != next.list_hash)
     d.warnings.push_back(
         "the runs did not run the same entries (another --benchmark_filter, or a build with other entries): an "
@@ -694,8 +694,8 @@ Spread spread(const std::vector<Run>& runs, double max_spread_pct, double noisy_
   for (const Run& r : runs) sp.sources.push_back(r.source);
   for (std::size_t i = 1; i < runs.size(); ++i) {
     const auto m = machine_differences(runs[0], runs[i]), st = setting_differences(runs[0], runs[i]);
-    if (!m.empty()) sp.warnings.push_back(runs[i].source + " comes from another machine than " + runs[0].source + " (" + m[0] + ")");
-    if (!st.empty()) sp.warnings.push_back(runs[i].source + " ran with other settings than " + runs[0].source + " (" + st[0] + ")");
+    if (!m.empty()) sp.warnings.push_back(runs[i].source + " comes from another machine than " + runs[0].source + " (" + listed(m) + ")");
+    if (!st.empty()) sp.warnings.push_back(runs[i].source + " ran with other settings than " + runs[0].source + " (" + listed(st) + ")");
   }
   std::vector<std::string> order;
   std::set<std::string> seen;
@@ -706,21 +706,24 @@ Spread spread(const std::vector<Run>& runs, double max_spread_pct, double noisy_
   for (const std::string& name : order) {
     SpreadRow row;
     std::set<std::string> labels;
+    std::vector<double> timed;
     for (const Run& r : runs) {
       const Entry* e = r.find(name);
-      const bool timed = e && e->has_time();
-      row.times_ns.push_back(timed ? e->time_ns() : std::numeric_limits<double>::quiet_NaN());
-      if (!e) continue;
-      if (!row.first) row.first = e;
-      if (!timed) continue;
-      const double t = e->time_ns();
-      row.fastest_ns = row.timed ? std::min(row.fastest_ns, t) : t;
-      row.slowest_ns = row.timed ? std::max(row.slowest_ns, t) : t;
-      ++row.timed;
+      if (e && !row.first) row.first = e;
+      if (!e || !e->has_time()) {
+        row.times_ns.push_back(std::numeric_limits<double>::quiet_NaN());
+        continue;
+      }
+      row.times_ns.push_back(e->time_ns());
+      timed.push_back(row.times_ns.back());
       labels.insert(label_without_times(e->label));
       for (const std::string& m : entry_marks(*e, noisy_pct)) add_mark(row.marks, m);
     }
-    if (row.timed < 2 || !(row.fastest_ns > 0)) continue;
+    if (timed.size() < 2) continue;
+    const auto [fastest, slowest] = std::minmax_element(timed.begin(), timed.end());
+    row.fastest_ns = *fastest, row.slowest_ns = *slowest;
+    if (!(row.fastest_ns > 0)) continue;
+    row.timed = static_cast<int>(timed.size());
     row.label_sets = static_cast<int>(labels.size());
     row.spread_pct = 100 * (row.slowest_ns / row.fastest_ns - 1);
     spreads.push_back(row.spread_pct);
@@ -728,9 +731,7 @@ Spread spread(const std::vector<Run>& runs, double max_spread_pct, double noisy_
     sp.rows.push_back(std::move(row));
   }
   if (sp.rows.empty()) throw InputError("no entry has a time in two of the runs");
-  std::sort(spreads.begin(), spreads.end());
-  const std::size_t n = spreads.size();
-  sp.median_spread_pct = n % 2 ? spreads[n / 2] : (spreads[n / 2 - 1] + spreads[n / 2]) / 2;
+  sp.median_spread_pct = median(std::move(spreads));
   return sp;
 }
 
