@@ -678,11 +678,13 @@ Breakdown breakdown(const Run& run) {
 namespace hotops::compare {
 
 namespace {
-// A label with its times taken out ("0.0123 ms", "12 us") and bench's per-run marks (a busy CPU,
-// what stopped the sampling), which differ from run to run whatever ran.
+// A label with what differs from run to run whatever algorithms ran taken out: its times ("0.0123
+// ms", "12 us"), bench's per-run marks (a busy CPU, what stopped the sampling) and whether a choice
+// was searched or read from --hotops_choices (the writing run's label and the reading runs' name
+// the same algorithm).
 std::string label_without_times(const std::string& label) {
   static const std::regex times(R"(\d+(\.\d+)?(e[-+]?\d+)? ?(ms|us|µs|ns|s)\b)");
-  static const std::regex marks(R"( ?\[(BUSY CPU|stopped)[^\]]*\])");
+  static const std::regex marks(R"( ?\[(BUSY CPU|stopped)[^\]]*\]|from --hotops_choices, as a search found it: )");
   return std::regex_replace(std::regex_replace(label, marks, ""), times, "T");
 }
 }  // namespace
