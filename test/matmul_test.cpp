@@ -445,6 +445,55 @@ TEST(MatmulStridedCuda, AttentionGemmsMatchTheReferenceOnTheTensorsOfEachRun) {
 }
 #endif
 
+#ifdef HOTOPS_HAVE_CUDA
+// addmm bwd_weight's bias gradient on either CUDA path, and the timed choice between them: dW and
+// dbias within the reference's bounds, at mlp_tiny's first layer over 4096 samples and at a shape of
+// ragged sizes, with beta 1 (which the epilogue can fuse) and 2 (the column sums, scaled, always).
+TEST(MatmulCuda, BiasGradientOnEitherPathMatchesTheReference) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  struct Restore {
+    ~Restore() { set_cuda_dbias_path(DbiasPath::timed); }
+  } restore;
+  for (const DbiasPath path : {DbiasPath::epilogue, DbiasPath::sums, DbiasPath::timed}) {
+    set_cuda_dbias_path(path);
+    for (const DType t : {DType::f32, DType::tf32, DType::bf16})
+      for (const auto& [M, N, K] : {std::tuple{4096, 32, 13}, std::tuple{33, 65, 17}})
+        for (const double beta : {1.0, 2.0}) {
+          Shape s;
+          s.op = Op::addmm, s.dir = Direction::bwd_weight, s.dtype = t, s.M = M, s.N = N, s.K = K, s.beta = beta;
+          auto plan = make_plan(s, Backend::cuda);
+          const std::string label = plan->label();
+          const Inputs in = make_inputs(s, 3);
+          Outputs out = make_outputs(s);
+          out.primary.poison(), out.dbias.poison();
+          const gpu::DeviceBuffer a(in.a), dout(in.dout), dw(out.primary), db(out.dbias);
+          Args x;
+          x.a = a.get(), x.dout = dout.get(), x.out = dw.get(), x.dbias = db.get();
+          plan->run(x);
+          gpu::synchronize();
+          dw.download(out.primary), db.download(out.dbias);
+          const Check c = verify(s, in, out);
+          EXPECT_TRUE(c.ok) << what(s) << " beta " << beta << ", " << label << ": " << c.message;
+          const bool sums = label.find("column sums for dbias") != std::string::npos;
+          EXPECT_NE(sums, label.find(", bgrad epilogue") != std::string::npos) << "one path or the other: " << label;
+          if (beta != 1.0 || path == DbiasPath::sums) EXPECT_TRUE(sums) << what(s) << " beta " << beta << ": " << label;
+          if (path == DbiasPath::timed && beta == 1.0) EXPECT_NE(label.find("timed "), std::string::npos) << label;
+        }
+  }
+}
+#endif
+
+// timed's rule between the two paths: the column sums only beyond a near tie.
+#ifdef HOTOPS_HAVE_CUDA
+TEST(MatmulCuda, BiasGradientSumsOnlyWhenFasterBeyondANearTie) {
+  const float near = 1 + gpu::kRetimeTie / 2, far = 1 + 2 * gpu::kRetimeTie;
+  EXPECT_TRUE(dbias_sums_are_faster(1.0f, far));
+  EXPECT_FALSE(dbias_sums_are_faster(1.0f, near)) << "a near tie keeps the epilogue";
+  EXPECT_FALSE(dbias_sums_are_faster(far, 1.0f));
+}
+#endif
+
 // A in blocks (a_blocks): a dense layer over the concatenation of the blocks, read where they lie.
 Shape blocks_shape(Op op, Direction d, DType t, std::int64_t M, std::int64_t N, std::int64_t K, std::int64_t blocks,
                    bool f32_out = false) {

@@ -128,6 +128,9 @@ void hold(double seconds, unsigned long long* probe = nullptr);
 // be timed alone (an f32 8192^3 GEMM's 20 ms calls then cost 7 a candidate instead of 13). The
 // caller makes the warm-up call.
 constexpr float kLongCallMs = 1.0f;
+// Setup-time timings within this fraction of the fastest are a near tie, which a rule other than
+// the times settles (pick_retimed: the least workspace; matmul's bias gradient: the fused epilogue).
+constexpr float kRetimeTie = 0.03f;
 template <class Launch>
 float best_batch_ms(Launch launch) {
   double enqueue = 0;  // seconds the host took to enqueue a call

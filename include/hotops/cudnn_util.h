@@ -94,8 +94,6 @@ enum class ConvPick {
   retimed,
 };
 constexpr int kRetimeCandidates = 4;
-// Re-timed candidates within this fraction of the fastest are a near tie (pick_retimed).
-constexpr float kRetimeTie = 0.03f;
 
 // The chosen algorithm, the workspace it needs, Find's time for it and, for ConvPick::retimed, how
 // many candidates were re-timed and its re-timed time (ms per call).

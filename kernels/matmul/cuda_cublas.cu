@@ -1,16 +1,20 @@
 // matmul on CUDA: one gpu::LtGemm per direction, on PyTorch's row-major operands seen as
 // column-major transposes (C^T = B^T A^T, no copies). addmm's bias is the BIAS epilogue and its
-// gradient the BGRADA epilogue; a residual is C with beta 1; bmm is the strided-batched form of the
+// gradient the BGRADA epilogue or bias_grad's column sums, whichever timed faster (DbiasPath); a
+// residual is C with beta 1; bmm is the strided-batched form of the
 // same call, and on strided views (attention's heads) a cublasGemmBatchedEx over pointer arrays.
 // The algorithm is chosen once at setup, the fastest of the heuristic's first 8 and split-K variants
 // of the first timed on the plan's own scratch operands, and named in the label.
 #include <cuda_bf16.h>
 
+#include <atomic>
+#include <cstdio>
 #include <memory>
 #include <string>
 
 #include "hotops/cublaslt_gemm.h"
 #include "hotops/cuda_util.h"
+#include "kernels/matmul/bias_grad.h"
 #include "kernels/matmul/cuda_gemm.h"
 #include "kernels/matmul/matmul.h"
 
@@ -61,22 +65,38 @@ StridedGemm strided_gemm(const Shape& s) {
 
 namespace {
 
-// dbias[n] = beta * sum_r dOut[r, n] over `rows` rows, accumulated in f32; one thread per column.
-template <class T>
-__global__ void column_sum(const T* __restrict__ dout, T* __restrict__ dbias, std::int64_t rows,
-                           std::int64_t cols, float beta) {
+// out[n] = scale * in[n], in the output's type: addmm's beta applied to the bias that the BIAS
+// epilogue adds unscaled, and to the column sums of the bias gradient (f32) stored in the dtype.
+template <class In, class Out>
+__global__ void scale_vector(const In* __restrict__ in, Out* __restrict__ out, std::int64_t count, float scale) {
   const std::int64_t n = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (n >= cols) return;
-  float acc = 0.f;
-  for (std::int64_t r = 0; r < rows; ++r) acc += static_cast<float>(dout[r * cols + n]);
-  dbias[n] = static_cast<T>(beta * acc);
+  if (n < count) out[n] = static_cast<Out>(scale * static_cast<float>(in[n]));
 }
 
-// out[n] = scale * in[n]: addmm's beta applied to the bias that the BIAS epilogue adds unscaled.
-template <class T>
-__global__ void scale_vector(const T* __restrict__ in, T* __restrict__ out, std::int64_t count, float scale) {
-  const std::int64_t n = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (n < count) out[n] = static_cast<T>(scale * static_cast<float>(in[n]));
+template <class In, class Out>
+void launch_scale_vector(const In* in, Out* out, std::int64_t count, float scale) {
+  const int threads = 256;
+  const auto blocks = static_cast<unsigned>((count + threads - 1) / threads);
+  scale_vector<<<blocks, threads, 0, gpu::stream()>>>(in, out, count, scale);
+  HOTOPS_CHECK_LAUNCH();
+}
+
+std::atomic<DbiasPath> g_dbias_path{DbiasPath::timed};
+
+// The epilogue-or-sums choice of one problem (DbiasPath::timed), with the two times that made it.
+struct DbiasChoice {
+  int sums = 0;
+  float epilogue_ms = -1, sums_ms = -1;
+};
+gpu::ChoiceCache<DbiasChoice>& dbias_cache() {
+  static gpu::ChoiceCache<DbiasChoice> cache("dbias");
+  return cache;
+}
+
+std::string ms_text(float ms) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3g ms", ms);
+  return b;
 }
 
 class CudaMatmul final : public Plan {
@@ -89,17 +109,25 @@ class CudaMatmul final : public Plan {
     gpu::GemmDesc d = g_.desc;
     if (g_.bias || g_.bias_grad) vector_ = gpu::DeviceBuffer(static_cast<std::size_t>(s_.N) * dtype_size(s_.dtype));
     if (g_.bias) d.bias = vector_.get();
-    if (g_.bias_grad) d.bias_grad = vector_.get();
+    if (g_.bias_grad && cuda_dbias_path() != DbiasPath::sums) d.bias_grad = vector_.get();
     gemm_ = gpu::LtGemm::if_supported(d, what);
     if (!gemm_ && d.bias_grad) {
-      // No kernel fuses the bias gradient for this shape/dtype: plain GEMM plus our column sum.
+      // No kernel fuses the bias gradient for this shape/dtype: the GEMM alone, then the column sums.
       d.bias_grad = nullptr;
+      dbias_how_ = "no bgrad epilogue for this GEMM";
       gemm_ = gpu::LtGemm::if_supported(d, what);
     }
     if (!gemm_) throw Error("cuBLASLt has no algorithm for " + what, ErrorKind::unsupported);
     fused_dbias_ = d.bias_grad != nullptr;
-    bound_vector_ = d.bias ? d.bias : d.bias_grad;
-    if (d.autotune) tune();
+    if (has_dbias_) {
+      bias_grad::Shape cs;
+      cs.dtype = s_.dtype == DType::bf16 ? DType::bf16 : DType::f32;
+      cs.rows = s_.batch_count * s_.M, cs.cols = s_.N;
+      sums_ = bias_grad::make_cuda_plan(cs);
+      sums_f32_ = gpu::DeviceBuffer(static_cast<std::size_t>(s_.N) * sizeof(float));
+    }
+    if (d.autotune) tune(d);
+    bound_vector_ = d.bias ? d.bias : fused_dbias_ ? vector_.get() : nullptr;
     describe_algorithm();
   }
 
@@ -111,19 +139,7 @@ class CudaMatmul final : public Plan {
     }
     if (s_.residual) HOTOPS_CHECK(t.c && t.c != t.out, "matmul: a residual GEMM needs its C, apart from its output");
     gemm_->run(operand(t, g_.a), operand(t, g_.b), t.out, s_.residual ? t.c : nullptr);  // beta 0 without it
-    if (has_dbias_ && !fused_dbias_) {
-      const std::int64_t rows = s_.batch_count * s_.M, cols = s_.N;
-      const int threads = 256;
-      const auto blocks = static_cast<unsigned>((cols + threads - 1) / threads);
-      const auto beta = static_cast<float>(s_.beta);
-      if (s_.dtype == DType::bf16)
-        column_sum<<<blocks, threads, 0, gpu::stream()>>>(static_cast<const __nv_bfloat16*>(t.dout),
-                                                          static_cast<__nv_bfloat16*>(t.dbias), rows, cols, beta);
-      else
-        column_sum<<<blocks, threads, 0, gpu::stream()>>>(static_cast<const float*>(t.dout), static_cast<float*>(t.dbias),
-                                                          rows, cols, beta);
-      HOTOPS_CHECK_LAUNCH();
-    }
+    if (has_dbias_ && !fused_dbias_) column_sums(t.dout, t.dbias);
   }
 
   std::string label() const override { return label_; }
@@ -139,23 +155,32 @@ class CudaMatmul final : public Plan {
   // The bias the epilogue adds: the caller's, or beta times it (in the plan's own buffer).
   const void* bias(const void* b) {
     if (s_.beta == 1.0) return b;
-    const int threads = 256;
-    const auto blocks = static_cast<unsigned>((s_.N + threads - 1) / threads);
     const auto beta = static_cast<float>(s_.beta);
     if (s_.dtype == DType::bf16)
-      scale_vector<<<blocks, threads, 0, gpu::stream()>>>(static_cast<const __nv_bfloat16*>(b),
-                                                          vector_.as<__nv_bfloat16>(), s_.N, beta);
+      launch_scale_vector(static_cast<const __nv_bfloat16*>(b), vector_.as<__nv_bfloat16>(), s_.N, beta);
     else
-      scale_vector<<<blocks, threads, 0, gpu::stream()>>>(static_cast<const float*>(b), vector_.as<float>(), s_.N,
-                                                          beta);
-    HOTOPS_CHECK_LAUNCH();
+      launch_scale_vector(static_cast<const float*>(b), vector_.as<float>(), s_.N, beta);
     return vector_.get();
+  }
+
+  // dbias = beta * the column sums of dOut, without the epilogue: bias_grad's sums in f32 (straight
+  // into dbias where that is f32 and beta 1), then stored in the dtype.
+  void column_sums(const void* dout, void* dbias) {
+    const bool direct = s_.dtype != DType::bf16 && s_.beta == 1.0;
+    sums_->run(bias_grad::Args{dout, direct ? static_cast<float*>(dbias) : sums_f32_.as<float>()});
+    if (direct) return;
+    const auto beta = static_cast<float>(s_.beta);
+    if (s_.dtype == DType::bf16)
+      launch_scale_vector(sums_f32_.as<float>(), static_cast<__nv_bfloat16*>(dbias), s_.N, beta);
+    else
+      launch_scale_vector(sums_f32_.as<float>(), static_cast<float*>(dbias), s_.N, beta);
   }
 
   // Times the candidates on operands of the problem's sizes, allocated for this only and seeded like
   // the benchmark's, so that the timed kernels see numbers of the same range (the epilogue's vector
-  // is the plan's own).
-  void tune() {
+  // is the plan's own). Where the bias gradient may be the epilogue or the column sums, times both
+  // (DbiasPath::timed), each on its own tuned GEMM, and keeps one.
+  void tune(const gpu::GemmDesc& d) {
     const Inputs in = make_inputs(s_, 1);
     const gpu::DeviceBuffer a(operand(in, g_.a)), b(operand(in, g_.b));
     const gpu::DeviceBuffer out(primary_count(s_) * dtype_size(out_dtype(s_)));
@@ -171,7 +196,43 @@ class CudaMatmul final : public Plan {
       vector_.upload(v);
     }
     gemm_->tune(a.get(), b.get(), out.get(), s_.residual ? c.get() : nullptr);
+    if (fused_dbias_ && cuda_dbias_path() == DbiasPath::timed) choose_dbias_path(d, a.get(), b.get(), out.get());
     gpu::synchronize();
+  }
+
+  // DbiasPath::timed: the epilogue's GEMM against the plain GEMM and the column sums, each after a
+  // warm-up call, by gpu::best_batch_ms; once per problem per process, or from --hotops_choices.
+  void choose_dbias_path(const gpu::GemmDesc& d, const void* a, const void* b, void* out) {
+    gpu::GemmDesc plain_desc = d;
+    plain_desc.bias_grad = nullptr;
+    auto plain = gpu::LtGemm::if_supported(plain_desc, name());
+    if (!plain) return;
+    const std::string key = name() + "|" + gpu::placement_key({});
+    DbiasChoice choice;
+    bool from_file = false;
+    if (!dbias_cache().find(key, &choice, &from_file)) {
+      plain->tune(a, b, out, nullptr);
+      // g_.a is dOut wherever the epilogue can sum it (cuda_gemm's bias_grad); the sums go to vector_.
+      const auto fused = [&] { gemm_->run(a, b, out); };
+      const auto split = [&] {
+        plain->run(a, b, out);
+        column_sums(a, vector_.get());
+      };
+      fused();
+      choice.epilogue_ms = gpu::best_batch_ms(fused);
+      split();
+      choice.sums_ms = gpu::best_batch_ms(split);
+      choice.sums = dbias_sums_are_faster(choice.sums_ms, choice.epilogue_ms) ? 1 : 0;
+      dbias_cache().add(key, choice);
+    } else if (choice.sums) {
+      plain->tune(a, b, out, nullptr);  // the GEMM's own choice, from its cache or the file
+    }
+    if (choice.sums) gemm_ = std::move(plain);
+    fused_dbias_ = !choice.sums;
+    dbias_how_ = std::string(from_file ? "from --hotops_choices, as a search found it: " : "") + "timed " +
+                 ms_text(choice.sums ? choice.sums_ms : choice.epilogue_ms) + "; " +
+                 (choice.sums ? "the bgrad epilogue " + ms_text(choice.epilogue_ms)
+                              : "the GEMM + column sums " + ms_text(choice.sums_ms));
   }
 
   void describe_algorithm() {
@@ -179,7 +240,8 @@ class CudaMatmul final : public Plan {
     if (g_.bias) label_ += s_.relu ? ", bias + ReLU epilogue" : ", bias epilogue";
     if (s_.f32_out) label_ += ", f32 output";
     if (fused_dbias_) label_ += ", bgrad epilogue";
-    if (has_dbias_ && !fused_dbias_) label_ += " + hotops column_sum for dbias";
+    if (has_dbias_ && !fused_dbias_) label_ += " + hotops column sums for dbias";
+    if (has_dbias_ && !dbias_how_.empty()) label_ += " (" + dbias_how_ + ")";
     if (g_.bias && s_.beta != 1.0) label_ += " (beta folded into bias)";
     if (s_.residual) label_ += ", residual as C";
     if (s_.f32_out && s_.dtype != DType::f32) label_ += ", f32 output";
@@ -189,10 +251,13 @@ class CudaMatmul final : public Plan {
   Shape s_;
   CudaGemm g_;
   std::unique_ptr<gpu::LtGemm> gemm_;
-  gpu::DeviceBuffer vector_;            // the epilogue's at setup; beta * bias where beta != 1
-  const void* bound_vector_ = nullptr;  // the vector the epilogue points at
+  gpu::DeviceBuffer vector_;               // the epilogue's at setup; beta * bias where beta != 1
+  const void* bound_vector_ = nullptr;     // the vector the epilogue points at
   bool has_dbias_ = false;
   bool fused_dbias_ = false;
+  std::unique_ptr<bias_grad::Plan> sums_;  // bias_grad's column sums, where the epilogue does not write dbias
+  gpu::DeviceBuffer sums_f32_;             // their f32 sums, before beta and the dtype
+  std::string dbias_how_;                  // how the bias gradient's path was chosen, for the label
   std::string label_;
 };
 
@@ -275,6 +340,10 @@ class CudaStridedBmm final : public Plan {
 };
 
 }  // namespace
+
+void set_cuda_dbias_path(DbiasPath p) { g_dbias_path = p; }
+DbiasPath cuda_dbias_path() { return g_dbias_path; }
+bool dbias_sums_are_faster(float sums_ms, float epilogue_ms) { return sums_ms * (1 + gpu::kRetimeTie) < epilogue_ms; }
 
 std::unique_ptr<Plan> make_cuda_plan(const Shape& s) {
   if (s.blocked()) return make_cuda_blocks_plan(s);

@@ -18,6 +18,19 @@ struct CudaGemm {
 };
 CudaGemm cuda_gemm(const Shape& s);
 
+// How addmm bwd_weight computes its bias gradient on CUDA: cublasLt's BGRADA epilogue in the GEMM,
+// or the GEMM alone then bias_grad's column sums of dOut (beta times them stored in the dtype). Per
+// problem at setup, whichever timed faster (`timed`, the default: dbias_sums_are_faster), the sums
+// where cublasLt fuses no epilogue for the GEMM, or forced to one of the two (tests, so that both
+// are verified at any shape). Process-wide, read when a plan is made; the label names the choice and
+// both times. CUDA builds only.
+enum class DbiasPath { timed, epilogue, sums };
+void set_cuda_dbias_path(DbiasPath p);
+DbiasPath cuda_dbias_path();
+// timed's rule: the column sums only where they are faster than the epilogue beyond a near tie
+// (gpu::kRetimeTie), so that timings a few percent apart do not choose the path by process.
+bool dbias_sums_are_faster(float sums_ms, float epilogue_ms);
+
 // A bmm over strided views (Shape::views) is one cublasGemmBatchedEx over arrays of each batch
 // item's pointers: cuda_gemm's operands, transposes, m, n, k and alpha, each matrix's leading
 // dimension its View's ld. Item i = sample * heads + head of cublas' A, B and D starts at
