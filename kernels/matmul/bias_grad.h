@@ -42,6 +42,8 @@ struct Args {
   float* db = nullptr;       // [cols]
 };
 HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: hotops' column-sum loop; CUDA: hotops' two-stage kernels
+// The most rows the CUDA plan takes (65535 chains of 64 rows: its grid's y axis).
+constexpr std::int64_t kCudaMaxRows = std::int64_t(65535) * 64;
 
 // The models' bias gradients that run through this op: [batch * rows_per_sample, cols].
 struct NamedShape {

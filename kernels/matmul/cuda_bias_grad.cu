@@ -37,7 +37,7 @@ class CudaBiasGrad final : public Plan {
       : s_(s), chains_((s.rows + kChainRows - 1) / kChainRows),
         partial_(static_cast<std::size_t>(chains_ * s.cols) * sizeof(float)) {
     HOTOPS_CHECK(s.rows > 0 && s.cols > 0, "bias_grad: rows and cols must be positive");
-    HOTOPS_CHECK(s.cols <= 2147483647 && chains_ <= 65535, "bias_grad: CUDA takes up to 2^31 - 1 columns and 65535 x 64 rows");
+    HOTOPS_CHECK(s.cols <= 2147483647 && s.rows <= kCudaMaxRows, "bias_grad: CUDA takes up to 2^31 - 1 columns and 65535 x 64 rows");
   }
 
   void run(const Args& a) override {

@@ -119,13 +119,18 @@ class CudaMatmul final : public Plan {
     }
     if (!gemm_) throw Error("cuBLASLt has no algorithm for " + what, ErrorKind::unsupported);
     fused_dbias_ = d.bias_grad != nullptr;
-    if (has_dbias_) {
+    const std::int64_t rows = s_.batch_count * s_.M;
+    if (has_dbias_ && rows <= bias_grad::kCudaMaxRows) {
       bias_grad::Shape cs;
       cs.dtype = s_.dtype == DType::bf16 ? DType::bf16 : DType::f32;
-      cs.rows = s_.batch_count * s_.M, cs.cols = s_.N;
+      cs.rows = rows, cs.cols = s_.N;
       sums_ = bias_grad::make_cuda_plan(cs);
       sums_f32_ = gpu::DeviceBuffer(static_cast<std::size_t>(s_.N) * sizeof(float));
     }
+    if (has_dbias_ && !fused_dbias_ && !sums_)
+      throw Error("the column sums of the bias gradient take up to " + std::to_string(bias_grad::kCudaMaxRows) +
+                      " rows, and cublasLt fuses none here: " + what,
+                  ErrorKind::unsupported);
     if (d.autotune) tune(d);
     bound_vector_ = d.bias ? d.bias : fused_dbias_ ? vector_.get() : nullptr;
     describe_algorithm();
@@ -196,7 +201,7 @@ class CudaMatmul final : public Plan {
       vector_.upload(v);
     }
     gemm_->tune(a.get(), b.get(), out.get(), s_.residual ? c.get() : nullptr);
-    if (fused_dbias_ && cuda_dbias_path() == DbiasPath::timed) choose_dbias_path(d, a.get(), b.get(), out.get());
+    if (fused_dbias_ && sums_ && cuda_dbias_path() == DbiasPath::timed) choose_dbias_path(d, a.get(), b.get(), out.get());
     gpu::synchronize();
   }
 
