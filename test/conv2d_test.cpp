@@ -394,6 +394,64 @@ TEST(Conv2dPlan, ModelLayerOptionsMatchTheReference) {
       }
 }
 
+// The depthwise weight-gradient loops (cpu_depthwise.cpp): the plan a wide NHWC depthwise bwd_weight
+// gets, within the reference's bounds for f32 and bf16, the weights' gradients in the dtype or f32
+// (f32_params), with and without db, at strides 1 and 2 and channel counts with and without a tail
+// of 16 lanes, over inputs the 7x7 filter overhangs, on 1 and 3 threads (each run on its own tensors).
+TEST(Conv2dCpuDepthwise, WeightGradientLoopsMatchTheReference) {
+  for (const DType t : {DType::f32, DType::bf16})
+    for (const bool f32_params : {false, true})
+      for (const bool bias : {false, true})
+        for (const auto& [C, stride, H, W] : {std::tuple{20, 1, 9, 11}, std::tuple{48, 2, 12, 10}, std::tuple{3, 1, 5, 6}})
+          for (const int threads : {1, 3}) {
+            Shape s;
+            s.dir = Direction::bwd_weight, s.dtype = t, s.layout = Layout::nhwc, s.bias = bias, s.f32_params = f32_params;
+            s.x_pick = s.y_pick = Shape::Pick::nhwc;
+            s.N = 2, s.C = s.K = s.groups = C, s.H = H, s.W = W, s.R = s.S = 7, s.pad_h = s.pad_w = 3;
+            s.stride_h = s.stride_w = stride;
+            ASSERT_TRUE(cpu_depthwise_loops_take(s));
+            cpu::ThreadScope scope(threads);
+            auto plan = make_plan(s, Backend::cpu);
+            const std::string what = std::string(dtype_name(t)) + (f32_params ? " f32 params" : "") +
+                                     (bias ? " bias" : "") + " C " + std::to_string(C) + " stride " +
+                                     std::to_string(stride) + ", " + std::to_string(threads) + " threads";
+            EXPECT_NE(plan->label().find("depthwise weight-gradient loops"), std::string::npos) << plan->label();
+            const Inputs in[2] = {make_inputs(s, 1), make_inputs(s, 2)};
+            Outputs out[2] = {make_outputs(s), make_outputs(s)};
+            const auto args_of = [&](int k) {
+              out[k].primary.poison(), out[k].db.poison();
+              return Args{in[k].x.data(), nullptr, nullptr, in[k].dy.data(), out[k].primary.data(),
+                          out[k].db.count() ? out[k].db.data() : nullptr};
+            };
+            const auto check = [&](int i, int o) { return verify(s, in[i], out[o]); };
+            plan_test::expect_each_run_on_its_own_tensors(*plan, args_of, check, what);
+          }
+  Shape narrow;  // oneDNN's own depthwise kernel takes 3 columns: the loops do not
+  narrow.dir = Direction::bwd_weight, narrow.layout = Layout::nhwc, narrow.x_pick = narrow.y_pick = Shape::Pick::nhwc;
+  narrow.C = narrow.K = narrow.groups = 8, narrow.H = narrow.W = 6, narrow.R = narrow.S = 3;
+  EXPECT_FALSE(cpu_depthwise_loops_take(narrow));
+}
+
+// The benchmark's entry of a wide depthwise weight gradient times the loops, on the user's NHWC
+// tensors, and verifies.
+TEST(Conv2dCpuDepthwise, TheEntryRunsTheLoops) {
+  const auto depthwise = [](const std::string& layout) {
+    return Problem{"conv2d", Backend::cpu, DType::f32, Direction::bwd_weight,
+                   {{"shape", "test"}, {"batch", "2"}, {"C", "16"}, {"H", "8"}, {"W", "8"}, {"K", "16"}, {"R", "7"},
+                    {"S", "7"}, {"stride", "1"}, {"pad", "3"}, {"dilation", "1"}, {"groups", "16"}, {"bias", "1"},
+                    {"layout", layout}}};
+  };
+  const Problem p = depthwise("nhwc");
+  const Shape s = shape_of(p);
+  EXPECT_TRUE(cpu_depthwise_loops_take(s));
+  EXPECT_FALSE(s.onednn_layouts);
+  EXPECT_EQ(family().unsupported_reason(p), "");
+  const auto c = family().make(p);
+  EXPECT_TRUE(c->verify().ok);
+  EXPECT_NE(c->label().find("depthwise weight-gradient loops"), std::string::npos) << c->label();
+  EXPECT_TRUE(shape_of(depthwise("nchw")).onednn_layouts) << "NCHW stays oneDNN's";
+}
+
 // A model's layer in inference: forward_inference with the bias and a ReLU, x and y in the layouts
 // oneDNN picked (the caller reorders them), the weights in the user's layout and dtype f32, reordered
 // (and for bf16 cast) by each run.

@@ -223,6 +223,14 @@ Shape shape_of(const Problem& p) {
   HOTOPS_CHECK(s.P() >= 1 && s.Q() >= 1, "conv2d: the filter does not fit the padded input in " + p.name());
   HOTOPS_CHECK(s.groups >= 1 && s.C % s.groups == 0 && s.K % s.groups == 0,
                "conv2d: groups must divide C and K in " + p.name());
+  // A wide depthwise weight gradient runs hotops' loops on the user's NHWC tensors (no oneDNN
+  // layouts to reorder into): the entry times what a model's step runs.
+  if (p.backend == Backend::cpu) {
+    Shape loops = s;
+    loops.onednn_layouts = false;
+    loops.x_pick = loops.y_pick = Shape::Pick::nhwc;
+    if (cpu_depthwise_loops_take(loops)) return loops;
+  }
   return s;
 }
 

@@ -164,7 +164,14 @@ struct Args {
   void* out = nullptr;       // y [N,K,P,Q] (fwd), dx [N,C,H,W] (bwd_data) or dw [K,C/groups,R,S] (bwd_weight)
   void* db = nullptr;        // bwd_weight with bias: [K]
 };
-HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: oneDNN; CUDA: cuDNN, the algorithm searched when it is built
+HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: oneDNN, or the depthwise loops below; CUDA: cuDNN, the algorithm searched when it is built
+
+// The CPU weight gradient of a depthwise convolution (groups = C = K) wider than 3 columns, on the
+// caller's NHWC tensors (x_pick and y_pick nhwc, no onednn_layouts), dilation 1: hotops' loops
+// (cpu_depthwise.cpp), where oneDNN 2.6 has no depthwise kernel (ConvNeXt's 7x7). make_cpu_plan
+// makes it for such a shape; shape_of gives the CPU benchmark such a shape for such a problem.
+bool cpu_depthwise_loops_take(const Shape& s);
+std::unique_ptr<Plan> make_cpu_depthwise_plan(const Shape& s);
 
 // What a CUDA plan's search chose: the cudnnConvolution*Algo_t of its pass, the workspace it keeps
 // and the time it was chosen by (ms a call: its re-timing where the search re-timed, else

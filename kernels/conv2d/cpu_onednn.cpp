@@ -263,10 +263,14 @@ class CpuConv2d final : public Plan {
 std::string cpu_unsupported_reason(const Problem& p) {
   if (p.dtype != DType::f32 && p.dtype != DType::bf16)
     return std::string("the CPU backend has no ") + dtype_name(p.dtype) + " conv2d";
+  if (cpu_depthwise_loops_take(shape_of(p))) return "";  // hotops' loops: no oneDNN asked
   return cpu::onednn_unsupported_reason([&] { descriptors(shape_of(p)); }, p, "conv2d");
 }
 
-std::unique_ptr<Plan> make_cpu_plan(const Shape& s) { return std::make_unique<CpuConv2d>(s); }
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s) {
+  if (cpu_depthwise_loops_take(s)) return make_cpu_depthwise_plan(s);
+  return std::make_unique<CpuConv2d>(s);
+}
 std::unique_ptr<Plan> make_cpu_plan(const Shape& s, const memory::desc& x) {
   HOTOPS_CHECK(s.onednn_layouts, "conv2d: a plan on the caller's x layout takes its other tensors in oneDNN's (onednn_layouts)");
   return std::make_unique<CpuConv2d>(s, x);
