@@ -3,8 +3,9 @@
 // forward's rows are sums of rows of W (block_sums: blocks of the output in vector registers), the
 // weight gradient's K rows independent sums over the batch, the data gradient dot products over
 // contiguous rows; compiled per x86-64 level (HOTOPS_CPU_CLONES); f32 math on the stored values
-// (bf16 widened exactly as it is loaded; bwd_data's W and dz rows once a call), f32 accumulation,
-// one rounding into the output.
+// (bf16 widened exactly as it is loaded, or once into f32 scratch where it is read many times: the
+// forward's rows of a, the gradients' rows of dz, bwd_data's W), f32 accumulation, one rounding into
+// the output.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -78,7 +79,7 @@ HOTOPS_VECTOR_INLINE const float* widened(const T* v, std::int64_t n, float* wid
 // [from, N), each element summed from the bias over i in order, a row at a time (an f32 output
 // accumulates in y itself; a bf16 one in `acc`, a row of N floats).
 template <class T, class O>
-HOTOPS_VECTOR_INLINE void forward_rows(const T* a, const T* W, const T* bias, O* y, std::int64_t M, std::int64_t K, std::int64_t N,
+HOTOPS_VECTOR_INLINE void forward_rows(const float* a, const T* W, const T* bias, O* y, std::int64_t M, std::int64_t K, std::int64_t N,
                   std::int64_t from, float alpha, float beta, bool relu, float* acc) {
   for (std::int64_t r = 0; r < M; ++r) {
     float* yr;
@@ -89,7 +90,7 @@ HOTOPS_VECTOR_INLINE void forward_rows(const T* a, const T* W, const T* bias, O*
     else
       std::fill(yr + from, yr + N, 0.f);
     for (std::int64_t i = 0; i < K; ++i) {
-      const float ai = alpha * load(a[r * K + i]);
+      const float ai = alpha * a[r * K + i];
       const T* Wi = W + i * N;
       for (std::int64_t o = from; o < N; ++o) yr[o] += ai * load(Wi[o]);
     }
@@ -103,13 +104,13 @@ HOTOPS_VECTOR_INLINE void forward_rows(const T* a, const T* W, const T* bias, O*
 // The whole forward: the columns of whole blocks of 16 in block_sums (rows 4 at a time, then the rows
 // after the last 4 one at a time: a row summed in memory is one chain of dependent adds, and stalls on
 // every load that its stores may alias), the rest in forward_rows. Below kBlockDepth terms
-// forward_rows alone.
+// forward_rows alone. `a` in f32 (forward widens bf16 rows first).
 template <class T, class O>
-HOTOPS_VECTOR_INLINE void forward(const T* a, const T* W, const T* bias, O* y, std::int64_t M, std::int64_t K, std::int64_t N, float alpha,
-             float beta, bool relu, float* acc) {
+HOTOPS_VECTOR_INLINE void forward_f32a(const float* a, const T* W, const T* bias, O* y, std::int64_t M, std::int64_t K,
+                                       std::int64_t N, float alpha, float beta, bool relu, float* acc) {
   const std::int64_t C16 = N / kBlockCols * kBlockCols;
   if (K < kBlockDepth || C16 == 0) return forward_rows(a, W, bias, y, M, K, N, 0, alpha, beta, relu, acc);
-  const auto a_of = [&](std::int64_t r, std::int64_t i) HOTOPS_LAMBDA_INLINE { return alpha * load(a[r * K + i]); };
+  const auto a_of = [&](std::int64_t r, std::int64_t i) HOTOPS_LAMBDA_INLINE { return alpha * a[r * K + i]; };
   const auto put = [&](std::int64_t r, std::int64_t o, float v) HOTOPS_LAMBDA_INLINE {
     y[r * N + o] = store<O>(relu ? std::max(v, 0.f) : v);
   };
@@ -123,21 +124,42 @@ HOTOPS_VECTOR_INLINE void forward(const T* a, const T* W, const T* bias, O* y, s
   if (C16 < N) forward_rows(a, W, bias, y, M, K, N, C16, alpha, beta, relu, acc);
 }
 
+// The forward on the stored operands: bf16 rows of a widened (exact) kChunkRows at a time into
+// `wide` (kChunkRows x K floats), so that each of a's elements is widened once instead of at each of
+// its broadcasts (a block of 16 columns broadcasts it, and each element of a is in N / 16 blocks);
+// f32 as it is. The same sums in the same order either way.
+constexpr std::int64_t kChunkRows = 64;
+template <class T, class O>
+HOTOPS_VECTOR_INLINE void forward(const T* a, const T* W, const T* bias, O* y, std::int64_t M, std::int64_t K, std::int64_t N,
+                                  float alpha, float beta, bool relu, float* acc, float* wide) {
+  if constexpr (std::is_same_v<T, float>) {
+    forward_f32a(a, W, bias, y, M, K, N, alpha, beta, relu, acc);
+  } else {
+    for (std::int64_t r0 = 0; r0 < M; r0 += kChunkRows) {
+      const std::int64_t rows = std::min(kChunkRows, M - r0);
+      forward_f32a(widened(a + r0 * K, rows * K, wide), W, bias, y + r0 * N, rows, K, N, alpha, beta, relu, acc);
+    }
+  }
+}
+
 // dW[K, N] = alpha * a[M, K]^T . dz[M, N], accumulated in `acc` (K x N floats: dW itself where it
 // is f32): its K rows are independent sums, so that the loop is not bound by one chain of adds.
 template <class T, class O>
-HOTOPS_VECTOR_INLINE void weight_grad(const T* a, const T* dz, O* dW, std::int64_t M, std::int64_t K, std::int64_t N, float alpha, float* acc) {
+HOTOPS_VECTOR_INLINE void weight_grad(const T* a, const T* dz, O* dW, std::int64_t M, std::int64_t K, std::int64_t N, float alpha,
+                                      float* acc, float* wide) {
   float* sum;
   if constexpr (std::is_same_v<O, float>) sum = dW;
   else sum = acc;
   std::fill_n(sum, K * N, 0.f);
-  for (std::int64_t r = 0; r < M; ++r)
+  for (std::int64_t r = 0; r < M; ++r) {
+    // bf16: the row of dz widened once (`wide`: N floats), not once for each of the K rows of dW.
+    const float* dzr = widened(dz + r * N, N, wide);
     for (std::int64_t i = 0; i < K; ++i) {
       const float ai = alpha * load(a[r * K + i]);
       float* si = sum + i * N;
-      const T* dzr = dz + r * N;
-      for (std::int64_t o = 0; o < N; ++o) si[o] += ai * load(dzr[o]);
+      for (std::int64_t o = 0; o < N; ++o) si[o] += ai * dzr[o];
     }
+  }
   if constexpr (!std::is_same_v<O, float>)
     for (std::int64_t j = 0; j < K * N; ++j) dW[j] = store<O>(sum[j]);
 }
@@ -172,12 +194,12 @@ HOTOPS_VECTOR_INLINE void data_grad(const T* dz, const T* W, O* da, std::int64_t
 // The loops of each (operands, output) storage pair the plans run, one function per x86-64 level.
 #define HOTOPS_MATMUL_LOOPS(T, O)                                                                                    \
   HOTOPS_CPU_CLONES void forward_loop(const T* a, const T* W, const T* bias, O* y, std::int64_t M, std::int64_t K,   \
-                                      std::int64_t N, float alpha, float beta, bool relu, float* acc) {              \
-    forward<T, O>(a, W, bias, y, M, K, N, alpha, beta, relu, acc);                                                  \
+                                      std::int64_t N, float alpha, float beta, bool relu, float* acc, float* wide) { \
+    forward<T, O>(a, W, bias, y, M, K, N, alpha, beta, relu, acc, wide);                                            \
   }                                                                                                                  \
   HOTOPS_CPU_CLONES void weight_grad_loop(const T* a, const T* dz, O* dW, std::int64_t M, std::int64_t K,           \
-                                          std::int64_t N, float alpha, float* acc) {                                 \
-    weight_grad<T, O>(a, dz, dW, M, K, N, alpha, acc);                                                              \
+                                          std::int64_t N, float alpha, float* acc, float* wide) {                    \
+    weight_grad<T, O>(a, dz, dW, M, K, N, alpha, acc, wide);                                                        \
   }                                                                                                                  \
   HOTOPS_CPU_CLONES void data_grad_loop(const T* dz, const T* W, O* da, std::int64_t M, std::int64_t K,             \
                                         std::int64_t N, float alpha, float* wide) {                                  \
@@ -197,8 +219,14 @@ class CpuLoopMatmul final : public Plan {
     product(s);  // checks the shape
     if (s.dir == Direction::fwd && !std::is_same_v<O, float>) acc_.resize(static_cast<std::size_t>(s.N));
     if (s.dir == Direction::bwd_weight && !std::is_same_v<O, float>) acc_.resize(static_cast<std::size_t>(s.K * s.N));
-    // bf16 bwd_data: W and a row of dz, read many times, as f32
-    if (!std::is_same_v<T, float> && s.dir == Direction::bwd_data) wide_.resize(static_cast<std::size_t>((s.K + 1) * s.N));
+    // bf16: the operands read many times, as f32 (fwd: kChunkRows rows of a; bwd_weight: a row of
+    // dz; bwd_data: W and a row of dz)
+    if (!std::is_same_v<T, float>) {
+      const std::int64_t wide = s.dir == Direction::fwd           ? std::min(kChunkRows, s.M) * s.K
+                                : s.dir == Direction::bwd_weight ? s.N
+                                                                 : (s.K + 1) * s.N;
+      wide_.resize(static_cast<std::size_t>(wide));
+    }
     if (has_dbias()) dbias_acc_.resize(static_cast<std::size_t>(s.N));
   }
 
@@ -207,13 +235,13 @@ class CpuLoopMatmul final : public Plan {
     switch (s_.dir) {
       case Direction::fwd:
         forward_loop(in(t.a), in(t.b), s_.op == Op::addmm ? in(t.bias) : nullptr, static_cast<O*>(t.out), M, K, N, alpha_,
-                     beta_, s_.relu, acc_.data());
+                     beta_, s_.relu, acc_.data(), wide_.data());
         break;
       case Direction::bwd_data:
         data_grad_loop(in(t.dout), in(t.b), static_cast<O*>(t.out), M, K, N, alpha_, wide_.data());
         break;
       default:
-        weight_grad_loop(in(t.a), in(t.dout), static_cast<O*>(t.out), M, K, N, alpha_, acc_.data());
+        weight_grad_loop(in(t.a), in(t.dout), static_cast<O*>(t.out), M, K, N, alpha_, acc_.data(), wide_.data());
         if (has_dbias()) {  // dbias[N] = beta * the column sums of dOut, in the dtype
           cpu::column_sums(in(t.dout), M, N, dbias_acc_.data(), 1);
           T* db = static_cast<T*>(t.dbias);
@@ -240,7 +268,7 @@ class CpuLoopMatmul final : public Plan {
   float alpha_, beta_;
   std::vector<float> acc_;        // bf16 output: fwd a row, bwd_weight dW, in f32
   std::vector<float> dbias_acc_;  // addmm bwd_weight: dbias in f32
-  std::vector<float> wide_;       // bf16 bwd_data: W and a row of dz, widened
+  std::vector<float> wide_;       // bf16: the operands read many times, widened
 };
 
 }  // namespace
