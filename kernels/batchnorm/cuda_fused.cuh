@@ -53,9 +53,11 @@ struct MaskPeriod {
   int period;
   std::int64_t first;
 };
-__device__ inline bool keep(const pointwise::DropoutKey& k, std::int64_t e, std::int64_t b, MaskPeriod mp) {
-  return pointwise::dropout_keep(k, static_cast<std::uint32_t>(e), static_cast<std::uint32_t>((mp.first + b) % mp.period));
+__device__ inline std::uint32_t mask_sample(MaskPeriod mp, std::int64_t b) { return static_cast<std::uint32_t>((mp.first + b) % mp.period); }
+__device__ inline bool keep(const pointwise::DropoutKey& k, std::int64_t e, std::uint32_t sample) {
+  return pointwise::dropout_keep(k, static_cast<std::uint32_t>(e), sample);
 }
+__device__ inline bool keep(const pointwise::DropoutKey& k, std::int64_t e, std::int64_t b, MaskPeriod mp) { return keep(k, e, mask_sample(mp, b)); }
 
 // A dropout after a pool or a dense layer: element e of sample b kept when keep(key, e, b, mask_period()).
 struct Drop {
@@ -86,6 +88,24 @@ __device__ inline void block_sums(float4 s1, float4 s2, int C, int c4, int r0, i
     partial[static_cast<std::int64_t>(blockIdx.x) * 2 * C + c] = a;
     partial[static_cast<std::int64_t>(blockIdx.x) * 2 * C + C + c] = b;
   }
+}
+
+// Row r of `per` rows a sample: its sample n and row h (in int where r fits one).
+__device__ inline void split_row(std::int64_t r, int per, std::int64_t* n, int* h) {
+  if (r <= 0x7fffffff) {
+    const int q = static_cast<int>(r) / per;
+    *n = q, *h = static_cast<int>(r) - q * per;
+  } else {
+    *n = r / per, *h = static_cast<int>(r - *n * per);
+  }
+}
+
+// The grid of a row kernel: x the row's `row_vectors` vectors (a thread keeps its column, and the
+// column's per-channel values, across rows), y the rows, strided (about 8192 blocks in all).
+inline dim3 row_grid(std::int64_t rows, int row_vectors) {
+  const std::int64_t gx = (row_vectors + kThreads - 1) / kThreads;
+  const std::int64_t gy = std::max<std::int64_t>(1, std::min<std::int64_t>({rows, 65535, std::max<std::int64_t>(1, 8192 / gx)}));
+  return dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
 }
 
 inline unsigned grid_for(std::int64_t n, std::int64_t cap = 8192) {

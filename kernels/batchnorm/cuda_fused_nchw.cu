@@ -79,6 +79,7 @@ __global__ void __launch_bounds__(kThreads) reduce_nchw(const T* __restrict__ d,
   float s1 = 0.f, s2 = 0.f;
   for (std::int64_t n = j; n < B; n += nb) {
     const T* zc = z + (n * C + c) * zplane;
+    const std::uint32_t sample = M == Sum::pooled && drop.on ? mask_sample(period, n) : 0;
     for (int e = threadIdx.x; e < plane; e += blockDim.x) {
       if (M == Sum::stats) {
         const float v = as_float(zc[e]) - K;
@@ -93,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) reduce_nchw(const T* __restrict__ d,
         const std::int64_t pi = pooled_at(g, n, c, ph, pw, d_nhwc);
         const int a = arg[pi];
         gj = as_float(d[pi]);
-        if (drop.on) gj *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + c, n, period) ? drop.key.scale : 0.f;
+        if (drop.on) gj *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + c, sample) ? drop.key.scale : 0.f;
         zv = as_float(zc[(ph * g.k + a / g.k) * g.Q + pw * g.k + a % g.k]);
       }
       const float dy = zv * s + t > 0.f ? gj : 0.f;
@@ -114,23 +115,25 @@ __global__ void __launch_bounds__(kThreads) reduce_nchw(const T* __restrict__ d,
 
 // dz over NCHW z, as dz_pool (Pooled: d is the pooled gradient at pooled_at(d_nhwc)) or dz_dense (d NCHW
 // as z; no dropout).
-template <bool Pooled, class T>
+// I: the type the element's coordinates are taken apart in (int where the tensor's elements fit one).
+template <bool Pooled, class I, class T>
 __global__ void dz_nchw(const T* __restrict__ d, const unsigned char* __restrict__ arg, const T* __restrict__ z, const float* __restrict__ scale,
                         const float* __restrict__ shift, const float* __restrict__ coef, const float* __restrict__ mean, const float* __restrict__ rstd,
                         T* __restrict__ dz, std::int64_t n, PoolGeom g, Drop drop, bool d_nhwc) {
   const MaskPeriod period = drop.mask_period();
   const int C = g.C, plane = g.P * g.Q;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const int c = static_cast<int>((i / plane) % C);
+    const I ii = static_cast<I>(i), nc = ii / plane;
+    const int c = static_cast<int>(nc % C);
     const float v = as_float(z[i]);
     const bool live = v * scale[c] + shift[c] > 0.f;
     float dy = 0.f;
     if (Pooled) {
-      const int e = static_cast<int>(i % plane), h = e / g.Q, w = e % g.Q, ph = h / g.k, pw = w / g.k;
+      const int e = static_cast<int>(ii - nc * plane), h = e / g.Q, w = e - h * g.Q, ph = h / g.k, pw = w / g.k;
       if (live && ph < g.PH && pw < g.PW) {
-        const std::int64_t nn = i / (static_cast<std::int64_t>(plane) * C);
+        const std::int64_t nn = nc / C;
         const std::int64_t pi = pooled_at(g, nn, c, ph, pw, d_nhwc);
-        if (arg[pi] == (h % g.k) * g.k + w % g.k) {
+        if (arg[pi] == (h - ph * g.k) * g.k + w - pw * g.k) {
           dy = as_float(d[pi]);
           if (drop.on) dy *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + c, nn, period) ? drop.key.scale : 0.f;
         }
@@ -185,10 +188,13 @@ void launch_reduce_nchw(Sum m, const T* d, const unsigned char* arg, const T* z,
 template <class T>
 void launch_dz_nchw(bool pooled, const T* d, const unsigned char* arg, const T* z, const float* scale, const float* shift, const float* coef,
                     const float* mean, const float* rstd, T* dz, std::int64_t n, PoolGeom g, Drop drop, bool d_nhwc) {
-  if (pooled)
-    dz_nchw<true><<<grid_for(n), kThreads, 0, gpu::stream()>>>(d, arg, z, scale, shift, coef, mean, rstd, dz, n, g, drop, d_nhwc);
-  else
-    dz_nchw<false><<<grid_for(n), kThreads, 0, gpu::stream()>>>(d, arg, z, scale, shift, coef, mean, rstd, dz, n, g, drop, d_nhwc);
+  const unsigned grid = grid_for(n);
+  cudaStream_t st = gpu::stream();
+  const bool small = n <= 0x7fffffff;
+  if (pooled && small) dz_nchw<true, int><<<grid, kThreads, 0, st>>>(d, arg, z, scale, shift, coef, mean, rstd, dz, n, g, drop, d_nhwc);
+  else if (pooled) dz_nchw<true, std::int64_t><<<grid, kThreads, 0, st>>>(d, arg, z, scale, shift, coef, mean, rstd, dz, n, g, drop, d_nhwc);
+  else if (small) dz_nchw<false, int><<<grid, kThreads, 0, st>>>(d, arg, z, scale, shift, coef, mean, rstd, dz, n, g, drop, d_nhwc);
+  else dz_nchw<false, std::int64_t><<<grid, kThreads, 0, st>>>(d, arg, z, scale, shift, coef, mean, rstd, dz, n, g, drop, d_nhwc);
   HOTOPS_CHECK_LAUNCH();
 }
 

@@ -147,8 +147,11 @@ __global__ void __launch_bounds__(kThreads) reduce_pool(const T* __restrict__ dp
   float4 s1 = make_float4(0, 0, 0, 0), s2 = s1;
   if (r0 < rpi)
     for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * rpi + r0; r < rows; r += static_cast<std::int64_t>(gridDim.x) * rpi) {
-      const int pw = static_cast<int>(r % g.PW), ph = static_cast<int>((r / g.PW) % g.PH);
-      const std::int64_t n = r / (static_cast<std::int64_t>(g.PW) * g.PH);
+      std::int64_t nph = 0, n = 0;
+      int pw = 0, ph = 0;
+      split_row(r, g.PW, &nph, &pw);
+      split_row(nph, g.PH, &n, &ph);
+      const std::uint32_t sample = drop.on ? mask_sample(period, n) : 0;
       const float4 d = load4(dp, r * tpr + c4);
       const uchar4 a = arg[r * tpr + c4];
       const unsigned char at[4] = {a.x, a.y, a.z, a.w};
@@ -156,7 +159,7 @@ __global__ void __launch_bounds__(kThreads) reduce_pool(const T* __restrict__ dp
       for (int j = 0; j < 4; ++j) {
         const int c = 4 * c4 + j;
         float gj = lane(d, j);
-        if (drop.on) gj *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + c, n, period) ? drop.key.scale : 0.f;
+        if (drop.on) gj *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + c, sample) ? drop.key.scale : 0.f;
         const float zv = as_float(z[((n * g.P + ph * g.k + at[j] / g.k) * g.Q + pw * g.k + at[j] % g.k) * C + c]);
         const float dy = zv * scale[c] + shift[c] > 0.f ? gj : 0.f;
         lane(s1, j) += dy;
@@ -188,49 +191,52 @@ __global__ void __launch_bounds__(1024) finalize_bwd(const float* __restrict__ p
   coef[2 * C + c] = static_cast<float>(-a * s2 / M);
 }
 
-// dz over every pixel of z (n, h, w, c4): dy is the pooled gradient where this pixel is its window's
-// argmax (through dropout and the ReLU), else 0; dz = A dy + b0 + c0 xhat (batch norm) or dy.
+// dz over every pixel of z: x the vectors (w, c4) of a row of z, y its rows (n, h) (row_grid; a
+// thread keeps its channels' coefficients across rows). dy is the pooled gradient where this pixel is
+// its window's argmax (through dropout and the ReLU), else 0; dz = A dy + b0 + c0 xhat (batch norm)
+// or dy.
 template <class T>
-__global__ void dz_pool(const T* __restrict__ dp, const uchar4* __restrict__ arg, const T* __restrict__ z, const float4* __restrict__ scale,
-                        const float4* __restrict__ shift, const float* __restrict__ coef, const float4* __restrict__ mean,
-                        const float4* __restrict__ rstd, T* __restrict__ dz, std::int64_t n4, PoolGeom g, Drop drop) {
+__global__ void __launch_bounds__(kThreads) dz_pool(const T* __restrict__ dp, const uchar4* __restrict__ arg, const T* __restrict__ z,
+                                                    const float4* __restrict__ scale, const float4* __restrict__ shift, const float* __restrict__ coef,
+                                                    const float4* __restrict__ mean, const float4* __restrict__ rstd, T* __restrict__ dz,
+                                                    std::int64_t rows, PoolGeom g, Drop drop) {
+  const int C = g.C, C4 = C / 4, j = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x), row4 = g.Q * C4;
+  if (j >= row4) return;
+  const int w = j / C4, c4 = j - w * C4, pw = w / g.k, wq = w - pw * g.k;
   const MaskPeriod period = drop.mask_period();
-  const int C = g.C, C4 = C / 4;
-  const float4* A = reinterpret_cast<const float4*>(coef);
-  const float4* B0 = reinterpret_cast<const float4*>(coef + C);
-  const float4* C0 = reinterpret_cast<const float4*>(coef + 2 * C);
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n4; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const int c4 = static_cast<int>(i % C4);
-    std::int64_t rest = i / C4;
-    const int w = static_cast<int>(rest % g.Q);
-    rest /= g.Q;
-    const int h = static_cast<int>(rest % g.P);
-    const std::int64_t n = rest / g.P;
-    const int ph = h / g.k, pw = w / g.k;
+  const float4 s = scale[c4], t = shift[c4], A = reinterpret_cast<const float4*>(coef)[c4];
+  const float4 zero = make_float4(0, 0, 0, 0);
+  const float4 B0 = mean ? reinterpret_cast<const float4*>(coef + C)[c4] : zero, C0 = mean ? reinterpret_cast<const float4*>(coef + 2 * C)[c4] : zero;
+  const float4 m = mean ? mean[c4] : zero, rs = mean ? rstd[c4] : zero;
+  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    std::int64_t n = 0;
+    int h = 0;
+    split_row(r, g.P, &n, &h);
+    const int ph = h / g.k;
+    const std::int64_t i = r * row4 + j;
     const float4 v = load4(z, i);
-    float4 dy = make_float4(0, 0, 0, 0);
+    float4 dy = zero;
     if (ph < g.PH && pw < g.PW) {
       const std::int64_t pi = ((n * g.PH + ph) * g.PW + pw) * C4 + c4;
       const uchar4 a = arg[pi];
       const unsigned char at[4] = {a.x, a.y, a.z, a.w};
-      const unsigned char mine = static_cast<unsigned char>((h % g.k) * g.k + w % g.k);
+      const unsigned char mine = static_cast<unsigned char>((h - ph * g.k) * g.k + wq);
       if (at[0] == mine || at[1] == mine || at[2] == mine || at[3] == mine) {
-        const float4 d = load4(dp, pi), s = scale[c4], t = shift[c4];
+        const float4 d = load4(dp, pi);
+        const std::uint32_t sample = drop.on ? mask_sample(period, n) : 0;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (at[j] != mine || !(lane(v, j) * lane(s, j) + lane(t, j) > 0.f)) continue;
-          float gj = lane(d, j);
-          if (drop.on) gj *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + 4 * c4 + j, n, period) ? drop.key.scale : 0.f;
-          lane(dy, j) = gj;
+        for (int jj = 0; jj < 4; ++jj) {
+          if (at[jj] != mine || !(lane(v, jj) * lane(s, jj) + lane(t, jj) > 0.f)) continue;
+          float gj = lane(d, jj);
+          if (drop.on) gj *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + 4 * c4 + jj, sample) ? drop.key.scale : 0.f;
+          lane(dy, jj) = gj;
         }
       }
     }
-    const float4 a = A[c4];
-    float4 out = make_float4(a.x * dy.x, a.y * dy.y, a.z * dy.z, a.w * dy.w);
+    float4 out = make_float4(A.x * dy.x, A.y * dy.y, A.z * dy.z, A.w * dy.w);
     if (mean) {
-      const float4 b0 = B0[c4], c0 = C0[c4], m = mean[c4], rs = rstd[c4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) lane(out, j) += lane(b0, j) + lane(c0, j) * (lane(v, j) - lane(m, j)) * lane(rs, j);
+      for (int jj = 0; jj < 4; ++jj) lane(out, jj) += lane(B0, jj) + lane(C0, jj) * (lane(v, jj) - lane(m, jj)) * lane(rs, jj);
     }
     store4(dz, i, out);
   }
@@ -449,8 +455,9 @@ class CudaReluMaxpool final : public Plan {
     const float4* rstd = s_.bn ? reinterpret_cast<const float4*>(a.rstd) : nullptr;
     const std::int64_t n4 = s_.count() / 4;
     if (s_.pool)
-      dz_pool<<<grid_for(n4), kThreads, 0, gpu::stream()>>>(dout, reinterpret_cast<const uchar4*>(a.arg), z, scale, shift, coef_.as<const float>(),
-                                                            mean, rstd, static_cast<T*>(a.dz), n4, geom_, d);
+      dz_pool<<<row_grid(s_.N * s_.H, geom_.Q * (geom_.C / 4)), kThreads, 0, gpu::stream()>>>(
+          dout, reinterpret_cast<const uchar4*>(a.arg), z, scale, shift, coef_.as<const float>(), mean, rstd, static_cast<T*>(a.dz), s_.N * s_.H,
+          geom_, d);
     else
       dz_dense<<<grid_for(n4), kThreads, 0, gpu::stream()>>>(dout, z, scale, shift, coef_.as<const float>(), mean, rstd, static_cast<T*>(a.dz), n4,
                                                              dim(s_.C), d, per4());
