@@ -73,6 +73,14 @@ HOTOPS_VECTOR_INLINE std::uint16_t f32_to_bf16(float f) {
   return static_cast<std::uint16_t>(if_set((u & 0x7fffffffu) > 0x7f800000u, nan, rounded));
 }
 
+// The same for loops templated on the storage type itself (float, or bf16 as its bits,
+// std::uint16_t): load gives an element's f32 value, store<T> rounds an f32 to T.
+HOTOPS_VECTOR_INLINE float load(float v) { return v; }
+HOTOPS_VECTOR_INLINE float load(std::uint16_t v) { return bf16_to_f32(v); }
+template <class T> HOTOPS_VECTOR_INLINE T store(float f);
+template <> HOTOPS_VECTOR_INLINE float store<float>(float f) { return f; }
+template <> HOTOPS_VECTOR_INLINE std::uint16_t store<std::uint16_t>(float f) { return f32_to_bf16(f); }
+
 // An element stored as D: f32, or bf16 as its bits (any D but f32); load gives its f32 value, store
 // rounds an f32 to it.
 template <DType D>

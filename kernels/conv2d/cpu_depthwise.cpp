@@ -32,8 +32,8 @@ namespace {
 
 using bf16 = std::uint16_t;  // bf16's bits
 
-HOTOPS_VECTOR_INLINE float load(float v) { return v; }
-HOTOPS_VECTOR_INLINE float load(bf16 v) { return vec::bf16_to_f32(v); }
+using vec::load;  // storage -> f32: f32 as is, bf16 widened exactly
+using vec::store;  // and back, bf16 rounded to nearest even
 
 // acc[(r * S + t) * C + c] += the terms of output rows [row_begin, row_end) (row = n * P + p), and
 // dbias[c] += dy's (where given): for each filter tap, the row's columns in order, each a multiply-add
@@ -77,11 +77,6 @@ HOTOPS_VECTOR_INLINE void tap_sums(const Shape& s, const T* __restrict x, const 
 HOTOPS_DEPTHWISE_LOOPS(float)
 HOTOPS_DEPTHWISE_LOOPS(bf16)
 #undef HOTOPS_DEPTHWISE_LOOPS
-
-// f32 -> the weights' storage: f32 as is; bf16 rounded to nearest even.
-template <class O> O store(float f);
-template <> float store<float>(float f) { return f; }
-template <> bf16 store<bf16>(float f) { return vec::f32_to_bf16(f); }
 
 // T: x's and dy's storage; O: dw's and db's (f32 with f32_params).
 template <class T, class O>

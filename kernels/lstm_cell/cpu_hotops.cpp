@@ -24,11 +24,8 @@ using vec::bits;
 using vec::from_bits;
 
 // Storage <-> f32: f32 as is; bf16 as the high half, rounded to nearest even, NaN kept quiet.
-LSTM_INLINE float load(float v) { return v; }
-LSTM_INLINE float load(std::uint16_t v) { return vec::bf16_to_f32(v); }
-template <class T> LSTM_INLINE T store(float f);
-template <> LSTM_INLINE float store<float>(float f) { return f; }
-template <> LSTM_INLINE std::uint16_t store<std::uint16_t>(float f) { return vec::f32_to_bf16(f); }
+using vec::load;
+using vec::store;
 
 // e^x, 2 ulp: x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite), e^r by its Taylor polynomial to
 // degree 7, 2^n added to the exponent bits. x is clamped to [-86, 88], where 2^n stays a normal

@@ -25,11 +25,8 @@ namespace {
 using bf16 = std::uint16_t;  // bf16's bits
 
 // Storage <-> f32: f32 as is; bf16 widened exactly, narrowed rounding to nearest even.
-HOTOPS_VECTOR_INLINE float load(float v) { return v; }
-HOTOPS_VECTOR_INLINE float load(bf16 v) { return vec::bf16_to_f32(v); }
-template <class T> HOTOPS_VECTOR_INLINE T store(float f);
-template <> HOTOPS_VECTOR_INLINE float store<float>(float f) { return f; }
-template <> HOTOPS_VECTOR_INLINE bf16 store<bf16>(float f) { return vec::f32_to_bf16(f); }
+using vec::load;
+using vec::store;
 
 // c(r, j) = init(j) + the sum over k in order of a(r, k) B[k ldb + j], for the rows [r_begin, r_end)
 // (in blocks of Rows: the caller's rows make whole blocks) and the columns of whole blocks of 16,

@@ -27,10 +27,7 @@ namespace {
 
 using bf16 = std::uint16_t;  // bf16 storage
 
-// f32 -> storage: f32 as is; bf16 rounded to nearest even.
-template <class T> HOTOPS_VECTOR_INLINE T store(float f);
-template <> HOTOPS_VECTOR_INLINE float store<float>(float f) { return f; }
-template <> HOTOPS_VECTOR_INLINE bf16 store<bf16>(float f) { return vec::f32_to_bf16(f); }
+using vec::store;  // f32 -> storage: f32 as is; bf16 rounded to nearest even
 
 // Below this many elements a pointwise loop runs on one thread.
 constexpr std::int64_t kParallelGrain = 1 << 15;
