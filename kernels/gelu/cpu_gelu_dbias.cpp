@@ -1,44 +1,42 @@
-// gelu_dbias on the CPU: dx = dy * gelu'(x) (erf) in one OpenMP loop, f32 math on the stored values,
-// then the column sums of the stored dx (hotops/cpu_colsum.h). Storage float, or bf16 as its bits.
-#include <cmath>
+// gelu_dbias on the CPU: dx = dy * gelu'(x) (erf) by the gelu op's own CPU backward plan (its
+// vectorised loop, the dtype's default implementation), then the column sums of the stored dx
+// (hotops/cpu_colsum.h). Storage float, or bf16 as its bits. In place (dx = dy) as the gelu plan
+// runs it: each element is read before it is written.
 #include <cstdint>
 #include <memory>
 #include <string>
 
 #include "hotops/cpu.h"
 #include "hotops/cpu_colsum.h"
+#include "kernels/gelu/gelu.h"
 #include "kernels/gelu/gelu_dbias.h"
 
 namespace hotops::gelu::dbias {
 namespace {
 
 using bf16 = std::uint16_t;  // bf16's bits
-using cpu::stored;
 
-float gelu_grad(float z) {
-  return 0.5f * (1.f + std::erf(z * 0.70710678118654752f)) + z * 0.39894228040143268f * std::exp(-0.5f * z * z);
+gelu::Shape backward_of(const Shape& s) {
+  gelu::Shape g;
+  g.dir = Direction::bwd, g.dtype = s.dtype, g.approx = Approx::none, g.elements = s.rows * s.cols;
+  return g;
 }
 
 template <class T>
 class CpuGeluDbias final : public Plan {
  public:
-  explicit CpuGeluDbias(const Shape& s) : s_(s) {}
+  explicit CpuGeluDbias(const Shape& s) : s_(s), gelu_(gelu::make_cpu_plan(backward_of(s))) {}
 
   void run(const Args& a) override {
-    const T* x = static_cast<const T*>(a.x);
-    const T* dy = static_cast<const T*>(a.dy);
-    T* dx = static_cast<T*>(a.dx);
-    const std::int64_t n = s_.rows * s_.cols;
-    const int threads = cpu::threads();
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (std::int64_t i = 0; i < n; ++i) dx[i] = stored<T>(cpu::f32_value(dy[i]) * gelu_grad(cpu::f32_value(x[i])));
-    cpu::column_sums(dx, s_.rows, s_.cols, a.dbias, threads);
+    gelu_->run(gelu::Args{a.x, a.dy, a.dx});
+    cpu::column_sums(static_cast<const T*>(a.dx), s_.rows, s_.cols, a.dbias, cpu::threads());
   }
 
-  std::string label() const override { return "hotops OpenMP GELU (erf) backward, then column sums"; }
+  std::string label() const override { return "the gelu op's CPU backward plan (" + gelu_->label() + "), then column sums"; }
 
  private:
   Shape s_;
+  std::unique_ptr<gelu::Plan> gelu_;
 };
 
 }  // namespace
