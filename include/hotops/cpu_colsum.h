@@ -8,14 +8,6 @@
 
 namespace hotops::cpu {
 
-// The f32 value of an element stored as float, or as bf16 in its 16 bits; and the element that stores
-// an f32 value (bf16 rounded to nearest even).
-inline float f32_value(float v) { return v; }
-inline float f32_value(std::uint16_t v) { return vec::bf16_to_f32(v); }
-template <class T> T stored(float v);
-template <> inline float stored<float>(float v) { return v; }
-template <> inline std::uint16_t stored<std::uint16_t>(float v) { return vec::f32_to_bf16(v); }
-
 // out[c] = sum over r of x[r * cols + c], on `threads` threads.
 template <class T>
 void column_sums(const T* x, std::int64_t rows, std::int64_t cols, float* out, int threads) {
@@ -25,7 +17,7 @@ void column_sums(const T* x, std::int64_t rows, std::int64_t cols, float* out, i
     const std::int64_t c1 = std::min(cols, c0 + kCols);
     float acc[kCols] = {};
     for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t c = c0; c < c1; ++c) acc[c - c0] += f32_value(x[r * cols + c]);
+      for (std::int64_t c = c0; c < c1; ++c) acc[c - c0] += vec::load(x[r * cols + c]);
     for (std::int64_t c = c0; c < c1; ++c) out[c] = acc[c - c0];
   }
 }

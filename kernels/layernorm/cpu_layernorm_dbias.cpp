@@ -12,13 +12,15 @@
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "hotops/cpu_colsum.h"
+#include "hotops/cpu_vector.h"
 #include "kernels/layernorm/layernorm_dbias.h"
 
 namespace hotops::layernorm::dbias {
 namespace {
 
 using bf16 = std::uint16_t;  // bf16's bits
-using cpu::stored;
+using vec::load;
+using vec::store;
 
 template <class T>
 class CpuLayernormDbias final : public Plan {
@@ -65,8 +67,8 @@ class CpuLayernormDbias final : public Plan {
         float m1 = 0, m2 = 0;
         for (std::int64_t c = 0; c < H; ++c) {
           const std::int64_t i = r * H + c;
-          const float dv = cpu::f32_value(dy[i]);
-          const float xh = (cpu::f32_value(x[i]) - m) * rs;
+          const float dv = load(dy[i]);
+          const float xh = (load(x[i]) - m) * rs;
           d[c] = dv;
           pg[c] += dv * xh, pb[c] += dv;
           m1 += dv * g[c], m2 += dv * g[c] * xh;
@@ -75,8 +77,8 @@ class CpuLayernormDbias final : public Plan {
         if (dx)
           for (std::int64_t c = 0; c < H; ++c) {
             const std::int64_t i = r * H + c;
-            const float xh = (cpu::f32_value(x[i]) - m) * rs;
-            dx[i] = stored<T>(rs * (d[c] * g[c] - m1 - xh * m2) + (dres ? cpu::f32_value(dres[i]) : 0.f));
+            const float xh = (load(x[i]) - m) * rs;
+            dx[i] = store<T>(rs * (d[c] * g[c] - m1 - xh * m2) + (dres ? load(dres[i]) : 0.f));
           }
       }
     }

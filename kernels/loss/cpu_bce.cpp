@@ -7,6 +7,7 @@
 
 #include "hotops/cpu.h"
 #include "hotops/cpu_colsum.h"
+#include "hotops/cpu_vector.h"
 #include "kernels/loss/bce.h"
 
 namespace hotops::loss::bce {
@@ -20,7 +21,7 @@ float mean_loss(const T* z, const float* y, std::int64_t n) {
   double total = 0;
 #pragma omp parallel for num_threads(cpu::threads()) reduction(+ : total) schedule(static)
   for (std::int64_t i = 0; i < n; ++i) {
-    const float v = cpu::f32_value(z[i]);
+    const float v = vec::load(z[i]);
     total += static_cast<double>(std::fmax(v, 0.f) - v * y[i] + std::log1p(std::exp(-std::fabs(v))));
   }
   return static_cast<float>(total / static_cast<double>(n));
@@ -32,10 +33,10 @@ void gradient(const T* z, const float* y, T* d, std::int64_t n) {
   const float len = static_cast<float>(n);
 #pragma omp parallel for num_threads(cpu::threads()) schedule(static)
   for (std::int64_t i = 0; i < n; ++i) {
-    const float v = cpu::f32_value(z[i]);
+    const float v = vec::load(z[i]);
     const float e = std::exp(-std::fabs(v));
     const float sig = v >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
-    d[i] = cpu::stored<T>((sig - y[i]) / len);
+    d[i] = vec::store<T>((sig - y[i]) / len);
   }
 }
 
