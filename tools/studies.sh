@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The runs and tables of docs/studies.md: the five CPU-vs-GPU studies hotops grew out of, asked again.
 #
-#   tools/studies.sh run OUT.json                   one bench process over the studies' entries (f32)
+#   tools/studies.sh run [--study NAME] OUT.json    one bench process over the studies' entries (f32),
+#                                                   or one study's
 #   tools/studies.sh tables RUN.json [GPU.json]     the Markdown tables of docs/studies.md from that run
 #   tools/studies.sh tables --study NAME RUN.json [GPU.json]   one study's tables (tinymlp, classifierdl,
 #                                                   pyspark, woolf, tf2)
 #   tools/studies.sh tables --cpu-variant threads:1 ...   the CPU side of speed-ups and breakdowns
 #                                                   from its one-thread entries (a shared, small CPU)
 #   tools/studies.sh doc docs/studies.md [RUN.json [GPU.json]]  makes the page's tables again
-#   tools/studies.sh filter                         the --benchmark_filter that `run` uses
+#   tools/studies.sh filter [--study NAME]          the --benchmark_filter that `run` uses
 #
 # `tables` reads one run that holds both backends (the GPU host's), or a CPU machine's run and a GPU
 # machine's run (speed-ups join the first's CPU entries with the second's CUDA entries; thread
@@ -27,7 +28,7 @@ CPU_USD_PER_VCPU_HOUR=${CPU_USD_PER_VCPU_HOUR:-0.05}
 GPU_USD_PER_HOUR=${GPU_USD_PER_HOUR:-3.00}
 
 usage() {
-  sed -n '4,11p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '4,12p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 die() {
@@ -67,34 +68,79 @@ TITLE_tf2='The TensorFlow 2 CPU-vs-GPU comparison'
 # PySpark profiles' hot ops (addmm, mm, bmm, gelu, the AdamW step, ConvNeXt's depthwise conv) on
 # the BERT, ViT and ConvNeXt shapes at batch 32.
 filter() {
+  local study=${1:-}
   local swept='mlp_tiny|classifierdl|mlp_mnist|cnn_mnist|vgg_cifar|fasttext_imdb|lstm_textgen'
   local slow='bilstm_imdb|bert_layer|vit_layer|convnext_block'
+  local keras=keras_cnn ops=1
+  if [[ -n $study ]]; then  # the study's models in each group, and the ops for PySpark's alone
+    local models_var="MODELS_$study"
+    swept=$(only_of "$swept" "${!models_var}") slow=$(only_of "$slow" "${!models_var}")
+    keras=$(only_of "$keras" "${!models_var}")
+    [[ $study == pyspark ]] || ops=0
+  fi
   local step='/f32/(infer|train)/(shape:[a-z0-9.]+/)?batch:[0-9]+/'
-  local parts=(
-    "^model\.($swept|$slow|keras_cnn)/(cpu|cuda)${step}(real|manual)_time$"
-    "^model\.($swept|$slow)/cpu${step}threads:1/real_time$"
-    "^model\.($swept)/cpu${step}threads:(4|8)/real_time$"
-    "^model\.($swept|$slow)/cuda${step}e2e:1/manual_time$"
-    "^model\.keras_cnn/cpu/f32/(infer|train)/batch:64/threads:1/real_time$"
-    "^model\.keras_cnn/cuda/f32/(infer|train)/batch:64/e2e:1/manual_time$"
-    "^model\.(mlp_tiny|classifierdl|mlp_mnist)/cuda/f32/train/batch:[0-9]+/graph:1/manual_time$"
-    "^(mm|addmm)/(cpu|cuda)/f32/(fwd|bwd_data|bwd_weight)/shape:(bert|vit)\.[a-z_]+/batch:32/M:[0-9]+/N:[0-9]+/K:[0-9]+/(real|manual)_time$"
-    "^bmm/(cpu|cuda)/f32/(fwd|bwd_data|bwd_weight)/shape:(bert|vit)\.attn_[a-z]+/batch:32/heads:12/M:[0-9]+/N:[0-9]+/K:[0-9]+/(real|manual)_time$"
-    "^gelu/(cpu|cuda)/f32/(fwd|bwd)/shape:(bert|vit)\.[a-z]+/batch:32/dims:[0-9x]+/approx:none/(real|manual)_time$"
-    "^adamw/(cpu|cuda)/f32/step/params:bert_base/.*(real|manual)_time$"
-    "^conv2d/(cpu|cuda)/f32/(fwd|bwd_data|bwd_weight)/shape:convnext\.s[13]_dwconv/batch:32/.*/layout:nchw/(real|manual)_time$"
-  )
+  local parts=()
+  local all
+  all=$(join_of "$swept" "$slow" "$keras")
+  [[ -n $all ]] && parts+=("^model\.($all)/(cpu|cuda)${step}(real|manual)_time$")
+  all=$(join_of "$swept" "$slow")
+  [[ -n $all ]] && parts+=("^model\.($all)/cpu${step}threads:1/real_time$")
+  [[ -n $swept ]] && parts+=("^model\.($swept)/cpu${step}threads:(4|8)/real_time$")
+  [[ -n $all ]] && parts+=("^model\.($all)/cuda${step}e2e:1/manual_time$")
+  if [[ -n $keras ]]; then
+    parts+=("^model\.keras_cnn/cpu/f32/(infer|train)/batch:64/threads:1/real_time$"
+      "^model\.keras_cnn/cuda/f32/(infer|train)/batch:64/e2e:1/manual_time$")
+  fi
+  all=$(only_of 'mlp_tiny|classifierdl|mlp_mnist' "$swept")
+  [[ -n $all ]] && parts+=("^model\.($all)/cuda/f32/train/batch:[0-9]+/graph:1/manual_time$")
+  if [[ $ops == 1 ]]; then
+    parts+=(
+      "^(mm|addmm)/(cpu|cuda)/f32/(fwd|bwd_data|bwd_weight)/shape:(bert|vit)\.[a-z_]+/batch:32/M:[0-9]+/N:[0-9]+/K:[0-9]+/(real|manual)_time$"
+      "^bmm/(cpu|cuda)/f32/(fwd|bwd_data|bwd_weight)/shape:(bert|vit)\.attn_[a-z]+/batch:32/heads:12/M:[0-9]+/N:[0-9]+/K:[0-9]+/(real|manual)_time$"
+      "^gelu/(cpu|cuda)/f32/(fwd|bwd)/shape:(bert|vit)\.[a-z]+/batch:32/dims:[0-9x]+/approx:none/(real|manual)_time$"
+      "^adamw/(cpu|cuda)/f32/step/params:bert_base/.*(real|manual)_time$"
+      "^conv2d/(cpu|cuda)/f32/(fwd|bwd_data|bwd_weight)/shape:convnext\.s[13]_dwconv/batch:32/.*/layout:nchw/(real|manual)_time$"
+    )
+  fi
   local IFS='|'
   echo "${parts[*]}"
 }
 
+# The names of the |-list $1 that the |-list $2 holds, as a |-list.
+only_of() {
+  local out=() m
+  local IFS='|'
+  for m in $1; do [[ "|$2|" == *"|$m|"* ]] && out+=("$m"); done
+  echo "${out[*]}"
+}
+
+# The non-empty |-lists of the arguments joined into one.
+join_of() {
+  local out=() m
+  for m in "$@"; do [[ -n $m ]] && out+=("$m"); done
+  local IFS='|'
+  echo "${out[*]}"
+}
+
+# The study's name after --study, checked; empty without the option.
+study_arg() {
+  [[ $# -eq 2 && $1 == --study ]] || usage
+  [[ " $STUDIES " == *" $2 "* ]] || die "--study $2: expected one of: $STUDIES"
+  echo "$2"
+}
+
 cmd_run() {
+  local study=''
+  if [[ ${1:-} == --study ]]; then
+    study=$(study_arg "${@:1:2}") || exit 2
+    shift 2
+  fi
   [[ $# -eq 1 ]] || usage
   [[ -x $BENCH ]] || die "$BENCH: no bench executable (build it, or set BUILD or BENCH)"
   # One process: the run's context (machine, versions, settings) then holds for every entry.
   # shellcheck disable=SC2086
   OMP_PROC_BIND=${OMP_PROC_BIND:-close} OMP_PLACES=${OMP_PLACES:-cores} \
-    "$BENCH" --benchmark_filter="$(filter)" --benchmark_out="$1" --benchmark_out_format=json ${BENCH_ARGS:-}
+    "$BENCH" --benchmark_filter="$(filter "$study")" --benchmark_out="$1" --benchmark_out_format=json ${BENCH_ARGS:-}
 }
 
 # The CPU machine's price: CPU_USD_PER_VCPU_HOUR times the run's CPU count.
@@ -240,6 +286,11 @@ case ${1:-} in
   run) shift; cmd_run "$@" ;;
   tables) shift; cmd_tables "$@" ;;
   doc) shift; cmd_doc "$@" ;;
-  filter) filter ;;
+  filter)
+    shift
+    study=''
+    if [[ $# -gt 0 ]]; then study=$(study_arg "$@") || exit 2; fi
+    filter "$study"
+    ;;
   *) usage ;;
 esac

@@ -184,6 +184,25 @@ TEST(Studies, BadUsageExitsTwo) {
   const Ran f = studies("filter");
   ASSERT_EQ(f.code, 0);
   EXPECT_NE(f.log.find("model\\.(mlp_tiny"), std::string::npos) << f.log;
+  for (const std::string& args : {std::string("filter --study nosuch"), std::string("filter --study"),
+                                  std::string("run --study nosuch out.json")})
+    EXPECT_EQ(studies(args).code, 2) << args;
+}
+
+TEST(Studies, OneStudysFilterHoldsItsModelsAndNoOthers) {
+  const Ran p = studies("filter --study pyspark");
+  ASSERT_EQ(p.code, 0) << p.log;
+  for (const char* part : {"model\\.(bert_layer|vit_layer|convnext_block)/(cpu|cuda)/", "threads:1/real_time",
+                           "e2e:1/manual_time", "^bmm/(cpu|cuda)/f32/", "^conv2d/(cpu|cuda)/f32/"})
+    EXPECT_NE(p.log.find(part), std::string::npos) << part << "\n" << p.log;
+  for (const char* other : {"mlp_tiny", "keras_cnn", "threads:(4|8)", "graph:1"})
+    EXPECT_EQ(p.log.find(other), std::string::npos) << other << "\n" << p.log;
+
+  const Ran t = studies("filter --study tinymlp");
+  ASSERT_EQ(t.code, 0) << t.log;
+  for (const char* part : {"model\\.(mlp_tiny)/(cpu|cuda)/", "threads:(4|8)", "model\\.(mlp_tiny)/cuda/f32/train/batch:[0-9]+/graph:1"})
+    EXPECT_NE(t.log.find(part), std::string::npos) << part << "\n" << t.log;
+  for (const char* other : {"bert_layer", "^mm", "keras_cnn"}) EXPECT_EQ(t.log.find(other), std::string::npos) << other << "\n" << t.log;
 }
 
 TEST(Studies, DocRemakesEachBlockFromTheRunsItsMarkerNames) {

@@ -1,9 +1,13 @@
 // embedding on CUDA: hand-written, memory-bound kernels.
-//   fwd: one thread per 16-byte piece of an output row (4-byte or 2-byte pieces when the row's
-//        bytes are not a multiple of 16), threads of a warp on consecutive pieces; the index is
-//        read by every thread of its row (cached).
+//   fwd: one thread per 16-byte piece of an output row, threads of a warp on consecutive pieces;
+//        the index is read by every thread of its row (cached). Rows whose bytes are not a multiple
+//        of 16 (fastText's 50 f32 or bf16): one thread per 16-byte vector of the whole output,
+//        gathered from 8-, 4- or 2-byte pieces of the one or two rows it spans; 4 vectors a thread
+//        (their loads together) where the output has twice the vectors the GPU holds threads, one
+//        otherwise (pieces alone where the output is not 16-byte aligned).
 //   bwd: one thread per V columns of one dW row (V = 4 f32 or 8 bf16: a 16-byte load of dout, one
-//        or two 16-byte stores of dW; V = 1 for dims that are not a multiple of V). The thread sums
+//        or two 16-byte stores of dW; the largest of 4, 2, 1 (f32) or 8, 4, 2, 1 (bf16) that divides
+//        the dim otherwise). The thread sums
 //        the row's dout pieces in f32 in the CSR's position order (which the caller builds at setup),
 //        so the result is deterministic, and writes dW once: zeros where no index hits the row.
 //   time_major: fwd as above, each index's row written to its time-major place; an f32 table's rows
@@ -43,6 +47,46 @@ __global__ void __launch_bounds__(kThreads) gather_rows(const P* __restrict__ w,
   if (t >= n * pieces) return;
   const std::int64_t r = t / pieces, k = t - r * pieces;
   out[t] = w[idx[index_of_row(r, batch, T)] * pieces + k];
+}
+
+// Rows of `pieces` P each, the output as one run of 16-byte vectors: a block stores U * kThreads of
+// them, thread t of the block the vectors t, t + kThreads, ... (each vector's pieces from the rows
+// it spans, all loads before the stores); the output's last vector, where its bytes end inside it,
+// a piece at a time.
+template <class P, int U>  // P: the piece, uint2, unsigned or unsigned short; U: vectors a thread
+__global__ void __launch_bounds__(kThreads) gather_vectors(const P* __restrict__ w, const std::int64_t* __restrict__ idx,
+                                                           P* __restrict__ out, std::int64_t n, std::int64_t pieces,
+                                                           std::int64_t batch, std::int64_t T) {
+  constexpr int G = 16 / sizeof(P);
+  const std::int64_t total = n * pieces;
+  const std::int64_t first = (static_cast<std::int64_t>(blockIdx.x) * U * kThreads + threadIdx.x) * G;
+  gpu::Pack<P, G> v[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const std::int64_t p = first + static_cast<std::int64_t>(u) * kThreads * G;
+    const int m = static_cast<int>(std::clamp<std::int64_t>(total - p, 0, G));
+    if (m == 0) continue;
+    std::int64_t r = p / pieces, k = p - r * pieces;
+    const P* row = w + idx[index_of_row(r, batch, T)] * pieces;
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      if (j < m) v[u].v[j] = row[k];
+      if (++k == pieces && j + 1 < m) {
+        k = 0;
+        row = w + idx[index_of_row(++r, batch, T)] * pieces;
+      }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const std::int64_t p = first + static_cast<std::int64_t>(u) * kThreads * G;
+    const int m = static_cast<int>(std::clamp<std::int64_t>(total - p, 0, G));
+    if (m == G) {
+      *reinterpret_cast<gpu::Pack<P, G>*>(out + p) = v[u];
+    } else {
+      for (int j = 0; j < m; ++j) out[p + j] = v[u].v[j];
+    }
+  }
 }
 
 // bf16 rows of an f32 table: V (4 or 1) elements a thread, rounded to nearest even.
@@ -94,6 +138,7 @@ __global__ void __launch_bounds__(kThreads) sum_rows(const T* __restrict__ dout,
 #pragma unroll
   for (int j = 0; j < V; ++j) acc[j] = 0.f;
   const std::int32_t e = off[r + 1];
+#pragma unroll 4
   for (std::int32_t k = off[r]; k < e; ++k) {
     const Pack<T, V> v = reinterpret_cast<const Pack<T, V>*>(dout + static_cast<std::int64_t>(pos[k]) * dim)[g];
 #pragma unroll
@@ -103,6 +148,8 @@ __global__ void __launch_bounds__(kThreads) sum_rows(const T* __restrict__ dout,
   if constexpr (V % 4 == 0) {
 #pragma unroll
     for (int j = 0; j < V; j += 4) reinterpret_cast<float4*>(dst)[j / 4] = make_float4(acc[j], acc[j + 1], acc[j + 2], acc[j + 3]);
+  } else if constexpr (V == 2) {
+    *reinterpret_cast<float2*>(dst) = make_float2(acc[0], acc[1]);
   } else {
 #pragma unroll
     for (int j = 0; j < V; ++j) dst[j] = acc[j];
@@ -116,10 +163,19 @@ class CudaEmbedding final : public Plan {
   explicit CudaEmbedding(const Shape& s) : s_(s) {
     const std::size_t row_bytes = static_cast<std::size_t>(s_.dim) * dtype_size(s_.dtype);
     if (s_.dir == Direction::fwd) {
-      piece_ = s_.f32_table ? (s_.dim % 4 == 0 ? 4 : 1) : row_bytes % 16 == 0 ? 16 : row_bytes % 4 == 0 ? 4 : 2;
+      int device = 0, sms = 0, per_sm = 0;
+      HOTOPS_CHECK_CUDA(cudaGetDevice(&device));
+      HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+      HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+      resident_threads_ = std::int64_t{sms} * per_sm;
+      piece_ = s_.f32_table ? (s_.dim % 4 == 0 ? 4 : 1)
+               : row_bytes % 16 == 0 ? 16
+               : row_bytes % 8 == 0  ? 8
+               : row_bytes % 4 == 0  ? 4
+                                     : 2;
     } else {
-      const int v = s_.dtype == DType::f32 ? 4 : 8;
-      vec_ = s_.dim % v == 0 ? v : 1;
+      vec_ = s_.dtype == DType::f32 ? 4 : 8;
+      while (s_.dim % vec_ != 0) vec_ /= 2;
       if (s_.time_major) make_grouping();
     }
   }
@@ -140,9 +196,21 @@ class CudaEmbedding final : public Plan {
       }
       const std::int64_t pieces =
           static_cast<std::int64_t>(static_cast<std::size_t>(s_.dim) * dtype_size(s_.dtype) / piece_);
+      if (piece_ < 16 && gpu::all_aligned(16, {a.out})) {
+        const std::int64_t vectors = (s_.n() * pieces * static_cast<std::int64_t>(piece_) + 15) / 16;
+        if (vectors >= 2 * resident_threads_) {
+          gather_pieces<4>(a, vectors, pieces, batch, st);
+        } else {
+          gather_pieces<1>(a, vectors, pieces, batch, st);
+        }
+        return;
+      }
       const unsigned blocks = blocks_for(s_.n() * pieces);
       if (piece_ == 16)
         gather_rows<<<blocks, kThreads, 0, st>>>(static_cast<const uint4*>(a.W), idx, static_cast<uint4*>(a.out), s_.n(),
+                                                 pieces, batch, s_.T);
+      else if (piece_ == 8)
+        gather_rows<<<blocks, kThreads, 0, st>>>(static_cast<const uint2*>(a.W), idx, static_cast<uint2*>(a.out), s_.n(),
                                                  pieces, batch, s_.T);
       else if (piece_ == 4)
         gather_rows<<<blocks, kThreads, 0, st>>>(static_cast<const unsigned*>(a.W), idx, static_cast<unsigned*>(a.out),
@@ -171,10 +239,13 @@ class CudaEmbedding final : public Plan {
     if (s_.dtype == DType::f32) {
       const auto* d = static_cast<const float*>(a.dout);
       if (vec_ == 4) sum_rows<float, 4><<<blocks, kThreads, 0, st>>>(d, off, pos, dw, s_.vocab, s_.dim);
+      else if (vec_ == 2) sum_rows<float, 2><<<blocks, kThreads, 0, st>>>(d, off, pos, dw, s_.vocab, s_.dim);
       else sum_rows<float, 1><<<blocks, kThreads, 0, st>>>(d, off, pos, dw, s_.vocab, s_.dim);
     } else {
       const auto* d = static_cast<const std::uint16_t*>(a.dout);
       if (vec_ == 8) sum_rows<std::uint16_t, 8><<<blocks, kThreads, 0, st>>>(d, off, pos, dw, s_.vocab, s_.dim);
+      else if (vec_ == 4) sum_rows<std::uint16_t, 4><<<blocks, kThreads, 0, st>>>(d, off, pos, dw, s_.vocab, s_.dim);
+      else if (vec_ == 2) sum_rows<std::uint16_t, 2><<<blocks, kThreads, 0, st>>>(d, off, pos, dw, s_.vocab, s_.dim);
       else sum_rows<std::uint16_t, 1><<<blocks, kThreads, 0, st>>>(d, off, pos, dw, s_.vocab, s_.dim);
     }
     HOTOPS_CHECK_LAUNCH();
@@ -184,7 +255,10 @@ class CudaEmbedding final : public Plan {
     const std::string rows = s_.time_major ? ", time-major rows" : "";
     if (s_.dir == Direction::fwd) {
       if (s_.f32_table) return "hotops CUDA row gather, f32 rows rounded to bf16, " + std::to_string(piece_) + " per thread" + rows;
-      return "hotops CUDA row gather, " + std::to_string(piece_) + "-byte pieces" + rows;
+      if (piece_ < 16)
+        return "hotops CUDA row gather, 16-byte vectors of " + std::to_string(piece_) +
+               "-byte pieces (pieces alone where the output is not 16-byte aligned)" + rows;
+      return "hotops CUDA row gather, 16-byte pieces" + rows;
     }
     return std::string("hotops CUDA dW per vocab row from ") +
            (s_.time_major ? "the run's CUB stable radix sort of the indices + row offsets" : "a setup-time CSR") +
@@ -192,6 +266,23 @@ class CudaEmbedding final : public Plan {
   }
 
  private:
+  // The output in 16-byte vectors of pieces, U a thread.
+  template <int U>
+  void gather_pieces(const Args& a, std::int64_t vectors, std::int64_t pieces, std::int64_t batch, cudaStream_t st) {
+    const unsigned blocks = blocks_for((vectors + U - 1) / U);
+    if (piece_ == 8)
+      gather_vectors<uint2, U><<<blocks, kThreads, 0, st>>>(static_cast<const uint2*>(a.W), a.idx,
+                                                            static_cast<uint2*>(a.out), s_.n(), pieces, batch, s_.T);
+    else if (piece_ == 4)
+      gather_vectors<unsigned, U><<<blocks, kThreads, 0, st>>>(static_cast<const unsigned*>(a.W), a.idx,
+                                                               static_cast<unsigned*>(a.out), s_.n(), pieces, batch, s_.T);
+    else
+      gather_vectors<unsigned short, U><<<blocks, kThreads, 0, st>>>(static_cast<const unsigned short*>(a.W), a.idx,
+                                                                     static_cast<unsigned short*>(a.out), s_.n(), pieces,
+                                                                     batch, s_.T);
+    HOTOPS_CHECK_LAUNCH();
+  }
+
   // time_major bwd: the sort's buffers, its scratch, and each index's dout row (fixed by the shape).
   void make_grouping() {
     const std::int64_t n = s_.n();
@@ -214,7 +305,8 @@ class CudaEmbedding final : public Plan {
   }
 
   Shape s_;
-  std::size_t piece_ = 16;  // fwd: bytes each thread copies (f32_table: elements)
+  std::size_t piece_ = 16;  // fwd: bytes of a piece (f32_table: elements a thread)
+  std::int64_t resident_threads_ = 0;  // fwd: the threads the GPU holds at once
   int vec_ = 1;             // bwd: columns each thread sums
   int key_bits_ = 1;        // time_major bwd: the bits of an index the sort looks at
   gpu::DeviceBuffer rows_, sorted_, sorted_rows_, offsets_, sort_temp_;

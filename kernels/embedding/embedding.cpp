@@ -118,9 +118,11 @@ class EmbeddingFamily final : public PlanFamily<Op> {
 
   std::vector<Problem> test_problems() const override {
     // A vocabulary far smaller than the indices (many repeats per row) and one far larger (most
-    // rows of dW are zeros); dims that are odd (scalar accesses on CUDA), a multiple of 4 but not
-    // 8 (bf16 rows not a multiple of 16 bytes), and 16-byte vector widths in both dtypes.
-    constexpr std::int64_t kShapes[][4] = {{3, 20, 7, 5}, {2, 9, 1000, 12}, {4, 33, 50, 64}, {1, 17, 3, 1}};
+    // rows of dW are zeros); dims that are odd (2- and 4-byte pieces on CUDA, 16-byte output
+    // vectors spanning rows, an output ending inside its last vector), a multiple of 4 but not 8
+    // (bf16 rows not a multiple of 16 bytes), fastText's 50 (8- and 4-byte pieces, two columns a
+    // dW thread), and 16-byte vector widths in both dtypes.
+    constexpr std::int64_t kShapes[][4] = {{3, 20, 7, 5}, {2, 9, 1000, 12}, {2, 25, 40, 50}, {4, 33, 50, 64}, {1, 17, 3, 1}};
     std::vector<Problem> out;
     for (const auto& t : kShapes) {
       const std::vector<Arg> args{{"shape", "test"},
