@@ -207,15 +207,20 @@ class CudaMatmul final : public Plan {
 
   // DbiasPath::timed: the epilogue's GEMM against the plain GEMM and the column sums, each after a
   // warm-up call, by gpu::best_batch_ms; once per problem per process, or from --hotops_choices.
+  // The plain GEMM is made only where it is timed or kept.
   void choose_dbias_path(const gpu::GemmDesc& d, const void* a, const void* b, void* out) {
-    gpu::GemmDesc plain_desc = d;
-    plain_desc.bias_grad = nullptr;
-    auto plain = gpu::LtGemm::if_supported(plain_desc, name());
-    if (!plain) return;
+    const auto make_plain = [&] {
+      gpu::GemmDesc plain_desc = d;
+      plain_desc.bias_grad = nullptr;
+      return gpu::LtGemm::if_supported(plain_desc, name());
+    };
     const std::string key = name() + "|" + gpu::placement_key({});
     DbiasChoice choice;
     bool from_file = false;
+    std::unique_ptr<gpu::LtGemm> plain;
     if (!dbias_cache().find(key, &choice, &from_file)) {
+      plain = make_plain();
+      if (!plain) return;  // no plain GEMM for the problem: the epilogue it is
       plain->tune(a, b, out, nullptr);
       // g_.a is dOut wherever the epilogue can sum it (cuda_gemm's bias_grad); the sums go to vector_.
       const auto fused = [&] { gemm_->run(a, b, out); };
@@ -230,6 +235,8 @@ class CudaMatmul final : public Plan {
       choice.sums = dbias_sums_are_faster(choice.sums_ms, choice.epilogue_ms) ? 1 : 0;
       dbias_cache().add(key, choice);
     } else if (choice.sums) {
+      plain = make_plain();
+      HOTOPS_CHECK(plain != nullptr, name() + ": the kept bias-gradient choice is the column sums, but cublasLt has no plain GEMM for the problem");
       plain->tune(a, b, out, nullptr);  // the GEMM's own choice, from its cache or the file
     }
     if (choice.sums) gemm_ = std::move(plain);
