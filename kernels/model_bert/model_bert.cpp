@@ -36,20 +36,15 @@ void expand(const std::string& layer, std::int64_t batch, const std::vector<int>
   models::expand_step_problems(layer, batch, thread_sweep, false, out, true);
 }
 
-class BertFamily final : public BackendFamily<LayerCase> {
+class BertFamily final : public models::DataParallelModelFamily<LayerCase> {
  public:
-  BertFamily() : BackendFamily("model_bert", cpu_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
+  BertFamily() : DataParallelModelFamily("model_bert", cpu_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
   // The single-GPU and CPU steps, then the data-parallel train steps at the same per-GPU batches.
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     std::vector<Problem> out = models::step_problems(archs(), batches, {1, 8}, /*has_graph=*/false);
     for (const Problem& p : models::data_parallel_problems(archs(), batches)) out.push_back(p);
     return out;
-  }
-
-  std::string unsupported_reason(const Problem& p) const override {
-    if (p.has("gpus")) return models::data_parallel_reason(p);
-    return BackendFamily::unsupported_reason(p);
   }
 
   std::vector<Problem> test_problems() const override {
@@ -70,10 +65,7 @@ class BertFamily final : public BackendFamily<LayerCase> {
   // Bytes, the fewest a step must move: infer reads the parameters and x and writes y; train reads x
   // and the target and reads and writes the parameters, m and v (6 x 4 bytes per parameter). The
   // parameters are f32 in either dtype (bf16's masters); x, y and the target take the dtype's size.
-  // A data-parallel step (gpus:G) does G replicas' work: G times one GPU's (items: the global batch).
-  Work work(const Problem& p) const override { return models::over_replicas(p, one_gpu_work(p)); }
-
-  static Work one_gpu_work(const Problem& p) {
+  Work one_gpu_work(const Problem& p) const override {
     const Shape s = shape_of(p);
     const Arch& a = s.arch;
     const double T = static_cast<double>(s.tokens()), h = static_cast<double>(a.hidden), f = static_cast<double>(a.ffn);

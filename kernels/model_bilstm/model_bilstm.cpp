@@ -24,9 +24,9 @@ namespace {
 
 constexpr double kAdamwFlopsPerParam = 14;  // adamw.cpp's count
 
-class BilstmFamily final : public models::DataParallelModelFamily {
+class BilstmFamily final : public models::DataParallelModelFamily<> {
  public:
-  BilstmFamily() : models::DataParallelModelFamily("model_bilstm", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
+  BilstmFamily() : DataParallelModelFamily("model_bilstm", cpu_unsupported_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     return models::steps_and_data_parallel_problems(configs(), batches);

@@ -46,9 +46,9 @@ void expand(const Arch& a, std::int64_t batch, const std::vector<int>& thread_sw
   }
 }
 
-class ConvnextFamily final : public BackendFamily<BlockCase> {
+class ConvnextFamily final : public models::DataParallelModelFamily<BlockCase> {
  public:
-  ConvnextFamily() : BackendFamily("model_convnext", cpu_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
+  ConvnextFamily() : DataParallelModelFamily("model_convnext", cpu_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     std::vector<Arch> benchmarked;
@@ -63,11 +63,6 @@ class ConvnextFamily final : public BackendFamily<BlockCase> {
          }))
       out.push_back(p);
     return out;
-  }
-
-  std::string unsupported_reason(const Problem& p) const override {
-    if (p.has("gpus")) return models::data_parallel_reason(p);
-    return BackendFamily::unsupported_reason(p);
   }
 
   std::vector<Problem> test_problems() const override {
@@ -93,10 +88,7 @@ class ConvnextFamily final : public BackendFamily<BlockCase> {
   // Bytes, the fewest a step must move: infer reads the parameters and x and writes y; train reads x
   // and the target and reads and writes the parameters, m and v (6 x 4 bytes per parameter). The
   // parameters are f32 in either dtype (bf16's masters); x, y and the target take the dtype's size.
-  // A data-parallel step (gpus:G) does G replicas' work: G times one GPU's (items: the global batch).
-  Work work(const Problem& p) const override { return models::over_replicas(p, one_gpu_work(p)); }
-
-  static Work one_gpu_work(const Problem& p) {
+  Work one_gpu_work(const Problem& p) const override {
     const Shape s = shape_of(p);
     const double R = static_cast<double>(s.rows()), C = static_cast<double>(s.arch.C);
     const double fwd = 2 * R * (2 * C * 4 * C) + 2 * R * C * static_cast<double>(kKernel * kKernel);

@@ -31,9 +31,9 @@ const Config& test_config() {
   return c;
 }
 
-class FasttextFamily final : public models::DataParallelModelFamily {
+class FasttextFamily final : public models::DataParallelModelFamily<> {
  public:
-  FasttextFamily() : models::DataParallelModelFamily("model_fasttext", cpu_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
+  FasttextFamily() : DataParallelModelFamily("model_fasttext", cpu_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
   std::vector<Problem> benchmark_problems(const std::vector<std::int64_t>& batches) const override {
     return models::steps_and_data_parallel_problems(configs(), batches);

@@ -76,16 +76,17 @@ Work over_replicas(const Problem& p, Work one_gpu);
 // GPUs in the run than it needs (what the collectives say).
 std::string data_parallel_reason(const Problem& p);
 
-// A model family with data-parallel train steps: a problem with a gpus arg can run where
+// A model family with data-parallel train steps, its cases C: a problem with a gpus arg can run where
 // data_parallel_reason says so; the others as the family's CPU and CUDA steps can.
 // Its work: a data-parallel step (gpus:G) does G replicas' work, G times one GPU's (items: the global
 // batch), one_gpu_work the family's count for one step on one device.
-class DataParallelModelFamily : public ModelFamily {
+template <class C = ModelCase>
+class DataParallelModelFamily : public BackendFamily<C> {
  public:
-  using ModelFamily::ModelFamily;
+  using BackendFamily<C>::BackendFamily;
   std::string unsupported_reason(const Problem& p) const override {
     if (p.has("gpus")) return data_parallel_reason(p);
-    return ModelFamily::unsupported_reason(p);
+    return BackendFamily<C>::unsupported_reason(p);
   }
   Work work(const Problem& p) const final { return over_replicas(p, one_gpu_work(p)); }
   virtual Work one_gpu_work(const Problem& p) const = 0;

@@ -35,7 +35,7 @@ std::string cpu_reason(const Problem& p) {
   return cpu_bf16_reason(p);
 }
 
-class ModelsFamily final : public DataParallelModelFamily {
+class ModelsFamily final : public DataParallelModelFamily<> {
  public:
   ModelsFamily() : DataParallelModelFamily("models", cpu_reason, make_cpu, HOTOPS_CUDA_FACTORY(make_cuda)) {}
 
