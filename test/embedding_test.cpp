@@ -2,10 +2,13 @@
 // where it must: a wrong row gathered, a gradient row added to the wrong row of dW.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <utility>
 
+#include "hotops/cpu.h"
 #include "kernels/embedding/embedding.h"
 #include "test/plan_test_util.h"
 
@@ -24,6 +27,32 @@ TEST(EmbeddingReference, GroupByRowKeepsPositionOrder) {
   const Csr g = group_by_row({2, 0, 2, 3, 2, 0}, 5);
   EXPECT_EQ(g.offset, (std::vector<std::int32_t>{0, 2, 2, 5, 6, 6}));
   EXPECT_EQ(g.pos, (std::vector<std::int32_t>{1, 5, 0, 2, 4, 3}));
+}
+
+// Enough indices for several threads' shares (fastText's batch 1024 has 409,600): the grouping is
+// the one-thread counting sort's, on 1, 2 and 3 threads, into a Csr that held a larger batch before.
+TEST(EmbeddingReference, GroupByRowOnThreadsIsTheSerialSort) {
+  const std::int64_t vocab = 777;
+  std::vector<std::int64_t> idx(200003);
+  std::uint64_t x = 12345;
+  for (auto& i : idx) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    i = static_cast<std::int64_t>((x >> 33) % (x >> 63 ? 37 : vocab));  // rows below 37 hit most often
+  }
+  Csr want;
+  want.offset.assign(vocab + 1, 0);
+  for (const std::int64_t r : idx) ++want.offset[static_cast<std::size_t>(r) + 1];
+  for (std::int64_t r = 0; r < vocab; ++r) want.offset[r + 1] += want.offset[r];
+  want.pos.resize(idx.size());
+  std::iota(want.pos.begin(), want.pos.end(), 0);
+  std::stable_sort(want.pos.begin(), want.pos.end(), [&](std::int32_t a, std::int32_t b) { return idx[a] < idx[b]; });
+  Csr g = group_by_row(std::vector<std::int64_t>(300000, 5), vocab);
+  for (const int threads : {1, 2, 3}) {
+    cpu::ThreadScope scope(threads);
+    group_by_row(idx, vocab, g);
+    EXPECT_EQ(g.offset, want.offset) << threads << " threads";
+    EXPECT_EQ(g.pos, want.pos) << threads << " threads";
+  }
 }
 
 TEST(EmbeddingReference, KnownValues) {

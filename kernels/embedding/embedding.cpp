@@ -6,11 +6,14 @@
 // for a bf16 fwd from an f32 table, table:f32 (embedding.h).
 #include "kernels/embedding/embedding.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "hotops/check.h"
+#include "hotops/cpu.h"
 #include "hotops/op_family.h"
 
 namespace hotops::embedding {
@@ -177,15 +180,74 @@ Shape shape_of(const Problem& p) {
   return s;
 }
 
+// Thread t of a team of T takes indices [t n / T, (t + 1) n / T) and rows [t V / T, (t + 1) V / T):
+//   1. counts[t][r] = its share's indices of row r (its row of counts zeroed first);
+//   2. for each of its rows, counts[t'][r] becomes where thread t''s indices of r start within the
+//      row (threads in order), offset[r] the row's total, and its rows' sum the block's;
+//   3. (one thread) the blocks' starts; 4. offset[r] for its rows, added to counts[t'][r]: where
+//      thread t''s indices of r go; 5. it places its share's indices.
+// Within a row the positions are thread 0's share, then thread 1's, ...: ascending, as one thread's.
+void group_by_row(const std::vector<std::int64_t>& idx, std::int64_t vocab, Csr& g) {
+  const auto n = static_cast<std::int64_t>(idx.size()), V = vocab;
+  constexpr std::int64_t kGrain = 1 << 15;  // indices a thread at least
+  const int team = static_cast<int>(std::clamp<std::int64_t>(n / kGrain, 1, cpu::threads()));
+  g.offset.resize(static_cast<std::size_t>(V) + 1);
+  g.pos.resize(static_cast<std::size_t>(n));
+  g.counts.resize(static_cast<std::size_t>(team * V));
+  std::vector<std::int64_t> block(static_cast<std::size_t>(team) + 1, 0);
+  // Plain pointers: through the vectors, the loops would reload their data pointers.
+  std::int32_t* const off = g.offset.data();
+  std::int32_t* const pos = g.pos.data();
+  std::int32_t* const counts = g.counts.data();
+  const std::int64_t* const ix = idx.data();
+  if (team == 1) {  // the counting sort itself, without the team's passes over the rows
+    std::fill(off, off + V + 1, 0);
+    for (std::int64_t i = 0; i < n; ++i) ++off[ix[i] + 1];
+    for (std::int64_t r = 0; r < V; ++r) off[r + 1] += off[r];
+    std::copy(off, off + V, counts);
+    std::fill(pos, pos + n, 0);  // pos into the cache in order, before the scattered stores
+    for (std::int64_t i = 0; i < n; ++i) pos[counts[ix[i]]++] = static_cast<std::int32_t>(i);
+    return;
+  }
+#pragma omp parallel num_threads(team)
+  {
+    const int t = omp_get_thread_num();
+    const std::int64_t i0 = n * t / team, i1 = n * (t + 1) / team, r0 = V * t / team, r1 = V * (t + 1) / team;
+    std::int32_t* const mine = counts + t * V;
+    std::fill(mine, mine + V, 0);
+    std::fill(pos + i0, pos + i1, 0);  // pos into the caches in order, before the scattered stores
+    for (std::int64_t i = i0; i < i1; ++i) ++mine[ix[i]];
+#pragma omp barrier
+    std::int64_t sum = 0;
+    for (std::int64_t r = r0; r < r1; ++r) {
+      std::int32_t run = 0;
+      for (int u = 0; u < team; ++u) {
+        std::int32_t& c = counts[u * V + r];
+        const std::int32_t k = c;
+        c = run, run += k;
+      }
+      off[r] = run, sum += run;
+    }
+    block[static_cast<std::size_t>(t) + 1] = sum;
+#pragma omp barrier
+#pragma omp single
+    for (int u = 0; u < team; ++u) block[static_cast<std::size_t>(u) + 1] += block[static_cast<std::size_t>(u)];
+    std::int64_t start = block[static_cast<std::size_t>(t)];
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const std::int32_t total = off[r];
+      off[r] = static_cast<std::int32_t>(start);
+      for (int u = 0; u < team; ++u) counts[u * V + r] += off[r];
+      start += total;
+    }
+#pragma omp barrier
+    if (t == team - 1) off[V] = static_cast<std::int32_t>(n);
+    for (std::int64_t i = i0; i < i1; ++i) pos[mine[ix[i]]++] = static_cast<std::int32_t>(i);
+  }
+}
+
 Csr group_by_row(const std::vector<std::int64_t>& idx, std::int64_t vocab) {
   Csr g;
-  g.offset.assign(static_cast<std::size_t>(vocab) + 1, 0);
-  for (std::int64_t r : idx) ++g.offset[static_cast<std::size_t>(r) + 1];
-  for (std::size_t r = 0; r < static_cast<std::size_t>(vocab); ++r) g.offset[r + 1] += g.offset[r];
-  std::vector<std::int32_t> next(g.offset.begin(), g.offset.end() - 1);
-  g.pos.resize(idx.size());
-  for (std::size_t i = 0; i < idx.size(); ++i)
-    g.pos[static_cast<std::size_t>(next[static_cast<std::size_t>(idx[i])]++)] = static_cast<std::int32_t>(i);
+  group_by_row(idx, vocab, g);
   return g;
 }
 

@@ -46,7 +46,12 @@ Shape shape_of(const Problem& p);
 struct Csr {
   std::vector<std::int32_t> offset;  // vocab + 1
   std::vector<std::int32_t> pos;     // n
+  std::vector<std::int32_t> counts;  // group_by_row's scratch: each thread's count of each row
 };
+// Fills g, reusing its storage (a train step groups each batch's tokens into the same Csr). On
+// cpu::threads() threads, each counting and placing a contiguous share of the indices; the result
+// is the serial counting sort's whatever the thread count.
+void group_by_row(const std::vector<std::int64_t>& idx, std::int64_t vocab, Csr& g);
 Csr group_by_row(const std::vector<std::int64_t>& idx, std::int64_t vocab);
 
 // Inputs, seeded from the problem name so every backend sees the same numbers: idx uniform in

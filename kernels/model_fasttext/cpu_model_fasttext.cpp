@@ -155,7 +155,7 @@ class CpuFasttext final : public ModelCase {
     // The grouping depends on the batch only, and a training loop meets each batch once: part of the
     // step, as PyTorch's embedding backward sorts its indices in every call.
     trace::op("group_by_row");
-    csr_ = embedding::group_by_row(st_.tokens, s_.cfg.V);
+    embedding::group_by_row(st_.tokens, s_.cfg.V, csr_);
     trace::op("embedding_bwd");
     embedding::Args e;
     e.offset = csr_.offset.data(), e.pos = csr_.pos.data(), e.dout = demb_.data(), e.dW = g + l_.embed;

@@ -64,7 +64,7 @@ class CudaFasttext final : public ModelCase {
       if (s_.gpus)  // data parallel: this rank's shard of the global batch, and the all-reduce of the flat gradients
         replicas_.start(p, s_, static_cast<std::size_t>(s_.cfg.T),
                         [&](const Shape& g) { return make_state(g, l_, models::step_seed(p)); }, st_, grads_.as<float>(), l_.total);
-      csr_ = embedding::group_by_row(st_.tokens, s_.cfg.V);  // this rank's tokens
+      embedding::group_by_row(st_.tokens, s_.cfg.V, csr_);  // this rank's tokens
       offset_ = gpu::DeviceBuffer(csr_.offset.size() * sizeof(std::int32_t));
       pos_ = gpu::DeviceBuffer(csr_.pos.size() * sizeof(std::int32_t));
       bce_ = loss::bce::make_cuda_plan(bce_shape(s_, Direction::fwd));
@@ -101,7 +101,7 @@ class CudaFasttext final : public ModelCase {
     // grouped by row, built here on the host), the step, the result back.
     if (s_.train()) {
       trace::op("group_by_row");
-      csr_ = embedding::group_by_row(st_.tokens, s_.cfg.V);
+      embedding::group_by_row(st_.tokens, s_.cfg.V, csr_);
     }
     trace::op("copy_h2d");
     upload_batch();
