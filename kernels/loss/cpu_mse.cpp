@@ -77,8 +77,7 @@ class CpuMse final : public Plan {
   }
 
   std::string label() const override {
-    return std::string("hotops MSE loss and gradient, ") + vec::clone_name() + ", the sum in double, " + std::to_string(cpu::threads()) +
-           " threads";
+    return cpu::with_threads(std::string("hotops MSE loss and gradient, ") + vec::clone_name() + ", the sum in double");
   }
 
  private:
