@@ -448,21 +448,22 @@ TEST(GeluDbias, VerifyCatchesAMissingRowAWrongSumAndAWrongElement) {
 
 #ifdef HOTOPS_HAVE_CUDA
 // The CUDA plan out of place and in place (dx over dy: the model's kernel), with a partial last block
-// of rows (70 = 2 x 32 + 6, the last 4-row batch part full) and more than one block of columns: on
-// 1100 columns (bf16: 4-element vectors), 3072 (16-byte vectors) and 3072 with x 4 elements off
-// 16-byte alignment (bf16: 4-element vectors again). All pass, in place and out of place give the
-// same bits.
+// of rows (70 rows: 8 rows a block on an H100 or H200, 8 x 8 + 6; 4100: 16 a block there, 256 x 16 +
+// 4) and more than one block of columns: on 1100 columns (bf16: 4-element vectors), 3072 (16-byte
+// vectors) and 3072 with x 4 elements off 16-byte alignment (bf16: 4-element vectors again). All
+// pass, in place and out of place give the same bits.
 TEST(GeluDbiasCuda, InPlaceAndOutOfPlaceMatchTheReferenceAndEachOther) {
   std::string why;
   if (!gpu::available(&why)) GTEST_SKIP() << why;
   struct Case {
-    std::int64_t cols;
+    std::int64_t rows, cols;
     std::size_t shift;
   };
-  for (const Case& k : {Case{1100, 0}, Case{3072, 0}, Case{3072, 4}})
+  for (const Case& k : {Case{70, 1100, 0}, Case{70, 3072, 0}, Case{70, 3072, 4}, Case{4100, 3072, 0}})
     for (DType t : {DType::f32, DType::bf16}) {
-      const std::string what = std::string(dtype_name(t)) + " cols " + std::to_string(k.cols) + (k.shift ? " x misaligned" : "");
-      const Shape s = dbias_shape(t, 70, k.cols);
+      const std::string what = std::string(dtype_name(t)) + " rows " + std::to_string(k.rows) + " cols " +
+                               std::to_string(k.cols) + (k.shift ? " x misaligned" : "");
+      const Shape s = dbias_shape(t, k.rows, k.cols);
       const auto plan = make_plan(s, Backend::cuda);
       const Inputs in = make_inputs(s, 3);
       const plan_test::ShiftedOnDevice x(in.x, k.shift);

@@ -63,15 +63,18 @@ __device__ __forceinline__ void store(T* p, const float (&in)[VEC]) {
 }
 
 // The sum and the max over the 32 lanes of a warp, every lane getting the result (a butterfly of
-// __shfl_xor_sync; lane 0 adds in the same order as a __shfl_down_sync tree).
+// __shfl_xor_sync; lane 0 adds in the same order as a __shfl_down_sync tree). W < 32: over each
+// aligned group of W lanes (W a power of two), every lane of the warp taking part.
+template <int W = 32>
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = W / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+template <int W = 32>
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = W / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 

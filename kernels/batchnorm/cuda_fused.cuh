@@ -100,14 +100,6 @@ __device__ inline void split_row(std::int64_t r, int per, std::int64_t* n, int* 
   }
 }
 
-// The grid of a row kernel: x the row's `row_vectors` vectors (a thread keeps its column, and the
-// column's per-channel values, across rows), y the rows, strided (about 8192 blocks in all).
-inline dim3 row_grid(std::int64_t rows, int row_vectors) {
-  const std::int64_t gx = (row_vectors + kThreads - 1) / kThreads;
-  const std::int64_t gy = std::max<std::int64_t>(1, std::min<std::int64_t>({rows, 65535, std::max<std::int64_t>(1, 8192 / gx)}));
-  return dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
-}
-
 inline unsigned grid_for(std::int64_t n, std::int64_t cap = 8192) {
   return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>((n + kThreads - 1) / kThreads, cap)));
 }

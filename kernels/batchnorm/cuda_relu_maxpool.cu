@@ -1,5 +1,5 @@
 // batchnorm_relu_maxpool and batchnorm_relu on CUDA: hotops' fused kernels of a convnet (or dense)
-// layer in NHWC, each thread 4 channels of a row. batchnorm_relu runs act, reduce_dense and dz_dense
+// layer in NHWC, each thread 4 channels of a row (dz_pool: of a pooling window). batchnorm_relu runs act, reduce_dense and dz_dense
 // where the pooled op runs act_pool, reduce_pool and dz_pool. fwd (training): bn_stats (per-block channel sums), bn_finalize (the statistics,
 // the affine and the running update in double), act_pool (affine, ReLU, the window's first maximum
 // and its index, dropout); infer: affine_prep, act_pool. bwd: reduce_pool (the sums of dy and
@@ -191,54 +191,86 @@ __global__ void __launch_bounds__(1024) finalize_bwd(const float* __restrict__ p
   coef[2 * C + c] = static_cast<float>(-a * s2 / M);
 }
 
-// dz over every pixel of z: x the vectors (w, c4) of a row of z, y its rows (n, h) (row_grid; a
-// thread keeps its channels' coefficients across rows). dy is the pooled gradient where this pixel is
-// its window's argmax (through dropout and the ReLU), else 0; dz = A dy + b0 + c0 xhat (batch norm)
-// or dy.
-template <class T>
+// dz at one pixel of z (4 channels, v their z): the pooled gradient gd where this pixel is the
+// channel's window argmax (rq, its place in the window; -1: no window's) and the ReLU passed it, else
+// 0; dz = A dy + b0 + c0 xhat (batch norm: bn) or dy.
+struct DzCoef {
+  float4 s, t, A, B0, C0, m, rs;
+  bool bn;
+};
+__device__ inline float4 dz_at(const float4& v, int rq, const unsigned char (&at)[4], const float4& gd, const DzCoef& k) {
+  float4 dy = make_float4(0, 0, 0, 0);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (at[j] == rq && lane(v, j) * lane(k.s, j) + lane(k.t, j) > 0.f) lane(dy, j) = lane(gd, j);
+  float4 out = make_float4(k.A.x * dy.x, k.A.y * dy.y, k.A.z * dy.z, k.A.w * dy.w);
+  if (k.bn) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) lane(out, j) += lane(k.B0, j) + lane(k.C0, j) * (lane(v, j) - lane(k.m, j)) * lane(k.rs, j);
+  }
+  return out;
+}
+
+// dz over every pixel of z, a thread per pooled element (n, ph, pw, c4: 4 channels of a window): the
+// window's k x k pixels, and on the last row and column of windows the pixels past them that no window
+// covers (dy 0 there). The window's argmax and pooled gradient (through dropout) are read once, and
+// its z loads all go out before the first store (K: k known at compile time, 2 and 3; 0: any k).
+template <class T, int K>
 __global__ void __launch_bounds__(kThreads) dz_pool(const T* __restrict__ dp, const uchar4* __restrict__ arg, const T* __restrict__ z,
                                                     const float4* __restrict__ scale, const float4* __restrict__ shift, const float* __restrict__ coef,
                                                     const float4* __restrict__ mean, const float4* __restrict__ rstd, T* __restrict__ dz,
-                                                    std::int64_t rows, PoolGeom g, Drop drop) {
-  const int C = g.C, C4 = C / 4, j = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x), row4 = g.Q * C4;
-  if (j >= row4) return;
-  const int w = j / C4, c4 = j - w * C4, pw = w / g.k, wq = w - pw * g.k;
+                                                    std::int64_t windows, PoolGeom g, Drop drop) {
+  const int C = g.C, C4 = C / 4, k = K ? K : g.k;
   const MaskPeriod period = drop.mask_period();
-  const float4 s = scale[c4], t = shift[c4], A = reinterpret_cast<const float4*>(coef)[c4];
   const float4 zero = make_float4(0, 0, 0, 0);
-  const float4 B0 = mean ? reinterpret_cast<const float4*>(coef + C)[c4] : zero, C0 = mean ? reinterpret_cast<const float4*>(coef + 2 * C)[c4] : zero;
-  const float4 m = mean ? mean[c4] : zero, rs = mean ? rstd[c4] : zero;
-  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    std::int64_t n = 0;
-    int h = 0;
-    split_row(r, g.P, &n, &h);
-    const int ph = h / g.k;
-    const std::int64_t i = r * row4 + j;
-    const float4 v = load4(z, i);
-    float4 dy = zero;
-    if (ph < g.PH && pw < g.PW) {
-      const std::int64_t pi = ((n * g.PH + ph) * g.PW + pw) * C4 + c4;
-      const uchar4 a = arg[pi];
-      const unsigned char at[4] = {a.x, a.y, a.z, a.w};
-      const unsigned char mine = static_cast<unsigned char>((h - ph * g.k) * g.k + wq);
-      if (at[0] == mine || at[1] == mine || at[2] == mine || at[3] == mine) {
-        const float4 d = load4(dp, pi);
-        const std::uint32_t sample = drop.on ? mask_sample(period, n) : 0;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < windows;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::int64_t t = i / C4;
+    const int c4 = static_cast<int>(i - t * C4);
+    std::int64_t nph = t / g.PW;
+    const int pw = static_cast<int>(t - nph * g.PW);
+    const std::int64_t n = nph / g.PH;
+    const int ph = static_cast<int>(nph - n * g.PH);
+    DzCoef kc;
+    kc.s = scale[c4], kc.t = shift[c4], kc.A = reinterpret_cast<const float4*>(coef)[c4], kc.bn = mean != nullptr;
+    kc.B0 = kc.bn ? reinterpret_cast<const float4*>(coef + C)[c4] : zero, kc.C0 = kc.bn ? reinterpret_cast<const float4*>(coef + 2 * C)[c4] : zero;
+    kc.m = kc.bn ? mean[c4] : zero, kc.rs = kc.bn ? rstd[c4] : zero;
+    const uchar4 a = arg[i];
+    const unsigned char at[4] = {a.x, a.y, a.z, a.w};
+    float4 gd = load4(dp, i);
+    if (drop.on) {
+      const std::uint32_t sample = mask_sample(period, n);
+      const std::int64_t e = (static_cast<std::int64_t>(ph) * g.PW + pw) * C + 4 * c4;
 #pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          if (at[jj] != mine || !(lane(v, jj) * lane(s, jj) + lane(t, jj) > 0.f)) continue;
-          float gj = lane(d, jj);
-          if (drop.on) gj *= keep(drop.key, (static_cast<std::int64_t>(ph) * g.PW + pw) * C + 4 * c4 + jj, sample) ? drop.key.scale : 0.f;
-          lane(dy, jj) = gj;
+      for (int j = 0; j < 4; ++j) lane(gd, j) *= keep(drop.key, e + j, sample) ? drop.key.scale : 0.f;
+    }
+    const int h0 = ph * k, w0 = pw * k;
+    const std::int64_t row0 = n * g.P;  // the sample's first row of z
+    const auto at_pixel = [&](int h, int w) { return ((row0 + h) * g.Q + w) * C4 + c4; };
+    if constexpr (K > 0) {
+      float4 v[K * K];
+#pragma unroll
+      for (int r = 0; r < K; ++r)
+#pragma unroll
+        for (int q = 0; q < K; ++q) v[r * K + q] = load4(z, at_pixel(h0 + r, w0 + q));
+#pragma unroll
+      for (int r = 0; r < K; ++r)
+#pragma unroll
+        for (int q = 0; q < K; ++q) store4(dz, at_pixel(h0 + r, w0 + q), dz_at(v[r * K + q], r * K + q, at, gd, kc));
+    } else {
+      for (int r = 0; r < k; ++r)
+        for (int q = 0; q < k; ++q) {
+          const std::int64_t p = at_pixel(h0 + r, w0 + q);
+          store4(dz, p, dz_at(load4(z, p), r * k + q, at, gd, kc));
         }
+    }
+    // The pixels no window covers: right of the last column of windows, below the last row.
+    const int h1 = ph == g.PH - 1 ? g.P : h0 + k, w1 = pw == g.PW - 1 ? g.Q : w0 + k;
+    for (int h = h0; h < h1; ++h)
+      for (int w = h < h0 + k ? w0 + k : w0; w < w1; ++w) {
+        const std::int64_t p = at_pixel(h, w);
+        store4(dz, p, dz_at(load4(z, p), -1, at, gd, kc));
       }
-    }
-    float4 out = make_float4(A.x * dy.x, A.y * dy.y, A.z * dy.z, A.w * dy.w);
-    if (mean) {
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj) lane(out, jj) += lane(B0, jj) + lane(C0, jj) * (lane(v, jj) - lane(m, jj)) * lane(rs, jj);
-    }
-    store4(dz, i, out);
   }
 }
 
@@ -454,11 +486,12 @@ class CudaReluMaxpool final : public Plan {
     const float4* mean = s_.bn ? reinterpret_cast<const float4*>(a.mean) : nullptr;
     const float4* rstd = s_.bn ? reinterpret_cast<const float4*>(a.rstd) : nullptr;
     const std::int64_t n4 = s_.count() / 4;
-    if (s_.pool)
-      dz_pool<<<row_grid(s_.N * s_.H, geom_.Q * (geom_.C / 4)), kThreads, 0, gpu::stream()>>>(
-          dout, reinterpret_cast<const uchar4*>(a.arg), z, scale, shift, coef_.as<const float>(), mean, rstd, static_cast<T*>(a.dz), s_.N * s_.H,
-          geom_, d);
-    else
+    if (s_.pool) {
+      const std::int64_t windows = s_.pooled() / 4;
+      const auto kernel = geom_.k == 2 ? dz_pool<T, 2> : geom_.k == 3 ? dz_pool<T, 3> : dz_pool<T, 0>;
+      kernel<<<grid_for(windows), kThreads, 0, gpu::stream()>>>(dout, reinterpret_cast<const uchar4*>(a.arg), z, scale, shift,
+                                                             coef_.as<const float>(), mean, rstd, static_cast<T*>(a.dz), windows, geom_, d);
+    } else
       dz_dense<<<grid_for(n4), kThreads, 0, gpu::stream()>>>(dout, z, scale, shift, coef_.as<const float>(), mean, rstd, static_cast<T*>(a.dz), n4,
                                                              dim(s_.C), d, per4());
     HOTOPS_CHECK_LAUNCH();

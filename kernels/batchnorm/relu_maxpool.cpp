@@ -363,8 +363,10 @@ std::vector<Problem> test_problems() {
   expand(relu_dims("test", Layout::nc, 7, 32, 1, 1, "0.5"), out, kReluOp);
   expand(relu_dims("test", Layout::nhwc, 3, 8, 5, 3, "0.25"), out, kReluOp);
   expand(relu_dims("test", Layout::nchw, 3, 6, 5, 3, "0"), out, kReluOp);
-  // Without batch norm (the conv's bias alone), each op.
+  // Without batch norm (the conv's bias alone), each op; NHWC with a pool of 4 (the CUDA backward's
+  // kernel for any pool size) that crops a row and two columns.
   expand(with_bn(dims("test", Layout::nchw, 3, 8, 7, 9, 2, "0.25", Layout::nhwc), false), out);
+  expand(with_bn(dims("test", Layout::nhwc, 2, 8, 9, 10, 4, "0.25"), false), out);
   expand(with_bn(relu_dims("test", Layout::nhwc, 2, 8, 4, 3, "0.25"), false), out, kReluOp);
   return out;
 }

@@ -1,8 +1,10 @@
 // softmax on CUDA: hand-written, memory-bound kernels, f32 math for both dtypes.
-//  - cols <= kWarpMaxCols: one warp per row, kWarpsPerBlock rows per block. The row is loaded once
+//  - cols <= kWarpMaxCols: one warp per row (rows of at most 16 vectors: a group of 4 or 8 lanes
+//    per row, two vectors a lane), kWarpsPerBlock warps per block. The row is loaded once
 //    into registers (16-byte vectors when the row's bytes are a multiple of 16, else one element
-//    per access, lanes interleaved so every load is coalesced), max and sum by warp shuffles, and
-//    written once: the fewest bytes. Instantiated for the per-lane register counts 1..32.
+//    per access, lanes interleaved so every load is coalesced), max and sum by shuffles within the
+//    row's lanes, and written once: the fewest bytes. Instantiated for the per-lane register counts
+//    1..32.
 //  - wider rows: one block per row, kBlockThreads threads, block reductions through shared memory;
 //    the row is read twice (fwd: max, then sum and write re-reading exp(x - max) from L2) or once
 //    plus once (bwd: sum, then write).
@@ -38,24 +40,30 @@ struct KernelArgs {
   std::int64_t cols;
 };
 
-// One warp per row. Lane l holds vectors l, l + 32, ... (kIters of them, V elements each); vectors
-// past the row's end are masked (-inf for the max, 0 for the sums).
-template <class T, int V, int kIters, bool kBwd>
+// kLanes lanes per row (a warp, or an aligned group of it: 32 / kLanes rows a warp, where a row's
+// vectors fill fewer lanes than a warp has). Lane l of a row holds its vectors l, l + kLanes, ...
+// (kIters of them, V elements each); vectors past the row's end are masked (-inf for the max, 0 for
+// the sums). A group past the last row computes on masked values and stores nothing: every lane of
+// the warp takes part in the shuffles.
+template <class T, int V, int kIters, int kLanes, bool kBwd>
 __global__ void __launch_bounds__(kWarp * kWarpsPerBlock) warp_softmax(KernelArgs a) {
   using E = Elem<T>;
   using Vt = Pack<T, V>;
-  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-  if (row >= a.rows) return;  // whole warps leave together
-  const int lane = static_cast<int>(threadIdx.x % kWarp);
-  const int nvec = static_cast<int>(a.cols / V);
-  const std::size_t base = static_cast<std::size_t>(row) * static_cast<std::size_t>(a.cols);
+  constexpr int kRowsPerWarp = static_cast<int>(kWarp) / kLanes;
+  const std::int64_t row = (static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp) * kRowsPerWarp +
+                           static_cast<int>(threadIdx.x % kWarp) / kLanes;
+  if ((row - static_cast<int>(threadIdx.x % kWarp) / kLanes) >= a.rows) return;  // whole warps leave together
+  const bool live = row < a.rows;
+  const int lane = static_cast<int>(threadIdx.x % kLanes);
+  const int nvec = live ? static_cast<int>(a.cols / V) : 0;
+  const std::size_t base = static_cast<std::size_t>(live ? row : 0) * static_cast<std::size_t>(a.cols);
   const Vt* src = reinterpret_cast<const Vt*>(static_cast<const T*>(a.a) + base);
   Vt* dst = reinterpret_cast<Vt*>(static_cast<T*>(a.out) + base);
   float v[kIters][V];
   if constexpr (!kBwd) {
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
-      const int k = lane + it * static_cast<int>(kWarp);
+      const int k = lane + it * kLanes;
       if (k < nvec) {
         const Vt t = src[k];
 #pragma unroll
@@ -70,16 +78,17 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock) warp_softmax(KernelArg
     for (int it = 0; it < kIters; ++it)
 #pragma unroll
       for (int j = 0; j < V; ++j) m = fmaxf(m, v[it][j]);
-    m = warp_max(m);
+    m = warp_max<kLanes>(m);
+    if (!live) m = 0.f;  // an all-masked group: exp(-inf - 0) = 0, no NaN
     float sum = 0.f;
 #pragma unroll
     for (int it = 0; it < kIters; ++it)
 #pragma unroll
       for (int j = 0; j < V; ++j) sum += (v[it][j] = expf(v[it][j] - m));  // masked: exp(-inf) = 0
-    const float inv = 1.f / warp_sum(sum);
+    const float inv = 1.f / warp_sum<kLanes>(sum);
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
-      const int k = lane + it * static_cast<int>(kWarp);
+      const int k = lane + it * kLanes;
       if (k < nvec) {
         Vt t;
 #pragma unroll
@@ -93,7 +102,7 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock) warp_softmax(KernelArg
     float s = 0.f;
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
-      const int k = lane + it * static_cast<int>(kWarp);
+      const int k = lane + it * kLanes;
       if (k < nvec) {
         const Vt ty = src[k], td = dsrc[k];
 #pragma unroll
@@ -107,10 +116,10 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock) warp_softmax(KernelArg
     for (int it = 0; it < kIters; ++it)
 #pragma unroll
       for (int j = 0; j < V; ++j) s = fmaf(d[it][j], v[it][j], s);
-    s = warp_sum(s);
+    s = warp_sum<kLanes>(s);
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
-      const int k = lane + it * static_cast<int>(kWarp);
+      const int k = lane + it * kLanes;
       if (k < nvec) {
         Vt t;
 #pragma unroll
@@ -161,17 +170,25 @@ __global__ void __launch_bounds__(kBlockThreads) block_softmax(KernelArgs a) {
 
 using Kernel = void (*)(KernelArgs);
 
-// The smallest power-of-two kIters that holds the row: vectors per lane.
+// A whole warp a row: the smallest power-of-two kIters that holds the row (vectors per lane).
 template <class T, int V, bool kBwd>
 Kernel warp_kernel(int iters) {
   static_assert(32 % V == 0);
-  if (iters <= 1) return warp_softmax<T, V, 1, kBwd>;
-  if (iters <= 2) return warp_softmax<T, V, 2, kBwd>;
-  if (iters <= 4) return warp_softmax<T, V, 4, kBwd>;
-  if (iters <= 8 && 8 * V <= 32) return warp_softmax<T, V, (8 * V <= 32 ? 8 : 1), kBwd>;
-  if (iters <= 16 && 16 * V <= 32) return warp_softmax<T, V, (16 * V <= 32 ? 16 : 1), kBwd>;
-  if (iters <= 32 && V == 1) return warp_softmax<T, V, 32, kBwd>;
+  if (iters <= 1) return warp_softmax<T, V, 1, 32, kBwd>;
+  if (iters <= 2) return warp_softmax<T, V, 2, 32, kBwd>;
+  if (iters <= 4) return warp_softmax<T, V, 4, 32, kBwd>;
+  if (iters <= 8 && 8 * V <= 32) return warp_softmax<T, V, (8 * V <= 32 ? 8 : 1), 32, kBwd>;
+  if (iters <= 16 && 16 * V <= 32) return warp_softmax<T, V, (16 * V <= 32 ? 16 : 1), 32, kBwd>;
+  if (iters <= 32 && V == 1) return warp_softmax<T, V, 32, 32, kBwd>;
   throw Error("softmax: no warp kernel for this row width", ErrorKind::failure);
+}
+
+// Rows of at most 16 vectors (half a warp or less): 4 or 8 lanes a row, two vectors a lane (one where
+// the row has at most 4), so that few lanes of a warp idle past their row's end.
+template <class T, int V, bool kBwd>
+Kernel group_kernel(int lanes, int iters) {
+  if (lanes == 4) return iters == 1 ? warp_softmax<T, V, 1, 4, kBwd> : warp_softmax<T, V, 2, 4, kBwd>;
+  return warp_softmax<T, V, 2, 8, kBwd>;
 }
 
 struct Choice {
@@ -179,18 +196,25 @@ struct Choice {
   bool per_warp;
   int vec;    // elements per access
   int iters;  // accesses per lane and input (warp kernel)
+  int lanes;  // lanes a row (warp kernel)
 };
 
 template <class T, bool kBwd>
 Choice choose(std::int64_t cols) {
   constexpr int kVec = static_cast<int>(16 / sizeof(T));
-  if (cols > kWarpMaxCols) return {block_softmax<T, kBwd>, false, 1, 0};
+  if (cols > kWarpMaxCols) return {block_softmax<T, kBwd>, false, 1, 0, 0};
   const int v = cols % kVec == 0 ? kVec : 1;
   const int nvec = static_cast<int>(cols) / v;
+  if (nvec <= static_cast<int>(kWarp) / 2) {
+    int lanes = 4;
+    while (2 * lanes < nvec) lanes *= 2;
+    const int iters = nvec <= lanes ? 1 : 2;
+    return {v == kVec ? group_kernel<T, kVec, kBwd>(lanes, iters) : group_kernel<T, 1, kBwd>(lanes, iters), true, v, iters, lanes};
+  }
   const int need = (nvec + static_cast<int>(kWarp) - 1) / static_cast<int>(kWarp);
   int iters = 1;
   while (iters < need) iters *= 2;
-  return {v == kVec ? warp_kernel<T, kVec, kBwd>(iters) : warp_kernel<T, 1, kBwd>(iters), true, v, iters};
+  return {v == kVec ? warp_kernel<T, kVec, kBwd>(iters) : warp_kernel<T, 1, kBwd>(iters), true, v, iters, static_cast<int>(kWarp)};
 }
 
 Choice choose(const Shape& s) {
@@ -202,7 +226,8 @@ Choice choose(const Shape& s) {
 class CudaSoftmax final : public Plan {
  public:
   explicit CudaSoftmax(const Shape& s) : s_(s), choice_(choose(s_)) {
-    const std::int64_t blocks = choice_.per_warp ? (s_.rows + kWarpsPerBlock - 1) / kWarpsPerBlock : s_.rows;
+    const std::int64_t per_block = choice_.per_warp ? kWarpsPerBlock * (kWarp / choice_.lanes) : 1;  // rows
+    const std::int64_t blocks = (s_.rows + per_block - 1) / per_block;
     int device = 0, max_grid = 0;
     HOTOPS_CHECK_CUDA(cudaGetDevice(&device));
     HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&max_grid, cudaDevAttrMaxGridDimX, device));
@@ -221,7 +246,8 @@ class CudaSoftmax final : public Plan {
     std::string l = std::string("hotops ") + (choice_.per_warp ? "warp_softmax<" : "block_softmax<") +
                     dtype_name(s_.dtype) + ", " + direction_name(s_.dir) + ">: f32 math, expf, ";
     if (choice_.per_warp)
-      l += "one warp per row, " + std::to_string(choice_.iters) + " x " +
+      l += (choice_.lanes == static_cast<int>(kWarp) ? std::string("one warp") : std::to_string(choice_.lanes) + " lanes") +
+           " per row, " + std::to_string(choice_.iters) + " x " +
            (choice_.vec > 1 ? "16-byte vectors" : std::string("scalars")) + " per lane in registers";
     else
       l += "one block of " + std::to_string(kBlockThreads) + " per row";

@@ -66,9 +66,11 @@ class SoftmaxFamily final : public PlanFamily<Op> {
 
   std::vector<Problem> test_problems() const override {
     // cols 1 (y = 1, dx = 0); odd widths below, at and above one warp (scalar accesses on CUDA);
-    // 128 and 1000 (16-byte vectors in both dtypes); 1024, the widest row a warp holds; 3001, one
-    // block per row on CUDA.
-    constexpr std::int64_t kShapes[][2] = {{3, 1}, {7, 5}, {5, 33}, {9, 128}, {3, 1000}, {2, 1024}, {2, 3001}};
+    // 8, 40 and 128 (16-byte vectors; in bf16, and in f32 to 40, several rows a warp on CUDA: 4 and 8
+    // lanes a row, one or two vectors a lane, a warp's last rows past the end); 200 and 1000 (16-byte
+    // vectors, a warp a row); 1024, the widest row a warp holds; 3001, one block per row on CUDA.
+    constexpr std::int64_t kShapes[][2] = {{3, 1},    {7, 5},    {5, 33},   {11, 8},   {6, 40},
+                                           {9, 128},  {5, 200},  {3, 1000}, {2, 1024}, {2, 3001}};
     std::vector<Problem> out;
     for (const auto& rc : kShapes)
       expand({{"shape", "test"}, {"rows", std::to_string(rc[0])}, {"cols", std::to_string(rc[1])}}, out);
