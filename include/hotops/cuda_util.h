@@ -92,15 +92,16 @@ float time_ms(Body body) {
   return ms;
 }
 
-// The blocks of `threads` threads each that the device keeps resident at once for `kernel` (its SMs
-// times the blocks one SM holds), at most `cap` and at least 1: the grid of a kernel that strides
-// over its work in one wave. Setup-time only (it queries the device).
+// The blocks of `threads` threads each (and `smem` bytes of dynamic shared memory) that the device
+// keeps resident at once for `kernel` (its SMs times the blocks one SM holds), at most `cap` and at
+// least 1: the grid of a kernel that strides over its work in one wave. Setup-time only (it queries
+// the device).
 template <class Kernel>
-unsigned resident_blocks(Kernel kernel, unsigned threads, std::int64_t cap) {
+unsigned resident_blocks(Kernel kernel, unsigned threads, std::int64_t cap, std::size_t smem = 0) {
   int device = 0, sms = 0, per_sm = 0;
   HOTOPS_CHECK_CUDA(cudaGetDevice(&device));
   HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  HOTOPS_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(threads), 0));
+  HOTOPS_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(threads), smem));
   const std::int64_t wave = static_cast<std::int64_t>(sms) * std::max(per_sm, 1);
   return static_cast<unsigned>(std::max<std::int64_t>(1, std::min(wave, cap)));
 }

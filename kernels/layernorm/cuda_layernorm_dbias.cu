@@ -1,11 +1,13 @@
 // layernorm_dbias on CUDA: ln_bwd, a warp per row over a grid that fills the GPU in one wave (the
 // SMs times the blocks of 8 warps each holds, fewer for few rows; warps stride over the rows), writes
 // dx and each block's column sums of dy * xhat, dy and the stored dx into partial[block][3H]; then
-// col_finish (hotops/cuda_colsum.cuh) adds the blocks' partials into dgamma | dbeta | dbias.
-// A lane holds VEC elements per access, 16 bytes where H is a multiple of 16 bytes' worth and the
-// tensors are 16-byte aligned, else one (any H up to kCudaMaxHidden); a row's loads all go out
-// before its first sum. Deterministic: fixed-order sums, no atomics. Both launches on gpu::stream():
-// capturable.
+// col_finish (hotops/cuda_colsum.cuh) adds the blocks' partials into dgamma | dbeta | dbias. A warp
+// keeps its columns' three sums in shared memory (its own region, each lane its own slots), not in
+// registers: 72 more registers a lane at H = 768 held one block an SM, 8 warps, too few to hide the
+// rows' load latency. A lane holds VEC elements per access, 16 bytes where H is a multiple of 16
+// bytes' worth and the tensors are 16-byte aligned, else one (any H up to kCudaMaxHidden); a row's
+// loads all go out before its first sum. Deterministic: fixed-order sums, no atomics. Both launches
+// on gpu::stream(): capturable.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -38,12 +40,18 @@ __device__ __forceinline__ int slot(int k, int j, int lane) {
   return (k * VEC + j) * 32 + (lane ^ (j * (32 / VEC)));
 }
 
+// The shared memory of ln_bwd<T, VEC, N>: each warp's three column sums, N * VEC * 32 slots each.
+template <int VEC, int N>
+constexpr std::size_t smem_bytes() {
+  return static_cast<std::size_t>(kWarps) * 3 * N * VEC * 32 * sizeof(float);
+}
+
 // dx = rstd (dy g - mean(dy g) - xhat mean(dy g xhat)) (+ dres), when dx is given; each block's sums
 // of dy xhat, dy and (with dx) the stored dx per column into partial[block][3h]. Lane `lane` of a
-// warp owns the row's vectors lane + 32 k (k < N) of VEC elements, and keeps its columns' three sums
-// over the warp's rows in registers; the block adds its warps' sums in warp order (deterministic).
-// The third sum is the next dense layer's bias gradient, so that output needs no column-sum pass of
-// its own.
+// warp owns the row's vectors lane + 32 k (k < N) of VEC elements, and adds its columns' three sums
+// over the warp's rows into its slots of the warp's shared-memory region; the block adds its warps'
+// sums in warp order (deterministic). The third sum is the next dense layer's bias gradient, so that
+// output needs no column-sum pass of its own.
 template <class T, int VEC, int N>
 __global__ void __launch_bounds__(kThreads) ln_bwd(const T* __restrict__ dy, const T* __restrict__ x,
                                                   const float* __restrict__ mean, const float* __restrict__ rstd,
@@ -51,13 +59,18 @@ __global__ void __launch_bounds__(kThreads) ln_bwd(const T* __restrict__ dy, con
                                                   const T* __restrict__ dres, float* __restrict__ partial,
                                                   std::int64_t rows, int h) {
   static_assert(N * VEC * 32 <= kMaxHidden, "a lane's vectors past the widest row");
+  constexpr int kSlots = N * VEC * 32;  // a warp's slots for one of the three sums
   using P = Pack<T, VEC>;
+  extern __shared__ float sums[];  // [kWarps][3][kSlots]
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nvec = h / VEC;
-  float pg[N][VEC], pb[N][VEC], px[N][VEC];
+  float* const acc = sums + warp * 3 * kSlots;
 #pragma unroll
   for (int k = 0; k < N; ++k)
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) pg[k][j] = pb[k][j] = px[k][j] = 0.f;
+    for (int j = 0; j < VEC; ++j) {
+      const int i = slot<VEC>(k, j, lane);
+      acc[i] = acc[kSlots + i] = acc[2 * kSlots + i] = 0.f;
+    }
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
   for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarps + warp; r < rows; r += stride) {
     const T* xr = x + r * h;
@@ -83,7 +96,8 @@ __global__ void __launch_bounds__(kThreads) ln_bwd(const T* __restrict__ dy, con
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const float d = to_float(dv[k].v[j]), xh = (to_float(xv[k].v[j]) - m) * rs;
-          pg[k][j] += d * xh, pb[k][j] += d;
+          const int i = slot<VEC>(k, j, lane);
+          acc[i] += d * xh, acc[kSlots + i] += d;
           const float dg = d * gm[j];
           m1 += dg, m2 += dg * xh;
         }
@@ -102,36 +116,35 @@ __global__ void __launch_bounds__(kThreads) ln_bwd(const T* __restrict__ dy, con
         for (int j = 0; j < VEC; ++j) {
           const float d = to_float(dv[k].v[j]), xh = (to_float(xv[k].v[j]) - m) * rs;
           out.v[j] = gpu::from_float<T>(rs * (d * gm[j] - m1 - xh * m2) + (dres ? to_float(rv[k].v[j]) : 0.f));
-          px[k][j] += to_float(out.v[j]);  // the sum of what the next layer reads
+          acc[2 * kSlots + slot<VEC>(k, j, lane)] += to_float(out.v[j]);  // the sum of what the next layer reads
         }
         *reinterpret_cast<P*>(dx + r * h + v * VEC) = out;
       }
     }
   }
-  // The block's sums: warp 0 stores its own, the others add theirs in warp order.
-  __shared__ float acc[3][kMaxHidden];
-  for (int w = 0; w < kWarps; ++w) {
-    if (warp == w)
-#pragma unroll
-      for (int k = 0; k < N; ++k)
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const int i = slot<VEC>(k, j, lane);
-          acc[0][i] = (w ? acc[0][i] : 0.f) + pg[k][j];
-          acc[1][i] = (w ? acc[1][i] : 0.f) + pb[k][j];
-          acc[2][i] = (w ? acc[2][i] : 0.f) + px[k][j];
-        }
-    __syncthreads();
-  }
+  // The block's sums: each column's warps added in warp order.
+  __syncthreads();
   float* out = partial + static_cast<std::int64_t>(blockIdx.x) * 3 * h;
   for (int c = threadIdx.x; c < h; c += kThreads) {
     const int v = c / VEC, i = slot<VEC>(v / 32, c % VEC, v % 32);
-    out[c] = acc[0][i], out[h + c] = acc[1][i], out[2 * h + c] = acc[2][i];
+#pragma unroll
+    for (int q = 0; q < 3; ++q) {
+      float s = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) s += sums[(w * 3 + q) * kSlots + i];
+      out[q * h + c] = s;
+    }
   }
 }
 
 template <class T>
-using Kernel = void (*)(const T*, const T*, const float*, const float*, const float*, T*, const T*, float*, std::int64_t, int);
+using KernelFn = void (*)(const T*, const T*, const float*, const float*, const float*, T*, const T*, float*, std::int64_t, int);
+// A kernel instance and the shared memory it launches with.
+template <class T>
+struct Kernel {
+  KernelFn<T> fn = nullptr;
+  std::size_t smem = 0;
+};
 
 // ln_bwd<T, VEC, N> for the smallest N of 1, 2, 3, 4, 6, 8, 16, 32 (from 8 for one element per
 // access) that holds `need` vectors per lane; at most the vectors per lane of a kMaxHidden row.
@@ -139,11 +152,18 @@ template <class T, int VEC, int N = (VEC > 1 ? 1 : 8)>
 Kernel<T> ln_bwd_for(int need) {
   constexpr int kMax = kMaxHidden / (32 * VEC);
   if constexpr (N >= kMax) {
-    return ln_bwd<T, VEC, kMax>;
+    return {ln_bwd<T, VEC, kMax>, smem_bytes<VEC, kMax>()};
   } else {
-    if (need <= N) return ln_bwd<T, VEC, N>;
+    if (need <= N) return {ln_bwd<T, VEC, N>, smem_bytes<VEC, N>()};
     return ln_bwd_for<T, VEC, (N < 4 ? N + 1 : N == 4 ? 6 : N == 6 ? 8 : 2 * N)>(need);
   }
+}
+
+// The kernel's launch allowing its shared memory (above the default 48 KiB where it needs it).
+template <class T>
+Kernel<T> allowed(Kernel<T> k) {
+  HOTOPS_CHECK_CUDA(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k.smem)));
+  return k;
 }
 
 // T: the storage, float or bf16.
@@ -156,17 +176,19 @@ class CudaLayernormDbias final : public Plan {
     HOTOPS_CHECK(s.hidden <= kMaxHidden, "layernorm_dbias on CUDA: hidden must be at most 1024");
     const int H = static_cast<int>(s.hidden);
     vec_per_lane_ = H % kVec == 0 ? (H / kVec + 31) / 32 : 0;
-    if (vec_per_lane_) vector_ = ln_bwd_for<T, kVec>(vec_per_lane_);
-    scalar_ = ln_bwd_for<T, 1>((H + 31) / 32);
-    blocks_ = gpu::resident_blocks(vector_ ? vector_ : scalar_, kThreads, (s.rows() + kWarps - 1) / kWarps);
+    if (vec_per_lane_) vector_ = allowed(ln_bwd_for<T, kVec>(vec_per_lane_));
+    scalar_ = allowed(ln_bwd_for<T, 1>((H + 31) / 32));
+    const Kernel<T>& k = vector_.fn ? vector_ : scalar_;
+    blocks_ = gpu::resident_blocks(k.fn, kThreads, (s.rows() + kWarps - 1) / kWarps, k.smem);
     partial_ = gpu::DeviceBuffer(static_cast<std::size_t>(blocks_) * 3 * static_cast<std::size_t>(H) * sizeof(float));
   }
 
   void run(const Args& a) override {
     HOTOPS_CHECK(!a.dbias || a.dx, "layernorm_dbias: dbias is the column sums of dx, which needs dx");
     const int H = static_cast<int>(s_.hidden);
-    const bool vec = vector_ && gpu::all_aligned(16, {a.x, a.dy, a.dx, a.dres, a.gamma});
-    (vec ? vector_ : scalar_)<<<blocks_, kThreads, 0, gpu::stream()>>>(
+    const bool vec = vector_.fn && gpu::all_aligned(16, {a.x, a.dy, a.dx, a.dres, a.gamma});
+    const Kernel<T>& k = vec ? vector_ : scalar_;
+    k.fn<<<blocks_, kThreads, k.smem, gpu::stream()>>>(
         static_cast<const T*>(a.dy), static_cast<const T*>(a.x), a.saved_mean, a.saved_rstd, a.gamma, static_cast<T*>(a.dx),
         static_cast<const T*>(a.dres), partial_.as<float>(), s_.rows(), H);
     HOTOPS_CHECK_LAUNCH();
@@ -180,14 +202,14 @@ class CudaLayernormDbias final : public Plan {
     const std::string access = vec_per_lane_ ? std::to_string(vec_per_lane_) + " x 16-byte vectors per lane"
                                              : std::string("one element per access");
     return "hotops kernels: LayerNorm backward a warp per row (+ dres), " + access + ", " + std::to_string(blocks_) +
-           " blocks of " + std::to_string(kWarps) + " warps with column sums of dy*xhat, dy, dx; col_finish";
+           " blocks of " + std::to_string(kWarps) + " warps with column sums of dy*xhat, dy, dx in shared memory; col_finish";
   }
 
  private:
   Shape s_;
   int vec_per_lane_ = 0;  // 0: H is not a multiple of 16 bytes' worth
-  Kernel<T> vector_ = nullptr;  // 16-byte vectors, where H and the tensors allow
-  Kernel<T> scalar_ = nullptr;  // one element per access: any H, any alignment
+  Kernel<T> vector_;  // 16-byte vectors, where H and the tensors allow
+  Kernel<T> scalar_;  // one element per access: any H, any alignment
   unsigned blocks_ = 1;
   gpu::DeviceBuffer partial_;  // [blocks_, 3H]
 };
