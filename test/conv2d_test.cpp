@@ -16,6 +16,7 @@
 #include "test/plan_test_util.h"
 #ifdef HOTOPS_HAVE_CUDA
 #include "hotops/cudnn_util.h"
+#include "kernels/conv2d/cuda_direct.h"
 #endif
 
 namespace hotops::conv2d {
@@ -565,6 +566,43 @@ TEST(Conv2dCudaPlan, FindsFastestTensorOpsAndRunsOnASharedWorkspace) {
       EXPECT_TRUE(c.ok) << direction_name(s.dir) << " " << c.message;
     }
   }
+}
+
+// hotops' direct forward kernel alone (whatever the plan's timing keeps), against the reference (as
+// bench verifies it): 3 input channels into 32 with padding and an odd output width (the last thread's
+// second pixel past the row), 1 into 16 with a 5x5 filter and stride 2, 3 into 16 with a 2x3 filter
+// and unequal strides; with and without the bias, f32 and bf16.
+TEST(Conv2dDirectCuda, MatchesTheReference) {
+  std::string why;
+  if (!gpu::available(&why)) GTEST_SKIP() << why;
+  struct Case {
+    std::int64_t N, C, H, W, K, R, S, sh, sw, ph, pw;
+    bool bias;
+  };
+  for (const Case& k : {Case{2, 3, 9, 11, 32, 3, 3, 1, 1, 1, 1, true}, Case{3, 1, 12, 10, 16, 5, 5, 2, 2, 2, 2, false},
+                        Case{1, 3, 7, 6, 16, 2, 3, 2, 1, 0, 1, true}})
+    for (DType t : {DType::f32, DType::bf16}) {
+      Shape s;
+      s.dir = Direction::fwd, s.dtype = t, s.layout = Layout::nhwc, s.bias = k.bias;
+      s.N = k.N, s.C = k.C, s.H = k.H, s.W = k.W, s.K = k.K, s.R = k.R, s.S = k.S;
+      s.stride_h = k.sh, s.stride_w = k.sw, s.pad_h = k.ph, s.pad_w = k.pw;
+      const std::string what = std::string(dtype_name(t)) + " C " + std::to_string(k.C) + " K " + std::to_string(k.K) + " " +
+                               std::to_string(k.R) + "x" + std::to_string(k.S);
+      ASSERT_TRUE(direct::takes(s)) << what;
+      const Inputs in = make_inputs(s, 11);
+      Outputs out = make_outputs(s);
+      out.primary.poison();
+      const gpu::DeviceBuffer x(in.x), w(in.w), b(k.bias ? gpu::DeviceBuffer(in.b) : gpu::DeviceBuffer(1));
+      gpu::DeviceBuffer y(out.primary);
+      direct::run(s, Args{x.get(), w.get(), k.bias ? b.get() : nullptr, nullptr, y.get(), nullptr});
+      y.download(out.primary);
+      const Check c = verify(s, in, out);
+      EXPECT_TRUE(c.ok) << what << ": " << c.message;
+      EXPECT_GT(c.checked, 0u) << what;
+    }
+  Shape wide;  // 4 input channels: cuDNN's
+  wide.C = 4, wide.K = 16, wide.layout = Layout::nhwc;
+  EXPECT_FALSE(direct::takes(wide));
 }
 
 // A problem's algorithm is searched once per process: a second plan of the same problem takes the

@@ -154,7 +154,8 @@ class Conv2dFamily final : public PlanFamily<Op> {
     // Odd sizes, non-square filters, strides that skip input rows, padding wider than the filter
     // reach, dilation, a degenerate 1x1x1, and one large enough that verification samples. Grouped:
     // depthwise 3x3 on odd channels, two groups of 2 input and 3 output channels with a stride, and
-    // ConvNeXt's depthwise 7x7 (padding 3) on 16 channels.
+    // ConvNeXt's depthwise 7x7 (padding 3) on 16 channels. First layers of 3 and 1 input channels
+    // (the CUDA forward's direct kernel where it times faster than cuDNN), odd output widths.
     const Geometry shapes[] = {
         {2, 3, 7, 9, 4, 3, 3, "1", "1", "1", true},
         {1, 5, 11, 6, 7, 3, 2, "2x1", "1x0", "1", false},
@@ -166,6 +167,8 @@ class Conv2dFamily final : public PlanFamily<Op> {
         {2, 5, 7, 9, 5, 3, 3, "1", "1", "1", true, 5},
         {2, 4, 9, 8, 6, 3, 3, "2", "1", "1", false, 2},
         {2, 16, 10, 10, 16, 7, 7, "1", "3", "1", true, 16},
+        {2, 3, 9, 11, 16, 3, 3, "1", "1", "1", true},
+        {3, 1, 12, 10, 32, 5, 5, "2", "2", "1", false},
     };
     std::vector<Problem> out;
     for (const Geometry& g : shapes) expand("test", g, out);

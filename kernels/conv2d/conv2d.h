@@ -1,6 +1,6 @@
 // The conv2d family: PyTorch's nn.Conv2d (cross-correlation, any groups: depthwise at groups = C)
 // forward, backward-data and backward-weight (with the bias gradient), in NCHW or NHWC, on oneDNN
-// (CPU) and cuDNN (CUDA).
+// (CPU) and cuDNN (CUDA; a first layer's forward also hotops' direct kernel, cuda_direct.h).
 // Names, the three directions' formulas and what the timed run contains: docs/ops.md, "conv2d".
 #pragma once
 #include <cstdint>
@@ -173,16 +173,18 @@ HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: oneDNN, or the depthwise loops belo
 bool cpu_depthwise_loops_take(const Shape& s);
 std::unique_ptr<Plan> make_cpu_depthwise_plan(const Shape& s);
 
-// What a CUDA plan's search chose: the cudnnConvolution*Algo_t of its pass, the workspace it keeps
+// What a CUDA plan's search chose: the cudnnConvolution*Algo_t of its pass (or hotops' direct kernel
+// for a first layer's forward, where it timed faster), the workspace it keeps
 // and the time it was chosen by (ms a call: its re-timing where the search re-timed, else
 // cudnnFind's), for a caller that names the algorithm or chooses between two ways of computing one
 // gradient (model_cnn: backward data, or a forward convolution with the flipped filter). Throws
 // hotops::Error for a plan that is not a CUDA conv2d plan.
 struct CudaChoice {
-  int algo = -1;
+  int algo = -1;  // kCudaDirectAlgo: hotops' direct kernel (cuda_direct.h), no workspace
   std::size_t workspace = 0;
   float ms = 0;
 };
+constexpr int kCudaDirectAlgo = -1;
 CudaChoice cuda_choice(const Plan& p);
 // Runs a CUDA plan on the caller's workspace (at least cuda_choice(p).workspace bytes, kept alive while
 // the plan runs) instead of its own, which it frees: plans that never run at once can share one

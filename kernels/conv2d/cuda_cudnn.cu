@@ -8,7 +8,9 @@
 // its usable results re-timed unless Shape::retime is off; once per problem per process), PyTorch's
 // cudnn.benchmark = True; f32 runs CUDNN_FMA_MATH, tf32 and bf16 tensor-op math (docs/ops.md).
 // Where cudnnAddTensor or cudnnConvolutionBackwardBias cannot do a case (both deprecated in cuDNN 9),
-// a hotops kernel does that part, and the label says so.
+// a hotops kernel does that part, and the label says so. A forward pass that hotops' direct kernel
+// takes (cuda_direct.h: a first layer's 1 or 3 input channels) times it against cuDNN's choice and
+// keeps it where it is faster by more than a near tie (gpu::kRetimeTie); the label gives both times.
 #include <cuda_bf16.h>
 #include <cudnn.h>
 
@@ -18,6 +20,7 @@
 
 #include "hotops/cudnn_util.h"
 #include "kernels/conv2d/conv2d.h"
+#include "kernels/conv2d/cuda_direct.h"
 
 namespace hotops::conv2d {
 namespace {
@@ -127,11 +130,14 @@ class CudaConv2d final : public Plan {
     if (choice_.from_file) how = "from --hotops_choices, as a search found it: " + how;
     label_ = std::string("cuDNN ") + direction_name(s_.dir) + " " + gpu::conv_algo_name(s_.dir, choice_.algo) + " (" + how +
              "), ws " + mib(choice_.workspace) + ", " + math_name(choice_.math);
-    if (s_.bias && s_.dir != Direction::bwd_data) probe_bias(Args{x.get(), wt.get(), b.get(), dy.get(), out_d.get(), db.get()});
+    const Args seeded{x.get(), wt.get(), b.get(), dy.get(), out_d.get(), db.get()};
+    if (s_.bias && s_.dir != Direction::bwd_data) probe_bias(seeded);
+    if (direct::takes(s_)) time_direct(seeded);
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
   }
 
   void run(const Args& a) override {
+    if (direct_) return direct::run(s_, a);
     gpu::ConvCall call = call_;
     call.x = a.x, call.w = a.w, call.y = a.dy, call.out = a.out;
     HOTOPS_CHECK_CUDNN(gpu::convolve(call, choice_.algo, ws_, ws_bytes_));
@@ -141,16 +147,39 @@ class CudaConv2d final : public Plan {
   std::string label() const override { return label_; }
 
   CudaChoice choice() const {
-    return CudaChoice{choice_.algo, choice_.workspace, choice_.retimed_ms >= 0 ? choice_.retimed_ms : choice_.find_ms};
+    if (direct_) return CudaChoice{kCudaDirectAlgo, 0, direct_ms_};
+    return cudnn_choice();
   }
 
   void use_workspace(void* ws, std::size_t bytes) {
-    HOTOPS_CHECK(bytes >= choice_.workspace && (ws || !bytes), "conv2d: a caller's workspace smaller than the algorithm's");
+    HOTOPS_CHECK(bytes >= choice().workspace && (ws || !bytes), "conv2d: a caller's workspace smaller than the algorithm's");
     workspace_ = gpu::DeviceBuffer();
     ws_ = ws, ws_bytes_ = bytes;
   }
 
  private:
+  CudaChoice cudnn_choice() const {
+    return CudaChoice{choice_.algo, choice_.workspace, choice_.retimed_ms >= 0 ? choice_.retimed_ms : choice_.find_ms};
+  }
+
+  // The direct kernel timed as the search re-times cuDNN's candidates (a warm-up call, then
+  // gpu::best_batch_ms), against cuDNN's kept time; kept where faster by more than a near tie, and
+  // then the plan frees cuDNN's workspace.
+  void time_direct(const Args& seeded) {
+    direct::run(s_, seeded);
+    direct_ms_ = gpu::best_batch_ms([&] { direct::run(s_, seeded); });
+    const CudaChoice cudnn = cudnn_choice();
+    const std::string versus = ms(direct_ms_) + " against cuDNN " + gpu::conv_algo_name(s_.dir, cudnn.algo) + " " + ms(cudnn.ms);
+    if (direct_ms_ * (1 + gpu::kRetimeTie) < cudnn.ms) {
+      direct_ = true;
+      workspace_ = gpu::DeviceBuffer();
+      ws_ = nullptr, ws_bytes_ = 0;
+      label_ = direct::label(s_) + ", timed at setup: " + versus;
+    } else {
+      label_ += "; hotops direct conv timed at setup: " + versus + ", not kept";
+    }
+  }
+
   // The bias step through cuDNN: y += b (fwd) or db = sum dy (bwd_weight).
   cudnnStatus_t cudnn_bias(const Args& a) {
     const float one = 1.f, zero = 0.f;
@@ -213,6 +242,8 @@ class CudaConv2d final : public Plan {
   gpu::ConvCall call_;
   gpu::ConvAlgo choice_;
   bool own_bias_kernel_ = false;
+  bool direct_ = false;    // the direct kernel runs the pass (time_direct)
+  float direct_ms_ = -1;   // its setup time, ms a call (time_direct)
   std::string label_;
 };
 

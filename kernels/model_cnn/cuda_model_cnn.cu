@@ -290,6 +290,7 @@ class CudaCnn final : public ModelCase {
                                     : "bf16 autocast (f32 master weights, their bf16 copy cast once); ";
     std::string l = std::string(bf16) + "cuDNN " + (nchw_ ? "NCHW" : "NHWC") +
                     (kBf16 ? " bf16 tensor-op convolutions, f32 compute (" : " f32 FMA-math convolutions (") + "conv2d plans: " + algos_ +
+                    (algos_.find("hotops direct") != std::string::npos ? ", the first layer's forward hotops' direct kernel, timed faster" : "") +
                     "; ws " + std::to_string(ws_bytes_ >> 20) + " MiB); hotops fused BN/ReLU/max-pool/dropout kernels" +
                     (kBf16 ? " (bf16 storage, f32 math and sums)" : "") + "; matmul plans (cublasLt " + (kBf16 ? "bf16, f32 accumulation" : "f32") + ") dense";
     if (s_.train()) l += "; cross_entropy_dbias plan (it advances the step count), flat AdamW";
@@ -342,7 +343,7 @@ class CudaCnn final : public ModelCase {
       cp.fwd = conv2d::make_cuda_plan(conv_shape(c, Direction::fwd));
       const conv2d::CudaChoice fwd = conv2d::cuda_choice(*cp.fwd);
       ws = std::max(ws, fwd.workspace);
-      algos_ += std::string(i ? ", " : "") + "fwd " + std::to_string(fwd.algo);
+      algos_ += std::string(i ? ", " : "") + "fwd " + (fwd.algo == conv2d::kCudaDirectAlgo ? "hotops direct" : std::to_string(fwd.algo));
       if (s_.train()) {
         cp.filter = conv2d::make_cuda_plan(conv_shape(c, Direction::bwd_weight));
         const conv2d::CudaChoice filter = conv2d::cuda_choice(*cp.filter);
