@@ -209,6 +209,19 @@ Info info() {
   return i;
 }
 
+const Limits& limits() {  // one device a process, as stream()
+  static const Limits l = [] {
+    int device = 0;
+    Limits t;
+    HOTOPS_CHECK_CUDA(cudaGetDevice(&device));
+    HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&t.sms, cudaDevAttrMultiProcessorCount, device));
+    HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&t.threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+    HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&t.max_grid_x, cudaDevAttrMaxGridDimX, device));
+    return t;
+  }();
+  return l;
+}
+
 cudaStream_t stream() {
   static cudaStream_t s = [] {
     cudaStream_t t;

@@ -29,6 +29,13 @@ cublasLtHandle_t cublaslt();
 void* cublas_workspace();           // 64 MiB, shared by all cuBLAS calls on stream()
 constexpr std::size_t kCublasWorkspaceBytes = std::size_t(64) << 20;
 
+// The current device's limits that launch configurations are sized by, queried once a device per
+// process: its SMs, the threads one SM holds, the largest grid x.
+struct Limits {
+  int sms = 0, threads_per_sm = 0, max_grid_x = 0;
+};
+const Limits& limits();
+
 // Whether a CUDA error is sticky: one that corrupts the context, so that every later CUDA call in
 // the process returns it (CUDA's documentation: "the process must be terminated and relaunched").
 bool is_sticky(cudaError_t e);
@@ -98,11 +105,9 @@ float time_ms(Body body) {
 // the device).
 template <class Kernel>
 unsigned resident_blocks(Kernel kernel, unsigned threads, std::int64_t cap, std::size_t smem = 0) {
-  int device = 0, sms = 0, per_sm = 0;
-  HOTOPS_CHECK_CUDA(cudaGetDevice(&device));
-  HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  int per_sm = 0;
   HOTOPS_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(threads), smem));
-  const std::int64_t wave = static_cast<std::int64_t>(sms) * std::max(per_sm, 1);
+  const std::int64_t wave = static_cast<std::int64_t>(limits().sms) * std::max(per_sm, 1);
   return static_cast<unsigned>(std::max<std::int64_t>(1, std::min(wave, cap)));
 }
 

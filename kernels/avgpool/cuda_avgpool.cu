@@ -137,10 +137,7 @@ class CudaAvgpool final : public Plan {
     // that the blocks fill them; with fewer samples the 32 x 8 blocks spread a sample wider.
     constexpr std::int64_t V = 16 / sizeof(T);
     const std::int64_t r = V / std::gcd(s.C, V), group = r * s.C / V;  // rows, vectors of a group
-    int device = 0, sms = 0, per_sm = 0;
-    HOTOPS_CHECK_CUDA(cudaGetDevice(&device));
-    HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+    const int sms = gpu::limits().sms, per_sm = gpu::limits().threads_per_sm;
     const bool fwd = s.dir == Direction::fwd;
     if (s.layout == Layout::nlc && (s.L * s.C) % V == 0 && group <= kSpanThreads && (!fwd || s.N >= sms)) {
       const std::int64_t want = fwd ? std::clamp<std::int64_t>(std::int64_t{sms} * per_sm / s.N, kSpanThreads, kMaxSpanThreads)

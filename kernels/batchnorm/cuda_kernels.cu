@@ -378,13 +378,6 @@ __global__ void __launch_bounds__(kThreads) nhwc_apply(Params p) {
 
 // ---- launch configuration ------------------------------------------------------------------------
 
-int sm_count() {
-  int dev = 0, sms = 0;
-  HOTOPS_CHECK_CUDA(cudaGetDevice(&dev));
-  HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms;
-}
-
 // The widest vector (elements, 16 bytes at most) that divides n.
 int widest_vector(long long n, DType t) {
   for (int v = 16 / static_cast<int>(dtype_size(t)); v > 1; v /= 2)
@@ -400,7 +393,7 @@ struct Launch {
 };
 
 Launch plan_launch(const Shape& s, Params& p) {
-  const int sms = sm_count();
+  const int sms = gpu::limits().sms;
   Launch l;
   if (!s.channels_last()) {
     l.vec = widest_vector(p.HW, s.dtype);

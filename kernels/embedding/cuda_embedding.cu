@@ -163,11 +163,7 @@ class CudaEmbedding final : public Plan {
   explicit CudaEmbedding(const Shape& s) : s_(s) {
     const std::size_t row_bytes = static_cast<std::size_t>(s_.dim) * dtype_size(s_.dtype);
     if (s_.dir == Direction::fwd) {
-      int device = 0, sms = 0, per_sm = 0;
-      HOTOPS_CHECK_CUDA(cudaGetDevice(&device));
-      HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-      HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
-      resident_threads_ = std::int64_t{sms} * per_sm;
+      resident_threads_ = std::int64_t{gpu::limits().sms} * gpu::limits().threads_per_sm;
       piece_ = s_.f32_table ? (s_.dim % 4 == 0 ? 4 : 1)
                : row_bytes % 16 == 0 ? 16
                : row_bytes % 8 == 0  ? 8

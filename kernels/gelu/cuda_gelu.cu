@@ -379,14 +379,10 @@ unsigned grid_for(const KernelArgs& a, const Shape& s, unsigned max_blocks) {
 class CudaGelu final : public Plan {
  public:
   explicit CudaGelu(const Shape& s) : s_(s), variant_(variant_for(s_)) {
-    int device = 0;
-    HOTOPS_CHECK_CUDA(cudaGetDevice(&device));
-    HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
+    sms_ = gpu::limits().sms;
     HOTOPS_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm_, variant_.kernel, kThreads, 0));
     HOTOPS_CHECK(blocks_per_sm_ > 0, "the gelu kernel cannot run on this device");
-    int max_grid = 0;
-    HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&max_grid, cudaDevAttrMaxGridDimX, device));
-    max_grid_ = static_cast<unsigned>(max_grid);
+    max_grid_ = static_cast<unsigned>(gpu::limits().max_grid_x);
     // The launch on buffers that start at a 16-byte boundary, as cudaMalloc's do (only the
     // tensors' place in their 16-byte lines matters to it, so any such address stands for them):
     // the one the label describes.

@@ -197,10 +197,7 @@ class CudaCrossEntropy final : public Plan {
         choice_(s_.dtype == DType::bf16 ? choose_type<std::uint16_t>(s_.classes) : choose_type<float>(s_.classes)) {
     const std::int64_t rows_per_block = kThreads / choice_.team;
     const std::int64_t blocks = (s_.rows + rows_per_block - 1) / rows_per_block;
-    int device = 0, max_grid = 0;
-    HOTOPS_CHECK_CUDA(cudaGetDevice(&device));
-    HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&max_grid, cudaDevAttrMaxGridDimX, device));
-    HOTOPS_CHECK(blocks <= max_grid, "cross_entropy: too many rows for one grid: " + std::to_string(s_.rows));
+    HOTOPS_CHECK(blocks <= gpu::limits().max_grid_x, "cross_entropy: too many rows for one grid: " + std::to_string(s_.rows));
     blocks_ = static_cast<unsigned>(blocks);
     if (s_.dir == Direction::fwd) partial_ = gpu::DeviceBuffer(static_cast<std::size_t>(blocks) * sizeof(float));
   }

@@ -241,10 +241,7 @@ unsigned grid_for(const KernelArgs& a, const Shape& s, unsigned max_blocks) {
 class CudaPointwise final : public Plan {
  public:
   explicit CudaPointwise(const Shape& s) : s_(s), variant_(variant_for(s_)) {
-    int device = 0, max_grid = 0;
-    HOTOPS_CHECK_CUDA(cudaGetDevice(&device));
-    HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&max_grid, cudaDevAttrMaxGridDimX, device));
-    max_grid_ = static_cast<unsigned>(max_grid);
+    max_grid_ = static_cast<unsigned>(gpu::limits().max_grid_x);
     // The launch on buffers that start at a 16-byte boundary, as cudaMalloc's do (only the
     // tensors' place in their 16-byte lines matters to it, so any such address stands for them):
     // the one the label describes.

@@ -228,10 +228,7 @@ class CudaSoftmax final : public Plan {
   explicit CudaSoftmax(const Shape& s) : s_(s), choice_(choose(s_)) {
     const std::int64_t per_block = choice_.per_warp ? kWarpsPerBlock * (kWarp / choice_.lanes) : 1;  // rows
     const std::int64_t blocks = (s_.rows + per_block - 1) / per_block;
-    int device = 0, max_grid = 0;
-    HOTOPS_CHECK_CUDA(cudaGetDevice(&device));
-    HOTOPS_CHECK_CUDA(cudaDeviceGetAttribute(&max_grid, cudaDevAttrMaxGridDimX, device));
-    HOTOPS_CHECK(blocks <= max_grid, "softmax: too many rows for one grid: " + std::to_string(s_.rows));
+    HOTOPS_CHECK(blocks <= gpu::limits().max_grid_x, "softmax: too many rows for one grid: " + std::to_string(s_.rows));
     blocks_ = static_cast<unsigned>(blocks);
     threads_ = choice_.per_warp ? kWarp * kWarpsPerBlock : kBlockThreads;
   }
