@@ -1,11 +1,12 @@
 // global_avgpool: the reference on hand-computed values, names and work, the plans on two sets of
-// caller-owned tensors on both backends, and verification that fails where it must: a position left
-// out of a sum, a missing / L, one wrong element.
+// caller-owned tensors on both backends, the CPU's ncl loops, and verification that fails where it
+// must: a position left out of a sum, a missing / L, one wrong element.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
 
+#include "hotops/cpu.h"
 #include "hotops/gpu.h"
 #include "kernels/avgpool/avgpool.h"
 #include "test/plan_test_util.h"
@@ -138,6 +139,36 @@ void expect_plan_runs_on_given_tensors(Backend backend) {
 }
 
 HOTOPS_PLAN_TESTS(GlobalAvgpool, PlanRunsOnTheTensorsItIsGiven, expect_plan_runs_on_given_tensors)
+
+// The CPU plan of the ncl layout: hotops' loops where oneDNN's implementation is its simple one (the
+// label names it), oneDNN's otherwise; and the loops against the reference at the thread counts that
+// split the rows unevenly (1, 2, 3).
+TEST(GlobalAvgpoolCpu, NclTakesTheLoopsWhereOneDnnIsSimple) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (Direction d : {Direction::fwd, Direction::bwd}) {
+      const Problem p{"global_avgpool", Backend::cpu, t, d,
+                      {{"shape", "test"}, {"N", "5"}, {"L", "49"}, {"C", "7"}, {"layout", "ncl"}}};
+      if (!onednn_unsupported_reason(p).empty()) continue;
+      const Shape s = shape_of(p);
+      const std::string label = make_plan(s, Backend::cpu)->label(), what = std::string(dtype_name(t)) + " " + direction_name(d);
+      const bool loops = label.rfind("hotops", 0) == 0;
+      if (loops) EXPECT_NE(label.find("offers only simple"), std::string::npos) << what << ": " << label;
+      else EXPECT_EQ(label.find("simple"), std::string::npos) << what << ": " << label;
+      if (!loops) continue;
+      const Inputs in = make_inputs(s, 4);
+      for (int threads : {1, 2, 3}) {
+        const cpu::ThreadScope scope(threads);
+        HostBuffer out = make_output(s);
+        out.poison();
+        Args a;
+        (d == Direction::fwd ? a.x : a.dy) = (d == Direction::fwd ? in.x : in.dy).data();
+        a.out = out.data();
+        make_plan(s, Backend::cpu)->run(a);
+        const Check c = verify(s, in, out);
+        EXPECT_TRUE(c.ok) << what << " on " << threads << " threads: " << c.message;
+      }
+    }
+}
 
 }  // namespace
 }  // namespace hotops::avgpool

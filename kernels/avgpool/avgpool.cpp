@@ -70,7 +70,8 @@ class AvgpoolFamily final : public PlanFamily<Op> {
     // over fastText's 400 (CUDA's 16-byte vectors: bwd in 20 steps of 20 rows); 300 samples of 148
     // positions (samples enough to fill an H100's or H200's SMs, so fwd takes the vectors too: steps
     // of 72 rows in f32 and 144 in bf16, the last partial); 6 channels over 12 positions (fewer
-    // rows than a step); more rows than one CUDA block of rows in NCL; both layouts of a small image.
+    // rows than a step); more rows than one CUDA block of rows in NCL; both layouts of a small image;
+    // one position in NCL (the CPU loops' tail alone).
     struct T {
       std::int64_t N, L, C;
       const char* layout;
@@ -78,6 +79,7 @@ class AvgpoolFamily final : public PlanFamily<Op> {
     constexpr T kShapes[] = {
         {3, 1, 7, "nlc"},     {2, 5, 3, "nlc"},     {3, 401, 50, "nlc"},  {3, 400, 50, "nlc"},
         {300, 148, 50, "nlc"}, {2, 12, 6, "nlc"},   {5, 9, 70, "ncl"},    {2, 49, 33, "nlc"},   {2, 49, 33, "ncl"},
+        {3, 1, 7, "ncl"},
     };
     std::vector<Problem> out;
     for (const T& t : kShapes) expand(args_of("test", "N", t.N, t.L, t.C, t.layout), out);

@@ -58,7 +58,11 @@ struct Args {
   const void* dy = nullptr;  // bwd: [N, C]
   void* out = nullptr;       // y [N, C] (fwd) or dx (bwd)
 };
-HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: oneDNN pooling; CUDA: hotops' kernels
+HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: oneDNN pooling (ncl: hotops' loops where oneDNN's is simple); CUDA: hotops' kernels
+
+// hotops' CPU loops for the ncl layout (cpu_loops.cpp), which make_cpu_plan makes where oneDNN's
+// implementation of the pass, `onednn_impl` (named in the label), is its simple one.
+std::unique_ptr<Plan> make_cpu_loops_plan(const Shape& s, const std::string& onednn_impl);
 
 std::string onednn_unsupported_reason(const Problem& p);
 const Family& family();

@@ -3,7 +3,9 @@
 // x as a 2-D image [N, C, L, 1] in nhwc (nlc) or nchw (ncl), y [N, C, 1, 1]. oneDNN 2.6 runs 1-D
 // channels-last pooling (nwc) with its reference implementation only; as nhwc its jit kernels take
 // it. fwd is forward_inference; bwd is pooling_backward, its hint a forward_training descriptor
-// (average pooling has no workspace). The label names the implementation oneDNN chose.
+// (average pooling has no workspace). The label names the implementation oneDNN chose. Where that is
+// its simple one (`simple_*`, or a reference `ref:*`: oneDNN 2.6 runs ncl, NCHW, with simple_nchw
+// whatever the CPU), hotops' loops run the pass instead (cpu_loops.cpp) and their label says so.
 #include <utility>
 #include <vector>
 
@@ -43,10 +45,12 @@ Pass pass_of(const Shape& s) {
   return {dnnl::pooling_backward(backward), {{DNNL_ARG_DIFF_DST, y}, {DNNL_ARG_DIFF_SRC, x}}, backward.impl_info_str()};
 }
 
+// oneDNN's simple or reference implementation, which hotops' loops replace.
+bool simple(const std::string& impl) { return impl.rfind("simple", 0) == 0 || impl.rfind("ref", 0) == 0; }
+
 class CpuAvgpool final : public Plan {
  public:
-  explicit CpuAvgpool(const Shape& s) : s_(s) {
-    Pass p = pass_of(s);
+  CpuAvgpool(const Shape& s, Pass p) : s_(s) {
     prim_ = cpu::Primitive(p.primitive, p.args);
     impl_ = p.impl;
   }
@@ -69,6 +73,10 @@ class CpuAvgpool final : public Plan {
 std::string onednn_unsupported_reason(const Problem& p) {
   return cpu::onednn_unsupported_reason([&] { pass_of(shape_of(p)); }, p, "average pooling");
 }
-std::unique_ptr<Plan> make_cpu_plan(const Shape& s) { return std::make_unique<CpuAvgpool>(s); }
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s) {
+  Pass p = pass_of(s);
+  if (s.layout == Layout::ncl && simple(p.impl)) return make_cpu_loops_plan(s, p.impl);
+  return std::make_unique<CpuAvgpool>(s, std::move(p));
+}
 
 }  // namespace hotops::avgpool
