@@ -2,7 +2,7 @@
 // last layout, ncl: `simple_nchw`, which on the 16-core Xeon of the GPU host took 8.1 ms for ResNet-50's
 // f32 pool at batch 32, where its channels-last jit took 26 µs): hotops' loops, compiled per x86-64
 // level (HOTOPS_CPU_CLONES). Each thread a contiguous share of the N x C rows of L positions; fwd: a
-// row's L values summed in f32 in kLanes interleaved partial sums (a single chain of dependent adds
+// row's L values summed in f32 in 8 interleaved partial sums (a single chain of dependent adds
 // would bound the loop by the add's latency), those added in order, then the tail, y = sum / L stored
 // in the dtype; bwd: dy / L written over the row. Deterministic. Storage float, or bf16 as its bits.
 #include <omp.h>
@@ -18,26 +18,21 @@
 namespace hotops::avgpool {
 namespace {
 
-using bf16 = std::uint16_t;  // bf16's bits
-using vec::load;
-using vec::store;
-
-constexpr std::int64_t kLanes = 8;
-
-// Rows [0, rows) of L positions each: y[r] = mean of x[r L, (r + 1) L).
+// Rows [0, rows) of L positions each: y[r] = mean of x[r L, (r + 1) L), in kSums interleaved sums.
 template <class T>
 HOTOPS_VECTOR_INLINE void means(const T* x, T* y, std::int64_t rows, std::int64_t L) {
+  constexpr std::int64_t kSums = 8;
   const float inv = 1.f / static_cast<float>(L);
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* row = x + r * L;
-    float part[kLanes] = {};
+    float part[kSums] = {};
     std::int64_t l = 0;
-    for (; l + kLanes <= L; l += kLanes)
-      for (std::int64_t j = 0; j < kLanes; ++j) part[j] += load(row[l + j]);
+    for (; l + kSums <= L; l += kSums)
+      for (std::int64_t j = 0; j < kSums; ++j) part[j] += vec::load(row[l + j]);
     float sum = 0.f;
-    for (std::int64_t j = 0; j < kLanes; ++j) sum += part[j];
-    for (; l < L; ++l) sum += load(row[l]);
-    y[r] = store<T>(sum * inv);
+    for (std::int64_t j = 0; j < kSums; ++j) sum += part[j];
+    for (; l < L; ++l) sum += vec::load(row[l]);
+    y[r] = vec::store<T>(sum * inv);
   }
 }
 
@@ -46,7 +41,7 @@ template <class T>
 HOTOPS_VECTOR_INLINE void spread(const T* dy, T* dx, std::int64_t rows, std::int64_t L) {
   const float inv = 1.f / static_cast<float>(L);
   for (std::int64_t r = 0; r < rows; ++r) {
-    const T v = store<T>(load(dy[r]) * inv);
+    const T v = vec::store<T>(vec::load(dy[r]) * inv);
     T* row = dx + r * L;
     for (std::int64_t l = 0; l < L; ++l) row[l] = v;
   }
@@ -60,7 +55,7 @@ HOTOPS_VECTOR_INLINE void spread(const T* dy, T* dx, std::int64_t rows, std::int
     spread<T>(dy, dx, rows, L);                                                                           \
   }
 HOTOPS_AVGPOOL_LOOPS(float)
-HOTOPS_AVGPOOL_LOOPS(bf16)
+HOTOPS_AVGPOOL_LOOPS(std::uint16_t)  // bf16's bits
 #undef HOTOPS_AVGPOOL_LOOPS
 
 template <class T>
@@ -98,7 +93,7 @@ class CpuAvgpoolLoops final : public Plan {
 }  // namespace
 
 std::unique_ptr<Plan> make_cpu_loops_plan(const Shape& s, const std::string& onednn_impl) {
-  if (s.dtype == DType::bf16) return std::make_unique<CpuAvgpoolLoops<bf16>>(s, onednn_impl);
+  if (s.dtype == DType::bf16) return std::make_unique<CpuAvgpoolLoops<std::uint16_t>>(s, onednn_impl);
   return std::make_unique<CpuAvgpoolLoops<float>>(s, onednn_impl);
 }
 
