@@ -1,13 +1,13 @@
-// model_bert on the CPU: every GEMM a oneDNN matmul primitive created at setup, the matmul family's
-// plans (the dense layers': forward with their bias and the residual as a binary add post-op, the
-// data gradients, and the weight gradients f32 out;
-// the attention's per-head GEMMs as 4-D [batch, heads, rows, cols] matmuls on strided views of the
-// QKV, context and gradient buffers, so no head split or merge copies), the softmax, layernorm and
-// gelu families' plans (oneDNN softmax forward and backward, in place; oneDNN layer_normalization
-// forward; the GELU forward, and its backward with the FFN's first bias gradient: gelu_dbias; the
-// LayerNorm backward with its residual and bias gradients: layernorm_dbias; the MSE loss and its
-// gradient: the loss family's mse), the other bias gradients through the matmul family's bias_grad
-// plan (column sums), the rest OpenMP loops: the bf16 cast, one AdamW pass.
+// model_bert on the CPU: every dense GEMM a oneDNN matmul primitive created at setup, the matmul
+// family's plans (forward with their bias and the residual as a binary add post-op, the data
+// gradients, and the weight gradients f32 out); the attention family's plans, forward and backward
+// (the matmul family's 4-D [batch, heads, rows, cols] matmuls on strided views of the QKV, context and
+// gradient buffers, so no head split or merge copies, and oneDNN softmax forward and backward in
+// place, the probabilities in the step's `saved` buffer); the layernorm and gelu families' plans
+// (oneDNN layer_normalization forward; the GELU forward, and its backward with the FFN's first bias
+// gradient: gelu_dbias; the LayerNorm backward with its residual and bias gradients: layernorm_dbias;
+// the MSE loss and its gradient: the loss family's mse), the other bias gradients through the matmul
+// family's bias_grad plan (column sums), the rest OpenMP loops: the bf16 cast, one AdamW pass.
 // The loops are templates over the activations' storage (float, or bf16 as its uint16 bits) and
 // compute in f32; bf16's matmuls take bf16 operands (a bf16 copy of the f32 master parameters: train
 // casts it once at the start and the AdamW pass writes it; infer holds the copy cast at the start) and
@@ -46,8 +46,8 @@ class CpuLayer final : public LayerCase {
         threads_(s_.variant == Variant::threads ? s_.threads : 0) {
     cpu::ThreadScope scope(threads_);
     const Arch& a = s_.arch;
-    const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn, S = a.seq, NH = a.heads, D = a.head_dim(), B = s_.batch;
-    HOTOPS_CHECK(D * NH == H, "model_bert: hidden must be heads x head_dim");
+    const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn;
+    HOTOPS_CHECK(a.head_dim() * a.heads == H, "model_bert: hidden must be heads x head_dim");
     x_ = seeded_.x, target_ = seeded_.target, params_ = seeded_.params, m_ = seeded_.m, v_ = seeded_.v;
     grads_ = HostBuffer(DType::f32, l_.total);
     zero_bytes(grads_.data(), grads_.bytes());
@@ -55,24 +55,19 @@ class CpuLayer final : public LayerCase {
     if (kBf16) cast_weights();  // the copy at the start; train: AdamW keeps it from then on
     auto buf = [](std::int64_t n) { return HostBuffer(DType::f32, static_cast<std::size_t>(n)); };
     auto act = [this](std::int64_t n) { return HostBuffer(s_.dtype, static_cast<std::size_t>(n)); };
-    u1_ = act(a.pre_ln ? T_ * H : 1), qkv_ = act(T_ * 3 * H), prob_ = act(B * NH * S * S), ctx_ = act(T_ * H);
+    u1_ = act(a.pre_ln ? T_ * H : 1), qkv_ = act(T_ * 3 * H), ctx_ = act(T_ * H);
+    saved_ = HostBuffer(DType::f32, (attention::saved_bytes(self_attention(s_, Direction::fwd), Backend::cpu) + 3) / 4);
     s1_ = act(T_ * H), h1_ = act(T_ * H), z_ = act(T_ * F), f_ = act(T_ * F), s2_ = act(T_ * H), y_ = act(T_ * H);
     mean1_ = buf(T_), rstd1_ = buf(T_), mean2_ = buf(T_), rstd2_ = buf(T_);
-    // The attention's GEMMs on the heads of qkv, prob and ctx (and of their gradients).
-    auto attention = [&](matmul::AttentionGemm g, Direction d) {
-      return matmul::make_cpu_plan(matmul::attention_gemm(g, d, s_.dtype, B, S, NH, D));
-    };
     qkv_gemm_ = matmul::make_cpu_plan(dense_layer(s_, H, 3 * H, false));
     out_gemm_ = matmul::make_cpu_plan(dense_layer(s_, H, H, true));  // s1 = x + attn
     ffn1_ = matmul::make_cpu_plan(dense_layer(s_, H, F, false));
     ffn2_ = matmul::make_cpu_plan(dense_layer(s_, F, H, true));     // s2 = resid + ffn
-    scores_ = attention(matmul::AttentionGemm::scores, Direction::fwd);
-    context_ = attention(matmul::AttentionGemm::context, Direction::fwd);
-    softmax_ = softmax::make_cpu_plan(attention_softmax(s_, Direction::fwd));
+    attention_ = attention::make_cpu_plan(self_attention(s_, Direction::fwd));
     gelu_ = gelu::make_cpu_plan(ffn_gelu(s_));
     layernorm_ = layernorm::make_cpu_plan(token_layernorm(s_, Direction::fwd));
     if (!s_.train()) return;
-    softmax_bwd_ = softmax::make_cpu_plan(attention_softmax(s_, Direction::bwd));
+    attention_bwd_ = attention::make_cpu_plan(self_attention(s_, Direction::bwd));
     gelu_bwd_ = gelu::dbias::make_cpu_plan(ffn_gelu_bwd(s_));
     layernorm_bwd_ = layernorm::dbias::make_cpu_plan(token_layernorm_bwd(s_));
     mse_ = loss::mse::make_cpu_plan(output_mse(s_));
@@ -81,7 +76,7 @@ class CpuLayer final : public LayerCase {
     qkv_bias_ = matmul::bias_grad::make_cpu_plan(bias_gradient(s_, 3 * H));
     if (a.pre_ln) ffn2_bias_ = matmul::bias_grad::make_cpu_plan(bias_gradient(s_, H));
     dy_ = act(T_ * H), df_ = act(T_ * F), du2_ = act(T_ * H), ds1_ = act(T_ * H), dctx_ = act(T_ * H), dqkv_ = act(T_ * 3 * H);
-    dp_ = act(B * NH * S * S), du1_ = act(a.pre_ln ? T_ * H : 1);
+    du1_ = act(a.pre_ln ? T_ * H : 1);
     if (!a.pre_ln) s2grad();
     // The dense layers' gradients: weight (x^T . dz, f32 out) and data (dz . W^T).
     auto wgrad = [&](std::int64_t in, std::int64_t out) { return matmul::make_cpu_plan(dense_grad(s_, Direction::bwd_weight, in, out, false)); };
@@ -94,10 +89,6 @@ class CpuLayer final : public LayerCase {
     wo_w_ = wgrad(H, H), wo_d_ = dgrad(H, H, false);
     qkv_w_ = wgrad(H, 3 * H);
     if (a.pre_ln) qkv_d_ = dgrad(H, 3 * H, false);
-    dp_gemm_ = attention(matmul::AttentionGemm::context, Direction::bwd_data);
-    dv_gemm_ = attention(matmul::AttentionGemm::context, Direction::bwd_weight);
-    dq_gemm_ = attention(matmul::AttentionGemm::scores, Direction::bwd_data);
-    dk_gemm_ = attention(matmul::AttentionGemm::scores, Direction::bwd_weight);
   }
 
   void run() override {
@@ -131,7 +122,8 @@ class CpuLayer final : public LayerCase {
 
   std::string label() const override {
     return std::string(s_.arch.pre_ln ? "pre-LN" : "post-LN") + " encoder layer: oneDNN " + (kBf16 ? "bf16 " : "") +
-           "matmul (dense with residual post-op + 4-D strided attention GEMMs), oneDNN softmax, LayerNorm, " + gelu_->label() +
+           "matmul (dense with residual post-op), hotops attention plan (strided-head oneDNN matmuls + oneDNN "
+           "softmax), oneDNN LayerNorm, " + gelu_->label() +
            (s_.train() ? ", " + gelu_bwd_->label() + ", " + layernorm_bwd_->label() : "") +
            (kBf16 ? s_.train() ? ", bf16 activations, the AdamW pass writes the bf16 copy of the f32 master weights"
                                : ", bf16 activations, f32 master weights cast to bf16 once"
@@ -192,12 +184,8 @@ class CpuLayer final : public LayerCase {
     if (a.pre_ln) trace::op("layernorm"), layernorm_->run(ln(x_, l_.ln1g, l_.ln1b, u1_, mean1_, rstd1_));
     trace::op("addmm");
     qkv_gemm_->run(dense(u1, W, l_.wqkv, l_.bqkv, qkv_, nullptr));
-    trace::op("bmm");
-    scores_->run(heads(matmul::AttentionGemm::scores, Direction::fwd));
-    trace::op("softmax");
-    softmax_->run({prob_.data(), nullptr, nullptr, prob_.data()});  // in place
-    trace::op("bmm");
-    context_->run(heads(matmul::AttentionGemm::context, Direction::fwd));
+    trace::op("attention");
+    attention_->run({qkv_.data(), ctx_.data(), saved_.data(), nullptr, nullptr});
     trace::op("addmm");
     out_gemm_->run(dense(ctx_.data(), W, l_.wo, l_.bo, s1_, x_.data()));  // s1 = x + attn
     trace::op("layernorm");
@@ -229,12 +217,6 @@ class CpuLayer final : public LayerCase {
     matmul::Args m;
     m.b = gemm_weights() + w, m.dout = dz, m.out = dx.data(), m.c = c;
     return m;
-  }
-  // An attention GEMM's tensors: the heads of the layer's QKV, probability and context buffers and
-  // of their gradients.
-  matmul::Args heads(matmul::AttentionGemm g, Direction d) {
-    return matmul::attention_args(g, d, s_.dtype, s_.arch.hidden,
-                                  {qkv_.data(), prob_.data(), ctx_.data(), dqkv_.data(), dp_.data(), dctx_.data()});
   }
   // A LayerNorm's tensors: LN(x) with gamma and beta at their offsets in the f32 parameters.
   layernorm::Args ln(const HostBuffer& x, std::size_t g, std::size_t b, HostBuffer& y, HostBuffer& mean, HostBuffer& rstd) {
@@ -273,14 +255,8 @@ class CpuLayer final : public LayerCase {
     trace::op("mm");
     wo_w_->run(weight_grad(ctx_.data(), ds1_.data(), l_.wo));
     wo_d_->run(data_grad(ds1_.data(), l_.wo, dctx_));
-    trace::op("bmm");
-    dp_gemm_->run(heads(matmul::AttentionGemm::context, Direction::bwd_data));
-    dv_gemm_->run(heads(matmul::AttentionGemm::context, Direction::bwd_weight));
-    trace::op("softmax_bwd");
-    softmax_bwd_->run({nullptr, prob_.data(), dp_.data(), dp_.data()});  // in place over dP
-    trace::op("bmm");
-    dq_gemm_->run(heads(matmul::AttentionGemm::scores, Direction::bwd_data));
-    dk_gemm_->run(heads(matmul::AttentionGemm::scores, Direction::bwd_weight));
+    trace::op("attention_bwd");
+    attention_bwd_->run({qkv_.data(), ctx_.data(), saved_.data(), dctx_.data(), dqkv_.data()});
     trace::op("mm");
     qkv_w_->run(weight_grad(a.pre_ln ? u1_.data() : x_.data(), dqkv_.data(), l_.wqkv));
     if (a.pre_ln) qkv_d_->run(data_grad(dqkv_.data(), l_.wqkv, du1_));
@@ -301,12 +277,11 @@ class CpuLayer final : public LayerCase {
   State seeded_;
   int threads_;
   HostBuffer x_, target_, params_, weights_, grads_, m_, v_;
-  HostBuffer u1_, qkv_, prob_, ctx_, s1_, h1_, z_, f_, s2_, y_, mean1_, rstd1_, mean2_, rstd2_;
-  HostBuffer dy_, ds2_, df_, du2_, ds1_, dctx_, dqkv_, dp_, du1_;
+  HostBuffer u1_, qkv_, saved_, ctx_, s1_, h1_, z_, f_, s2_, y_, mean1_, rstd1_, mean2_, rstd2_;
+  HostBuffer dy_, ds2_, df_, du2_, ds1_, dctx_, dqkv_, du1_;
   std::unique_ptr<matmul::Plan> qkv_gemm_, out_gemm_, ffn1_, ffn2_;
   std::unique_ptr<matmul::Plan> w2_w_, w2_d_, w1_w_, w1_d_, wo_w_, wo_d_, qkv_w_, qkv_d_;
-  std::unique_ptr<matmul::Plan> scores_, context_, dp_gemm_, dv_gemm_, dq_gemm_, dk_gemm_;  // attention's, on heads
-  std::unique_ptr<softmax::Plan> softmax_, softmax_bwd_;
+  std::unique_ptr<attention::Plan> attention_, attention_bwd_;  // on the heads of qkv_; the probabilities in saved_
   std::unique_ptr<gelu::Plan> gelu_;
   std::unique_ptr<gelu::dbias::Plan> gelu_bwd_;
   std::unique_ptr<layernorm::Plan> layernorm_;

@@ -1,5 +1,6 @@
-// model_bert on CUDA: the matmul family's plans for the GEMMs (cublasLt dense GEMMs, one
-// cublasGemmBatchedEx per attention GEMM on strided heads), the softmax, layernorm and gelu families'
+// model_bert on CUDA: the matmul family's plans for the dense GEMMs (cublasLt), the attention
+// family's plans for the attention (hotops' fused kernels, or cuBLAS batched GEMMs on strided heads and
+// the softmax kernels where those do not take the layer's shape), the layernorm and gelu families'
 // plans (the GELU backward with its bias gradient: gelu_dbias; the LayerNorm backward with its
 // residual and bias gradients: layernorm_dbias; the MSE loss and its gradient: the loss family's mse),
 // the other bias gradients through the matmul family's bias_grad plan; how each is set up and fused:
@@ -19,7 +20,6 @@
 #include "kernels/model_bert/model_bert.h"
 #include "kernels/models/cuda_step.cuh"
 #include "kernels/models/data_parallel.h"
-#include "kernels/softmax/softmax.h"
 
 namespace hotops::model_bert {
 namespace {
@@ -42,8 +42,8 @@ class CudaLayer final : public LayerCase {
  public:
   explicit CudaLayer(const Problem& p) : s_(shape_of(p)), l_(param_layout(s_.arch)), seeded_(make_state(s_, l_, models::step_seed(p))) {
     const Arch& a = s_.arch;
-    const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn, S = a.seq, NH = a.heads, D = a.head_dim(), B = s_.batch;
-    HOTOPS_CHECK(D * NH == H, "model_bert: hidden must be heads x head_dim");
+    const std::int64_t T_ = s_.tokens(), H = a.hidden, F = a.ffn;
+    HOTOPS_CHECK(a.head_dim() * a.heads == H, "model_bert: hidden must be heads x head_dim");
     HOTOPS_CHECK(H <= layernorm::dbias::kCudaMaxHidden && H % 4 == 0 && F % 4 == 0,
                  "model_bert: the CUDA kernels take hidden <= 1024, a multiple of 4");
     gpu::cublaslt();
@@ -56,20 +56,15 @@ class CudaLayer final : public LayerCase {
       cast_weights();
     }
     x_ = gpu::DeviceBuffer(seeded_.x);
-    u1_ = act(a.pre_ln ? T_ * H : 1), qkv_ = act(T_ * 3 * H), prob_ = act(B * NH * S * S), ctx_ = act(T_ * H);
+    u1_ = act(a.pre_ln ? T_ * H : 1), qkv_ = act(T_ * 3 * H), ctx_ = act(T_ * H);
+    saved_ = gpu::DeviceBuffer(attention::saved_bytes(self_attention(s_, Direction::fwd), Backend::cuda));
     s1_ = act(T_ * H), h1_ = act(T_ * H), z_ = act(T_ * F), f_ = act(T_ * F), s2_ = act(T_ * H), y_ = act(a.pre_ln ? 1 : T_ * H);
     mean1_ = buf(T_), rstd1_ = buf(T_), mean2_ = buf(T_), rstd2_ = buf(T_);
-    // The attention's GEMMs on the heads of qkv, prob and ctx (and of their gradients).
-    auto attention = [&](matmul::AttentionGemm g, Direction d) {
-      return matmul::make_cuda_plan(matmul::attention_gemm(g, d, s_.dtype, B, S, NH, D));
-    };
     qkv_gemm_ = matmul::make_cuda_plan(dense_layer(s_, H, 3 * H, false));
-    scores_ = attention(matmul::AttentionGemm::scores, Direction::fwd);
-    context_ = attention(matmul::AttentionGemm::context, Direction::fwd);
+    attention_ = attention::make_cuda_plan(self_attention(s_, Direction::fwd));
     out_gemm_ = matmul::make_cuda_plan(dense_layer(s_, H, H, true));  // s1 = x + attn
     ffn1_ = matmul::make_cuda_plan(dense_layer(s_, H, F, false));
     ffn2_ = matmul::make_cuda_plan(dense_layer(s_, F, H, true));     // s2 = resid + ffn
-    softmax_ = softmax::make_cuda_plan(attention_softmax(s_, Direction::fwd));
     gelu_ = gelu::make_cuda_plan(ffn_gelu(s_));
     layernorm_ = layernorm::make_cuda_plan(token_layernorm(s_, Direction::fwd));
     if (s_.train()) {
@@ -77,7 +72,7 @@ class CudaLayer final : public LayerCase {
       HOTOPS_CHECK_CUDA(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), gpu::stream()));
       target_ = gpu::DeviceBuffer(seeded_.target);
       dy_ = act(T_ * H), ds2_ = act(a.pre_ln ? 1 : T_ * H), df_ = act(T_ * F), du2_ = act(T_ * H), ds1_ = act(T_ * H);
-      dctx_ = act(T_ * H), dqkv_ = act(T_ * 3 * H), dp_ = act(B * NH * S * S), du1_ = act(a.pre_ln ? T_ * H : 1);
+      dctx_ = act(T_ * H), dqkv_ = act(T_ * 3 * H), du1_ = act(a.pre_ln ? T_ * H : 1);
       loss_ = buf(1), state_ = gpu::DeviceBuffer(sizeof(StepState));
       // The bias gradients no fused op gives: the QKV's, and vit's FFN's second (its output gradient
       // is the layer's, which no LayerNorm backward precedes).
@@ -97,11 +92,7 @@ class CudaLayer final : public LayerCase {
       w1_w_ = wgrad(H, F);
       w1_d_ = dgrad(H, F, !a.pre_ln);  // bert: du2 + ds2 (LN1's output feeds both the FFN and the residual), through C
       wo_w_ = wgrad(H, H), wo_d_ = dgrad(H, H, false);
-      dp_gemm_ = attention(matmul::AttentionGemm::context, Direction::bwd_data);
-      dv_gemm_ = attention(matmul::AttentionGemm::context, Direction::bwd_weight);
-      dq_gemm_ = attention(matmul::AttentionGemm::scores, Direction::bwd_data);
-      dk_gemm_ = attention(matmul::AttentionGemm::scores, Direction::bwd_weight);
-      softmax_bwd_ = softmax::make_cuda_plan(attention_softmax(s_, Direction::bwd));
+      attention_bwd_ = attention::make_cuda_plan(self_attention(s_, Direction::bwd));
       qkv_w_ = wgrad(H, 3 * H);
       if (a.pre_ln) qkv_d_ = dgrad(H, 3 * H, false);
       restart_optimizer();
@@ -170,8 +161,8 @@ class CudaLayer final : public LayerCase {
   std::string label() const override {
     const std::string gemm = kBf16 ? "bf16 (f32 accumulate, tensor cores)" : "f32";
     std::string l = std::string(s_.arch.pre_ln ? "pre-LN" : "post-LN") + " encoder layer: cublasLt " + gemm +
-                    " dense GEMMs (bias epilogue, residual as C, algorithms timed at setup), cublasGemmBatchedEx " + gemm +
-                    " attention GEMMs on strided heads, hotops softmax, LayerNorm, GELU kernels";
+                    " dense GEMMs (bias epilogue, residual as C, algorithms timed at setup), hotops attention plan [" +
+                    attention_->label() + "], hotops LayerNorm, GELU kernels";
     if (kBf16)
       l += s_.train() ? ", bf16 activations, the AdamW step writes the bf16 copy of the f32 master weights"
                       : ", bf16 activations, f32 master weights cast to bf16 once";
@@ -246,12 +237,6 @@ class CudaLayer final : public LayerCase {
     m.b = gemm_weights() + w, m.dout = dz, m.out = dx.get(), m.c = c;
     return m;
   }
-  // An attention GEMM's tensors: the heads of the layer's QKV, probability and context buffers and
-  // of their gradients.
-  matmul::Args heads(matmul::AttentionGemm g, Direction d) const {
-    return matmul::attention_args(g, d, s_.dtype, s_.arch.hidden,
-                                  {qkv_.get(), prob_.get(), ctx_.get(), dqkv_.get(), dp_.get(), dctx_.get()});
-  }
   // A LayerNorm's tensors: LN(x) with gamma and beta at their offsets in the f32 parameters.
   layernorm::Args ln(const gpu::DeviceBuffer& x, std::size_t g, std::size_t b, gpu::DeviceBuffer& y, gpu::DeviceBuffer& mean,
                      gpu::DeviceBuffer& rstd) const {
@@ -284,12 +269,8 @@ class CudaLayer final : public LayerCase {
     if (a.pre_ln) trace::op("layernorm"), layernorm_->run(ln(x_, l_.ln1g, l_.ln1b, u1_, mean1_, rstd1_));
     trace::op("addmm");
     qkv_gemm_->run(dense(u1, l_.wqkv, l_.bqkv, qkv_, nullptr));
-    trace::op("bmm");
-    scores_->run(heads(matmul::AttentionGemm::scores, Direction::fwd));
-    trace::op("softmax");
-    softmax_->run({prob_.get(), nullptr, nullptr, prob_.get()});  // in place
-    trace::op("bmm");
-    context_->run(heads(matmul::AttentionGemm::context, Direction::fwd));
+    trace::op("attention");
+    attention_->run({qkv_.get(), ctx_.get(), saved_.get(), nullptr, nullptr});
     trace::op("addmm");
     out_gemm_->run(dense(ctx_.get(), l_.wo, l_.bo, s1_, x_.get()));  // s1 = x + ctx . Wo + bo
     trace::op("layernorm");
@@ -343,14 +324,8 @@ class CudaLayer final : public LayerCase {
     if (!a.pre_ln) models::grads_ready(replicas_.sync, l_.wo);  // post-LN: the attention output's and the first LayerNorm's too
     wo_d_->run(data_grad(ds1_.get(), l_.wo, dctx_, nullptr));
     if (!a.pre_ln) models::params_done(replicas_.sync, l_.wo, adamw_arrays());
-    trace::op("bmm");
-    dp_gemm_->run(heads(matmul::AttentionGemm::context, Direction::bwd_data));
-    dv_gemm_->run(heads(matmul::AttentionGemm::context, Direction::bwd_weight));
-    trace::op("softmax_bwd");
-    softmax_bwd_->run({nullptr, prob_.get(), dp_.get(), dp_.get()});  // in place over dP
-    trace::op("bmm");
-    dq_gemm_->run(heads(matmul::AttentionGemm::scores, Direction::bwd_data));
-    dk_gemm_->run(heads(matmul::AttentionGemm::scores, Direction::bwd_weight));
+    trace::op("attention_bwd");
+    attention_bwd_->run({qkv_.get(), ctx_.get(), saved_.get(), dctx_.get(), dqkv_.get()});
     trace::op("sum");
     bias_grad(*qkv_bias_, dqkv_.get(), l_.bqkv);
     trace::op("mm");
@@ -374,11 +349,10 @@ class CudaLayer final : public LayerCase {
   const adamw::Hyper hyper_ = hyper();
   const StepState first_step_ = adamw::first_step(hyper_);  // restart_optimizer's copy source
   gpu::DeviceBuffer params_, weights_, grads_, m_, v_, x_, target_, loss_, state_;
-  gpu::DeviceBuffer u1_, qkv_, prob_, ctx_, s1_, h1_, z_, f_, s2_, y_, mean1_, rstd1_, mean2_, rstd2_;
-  gpu::DeviceBuffer dy_, ds2_, df_, du2_, ds1_, dctx_, dqkv_, dp_, du1_;
+  gpu::DeviceBuffer u1_, qkv_, saved_, ctx_, s1_, h1_, z_, f_, s2_, y_, mean1_, rstd1_, mean2_, rstd2_;
+  gpu::DeviceBuffer dy_, ds2_, df_, du2_, ds1_, dctx_, dqkv_, du1_;
   std::unique_ptr<matmul::Plan> qkv_gemm_, out_gemm_, ffn1_, ffn2_, w2_w_, w2_d_, w1_w_, w1_d_, wo_w_, wo_d_, qkv_w_, qkv_d_;
-  std::unique_ptr<matmul::Plan> scores_, context_, dp_gemm_, dv_gemm_, dq_gemm_, dk_gemm_;  // attention's, on heads
-  std::unique_ptr<softmax::Plan> softmax_, softmax_bwd_;
+  std::unique_ptr<attention::Plan> attention_, attention_bwd_;  // on the heads of qkv_; what the backward needs in saved_
   std::unique_ptr<gelu::Plan> gelu_;
   std::unique_ptr<gelu::dbias::Plan> gelu_bwd_;
   std::unique_ptr<layernorm::Plan> layernorm_;

@@ -93,13 +93,12 @@ const std::vector<Arch>& archs() {
 
 const Arch& arch_named(const std::string& name) { return models::entry_named(archs(), name, "model_bert: unknown layer "); }
 
-softmax::Shape attention_softmax(const Shape& s, Direction d) {
-  softmax::Shape sm;
-  sm.dir = d;
-  sm.dtype = s.dtype;
-  sm.rows = s.batch * s.arch.heads * s.arch.seq;
-  sm.cols = s.arch.seq;
-  return sm;
+attention::Shape self_attention(const Shape& s, Direction d) {
+  attention::Shape a;
+  a.dir = d;
+  a.dtype = s.dtype;
+  a.batch = s.batch, a.seq = s.arch.seq, a.heads = s.arch.heads, a.head_dim = s.arch.head_dim();
+  return a;
 }
 
 matmul::Shape dense_layer(const Shape& s, std::int64_t in, std::int64_t out, bool residual) {

@@ -1,7 +1,7 @@
 // The model_bert family: one transformer encoder layer (model.bert_layer: BERT-base, post-LN;
 // model.vit_layer: ViT-B/16, pre-LN), a whole training or inference step, chained from GEMMs and
-// hand-written kernels, on the CPU (oneDNN matmuls, batched and strided for the attention, + OpenMP
-// loops) and on CUDA (cublasLt / cuBLAS batched GEMMs + hand-written kernels). The layer's math, the
+// hand-written kernels, on the CPU (oneDNN matmuls, the attention family's plan + OpenMP loops) and on
+// CUDA (cublasLt GEMMs, the attention family's plan + hand-written kernels). The layer's math, the
 // directions, bf16 mixed precision and the flat parameter layout: docs/models.md, "The encoder layers".
 // The architecture is parametric (Arch) so that the tests can use tiny widths.
 #pragma once
@@ -14,6 +14,7 @@
 #include "hotops/buffer.h"
 #include "hotops/op.h"
 #include "kernels/adamw/adamw.h"
+#include "kernels/attention/attention.h"
 #include "kernels/gelu/gelu.h"
 #include "kernels/gelu/gelu_dbias.h"
 #include "kernels/layernorm/layernorm.h"
@@ -23,7 +24,6 @@
 #include "kernels/matmul/matmul.h"
 #include "kernels/models/models.h"
 #include "kernels/models/regression.h"
-#include "kernels/softmax/softmax.h"
 
 namespace hotops::model_bert {
 
@@ -49,9 +49,9 @@ struct Shape : models::StepKind {
 };
 Shape shape_of(const Problem& p);
 
-// The attention's softmax of a step (fwd) or its gradient (bwd): batch x heads x seq rows of seq
-// scores, in the step's dtype; the softmax family's plan runs it.
-softmax::Shape attention_softmax(const Shape& s, Direction d);
+// The multi-head attention of a step (fwd) or its gradient (bwd) on the heads of the step's QKV
+// buffer, in the step's dtype: the attention family's plan runs it.
+attention::Shape self_attention(const Shape& s, Direction d);
 
 // A dense layer of a step, y[tokens, out] = x[tokens, in] . W[in, out] + b, with W and b where the
 // flat layout keeps them (W row-major [in, out], so not transposed), in the step's dtype; with
