@@ -50,9 +50,9 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock) warp_softmax(KernelArg
   using E = Elem<T>;
   using Vt = Pack<T, V>;
   constexpr int kRowsPerWarp = static_cast<int>(kWarp) / kLanes;
-  const std::int64_t row = (static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp) * kRowsPerWarp +
-                           static_cast<int>(threadIdx.x % kWarp) / kLanes;
-  if ((row - static_cast<int>(threadIdx.x % kWarp) / kLanes) >= a.rows) return;  // whole warps leave together
+  const std::int64_t first = (static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp) * kRowsPerWarp;
+  if (first >= a.rows) return;  // whole warps leave together
+  const std::int64_t row = first + static_cast<int>(threadIdx.x % kWarp) / kLanes;
   const bool live = row < a.rows;
   const int lane = static_cast<int>(threadIdx.x % kLanes);
   const int nvec = live ? static_cast<int>(a.cols / V) : 0;
@@ -193,28 +193,28 @@ Kernel group_kernel(int lanes, int iters) {
 
 struct Choice {
   Kernel kernel;
-  bool per_warp;
   int vec;    // elements per access
   int iters;  // accesses per lane and input (warp kernel)
-  int lanes;  // lanes a row (warp kernel)
+  int lanes;  // lanes a row (warp kernel; 0: the block kernel, a block a row)
+  bool per_warp() const { return lanes > 0; }
 };
 
 template <class T, bool kBwd>
 Choice choose(std::int64_t cols) {
   constexpr int kVec = static_cast<int>(16 / sizeof(T));
-  if (cols > kWarpMaxCols) return {block_softmax<T, kBwd>, false, 1, 0, 0};
+  if (cols > kWarpMaxCols) return {block_softmax<T, kBwd>, 1, 0, 0};
   const int v = cols % kVec == 0 ? kVec : 1;
   const int nvec = static_cast<int>(cols) / v;
   if (nvec <= static_cast<int>(kWarp) / 2) {
     int lanes = 4;
     while (2 * lanes < nvec) lanes *= 2;
     const int iters = nvec <= lanes ? 1 : 2;
-    return {v == kVec ? group_kernel<T, kVec, kBwd>(lanes, iters) : group_kernel<T, 1, kBwd>(lanes, iters), true, v, iters, lanes};
+    return {v == kVec ? group_kernel<T, kVec, kBwd>(lanes, iters) : group_kernel<T, 1, kBwd>(lanes, iters), v, iters, lanes};
   }
   const int need = (nvec + static_cast<int>(kWarp) - 1) / static_cast<int>(kWarp);
   int iters = 1;
   while (iters < need) iters *= 2;
-  return {v == kVec ? warp_kernel<T, kVec, kBwd>(iters) : warp_kernel<T, 1, kBwd>(iters), true, v, iters, static_cast<int>(kWarp)};
+  return {v == kVec ? warp_kernel<T, kVec, kBwd>(iters) : warp_kernel<T, 1, kBwd>(iters), v, iters, static_cast<int>(kWarp)};
 }
 
 Choice choose(const Shape& s) {
@@ -226,11 +226,11 @@ Choice choose(const Shape& s) {
 class CudaSoftmax final : public Plan {
  public:
   explicit CudaSoftmax(const Shape& s) : s_(s), choice_(choose(s_)) {
-    const std::int64_t per_block = choice_.per_warp ? kWarpsPerBlock * (kWarp / choice_.lanes) : 1;  // rows
+    const std::int64_t per_block = choice_.per_warp() ? kWarpsPerBlock * (kWarp / choice_.lanes) : 1;  // rows
     const std::int64_t blocks = (s_.rows + per_block - 1) / per_block;
     HOTOPS_CHECK(blocks <= gpu::limits().max_grid_x, "softmax: too many rows for one grid: " + std::to_string(s_.rows));
     blocks_ = static_cast<unsigned>(blocks);
-    threads_ = choice_.per_warp ? kWarp * kWarpsPerBlock : kBlockThreads;
+    threads_ = choice_.per_warp() ? kWarp * kWarpsPerBlock : kBlockThreads;
   }
 
   void run(const Args& t) override {
@@ -240,9 +240,9 @@ class CudaSoftmax final : public Plan {
   }
 
   std::string label() const override {
-    std::string l = std::string("hotops ") + (choice_.per_warp ? "warp_softmax<" : "block_softmax<") +
+    std::string l = std::string("hotops ") + (choice_.per_warp() ? "warp_softmax<" : "block_softmax<") +
                     dtype_name(s_.dtype) + ", " + direction_name(s_.dir) + ">: f32 math, expf, ";
-    if (choice_.per_warp)
+    if (choice_.per_warp())
       l += (choice_.lanes == static_cast<int>(kWarp) ? std::string("one warp") : std::to_string(choice_.lanes) + " lanes") +
            " per row, " + std::to_string(choice_.iters) + " x " +
            (choice_.vec > 1 ? "16-byte vectors" : std::string("scalars")) + " per lane in registers";
