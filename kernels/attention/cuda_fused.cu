@@ -18,7 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <mutex>
+#include <initializer_list>
 
 #include "hotops/check.h"
 #include "hotops/cuda_util.h"
