@@ -225,11 +225,18 @@ __device__ __forceinline__ void forward_head(const Dims& d, int bh, const bf16* 
 }
 
 // How many heads' tensors a block holds at once: two (the next one's copies in flight while it
-// computes on this one's) where they fit in shared memory, else one.
+// computes on this one's) where they fit in shared memory beside the kernel's other `extra_bytes`,
+// else one.
 constexpr std::size_t kMaxSmem = 227 * 1024;
-__host__ __device__ constexpr int stages(std::size_t stage_bytes) { return 2 * stage_bytes <= kMaxSmem ? 2 : 1; }
+__host__ __device__ constexpr int stages(std::size_t stage_bytes, std::size_t extra_bytes = 0) {
+  return 2 * stage_bytes + extra_bytes <= kMaxSmem ? 2 : 1;
+}
 __host__ __device__ constexpr std::size_t fwd_stage(int kt) { return static_cast<std::size_t>(48 * kt) * kStride * sizeof(bf16); }
 __host__ __device__ constexpr std::size_t bwd_stage(int kt) { return static_cast<std::size_t>(64 * kt) * kStride * sizeof(bf16); }
+// The backward's shared memory after its stages: 16 staging rows a warp, then each row's lse and D.
+__host__ __device__ constexpr std::size_t bwd_extra(int kt) {
+  return static_cast<std::size_t>(16 * kt) * kStride * sizeof(bf16) + 32 * kt * sizeof(float);
+}
 
 // The forward: a block per SM share of the (sample, head) pairs, one after another, a warp per 16
 // query rows; KT: the keys padded to 16 KT, KT warps. saved[bh * seq + row]: the row's
@@ -344,7 +351,7 @@ __global__ void __launch_bounds__(32 * KT, 1) backward_kernel(Dims d, const bf16
                                                              const bf16* __restrict__ dctx, const float* __restrict__ lse,
                                                              bf16* __restrict__ dqkv) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int kStages = stages(bwd_stage(KT));
+  constexpr int kStages = stages(bwd_stage(KT), bwd_extra(KT));
   bf16* staging = reinterpret_cast<bf16*>(smem + kStages * bwd_stage(KT));  // [16 KT] rows: a warp's results on their way out
   float* sl = reinterpret_cast<float*>(staging + 16 * KT * kStride);     // [16 KT]: lse, +inf past seq (P = 0)
   float* sd = sl + 16 * KT;                                              // [16 KT]: D, 0 past seq
@@ -420,7 +427,7 @@ template <int KT>
 const Kernels& kernels_of() {
   static const Kernels k = [] {
     Kernels r{forward_kernel<KT>, backward_kernel<KT>, 32 * KT, stages(fwd_stage(KT)) * fwd_stage(KT),
-              stages(bwd_stage(KT)) * bwd_stage(KT) + 16 * KT * kStride * sizeof(bf16) + 32 * KT * sizeof(float), 0, 0};
+              stages(bwd_stage(KT), bwd_extra(KT)) * bwd_stage(KT) + bwd_extra(KT), 0, 0};
     r.fwd_blocks = resident(r.fwd, r.threads, r.fwd_smem);
     r.bwd_blocks = resident(r.bwd, r.threads, r.bwd_smem);
     return r;
