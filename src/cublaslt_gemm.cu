@@ -125,20 +125,21 @@ LtGemm::LtGemm(const GemmDesc& d, const std::string& what, bool* found) : alpha_
   if (!d.autotune) return;
   desc_copy_ = d;
   for (int i = 0; i < count; ++i) candidates_.push_back(results[i].algo);
-  // Split-K variants of the first, where cublasLt accepts them for this GEMM within the workspace
-  // and each slice keeps at least 128 of k (a tiny k split into slices crashed cublasLt's kernel:
-  // an illegal address at a model's k = 5).
-  for (const std::int32_t slices : {2, 3, 4, 6, 8}) {
-    if (d.k < 128 * static_cast<std::int64_t>(slices)) break;
-    cublasLtMatmulAlgo_t a = algo_;
-    const std::uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-    cublasLtMatmulHeuristicResult_t check{};
-    if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &slices, sizeof slices) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulAlgoCheck(cublaslt(), desc_.h, la_.h, lb_.h, ld_.h, ld_.h, &a, &check) == CUBLAS_STATUS_SUCCESS &&
-        check.workspaceSize <= kCublasWorkspaceBytes)
-      candidates_.push_back(a);
-  }
+  // Split-K variants of the first kSplitKAlgos, where cublasLt accepts them for this GEMM within the
+  // workspace and each slice keeps at least 128 of k (a tiny k split into slices crashed cublasLt's
+  // kernel: an illegal address at a model's k = 5).
+  for (int i = 0; i < std::min(count, kSplitKAlgos); ++i)
+    for (const std::int32_t slices : {2, 3, 4, 6, 8}) {
+      if (d.k < 128 * static_cast<std::int64_t>(slices)) break;
+      cublasLtMatmulAlgo_t a = results[i].algo;
+      const std::uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &slices, sizeof slices) == CUBLAS_STATUS_SUCCESS &&
+          cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme) == CUBLAS_STATUS_SUCCESS &&
+          cublasLtMatmulAlgoCheck(cublaslt(), desc_.h, la_.h, lb_.h, ld_.h, ld_.h, &a, &check) == CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize <= kCublasWorkspaceBytes)
+        candidates_.push_back(a);
+    }
 }
 
 void LtGemm::set_vector(const void* v) {

@@ -34,13 +34,14 @@ struct GemmDesc {
   // CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE / INPLACE round each partial to D's type).
   bool reduce_in_compute = false;
   // Choose the algorithm by timing, on the operands BoundGemm binds: the heuristic's first
-  // kTuneHeuristics algorithms and split-K variants of the first (2, 3, 4, 6, 8 slices, partials
+  // kTuneHeuristics algorithms and split-K variants of the first kSplitKAlgos (2, 3, 4, 6, 8 slices, partials
   // reduced in f32), each timed after a warm-up call by gpu::best_batch_ms, the fastest kept. Writes D
   // during setup, so only for GEMMs whose D is not also read (beta 0, or C distinct from D).
   bool autotune = false;
 };
 
-constexpr int kTuneHeuristics = 8;
+constexpr int kTuneHeuristics = 16;
+constexpr int kSplitKAlgos = 3;  // the heuristic's first algorithms whose split-K variants are timed too
 
 // One operand as cublasLt sees it: rows x cols, column-major, `ld` elements from one column to the
 // next and, in a batch, `stride` elements from one matrix to the next.

@@ -1,5 +1,5 @@
 // gelu_dbias on CUDA: one kernel over 4-wide vectors (float4, or 4 bf16 in 8 bytes) computes
-// dx = dy * gelu'(x) (erff and __expf, f32 math) and, per block of rows, the column sums of the
+// dx = dy * gelu'(x) (the gelu op's f32 math, cuda_gelu_math.cuh) and, per block of rows, the column sums of the
 // stored dx; col_finish (hotops/cuda_colsum.cuh) adds those partial sums into dbias. The rows a block
 // takes (8 to 32) are chosen so that the grid is about one wave of the blocks the GPU holds at once:
 // fewer rows a block leave SMs idle no longer, more would write more partial sums. Deterministic.
@@ -14,6 +14,7 @@
 #include "hotops/cuda_colsum.cuh"
 #include "hotops/cuda_elem.cuh"
 #include "hotops/cuda_util.h"
+#include "kernels/gelu/cuda_gelu_math.cuh"
 #include "kernels/gelu/gelu_dbias.h"
 
 namespace hotops::gelu::dbias {
@@ -27,9 +28,7 @@ using bf16 = __nv_bfloat16;
 using gpu::f32_of;
 using gpu::stored4;
 
-__device__ inline float gelu_grad(float z) {
-  return 0.5f * (1.f + erff(z * 0.70710678118654752f)) + z * 0.39894228040143268f * __expf(-0.5f * z * z);
-}
+__device__ inline float gelu_bwd(float z, float dy) { return math::gelu_bwd<Approx::none>(z, dy); }
 
 // dx = dy * gelu'(z) over [rows, n4 vectors of 4], with the column sums of the stored dx: block (x, y)
 // takes vector columns x * blockDim + thread over rows [y * per, ...) and writes partial[y][4
@@ -46,7 +45,7 @@ __global__ void __launch_bounds__(kThreads) gelu_dbias(const Q* __restrict__ dy,
     const std::int64_t i = r * n4 + c;
     const float4 v = f32_of(z[i]);
     float4 d = f32_of(kInPlace ? dx[i] : dy[i]);
-    d.x *= gelu_grad(v.x), d.y *= gelu_grad(v.y), d.z *= gelu_grad(v.z), d.w *= gelu_grad(v.w);
+    d.x = gelu_bwd(v.x, d.x), d.y = gelu_bwd(v.y, d.y), d.z = gelu_bwd(v.z, d.z), d.w = gelu_bwd(v.w, d.w);
     const Q q = stored4<Q>(d);
     dx[i] = q;
     const float4 back = f32_of(q);  // the sum of what the next GEMMs read
@@ -84,13 +83,11 @@ class CudaGeluDbias final : public Plan {
       gelu_dbias<Q, false><<<grid, kThreads, 0, gpu::stream()>>>(static_cast<const Q*>(a.dy), dx, x, s_.rows, per_, n4, partial);
     HOTOPS_CHECK_LAUNCH();
     const gpu::ColOut o{static_cast<int>(s_.cols), {a.dbias, nullptr, nullptr}};
-    gpu::col_finish<kThreads><<<gpu::col_finish_blocks(s_.cols), kThreads, 0, gpu::stream()>>>(
-        partial_.as<float>(), static_cast<int>(splits_), static_cast<int>(s_.cols), o);
-    HOTOPS_CHECK_LAUNCH();
+    gpu::finish_columns(partial_.as<float>(), static_cast<int>(splits_), static_cast<int>(s_.cols), o, gpu::stream());
   }
 
   std::string label() const override {
-    return "hotops kernels: GELU (erf) backward with column sums per " + std::to_string(per_) +
+    return "hotops kernels: GELU (erf: erfc by Abramowitz-Stegun 7.1.26) backward with column sums per " + std::to_string(per_) +
            " rows, 4-wide vectors; col_finish";
   }
 

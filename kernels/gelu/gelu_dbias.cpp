@@ -52,7 +52,7 @@ Check verify_dx(const Shape& s, const Inputs& in, const HostBuffer& dx) {
 
 // dbias[c] sums the rows' stored dx. Each stored element is off its exact value by the dtype's
 // rounding (at most 2^-9 |dx| in bf16, 2^-24 in f32; bounded at twice that) plus the f32 math of
-// gelu' (erff, expf: a few 1e-7 absolute, times |dy|; bounded at 1e-6 |dy|); their sum adds the f32
+// gelu' (the gelu op's, on either backend: a few 1e-7 absolute, times |dy|; bounded at 1e-6 |dy|); their sum adds the f32
 // accumulation over the rows, about 2^-24 sqrt(rows) of sum |dx| (a random walk; 16 times that). So
 // |dbias[c] - ref| <= (u + 16 * 2^-24 sqrt(rows)) * sum |dx| + 1e-6 * sum |dy|, per column.
 Check verify_dbias(const Shape& s, const Inputs& in, const HostBuffer& dbias) {

@@ -193,9 +193,7 @@ class CudaLayernormDbias final : public Plan {
         static_cast<const T*>(a.dres), partial_.as<float>(), s_.rows(), H);
     HOTOPS_CHECK_LAUNCH();
     const gpu::ColOut o{H, {a.dgamma, a.dbeta, a.dbias}};
-    gpu::col_finish<kThreads><<<gpu::col_finish_blocks(3 * s_.hidden), kThreads, 0, gpu::stream()>>>(
-        partial_.as<float>(), static_cast<int>(blocks_), 3 * H, o);
-    HOTOPS_CHECK_LAUNCH();
+    gpu::finish_columns(partial_.as<float>(), static_cast<int>(blocks_), 3 * H, o, gpu::stream());
   }
 
   std::string label() const override {

@@ -46,9 +46,7 @@ class CudaBiasGrad final : public Plan {
     col_partial<T><<<grid, kThreads, 0, gpu::stream()>>>(static_cast<const T*>(a.dy), partial_.as<float>(), s_.rows, n);
     HOTOPS_CHECK_LAUNCH();
     const gpu::ColOut o{n, {a.db, nullptr, nullptr}};
-    gpu::col_finish<kThreads><<<gpu::col_finish_blocks(s_.cols), kThreads, 0, gpu::stream()>>>(
-        partial_.as<float>(), static_cast<int>(chains_), n, o);
-    HOTOPS_CHECK_LAUNCH();
+    gpu::finish_columns(partial_.as<float>(), static_cast<int>(chains_), n, o, gpu::stream());
   }
 
   std::string label() const override {

@@ -3,8 +3,8 @@
 // gradient the BGRADA epilogue or bias_grad's column sums, whichever timed faster (DbiasPath); a
 // residual is C with beta 1; bmm is the strided-batched form of the
 // same call, and on strided views (attention's heads) a cublasGemmBatchedEx over pointer arrays.
-// The algorithm is chosen once at setup, the fastest of the heuristic's first 8 and split-K variants
-// of the first timed on the plan's own scratch operands, and named in the label.
+// The algorithm is chosen once at setup, the fastest of the heuristic's first 16 and split-K variants
+// of its first 3 timed on the plan's own scratch operands, and named in the label.
 #include <cuda_bf16.h>
 
 #include <atomic>

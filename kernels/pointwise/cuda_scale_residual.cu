@@ -20,7 +20,6 @@ namespace {
 constexpr int kTileCols = 32;      // a block's columns (one warp across them)
 constexpr int kTileRowGroups = 8;  // ... and its rows in flight (blockDim.y)
 constexpr int kRowsPerSplit = 64;  // rows per block
-constexpr unsigned kFinishThreads = 256;
 
 template <class T>
 __global__ void scale_residual_fwd(const T* __restrict__ x, const T* z, const float* __restrict__ gamma, T* y,
@@ -104,9 +103,7 @@ class CudaScaleResidual final : public Plan {
         static_cast<int>(s_.rows), cols);
     HOTOPS_CHECK_LAUNCH();
     const gpu::ColOut o{cols, {a.dgamma, a.dbias, nullptr}};
-    gpu::col_finish<kFinishThreads><<<gpu::col_finish_blocks(2 * s_.cols), kFinishThreads, 0, st>>>(
-        partial_.as<const float>(), static_cast<int>(grid_.y), 2 * cols, o);
-    HOTOPS_CHECK_LAUNCH();
+    gpu::finish_columns(partial_.as<const float>(), static_cast<int>(grid_.y), 2 * cols, o, st);
   }
 
   Shape s_;
