@@ -186,12 +186,12 @@ HOTOPS_PLAN_FACTORIES(Shape, Args);  // CPU: cpu_step; CUDA: cuda_step, advancin
 
 #ifdef HOTOPS_HAVE_CUDA
 constexpr unsigned kCudaThreads = 256;
-constexpr unsigned kCudaMaxBlocks = 1024;  // a grid that one wave of an H100 holds (8 blocks per SM)
+constexpr unsigned kCudaMaxBlocks = 1024;  // at most; fewer where the GPU holds fewer blocks at once
 
 // The CUDA step: one launch on `stream` over n contiguous elements of device memory (p, m, v f32; g
 // f32, or bf16 with the updated p rounded to bf16 into p16), every pointer on the boundary of its
-// 4-element vectors (16 bytes for f32, 8 for bf16): min(n / 4
-// / kCudaThreads, max_blocks) blocks (at least 1) of kCudaThreads threads striding over the 16-byte
+// 4-element vectors (16 bytes for f32, 8 for bf16): min(n / 4 / kCudaThreads, max_blocks, the blocks
+// the GPU holds at once) blocks (at least 1) of kCudaThreads threads striding over the 16-byte
 // vectors, the at most 3 elements after the last whole vector one per thread. `advance`: null when
 // another kernel advanced `state`, else the hyperparameters with which the launch advances it.
 void cuda_step(float* p, const float* g, float* m, float* v, std::int64_t n, DeviceStep* state,

@@ -130,9 +130,14 @@ __global__ void __launch_bounds__(kCudaThreads) adamw_kernel(float* __restrict__
                    static_cast<std::int64_t>(gridDim.x) * blockDim.x, s);
 }
 
+// The grid over n elements: a thread a 16-byte vector, at most max_blocks and at most the blocks of
+// this instance that the GPU holds at once (a grid of more leaves a second, partial wave striding
+// over as much as the first: 1024 blocks where 40 registers a thread let an SM hold 6).
+template <bool kBf16, bool kP16, bool kAdvance>
 unsigned blocks_for(std::int64_t n, unsigned max_blocks) {
+  static const unsigned wave = gpu::resident_blocks(adamw_kernel<kBf16, kP16, kAdvance>, kCudaThreads, kCudaMaxBlocks);
   const std::int64_t want = (n / 4 + kCudaThreads - 1) / kCudaThreads;
-  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>(want, max_blocks)));
+  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>(want, std::min(max_blocks, wave))));
 }
 
 // Every array on the boundary of its 4-element vectors: 16 bytes for f32, 8 for bf16.
@@ -147,11 +152,12 @@ void launch(float* p, const void* g, float* m, float* v, std::uint16_t* p16, std
     HOTOPS_CHECK(vector_aligned(q, sizeof(float)), "adamw: an array is not 16-byte aligned");
   HOTOPS_CHECK(vector_aligned(g, kBf16 ? 2 : 4) && (!kP16 || vector_aligned(p16, 2)),
                "adamw: a gradient or bf16 copy is not aligned to its 4-element vectors");
-  const unsigned blocks = blocks_for(n, max_blocks);
   if (advance != nullptr)
-    adamw_kernel<kBf16, kP16, true><<<blocks, kCudaThreads, 0, stream>>>(p, g, m, v, p16, n, state, *advance);
+    adamw_kernel<kBf16, kP16, true><<<blocks_for<kBf16, kP16, true>(n, max_blocks), kCudaThreads, 0, stream>>>(p, g, m, v, p16, n,
+                                                                                                          state, *advance);
   else
-    adamw_kernel<kBf16, kP16, false><<<blocks, kCudaThreads, 0, stream>>>(p, g, m, v, p16, n, state, Hyper{});
+    adamw_kernel<kBf16, kP16, false><<<blocks_for<kBf16, kP16, false>(n, max_blocks), kCudaThreads, 0, stream>>>(
+        p, g, m, v, p16, n, state, Hyper{});
   HOTOPS_CHECK_LAUNCH();
 }
 
@@ -168,7 +174,8 @@ class CudaAdamw final : public Plan {
 
   std::string label() const override {
     return "hotops flat adamw, " + describe(s_) + ", 1 launch: adamw_kernel<" + dtype_name(s_.dtype) + "> grid " +
-           std::to_string(blocks_for(span_, kCudaMaxBlocks)) + "x" + std::to_string(kCudaThreads) + " striding over " +
+           std::to_string(s_.dtype == DType::bf16 ? blocks_for<true, true, true>(span_, kCudaMaxBlocks)
+                                                 : blocks_for<false, false, true>(span_, kCudaMaxBlocks)) + "x" + std::to_string(kCudaThreads) + " striding over " +
            std::to_string(span_) + " elements (padding included) in 16-byte vectors, step count on the device";
   }
 
