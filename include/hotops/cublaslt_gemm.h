@@ -34,9 +34,10 @@ struct GemmDesc {
   // CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE / INPLACE round each partial to D's type).
   bool reduce_in_compute = false;
   // Choose the algorithm by timing, on the operands BoundGemm binds: the heuristic's first
-  // kTuneHeuristics algorithms and split-K variants of the first kSplitKAlgos (2, 3, 4, 6, 8 slices, partials
-  // reduced in f32), each timed after a warm-up call by gpu::best_batch_ms, the fastest kept. Writes D
-  // during setup, so only for GEMMs whose D is not also read (beta 0, or C distinct from D).
+  // kTuneHeuristics algorithms and split-K variants of its first kSplitKAlgos (2, 3, 4, 6, 8 slices,
+  // partials reduced in f32), each timed after a warm-up call by gpu::best_batch_ms, the fastest
+  // kept. Writes D during setup, so only for GEMMs whose D is not also read (beta 0, or C distinct
+  // from D).
   bool autotune = false;
 };
 

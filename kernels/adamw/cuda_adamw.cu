@@ -173,10 +173,11 @@ class CudaAdamw final : public Plan {
   }
 
   std::string label() const override {
+    const unsigned blocks = s_.dtype == DType::bf16 ? blocks_for<true, true, true>(span_, kCudaMaxBlocks)
+                                                    : blocks_for<false, false, true>(span_, kCudaMaxBlocks);
     return "hotops flat adamw, " + describe(s_) + ", 1 launch: adamw_kernel<" + dtype_name(s_.dtype) + "> grid " +
-           std::to_string(s_.dtype == DType::bf16 ? blocks_for<true, true, true>(span_, kCudaMaxBlocks)
-                                                 : blocks_for<false, false, true>(span_, kCudaMaxBlocks)) + "x" + std::to_string(kCudaThreads) + " striding over " +
-           std::to_string(span_) + " elements (padding included) in 16-byte vectors, step count on the device";
+           std::to_string(blocks) + "x" + std::to_string(kCudaThreads) + " striding over " + std::to_string(span_) +
+           " elements (padding included) in 16-byte vectors, step count on the device";
   }
 
  private:

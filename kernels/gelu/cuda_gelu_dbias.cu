@@ -1,8 +1,9 @@
 // gelu_dbias on CUDA: one kernel over 4-wide vectors (float4, or 4 bf16 in 8 bytes) computes
-// dx = dy * gelu'(x) (the gelu op's f32 math, cuda_gelu_math.cuh) and, per block of rows, the column sums of the
-// stored dx; col_finish (hotops/cuda_colsum.cuh) adds those partial sums into dbias. The rows a block
-// takes (8 to 32) are chosen so that the grid is about one wave of the blocks the GPU holds at once:
-// fewer rows a block leave SMs idle no longer, more would write more partial sums. Deterministic.
+// dx = dy * gelu'(x) (the gelu op's f32 math, cuda_gelu_math.cuh) and, per block of rows, the column
+// sums of the stored dx; col_finish (hotops/cuda_colsum.cuh) adds those partial sums into dbias. The
+// rows a block takes (8 to 32) are chosen so that the grid is about one wave of the blocks the GPU
+// holds at once: fewer rows a block leave SMs idle no longer, more would write more partial sums.
+// Deterministic.
 #include <cuda_bf16.h>
 
 #include <algorithm>
