@@ -657,13 +657,15 @@ TEST(MatmulCpuLoops, TakeTheProblemsBelowTheThresholdAndSaySo) {
 }
 
 // The loops in every direction of mm and addmm (alpha and beta, the ReLU, an f32 output of bf16),
-// at mlp_tiny's first layer and at a size of many vectors with a tail: each within the matmul bound
-// of the reference, and addmm bwd_weight's dbias too.
+// at mlp_tiny's first and last layers, at a size of many vectors with a tail and at sums too short
+// for the blocks: each within the matmul bound of the reference, and addmm bwd_weight's dbias too.
 TEST(MatmulCpuLoops, EveryDirectionMatchesTheReference) {
   for (const DType t : {DType::f32, DType::bf16})
     for (const Op op : {Op::mm, Op::addmm})
       for (const Direction d : {Direction::fwd, Direction::bwd_data, Direction::bwd_weight})
-        for (const auto& [M, N, K] : {std::tuple{10, 32, 13}, std::tuple{33, 65, 17}})
+        // Whole column blocks; blocks and a one-column tail over rows that are not whole blocks; a
+        // 2-class head's narrow columns (no whole block); sums too short for the blocks.
+        for (const auto& [M, N, K] : {std::tuple{10, 32, 13}, std::tuple{33, 65, 17}, std::tuple{11, 2, 16}, std::tuple{5, 20, 4}})
           for (const int variant : {0, 1}) {
             Shape s;
             s.op = op, s.dir = d, s.dtype = t, s.M = M, s.N = N, s.K = K;
