@@ -166,11 +166,44 @@ HOTOPS_VECTOR_INLINE void forward(const T* a, const T* W, const T* bias, O* y, s
   }
 }
 
+// dW's sums for N narrower than a block of 16 (a 2-class head's), kept transposed in sumT (N x K
+// floats: a column of dW contiguous), so that a row's update is a vector over K instead of N scalar
+// adds for each of K rows of dW; kSumRows rows added to each sum between its load and its store, in
+// row order (the same sums as a row at a time).
+constexpr std::int64_t kSumRows = 4;
+template <class T>
+HOTOPS_VECTOR_INLINE void narrow_weight_sums(const T* a, const T* dz, float* sumT, std::int64_t M, std::int64_t K, std::int64_t N,
+                                             float alpha) {
+  std::fill_n(sumT, K * N, 0.f);
+  const auto rows = [&](std::int64_t r0, auto count) HOTOPS_LAMBDA_INLINE {
+    for (std::int64_t o = 0; o < N; ++o) {
+      float d[decltype(count)::value];
+      for (std::int64_t q = 0; q < count; ++q) d[q] = load(dz[(r0 + q) * N + o]);
+      float* so = sumT + o * K;
+      for (std::int64_t i = 0; i < K; ++i) {
+        float s = so[i];
+        for (std::int64_t q = 0; q < count; ++q) s += alpha * load(a[(r0 + q) * K + i]) * d[q];
+        so[i] = s;
+      }
+    }
+  };
+  std::int64_t r = 0;
+  for (; r + kSumRows <= M; r += kSumRows) rows(r, std::integral_constant<std::int64_t, kSumRows>{});
+  for (; r < M; ++r) rows(r, std::integral_constant<std::int64_t, 1>{});
+}
+
 // dW[K, N] = alpha * a[M, K]^T . dz[M, N], accumulated in `acc` (K x N floats: dW itself where it
-// is f32): its K rows are independent sums, so that the loop is not bound by one chain of adds.
+// is f32): its K rows are independent sums, so that the loop is not bound by one chain of adds. A
+// narrow N's in narrow_weight_sums, transposed in `acc`.
 template <class T, class O>
 HOTOPS_VECTOR_INLINE void weight_grad(const T* a, const T* dz, O* dW, std::int64_t M, std::int64_t K, std::int64_t N, float alpha,
                                       float* acc, float* wide) {
+  if (N < kBlockCols) {
+    narrow_weight_sums(a, dz, acc, M, K, N, alpha);
+    for (std::int64_t i = 0; i < K; ++i)
+      for (std::int64_t o = 0; o < N; ++o) dW[i * N + o] = store<O>(acc[o * K + i]);
+    return;
+  }
   float* sum;
   if constexpr (std::is_same_v<O, float>) sum = dW;
   else sum = acc;
@@ -242,7 +275,8 @@ class CpuLoopMatmul final : public Plan {
     HOTOPS_CHECK(cpu_runs_loops(s), "matmul: the hand-written CPU loops take mm and addmm below kCpuLoopMacs, packed");
     product(s);  // checks the shape
     if (s.dir == Direction::fwd && !std::is_same_v<O, float>) acc_.resize(static_cast<std::size_t>(s.N));
-    if (s.dir == Direction::bwd_weight && !std::is_same_v<O, float>) acc_.resize(static_cast<std::size_t>(s.K * s.N));
+    if (s.dir == Direction::bwd_weight && (!std::is_same_v<O, float> || s.N < kBlockCols))
+      acc_.resize(static_cast<std::size_t>(s.K * s.N));
     // bf16: the operands read many times, as f32 (fwd: kChunkRows rows of a; bwd_weight: a row of
     // dz; bwd_data: W and a row of dz)
     if (!std::is_same_v<T, float>) {
@@ -290,7 +324,7 @@ class CpuLoopMatmul final : public Plan {
 
   Shape s_;
   float alpha_, beta_;
-  std::vector<float> acc_;        // bf16 output: fwd a row, bwd_weight dW, in f32
+  std::vector<float> acc_;        // bf16 output: fwd a row, bwd_weight dW, in f32; a narrow bwd_weight's dW transposed
   std::vector<float> dbias_acc_;  // addmm bwd_weight: dbias in f32
   std::vector<float> wide_;       // bf16: the operands read many times, widened
 };
