@@ -1,12 +1,15 @@
 // relu_dbias and relu_bias on the CPU, hand-written. relu_dbias: dx = x > 0 ? dy : 0 and db =
 // colsum(dx) in one pass; OpenMP threads take blocks of 16 columns, each running down the rows with
-// 16 f32 accumulators, so a column's sum is one chain in row order whatever the thread count.
+// 16 f32 accumulators, so a column's sum is one chain in row order whatever the thread count; a
+// block's loop is compiled per x86-64 level (HOTOPS_CPU_CLONES).
 // relu_bias: y = max(x + b, 0) row by row, OpenMP over rows. Both on one thread below a grain of
 // work, where forking costs more than it saves.
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "hotops/cpu.h"
 #include "hotops/cpu_vector.h"
@@ -19,32 +22,53 @@ namespace {
 constexpr std::int64_t kParallelGrain = 1 << 15;
 constexpr std::int64_t kCols = 16;  // columns per thread's block
 
+// The columns [c0, c0 + width) of every row: dx, and their sums into db. width: kCols (a whole
+// block: a constant trip count, which the compiler vectorises) or the last block's fewer.
 // kInPlace: dx is dy, read and written through one pointer, so that the compiler sees the loop's
 // only possible overlap (x with dx) as the one it checks for at run time and still vectorises.
-template <DType D, bool kInPlace>
-void relu_dbias(const void* x_v, const void* dy_v, void* dx_v, float* db, std::int64_t rows, std::int64_t n) {
+template <DType D, bool kInPlace, class Width>
+HOTOPS_VECTOR_INLINE void column_block(const void* x_v, const void* dy_v, void* dx_v, float* db, std::int64_t rows, std::int64_t n,
+                                       std::int64_t c0, Width width) {
   using E = vec::Elem<D>;
   using T = typename E::T;
-  const T* x = static_cast<const T*>(x_v);
-  const T* dy = static_cast<const T*>(dy_v);
-  T* dx = static_cast<T*>(dx_v);
+  const T* x = static_cast<const T*>(x_v) + c0;
+  const T* dy = static_cast<const T*>(dy_v) + c0;
+  T* dx = static_cast<T*>(dx_v) + c0;
+  float acc[kCols] = {};
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < width; ++c) {
+      const float d = E::load(x[r * n + c]) > 0.f ? E::load((kInPlace ? dx : dy)[r * n + c]) : 0.f;
+      dx[r * n + c] = E::store(d);
+      acc[c] += d;
+    }
+  for (std::int64_t c = 0; c < width; ++c) db[c0 + c] = acc[c];
+}
+
+// A block of columns, compiled per x86-64 level (bf16's conversions want AVX2 or AVX-512 to vectorise).
+#define HOTOPS_RELU_DBIAS_BLOCK(NAME, D, IN_PLACE)                                                               \
+  HOTOPS_CPU_CLONES void NAME(const void* x, const void* dy, void* dx, float* db, std::int64_t rows, std::int64_t n, \
+                              std::int64_t c0) {                                                                 \
+    if (n - c0 >= kCols)                                                                                         \
+      column_block<DType::D, IN_PLACE>(x, dy, dx, db, rows, n, c0, std::integral_constant<std::int64_t, kCols>{}); \
+    else                                                                                                         \
+      column_block<DType::D, IN_PLACE>(x, dy, dx, db, rows, n, c0, n - c0);                                      \
+  }
+HOTOPS_RELU_DBIAS_BLOCK(block_f32, f32, false)
+HOTOPS_RELU_DBIAS_BLOCK(block_f32_in_place, f32, true)
+HOTOPS_RELU_DBIAS_BLOCK(block_bf16, bf16, false)
+HOTOPS_RELU_DBIAS_BLOCK(block_bf16_in_place, bf16, true)
+#undef HOTOPS_RELU_DBIAS_BLOCK
+
+using BlockFn = void (*)(const void*, const void*, void*, float*, std::int64_t, std::int64_t, std::int64_t);
+
+void relu_dbias(BlockFn block, const void* x, const void* dy, void* dx, float* db, std::int64_t rows, std::int64_t n) {
   // All threads, or one where there are fewer than 4 blocks (mlp_tiny's 32 columns are two): at most
   // that many threads would work, and waking a whole team for them costs more than they save (a team
   // of just those threads costs more again: cpu.h, cpu::threads()).
   const std::int64_t blocks = (n + kCols - 1) / kCols;
   const int team = rows * n >= kParallelGrain && blocks >= 4 ? cpu::threads() : 1;
 #pragma omp parallel for num_threads(team) schedule(static)
-  for (std::int64_t c0 = 0; c0 < n; c0 += kCols) {
-    const std::int64_t c1 = std::min(n, c0 + kCols);
-    float acc[kCols] = {};
-    for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t c = c0; c < c1; ++c) {
-        const float d = E::load(x[r * n + c]) > 0.f ? E::load((kInPlace ? dx : dy)[r * n + c]) : 0.f;
-        dx[r * n + c] = E::store(d);
-        acc[c - c0] += d;
-      }
-    for (std::int64_t c = c0; c < c1; ++c) db[c] = acc[c - c0];
-  }
+  for (std::int64_t c0 = 0; c0 < n; c0 += kCols) block(x, dy, dx, db, rows, n, c0);
 }
 
 class CpuReluDbias final : public Plan {
@@ -57,14 +81,13 @@ class CpuReluDbias final : public Plan {
     const auto* dy = static_cast<const std::byte*>(a.dy) + eoff;
     auto* dx = static_cast<std::byte*>(a.out) + eoff;
     const bool in_place = dx == dy;
-    if (s_.dtype == DType::bf16)
-      (in_place ? relu_dbias<DType::bf16, true> : relu_dbias<DType::bf16, false>)(x, dy, dx, a.db, s_.rows(), s_.cols);
-    else
-      (in_place ? relu_dbias<DType::f32, true> : relu_dbias<DType::f32, false>)(x, dy, dx, a.db, s_.rows(), s_.cols);
+    const BlockFn block = s_.dtype == DType::bf16 ? (in_place ? block_bf16_in_place : block_bf16)
+                                                  : (in_place ? block_f32_in_place : block_f32);
+    relu_dbias(block, x, dy, dx, a.db, s_.rows(), s_.cols);
   }
 
   std::string label() const override {
-    return cpu::with_threads("hotops relu_dbias loop (OpenMP over 16-column blocks, f32 sums)");
+    return cpu::with_threads(std::string("hotops relu_dbias loop (OpenMP over 16-column blocks, f32 sums), ") + vec::clone_name());
   }
 
  private:
