@@ -1,6 +1,7 @@
-// layernorm_dbias on the CPU: one OpenMP loop over rows, f32 math on the stored values, each thread
-// adding its rows' dy * xhat and dy into partial dgamma / dbeta that are then added in thread order;
-// then the column sums of the stored dx (hotops/cpu_colsum.h). Storage float, or bf16 as its bits.
+// layernorm_dbias on the CPU: one OpenMP loop over rows, a row's passes compiled per x86-64 level
+// (HOTOPS_CPU_CLONES), f32 math on the stored values, each thread adding its rows' dy * xhat and dy
+// into partial dgamma / dbeta that are then added in thread order; then the column sums of the
+// stored dx (hotops/cpu_colsum.h). Storage float, or bf16 as its bits.
 #include <omp.h>
 
 #include <algorithm>
@@ -22,6 +23,53 @@ using bf16 = std::uint16_t;  // bf16's bits
 using vec::load;
 using vec::store;
 
+// One row: dx = rstd (dy g - mean(dy g) - xhat mean(dy g xhat)) (+ dres) where dx is given, the row's
+// dy * xhat and dy added into pg and pb, dy kept in d for the second pass. The row's two means are
+// summed in kLanes interleaved partial sums, then those in order, then the tail (a single chain of
+// dependent adds would bound the pass by the add's latency, and would not vectorise). The rows'
+// tensors and the thread's scratch do not overlap (restrict): in f32, where all of them are floats,
+// the compiler otherwise keeps every partial sum in memory.
+constexpr std::int64_t kLanes = 16;
+template <class T>
+HOTOPS_VECTOR_INLINE void row_backward(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ dres,
+                                       T* __restrict__ dx, const float* __restrict__ g, float m, float rs, std::int64_t H,
+                                       float* __restrict__ pg, float* __restrict__ pb, float* __restrict__ d) {
+  float l1[kLanes] = {}, l2[kLanes] = {};
+  const std::int64_t body = H / kLanes * kLanes;
+  for (std::int64_t c0 = 0; c0 < body; c0 += kLanes)
+    for (std::int64_t j = 0; j < kLanes; ++j) {
+      const std::int64_t c = c0 + j;
+      const float dv = load(dy[c]), xh = (load(x[c]) - m) * rs;
+      d[c] = dv;
+      pg[c] += dv * xh, pb[c] += dv;
+      l1[j] += dv * g[c], l2[j] += dv * g[c] * xh;
+    }
+  float m1 = 0, m2 = 0;
+  for (std::int64_t j = 0; j < kLanes; ++j) m1 += l1[j], m2 += l2[j];
+  for (std::int64_t c = body; c < H; ++c) {
+    const float dv = load(dy[c]), xh = (load(x[c]) - m) * rs;
+    d[c] = dv;
+    pg[c] += dv * xh, pb[c] += dv;
+    m1 += dv * g[c], m2 += dv * g[c] * xh;
+  }
+  m1 /= static_cast<float>(H), m2 /= static_cast<float>(H);
+  if (dx)
+    for (std::int64_t c = 0; c < H; ++c) {
+      const float xh = (load(x[c]) - m) * rs;
+      dx[c] = store<T>(rs * (d[c] * g[c] - m1 - xh * m2) + (dres ? load(dres[c]) : 0.f));
+    }
+}
+
+// A row, compiled per x86-64 level.
+#define HOTOPS_LN_ROW(T)                                                                                          \
+  HOTOPS_CPU_CLONES void row_loop(const T* dy, const T* x, const T* dres, T* dx, const float* g, float m, float rs, \
+                                  std::int64_t H, float* pg, float* pb, float* d) {                              \
+    row_backward<T>(dy, x, dres, dx, g, m, rs, H, pg, pb, d);                                                    \
+  }
+HOTOPS_LN_ROW(float)
+HOTOPS_LN_ROW(bf16)
+#undef HOTOPS_LN_ROW
+
 template <class T>
 class CpuLayernormDbias final : public Plan {
  public:
@@ -35,7 +83,8 @@ class CpuLayernormDbias final : public Plan {
   }
 
   std::string label() const override {
-    return "hotops OpenMP LayerNorm backward (+ dres), per-thread dgamma/dbeta, then column sums of dx";
+    return std::string("hotops OpenMP LayerNorm backward (+ dres), ") + vec::clone_name() +
+           ", per-thread dgamma/dbeta, then column sums of dx";
   }
 
  private:
@@ -62,25 +111,8 @@ class CpuLayernormDbias final : public Plan {
       float* d = pb + H;
       std::fill(pg, pg + 2 * H, 0.f);
 #pragma omp for schedule(static)
-      for (std::int64_t r = 0; r < R; ++r) {
-        const float m = mean[r], rs = rstd[r];
-        float m1 = 0, m2 = 0;
-        for (std::int64_t c = 0; c < H; ++c) {
-          const std::int64_t i = r * H + c;
-          const float dv = load(dy[i]);
-          const float xh = (load(x[i]) - m) * rs;
-          d[c] = dv;
-          pg[c] += dv * xh, pb[c] += dv;
-          m1 += dv * g[c], m2 += dv * g[c] * xh;
-        }
-        m1 /= static_cast<float>(H), m2 /= static_cast<float>(H);
-        if (dx)
-          for (std::int64_t c = 0; c < H; ++c) {
-            const std::int64_t i = r * H + c;
-            const float xh = (load(x[i]) - m) * rs;
-            dx[i] = store<T>(rs * (d[c] * g[c] - m1 - xh * m2) + (dres ? load(dres[i]) : 0.f));
-          }
-      }
+      for (std::int64_t r = 0; r < R; ++r)
+        row_loop(dy + r * H, x + r * H, dres ? dres + r * H : nullptr, dx ? dx + r * H : nullptr, g, mean[r], rstd[r], H, pg, pb, d);
     }
     for (std::int64_t c = 0; c < 2 * H; ++c) {
       float sum = 0;
