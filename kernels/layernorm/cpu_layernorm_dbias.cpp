@@ -34,24 +34,20 @@ template <class T>
 HOTOPS_VECTOR_INLINE void row_backward(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ dres,
                                        T* __restrict__ dx, const float* __restrict__ g, float m, float rs, std::int64_t H,
                                        float* __restrict__ pg, float* __restrict__ pb, float* __restrict__ d) {
-  float l1[kLanes] = {}, l2[kLanes] = {};
-  const std::int64_t body = H / kLanes * kLanes;
-  for (std::int64_t c0 = 0; c0 < body; c0 += kLanes)
-    for (std::int64_t j = 0; j < kLanes; ++j) {
-      const std::int64_t c = c0 + j;
-      const float dv = load(dy[c]), xh = (load(x[c]) - m) * rs;
-      d[c] = dv;
-      pg[c] += dv * xh, pb[c] += dv;
-      l1[j] += dv * g[c], l2[j] += dv * g[c] * xh;
-    }
-  float m1 = 0, m2 = 0;
-  for (std::int64_t j = 0; j < kLanes; ++j) m1 += l1[j], m2 += l2[j];
-  for (std::int64_t c = body; c < H; ++c) {
+  // Column c's part: dy kept, dgamma's and dbeta's terms added, the two means' terms into s1, s2.
+  const auto column = [&](std::int64_t c, float& s1, float& s2) HOTOPS_LAMBDA_INLINE {
     const float dv = load(dy[c]), xh = (load(x[c]) - m) * rs;
     d[c] = dv;
     pg[c] += dv * xh, pb[c] += dv;
-    m1 += dv * g[c], m2 += dv * g[c] * xh;
-  }
+    s1 += dv * g[c], s2 += dv * g[c] * xh;
+  };
+  float l1[kLanes] = {}, l2[kLanes] = {};
+  const std::int64_t body = H / kLanes * kLanes;
+  for (std::int64_t c0 = 0; c0 < body; c0 += kLanes)
+    for (std::int64_t j = 0; j < kLanes; ++j) column(c0 + j, l1[j], l2[j]);
+  float m1 = 0, m2 = 0;
+  for (std::int64_t j = 0; j < kLanes; ++j) m1 += l1[j], m2 += l2[j];
+  for (std::int64_t c = body; c < H; ++c) column(c, m1, m2);
   m1 /= static_cast<float>(H), m2 /= static_cast<float>(H);
   if (dx)
     for (std::int64_t c = 0; c < H; ++c) {
