@@ -294,33 +294,34 @@ TEST(LstmMasters, PackAgreesWithTheLayoutAtTheModelsShapes) {
   EXPECT_GE(compared, 4);  // f32 everywhere
 }
 
-// cuDNN's weight space is a plain array: positions() names where pack() put each element of
-// W_ih, W_hh, b_ih and b_hh. oneDNN's is not: no positions.
+// cuDNN's weight space and hotops' (H 16) are plain arrays: positions() names where pack() put each
+// element of W_ih, W_hh, b_ih and b_hh. oneDNN's is not: no positions.
 TEST(LstmLayout, PositionsSayWherePackPutsEachElement) {
   EXPECT_TRUE(make_cpu_layout(tiny(true))->positions().w_ih.empty());
   if (!gpu::available()) GTEST_SKIP() << "no GPU";
   for (DType t : {DType::f32, DType::bf16})
-    for (bool bi : {false, true}) {
-      Shape s = tiny(bi);
-      s.dtype = t;
-      std::unique_ptr<Layout> layout;
-      try {
-        layout = make_layout(s, Backend::cuda);
-      } catch (const Error& e) {
-        if (e.kind() == ErrorKind::unsupported) continue;
-        throw;
+    for (bool bi : {false, true})
+      for (std::int64_t H : {4, 16}) {
+        Shape s = tiny(bi);
+        s.dtype = t, s.H = H;
+        std::unique_ptr<Layout> layout;
+        try {
+          layout = make_layout(s, Backend::cuda);
+        } catch (const Error& e) {
+          if (e.kind() == ErrorKind::unsupported) continue;
+          throw;
+        }
+        const Inputs in = make_inputs(s, 4);
+        const HostBuffer space = layout->pack(in.w_ih, in.w_hh, in.b_ih, in.b_hh);
+        const Layout::Positions p = layout->positions();
+        const std::pair<const HostBuffer*, const std::vector<std::size_t>*> tensors[] = {
+            {&in.w_ih, &p.w_ih}, {&in.w_hh, &p.w_hh}, {&in.b_ih, &p.b_ih}, {&in.b_hh, &p.b_hh}};
+        for (const auto& [tensor, where] : tensors) {
+          ASSERT_EQ(where->size(), tensor->count());
+          for (std::size_t i = 0; i < where->size(); ++i)
+            ASSERT_EQ(space.get((*where)[i]), tensor->get(i)) << dtype_name(t) << (bi ? " bi" : " uni") << " element " << i;
+        }
       }
-      const Inputs in = make_inputs(s, 4);
-      const HostBuffer space = layout->pack(in.w_ih, in.w_hh, in.b_ih, in.b_hh);
-      const Layout::Positions p = layout->positions();
-      const std::pair<const HostBuffer*, const std::vector<std::size_t>*> tensors[] = {
-          {&in.w_ih, &p.w_ih}, {&in.w_hh, &p.w_hh}, {&in.b_ih, &p.b_ih}, {&in.b_hh, &p.b_hh}};
-      for (const auto& [tensor, where] : tensors) {
-        ASSERT_EQ(where->size(), tensor->count());
-        for (std::size_t i = 0; i < where->size(); ++i)
-          ASSERT_EQ(space.get((*where)[i]), tensor->get(i)) << dtype_name(t) << (bi ? " bi" : " uni") << " element " << i;
-      }
-    }
 }
 
 // The CPU and CUDA entries of one problem verify against one reference: their seeded inputs are the

@@ -97,4 +97,38 @@ template <> __device__ inline Bf16x4 stored4<Bf16x4>(float4 v) {
   return Bf16x4{__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
 }
 
+// c += a . b over one 16x8x16 tile of tensor-core math (mma.sync m16n8k16, bf16 operands, f32
+// accumulation). Fragments (PTX ISA), lane = 4 g + t: A 16x16 row-major a[0] (g, 2t..2t+1), a[1]
+// (g+8, 2t..), a[2] (g, 2t+8..), a[3] (g+8, 2t+8..); B 16x8 (k x n) b0 (k 2t..2t+1, n g), b1 (k
+// 2t+8.., n g); C 16x8 c[0] c[1] (g, 2t..2t+1), c[2] c[3] (g+8, 2t..).
+__device__ __forceinline__ void mma_bf16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two f32 rounded to bf16 in one register, lo in the low half: a fragment's pair of elements.
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&v);
+}
+
+// Asynchronous copies to shared memory (cp.async, sm_80 and later): 16 bytes from global memory,
+// or 16 zero bytes where `valid` is false (src is then not read but must be an address); a commit
+// closes the group of copies this thread issued since the last one, and wait_async_groups<N>
+// returns when at most N of this thread's groups are still in flight.
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void copy16_async(void* dst, const void* src, bool valid = true) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void commit_async() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wait_async_groups() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 }  // namespace hotops::gpu

@@ -21,12 +21,16 @@
 #include <initializer_list>
 
 #include "hotops/check.h"
+#include "hotops/cuda_elem.cuh"
 #include "hotops/cuda_util.h"
 
 namespace hotops::attention::fused {
 namespace {
 
 using bf16 = __nv_bfloat16;
+using gpu::mma_bf16;
+using gpu::pack_bf16x2;
+using gpu::shared_address;
 
 constexpr int kD = 64;              // head_dim
 constexpr int kStride = kD + 8;     // a row in shared memory, in bf16
@@ -39,10 +43,6 @@ struct Dims {
   long long hidden;   // heads x 64: one token's ctx row
 };
 
-__device__ __forceinline__ unsigned shared_address(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
 // Four 8x8 bf16 matrices, lane l giving the address of row l % 8 of matrix l / 8.
 __device__ __forceinline__ void ldmatrix_x4(unsigned r[4], const bf16* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -53,20 +53,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned r[4], const bf16* p) 
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(shared_address(p)));
-}
-
-// c += a . b over one 16x8x16 tile, f32 accumulation.
-__device__ __forceinline__ void mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ unsigned pack(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const unsigned*>(&v);
 }
 
 // The A fragment of the 16x16 tile whose first element is p (rows kStride apart).
@@ -100,8 +86,8 @@ __device__ __forceinline__ void times_rows(float c[2][4], const unsigned a[4][4]
     for (int kp = 0; kp < 2; ++kp) {
       unsigned bb[4];
       load_b_rows(bb, rows + jj * 8 * kStride + kp * 32, lane);
-      mma(c[jj], a[2 * kp], bb[0], bb[1]);
-      mma(c[jj], a[2 * kp + 1], bb[2], bb[3]);
+      mma_bf16(c[jj], a[2 * kp], bb[0], bb[1]);
+      mma_bf16(c[jj], a[2 * kp + 1], bb[2], bb[3]);
     }
 }
 // acc += A . B, A one 16 x 16 fragment, B the 16 rows x 64 columns stored from `rows`: a 16-row
@@ -111,16 +97,16 @@ __device__ __forceinline__ void accumulate(float acc[8][4], const unsigned a[4],
   for (int np = 0; np < 4; ++np) {
     unsigned bb[4];
     load_b_cols(bb, rows + np * 16, lane);
-    mma(acc[2 * np], a, bb[0], bb[1]);
-    mma(acc[2 * np + 1], a, bb[2], bb[3]);
+    mma_bf16(acc[2 * np], a, bb[0], bb[1]);
+    mma_bf16(acc[2 * np + 1], a, bb[2], bb[3]);
   }
 }
 // Two C tiles side by side, rows g and g + 8 scaled by r0 and r1, as the bf16 A fragment of their 16 columns.
 __device__ __forceinline__ void to_fragment(unsigned a[4], const float c[2][4], float r0 = 1.f, float r1 = 1.f) {
-  a[0] = pack(c[0][0] * r0, c[0][1] * r0);
-  a[1] = pack(c[0][2] * r1, c[0][3] * r1);
-  a[2] = pack(c[1][0] * r0, c[1][1] * r0);
-  a[3] = pack(c[1][2] * r1, c[1][3] * r1);
+  a[0] = pack_bf16x2(c[0][0] * r0, c[0][1] * r0);
+  a[1] = pack_bf16x2(c[0][2] * r1, c[0][3] * r1);
+  a[2] = pack_bf16x2(c[1][0] * r0, c[1][1] * r0);
+  a[3] = pack_bf16x2(c[1][2] * r1, c[1][3] * r1);
 }
 
 // The first `count` rows of one head's Q, K, V (or dO) into shared memory, 16 bytes a thread at a
@@ -130,14 +116,13 @@ __device__ __forceinline__ void load_rows(bf16* dst, const bf16* src, long long 
   for (int i = threadIdx.x; i < count * (kD / 8); i += blockDim.x) {
     const int r = i / (kD / 8), c = (i % (kD / 8)) * 8;
     const bool in = r < seq;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst + r * kStride + c)),
-                 "l"(src + (in ? r : 0) * stride + c), "r"(in ? 16 : 0));
+    gpu::copy16_async(dst + r * kStride + c, src + (in ? r : 0) * stride + c, in);
   }
 }
-__device__ __forceinline__ void commit_rows() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void wait_rows() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void commit_rows() { gpu::commit_async(); }
+__device__ __forceinline__ void wait_rows() { gpu::wait_async_groups<0>(); }
 // Waits for every group but the last one committed.
-__device__ __forceinline__ void wait_rows_but_last() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+__device__ __forceinline__ void wait_rows_but_last() { gpu::wait_async_groups<1>(); }
 
 // A warp's 16 x 64 result (8 C tiles) as bf16 into rows row0 .. row0 + 15 of out (rows `stride`
 // apart), those below seq, through the warp's 16 staging rows in shared memory (kStride apart), so

@@ -331,7 +331,7 @@ class CudaLstm final : public Plan {
 
 }  // namespace
 
-std::unique_ptr<Plan> make_cuda_plan(const Shape& s) { return std::make_unique<CudaLstm>(s); }
-std::unique_ptr<Layout> make_cuda_layout(const Shape& s) { return std::make_unique<CudaLayout>(s); }
+std::unique_ptr<Plan> make_cudnn_plan(const Shape& s) { return std::make_unique<CudaLstm>(s); }
+std::unique_ptr<Layout> make_cudnn_layout(const Shape& s) { return std::make_unique<CudaLayout>(s); }
 
 }  // namespace hotops::lstm

@@ -23,10 +23,19 @@ std::vector<Arg> args_of(const std::string& shape, std::int64_t B, std::int64_t 
           {"input", std::to_string(I)}, {"hidden", std::to_string(H)}, {"dir", bi ? "bi" : "uni"}};
 }
 
+// Every backend x dtype x direction of one layer, and on CUDA, where hotops' kernels take the
+// layer, cuDNN's as the same problem plus `impl:cudnn`.
 void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
   for (Backend be : kAllBackends)
     for (DType t : dtypes_of(be))
-      for (Direction d : {Direction::fwd, Direction::bwd}) out.push_back(Problem{"lstm", be, t, d, args});
+      for (Direction d : {Direction::fwd, Direction::bwd}) {
+        Problem p{"lstm", be, t, d, args};
+        out.push_back(p);
+        if (be == Backend::cuda && cuda_takes_hotops(shape_of(p))) {
+          p.args.push_back({"impl", "cudnn"});
+          out.push_back(std::move(p));
+        }
+      }
 }
 
 // A copy of `b` in dtype `t` (the values are exact in both).
@@ -146,6 +155,10 @@ class LstmFamily final : public PlanFamily<Op> {
     std::vector<Problem> out;
     expand(args_of("test", 2, 3, 5, 7, false), out);
     expand(args_of("test", 3, 3, 5, 7, true), out);
+    // Hidden sizes that hotops' CUDA kernels take, a batch that leaves the last block of 8 samples
+    // part empty, and an input width off the GEMMs' 16-byte alignment.
+    expand(args_of("test.h16", 11, 4, 6, 16, true), out);
+    expand(args_of("test.h32", 9, 5, 3, 32, false), out);
     return out;
   }
 
@@ -205,7 +218,16 @@ Shape shape_of(const Problem& p) {
   const std::string& dir = p.get("dir");
   HOTOPS_CHECK(dir == "uni" || dir == "bi", "lstm: dir must be uni or bi, not " + dir);
   s.bidirectional = dir == "bi";
+  if (p.has("impl")) {
+    HOTOPS_CHECK(p.get("impl") == "cudnn" && p.backend == Backend::cuda,
+                 "lstm: `impl` names a CUDA implementation, cudnn: " + p.name());
+    s.impl = CudaImpl::cudnn;
+  }
   return s;
+}
+
+bool cuda_takes_hotops(const Shape& s) {
+  return s.impl == CudaImpl::best && s.dtype == DType::bf16 && s.H % 16 == 0 && s.H >= 16 && s.H <= 128;
 }
 
 Inputs make_inputs(const Shape& s, std::uint64_t seed) {

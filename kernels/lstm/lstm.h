@@ -1,5 +1,6 @@
 // The lstm family: torch.nn.LSTM over a whole sequence (one layer, uni- or bidirectional),
-// forward and backward (backpropagation through time), on oneDNN (CPU) and cuDNN's RNN API (CUDA).
+// forward and backward (backpropagation through time), on oneDNN (CPU) and on CUDA cuDNN's RNN API,
+// or hotops' own recurrence kernels where they take the layer (cuda_hotops.cu).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -22,6 +23,9 @@ namespace hotops::lstm {
 // bwd: given dy, dhT, dcT, the gradients dx [T,B,I], dh0, dc0 [D,B,H], dW_ih, dW_hh and
 // db [D,4H] (db_ih = db_hh = db: both biases have the same gradient), summed over time and batch.
 // A model fills it in directly: fwd is an inference layer, bwd a training layer (forward() then run()).
+// The CUDA implementations: hotops' recurrence kernels where they take the shape (cuda_takes_hotops),
+// cuDNN otherwise; `cudnn` asks for cuDNN whatever the shape (`impl:cudnn` in a name).
+enum class CudaImpl { best, cudnn };
 struct Shape {
   Direction dir = Direction::fwd;
   DType dtype = DType::f32;  // tf32: f32 storage, tensor-core math (CUDA only)
@@ -29,6 +33,7 @@ struct Shape {
   bool bidirectional = false;
   // A model's mixed precision, where it differs from the op benchmark's bf16 (off there):
   bool f32_gradients = false;  // bf16 bwd on the CPU: oneDNN's gradients in f32, never bf16
+  CudaImpl impl = CudaImpl::best;
   std::int64_t D() const { return bidirectional ? 2 : 1; }
 };
 
@@ -138,8 +143,15 @@ class Plan : public hotops::Plan<Args> {
   virtual void forward(const Args& a) = 0;
 };
 std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // oneDNN
-std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // cuDNN
+std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // hotops' kernels where they take s, else cuDNN
 std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+// Whether make_cuda_plan runs hotops' recurrence kernels for s: bf16, a hidden size that is a
+// multiple of 16 up to 128 (the recurrent weights of a direction held in the registers of one
+// block), and impl best.
+bool cuda_takes_hotops(const Shape& s);
+// The two CUDA implementations, each with its own Layout (make_cuda_layout picks as make_cuda_plan).
+std::unique_ptr<Plan> make_cudnn_plan(const Shape& s);
+std::unique_ptr<Plan> make_hotops_plan(const Shape& s);
 
 // Where a backend's plan keeps the weights and writes their gradients, and the host-side
 // conversions from and to PyTorch's layouts (setup and verification, never inside a run).
@@ -169,6 +181,8 @@ class Layout {
 std::unique_ptr<Layout> make_cpu_layout(const Shape& s);
 std::unique_ptr<Layout> make_cuda_layout(const Shape& s);
 std::unique_ptr<Layout> make_layout(const Shape& s, Backend b);
+std::unique_ptr<Layout> make_cudnn_layout(const Shape& s);
+std::unique_ptr<Layout> make_hotops_layout(const Shape& s);
 
 // A caller whose f32 master weights stay in PyTorch's layouts (its optimizer updates them there)
 // while oneDNN's weight space is in the formats the primitives chose: the weight space packed from
