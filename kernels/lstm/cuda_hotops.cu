@@ -125,16 +125,19 @@ __device__ __forceinline__ void store_state(const Lane& l, int d, int B, int H, 
     if (out && l.live[j & 1]) out[state_at(l, d, B, H, j)] = __float2bfloat16_rn(v[j]);
 }
 
-// Copies the block's 8 rows of `cols` elements (16-byte chunks) that start at src(sample) into
-// dst[sample][...] (rows `ld` elements apart), zeros for the samples past the batch.
-template <class T, class Src>
-__device__ __forceinline__ void copy_rows(T* dst, int ld, int cols, int b0, int B, Src src) {
-  constexpr int per = 16 / sizeof(T);
-  const int chunks = cols / per;
-  for (int c = threadIdx.x; c < kTile * chunks; c += blockDim.x) {
+// Copies the block's 8 rows of Cols elements (16-byte chunks) into dst[sample][...] (rows `ld` apart),
+// Threads threads taking the chunks in turn: the row of sample b0 + s starts at first + s * stride;
+// zeros for the `rows`-th sample on (past the batch).
+template <int Cols, int Threads, class T>
+__device__ __forceinline__ void copy_rows(T* dst, int ld, const T* first, std::size_t stride, int rows) {
+  constexpr int per = 16 / sizeof(T), chunks = Cols / per, total = kTile * chunks;
+#pragma unroll
+  for (int k = 0; k < (total + Threads - 1) / Threads; ++k) {
+    const int c = static_cast<int>(threadIdx.x) + k * Threads;
+    if (total % Threads != 0 && c >= total) break;
     const int s = c / chunks, col = (c % chunks) * per;
-    const bool in = b0 + s < B;
-    gpu::copy16_async(dst + s * ld + col, src(in ? b0 + s : b0) + col, in);
+    const bool in = s < rows;
+    gpu::copy16_async(dst + s * ld + col, first + (in ? s * stride : 0) + col, in);
   }
 }
 
@@ -155,11 +158,12 @@ __global__ void __launch_bounds__(2 * H, 1) forward_kernel(Dims n, ForwardArgs a
   const int d = l.d, b0 = l.b0;
   const std::size_t DG = l.DG, DH = l.DH;
   const auto time = [&](int step) { return d == 0 ? step : n.T - 1 - step; };
+  const int rows = min(kTile, n.B - b0);
   const auto fetch = [&](int step) {  // step's input projections into its stage
     if (step < n.T) {
-      const std::size_t row0 = static_cast<std::size_t>(time(step)) * n.B;
-      copy_rows(&sm.x[step % kStages][0][0], Smem::LG, G, b0, n.B,
-                [&](int b) { return a.gates + (row0 + b) * DG + static_cast<std::size_t>(d) * G; });
+      const std::size_t row0 = static_cast<std::size_t>(time(step)) * n.B + b0;
+      copy_rows<G, 2 * H>(&sm.x[step % kStages][0][0], Smem::LG, a.gates + row0 * DG + static_cast<std::size_t>(d) * G, DG,
+                          rows);
     }
     gpu::commit_async();  // an empty group past the end: the waits below count groups
   };
@@ -191,8 +195,16 @@ __global__ void __launch_bounds__(2 * H, 1) forward_kernel(Dims n, ForwardArgs a
 #pragma unroll
   for (int j = 0; j < 4; ++j) sm.h[0][l.t2 + (j & 1)][l.unit[j >> 1]] = __float2bfloat16_rn(hp[j]);
 
+  // A step's outputs: from the step's first row, a sample's offset (the host checks that they fit an int).
+  const int oy[2] = {l.sample[0] * static_cast<int>(DH), l.sample[1] * static_cast<int>(DH)},
+            og[2] = {l.sample[0] * static_cast<int>(DG), l.sample[1] * static_cast<int>(DG)},
+            oc[2] = {l.sample[0] * H, l.sample[1] * H};
   for (int step = 0; step < n.T; ++step) {
     const int tt = time(step), cur = step & 1, stage = step % kStages;
+    const std::size_t row_t = static_cast<std::size_t>(tt) * n.B;
+    bf16* const y_t = a.y + row_t * DH + d * H;
+    float* const g_t = a.gates + row_t * DG + d * G;
+    const std::size_t c_t = (static_cast<std::size_t>(d) * n.T + tt) * n.B * H;
     gpu::wait_async_groups<kStages - 2>();  // this thread's copies of the step are in
     __syncthreads();                        // everyone's, and h_{t-1}; the stage read last step is free
     fetch(step + kStages - 1);
@@ -216,14 +228,12 @@ __global__ void __launch_bounds__(2 * H, 1) forward_kernel(Dims n, ForwardArgs a
       const bf16 h = __float2bfloat16_rn(o * fast_tanh(c[j]));
       sm.h[cur ^ 1][l.t2 + s][u] = h;
       if (l.live[s]) {
-        const std::size_t row = static_cast<std::size_t>(tt) * n.B + l.sample[s];
-        a.y[row * DH + d * H + u] = h;
+        y_t[oy[s] + u] = h;
         if (a.cprev) {
-          float* p = a.gates + row * DG + d * G + u;
+          float* p = g_t + og[s] + u;
           p[0] = i, p[H] = f, p[2 * H] = g, p[3 * H] = o;
-          const std::size_t at = ((static_cast<std::size_t>(d) * n.T + tt) * n.B + l.sample[s]) * H + u;
-          a.cprev[at] = cp;
-          a.hprev[at] = __float2bfloat16_rn(hp[j]);
+          a.cprev[c_t + oc[s] + u] = cp;
+          a.hprev[c_t + oc[s] + u] = __float2bfloat16_rn(hp[j]);
         }
       }
       hp[j] = __bfloat162float(h);
@@ -252,15 +262,14 @@ __global__ void __launch_bounds__(2 * H, 1) backward_kernel(Dims n, BackwardArgs
   const int d = l.d, b0 = l.b0;
   const std::size_t DG = l.DG, DH = l.DH;
   const auto time = [&](int step) { return d == 0 ? n.T - 1 - step : step; };  // the forward's steps in reverse
+  const int rows = min(kTile, n.B - b0);
   const auto fetch = [&](int step) {
     if (step < n.T) {
       const int tt = time(step), st = step % kStages;
-      const std::size_t row0 = static_cast<std::size_t>(tt) * n.B, c0 = (static_cast<std::size_t>(d) * n.T + tt) * n.B;
-      copy_rows(&sm.gates[st][0][0], Smem::LG, G, b0, n.B,
-                [&](int b) { return a.gates + (row0 + b) * DG + static_cast<std::size_t>(d) * G; });
-      copy_rows(&sm.cprev[st][0][0], Smem::LH, H, b0, n.B, [&](int b) { return a.cprev + (c0 + b) * H; });
-      copy_rows(&sm.dy[st][0][0], Smem::LY, H, b0, n.B,
-                [&](int b) { return a.dy + (row0 + b) * DH + static_cast<std::size_t>(d) * H; });
+      const std::size_t row0 = static_cast<std::size_t>(tt) * n.B + b0, c0 = (static_cast<std::size_t>(d) * n.T + tt) * n.B + b0;
+      copy_rows<G, 2 * H>(&sm.gates[st][0][0], Smem::LG, a.gates + row0 * DG + static_cast<std::size_t>(d) * G, DG, rows);
+      copy_rows<H, 2 * H>(&sm.cprev[st][0][0], Smem::LH, a.cprev + c0 * H, H, rows);
+      copy_rows<H, 2 * H>(&sm.dy[st][0][0], Smem::LY, a.dy + row0 * DH + static_cast<std::size_t>(d) * H, DH, rows);
     }
     gpu::commit_async();
   };
@@ -282,8 +291,10 @@ __global__ void __launch_bounds__(2 * H, 1) backward_kernel(Dims n, BackwardArgs
   load_state(l, d, n.B, H, a.dcT, dc);
   gpu::wait_async_groups<kStages - 2>();
   __syncthreads();
+  const int og[2] = {l.sample[0] * static_cast<int>(DG), l.sample[1] * static_cast<int>(DG)};
   for (int step = 0; step < n.T; ++step) {
     const int tt = time(step), cur = step & 1, stage = step % kStages;
+    bf16* const dg_t = a.dg + static_cast<std::size_t>(tt) * n.B * DG + d * G;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int u = l.unit[j >> 1], s = j & 1, r = l.t2 + s;
@@ -294,12 +305,11 @@ __global__ void __launch_bounds__(2 * H, 1) backward_kernel(Dims n, BackwardArgs
       const float dgate[4] = {dct * g * i * (1.f - i), dct * cp * f * (1.f - f), dct * i * (1.f - g * g),
                               dht * tc * o * (1.f - o)};
       dc[j] = dct * f;
-      const std::size_t row = static_cast<std::size_t>(tt) * n.B + l.sample[s];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const bf16 v = __float2bfloat16_rn(dgate[q]);  // zero for a padding sample
         sm.dg[cur][r][q * H + u] = v;
-        if (l.live[s]) a.dg[row * DG + d * G + q * H + u] = v;
+        if (l.live[s]) dg_t[og[s] + q * H + u] = v;
       }
     }
     gpu::wait_async_groups<kStages - 3>();  // the next step's copies are in
@@ -416,7 +426,8 @@ class HotopsLstm final : public Plan {
  public:
   explicit HotopsLstm(const Shape& s) : s_(s), o_(s) {
     HOTOPS_CHECK(cuda_takes_hotops(s), "lstm: hotops' kernels do not take this layer");
-    HOTOPS_CHECK(s.T * s.B < (std::int64_t{1} << 31) && s.T > 0 && s.B > 0, "lstm: T x batch must fit an int");
+    HOTOPS_CHECK(s.T * s.B < (std::int64_t{1} << 31) && s.B * s.D() * 4 * s.H < (std::int64_t{1} << 31) && s.T > 0 && s.B > 0,
+                 "lstm: T x batch, and a step's gates, must fit an int");
     n_ = Dims{static_cast<int>(s.T), static_cast<int>(s.B), static_cast<int>(s.D())};
     const auto rows = static_cast<std::size_t>(s.T * s.B), G = static_cast<std::size_t>(4 * s.H),
                D = static_cast<std::size_t>(s.D()), state = D * rows * static_cast<std::size_t>(s.H);

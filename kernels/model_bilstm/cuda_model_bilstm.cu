@@ -1,6 +1,7 @@
-// model_bilstm on CUDA: the op families' plans (embedding with its device sort, cuDNN's RNN through
-// kernels/lstm, matmul's small dense head, the loss family's cross_entropy_dbias or cross_entropy
-// with matmul's bias_grad, copy's bf16 widening, AdamW); the step op by op, and its bf16 form:
+// model_bilstm on CUDA: the op families' plans (embedding with its device sort, kernels/lstm's layer:
+// hotops' recurrence kernels in bf16, cuDNN's RNN API in f32; matmul's small dense head, the loss
+// family's cross_entropy_dbias or cross_entropy with matmul's bias_grad, copy's bf16 widening,
+// AdamW); the step op by op, and its bf16 form:
 // docs/models.md, "How each model step runs".
 #include <algorithm>
 #include <cstring>
@@ -37,22 +38,23 @@ class CudaBilstm final : public ModelCase {
     HOTOPS_CHECK(!c_.fused_loss() || c_.C <= kMaxClasses, "model_bilstm: the CUDA loss kernel takes at most 16 classes");
     const std::int64_t Tn = c_.T, B = s_.batch, E = c_.E, H = c_.H, C = c_.C, D = c_.D, N = Tn * B;
     HOTOPS_CHECK(N * std::max(E, D * H) < (std::int64_t{1} << 31), "model_bilstm: batch too large");
-    // The LSTM as kernels/lstm's problem (bf16: bf16 data on tensor ops with f32 compute, the
-    // lstm entries' math): the plan's cuDNN descriptors and algorithm, and where its weight space
-    // keeps PyTorch's tensors (the f32 masters mirror the space element for element).
+    // The LSTM as kernels/lstm's problem (bf16: bf16 data on tensor ops with f32 sums, the lstm
+    // entries' math): its plan, and where its weight space keeps PyTorch's tensors (the f32 masters
+    // mirror the space element for element).
     lstm::Shape ls;
     ls.dir = s_.train() ? Direction::bwd : Direction::fwd;
     ls.dtype = s_.dtype;
     ls.T = Tn, ls.B = B, ls.I = E, ls.H = H;
     ls.bidirectional = D == 2;
     rnn_ = lstm::make_cuda_plan(ls);
+    cudnn_bf16_ = s_.bf16() && !lstm::cuda_takes_hotops(ls);
     {
       const std::unique_ptr<lstm::Layout> layout = lstm::make_cuda_layout(ls);
       w_bytes_ = layout->weight_bytes();
       positions_ = layout->positions();
     }
-    // The device layout: embed (not one_hot) | cuDNN weight space (its elements, as f32 masters for
-    // bf16) | dense W | dense b.
+    // The device layout: embed (not one_hot) | the LSTM's weight space (its elements, as f32 masters
+    // for bf16) | dense W | dense b.
     w_elems_ = w_bytes_ / es_;
     embed_ = 0;
     lstm_ = aligned(static_cast<std::size_t>(c_.embed_count()));
@@ -159,12 +161,12 @@ class CudaBilstm final : public ModelCase {
     if (s_.variant == Variant::graph) {
       std::string why;
       if (!graph_.capture([this] { device_step(); }, &why))
-        throw Error("model_bilstm: the step could not be captured into a CUDA graph (cuDNN RNN calls): " + why,
+        throw Error("model_bilstm: the step could not be captured into a CUDA graph: " + why,
                     ErrorKind::unsupported);
     } else if (s_.variant == Variant::plain) {
       // Whether the harness may put the plain step into its graphs (cuDNN does not document capture
-      // of its RNN calls): tried once, the trial graph dropped. bf16 keeps it and replays it (see
-      // replays()): cuDNN's bf16 RNN calls are host-bound.
+      // of its RNN calls): tried once, the trial graph dropped. A bf16 step on cuDNN's LSTM keeps it
+      // and replays it (see replays()): cuDNN's bf16 RNN calls are host-bound.
       std::string why;
       capturable_ = graph_.capture([this] { device_step(); }, &why);
       if (!replays()) graph_.reset();
@@ -221,39 +223,25 @@ class CudaBilstm final : public ModelCase {
   }
 
   std::string label() const override {
-    if (s_.bf16()) return label_bf16();
-    std::string l = std::string("cuDNN RNN ") + rnn_algo() + directions() + " LSTM " +
-                    (s_.train() ? "Forward TRAINING + BackwardData_v8 + BackwardWeights_v8" : "Forward INFERENCE") +
-                    ", FMA math, double bias (kernels/lstm's plan); " + input_label() + "; dense head plans (" +
-                    head_->label() + ")";
-    if (s_.train()) l += "; " + loss_label("") + backward_label();
+    std::string l = s_.bf16() ? std::string(s_.train() ? "bf16 autocast (f32 master weights, the AdamW launch writes their bf16 copy); "
+                                                       : "bf16 autocast (f32 master weights, hotops cast_params of the LSTM and dense "
+                                                         "weights once); ")
+                              : std::string();
+    l += std::string("LSTM") + (c_.D == 2 ? " bidirectional" : "") + (s_.train() ? " training forward + backward" : " inference") +
+         " (kernels/lstm's plan: " + rnn_->label() + "); " + input_label() + "; dense head plans (" + head_->label() + ")";
+    if (s_.train())
+      l += "; " + loss_label(s_.bf16() ? " (f32 math, bf16 dlogits)" : "") + (s_.bf16() ? ", bf16 dweights widened (copy plan)" : "") +
+           backward_label();
     if (s_.variant == Variant::plain && !capturable_) l += "; not graph-capturable (capture failed at setup): launched one by one";
+    if (replays())
+      l += "; replayed as the CUDA graph captured at setup (cuDNN's bf16 RNN calls cost 5-14 ms of host time a step: "
+           "e2e:1 shows it)";
     if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the tokens (and labels), launches, D2H, sync";
     if (s_.variant == Variant::graph) l += "; graph: pageable H2D of tokens and labels, 1 CUDA graph, D2H loss, sync";
     if (replicas_.sync) l += replicas_.sync->label();
     return l;
   }
 
-  std::string label_bf16() const {
-    std::string l = std::string(s_.train() ? "bf16 autocast (f32 master weights, the AdamW launch writes their bf16 copy); cuDNN RNN "
-                                           : "bf16 autocast (f32 master weights, hotops cast_params of the LSTM and dense weights "
-                                             "once); cuDNN RNN ") +
-                    rnn_algo() + directions() + " LSTM " +
-                    (s_.train() ? "Forward TRAINING + BackwardData_v8 + BackwardWeights_v8" : "Forward INFERENCE") +
-                    ", bf16 data on tensor ops, f32 math precision (bf16 products are exact in f32), double "
-                    "bias (kernels/lstm's plan); " + input_label() + "; dense head plans (" + head_->label() + ")";
-    if (s_.train()) l += "; " + loss_label(" (f32 math, bf16 dlogits)") + ", bf16 dweights widened (copy plan)" + backward_label();
-    if (s_.variant == Variant::plain && !capturable_) l += "; not graph-capturable (capture failed at setup): launched one by one";
-    if (replays())
-      l += "; replayed as the CUDA graph captured at setup (cuDNN's bf16 RNN calls cost 5-14 ms of host time a step: "
-           "e2e:1 shows it)";
-    if (s_.variant == Variant::e2e) l += "; e2e: pageable H2D of the tokens (and labels), launches one by one (cuDNN's bf16 RNN calls are host-bound), D2H, sync";
-    if (s_.variant == Variant::graph) l += "; graph: pageable H2D of tokens and labels, 1 CUDA graph, D2H loss, sync";
-    if (replicas_.sync) l += replicas_.sync->label();
-    return l;
-  }
-
-  std::string directions() const { return c_.D == 2 ? " bidirectional" : ""; }
   std::string input_label() const { return lookup_ ? "embedding plan (" + lookup_->label() + ")" : "one-hot input"; }
   std::string loss_label(const std::string& math) const {
     return c_.fused_loss() ? "cross_entropy_dbias plan" + math
@@ -264,14 +252,15 @@ class CudaBilstm final : public ModelCase {
            (replicas_.sync ? "" : ", AdamW 1 launch");  // data parallel: a launch per bucket (the all-reduce's label)
   }
 
-  // The harness may capture a plain f32 step into its graphs; a plain bf16 step already is one.
+  // The harness may capture a plain step into its graphs, but one that replays: it already is one.
   bool capturable() const override { return s_.variant == Variant::plain && capturable_ && !replays(); }
-  // Whether a plain step replays the graph captured at setup: bf16 does, where the capture worked.
-  // cuDNN 9.14's bf16 RNN calls take 5-14 ms of host time per step on the H100 host, whatever the
-  // algorithm, math type or states (tools/cudnn_rnn_bf16_probe.cu; f32's take under 0.4 ms), far more
-  // than their GPU work: launched one by one, the device time would be the host's enqueueing. The
-  // replayed graph is the same device work; e2e:1 still launches one by one and shows the host cost.
-  bool replays() const { return s_.bf16() && s_.variant == Variant::plain && capturable_; }
+  // Whether a plain step replays the graph captured at setup: a bf16 step on cuDNN's LSTM does (a
+  // hidden size hotops' kernels do not take), where the capture worked. cuDNN 9.14's bf16 RNN calls
+  // take 5-14 ms of host time per step on the H100 host, whatever the algorithm, math type or states
+  // (tools/cudnn_rnn_bf16_probe.cu; f32's take under 0.4 ms), far more than their GPU work: launched
+  // one by one, the device time would be the host's enqueueing. The replayed graph is the same device
+  // work; e2e:1 still launches one by one and shows the host cost.
+  bool replays() const { return cudnn_bf16_ && s_.variant == Variant::plain && capturable_; }
   bool host_timed() const override { return s_.variant != Variant::plain; }
   void align() override {
     if (replicas_.sync) replicas_.sync->align();
@@ -290,7 +279,7 @@ class CudaBilstm final : public ModelCase {
   const float* param(std::size_t offset) const { return params_.as<float>() + offset; }
   // bf16: the step's copy of the master at `offset` (in [lstm_, total_)).
   __nv_bfloat16* low(std::size_t offset) const { return low_.as<__nv_bfloat16>() + offset; }
-  // cuDNN's weight space: the f32 masters' LSTM region, or its bf16 copy.
+  // The LSTM's weight space: the f32 masters' LSTM region, or its bf16 copy.
   void* weights() const {
     return s_.bf16() ? static_cast<void*>(low(lstm_)) : static_cast<void*>(params_.as<float>() + lstm_);
   }
@@ -326,13 +315,6 @@ class CudaBilstm final : public ModelCase {
   void load_params() {
     params_.upload(to_device(st_.params));
     if (s_.bf16()) cast_weights();
-  }
-
-  // The algorithm the LSTM plan runs: its label names it ("cuDNN RNN <algo> LSTM ...").
-  std::string rnn_algo() const {
-    const std::string l = rnn_->label(), from = "cuDNN RNN ";
-    const std::size_t at = l.find(from), end = l.find(" LSTM");
-    return at == std::string::npos || end == std::string::npos ? "?" : l.substr(at + from.size(), end - at - from.size());
   }
 
   // Between the canonical flat layout (model_bilstm.h) and the device's, either way.
@@ -400,10 +382,10 @@ class CudaBilstm final : public ModelCase {
     trace::op("lstm_bwd");  // the dweights zeroed, BackwardData, BackwardWeights (ADD)
     rnn_->run(lstm_args_);
     if (widen_) {
-      trace::op("copy");  // cuDNN's bf16 weight gradients into the f32 ones
+      trace::op("copy");  // the LSTM's bf16 weight gradients into the f32 ones
       widen_->run(widen_args_);
     }
-    models::grads_ready(replicas_.sync, lstm_);  // the LSTM's (cuDNN's weight space) and the head's are final
+    models::grads_ready(replicas_.sync, lstm_);  // the LSTM's (its weight space) and the head's are final
 
     if (lookup_bwd_) {
       trace::op("embedding_bwd");  // the batch's tokens sorted on the device, then every row of dE
@@ -422,17 +404,18 @@ class CudaBilstm final : public ModelCase {
   State st_;  // the seeded start, and the batch in pageable host memory for the e2e variants
   std::size_t es_;  // the LSTM's data element size: 4 (f32) or 2 (bf16)
   std::size_t embed_ = 0, lstm_ = 0, dense_w_ = 0, dense_b_ = 0, total_ = 0;  // the device layout, floats
-  std::size_t w_elems_ = 0;  // cuDNN's weight space, in elements
-  std::unique_ptr<lstm::Plan> rnn_;  // the LSTM on cuDNN's weight space (the masters' LSTM region)
+  std::size_t w_elems_ = 0;  // the LSTM's weight space, in elements
+  std::unique_ptr<lstm::Plan> rnn_;  // the LSTM on its weight space (the masters' LSTM region)
+  bool cudnn_bf16_ = false;          // bf16 on cuDNN's LSTM (host-bound calls: see replays())
   lstm::Args lstm_args_;
   lstm::Layout::Positions positions_;  // PyTorch's LSTM tensors in that space, for the conversions
   std::size_t w_bytes_ = 0;
   gpu::DeviceBuffer params_, grads_, m_, v_, tokens_, labels_, x_, y_, hT_, logits_;  // labels_: int32, or int64 targets
   gpu::DeviceBuffer loss_, state_, dlogits_, dhT_, dy_, dx_;
-  gpu::DeviceBuffer low_, dw_low_;  // bf16: the copy of the device layout (train: written by AdamW), cuDNN's bf16 dweights
+  gpu::DeviceBuffer low_, dw_low_;  // bf16: the copy of the device layout (train: written by AdamW), the LSTM's bf16 dweights
   std::unique_ptr<embedding::Plan> lookup_, lookup_bwd_;            // the gather; train: its gradient (not one_hot)
   std::unique_ptr<matmul::Plan> head_, head_wgrad_, head_dgrad_;   // the dense head; train: dW, dhT
-  std::unique_ptr<copy::Plan> widen_;                              // bf16 train: cuDNN's dweights to f32
+  std::unique_ptr<copy::Plan> widen_;                              // bf16 train: the LSTM's dweights to f32
   embedding::Args lookup_args_, lookup_bwd_args_;
   matmul::Args head_args_, head_wgrad_args_, head_dgrad_args_;
   copy::Args widen_args_;
