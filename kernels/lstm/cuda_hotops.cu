@@ -485,7 +485,8 @@ class HotopsLstm final : public Plan {
     if (seen_ != Seen{a.x, a.h0, a.c0, a.weights, a.y, a.hT, a.cT}) forward(a);
     const auto* w = static_cast<const bf16*>(a.weights);
     auto* dw = static_cast<bf16*>(a.dweights);
-    HOTOPS_CHECK(reinterpret_cast<std::uintptr_t>(a.dy) % 16 == 0, "lstm: hotops' kernels read dy 16 bytes at a time: dy must be 16-byte aligned");
+    HOTOPS_CHECK(a.dy && reinterpret_cast<std::uintptr_t>(a.dy) % 16 == 0,
+                 "lstm: hotops' kernels read dy 16 bytes at a time: dy must be given, 16-byte aligned");
     BackwardArgs b{gates_.as<float>(), cprev_.as<float>(), w + o_.w_hh,
                    static_cast<const bf16*>(a.dy), static_cast<const bf16*>(a.dhT), static_cast<const bf16*>(a.dcT),
                    dg_.as<bf16>(), static_cast<bf16*>(a.dh0), static_cast<bf16*>(a.dc0)};
