@@ -17,6 +17,8 @@ namespace {
 
 // Below this much work (rows x classes x 8) the loop runs on one thread.
 constexpr std::int64_t kParallelGrain = 1 << 15;
+// bf16: up to this many classes a row's exponentials are kept between its two passes.
+constexpr std::int64_t kKeptClasses = 256;
 
 // The mean loss; dlogits written.
 template <DType D>
@@ -43,11 +45,18 @@ double loss_and_dlogits(const void* logits, const std::int32_t* y, void* dlogits
     } else {
       float mx = E::load(zr[0]);
       for (std::int64_t c = 1; c < C; ++c) mx = std::max(mx, E::load(zr[c]));
+      // The row's exponentials, kept where the row fits (the heads these are for), else computed again.
+      float e[kKeptClasses];
+      const bool keep = C <= kKeptClasses;
       float sum = 0.f;
-      for (std::int64_t c = 0; c < C; ++c) sum += std::exp(E::load(zr[c]) - mx);
+      for (std::int64_t c = 0; c < C; ++c) {
+        const float v = std::exp(E::load(zr[c]) - mx);
+        if (keep) e[c] = v;
+        sum += v;
+      }
       const float inv = 1.f / sum;
       for (std::int64_t c = 0; c < C; ++c)
-        dr[c] = E::store(std::exp(E::load(zr[c]) - mx) * inv * inv_b - (c == y[r] ? inv_b : 0.f));
+        dr[c] = E::store((keep ? e[c] : std::exp(E::load(zr[c]) - mx)) * inv * inv_b - (c == y[r] ? inv_b : 0.f));
       total += static_cast<double>(std::log(sum) - (E::load(zr[y[r]]) - mx));
     }
   }

@@ -37,9 +37,12 @@ HOTOPS_VECTOR_INLINE void column_block(const void* x_v, const void* dy_v, void* 
   float acc[kCols] = {};
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < width; ++c) {
-      const float d = E::load(x[r * n + c]) > 0.f ? E::load((kInPlace ? dx : dy)[r * n + c]) : 0.f;
-      dx[r * n + c] = E::store(d);
-      acc[c] += d;
+      // dx is dy's element or zero, stored as it is: no rounding to do (a bf16 store's is most of
+      // the loop's instructions).
+      const T g = (kInPlace ? dx : dy)[r * n + c];  // read whatever x says: a select, not a branch
+      const T d = E::load(x[r * n + c]) > 0.f ? g : T{};
+      dx[r * n + c] = d;
+      acc[c] += E::load(d);
     }
   for (std::int64_t c = 0; c < width; ++c) db[c0 + c] = acc[c];
 }
