@@ -1,8 +1,8 @@
 // matmul on the CPU below kCpuLoopMacs multiply-adds: hand-written single-thread loops (a dense
 // layer of a tiny MLP), where a oneDNN primitive's fixed cost per call is most of the time. The
 // forward's rows are sums of rows of W (block_sums: blocks of the output in vector registers), the
-// weight gradient's K rows independent sums over the batch, the data gradient dot products over
-// contiguous rows; compiled per x86-64 level (HOTOPS_CPU_CLONES); f32 math on the stored values
+// weight gradient's K rows independent sums over the batch, the data gradient the forward's sums
+// over W^T; compiled per x86-64 level (HOTOPS_CPU_CLONES); f32 math on the stored values
 // (bf16 widened exactly as it is loaded, or once into f32 scratch where it is read many times: the
 // forward's rows of a, the gradients' rows of dz, bwd_data's W), f32 accumulation, one rounding into
 // the output.
@@ -151,10 +151,11 @@ HOTOPS_VECTOR_INLINE void forward_f32a(const float* a, const T* W, const T* bias
 // The forward on the stored operands: bf16 rows of a widened (exact) kChunkRows at a time into
 // `wide` (kChunkRows x K floats), so that each of a's elements is widened once instead of at each of
 // its broadcasts (a block of 16 columns broadcasts it, and each element of a is in N / 16 blocks);
-// f32 as it is. The same sums in the same order either way.
+// f32 as it is. The same sums in the same order either way. W and bias in TW (T, or f32 where the
+// caller has widened them).
 constexpr std::int64_t kChunkRows = 64;
-template <class T, class O>
-HOTOPS_VECTOR_INLINE void forward(const T* a, const T* W, const T* bias, O* y, std::int64_t M, std::int64_t K, std::int64_t N,
+template <class T, class O, class TW = T>
+HOTOPS_VECTOR_INLINE void forward(const T* a, const TW* W, const TW* bias, O* y, std::int64_t M, std::int64_t K, std::int64_t N,
                                   float alpha, float beta, bool relu, float* acc, float* wide) {
   if constexpr (std::is_same_v<T, float>) {
     forward_f32a(a, W, bias, y, M, K, N, alpha, beta, relu, acc);
@@ -221,27 +222,34 @@ HOTOPS_VECTOR_INLINE void weight_grad(const T* a, const T* dz, O* dW, std::int64
     for (std::int64_t j = 0; j < K * N; ++j) dW[j] = store<O>(sum[j]);
 }
 
-// da[M, K] = alpha * dz[M, N] . W[K, N]^T: a dot product per element over rows of dz and W (both
-// contiguous), summed in kLanes interleaved partial sums so that the loop vectorises (a single serial
-// f32 sum would not), then those sums in order, then the tail. `wide`: K x N floats (bf16 W), then N
-// (a bf16 row of dz).
+// da[M, K] = alpha * dz[M, N] . W[K, N]^T. Where da has a whole block of 16 columns, or the sums are
+// short, the forward's sums (blocks of rows and columns in registers) over W^T, transposed and
+// widened once into `wt` (N x K floats), dz's bf16 rows widened in `wide` and a bf16 row summed in
+// `acc` as the forward has them: a dot product per element ends in a horizontal sum, which took
+// mlp_tiny's backward GEMMs at batch 64 to 15 us of its 22 us CPU train step. Otherwise (fewer than
+// 16 columns, as many terms as a lane group or more) a dot product per element over rows of dz and
+// W^T (both contiguous), summed in kLanes interleaved partial sums so that it vectorises, then those
+// sums in order, then the tail: the forward would sum those columns one at a time.
 constexpr std::int64_t kLanes = 8;
 template <class T, class O>
 HOTOPS_VECTOR_INLINE void data_grad(const T* dz, const T* W, O* da, std::int64_t M, std::int64_t K, std::int64_t N, float alpha,
-               float* wide) {
+                                    float* wt, float* acc, float* wide) {
+  if (K >= kBlockCols || N < kLanes) {
+    for (std::int64_t i = 0; i < K; ++i)
+      for (std::int64_t o = 0; o < N; ++o) wt[o * K + i] = load(W[i * N + o]);
+    return forward<T, O, float>(dz, wt, nullptr, da, M, N, K, alpha, 0.f, false, acc, wide);
+  }
   const std::int64_t body = N / kLanes * kLanes;
-  const float* Wf = widened(W, K * N, wide);
+  const float* Wf = widened(W, K * N, wt);
   for (std::int64_t r = 0; r < M; ++r) {
-    const float* dzr = widened(dz + r * N, N, wide + K * N);
+    const float* dzr = widened(dz + r * N, N, wide);
     for (std::int64_t i = 0; i < K; ++i) {
       const float* Wi = Wf + i * N;
+      float lane[kLanes] = {};
+      for (std::int64_t o = 0; o < body; o += kLanes)
+        for (std::int64_t j = 0; j < kLanes; ++j) lane[j] += dzr[o + j] * Wi[o + j];
       float s = 0.f;
-      if (body > 0) {  // (a narrow N, such as a 2-class head's, is the tail alone)
-        float lane[kLanes] = {};
-        for (std::int64_t o = 0; o < body; o += kLanes)
-          for (std::int64_t j = 0; j < kLanes; ++j) lane[j] += dzr[o + j] * Wi[o + j];
-        for (std::int64_t j = 0; j < kLanes; ++j) s += lane[j];
-      }
+      for (std::int64_t j = 0; j < kLanes; ++j) s += lane[j];
       for (std::int64_t o = body; o < N; ++o) s += dzr[o] * Wi[o];
       da[r * K + i] = store<O>(alpha * s);
     }
@@ -259,8 +267,8 @@ HOTOPS_VECTOR_INLINE void data_grad(const T* dz, const T* W, O* da, std::int64_t
     weight_grad<T, O>(a, dz, dW, M, K, N, alpha, acc, wide);                                                        \
   }                                                                                                                  \
   HOTOPS_CPU_CLONES void data_grad_loop(const T* dz, const T* W, O* da, std::int64_t M, std::int64_t K,             \
-                                        std::int64_t N, float alpha, float* wide) {                                  \
-    data_grad<T, O>(dz, W, da, M, K, N, alpha, wide);                                                               \
+                                        std::int64_t N, float alpha, float* wt, float* acc, float* wide) {           \
+    data_grad<T, O>(dz, W, da, M, K, N, alpha, wt, acc, wide);                                                      \
   }
 HOTOPS_MATMUL_LOOPS(float, float)
 HOTOPS_MATMUL_LOOPS(bf16, bf16)
@@ -275,14 +283,18 @@ class CpuLoopMatmul final : public Plan {
     HOTOPS_CHECK(cpu_runs_loops(s), "matmul: the hand-written CPU loops take mm and addmm below kCpuLoopMacs, packed");
     product(s);  // checks the shape
     if (s.dir == Direction::fwd && !std::is_same_v<O, float>) acc_.resize(static_cast<std::size_t>(s.N));
+    if (s.dir == Direction::bwd_data) {  // W^T in f32, and (bf16 output) a row of da in f32
+      wt_.resize(static_cast<std::size_t>(s.K * s.N));
+      if (!std::is_same_v<O, float>) acc_.resize(static_cast<std::size_t>(s.K));
+    }
     if (s.dir == Direction::bwd_weight && (!std::is_same_v<O, float> || s.N < kBlockCols))
       acc_.resize(static_cast<std::size_t>(s.K * s.N));
     // bf16: the operands read many times, as f32 (fwd: kChunkRows rows of a; bwd_weight: a row of
-    // dz; bwd_data: W and a row of dz)
+    // dz; bwd_data: kChunkRows rows of dz)
     if (!std::is_same_v<T, float>) {
       const std::int64_t wide = s.dir == Direction::fwd           ? std::min(kChunkRows, s.M) * s.K
                                 : s.dir == Direction::bwd_weight ? s.N
-                                                                 : (s.K + 1) * s.N;
+                                                                 : std::min(kChunkRows, s.M) * s.N;
       wide_.resize(static_cast<std::size_t>(wide));
     }
     if (has_dbias()) dbias_acc_.resize(static_cast<std::size_t>(s.N));
@@ -296,7 +308,7 @@ class CpuLoopMatmul final : public Plan {
                      beta_, s_.relu, acc_.data(), wide_.data());
         break;
       case Direction::bwd_data:
-        data_grad_loop(in(t.dout), in(t.b), static_cast<O*>(t.out), M, K, N, alpha_, wide_.data());
+        data_grad_loop(in(t.dout), in(t.b), static_cast<O*>(t.out), M, K, N, alpha_, wt_.data(), acc_.data(), wide_.data());
         break;
       default:
         weight_grad_loop(in(t.a), in(t.dout), static_cast<O*>(t.out), M, K, N, alpha_, acc_.data(), wide_.data());
@@ -327,6 +339,7 @@ class CpuLoopMatmul final : public Plan {
   std::vector<float> acc_;        // bf16 output: fwd a row, bwd_weight dW, in f32; a narrow bwd_weight's dW transposed
   std::vector<float> dbias_acc_;  // addmm bwd_weight: dbias in f32
   std::vector<float> wide_;       // bf16: the operands read many times, widened
+  std::vector<float> wt_;         // bwd_data: W^T in f32
 };
 
 }  // namespace
