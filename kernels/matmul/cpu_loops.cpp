@@ -1,8 +1,7 @@
 // matmul on the CPU below kCpuLoopMacs multiply-adds: hand-written single-thread loops (a dense
 // layer of a tiny MLP), where a oneDNN primitive's fixed cost per call is most of the time. The
 // forward's rows are sums of rows of W (block_sums: blocks of the output in vector registers), the
-// weight gradient's K rows independent sums over the batch, the data gradient the forward's sums
-// over W^T; compiled per x86-64 level (HOTOPS_CPU_CLONES); f32 math on the stored values
+// weight gradient the same blocks over a^T and dz, the data gradient the forward's sums over W^T; compiled per x86-64 level (HOTOPS_CPU_CLONES); f32 math on the stored values
 // (bf16 widened exactly as it is loaded, or once into f32 scratch where it is read many times: the
 // forward's rows of a, the gradients' rows of dz, bwd_data's W), f32 accumulation, one rounding into
 // the output.
@@ -193,9 +192,12 @@ HOTOPS_VECTOR_INLINE void narrow_weight_sums(const T* a, const T* dz, float* sum
   for (; r < M; ++r) rows(r, std::integral_constant<std::int64_t, 1>{});
 }
 
-// dW[K, N] = alpha * a[M, K]^T . dz[M, N], accumulated in `acc` (K x N floats: dW itself where it
-// is f32): its K rows are independent sums, so that the loop is not bound by one chain of adds. A
-// narrow N's in narrow_weight_sums, transposed in `acc`.
+// dW[K, N] = alpha * a[M, K]^T . dz[M, N]. The whole blocks of 16 columns: the forward's register
+// blocks (block_sums) with dW's rows 4 at a time, each sum over the batch in row order, dz's rows the
+// blocks' B: a row's sums in memory, loaded and stored again for every row of the batch, had been
+// the loop's bound. The columns past the last whole block: accumulated in memory in `acc` (K x N
+// floats: dW itself where it is f32), K independent sums; a narrow N's (fewer than 16 columns) in
+// narrow_weight_sums, transposed in `acc`. Each element's products in row order: the same sums.
 template <class T, class O>
 HOTOPS_VECTOR_INLINE void weight_grad(const T* a, const T* dz, O* dW, std::int64_t M, std::int64_t K, std::int64_t N, float alpha,
                                       float* acc, float* wide) {
@@ -205,21 +207,29 @@ HOTOPS_VECTOR_INLINE void weight_grad(const T* a, const T* dz, O* dW, std::int64
       for (std::int64_t o = 0; o < N; ++o) dW[i * N + o] = store<O>(acc[o * K + i]);
     return;
   }
+  const auto a_of = [&](std::int64_t i, std::int64_t r) HOTOPS_LAMBDA_INLINE { return alpha * load(a[r * K + i]); };
+  const auto zero = [](std::int64_t) HOTOPS_LAMBDA_INLINE { return 0.f; };
+  const auto put = [&](std::int64_t i, std::int64_t o, float v) HOTOPS_LAMBDA_INLINE { dW[i * N + o] = store<O>(v); };
+  const std::int64_t R4 = K / kBlockRows * kBlockRows, C16 = N / kBlockCols * kBlockCols;
+  block_sums(0, R4, N, M, a_of, dz, N, zero, put);
+  block_sums<1>(R4, K, N, M, a_of, dz, N, zero, put);
+  if (C16 == N) return;
   float* sum;
   if constexpr (std::is_same_v<O, float>) sum = dW;
   else sum = acc;
-  std::fill_n(sum, K * N, 0.f);
+  for (std::int64_t i = 0; i < K; ++i) std::fill(sum + i * N + C16, sum + (i + 1) * N, 0.f);
   for (std::int64_t r = 0; r < M; ++r) {
-    // bf16: the row of dz widened once (`wide`: N floats), not once for each of the K rows of dW.
+    // bf16: the row's columns widened once (`wide`: N floats), not once for each of the K rows of dW.
     const float* dzr = widened(dz + r * N, N, wide);
     for (std::int64_t i = 0; i < K; ++i) {
       const float ai = alpha * load(a[r * K + i]);
       float* si = sum + i * N;
-      for (std::int64_t o = 0; o < N; ++o) si[o] += ai * dzr[o];
+      for (std::int64_t o = C16; o < N; ++o) si[o] += ai * dzr[o];
     }
   }
   if constexpr (!std::is_same_v<O, float>)
-    for (std::int64_t j = 0; j < K * N; ++j) dW[j] = store<O>(sum[j]);
+    for (std::int64_t i = 0; i < K; ++i)
+      for (std::int64_t o = C16; o < N; ++o) dW[i * N + o] = store<O>(sum[i * N + o]);
 }
 
 // da[M, K] = alpha * dz[M, N] . W[K, N]^T. Where da has a whole block of 16 columns, or the sums are
