@@ -1,7 +1,8 @@
 // scale_residual on the CPU, hand-written. fwd: y = x + gamma z, OpenMP over rows. bwd: dz = gamma dy
 // with dgamma and dbias summed per 256-row chunk into the plan's partial sums (OpenMP over chunks),
 // then each column's chunks added in chunk order: the sums are the same on any number of threads.
-// One thread below a grain of work, where forking costs more than it saves.
+// One thread below a grain of work, where forking costs more than it saves. The row loops but f32's
+// forward are compiled per x86-64 level.
 #include <omp.h>
 
 #include <algorithm>
@@ -18,28 +19,74 @@ namespace {
 constexpr std::int64_t kParallelGrain = 1 << 15;  // elements
 constexpr std::int64_t kChunkRows = 256;
 
+// The rows [r0, r1) of y = x + gamma z.
 template <DType D>
-void forward(const Shape& s, const Args& a) {
+HOTOPS_VECTOR_INLINE void forward_rows(const void* xv, const void* zv, const float* g, void* yv, std::int64_t r0,
+                                       std::int64_t r1, std::int64_t n) {
   using E = vec::Elem<D>;
   using T = typename E::T;
-  const T* x = static_cast<const T*>(a.x);
-  const T* z = static_cast<const T*>(a.z);
-  T* y = static_cast<T*>(a.out);
-  const float* g = a.gamma;
-  const std::int64_t n = s.cols, rows = s.rows;
-#pragma omp parallel for num_threads(s.count() >= kParallelGrain ? cpu::threads() : 1) schedule(static)
-  for (std::int64_t r = 0; r < rows; ++r)
+  const T* x = static_cast<const T*>(xv);
+  const T* z = static_cast<const T*>(zv);
+  T* y = static_cast<T*>(yv);
+  for (std::int64_t r = r0; r < r1; ++r)
     for (std::int64_t c = 0; c < n; ++c) y[r * n + c] = E::store(E::load(x[r * n + c]) + g[c] * E::load(z[r * n + c]));
 }
 
-template <DType D>
-void backward(const Shape& s, const Args& a, float* partial) {
+// The rows [r0, r1) of dz = gamma dy, their dgamma and dbias terms added into pg and pb (a chunk's
+// partial sums). kInPlace: dy is dz, read and written through one pointer, so that the compiler sees
+// the loop's only overlap as one it checks for at run time and still vectorises.
+template <DType D, bool kInPlace>
+HOTOPS_VECTOR_INLINE void backward_rows(const void* zv, const void* dyv, const float* g, void* dzv, float* pg, float* pb,
+                                        std::int64_t r0, std::int64_t r1, std::int64_t n) {
   using E = vec::Elem<D>;
   using T = typename E::T;
-  const T* z = static_cast<const T*>(a.z);
-  const T* dy = static_cast<const T*>(a.dy);
-  T* dz = static_cast<T*>(a.out);  // may be dy: each element read before it is written
-  const float* g = a.gamma;
+  const T* z = static_cast<const T*>(zv);
+  const T* dy = static_cast<const T*>(dyv);
+  T* dz = static_cast<T*>(dzv);
+  for (std::int64_t r = r0; r < r1; ++r)
+    for (std::int64_t c = 0; c < n; ++c) {
+      const float d = E::load((kInPlace ? dz : dy)[r * n + c]);
+      const T stored = E::store(g[c] * d);
+      pg[c] += d * E::load(z[r * n + c]);
+      pb[c] += E::load(stored);
+      dz[r * n + c] = stored;
+    }
+}
+
+// The loops compiled per x86-64 level (HOTOPS_CPU_CLONES): in the baseline build bf16's conversions
+// ran an element at a time (the bf16 forward took 2.5 times the f32 one's time at convnext.s1).
+// f32's forward stays the baseline build's loop: its clones measured 1.08-1.37 times its time.
+HOTOPS_CPU_CLONES void forward_bf16(const void* x, const void* z, const float* g, void* y, std::int64_t r0, std::int64_t r1,
+                                    std::int64_t n) {
+  forward_rows<DType::bf16>(x, z, g, y, r0, r1, n);
+}
+#define HOTOPS_SCALE_RESIDUAL_BACKWARD(NAME, D)                                                                       \
+  HOTOPS_CPU_CLONES void backward_##NAME(const void* z, const void* dy, const float* g, void* dz, float* pg, float* pb, \
+                                         std::int64_t r0, std::int64_t r1, std::int64_t n) {                         \
+    backward_rows<DType::D, false>(z, dy, g, dz, pg, pb, r0, r1, n);                                                 \
+  }                                                                                                                   \
+  HOTOPS_CPU_CLONES void backward_in_place_##NAME(const void* z, const void* dy, const float* g, void* dz, float* pg,  \
+                                                  float* pb, std::int64_t r0, std::int64_t r1, std::int64_t n) {      \
+    backward_rows<DType::D, true>(z, dy, g, dz, pg, pb, r0, r1, n);                                                  \
+  }
+HOTOPS_SCALE_RESIDUAL_BACKWARD(f32, f32)
+HOTOPS_SCALE_RESIDUAL_BACKWARD(bf16, bf16)
+#undef HOTOPS_SCALE_RESIDUAL_BACKWARD
+
+using ForwardFn = void (*)(const void*, const void*, const float*, void*, std::int64_t, std::int64_t, std::int64_t);
+using BackwardFn = void (*)(const void*, const void*, const float*, void*, float*, float*, std::int64_t, std::int64_t,
+                            std::int64_t);
+
+void forward(ForwardFn rows_of, const Shape& s, const Args& a) {
+  const std::int64_t n = s.cols, rows = s.rows;
+#pragma omp parallel num_threads(s.count() >= kParallelGrain ? cpu::threads() : 1)
+  {
+    const std::int64_t k = omp_get_thread_num(), team = omp_get_num_threads();
+    rows_of(a.x, a.z, a.gamma, a.out, rows * k / team, rows * (k + 1) / team, n);
+  }
+}
+
+void backward(BackwardFn rows_of, const Shape& s, const Args& a, float* partial) {
   const std::int64_t n = s.cols, rows = s.rows, chunks = (rows + kChunkRows - 1) / kChunkRows;
   const int team = s.count() >= kParallelGrain ? cpu::threads() : 1;
 #pragma omp parallel for num_threads(team) schedule(static)
@@ -47,14 +94,7 @@ void backward(const Shape& s, const Args& a, float* partial) {
     float* pg = partial + k * 2 * n;  // dgamma | dbias of chunk k
     float* pb = pg + n;
     std::fill_n(pg, 2 * n, 0.f);
-    for (std::int64_t r = k * kChunkRows; r < std::min(rows, (k + 1) * kChunkRows); ++r)
-      for (std::int64_t c = 0; c < n; ++c) {
-        const float d = E::load(dy[r * n + c]);
-        const T stored = E::store(g[c] * d);
-        pg[c] += d * E::load(z[r * n + c]);
-        pb[c] += E::load(stored);
-        dz[r * n + c] = stored;
-      }
+    rows_of(a.z, a.dy, a.gamma, a.out, pg, pb, k * kChunkRows, std::min(rows, (k + 1) * kChunkRows), n);
   }
 #pragma omp parallel for num_threads(team) schedule(static)
   for (std::int64_t c = 0; c < 2 * n; ++c) {
@@ -73,14 +113,18 @@ class CpuScaleResidual final : public Plan {
 
   void run(const Args& a) override {
     const bool bf16 = s_.dtype == DType::bf16;
-    if (s_.dir == Direction::fwd) return bf16 ? forward<DType::bf16>(s_, a) : forward<DType::f32>(s_, a);
-    bf16 ? backward<DType::bf16>(s_, a, partial_.data()) : backward<DType::f32>(s_, a, partial_.data());
+    if (s_.dir == Direction::fwd) return forward(bf16 ? forward_bf16 : forward_rows<DType::f32>, s_, a);
+    const bool in_place = a.out == a.dy;
+    const BackwardFn rows_of = bf16 ? (in_place ? backward_in_place_bf16 : backward_bf16)
+                                    : (in_place ? backward_in_place_f32 : backward_f32);
+    backward(rows_of, s_, a, partial_.data());
   }
 
   std::string label() const override {
-    return cpu::with_threads(s_.dir == Direction::fwd ? "hotops scale_residual loop (OpenMP over rows)"
-                                                      : "hotops scale_residual bwd loop (OpenMP over 256-row chunks, "
-                                                        "f32 partial sums added in chunk order)");
+    return cpu::with_threads(std::string(s_.dir == Direction::fwd ? "hotops scale_residual loop (OpenMP over rows), "
+                                                                  : "hotops scale_residual bwd loop (OpenMP over 256-row "
+                                                                    "chunks, f32 partial sums added in chunk order), ") +
+                             vec::clone_name());
   }
 
  private:
