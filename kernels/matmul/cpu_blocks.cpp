@@ -1,10 +1,11 @@
 // matmul with A in blocks (Shape::a_blocks) on the CPU: hotops' loops for a small dense head (N at
 // most kBlocksMaxN, a few thousand multiply-adds at a model's batch, where a oneDNN call's fixed cost
 // would be most of the time), f32 sums, each output rounded once to its dtype:
-//   fwd        out[m, n] = alpha sum_k A(m, k) B[k, n] + beta bias[n]: a row of N sums per m
+//   fwd        out[m, n] = alpha sum_k A(m, k) B[k, n] + beta bias[n]: a dot product per element
 //   bwd_data   dA(m, k)  = alpha sum_n dOut[m, n] B[k, n], written in A's blocks
 //   bwd_weight dB[k, n]  = alpha sum_m A(m, k) dOut[m, n], m ascending (addmm: dbias[n] = beta sum_m dOut[m, n])
-// OpenMP over rows (fwd, bwd_data) or over k (bwd_weight) above a grain of work, else one thread.
+// OpenMP over rows (fwd, bwd_data) or over dB's columns (bwd_weight) above a grain of work, else one
+// thread; the loops compiled per x86-64 level.
 #include <omp.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "hotops/cpu.h"
+#include "hotops/cpu_vector.h"
 #include "kernels/matmul/matmul.h"
 
 namespace hotops::matmul {
@@ -19,18 +21,111 @@ namespace {
 
 constexpr std::int64_t kParallelGrain = 1 << 16;  // multiply-adds
 
-template <class T> float ld(const T* p, std::int64_t i);
-template <> float ld<float>(const float* p, std::int64_t i) { return p[i]; }
-template <> float ld<std::uint16_t>(const std::uint16_t* p, std::int64_t i) { return bf16_to_float(p[i]); }
-template <class T> T narrow(float v);
-template <> float narrow<float>(float v) { return v; }
-template <> std::uint16_t narrow<std::uint16_t>(float v) { return float_to_bf16(v); }
+using vec::load;
+using vec::store;
+
+// A is a_blocks row-major [M, kb] matrices one after another: A(m, k) is block k / kb's row m, column
+// k % kb. The loops walk a block's row as one contiguous run of kb, so that they vectorise over it.
+
+// fwd, the rows [m0, m1): out[m, n] a dot product of A's row (its blocks' rows, contiguous) with
+// BT's row n (B transposed, f32: N x K, made once a call), summed in kLanes interleaved partial sums
+// so that it vectorises, then those sums in order, then each block's tail: a sum over k in order
+// would be one chain of dependent adds.
+constexpr std::int64_t kLanes = 8;
+template <class T, class TO>
+HOTOPS_VECTOR_INLINE void forward_rows(const T* A, const float* BT, const T* bias, TO* out, std::int64_t m0, std::int64_t m1,
+                                       std::int64_t M, std::int64_t N, std::int64_t K, std::int64_t kb, std::int64_t blocks,
+                                       float alpha, float beta) {
+  const std::int64_t body = kb / kLanes * kLanes;
+  for (std::int64_t m = m0; m < m1; ++m)
+    for (std::int64_t n = 0; n < N; ++n) {
+      float lane[kLanes] = {};
+      float tail = 0.f;
+      for (std::int64_t b = 0; b < blocks; ++b) {
+        const T* a = A + (b * M + m) * kb;
+        const float* bt = BT + n * K + b * kb;
+        for (std::int64_t j = 0; j < body; j += kLanes)
+          for (std::int64_t l = 0; l < kLanes; ++l) lane[l] += load(a[j + l]) * bt[j + l];
+        for (std::int64_t j = body; j < kb; ++j) tail += load(a[j]) * bt[j];
+      }
+      float sum = 0.f;
+      for (std::int64_t l = 0; l < kLanes; ++l) sum += lane[l];
+      out[m * N + n] = store<TO>(alpha * (sum + tail) + (bias ? beta * load(bias[n]) : 0.f));
+    }
+}
+
+// bwd_data, the rows [m0, m1): dA(m, k) = alpha sum_n dOut[m, n] BT[n, k], a block's row summed over
+// n in order in a run of kRun floats at a time, each term a vector over the run.
+constexpr std::int64_t kRun = 64;
+template <class T, class TO>
+HOTOPS_VECTOR_INLINE void data_rows(const T* dout, const float* BT, TO* dA, std::int64_t m0, std::int64_t m1, std::int64_t M,
+                                    std::int64_t N, std::int64_t K, std::int64_t kb, std::int64_t blocks, float alpha) {
+  for (std::int64_t m = m0; m < m1; ++m) {
+    float d[kBlocksMaxN];
+    for (std::int64_t n = 0; n < N; ++n) d[n] = load(dout[m * N + n]);
+    for (std::int64_t b = 0; b < blocks; ++b)
+      for (std::int64_t j0 = 0; j0 < kb; j0 += kRun) {
+        const std::int64_t len = std::min(kRun, kb - j0);
+        float acc[kRun] = {};
+        for (std::int64_t n = 0; n < N; ++n) {
+          const float* bt = BT + n * K + b * kb + j0;
+          for (std::int64_t j = 0; j < len; ++j) acc[j] += d[n] * bt[j];
+        }
+        TO* row = dA + (b * M + m) * kb + j0;
+        for (std::int64_t j = 0; j < len; ++j) row[j] = store<TO>(alpha * acc[j]);
+      }
+  }
+}
+
+// bwd_weight, the columns [n0, n1) of dB: sums kept transposed in accT (N x K floats), a column of dB
+// contiguous along k, each sum over m in order; then dB[k, n] = alpha accT[n, k].
+template <class T, class TO>
+HOTOPS_VECTOR_INLINE void weight_cols(const T* A, const T* dout, TO* dB, float* accT, std::int64_t n0, std::int64_t n1,
+                                      std::int64_t M, std::int64_t N, std::int64_t K, std::int64_t kb, std::int64_t blocks,
+                                      float alpha) {
+  for (std::int64_t n = n0; n < n1; ++n) {
+    float* acc = accT + n * K;
+    std::fill_n(acc, K, 0.f);
+    for (std::int64_t m = 0; m < M; ++m) {
+      const float d = load(dout[m * N + n]);
+      for (std::int64_t b = 0; b < blocks; ++b) {
+        const T* a = A + (b * M + m) * kb;
+        float* ab = acc + b * kb;
+        for (std::int64_t j = 0; j < kb; ++j) ab[j] += load(a[j]) * d;
+      }
+    }
+    for (std::int64_t k = 0; k < K; ++k) dB[k * N + n] = store<TO>(alpha * acc[k]);
+  }
+}
+
+// The loops of each (operands, output) storage pair, compiled per x86-64 level (bf16's conversions
+// want AVX2 or AVX-512 to vectorise).
+#define HOTOPS_BLOCKS_LOOPS(T, TO)                                                                                      \
+  HOTOPS_CPU_CLONES void forward_loop(const T* A, const float* BT, const T* bias, TO* out, std::int64_t m0,            \
+                                      std::int64_t m1, std::int64_t M, std::int64_t N, std::int64_t K, std::int64_t kb,  \
+                                      std::int64_t blocks, float alpha, float beta) {                                   \
+    forward_rows(A, BT, bias, out, m0, m1, M, N, K, kb, blocks, alpha, beta);                                           \
+  }                                                                                                                     \
+  HOTOPS_CPU_CLONES void data_loop(const T* dout, const float* BT, TO* dA, std::int64_t m0, std::int64_t m1,            \
+                                   std::int64_t M, std::int64_t N, std::int64_t K, std::int64_t kb, std::int64_t blocks, \
+                                   float alpha) {                                                                       \
+    data_rows(dout, BT, dA, m0, m1, M, N, K, kb, blocks, alpha);                                                        \
+  }                                                                                                                     \
+  HOTOPS_CPU_CLONES void weight_loop(const T* A, const T* dout, TO* dB, float* accT, std::int64_t n0, std::int64_t n1,  \
+                                     std::int64_t M, std::int64_t N, std::int64_t K, std::int64_t kb, std::int64_t blocks, \
+                                     float alpha) {                                                                     \
+    weight_cols(A, dout, dB, accT, n0, n1, M, N, K, kb, blocks, alpha);                                                 \
+  }
+HOTOPS_BLOCKS_LOOPS(float, float)
+HOTOPS_BLOCKS_LOOPS(std::uint16_t, std::uint16_t)
+HOTOPS_BLOCKS_LOOPS(std::uint16_t, float)
+#undef HOTOPS_BLOCKS_LOOPS
 
 class CpuBlocks final : public Plan {
  public:
   explicit CpuBlocks(const Shape& s) : s_(s) {
     product(s);  // checks the shape
-    if (s_.dir == Direction::bwd_weight) acc_.resize(static_cast<std::size_t>(s_.K * s_.N));
+    scratch_.resize(static_cast<std::size_t>(s_.K * s_.N));  // BT, or dB's sums transposed
   }
 
   void run(const Args& a) override {
@@ -42,7 +137,8 @@ class CpuBlocks final : public Plan {
 
   std::string label() const override {
     return "hotops " + std::to_string(s_.a_blocks) + "-block small dense loop (f32 sums, one rounding" +
-           std::string(s_.f32_out ? ", f32 output" : "") + "), " + std::to_string(team()) + " threads";
+           std::string(s_.f32_out ? ", f32 output" : "") + "), " + vec::clone_name() + ", " + std::to_string(team()) +
+           " threads";
   }
 
  private:
@@ -50,68 +146,63 @@ class CpuBlocks final : public Plan {
 
   template <class T, class TO>
   void run_as(const Args& a) {
-    const std::int64_t M = s_.M, N = s_.N, K = s_.K, kb = K / s_.a_blocks;
+    const std::int64_t M = s_.M, N = s_.N, K = s_.K, blocks = s_.a_blocks, kb = K / blocks;
     const auto alpha = static_cast<float>(s_.alpha), beta = static_cast<float>(s_.beta);
-    const auto at = [&](std::int64_t m, std::int64_t k) { return (k / kb * M + m) * kb + k % kb; };
+    // Each thread of the team a contiguous share of [0, count): rows (fwd, bwd_data) or dB's columns.
+    const auto split = [&](std::int64_t count, auto body) {
+#pragma omp parallel num_threads(team())
+      {
+        const std::int64_t k = omp_get_thread_num(), n = omp_get_num_threads();
+        body(count * k / n, count * (k + 1) / n);
+      }
+    };
     switch (s_.dir) {
       case Direction::fwd: {
         const T* A = static_cast<const T*>(a.a);
-        const T* B = static_cast<const T*>(a.b);
+        const float* BT = transposed(static_cast<const T*>(a.b));
         const T* bias = s_.op == Op::addmm ? static_cast<const T*>(a.bias) : nullptr;
         TO* out = static_cast<TO*>(a.out);
-#pragma omp parallel for num_threads(team()) schedule(static)
-        for (std::int64_t m = 0; m < M; ++m) {
-          float acc[kBlocksMaxN] = {};
-          for (std::int64_t k = 0; k < K; ++k) {
-            const float x = ld(A, at(m, k));
-            for (std::int64_t n = 0; n < N; ++n) acc[n] += x * ld(B, k * N + n);
-          }
-          for (std::int64_t n = 0; n < N; ++n) out[m * N + n] = narrow<TO>(alpha * acc[n] + (bias ? beta * ld(bias, n) : 0.f));
-        }
+        split(M, [&](std::int64_t m0, std::int64_t m1) {
+          forward_loop(A, BT, bias, out, m0, m1, M, N, K, kb, blocks, alpha, beta);
+        });
         break;
       }
       case Direction::bwd_data: {
+        const float* BT = transposed(static_cast<const T*>(a.b));
         const T* dout = static_cast<const T*>(a.dout);
-        const T* B = static_cast<const T*>(a.b);
         TO* dA = static_cast<TO*>(a.out);
-#pragma omp parallel for num_threads(team()) schedule(static)
-        for (std::int64_t m = 0; m < M; ++m)
-          for (std::int64_t k = 0; k < K; ++k) {
-            float acc = 0.f;
-            for (std::int64_t n = 0; n < N; ++n) acc += ld(dout, m * N + n) * ld(B, k * N + n);
-            dA[at(m, k)] = narrow<TO>(alpha * acc);
-          }
+        split(M, [&](std::int64_t m0, std::int64_t m1) { data_loop(dout, BT, dA, m0, m1, M, N, K, kb, blocks, alpha); });
         break;
       }
       default: {
         const T* A = static_cast<const T*>(a.a);
         const T* dout = static_cast<const T*>(a.dout);
         TO* dB = static_cast<TO*>(a.out);
-        float* acc = acc_.data();
-#pragma omp parallel for num_threads(team()) schedule(static)
-        for (std::int64_t k = 0; k < K; ++k) {
-          float* row = acc + k * N;
-          std::fill_n(row, N, 0.f);
-          for (std::int64_t m = 0; m < M; ++m) {
-            const float x = ld(A, at(m, k));
-            for (std::int64_t n = 0; n < N; ++n) row[n] += x * ld(dout, m * N + n);
-          }
-          for (std::int64_t n = 0; n < N; ++n) dB[k * N + n] = narrow<TO>(alpha * row[n]);
-        }
+        float* accT = scratch_.data();
+        split(N, [&](std::int64_t n0, std::int64_t n1) { weight_loop(A, dout, dB, accT, n0, n1, M, N, K, kb, blocks, alpha); });
         if (s_.op == Op::addmm) {
           T* db = static_cast<T*>(a.dbias);
           for (std::int64_t n = 0; n < N; ++n) {
             float sum = 0.f;
-            for (std::int64_t m = 0; m < M; ++m) sum += ld(dout, m * N + n);
-            db[n] = narrow<T>(beta * sum);
+            for (std::int64_t m = 0; m < M; ++m) sum += load(dout[m * N + n]);
+            db[n] = store<T>(beta * sum);
           }
         }
       }
     }
   }
 
+  // B [K, N] transposed into the scratch, in f32 (N x K): a column of B contiguous.
+  template <class T>
+  const float* transposed(const T* B) {
+    float* BT = scratch_.data();
+    for (std::int64_t k = 0; k < s_.K; ++k)
+      for (std::int64_t n = 0; n < s_.N; ++n) BT[n * s_.K + k] = load(B[k * s_.N + n]);
+    return BT;
+  }
+
   Shape s_;
-  std::vector<float> acc_;  // bwd_weight: dB's f32 sums
+  std::vector<float> scratch_;  // fwd, bwd_data: B transposed (N x K); bwd_weight: dB's sums transposed
 };
 
 }  // namespace
