@@ -1,7 +1,10 @@
 // The CPU runtime: one oneDNN engine and stream for the process, the oneDNN steps every CPU case
 // shares (descriptors, reorders, the support probe, execution), and the thread count.
 #pragma once
+#include <omp.h>
+
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <initializer_list>
@@ -130,6 +133,17 @@ void set_threads(int n);
 int threads();
 // `label` + ", <threads()> threads": how a CPU case's label ends.
 std::string with_threads(const std::string& label);
+
+// body(begin, end) on each thread of an OpenMP team of `team` threads, thread k of n taking the
+// contiguous share [count k / n, count (k + 1) / n) of [0, count).
+template <class Body>
+void in_shares(int team, std::int64_t count, Body body) {
+#pragma omp parallel num_threads(team)
+  {
+    const std::int64_t k = omp_get_thread_num(), n = omp_get_num_threads();
+    body(count * k / n, count * (k + 1) / n);
+  }
+}
 
 // --hotops_cpu_ftz: on, the calling thread and every thread of the OpenMP pool flush subnormal
 // results to zero and read subnormal inputs as zero (x86's MXCSR FTZ and DAZ bits; threads the pool

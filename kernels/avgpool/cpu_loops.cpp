@@ -5,8 +5,6 @@
 // row's L values summed in f32 in 8 interleaved partial sums (a single chain of dependent adds
 // would bound the loop by the add's latency), those added in order, then the tail, y = sum / L stored
 // in the dtype; bwd: dy / L written over the row. Deterministic. Storage float, or bf16 as its bits.
-#include <omp.h>
-
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -70,13 +68,10 @@ class CpuAvgpoolLoops final : public Plan {
     const bool fwd = s_.dir == Direction::fwd;
     const T* in = static_cast<const T*>(fwd ? a.x : a.dy);
     T* out = static_cast<T*>(a.out);
-#pragma omp parallel num_threads(cpu::threads())
-    {
-      const int u = omp_get_thread_num(), team = omp_get_num_threads();
-      const std::int64_t begin = rows * u / team, end = rows * (u + 1) / team;
+    cpu::in_shares(cpu::threads(), rows, [&](std::int64_t begin, std::int64_t end) {
       if (fwd) means_loop(in + begin * L, out + begin, end - begin, L);
       else spread_loop(in + begin, out + begin * L, end - begin, L);
-    }
+    });
   }
 
   std::string label() const override {

@@ -6,8 +6,6 @@
 //   bwd_weight dB[k, n]  = alpha sum_m A(m, k) dOut[m, n], m ascending (addmm: dbias[n] = beta sum_m dOut[m, n])
 // OpenMP over rows (fwd, bwd_data) or over dB's columns (bwd_weight) above a grain of work, else one
 // thread; the loops compiled per x86-64 level.
-#include <omp.h>
-
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -149,13 +147,7 @@ class CpuBlocks final : public Plan {
     const std::int64_t M = s_.M, N = s_.N, K = s_.K, blocks = s_.a_blocks, kb = K / blocks;
     const auto alpha = static_cast<float>(s_.alpha), beta = static_cast<float>(s_.beta);
     // Each thread of the team a contiguous share of [0, count): rows (fwd, bwd_data) or dB's columns.
-    const auto split = [&](std::int64_t count, auto body) {
-#pragma omp parallel num_threads(team())
-      {
-        const std::int64_t k = omp_get_thread_num(), n = omp_get_num_threads();
-        body(count * k / n, count * (k + 1) / n);
-      }
-    };
+    const auto split = [&](std::int64_t count, auto body) { cpu::in_shares(team(), count, body); };
     switch (s_.dir) {
       case Direction::fwd: {
         const T* A = static_cast<const T*>(a.a);

@@ -78,12 +78,9 @@ using BackwardFn = void (*)(const void*, const void*, const float*, void*, float
                             std::int64_t);
 
 void forward(ForwardFn rows_of, const Shape& s, const Args& a) {
-  const std::int64_t n = s.cols, rows = s.rows;
-#pragma omp parallel num_threads(s.count() >= kParallelGrain ? cpu::threads() : 1)
-  {
-    const std::int64_t k = omp_get_thread_num(), team = omp_get_num_threads();
-    rows_of(a.x, a.z, a.gamma, a.out, rows * k / team, rows * (k + 1) / team, n);
-  }
+  cpu::in_shares(s.count() >= kParallelGrain ? cpu::threads() : 1, s.rows, [&](std::int64_t r0, std::int64_t r1) {
+    rows_of(a.x, a.z, a.gamma, a.out, r0, r1, s.cols);
+  });
 }
 
 void backward(BackwardFn rows_of, const Shape& s, const Args& a, float* partial) {
