@@ -142,10 +142,9 @@ ConvAlgo choose(const ConvCall& c, ConvMath math, ConvPick pick, const std::stri
   return retime ? fastest_retimed(c, std::move(usable), context) : usable.front();
 }
 
-// The problem a search answers, as text: the pass, the caller's rules, every descriptor's type,
-// dimensions and strides, the convolution's geometry, groups and math, and the operands' placement.
-// Empty where a descriptor cannot be read back: that search is then not shared.
-std::string search_key(const ConvCall& c, ConvMath math, ConvPick pick) {
+}  // namespace
+
+std::string conv_search_key(const ConvCall& c, ConvMath math, ConvPick pick) {
   std::string key = std::to_string(static_cast<int>(c.pass)) + "|" + std::to_string(static_cast<int>(math)) + "|" +
                     std::to_string(static_cast<int>(pick));
   const auto add = [&key](long long v) { key += "," + std::to_string(v); };
@@ -175,6 +174,8 @@ std::string search_key(const ConvCall& c, ConvMath math, ConvPick pick) {
     add(v);
   return key + "|" + placement_key({c.x, c.w, c.y, c.out});
 }
+
+namespace {
 
 ChoiceCache<ConvAlgo>& search_cache() {
   static ChoiceCache<ConvAlgo> cache("conv");
@@ -236,7 +237,7 @@ const char* conv_algo_name(Direction pass, int algo) {
 }
 
 ConvAlgo find_conv_algo(const ConvCall& c, ConvMath math, ConvPick pick, const std::string& context) {
-  const std::string key = search_key(c, math, pick);
+  const std::string key = conv_search_key(c, math, pick);
   ConvAlgo chosen;
   std::size_t free_b = 0, total_b = 0;
   bool from_file = false;

@@ -612,7 +612,9 @@ TEST(BenchSmoke, CudaRunsSharingAChoicesFileRunTheSameAlgorithms) {
   if (!has_gpu()) GTEST_SKIP() << "no GPU";
   const std::string file = temp_path("choices");
   std::remove(file.c_str());
-  const std::string args = "--benchmark_filter='^model[.]cnn_mnist/cuda/f32/train/batch:32/manual_time$' --hotops_verify=0 "
+  // f32 (NCHW: cuDNN's algorithms alone) and bf16 (NHWC: its first layer's forward may run hotops'
+  // direct kernel, a choice timed against cuDNN's and kept in the file too).
+  const std::string args = "--benchmark_filter='^model[.]cnn_mnist/cuda/(f32|bf16)/train/batch:32/manual_time$' --hotops_verify=0 "
                            "--hotops_choices=" + file;
   auto read = [](const std::string& path) {
     std::ifstream in(path);
@@ -624,11 +626,13 @@ TEST(BenchSmoke, CudaRunsSharingAChoicesFileRunTheSameAlgorithms) {
   const std::string written = read(file);
   EXPECT_NE(written.find("\nmachine\t"), std::string::npos) << written;
   EXPECT_NE(written.find("\nconv\t"), std::string::npos) << "the convolutions' searches: " << written;
+  EXPECT_NE(written.find("\ndirect\t"), std::string::npos) << "the direct kernel against cuDNN: " << written;
   const nlohmann::json second = run_json(args, r);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  ASSERT_EQ(first["benchmarks"].size(), 1u);
-  ASSERT_EQ(second["benchmarks"].size(), 1u);
-  EXPECT_EQ(first["benchmarks"][0].value("label", ""), second["benchmarks"][0].value("label", ""));
+  ASSERT_EQ(first["benchmarks"].size(), 2u);
+  ASSERT_EQ(second["benchmarks"].size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i)
+    EXPECT_EQ(first["benchmarks"][i].value("label", ""), second["benchmarks"][i].value("label", ""));
   EXPECT_EQ(read(file), written) << "the second process searched nothing";
   EXPECT_EQ(second["context"].value("hotops_choices", ""), file);
   std::ofstream(file) << "machine\tsome other GPU, driver 1.0, cuBLAS 1.0, cuDNN 1.0\n";

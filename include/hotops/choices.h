@@ -11,7 +11,8 @@
 // its choices were timed elsewhere.
 //
 // Format, one line each: "# ..." comments; "machine<TAB><what the choices depend on>", first; then
-// "<kind><TAB><key><TAB><the choice's bytes in hex>", kind "conv" or "gemm", key the search's own
+// "<kind><TAB><key><TAB><the choice's bytes in hex>", kind "conv", "gemm", "dbias" (addmm's bias
+// gradient: epilogue or column sums) or "direct" (conv2d's direct kernel or cuDNN), key the search's own
 // text of its problem.
 #pragma once
 #include <cstddef>

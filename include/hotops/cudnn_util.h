@@ -129,6 +129,11 @@ ConvAlgo pick_retimed(const std::vector<ConvAlgo>& timed, const std::string& con
 ConvAlgo find_conv_algo(const ConvCall& c, ConvMath math, ConvPick pick, const std::string& context);
 // How many searches find_conv_algo has run in this process (not those it answered from its cache).
 int conv_algo_searches();
+// The text find_conv_algo keeps a search's choice under: the pass, the caller's rules, every
+// descriptor's type, dimensions and strides, the geometry, groups and math, and the operands'
+// placement; "" where a descriptor cannot be read back. A choice a plan times beside cuDNN's (the
+// direct kernel of conv2d's first layers) is kept under it too.
+std::string conv_search_key(const ConvCall& c, ConvMath math, ConvPick pick);
 
 // cuDNN's RNN algorithm for an LSTM of hidden size `hidden`: the persistent small-hidden kernels
 // (CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H: the recurrent weights stay on chip for all time steps, one

@@ -30,6 +30,18 @@ using gpu::ConvDesc;
 using gpu::FilterDesc;
 using gpu::TensorDesc;
 
+// hotops' direct kernel against cuDNN's choice for one problem (choose_direct), with the two times
+// that decided it: once per problem per process, or from --hotops_choices' file, so that processes
+// sharing one file run the same kernel, as they run the same cuDNN algorithm.
+struct DirectChoice {
+  int kept = 0;
+  float direct_ms = -1, cudnn_ms = -1;
+};
+gpu::ChoiceCache<DirectChoice>& direct_cache() {
+  static gpu::ChoiceCache<DirectChoice> cache("direct");
+  return cache;
+}
+
 // ---- the fallback kernels: bias add and bias gradient -----------------------------------------
 
 // y[i] += b[channel of i]; `inner` is P*Q for NCHW and 1 for NHWC.
@@ -120,8 +132,9 @@ class CudaConv2d final : public Plan {
     const gpu::ConvMath math = s_.dtype == DType::f32 ? gpu::ConvMath::fma
                                : s_.tensor_ops_only    ? gpu::ConvMath::tensor_ops
                                                        : gpu::ConvMath::any;
-    choice_ = gpu::find_conv_algo(search, math, s_.retime ? gpu::ConvPick::retimed : gpu::ConvPick::find_fastest,
-                                  std::string("conv2d ") + dtype_name(s_.dtype));
+    const gpu::ConvPick pick = s_.retime ? gpu::ConvPick::retimed : gpu::ConvPick::find_fastest;
+    const std::string key = gpu::conv_search_key(search, math, pick);  // before the search sets the math type
+    choice_ = gpu::find_conv_algo(search, math, pick, std::string("conv2d ") + dtype_name(s_.dtype));
     workspace_ = gpu::DeviceBuffer(choice_.workspace);
     ws_ = workspace_.get(), ws_bytes_ = workspace_.bytes();
     std::string how = s_.retime ? "cudnnFind: " + ms(choice_.find_ms) + "; kept of " + std::to_string(choice_.retimed) +
@@ -132,7 +145,7 @@ class CudaConv2d final : public Plan {
              "), ws " + mib(choice_.workspace) + ", " + math_name(choice_.math);
     const Args seeded{x.get(), wt.get(), b.get(), dy.get(), out_d.get(), db.get()};
     if (s_.bias && s_.dir != Direction::bwd_data) probe_bias(seeded);
-    if (direct::takes(s_)) time_direct(seeded);
+    if (direct::takes(s_)) choose_direct(key.empty() ? key : key + "|bias " + std::to_string(s_.bias), seeded);
     HOTOPS_CHECK_CUDA(cudaStreamSynchronize(gpu::stream()));
   }
 
@@ -164,19 +177,28 @@ class CudaConv2d final : public Plan {
 
   // The direct kernel timed as the search re-times cuDNN's candidates (a warm-up call, then
   // gpu::best_batch_ms), against cuDNN's kept time; kept where faster by more than a near tie, and
-  // then the plan frees cuDNN's workspace.
-  void time_direct(const Args& seeded) {
-    direct::run(s_, seeded);
-    direct_ms_ = gpu::best_batch_ms([&] { direct::run(s_, seeded); });
-    const CudaChoice cudnn = cudnn_choice();
-    const std::string versus = ms(direct_ms_) + " against cuDNN " + gpu::conv_algo_name(s_.dir, cudnn.algo) + " " + ms(cudnn.ms);
-    if (direct_ms_ * (1 + gpu::kRetimeTie) < cudnn.ms) {
+  // then the plan frees cuDNN's workspace. The choice is kept under `key` (direct_cache).
+  void choose_direct(const std::string& key, const Args& seeded) {
+    DirectChoice c;
+    bool from_file = false;
+    if (!direct_cache().find(key, &c, &from_file)) {
+      direct::run(s_, seeded);
+      c.direct_ms = gpu::best_batch_ms([&] { direct::run(s_, seeded); });
+      c.cudnn_ms = cudnn_choice().ms;
+      c.kept = c.direct_ms * (1 + gpu::kRetimeTie) < c.cudnn_ms ? 1 : 0;
+      direct_cache().add(key, c);
+    }
+    direct_ms_ = c.direct_ms;
+    const std::string versus = std::string(from_file ? "from --hotops_choices, as a search found it: " : "timed at setup: ") +
+                               ms(c.direct_ms) + " against cuDNN " + gpu::conv_algo_name(s_.dir, choice_.algo) + " " +
+                               ms(c.cudnn_ms);
+    if (c.kept) {
       direct_ = true;
       workspace_ = gpu::DeviceBuffer();
       ws_ = nullptr, ws_bytes_ = 0;
-      label_ = direct::label(s_) + ", timed at setup: " + versus;
+      label_ = direct::label(s_) + ", " + versus;
     } else {
-      label_ += "; hotops direct conv timed at setup: " + versus + ", not kept";
+      label_ += "; hotops direct conv " + versus + ", not kept";
     }
   }
 
@@ -242,8 +264,8 @@ class CudaConv2d final : public Plan {
   gpu::ConvCall call_;
   gpu::ConvAlgo choice_;
   bool own_bias_kernel_ = false;
-  bool direct_ = false;    // the direct kernel runs the pass (time_direct)
-  float direct_ms_ = -1;   // its setup time, ms a call (time_direct)
+  bool direct_ = false;    // the direct kernel runs the pass (choose_direct)
+  float direct_ms_ = -1;   // its setup time, ms a call (choose_direct)
   std::string label_;
 };
 
