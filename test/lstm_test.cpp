@@ -253,6 +253,91 @@ TEST(LstmMasters, PackAndUnpackAgreeWithTheLayout) {
     }
 }
 
+// hotops' CPU layer on every kind of bf16 problem it can run, including those make_cpu_plan gives
+// to oneDNN (inference, two directions), against the reference: fwd's y, hT, cT and bwd's
+// gradients, a last step part of the batch per thread (batch 5 on the threads there are).
+TEST(LstmCpuHotops, EveryDirectionAndBothDirectionsMatchTheReference) {
+  const auto in_f32 = [](const HostBuffer& b) {
+    HostBuffer out(DType::f32, b.count());
+    for (std::size_t i = 0; i < b.count(); ++i) out.set(i, b.get(i));
+    return out;
+  };
+  for (bool bi : {false, true})
+    for (Direction dir : {Direction::fwd, Direction::bwd}) {
+      Shape s = tiny(bi, dir);
+      s.dtype = DType::bf16, s.T = 4, s.B = 5, s.I = 6, s.H = 16;
+      const std::string what = std::string(bi ? "bi " : "uni ") + direction_name(dir);
+      const auto plan = make_cpu_hotops_plan(s);
+      const auto layout = make_cpu_hotops_layout(s);
+      const Inputs in = make_inputs(s, 11);
+      HostBuffer weights = layout->pack(in.w_ih, in.w_hh, in.b_ih, in.b_hh);
+      const auto T = static_cast<std::size_t>(s.T), B = static_cast<std::size_t>(s.B),
+                 I = static_cast<std::size_t>(s.I), H = static_cast<std::size_t>(s.H),
+                 D = static_cast<std::size_t>(s.D());
+      Outputs out;
+      out.y = HostBuffer(DType::bf16, T * B * D * H);
+      out.hT = HostBuffer(DType::bf16, D * B * H);
+      out.cT = HostBuffer(DType::bf16, D * B * H);
+      Args a{in.x.data(), in.h0.data(), in.c0.data(), weights.data(), out.y.data(), out.hT.data(), out.cT.data()};
+      HostBuffer dy, dhT, dcT, gradients;
+      if (dir == Direction::bwd) {
+        dy = in_f32(in.dy), dhT = in_f32(in.dhT), dcT = in_f32(in.dcT);
+        out.dx = HostBuffer(DType::f32, T * B * I);
+        out.dh0 = HostBuffer(DType::f32, D * B * H);
+        out.dc0 = HostBuffer(DType::f32, D * B * H);
+        gradients = HostBuffer(DType::f32, layout->gradient_bytes() / 4);
+        a.dy = dy.data(), a.dhT = dhT.data(), a.dcT = dcT.data();
+        a.dx = out.dx.data(), a.dh0 = out.dh0.data(), a.dc0 = out.dc0.data(), a.dweights = gradients.data();
+      }
+      plan->run(a);
+      if (dir == Direction::bwd) layout->unpack(gradients, out);
+      ReferenceCache cache;
+      const Check c = verify(s, in, out, cache);
+      EXPECT_TRUE(c.ok) << what << ": " << c.message;
+    }
+}
+
+// hotops' CPU layer (bf16, training): its weight space is the f32 masters' bf16 copy, as its
+// Layout packs the same values, and its f32 gradient space goes back to the masters' gradients as the
+// Layout unpacks it (db_ih and db_hh each their own region).
+TEST(LstmMasters, HotopsCpuLayerAgreesWithItsLayout) {
+  for (bool bi : {false, true}) {
+    Shape s = tiny(bi);
+    s.dtype = DType::bf16;
+    EXPECT_EQ(cpu_takes_hotops(s), !bi) << "make_cpu_plan's choice";
+    const auto layout = make_cpu_hotops_layout(s);
+    const auto masters = make_cpu_hotops_masters(s);
+    const Inputs in = make_inputs(s, 6);
+    const HostBuffer want = layout->pack(in.w_ih, in.w_hh, in.b_ih, in.b_hh);
+    const auto f32 = [](const HostBuffer& b) {
+      HostBuffer out(DType::f32, b.count());
+      for (std::size_t i = 0; i < b.count(); ++i) out.set(i, b.get(i));
+      return out;
+    };
+    const HostBuffer w_ih = f32(in.w_ih), w_hh = f32(in.w_hh), b_ih = f32(in.b_ih), b_hh = f32(in.b_hh);
+    HostBuffer space(DType::bf16, layout->weight_bytes() / 2);
+    MasterArgs m;
+    m.w_ih = w_ih.as<float>(), m.w_hh = w_hh.as<float>(), m.b_ih = b_ih.as<float>(), m.b_hh = b_hh.as<float>();
+    m.weights = space.data();
+    masters->pack(m);
+    ASSERT_EQ(space.bytes(), want.bytes());
+    EXPECT_EQ(std::memcmp(space.data(), want.data(), space.bytes()), 0) << (bi ? "bi" : "uni");
+    HostBuffer gradients(DType::f32, layout->gradient_bytes() / 4);
+    for (std::size_t i = 0; i < gradients.count(); ++i) gradients.set(i, 0.25 * static_cast<double>(i) - 7);
+    Outputs out;
+    layout->unpack(gradients, out);
+    HostBuffer dw_ih(DType::f32, w_ih.count()), dw_hh(DType::f32, w_hh.count()), db_ih(DType::f32, b_ih.count()),
+        db_hh(DType::f32, b_hh.count());
+    m.dweights = gradients.data();
+    m.dw_ih = dw_ih.as<float>(), m.dw_hh = dw_hh.as<float>(), m.db_ih = db_ih.as<float>(), m.db_hh = db_hh.as<float>();
+    masters->unpack(m);
+    EXPECT_EQ(std::memcmp(dw_ih.data(), out.dw_ih.data(), dw_ih.bytes()), 0);
+    EXPECT_EQ(std::memcmp(dw_hh.data(), out.dw_hh.data(), dw_hh.bytes()), 0);
+    EXPECT_EQ(std::memcmp(db_ih.data(), out.db.data(), db_ih.bytes()), 0);
+    EXPECT_EQ(std::memcmp(db_hh.data(), out.db2.data(), db_hh.bytes()), 0);
+  }
+}
+
 // The same at the models' shapes (lstm_textgen's 57 input channels, the IMDB BiLSTM's), f32 and, where
 // this CPU runs it, bf16, with the machine's threads: the weight formats oneDNN picks there (AMX-blocked
 // bf16 on an AMX Xeon) are packed from the f32 masters into the bytes the Layout packs.
@@ -297,31 +382,34 @@ TEST(LstmMasters, PackAgreesWithTheLayoutAtTheModelsShapes) {
 // cuDNN's weight space and hotops' (H 16) are plain arrays: positions() names where pack() put each
 // element of W_ih, W_hh, b_ih and b_hh. oneDNN's is not: no positions.
 TEST(LstmLayout, PositionsSayWherePackPutsEachElement) {
-  EXPECT_TRUE(make_cpu_layout(tiny(true))->positions().w_ih.empty());
-  if (!gpu::available()) GTEST_SKIP() << "no GPU";
-  for (DType t : {DType::f32, DType::bf16})
-    for (bool bi : {false, true})
-      for (std::int64_t H : {4, 16}) {
-        Shape s = tiny(bi);
-        s.dtype = t, s.H = H;
-        std::unique_ptr<Layout> layout;
-        try {
-          layout = make_layout(s, Backend::cuda);
-        } catch (const Error& e) {
-          if (e.kind() == ErrorKind::unsupported) continue;
-          throw;
+  EXPECT_TRUE(make_cpu_layout(tiny(true))->positions().w_ih.empty()) << "oneDNN's f32 space";
+  const bool gpu = gpu::available();
+  for (Backend b : {Backend::cpu, Backend::cuda})
+    for (DType t : {DType::f32, DType::bf16})
+      for (bool bi : {false, true})
+        for (std::int64_t H : {4, 16}) {
+          Shape s = tiny(bi);
+          s.dtype = t, s.H = H;
+          if (b == Backend::cuda && !gpu) continue;
+          if (b == Backend::cpu && !cpu_takes_hotops(s)) continue;  // oneDNN's space: no positions
+          std::unique_ptr<Layout> layout;
+          try {
+            layout = make_layout(s, b);
+          } catch (const Error& e) {
+            if (e.kind() == ErrorKind::unsupported) continue;
+            throw;
+          }
+          const Inputs in = make_inputs(s, 4);
+          const HostBuffer space = layout->pack(in.w_ih, in.w_hh, in.b_ih, in.b_hh);
+          const Layout::Positions p = layout->positions();
+          const std::pair<const HostBuffer*, const std::vector<std::size_t>*> tensors[] = {
+              {&in.w_ih, &p.w_ih}, {&in.w_hh, &p.w_hh}, {&in.b_ih, &p.b_ih}, {&in.b_hh, &p.b_hh}};
+          for (const auto& [tensor, where] : tensors) {
+            ASSERT_EQ(where->size(), tensor->count());
+            for (std::size_t i = 0; i < where->size(); ++i)
+              ASSERT_EQ(space.get((*where)[i]), tensor->get(i)) << dtype_name(t) << (bi ? " bi" : " uni") << " element " << i;
+          }
         }
-        const Inputs in = make_inputs(s, 4);
-        const HostBuffer space = layout->pack(in.w_ih, in.w_hh, in.b_ih, in.b_hh);
-        const Layout::Positions p = layout->positions();
-        const std::pair<const HostBuffer*, const std::vector<std::size_t>*> tensors[] = {
-            {&in.w_ih, &p.w_ih}, {&in.w_hh, &p.w_hh}, {&in.b_ih, &p.b_ih}, {&in.b_hh, &p.b_hh}};
-        for (const auto& [tensor, where] : tensors) {
-          ASSERT_EQ(where->size(), tensor->count());
-          for (std::size_t i = 0; i < where->size(); ++i)
-            ASSERT_EQ(space.get((*where)[i]), tensor->get(i)) << dtype_name(t) << (bi ? " bi" : " uni") << " element " << i;
-        }
-      }
 }
 
 // The CPU and CUDA entries of one problem verify against one reference: their seeded inputs are the

@@ -15,6 +15,7 @@
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "kernels/lstm/lstm.h"
+#include "kernels/matmul/matmul.h"
 
 namespace hotops::lstm {
 namespace {
@@ -364,11 +365,32 @@ class CpuLstm final : public Plan {
 std::string cpu_unsupported_reason(const Problem& p) {
   if (p.dtype != DType::f32 && p.dtype != DType::bf16)
     return std::string("the CPU backend has no ") + dtype_name(p.dtype) + " lstm";
-  return cpu::onednn_unsupported_reason([&] { descriptors(shape_of(p)); }, p, "lstm");
+  const Shape s = shape_of(p);
+  if (cpu_takes_hotops(s)) {
+    // hotops' layer: bf16 matmul plans (the step's and the projections' forward), all it calls.
+    matmul::Shape m;
+    m.dtype = DType::bf16, m.f32_out = true, m.trans_b = true;
+    m.M = s.B, m.N = 4 * s.H, m.K = s.H;
+    std::string why = matmul::cpu_unsupported_reason(m);
+    m.M = s.T * s.B, m.N = s.D() * 4 * s.H, m.K = s.I;
+    if (why.empty()) why = matmul::cpu_unsupported_reason(m);
+    return why;
+  }
+  return cpu::onednn_unsupported_reason([&] { descriptors(s); }, p, "lstm");
 }
 
-std::unique_ptr<Plan> make_cpu_plan(const Shape& s) { return std::make_unique<CpuLstm>(s); }
-std::unique_ptr<Layout> make_cpu_layout(const Shape& s) { return std::make_unique<CpuLayout>(s); }
-std::unique_ptr<Masters> make_cpu_masters(const Shape& s) { return std::make_unique<CpuMasters>(s); }
+std::unique_ptr<Plan> make_onednn_plan(const Shape& s) { return std::make_unique<CpuLstm>(s); }
+std::unique_ptr<Layout> make_onednn_layout(const Shape& s) { return std::make_unique<CpuLayout>(s); }
+std::unique_ptr<Masters> make_onednn_masters(const Shape& s) { return std::make_unique<CpuMasters>(s); }
+
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s) {
+  return cpu_takes_hotops(s) ? make_cpu_hotops_plan(s) : make_onednn_plan(s);
+}
+std::unique_ptr<Layout> make_cpu_layout(const Shape& s) {
+  return cpu_takes_hotops(s) ? make_cpu_hotops_layout(s) : make_onednn_layout(s);
+}
+std::unique_ptr<Masters> make_cpu_masters(const Shape& s) {
+  return cpu_takes_hotops(s) ? make_cpu_hotops_masters(s) : make_onednn_masters(s);
+}
 
 }  // namespace hotops::lstm

@@ -356,61 +356,7 @@ void by_hidden(std::int64_t H, F&& f) {
   }
 }
 
-// Where each of PyTorch's tensors starts in the weight (and gradient) space, in elements.
-struct Offsets {
-  std::size_t w_ih, w_hh, b_ih, b_hh, total;
-  explicit Offsets(const Shape& s) {
-    const auto G = static_cast<std::size_t>(4 * s.H), D = static_cast<std::size_t>(s.D());
-    w_ih = 0;
-    w_hh = D * G * static_cast<std::size_t>(s.I);
-    b_ih = w_hh + D * G * static_cast<std::size_t>(s.H);
-    b_hh = b_ih + D * G;
-    total = b_hh + D * G;
-  }
-};
-
-class HotopsLayout final : public Layout {
- public:
-  explicit HotopsLayout(const Shape& s) : s_(s), o_(s) {}
-  std::size_t weight_bytes() const override { return o_.total * sizeof(bf16); }
-  std::size_t gradient_bytes() const override { return o_.total * sizeof(bf16); }
-  DType gradient_dtype() const override { return DType::bf16; }
-
-  HostBuffer pack(const HostBuffer& w_ih, const HostBuffer& w_hh, const HostBuffer& b_ih,
-                  const HostBuffer& b_hh) const override {
-    HostBuffer space(DType::bf16, o_.total);
-    const auto put = [&](const HostBuffer& t, std::size_t at) {
-      for (std::size_t i = 0; i < t.count(); ++i) space.set(at + i, t.get(i));
-    };
-    put(w_ih, o_.w_ih), put(w_hh, o_.w_hh), put(b_ih, o_.b_ih), put(b_hh, o_.b_hh);
-    return space;
-  }
-
-  void unpack(const HostBuffer& gradients, Outputs& out) const override {
-    const auto take = [&](std::size_t at, std::size_t count) {
-      HostBuffer t(DType::bf16, count);
-      std::memcpy(t.data(), static_cast<const char*>(gradients.data()) + at * sizeof(bf16), t.bytes());
-      return t;
-    };
-    out.dw_ih = take(o_.w_ih, o_.w_hh - o_.w_ih);
-    out.dw_hh = take(o_.w_hh, o_.b_ih - o_.w_hh);
-    out.db = take(o_.b_ih, o_.b_hh - o_.b_ih);
-    out.db2 = take(o_.b_hh, o_.total - o_.b_hh);
-  }
-
-  Positions positions() const override {
-    Positions p;
-    const auto run = [](std::vector<std::size_t>& v, std::size_t from, std::size_t to) {
-      for (std::size_t i = from; i < to; ++i) v.push_back(i);
-    };
-    run(p.w_ih, o_.w_ih, o_.w_hh), run(p.w_hh, o_.w_hh, o_.b_ih), run(p.b_ih, o_.b_ih, o_.b_hh), run(p.b_hh, o_.b_hh, o_.total);
-    return p;
-  }
-
- private:
-  Shape s_;
-  Offsets o_;
-};
+using Offsets = TorchOffsets;  // the weight and gradient spaces (make_torch_layout)
 
 // A Linear layer's GEMM over every step: x [T*B, I] against W_ih [D*4H, I] (trans_b).
 matmul::Shape linear(const Shape& s, matmul::Op op, Direction dir) {
@@ -526,7 +472,7 @@ class HotopsLstm final : public Plan {
 }  // namespace
 
 std::unique_ptr<Plan> make_hotops_plan(const Shape& s) { return std::make_unique<HotopsLstm>(s); }
-std::unique_ptr<Layout> make_hotops_layout(const Shape& s) { return std::make_unique<HotopsLayout>(s); }
+std::unique_ptr<Layout> make_hotops_layout(const Shape& s) { return make_torch_layout(s, DType::bf16); }
 
 std::unique_ptr<Plan> make_cuda_plan(const Shape& s) {
   return cuda_takes_hotops(s) ? make_hotops_plan(s) : make_cudnn_plan(s);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "hotops/check.h"
 #include "hotops/op_family.h"
@@ -23,16 +24,17 @@ std::vector<Arg> args_of(const std::string& shape, std::int64_t B, std::int64_t 
           {"input", std::to_string(I)}, {"hidden", std::to_string(H)}, {"dir", bi ? "bi" : "uni"}};
 }
 
-// Every backend x dtype x direction of one layer, and on CUDA, where hotops' kernels take the
-// layer, cuDNN's as the same problem plus `impl:cudnn`.
+// Every backend x dtype x direction of one layer, and where hotops' own layer takes it, the
+// library's as the same problem plus `impl:cudnn` (CUDA) or `impl:onednn` (CPU).
 void expand(const std::vector<Arg>& args, std::vector<Problem>& out) {
   for (Backend be : kAllBackends)
     for (DType t : dtypes_of(be))
       for (Direction d : {Direction::fwd, Direction::bwd}) {
         Problem p{"lstm", be, t, d, args};
         out.push_back(p);
-        if (be == Backend::cuda && cuda_takes_hotops(shape_of(p))) {
-          p.args.push_back({"impl", "cudnn"});
+        const Shape s = shape_of(p);
+        if (be == Backend::cuda ? cuda_takes_hotops(s) : cpu_takes_hotops(s)) {
+          p.args.push_back({"impl", be == Backend::cuda ? "cudnn" : "onednn"});
           out.push_back(std::move(p));
         }
       }
@@ -199,6 +201,66 @@ Check compare_all(const HostBuffer& out, const std::vector<double>& ref, const B
 
 }  // namespace
 
+TorchOffsets::TorchOffsets(const Shape& s) {
+  const auto G = static_cast<std::size_t>(4 * s.H), D = static_cast<std::size_t>(s.D());
+  w_hh = D * G * static_cast<std::size_t>(s.I);
+  b_ih = w_hh + D * G * static_cast<std::size_t>(s.H);
+  b_hh = b_ih + D * G;
+  total = b_hh + D * G;
+}
+
+namespace {
+
+class TorchLayout final : public Layout {
+ public:
+  TorchLayout(const Shape& s, DType gradients) : o_(s), g_(gradients) {}
+  std::size_t weight_bytes() const override { return o_.total * dtype_size(DType::bf16); }
+  std::size_t gradient_bytes() const override { return o_.total * dtype_size(g_); }
+  DType gradient_dtype() const override { return g_; }
+
+  HostBuffer pack(const HostBuffer& w_ih, const HostBuffer& w_hh, const HostBuffer& b_ih,
+                  const HostBuffer& b_hh) const override {
+    HostBuffer space(DType::bf16, o_.total);
+    const auto put = [&](const HostBuffer& t, std::size_t at) {
+      for (std::size_t i = 0; i < t.count(); ++i) space.set(at + i, t.get(i));
+    };
+    put(w_ih, o_.w_ih), put(w_hh, o_.w_hh), put(b_ih, o_.b_ih), put(b_hh, o_.b_hh);
+    return space;
+  }
+
+  void unpack(const HostBuffer& gradients, Outputs& out) const override {
+    const std::size_t e = dtype_size(g_);
+    const auto take = [&](std::size_t at, std::size_t end) {
+      HostBuffer t(g_, end - at);
+      std::memcpy(t.data(), static_cast<const char*>(gradients.data()) + at * e, t.bytes());
+      return t;
+    };
+    out.dw_ih = take(o_.w_ih, o_.w_hh);
+    out.dw_hh = take(o_.w_hh, o_.b_ih);
+    out.db = take(o_.b_ih, o_.b_hh);
+    out.db2 = take(o_.b_hh, o_.total);
+  }
+
+  Positions positions() const override {
+    Positions p;
+    const auto run = [](std::vector<std::size_t>& v, std::size_t from, std::size_t to) {
+      for (std::size_t i = from; i < to; ++i) v.push_back(i);
+    };
+    run(p.w_ih, o_.w_ih, o_.w_hh), run(p.w_hh, o_.w_hh, o_.b_ih), run(p.b_ih, o_.b_ih, o_.b_hh), run(p.b_hh, o_.b_hh, o_.total);
+    return p;
+  }
+
+ private:
+  TorchOffsets o_;
+  DType g_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layout> make_torch_layout(const Shape& s, DType gradients) {
+  return std::make_unique<TorchLayout>(s, gradients);
+}
+
 std::unique_ptr<Plan> make_plan(const Shape& s, Backend b) {
   return plan_on_backend(b, s, make_cpu_plan, HOTOPS_CUDA_FACTORY(make_cuda_plan));
 }
@@ -219,15 +281,16 @@ Shape shape_of(const Problem& p) {
   HOTOPS_CHECK(dir == "uni" || dir == "bi", "lstm: dir must be uni or bi, not " + dir);
   s.bidirectional = dir == "bi";
   if (p.has("impl")) {
-    HOTOPS_CHECK(p.get("impl") == "cudnn" && p.backend == Backend::cuda,
-                 "lstm: `impl` names a CUDA implementation, cudnn: " + p.name());
-    s.impl = CudaImpl::cudnn;
+    const char* library = p.backend == Backend::cuda ? "cudnn" : "onednn";
+    HOTOPS_CHECK(p.get("impl") == library,
+                 std::string("lstm: `impl` names the backend's library, ") + library + ": " + p.name());
+    s.impl = Impl::library;
   }
   return s;
 }
 
 bool cuda_takes_hotops(const Shape& s) {
-  return s.impl == CudaImpl::best && s.dtype == DType::bf16 && s.H % 16 == 0 && s.H >= 16 && s.H <= 128;
+  return s.impl == Impl::best && s.dtype == DType::bf16 && s.H % 16 == 0 && s.H >= 16 && s.H <= 128;
 }
 
 Inputs make_inputs(const Shape& s, std::uint64_t seed) {

@@ -23,9 +23,11 @@ namespace hotops::lstm {
 // bwd: given dy, dhT, dcT, the gradients dx [T,B,I], dh0, dc0 [D,B,H], dW_ih, dW_hh and
 // db [D,4H] (db_ih = db_hh = db: both biases have the same gradient), summed over time and batch.
 // A model fills it in directly: fwd is an inference layer, bwd a training layer (forward() then run()).
-// The CUDA implementations: hotops' recurrence kernels where they take the shape (cuda_takes_hotops),
-// cuDNN otherwise; `cudnn` asks for cuDNN whatever the shape (`impl:cudnn` in a name).
-enum class CudaImpl { best, cudnn };
+// Each backend has hotops' own layer and its library's: on CUDA hotops' recurrence kernels where they
+// take the shape (cuda_takes_hotops), cuDNN otherwise; on the CPU hotops' layer of matmul plans and
+// cell loops where it takes the shape (cpu_takes_hotops), oneDNN otherwise. `library` asks for the
+// library's whatever the shape (`impl:cudnn`, `impl:onednn` in a name).
+enum class Impl { best, library };
 struct Shape {
   Direction dir = Direction::fwd;
   DType dtype = DType::f32;  // tf32: f32 storage, tensor-core math (CUDA only)
@@ -33,7 +35,7 @@ struct Shape {
   bool bidirectional = false;
   // A model's mixed precision, where it differs from the op benchmark's bf16 (off there):
   bool f32_gradients = false;  // bf16 bwd on the CPU: oneDNN's gradients in f32, never bf16
-  CudaImpl impl = CudaImpl::best;
+  Impl impl = Impl::best;
   std::int64_t D() const { return bidirectional ? 2 : 1; }
 };
 
@@ -142,9 +144,21 @@ class Plan : public hotops::Plan<Args> {
  public:
   virtual void forward(const Args& a) = 0;
 };
-std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // oneDNN
+std::unique_ptr<Plan> make_cpu_plan(const Shape& s);   // hotops' layer where it takes s, else oneDNN
 std::unique_ptr<Plan> make_cuda_plan(const Shape& s);  // hotops' kernels where they take s, else cuDNN
 std::unique_ptr<Plan> make_plan(const Shape& s, Backend b);
+// Whether make_cpu_plan runs hotops' layer for s (kernels/lstm/cpu_hotops.cpp): a bf16 training
+// layer (bwd: its forward and backward), one direction, a hidden size up to kCpuHotopsMaxH, impl
+// best. Measured against oneDNN's (docs/ops.md, "lstm"): a one-direction training step was faster
+// with hotops' layer, a two-direction one was not (its directions' small per-step GEMMs run one
+// after the other), nor was the forward alone, so inference layers and bidirectional ones stay on
+// oneDNN. The layer itself takes both directions and inference (make_cpu_hotops_plan).
+constexpr std::int64_t kCpuHotopsMaxH = 256;
+bool cpu_takes_hotops(const Shape& s);
+// The two CPU implementations, each with its own Layout and Masters (make_cpu_layout and
+// make_cpu_masters pick as make_cpu_plan).
+std::unique_ptr<Plan> make_onednn_plan(const Shape& s);
+std::unique_ptr<Plan> make_cpu_hotops_plan(const Shape& s);
 // Whether make_cuda_plan runs hotops' recurrence kernels for s: bf16, a hidden size that is a
 // multiple of 16 up to 128 (the recurrent weights of a direction held in the registers of one
 // block), and impl best.
@@ -178,7 +192,18 @@ class Layout {
   };
   virtual Positions positions() const { return {}; }
 };
+// The weight space of hotops' own layers (CPU and CUDA): PyTorch's W_ih, W_hh, b_ih, b_hh one
+// after another in bf16, each tensor in its layout above; the gradient space the same in the
+// `gradients` dtype (bf16 on CUDA, f32 on the CPU), db in both bias slots. Positions: every element
+// where PyTorch has it, counted from the start.
+struct TorchOffsets {  // where each tensor starts, in elements
+  std::size_t w_ih = 0, w_hh = 0, b_ih = 0, b_hh = 0, total = 0;
+  explicit TorchOffsets(const Shape& s);
+};
+std::unique_ptr<Layout> make_torch_layout(const Shape& s, DType gradients);
 std::unique_ptr<Layout> make_cpu_layout(const Shape& s);
+std::unique_ptr<Layout> make_onednn_layout(const Shape& s);
+std::unique_ptr<Layout> make_cpu_hotops_layout(const Shape& s);
 std::unique_ptr<Layout> make_cuda_layout(const Shape& s);
 std::unique_ptr<Layout> make_layout(const Shape& s, Backend b);
 std::unique_ptr<Layout> make_cudnn_layout(const Shape& s);
@@ -208,6 +233,8 @@ class Masters {
   virtual void unpack(const MasterArgs& a) = 0;  // bwd layers
 };
 std::unique_ptr<Masters> make_cpu_masters(const Shape& s);
+std::unique_ptr<Masters> make_onednn_masters(const Shape& s);
+std::unique_ptr<Masters> make_cpu_hotops_masters(const Shape& s);
 
 std::string cpu_unsupported_reason(const Problem& p);
 const Family& family();

@@ -13,6 +13,7 @@
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "hotops/cpu_vector.h"
+#include "kernels/lstm_cell/cpu_gate_math.h"
 #include "kernels/lstm_cell/lstm_cell.h"
 
 namespace hotops::lstm_cell {
@@ -27,27 +28,8 @@ using vec::from_bits;
 using vec::load;
 using vec::store;
 
-// e^x, 2 ulp: x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite), e^r by its Taylor polynomial to
-// degree 7, 2^n added to the exponent bits. x is clamped to [-86, 88], where 2^n stays a normal
-// number: e^-86 = 4e-38 and e^88 = 1.7e38 change no sigmoid or tanh here.
-LSTM_INLINE float exp_f32(float x) {
-  constexpr float kRound = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer, in the low bits
-  x = std::min(std::max(x, -86.f), 88.f);
-  const float j = x * 1.44269504088896341f + kRound;
-  const float n = j - kRound;
-  const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
-  float p = 1.f / 5040;
-  p = p * r + 1.f / 720;
-  p = p * r + 1.f / 120;
-  p = p * r + 1.f / 24;
-  p = p * r + 1.f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.f;
-  p = p * r + 1.f;
-  return from_bits(bits(p) + ((bits(j) - bits(kRound)) << 23));
-}
-LSTM_INLINE float sigmoid(float x) { return 1.f / (1.f + exp_f32(-x)); }
-LSTM_INLINE float tanh_f32(float x) { return 2.f / (1.f + exp_f32(-2.f * x)) - 1.f; }
+using math::sigmoid;
+using math::tanh_f32;
 
 // fwd, one sample, columns [j0, j1): pre [4H] (f32, no bias) -> h', c'.
 template <class T>
