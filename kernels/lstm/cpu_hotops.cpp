@@ -1,6 +1,6 @@
 // lstm on the CPU, bf16: hotops' own layer, built from matmul plans and the cell's loops. oneDNN
-// 2.6's bf16 LSTM is slower than its f32 one on the CPUs measured (docs/ops.md, "lstm"), and some
-// CPUs with bf16 instructions have no bf16 LSTM backward in it at all.
+// 2.6's bf16 LSTM was slower than its f32 one on the GPU host's Xeon (docs/models.md), and on CPUs
+// with AVX-512 BF16 but no AMX it has no bf16 backward at some shapes.
 //
 // Forward: the input projections of every step and both directions as one GEMM, x [T*B, I] against
 // W_ih [D*4H, I] (bf16, f32 sums and output); then, step by step and direction by direction, the
