@@ -3,12 +3,13 @@
 // with AVX-512 BF16 but no AMX it has no bf16 backward at some shapes.
 //
 // Forward: the input projections of every step and both directions as one GEMM, x [T*B, I] against
-// W_ih [D*4H, I] (bf16, f32 sums and output); then, step by step and direction by direction, the
-// recurrent product h_{t-1} [B, H] against W_hh [4H, H] (another GEMM), and the cell over the batch
-// in loops compiled per x86-64 level, which add both biases, keep c in f32 and round h to bf16 (the
-// next step's GEMM reads it). Backward: the cell's backward step by step (its gate gradients
-// rounded to bf16, the bias gradient summed in f32 from them), each step's dh_{t-1} as a GEMM of
-// them against W_hh; then dx, dW_ih and each direction's dW_hh as one GEMM each over every step.
+// W_ih [D*4H, I] (bf16, f32 sums and output); then step by step, each direction's recurrent product
+// h_{t-1} [B, H] against its W_hh [4H, H] (a GEMM each), and the cells of both directions' samples
+// in one pass of loops compiled per x86-64 level, which add both biases, keep c in f32 and round h
+// to bf16 (the next step's GEMM reads it). Backward: the cells' backward step by step (the gate
+// gradients rounded to bf16, the bias gradient summed in f32 from them), each direction's dh_{t-1}
+// as a GEMM of them against W_hh; then dx, dW_ih and each direction's dW_hh as one GEMM each over
+// every step.
 //
 // Weight space: PyTorch's W_ih | W_hh | b_ih | b_hh in bf16 (the CUDA kernels' layout); gradient
 // space the same in f32, and dy, dhT, dcT, dx, dh0, dc0 in f32, as oneDNN's bf16 backward gives them.
@@ -165,8 +166,8 @@ class HotopsCpuLstm final : public Plan {
     const std::int64_t T = s.T, B = s.B, I = s.I, H = s.H, D = s.D(), G = 4 * H;
     const auto rows = static_cast<std::size_t>(T * B), state = static_cast<std::size_t>(D * T * B * H);
     gates_ = HostBuffer(DType::f32, rows * static_cast<std::size_t>(D * G));
-    rec_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * G));
-    c_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * H));
+    rec_ = HostBuffer(DType::f32, static_cast<std::size_t>(D * B * G));
+    c_ = HostBuffer(DType::f32, static_cast<std::size_t>(D * B * H));
     hprev_ = HostBuffer(DType::bf16, state);
     project_ = matmul::make_cpu_plan(linear(Direction::fwd, T * B, D * G, I));
     step_ = matmul::make_cpu_plan(linear(Direction::fwd, B, G, H));
@@ -176,8 +177,8 @@ class HotopsCpuLstm final : public Plan {
     cprev_ = HostBuffer(DType::f32, state);
     dg_ = HostBuffer(DType::bf16, rows * static_cast<std::size_t>(D * G));
     if (D > 1) dg_dir_ = HostBuffer(DType::bf16, rows * static_cast<std::size_t>(D * G));
-    dh_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * H));
-    dc_ = HostBuffer(DType::f32, static_cast<std::size_t>(B * H));
+    dh_ = HostBuffer(DType::f32, static_cast<std::size_t>(D * B * H));
+    dc_ = HostBuffer(DType::f32, static_cast<std::size_t>(D * B * H));
     db_ = HostBuffer(DType::f32, static_cast<std::size_t>(cpu::threads() * D * G));
     back_ = matmul::make_cpu_plan(linear(Direction::bwd_data, B, G, H));
     dx_ = matmul::make_cpu_plan(linear(Direction::bwd_data, T * B, D * G, I));
@@ -196,39 +197,45 @@ class HotopsCpuLstm final : public Plan {
     project_->run(p);
     auto* y = static_cast<bf16*>(a.y);
     float* gates = gates_.as<float>();
-    float* c = c_.as<float>();
+    float* c = c_.as<float>();  // [D, B, H]
+    bf16* hprev = hprev_.as<bf16>();  // [D, T, B, H]: the state each step reads, in time order
+    // The time a direction's n-th step is at.
+    const auto step_time = [T](std::int64_t d, std::int64_t n) { return d == 0 ? n : T - 1 - n; };
     for (std::int64_t d = 0; d < D; ++d) {
-      bf16* hprev = hprev_.as<bf16>() + d * T * B * H;  // [T, B, H]: the state each step reads, in time order
       const auto* h0 = static_cast<const bf16*>(a.h0) + d * B * H;
       const auto* c0 = static_cast<const bf16*>(a.c0) + d * B * H;
-      const std::int64_t first = d == 0 ? 0 : T - 1;
-      std::copy(h0, h0 + B * H, hprev + first * B * H);
-      for (std::int64_t i = 0; i < B * H; ++i) c[i] = bf16_to_float(c0[i]);
-      for (std::int64_t n = 0; n < T; ++n) {
-        const std::int64_t t = d == 0 ? n : T - 1 - n, next = d == 0 ? t + 1 : t - 1;
+      std::copy(h0, h0 + B * H, hprev + (d * T + step_time(d, 0)) * B * H);
+      for (std::int64_t i = 0; i < B * H; ++i) c[d * B * H + i] = bf16_to_float(c0[i]);
+    }
+    // Step n of every direction together: each direction's product, then one pass of the cells.
+    for (std::int64_t n = 0; n < T; ++n) {
+      for (std::int64_t d = 0; d < D; ++d) {
         matmul::Args r;
-        r.a = hprev + t * B * H, r.b = w + o_.w_hh + d * G * H, r.out = rec_.data();
+        r.a = hprev + (d * T + step_time(d, n)) * B * H, r.b = w + o_.w_hh + d * G * H, r.out = rec_.as<float>() + d * B * G;
         step_->run(r);
-        const bool last = n + 1 == T;
-        cpu::in_shares(cpu::threads(), B, [&](std::int64_t b0, std::int64_t b1) {
-          for (std::int64_t b = b0; b < b1; ++b) {
-            kernel::Row row;
-            row.pre = gates + ((t * B + b) * D + d) * G;
-            row.rec = rec_.as<float>() + b * G;
-            row.b_ih = w + o_.b_ih + d * G, row.b_hh = w + o_.b_hh + d * G;
-            row.c = c + b * H;
-            row.c_prev = training() ? cprev_.as<float>() + ((d * T + t) * B + b) * H : nullptr;
-            row.y = y + (t * B + b) * D * H + d * H;
-            row.h_next = last ? nullptr : hprev + (next * B + b) * H;
-            (training() ? kernel::forward_row_train : kernel::forward_row_infer)(row, H);
-          }
-        });
       }
-      const std::int64_t t_last = d == 0 ? T - 1 : 0;
+      const bool last = n + 1 == T;
+      cpu::in_shares(cpu::threads(), D * B, [&](std::int64_t r0, std::int64_t r1) {
+        for (std::int64_t row_at = r0; row_at < r1; ++row_at) {
+          const std::int64_t d = row_at / B, b = row_at % B, t = step_time(d, n);
+          kernel::Row row;
+          row.pre = gates + ((t * B + b) * D + d) * G;
+          row.rec = rec_.as<float>() + row_at * G;
+          row.b_ih = w + o_.b_ih + d * G, row.b_hh = w + o_.b_hh + d * G;
+          row.c = c + row_at * H;
+          row.c_prev = training() ? cprev_.as<float>() + ((d * T + t) * B + b) * H : nullptr;
+          row.y = y + (t * B + b) * D * H + d * H;
+          row.h_next = last ? nullptr : hprev + (d * T + step_time(d, n + 1)) * B * H + b * H;
+          (training() ? kernel::forward_row_train : kernel::forward_row_infer)(row, H);
+        }
+      });
+    }
+    for (std::int64_t d = 0; d < D; ++d) {
+      const std::int64_t t_last = step_time(d, T - 1);
       auto* hT = static_cast<bf16*>(a.hT) + d * B * H;
       auto* cT = static_cast<bf16*>(a.cT) + d * B * H;
       for (std::int64_t b = 0; b < B; ++b) std::copy_n(y + (t_last * B + b) * D * H + d * H, H, hT + b * H);
-      for (std::int64_t i = 0; i < B * H; ++i) cT[i] = vec::f32_to_bf16(c[i]);
+      for (std::int64_t i = 0; i < B * H; ++i) cT[i] = vec::f32_to_bf16(c[d * B * H + i]);
     }
     if (training()) seen_ = {a.x, a.h0, a.c0, a.weights, a.y, a.hT, a.cT};
   }
@@ -248,36 +255,40 @@ class HotopsCpuLstm final : public Plan {
     if (db_.count() < static_cast<std::size_t>(team * D * G)) db_ = HostBuffer(DType::f32, static_cast<std::size_t>(team * D * G));
     float* db = db_.as<float>();  // [team, D, 4H]: each thread's sums
     std::fill(db, db + team * D * G, 0.f);
-    for (std::int64_t d = 0; d < D; ++d) {
-      // The packed gate gradients of this direction, [T, B, 4H]: dg itself for one direction.
-      bf16* dg_d = D == 1 ? dg : dg_dir_.as<bf16>() + d * T * B * G;
-      std::copy_n(static_cast<const float*>(a.dhT) + d * B * H, B * H, dh);
-      std::copy_n(static_cast<const float*>(a.dcT) + d * B * H, B * H, dc);
-      for (std::int64_t n = 0; n < T; ++n) {
-        const std::int64_t t = d == 0 ? T - 1 - n : n;
-        cpu::in_shares(team, B, [&](std::int64_t b0, std::int64_t b1) {
-          float* sums = db + static_cast<std::int64_t>(omp_get_thread_num()) * D * G + d * G;
-          for (std::int64_t b = b0; b < b1; ++b) {
-            kernel::RowBack r;
-            r.gates = gates_.as<float>() + ((t * B + b) * D + d) * G;
-            r.c_prev = cprev_.as<float>() + ((d * T + t) * B + b) * H;
-            r.dy = dy + (t * B + b) * D * H + d * H;
-            r.dh = dh + b * H;
-            r.dc = dc + b * H;
-            r.dg = dg + ((t * B + b) * D + d) * G;
-            r.dg2 = D == 1 ? nullptr : dg_d + (t * B + b) * G;
-            r.db = sums;
-            kernel::backward_row(r, H);
-          }
-        });
+    // The packed gate gradients of direction d, [T, B, 4H]: dg itself for one direction.
+    const auto dg_of = [&](std::int64_t d) { return D == 1 ? dg : dg_dir_.as<bf16>() + d * T * B * G; };
+    // The time a direction's n-th step of the backward is at (its forward's steps in reverse).
+    const auto step_time = [T](std::int64_t d, std::int64_t n) { return d == 0 ? T - 1 - n : n; };
+    std::copy_n(static_cast<const float*>(a.dhT), D * B * H, dh);  // [D, B, H]
+    std::copy_n(static_cast<const float*>(a.dcT), D * B * H, dc);
+    for (std::int64_t n = 0; n < T; ++n) {
+      cpu::in_shares(team, D * B, [&](std::int64_t r0, std::int64_t r1) {
+        float* sums = db + static_cast<std::int64_t>(omp_get_thread_num()) * D * G;
+        for (std::int64_t row = r0; row < r1; ++row) {
+          const std::int64_t d = row / B, b = row % B, t = step_time(d, n);
+          kernel::RowBack r;
+          r.gates = gates_.as<float>() + ((t * B + b) * D + d) * G;
+          r.c_prev = cprev_.as<float>() + ((d * T + t) * B + b) * H;
+          r.dy = dy + (t * B + b) * D * H + d * H;
+          r.dh = dh + row * H;
+          r.dc = dc + row * H;
+          r.dg = dg + ((t * B + b) * D + d) * G;
+          r.dg2 = D == 1 ? nullptr : dg_of(d) + (t * B + b) * G;
+          r.db = sums + d * G;
+          kernel::backward_row(r, H);
+        }
+      });
+      for (std::int64_t d = 0; d < D; ++d) {
         matmul::Args m;
-        m.dout = dg_d + t * B * G, m.b = w + o_.w_hh + d * G * H, m.out = dh;
+        m.dout = dg_of(d) + step_time(d, n) * B * G, m.b = w + o_.w_hh + d * G * H, m.out = dh + d * B * H;
         back_->run(m);
       }
-      std::copy_n(dh, B * H, static_cast<float*>(a.dh0) + d * B * H);
-      std::copy_n(dc, B * H, static_cast<float*>(a.dc0) + d * B * H);
+    }
+    std::copy_n(dh, D * B * H, static_cast<float*>(a.dh0));
+    std::copy_n(dc, D * B * H, static_cast<float*>(a.dc0));
+    for (std::int64_t d = 0; d < D; ++d) {
       matmul::Args m;
-      m.a = hprev_.as<bf16>() + d * T * B * H, m.dout = dg_d, m.out = dw + o_.w_hh + d * G * H;
+      m.a = hprev_.as<bf16>() + d * T * B * H, m.dout = dg_of(d), m.out = dw + o_.w_hh + d * G * H;
       dw_hh_->run(m);
     }
     matmul::Args m;
