@@ -684,7 +684,9 @@ namespace {
 // the same algorithm).
 std::string label_without_times(const std::string& label) {
   static const std::regex times(R"(\d+(\.\d+)?(e[-+]?\d+)? ?(ms|us|µs|ns|s)\b)");
-  static const std::regex marks(R"( ?\[(BUSY CPU|stopped)[^\]]*\]|from --hotops_choices, as a search found it: )");
+  // bench's marks of how the run went (the stopping rule, a busy CPU, verification off): not the
+  // algorithms; the entry's own marks say them.
+  static const std::regex marks(R"( ?\[(BUSY CPU|stopped|NOT VERIFIED)[^\]]*\]|from --hotops_choices, as a search found it: )");
   return std::regex_replace(std::regex_replace(label, marks, ""), times, "T");
 }
 }  // namespace

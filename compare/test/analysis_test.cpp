@@ -497,7 +497,7 @@ TEST(Spread, SpreadAndLabelSetsOverSeparateRuns) {
   const std::string a = "model.m/cuda/f32/train/batch:32/manual_time", b = "conv2d/cuda/f32/fwd/x:1/manual_time";
   std::vector<RunData> runs;
   runs.push_back(run_of(R"("hotops_seed": "1")", {{a, "convs (fwd 7 data 5)", {100}}, {b, "cuDNN (cudnnFind: 0.0123 ms) algo 1", {50}}}, "1.json"));
-  runs.push_back(run_of(R"("hotops_seed": "1")", {{a, "convs (fwd 5 data 5)", {110}}, {b, "cuDNN (from --hotops_choices, as a search found it: cudnnFind: 0.0150 ms) algo 1", {51}}}, "2.json"));
+  runs.push_back(run_of(R"("hotops_seed": "1")", {{a, "convs (fwd 5 data 5)", {110}}, {b, "cuDNN (from --hotops_choices, as a search found it: cudnnFind: 0.0150 ms) algo 1 [NOT VERIFIED: --hotops_verify=0]", {51}}}, "2.json"));
   runs.push_back(run_of(R"("hotops_seed": "2")", {{a, "convs (fwd 7 data 5) [stopped: noise settled at 0.31%]", {102}}, {"only/cpu/f32/fwd/x:1/real_time", "x", {1}}}, "3.json"));
   const Spread sp = spread(runs, 3);
   ASSERT_EQ(sp.rows.size(), 2u) << "an entry timed in one run has no spread";
@@ -507,7 +507,7 @@ TEST(Spread, SpreadAndLabelSetsOverSeparateRuns) {
   EXPECT_EQ(sp.rows[0].label_sets, 2) << "two sets of algorithms";
   EXPECT_EQ(sp.rows[1].timed, 2);
   EXPECT_NEAR(sp.rows[1].spread_pct, 2, 1e-9);
-  EXPECT_EQ(sp.rows[1].label_sets, 1) << "neither the search's times nor where the choice came from is the algorithm";
+  EXPECT_EQ(sp.rows[1].label_sets, 1) << "neither the search's times, where the choice came from nor verification is the algorithm";
   EXPECT_TRUE(std::isnan(sp.rows[1].times_ns[2]));
   EXPECT_EQ(sp.over, 1);
   EXPECT_NEAR(sp.median_spread_pct, 6, 1e-9);
