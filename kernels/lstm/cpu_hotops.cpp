@@ -28,9 +28,11 @@
 #include "kernels/matmul/matmul.h"
 
 namespace hotops::lstm {
-namespace kernel {
 
 using bf16 = std::uint16_t;
+
+namespace kernel {
+
 using lstm_cell::math::sigmoid;
 using lstm_cell::math::tanh_f32;
 using vec::load;
@@ -120,10 +122,6 @@ HOTOPS_CPU_CLONES void backward_row(const RowBack& r, std::int64_t H) {
 
 namespace {
 
-using bf16 = std::uint16_t;
-
-using Offsets = TorchOffsets;
-
 // f32 masters in PyTorch's layouts: the space is their bf16 copy; the gradients come back as they are.
 class HotopsCpuMasters final : public Masters {
  public:
@@ -146,7 +144,7 @@ class HotopsCpuMasters final : public Masters {
   }
 
  private:
-  Offsets o_;
+  TorchOffsets o_;
 };
 
 // A Linear layer's GEMM (y = a W^T, W [N, K]) in bf16 with f32 sums and an f32 output.
@@ -311,7 +309,7 @@ class HotopsCpuLstm final : public Plan {
   bool training() const { return s_.dir != Direction::fwd; }
 
   Shape s_;
-  Offsets o_;
+  TorchOffsets o_;
   // gates_ [T, B, D, 4H]: the projections, then (training) the activated gates; rec_ one step's
   // recurrent product; c_ the cell; hprev_ [D, T, B, H] and cprev_ the state each step read.
   HostBuffer gates_, rec_, c_, hprev_, cprev_;
@@ -328,6 +326,12 @@ class HotopsCpuLstm final : public Plan {
 bool cpu_takes_hotops(const Shape& s) {
   return s.impl == Impl::best && s.dtype == DType::bf16 && s.dir == Direction::bwd && !s.bidirectional &&
          s.H <= kCpuHotopsMaxH;
+}
+std::string cpu_hotops_unsupported_reason(const Shape& s) {
+  // The forward's two GEMMs; the backward's are the same products' other directions.
+  std::string why = matmul::cpu_unsupported_reason(linear(Direction::fwd, s.B, 4 * s.H, s.H));
+  if (why.empty()) why = matmul::cpu_unsupported_reason(linear(Direction::fwd, s.T * s.B, s.D() * 4 * s.H, s.I));
+  return why;
 }
 std::unique_ptr<Plan> make_cpu_hotops_plan(const Shape& s) { return std::make_unique<HotopsCpuLstm>(s); }
 std::unique_ptr<Layout> make_cpu_hotops_layout(const Shape& s) { return make_torch_layout(s, DType::f32); }

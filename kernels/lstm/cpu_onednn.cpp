@@ -15,7 +15,6 @@
 #include "hotops/check.h"
 #include "hotops/cpu.h"
 #include "kernels/lstm/lstm.h"
-#include "kernels/matmul/matmul.h"
 
 namespace hotops::lstm {
 namespace {
@@ -366,16 +365,7 @@ std::string cpu_unsupported_reason(const Problem& p) {
   if (p.dtype != DType::f32 && p.dtype != DType::bf16)
     return std::string("the CPU backend has no ") + dtype_name(p.dtype) + " lstm";
   const Shape s = shape_of(p);
-  if (cpu_takes_hotops(s)) {
-    // hotops' layer: bf16 matmul plans (the step's and the projections' forward), all it calls.
-    matmul::Shape m;
-    m.dtype = DType::bf16, m.f32_out = true, m.trans_b = true;
-    m.M = s.B, m.N = 4 * s.H, m.K = s.H;
-    std::string why = matmul::cpu_unsupported_reason(m);
-    m.M = s.T * s.B, m.N = s.D() * 4 * s.H, m.K = s.I;
-    if (why.empty()) why = matmul::cpu_unsupported_reason(m);
-    return why;
-  }
+  if (cpu_takes_hotops(s)) return cpu_hotops_unsupported_reason(s);
   return cpu::onednn_unsupported_reason([&] { descriptors(s); }, p, "lstm");
 }
 

@@ -159,6 +159,8 @@ bool cpu_takes_hotops(const Shape& s);
 // make_cpu_masters pick as make_cpu_plan).
 std::unique_ptr<Plan> make_onednn_plan(const Shape& s);
 std::unique_ptr<Plan> make_cpu_hotops_plan(const Shape& s);
+// Why this CPU cannot run hotops' layer for s ("" where it can): what its matmul plans say.
+std::string cpu_hotops_unsupported_reason(const Shape& s);
 // Whether make_cuda_plan runs hotops' recurrence kernels for s: bf16, a hidden size that is a
 // multiple of 16 up to 128 (the recurrent weights of a direction held in the registers of one
 // block), and impl best.

@@ -21,8 +21,6 @@ namespace kernel {
 
 #define LSTM_INLINE HOTOPS_VECTOR_INLINE
 
-using vec::bits;
-using vec::from_bits;
 
 // Storage <-> f32: f32 as is; bf16 as the high half, rounded to nearest even, NaN kept quiet.
 using vec::load;
